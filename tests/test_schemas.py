@@ -1,0 +1,46 @@
+"""The published tool schemas: ours equal the reference's, and every tool is described."""
+
+import pytest
+
+import prickle
+from conftest import REFERENCE_TOOLS
+
+
+@pytest.mark.parametrize("tool", sorted(prickle.TOOLS))
+def test_input_schema_equals_reference(tool):
+    assert prickle.SCHEMAS[tool][0] == REFERENCE_TOOLS[tool]["input_schema"]
+
+
+@pytest.mark.parametrize("tool", sorted(prickle.TOOLS))
+def test_output_schema_equals_reference(tool):
+    assert prickle.SCHEMAS[tool][1] == REFERENCE_TOOLS[tool]["output_schema"]
+
+
+@pytest.mark.parametrize("tool", sorted(prickle.TOOLS))
+def test_reference_example_input_is_valid(tool):
+    assert prickle.validate_input(tool, REFERENCE_TOOLS[tool]["example_input"])
+
+
+def test_tools_list_over_mcp(mcp):
+    msg = mcp.rpc(mcp.keys["oj/muse"], "tools/list")
+    tools = {t["name"]: t for t in msg["result"]["tools"]}
+    assert set(tools) == {"discover_team_agents", "get_project_context", "read_room", "post_message",
+                          "wait_for_mention", "update_pulse", "wait_for_updates"}
+    for name, t in tools.items():
+        assert len(t["description"]) > 80
+        assert t["inputSchema"] == REFERENCE_TOOLS[name]["input_schema"]
+        assert t["outputSchema"] == REFERENCE_TOOLS[name]["output_schema"]
+        assert set(t["annotations"]) >= {"readOnlyHint", "idempotentHint", "destructiveHint"}
+    assert tools["read_room"]["annotations"]["readOnlyHint"] is True
+    assert tools["post_message"]["annotations"]["readOnlyHint"] is False
+    assert tools["update_pulse"]["annotations"]["idempotentHint"] is True
+
+
+def test_validate_input_fills_defaults_and_names_the_field():
+    assert prickle.validate_input("read_room", {"project": "website-v2"}) == {"project": "website-v2", "limit": 50}
+    with pytest.raises(prickle.InvalidInput, match=r"^limit: 500 is greater than the maximum of 100"):
+        prickle.validate_input("read_room", {"project": "website-v2", "limit": 500})
+    with pytest.raises(prickle.InvalidInput, match="'project' is a required property"):
+        prickle.validate_input("read_room", {})
+    with pytest.raises(prickle.InvalidInput, match=r"^project: 'Bad Slug' does not match"):
+        prickle.validate_input("discover_team_agents", {"project": "Bad Slug"})

@@ -1,0 +1,169 @@
+"""wait_for_mention and wait_for_updates: wakes, cursors, resync, progress, other writers."""
+
+import subprocess
+import sys
+import time
+
+import prickle
+from conftest import PROJECT, in_thread
+from test_room import make_task, post
+
+P = {"project": PROJECT}
+
+
+def wait(mcp, agent, tool="wait_for_mention", **args):
+    return mcp.ok(agent, tool, {"timeout_seconds": 5} | args)
+
+
+def test_timeout_returns_a_cursor_and_that_cursor_catches_what_came_after(mcp, world):
+    first = wait(mcp, "oj/muse", timeout_seconds=1)
+    assert first["status"] == "timeout" and first["events"] == []
+    m = post(mcp, "ren/builder", "@muse while you were away")
+    later = wait(mcp, "oj/muse", cursor=first["cursor"])
+    assert later["status"] == "events"
+    assert later["events"] == [{"kind": "mention", "message": m}]
+    # and the new cursor is past it
+    again = wait(mcp, "oj/muse", cursor=later["cursor"], timeout_seconds=1)
+    assert again["status"] == "timeout" and again["events"] == []
+
+
+def test_without_a_cursor_only_what_happens_from_now_on(mcp, world):
+    post(mcp, "ren/builder", "@muse earlier")
+    out = wait(mcp, "oj/muse", timeout_seconds=1)
+    assert out["status"] == "timeout"
+
+
+def test_a_waiting_agent_wakes_when_mentioned(mcp, world):
+    join = in_thread(wait, mcp, "oj/muse", timeout_seconds=20)
+    time.sleep(0.3)
+    m = post(mcp, "ren/builder", "@oj/muse Can you help with the hero copy?")
+    out = join()
+    assert out["status"] == "events" and out["events"][0]["message"]["id"] == m["id"]
+
+
+def test_only_mentions_of_the_caller_wake_it(mcp, world):
+    first = wait(mcp, "oj/muse", timeout_seconds=1)
+    post(mcp, "ren/builder", "@scout not you")
+    post(mcp, "ren/builder", "nobody named")
+    post(mcp, "oj/muse", "@muse myself")
+    out = wait(mcp, "oj/muse", cursor=first["cursor"], timeout_seconds=1)
+    assert out["status"] == "timeout"
+
+
+def test_person_mention_wakes_an_agent(mcp, server, world):
+    join = in_thread(wait, mcp, "ren/builder", timeout_seconds=20)
+    time.sleep(0.3)
+    r = server.post(f"/api/projects/{PROJECT}/messages", json={"body": "@builder build the page"},
+                    headers={"Authorization": f"Bearer {world.tokens['oj']}"})
+    out = join()
+    assert out["events"][0]["message"]["id"] == r.json()["message"]["id"]
+    assert out["events"][0]["message"]["author"]["kind"] == "person"
+
+
+def test_resync_for_malformed_foreign_and_future_cursors(mcp, world):
+    mine = wait(mcp, "oj/muse", timeout_seconds=1)["cursor"]
+    for bad in ("not-a-cursor", mine):
+        out = wait(mcp, "ren/builder", cursor=bad)  # mine is foreign to builder
+        assert out["status"] == "resync" and out["events"] == []
+        assert prickle.decode_cursor(world.db, "wake|ren/builder", out["cursor"]) == prickle.outbox_head(world.db)
+    future = prickle.wake_cursor(world.db, "oj/muse", prickle.outbox_head(world.db) + 100)
+    assert wait(mcp, "oj/muse", cursor=future)["status"] == "resync"
+    assert wait(mcp, "oj/muse", tool="wait_for_updates", cursor="zzz")["status"] == "resync"
+
+
+def test_project_filter_and_scoped_keys(mcp, world):
+    prickle.add_member(world.db, "side", "ren", by="sam")
+    prickle.add_agent_to_project(world.db, "side", "ren/builder")
+    start = wait(mcp, "ren/builder", timeout_seconds=1)["cursor"]
+    mcp.ok("sam/lone", "post_message", {"project": "side", "body": "@ren/builder over here"})
+    out = wait(mcp, "ren/builder", cursor=start, project=PROJECT, timeout_seconds=1)
+    assert out["status"] == "timeout"
+    out = wait(mcp, "ren/builder", cursor=start, project="side")
+    assert out["events"][0]["message"]["project"] == "side"
+    _, scoped = prickle.create_token(world.db, "client", agent_id="ren/builder", project=PROJECT)
+    out = mcp.ok("ren/builder", "wait_for_mention", {"cursor": start, "timeout_seconds": 1}, token=scoped)
+    assert out["status"] == "timeout"  # the key cannot hear the other project
+    mcp.error("ren/builder", "wait_for_mention", {"project": "side", "timeout_seconds": 1}, "forbidden", token=scoped)
+    mcp.error("oj/muse", "wait_for_mention", {"project": "side", "timeout_seconds": 1}, "not_found")
+
+
+def test_wait_for_updates_reports_pointers_for_mentions_and_replies(mcp, world):
+    start = wait(mcp, "oj/muse", "wait_for_updates", timeout_seconds=1)
+    assert start["status"] == "timeout" and start["updates"] == []
+    mine = post(mcp, "oj/muse", "Draft is up.")
+    reply = post(mcp, "ren/builder", "Looks good", in_reply_to=mine["id"])
+    task = make_task(world, "oj/muse", "ren/builder")
+    in_thread_msg = post(mcp, "ren/builder", "Working on it", task_id=task)
+    mention = post(mcp, "oj/scout", "@muse hi")
+    out = wait(mcp, "oj/muse", "wait_for_updates", cursor=start["cursor"])
+    assert out["status"] == "updates"
+    assert [(u["kind"], u.get("task_id"), u["message_id"]) for u in out["updates"]] == [
+        ("reply", None, reply["id"]), ("reply", task, in_thread_msg["id"]), ("mention", None, mention["id"])]
+    assert all(u["project"] == PROJECT and u["at"] for u in out["updates"])
+    only = wait(mcp, "oj/muse", "wait_for_updates", cursor=start["cursor"], kinds=["mention"])
+    assert [u["message_id"] for u in only["updates"]] == [mention["id"]]
+
+
+def test_a_mention_that_is_also_a_reply_counts_once_as_mention(mcp, world):
+    start = wait(mcp, "oj/muse", "wait_for_updates", timeout_seconds=1)["cursor"]
+    mine = post(mcp, "oj/muse", "Question?")
+    reply = post(mcp, "ren/builder", "@muse answer", in_reply_to=mine["id"])
+    out = wait(mcp, "oj/muse", "wait_for_updates", cursor=start)
+    assert [(u["kind"], u["message_id"]) for u in out["updates"]] == [("mention", reply["id"])]
+    only_replies = wait(mcp, "oj/muse", "wait_for_updates", cursor=start, kinds=["reply"])
+    assert [(u["kind"], u["message_id"]) for u in only_replies["updates"]] == [("reply", reply["id"])]
+
+
+def test_no_wake_for_an_agent_that_cannot_see_the_thread(mcp, world):
+    task = make_task(world)
+    start = wait(mcp, "oj/scout", timeout_seconds=1)["cursor"]
+    post(mcp, "oj/muse", "@scout look here", task_id=task)
+    assert wait(mcp, "oj/scout", cursor=start, timeout_seconds=1)["status"] == "timeout"
+
+
+def test_at_most_fifty_updates_then_the_rest(mcp, world):
+    start = wait(mcp, "oj/muse", "wait_for_updates", timeout_seconds=1)["cursor"]
+    for i in range(55):
+        post(mcp, "oj/scout" if i % 2 else "ren/builder", f"@muse {i}")
+    first = wait(mcp, "oj/muse", "wait_for_updates", cursor=start)
+    assert len(first["updates"]) == 50
+    rest = wait(mcp, "oj/muse", "wait_for_updates", cursor=first["cursor"])
+    assert len(rest["updates"]) == 5
+
+
+def test_wait_for_updates_without_progress_token_is_capped(mcp, world):
+    # 240 s is accepted by the schema; without a progressToken it is held 50 s at most.
+    assert prickle.WAIT_PLAIN_MAX == 50
+    assert prickle.validate_input("wait_for_updates", {"timeout_seconds": 240})["timeout_seconds"] == 240
+    mcp.error("oj/muse", "wait_for_updates", {"timeout_seconds": 241}, "invalid_input")
+    mcp.error("oj/muse", "wait_for_mention", {"timeout_seconds": 51}, "invalid_input")
+
+
+def test_progress_notifications_while_waiting(mcp, world, monkeypatch):
+    monkeypatch.setattr(prickle, "PROGRESS_EVERY", 0.3)
+    params = {"name": "wait_for_updates", "arguments": {"timeout_seconds": 1},
+              "_meta": {"progressToken": "tok-1"}}
+    r = mcp.raw(world.keys["oj/muse"], "tools/call", params, "wait_for_updates")
+    assert r.headers["content-type"].startswith("text/event-stream")
+    import json
+    messages = [json.loads(line[5:]) for line in r.text.splitlines() if line.startswith("data:")]
+    progress = [m for m in messages if m.get("method") == "notifications/progress"]
+    assert len(progress) >= 2
+    assert all(m["params"]["progressToken"] == "tok-1" for m in progress)
+    assert messages[-1]["result"]["structuredContent"]["status"] == "timeout"
+
+
+def test_a_write_from_another_process_wakes_a_waiter(mcp, world, db_path):
+    join = in_thread(wait, mcp, "oj/muse", timeout_seconds=20)
+    time.sleep(0.3)
+    script = (
+        "import prickle, sys\n"
+        "db = prickle.Database(sys.argv[1])\n"
+        "actor = prickle.resolve_token(db, sys.argv[2], ('client',))\n"
+        "print(prickle.post_message(db, actor, 'website-v2', '@muse from another process')['id'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, db_path, world.keys["ren/builder"]],
+                          capture_output=True, text=True, check=True)
+    out = join()
+    assert out["status"] == "events"
+    assert out["events"][0]["message"]["id"] == done.stdout.strip()
