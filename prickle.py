@@ -2856,7 +2856,7 @@ def audit_verify(db_path: str, as_json: bool, project_slug: str | None) -> None:
         f"{r['chain'] or '(deployment)'}: {r['entries']} entries, "
         + ("ok" if r["ok"] else f"BROKEN at entry {r['broken_at']}") for r in reports) or "No audit entries yet.")
     if not ok:
-        sys.exit(1)
+        raise click.exceptions.Exit(1)
 
 
 @cli.command()
@@ -2889,7 +2889,8 @@ def connect(db_path: str, as_json: bool, agent_id: str, project_slug: str | None
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; a failure prints one line on stderr and returns non-zero."""
     try:
-        cli.main(args=argv, prog_name="prickle", standalone_mode=False)
+        code = cli.main(args=argv, prog_name="prickle", standalone_mode=False)
+        return code if isinstance(code, int) else 0
     except click.exceptions.Exit as e:
         return e.exit_code
     except click.exceptions.Abort:
@@ -2906,7 +2907,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    return 0
 
 
 if __name__ == "__main__":

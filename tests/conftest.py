@@ -200,3 +200,35 @@ def in_thread(fn, *args, **kwargs):
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
 HAVE_SHARED_CLIENTS = (SHARED / "clients" / "run-conformance.sh").exists() and not os.environ.get("PRICKLE_NO_SHARED")
+
+
+PRICKLE = [__import__("sys").executable, "-m", "prickle"]
+
+
+class Served:
+    """A real ``prickle serve`` process; ``lines`` holds what it printed before serving."""
+
+    def __init__(self, db_path: str, *args: str, json_info: bool = True):
+        import subprocess
+        extra = ["--json"] if json_info else []
+        self.proc = subprocess.Popen(PRICKLE + ["serve", "--db", db_path, "--port", "0", *args, *extra],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.first = self.proc.stdout.readline()
+        if not self.first:
+            err = self.proc.stderr.read()
+            self.stop()
+            raise AssertionError(f"prickle serve did not start: {err}")
+        self.info = json.loads(self.first) if json_info else None
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill() if kill else self.proc.terminate()
+        self.proc.wait(15)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            stream.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -1,0 +1,44 @@
+#!/usr/bin/env python3
+"""Add N bench agents to the demo project and print one client key each, for bench/run.py.
+
+    python bench/make_agents.py DB N      # prints {"oj/bench1": "prk_ck_...", ...}
+
+It runs the same CLI commands a person would (``prickle agent add ... --json`` and
+``prickle token create --agent ... --json``) on the running server's database, but all in
+this one process: a ``prickle`` process costs about a second to start, 2N of them far more.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from click.testing import CliRunner
+
+import prickle
+
+PROJECT = "website-v2"
+
+
+def run_cli(runner: CliRunner, args: list[str]) -> dict:
+    result = runner.invoke(prickle.cli, args, catch_exceptions=False)
+    if result.exit_code != 0:
+        raise SystemExit(f"prickle {' '.join(args[:3])} failed ({result.exit_code}): {result.output.strip()}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def make_agents(db: str, count: int) -> dict[str, str]:
+    runner = CliRunner()
+    keys = {}
+    for i in range(1, count + 1):
+        agent_id = f"oj/bench{i}"
+        run_cli(runner, ["agent", "add", agent_id, "--name", f"Bench{i}", "--model", "bench", "--client", "wrk",
+                         "--project", PROJECT, "--db", db, "--json"])
+        keys[agent_id] = run_cli(runner, ["token", "create", "--agent", agent_id, "--db", db, "--json"])["token"]
+    return keys
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python bench/make_agents.py DB N")
+    print(json.dumps(make_agents(sys.argv[1], int(sys.argv[2]))))

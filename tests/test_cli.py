@@ -1,0 +1,150 @@
+"""The command line: every command has help, takes --db and --json, and fails in one line."""
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+
+import click
+import click.testing
+import pytest
+
+import prickle
+from conftest import Served
+
+PRICKLE = [sys.executable, "-m", "prickle"]
+
+
+def run(db_path, *args, ok=True):
+    """Run ``prickle ARGS --db DB`` in-process; return (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = prickle.main(list(args) + ["--db", db_path])
+    if ok:
+        assert code == 0, err.getvalue()
+    return code, out.getvalue(), err.getvalue()
+
+
+def jrun(db_path, *args):
+    code, out, err = run(db_path, *args, "--json")
+    lines = out.strip().splitlines()
+    assert len(lines) == 1, out
+    return json.loads(lines[0])
+
+
+def leaf_commands(group=prickle.cli, path=()):
+    for name, cmd in group.commands.items():
+        if isinstance(cmd, click.Group):
+            yield from leaf_commands(cmd, path + (name,))
+        else:
+            yield path + (name,), cmd
+
+
+@pytest.mark.parametrize("path,cmd", list(leaf_commands()), ids=lambda x: " ".join(x) if isinstance(x, tuple) else "")
+def test_every_command_has_help_db_and_json(path, cmd):
+    assert cmd.help and len(cmd.help) > 10
+    names = {o for p in cmd.params for o in getattr(p, "opts", [])}
+    assert {"--db", "--json"} <= names
+    runner = click.testing.CliRunner()
+    result = runner.invoke(prickle.cli, list(path) + ["--help"])
+    assert result.exit_code == 0 and "--db" in result.output
+
+
+def test_a_whole_setup_from_the_command_line(db_path):
+    first = jrun(db_path, "init", "--owner", "oj", "--name", "Oj Okafor")
+    assert first["person"]["handle"] == "oj" and "/signin?token=prk_sl_" in first["signin"]
+    assert jrun(db_path, "person", "add", "ren", "--name", "Ren Ito")["person"]["color"] == 1
+    p = jrun(db_path, "project", "create", "website-v2", "--name", "Website v2", "--team", "web", "--owner", "oj")
+    assert p["project"] == {"slug": "website-v2", "team": "web", "name": "Website v2", "description": ""}
+    assert jrun(db_path, "member", "add", "website-v2", "ren", "--role", "member")["member"]["role"] == "member"
+    a = jrun(db_path, "agent", "add", "oj/muse", "--name", "Muse", "--model", "claude-opus-4", "--client",
+             "claude-code", "--role", "Copy", "--capability", "other:Docs", "--project", "website-v2")
+    assert a["agent"]["capabilities"] == [{"kind": "other", "name": "Docs"}]
+    t = jrun(db_path, "token", "create", "--agent", "oj/muse", "--project", "website-v2")
+    assert t["token"].startswith("prk_ck_") and t["project"] == "website-v2"
+    assert jrun(db_path, "token", "create", "--person", "ren")["token"].startswith("prk_pt_")
+    assert jrun(db_path, "token", "create", "--runner", "oj/muse")["token"].startswith("prk_rk_")
+    listed = jrun(db_path, "token", "list")["tokens"]
+    assert len(listed) == 3 and all("token" not in r and "secret_hash" not in r for r in listed)
+    assert jrun(db_path, "token", "revoke", t["id"])["revoked"] is True
+    assert jrun(db_path, "memory", "set", "website-v2", "tone", "Warm.", "--by", "ren")["memory"]["value"] == "Warm."
+    assert jrun(db_path, "memory", "retract", "website-v2", "tone", "--by", "oj")["retracted"] is True
+    c = jrun(db_path, "connect", "oj/muse")
+    assert c["token"].startswith("prk_ck_") and c["url"].endswith("/mcp")
+    assert c["token"] in c["claude_code"] and "claude mcp add --transport http" in c["claude_code"]
+    assert "[mcp_servers.prickle]" in c["codex"] and c["token"] in c["codex"]
+    v = jrun(db_path, "audit", "verify")
+    assert v["ok"] is True and {r["chain"] for r in v["chains"]} == {"website-v2", ""}
+    assert jrun(db_path, "signin-link", "ren")["signin"].startswith("http://127.0.0.1:8321/signin?token=prk_sl_")
+    dest = os.path.join(os.path.dirname(db_path), "backup.db")
+    assert jrun(db_path, "backup", dest)["backup"] == dest
+    assert jrun(dest, "audit", "verify", "website-v2")["ok"] is True
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["person", "add", "Bad Handle", "--name", "X"], "handle must be lowercase"),
+    (["project", "create", "p", "--name", "P", "--team", "t", "--owner", "ghost"], "no person with handle 'ghost'"),
+    (["agent", "add", "nobody", "--name", "X", "--model", "m", "--client", "c"], "agent must be an agent address"),
+    (["agent", "add", "oj/x", "--name", "X", "--model", "m", "--client", "c", "--capability", "bogus"],
+     "--capability must be KIND:NAME"),
+    (["token", "create"], "pass exactly one of"),
+    (["token", "revoke", "tok_missing"], "no credential 'tok_missing'"),
+    (["member", "add", "nope", "oj"], "no project 'nope'"),
+    (["memory", "retract", "nope", "k", "--by", "oj"], "no project 'nope'"),
+    (["audit", "verify", "nope"], "no project 'nope'"),
+    (["init", "--owner", "again"], "already has people"),
+    (["person", "add", "x"], "Missing option '--name'"),
+    (["no-such-command"], "No such command"),
+])
+def test_bad_input_fails_in_one_line(db_path, args, needle):
+    run(db_path, "init", "--owner", "oj")
+    before = prickle.Database(db_path).scalar("SELECT count(*) FROM audit")
+    code, out, err = run(db_path, *args, ok=False)
+    assert code != 0 and out == ""
+    assert len(err.strip().splitlines()) == 1 and err.startswith("prickle: ") and needle in err, err
+    assert "Traceback" not in err
+    assert prickle.Database(db_path).scalar("SELECT count(*) FROM audit") == before
+
+
+def test_audit_verify_exits_non_zero_on_a_broken_chain(db_path):
+    run(db_path, "init", "--owner", "oj")
+    run(db_path, "project", "create", "p", "--name", "P", "--team", "t", "--owner", "oj")
+    db = prickle.Database(db_path)
+    db.execute("UPDATE audit SET type = 'forged' WHERE chain = 'p' AND n = 1")
+    code, out, err = run(db_path, "audit", "verify", ok=False)
+    assert code == 1 and "p: 2 entries, BROKEN at entry 1" in out
+
+
+def test_serve_on_a_new_database_says_what_to_do_and_a_second_serve_is_refused(db_path):
+    with Served(db_path, json_info=False) as served:
+        lines = [served.first] + [served.proc.stdout.readline() for _ in range(5)]
+        assert lines[0].startswith("Prickle ") and "is listening on http://127.0.0.1:" in lines[0]
+        text = "".join(lines)
+        assert "prickle init --owner" in text and "prickle agent add" in text and "prickle connect" in text
+        second = subprocess.run(PRICKLE + ["serve", "--db", db_path, "--port", "0"], capture_output=True, text=True,
+                                timeout=30)
+        assert second.returncode == 1
+        assert second.stderr.startswith("prickle: another prickle serve is already using")
+        assert len(second.stderr.strip().splitlines()) == 1
+
+
+def test_settings_file_errors_name_the_setting(tmp_path, db_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("port = 'eighty'\n")
+    code, out, err = run(db_path, "serve", "--config", str(bad), ok=False)
+    assert code == 1 and "port" in err and len(err.strip().splitlines()) == 1
+    bad.write_text("colour = 3\n")
+    code, out, err = run(db_path, "serve", "--config", str(bad), ok=False)
+    assert "colour" in err
+
+
+def test_example_settings_file_is_valid_and_complete():
+    path = os.path.join(os.path.dirname(__file__), "..", "prickle.example.toml")
+    settings = prickle.load_settings(path)
+    with open(path) as f:
+        text = f.read()
+    for name in prickle.Settings.model_fields:
+        assert f"{name} =" in text, f"prickle.example.toml does not document {name}"
+    assert settings == prickle.Settings(**__import__("tomllib").loads(text))

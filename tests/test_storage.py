@@ -1,0 +1,106 @@
+"""Storage: schema versions, transactions, the outbox, the audit chain, the server lock."""
+
+import os
+
+import apsw
+import pytest
+
+import prickle
+from conftest import PROJECT, audit_entries
+
+
+def test_new_database_is_wal_with_current_schema(db_path):
+    db = prickle.Database(db_path)
+    assert db.conn.pragma("user_version") == len(prickle.MIGRATIONS)
+    assert db.conn.pragma("journal_mode") == "wal"
+    assert db.conn.pragma("foreign_keys") == 1
+    db.close()
+    # opening again changes nothing
+    again = prickle.Database(db_path)
+    assert again.conn.pragma("user_version") == len(prickle.MIGRATIONS)
+
+
+def test_a_newer_schema_is_refused(db_path):
+    conn = apsw.Connection(db_path)
+    conn.pragma("user_version", len(prickle.MIGRATIONS) + 1)
+    conn.close()
+    with pytest.raises(prickle.StorageError, match="newer than this Prickle knows"):
+        prickle.Database(db_path)
+
+
+def test_failed_operation_writes_nothing(world):
+    db = world.db
+    counts = {t: db.scalar(f"SELECT count(*) FROM {t}") for t in ("outbox", "audit", "messages", "agents")}
+    with pytest.raises(prickle.Forbidden):
+        # the owner 'sam' is not in website-v2: the agent row must roll back with the failed project add
+        prickle.add_agent(world.db, "sam/helper", "Helper", "m", "c", "", [], ["side", PROJECT])
+    assert {t: db.scalar(f"SELECT count(*) FROM {t}") for t in counts} == counts
+    assert db.one("SELECT 1 FROM agents WHERE agent_id = 'sam/helper'") is None
+
+
+def test_waiters_are_notified_only_after_commit(world):
+    calls = []
+    world.db.listeners.append(lambda: calls.append(prickle.outbox_head(world.db)))
+    with pytest.raises(RuntimeError):
+        with world.db.transaction():
+            prickle.append_event(world.db, PROJECT, "agent.added", {"agent_id": "oj/muse"})
+            raise RuntimeError("boom")
+    assert calls == []
+    with world.db.transaction():
+        event = prickle.append_event(world.db, PROJECT, "agent.added", {"agent_id": "oj/muse"})
+        assert calls == []
+    assert calls == [event["seq"]]
+
+
+def test_outbox_seq_only_grows_and_project_created_comes_first(world):
+    seqs = [r["seq"] for r in world.db.rows("SELECT seq FROM outbox ORDER BY rowid")]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    first = world.db.one("SELECT type FROM outbox WHERE project = ? ORDER BY seq LIMIT 1", (PROJECT,))
+    assert first["type"] == "project.created"
+    events = prickle.read_events(world.db, PROJECT, 0)
+    assert [e["type"] for e in events] == ["project.created", "member.joined", "agent.added", "agent.added",
+                                          "agent.added"]
+    assert events[0]["summary"] == {"slug": PROJECT, "team": "web", "name": "Website v2", "description": "The new site."}
+    assert events[0]["by"] == {"kind": "person", "handle": "oj"}
+    assert events[1]["member"]["handle"] == "ren" and events[1]["role"] == "member"
+
+
+def test_audit_chain_links_and_detects_tampering(world):
+    entries = audit_entries(world.db, PROJECT)
+    assert [e["type"] for e in entries[:3]] == ["project.created", "member.added", "member.added"]
+    assert entries[0]["refs"] == {"team": "web", "by": "oj"}
+    assert entries[0]["prev_hash"] == "0" * 64
+    for prev, entry in zip(entries, entries[1:]):
+        assert entry["prev_hash"] == prev["hash"] and entry["n"] == prev["n"] + 1
+    assert all(r["ok"] for r in prickle.verify_audit(world.db))
+    world.db.execute("UPDATE audit SET refs = ? WHERE chain = ? AND n = 2", ('{"person":"mallory"}', PROJECT))
+    report = prickle.verify_audit(world.db, PROJECT)[0]
+    assert report == {"chain": PROJECT, "entries": len(entries), "ok": False, "broken_at": 2}
+    world.db.execute("UPDATE audit SET refs = ? WHERE chain = ? AND n = 2", (
+        prickle.canonical_json(entries[1]["refs"]), PROJECT))
+    assert prickle.verify_audit(world.db, PROJECT)[0]["ok"]
+    world.db.execute("DELETE FROM audit WHERE chain = ? AND n = 3", (PROJECT,))
+    assert prickle.verify_audit(world.db, PROJECT)[0]["broken_at"] == 4
+    world.db.execute("DELETE FROM audit WHERE chain = ? AND n >= 3", (PROJECT,))  # a valid prefix again
+
+
+def test_server_lock_refuses_a_second_server(db_path):
+    first = prickle.ServerLock(db_path)
+    first.acquire()
+    try:
+        with pytest.raises(prickle.StorageError, match="another prickle serve is already using"):
+            prickle.ServerLock(db_path).acquire()
+    finally:
+        first.release()
+    second = prickle.ServerLock(db_path)
+    second.acquire()
+    second.release()
+
+
+def test_backup_is_a_readable_copy(world, tmp_path):
+    dest = str(tmp_path / "copy.db")
+    world.db.backup_to(dest)
+    copy = prickle.Database(dest)
+    assert copy.scalar("SELECT count(*) FROM people") == 3
+    assert all(r["ok"] for r in prickle.verify_audit(copy))
+    assert os.path.getsize(dest) > 0
