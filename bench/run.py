@@ -1,0 +1,581 @@
+#!/usr/bin/env python3
+"""Prickle benchmark: starts the real server on 127.0.0.1 and prints a Markdown table.
+
+What it measures, against ``prickle serve --demo`` on a fresh database in a temporary folder:
+
+1. ``post_message`` calls/s at 1 and at 16 concurrent agents (16 keys), side by side with a
+   bare MCP ``echo`` tool on the same MCP SDK / Starlette / uvicorn stack
+   (``bench/echo_server.py``), same run, same load generator: ``wrk`` with
+   ``bench/mcp_call.lua`` (``-t1 -c1`` and ``-t2 -c16``, 2 s warm-up then 8 s), or, when wrk
+   is missing, several Python processes (the output says which). Target: Prickle at least
+   70% of echo.
+2. Wake latency: a waiter process holds ``wait_for_mention`` as oj/muse; a poster process
+   posts ``@oj/muse ping N`` as ren/builder 50 ms after the waiter sent its call; latency is
+   the waiter's answer fully read minus the poster's answer fully read (``time.monotonic()``,
+   one clock for the whole machine). About 300 samples; p50 and p99. Target: p99 under 5 ms.
+3. The server's RSS (``VmRSS`` of the ``prickle serve`` process) while 1,000
+   ``wait_for_mention`` calls are open at once (one asyncio process, 16 agents' keys), read
+   5 s in and again once the calls went over to SSE (15 s); then one post that mentions
+   all 16 agents wakes them, and the time until the last one returns is reported too.
+   Target: under 150 MB.
+
+Run it from the repository with the project's virtualenv active (``wrk`` from Debian's
+``wrk`` package; without it the Python load generator is used)::
+
+    python bench/run.py            # about 2 minutes on 2 cores
+    python bench/run.py --quick    # shorter runs and fewer samples, for a smoke check
+    python bench/run.py --load python
+    python bench/run.py --prickle "python /path/to/patched/prickle.py"
+
+Traffic goes to 127.0.0.1 only; every loop is bounded in count and time, a watchdog ends the
+run after --budget seconds, and every process it starts is stopped on the way out, error or
+not. It exits 0 when the benchmark ran (missed targets are part of the report) and non-zero
+only when the benchmark itself failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import importlib.metadata
+import json
+import multiprocessing
+import os
+import platform
+import resource
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import mcp_clients  # bench/mcp_clients.py: the script's folder is on sys.path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+LUA = BENCH / "mcp_call.lua"
+AGENTS = 16
+WAITERS = 1000
+MPX = multiprocessing.get_context("spawn")  # clean children: no inherited threads or sockets
+
+
+class BenchError(Exception):
+    """The benchmark itself failed (as opposed to a target being missed)."""
+
+
+class Watchdog(BenchError):
+    """The run went over its time budget."""
+
+
+@dataclasses.dataclass
+class Settings:
+    warmup: float = 2.0
+    measure: float = 8.0
+    wake_samples: int = 300
+    waiters: int = WAITERS
+    load: str = "wrk"
+    budget: int = 330
+    prickle: str = ""
+
+
+# -- processes ----------------------------------------------------------------
+
+
+class Processes:
+    """Every process the bench starts, stopped in reverse order by :meth:`stop_all`."""
+
+    def __init__(self) -> None:
+        self.started: list[Any] = []
+
+    def add(self, proc: Any) -> Any:
+        self.started.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.started):
+            stop(proc)
+        self.started.clear()
+
+
+def stop(proc: Any) -> None:
+    """Stop one subprocess.Popen or multiprocessing.Process: terminate, then kill after 5 s."""
+    if isinstance(proc, subprocess.Popen):
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+    elif proc.pid is not None and proc.exitcode is None:
+        proc.terminate()
+        proc.join(5)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join(5)
+
+
+@dataclasses.dataclass
+class Served:
+    """A server the bench started: its process, MCP address and log files."""
+
+    name: str
+    proc: subprocess.Popen
+    mcp: str
+    stderr: Path
+    info: dict
+
+
+def prickle_command(cfg: Settings) -> list[str]:
+    if cfg.prickle:
+        return shlex.split(cfg.prickle)
+    for candidate in (Path(sys.executable).parent / "prickle", shutil.which("prickle")):
+        if candidate and Path(candidate).exists():
+            return [str(candidate)]
+    raise BenchError("no 'prickle' command: activate the project's virtualenv (. .venv/bin/activate)")
+
+
+def first_line(path: Path, proc: subprocess.Popen, timeout: float) -> str:
+    """The first complete line a server wrote to ``path``, waiting up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = path.read_text()
+        if "\n" in text:
+            return text.split("\n", 1)[0]
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    raise BenchError(f"{path.stem} printed no first line in {timeout:.0f} s (exit code {proc.poll()})")
+
+
+def start_prickle(cfg: Settings, tmp: Path, procs: Processes) -> Served:
+    out, err = tmp / "prickle.stdout", tmp / "prickle.stderr"
+    db = tmp / "bench.db"
+    with open(out, "w") as o, open(err, "w") as e:
+        # cwd=tmp: no ./prickle.toml from the repository changes the settings.
+        proc = procs.add(subprocess.Popen(prickle_command(cfg) + ["serve", "--db", str(db), "--port", "0", "--demo",
+                                                               "--json"],
+                                          stdin=subprocess.DEVNULL, stdout=o, stderr=e, cwd=tmp))
+    try:
+        info = json.loads(first_line(out, proc, 30))
+    except (json.JSONDecodeError, BenchError) as exc:
+        raise BenchError(f"prickle serve did not start: {exc}; stderr: {err.read_text()[-500:]}") from None
+    if not info["mcp"].startswith("http://127.0.0.1:"):
+        raise BenchError(f"prickle serve is not on 127.0.0.1: {info['mcp']}")
+    return Served("prickle", proc, info["mcp"], err, info)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise BenchError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f} s (exit code {proc.poll()})")
+
+
+def start_echo(tmp: Path, procs: Processes) -> Served:
+    err = tmp / "echo.stderr"
+    port = free_port()
+    with open(err, "w") as e:
+        proc = procs.add(subprocess.Popen([sys.executable, str(BENCH / "echo_server.py"), str(port)],
+                                          stdin=subprocess.DEVNULL, stdout=e, stderr=e, cwd=tmp))
+    try:
+        wait_for_port(port, proc, 30)
+    except BenchError as exc:
+        raise BenchError(f"echo server did not start: {exc}; output: {err.read_text()[-500:]}") from None
+    return Served("echo", proc, f"http://127.0.0.1:{port}/mcp", err, {"port": port})
+
+
+def make_agents(db: str, count: int, tmp: Path) -> dict[str, str]:
+    """``count`` more agents in the demo project, with a client key each (bench/make_agents.py)."""
+    result = subprocess.run([sys.executable, str(BENCH / "make_agents.py"), db, str(count)], cwd=tmp,
+                            capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        raise BenchError(f"making agents failed: {(result.stderr or result.stdout)[-500:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+# -- /proc --------------------------------------------------------------------
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise BenchError(f"no VmRSS for pid {pid}")
+
+
+def cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def socket_count(pid: int) -> int:
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            count += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return count
+
+
+def wait_until_settled(pid: int, sockets: int, at_least: float, at_most: float) -> dict:
+    """Wait until the server holds ``sockets`` sockets and its CPU time stops moving (0.5 s)."""
+    start = time.monotonic()
+    last_ticks, still_since = cpu_ticks(pid), time.monotonic()
+    while time.monotonic() - start < at_most:
+        time.sleep(0.25)
+        ticks, now = cpu_ticks(pid), time.monotonic()
+        if ticks - last_ticks > 1:
+            last_ticks, still_since = ticks, now
+        held = socket_count(pid)
+        if held >= sockets and now - still_since >= 0.5 and now - start >= at_least:
+            return {"sockets": held, "seconds": now - start, "settled": True}
+    return {"sockets": socket_count(pid), "seconds": time.monotonic() - start, "settled": False}
+
+
+# -- throughput ---------------------------------------------------------------
+
+
+def run_wrk(url: str, tool: str, keyfile: Path, threads: int, conns: int, seconds: float) -> dict:
+    cmd = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{max(1, round(seconds))}s", "--timeout", "10s", "-s", str(LUA),
+           url, "--", tool, str(keyfile), str(threads)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 30)
+    lines = [ln for ln in result.stdout.splitlines() if ln.startswith("BENCH_JSON ")]
+    if result.returncode != 0 or not lines:
+        raise BenchError(f"wrk failed ({result.returncode}): {(result.stderr or result.stdout)[-500:]}")
+    out = json.loads(lines[-1][len("BENCH_JSON "):])
+    seconds_run = out["duration_us"] / 1e6
+    return {"rps": out["ok"] / seconds_run, "ok": out["ok"],
+            "errors": out["bad_status"] + out["tool_errors"] + out["socket_errors"] + out["timeouts"],
+            "detail": out}
+
+
+def run_python_load(url: str, tool: str, keys: list[str], conns: int, seconds: float) -> dict:
+    """The fallback load generator: ``conns`` keep-alive connections over up to 4 processes (4+ for 16)."""
+    nprocs = 1 if conns == 1 else 4
+    share = [[keys[i % len(keys)] for i in range(conns) if i % nprocs == p] for p in range(nprocs)]
+    queue = MPX.Queue()
+    workers = [MPX.Process(target=mcp_clients.load_worker, args=(url, tool, ks, seconds, queue), daemon=True)
+               for ks in share]
+    try:
+        for w in workers:
+            w.start()
+        counts = [queue.get(timeout=seconds + 60) for _ in workers]
+    finally:
+        for w in workers:
+            stop(w)
+    ok, bad = sum(c["ok"] for c in counts), sum(c["bad"] for c in counts)
+    return {"rps": ok / seconds, "ok": ok, "errors": bad, "detail": {"processes": nprocs, "connections": conns}}
+
+
+def load(cfg: Settings, url: str, tool: str, keys: list[str], keyfile: Path, threads: int, seconds: float) -> dict:
+    if cfg.load == "wrk":
+        keyfile.write_text("\n".join(keys) + "\n")
+        return run_wrk(url, tool, keyfile, threads, len(keys), seconds)
+    return run_python_load(url, tool, keys, len(keys), seconds)
+
+
+def measure_throughput(cfg: Settings, prickle: Served, echo: Served, keys: list[str], tmp: Path) -> dict:
+    """calls/s for echo and post_message at 1 agent (-t1 -c1) and 16 agents (-t2 -c16)."""
+    results = {}
+    for agents, threads in ((1, 1), (AGENTS, 2)):
+        for server, tool in ((echo, "echo"), (prickle, "post_message")):
+            keyfile = tmp / f"keys-{agents}.txt"
+            load(cfg, server.mcp, tool, keys[:agents], keyfile, threads, cfg.warmup)
+            results[(server.name, agents)] = load(cfg, server.mcp, tool, keys[:agents], keyfile, threads, cfg.measure)
+            r = results[(server.name, agents)]
+            log(f"  {server.name:8} {agents:2} agent(s): {r['rps']:8.1f} calls/s, {r['errors']} errors")
+    return results
+
+
+# -- wake latency -------------------------------------------------------------
+
+
+def receive(conn: Any, timeout: float, what: str) -> Any:
+    if not conn.poll(timeout):
+        raise BenchError(f"no {what} within {timeout:.0f} s")
+    return conn.recv()
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered) + 0.5) - 1))]
+
+
+def measure_wake_latency(cfg: Settings, prickle: Served, waiter_key: str, poster_key: str,
+                         procs: Processes) -> dict:
+    """post_message done (poster) -> wait_for_mention done (waiter), in ms, over cfg.wake_samples posts."""
+    warm = 5
+    total = cfg.wake_samples + warm
+    waiter_end, waiter_child = MPX.Pipe()
+    poster_end, poster_child = MPX.Pipe()
+    waiter = procs.add(MPX.Process(target=mcp_clients.wake_waiter, daemon=True,
+                                   args=(prickle.mcp, waiter_key, total, waiter_child)))
+    poster = procs.add(MPX.Process(target=mcp_clients.wake_poster, daemon=True,
+                                   args=(prickle.mcp, poster_key, poster_child)))
+    waiter.start()
+    poster.start()
+    latencies, mismatched = [], 0
+    for i in range(total):
+        receive(waiter_end, 30, "'ready' from the waiter")
+        time.sleep(0.05)  # the waiter's call is in the server's hands by now
+        body = f"@oj/muse ping {i}"
+        poster_end.send(body)
+        posted, error = receive(poster_end, 30, "answer from the poster")
+        if error:
+            raise BenchError(f"post_message failed: {error}")
+        kind, _, woke, status, bodies = receive(waiter_end, 60, "wake from the waiter")
+        if kind != "done":
+            raise BenchError(f"wait_for_mention failed: {status}")
+        if status != "events" or bodies != [body]:
+            mismatched += 1
+        elif i >= warm:
+            latencies.append((woke - posted) * 1000)
+    poster_end.send(None)
+    for p in (waiter, poster):
+        p.join(10)
+    if not latencies:
+        raise BenchError("no wake latency sample")
+    return {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99), "max": max(latencies),
+            "min": min(latencies), "samples": len(latencies), "mismatched": mismatched}
+
+
+# -- 1,000 waiters ------------------------------------------------------------
+
+
+def measure_waiters(cfg: Settings, prickle: Served, agents: dict[str, str], poster_key: str,
+                    procs: Processes) -> dict:
+    """Server RSS with cfg.waiters wait_for_mention calls open, 5 s in and past the SSE switch (15 s)."""
+    pid = prickle.proc.pid
+    before = rss_mb(pid)
+    wake_body = " ".join(f"@{a}" for a in agents) + " wake up"
+    end, child = MPX.Pipe()
+    holder = procs.add(MPX.Process(target=mcp_clients.hold_waiters, daemon=True,
+                                   args=(prickle.mcp, list(agents.values()), cfg.waiters, poster_key, wake_body,
+                                         child)))
+    holder.start()
+    receive(end, 60, "'launched' from the waiters' process")
+    settled = wait_until_settled(pid, cfg.waiters + 1, at_least=5.0, at_most=40.0)
+    rss_5s = rss_mb(pid)
+    log(f"  {settled['sockets']} sockets open after {settled['seconds']:.1f} s; RSS {rss_5s:.1f} MB")
+    time.sleep(max(0.0, 16.5 - settled["seconds"]))  # each call commits to SSE after 15 s of silence
+    rss_sse = rss_mb(pid)
+    sockets_late = socket_count(pid)
+    ticks = cpu_ticks(pid)
+    end.send("wake")
+    _, report = receive(end, 90, "report from the waiters' process")
+    wake_cpu_ms = (cpu_ticks(pid) - ticks) * 1000 / os.sysconf("SC_CLK_TCK")
+    holder.join(10)
+    return {**report, "before": before, "rss_5s": rss_5s, "rss_sse": rss_sse, "settled": settled,
+            "sockets_late": sockets_late, "server_cpu_ms": wake_cpu_ms}
+
+
+# -- report -------------------------------------------------------------------
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def versions() -> str:
+    names = ("prickle", "mcp", "starlette", "uvicorn", "httpx", "apsw")
+    found = []
+    for name in names:
+        try:
+            found.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            found.append(f"{name} ?")
+    return ", ".join(found)
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "?"
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() or "?"
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+
+
+def load_generator(cfg: Settings) -> str:
+    if cfg.load == "wrk":
+        out = subprocess.run(["wrk", "-v"], capture_output=True, text=True, timeout=10)
+        return (out.stdout or out.stderr).splitlines()[0].split(" Copyright")[0]
+    return "Python (httpx, keep-alive, 4 processes for 16 connections) -- wrk was not found"
+
+
+def yes_no(ok: bool) -> str:
+    return "yes" if ok else "**no**"
+
+
+def table(cfg: Settings, tput: dict, wake: dict, waiters: dict, echo_rss: float, prickle_idle: float) -> list[str]:
+    rows = ["| measure | Prickle | echo baseline | target | ok |", "| --- | ---: | ---: | --- | --- |"]
+    for agents, how in ((1, "-t1 -c1"), (AGENTS, "-t2 -c16")):
+        p, e = tput[("prickle", agents)], tput[("echo", agents)]
+        ratio = p["rps"] / e["rps"] if e["rps"] else 0.0
+        label = f"`post_message` calls/s, {agents} agent{'s' if agents > 1 else ''} ({how})"
+        rows.append(f"| {label} | {p['rps']:.0f} ({ratio:.0%} of echo) | {e['rps']:.0f} | >= 70% of echo "
+                    f"| {yes_no(ratio >= 0.70 and p['errors'] == 0)} |")
+    rows.append(f"| wake latency p50 ({wake['samples']} wakes) | {wake['p50']:.2f} ms | n/a | - | - |")
+    rows.append(f"| wake latency p99 | {wake['p99']:.2f} ms | n/a | < 5 ms | {yes_no(wake['p99'] < 5)} |")
+    rows.append(f"| server RSS, idle after start | {prickle_idle:.1f} MB | {echo_rss:.1f} MB | - | - |")
+    rows.append(f"| server RSS before the waiters | {waiters['before']:.1f} MB | n/a | - | - |")
+    peak = max(waiters["rss_5s"], waiters["rss_sse"])
+    n = cfg.waiters
+    rows.append(f"| server RSS, {n:,} agents waiting (5 s in / SSE after 15 s) | {waiters['rss_5s']:.1f} / "
+                f"{waiters['rss_sse']:.1f} MB | n/a | < 150 MB | {yes_no(peak < 150 and waiters['in_flight'] == n)} |")
+    if waiters.get("last_ms") is not None:
+        rows.append(f"| one post wakes {n:,} waiters: p50 / last return | {waiters['p50_ms']:.0f} / "
+                    f"{waiters['last_ms']:.0f} ms | n/a | - | - |")
+    return rows
+
+
+def details(tput: dict, wake: dict, waiters: dict, server_errors: list[str]) -> list[str]:
+    lines = ["", "Details:", ""]
+    for (name, agents), r in sorted(tput.items()):
+        d = r["detail"]
+        extra = (f", latency p50 {d['latency_p50_us'] / 1000:.1f} ms, p99 {d['latency_p99_us'] / 1000:.1f} ms, "
+                 f"non-200 {d['bad_status']}, tool errors {d['tool_errors']}, socket errors {d['socket_errors']}, "
+                 f"timeouts {d['timeouts']}") if "latency_p50_us" in d else ""
+        lines.append(f"- {name}, {agents} agent(s): {r['ok']} calls ok, {r['errors']} failed{extra}")
+    lines.append(f"- wake latency: min {wake['min']:.2f} ms, max {wake['max']:.2f} ms, "
+                 f"{wake['mismatched']} wakes that did not carry exactly the post just made")
+    s = waiters["settled"]
+    lines.append(f"- waiters: {waiters['in_flight']:,} of the calls still open when measured "
+                 f"({waiters['early_count']} had returned early{': ' + '; '.join(waiters['early']) if waiters['early'] else ''}); "
+                 f"server sockets {s['sockets']} after {s['seconds']:.1f} s"
+                 f"{'' if s['settled'] else ' (never settled)'}, {waiters['sockets_late']} past 15 s")
+    if "woken" in waiters:
+        other = "; other: " + "; ".join(waiters["other"]) if waiters["other"] else ""
+        lines.append(f"- the wake post: {waiters['woken']:,} waiters returned with events, "
+                     f"{waiters['finished']:,} returned in 30 s{other}; the server spent "
+                     f"{waiters['server_cpu_ms']:.0f} ms of CPU on it, the waiters' client "
+                     f"{waiters['client_cpu_ms']:.0f} ms (its share is in the return times)")
+    lines.append(f"- server stderr: {len(server_errors)} line(s)" + ("" if not server_errors else ", last: "
+                                                                         + " | ".join(server_errors[-3:])[:600]))
+    return lines
+
+
+def header(cfg: Settings) -> list[str]:
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return [
+        "## Prickle benchmark",
+        "",
+        f"- date: {now}; commit {git_commit()}",
+        f"- machine: {os.cpu_count()} CPUs ({cpu_model()}), {platform.system()} {platform.release()}",
+        f"- Python {platform.python_version()}; {versions()}",
+        f"- load generator: {load_generator(cfg)}; {cfg.warmup:g} s warm-up + {cfg.measure:g} s per run",
+        "",
+    ]
+
+
+# -- main ---------------------------------------------------------------------
+
+
+def raise_nofile_limit(wanted: int = 8192) -> None:
+    """Room for 1,000 sockets on each side; the servers and client processes inherit it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def install_signals(budget: int) -> None:
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise Watchdog(f"the benchmark went over its {budget} s budget")
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.signal(signal.SIGTERM, on_term)
+    signal.alarm(budget)
+
+
+def parse_args(argv: list[str] | None) -> Settings:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 s warm-up, 3 s runs, 60 wake samples")
+    parser.add_argument("--load", choices=("wrk", "python"), default=None,
+                        help="load generator (default: wrk if installed, else Python processes)")
+    parser.add_argument("--waiters", type=int, default=WAITERS, help="waiters held at once (default 1000)")
+    parser.add_argument("--prickle", default="", metavar="CMD",
+                        help="command that runs prickle, e.g. to compare a patched build (default: the venv's)")
+    parser.add_argument("--budget", type=int, default=330, help="watchdog: give up after this many seconds")
+    args = parser.parse_args(argv)
+    cfg = Settings(waiters=max(1, min(args.waiters, 5000)), budget=args.budget, prickle=args.prickle)
+    if args.quick:
+        cfg.warmup, cfg.measure, cfg.wake_samples = 1.0, 3.0, 60
+    cfg.load = args.load or ("wrk" if shutil.which("wrk") else "python")
+    if cfg.load == "wrk" and not shutil.which("wrk"):
+        parser.error("wrk is not installed (apt-get install wrk), use --load python")
+    return cfg
+
+
+def run(cfg: Settings, tmp: Path, procs: Processes) -> list[str]:
+    log(f"starting prickle and the echo server in {tmp} ...")
+    prickle = start_prickle(cfg, tmp, procs)
+    echo = start_echo(tmp, procs)
+    demo_keys = prickle.info["demo"]["keys"]
+    agents = make_agents(prickle.info["db"], AGENTS, tmp)
+    prickle_idle, echo_rss = rss_mb(prickle.proc.pid), rss_mb(echo.proc.pid)
+    log(f"throughput ({cfg.load}) ...")
+    tput = measure_throughput(cfg, prickle, echo, list(agents.values()), tmp)
+    stop(echo.proc)
+    log("wake latency ...")
+    wake = measure_wake_latency(cfg, prickle, demo_keys["oj/muse"], demo_keys["ren/builder"], procs)
+    log(f"  p50 {wake['p50']:.2f} ms, p99 {wake['p99']:.2f} ms")
+    log(f"{cfg.waiters:,} waiters ...")
+    waiters = measure_waiters(cfg, prickle, agents, demo_keys["ren/builder"], procs)
+    if prickle.proc.poll() is not None:
+        raise BenchError(f"prickle serve exited ({prickle.proc.returncode}) during the run")
+    server_errors = [ln for ln in prickle.stderr.read_text().splitlines() if ln.strip()]
+    return header(cfg) + table(cfg, tput, wake, waiters, echo_rss, prickle_idle) + details(tput, wake, waiters,
+                                                                                            server_errors)
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    raise_nofile_limit()
+    started = time.monotonic()
+    procs = Processes()
+    tmp = Path(tempfile.mkdtemp(prefix="prickle-bench-"))
+    try:
+        install_signals(cfg.budget)
+        lines = run(cfg, tmp, procs)
+    except (BenchError, OSError, subprocess.SubprocessError, json.JSONDecodeError, KeyError) as e:
+        log(f"benchmark failed: {type(e).__name__}: {e}")
+        return 1
+    finally:
+        signal.alarm(0)
+        procs.stop_all()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("\n".join(lines + [f"- whole run: {time.monotonic() - started:.0f} s"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""End to end: a real ``prickle serve --demo`` process, driven by the MCP SDK's own client.
+
+Keys come from ``prickle token create`` run while the server is up. Agent A (oj/muse)
+speaks the 2026-07-28 protocol, agent B (ren/builder) the older initialize handshake.
+"""
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+
+import httpx
+
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from conftest import PRICKLE, REFERENCE_TOOLS, Served, check_tool_output, in_thread
+
+PROJECT = "website-v2"
+
+
+def cli_json(db_path, *args):
+    p = subprocess.run(PRICKLE + list(args) + ["--db", db_path, "--json"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+@contextlib.asynccontextmanager
+async def client(url, key, mode="auto"):
+    """An MCP SDK client for one agent key (the HTTP client it is given is ours to close)."""
+    async with create_mcp_http_client(headers={"Authorization": f"Bearer {key}"}) as http:
+        async with Client(streamable_http_client(url, http_client=http), mode=mode) as c:
+            yield c
+
+
+async def call(c, tool, args, **kw):
+    r = await c.call_tool(tool, args, **kw)
+    assert not r.is_error, r.content[0].text
+    check_tool_output(tool, r.structured_content)
+    return r.structured_content
+
+
+def test_two_real_clients_talk_and_wake_each_other(db_path):
+    with Served(db_path, "--demo") as served:
+        url = served.info["mcp"]
+        assert set(served.info["demo"]["keys"]) == {"oj/muse", "ren/builder"}
+        key_a = cli_json(db_path, "token", "create", "--agent", "oj/muse")["token"]
+        key_b = cli_json(db_path, "token", "create", "--agent", "ren/builder", "--project", PROJECT)["token"]
+
+        async def scenario():
+            async with client(url, key_a) as a, client(url, key_b, mode="legacy") as b:
+                listed = await a.list_tools()
+                assert {t.name for t in listed.tools} >= set(REFERENCE_TOOLS) & {t.name for t in listed.tools}
+                for tool in ("discover_team_agents", "get_project_context", "read_room", "update_pulse"):
+                    await call(a, tool, REFERENCE_TOOLS[tool]["example_input"])
+                team = await call(b, "discover_team_agents", {"project": PROJECT})
+                assert "oj/muse" in [x["agent_id"] for x in team["agents"]]
+                context = await call(b, "get_project_context", {"project": PROJECT})
+                assert {m["address"] for m in context["members"]} >= {"oj", "ren", "oj/muse", "ren/builder"}
+                assert [p["agent_id"] for p in context["pulse"]] == ["oj/muse"]
+
+                # A sleeps; B mentions A with the reference's example; A wakes with that message.
+                waiting = asyncio.create_task(call(a, "wait_for_mention", {"project": PROJECT, "timeout_seconds": 30}))
+                await asyncio.sleep(0.5)
+                posted = await call(b, "post_message", REFERENCE_TOOLS["post_message"]["example_input"])
+                woke = await asyncio.wait_for(waiting, 20)
+                assert woke["status"] == "events"
+                assert woke["events"][0] == {"kind": "mention", "message": posted["message"]}
+
+                # And back: B waits for updates (with progress), A replies to B's message.
+                progress = []
+
+                async def on_progress(p, total, message):
+                    progress.append(p)
+
+                updates = asyncio.create_task(call(b, "wait_for_updates", REFERENCE_TOOLS["wait_for_updates"]
+                                                   ["example_input"] | {"timeout_seconds": 30},
+                                                   progress_callback=on_progress))
+                await asyncio.sleep(0.5)
+                reply = await call(a, "post_message", {"project": PROJECT, "body": "On it.",
+                                                       "in_reply_to": posted["message"]["id"]})
+                got = await asyncio.wait_for(updates, 20)
+                assert got["status"] == "updates"
+                assert [(u["kind"], u["message_id"]) for u in got["updates"]] == [("reply", reply["message"]["id"])]
+
+                room = await call(b, "read_room", REFERENCE_TOOLS["read_room"]["example_input"])
+                assert [m["body"] for m in room["messages"]][-2:] == [posted["message"]["body"], "On it."]
+
+                timeout = await call(a, "wait_for_mention", {"project": PROJECT, "timeout_seconds": 1})
+                assert timeout["status"] == "timeout" and timeout["cursor"]
+
+        asyncio.run(scenario())
+
+
+def _post(http, url, key, body, n):
+    """One post_message over plain HTTP (protocol 2026-07-28); the message ID, or None if the server died."""
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "burst", "version": "1"},
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    try:
+        r = http.post(url, headers={
+            "Authorization": f"Bearer {key}", "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call", "Mcp-Name": "post_message"},
+            json={"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {
+                "name": "post_message", "arguments": {"project": PROJECT, "body": body}, "_meta": meta}})
+    except httpx.TransportError:
+        return None
+    result = r.json()["result"]
+    check_tool_output("post_message", result["structuredContent"])
+    return result["structuredContent"]["message"]["id"]
+
+
+def test_kill_9_during_a_burst_loses_no_acknowledged_message(db_path):
+    served = Served(db_path, "--demo")
+    url, key = served.info["mcp"], served.info["demo"]["keys"]["ren/builder"]
+    acknowledged: list[str] = []
+
+    def burst():
+        with httpx.Client(timeout=10) as http:
+            for i in range(2000):
+                message_id = _post(http, url, key, f"burst {i}", i)
+                if message_id is None:
+                    return
+                acknowledged.append(message_id)
+
+    join = in_thread(burst)
+    while len(acknowledged) < 100:
+        time.sleep(0.005)
+    os.kill(served.proc.pid, signal.SIGKILL)
+    join()
+    served.stop(kill=True)
+    assert 100 <= len(acknowledged) < 2000
+
+    with Served(db_path) as again:
+        key_b = cli_json(db_path, "token", "create", "--agent", "ren/builder")["token"]
+
+        async def read_all():
+            seen, cursor = [], None
+            async with client(again.info["mcp"], key_b) as b:
+                while True:
+                    args = {"project": PROJECT, "limit": 100} | ({"cursor": cursor} if cursor else {})
+                    page = await call(b, "read_room", args)
+                    seen += [m["id"] for m in page["messages"]]
+                    cursor = page["next_cursor"]
+                    if cursor is None:
+                        return seen
+
+        seen = asyncio.run(read_all())
+    assert set(acknowledged) <= set(seen)
+    verify = subprocess.run(PRICKLE + ["audit", "verify", "--db", db_path], capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "BROKEN" not in verify.stdout
+
+
+def test_demo_restart_keeps_data_and_prints_fresh_keys(db_path):
+    with Served(db_path, "--demo") as first:
+        keys1 = first.info["demo"]["keys"]
+    time.sleep(0.2)
+    with Served(db_path, "--demo") as second:
+        keys2 = second.info["demo"]["keys"]
+        assert keys1 != keys2
+        assert second.info["demo"]["signin"].startswith(second.info["url"] + "/signin?token=")
