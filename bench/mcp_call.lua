@@ -32,20 +32,23 @@ function init(args)
       '"io.modelcontextprotocol/clientInfo":{"name":"bench","version":"1"},' ..
       '"io.modelcontextprotocol/clientCapabilities":{}}}}'
    local all = read_keys(keyfile)
-   requests_ = {}
+   if #all == 0 then error("no key in " .. keyfile) end
+   local mine = {}
    for i, key in ipairs(all) do
-      if (i - 1) % nthreads == thread_index % nthreads then
-         table.insert(requests_, wrk.format("POST", "/mcp", {
-            ["Accept"] = "application/json, text/event-stream",
-            ["Content-Type"] = "application/json",
-            ["MCP-Protocol-Version"] = "2026-07-28",
-            ["Mcp-Method"] = "tools/call",
-            ["Mcp-Name"] = tool,
-            ["Authorization"] = "Bearer " .. key,
-         }, body))
-      end
+      if (i - 1) % nthreads == thread_index % nthreads then table.insert(mine, key) end
    end
-   if #requests_ == 0 then error("no key for wrk thread " .. thread_index) end
+   if #mine == 0 then mine = {all[(thread_index % #all) + 1]} end  -- fewer keys than threads
+   requests_ = {}
+   for _, key in ipairs(mine) do
+      table.insert(requests_, wrk.format("POST", "/mcp", {
+         ["Accept"] = "application/json, text/event-stream",
+         ["Content-Type"] = "application/json",
+         ["MCP-Protocol-Version"] = "2026-07-28",
+         ["Mcp-Method"] = "tools/call",
+         ["Mcp-Name"] = tool,
+         ["Authorization"] = "Bearer " .. key,
+      }, body))
+   end
    sent_, ok_, bad_status_, tool_errors_ = 0, 0, 0, 0
 end
 
