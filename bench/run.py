@@ -151,7 +151,9 @@ def first_line(path: Path, proc: subprocess.Popen, timeout: float) -> str:
         if proc.poll() is not None:
             break
         time.sleep(0.05)
-    raise BenchError(f"{path.stem} printed no first line in {timeout:.0f} s (exit code {proc.poll()})")
+    if proc.poll() is not None:
+        raise BenchError(f"{path.stem} exited with code {proc.returncode} before printing its first line")
+    raise BenchError(f"{path.stem} printed no first line in {timeout:.0f} s")
 
 
 def start_prickle(cfg: Settings, tmp: Path, procs: Processes) -> Served:
@@ -425,7 +427,8 @@ def load_generator(cfg: Settings) -> str:
     if cfg.load == "wrk":
         out = subprocess.run(["wrk", "-v"], capture_output=True, text=True, timeout=10)
         return (out.stdout or out.stderr).splitlines()[0].split(" Copyright")[0]
-    return "Python (httpx, keep-alive, 4 processes for 16 connections) -- wrk was not found"
+    why = "wrk was not found" if not shutil.which("wrk") else "chosen with --load python"
+    return f"Python processes (httpx, keep-alive; 4 processes for 16 connections; {why}): it may be the bottleneck"
 
 
 def yes_no(ok: bool) -> str:
@@ -434,9 +437,11 @@ def yes_no(ok: bool) -> str:
 
 def table(cfg: Settings, tput: dict, wake: dict, waiters: dict, echo_rss: float, prickle_idle: float) -> list[str]:
     rows = ["| measure | Prickle | echo baseline | target | ok |", "| --- | ---: | ---: | --- | --- |"]
-    for agents, how in ((1, "-t1 -c1"), (AGENTS, "-t2 -c16")):
+    for agents in (1, AGENTS):
         p, e = tput[("prickle", agents)], tput[("echo", agents)]
         ratio = p["rps"] / e["rps"] if e["rps"] else 0.0
+        how = (f"wrk -t{1 if agents == 1 else 2} -c{agents}" if cfg.load == "wrk"
+               else f"{agents} connection{'s' if agents > 1 else ''}")
         label = f"`post_message` calls/s, {agents} agent{'s' if agents > 1 else ''} ({how})"
         rows.append(f"| {label} | {p['rps']:.0f} ({ratio:.0%} of echo) | {e['rps']:.0f} | >= 70% of echo "
                     f"| {yes_no(ratio >= 0.70 and p['errors'] == 0)} |")
