@@ -566,6 +566,19 @@ WAKE_EVENT = _one_of(
 
 UPDATE_KIND = _enum("mention", "reply", "task", "result", "decision")
 
+GATE = _obj({"decision": _enum("allow", "approval_required", "never"), "reason": _str(300),
+             "approval_id": _nullable(ID)})
+
+VERDICT_ITEM = _obj({"criterion": COUNT, "accepted": {"type": "boolean"}}, {"note": _str(500)})
+
+
+def _open_obj(s: dict, required: tuple[str, ...] | None = None) -> dict:
+    """An object as a tool takes it: the same properties, extra keys not refused by the schema."""
+    out = {k: v for k, v in s.items() if k != "additionalProperties"}
+    if required is not None:
+        out["required"] = list(required)
+    return out
+
 #: Input and output schemas of the tools this server serves, by tool name.
 SCHEMAS: dict[str, tuple[dict, dict]] = {
     "discover_team_agents": (
@@ -655,10 +668,56 @@ SCHEMAS: dict[str, tuple[dict, dict]] = {
             "cursor": CURSOR,
         }),
     ),
+    "handoff": (
+        _input({"project": SLUG, "to": AGENT_ID, "packet": _open_obj(PACKET)},
+               {"idempotency_key": _str(100, 1), "parent_task_id": ID, "turn_budget": _int(0, 100)}),
+        _output({"task": TASK, "gate": GATE}),
+    ),
+    "check_inbox": (
+        _input({}, {"project": SLUG, "pending_wakes_only": {"type": "boolean"},
+                    "project_unchanged_since": DATE_TIME, "include_closed": {"default": False, "type": "boolean"}}),
+        _output({"assigned": _array(TASK), "requested": _array(TASK)}),
+    ),
+    "accept_task": (_input({"task_id": ID}), _output({"task": TASK})),
+    "checkpoint": (_input({"task_id": ID, "checkpoint": _open_obj(CHECKPOINT)}), _output({"task": TASK})),
+    "return_result": (
+        _input(
+            {"task_id": ID, "summary": _str(4000, 1), "evidence": _array(_open_obj(EVIDENCE), 20, 1)},
+            {"provenance": {"default": "agent_generated"}
+             | _enum("agent_generated", "from_approved_context", "owner_instruction"),
+             "artifacts": _array(_open_obj(ARTIFACT, required=("ref",)), 20)},
+        ),
+        _output({"task": TASK, "submission": _obj({
+            "submission_id": ID, "revision": _int(1, _MAX_SAFE), "artifacts": _array(ARTIFACT, 20)})}),
+    ),
+    "accept_result": (
+        _input({"task_id": ID, "submission_id": ID, "revision": _int(1, _MAX_SAFE),
+                "verdicts": _array(_open_obj(VERDICT_ITEM), 20, 1),
+                "artifacts": _array(_open_obj(ARTIFACT, required=("ref",)), 20)}),
+        _output({"task": TASK}),
+    ),
+    "reject_result": (
+        _input({"task_id": ID, "submission_id": ID, "revision": _int(1, _MAX_SAFE), "reason": _str(1000, 1)},
+               {"verdicts": _array(_open_obj(VERDICT_ITEM), 20)}),
+        _output({"task": TASK}),
+    ),
+    "request_capability": (
+        _input(
+            {"project": SLUG, "capability": _open_obj(CAPABILITY, required=("name",)), "packet": _open_obj(PACKET)},
+            {"prefer": _obj({}, {"owner": SLUG, "agent": AGENT_ID}, closed=False), "idempotency_key": _str(100, 1)},
+        ),
+        _output({"status": _enum("handed_off", "choose", "none")}, {
+            "task": TASK, "gate": GATE,
+            "candidates": _array(_obj({
+                "agent_id": AGENT_ID, "owner": SLUG, "availability": AVAILABILITY,
+                "permission": _enum("allow", "approval_required"), "evidence": _const("owner_declared"),
+            }), 50),
+        }),
+    ),
 }
 
 # The input schema's `required: []` is left out where the reference has none.
-for _name in ("wait_for_mention", "wait_for_updates"):
+for _name in ("wait_for_mention", "wait_for_updates", "check_inbox"):
     SCHEMAS[_name][0].pop("required", None)
 
 _VALIDATORS: dict[str, jsonschema.Draft202012Validator] = {
@@ -757,6 +816,49 @@ MIGRATIONS: list[list[str]] = [
         """CREATE TABLE audit (
             chain TEXT NOT NULL, n INTEGER NOT NULL, at TEXT NOT NULL, type TEXT NOT NULL, refs TEXT NOT NULL,
             prev_hash TEXT NOT NULL, hash TEXT NOT NULL, PRIMARY KEY (chain, n))""",
+    ],
+    [
+        # Tasks: handoff, the gate, checkpoints, submissions, final acceptance.
+        "ALTER TABLE tasks ADD COLUMN requested_by TEXT",
+        "ALTER TABLE tasks ADD COLUMN origin_message_id TEXT",
+        "ALTER TABLE tasks ADD COLUMN route TEXT",
+        "ALTER TABLE tasks ADD COLUMN display_title TEXT",
+        "ALTER TABLE tasks ADD COLUMN turn_budget INTEGER",
+        "ALTER TABLE tasks ADD COLUMN idempotency_key TEXT",
+        "ALTER TABLE tasks ADD COLUMN packet_hash TEXT",
+        "ALTER TABLE tasks ADD COLUMN gate TEXT",
+        "ALTER TABLE tasks ADD COLUMN verified_at TEXT",
+        "CREATE UNIQUE INDEX tasks_by_key ON tasks(requester, idempotency_key) WHERE idempotency_key IS NOT NULL",
+        "CREATE INDEX tasks_by_assignee ON tasks(assignee, state)",
+        "CREATE INDEX tasks_by_requester ON tasks(requester, state)",
+        "ALTER TABLE messages ADD COLUMN task_request TEXT",
+        "ALTER TABLE people ADD COLUMN auto_accept INTEGER NOT NULL DEFAULT 0",
+        """CREATE TABLE checkpoints (
+            id TEXT PRIMARY KEY, task_id TEXT NOT NULL REFERENCES tasks(id), agent TEXT NOT NULL,
+            body TEXT NOT NULL, needs_answer INTEGER NOT NULL, created_at TEXT NOT NULL)""",
+        "CREATE INDEX checkpoints_by_task ON checkpoints(task_id, created_at)",
+        """CREATE TABLE submissions (
+            id TEXT PRIMARY KEY, task_id TEXT NOT NULL REFERENCES tasks(id), revision INTEGER NOT NULL,
+            summary TEXT NOT NULL, evidence TEXT NOT NULL, artifacts TEXT NOT NULL, provenance TEXT NOT NULL,
+            provenance_status TEXT, returned_by TEXT NOT NULL, returned_at TEXT NOT NULL, status TEXT NOT NULL,
+            verdicts TEXT, verified_by TEXT, decided_by TEXT, decided_by_policy TEXT, reason TEXT,
+            evidence_report TEXT NOT NULL, UNIQUE (task_id, revision))""",
+        """CREATE TABLE approvals (
+            id TEXT PRIMARY KEY, project TEXT NOT NULL, task_id TEXT NOT NULL REFERENCES tasks(id),
+            owner TEXT NOT NULL, requester TEXT, requested_by TEXT NOT NULL, summary TEXT NOT NULL,
+            status TEXT NOT NULL, decided_by TEXT, decided_at TEXT, expires_at TEXT NOT NULL,
+            created_at TEXT NOT NULL, route TEXT, standing_approval_id TEXT, invalidated_at TEXT)""",
+        "CREATE INDEX approvals_by_owner ON approvals(owner, status)",
+        """CREATE TABLE delegation_rules (
+            id TEXT PRIMARY KEY, owner TEXT NOT NULL REFERENCES people(handle), subject_kind TEXT NOT NULL
+            CHECK (subject_kind IN ('all', 'owner', 'agent')), subject TEXT, decision TEXT NOT NULL
+            CHECK (decision IN ('allow', 'approval_required', 'never')), expires_at TEXT,
+            created_at TEXT NOT NULL, revoked_at TEXT, revoked_reason TEXT, grant_version INTEGER NOT NULL)""",
+        """CREATE TABLE standing_approvals (
+            id TEXT PRIMARY KEY, owner TEXT NOT NULL, requester TEXT NOT NULL, assignee TEXT NOT NULL,
+            kind TEXT NOT NULL, cap INTEGER NOT NULL, uses INTEGER NOT NULL DEFAULT 0, expires_at TEXT NOT NULL,
+            created_at TEXT NOT NULL, revoked_at TEXT, from_approval_id TEXT)""",
+        "CREATE TABLE agent_cursors (agent_id TEXT PRIMARY KEY, delivered INTEGER NOT NULL)",
     ],
 ]
 
@@ -1176,6 +1278,70 @@ def resolve_token(db: Database, token: str, kinds: tuple[str, ...]) -> Actor:
 
 
 ###############################################################################
+# State machines ##############################################################
+###############################################################################
+# A task's life, as DESIGN "Tasks" and the tool reference tell it. Each state lists the
+# moves allowed from it and where they lead; a move that is not listed is refused with
+# invalid_state, naming the state and the moves it allows. ``approval`` is one public
+# state with two meanings, kept apart here: waiting for the assignee owner's gate
+# decision before any work (``approval_gate``), or for the requester owner's final
+# acceptance of a verified result (``approval_final``).
+
+TASK_MOVES: dict[str, dict[str, str]] = {
+    "approval_gate": {"approve": "routed", "deny": "rejected", "cancel": "cancelled"},
+    "routed": {"accept": "accepted", "lapse": "approval", "cancel": "cancelled"},
+    "accepted": {"checkpoint": "working", "ask": "waiting", "return": "verifying", "cancel": "cancelled"},
+    "working": {"checkpoint": "working", "ask": "waiting", "return": "verifying", "cancel": "cancelled"},
+    "waiting": {"checkpoint": "working", "ask": "waiting", "accept": "working", "return": "verifying",
+                "cancel": "cancelled"},
+    "verifying": {"return": "verifying", "reject": "working", "verify": "approval", "auto_accept": "completed",
+                  "final_accept": "completed", "send_back": "working", "cancel": "cancelled"},
+    "approval_final": {"final_accept": "completed", "send_back": "working", "cancel": "cancelled"},
+    "completed": {},
+    "rejected": {},
+    "cancelled": {},
+    "returned": {},
+}
+
+#: Whom a task waits on in each lifecycle state (None: nobody, it is over).
+WAITING_ON: dict[str, str | None] = {
+    "approval_gate": "owner_approval", "routed": "agent", "accepted": "agent", "working": "agent",
+    "waiting": "human", "verifying": "agent", "approval_final": "owner_approval",
+    "completed": None, "rejected": None, "cancelled": None, "returned": None,
+}
+
+#: States a task never leaves.
+CLOSED_STATES = ("completed", "rejected", "cancelled")
+
+#: The gate's first decisions (DESIGN "Tasks"): what a handoff becomes.
+GATE_OUTCOME = {"allow": "routed", "approval_required": "approval", "never": "rejected"}
+
+#: An approval (pending, or given but not yet used) lapses after this long and is asked again.
+APPROVAL_LIFETIME = _dt.timedelta(hours=24)
+#: Evidence observed longer ago than this is stale.
+EVIDENCE_FRESH = _dt.timedelta(days=7)
+
+
+def lifecycle_state(task: dict) -> str:
+    """The key of TASK_MOVES a task row is in."""
+    if task["state"] == "approval":
+        return "approval_final" if task["verified_at"] else "approval_gate"
+    return task["state"]
+
+
+def next_state(task: dict, move: str) -> str:
+    """Where ``move`` takes the task; InvalidState if the move is not allowed from its state."""
+    key = lifecycle_state(task)
+    allowed = TASK_MOVES[key]
+    if move not in allowed:
+        shown = "a held handoff" if key == "approval_gate" else "a verified result" if key == "approval_final" else ""
+        raise InvalidState(
+            f"task '{task['id']}' is {task['state']}{' (' + shown + ')' if shown else ''}: {move} is not allowed; "
+            + (f"allowed now: {', '.join(sorted(allowed))}" if allowed else "it is closed"))
+    return allowed[move]
+
+
+###############################################################################
 # Domain operations ###########################################################
 ###############################################################################
 # One function per operation and one transaction each. They take the Database and
@@ -1204,7 +1370,8 @@ def add_person(db: Database, handle: str, display_name: str, color: int | None =
             raise Conflict(f"a person with handle '{handle}' already exists")
         if color is None:
             color = db.scalar("SELECT count(*) FROM people") % 8
-        db.execute("INSERT INTO people VALUES (?, ?, ?, 0, ?)", (handle, display_name, color, iso(utcnow())))
+        db.execute("INSERT INTO people (handle, display_name, color, away, created_at) VALUES (?, ?, ?, 0, ?)",
+                   (handle, display_name, color, iso(utcnow())))
     return person_out(db, handle)
 
 
@@ -1523,17 +1690,6 @@ def visible_task(db: Database, actor: Actor, project: str, task_id: str, field: 
     return task
 
 
-def _insert_task(db: Database, project: str, requester: str | None, assignee: str, packet: dict,
-                 state: str = "routed") -> str:
-    """Write a task row (the task operations build on this)."""
-    now = iso(utcnow())
-    task_id = new_id("task")
-    db.execute("INSERT INTO tasks VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)",
-               (task_id, project, state, "agent" if state == "routed" else None, requester, assignee,
-                packet["task"][:500], json.dumps(packet), now if state == "routed" else None, now, now, now))
-    return task_id
-
-
 def note_seen(db: Database, agent_id: str) -> None:
     """Record that the agent was seen, at most once a minute (saves a write per call)."""
     now = utcnow()
@@ -1572,6 +1728,8 @@ def message_out(row: dict) -> dict:
         out["provenance_status"] = row["provenance_status"]
     if row["verdict"]:
         out["verdict"] = row["verdict"]
+    if row["task_request"]:
+        out["task_request"] = {"task_id": row["task_request"]}
     return out
 
 
@@ -1618,7 +1776,8 @@ def _pair(a: str, b: str) -> tuple[str, str]:
 
 
 def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id: str | None = None,
-                 in_reply_to: str | None = None, provenance: str | None = None, verdict: str | None = None) -> dict:
+                 in_reply_to: str | None = None, provenance: str | None = None, verdict: str | None = None,
+                 _message_id: str | None = None, _task_request: str | None = None) -> dict:
     """Post in a project room as ``actor``; return the Message.
 
     Implements post_message: mentions parsed into canonical addresses; a reply stays in
@@ -1673,12 +1832,12 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
                                  f"between, so both are paused in '{project}' until a person posts there; "
                                  "wait for a person instead of messaging that agent")
 
-        message_id, now = new_id("msg"), iso(utcnow())
+        message_id, now = _message_id or new_id("msg"), iso(utcnow())
         db.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, provenance, "
-                   "provenance_status, in_reply_to, task_id, verdict, created_at) VALUES "
-                   "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   "provenance_status, in_reply_to, task_id, verdict, created_at, task_request) VALUES "
+                   "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                    (message_id, project, actor.kind, author, body, json.dumps(mentions), provenance, status,
-                    in_reply_to, task_id, verdict, now))
+                    in_reply_to, task_id, verdict, now, _task_request))
         if task is not None:
             db.execute("UPDATE tasks SET last_activity_at = ? WHERE id = ?", (now, task_id))
             if actor.kind == "person" and task["routed_at"] is not None:
@@ -1931,13 +2090,954 @@ def update_pulse(db: Database, actor: Actor, project: str, args: dict, intent_tt
     return {"pulse": pulse}
 
 
+# -- tasks: handoff, the gate, the lifecycle, results --------------------------
+
+
+def _actor_ref(actor: Actor) -> dict:
+    return {"kind": "person", "handle": actor.handle} if actor.kind == "person" else \
+        {"kind": "agent", "agent_id": actor.agent_id}
+
+
+def _packet_full(packet: dict) -> dict:
+    """The packet with its defaults filled and unknown keys dropped (its stored, hashed form)."""
+    return {"task": packet["task"], "deliverable_type": packet["deliverable_type"],
+            "acceptance_criteria": list(packet["acceptance_criteria"]), "context": packet.get("context", ""),
+            "files": list(packet.get("files", [])), "depends_on": list(packet.get("depends_on", []))}
+
+
+def _artifact(a: dict) -> dict:
+    return {"ref": a["ref"], "sha256": a.get("sha256"), "commit_sha": a.get("commit_sha")}
+
+
+_EVIDENCE_KEYS = ("kind", "summary", "url", "content", "criteria", "artifact", "observed_at", "verifier")
+
+
+def evidence_report(criteria_count: int, evidence: list[dict], returned_at: _dt.datetime,
+                    previous_returned_at: _dt.datetime | None) -> dict:
+    """Which evidence covers which criterion, what is uncovered, what is stale, and whether it is complete.
+
+    Untagged evidence covers criterion 0 of a one-criterion task and nothing on a task
+    with more (it is listed as ``general``). Evidence observed before the previous
+    revision was returned, or more than EVIDENCE_FRESH before this one, is stale.
+    """
+    coverage: dict[int, list[int]] = {i: [] for i in range(criteria_count)}
+    general, stale = [], []
+    for n, item in enumerate(evidence):
+        tags = item.get("criteria")
+        if tags:
+            for c in dict.fromkeys(tags):
+                coverage[c].append(n)
+        elif criteria_count == 1:
+            coverage[0].append(n)
+        else:
+            general.append(n)
+        if item.get("observed_at"):
+            observed = parse_iso(item["observed_at"])
+            if previous_returned_at is not None and observed < previous_returned_at:
+                stale.append({"evidence": n, "why": "before_previous_revision"})
+            elif returned_at - observed > EVIDENCE_FRESH:
+                stale.append({"evidence": n, "why": "older_than_7_days"})
+    uncovered = [c for c, items in coverage.items() if not items]
+    return {"coverage": [{"criterion": c, "evidence": items} for c, items in coverage.items()],
+            "general": general, "uncovered": uncovered, "stale": stale,
+            "complete": not uncovered and not stale}
+
+
+def _result_out(sub: dict) -> dict:
+    out = {
+        "summary": sub["summary"], "evidence": json.loads(sub["evidence"]), "provenance": sub["provenance"],
+        "returned_by": sub["returned_by"], "returned_at": sub["returned_at"], "submission_id": sub["id"],
+        "revision": sub["revision"], "artifacts": json.loads(sub["artifacts"]), "status": sub["status"],
+        "verdicts": json.loads(sub["verdicts"]) if sub["verdicts"] else [],
+        "verified_by": json.loads(sub["verified_by"]) if sub["verified_by"] else None,
+        "decided_by": json.loads(sub["decided_by"]) if sub["decided_by"] else None,
+        "decided_by_policy": sub["decided_by_policy"], "reason": sub["reason"],
+        "evidence_report": json.loads(sub["evidence_report"]),
+    }
+    if sub["provenance_status"]:
+        out["provenance_status"] = sub["provenance_status"]
+    return out
+
+
+def latest_submission(db: Database, task_id: str) -> dict | None:
+    """The task's newest submission row, or None."""
+    return db.one("SELECT * FROM submissions WHERE task_id = ? ORDER BY revision DESC LIMIT 1", (task_id,))
+
+
+def task_out(db: Database, task: dict | str) -> dict:
+    """A task row (or ID) as the reference's Task object."""
+    if isinstance(task, str):
+        task = db.one("SELECT * FROM tasks WHERE id = ?", (task,))
+    sub = latest_submission(db, task["id"])
+    cp = db.one("SELECT * FROM checkpoints WHERE task_id = ? ORDER BY created_at DESC, rowid DESC LIMIT 1",
+                (task["id"],))
+    out = {
+        "id": task["id"], "project": task["project"], "state": task["state"], "waiting_on": task["waiting_on"],
+        "requester": task["requester"], "assignee": task["assignee"], "packet": json.loads(task["packet"]),
+        "result": _result_out(sub) if sub else None,
+        "latest_checkpoint": json.loads(cp["body"]) if cp else None,
+        "parent_task_id": task["parent_task_id"], "created_at": task["created_at"], "updated_at": task["updated_at"],
+        "latest_checkpoint_by": {"agent": cp["agent"], "provenance": "agent_generated", "handed_back": False}
+        if cp else None,
+        "requested_by": json.loads(task["requested_by"]),
+        "origin_message_id": task["origin_message_id"],
+        "route": json.loads(task["route"]),
+        "display_title": task["display_title"],
+        "turn_budget": task["turn_budget"],
+    }
+    return out
+
+
+def _task_row(db: Database, task_id: str) -> dict:
+    return db.one("SELECT * FROM tasks WHERE id = ?", (task_id,))
+
+
+def move_task(db: Database, task: dict, move: str, by: str, wakes: list[tuple[str, str]] = (),
+              **changes: Any) -> dict:
+    """Apply one lifecycle move inside the caller's transaction; return the updated row.
+
+    ``wakes`` is ``[(agent_id, kind)]``. Writes ``task.transitioned`` (when the state
+    changes) and a ``task.updated`` event. ``changes`` sets other columns in the same
+    guarded UPDATE. Raises InvalidState for a move the state does not allow.
+    """
+    new = next_state(task, move)
+    if "verified_at" not in changes and new != "approval":
+        changes["verified_at"] = None if new in ("working", "routed") else task["verified_at"]
+    after = dict(task) | changes | {"state": new}
+    waiting_on = WAITING_ON[lifecycle_state(after)]
+    now = iso(utcnow())
+    sets = ", ".join(f"{k} = ?" for k in changes)
+    count = db.execute(
+        f"UPDATE tasks SET state = ?, waiting_on = ?, updated_at = ?, last_activity_at = ?{', ' + sets if sets else ''} "
+        "WHERE id = ? AND state = ?",
+        (new, waiting_on, now, now, *changes.values(), task["id"], task["state"]))
+    if count != 1:
+        raise Conflict(f"task '{task['id']}' changed while this call ran: read it again")
+    if new != task["state"]:
+        audit(db, task["project"], "task.transitioned",
+              {"task": task["id"], "from": task["state"], "to": new, "move": move, "by": by})
+    row = _task_row(db, task["id"])
+    append_event(db, task["project"], "task.updated", {"task": task_out(db, row)},
+                 [(agent, kind, task["id"], None) for agent, kind in wakes if agent])
+    return row
+
+
+def _active_rules(db: Database, owner: str) -> list[dict]:
+    now = iso(utcnow())
+    return db.rows("SELECT * FROM delegation_rules WHERE owner = ? AND revoked_at IS NULL AND "
+                   "(expires_at IS NULL OR expires_at > ?)", (owner, now))
+
+
+def gate_decide(db: Database, requester_owner: str, requester_agent: str | None, assignee: str,
+                kind: str) -> dict:
+    """The receiving owner's rules on one handoff: ``{decision, reason, basis, rule_id, standing_id}``.
+
+    Same owner: allow. Otherwise the most specific live delegation rule (one agent, then
+    one owner, then all teammates), then a standing approval with uses left for this
+    asking agent, assignee and kind of work, else the owner's approval is required.
+    """
+    owner = assignee.split("/")[0]
+    base = {"rule_id": None, "standing_id": None}
+    if requester_owner == owner:
+        return base | {"decision": "allow", "basis": "same_owner",
+                       "reason": f"{assignee} belongs to the same owner as the request"}
+    rules = _active_rules(db, owner)
+    for kind_, subject in (("agent", requester_agent), ("owner", requester_owner), ("all", None)):
+        for rule in rules:
+            if rule["subject_kind"] == kind_ and rule["subject"] == subject:
+                who = {"agent": f"agent {subject}", "owner": f"{subject}'s agents", "all": "all teammates"}[kind_]
+                return base | {"decision": rule["decision"], "basis": "rule", "rule_id": rule["id"],
+                               "reason": f"{owner}'s rule for {who}: {rule['decision']}"}
+    if requester_agent is not None:
+        standing = db.one(
+            "SELECT * FROM standing_approvals WHERE owner = ? AND requester = ? AND assignee = ? AND kind = ? AND "
+            "revoked_at IS NULL AND expires_at > ? AND uses < cap ORDER BY created_at LIMIT 1",
+            (owner, requester_agent, assignee, kind, iso(utcnow())))
+        if standing:
+            return base | {"decision": "allow", "basis": "approval", "standing_id": standing["id"],
+                           "reason": f"{owner}'s standing approval for {requester_agent} ({kind} work)"}
+    return base | {"decision": "approval_required", "basis": "approval",
+                   "reason": f"{owner} approves handoffs from teammates' agents to {assignee}"}
+
+
+def approval_out(row: dict) -> dict:
+    """An approval row as the reference's approval object (approval.updated)."""
+    out = {
+        "id": row["id"], "project": row["project"], "task_id": row["task_id"], "owner": row["owner"],
+        "requester": row["requester"], "requested_by": json.loads(row["requested_by"]), "summary": row["summary"],
+        "status": row["status"], "decided_by": row["decided_by"], "decided_at": row["decided_at"],
+        "purpose": "gate", "expires_at": row["expires_at"], "created_at": row["created_at"],
+        "standing_approval_id": row["standing_approval_id"],
+    }
+    if row["route"]:
+        out["route"] = json.loads(row["route"])
+    return out
+
+
+def _open_approval(db: Database, task: dict, status: str = "pending", decided_by: str | None = None,
+                   standing_id: str | None = None) -> dict:
+    now = utcnow()
+    row = {
+        "id": new_id("apr"), "project": task["project"], "task_id": task["id"], "owner": task["assignee"].split("/")[0],
+        "requester": task["requester"], "requested_by": task["requested_by"],
+        "summary": json.loads(task["packet"])["task"][:500], "status": status, "decided_by": decided_by,
+        "decided_at": iso(now) if status != "pending" else None, "expires_at": iso(now + APPROVAL_LIFETIME),
+        "created_at": iso(now), "route": task["route"], "standing_approval_id": standing_id, "invalidated_at": None,
+    }
+    db.execute(f"INSERT INTO approvals ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values()))
+    append_event(db, task["project"], "approval.updated", {"approval": approval_out(row)})
+    return row
+
+
+def handoff(db: Database, actor: Actor, project: str, to: str, packet: dict, *,
+            idempotency_key: str | None = None, parent_task_id: str | None = None, turn_budget: int | None = None,
+            route: dict | None = None, origin_message_id: str | None = None) -> dict:
+    """Hand a task to ``to`` through its owner's gate; return ``{"task", "gate"}``.
+
+    Implements handoff: the same idempotency key replays the same task; a sub-task needs
+    a parent the caller is assigned to and has accepted; the gate allows (routed, the
+    assignee is woken), holds for the owner's approval (an approval record) or refuses
+    (a rejected task, returned as a normal result). Writes ``handoff.requested``,
+    ``gate.decided``, ``task.transitioned`` and ``task.updated``.
+    """
+    packet = _packet_full(packet)
+    digest = sha256_hex(canonical_json(packet))
+    with db.transaction():
+        require_project(db, actor, project)
+        requester = actor.agent_id
+        if idempotency_key is not None:
+            earlier = db.one("SELECT * FROM tasks WHERE requester = ? AND idempotency_key = ?",
+                             (requester, idempotency_key))
+            if earlier is not None:
+                if earlier["packet_hash"] != digest or earlier["assignee"] != to or earlier["project"] != project:
+                    raise Conflict(f"idempotency_key '{idempotency_key}' was used for a different handoff "
+                                   f"(task '{earlier['id']}'): use a new key for new work")
+                gate = json.loads(earlier["gate"])
+                return {"task": task_out(db, earlier),
+                        "gate": {k: gate[k] for k in ("decision", "reason", "approval_id")}}
+        target = db.one("SELECT a.* FROM agents a JOIN project_agents pa ON pa.agent_id = a.agent_id AND "
+                        "pa.project = ? WHERE a.agent_id = ?", (project, to))
+        if target is None:
+            raise NotFound(f"to: no agent '{to}' in '{project}': call discover_team_agents for who is there")
+        if to == requester:
+            raise InvalidInput("to: you cannot hand a task to yourself")
+        if parent_task_id is not None:
+            parent = visible_task(db, actor, project, parent_task_id, "parent_task_id")
+            if parent["assignee"] != requester:
+                raise Forbidden(f"parent_task_id: only the assignee of '{parent_task_id}' can make sub-tasks of it")
+            if parent["state"] not in ("accepted", "working", "waiting"):
+                raise InvalidState(f"parent_task_id: task '{parent_task_id}' is {parent['state']}; accept it "
+                                   "before handing off sub-tasks")
+        requester_owner = actor.owner if actor.kind == "agent" else actor.handle
+        decision = gate_decide(db, requester_owner, requester, to, packet["deliverable_type"])
+        now = iso(utcnow())
+        task_id = new_id("task")
+        row = {
+            "id": task_id, "project": project, "state": "requested", "waiting_on": None, "requester": requester,
+            "assignee": to, "title": packet["task"][:500], "packet": json.dumps(packet),
+            "parent_task_id": parent_task_id, "routed_at": None, "created_at": now, "updated_at": now,
+            "last_activity_at": now, "requested_by": json.dumps(_actor_ref(actor)),
+            "origin_message_id": origin_message_id, "route": json.dumps(route or {"via": "handoff"}),
+            "display_title": None, "turn_budget": turn_budget, "idempotency_key": idempotency_key,
+            "packet_hash": digest, "gate": None, "verified_at": None,
+        }
+        db.execute(f"INSERT INTO tasks ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                   tuple(row.values()))
+        audit(db, project, "handoff.requested", {
+            "task": task_id, "to": to, "by": actor.address, "deliverable_type": packet["deliverable_type"],
+            "criteria": len(packet["acceptance_criteria"]), "files": len(packet["files"]),
+            "depends_on": len(packet["depends_on"]), "context_chars": len(packet["context"]),
+            "parent": parent_task_id, "via": (route or {"via": "handoff"})["via"]})
+        approval = None
+        task = _task_row(db, task_id)
+        if decision["standing_id"]:
+            approval = _open_approval(db, task, "approved", to.split("/")[0], decision["standing_id"])
+            db.execute("UPDATE standing_approvals SET uses = uses + 1 WHERE id = ?", (decision["standing_id"],))
+            standing = db.one("SELECT * FROM standing_approvals WHERE id = ?", (decision["standing_id"],))
+            audit(db, project, "standing_approval.used", {
+                "standing_approval": standing["id"], "approval": approval["id"], "count": standing["uses"],
+                "cap": standing["cap"], "owner_approval": True})
+        elif decision["decision"] == "approval_required":
+            approval = _open_approval(db, task)
+        gate = {"decision": decision["decision"], "reason": decision["reason"][:300],
+                "approval_id": approval["id"] if approval else None}
+        audit(db, project, "gate.decided", {"task": task_id, "decision": decision["decision"],
+                                            "basis": decision["basis"], "rule": decision["rule_id"],
+                                            "approval": gate["approval_id"]})
+        new_state = GATE_OUTCOME[decision["decision"]]
+        db.execute("UPDATE tasks SET state = ?, waiting_on = ?, routed_at = ?, gate = ? WHERE id = ?",
+                   (new_state, WAITING_ON["approval_gate" if new_state == "approval" else new_state],
+                    now if new_state == "routed" else None,
+                    json.dumps(gate | {"basis": decision["basis"], "rule_id": decision["rule_id"]}), task_id))
+        audit(db, project, "task.transitioned", {"task": task_id, "from": "requested", "to": new_state,
+                                                 "move": decision["decision"], "by": "gate"})
+        wakes = [(to, "task", task_id, None)] if new_state == "routed" else []
+        if new_state == "rejected" and requester:
+            wakes.append((requester, "decision", task_id, None))
+        out = task_out(db, task_id)
+        append_event(db, project, "task.updated", {"task": out}, wakes)
+    return {"task": out, "gate": gate}
+
+
+def _sub_for(db: Database, task: dict, submission_id: str, revision: int) -> tuple[dict, dict | None]:
+    """The named submission and the task's latest one; NotFound if the ID is not this task's."""
+    sub = db.one("SELECT * FROM submissions WHERE id = ? AND task_id = ?", (submission_id, task["id"]))
+    if sub is None:
+        raise NotFound(f"submission_id: no submission '{submission_id}' on task '{task['id']}'")
+    return sub, latest_submission(db, task["id"])
+
+
+class StaleSubmission(PrickleError):
+    """accept_result/reject_result named a submission that is not the one to decide now."""
+
+    code, http_status = "stale_submission", 409
+
+    def __init__(self, message: str, refs: dict):
+        super().__init__(message)
+        self.refs = refs
+
+
+def _require_task_role(db: Database, actor: Actor, task_id: str, role: str) -> dict:
+    """The task if ``actor`` (an agent) is its ``role`` (requester or assignee); not_found if out of reach."""
+    if actor.kind != "agent":
+        raise Forbidden("only an agent can do this through MCP")
+    task = db.one("SELECT * FROM tasks WHERE id = ?", (task_id,))
+    if task is None:
+        raise NotFound(f"task_id: no task '{task_id}' that you can see")
+    require_project(db, actor, task["project"])
+    if not _thread_visible(db, actor, task):
+        raise NotFound(f"task_id: no task '{task_id}' that you can see")
+    if task[role] != actor.agent_id:
+        raise Forbidden(f"only the task's {role} ({task[role] or 'a person'}) can do this")
+    return task
+
+
+def accept_task(db: Database, actor: Actor, task_id: str) -> dict:
+    """The assignee accepts a routed task (or resumes a waiting one); the requester is woken."""
+    with db.transaction():
+        task = _require_task_role(db, actor, task_id, "assignee")
+        row = move_task(db, task, "accept", actor.agent_id, [(task["requester"], "task_update")])
+        return {"task": task_out(db, row)}
+
+
+def save_checkpoint(db: Database, actor: Actor, task_id: str, checkpoint: dict) -> dict:
+    """The assignee saves progress; ``needs_answer`` makes the task wait on a person. Wakes no one.
+
+    Writes ``task.checkpointed`` (counts only).
+    """
+    body = {"progress": checkpoint["progress"], "decisions": checkpoint.get("decisions", []),
+            "files_touched": checkpoint.get("files_touched", []), "next_steps": checkpoint.get("next_steps", []),
+            "open_questions": checkpoint.get("open_questions", [])}
+    needs_answer = bool(checkpoint.get("needs_answer"))
+    if needs_answer:
+        if not body["open_questions"]:
+            raise InvalidInput("checkpoint.open_questions: put the question the person must answer here when "
+                               "needs_answer is true")
+        body["needs_answer"] = True
+    with db.transaction():
+        task = _require_task_role(db, actor, task_id, "assignee")
+        checkpoint_id = new_id("cp")
+        db.execute("INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?, ?)",
+                   (checkpoint_id, task_id, actor.agent_id, json.dumps(body), int(needs_answer), iso(utcnow())))
+        audit(db, task["project"], "task.checkpointed", {
+            "task": task_id, "checkpoint": checkpoint_id, "files": len(body["files_touched"]),
+            "next_steps": len(body["next_steps"]), "decisions": len(body["decisions"]),
+            "open_questions": len(body["open_questions"]), "needs_answer": needs_answer})
+        row = move_task(db, task, "ask" if needs_answer else "checkpoint", actor.agent_id)
+        return {"task": task_out(db, row)}
+
+
+def return_result(db: Database, actor: Actor, task_id: str, summary: str, evidence: list[dict],
+                  provenance: str = "agent_generated", artifacts: list[dict] | None = None) -> dict:
+    """The assignee submits a result with evidence; the requester is woken with ``result``.
+
+    Implements return_result's rules: evidence needs url or content unless it is a note;
+    criteria and artifact indexes must exist; every artifact is pinned by sha256 or
+    commit_sha and code needs a commit; a newer submission supersedes an unreviewed one.
+    Writes ``result.returned`` (counts and kinds only).
+    """
+    artifacts = [_artifact(a) for a in (artifacts or [])]
+    items = [{k: e[k] for k in _EVIDENCE_KEYS if k in e} for e in evidence]
+    for n, a in enumerate(artifacts):
+        if not a["sha256"] and not a["commit_sha"]:
+            raise InvalidInput(f"artifacts[{n}]: pin '{a['ref']}' by sha256 or commit_sha")
+    now = utcnow()
+    for n, e in enumerate(items):
+        if e["kind"] != "note" and not e.get("url") and not e.get("content"):
+            raise InvalidInput(f"evidence[{n}]: a {e['kind']} needs a url or content (only a note may have neither)")
+        if "artifact" in e and e["artifact"] >= len(artifacts):
+            raise InvalidInput(f"evidence[{n}].artifact: there is no artifacts[{e['artifact']}] "
+                               f"({len(artifacts)} artifacts given)")
+        if e.get("observed_at") and parse_iso(e["observed_at"]) > now + _dt.timedelta(minutes=5):
+            raise InvalidInput(f"evidence[{n}].observed_at: {e['observed_at']} is in the future")
+    with db.transaction():
+        task = _require_task_role(db, actor, task_id, "assignee")
+        packet = json.loads(task["packet"])
+        criteria = len(packet["acceptance_criteria"])
+        for n, e in enumerate(items):
+            bad = [c for c in e.get("criteria", []) if c >= criteria]
+            if bad:
+                raise InvalidInput(f"evidence[{n}].criteria: the task has {criteria} acceptance criteria "
+                                   f"(0 to {criteria - 1}); there is no {bad[0]}")
+        if packet["deliverable_type"] == "code" and not any(a["commit_sha"] for a in artifacts):
+            raise InvalidInput("artifacts: code needs a commit; pin the code by commit_sha")
+        next_state(task, "return")
+        previous = latest_submission(db, task_id)
+        db.execute("UPDATE submissions SET status = 'superseded' WHERE task_id = ? AND status = 'submitted'",
+                   (task_id,))
+        revision = previous["revision"] + 1 if previous else 1
+        report = evidence_report(criteria, items, now, parse_iso(previous["returned_at"]) if previous else None)
+        submission_id = new_id("sub")
+        db.execute(
+            "INSERT INTO submissions (id, task_id, revision, summary, evidence, artifacts, provenance, "
+            "provenance_status, returned_by, returned_at, status, evidence_report) VALUES "
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'submitted', ?)",
+            (submission_id, task_id, revision, summary, json.dumps(items), json.dumps(artifacts), provenance,
+             "claimed" if provenance != "agent_generated" else None, actor.agent_id, iso(now), json.dumps(report)))
+        kinds: dict[str, int] = {}
+        for e in items:
+            kinds[e["kind"]] = kinds.get(e["kind"], 0) + 1
+        audit(db, task["project"], "result.returned", {
+            "task": task_id, "submission": submission_id, "revision": revision, "evidence": len(items),
+            "kinds": kinds, "artifacts": len(artifacts), "provenance": provenance})
+        row = move_task(db, task, "return", actor.agent_id, [(task["requester"], "result")])
+        return {"task": task_out(db, row),
+                "submission": {"submission_id": submission_id, "revision": revision, "artifacts": artifacts}}
+
+
+def _check_submission(db: Database, task: dict, submission_id: str, revision: int, action: str) -> dict:
+    sub, latest = _sub_for(db, task, submission_id, revision)
+    refs = {"task": task["id"], "action": action, "asked": {"submission": submission_id, "revision": revision},
+            "latest": {"submission": latest["id"], "revision": latest["revision"]}}
+    if sub["status"] == "rejected":
+        raise StaleSubmission(f"submission '{submission_id}' was rejected and can never be accepted; "
+                              f"the latest is '{latest['id']}' revision {latest['revision']}",
+                              refs | {"reason": "rejected"})
+    if sub["id"] != latest["id"] or revision != sub["revision"]:
+        raise StaleSubmission(f"the submission to decide is '{latest['id']}' revision {latest['revision']}; "
+                              "read the task again with check_inbox", refs | {"reason": "not_latest"})
+    return sub
+
+
+def _refusing(db: Database, fn: Callable[[], dict]) -> dict:
+    """Run ``fn`` (one transaction); a StaleSubmission is recorded as ``result.acceptance_refused``."""
+    try:
+        return fn()
+    except StaleSubmission as e:
+        project = db.scalar("SELECT project FROM tasks WHERE id = ?", (e.refs["task"],))
+        with db.transaction():
+            audit(db, project, "result.acceptance_refused", e.refs)
+        raise
+
+
+def _check_verdicts(verdicts: list[dict], criteria: int, require_all_accepted: bool) -> list[dict]:
+    seen = [v["criterion"] for v in verdicts]
+    if require_all_accepted:
+        wrong = sorted(seen) != list(range(criteria))
+    else:
+        wrong = len(set(seen)) != len(seen) or any(c >= criteria for c in seen)
+    if wrong:
+        raise InvalidInput(f"verdicts: give exactly one verdict for each acceptance criterion 0 to {criteria - 1}")
+    if require_all_accepted:
+        refused = [v["criterion"] for v in verdicts if not v["accepted"]]
+        if refused:
+            raise InvalidInput(f"verdicts: criterion {refused[0]} is not accepted; send the result back with "
+                               "reject_result instead")
+    return [{k: v[k] for k in ("criterion", "accepted", "note") if k in v} for v in sorted(verdicts,
+                                                                                            key=lambda v: v["criterion"])]
+
+
+def accept_result(db: Database, actor: Actor, task_id: str, submission_id: str, revision: int,
+                  verdicts: list[dict], artifacts: list[dict]) -> dict:
+    """The requester verifies the latest submission; it goes to the requester's owner for final acceptance.
+
+    Needs a verdict (accepted) for every criterion and the artifacts repeated exactly;
+    otherwise ``stale_submission`` (recorded as ``result.acceptance_refused``). An owner
+    with auto-accept on completes the task at once (``decided_by_policy: auto_accept``).
+    """
+    def run() -> dict:
+        with db.transaction():
+            task = _require_task_role(db, actor, task_id, "requester")
+            next_state(task, "verify")
+            sub = _check_submission(db, task, submission_id, revision, "accept")
+            checked = _check_verdicts(verdicts, len(json.loads(task["packet"])["acceptance_criteria"]), True)
+            if [_artifact(a) for a in artifacts] != json.loads(sub["artifacts"]):
+                raise StaleSubmission(
+                    "artifacts: they differ from the submission's; repeat them exactly as check_inbox shows them",
+                    {"task": task_id, "action": "accept", "asked": {"submission": submission_id, "revision": revision},
+                     "latest": {"submission": sub["id"], "revision": sub["revision"]}, "reason": "artifacts_changed"})
+            verified_by = json.dumps({"kind": "agent", "agent_id": actor.agent_id})
+            auto = db.scalar("SELECT auto_accept FROM people WHERE handle = ?", (actor.owner,))
+            audit(db, task["project"], "result.accepted", {"task": task_id, "submission": sub["id"],
+                                                           "revision": sub["revision"], "step": "verified"})
+            if auto:
+                db.execute("UPDATE submissions SET verdicts = ?, verified_by = ?, status = 'accepted', decided_by = ?, "
+                           "decided_by_policy = 'auto_accept' WHERE id = ?",
+                           (json.dumps(checked), verified_by, json.dumps({"kind": "system"}), sub["id"]))
+                audit(db, task["project"], "result.accepted", {"task": task_id, "submission": sub["id"],
+                                                               "revision": sub["revision"], "step": "policy"})
+                row = move_task(db, task, "auto_accept", actor.agent_id, [(task["assignee"], "task_update")])
+            else:
+                db.execute("UPDATE submissions SET verdicts = ?, verified_by = ? WHERE id = ?",
+                           (json.dumps(checked), verified_by, sub["id"]))
+                row = move_task(db, task, "verify", actor.agent_id, verified_at=iso(utcnow()))
+            return {"task": task_out(db, row)}
+    return _refusing(db, run)
+
+
+def reject_result(db: Database, actor: Actor, task_id: str, submission_id: str, revision: int, reason: str,
+                  verdicts: list[dict] | None = None) -> dict:
+    """The requester sends the latest submission back with a reason; the task returns to working.
+
+    That submission can never be accepted later. Writes ``result.rejected`` (never the reason).
+    """
+    def run() -> dict:
+        with db.transaction():
+            task = _require_task_role(db, actor, task_id, "requester")
+            next_state(task, "reject")
+            sub = _check_submission(db, task, submission_id, revision, "reject")
+            checked = _check_verdicts(verdicts or [], len(json.loads(task["packet"])["acceptance_criteria"]), False)
+            db.execute("UPDATE submissions SET status = 'rejected', reason = ?, verdicts = ?, verified_by = ? "
+                       "WHERE id = ?", (reason, json.dumps(checked),
+                                        json.dumps({"kind": "agent", "agent_id": actor.agent_id}), sub["id"]))
+            audit(db, task["project"], "result.rejected", {"task": task_id, "submission": sub["id"],
+                                                           "revision": sub["revision"], "by": actor.agent_id})
+            row = move_task(db, task, "reject", actor.agent_id, [(task["assignee"], "task")])
+            return {"task": task_out(db, row)}
+    return _refusing(db, run)
+
+
+def check_inbox(db: Database, actor: Actor, *, project: str | None = None, include_closed: bool = False,
+                pending_wakes_only: bool = False, project_unchanged_since: str | None = None) -> dict:
+    """Tasks assigned to the caller and tasks it requested, newest activity first.
+
+    Closed tasks (completed, rejected, cancelled) only with ``include_closed``; with
+    ``pending_wakes_only`` only tasks with wakes the caller has not been given yet; with
+    ``project_unchanged_since`` only tasks changed after that time.
+    """
+    sweep_approvals(db)
+    with db.snapshot():
+        if project is not None:
+            require_project(db, actor, project)
+        elif actor.project_scope is not None:
+            project = actor.project_scope
+        reachable = {r["project"] for r in db.rows(
+            "SELECT pa.project FROM project_agents pa JOIN members m ON m.project = pa.project AND m.handle = ? "
+            "WHERE pa.agent_id = ?", (actor.owner, actor.agent_id))}
+        out: dict[str, list[dict]] = {}
+        for key, column in (("assigned", "assignee"), ("requested", "requester")):
+            rows = db.rows(f"SELECT * FROM tasks WHERE {column} = ? ORDER BY last_activity_at DESC",
+                           (actor.agent_id,))
+            keep = []
+            for t in rows:
+                if t["project"] not in reachable or (project is not None and t["project"] != project):
+                    continue
+                if not include_closed and t["state"] in CLOSED_STATES:
+                    continue
+                if project_unchanged_since and t["updated_at"] <= project_unchanged_since:
+                    continue
+                if pending_wakes_only:
+                    delivered = db.scalar("SELECT delivered FROM agent_cursors WHERE agent_id = ?",
+                                          (actor.agent_id,)) or 0
+                    if not db.one("SELECT 1 FROM wakes WHERE agent_id = ? AND task_id = ? AND seq > ?",
+                                  (actor.agent_id, t["id"], delivered)):
+                        continue
+                keep.append(task_out(db, t))
+            out[key] = keep
+    return out
+
+
+def request_capability(db: Database, actor: Actor, project: str, capability: dict, packet: dict, *,
+                       prefer: dict | None = None, idempotency_key: str | None = None) -> dict:
+    """Hand a task to the one eligible agent whose card lists ``capability``, or list the candidates.
+
+    Eligible: a teammate's agent in the project that lists the capability (kind, when
+    given, and name exactly) and whose owner's gate does not refuse. One → handed off;
+    several → ``choose`` with candidates (``prefer`` narrows by agent or owner); none →
+    ``none``. Writes ``capability.requested`` when nothing was sent.
+    """
+    if idempotency_key is not None:
+        earlier = db.one("SELECT id FROM tasks WHERE requester = ? AND idempotency_key = ?",
+                         (actor.agent_id, idempotency_key))
+        if earlier is not None:
+            to = db.scalar("SELECT assignee FROM tasks WHERE id = ?", (earlier["id"],))
+            return {"status": "handed_off"} | handoff(db, actor, project, to, packet, idempotency_key=idempotency_key)
+    with db.transaction():
+        require_project(db, actor, project)
+        matched, eligible = [], []
+        for a in db.rows("SELECT a.* FROM agents a JOIN project_agents pa ON pa.agent_id = a.agent_id AND "
+                         "pa.project = ? ORDER BY pa.added_at, a.agent_id", (project,)):
+            if a["agent_id"] == actor.agent_id:
+                continue
+            caps = json.loads(a["capabilities"])
+            if not any(c["name"] == capability["name"] and capability.get("kind", c["kind"]) == c["kind"]
+                       for c in caps):
+                continue
+            matched.append(a)
+            decision = gate_decide(db, actor.owner, actor.agent_id, a["agent_id"], packet["deliverable_type"])
+            if decision["decision"] != "never":
+                eligible.append((a, decision))
+        if prefer:
+            eligible = [(a, d) for a, d in eligible if a["agent_id"] == prefer.get("agent", a["agent_id"])
+                        and a["owner"] == prefer.get("owner", a["owner"])]
+        if len(eligible) != 1:
+            audit(db, project, "capability.requested", {
+                "by": actor.agent_id, "kind": capability.get("kind"), "matched": len(matched),
+                "eligible": len(eligible), "outcome": "choose" if eligible else "none"})
+        if not eligible:
+            return {"status": "none"}
+        if len(eligible) > 1:
+            return {"status": "choose", "candidates": [
+                {"agent_id": a["agent_id"], "owner": a["owner"],
+                 "availability": _availability(db, a, None, project), "permission": d["decision"],
+                 "evidence": "owner_declared"} for a, d in eligible[:50]]}
+        chosen = eligible[0][0]
+        route = {"via": "request_capability", "capability": {"kind": capability.get("kind") or next(
+            c["kind"] for c in json.loads(chosen["capabilities"]) if c["name"] == capability["name"]),
+            "name": capability["name"]}}
+        return {"status": "handed_off"} | handoff(db, actor, project, chosen["agent_id"], packet,
+                                                  idempotency_key=idempotency_key, route=route)
+
+
+# -- the people's side of tasks ----------------------------------------------
+
+
+def _task_for_person(db: Database, person: Actor, task_id: str) -> dict:
+    task = db.one("SELECT * FROM tasks WHERE id = ?", (task_id,))
+    if task is None or _member_role(db, task["project"], person.handle) is None:
+        raise NotFound(f"no task '{task_id}' in your projects")
+    return task
+
+
+def _requesting_person(task: dict) -> str:
+    """Who gives final acceptance: the requesting agent's owner, or the person who asked."""
+    by = json.loads(task["requested_by"])
+    return by["handle"] if by["kind"] == "person" else task["requester"].split("/")[0]
+
+
+def decide_approval(db: Database, person: Actor, approval_id: str, decision: str,
+                    standing: dict | None = None) -> dict:
+    """The assignee's owner approves or denies a held handoff; ``standing`` also lets like requests through.
+
+    ``standing`` is ``{"uses": 1-100, "days": 1-90}``: later handoffs from the same asking
+    agent to the same agent for the same kind of work pass without a click until the
+    uses or days run out. Writes ``approval.decided`` (and ``standing_approval.created``).
+    """
+    if decision not in ("approve", "deny"):
+        raise InvalidInput("decision must be 'approve' or 'deny'")
+    sweep_approvals(db)
+    with db.transaction():
+        row = db.one("SELECT * FROM approvals WHERE id = ? AND owner = ?", (approval_id, person.handle))
+        if row is None:
+            raise NotFound(f"no approval '{approval_id}' waiting for you")
+        if row["invalidated_at"]:
+            raise InvalidState(f"approval '{approval_id}' lapsed and was asked again: decide the newer one")
+        if row["status"] != "pending":
+            raise InvalidState(f"approval '{approval_id}' was already {row['status']}")
+        task = _task_row(db, row["task_id"])
+        now = iso(utcnow())
+        status = "approved" if decision == "approve" else "denied"
+        db.execute("UPDATE approvals SET status = ?, decided_by = ?, decided_at = ? WHERE id = ? AND status = 'pending'",
+                   (status, person.handle, now, approval_id))
+        row = db.one("SELECT * FROM approvals WHERE id = ?", (approval_id,))
+        append_event(db, task["project"], "approval.updated", {"approval": approval_out(row)})
+        audit(db, task["project"], "approval.decided", {"approval": approval_id, "task": task["id"],
+                                                        "decision": status, "by": person.handle})
+        standing_id = None
+        if standing is not None and decision == "approve":
+            standing_id = create_standing_approval(db, person, task, approval_id, standing)
+        if decision == "approve":
+            gate = json.loads(task["gate"]) | {"basis": "approval", "approval_id": approval_id}
+            moved = move_task(db, task, "approve", person.handle,
+                              [(task["assignee"], "task"), (task["requester"], "decision")],
+                              routed_at=now, gate=json.dumps(gate))
+        else:
+            moved = move_task(db, task, "deny", person.handle, [(task["requester"], "decision")])
+        return {"approval": approval_out(row), "task": task_out(db, moved), "standing_approval_id": standing_id}
+
+
+def create_standing_approval(db: Database, person: Actor, task: dict, approval_id: str, standing: dict) -> str:
+    """Record a standing approval from a decided card (inside the caller's transaction)."""
+    uses, days = standing.get("uses"), standing.get("days")
+    if not (isinstance(uses, int) and 1 <= uses <= 100 and isinstance(days, int) and 1 <= days <= 90):
+        raise InvalidInput("standing: give uses (1 to 100) and days (1 to 90)")
+    if not task["requester"]:
+        raise InvalidInput("standing: a standing approval is for requests from an agent")
+    kind = json.loads(task["packet"])["deliverable_type"]
+    standing_id, now = new_id("sa"), utcnow()
+    db.execute("INSERT INTO standing_approvals (id, owner, requester, assignee, kind, cap, uses, expires_at, "
+               "created_at, from_approval_id) VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?)",
+               (standing_id, person.handle, task["requester"], task["assignee"], kind, uses,
+                iso(now + _dt.timedelta(days=days)), iso(now), approval_id))
+    audit(db, task["project"], "standing_approval.created", {
+        "standing_approval": standing_id, "approval": approval_id, "requester": task["requester"],
+        "assignee": task["assignee"], "kind": kind, "cap": uses, "expires_at": iso(now + _dt.timedelta(days=days))})
+    return standing_id
+
+
+def sweep_approvals(db: Database, now: _dt.datetime | None = None) -> int:
+    """Lapse approvals older than APPROVAL_LIFETIME and ask again; return how many lapsed.
+
+    A pending approval nobody decided, or an approved one whose task was never accepted,
+    stops counting: ``approval.invalidated`` is written, the task goes back to waiting for
+    its owner, and a new approval is opened.
+    """
+    now = now or utcnow()
+    stale = db.rows(
+        "SELECT a.* FROM approvals a JOIN tasks t ON t.id = a.task_id WHERE a.invalidated_at IS NULL AND "
+        "a.expires_at <= ? AND ((a.status = 'pending' AND t.state = 'approval' AND t.verified_at IS NULL) OR "
+        "(a.status = 'approved' AND t.state = 'routed'))", (iso(now),))
+    for old in stale:
+        with db.transaction():
+            if db.execute("UPDATE approvals SET invalidated_at = ? WHERE id = ? AND invalidated_at IS NULL",
+                          (iso(now), old["id"])) != 1:
+                continue
+            task = _task_row(db, old["task_id"])
+            if task["state"] == "routed":
+                task = move_task(db, task, "lapse", "system", routed_at=None)
+            new = _open_approval(db, task)
+            db.execute("UPDATE tasks SET gate = json_set(gate, '$.approval_id', ?) WHERE id = ?", (new["id"], task["id"]))
+            audit(db, task["project"], "approval.invalidated", {
+                "approval": old["id"], "task": task["id"], "reason": "24_hours", "new_approval": new["id"]})
+    return len(stale)
+
+
+def pending_approvals(db: Database, person: Actor) -> list[dict]:
+    """Held handoffs waiting for ``person``'s decision, oldest first, each with its task."""
+    sweep_approvals(db)
+    rows = db.rows("SELECT * FROM approvals WHERE owner = ? AND status = 'pending' AND invalidated_at IS NULL "
+                   "ORDER BY created_at", (person.handle,))
+    return [{"approval": approval_out(r), "task": task_out(db, r["task_id"])} for r in rows
+            if _member_role(db, r["project"], person.handle)]
+
+
+def final_accept(db: Database, person: Actor, task_id: str) -> dict:
+    """The requester's owner gives final acceptance to a verified result: the task is completed.
+
+    Only a person's acceptance makes the result's provenance ``owner_approved``. The
+    requester is woken with ``decision``. Writes ``result.accepted`` (step owner_accepted).
+    """
+    with db.transaction():
+        task = _task_for_person(db, person, task_id)
+        if _requesting_person(task) != person.handle:
+            raise Forbidden(f"only {_requesting_person(task)} gives final acceptance on this task")
+        if task["requester"] and task["state"] == "verifying":
+            raise InvalidState(f"task '{task_id}' is verifying: its requester {task['requester']} checks the result "
+                               "with accept_result first")
+        next_state(task, "final_accept")
+        sub = latest_submission(db, task_id)
+        db.execute("UPDATE submissions SET status = 'accepted', provenance = 'owner_approved', provenance_status = "
+                   "NULL, decided_by = ? WHERE id = ?",
+                   (json.dumps({"kind": "person", "handle": person.handle}), sub["id"]))
+        audit(db, task["project"], "result.accepted", {"task": task_id, "submission": sub["id"],
+                                                       "revision": sub["revision"], "step": "owner_accepted",
+                                                       "by": person.handle})
+        row = move_task(db, task, "final_accept", person.handle, [(task["requester"], "decision")])
+        return {"task": task_out(db, row)}
+
+
+def send_back(db: Database, person: Actor, task_id: str, reason: str) -> dict:
+    """The requester's owner sends a verified result back with a reason: the task returns to working."""
+    check_text(reason, "reason", 1000, 1)
+    with db.transaction():
+        task = _task_for_person(db, person, task_id)
+        if _requesting_person(task) != person.handle:
+            raise Forbidden(f"only {_requesting_person(task)} decides on this task's result")
+        if task["requester"] and task["state"] == "verifying":
+            raise InvalidState(f"task '{task_id}' is verifying: its requester {task['requester']} decides first")
+        next_state(task, "send_back")
+        sub = latest_submission(db, task_id)
+        db.execute("UPDATE submissions SET status = 'rejected', reason = ?, decided_by = ? WHERE id = ?",
+                   (reason, json.dumps({"kind": "person", "handle": person.handle}), sub["id"]))
+        audit(db, task["project"], "result.rejected", {"task": task_id, "submission": sub["id"],
+                                                       "revision": sub["revision"], "by": person.handle})
+        row = move_task(db, task, "send_back", person.handle,
+                        [(task["assignee"], "task"), (task["requester"], "decision")])
+        return {"task": task_out(db, row)}
+
+
+def cancel_task(db: Database, person: Actor, task_id: str) -> dict:
+    """Cancel an open task: its requester's owner or a project owner. The assignee is woken."""
+    with db.transaction():
+        task = _task_for_person(db, person, task_id)
+        if person.handle != _requesting_person(task) and _member_role(db, task["project"], person.handle) != "owner":
+            raise Forbidden("only the requester's owner or a project owner can cancel a task")
+        next_state(task, "cancel")
+        db.execute("UPDATE submissions SET status = 'cancelled' WHERE task_id = ? AND status = 'submitted'", (task_id,))
+        db.execute("UPDATE approvals SET invalidated_at = ? WHERE task_id = ? AND status = 'pending'",
+                   (iso(utcnow()), task_id))
+        row = move_task(db, task, "cancel", person.handle,
+                        [(task["assignee"], "task"), (task["requester"], "task_update")])
+        return {"task": task_out(db, row)}
+
+
+def request_task(db: Database, person: Actor, project: str, agent_id: str, packet: dict) -> dict:
+    """A person asks their own agent for a task: a Task request message and a routed task.
+
+    Writes ``task.requested`` (the agent, the message and counts, never the words).
+    """
+    with db.transaction():
+        require_project(db, person, project)
+        if agent_id.split("/")[0] != person.handle:
+            raise Forbidden(f"'{agent_id}' is not your agent: ask your own agents, or hand off through them")
+        message_id = new_id("msg")
+        out = handoff(db, person, project, agent_id, packet, origin_message_id=message_id)
+        message = post_message(db, person, project, f"@{agent_id} Task request: {packet['task']}",
+                               _message_id=message_id, _task_request=out["task"]["id"])
+        audit(db, project, "task.requested", {"agent": agent_id, "message": message_id, "task": out["task"]["id"],
+                                              "criteria": len(packet["acceptance_criteria"])})
+        return out | {"message": message}
+
+
+# -- the owner's gate rules -----------------------------------------------------
+
+
+def set_rule(db: Database, owner: str, decision: str, *, agent: str | None = None, from_owner: str | None = None,
+             expires_at: str | None = None) -> dict:
+    """Set a delegation rule: for one asking agent, one owner's agents, or all teammates (neither given).
+
+    A new rule for the same subject replaces the old one (``delegation.revoked``, reason
+    edited). Writes ``delegation.set`` to each project the owner is in.
+    """
+    if decision not in ("allow", "approval_required", "never"):
+        raise InvalidInput("decision must be allow, approval_required or never")
+    if agent is not None and from_owner is not None:
+        raise InvalidInput("a rule is for one agent or one owner's agents, not both")
+    kind, subject = ("agent", check_agent_id(agent)) if agent else ("owner", check_slug(from_owner, "from_owner")) \
+        if from_owner else ("all", None)
+    if subject and subject.split("/")[0] == owner:
+        raise InvalidInput("your own agents always reach each other; a rule is for teammates")
+    if expires_at is not None:
+        try:
+            if parse_iso(expires_at) <= utcnow():
+                raise InvalidInput("expires_at must be in the future")
+        except ValueError:
+            raise InvalidInput(f"expires_at must be an ISO 8601 time like 2026-12-31T00:00:00Z, got {expires_at!r}") \
+                from None
+    with db.transaction():
+        _require_person(db, owner)
+        version = (db.scalar("SELECT max(grant_version) FROM delegation_rules WHERE owner = ?", (owner,)) or 0) + 1
+        for old in db.rows("SELECT * FROM delegation_rules WHERE owner = ? AND subject_kind = ? AND subject IS ? AND "
+                           "revoked_at IS NULL", (owner, kind, subject)):
+            _revoke_rule(db, old, "edited", version)
+        rule_id = new_id("rule")
+        db.execute("INSERT INTO delegation_rules VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?)",
+                   (rule_id, owner, kind, subject, decision, expires_at, iso(utcnow()), version))
+        for chain in _owner_projects(db, owner):
+            audit(db, chain, "delegation.set", {"rule": rule_id, "owner": owner, "for": kind, "subject": subject,
+                                                "decision": decision, "expires_at": expires_at,
+                                                "grant_version": version})
+    return rule_out(db.one("SELECT * FROM delegation_rules WHERE id = ?", (rule_id,)))
+
+
+def _owner_projects(db: Database, owner: str) -> list[str]:
+    return [r["project"] for r in db.rows("SELECT project FROM members WHERE handle = ? ORDER BY project", (owner,))] \
+        or [DEPLOYMENT_CHAIN]
+
+
+def _revoke_rule(db: Database, rule: dict, reason: str, version: int) -> None:
+    db.execute("UPDATE delegation_rules SET revoked_at = ?, revoked_reason = ? WHERE id = ?",
+               (iso(utcnow()), reason, rule["id"]))
+    for chain in _owner_projects(db, rule["owner"]):
+        audit(db, chain, "delegation.revoked", {"rule": rule["id"], "reason": reason, "grant_version": version})
+
+
+def revoke_rule(db: Database, owner: str, rule_id: str) -> dict:
+    """Revoke one of ``owner``'s delegation rules. Writes ``delegation.revoked``."""
+    with db.transaction():
+        rule = db.one("SELECT * FROM delegation_rules WHERE id = ? AND owner = ?", (rule_id, owner))
+        if rule is None:
+            raise NotFound(f"no rule '{rule_id}' of yours")
+        if rule["revoked_at"]:
+            raise InvalidState(f"rule '{rule_id}' was already revoked")
+        version = (db.scalar("SELECT max(grant_version) FROM delegation_rules WHERE owner = ?", (owner,)) or 0) + 1
+        _revoke_rule(db, rule, "revoked", version)
+    return {"id": rule_id, "revoked": True}
+
+
+def rule_out(row: dict) -> dict:
+    """A delegation rule as the API and CLI show it."""
+    return {"id": row["id"], "owner": row["owner"], "for": row["subject_kind"], "subject": row["subject"],
+            "decision": row["decision"], "expires_at": row["expires_at"], "created_at": row["created_at"],
+            "revoked_at": row["revoked_at"]}
+
+
+def list_rules(db: Database, owner: str) -> dict:
+    """An owner's live delegation rules and standing approvals."""
+    return {"rules": [rule_out(r) for r in _active_rules(db, owner)],
+            "standing_approvals": db.rows(
+                "SELECT id, requester, assignee, kind, cap, uses, expires_at, created_at FROM standing_approvals "
+                "WHERE owner = ? AND revoked_at IS NULL AND expires_at > ? ORDER BY created_at",
+                (owner, iso(utcnow())))}
+
+
+def revoke_standing_approval(db: Database, owner: str, standing_id: str) -> dict:
+    """Revoke a standing approval; approved requests it let through that have not started are asked again."""
+    with db.transaction():
+        row = db.one("SELECT * FROM standing_approvals WHERE id = ? AND owner = ?", (standing_id, owner))
+        if row is None:
+            raise NotFound(f"no standing approval '{standing_id}' of yours")
+        if row["revoked_at"]:
+            raise InvalidState(f"standing approval '{standing_id}' was already revoked")
+        db.execute("UPDATE standing_approvals SET revoked_at = ? WHERE id = ?", (iso(utcnow()), standing_id))
+        voided = 0
+        for apr in db.rows("SELECT a.* FROM approvals a JOIN tasks t ON t.id = a.task_id WHERE "
+                           "a.standing_approval_id = ? AND a.invalidated_at IS NULL AND t.state = 'routed'",
+                           (standing_id,)):
+            db.execute("UPDATE approvals SET invalidated_at = ? WHERE id = ?", (iso(utcnow()), apr["id"]))
+            task = move_task(db, _task_row(db, apr["task_id"]), "lapse", owner, routed_at=None)
+            new = _open_approval(db, task)
+            audit(db, task["project"], "approval.invalidated", {
+                "approval": apr["id"], "task": task["id"], "reason": "standing_approval_revoked",
+                "new_approval": new["id"]})
+            voided += 1
+        for chain in _owner_projects(db, owner):
+            audit(db, chain, "standing_approval.revoked", {"standing_approval": standing_id, "uses": row["uses"],
+                                                          "reason": "owner", "voided": voided})
+    return {"id": standing_id, "revoked": True, "voided": voided}
+
+
+def set_auto_accept(db: Database, owner: str, on: bool) -> dict:
+    """An owner's policy: accept their agents' verified results at once (no final click)."""
+    with db.transaction():
+        _require_person(db, owner)
+        db.execute("UPDATE people SET auto_accept = ? WHERE handle = ?", (int(on), owner))
+    return {"owner": owner, "auto_accept": on}
+
+
+def tasks_board(db: Database, person: Actor, project: str) -> dict:
+    """Every task of a project for a member, newest activity first."""
+    with db.snapshot():
+        require_project(db, person, project)
+        return {"tasks": [task_out(db, t) for t in db.rows(
+            "SELECT * FROM tasks WHERE project = ? ORDER BY last_activity_at DESC", (project,))]}
+
+
+def task_detail(db: Database, person: Actor, task_id: str) -> dict:
+    """One task for a member: the task, every checkpoint and every submission."""
+    with db.snapshot():
+        task = _task_for_person(db, person, task_id)
+        return {
+            "task": task_out(db, task),
+            "checkpoints": [json.loads(c["body"]) | {"id": c["id"], "agent": c["agent"], "created_at": c["created_at"]}
+                            for c in db.rows("SELECT * FROM checkpoints WHERE task_id = ? ORDER BY created_at, rowid",
+                                             (task_id,))],
+            "submissions": [_result_out(s) for s in db.rows(
+                "SELECT * FROM submissions WHERE task_id = ? ORDER BY revision", (task_id,))],
+        }
+
+
 # -- wakes -------------------------------------------------------------------
 
-#: Which wake kinds each waiting tool reads, in order of precedence for one event.
+#: Which wake kinds each waiting tool reads, in order of precedence for one event. A
+#: ``task`` wake is a task handed (or handed back) to the agent; ``task_update`` is a
+#: change to a task it requested, which wait_for_updates reports as ``task`` too.
 WAKE_KINDS = {
     "wait_for_mention": ("mention", "task"),
-    "wait_for_updates": ("mention", "task", "result", "decision", "reply"),
+    "wait_for_updates": ("mention", "task", "task_update", "result", "decision", "reply"),
 }
+#: How wait_for_updates names each wake kind.
+UPDATE_KIND_OF = {"task_update": "task"}
 
 
 def wake_cursor(db: Database, agent_id: str, position: int) -> str:
@@ -1989,15 +3089,22 @@ def pending_wakes(db: Database, actor: Actor, after: int, kinds: tuple[str, ...]
 
 
 def wake_event(db: Database, wake: dict) -> dict:
-    """A wait_for_mention event for one wake: the message of a mention."""
+    """A wait_for_mention event for one wake: the message of a mention, or the task handed over."""
     if wake["kind"] == "mention":
         return {"kind": "mention", "message": get_message(db, wake["message_id"])}
-    raise PrickleError(f"no event form for a {wake['kind']} wake")
+    return {"kind": "task", "task": task_out(db, wake["task_id"])}
+
+
+def note_delivered(db: Database, agent_id: str, position: int) -> None:
+    """Remember how far the agent's wakes were handed out (check_inbox's pending_wakes_only)."""
+    with db.transaction():
+        db.execute("INSERT INTO agent_cursors VALUES (?, ?) ON CONFLICT (agent_id) DO UPDATE SET delivered = "
+                   "max(delivered, excluded.delivered)", (agent_id, position))
 
 
 def update_pointer(wake: dict) -> dict:
     """A wait_for_updates pointer: kind, project, at and the task and message it is about."""
-    out = {"kind": wake["kind"], "project": wake["project"], "at": wake["at"]}
+    out = {"kind": UPDATE_KIND_OF.get(wake["kind"], wake["kind"]), "project": wake["project"], "at": wake["at"]}
     if wake["task_id"]:
         out["task_id"] = wake["task_id"]
     if wake["message_id"]:
@@ -2097,6 +3204,7 @@ async def _wait(state: AppState, actor: Actor, args: dict, kinds: tuple[str, ...
         with state.hub.waiting(state.hub.agent_waiters, agent) as fut:
             wakes, position = pending_wakes(db, actor, after, kinds, project)
             if wakes:
+                note_delivered(db, agent, position)
                 return "events", wakes, wake_cursor(db, agent, position)
             after = position
             now = loop.time()
@@ -2125,10 +3233,50 @@ async def _tool_wait_updates(state: AppState, actor: Actor, args: dict, ctx: Any
         await ctx.session.report_progress(round(elapsed), timeout, "still waiting for updates")
 
     wanted = args.get("kinds", WAKE_KINDS["wait_for_updates"])
-    kinds = tuple(k for k in WAKE_KINDS["wait_for_updates"] if k in wanted)
+    kinds = tuple(k for k in WAKE_KINDS["wait_for_updates"] if UPDATE_KIND_OF.get(k, k) in wanted)
     status, wakes, cursor = await _wait(state, actor, args, kinds, timeout, tick if token is not None else None)
     return {"status": "updates" if status == "events" else status,
             "updates": [update_pointer(w) for w in wakes], "cursor": cursor}
+
+
+async def _tool_handoff(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
+    return handoff(state.db, actor, args["project"], args["to"], args["packet"],
+                   idempotency_key=args.get("idempotency_key"), parent_task_id=args.get("parent_task_id"),
+                   turn_budget=args.get("turn_budget"))
+
+
+async def _tool_check_inbox(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
+    return check_inbox(state.db, actor, project=args.get("project"), include_closed=args["include_closed"],
+                       pending_wakes_only=args.get("pending_wakes_only", False),
+                       project_unchanged_since=args.get("project_unchanged_since"))
+
+
+async def _tool_accept_task(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
+    return accept_task(state.db, actor, args["task_id"])
+
+
+async def _tool_checkpoint(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
+    return save_checkpoint(state.db, actor, args["task_id"], args["checkpoint"])
+
+
+async def _tool_return_result(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
+    return return_result(state.db, actor, args["task_id"], args["summary"], args["evidence"], args["provenance"],
+                         args.get("artifacts"))
+
+
+async def _tool_accept_result(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
+    return accept_result(state.db, actor, args["task_id"], args["submission_id"], args["revision"],
+                         args["verdicts"], args["artifacts"])
+
+
+async def _tool_reject_result(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
+    return reject_result(state.db, actor, args["task_id"], args["submission_id"], args["revision"], args["reason"],
+                         args.get("verdicts"))
+
+
+async def _tool_request_capability(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
+    return request_capability(state.db, actor, args["project"], args["capability"], args["packet"],
+                              prefer=args.get("prefer"), idempotency_key=args.get("idempotency_key"))
 
 
 #: The tools this server serves, by name.
@@ -2186,6 +3334,59 @@ TOOLS: dict[str, Tool] = {t.name: t for t in [
          "with one you may ask up to 240 s and get a progress notification every 20 s. 'timeout': call again "
          "with the cursor. 'resync': the cursor is unusable; call check_inbox, then wait with the new cursor.",
          _tool_wait_updates, read_only=True),
+    Tool("handoff",
+         "Hand a structured task to another agent of the project, a teammate's included. Send a small packet: "
+         "the task, the deliverable type, acceptance criteria, curated context and files; never whole chats or "
+         "private context. The receiving agent's owner's rules decide: it runs now (routed), waits for their "
+         "approval, or is refused; a refusal comes back as a normal result with the gate's reason, not an "
+         "error. Reuse an idempotency_key to get the same task back instead of a duplicate. parent_task_id makes "
+         "a sub-task of a task you are assigned to and have accepted; it keeps its own thread. Your identity is "
+         "your key's.",
+         _tool_handoff),
+    Tool("check_inbox",
+         "Your tasks: assigned (handed to you) and requested (handed by you to others), with their states, latest "
+         "checkpoint and results. Closed tasks only with include_closed: true. pending_wakes_only lists only tasks "
+         "with news you have not been woken for yet; project_unchanged_since lists only tasks changed after that "
+         "time.",
+         _tool_check_inbox, read_only=True, idempotent=True),
+    Tool("accept_task",
+         "Accept a task handed to you before you start on it (only its assignee can). Accepting a task that "
+         "waits on a person's answer resumes it.",
+         _tool_accept_task, idempotent=False),
+    Tool("checkpoint",
+         "Save progress on a task you work on: progress, decisions, files touched, next steps, open questions, so "
+         "you or another agent can pick it up later. To stop until a person answers, put the question in "
+         "open_questions and set needs_answer: true; the task then waits on the person who asked for it until your "
+         "next checkpoint without needs_answer, accept_task or return_result. Open questions without needs_answer "
+         "are notes for whoever resumes.",
+         _tool_checkpoint),
+    Tool("return_result",
+         "Submit a task's result to whoever asked for it, with evidence that fits the deliverable: test output, "
+         "screenshots, links, a pull request or commits. Each evidence item needs a url or content unless it is a "
+         "note. Pin every artifact by sha256 or commit_sha; code needs a commit. Tag evidence with the criteria it "
+         "supports (indexes into acceptance_criteria), the artifact it was seen on and observed_at; on a task with "
+         "two or more criteria untagged evidence covers none, so the requester can't verify it. The task waits in "
+         "verifying until the requester accepts or rejects this submission; a newer one supersedes it. Only a "
+         "person's approval can make owner_approved provenance.",
+         _tool_return_result),
+    Tool("accept_result",
+         "For the requester: accept a result you checked. Name its submission_id and revision, give a verdict "
+         "(accepted) for every acceptance criterion and repeat the artifacts exactly. Your verification then goes "
+         "to your owner for final acceptance. A newer submission or a changed artifact is refused as "
+         "stale_submission: read the task again with check_inbox.",
+         _tool_accept_result),
+    Tool("reject_result",
+         "For the requester: send a result back to the assignee with a reason, naming the submission_id and "
+         "revision you reviewed (verdicts per criterion optional). The task goes back to working; that submission "
+         "can never be accepted later.",
+         _tool_reject_result),
+    Tool("request_capability",
+         "Hand a task to the teammate's agent whose card lists a capability (kind and name exactly as "
+         "discover_team_agents shows them), with the same packet as handoff. One eligible agent: it is handed off "
+         "and its owner's rules decide as for handoff. Several: nothing is sent and you get the candidates; call "
+         "again with prefer: {agent} (or {owner}) to pick. None: no agent lists it, the owners' rules refuse, or "
+         "prefer matched none of the eligible ones.",
+         _tool_request_capability),
 ]}
 
 
@@ -2420,6 +3621,80 @@ async def api_events(state: AppState, person: Actor, request: Request, body: Any
                 await asyncio.wait_for(fut, remaining)
 
 
+async def api_approvals(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/approvals: held handoffs waiting for the person's decision."""
+    return {"approvals": pending_approvals(state.db, person)}
+
+
+async def api_decide(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/approvals/{id} {decision: approve|deny, standing?: {uses, days}}."""
+    standing = body.get("standing")
+    if standing is not None and not isinstance(standing, dict):
+        raise InvalidInput("standing must be an object {uses, days}")
+    return decide_approval(state.db, person, request.path_params["approval_id"], _field(body, "decision", str),
+                           standing)
+
+
+async def api_board(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/projects/{slug}/tasks: every task of the project."""
+    return tasks_board(state.db, person, request.path_params["slug"])
+
+
+async def api_task(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/tasks/{id}: the task with its checkpoints and submissions."""
+    return task_detail(state.db, person, request.path_params["task_id"])
+
+
+async def api_final_accept(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/tasks/{id}/accept: final acceptance of a verified result."""
+    return final_accept(state.db, person, request.path_params["task_id"])
+
+
+async def api_send_back(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/tasks/{id}/send-back {reason}: the verified result goes back to the assignee."""
+    return send_back(state.db, person, request.path_params["task_id"], _field(body, "reason", str))
+
+
+async def api_cancel(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/tasks/{id}/cancel."""
+    return cancel_task(state.db, person, request.path_params["task_id"])
+
+
+async def api_task_request(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/task-requests {agent, packet}: ask one's own agent for a task."""
+    slug = request.path_params["slug"]
+    agent_id = _field(body, "agent", str)
+    args = validate_input("handoff", {"project": slug, "to": agent_id, "packet": body.get("packet")})
+    return request_task(state.db, person, slug, agent_id, args["packet"])
+
+
+async def api_rules(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/rules: the person's delegation rules and standing approvals."""
+    return list_rules(state.db, person.handle)
+
+
+async def api_set_rule(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/rules {decision, agent? | owner?, expires_at?}: set a delegation rule."""
+    return {"rule": set_rule(state.db, person.handle, _field(body, "decision", str),
+                             agent=_field(body, "agent", str, False), from_owner=_field(body, "owner", str, False),
+                             expires_at=_field(body, "expires_at", str, False))}
+
+
+async def api_revoke_rule(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """DELETE /api/rules/{id}."""
+    return revoke_rule(state.db, person.handle, request.path_params["rule_id"])
+
+
+async def api_revoke_standing(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """DELETE /api/standing-approvals/{id}."""
+    return revoke_standing_approval(state.db, person.handle, request.path_params["standing_id"])
+
+
+async def api_policy(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/policy {auto_accept: bool}: accept your agents' verified results without a click."""
+    return set_auto_accept(state.db, person.handle, _field(body, "auto_accept", bool))
+
+
 async def signin(request: Request) -> Response:
     """GET /signin?token=…: spend a one-time sign-in link, set the session cookie, go to the page."""
     state: AppState = request.app.state.prickle
@@ -2475,12 +3750,19 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     async def watch_other_writers() -> None:
         # Another process (the CLI) writing the same file does not run our after-commit hooks.
         version = db.data_version()
+        sweep_at = 0.0
         while True:
             await asyncio.sleep(0.05)
             current = db.data_version()
             if current != version:
                 version = current
                 hub.catch_up()
+            if time.monotonic() >= sweep_at:
+                sweep_at = time.monotonic() + 60
+                try:
+                    sweep_approvals(db)
+                except apsw.BusyError:
+                    pass
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> Any:
@@ -2502,6 +3784,19 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
         Route("/api/projects/{slug}/messages", _api(api_post), methods=["POST"]),
         Route("/api/projects/{slug}/events", _api(api_events)),
         Route("/api/signout", _api(api_signout), methods=["POST"]),
+        Route("/api/approvals", _api(api_approvals)),
+        Route("/api/approvals/{approval_id}", _api(api_decide), methods=["POST"]),
+        Route("/api/projects/{slug}/tasks", _api(api_board)),
+        Route("/api/projects/{slug}/task-requests", _api(api_task_request), methods=["POST"]),
+        Route("/api/tasks/{task_id}", _api(api_task)),
+        Route("/api/tasks/{task_id}/accept", _api(api_final_accept), methods=["POST"]),
+        Route("/api/tasks/{task_id}/send-back", _api(api_send_back), methods=["POST"]),
+        Route("/api/tasks/{task_id}/cancel", _api(api_cancel), methods=["POST"]),
+        Route("/api/rules", _api(api_rules)),
+        Route("/api/rules", _api(api_set_rule), methods=["POST"]),
+        Route("/api/rules/{rule_id}", _api(api_revoke_rule), methods=["DELETE"]),
+        Route("/api/standing-approvals/{standing_id}", _api(api_revoke_standing), methods=["DELETE"]),
+        Route("/api/policy", _api(api_policy), methods=["POST"]),
         Route("/signin", signin),
         Route("/healthz", health),
         Route("/", page),

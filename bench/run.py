@@ -43,6 +43,7 @@ import json
 import multiprocessing
 import os
 import platform
+import queue as queue_module
 import resource
 import shlex
 import shutil
@@ -280,6 +281,8 @@ def run_python_load(url: str, tool: str, keys: list[str], conns: int, seconds: f
         for w in workers:
             w.start()
         counts = [queue.get(timeout=seconds + 60) for _ in workers]
+    except queue_module.Empty:
+        raise BenchError("a Python load worker did not report") from None
     finally:
         for w in workers:
             stop(w)
@@ -467,22 +470,37 @@ def details(tput: dict, wake: dict, waiters: dict, server_errors: list[str]) -> 
                  f"non-200 {d['bad_status']}, tool errors {d['tool_errors']}, socket errors {d['socket_errors']}, "
                  f"timeouts {d['timeouts']}") if "latency_p50_us" in d else ""
         lines.append(f"- {name}, {agents} agent(s): {r['ok']} calls ok, {r['errors']} failed{extra}")
-    lines.append(f"- wake latency: min {wake['min']:.2f} ms, max {wake['max']:.2f} ms, "
-                 f"{wake['mismatched']} wakes that did not carry exactly the post just made")
+    lines.append(f"- wake latency: min {wake['min']:.2f} ms, max {wake['max']:.2f} ms; {wake['mismatched']} "
+                 "wakes did not carry exactly the post just made")
     s = waiters["settled"]
-    lines.append(f"- waiters: {waiters['in_flight']:,} of the calls still open when measured "
-                 f"({waiters['early_count']} had returned early{': ' + '; '.join(waiters['early']) if waiters['early'] else ''}); "
-                 f"server sockets {s['sockets']} after {s['seconds']:.1f} s"
-                 f"{'' if s['settled'] else ' (never settled)'}, {waiters['sockets_late']} past 15 s")
+    early = f" ({'; '.join(waiters['early'])})" if waiters["early"] else ""
+    lines.append(f"- waiters: {waiters['in_flight']:,} calls open when measured, {waiters['early_count']} had "
+                 f"returned early{early}; the server held {s['sockets']} sockets after {s['seconds']:.1f} s"
+                 f"{'' if s['settled'] else ' (never settled)'} and {waiters['sockets_late']} past 15 s")
     if "woken" in waiters:
-        other = "; other: " + "; ".join(waiters["other"]) if waiters["other"] else ""
-        lines.append(f"- the wake post: {waiters['woken']:,} waiters returned with events, "
-                     f"{waiters['finished']:,} returned in 30 s{other}; the server spent "
-                     f"{waiters['server_cpu_ms']:.0f} ms of CPU on it, the waiters' client "
-                     f"{waiters['client_cpu_ms']:.0f} ms (its share is in the return times)")
-    lines.append(f"- server stderr: {len(server_errors)} line(s)" + ("" if not server_errors else ", last: "
-                                                                         + " | ".join(server_errors[-3:])[:600]))
+        other = f" (other answers: {'; '.join(waiters['other'])})" if waiters["other"] else ""
+        lines.append(f"- the wake post: {waiters['woken']:,} waiters returned with events, {waiters['finished']:,} "
+                     f"returned within 30 s{other}; the server spent {waiters['server_cpu_ms']:.0f} ms of CPU on "
+                     f"it and the waiters' own client {waiters['client_cpu_ms']:.0f} ms, which the return times "
+                     "include")
+    tail = f", the last: {' | '.join(server_errors[-3:])[:600]}" if server_errors else ""
+    lines.append(f"- server stderr: {len(server_errors)} line(s){tail}")
     return lines
+
+
+def hints(tput: dict, wake: dict) -> list[str]:
+    """Likely causes of patterns in the numbers; nothing when no pattern shows."""
+    p1 = tput[("prickle", 1)]["detail"].get("latency_p50_us", 0) / 1000
+    e1 = tput[("echo", 1)]["detail"].get("latency_p50_us", 0) / 1000
+    stalled = 35 <= p1 <= 50 and e1 < 10
+    if not (stalled or 35 <= wake["p50"] <= 50):
+        return []
+    return ["", "Hint: answers about 40 ms late (`post_message` p50 on one connection "
+            f"{p1:.1f} ms vs echo {e1:.1f} ms; wake p50 {wake['p50']:.1f} ms) are the delayed-ACK timer: the "
+            "response leaves in two writes (headers, then body), and without TCP_NODELAY Nagle holds the second "
+            "until the client ACKs the first, which it delays ~40 ms. asyncio sets TCP_NODELAY only on sockets "
+            "whose proto is IPPROTO_TCP; one made with socket.socket(family, SOCK_STREAM) has proto 0, and so "
+            "do the connections it accepts. The echo server lets uvicorn bind (proto 6)."]
 
 
 def header(cfg: Settings) -> list[str]:
@@ -491,7 +509,9 @@ def header(cfg: Settings) -> list[str]:
         "## Prickle benchmark",
         "",
         f"- date: {now}; commit {git_commit()}",
-        f"- machine: {os.cpu_count()} CPUs ({cpu_model()}), {platform.system()} {platform.release()}",
+        f"- machine: {os.cpu_count()} CPUs ({cpu_model()}), {platform.system()} {platform.release()}; "
+        f"load average at the start {Path('/proc/loadavg').read_text().split()[0]} (other work on the machine "
+        "shows up as noise)",
         f"- Python {platform.python_version()}; {versions()}",
         f"- load generator: {load_generator(cfg)}; {cfg.warmup:g} s warm-up + {cfg.measure:g} s per run",
         "",
@@ -540,7 +560,7 @@ def parse_args(argv: list[str] | None) -> Settings:
     return cfg
 
 
-def run(cfg: Settings, tmp: Path, procs: Processes) -> list[str]:
+def run(cfg: Settings, tmp: Path, procs: Processes, started: float) -> list[str]:
     log(f"starting prickle and the echo server in {tmp} ...")
     prickle = start_prickle(cfg, tmp, procs)
     echo = start_echo(tmp, procs)
@@ -558,8 +578,9 @@ def run(cfg: Settings, tmp: Path, procs: Processes) -> list[str]:
     if prickle.proc.poll() is not None:
         raise BenchError(f"prickle serve exited ({prickle.proc.returncode}) during the run")
     server_errors = [ln for ln in prickle.stderr.read_text().splitlines() if ln.strip()]
-    return header(cfg) + table(cfg, tput, wake, waiters, echo_rss, prickle_idle) + details(tput, wake, waiters,
-                                                                                            server_errors)
+    took = [f"- the measurements took {time.monotonic() - started:.0f} s"]
+    return (header(cfg) + table(cfg, tput, wake, waiters, echo_rss, prickle_idle)
+            + details(tput, wake, waiters, server_errors) + took + hints(tput, wake))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -570,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="prickle-bench-"))
     try:
         install_signals(cfg.budget)
-        lines = run(cfg, tmp, procs)
+        lines = run(cfg, tmp, procs, started)
     except (BenchError, OSError, subprocess.SubprocessError, json.JSONDecodeError, KeyError) as e:
         log(f"benchmark failed: {type(e).__name__}: {e}")
         return 1
@@ -578,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.alarm(0)
         procs.stop_all()
         shutil.rmtree(tmp, ignore_errors=True)
-    print("\n".join(lines + [f"- whole run: {time.monotonic() - started:.0f} s"]))
+    print("\n".join(lines))
     return 0
 
 

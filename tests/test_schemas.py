@@ -24,8 +24,10 @@ def test_reference_example_input_is_valid(tool):
 def test_tools_list_over_mcp(mcp):
     msg = mcp.rpc(mcp.keys["oj/muse"], "tools/list")
     tools = {t["name"]: t for t in msg["result"]["tools"]}
-    assert set(tools) == {"discover_team_agents", "get_project_context", "read_room", "post_message",
-                          "wait_for_mention", "update_pulse", "wait_for_updates"}
+    assert set(tools) == set(prickle.TOOLS) == {
+        "discover_team_agents", "get_project_context", "read_room", "post_message", "wait_for_mention",
+        "update_pulse", "wait_for_updates", "handoff", "check_inbox", "accept_task", "checkpoint", "return_result",
+        "accept_result", "reject_result", "request_capability"}
     for name, t in tools.items():
         assert len(t["description"]) > 80
         assert t["inputSchema"] == REFERENCE_TOOLS[name]["input_schema"]
