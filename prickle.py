@@ -165,12 +165,13 @@ SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 #: An agent's address ``owner/name``.
 AGENT_ID_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*/[a-z0-9]+(?:-[a-z0-9]+)*$")
 #: ``@name`` or ``@owner/name`` not glued to a word before it (so e-mail addresses are skipped).
-MENTION_RE = re.compile(r"(?<![\w@/.])@([A-Za-z0-9]+(?:-[A-Za-z0-9]+)*(?:/[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*)?)")
+MENTION_RE = re.compile(
+    r"(?<![\w@/.])@([A-Za-z0-9]+(?:-[A-Za-z0-9]+)*(?:/[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*)?)(?![\w/\u0300-\u036f-])")
 
 
 def check_slug(value: str, field: str, max_length: int = 39) -> str:
     """Return ``value`` if it is a slug of at most ``max_length``; else raise InvalidInput naming ``field``."""
-    if not isinstance(value, str) or not SLUG_RE.match(value) or len(value) > max_length:
+    if not isinstance(value, str) or not SLUG_RE.fullmatch(value) or len(value) > max_length:
         raise InvalidInput(
             f"{field} must be lowercase letters, digits and single hyphens (at most {max_length}), got {value!r}"
         )
@@ -179,7 +180,7 @@ def check_slug(value: str, field: str, max_length: int = 39) -> str:
 
 def check_agent_id(value: str, field: str = "agent") -> str:
     """Return ``value`` if it is an ``owner/name`` address; else raise InvalidInput naming ``field``."""
-    if not isinstance(value, str) or not AGENT_ID_RE.match(value) or len(value) > 79:
+    if not isinstance(value, str) or not AGENT_ID_RE.fullmatch(value) or len(value) > 79:
         raise InvalidInput(f"{field} must be an agent address like 'oj/muse', got {value!r}")
     return value
 
@@ -231,7 +232,7 @@ class Settings(pydantic.BaseModel):
 
     def host_allowlist(self, port: int) -> list[str]:
         """Host header values accepted: loopback on any port, the public host and the extras."""
-        hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*", "127.0.0.1", "localhost", "testserver"]
+        hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*", "127.0.0.1", "localhost"]
         parsed = urllib.parse.urlsplit(self.base_url(port))
         if parsed.hostname:
             hosts += [parsed.netloc, parsed.hostname]
@@ -241,9 +242,7 @@ class Settings(pydantic.BaseModel):
 
     def origin_allowlist(self, port: int) -> list[str]:
         """Origin header values accepted: loopback origins, the public origin and the extras."""
-        origins = []
-        for h in ("127.0.0.1", "localhost", "[::1]"):
-            origins += [f"http://{h}:{port}", f"http://{h}"]
+        origins = [f"http://{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]")]
         parsed = urllib.parse.urlsplit(self.base_url(port))
         origins.append(f"{parsed.scheme}://{parsed.netloc}")
         return origins + list(self.allowed_origins)
@@ -720,10 +719,40 @@ SCHEMAS: dict[str, tuple[dict, dict]] = {
 for _name in ("wait_for_mention", "wait_for_updates", "check_inbox"):
     SCHEMAS[_name][0].pop("required", None)
 
-_VALIDATORS: dict[str, jsonschema.Draft202012Validator] = {
-    name: jsonschema.Draft202012Validator(schemas[0], format_checker=jsonschema.FormatChecker())
+def _whole_pattern(validator: Any, pattern: str, instance: Any, schema: dict) -> Iterator[Any]:
+    # The reference's patterns end in `$`; Python's `$` also matches before a final newline,
+    # which would let "name\n" through. Anchor at the true end of the text instead.
+    if isinstance(instance, str):
+        anchored = pattern[:-1] + r"\Z" if pattern.endswith("$") and not pattern.endswith(r"\$") else pattern
+        if not re.search(anchored, instance):
+            yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+_InputValidator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": _whole_pattern})
+_VALIDATORS: dict[str, Any] = {
+    name: _InputValidator(schemas[0], format_checker=jsonschema.FormatChecker())
     for name, schemas in SCHEMAS.items()
 }
+
+
+def clean_json(value: Any, where: str = "arguments") -> Any:
+    """``value`` with whole-number floats as ints (5.0 is an integer to JSON Schema).
+
+    Raises InvalidInput naming the field for text that cannot be stored (lone surrogates).
+    """
+    if isinstance(value, dict):
+        return {k: clean_json(v, f"{k}" if where == "arguments" else f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean_json(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInput(f"{where}: the text has an unpaired surrogate (broken UTF-16); send valid Unicode") \
+                from None
+    return value
 
 
 def validate_input(tool: str, arguments: Mapping[str, Any]) -> dict:
@@ -731,15 +760,16 @@ def validate_input(tool: str, arguments: Mapping[str, Any]) -> dict:
 
     Returns a new dict. Raises InvalidInput naming the first bad field and what it must be.
     """
-    errors = sorted(_VALIDATORS[tool].iter_errors(arguments), key=lambda e: (len(e.path), list(e.path)))
+    errors = sorted(_VALIDATORS[tool].iter_errors(arguments), key=lambda e: (len(e.path), list(map(str, e.path))))
     if errors:
         e = errors[0]
         where = ".".join(str(p) for p in e.absolute_path) or "arguments"
         if e.validator == "required":
-            raise InvalidInput(f"{e.message}: add it and call {tool} again")
+            inside = "" if where == "arguments" else f"{where}: "
+            raise InvalidInput(f"{inside}{e.message}: add it and call {tool} again")
         detail = e.message if len(e.message) < 200 else e.message[:200] + "…"
         raise InvalidInput(f"{where}: {detail} (check it against {tool}'s input schema)")
-    filled = dict(arguments)
+    filled = clean_json(dict(arguments))
     for key, prop in SCHEMAS[tool][0]["properties"].items():
         if key not in filled and "default" in prop:
             filled[key] = json.loads(json.dumps(prop["default"]))
@@ -1259,22 +1289,50 @@ def make_secret(kind: str) -> str:
     return TOKEN_PREFIX[kind] + secrets.token_urlsafe(32)
 
 
+#: What each credential kind is for, to say so when one is used in the wrong place.
+_KIND_USE = {
+    "client": "an agent's MCP key (for /mcp)", "runner": "a runner device key (for /mcp)",
+    "person": "a personal token (for /api)", "signin": "a sign-in link (open it in a browser)",
+    "session": "a browser session",
+}
+
+
 def resolve_token(db: Database, token: str, kinds: tuple[str, ...]) -> Actor:
-    """The Actor a secret stands for. Raises Unauthorized, never saying more than why."""
-    if not token or not any(token.startswith(TOKEN_PREFIX[k]) for k in kinds):
-        raise Unauthorized("missing or malformed credential: send 'Authorization: Bearer <key>' with a key "
-                           "made by 'prickle token create'")
+    """The Actor a secret stands for. Raises Unauthorized, saying why but never echoing the secret."""
+    wanted = " or ".join(_KIND_USE[k] for k in kinds)
+    if not token:
+        raise Unauthorized(f"no credential: send 'Authorization: Bearer <key>' with {wanted}")
+    kind = next((k for k, prefix in TOKEN_PREFIX.items() if token.startswith(prefix)), None)
+    if kind is None:
+        raise Unauthorized(f"malformed credential: expected {wanted}, made by 'prickle token create'")
+    if kind not in kinds:
+        raise Unauthorized(f"this is {_KIND_USE[kind]}; here you need {wanted}")
     row = db.one("SELECT * FROM credentials WHERE secret_hash = ?", (sha256_hex(token),))
-    if row is None or row["kind"] not in kinds:
+    if row is None or row["kind"] != kind:
         raise Unauthorized("unknown credential: it was never issued here or the database was replaced")
     if row["revoked_at"]:
-        raise Unauthorized("this credential was revoked: ask its owner for a new one")
+        raise Unauthorized({"signin": "this sign-in link was already used: get a new one with "
+                                      "'prickle signin-link HANDLE'",
+                            "session": "this session has ended: sign in again"}.get(
+            kind, "this credential was revoked: ask its owner for a new one"))
     if row["expires_at"] and parse_iso(row["expires_at"]) <= utcnow():
-        raise Unauthorized("this credential has expired: ask its owner for a new one")
+        raise Unauthorized({"signin": "this sign-in link has expired: get a new one with "
+                                      "'prickle signin-link HANDLE'",
+                            "session": "this session has expired: sign in again"}.get(
+            kind, "this credential has expired: ask its owner for a new one"))
     if row["agent_id"]:
         return Actor("agent", row["id"], row["kind"], agent_id=row["agent_id"],
                      owner=row["agent_id"].split("/")[0], project_scope=row["project"])
     return Actor("person", row["id"], row["kind"], handle=row["person"])
+
+
+def check_live(db: Database, actor: Actor) -> None:
+    """Raise Unauthorized if the actor's credential was revoked or expired since the call began."""
+    if not actor.credential_id:
+        return
+    row = db.one("SELECT revoked_at, expires_at FROM credentials WHERE id = ?", (actor.credential_id,))
+    if row is None or row["revoked_at"] or (row["expires_at"] and parse_iso(row["expires_at"]) <= utcnow()):
+        raise Unauthorized("this credential was revoked or expired while the call waited")
 
 
 ###############################################################################
@@ -1798,10 +1856,10 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
         parent = None
         if in_reply_to is not None:
             parent = db.one("SELECT * FROM messages WHERE id = ? AND project = ?", (in_reply_to, project))
-            if parent is None:
-                raise NotFound(f"in_reply_to: no message '{in_reply_to}' in '{project}'")
-            if parent["task_id"] is not None:
-                visible_task(db, actor, project, parent["task_id"], "in_reply_to")
+            hidden = parent is not None and parent["task_id"] is not None and not _thread_visible(
+                db, actor, _task_row(db, parent["task_id"]))
+            if parent is None or hidden:
+                raise NotFound(f"in_reply_to: no message '{in_reply_to}' in '{project}' that you can see")
             if task_id is not None and task_id != parent["task_id"]:
                 where = f"thread of task '{parent['task_id']}'" if parent["task_id"] else "general chat"
                 raise InvalidInput(f"task_id: a reply stays in its parent's {where}; leave task_id out")
@@ -1867,11 +1925,19 @@ def _agent_viewer(agent_id: str) -> Actor:
 
 
 def _count_loop(db: Database, project: str, author: str, reached: list[str]) -> None:
-    """Loop guard: count alternating messages per pair; pause both at LOOP_LIMIT."""
+    """Loop guard: count the turns between a pair (A reaches B, B answers A, …); pause both at LOOP_LIMIT.
+
+    A second message in the same direction is not a turn; only a person's message resets the count.
+    """
     for other in reached:
         a, b = _pair(author, other)
         row = db.one("SELECT * FROM loop_pairs WHERE project = ? AND agent_a = ? AND agent_b = ?", (project, a, b))
-        count = 1 if row is None or row["last_from"] == author else row["count"] + 1
+        if row is None:
+            count = 1
+        elif row["last_from"] == author:
+            count = row["count"]  # the same direction again: not an answer, so no new count
+        else:
+            count = row["count"] + 1
         paused = count >= LOOP_LIMIT
         db.execute("INSERT INTO loop_pairs VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (project, agent_a, agent_b) DO "
                    "UPDATE SET last_from = excluded.last_from, count = excluded.count, paused = excluded.paused",
@@ -2016,7 +2082,8 @@ def get_project_context(db: Database, actor: Actor, project: str) -> dict:
 def _check_intent_paths(paths: list[str]) -> None:
     for p in paths:
         parts = p.replace("\\", "/").split("/")
-        if p.startswith(("/", "\\", "~")) or re.match(r"^[A-Za-z]:", p) or ".." in parts:
+        if (p.startswith(("/", "\\", "~")) or re.match(r"^[A-Za-z]:", p) or ".." in parts or "://" in p
+                or p != p.strip() or any(ord(ch) < 32 or ord(ch) == 127 for ch in p)):
             raise InvalidInput(f"intent.paths: {p!r} is not repo-relative; write it from the repository root "
                                "without '..', like 'src/app.py' or 'docs/**'")
 
@@ -3040,12 +3107,12 @@ WAKE_KINDS = {
 UPDATE_KIND_OF = {"task_update": "task"}
 
 
-def wake_cursor(db: Database, agent_id: str, position: int) -> str:
-    """A wait cursor for ``agent_id`` at outbox ``position``."""
-    return encode_cursor(db, f"wake|{agent_id}", position)
+def wake_cursor(db: Database, scope: str, position: int) -> str:
+    """A wait cursor at outbox ``position`` for ``scope`` (agent, tool and project filter)."""
+    return encode_cursor(db, f"wake|{scope}", position)
 
 
-def start_position(db: Database, agent_id: str, cursor: str | None) -> int | None:
+def start_position(db: Database, scope: str, cursor: str | None) -> int | None:
     """Where a wait continues: after the cursor's position, or now without one.
 
     None means resync: the cursor is malformed, another agent's, ahead of the outbox
@@ -3054,7 +3121,7 @@ def start_position(db: Database, agent_id: str, cursor: str | None) -> int | Non
     head = outbox_head(db)
     if cursor is None:
         return head
-    position = decode_cursor(db, f"wake|{agent_id}", cursor)
+    position = decode_cursor(db, f"wake|{scope}", cursor)
     if position is None or position > head or head - position > CURSOR_WINDOW:
         return None
     return position
@@ -3181,36 +3248,45 @@ async def _tool_pulse(state: AppState, actor: Actor, args: dict, ctx: Any) -> di
     return update_pulse(state.db, actor, args["project"], args, ttl)
 
 
-async def _wait(state: AppState, actor: Actor, args: dict, kinds: tuple[str, ...], timeout: float,
+#: A waiting call re-checks that its credential is still live at least this often (seconds).
+LIVE_CHECK_EVERY = 1.0
+
+
+async def _wait(state: AppState, actor: Actor, args: dict, tool: str, kinds: tuple[str, ...], timeout: float,
                 tick: Callable[[float], Any] | None = None) -> tuple[str, list[dict], str]:
     """Hold the call until a wake for the caller commits or ``timeout`` seconds pass.
 
-    Returns ``(status, wakes, cursor)`` with status events/timeout/resync.
+    Returns ``(status, wakes, cursor)`` with status events/timeout/resync. A cursor is
+    good only for the tool and project filter that issued it; any other is a resync.
+    A credential revoked meanwhile ends the wait with ``unauthorized`` and no data.
     """
-    db, agent = state.db, actor.agent_id
+    db = state.db
     project = args.get("project")
     if project is not None:
         require_project(db, actor, project)
     elif actor.project_scope is not None:
         project = actor.project_scope
-    after = start_position(db, agent, args.get("cursor"))
+    agent = actor.agent_id
+    scope = f"{agent}|{tool}|{project or '*'}"
+    after = start_position(db, scope, args.get("cursor"))
     if after is None:
-        return "resync", [], wake_cursor(db, agent, outbox_head(db))
+        return "resync", [], wake_cursor(db, scope, outbox_head(db))
     loop = asyncio.get_running_loop()
     started = loop.time()
     deadline = started + timeout
     next_tick = started + PROGRESS_EVERY
     while True:
         with state.hub.waiting(state.hub.agent_waiters, agent) as fut:
+            check_live(db, actor)
             wakes, position = pending_wakes(db, actor, after, kinds, project)
             if wakes:
                 note_delivered(db, agent, position)
-                return "events", wakes, wake_cursor(db, agent, position)
+                return "events", wakes, wake_cursor(db, scope, position)
             after = position
             now = loop.time()
             if now >= deadline:
-                return "timeout", [], wake_cursor(db, agent, position)
-            until = min(deadline, next_tick) if tick else deadline
+                return "timeout", [], wake_cursor(db, scope, position)
+            until = min(deadline, next_tick if tick else deadline, now + LIVE_CHECK_EVERY)
             try:
                 await asyncio.wait_for(fut, until - now)
             except TimeoutError:
@@ -3221,7 +3297,8 @@ async def _wait(state: AppState, actor: Actor, args: dict, kinds: tuple[str, ...
 
 
 async def _tool_wait_mention(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
-    status, wakes, cursor = await _wait(state, actor, args, WAKE_KINDS["wait_for_mention"], args["timeout_seconds"])
+    status, wakes, cursor = await _wait(state, actor, args, "wait_for_mention", WAKE_KINDS["wait_for_mention"],
+                                        args["timeout_seconds"])
     return {"status": status, "events": [wake_event(state.db, w) for w in wakes], "cursor": cursor}
 
 
@@ -3234,7 +3311,8 @@ async def _tool_wait_updates(state: AppState, actor: Actor, args: dict, ctx: Any
 
     wanted = args.get("kinds", WAKE_KINDS["wait_for_updates"])
     kinds = tuple(k for k in WAKE_KINDS["wait_for_updates"] if UPDATE_KIND_OF.get(k, k) in wanted)
-    status, wakes, cursor = await _wait(state, actor, args, kinds, timeout, tick if token is not None else None)
+    status, wakes, cursor = await _wait(state, actor, args, "wait_for_updates", kinds, timeout,
+                                        tick if token is not None else None)
     return {"status": "updates" if status == "events" else status,
             "updates": [update_pointer(w) for w in wakes], "cursor": cursor}
 
@@ -3452,19 +3530,35 @@ def _error_response(e: PrickleError) -> JSONResponse:
 
 
 class _GuardMiddleware:
-    """DNS-rebinding protection (Host and Origin) and the body size limit, for every route."""
+    """DNS-rebinding protection (Host and Origin) and the body size limit, for every route.
+
+    The SDK's checks decide; refusals are answered as JSON errors like every other one.
+    """
 
     def __init__(self, app: Any, settings: Settings, port: int):
+        # The SDK's limiter also stops a body sent without Content-Length once it grows too big.
         self.app = RequestBodyLimitMiddleware(app, settings.max_body_bytes)
+        self.max_body = settings.max_body_bytes
         self.security = TransportSecurityMiddleware(TransportSecuritySettings(
             enable_dns_rebinding_protection=settings.dns_rebinding_protection,
             allowed_hosts=settings.host_allowlist(port), allowed_origins=settings.origin_allowlist(port)))
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            refusal = await self.security.validate_request(Request(scope), is_post=False)
+            request = Request(scope)
+            refusal = await self.security.validate_request(request, is_post=False)
             if refusal is not None:
-                await refusal(scope, receive, send)
+                what = "Host" if refusal.status_code == 421 else "Origin"
+                error = Forbidden(f"this server does not answer requests with this {what} header; use its public "
+                                  "address (settings: public_url, allowed_hosts, allowed_origins)")
+                error.http_status = refusal.status_code
+                await _error_response(error)(scope, receive, send)
+                return
+            length = request.headers.get("content-length", "")
+            if length.isdigit() and int(length) > self.max_body:
+                error = InvalidInput(f"the request body is {length} bytes; the limit is {self.max_body}")
+                error.http_status = 413
+                await _error_response(error)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -3523,7 +3617,7 @@ def _api(handler: Callable[..., Any]) -> Callable[[Request], Any]:
             body = None
             if request.method in ("POST", "PUT", "PATCH"):
                 try:
-                    body = await request.json()
+                    body = await request.json() if await request.body() else {}
                 except (json.JSONDecodeError, UnicodeDecodeError):
                     raise InvalidInput("the request body must be a JSON object") from None
                 if not isinstance(body, dict):
@@ -3613,12 +3707,14 @@ async def api_events(state: AppState, person: Actor, request: Request, body: Any
     deadline = asyncio.get_running_loop().time() + wait
     while True:
         with state.hub.waiting(state.hub.project_waiters, slug) as fut:
+            check_live(state.db, person)
             events = read_events(state.db, slug, after)
             remaining = deadline - asyncio.get_running_loop().time()
             if events or remaining <= 0:
-                return {"events": events, "last_seq": events[-1]["seq"] if events else after}
+                return {"events": events,
+                        "last_seq": events[-1]["seq"] if events else min(after, outbox_head(state.db))}
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(fut, remaining)
+                await asyncio.wait_for(fut, min(remaining, LIVE_CHECK_EVERY))
 
 
 async def api_approvals(state: AppState, person: Actor, request: Request, body: Any) -> dict:
@@ -3705,8 +3801,8 @@ async def signin(request: Request) -> Response:
         _, session = create_token(state.db, "session", person=actor.handle,
                                   ttl=_dt.timedelta(days=state.settings.session_days))
     except PrickleError as e:
-        return _error_response(Unauthorized(f"this sign-in link cannot be used: {e.message}. Ask for a new one "
-                                            "with 'prickle signin-link HANDLE'"))
+        return _error_response(Unauthorized(e.message if token else "this address needs the token= of a sign-in "
+                                            "link: get one with 'prickle signin-link HANDLE'"))
     response = RedirectResponse("/", status_code=303)
     response.set_cookie(SESSION_COOKIE, session, max_age=state.settings.session_days * 86400, httponly=True,
                         samesite="strict", secure=state.settings.base_url().startswith("https://"))
@@ -3801,7 +3897,14 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
         Route("/healthz", health),
         Route("/", page),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    async def http_error(request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 500)
+        error = NotFound(f"nothing at {request.url.path}") if status == 404 else PrickleError(
+            f"{request.method} is not allowed on {request.url.path}", "method_not_allowed")
+        error.http_status = status
+        return _error_response(error)
+
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: http_error, 405: http_error})
     app.state.prickle = state
     app.add_middleware(_GuardMiddleware, settings=settings, port=port)
     return app
@@ -3910,7 +4013,9 @@ def serve(db_path: str, as_json: bool, config_path: str | None, host: str | None
     lock.acquire()
     try:
         family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP (not 0) so asyncio sets TCP_NODELAY on accepted connections: without it
+        # every response waits ~40 ms for the client's delayed ACK.
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((settings.host, settings.port))

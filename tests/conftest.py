@@ -108,7 +108,8 @@ class MCP:
             h["Mcp-Name"] = name
         if token:
             h["Authorization"] = f"Bearer {token}"
-        return self.client.post("/mcp", json=body, headers=h | (headers or {}))
+        # ASCII JSON, so even text that is not valid Unicode reaches the server to be refused there.
+        return self.client.post("/mcp", content=json.dumps(body), headers=h | (headers or {}))
 
     def rpc(self, token: str | None, method: str, params: dict | None = None, name: str | None = None) -> dict:
         """One JSON-RPC exchange; return the response message (SSE or JSON)."""

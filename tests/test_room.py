@@ -251,3 +251,36 @@ def test_thread_posts_count_for_the_loop_guard(mcp, world):
     for i in range(10):
         post(mcp, "ren/builder" if i % 2 == 0 else "oj/muse", f"step {i}", task_id=task)
     mcp.error("ren/builder", "post_message", P | {"body": "more", "task_id": task}, "paused")
+
+
+def test_a_second_message_in_the_same_direction_does_not_dodge_the_loop_guard(mcp, world):
+    for i in range(9):
+        sender, other = ("oj/muse", "ren/builder") if i % 2 == 0 else ("ren/builder", "oj/muse")
+        post(mcp, sender, f"@{other} turn {i}")
+        if i % 2 == 0:
+            post(mcp, sender, f"@{other} and another thought {i}")
+    post(mcp, "ren/builder", "@oj/muse tenth turn")
+    mcp.error("oj/muse", "post_message", P | {"body": "@ren/builder eleventh"}, "paused")
+
+
+def test_mention_names_must_end_where_the_name_ends(mcp, world):
+    m = post(mcp, "oj/muse", "@builder_x @ren/builder/extra @builde\u0301r @builder-bot @scout.")
+    assert m["mentions"] == ["oj/scout"]
+
+
+def test_whole_number_floats_are_integers_and_broken_text_is_invalid(mcp, world):
+    post(mcp, "oj/muse", "one")
+    assert len(mcp.ok("oj/muse", "read_room", P | {"limit": 5.0})["messages"]) == 1
+    text = mcp.error("oj/muse", "post_message", P | {"body": "\ud800 x"}, "invalid_input")
+    assert text.startswith("invalid_input: body:")
+    text = mcp.error("oj/muse", "discover_team_agents", {"project": PROJECT + "\n"}, "invalid_input")
+    assert text.startswith("invalid_input: project:")
+
+
+def test_a_reply_into_a_hidden_thread_says_nothing_about_it(mcp, world):
+    task = make_task(world)
+    hidden = post(mcp, "ren/builder", "secret", task_id=task)
+    text = mcp.error("oj/scout", "post_message", P | {"body": "x", "in_reply_to": hidden["id"]}, "not_found")
+    assert task not in text
+    assert text == mcp.error("oj/scout", "post_message", P | {"body": "x", "in_reply_to": "msg_nope"}, "not_found") \
+        .replace("msg_nope", hidden["id"])

@@ -65,8 +65,9 @@ def test_resync_for_malformed_foreign_and_future_cursors(mcp, world):
     for bad in ("not-a-cursor", mine):
         out = wait(mcp, "ren/builder", cursor=bad)  # mine is foreign to builder
         assert out["status"] == "resync" and out["events"] == []
-        assert prickle.decode_cursor(world.db, "wake|ren/builder", out["cursor"]) == prickle.outbox_head(world.db)
-    future = prickle.wake_cursor(world.db, "oj/muse", prickle.outbox_head(world.db) + 100)
+        scope = "wake|ren/builder|wait_for_mention|*"
+        assert prickle.decode_cursor(world.db, scope, out["cursor"]) == prickle.outbox_head(world.db)
+    future = prickle.wake_cursor(world.db, "oj/muse|wait_for_mention|*", prickle.outbox_head(world.db) + 100)
     assert wait(mcp, "oj/muse", cursor=future)["status"] == "resync"
     assert wait(mcp, "oj/muse", tool="wait_for_updates", cursor="zzz")["status"] == "resync"
 
@@ -74,25 +75,27 @@ def test_resync_for_malformed_foreign_and_future_cursors(mcp, world):
 def test_project_filter_and_scoped_keys(mcp, world):
     prickle.add_member(world.db, "side", "ren", by="sam")
     prickle.add_agent_to_project(world.db, "side", "ren/builder")
-    start = wait(mcp, "ren/builder", timeout_seconds=1)["cursor"]
-    mcp.ok("sam/lone", "post_message", {"project": "side", "body": "@ren/builder over here"})
-    out = wait(mcp, "ren/builder", cursor=start, project=PROJECT, timeout_seconds=1)
-    assert out["status"] == "timeout"
-    out = wait(mcp, "ren/builder", cursor=start, project="side")
-    assert out["events"][0]["message"]["project"] == "side"
     _, scoped = prickle.create_token(world.db, "client", agent_id="ren/builder", project=PROJECT)
-    out = mcp.ok("ren/builder", "wait_for_mention", {"cursor": start, "timeout_seconds": 1}, token=scoped)
+    here = wait(mcp, "ren/builder", project=PROJECT, timeout_seconds=1)["cursor"]
+    there = wait(mcp, "ren/builder", project="side", timeout_seconds=1)["cursor"]
+    anywhere = wait(mcp, "ren/builder", timeout_seconds=1)["cursor"]
+    scoped_start = mcp.ok("ren/builder", "wait_for_mention", {"timeout_seconds": 1}, token=scoped)["cursor"]
+    mcp.ok("sam/lone", "post_message", {"project": "side", "body": "@ren/builder over here"})
+    assert wait(mcp, "ren/builder", cursor=here, project=PROJECT, timeout_seconds=1)["status"] == "timeout"
+    assert wait(mcp, "ren/builder", cursor=there, project="side")["events"][0]["message"]["project"] == "side"
+    assert wait(mcp, "ren/builder", cursor=anywhere)["events"][0]["message"]["project"] == "side"
+    out = mcp.ok("ren/builder", "wait_for_mention", {"cursor": scoped_start, "timeout_seconds": 1}, token=scoped)
     assert out["status"] == "timeout"  # the key cannot hear the other project
     mcp.error("ren/builder", "wait_for_mention", {"project": "side", "timeout_seconds": 1}, "forbidden", token=scoped)
     mcp.error("oj/muse", "wait_for_mention", {"project": "side", "timeout_seconds": 1}, "not_found")
 
 
 def test_wait_for_updates_reports_pointers_for_mentions_and_replies(mcp, world):
+    task = make_task(world, "oj/muse", "ren/builder")
     start = wait(mcp, "oj/muse", "wait_for_updates", timeout_seconds=1)
     assert start["status"] == "timeout" and start["updates"] == []
     mine = post(mcp, "oj/muse", "Draft is up.")
     reply = post(mcp, "ren/builder", "Looks good", in_reply_to=mine["id"])
-    task = make_task(world, "oj/muse", "ren/builder")
     in_thread_msg = post(mcp, "ren/builder", "Working on it", task_id=task)
     mention = post(mcp, "oj/scout", "@muse hi")
     out = wait(mcp, "oj/muse", "wait_for_updates", cursor=start["cursor"])
@@ -167,3 +170,22 @@ def test_a_write_from_another_process_wakes_a_waiter(mcp, world, db_path):
     out = join()
     assert out["status"] == "events"
     assert out["events"][0]["message"]["id"] == done.stdout.strip()
+
+
+def test_a_cursor_is_good_only_for_its_tool_and_project_filter(mcp, world):
+    start = wait(mcp, "oj/muse", project=PROJECT, timeout_seconds=1)["cursor"]
+    post(mcp, "ren/builder", "@muse here")
+    assert wait(mcp, "oj/muse", cursor=start)["status"] == "resync"  # no project filter now
+    assert wait(mcp, "oj/muse", "wait_for_updates", cursor=start, project=PROJECT)["status"] == "resync"
+    assert wait(mcp, "oj/muse", cursor=start, project=PROJECT)["status"] == "events"
+
+
+def test_a_key_revoked_while_waiting_gets_no_data(mcp, world, monkeypatch):
+    monkeypatch.setattr(prickle, "LIVE_CHECK_EVERY", 0.1)
+    record, key = prickle.create_token(world.db, "client", agent_id="oj/muse")
+    join = in_thread(mcp.call, "oj/muse", "wait_for_mention", {"timeout_seconds": 10}, key)
+    time.sleep(0.3)
+    prickle.revoke_token(world.db, record["id"])
+    post(mcp, "ren/builder", "@muse secret plan")
+    is_error, text = join()
+    assert is_error and text.startswith("unauthorized: ") and "secret" not in text
