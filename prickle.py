@@ -898,7 +898,9 @@ DEPLOYMENT_CHAIN = ""
 #: Cursors older than this many outbox rows behind the head are refused with a resync.
 CURSOR_WINDOW = 1_000_000
 
-apsw.bestpractice.apply(apsw.bestpractice.recommended)
+# The recommended connection settings; SQLite's own log stays out of our output.
+apsw.bestpractice.apply(tuple(f for f in apsw.bestpractice.recommended
+                              if f is not apsw.bestpractice.library_logging))
 
 
 class Database:
@@ -3918,10 +3920,23 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
 DEMO_PROJECT = "website-v2"
 
 
+def public_base(db: Database, settings: Settings, port: int | None = None) -> str:
+    """The address for links: the configured public_url, else where the server last listened, else the default."""
+    if settings.public_url or port is not None:
+        return settings.base_url(port)
+    return db.scalar("SELECT value FROM meta WHERE key = 'base_url'") or settings.base_url()
+
+
+def set_meta(db: Database, key: str, value: str) -> None:
+    """Store one server fact (the address it listens on, the demo keys) in the database."""
+    with db.transaction():
+        db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, value))
+
+
 def signin_link(db: Database, settings: Settings, handle: str, port: int | None = None) -> str:
     """A one-time sign-in link for ``handle``, valid for the configured minutes."""
     _, secret = create_token(db, "signin", person=handle, ttl=_dt.timedelta(minutes=settings.signin_link_minutes))
-    return f"{settings.base_url(port)}/signin?token={secret}"
+    return f"{public_base(db, settings, port)}/signin?token={secret}"
 
 
 def init_owner(db: Database, handle: str, display_name: str | None) -> dict:
@@ -3983,7 +3998,10 @@ def _common(f: Callable) -> Callable:
     return f
 
 
-def _open(db_path: str) -> Database:
+def _open(db_path: str, create: bool = False) -> Database:
+    if not create and not os.path.exists(db_path):
+        raise NotFound(f"no database at {db_path}: pass --db with the file 'prickle serve' uses, or start with "
+                       "'prickle init'")
     return Database(db_path)
 
 
@@ -4022,17 +4040,26 @@ def serve(db_path: str, as_json: bool, config_path: str | None, host: str | None
         except OSError as e:
             raise PrickleError(f"cannot listen on {settings.host}:{settings.port}: {e.strerror}; "
                                "pick another --port") from None
+        sock.listen(2048)  # connections queue from now on, even before the app is ready
         bound = sock.getsockname()[1]
         base = settings.base_url(bound)
-        db = _open(db_path)
+        db = _open(db_path, create=True)
+        set_meta(db, "base_url", base)
         info: dict[str, Any] = {"url": base, "port": bound, "mcp": f"{base}/mcp", "db": os.path.abspath(db_path)}
         lines = [f"Prickle {__version__} is listening on {base}  (MCP: {base}/mcp, database: {db_path})"]
         if demo:
             seed_demo(db)
-            keys = {}
+            # Fresh demo keys each start; the previous start's stop working.
+            earlier = json.loads(db.scalar("SELECT value FROM meta WHERE key = 'demo_keys'") or "[]")
+            for token_id in earlier:
+                with contextlib.suppress(PrickleError):
+                    revoke_token(db, token_id)
+            keys, ids = {}, []
             for agent_id in ("oj/muse", "ren/builder"):
-                _, secret = create_token(db, "client", agent_id=agent_id)
+                record, secret = create_token(db, "client", agent_id=agent_id)
                 keys[agent_id] = secret
+                ids.append(record["id"])
+            set_meta(db, "demo_keys", json.dumps(ids))
             info["demo"] = {"project": DEMO_PROJECT, "keys": keys, "signin": signin_link(db, settings, "oj", bound)}
             lines += [f"Demo project '{DEMO_PROJECT}' is ready. Client keys (shown once):"]
             lines += [f"  {a}: {k}" for a, k in keys.items()]
@@ -4067,7 +4094,7 @@ def serve(db_path: str, as_json: bool, config_path: str | None, host: str | None
 def init(db_path: str, as_json: bool, owner: str, name: str | None, config_path: str | None) -> None:
     """Create the first owner and print their sign-in link."""
     settings = load_settings(config_path)
-    db = _open(db_path)
+    db = _open(db_path, create=True)
     person = init_owner(db, owner, name)
     link = signin_link(db, settings, owner)
     _Out(as_json)({"person": person, "signin": link},
@@ -4166,6 +4193,73 @@ def agent_add(db_path: str, as_json: bool, agent_id: str, name: str, model: str,
     _Out(as_json)({"agent": card}, f"Added agent {agent_id}" + (f" to {', '.join(projects)}." if projects else "."))
 
 
+@agent.command("join")
+@_common
+@click.argument("project_slug", metavar="PROJECT")
+@click.argument("agent_id", metavar="OWNER/NAME")
+def agent_join(db_path: str, as_json: bool, project_slug: str, agent_id: str) -> None:
+    """Add an existing agent to a project its owner is a member of."""
+    out = add_agent_to_project(_open(db_path), project_slug, agent_id)
+    _Out(as_json)(out, f"Added {agent_id} to {project_slug}.")
+
+
+@cli.group()
+def rule() -> None:
+    """An owner's gate: delegation rules, standing approvals, auto-accept."""
+
+
+@rule.command("set")
+@_common
+@click.argument("owner")
+@click.option("--decision", required=True, type=click.Choice(["allow", "approval_required", "never"]),
+              help="What happens to handoffs to OWNER's agents.")
+@click.option("--agent", "agent_id", default=None, metavar="OWNER/NAME", help="Only handoffs from this agent.")
+@click.option("--from-owner", default=None, metavar="HANDLE", help="Only handoffs from this person's agents.")
+@click.option("--expires", default=None, metavar="ISO-TIME", help="When the rule stops (default: never).")
+def rule_set(db_path: str, as_json: bool, owner: str, decision: str, agent_id: str | None, from_owner: str | None,
+             expires: str | None) -> None:
+    """Set a delegation rule for handoffs to OWNER's agents (all teammates unless narrowed)."""
+    r = set_rule(_open(db_path), owner, decision, agent=agent_id, from_owner=from_owner, expires_at=expires)
+    _Out(as_json)({"rule": r}, f"Rule {r['id']}: handoffs from {r['subject'] or 'all teammates'} to {owner}'s "
+                               f"agents: {decision}.")
+
+
+@rule.command("list")
+@_common
+@click.argument("owner")
+def rule_list(db_path: str, as_json: bool, owner: str) -> None:
+    """List OWNER's live delegation rules and standing approvals."""
+    db = _open(db_path)
+    _require_person(db, owner)
+    out = list_rules(db, owner)
+    lines = [f"{r['id']}  {r['subject'] or 'all teammates':<24} {r['decision']:<18} until {r['expires_at'] or 'revoked'}"
+             for r in out["rules"]]
+    lines += [f"{s['id']}  standing: {s['requester']} -> {s['assignee']} ({s['kind']}) {s['uses']}/{s['cap']} until "
+              f"{s['expires_at']}" for s in out["standing_approvals"]]
+    _Out(as_json)(out, "\n".join(lines) or "No rules: handoffs from teammates need approval.")
+
+
+@rule.command("revoke")
+@_common
+@click.argument("owner")
+@click.argument("rule_id")
+def rule_revoke(db_path: str, as_json: bool, owner: str, rule_id: str) -> None:
+    """Revoke a delegation rule (or, with an ID starting sa_, a standing approval)."""
+    db = _open(db_path)
+    out = revoke_standing_approval(db, owner, rule_id) if rule_id.startswith("sa_") else revoke_rule(db, owner, rule_id)
+    _Out(as_json)(out, f"Revoked {rule_id}.")
+
+
+@rule.command("auto-accept")
+@_common
+@click.argument("owner")
+@click.argument("state", type=click.Choice(["on", "off"]))
+def rule_auto_accept(db_path: str, as_json: bool, owner: str, state: str) -> None:
+    """Accept OWNER's agents' verified results at once (on) or wait for a final click (off, the default)."""
+    out = set_auto_accept(_open(db_path), owner, state == "on")
+    _Out(as_json)(out, f"Auto-accept for {owner}: {state}.")
+
+
 @cli.group()
 def token() -> None:
     """Credentials: create, list, revoke."""
@@ -4194,7 +4288,10 @@ def token_create(db_path: str, as_json: bool, agent_id: str | None, project_slug
 @click.option("--owner", default=None, help="Only this person's and their agents' credentials.")
 def token_list(db_path: str, as_json: bool, owner: str | None) -> None:
     """List credentials (never their secrets)."""
-    rows = list_tokens(_open(db_path), owner)
+    db = _open(db_path)
+    if owner is not None:
+        _require_person(db, owner)
+    rows = list_tokens(db, owner)
     _Out(as_json)({"tokens": rows}, "\n".join(
         f"{r['id']}  {r['kind']:<7} {r['agent_id'] or r['person']:<24} {r['project'] or '-':<16} "
         f"{'revoked ' + r['revoked_at'] if r['revoked_at'] else 'active'}" for r in rows) or "No credentials.")
@@ -4266,6 +4363,8 @@ def backup(db_path: str, as_json: bool, dest: str) -> None:
     """Copy the database to DEST with SQLite's online backup (safe while the server runs)."""
     if os.path.exists(dest):
         raise Conflict(f"{dest} already exists: pick a new file name")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(dest))):
+        raise NotFound(f"the folder for {dest} does not exist: create it first")
     _open(db_path).backup_to(dest)
     _Out(as_json)({"backup": os.path.abspath(dest)}, f"Backed up {db_path} to {dest}.")
 
@@ -4278,12 +4377,16 @@ def backup(db_path: str, as_json: bool, dest: str) -> None:
 def connect(db_path: str, as_json: bool, agent_id: str, project_slug: str | None, config_path: str | None) -> None:
     """Mint a client key for an agent and print the Claude Code and Codex set-up lines."""
     settings = load_settings(config_path)
-    record, secret = create_token(_open(db_path), "client", agent_id=agent_id, project=project_slug)
-    lines = connect_lines(settings.base_url(), agent_id, secret)
-    _Out(as_json)(record | {"token": secret} | lines,
-                  f"New client key {record['id']} for {agent_id} (shown once).\n\n"
-                  f"Claude Code:\n  {lines['claude_code']}\n\nCodex:\n"
-                  + "\n".join("  " + line for line in lines["codex"].splitlines()))
+    db = _open(db_path)
+    record, secret = create_token(db, "client", agent_id=agent_id, project=project_slug)
+    lines = connect_lines(public_base(db, settings), agent_id, secret)
+    projects = [r["project"] for r in db.rows("SELECT project FROM project_agents WHERE agent_id = ?", (agent_id,))]
+    warning = "" if projects else (f"\nNote: {agent_id} is in no project yet, so every tool will answer not_found; "
+                                   f"add it with 'prickle agent join PROJECT {agent_id}'.")
+    _Out(as_json)(record | {"token": secret, "projects": projects} | lines,
+                  f"Made a client key for {agent_id} (key ID {record['id']}; the key itself is in the lines "
+                  f"below and is shown only once).\n\nClaude Code:\n  {lines['claude_code']}\n\nCodex:\n"
+                  + "\n".join("  " + line for line in lines["codex"].splitlines()) + warning)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -95,6 +95,11 @@ def test_a_whole_setup_from_the_command_line(db_path):
     (["memory", "retract", "nope", "k", "--by", "oj"], "no project 'nope'"),
     (["audit", "verify", "nope"], "no project 'nope'"),
     (["init", "--owner", "again"], "already has people"),
+    (["token", "list", "--owner", "nobody"], "no person with handle 'nobody'"),
+    (["backup", "/no/such/folder/x.db"], "does not exist"),
+    (["rule", "set", "oj", "--decision", "maybe"], "Invalid value for '--decision'"),
+    (["rule", "set", "oj", "--decision", "allow", "--agent", "oj/self"], "your own agents"),
+    (["rule", "revoke", "oj", "rule_nope"], "no rule 'rule_nope'"),
     (["person", "add", "x"], "Missing option '--name'"),
     (["no-such-command"], "No such command"),
 ])
@@ -148,3 +153,32 @@ def test_example_settings_file_is_valid_and_complete():
     for name in prickle.Settings.model_fields:
         assert f"{name} =" in text, f"prickle.example.toml does not document {name}"
     assert settings == prickle.Settings(**__import__("tomllib").loads(text))
+
+
+def test_admin_commands_refuse_a_database_that_does_not_exist(tmp_path):
+    missing = str(tmp_path / "typo.db")
+    code, out, err = run(missing, "token", "list", ok=False)
+    assert code == 1 and "no database at" in err and not os.path.exists(missing)
+
+
+def test_rules_from_the_command_line(db_path):
+    run(db_path, "init", "--owner", "oj")
+    run(db_path, "person", "add", "ren", "--name", "Ren")
+    r = jrun(db_path, "rule", "set", "oj", "--decision", "never", "--from-owner", "ren")["rule"]
+    assert (r["for"], r["subject"], r["decision"]) == ("owner", "ren", "never")
+    again = jrun(db_path, "rule", "set", "oj", "--decision", "allow", "--from-owner", "ren")["rule"]
+    rules = jrun(db_path, "rule", "list", "oj")
+    assert [x["id"] for x in rules["rules"]] == [again["id"]] and rules["standing_approvals"] == []
+    assert jrun(db_path, "rule", "revoke", "oj", again["id"])["revoked"] is True
+    assert jrun(db_path, "rule", "list", "oj")["rules"] == []
+    assert jrun(db_path, "rule", "auto-accept", "oj", "on") == {"owner": "oj", "auto_accept": True}
+
+
+def test_connect_warns_about_an_agent_in_no_project(db_path):
+    run(db_path, "init", "--owner", "oj")
+    run(db_path, "agent", "add", "oj/solo", "--name", "Solo", "--model", "m", "--client", "c")
+    code, out, err = run(db_path, "connect", "oj/solo")
+    assert "is in no project yet" in out and "prickle agent join PROJECT oj/solo" in out
+    run(db_path, "project", "create", "p", "--name", "P", "--team", "t", "--owner", "oj")
+    assert jrun(db_path, "agent", "join", "p", "oj/solo") == {"project": "p", "agent_id": "oj/solo"}
+    assert jrun(db_path, "connect", "oj/solo")["projects"] == ["p"]

@@ -164,3 +164,9 @@ def test_demo_restart_keeps_data_and_prints_fresh_keys(db_path):
         keys2 = second.info["demo"]["keys"]
         assert keys1 != keys2
         assert second.info["demo"]["signin"].startswith(second.info["url"] + "/signin?token=")
+        for key, status in ((keys1["oj/muse"], 401), (keys2["oj/muse"], 200)):
+            r = httpx.post(second.info["mcp"], headers={"Authorization": f"Bearer {key}"}, json={})
+            assert (r.status_code == 401) == (status == 401)
+        # links printed by other commands point at the running server
+        link = cli_json(db_path, "signin-link", "ren")["signin"]
+        assert link.startswith(second.info["url"] + "/signin?token=")
