@@ -1,0 +1,525 @@
+"""Tasks: handoff through the gate, the lifecycle, results with evidence, final acceptance."""
+
+import datetime as dt
+
+import pytest
+
+import prickle
+from conftest import PROJECT, all_events, audit_entries
+
+P = {"project": PROJECT}
+PACKET = {"task": "Draft the hero copy.", "deliverable_type": "doc",
+          "acceptance_criteria": ["Headline has at most 8 words.", "Include a clear call to action."],
+          "context": "A collaboration tool for small teams.", "files": []}
+SHA = "a" * 64
+COMMIT = "b" * 40
+
+
+def person(server, world, handle):
+    """POST/GET helpers for the people's API as ``handle``."""
+    h = {"Authorization": f"Bearer {world.tokens[handle]}"}
+
+    class API:
+        @staticmethod
+        def get(path, **kw):
+            return server.get(path, headers=h, **kw)
+
+        @staticmethod
+        def post(path, body=None):
+            return server.post(path, json=body or {}, headers=h)
+
+        @staticmethod
+        def delete(path):
+            return server.delete(path, headers=h)
+    return API
+
+
+def handoff(mcp, requester="oj/muse", to="ren/builder", **extra):
+    return mcp.ok(requester, "handoff", P | {"to": to, "packet": PACKET} | extra)
+
+
+def routed(mcp, server, world, requester="oj/muse", to="ren/builder", **extra):
+    """A cross-owner handoff approved by the assignee's owner: the task, routed."""
+    out = handoff(mcp, requester, to, **extra)
+    if out["gate"]["decision"] == "approval_required":
+        r = person(server, world, to.split("/")[0]).post(f"/api/approvals/{out['gate']['approval_id']}",
+                                                         {"decision": "approve"})
+        assert r.status_code == 200, r.text
+        return r.json()["task"]
+    return out["task"]
+
+
+def working(mcp, server, world):
+    task = routed(mcp, server, world)
+    mcp.ok("ren/builder", "accept_task", {"task_id": task["id"]})
+    return task
+
+
+def evidence(criteria=None, **extra):
+    item = {"kind": "test_output", "summary": "Counted the words.", "content": "6 words"} | extra
+    if criteria is not None:
+        item["criteria"] = criteria
+    return item
+
+
+def submit(mcp, task_id, items=None, artifacts=None):
+    return mcp.ok("ren/builder", "return_result", {
+        "task_id": task_id, "summary": "Headline and CTA drafted.",
+        "evidence": items or [evidence([0]), evidence([1], kind="note", summary="CTA: try the demo.", content="")],
+        "artifacts": artifacts if artifacts is not None else [{"ref": "docs/hero.md", "sha256": SHA}]})
+
+
+def wait_kinds(mcp, agent, cursor, tool="wait_for_updates"):
+    out = mcp.ok(agent, tool, {"cursor": cursor, "timeout_seconds": 1})
+    return [(u["kind"], u.get("task_id")) for u in out.get("updates", [])] or [
+        (e["kind"], (e.get("task") or {}).get("id")) for e in out.get("events", [])]
+
+
+def start(mcp, agent, tool="wait_for_updates"):
+    return mcp.ok(agent, tool, {"timeout_seconds": 1})["cursor"]
+
+
+# -- handoff and the gate ----------------------------------------------------
+
+
+def test_same_owner_handoff_is_routed_and_wakes_the_assignee(mcp, world):
+    cursor = start(mcp, "oj/scout", "wait_for_mention")
+    out = handoff(mcp, "oj/muse", "oj/scout", turn_budget=12)
+    task, gate = out["task"], out["gate"]
+    assert gate == {"decision": "allow", "reason": "oj/scout belongs to the same owner as the request",
+                    "approval_id": None}
+    assert (task["state"], task["waiting_on"], task["requester"], task["assignee"]) == (
+        "routed", "agent", "oj/muse", "oj/scout")
+    assert task["packet"] == PACKET | {"depends_on": []}
+    assert task["requested_by"] == {"kind": "agent", "agent_id": "oj/muse"}
+    assert task["route"] == {"via": "handoff"} and task["turn_budget"] == 12
+    assert task["result"] is None and task["latest_checkpoint"] is None and task["parent_task_id"] is None
+    woke = mcp.ok("oj/scout", "wait_for_mention", {"cursor": cursor, "timeout_seconds": 1})
+    assert woke["events"] == [{"kind": "task", "task": task}]
+    assert [e["refs"]["to"] for e in audit_entries(world.db, PROJECT, "task.transitioned")] == ["routed"]
+    decided = audit_entries(world.db, PROJECT, "gate.decided")[-1]["refs"]
+    assert decided == {"task": task["id"], "decision": "allow", "basis": "same_owner", "rule": None,
+                       "approval": None}
+    requested = audit_entries(world.db, PROJECT, "handoff.requested")[-1]["refs"]
+    assert requested == {"task": task["id"], "to": "oj/scout", "by": "oj/muse", "deliverable_type": "doc",
+                         "criteria": 2, "files": 0, "depends_on": 0, "context_chars": 37, "parent": None,
+                         "via": "handoff"}
+    assert "hero" not in str(audit_entries(world.db, PROJECT))
+
+
+def test_teammate_handoff_waits_for_the_owner_who_approves_over_http(mcp, server, world):
+    builder = start(mcp, "ren/builder", "wait_for_mention")
+    muse = start(mcp, "oj/muse")
+    out = handoff(mcp)
+    task, gate = out["task"], out["gate"]
+    assert (task["state"], task["waiting_on"], gate["decision"]) == ("approval", "owner_approval",
+                                                                     "approval_required")
+    assert wait_kinds(mcp, "ren/builder", builder, "wait_for_mention") == []  # not yet
+    approvals = person(server, world, "ren").get("/api/approvals").json()["approvals"]
+    assert [(a["approval"]["id"], a["approval"]["status"], a["task"]["id"]) for a in approvals] == [
+        (gate["approval_id"], "pending", task["id"])]
+    assert approvals[0]["approval"]["summary"] == "Draft the hero copy."
+    assert person(server, world, "oj").get("/api/approvals").json()["approvals"] == []
+    r = person(server, world, "oj").post(f"/api/approvals/{gate['approval_id']}", {"decision": "approve"})
+    assert r.status_code == 404  # not oj's to decide
+    r = person(server, world, "ren").post(f"/api/approvals/{gate['approval_id']}", {"decision": "approve"})
+    assert r.status_code == 200
+    assert (r.json()["task"]["state"], r.json()["approval"]["status"]) == ("routed", "approved")
+    assert wait_kinds(mcp, "ren/builder", builder, "wait_for_mention") == [("task", task["id"])]
+    assert wait_kinds(mcp, "oj/muse", muse) == [("decision", task["id"])]
+    types = [e["type"] for e in all_events(world.db)][-4:]
+    assert types == ["approval.updated", "task.updated", "approval.updated", "task.updated"]
+    r = person(server, world, "ren").post(f"/api/approvals/{gate['approval_id']}", {"decision": "deny"})
+    assert r.status_code == 409 and "already approved" in r.json()["error"]["message"]
+
+
+def test_denied_handoff_is_rejected(mcp, server, world):
+    out = handoff(mcp)
+    r = person(server, world, "ren").post(f"/api/approvals/{out['gate']['approval_id']}", {"decision": "deny"})
+    assert r.json()["task"]["state"] == "rejected" and r.json()["task"]["waiting_on"] is None
+
+
+def test_rules_allow_never_and_specificity(mcp, server, world):
+    ren = person(server, world, "ren")
+    assert ren.post("/api/rules", {"decision": "never"}).status_code == 200          # all teammates
+    out = handoff(mcp)
+    assert out["gate"]["decision"] == "never" and out["task"]["state"] == "rejected"
+    assert out["gate"]["reason"] == "ren's rule for all teammates: never"
+    ren.post("/api/rules", {"decision": "allow", "owner": "oj"})                      # oj's agents
+    assert handoff(mcp)["task"]["state"] == "routed"
+    ren.post("/api/rules", {"decision": "approval_required", "agent": "oj/muse"})     # one agent
+    assert handoff(mcp)["gate"]["decision"] == "approval_required"
+    assert handoff(mcp, "oj/scout")["gate"]["decision"] == "allow"
+    rules = ren.get("/api/rules").json()["rules"]
+    assert sorted((r["for"], r["decision"]) for r in rules) == [
+        ("agent", "approval_required"), ("all", "never"), ("owner", "allow")]
+    agent_rule = next(r for r in rules if r["for"] == "agent")
+    assert ren.delete(f"/api/rules/{agent_rule['id']}").json() == {"id": agent_rule["id"], "revoked": True}
+    assert handoff(mcp)["gate"]["decision"] == "allow"
+    assert [e["refs"]["decision"] for e in audit_entries(world.db, PROJECT, "delegation.set")] == [
+        "never", "allow", "approval_required"]
+    assert [e["refs"]["reason"] for e in audit_entries(world.db, PROJECT, "delegation.revoked")] == ["revoked"]
+
+
+def test_an_expired_rule_no_longer_decides(mcp, world):
+    rule = prickle.set_rule(world.db, "ren", "allow", expires_at="2099-01-01T00:00:00Z")
+    assert handoff(mcp)["gate"]["decision"] == "allow"
+    world.db.execute("UPDATE delegation_rules SET expires_at = '2020-01-01T00:00:00.000Z' WHERE id = ?", (rule["id"],))
+    assert handoff(mcp)["gate"]["decision"] == "approval_required"
+    with pytest.raises(prickle.InvalidInput, match="in the future"):
+        prickle.set_rule(world.db, "ren", "allow", expires_at="2020-01-01T00:00:00Z")
+
+
+def test_standing_approval_lets_like_requests_through_up_to_its_cap(mcp, server, world):
+    first = handoff(mcp)
+    r = person(server, world, "ren").post(f"/api/approvals/{first['gate']['approval_id']}",
+                                          {"decision": "approve", "standing": {"uses": 2, "days": 7}})
+    standing_id = r.json()["standing_approval_id"]
+    for count in (1, 2):
+        out = handoff(mcp)
+        assert out["gate"]["decision"] == "allow" and out["task"]["state"] == "routed"
+        assert out["gate"]["approval_id"]
+        used = audit_entries(world.db, PROJECT, "standing_approval.used")[-1]["refs"]
+        assert (used["standing_approval"], used["count"], used["cap"]) == (standing_id, count, 2)
+    assert handoff(mcp)["gate"]["decision"] == "approval_required"      # cap reached
+    other_kind = mcp.ok("oj/muse", "handoff", P | {"to": "ren/builder",
+                                                   "packet": PACKET | {"deliverable_type": "code"}})
+    assert other_kind["gate"]["decision"] == "approval_required"
+    created = audit_entries(world.db, PROJECT, "standing_approval.created")[0]["refs"]
+    assert (created["requester"], created["assignee"], created["kind"], created["cap"]) == (
+        "oj/muse", "ren/builder", "doc", 2)
+
+
+def test_revoking_a_standing_approval_asks_again_for_unstarted_work(mcp, server, world):
+    first = handoff(mcp)
+    r = person(server, world, "ren").post(f"/api/approvals/{first['gate']['approval_id']}",
+                                          {"decision": "approve", "standing": {"uses": 5, "days": 7}})
+    standing_id = r.json()["standing_approval_id"]
+    through = handoff(mcp)["task"]
+    out = person(server, world, "ren").delete(f"/api/standing-approvals/{standing_id}").json()
+    assert out == {"id": standing_id, "revoked": True, "voided": 1}  # the clicked first one stands
+    again = prickle.task_out(world.db, through["id"])
+    assert (again["state"], again["waiting_on"]) == ("approval", "owner_approval")
+    assert {e["refs"]["reason"] for e in audit_entries(world.db, PROJECT, "approval.invalidated")} == {
+        "standing_approval_revoked"}
+
+
+def test_approvals_lapse_after_24_hours_and_are_asked_again(mcp, server, world):
+    pending = handoff(mcp)
+    approved = routed(mcp, server, world)
+    later = prickle.utcnow() + dt.timedelta(hours=25)
+    assert prickle.sweep_approvals(world.db, later) == 2
+    lapsed = audit_entries(world.db, PROJECT, "approval.invalidated")
+    assert [e["refs"]["task"] for e in lapsed] == [pending["task"]["id"], approved["id"]]
+    assert all(e["refs"]["reason"] == "24_hours" for e in lapsed)
+    assert prickle.task_out(world.db, approved["id"])["state"] == "approval"
+    listed = person(server, world, "ren").get("/api/approvals").json()["approvals"]
+    assert sorted(a["task"]["id"] for a in listed) == sorted([pending["task"]["id"], approved["id"]])
+    r = person(server, world, "ren").post(f"/api/approvals/{pending['gate']['approval_id']}", {"decision": "approve"})
+    assert r.status_code == 409 and "lapsed" in r.json()["error"]["message"]
+
+
+def test_idempotent_handoff_replays_the_same_task(mcp, world):
+    a = handoff(mcp, "oj/muse", "oj/scout", idempotency_key="k-1")
+    b = handoff(mcp, "oj/muse", "oj/scout", idempotency_key="k-1")
+    assert a == b
+    assert world.db.scalar("SELECT count(*) FROM tasks") == 1
+    text = mcp.error("oj/muse", "handoff", P | {"to": "oj/scout", "packet": PACKET | {"task": "Other"},
+                                               "idempotency_key": "k-1"}, "conflict")
+    assert "k-1" in text
+
+
+def test_handoff_input_rules(mcp, server, world):
+    mcp.error("oj/muse", "handoff", P | {"to": "oj/muse", "packet": PACKET}, "invalid_input")
+    mcp.error("oj/muse", "handoff", P | {"to": "sam/lone", "packet": PACKET}, "not_found")
+    mcp.error("oj/muse", "handoff", P | {"to": "oj/scout", "packet": PACKET | {"acceptance_criteria": []}},
+              "invalid_input")
+    mcp.error("oj/muse", "handoff", {"project": "side", "to": "sam/lone", "packet": PACKET}, "not_found")
+    parent = handoff(mcp, "oj/muse", "oj/scout")["task"]
+    text = mcp.error("oj/muse", "handoff", P | {"to": "ren/builder", "packet": PACKET,
+                                               "parent_task_id": parent["id"]}, "forbidden")
+    assert "only the assignee" in text
+    text = mcp.error("oj/scout", "handoff", P | {"to": "oj/muse", "packet": PACKET, "parent_task_id": parent["id"]},
+                     "invalid_state")
+    assert "accept it" in text
+    mcp.ok("oj/scout", "accept_task", {"task_id": parent["id"]})
+    child = mcp.ok("oj/scout", "handoff", P | {"to": "oj/muse", "packet": PACKET, "parent_task_id": parent["id"]})
+    assert child["task"]["parent_task_id"] == parent["id"]
+    assert world.db.scalar("SELECT count(*) FROM tasks") == 2
+
+
+# -- the lifecycle -----------------------------------------------------------
+
+
+def test_only_the_assignee_accepts_and_illegal_moves_name_the_state(mcp, server, world):
+    task = routed(mcp, server, world)
+    muse = start(mcp, "oj/muse")
+    text = mcp.error("oj/muse", "accept_task", {"task_id": task["id"]}, "forbidden")
+    assert "assignee" in text
+    mcp.error("oj/scout", "accept_task", {"task_id": task["id"]}, "not_found")
+    out = mcp.ok("ren/builder", "accept_task", {"task_id": task["id"]})["task"]
+    assert (out["state"], out["waiting_on"]) == ("accepted", "agent")
+    assert wait_kinds(mcp, "oj/muse", muse) == [("task", task["id"])]
+    text = mcp.error("ren/builder", "accept_task", {"task_id": task["id"]}, "invalid_state")
+    assert text == (f"invalid_state: task '{task['id']}' is accepted: accept is not allowed; "
+                    "allowed now: ask, cancel, checkpoint, return")
+
+
+def test_checkpoints_and_waiting_on_a_person(mcp, server, world):
+    task = working(mcp, server, world)
+    muse = start(mcp, "oj/muse")
+    out = mcp.ok("ren/builder", "checkpoint", {"task_id": task["id"], "checkpoint": {
+        "progress": "First draft written.", "next_steps": ["Check the headline length."],
+        "files_touched": ["docs/hero.md"]}})["task"]
+    assert out["state"] == "working"
+    assert out["latest_checkpoint"] == {"progress": "First draft written.", "decisions": [],
+                                        "files_touched": ["docs/hero.md"], "next_steps": ["Check the headline length."],
+                                        "open_questions": []}
+    assert out["latest_checkpoint_by"] == {"agent": "ren/builder", "provenance": "agent_generated",
+                                           "handed_back": False}
+    mcp.error("ren/builder", "checkpoint", {"task_id": task["id"], "checkpoint": {
+        "progress": "Stuck.", "needs_answer": True}}, "invalid_input")
+    out = mcp.ok("ren/builder", "checkpoint", {"task_id": task["id"], "checkpoint": {
+        "progress": "Stuck.", "open_questions": ["Formal or casual?"], "needs_answer": True}})["task"]
+    assert (out["state"], out["waiting_on"]) == ("waiting", "human")
+    assert out["latest_checkpoint"]["needs_answer"] is True
+    assert wait_kinds(mcp, "oj/muse", muse) == []  # a checkpoint wakes no one
+    out = mcp.ok("ren/builder", "accept_task", {"task_id": task["id"]})["task"]
+    assert (out["state"], out["waiting_on"]) == ("working", "agent")
+    refs = audit_entries(world.db, PROJECT, "task.checkpointed")[0]["refs"]
+    assert (refs["files"], refs["next_steps"], refs["needs_answer"]) == (1, 1, False)
+    assert "First draft" not in str(audit_entries(world.db, PROJECT))
+
+
+def test_return_result_rules(mcp, server, world):
+    task = working(mcp, server, world)
+    base = {"task_id": task["id"], "summary": "Done."}
+    cases = [
+        ({"evidence": [{"kind": "link", "summary": "See it"}]}, "evidence[0]: a link needs a url or content"),
+        ({"evidence": [evidence([2])]}, "evidence[0].criteria: the task has 2 acceptance criteria"),
+        ({"evidence": [evidence([0], artifact=1)], "artifacts": [{"ref": "a", "sha256": SHA}]},
+         "evidence[0].artifact: there is no artifacts[1]"),
+        ({"evidence": [evidence([0])], "artifacts": [{"ref": "a"}]}, "artifacts[0]: pin 'a' by sha256 or commit_sha"),
+        ({"evidence": [evidence([0], observed_at="2999-01-01T00:00:00Z")]}, "is in the future"),
+    ]
+    for extra, message in cases:
+        text = mcp.error("ren/builder", "return_result", base | extra, "invalid_input")
+        assert message in text, text
+    mcp.error("ren/builder", "return_result", base | {"evidence": [evidence([0])], "provenance": "owner_approved"},
+              "invalid_input")
+    mcp.error("oj/muse", "return_result", base | {"evidence": [evidence([0])]}, "forbidden")
+    assert world.db.scalar("SELECT count(*) FROM submissions") == 0
+
+
+def test_code_needs_a_commit(mcp, world):
+    packet = PACKET | {"deliverable_type": "code"}
+    task = mcp.ok("oj/muse", "handoff", P | {"to": "oj/scout", "packet": packet})["task"]
+    mcp.ok("oj/scout", "accept_task", {"task_id": task["id"]})
+    args = {"task_id": task["id"], "summary": "Built.", "evidence": [evidence([0, 1])]}
+    text = mcp.error("oj/scout", "return_result", args | {"artifacts": [{"ref": "a.py", "sha256": SHA}]},
+                     "invalid_input")
+    assert "code needs a commit" in text
+    out = mcp.ok("oj/scout", "return_result", args | {"artifacts": [{"ref": "main", "commit_sha": COMMIT}]})
+    assert out["submission"]["artifacts"] == [{"ref": "main", "sha256": None, "commit_sha": COMMIT}]
+
+
+def test_evidence_report(mcp, server, world):
+    task = working(mcp, server, world)
+    old = (prickle.utcnow() - dt.timedelta(days=8)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    out = submit(mcp, task["id"], [evidence([0], observed_at=old), evidence(), evidence([0, 0])])
+    result = out["task"]["result"]
+    assert result["evidence_report"] == {
+        "coverage": [{"criterion": 0, "evidence": [0, 2]}, {"criterion": 1, "evidence": []}],
+        "general": [1], "uncovered": [1], "stale": [{"evidence": 0, "why": "older_than_7_days"}],
+        "complete": False}
+    first_returned = result["returned_at"]
+    second = submit(mcp, task["id"], [evidence([0], observed_at=first_returned[:-5] + "Z"), evidence([1])])
+    report = second["task"]["result"]["evidence_report"]
+    assert report["stale"] == [{"evidence": 0, "why": "before_previous_revision"}] or report["stale"] == []
+    third = submit(mcp, task["id"], [evidence([0, 1])])["task"]["result"]
+    assert third["evidence_report"] == {"coverage": [{"criterion": 0, "evidence": [0]},
+                                                     {"criterion": 1, "evidence": [0]}],
+                                        "general": [], "uncovered": [], "stale": [], "complete": True}
+
+
+def test_untagged_evidence_covers_the_only_criterion(mcp, world):
+    packet = PACKET | {"acceptance_criteria": ["One thing."]}
+    task = mcp.ok("oj/muse", "handoff", P | {"to": "oj/scout", "packet": packet})["task"]
+    mcp.ok("oj/scout", "accept_task", {"task_id": task["id"]})
+    out = mcp.ok("oj/scout", "return_result", {"task_id": task["id"], "summary": "Done.",
+                                               "evidence": [{"kind": "note", "summary": "Checked."}]})
+    assert out["task"]["result"]["evidence_report"]["coverage"] == [{"criterion": 0, "evidence": [0]}]
+    assert out["task"]["result"]["evidence_report"]["complete"] is True
+
+
+def test_full_life_with_rejection_resubmission_and_final_acceptance(mcp, server, world):
+    task = working(mcp, server, world)
+    muse = start(mcp, "oj/muse")
+    first = submit(mcp, task["id"])
+    assert (first["task"]["state"], first["submission"]["revision"]) == ("verifying", 1)
+    assert first["task"]["result"]["status"] == "submitted"
+    assert wait_kinds(mcp, "oj/muse", muse) == [("result", task["id"])]
+    builder = start(mcp, "ren/builder", "wait_for_mention")
+    sub1 = first["submission"]
+    out = mcp.ok("oj/muse", "reject_result", {"task_id": task["id"], "submission_id": sub1["submission_id"],
+                                              "revision": 1, "reason": "The headline has 11 words; the limit is 8.",
+                                              "verdicts": [{"criterion": 0, "accepted": False, "note": "11 words."}]})
+    assert out["task"]["state"] == "working"
+    assert out["task"]["result"]["status"] == "rejected"
+    assert out["task"]["result"]["reason"] == "The headline has 11 words; the limit is 8."
+    assert wait_kinds(mcp, "ren/builder", builder, "wait_for_mention") == [("task", task["id"])]
+    verdicts = [{"criterion": 0, "accepted": True}, {"criterion": 1, "accepted": True}]
+    text = mcp.error("oj/muse", "accept_result", {"task_id": task["id"], "submission_id": sub1["submission_id"],
+                                                  "revision": 1, "verdicts": verdicts, "artifacts": sub1["artifacts"]},
+                     "invalid_state")
+    second = submit(mcp, task["id"])
+    sub2 = second["submission"]
+    assert sub2["revision"] == 2
+    args = {"task_id": task["id"], "submission_id": sub2["submission_id"], "revision": 2, "verdicts": verdicts,
+            "artifacts": sub2["artifacts"]}
+    text = mcp.error("oj/muse", "accept_result", args | {"submission_id": sub1["submission_id"], "revision": 1},
+                     "stale_submission")
+    assert "can never be accepted" in text
+    mcp.error("oj/muse", "accept_result", args | {"revision": 1}, "stale_submission")
+    mcp.error("oj/muse", "accept_result", args | {"artifacts": [{"ref": "docs/hero.md", "sha256": "c" * 64}]},
+              "stale_submission")
+    mcp.error("oj/muse", "accept_result", args | {"verdicts": verdicts[:1]}, "invalid_input")
+    text = mcp.error("oj/muse", "accept_result", args | {"verdicts": [verdicts[0], {"criterion": 1,
+                                                                                   "accepted": False}]},
+                     "invalid_input")
+    assert "reject_result" in text
+    mcp.error("ren/builder", "accept_result", args, "forbidden")
+    refused = audit_entries(world.db, PROJECT, "result.acceptance_refused")
+    assert [e["refs"]["reason"] for e in refused] == ["rejected", "not_latest", "artifacts_changed"]
+    verified = mcp.ok("oj/muse", "accept_result", args)["task"]
+    assert (verified["state"], verified["waiting_on"]) == ("approval", "owner_approval")
+    assert verified["result"]["verified_by"] == {"kind": "agent", "agent_id": "oj/muse"}
+    assert verified["result"]["verdicts"] == verdicts and verified["result"]["status"] == "submitted"
+    oj, ren = person(server, world, "oj"), person(server, world, "ren")
+    assert ren.post(f"/api/tasks/{task['id']}/accept").status_code == 403      # not the requester's owner
+    done = oj.post(f"/api/tasks/{task['id']}/accept")
+    assert done.status_code == 200, done.text
+    final = done.json()["task"]
+    assert (final["state"], final["waiting_on"]) == ("completed", None)
+    assert final["result"]["status"] == "accepted" and final["result"]["provenance"] == "owner_approved"
+    assert final["result"]["decided_by"] == {"kind": "person", "handle": "oj"}
+    assert [e["refs"]["to"] for e in audit_entries(world.db, PROJECT, "task.transitioned")
+            if e["refs"]["task"] == task["id"]] == [
+        "approval", "routed", "accepted", "verifying", "working", "verifying", "approval", "completed"]
+    assert [e["refs"]["step"] for e in audit_entries(world.db, PROJECT, "result.accepted")] == [
+        "verified", "owner_accepted"]
+    detail = oj.get(f"/api/tasks/{task['id']}").json()
+    assert [s["status"] for s in detail["submissions"]] == ["rejected", "accepted"]
+    assert oj.post(f"/api/tasks/{task['id']}/cancel").status_code == 409
+
+
+def test_owner_sends_a_verified_result_back(mcp, server, world):
+    task = working(mcp, server, world)
+    sub = submit(mcp, task["id"])["submission"]
+    mcp.ok("oj/muse", "accept_result", {"task_id": task["id"], "submission_id": sub["submission_id"], "revision": 1,
+                                        "verdicts": [{"criterion": 0, "accepted": True},
+                                                     {"criterion": 1, "accepted": True}],
+                                        "artifacts": sub["artifacts"]})
+    oj = person(server, world, "oj")
+    assert oj.post(f"/api/tasks/{task['id']}/send-back", {}).status_code == 400
+    out = oj.post(f"/api/tasks/{task['id']}/send-back", {"reason": "Make it warmer."}).json()["task"]
+    assert out["state"] == "working" and out["result"]["status"] == "rejected"
+
+
+def test_auto_accept_policy_completes_at_once(mcp, server, world):
+    assert person(server, world, "oj").post("/api/policy", {"auto_accept": True}).json()["auto_accept"] is True
+    task = working(mcp, server, world)
+    sub = submit(mcp, task["id"])["submission"]
+    out = mcp.ok("oj/muse", "accept_result", {"task_id": task["id"], "submission_id": sub["submission_id"],
+                                              "revision": 1, "verdicts": [{"criterion": 0, "accepted": True},
+                                                                          {"criterion": 1, "accepted": True}],
+                                              "artifacts": sub["artifacts"]})["task"]
+    assert out["state"] == "completed"
+    assert out["result"]["decided_by_policy"] == "auto_accept" and out["result"]["decided_by"] == {"kind": "system"}
+    assert out["result"]["provenance"] == "agent_generated"  # only a person makes owner_approved
+
+
+def test_cancel_by_the_requesters_owner_or_a_project_owner(mcp, server, world):
+    task = routed(mcp, server, world)
+    builder = start(mcp, "ren/builder", "wait_for_mention")
+    assert person(server, world, "sam").post(f"/api/tasks/{task['id']}/cancel").status_code == 404
+    assert person(server, world, "ren").post(f"/api/tasks/{task['id']}/cancel").status_code == 403
+    out = person(server, world, "oj").post(f"/api/tasks/{task['id']}/cancel").json()["task"]
+    assert out["state"] == "cancelled"
+    assert wait_kinds(mcp, "ren/builder", builder, "wait_for_mention") == [("task", task["id"])]
+
+
+def test_check_inbox(mcp, server, world):
+    mine = handoff(mcp, "oj/muse", "oj/scout")["task"]
+    theirs = routed(mcp, server, world)
+    closed = handoff(mcp, "oj/muse", "oj/scout")["task"]
+    person(server, world, "oj").post(f"/api/tasks/{closed['id']}/cancel")
+    inbox = mcp.ok("oj/muse", "check_inbox", P)
+    assert inbox["assigned"] == []
+    assert [t["id"] for t in inbox["requested"]] == [theirs["id"], mine["id"]]
+    with_closed = mcp.ok("oj/muse", "check_inbox", {"include_closed": True})
+    assert [t["id"] for t in with_closed["requested"]] == [closed["id"], theirs["id"], mine["id"]]
+    scout = mcp.ok("oj/scout", "check_inbox", {})
+    assert [t["id"] for t in scout["assigned"]] == [mine["id"]]
+    since = prickle.iso(prickle.utcnow())
+    assert mcp.ok("oj/muse", "check_inbox", {"project_unchanged_since": since}) == {"assigned": [], "requested": []}
+    pending = mcp.ok("oj/scout", "check_inbox", {"pending_wakes_only": True})
+    assert [t["id"] for t in pending["assigned"]] == [mine["id"]]
+    mcp.ok("oj/scout", "wait_for_mention", {"timeout_seconds": 1, "cursor": prickle.wake_cursor(
+        world.db, "oj/scout|wait_for_mention|*", 0)})
+    assert mcp.ok("oj/scout", "check_inbox", {"pending_wakes_only": True})["assigned"] == []
+    mcp.error("oj/muse", "check_inbox", {"project": "side"}, "not_found")
+
+
+def test_request_capability(mcp, server, world):
+    prickle.add_agent(world.db, "ren/writer", "Writer", "m", "c", "", [{"kind": "other", "name": "Docs"}], [PROJECT])
+    ask = P | {"capability": {"kind": "other", "name": "Docs"}, "packet": PACKET}
+    choose = mcp.ok("oj/scout", "request_capability", ask)
+    assert choose["status"] == "choose"
+    assert [(c["agent_id"], c["permission"], c["evidence"]) for c in choose["candidates"]] == [
+        ("oj/muse", "allow", "owner_declared"), ("ren/writer", "approval_required", "owner_declared")]
+    picked = mcp.ok("oj/scout", "request_capability", ask | {"prefer": {"agent": "ren/writer"}})
+    assert picked["status"] == "handed_off" and picked["task"]["assignee"] == "ren/writer"
+    assert picked["task"]["route"] == {"via": "request_capability", "capability": {"kind": "other", "name": "Docs"}}
+    assert picked["gate"]["decision"] == "approval_required"
+    by_owner = mcp.ok("oj/scout", "request_capability", ask | {"prefer": {"owner": "oj"}})
+    assert by_owner["task"]["assignee"] == "oj/muse" and by_owner["gate"]["decision"] == "allow"
+    assert mcp.ok("oj/scout", "request_capability", P | {"capability": {"name": "Nothing"}, "packet": PACKET}) == {
+        "status": "none"}
+    prickle.set_rule(world.db, "ren", "never")
+    one = mcp.ok("oj/scout", "request_capability", P | {"capability": {"name": "Docs"}, "packet": PACKET})
+    assert one["status"] == "handed_off" and one["task"]["assignee"] == "oj/muse"   # ren's refuses
+    refs = [e["refs"] for e in audit_entries(world.db, PROJECT, "capability.requested")]
+    assert [(r["kind"], r["matched"], r["eligible"], r["outcome"]) for r in refs] == [
+        ("other", 2, 2, "choose"), (None, 0, 0, "none")]
+
+
+def test_a_person_asks_their_own_agent_for_a_task(mcp, server, world):
+    builder = start(mcp, "ren/builder", "wait_for_mention")
+    ren = person(server, world, "ren")
+    r = ren.post(f"/api/projects/{PROJECT}/task-requests", {"agent": "ren/builder", "packet": PACKET})
+    assert r.status_code == 200, r.text
+    task, message = r.json()["task"], r.json()["message"]
+    assert (task["state"], task["requester"], task["requested_by"]) == ("routed", None,
+                                                                      {"kind": "person", "handle": "ren"})
+    assert task["origin_message_id"] == message["id"] and message["task_request"] == {"task_id": task["id"]}
+    kinds = wait_kinds(mcp, "ren/builder", builder, "wait_for_mention")
+    assert ("task", task["id"]) in kinds
+    assert audit_entries(world.db, PROJECT, "task.requested")[0]["refs"]["agent"] == "ren/builder"
+    assert ren.post(f"/api/projects/{PROJECT}/task-requests", {"agent": "oj/muse", "packet": PACKET}).status_code == 403
+    bad = ren.post(f"/api/projects/{PROJECT}/task-requests", {"agent": "ren/builder", "packet": {"task": "x"}})
+    assert bad.status_code == 400
+    # the person who asked gives final acceptance straight after the result
+    mcp.ok("ren/builder", "accept_task", {"task_id": task["id"]})
+    submit(mcp, task["id"])
+    assert ren.post(f"/api/tasks/{task['id']}/accept").json()["task"]["state"] == "completed"
+
+
+def test_read_room_lists_task_threads_with_state_and_parties(mcp, server, world):
+    task = working(mcp, server, world)
+    mcp.ok("ren/builder", "post_message", P | {"body": "Started", "task_id": task["id"]})
+    thread = mcp.ok("oj/muse", "read_room", P)["threads"][0]
+    assert (thread["task_id"], thread["state"], thread["requester"], thread["assignee"], thread["reply_count"]) == (
+        task["id"], "accepted", "oj/muse", "ren/builder", 1)
+    board = person(server, world, "oj").get(f"/api/projects/{PROJECT}/tasks").json()["tasks"]
+    assert [t["id"] for t in board] == [task["id"]]
