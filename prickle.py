@@ -137,7 +137,7 @@ def utcnow() -> _dt.datetime:
 
 def iso(t: _dt.datetime) -> str:
     """``2026-11-29T20:42:15.123Z``: the timestamp form every payload uses."""
-    return t.astimezone(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+    return t.astimezone(_dt.timezone.utc).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
 def parse_iso(s: str) -> _dt.datetime:
@@ -836,16 +836,16 @@ MIGRATIONS: list[list[str]] = [
             project TEXT NOT NULL, agent_a TEXT NOT NULL, agent_b TEXT NOT NULL, last_from TEXT NOT NULL,
             count INTEGER NOT NULL, paused INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (project, agent_a, agent_b))""",
         """CREATE TABLE outbox (
-            seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, project TEXT NOT NULL,
+            seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL, project TEXT NOT NULL,
             at TEXT NOT NULL, type TEXT NOT NULL, payload TEXT NOT NULL)""",
         """CREATE INDEX outbox_by_project ON outbox(project, seq)""",
         """CREATE TABLE wakes (
             seq INTEGER NOT NULL REFERENCES outbox(seq), agent_id TEXT NOT NULL, kind TEXT NOT NULL,
-            project TEXT NOT NULL, task_id TEXT, message_id TEXT, PRIMARY KEY (agent_id, seq, kind))""",
+            project TEXT NOT NULL, task_id TEXT, message_id TEXT, PRIMARY KEY (agent_id, seq, kind)) WITHOUT ROWID""",
         """CREATE INDEX wakes_by_seq ON wakes(seq)""",
         """CREATE TABLE audit (
             chain TEXT NOT NULL, n INTEGER NOT NULL, at TEXT NOT NULL, type TEXT NOT NULL, refs TEXT NOT NULL,
-            prev_hash TEXT NOT NULL, hash TEXT NOT NULL, PRIMARY KEY (chain, n))""",
+            prev_hash TEXT NOT NULL, hash TEXT NOT NULL, PRIMARY KEY (chain, n)) WITHOUT ROWID""",
     ],
     [
         # Tasks: handoff, the gate, checkpoints, submissions, final acceptance.
@@ -923,8 +923,14 @@ class Database:
         self.conn.pragma("foreign_keys", True)
         self._depth = 0
         self._after: list[Callable[[], None]] = []
-        #: Called after every commit that appended outbox rows (the server's WakeHub).
-        self.listeners: list[Callable[[], None]] = []
+        #: Called after every commit that appended outbox rows, with what it appended:
+        #: ``(first_seq, last_seq, projects, agents)`` (the server's WakeHub).
+        self.listeners: list[Callable[[int, int, set[str], set[str]], None]] = []
+        self._appended: list | None = None
+        #: Facts read inside transactions (audit chain heads, who may reach a project), kept
+        #: while no other connection writes the file (PRAGMA data_version says so).
+        self.cache: dict[Any, Any] = {}
+        self._seen_version = -1
         self._migrate()
 
     def _migrate(self) -> None:
@@ -946,10 +952,20 @@ class Database:
             if self.one("SELECT value FROM meta WHERE key = 'secret'") is None:
                 self.execute("INSERT INTO meta VALUES ('secret', ?)", (secrets.token_hex(32),))
 
-    def notify(self) -> None:
-        """Tell the listeners that outbox rows committed."""
+    def note_appended(self, seq: int, project: str, agents: list[str]) -> None:
+        """Record an outbox row appended in the current transaction; listeners hear of it after commit."""
+        if self._appended is None:
+            self._appended = [seq, seq, set(), set()]
+            self.after_commit(self._notify)
+        self._appended[1] = seq
+        self._appended[2].add(project)
+        self._appended[3].update(agents)
+
+    def _notify(self) -> None:
+        first, last, projects, agents = self._appended
+        self._appended = None
         for listener in self.listeners:
-            listener()
+            listener(first, last, projects, agents)
 
     def close(self) -> None:
         """Close the connection."""
@@ -969,6 +985,7 @@ class Database:
                 yield self
             except BaseException:
                 self.conn.execute(f"ROLLBACK TO {name}; RELEASE {name}")
+                self.cache.clear()  # it may hold what the savepoint wrote
                 raise
             else:
                 self.conn.execute(f"RELEASE {name}")
@@ -977,11 +994,14 @@ class Database:
             return
         self.conn.execute("BEGIN IMMEDIATE")
         self._depth = 1
+        self._check_cache()
         try:
             yield self
         except BaseException:
             self.conn.execute("ROLLBACK")
             self._after.clear()
+            self._appended = None
+            self.cache.clear()
             raise
         else:
             self.conn.execute("COMMIT")
@@ -1006,11 +1026,18 @@ class Database:
             return
         self.conn.execute("BEGIN")
         self._depth = 1
+        self._check_cache()
         try:
             yield self
         finally:
             self._depth = 0
             self.conn.execute("COMMIT")
+
+    def _check_cache(self) -> None:
+        version = self.data_version()
+        if version != self._seen_version:
+            self.cache.clear()
+            self._seen_version = version
 
     def execute(self, sql: str, params: tuple | dict = ()) -> int:
         """Run one statement; return the number of rows it changed."""
@@ -1020,9 +1047,11 @@ class Database:
     def rows(self, sql: str, params: tuple | dict = ()) -> list[dict]:
         """All rows as dicts."""
         cur = self.conn.execute(sql, params)
+        names: list[str] | None = None
         out = []
         for row in cur:
-            names = [d[0] for d in cur.getdescription()]
+            if names is None:
+                names = [d[0] for d in cur.getdescription()]
             out.append(dict(zip(names, row)))
         return out
 
@@ -1114,7 +1143,7 @@ def append_event(db: Database, project: str, type_: str, payload: dict,
     for agent_id, kind, task_id, message_id in wakes:
         db.execute("INSERT OR IGNORE INTO wakes VALUES (?, ?, ?, ?, ?, ?)",
                    (seq, agent_id, kind, project, task_id, message_id))
-    db.after_commit(db.notify)
+    db.note_appended(seq, project, [w[0] for w in wakes])
     return {"id": event_id, "seq": seq, "project": project, "at": at, "type": type_} | payload
 
 
@@ -1139,12 +1168,17 @@ def audit(db: Database, chain: str, type_: str, refs: dict) -> dict:
     ``hash = sha256(prev_hash + canonical JSON of {chain, n, at, type, refs})``.
     ``refs`` holds references and counts only, never content.
     """
-    last = db.one("SELECT n, hash FROM audit WHERE chain = ? ORDER BY n DESC LIMIT 1", (chain,))
-    n, prev = (last["n"] + 1, last["hash"]) if last else (1, _GENESIS)
+    key = ("audit", chain)
+    if key not in db.cache:
+        last = db.one("SELECT n, hash FROM audit WHERE chain = ? ORDER BY n DESC LIMIT 1", (chain,))
+        db.cache[key] = (last["n"], last["hash"]) if last else (0, _GENESIS)
+    last_n, prev = db.cache[key]
+    n = last_n + 1
     entry = {"chain": chain, "n": n, "at": iso(utcnow()), "type": type_, "refs": refs}
     digest = sha256_hex(prev + canonical_json(entry))
     db.execute("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?)",
                (chain, n, entry["at"], type_, canonical_json(refs), prev, digest))
+    db.cache[key] = (n, digest)
     return entry | {"hash": digest}
 
 
@@ -1183,16 +1217,26 @@ class WakeHub:
         self.agent_waiters: dict[str, set[asyncio.Future]] = {}
         self.project_waiters: dict[str, set[asyncio.Future]] = {}
 
+    def committed(self, first: int, last: int, projects: set[str], agents: set[str]) -> None:
+        """This process committed outbox rows ``first..last``: wake whom they concern."""
+        if first == self.seen + 1:
+            self.seen = last  # no gap: nothing from another process lies in between
+        self._wake(projects, agents)
+
     def catch_up(self) -> None:
-        """Resolve the futures of every agent and project with new outbox rows."""
+        """Wake every agent and project with outbox rows after ``seen`` (rows another process wrote)."""
         head = outbox_head(self.db)
         if head <= self.seen:
             return
-        agents = {r["agent_id"] for r in self.db.rows("SELECT DISTINCT agent_id FROM wakes WHERE seq > ?", (self.seen,))}
-        projects = {r["project"] for r in self.db.rows("SELECT DISTINCT project FROM outbox WHERE seq > ?", (self.seen,))}
+        # Range scans on seq; DISTINCT would make SQLite walk the whole wakes index.
+        agents = {r["agent_id"] for r in self.db.rows("SELECT agent_id FROM wakes WHERE seq > ?", (self.seen,))}
+        projects = {r["project"] for r in self.db.rows("SELECT project FROM outbox WHERE seq > ?", (self.seen,))}
         self.seen = head
-        for key, table in ((agents, self.agent_waiters), (projects, self.project_waiters)):
-            for k in key:
+        self._wake(projects, agents)
+
+    def _wake(self, projects: set[str], agents: set[str]) -> None:
+        for keys, table in ((agents, self.agent_waiters), (projects, self.project_waiters)):
+            for k in keys:
                 for fut in table.get(k, ()):
                     if not fut.done():
                         fut.set_result(None)
@@ -1498,6 +1542,7 @@ def add_member(db: Database, project: str, handle: str, role: str = "member", by
         if db.one("SELECT 1 FROM members WHERE project = ? AND handle = ?", (project, handle)):
             raise Conflict(f"'{handle}' is already a member of '{project}'")
         db.execute("INSERT INTO members VALUES (?, ?, ?, 1, ?)", (project, handle, role, iso(utcnow())))
+        db.cache.clear()  # who may reach what has changed
         append_event(db, project, "member.joined", {"member": {k: member[k] for k in (
             "handle", "display_name", "avatar_url", "color")}, "role": role})
         audit(db, project, "member.added", {"person": handle, "role": role, "grant_version": 1, "by": by})
@@ -1556,6 +1601,7 @@ def add_agent_to_project(db: Database, project: str, agent_id: str) -> dict:
         if db.one("SELECT 1 FROM project_agents WHERE project = ? AND agent_id = ?", (project, agent_id)):
             raise Conflict(f"agent '{agent_id}' is already in '{project}'")
         db.execute("INSERT INTO project_agents VALUES (?, ?, ?)", (project, agent_id, iso(utcnow())))
+        db.cache.clear()  # who may reach what has changed
         append_event(db, project, "agent.added", {"agent_id": agent_id})
         audit(db, project, "agent.added", {"agent": agent_id, "with_owner": False, "ended_removal": False})
     return {"project": project, "agent_id": agent_id}
@@ -1717,10 +1763,13 @@ def require_project(db: Database, actor: Actor, project: str) -> dict:
     the same ``not_found`` so a slug's existence never leaks; a project key used
     elsewhere is ``forbidden``.
     """
+    if actor.kind == "agent" and actor.project_scope is not None and actor.project_scope != project:
+        raise Forbidden(f"this key is for project '{actor.project_scope}' only: use a key for '{project}' "
+                        "or one for every project your agent is in")
+    key = ("reach", actor.kind, actor.address, project)
+    if key in db.cache:
+        return db.cache[key]
     if actor.kind == "agent":
-        if actor.project_scope is not None and actor.project_scope != project:
-            raise Forbidden(f"this key is for project '{actor.project_scope}' only: use a key for '{project}' "
-                            "or one for every project your agent is in")
         row = db.one(
             "SELECT p.* FROM projects p JOIN project_agents pa ON pa.project = p.slug AND pa.agent_id = ? "
             "JOIN members m ON m.project = p.slug AND m.handle = ? WHERE p.slug = ?",
@@ -1732,6 +1781,8 @@ def require_project(db: Database, actor: Actor, project: str) -> dict:
         who = f"'{actor.handle}'"
     if row is None:
         raise NotFound(f"project '{project}' not found: it does not exist or {who} is not in it")
+    if db._depth:  # cached only what a transaction read, for as long as nobody else writes
+        db.cache[key] = row
     return row
 
 
@@ -1765,10 +1816,11 @@ _LAST_SEEN: dict[str, _dt.datetime] = {}
 
 # -- the room ----------------------------------------------------------------
 
+# The author's name by primary key (a LEFT JOIN here made SQLite scan people and agents).
 _MESSAGE_SELECT = (
-    "SELECT m.*, coalesce(p.display_name, a.display_name, m.author) AS author_name FROM messages m "
-    "LEFT JOIN people p ON m.author_kind = 'person' AND p.handle = m.author "
-    "LEFT JOIN agents a ON m.author_kind = 'agent' AND a.agent_id = m.author "
+    "SELECT m.*, coalesce(CASE m.author_kind WHEN 'person' THEN "
+    "(SELECT display_name FROM people WHERE handle = m.author) ELSE "
+    "(SELECT display_name FROM agents WHERE agent_id = m.author) END, m.author) AS author_name FROM messages m "
 )
 
 
@@ -1807,6 +1859,8 @@ def resolve_mentions(db: Database, project: str, body: str) -> tuple[list[str], 
     name is a member's handle if one matches, else the one agent of the project with that
     name; a name several agents share names nobody.
     """
+    if "@" not in body:
+        return [], []
     agents = db.rows("SELECT a.agent_id, a.name FROM project_agents pa JOIN agents a USING (agent_id) "
                      "WHERE pa.project = ?", (project,))
     handles = {r["handle"] for r in db.rows("SELECT handle FROM members WHERE project = ?", (project,))}
@@ -3839,7 +3893,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     port = settings.port if port is None else port
     db = Database(db_path)
     hub = WakeHub(db)
-    db.listeners.append(hub.catch_up)
+    db.listeners.append(hub.committed)
     state = AppState(db=db, settings=settings, hub=hub, port=port)
     manager = StreamableHTTPSessionManager(app=build_mcp_server(state), json_response=False, stateless=False,
                                            session_idle_timeout=settings.session_idle_seconds,

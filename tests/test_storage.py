@@ -40,7 +40,7 @@ def test_failed_operation_writes_nothing(world):
 
 def test_waiters_are_notified_only_after_commit(world):
     calls = []
-    world.db.listeners.append(lambda: calls.append(prickle.outbox_head(world.db)))
+    world.db.listeners.append(lambda first, last, projects, agents: calls.append((first, last, projects)))
     with pytest.raises(RuntimeError):
         with world.db.transaction():
             prickle.append_event(world.db, PROJECT, "agent.added", {"agent_id": "oj/muse"})
@@ -49,7 +49,7 @@ def test_waiters_are_notified_only_after_commit(world):
     with world.db.transaction():
         event = prickle.append_event(world.db, PROJECT, "agent.added", {"agent_id": "oj/muse"})
         assert calls == []
-    assert calls == [event["seq"]]
+    assert calls == [(event["seq"], event["seq"], {PROJECT})]
 
 
 def test_outbox_seq_only_grows_and_project_created_comes_first(world):
@@ -104,3 +104,28 @@ def test_backup_is_a_readable_copy(world, tmp_path):
     assert copy.scalar("SELECT count(*) FROM people") == 3
     assert all(r["ok"] for r in prickle.verify_audit(copy))
     assert os.path.getsize(dest) > 0
+
+
+def test_a_rolled_back_savepoint_leaves_the_audit_chain_whole(world):
+    with world.db.transaction():
+        prickle.audit(world.db, PROJECT, "context.read", {"reader": "oj", "memory_facts": 0})
+        with pytest.raises(RuntimeError):
+            with world.db.transaction():
+                prickle.audit(world.db, PROJECT, "context.read", {"reader": "ren", "memory_facts": 0})
+                raise RuntimeError("inner fails")
+        prickle.audit(world.db, PROJECT, "context.read", {"reader": "sam", "memory_facts": 0})
+    assert prickle.verify_audit(world.db, PROJECT)[0]["ok"]
+    readers = [e["refs"]["reader"] for e in audit_entries(world.db, PROJECT, "context.read")]
+    assert readers == ["oj", "sam"]
+
+
+def test_another_connection_writing_refreshes_what_this_one_knows(world, db_path):
+    other = prickle.Database(db_path)
+    with world.db.transaction():
+        prickle.audit(world.db, PROJECT, "context.read", {"reader": "a", "memory_facts": 0})
+    with other.transaction():
+        prickle.audit(other, PROJECT, "context.read", {"reader": "b", "memory_facts": 0})
+    with world.db.transaction():
+        prickle.audit(world.db, PROJECT, "context.read", {"reader": "c", "memory_facts": 0})
+    other.close()
+    assert prickle.verify_audit(world.db, PROJECT)[0]["ok"]
