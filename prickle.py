@@ -58,6 +58,7 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import RequestBodyLimitMiddleware, TransportSecurityMiddleware, TransportSecuritySettings
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response
@@ -1965,7 +1966,11 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
         for agent in dict.fromkeys(replied):
             if agent != author:
                 wakes.append((agent, "reply", task_id, message_id))
-        message = get_message(db, message_id)
+        message = message_out({
+            "id": message_id, "project": project, "author_kind": actor.kind, "author": author,
+            "author_name": _display_name(db, actor), "body": body, "mentions": json.dumps(mentions),
+            "provenance": provenance, "provenance_status": status, "in_reply_to": in_reply_to, "task_id": task_id,
+            "created_at": now, "verdict": verdict, "task_request": _task_request})
         append_event(db, project, "message.posted", {"message": message}, wakes)
         audit(db, project, "message.posted", {"message": message_id, "author": author, "mentions": len(mentions),
                                               "provenance": provenance, "task": task_id})
@@ -1974,6 +1979,15 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
         else:
             _resume_loops(db, project, actor.handle, message_id)
     return message
+
+
+def _display_name(db: Database, actor: Actor) -> str:
+    key = ("name", actor.kind, actor.address)
+    if key not in db.cache:
+        db.cache[key] = (db.scalar("SELECT display_name FROM people WHERE handle = ?", (actor.handle,))
+                         if actor.kind == "person" else
+                         db.scalar("SELECT display_name FROM agents WHERE agent_id = ?", (actor.agent_id,)))
+    return db.cache[key]
 
 
 def _agent_viewer(agent_id: str) -> Actor:
@@ -3241,6 +3255,8 @@ def update_pointer(wake: dict) -> dict:
 # Thin wrappers: check the input against the published schema, call the operation,
 # return its result as structuredContent (and as JSON text for older clients).
 
+#: Protocol versions without sessions (each POST stands alone).
+MODERN_VERSIONS = frozenset(MODERN_PROTOCOL_VERSIONS)
 #: wait_for_updates holds a call at most this long without a progressToken (seconds).
 WAIT_PLAIN_MAX = 50
 #: A progress notification goes out this often while wait_for_updates holds a call.
@@ -3626,7 +3642,8 @@ class _MCPEndpoint:
         self.state, self.transport = state, transport
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        auth = Request(scope).headers.get("authorization", "")
+        request = Request(scope)
+        auth = request.headers.get("authorization", "")
         token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
         try:
             actor = resolve_token(self.state.db, token, ("client", "runner"))
@@ -3634,9 +3651,10 @@ class _MCPEndpoint:
             await _error_response(e)(scope, receive, send)
             return
         scope["prickle.actor"] = actor
-        # The SDK binds a handshake-era session to the principal that opened it.
-        scope["user"] = AuthenticatedUser(AccessToken(token=actor.credential_id, client_id=actor.credential_id,
-                                                      scopes=[]))
+        if request.headers.get("mcp-protocol-version") not in MODERN_VERSIONS:
+            # The SDK binds a handshake-era session to the principal that opened it.
+            scope["user"] = AuthenticatedUser(AccessToken(token=actor.credential_id, client_id=actor.credential_id,
+                                                          scopes=[]))
         await self.transport(scope, receive, send)
 
 
