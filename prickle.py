@@ -61,8 +61,9 @@ from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response
-from starlette.routing import Route
+from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.staticfiles import StaticFiles
+from starlette.routing import Mount, Route
 
 
 ###############################################################################
@@ -3865,6 +3866,173 @@ async def api_policy(state: AppState, person: Actor, request: Request, body: dic
     return set_auto_accept(state.db, person.handle, _field(body, "auto_accept", bool))
 
 
+async def api_create_project(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects {slug, name, team, description?}: the person becomes its first owner."""
+    return {"project": create_project(state.db, _field(body, "slug", str), _field(body, "name", str),
+                                      _field(body, "team", str), person.handle,
+                                      _field(body, "description", str, False) or "")}
+
+
+async def api_people(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/people: everyone on this server (to pick a teammate)."""
+    return {"people": [person_out(state.db, r["handle"]) for r in
+                       state.db.rows("SELECT handle FROM people ORDER BY handle")]}
+
+
+async def api_add_member(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/members {handle, role?}: a project owner adds a teammate."""
+    slug = request.path_params["slug"]
+    require_project(state.db, person, slug)
+    return {"member": add_member(state.db, slug, _field(body, "handle", str),
+                                 _field(body, "role", str, False) or "member", by=person.handle)}
+
+
+async def api_resume(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/resume {agents: [a, b]}: resume a paused pair with one click (posts a message)."""
+    slug = request.path_params["slug"]
+    agents = body.get("agents")
+    if not (isinstance(agents, list) and len(agents) == 2 and all(isinstance(a, str) for a in agents)):
+        raise InvalidInput("agents must be the two paused agents, like [\"oj/muse\", \"ren/builder\"]")
+    require_project(state.db, person, slug)
+    if {"agents": sorted(agents)} not in [{"agents": p["agents"]} for p in paused_pairs(state.db, slug)]:
+        raise InvalidState(f"{agents[0]} and {agents[1]} are not paused in '{slug}'")
+    text = f"Resumed @{agents[0]} and @{agents[1]}: carry on, and keep it short."
+    return {"message": post_message(state.db, person, slug, text)}
+
+
+async def api_agents(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/agents: the person's own agents, each with the projects it is in."""
+    out = []
+    for r in state.db.rows("SELECT agent_id FROM agents WHERE owner = ? ORDER BY agent_id", (person.handle,)):
+        card = agent_card(state.db, r["agent_id"], state.hub)
+        card["projects"] = [p["project"] for p in state.db.rows(
+            "SELECT project FROM project_agents WHERE agent_id = ? ORDER BY project", (r["agent_id"],))]
+        out.append(card)
+    return {"agents": out}
+
+
+async def api_add_agent(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/agents {name, display_name, model, client, role?, capabilities?, projects?}: add your agent."""
+    capabilities = body.get("capabilities") or []
+    projects = body.get("projects") or []
+    if not isinstance(capabilities, list) or not all(isinstance(c, dict) for c in capabilities):
+        raise InvalidInput("capabilities must be a list of {kind, name}")
+    if not isinstance(projects, list) or not all(isinstance(p, str) for p in projects):
+        raise InvalidInput("projects must be a list of project slugs")
+    for slug in projects:
+        require_project(state.db, person, slug)
+    name = check_slug(_field(body, "name", str), "name")
+    return {"agent": add_agent(state.db, f"{person.handle}/{name}", _field(body, "display_name", str),
+                               _field(body, "model", str), _field(body, "client", str),
+                               _field(body, "role", str, False) or "", capabilities, projects)}
+
+
+async def api_project_agent(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/agents {agent_id}: add one of your agents to a project you are in."""
+    slug = request.path_params["slug"]
+    require_project(state.db, person, slug)
+    agent_id = check_agent_id(_field(body, "agent_id", str), "agent_id")
+    if agent_id.split("/")[0] != person.handle:
+        raise Forbidden(f"'{agent_id}' is not your agent: its owner adds it")
+    return add_agent_to_project(state.db, slug, agent_id)
+
+
+async def api_keys(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/keys: the person's credentials and their agents' (never the secrets)."""
+    return {"keys": list_tokens(state.db, person.handle)}
+
+
+async def api_mint_key(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/keys {agent_id, project?}: a client key for your agent, shown once, with set-up lines."""
+    agent_id = check_agent_id(_field(body, "agent_id", str), "agent_id")
+    if agent_id.split("/")[0] != person.handle:
+        raise Forbidden(f"'{agent_id}' is not your agent: only its owner makes its keys")
+    record, secret = create_token(state.db, "client", agent_id=agent_id, project=_field(body, "project", str, False))
+    return record | {"token": secret} | connect_lines(public_base(state.db, state.settings, state.port), agent_id,
+                                                      secret)
+
+
+async def api_revoke_key(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """DELETE /api/keys/{id}: revoke one of your credentials or your agents'."""
+    return revoke_token(state.db, request.path_params["key_id"], by=person.handle)
+
+
+async def api_set_memory(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/memory {key, value}: set a memory fact (owner_approved)."""
+    slug = request.path_params["slug"]
+    require_project(state.db, person, slug)
+    return {"memory": set_memory(state.db, slug, _field(body, "key", str), _field(body, "value", str),
+                                 person.handle)}
+
+
+async def api_retract_memory(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """DELETE /api/projects/{slug}/memory/{key}: retract a memory fact."""
+    slug = request.path_params["slug"]
+    require_project(state.db, person, slug)
+    return retract_memory(state.db, slug, request.path_params["key"], person.handle)
+
+
+def audit_page(db: Database, project: str, before: int | None, limit: int) -> dict:
+    """A project's audit entries newest first (``n < before``), with the whole chain's check."""
+    rows = db.rows("SELECT n, at, type, refs FROM audit WHERE chain = ? AND n < ? ORDER BY n DESC LIMIT ?",
+                   (project, before if before is not None else 2**62, limit))
+    report = verify_audit(db, project)[0]
+    return {"entries": [r | {"refs": json.loads(r["refs"])} for r in rows],
+            "chain": {k: report[k] for k in ("ok", "entries", "broken_at")}}
+
+
+async def api_audit(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/projects/{slug}/audit?before=N&limit=50: the audit log, newest first, with its chain check."""
+    slug = request.path_params["slug"]
+    require_project(state.db, person, slug)
+    before = request.query_params.get("before")
+    return audit_page(state.db, slug, _int_param(request, "before", 0, 1, 2**62) if before else None,
+                      _int_param(request, "limit", 50, 1, 200))
+
+
+async def api_stream(request: Request) -> Response:
+    """GET /api/projects/{slug}/stream?after=SEQ: the project's outbox as Server-Sent Events.
+
+    Each event is ``id: SEQ`` / ``event: TYPE`` / ``data: JSON``; a reconnecting browser
+    sends ``Last-Event-ID`` and continues after it, so nothing is missed.
+    """
+    state: AppState = request.app.state.prickle
+    slug = request.path_params["slug"]
+    try:
+        person = _person_from_request(state, request)
+        require_project(state.db, person, slug)
+        raw = request.headers.get("last-event-id") or request.query_params.get("after") or str(outbox_head(state.db))
+        if not raw.isdigit():
+            raise InvalidInput("after (or Last-Event-ID) must be an outbox seq number")
+    except PrickleError as e:
+        return _error_response(e)
+    start = int(raw)
+
+    async def events() -> Any:
+        after = start
+        yield "retry: 2000\n\n"
+        while True:
+            with state.hub.waiting(state.hub.project_waiters, slug) as fut:
+                try:
+                    check_live(state.db, person)
+                    require_project(state.db, person, slug)
+                except PrickleError:
+                    return
+                batch = read_events(state.db, slug, after)
+                if not batch:
+                    try:
+                        await asyncio.wait_for(fut, 15)
+                    except TimeoutError:
+                        yield ": keep-alive\n\n"
+                    continue
+            for event in batch:
+                after = event["seq"]
+                yield f"id: {event['seq']}\nevent: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+
 async def signin(request: Request) -> Response:
     """GET /signin?token=…: spend a one-time sign-in link, set the session cookie, go to the page."""
     state: AppState = request.app.state.prickle
@@ -3949,6 +4117,20 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
         Route("/mcp", endpoint=mcp_endpoint, methods=["GET", "POST", "DELETE"]),
         Route("/api/me", _api(api_me)),
         Route("/api/projects", _api(api_projects)),
+        Route("/api/projects", _api(api_create_project), methods=["POST"]),
+        Route("/api/people", _api(api_people)),
+        Route("/api/agents", _api(api_agents)),
+        Route("/api/agents", _api(api_add_agent), methods=["POST"]),
+        Route("/api/keys", _api(api_keys)),
+        Route("/api/keys", _api(api_mint_key), methods=["POST"]),
+        Route("/api/keys/{key_id}", _api(api_revoke_key), methods=["DELETE"]),
+        Route("/api/projects/{slug}/members", _api(api_add_member), methods=["POST"]),
+        Route("/api/projects/{slug}/agents", _api(api_project_agent), methods=["POST"]),
+        Route("/api/projects/{slug}/resume", _api(api_resume), methods=["POST"]),
+        Route("/api/projects/{slug}/memory", _api(api_set_memory), methods=["POST"]),
+        Route("/api/projects/{slug}/memory/{key:path}", _api(api_retract_memory), methods=["DELETE"]),
+        Route("/api/projects/{slug}/audit", _api(api_audit)),
+        Route("/api/projects/{slug}/stream", api_stream),
         Route("/api/projects/{slug}", _api(api_project)),
         Route("/api/projects/{slug}/room", _api(api_room)),
         Route("/api/projects/{slug}/messages", _api(api_post), methods=["POST"]),
@@ -3970,6 +4152,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
         Route("/signin", signin),
         Route("/healthz", health),
         Route("/", page),
+        Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
     ]
     async def http_error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)

@@ -112,3 +112,85 @@ def test_events_long_poll_returns_new_outbox_rows(server, world):
 
 def test_healthz(server):
     assert server.get("/healthz").json()["ok"] is True
+
+
+def test_people_create_projects_and_add_teammates(server, world):
+    oj = auth(world, "oj")
+    r = server.post("/api/projects", json={"slug": "docs-site", "name": "Docs site", "team": "web"}, headers=oj)
+    assert r.status_code == 200 and r.json()["project"]["slug"] == "docs-site"
+    assert server.post("/api/projects", json={"slug": "docs-site", "name": "X", "team": "web"},
+                       headers=oj).status_code == 409
+    assert server.post("/api/projects", json={"slug": "Bad Slug", "name": "X", "team": "web"},
+                       headers=oj).status_code == 400
+    assert [p["handle"] for p in server.get("/api/people", headers=oj).json()["people"]] == ["oj", "ren", "sam"]
+    r = server.post("/api/projects/docs-site/members", json={"handle": "sam"}, headers=oj)
+    assert r.json()["member"] == {"project": "docs-site", "handle": "sam", "role": "member"}
+    r = server.post("/api/projects/docs-site/members", json={"handle": "ren"}, headers=auth(world, "sam"))
+    assert r.status_code == 403  # only an owner adds teammates
+    assert server.post("/api/projects/docs-site/members", json={"handle": "ren"},
+                       headers=auth(world, "ren")).status_code == 404  # not a member at all
+
+
+def test_agents_and_keys(server, mcp, world):
+    ren = auth(world, "ren")
+    r = server.post("/api/agents", json={"name": "helper", "display_name": "Helper", "model": "gpt-5",
+                                         "client": "codex", "role": "Tests",
+                                         "capabilities": [{"kind": "repo", "name": "website"}],
+                                         "projects": [PROJECT]}, headers=ren)
+    assert r.status_code == 200 and r.json()["agent"]["agent_id"] == "ren/helper"
+    agents = server.get("/api/agents", headers=ren).json()["agents"]
+    assert [(a["agent_id"], a["projects"]) for a in agents] == [("ren/builder", [PROJECT]),
+                                                               ("ren/helper", [PROJECT])]
+    assert server.post("/api/agents", json={"name": "x", "display_name": "X", "model": "m", "client": "c",
+                                            "projects": ["side"]}, headers=ren).status_code == 404
+    minted = server.post("/api/keys", json={"agent_id": "ren/helper"}, headers=ren).json()
+    assert minted["token"].startswith("prk_ck_") and minted["token"] in minted["claude_code"]
+    assert minted["url"] == "http://127.0.0.1:8321/mcp"
+    assert mcp.ok("ren/helper", "read_room", {"project": PROJECT}, token=minted["token"])
+    assert server.post("/api/keys", json={"agent_id": "oj/muse"}, headers=ren).status_code == 403
+    keys = server.get("/api/keys", headers=ren).json()["keys"]
+    assert minted["id"] in [k["id"] for k in keys] and all("token" not in k for k in keys)
+    assert server.delete(f"/api/keys/{minted['id']}", headers=auth(world, "oj")).status_code == 404
+    assert server.delete(f"/api/keys/{minted['id']}", headers=ren).json()["revoked"] is True
+    assert mcp.raw(minted["token"], "tools/list").status_code == 401
+    r = server.post("/api/projects/side/agents", json={"agent_id": "ren/helper"}, headers=ren)
+    assert r.status_code == 404
+
+
+def test_memory_and_audit_from_the_api(server, world):
+    oj = auth(world, "oj")
+    r = server.post(f"/api/projects/{PROJECT}/memory", json={"key": "launch", "value": "Friday"}, headers=oj)
+    assert r.json()["memory"] | {"updated_at": None} == {"key": "launch", "value": "Friday",
+                                                         "provenance": "owner_approved", "updated_by": "oj",
+                                                         "updated_at": None}
+    assert server.delete(f"/api/projects/{PROJECT}/memory/launch", headers=oj).json()["retracted"] is True
+    assert server.delete(f"/api/projects/{PROJECT}/memory/launch", headers=oj).status_code == 404
+    page = server.get(f"/api/projects/{PROJECT}/audit", params={"limit": 2}, headers=oj).json()
+    assert [e["type"] for e in page["entries"]] == ["memory.retracted", "memory.set"]
+    assert page["chain"]["ok"] is True and page["chain"]["broken_at"] is None
+    older = server.get(f"/api/projects/{PROJECT}/audit", params={"before": page["entries"][-1]["n"]},
+                       headers=oj).json()["entries"]
+    assert older[0]["n"] == page["entries"][-1]["n"] - 1
+    assert "Friday" not in str(page)
+    assert server.get(f"/api/projects/{PROJECT}/audit", headers=auth(world, "sam")).status_code == 404
+
+
+def test_one_click_resume_of_a_paused_pair(server, mcp, world):
+    for i in range(10):
+        sender, other = ("oj/muse", "ren/builder") if i % 2 == 0 else ("ren/builder", "oj/muse")
+        mcp.ok(sender, "post_message", {"project": PROJECT, "body": f"@{other} {i}"})
+    r = server.post(f"/api/projects/{PROJECT}/resume", json={"agents": ["ren/builder", "oj/muse"]},
+                    headers=auth(world, "ren"))
+    assert r.status_code == 200 and r.json()["message"]["author"]["handle"] == "ren"
+    assert server.get(f"/api/projects/{PROJECT}", headers=auth(world, "ren")).json()["paused"] == []
+    again = server.post(f"/api/projects/{PROJECT}/resume", json={"agents": ["ren/builder", "oj/muse"]},
+                        headers=auth(world, "ren"))
+    assert again.status_code == 409
+
+
+def test_static_files_and_unknown_paths(server):
+    assert server.get("/").status_code == 200
+    r = server.get("/api/nothing")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = server.delete("/api/me")
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"

@@ -170,3 +170,39 @@ def test_demo_restart_keeps_data_and_prints_fresh_keys(db_path):
         # links printed by other commands point at the running server
         link = cli_json(db_path, "signin-link", "ren")["signin"]
         assert link.startswith(second.info["url"] + "/signin?token=")
+
+
+def test_the_live_event_stream_continues_after_last_event_id(db_path):
+    with Served(db_path, "--demo") as served:
+        base, keys = served.info["url"], served.info["demo"]["keys"]
+        token = cli_json(db_path, "token", "create", "--person", "oj")["token"]
+        h = {"Authorization": f"Bearer {token}"}
+        head = httpx.get(f"{base}/healthz").json()["outbox_head"]
+        with httpx.Client(timeout=10) as http:
+            first = _post(http, served.info["mcp"], keys["ren/builder"], "one", 1)
+            second = _post(http, served.info["mcp"], keys["ren/builder"], "two", 2)
+            seen = []
+            with http.stream("GET", f"{base}/api/projects/{PROJECT}/stream", params={"after": head},
+                             headers=h) as r:
+                assert r.headers["content-type"].startswith("text/event-stream")
+                event = {}
+                for line in r.iter_lines():
+                    if line.startswith("id: "):
+                        event["id"] = int(line[4:])
+                    elif line.startswith("data: "):
+                        event["data"] = json.loads(line[6:])
+                    elif line == "" and event:
+                        seen.append(event)
+                        event = {}
+                        if len(seen) == 2:
+                            break
+            assert [e["data"]["message"]["id"] for e in seen] == [first, second]
+            with http.stream("GET", f"{base}/api/projects/{PROJECT}/stream",
+                             headers=h | {"Last-Event-ID": str(seen[0]["id"])}) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        assert json.loads(line[6:])["message"]["id"] == second
+                        break
+            r = http.get(f"{base}/api/projects/{PROJECT}/stream",
+                         headers={"Authorization": f"Bearer {keys['oj/muse']}"})
+            assert r.status_code == 401
