@@ -2925,19 +2925,29 @@ def sweep_approvals(db: Database, now: _dt.datetime | None = None) -> int:
         "SELECT a.* FROM approvals a JOIN tasks t ON t.id = a.task_id WHERE a.invalidated_at IS NULL AND "
         "a.expires_at <= ? AND ((a.status = 'pending' AND t.state = 'approval' AND t.verified_at IS NULL) OR "
         "(a.status = 'approved' AND t.state = 'routed'))", (iso(now),))
+    lapsed = 0
     for old in stale:
         with db.transaction():
-            if db.execute("UPDATE approvals SET invalidated_at = ? WHERE id = ? AND invalidated_at IS NULL",
-                          (iso(now), old["id"])) != 1:
-                continue
-            task = _task_row(db, old["task_id"])
-            if task["state"] == "routed":
-                task = move_task(db, task, "lapse", "system", routed_at=None)
-            new = _open_approval(db, task)
-            db.execute("UPDATE tasks SET gate = json_set(gate, '$.approval_id', ?) WHERE id = ?", (new["id"], task["id"]))
-            audit(db, task["project"], "approval.invalidated", {
-                "approval": old["id"], "task": task["id"], "reason": "24_hours", "new_approval": new["id"]})
-    return len(stale)
+            lapsed += _ask_again(db, old, "24_hours", "system")
+    return lapsed
+
+
+def _ask_again(db: Database, old: dict, reason: str, by: str) -> bool:
+    """An approval stops counting: its task waits for the owner again under a new approval.
+
+    Writes ``approval.invalidated``. False if it was already invalidated meanwhile.
+    """
+    if db.execute("UPDATE approvals SET invalidated_at = ? WHERE id = ? AND invalidated_at IS NULL",
+                  (iso(utcnow()), old["id"])) != 1:
+        return False
+    task = _task_row(db, old["task_id"])
+    if task["state"] == "routed":
+        task = move_task(db, task, "lapse", by, routed_at=None)
+    new = _open_approval(db, task)
+    db.execute("UPDATE tasks SET gate = json_set(gate, '$.approval_id', ?) WHERE id = ?", (new["id"], task["id"]))
+    audit(db, task["project"], "approval.invalidated", {
+        "approval": old["id"], "task": task["id"], "reason": reason, "new_approval": new["id"]})
+    return True
 
 
 def pending_approvals(db: Database, person: Actor) -> list[dict]:
@@ -3080,14 +3090,20 @@ def _revoke_rule(db: Database, rule: dict, reason: str, version: int) -> None:
         audit(db, chain, "delegation.revoked", {"rule": rule["id"], "reason": reason, "grant_version": version})
 
 
+def _owned_live(db: Database, table: str, what: str, row_id: str, owner: str) -> dict:
+    """A row of ``owner``'s in ``table`` that is not revoked; NotFound or InvalidState otherwise."""
+    row = db.one(f"SELECT * FROM {table} WHERE id = ? AND owner = ?", (row_id, owner))
+    if row is None:
+        raise NotFound(f"no {what} '{row_id}' of yours")
+    if row["revoked_at"]:
+        raise InvalidState(f"{what} '{row_id}' was already revoked")
+    return row
+
+
 def revoke_rule(db: Database, owner: str, rule_id: str) -> dict:
     """Revoke one of ``owner``'s delegation rules. Writes ``delegation.revoked``."""
     with db.transaction():
-        rule = db.one("SELECT * FROM delegation_rules WHERE id = ? AND owner = ?", (rule_id, owner))
-        if rule is None:
-            raise NotFound(f"no rule '{rule_id}' of yours")
-        if rule["revoked_at"]:
-            raise InvalidState(f"rule '{rule_id}' was already revoked")
+        rule = _owned_live(db, "delegation_rules", "rule", rule_id, owner)
         version = (db.scalar("SELECT max(grant_version) FROM delegation_rules WHERE owner = ?", (owner,)) or 0) + 1
         _revoke_rule(db, rule, "revoked", version)
     return {"id": rule_id, "revoked": True}
@@ -3112,23 +3128,11 @@ def list_rules(db: Database, owner: str) -> dict:
 def revoke_standing_approval(db: Database, owner: str, standing_id: str) -> dict:
     """Revoke a standing approval; approved requests it let through that have not started are asked again."""
     with db.transaction():
-        row = db.one("SELECT * FROM standing_approvals WHERE id = ? AND owner = ?", (standing_id, owner))
-        if row is None:
-            raise NotFound(f"no standing approval '{standing_id}' of yours")
-        if row["revoked_at"]:
-            raise InvalidState(f"standing approval '{standing_id}' was already revoked")
+        row = _owned_live(db, "standing_approvals", "standing approval", standing_id, owner)
         db.execute("UPDATE standing_approvals SET revoked_at = ? WHERE id = ?", (iso(utcnow()), standing_id))
-        voided = 0
-        for apr in db.rows("SELECT a.* FROM approvals a JOIN tasks t ON t.id = a.task_id WHERE "
-                           "a.standing_approval_id = ? AND a.invalidated_at IS NULL AND t.state = 'routed'",
-                           (standing_id,)):
-            db.execute("UPDATE approvals SET invalidated_at = ? WHERE id = ?", (iso(utcnow()), apr["id"]))
-            task = move_task(db, _task_row(db, apr["task_id"]), "lapse", owner, routed_at=None)
-            new = _open_approval(db, task)
-            audit(db, task["project"], "approval.invalidated", {
-                "approval": apr["id"], "task": task["id"], "reason": "standing_approval_revoked",
-                "new_approval": new["id"]})
-            voided += 1
+        voided = sum(_ask_again(db, apr, "standing_approval_revoked", owner) for apr in db.rows(
+            "SELECT a.* FROM approvals a JOIN tasks t ON t.id = a.task_id WHERE a.standing_approval_id = ? AND "
+            "a.invalidated_at IS NULL AND t.state = 'routed'", (standing_id,)))
         for chain in _owner_projects(db, owner):
             audit(db, chain, "standing_approval.revoked", {"standing_approval": standing_id, "uses": row["uses"],
                                                           "reason": "owner", "voided": voided})
