@@ -224,6 +224,8 @@ class Settings(pydantic.BaseModel):
     session_days: int = pydantic.Field(14, ge=1, le=365)
     #: A sign-in link works once within this many minutes.
     signin_link_minutes: int = pydantic.Field(30, ge=1, le=1440)
+    #: A run's execution credential (claim_task) expires after this many minutes.
+    launch_timeout_minutes: int = pydantic.Field(60, ge=1, le=1440)
 
     def base_url(self, port: int | None = None) -> str:
         """The public address, or the bound one when none is configured."""
@@ -570,6 +572,14 @@ UPDATE_KIND = _enum("mention", "reply", "task", "result", "decision")
 GATE = _obj({"decision": _enum("allow", "approval_required", "never"), "reason": _str(300),
              "approval_id": _nullable(ID)})
 
+TOOL_NAMES = (
+    "discover_team_agents", "get_project_context", "read_room", "post_message", "wait_for_mention", "handoff",
+    "check_inbox", "accept_task", "checkpoint", "return_result", "update_pulse", "claim_task", "accept_result",
+    "reject_result", "request_capability", "claim_discussion", "wait_for_updates", "request_step",
+)
+CREDENTIAL = _obj({"token": _str(min_length=1), "expires_at": DATE_TIME, "allowed_tools": _array(_enum(*TOOL_NAMES))})
+ANY_OBJECT = {"type": "object", "propertyNames": {"type": "string"}, "additionalProperties": {}}
+
 VERDICT_ITEM = _obj({"criterion": COUNT, "accepted": {"type": "boolean"}}, {"note": _str(500)})
 
 
@@ -714,6 +724,22 @@ SCHEMAS: dict[str, tuple[dict, dict]] = {
                 "permission": _enum("allow", "approval_required"), "evidence": _const("owner_declared"),
             }), 50),
         }),
+    ),
+    "claim_task": (
+        _input({"task_id": ID, "idempotency_key": _str(100, 1)},
+               {"wake": _obj({"message_id": ID}, closed=False)}),
+        _output({"attempt": _obj({"attempt_id": ID, "task_id": ID, "claimed_at": DATE_TIME}),
+                 "execution_credential": CREDENTIAL}),
+    ),
+    "request_step": (
+        _input(
+            {"tool_name": _str(200, 1, pattern=r"^[A-Za-z0-9_.:-]+$"), "input": ANY_OBJECT},
+            {"tool_use_id": _str(200, 1), "kind": _enum("destructive", "spending", "outbound"),
+             "target": _str(300, 1), "amount": _obj({"value": {"type": "number"}, "unit": _str(16, 1)}, closed=False),
+             "reason": _str(500, 1)},
+        ),
+        _output({"step_id": ID, "status": _enum("pending", "approved", "refused", "expired", "withdrawn", "consumed"),
+                 "behavior": _enum("allow", "deny")}, {"updatedInput": ANY_OBJECT, "message": _str(500)}),
     ),
 }
 
@@ -892,6 +918,29 @@ MIGRATIONS: list[list[str]] = [
             created_at TEXT NOT NULL, revoked_at TEXT, from_approval_id TEXT)""",
         "CREATE TABLE agent_cursors (agent_id TEXT PRIMARY KEY, delivered INTEGER NOT NULL)",
     ],
+    [
+        # Runners: paired devices, runs of tasks (attempts) with their own credentials, steps.
+        """CREATE TABLE devices (
+            id TEXT PRIMARY KEY, owner TEXT NOT NULL REFERENCES people(handle), agent_id TEXT NOT NULL
+            REFERENCES agents(agent_id), name TEXT NOT NULL, created_at TEXT NOT NULL, revoked_at TEXT,
+            revoked_reason TEXT)""",
+        "ALTER TABLE credentials ADD COLUMN device_id TEXT",
+        "ALTER TABLE credentials ADD COLUMN task_id TEXT",
+        "ALTER TABLE credentials ADD COLUMN attempt_id TEXT",
+        "ALTER TABLE credentials ADD COLUMN allowed_tools TEXT",
+        """CREATE TABLE attempts (
+            id TEXT PRIMARY KEY, task_id TEXT NOT NULL REFERENCES tasks(id), device_id TEXT NOT NULL,
+            agent_id TEXT NOT NULL, idempotency_key TEXT NOT NULL, credential_id TEXT, cause TEXT NOT NULL,
+            claimed_at TEXT NOT NULL, finished_at TEXT, UNIQUE (device_id, idempotency_key))""",
+        """CREATE TABLE steps (
+            id TEXT PRIMARY KEY, task_id TEXT NOT NULL REFERENCES tasks(id), attempt_id TEXT NOT NULL,
+            agent_id TEXT NOT NULL, owner TEXT NOT NULL, tool_name TEXT NOT NULL, input TEXT NOT NULL,
+            input_hash TEXT NOT NULL, kind TEXT, target TEXT, amount TEXT, reason TEXT, status TEXT NOT NULL,
+            created_at TEXT NOT NULL, decided_at TEXT, decided_by TEXT, consumed_by TEXT)""",
+        "CREATE INDEX steps_by_task ON steps(task_id, status)",
+        "ALTER TABLE messages ADD COLUMN lineage TEXT",
+        "ALTER TABLE submissions ADD COLUMN lineage TEXT",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -933,6 +982,8 @@ class Database:
         #: while no other connection writes the file (PRAGMA data_version says so).
         self.cache: dict[Any, Any] = {}
         self._seen_version = -1
+        #: When each agent's last_seen_at was last written by this connection (writes are throttled).
+        self.seen_at: dict[str, _dt.datetime] = {}
         self._migrate()
 
     def _migrate(self) -> None:
@@ -1307,6 +1358,7 @@ TOKEN_PREFIX = {
     "person": "prk_pt_",   # a person's personal token for the HTTP API
     "signin": "prk_sl_",   # a one-time sign-in link for the web page
     "session": "prk_ss_",  # a browser session (cookie)
+    "execution": "prk_ex_",  # one run of one task, made by claim_task
 }
 
 
@@ -1325,6 +1377,10 @@ class Actor:
     owner: str | None = None
     handle: str | None = None
     project_scope: str | None = None
+    #: A woken run's credential: the one task and attempt it serves and the tools it may call.
+    task_scope: str | None = None
+    attempt_id: str | None = None
+    allowed_tools: tuple[str, ...] | None = None
 
     @property
     def address(self) -> str:
@@ -1341,7 +1397,7 @@ def make_secret(kind: str) -> str:
 _KIND_USE = {
     "client": "an agent's MCP key (for /mcp)", "runner": "a runner device key (for /mcp)",
     "person": "a personal token (for /api)", "signin": "a sign-in link (open it in a browser)",
-    "session": "a browser session",
+    "session": "a browser session", "execution": "a run's execution credential (for /mcp)",
 }
 
 
@@ -1370,7 +1426,9 @@ def resolve_token(db: Database, token: str, kinds: tuple[str, ...]) -> Actor:
             kind, "this credential has expired: ask its owner for a new one"))
     if row["agent_id"]:
         return Actor("agent", row["id"], row["kind"], agent_id=row["agent_id"],
-                     owner=row["agent_id"].split("/")[0], project_scope=row["project"])
+                     owner=row["agent_id"].split("/")[0], project_scope=row["project"], task_scope=row["task_id"],
+                     attempt_id=row["attempt_id"],
+                     allowed_tools=tuple(json.loads(row["allowed_tools"])) if row["allowed_tools"] else None)
     return Actor("person", row["id"], row["kind"], handle=row["person"])
 
 
@@ -1806,14 +1864,13 @@ def visible_task(db: Database, actor: Actor, project: str, task_id: str, field: 
 def note_seen(db: Database, agent_id: str) -> None:
     """Record that the agent was seen, at most once a minute (saves a write per call)."""
     now = utcnow()
-    last = _LAST_SEEN.get(agent_id)
+    last = db.seen_at.get(agent_id)
     if last is None or now - last > _dt.timedelta(minutes=1):
-        _LAST_SEEN[agent_id] = now
+        db.seen_at[agent_id] = now
         with db.transaction():
             db.execute("UPDATE agents SET last_seen_at = ? WHERE agent_id = ?", (iso(now), agent_id))
 
 
-_LAST_SEEN: dict[str, _dt.datetime] = {}
 
 
 # -- the room ----------------------------------------------------------------
@@ -1844,6 +1901,8 @@ def message_out(row: dict) -> dict:
         out["verdict"] = row["verdict"]
     if row["task_request"]:
         out["task_request"] = {"task_id": row["task_request"]}
+    if row.get("lineage"):
+        out["lineage"] = json.loads(row["lineage"])
     return out
 
 
@@ -1949,11 +2008,13 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
                                  "wait for a person instead of messaging that agent")
 
         message_id, now = _message_id or new_id("msg"), iso(utcnow())
+        lineage = run_lineage(db, actor, _task_row(db, actor.task_scope)) if actor.attempt_id else None
+        lineage_json = json.dumps(lineage) if lineage else None
         db.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, provenance, "
-                   "provenance_status, in_reply_to, task_id, verdict, created_at, task_request) VALUES "
-                   "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   "provenance_status, in_reply_to, task_id, verdict, created_at, task_request, lineage) VALUES "
+                   "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                    (message_id, project, actor.kind, author, body, json.dumps(mentions), provenance, status,
-                    in_reply_to, task_id, verdict, now, _task_request))
+                    in_reply_to, task_id, verdict, now, _task_request, lineage_json))
         if task is not None:
             db.execute("UPDATE tasks SET last_activity_at = ? WHERE id = ?", (now, task_id))
             if actor.kind == "person" and task["routed_at"] is not None:
@@ -1971,7 +2032,7 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
             "id": message_id, "project": project, "author_kind": actor.kind, "author": author,
             "author_name": _display_name(db, actor), "body": body, "mentions": json.dumps(mentions),
             "provenance": provenance, "provenance_status": status, "in_reply_to": in_reply_to, "task_id": task_id,
-            "created_at": now, "verdict": verdict, "task_request": _task_request})
+            "created_at": now, "verdict": verdict, "task_request": _task_request, "lineage": lineage_json})
         append_event(db, project, "message.posted", {"message": message}, wakes)
         audit(db, project, "message.posted", {"message": message_id, "author": author, "mentions": len(mentions),
                                               "provenance": provenance, "task": task_id})
@@ -2040,7 +2101,9 @@ def read_room(db: Database, actor: Actor, project: str, *, cursor: str | None = 
     ``next_cursor`` continues after the last message and is null once nothing is left.
     Raises InvalidInput for a cursor from elsewhere, NotFound for a thread out of reach.
     """
-    with db.snapshot():
+    if actor.task_scope is not None and task_id != actor.task_scope:
+        raise Forbidden(f"a woken run reads only its own task's thread: pass task_id '{actor.task_scope}'")
+    with db.snapshot() if actor.task_scope is None else db.transaction():
         require_project(db, actor, project)
         if task_id is not None:
             visible_task(db, actor, project, task_id)
@@ -2061,6 +2124,9 @@ def read_room(db: Database, actor: Actor, project: str, *, cursor: str | None = 
                "next_cursor": encode_cursor(db, scope, rows[-1]["seq"]) if more else None}
         if task_id is None:
             out["threads"] = _threads(db, actor, project)
+        elif actor.task_scope is not None:
+            audit(db, project, "thread.read", {"task": task_id, "attempt": actor.attempt_id,
+                                               "messages": len(out["messages"])})
     return out
 
 
@@ -2147,6 +2213,9 @@ def get_project_context(db: Database, actor: Actor, project: str) -> dict:
         out = {"project": project_out(db, project), "memory": memory, "pulse": project_pulse(db, project),
                "members": members}
         audit(db, project, "context.read", {"reader": actor.address, "memory_facts": len(memory)})
+        if actor.attempt_id is not None:
+            for n, _fact in enumerate(memory):
+                audit(db, project, "context.delivered", {"delivery": n + 1, "attempt": actor.attempt_id})
     return out
 
 
@@ -2170,6 +2239,15 @@ def update_pulse(db: Database, actor: Actor, project: str, args: dict, intent_tt
     """
     if actor.kind != "agent":
         raise Forbidden("only an agent reports to Team Pulse")
+    if actor.task_scope is not None:
+        extra = sorted(k for k in args if k not in ("project", "availability", "task_id", "intent", "files", "doing")
+                       or (k == "files" and args[k]) or (k == "doing" and args[k]))
+        if extra:
+            raise InvalidInput(f"a woken run reports only availability, its task_id and an intent; leave out "
+                               f"{', '.join(extra)}")
+        if args.get("task_id", actor.task_scope) != actor.task_scope:
+            raise InvalidInput(f"task_id: a woken run reports only its own task '{actor.task_scope}'")
+        args = dict(args, task_id=actor.task_scope, doing=args.get("doing", ""))
     failure_keys = [k for k in ("run_failure", "clear_run_failure") if k in args]
     if failure_keys and not (actor.credential_kind == "runner"
                              or (actor.credential_kind == "client" and actor.project_scope is None)):
@@ -2294,6 +2372,8 @@ def _result_out(sub: dict) -> dict:
     }
     if sub["provenance_status"]:
         out["provenance_status"] = sub["provenance_status"]
+    if sub["lineage"]:
+        out["lineage"] = json.loads(sub["lineage"])
     return out
 
 
@@ -2626,12 +2706,15 @@ def return_result(db: Database, actor: Actor, task_id: str, summary: str, eviden
         revision = previous["revision"] + 1 if previous else 1
         report = evidence_report(criteria, items, now, parse_iso(previous["returned_at"]) if previous else None)
         submission_id = new_id("sub")
+        lineage = run_lineage(db, actor, task)
         db.execute(
             "INSERT INTO submissions (id, task_id, revision, summary, evidence, artifacts, provenance, "
-            "provenance_status, returned_by, returned_at, status, evidence_report) VALUES "
-            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'submitted', ?)",
+            "provenance_status, returned_by, returned_at, status, evidence_report, lineage) VALUES "
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'submitted', ?, ?)",
             (submission_id, task_id, revision, summary, json.dumps(items), json.dumps(artifacts), provenance,
-             "claimed" if provenance != "agent_generated" else None, actor.agent_id, iso(now), json.dumps(report)))
+             "claimed" if provenance != "agent_generated" else None, actor.agent_id, iso(now), json.dumps(report),
+             json.dumps(lineage) if lineage else None))
+        finish_attempt(db, actor)
         kinds: dict[str, int] = {}
         for e in items:
             kinds[e["kind"]] = kinds.get(e["kind"], 0) + 1
@@ -3169,6 +3252,278 @@ def task_detail(db: Database, person: Actor, task_id: str) -> dict:
         }
 
 
+# -- runners: paired devices, claimed runs, steps ------------------------------
+
+#: The tools a woken run's execution credential may call (it works on its one task).
+RUN_TOOLS = ("discover_team_agents", "get_project_context", "read_room", "post_message", "check_inbox",
+             "accept_task", "checkpoint", "return_result", "update_pulse", "request_step")
+#: Task states a runner may start (or resume) a run in.
+CLAIMABLE = ("routed", "accepted", "working", "waiting")
+#: An allowed step must be used within this long; an undecided one expires after STEP_LIFETIME.
+STEP_USE_WINDOW = _dt.timedelta(minutes=15)
+STEP_LIFETIME = _dt.timedelta(hours=24)
+
+
+def pair_device(db: Database, owner: str, agent_id: str, name: str = "runner") -> tuple[dict, str]:
+    """Pair a runner device to one of ``owner``'s agents; return ``(device, runner key)``, the key shown once.
+
+    Writes ``device.paired`` and ``token.created``.
+    """
+    check_agent_id(agent_id, "agent")
+    check_text(name, "name", 80, 1)
+    with db.transaction():
+        agent = db.one("SELECT * FROM agents WHERE agent_id = ?", (agent_id,))
+        if agent is None or agent["owner"] != owner:
+            raise NotFound(f"no agent '{agent_id}' of {owner}'s: a device pairs with its owner's own agent")
+        device = {"id": new_id("dev"), "owner": owner, "agent_id": agent_id, "name": name,
+                  "created_at": iso(utcnow()), "revoked_at": None}
+        db.execute("INSERT INTO devices (id, owner, agent_id, name, created_at) VALUES (?, ?, ?, ?, ?)",
+                   (device["id"], owner, agent_id, name, device["created_at"]))
+        record, secret = create_token(db, "runner", agent_id=agent_id)
+        db.execute("UPDATE credentials SET device_id = ? WHERE id = ?", (device["id"], record["id"]))
+        for chain in _agent_chains(db, agent_id):
+            audit(db, chain, "device.paired", {"device": device["id"], "agent": agent_id, "credential": record["id"]})
+    return device | {"credential_id": record["id"]}, secret
+
+
+def _agent_chains(db: Database, agent_id: str) -> list[str]:
+    return [r["project"] for r in db.rows("SELECT project FROM project_agents WHERE agent_id = ? ORDER BY project",
+                                          (agent_id,))] or [DEPLOYMENT_CHAIN]
+
+
+def list_devices(db: Database, owner: str) -> list[dict]:
+    """An owner's paired devices, live and revoked."""
+    return db.rows("SELECT id, agent_id, name, created_at, revoked_at, revoked_reason FROM devices WHERE owner = ? "
+                   "ORDER BY created_at", (owner,))
+
+
+def revoke_device(db: Database, owner: str, device_id: str, reason: str = "owner") -> dict:
+    """Revoke a device and every credential it holds (its runner key, its runs' credentials)."""
+    with db.transaction():
+        device = db.one("SELECT * FROM devices WHERE id = ? AND owner = ?", (device_id, owner))
+        if device is None:
+            raise NotFound(f"no device '{device_id}' of yours")
+        if device["revoked_at"]:
+            raise InvalidState(f"device '{device_id}' was already revoked")
+        now = iso(utcnow())
+        db.execute("UPDATE devices SET revoked_at = ?, revoked_reason = ? WHERE id = ?", (now, reason, device_id))
+        ended = db.execute("UPDATE credentials SET revoked_at = ? WHERE device_id = ? AND revoked_at IS NULL",
+                           (now, device_id))
+        for chain in _agent_chains(db, device["agent_id"]):
+            audit(db, chain, "device.revoked", {"device": device_id, "agent": device["agent_id"], "reason": reason,
+                                                "credentials": ended})
+    return {"id": device_id, "revoked": True, "credentials_ended": ended}
+
+
+def _run_cause(task: dict) -> dict:
+    """Why a run of this task starts: the owner's Task request, or the gate's decision on the handoff."""
+    by = json.loads(task["requested_by"])
+    if by["kind"] == "person" and task["origin_message_id"]:
+        return {"kind": "owner_message", "message_id": task["origin_message_id"], "author": by["handle"]}
+    gate = json.loads(task["gate"] or "{}")
+    return {"kind": "task", "task_id": task["id"], "basis": gate.get("basis", "same_owner"),
+            "rule_id": gate.get("rule_id"), "approval_id": gate.get("approval_id")}
+
+
+def claim_task(db: Database, actor: Actor, task_id: str, idempotency_key: str, wake: dict | None,
+               launch_timeout: _dt.timedelta) -> dict:
+    """A paired runner claims a task routed to its agent: the attempt and an execution credential, shown once.
+
+    The same idempotency key replays the claim with a fresh credential and revokes the
+    previous one. ``wake.message_id`` may only repeat the task's own Task request; a
+    mention is never a run's cause. Writes ``attempt.claimed`` and ``token.created``
+    (and ``token.revoked`` on a replay).
+    """
+    if actor.credential_kind != "runner":
+        raise Forbidden("only a paired runner device can claim a task: use the runner key 'prickle device pair' made")
+    with db.transaction():
+        device = db.one("SELECT d.* FROM devices d JOIN credentials c ON c.device_id = d.id WHERE c.id = ?",
+                        (actor.credential_id,))
+        if device is None or device["revoked_at"]:
+            raise Forbidden("this runner key belongs to no live paired device: pair the device again")
+        task = _require_task_role(db, actor, task_id, "assignee")
+        if wake is not None and wake.get("message_id") != task["origin_message_id"]:
+            raise InvalidInput("wake.message_id: a run's cause is the task's own Task request "
+                               f"({task['origin_message_id'] or 'this task has none'}); a mention is never a run's "
+                               "cause")
+        attempt = db.one("SELECT * FROM attempts WHERE device_id = ? AND idempotency_key = ?",
+                         (device["id"], idempotency_key))
+        if attempt is not None and attempt["task_id"] != task_id:
+            raise Conflict(f"idempotency_key '{idempotency_key}' was used to claim task '{attempt['task_id']}'")
+        if attempt is None and task["state"] not in CLAIMABLE:
+            raise InvalidState(f"task '{task_id}' is {task['state']}: a run can start only when it is "
+                               f"{', '.join(CLAIMABLE)}")
+        now = utcnow()
+        if attempt is None:
+            attempt = {"id": new_id("att"), "task_id": task_id, "device_id": device["id"], "agent_id": actor.agent_id,
+                       "idempotency_key": idempotency_key, "credential_id": None,
+                       "cause": json.dumps(_run_cause(task)), "claimed_at": iso(now), "finished_at": None}
+            db.execute(f"INSERT INTO attempts ({', '.join(attempt)}) VALUES ({', '.join('?' * len(attempt))})",
+                       tuple(attempt.values()))
+            gate = json.loads(task["gate"] or "{}")
+            audit(db, task["project"], "attempt.claimed", {"attempt": attempt["id"], "task": task_id,
+                                                           "device": device["id"], "approval": gate.get("approval_id")})
+        elif attempt["credential_id"]:
+            old = db.one("SELECT * FROM credentials WHERE id = ?", (attempt["credential_id"],))
+            if old and not old["revoked_at"]:
+                db.execute("UPDATE credentials SET revoked_at = ? WHERE id = ?", (iso(now), old["id"]))
+                audit(db, task["project"], "token.revoked", {
+                    "credential": old["id"], "kind": "execution", "agent": actor.agent_id, "device": device["id"],
+                    "task": task_id, "attempt": attempt["id"], "reason": "claim_retried"})
+        secret, credential_id = make_secret("execution"), new_id("tok")
+        expires = iso(now + launch_timeout)
+        db.execute("INSERT INTO credentials (id, kind, secret_hash, agent_id, project, created_at, expires_at, "
+                   "device_id, task_id, attempt_id, allowed_tools) VALUES (?, 'execution', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   (credential_id, sha256_hex(secret), actor.agent_id, task["project"], iso(now), expires,
+                    device["id"], task_id, attempt["id"], json.dumps(RUN_TOOLS)))
+        db.execute("UPDATE attempts SET credential_id = ? WHERE id = ?", (credential_id, attempt["id"]))
+        audit(db, task["project"], "token.created", {
+            "credential": credential_id, "kind": "execution", "agent": actor.agent_id, "device": device["id"],
+            "task": task_id, "attempt": attempt["id"]})
+    return {"attempt": {"attempt_id": attempt["id"], "task_id": task_id, "claimed_at": attempt["claimed_at"]},
+            "execution_credential": {"token": secret, "expires_at": expires, "allowed_tools": list(RUN_TOOLS)}}
+
+
+def run_lineage(db: Database, actor: Actor, task: dict) -> dict | None:
+    """What a woken run was given, for its posts and results: the cause and hashes of packet, facts, checkpoint."""
+    if actor.attempt_id is None:
+        return None
+    attempt = db.one("SELECT cause FROM attempts WHERE id = ?", (actor.attempt_id,))
+    context: list[dict] = [{"kind": "packet", "task_id": task["id"], "sha256": task["packet_hash"]}]
+    for fact in memory_facts(db, task["project"])[:40]:
+        context.append({"kind": "memory_fact", "key": fact["key"], "sha256": sha256_hex(fact["value"])})
+    cp = db.one("SELECT id, body FROM checkpoints WHERE task_id = ? ORDER BY created_at DESC, rowid DESC LIMIT 1",
+                (task["id"],))
+    if cp:
+        context.append({"kind": "checkpoint", "task_id": task["id"], "checkpoint_id": cp["id"],
+                        "sha256": sha256_hex(cp["body"])})
+    return {"cause": json.loads(attempt["cause"]), "context": context, "recorded_at": iso(utcnow())}
+
+
+def finish_attempt(db: Database, actor: Actor) -> None:
+    """Close the caller's run (inside the caller's transaction). Writes ``attempt.finished``."""
+    if actor.attempt_id and db.execute("UPDATE attempts SET finished_at = ? WHERE id = ? AND finished_at IS NULL",
+                                       (iso(utcnow()), actor.attempt_id)):
+        project = db.scalar("SELECT t.project FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE a.id = ?",
+                            (actor.attempt_id,))
+        audit(db, project, "attempt.finished", {"attempt": actor.attempt_id})
+
+
+def _step_answer(step: dict, status: str, behavior: str, message: str, updated: dict | None = None) -> dict:
+    out = {"step_id": step["id"], "status": status, "behavior": behavior, "message": message}
+    if updated is not None:
+        out["updatedInput"] = updated
+    return out
+
+
+def request_step(db: Database, actor: Actor, tool_name: str, tool_input: dict, *, tool_use_id: str | None = None,
+                 kind: str | None = None, target: str | None = None, amount: dict | None = None,
+                 reason: str | None = None) -> dict:
+    """A woken run asks its owner before a step its tools don't allow; the answer is allow or deny.
+
+    Implements request_step: the same call (tool and input) as an allowed step is used
+    once, within STEP_USE_WINDOW, by this task's run or the one resuming it (``allow``
+    for a permission layer's call with tool_use_id; otherwise ``deny`` saying it may make
+    exactly that call now); refused or expired steps are ``deny``; a new call waits for
+    the owner (``pending``, deny: checkpoint and end the turn); one step waits at a time.
+    Writes ``step.requested``, ``step.consumed`` and ``step.expired``.
+    """
+    if actor.task_scope is None or actor.attempt_id is None:
+        raise Forbidden("only a woken run (an execution credential from claim_task) asks for steps")
+    digest = sha256_hex(tool_name + "\\n" + canonical_json(tool_input))
+    now = utcnow()
+    with db.transaction():
+        task = _task_row(db, actor.task_scope)
+        _expire_steps(db, task["id"], now)
+        step = db.one("SELECT * FROM steps WHERE task_id = ? AND input_hash = ? AND status IN "
+                      "('pending', 'approved', 'refused') ORDER BY created_at DESC LIMIT 1", (task["id"], digest))
+        if step is not None:
+            if step["status"] == "pending":
+                return _step_answer(step, "pending", "deny", "Still waiting for your owner: save a checkpoint, then "
+                                    "end your turn; you will be resumed when they decide.")
+            if step["status"] == "refused":
+                return _step_answer(step, "refused", "deny", "Your owner refused this step: don't try it again; "
+                                    "finish without it, or return what you have and say why.")
+            if now - parse_iso(step["decided_at"]) > STEP_USE_WINDOW:
+                db.execute("UPDATE steps SET status = 'expired' WHERE id = ?", (step["id"],))
+                audit(db, task["project"], "step.expired", {"step": step["id"], "attempt": step["attempt_id"],
+                                                            "kind": step["kind"], "why": "unused_15_minutes"})
+                return _step_answer(step, "expired", "deny", "The allowance lapsed unused after 15 minutes: ask "
+                                    "again if you still need this call.")
+            db.execute("UPDATE steps SET status = 'consumed', consumed_by = ? WHERE id = ?",
+                       (actor.attempt_id, step["id"]))
+            audit(db, task["project"], "step.consumed", {"step": step["id"], "asked_by": step["attempt_id"],
+                                                         "used_by": actor.attempt_id})
+            if tool_use_id is not None:
+                return _step_answer(step, "consumed", "allow", "Allowed once: make exactly this call now.",
+                                    json.loads(step["input"]))
+            return _step_answer(step, "consumed", "deny", "Allowed, and left to your permission layer: make "
+                                "exactly this call now, once.")
+        waiting = db.one("SELECT * FROM steps WHERE task_id = ? AND status = 'pending'", (task["id"],))
+        if waiting is not None:
+            return _step_answer(waiting, "pending", "deny", "Another step already waits for your owner (one at a "
+                                "time): save a checkpoint, then end your turn.")
+        step = {"id": new_id("step"), "task_id": task["id"], "attempt_id": actor.attempt_id,
+                "agent_id": actor.agent_id, "owner": actor.owner, "tool_name": tool_name,
+                "input": canonical_json(tool_input), "input_hash": digest, "kind": kind, "target": target,
+                "amount": json.dumps(amount) if amount else None, "reason": reason, "status": "pending",
+                "created_at": iso(now), "decided_at": None, "decided_by": None, "consumed_by": None}
+        db.execute(f"INSERT INTO steps ({', '.join(step)}) VALUES ({', '.join('?' * len(step))})",
+                   tuple(step.values()))
+        audit(db, task["project"], "step.requested", {"step": step["id"], "attempt": actor.attempt_id, "kind": kind})
+        return _step_answer(step, "pending", "deny", "Asked your owner: save a checkpoint, then end your turn; you "
+                            "will be resumed when they decide.")
+
+
+def _expire_steps(db: Database, task_id: str | None, now: _dt.datetime) -> None:
+    """Undecided steps older than STEP_LIFETIME expire (a refusal). Writes ``step.expired``."""
+    sql = "SELECT s.*, t.project FROM steps s JOIN tasks t ON t.id = s.task_id WHERE s.status = 'pending' AND " \
+          "s.created_at <= ?" + (" AND s.task_id = ?" if task_id else "")
+    params = (iso(now - STEP_LIFETIME),) + ((task_id,) if task_id else ())
+    for step in db.rows(sql, params):
+        db.execute("UPDATE steps SET status = 'expired' WHERE id = ? AND status = 'pending'", (step["id"],))
+        audit(db, step["project"], "step.expired", {"step": step["id"], "attempt": step["attempt_id"],
+                                                    "kind": step["kind"], "why": "undecided_24_hours"})
+
+
+def step_out(row: dict) -> dict:
+    """A step as the owner sees it: the exact call, what it claims to be, and its state."""
+    return {"id": row["id"], "task_id": row["task_id"], "agent_id": row["agent_id"], "tool_name": row["tool_name"],
+            "input": json.loads(row["input"]), "kind": row["kind"], "target": row["target"],
+            "amount": json.loads(row["amount"]) if row["amount"] else None, "reason": row["reason"],
+            "status": row["status"], "created_at": row["created_at"], "decided_at": row["decided_at"]}
+
+
+def pending_steps(db: Database, person: Actor) -> list[dict]:
+    """Steps waiting for ``person``'s decision."""
+    with db.transaction():
+        _expire_steps(db, None, utcnow())
+    return [step_out(r) for r in db.rows("SELECT * FROM steps WHERE owner = ? AND status = 'pending' "
+                                         "ORDER BY created_at", (person.handle,))]
+
+
+def decide_step(db: Database, person: Actor, step_id: str, decision: str) -> dict:
+    """The agent's owner allows or refuses a step; the task's assignee is woken to resume. Writes ``step.decided``."""
+    if decision not in ("allow", "deny"):
+        raise InvalidInput("decision must be 'allow' or 'deny'")
+    with db.transaction():
+        _expire_steps(db, None, utcnow())
+        step = db.one("SELECT * FROM steps WHERE id = ? AND owner = ?", (step_id, person.handle))
+        if step is None:
+            raise NotFound(f"no step '{step_id}' of your agents'")
+        if step["status"] != "pending":
+            raise InvalidState(f"step '{step_id}' is {step['status']}, not waiting for a decision")
+        status = "approved" if decision == "allow" else "refused"
+        db.execute("UPDATE steps SET status = ?, decided_at = ?, decided_by = ? WHERE id = ? AND status = 'pending'",
+                   (status, iso(utcnow()), person.handle, step_id))
+        task = _task_row(db, step["task_id"])
+        audit(db, task["project"], "step.decided", {"step": step_id, "attempt": step["attempt_id"],
+                                                    "kind": step["kind"], "decision": status})
+        append_event(db, task["project"], "task.updated", {"task": task_out(db, task)},
+                     [(task["assignee"], "task", task["id"], None)])
+        return step_out(db.one("SELECT * FROM steps WHERE id = ?", (step_id,)))
+
+
 # -- wakes -------------------------------------------------------------------
 
 #: Which wake kinds each waiting tool reads, in order of precedence for one event. A
@@ -3434,6 +3789,17 @@ async def _tool_request_capability(state: AppState, actor: Actor, args: dict, ct
                               prefer=args.get("prefer"), idempotency_key=args.get("idempotency_key"))
 
 
+async def _tool_claim_task(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
+    return claim_task(state.db, actor, args["task_id"], args["idempotency_key"], args.get("wake"),
+                      _dt.timedelta(minutes=state.settings.launch_timeout_minutes))
+
+
+async def _tool_request_step(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
+    return request_step(state.db, actor, args["tool_name"], args["input"], tool_use_id=args.get("tool_use_id"),
+                        kind=args.get("kind"), target=args.get("target"), amount=args.get("amount"),
+                        reason=args.get("reason"))
+
+
 #: The tools this server serves, by name.
 TOOLS: dict[str, Tool] = {t.name: t for t in [
     Tool("discover_team_agents",
@@ -3542,6 +3908,25 @@ TOOLS: dict[str, Tool] = {t.name: t for t in [
          "again with prefer: {agent} (or {owner}) to pick. None: no agent lists it, the owners' rules refuse, or "
          "prefer matched none of the eligible ones.",
          _tool_request_capability),
+    Tool("claim_task",
+         "For runner devices only: claim a task routed to your agent before starting a run of it. You get the "
+         "attempt and an execution credential for that one run, shown once, expiring with the launch timeout and "
+         "limited to the tools it lists; keep it out of logs and hand it only to that run. Retrying with the same "
+         "idempotency key replays the claim with a fresh credential (the old one stops working). A task its owner "
+         "asked for carries its Task request as the run's cause; wake.message_id may only repeat that message. A "
+         "mention never starts a run.",
+         _tool_claim_task),
+    Tool("request_step",
+         "For a woken run only: before a step your run's tools don't allow (destructive, spending or outbound), "
+         "ask your owner with the exact call you will make (tool_name and input) and say what it is (kind, "
+         "target, amount, reason); a permission layer may call this for you with the call's tool_use_id. The "
+         "answer is allow (make exactly that call, once, now) or deny with a message: allowed but left to your "
+         "permission layer (no tool_use_id: make exactly that call now), refused (don't try again; finish without "
+         "it or return what you have and say why), or still waiting (checkpoint, then end your turn; you are "
+         "resumed when your owner decides). An allowed step must be used within 15 minutes, by this task's run or "
+         "the run that resumes it, with the same input only; any other call is a new step. One step waits at a "
+         "time; an undecided one expires after 24 hours.",
+         _tool_request_step),
 ]}
 
 
@@ -3564,6 +3949,9 @@ def build_mcp_server(state: AppState) -> _MCPServer:
         tool = TOOLS.get(params.name)
         if tool is None:
             return _tool_error(NotFound(f"no tool named {params.name!r}: call tools/list for the tools served here"))
+        if actor.allowed_tools is not None and tool.name not in actor.allowed_tools:
+            return _tool_error(Forbidden(f"this run's credential may call only {', '.join(actor.allowed_tools)}; "
+                                         f"{tool.name} is not among them"))
         try:
             args = validate_input(tool.name, params.arguments or {})
             note_seen(state.db, actor.agent_id)
@@ -3651,7 +4039,7 @@ class _MCPEndpoint:
         auth = request.headers.get("authorization", "")
         token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
         try:
-            actor = resolve_token(self.state.db, token, ("client", "runner"))
+            actor = resolve_token(self.state.db, token, ("client", "runner", "execution"))
         except Unauthorized as e:
             await _error_response(e)(scope, receive, send)
             return
@@ -4037,6 +4425,33 @@ async def api_stream(request: Request) -> Response:
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
+async def api_devices(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/devices: the person's paired runner devices."""
+    return {"devices": list_devices(state.db, person.handle)}
+
+
+async def api_pair_device(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/devices {agent_id, name?}: pair a runner device; its runner key is shown once."""
+    device, secret = pair_device(state.db, person.handle, _field(body, "agent_id", str),
+                                 _field(body, "name", str, False) or "runner")
+    return {"device": device, "token": secret}
+
+
+async def api_revoke_device(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """DELETE /api/devices/{id}: revoke a device and every credential it holds."""
+    return revoke_device(state.db, person.handle, request.path_params["device_id"])
+
+
+async def api_steps(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/steps: steps your agents' runs are waiting on you to allow or refuse."""
+    return {"steps": pending_steps(state.db, person)}
+
+
+async def api_decide_step(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/steps/{id} {decision: allow|deny}."""
+    return {"step": decide_step(state.db, person, request.path_params["step_id"], _field(body, "decision", str))}
+
+
 async def signin(request: Request) -> Response:
     """GET /signin?token=…: spend a one-time sign-in link, set the session cookie, go to the page."""
     state: AppState = request.app.state.prickle
@@ -4153,6 +4568,11 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
         Route("/api/rules/{rule_id}", _api(api_revoke_rule), methods=["DELETE"]),
         Route("/api/standing-approvals/{standing_id}", _api(api_revoke_standing), methods=["DELETE"]),
         Route("/api/policy", _api(api_policy), methods=["POST"]),
+        Route("/api/devices", _api(api_devices)),
+        Route("/api/devices", _api(api_pair_device), methods=["POST"]),
+        Route("/api/devices/{device_id}", _api(api_revoke_device), methods=["DELETE"]),
+        Route("/api/steps", _api(api_steps)),
+        Route("/api/steps/{step_id}", _api(api_decide_step), methods=["POST"]),
         Route("/signin", signin),
         Route("/healthz", health),
         Route("/", page),
@@ -4520,6 +4940,45 @@ def rule_auto_accept(db_path: str, as_json: bool, owner: str, state: str) -> Non
 
 
 @cli.group()
+def device() -> None:
+    """Runner devices paired to one agent each."""
+
+
+@device.command("pair")
+@_common
+@click.argument("agent_id", metavar="OWNER/NAME")
+@click.option("--name", default="runner", help="What to call this device (e.g. the computer's name).")
+def device_pair(db_path: str, as_json: bool, agent_id: str, name: str) -> None:
+    """Pair a runner device to an agent and print its runner key once."""
+    dev, secret = pair_device(_open(db_path), check_agent_id(agent_id).split("/")[0], agent_id, name)
+    _Out(as_json)({"device": dev, "token": secret},
+                  f"Paired device {dev['id']} ({name}) with {agent_id}. Runner key (shown once):\n{secret}")
+
+
+@device.command("list")
+@_common
+@click.argument("owner")
+def device_list(db_path: str, as_json: bool, owner: str) -> None:
+    """List OWNER's paired devices."""
+    db = _open(db_path)
+    _require_person(db, owner)
+    rows = list_devices(db, owner)
+    _Out(as_json)({"devices": rows}, "\n".join(
+        f"{r['id']}  {r['agent_id']:<24} {r['name']:<16} {'revoked' if r['revoked_at'] else 'active'}"
+        for r in rows) or "No devices.")
+
+
+@device.command("revoke")
+@_common
+@click.argument("owner")
+@click.argument("device_id")
+def device_revoke(db_path: str, as_json: bool, owner: str, device_id: str) -> None:
+    """Revoke a device and every credential it holds."""
+    out = revoke_device(_open(db_path), owner, device_id)
+    _Out(as_json)(out, f"Revoked {device_id} ({out['credentials_ended']} credentials ended).")
+
+
+@cli.group()
 def token() -> None:
     """Credentials: create, list, revoke."""
 
@@ -4536,8 +4995,14 @@ def token_create(db_path: str, as_json: bool, agent_id: str | None, project_slug
     if sum(x is not None for x in (agent_id, handle, runner)) != 1:
         raise InvalidInput("pass exactly one of --agent OWNER/NAME, --person HANDLE or --runner OWNER/NAME")
     kind = "client" if agent_id else "person" if handle else "runner"
-    record, secret = create_token(_open(db_path), kind, agent_id=agent_id or runner, person=handle,
-                                  project=project_slug)
+    db = _open(db_path)
+    if kind == "runner":
+        if project_slug is not None:
+            raise InvalidInput("a runner key is not scoped to a project: leave --project out")
+        device, secret = pair_device(db, check_agent_id(runner, "--runner").split("/")[0], runner)
+        record = {"id": device["credential_id"], "kind": "runner", "agent_id": runner, "device": device["id"]}
+    else:
+        record, secret = create_token(db, kind, agent_id=agent_id, person=handle, project=project_slug)
     _Out(as_json)(record | {"token": secret},
                   f"{kind} credential {record['id']} (shown once, keep it secret):\n{secret}")
 

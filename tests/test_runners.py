@@ -1,0 +1,194 @@
+"""Runners: paired devices, claim_task, a woken run's limits, request_step."""
+
+import datetime as dt
+
+import prickle
+from conftest import PROJECT, audit_entries
+from test_tasks import PACKET, evidence, person, routed
+
+P = {"project": PROJECT}
+
+
+def paired(world, agent="ren/builder"):
+    device, key = prickle.pair_device(world.db, agent.split("/")[0], agent, "laptop")
+    return device, key
+
+
+def claimed(mcp, server, world, key="k1"):
+    """A routed task for ren/builder, claimed by its runner: (task, device, claim answer)."""
+    task = routed(mcp, server, world)
+    device, runner = paired(world)
+    out = mcp.ok("ren/builder", "claim_task", {"task_id": task["id"], "idempotency_key": key}, token=runner)
+    return task, device, runner, out
+
+
+def test_pairing_a_device_gives_a_runner_key_once_and_is_audited(world, server):
+    device, key = paired(world)
+    assert key.startswith("prk_rk_") and device["agent_id"] == "ren/builder"
+    assert prickle.resolve_token(world.db, key, ("runner",)).credential_kind == "runner"
+    entry = audit_entries(world.db, PROJECT, "device.paired")[0]["refs"]
+    assert entry == {"device": device["id"], "agent": "ren/builder", "credential": device["credential_id"]}
+    r = person(server, world, "ren").post("/api/devices", {"agent_id": "oj/muse"})
+    assert r.status_code == 404  # not ren's agent
+    devices = person(server, world, "ren").get("/api/devices").json()["devices"]
+    assert [d["id"] for d in devices] == [device["id"]]
+
+
+def test_claim_task_gives_an_attempt_and_an_execution_credential(mcp, server, world):
+    task, device, runner, out = claimed(mcp, server, world)
+    attempt, cred = out["attempt"], out["execution_credential"]
+    assert attempt["task_id"] == task["id"] and attempt["attempt_id"].startswith("att_")
+    assert cred["token"].startswith("prk_ex_") and cred["allowed_tools"] == list(prickle.RUN_TOOLS)
+    expires = prickle.parse_iso(cred["expires_at"]) - prickle.parse_iso(attempt["claimed_at"])
+    assert dt.timedelta(minutes=59) < expires <= dt.timedelta(minutes=60)
+    claimed_entry = audit_entries(world.db, PROJECT, "attempt.claimed")[0]["refs"]
+    assert claimed_entry["attempt"] == attempt["attempt_id"] and claimed_entry["device"] == device["id"]
+    created = [e["refs"] for e in audit_entries(world.db, PROJECT, "token.created") if e["refs"]["kind"] == "execution"]
+    assert created[0]["task"] == task["id"] and created[0]["attempt"] == attempt["attempt_id"]
+    assert cred["token"] not in str(audit_entries(world.db, PROJECT))
+
+
+def test_only_a_paired_runner_claims_and_only_its_agents_tasks(mcp, server, world):
+    task = routed(mcp, server, world)
+    text = mcp.error("ren/builder", "claim_task", {"task_id": task["id"], "idempotency_key": "x"}, "forbidden")
+    assert "runner" in text
+    _, muse_runner = paired(world, "oj/muse")
+    mcp.error("oj/muse", "claim_task", {"task_id": task["id"], "idempotency_key": "x"}, "forbidden",
+              token=muse_runner)
+    _, runner = paired(world)
+    text = mcp.error("ren/builder", "claim_task", {"task_id": task["id"], "idempotency_key": "x",
+                                                   "wake": {"message_id": "msg_some_mention"}}, "invalid_input",
+                     token=runner)
+    assert "a mention is never a run's cause" in text
+    assert world.db.scalar("SELECT count(*) FROM attempts") == 0
+
+
+def test_a_retried_claim_replays_with_a_fresh_credential_and_revokes_the_old(mcp, server, world):
+    task, device, runner, first = claimed(mcp, server, world)
+    again = mcp.ok("ren/builder", "claim_task", {"task_id": task["id"], "idempotency_key": "k1"}, token=runner)
+    assert again["attempt"] == first["attempt"]
+    assert again["execution_credential"]["token"] != first["execution_credential"]["token"]
+    assert mcp.raw(first["execution_credential"]["token"], "tools/list").status_code == 401
+    assert mcp.ok("ren/builder", "check_inbox", {}, token=again["execution_credential"]["token"])
+    revoked = [e["refs"] for e in audit_entries(world.db, PROJECT, "token.revoked") if e["refs"]["kind"] == "execution"]
+    assert revoked[0]["attempt"] == first["attempt"]["attempt_id"] and revoked[0]["reason"] == "claim_retried"
+
+
+def test_a_task_request_is_the_runs_cause(mcp, server, world):
+    r = person(server, world, "ren").post(f"/api/projects/{PROJECT}/task-requests",
+                                          {"agent": "ren/builder", "packet": PACKET})
+    task, message = r.json()["task"], r.json()["message"]
+    _, runner = paired(world)
+    out = mcp.ok("ren/builder", "claim_task", {"task_id": task["id"], "idempotency_key": "k",
+                                               "wake": {"message_id": message["id"]}}, token=runner)
+    run = out["execution_credential"]["token"]
+    mcp.ok("ren/builder", "accept_task", {"task_id": task["id"]}, token=run)
+    posted = mcp.ok("ren/builder", "post_message", P | {"body": "On it", "task_id": task["id"]}, token=run)["message"]
+    assert posted["lineage"]["cause"] == {"kind": "owner_message", "message_id": message["id"], "author": "ren"}
+
+
+def test_a_woken_runs_limits(mcp, server, world):
+    prickle.set_memory(world.db, PROJECT, "tone", "Warm.", "oj")
+    task, device, runner, out = claimed(mcp, server, world)
+    run = out["execution_credential"]["token"]
+    # only the tools it was given
+    text = mcp.error("ren/builder", "handoff", P | {"to": "oj/muse", "packet": PACKET}, "forbidden", token=run)
+    assert "may call only" in text
+    mcp.error("ren/builder", "wait_for_mention", {"timeout_seconds": 1}, "forbidden", token=run)
+    # only its own task's thread
+    mcp.error("ren/builder", "read_room", P, "forbidden", token=run)
+    mcp.ok("ren/builder", "accept_task", {"task_id": task["id"]}, token=run)
+    thread = mcp.ok("ren/builder", "read_room", P | {"task_id": task["id"]}, token=run)
+    assert thread["messages"] == []
+    assert audit_entries(world.db, PROJECT, "thread.read")[0]["refs"] == {
+        "task": task["id"], "attempt": out["attempt"]["attempt_id"], "messages": 0}
+    # pulse: availability, its task and an intent only
+    pulse = mcp.ok("ren/builder", "update_pulse", P | {"availability": "working",
+                                                       "intent": {"kind": "change", "paths": ["docs/hero.md"]}},
+                   token=run)["pulse"]
+    assert pulse["task_id"] == task["id"] and pulse["doing"] == ""
+    text = mcp.error("ren/builder", "update_pulse", P | {"doing": "sneaky", "branch": "x"}, "invalid_input", token=run)
+    assert "leave out branch, doing" in text
+    mcp.error("ren/builder", "update_pulse", P | {"run_failure": {"class": "auth", "step": "codex_sign_in"}},
+              "invalid_input", token=run)
+    # memory facts served to a run are recorded, never their contents
+    mcp.ok("ren/builder", "get_project_context", P, token=run)
+    delivered = audit_entries(world.db, PROJECT, "context.delivered")
+    assert [e["refs"] for e in delivered] == [{"delivery": 1, "attempt": out["attempt"]["attempt_id"]}]
+    # posts and results carry lineage
+    msg = mcp.ok("ren/builder", "post_message", P | {"body": "Working", "task_id": task["id"]}, token=run)["message"]
+    lineage = msg["lineage"]
+    assert lineage["cause"]["kind"] == "task" and lineage["cause"]["basis"] == "approval"
+    assert {c["kind"] for c in lineage["context"]} == {"packet", "memory_fact"}
+    assert lineage["context"][1] == {"kind": "memory_fact", "key": "tone", "sha256": prickle.sha256_hex("Warm.")}
+    result = mcp.ok("ren/builder", "return_result", {"task_id": task["id"], "summary": "Done.",
+                                                     "evidence": [evidence([0, 1])]}, token=run)
+    assert result["task"]["result"]["lineage"]["cause"] == lineage["cause"]
+    assert audit_entries(world.db, PROJECT, "attempt.finished")[0]["refs"] == {
+        "attempt": out["attempt"]["attempt_id"]}
+
+
+def test_request_step_allow_once(mcp, server, world):
+    task, device, runner, out = claimed(mcp, server, world)
+    run = out["execution_credential"]["token"]
+    call = {"tool_name": "Bash", "input": {"command": "git push origin main"}, "kind": "outbound",
+            "target": "origin", "reason": "Publish the reviewed branch."}
+    mcp.error("ren/builder", "request_step", call, "forbidden")  # not a run
+    first = mcp.ok("ren/builder", "request_step", call, token=run)
+    assert (first["status"], first["behavior"]) == ("pending", "deny")
+    other = mcp.ok("ren/builder", "request_step", call | {"input": {"command": "rm -rf build"}}, token=run)
+    assert other["step_id"] == first["step_id"] and "one at a time" in other["message"]
+    still = mcp.ok("ren/builder", "request_step", call, token=run)
+    assert still["status"] == "pending" and still["step_id"] == first["step_id"]
+    ren = person(server, world, "ren")
+    assert person(server, world, "oj").post(f"/api/steps/{first['step_id']}", {"decision": "allow"}).status_code == 404
+    steps = ren.get("/api/steps").json()["steps"]
+    assert [(s["id"], s["tool_name"], s["input"]) for s in steps] == [
+        (first["step_id"], "Bash", {"command": "git push origin main"})]
+    builder = mcp.ok("ren/builder", "wait_for_mention", {"timeout_seconds": 1})["cursor"]
+    decided = ren.post(f"/api/steps/{first['step_id']}", {"decision": "allow"}).json()["step"]
+    assert decided["status"] == "approved"
+    woke = mcp.ok("ren/builder", "wait_for_mention", {"cursor": builder, "timeout_seconds": 1})
+    assert [e["task"]["id"] for e in woke["events"]] == [task["id"]]  # resumed
+    used = mcp.ok("ren/builder", "request_step", call | {"tool_use_id": "toolu_1"}, token=run)
+    assert used == {"step_id": first["step_id"], "status": "consumed", "behavior": "allow",
+                    "message": "Allowed once: make exactly this call now.",
+                    "updatedInput": {"command": "git push origin main"}}
+    again = mcp.ok("ren/builder", "request_step", call, token=run)
+    assert again["status"] == "pending" and again["step_id"] != first["step_id"]  # used once: a new step
+    refs = [e["type"] for e in audit_entries(world.db, PROJECT) if e["type"].startswith("step.")]
+    assert refs == ["step.requested", "step.decided", "step.consumed", "step.requested"]
+    assert "git push" not in str(audit_entries(world.db, PROJECT))
+
+
+def test_request_step_refused_and_expiries(mcp, server, world):
+    task, device, runner, out = claimed(mcp, server, world)
+    run = out["execution_credential"]["token"]
+    call = {"tool_name": "Bash", "input": {"command": "deploy"}}
+    step = mcp.ok("ren/builder", "request_step", call, token=run)
+    person(server, world, "ren").post(f"/api/steps/{step['step_id']}", {"decision": "deny"})
+    refused = mcp.ok("ren/builder", "request_step", call, token=run)
+    assert (refused["status"], refused["behavior"]) == ("refused", "deny") and "don't try it again" in refused["message"]
+    # allowed but not used within 15 minutes
+    call2 = {"tool_name": "Bash", "input": {"command": "publish"}}
+    step2 = mcp.ok("ren/builder", "request_step", call2, token=run)
+    person(server, world, "ren").post(f"/api/steps/{step2['step_id']}", {"decision": "allow"})
+    world.db.execute("UPDATE steps SET decided_at = '2020-01-01T00:00:00.000Z' WHERE id = ?", (step2["step_id"],))
+    late = mcp.ok("ren/builder", "request_step", call2, token=run)
+    assert (late["status"], late["behavior"]) == ("expired", "deny")
+    # undecided for 24 hours
+    call3 = {"tool_name": "Bash", "input": {"command": "spend"}}
+    step3 = mcp.ok("ren/builder", "request_step", call3, token=run)
+    world.db.execute("UPDATE steps SET created_at = '2020-01-01T00:00:00.000Z' WHERE id = ?", (step3["step_id"],))
+    assert person(server, world, "ren").get("/api/steps").json()["steps"] == []
+    whys = [e["refs"]["why"] for e in audit_entries(world.db, PROJECT, "step.expired")]
+    assert whys == ["unused_15_minutes", "undecided_24_hours"]
+
+
+def test_revoking_a_device_ends_its_credentials(mcp, server, world):
+    task, device, runner, out = claimed(mcp, server, world)
+    r = person(server, world, "ren").delete(f"/api/devices/{device['id']}")
+    assert r.json() == {"id": device["id"], "revoked": True, "credentials_ended": 2}
+    assert mcp.raw(runner, "tools/list").status_code == 401
+    assert mcp.raw(out["execution_credential"]["token"], "tools/list").status_code == 401
+    assert audit_entries(world.db, PROJECT, "device.revoked")[0]["refs"]["credentials"] == 2
