@@ -732,6 +732,18 @@ SCHEMAS: dict[str, tuple[dict, dict]] = {
         _output({"attempt": _obj({"attempt_id": ID, "task_id": ID, "claimed_at": DATE_TIME}),
                  "execution_credential": CREDENTIAL}),
     ),
+    "claim_discussion": (
+        _input({"message_id": ID, "idempotency_key": _str(100, 1)}, {"harness": _int(1, 1000)}),
+        _output(
+            {"project": SLUG, "replies_left": _int(0, 8), "lead": {"type": "boolean"},
+             "role": _enum("draft", "review", "revise", "combine"),
+             "reviewing": _nullable(_obj({
+                 "message_id": ID, "author": AGENT_ID, "body": _str(8000, 1), "provenance": PROVENANCE,
+                 "provenance_status": _enum("claimed", "attested")})),
+             "discussion_credential": CREDENTIAL},
+            {"own_room": {"type": "boolean"}},
+        ),
+    ),
     "request_step": (
         _input(
             {"tool_name": _str(200, 1, pattern=r"^[A-Za-z0-9_.:-]+$"), "input": ANY_OBJECT},
@@ -941,6 +953,29 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX steps_by_task ON steps(task_id, status)",
         "ALTER TABLE messages ADD COLUMN lineage TEXT",
         "ALTER TABLE submissions ADD COLUMN lineage TEXT",
+    ],
+    [
+        # Private rooms: each person's room with their own agents, its turns and discussions.
+        "ALTER TABLE projects ADD COLUMN kind TEXT NOT NULL DEFAULT 'team'",
+        "ALTER TABLE wakes ADD COLUMN detail TEXT",
+        "ALTER TABLE credentials ADD COLUMN discussion_id TEXT",
+        "ALTER TABLE credentials ADD COLUMN rooms_only INTEGER NOT NULL DEFAULT 0",
+        """CREATE TABLE rooms (
+            project TEXT PRIMARY KEY REFERENCES projects(slug), owner TEXT NOT NULL UNIQUE REFERENCES people(handle),
+            reply_mode TEXT NOT NULL DEFAULT 'review' CHECK (reply_mode IN ('review', 'solo', 'named')),
+            lead_agent TEXT)""",
+        """CREATE TABLE turns (
+            id TEXT PRIMARY KEY, project TEXT NOT NULL, message_id TEXT NOT NULL, mode TEXT NOT NULL,
+            drafter TEXT, reviewer TEXT, named TEXT NOT NULL DEFAULT '[]', step TEXT NOT NULL,
+            waiting_on TEXT NOT NULL DEFAULT '[]', waking_message TEXT NOT NULL, draft_message TEXT,
+            review_message TEXT, replies_left INTEGER NOT NULL, created_at TEXT NOT NULL, ended_at TEXT,
+            end_reason TEXT)""",
+        "CREATE INDEX turns_by_room ON turns(project, created_at)",
+        """CREATE TABLE discussions (
+            id TEXT PRIMARY KEY, turn_id TEXT NOT NULL REFERENCES turns(id), agent_id TEXT NOT NULL,
+            device_id TEXT, role TEXT NOT NULL, message_id TEXT NOT NULL, idempotency_key TEXT NOT NULL,
+            credential_id TEXT, reply_id TEXT, claimed_at TEXT NOT NULL,
+            UNIQUE (turn_id, agent_id, message_id, idempotency_key))""",
     ],
 ]
 
@@ -1187,16 +1222,16 @@ def append_event(db: Database, project: str, type_: str, payload: dict,
                  wakes: list[tuple[str, str, str | None, str | None]] = ()) -> dict:
     """Append one outbox event inside the caller's transaction and return it whole.
 
-    ``wakes`` is a list of ``(agent_id, kind, task_id, message_id)``. Implements the
+    ``wakes`` is a list of ``(agent_id, kind, task_id, message_id[, detail])``. Implements the
     "Fields on every event" part of the event reference: id, seq, project, at, type.
     """
     event_id, at = new_id("ev"), iso(utcnow())
     db.execute("INSERT INTO outbox (id, project, at, type, payload) VALUES (?, ?, ?, ?, ?)",
                (event_id, project, at, type_, json.dumps(payload, ensure_ascii=False)))
     seq = db.conn.last_insert_rowid()
-    for agent_id, kind, task_id, message_id in wakes:
-        db.execute("INSERT OR IGNORE INTO wakes VALUES (?, ?, ?, ?, ?, ?)",
-                   (seq, agent_id, kind, project, task_id, message_id))
+    for agent_id, kind, task_id, message_id, *detail in wakes:
+        db.execute("INSERT OR IGNORE INTO wakes VALUES (?, ?, ?, ?, ?, ?, ?)",
+                   (seq, agent_id, kind, project, task_id, message_id, json.dumps(detail[0]) if detail else None))
     db.note_appended(seq, project, [w[0] for w in wakes])
     return {"id": event_id, "seq": seq, "project": project, "at": at, "type": type_} | payload
 
@@ -1360,6 +1395,7 @@ TOKEN_PREFIX = {
     "signin": "prk_sl_",   # a one-time sign-in link for the web page
     "session": "prk_ss_",  # a browser session (cookie)
     "execution": "prk_ex_",  # one run of one task, made by claim_task
+    "discussion": "prk_dc_",  # one reply in a private room's turn, made by claim_discussion
 }
 
 
@@ -1382,6 +1418,8 @@ class Actor:
     task_scope: str | None = None
     attempt_id: str | None = None
     allowed_tools: tuple[str, ...] | None = None
+    #: A discussion credential's one reply in a private room's turn.
+    discussion_id: str | None = None
 
     @property
     def address(self) -> str:
@@ -1399,6 +1437,7 @@ _KIND_USE = {
     "client": "an agent's MCP key (for /mcp)", "runner": "a runner device key (for /mcp)",
     "person": "a personal token (for /api)", "signin": "a sign-in link (open it in a browser)",
     "session": "a browser session", "execution": "a run's execution credential (for /mcp)",
+    "discussion": "a discussion credential (for /mcp)",
 }
 
 
@@ -1427,8 +1466,9 @@ def resolve_token(db: Database, token: str, kinds: tuple[str, ...]) -> Actor:
             kind, "this credential has expired: ask its owner for a new one"))
     if row["agent_id"]:
         return Actor("agent", row["id"], row["kind"], agent_id=row["agent_id"],
-                     owner=row["agent_id"].split("/")[0], project_scope=row["project"], task_scope=row["task_id"],
-                     attempt_id=row["attempt_id"],
+                     owner=row["agent_id"].split("/")[0],
+                     project_scope=ROOMS_SCOPE if row["rooms_only"] else row["project"], task_scope=row["task_id"],
+                     attempt_id=row["attempt_id"], discussion_id=row["discussion_id"],
                      allowed_tools=tuple(json.loads(row["allowed_tools"])) if row["allowed_tools"] else None)
     return Actor("person", row["id"], row["kind"], handle=row["person"])
 
@@ -1568,7 +1608,8 @@ def create_project(db: Database, slug: str, name: str, team: str, owner: str, de
         if db.one("SELECT 1 FROM projects WHERE slug = ?", (slug,)):
             raise Conflict(f"a project with slug '{slug}' already exists")
         now = iso(utcnow())
-        db.execute("INSERT INTO projects VALUES (?, ?, ?, ?, ?, ?)", (slug, team, name, description, owner, now))
+        db.execute("INSERT INTO projects (slug, team, name, description, created_by, created_at) VALUES "
+                   "(?, ?, ?, ?, ?, ?)", (slug, team, name, description, owner, now))
         db.execute("INSERT INTO members VALUES (?, ?, 'owner', 1, ?)", (slug, owner, now))
         append_event(db, slug, "project.created", {
             "summary": {"slug": slug, "team": team, "name": name, "description": description},
@@ -1644,6 +1685,7 @@ def add_agent(db: Database, agent_id: str, display_name: str, model: str, client
             raise Conflict(f"agent '{agent_id}' already exists")
         db.execute("INSERT INTO agents VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'owner_verified', NULL, ?)",
                    (agent_id, owner, name, display_name, model, client, role, json.dumps(caps), iso(utcnow())))
+        add_agent_to_project(db, ensure_room(db, owner), agent_id)
         for project in projects:
             add_agent_to_project(db, project, agent_id)
     return agent_card(db, agent_id)
@@ -1712,7 +1754,10 @@ def create_token(db: Database, kind: str, *, agent_id: str | None = None, person
                 raise InvalidInput(f"a {kind} key belongs to one agent: pass --agent OWNER/NAME")
             if not db.one("SELECT 1 FROM agents WHERE agent_id = ?", (check_agent_id(agent_id),)):
                 raise NotFound(f"no agent '{agent_id}': add it with 'prickle agent add'")
-            if project is not None:
+            if project == ROOMS_SCOPE:
+                if kind == "runner":
+                    raise InvalidInput("a runner key is not scoped: leave --rooms out")
+            elif project is not None:
                 if kind == "runner":
                     raise InvalidInput("a runner key is not scoped to a project: leave --project out")
                 if not db.one("SELECT 1 FROM project_agents WHERE project = ? AND agent_id = ?",
@@ -1728,10 +1773,11 @@ def create_token(db: Database, kind: str, *, agent_id: str | None = None, person
             "id": new_id("tok"), "kind": kind, "agent_id": agent_id, "person": person, "project": project,
             "created_at": iso(now), "expires_at": iso(now + ttl) if ttl else None,
         }
+        rooms_only = project == ROOMS_SCOPE
         db.execute("INSERT INTO credentials (id, kind, secret_hash, agent_id, person, project, created_at, "
-                   "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                   (record["id"], kind, sha256_hex(secret), agent_id, person, project, record["created_at"],
-                    record["expires_at"]))
+                   "expires_at, rooms_only) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   (record["id"], kind, sha256_hex(secret), agent_id, person, None if rooms_only else project,
+                    record["created_at"], record["expires_at"], int(rooms_only)))
         if kind not in ("signin", "session"):
             _audit_credential(db, "token.created", record)
     return record, secret
@@ -1740,7 +1786,10 @@ def create_token(db: Database, kind: str, *, agent_id: str | None = None, person
 def _audit_credential(db: Database, type_: str, record: dict) -> None:
     refs = {"credential": record["id"], "kind": record["kind"], "agent": record["agent_id"],
             "person": record["person"], "scope": record["project"] or ("all" if record["agent_id"] else None)}
-    if record["project"]:
+    if record["project"] == ROOMS_SCOPE:
+        chains = [db.scalar("SELECT project FROM rooms WHERE owner = ?", (record["agent_id"].split("/")[0],))
+                  or DEPLOYMENT_CHAIN]
+    elif record["project"]:
         chains = [record["project"]]
     elif record["agent_id"]:
         chains = [r["project"] for r in db.rows("SELECT project FROM project_agents WHERE agent_id = ?",
@@ -1772,8 +1821,9 @@ def revoke_token(db: Database, token_id: str, by: str | None = None) -> dict:
 
 def list_tokens(db: Database, owner: str | None = None) -> list[dict]:
     """Credentials (never their secrets), optionally only one person's and their agents'."""
-    rows = db.rows("SELECT id, kind, agent_id, person, project, created_at, expires_at, revoked_at FROM credentials "
-                   "WHERE kind NOT IN ('signin', 'session') ORDER BY created_at")
+    rows = db.rows("SELECT id, kind, agent_id, person, CASE WHEN rooms_only THEN '@rooms' ELSE project END AS project, "
+                   "created_at, expires_at, revoked_at FROM credentials WHERE kind NOT IN ('signin', 'session', "
+                   "'execution', 'discussion') ORDER BY created_at")
     if owner is not None:
         rows = [r for r in rows if r["person"] == owner or (r["agent_id"] or "").split("/")[0] == owner]
     return rows
@@ -1824,7 +1874,7 @@ def require_project(db: Database, actor: Actor, project: str) -> dict:
     the same ``not_found`` so a slug's existence never leaks; a project key used
     elsewhere is ``forbidden``.
     """
-    if actor.kind == "agent" and actor.project_scope is not None and actor.project_scope != project:
+    if actor.kind == "agent" and actor.project_scope not in (None, ROOMS_SCOPE, project):
         raise Forbidden(f"this key is for project '{actor.project_scope}' only: use a key for '{project}' "
                         "or one for every project your agent is in")
     key = ("reach", actor.kind, actor.address, project)
@@ -1840,6 +1890,13 @@ def require_project(db: Database, actor: Actor, project: str) -> dict:
         row = db.one("SELECT p.* FROM projects p JOIN members m ON m.project = p.slug AND m.handle = ? "
                      "WHERE p.slug = ?", (actor.handle, project))
         who = f"'{actor.handle}'"
+    if row is not None and actor.kind == "agent":
+        private = row["kind"] == "private"
+        rooms_key = actor.project_scope == ROOMS_SCOPE
+        if private and not (rooms_key or actor.credential_kind in ("runner", "discussion")):
+            row = None  # a private room is reached only by its runner, a rooms key or a discussion credential
+        elif not private and rooms_key:
+            row = None
     if row is None:
         raise NotFound(f"project '{project}' not found: it does not exist or {who} is not in it")
     if db._depth:  # cached only what a transaction read, for as long as nobody else writes
@@ -1965,10 +2022,20 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
     """
     check_text(body, "body", 8000)
     with db.transaction():
-        require_project(db, actor, project)
+        room = require_project(db, actor, project)["kind"] == "private"
         if verdict is not None and actor.credential_kind != "discussion":
             raise InvalidInput("verdict: only a discussion credential in a private room sends a verdict; "
                                "leave verdict out")
+        if actor.credential_kind == "discussion":
+            role = db.scalar("SELECT role FROM discussions WHERE id = ?", (actor.discussion_id,))
+            if verdict not in ROLE_VERDICTS[role]:
+                raise InvalidInput(f"verdict: as {role}r send {' or '.join(ROLE_VERDICTS[role])} with your one post"
+                                   .replace("reviewr", "reviewer").replace("draftr", "drafter"))
+            if task_id is not None or in_reply_to is not None:
+                raise InvalidInput("a discussion posts one reply to the room's general chat: leave task_id and "
+                                   "in_reply_to out")
+        elif room and actor.kind == "agent":
+            raise Forbidden("agents post in a private room only through a discussion credential (claim_discussion)")
         if not body.strip() and verdict not in ("approve", "pass"):
             raise InvalidInput("body: write the message; only a discussion verdict of approve or pass may be empty")
         parent = None
@@ -2023,9 +2090,13 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
                     db.execute("INSERT OR IGNORE INTO thread_access VALUES (?, ?, ?)", (task_id, agent, message_id))
 
         wakes = []
-        for agent in mentioned_agents:
+        for agent in [] if room else mentioned_agents:
             if agent != author and (task is None or _thread_visible(db, _agent_viewer(agent), task)):
                 wakes.append((agent, "mention", task_id, message_id))
+        if room and actor.kind == "person":
+            wakes += start_turn(db, project, message_id, mentioned_agents)
+        elif actor.credential_kind == "discussion":
+            wakes += advance_turn(db, actor, verdict, message_id)
         for agent in dict.fromkeys(replied):
             if agent != author:
                 wakes.append((agent, "reply", task_id, message_id))
@@ -3287,6 +3358,12 @@ def pair_device(db: Database, owner: str, agent_id: str, name: str = "runner") -
     return device | {"credential_id": record["id"]}, secret
 
 
+def team_projects_of(db: Database, agent_id: str) -> list[str]:
+    """The team projects (not private rooms) an agent is in."""
+    return [r["slug"] for r in db.rows("SELECT p.slug FROM project_agents pa JOIN projects p ON p.slug = pa.project "
+                                       "WHERE pa.agent_id = ? AND p.kind = 'team' ORDER BY p.slug", (agent_id,))]
+
+
 def _agent_chains(db: Database, agent_id: str) -> list[str]:
     return [r["project"] for r in db.rows("SELECT project FROM project_agents WHERE agent_id = ? ORDER BY project",
                                           (agent_id,))] or [DEPLOYMENT_CHAIN]
@@ -3525,13 +3602,256 @@ def decide_step(db: Database, person: Actor, step_id: str, decision: str) -> dic
         return step_out(db.one("SELECT * FROM steps WHERE id = ?", (step_id,)))
 
 
+# -- private rooms: turns and discussions ---------------------------------------
+
+#: A client key with this scope reaches only its owner's private rooms.
+ROOMS_SCOPE = "@rooms"
+#: How a private room answers its owner: draft then review (then a revision), one agent alone,
+#: or only the agents named.
+REPLY_MODES = ("review", "solo", "named")
+#: A discussion credential lasts this long and may call only these tools.
+DISCUSSION_TTL = _dt.timedelta(minutes=10)
+DISCUSSION_TOOLS = ("read_room", "post_message")
+#: The discussion protocol a runner must speak (draft, review, revise).
+DISCUSSION_HARNESS = 2
+#: The verdicts each role may send with its one post.
+ROLE_VERDICTS = {"draft": ("draft", "ask_owner"), "revise": ("draft", "ask_owner"),
+                 "combine": ("draft", "ask_owner"), "review": ("approve", "pass", "changes", "ask_owner")}
+
+
+def ensure_room(db: Database, owner: str) -> str:
+    """The slug of ``owner``'s private room, made (inside the caller's transaction) on first need."""
+    slug = db.scalar("SELECT project FROM rooms WHERE owner = ?", (owner,))
+    if slug:
+        return slug
+    slug = f"{owner}-room" if len(owner) <= 34 else f"room-{sha256_hex(owner)[:12]}"
+    while db.one("SELECT 1 FROM projects WHERE slug = ?", (slug,)):
+        slug = f"room-{secrets.token_hex(6)}"
+    name = (db.scalar("SELECT display_name FROM people WHERE handle = ?", (owner,)) or owner)[:70] + "'s room"
+    now = iso(utcnow())
+    db.execute("INSERT INTO projects (slug, team, name, description, created_by, created_at, kind) VALUES "
+               "(?, '', ?, 'A private room with your own agents.', ?, ?, 'private')", (slug, name, owner, now))
+    db.execute("INSERT INTO members VALUES (?, ?, 'owner', 1, ?)", (slug, owner, now))
+    db.execute("INSERT INTO rooms (project, owner) VALUES (?, ?)", (slug, owner))
+    append_event(db, slug, "project.created", {
+        "summary": {"slug": slug, "team": "", "name": name, "description": "A private room with your own agents."},
+        "by": {"kind": "system"}})
+    audit(db, slug, "project.created", {"team": "", "by": "system", "private_room_of": owner})
+    db.cache.clear()
+    return slug
+
+
+def _room_agents(db: Database, slug: str) -> list[dict]:
+    return db.rows("SELECT a.agent_id, a.client FROM project_agents pa JOIN agents a USING (agent_id) "
+                   "WHERE pa.project = ? ORDER BY pa.added_at, a.agent_id", (slug,))
+
+
+def _open_turn(db: Database, slug: str) -> dict | None:
+    return db.one("SELECT * FROM turns WHERE project = ? AND ended_at IS NULL ORDER BY created_at DESC LIMIT 1",
+                  (slug,))
+
+
+def _end_turn(db: Database, turn: dict, reason: str) -> int:
+    """End a turn; its live discussion credentials end too. Returns how many ended."""
+    now = iso(utcnow())
+    db.execute("UPDATE turns SET ended_at = ?, end_reason = ?, waiting_on = '[]' WHERE id = ? AND ended_at IS NULL",
+               (now, reason, turn["id"]))
+    return db.execute("UPDATE credentials SET revoked_at = ? WHERE revoked_at IS NULL AND discussion_id IN "
+                      "(SELECT id FROM discussions WHERE turn_id = ?)", (now, turn["id"]))
+
+
+def _room_wake(turn_id: str, agent: str, message_id: str, replies_left: int, lead: bool) -> tuple:
+    return (agent, "room", None, message_id, {"turn": turn_id, "replies_left": replies_left, "lead": lead})
+
+
+def start_turn(db: Database, slug: str, message_id: str, named: list[str]) -> list[tuple]:
+    """The owner wrote in their room: end the open turn and wake who answers by the room's reply mode.
+
+    Returns the room wakes to attach to the message's event.
+    """
+    room = db.one("SELECT * FROM rooms WHERE project = ?", (slug,))
+    previous = _open_turn(db, slug)
+    if previous is not None:
+        _end_turn(db, previous, "replaced")
+    agents = _room_agents(db, slug)
+    ids = [a["agent_id"] for a in agents]
+    named = [a for a in named if a in ids]
+    lead = room["lead_agent"] if room["lead_agent"] in ids else (ids[0] if ids else None)
+    drafter = reviewer = None
+    if room["reply_mode"] == "named":
+        targets, step, replies = named, "draft", len(named)
+    else:
+        drafter = named[0] if named else lead
+        targets, step = ([drafter] if drafter else []), "draft"
+        if room["reply_mode"] == "review" and drafter:
+            client = next(a["client"] for a in agents if a["agent_id"] == drafter)
+            others = [a["agent_id"] for a in agents if a["agent_id"] != drafter and a["client"] != client]
+            reviewer = next((a for a in named[1:] if a in others), others[0] if others else None)
+        replies = 3 if reviewer else 1
+    if not targets:
+        return []
+    turn_id = new_id("turn")
+    db.execute("INSERT INTO turns (id, project, message_id, mode, drafter, reviewer, named, step, waiting_on, "
+               "waking_message, replies_left, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+               (turn_id, slug, message_id, room["reply_mode"], drafter, reviewer, json.dumps(named), step,
+                json.dumps(targets), message_id, replies, iso(utcnow())))
+    return [_room_wake(turn_id, agent, message_id, replies, i == 0) for i, agent in enumerate(targets)]
+
+
+def advance_turn(db: Database, actor: Actor, verdict: str, reply_id: str) -> list[tuple]:
+    """A discussion posted its one reply: record it, end its credential, wake whoever answers next."""
+    discussion = db.one("SELECT * FROM discussions WHERE id = ?", (actor.discussion_id,))
+    turn = db.one("SELECT * FROM turns WHERE id = ?", (discussion["turn_id"],))
+    db.execute("UPDATE discussions SET reply_id = ? WHERE id = ?", (reply_id, discussion["id"]))
+    db.execute("UPDATE credentials SET revoked_at = ? WHERE id = ?", (iso(utcnow()), actor.credential_id))
+    waiting = [a for a in json.loads(turn["waiting_on"]) if a != actor.agent_id]
+    left = max(turn["replies_left"] - 1, 0)
+    nxt, step, column = None, None, None
+    if verdict != "ask_owner" and left:
+        if discussion["role"] == "draft" and turn["reviewer"]:
+            nxt, step, column = turn["reviewer"], "review", "draft_message"
+        elif discussion["role"] == "review" and verdict == "changes":
+            nxt, step, column = turn["drafter"], "revise", "review_message"
+    if nxt is not None:
+        db.execute(f"UPDATE turns SET step = ?, waiting_on = ?, waking_message = ?, {column} = ?, replies_left = ? "
+                   "WHERE id = ?", (step, json.dumps([nxt]), reply_id, reply_id, left, turn["id"]))
+        return [_room_wake(turn["id"], nxt, reply_id, left, False)]
+    db.execute("UPDATE turns SET waiting_on = ?, replies_left = ? WHERE id = ?",
+               (json.dumps(waiting), left, turn["id"]))
+    if not waiting or verdict == "ask_owner":
+        _end_turn(db, turn, "ask_owner" if verdict == "ask_owner" else "answered")
+    return []
+
+
+class _Refusal(PrickleError):
+    """A refusal that is also recorded (the record must outlive the refused call's rollback)."""
+
+    code, http_status = "forbidden", 403
+
+    def __init__(self, message: str, project: str, type_: str, refs: dict):
+        super().__init__(message)
+        self.project, self.type_, self.refs = project, type_, refs
+
+
+def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_key: str,
+                     harness: int | None) -> dict:
+    """A runner claims a 10-minute credential to answer one room wake: its role and, to review or revise, the draft.
+
+    Refused without harness 2 (``discussion.refused``), and once the turn no longer waits
+    on the agent. The same idempotency key replays the claim with a fresh credential
+    until the reply is posted. Writes ``discussion.claimed``.
+    """
+    if actor.credential_kind != "runner" and actor.project_scope != ROOMS_SCOPE:
+        raise Forbidden("only a runner device or a key for your owner's private rooms claims a discussion")
+    try:
+        with db.transaction():
+            message = db.one("SELECT m.*, p.kind FROM messages m JOIN projects p ON p.slug = m.project WHERE m.id = ?",
+                             (message_id,))
+            room = message and db.one("SELECT * FROM rooms WHERE project = ?", (message["project"],))
+            if room is None or room["owner"] != actor.owner:
+                raise NotFound(f"message_id: no message '{message_id}' in your owner's private room")
+            slug = message["project"]
+            require_project(db, actor, slug)
+            if harness != DISCUSSION_HARNESS:
+                raise _Refusal(f"harness: this runner speaks harness {harness or 1}; draft, review and revise turns "
+                               f"need harness {DISCUSSION_HARNESS}: update prickle-runner", slug, "discussion.refused",
+                               {"agent": actor.agent_id, "reason": "harness", "harness": harness})
+            turn = _open_turn(db, slug)
+            if (turn is None or turn["waking_message"] != message_id
+                    or actor.agent_id not in json.loads(turn["waiting_on"])):
+                raise InvalidState("this turn no longer waits on your agent: it ended, was stopped, ran out of time "
+                                   "or the owner wrote again")
+            role = turn["step"]
+            discussion = db.one("SELECT * FROM discussions WHERE turn_id = ? AND agent_id = ? AND message_id = ? AND "
+                                "idempotency_key = ?", (turn["id"], actor.agent_id, message_id, idempotency_key))
+            device = db.scalar("SELECT device_id FROM credentials WHERE id = ?", (actor.credential_id,))
+            now = utcnow()
+            if discussion is None:
+                discussion = {"id": new_id("dsc"), "turn_id": turn["id"], "agent_id": actor.agent_id,
+                              "device_id": device, "role": role, "message_id": message_id,
+                              "idempotency_key": idempotency_key, "credential_id": None, "reply_id": None,
+                              "claimed_at": iso(now)}
+                db.execute(f"INSERT INTO discussions ({', '.join(discussion)}) VALUES "
+                           f"({', '.join('?' * len(discussion))})", tuple(discussion.values()))
+            elif discussion["reply_id"]:
+                raise InvalidState("this discussion already posted its reply")
+            else:
+                db.execute("UPDATE credentials SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
+                           (iso(now), discussion["credential_id"]))
+            secret, credential_id, expires = make_secret("discussion"), new_id("tok"), iso(now + DISCUSSION_TTL)
+            db.execute("INSERT INTO credentials (id, kind, secret_hash, agent_id, project, created_at, expires_at, "
+                       "device_id, allowed_tools, discussion_id) VALUES (?, 'discussion', ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (credential_id, sha256_hex(secret), actor.agent_id, slug, iso(now), expires, device,
+                        json.dumps(DISCUSSION_TOOLS), discussion["id"]))
+            db.execute("UPDATE discussions SET credential_id = ? WHERE id = ?", (credential_id, discussion["id"]))
+            audit(db, slug, "discussion.claimed", {"agent": actor.agent_id, "device": device, "discussion":
+                                                   discussion["id"], "expires_at": expires})
+            reviewing = None
+            if role in ("review", "revise"):
+                draft = get_message(db, turn["draft_message"])
+                reviewing = {"message_id": draft["id"], "author": draft["author"]["agent_id"], "body": draft["body"]
+                             or "(empty)", "provenance": draft["provenance"] or "agent_generated",
+                             "provenance_status": draft.get("provenance_status") or "claimed"}
+            targets = json.loads(turn["waiting_on"])
+            return {"project": slug, "own_room": True, "replies_left": turn["replies_left"],
+                    "lead": role == "draft" and targets[:1] == [actor.agent_id], "role": role,
+                    "reviewing": reviewing,
+                    "discussion_credential": {"token": secret, "expires_at": expires,
+                                              "allowed_tools": list(DISCUSSION_TOOLS)}}
+    except _Refusal as e:
+        with db.transaction():
+            audit(db, e.project, e.type_, e.refs)
+        raise
+
+
+def room_view(db: Database, person: Actor) -> dict:
+    """The person's private room: its slug, reply mode, lead agent and the turn in progress."""
+    with db.transaction():
+        slug = ensure_room(db, person.handle)
+    room = db.one("SELECT * FROM rooms WHERE project = ?", (slug,))
+    turn = _open_turn(db, slug)
+    return {"room": {"project": slug, "reply_mode": room["reply_mode"], "lead_agent": room["lead_agent"]},
+            "turn": None if turn is None else {
+                "id": turn["id"], "step": turn["step"], "waiting_on": json.loads(turn["waiting_on"]),
+                "replies_left": turn["replies_left"], "message_id": turn["message_id"]}}
+
+
+def set_room(db: Database, person: Actor, reply_mode: str | None = None, lead: str | None = None) -> dict:
+    """The owner picks the room's reply mode and its lead (default) agent. Writes ``room.*_set``."""
+    if reply_mode is not None and reply_mode not in REPLY_MODES:
+        raise InvalidInput(f"reply_mode must be one of {', '.join(REPLY_MODES)}")
+    with db.transaction():
+        slug = ensure_room(db, person.handle)
+        if lead is not None:
+            if lead not in [a["agent_id"] for a in _room_agents(db, slug)]:
+                raise NotFound(f"lead: '{lead}' is not one of your agents")
+            db.execute("UPDATE rooms SET lead_agent = ? WHERE project = ?", (lead, slug))
+            audit(db, slug, "room.lead_set", {"agent": lead})
+        if reply_mode is not None:
+            db.execute("UPDATE rooms SET reply_mode = ? WHERE project = ?", (reply_mode, slug))
+            audit(db, slug, "room.reply_mode_set", {"mode": reply_mode})
+    return room_view(db, person)
+
+
+def stop_turn(db: Database, person: Actor) -> dict:
+    """The owner stops the turn in their room: its discussion credentials end. Writes ``room.turn_stopped``."""
+    with db.transaction():
+        slug = ensure_room(db, person.handle)
+        turn = _open_turn(db, slug)
+        if turn is None:
+            raise InvalidState("no turn is in progress in your room")
+        ended = _end_turn(db, turn, "stopped")
+        audit(db, slug, "room.turn_stopped", {"turn": turn["id"], "credentials": ended, "wakes": 0})
+    return {"turn": turn["id"], "stopped": True, "credentials_ended": ended}
+
+
 # -- wakes -------------------------------------------------------------------
 
 #: Which wake kinds each waiting tool reads, in order of precedence for one event. A
 #: ``task`` wake is a task handed (or handed back) to the agent; ``task_update`` is a
 #: change to a task it requested, which wait_for_updates reports as ``task`` too.
 WAKE_KINDS = {
-    "wait_for_mention": ("mention", "task"),
+    "wait_for_mention": ("mention", "task", "room"),
     "wait_for_updates": ("mention", "task", "task_update", "result", "decision", "reply"),
 }
 #: How wait_for_updates names each wake kind.
@@ -3567,7 +3887,7 @@ def pending_wakes(db: Database, actor: Actor, after: int, kinds: tuple[str, ...]
     """
     with db.snapshot():
         head = outbox_head(db)
-        sql = ("SELECT w.seq, w.kind, w.project, w.task_id, w.message_id, o.at FROM wakes w JOIN outbox o "
+        sql = ("SELECT w.seq, w.kind, w.project, w.task_id, w.message_id, w.detail, o.at FROM wakes w JOIN outbox o "
                "USING (seq) WHERE w.agent_id = ? AND w.seq > ? AND w.seq <= ? AND w.kind IN (%s)"
                % ",".join("?" * len(kinds)))
         params: tuple = (actor.agent_id, after, head) + tuple(kinds)
@@ -3590,6 +3910,10 @@ def wake_event(db: Database, wake: dict) -> dict:
     """A wait_for_mention event for one wake: the message of a mention, or the task handed over."""
     if wake["kind"] == "mention":
         return {"kind": "mention", "message": get_message(db, wake["message_id"])}
+    if wake["kind"] == "room":
+        detail = json.loads(wake["detail"])
+        return {"kind": "room", "message": get_message(db, wake["message_id"]),
+                "replies_left": detail["replies_left"], "lead": detail["lead"]}
     return {"kind": "task", "task": task_out(db, wake["task_id"])}
 
 
@@ -3795,6 +4119,10 @@ async def _tool_claim_task(state: AppState, actor: Actor, args: dict, ctx: Any) 
                       _dt.timedelta(minutes=state.settings.launch_timeout_minutes))
 
 
+async def _tool_claim_discussion(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
+    return claim_discussion(state.db, actor, args["message_id"], args["idempotency_key"], args.get("harness"))
+
+
 async def _tool_request_step(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
     return request_step(state.db, actor, args["tool_name"], args["input"], tool_use_id=args.get("tool_use_id"),
                         kind=args.get("kind"), target=args.get("target"), amount=args.get("amount"),
@@ -3917,6 +4245,17 @@ TOOLS: dict[str, Tool] = {t.name: t for t in [
          "asked for carries its Task request as the run's cause; wake.message_id may only repeat that message. A "
          "mention never starts a run.",
          _tool_claim_task),
+    Tool("claim_discussion",
+         "For runner devices, and keys for your owner's private rooms only: when a message in one of those rooms "
+         "woke your agent (a room wake), claim a discussion credential for that one message before starting a "
+         "short discussion session. Send harness: 2 (draft, review, revise); without it the claim is refused until "
+         "the runner is updated. The answer gives the session's role (draft, review, revise or combine) and, to "
+         "review or revise, quotes the draft. The credential is shown once, lasts 10 minutes, may only read that "
+         "room and posts one reply, with its verdict, to the room's general chat in that turn. The same "
+         "idempotency key replays the claim with a fresh credential until the reply is posted. Refused once the "
+         "turn no longer waits on your agent (ended, stopped, out of time, or the owner wrote again). It never "
+         "starts a run.",
+         _tool_claim_discussion),
     Tool("request_step",
          "For a woken run only: before a step your run's tools don't allow (destructive, spending or outbound), "
          "ask your owner with the exact call you will make (tool_name and input) and say what it is (kind, "
@@ -4040,7 +4379,7 @@ class _MCPEndpoint:
         auth = request.headers.get("authorization", "")
         token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
         try:
-            actor = resolve_token(self.state.db, token, ("client", "runner", "execution"))
+            actor = resolve_token(self.state.db, token, ("client", "runner", "execution", "discussion"))
         except Unauthorized as e:
             await _error_response(e)(scope, receive, send)
             return
@@ -4119,8 +4458,8 @@ async def api_me(state: AppState, person: Actor, request: Request, body: Any) ->
 
 def list_projects(db: Database, handle: str) -> list[dict]:
     """The projects ``handle`` is a member of, with their role in each."""
-    return db.rows("SELECT p.slug, p.team, p.name, p.description, m.role FROM projects p JOIN members m "
-                   "ON m.project = p.slug AND m.handle = ? ORDER BY p.slug", (handle,))
+    return db.rows("SELECT p.slug, p.team, p.name, p.description, m.role, p.kind FROM projects p JOIN members m "
+                   "ON m.project = p.slug AND m.handle = ? ORDER BY p.kind DESC, p.slug", (handle,))
 
 
 async def api_projects(state: AppState, person: Actor, request: Request, body: Any) -> dict:
@@ -4298,8 +4637,7 @@ async def api_agents(state: AppState, person: Actor, request: Request, body: Any
     out = []
     for r in state.db.rows("SELECT agent_id FROM agents WHERE owner = ? ORDER BY agent_id", (person.handle,)):
         card = agent_card(state.db, r["agent_id"], state.hub)
-        card["projects"] = [p["project"] for p in state.db.rows(
-            "SELECT project FROM project_agents WHERE agent_id = ? ORDER BY project", (r["agent_id"],))]
+        card["projects"] = team_projects_of(state.db, r["agent_id"])
         out.append(card)
     return {"agents": out}
 
@@ -4453,6 +4791,21 @@ async def api_decide_step(state: AppState, person: Actor, request: Request, body
     return {"step": decide_step(state.db, person, request.path_params["step_id"], _field(body, "decision", str))}
 
 
+async def api_room_view(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/room: your private room's slug, reply mode, lead agent and the turn in progress."""
+    return room_view(state.db, person)
+
+
+async def api_room_settings(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/room {reply_mode?: review|solo|named, lead?: "you/agent"}."""
+    return set_room(state.db, person, _field(body, "reply_mode", str, False), _field(body, "lead", str, False))
+
+
+async def api_room_stop(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/room/stop: stop the turn in progress in your room."""
+    return stop_turn(state.db, person)
+
+
 async def signin(request: Request) -> Response:
     """GET /signin?token=…: spend a one-time sign-in link, set the session cookie, go to the page."""
     state: AppState = request.app.state.prickle
@@ -4569,6 +4922,9 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
         Route("/api/rules/{rule_id}", _api(api_revoke_rule), methods=["DELETE"]),
         Route("/api/standing-approvals/{standing_id}", _api(api_revoke_standing), methods=["DELETE"]),
         Route("/api/policy", _api(api_policy), methods=["POST"]),
+        Route("/api/room", _api(api_room_view)),
+        Route("/api/room", _api(api_room_settings), methods=["POST"]),
+        Route("/api/room/stop", _api(api_room_stop), methods=["POST"]),
         Route("/api/devices", _api(api_devices)),
         Route("/api/devices", _api(api_pair_device), methods=["POST"]),
         Route("/api/devices/{device_id}", _api(api_revoke_device), methods=["DELETE"]),
@@ -4993,11 +5349,16 @@ def token() -> None:
 @_common
 @click.option("--agent", "agent_id", default=None, metavar="OWNER/NAME", help="A client key for this agent.")
 @click.option("--project", "project_slug", default=None, help="Scope the client key to this one project.")
+@click.option("--rooms", is_flag=True, help="A client key for the agent's owner's private rooms only.")
 @click.option("--person", "handle", default=None, help="A personal token for the HTTP API.")
 @click.option("--runner", "runner", default=None, metavar="OWNER/NAME", help="A runner device key for this agent.")
-def token_create(db_path: str, as_json: bool, agent_id: str | None, project_slug: str | None,
+def token_create(db_path: str, as_json: bool, agent_id: str | None, project_slug: str | None, rooms: bool,
                  handle: str | None, runner: str | None) -> None:
     """Make a credential and print its secret once."""
+    if rooms:
+        if project_slug is not None or agent_id is None:
+            raise InvalidInput("--rooms goes with --agent OWNER/NAME and without --project")
+        project_slug = ROOMS_SCOPE
     if sum(x is not None for x in (agent_id, handle, runner)) != 1:
         raise InvalidInput("pass exactly one of --agent OWNER/NAME, --person HANDLE or --runner OWNER/NAME")
     kind = "client" if agent_id else "person" if handle else "runner"
@@ -5110,7 +5471,7 @@ def connect(db_path: str, as_json: bool, agent_id: str, project_slug: str | None
     db = _open(db_path)
     record, secret = create_token(db, "client", agent_id=agent_id, project=project_slug)
     lines = connect_lines(public_base(db, settings), agent_id, secret)
-    projects = [r["project"] for r in db.rows("SELECT project FROM project_agents WHERE agent_id = ?", (agent_id,))]
+    projects = team_projects_of(db, agent_id)
     warning = "" if projects else (f"\nNote: {agent_id} is in no project yet, so every tool will answer not_found; "
                                    f"add it with 'prickle agent join PROJECT {agent_id}'.")
     _Out(as_json)(record | {"token": secret, "projects": projects} | lines,

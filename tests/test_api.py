@@ -12,8 +12,12 @@ def test_me_and_projects(server, world):
     assert server.get("/api/me", headers=auth(world, "ren")).json() == {"person": {
         "handle": "ren", "display_name": "Ren Ito", "avatar_url": None, "color": 1, "away": False}}
     assert server.get("/api/projects", headers=auth(world, "ren")).json() == {"projects": [
-        {"slug": PROJECT, "team": "web", "name": "Website v2", "description": "The new site.", "role": "member"}]}
-    assert [p["slug"] for p in server.get("/api/projects", headers=auth(world, "sam")).json()["projects"]] == ["side"]
+        {"slug": PROJECT, "team": "web", "name": "Website v2", "description": "The new site.", "role": "member",
+         "kind": "team"},
+        {"slug": "ren-room", "team": "", "name": "Ren Ito's room", "description": "A private room with your own agents.",
+         "role": "owner", "kind": "private"}]}
+    assert [p["slug"] for p in server.get("/api/projects", headers=auth(world, "sam")).json()["projects"]] == [
+        "side", "sam-room"]
 
 
 def test_no_credential_is_401_with_a_json_error(server):

@@ -76,7 +76,7 @@ def test_a_whole_setup_from_the_command_line(db_path):
     assert c["token"] in c["claude_code"] and "claude mcp add --transport http" in c["claude_code"]
     assert "[mcp_servers.prickle]" in c["codex"] and c["token"] in c["codex"]
     v = jrun(db_path, "audit", "verify")
-    assert v["ok"] is True and {r["chain"] for r in v["chains"]} == {"website-v2", ""}
+    assert v["ok"] is True and {r["chain"] for r in v["chains"]} == {"website-v2", "oj-room", ""}
     assert jrun(db_path, "signin-link", "ren")["signin"].startswith("http://127.0.0.1:8321/signin?token=prk_sl_")
     dest = os.path.join(os.path.dirname(db_path), "backup.db")
     assert jrun(db_path, "backup", dest)["backup"] == dest

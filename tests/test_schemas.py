@@ -27,7 +27,7 @@ def test_tools_list_over_mcp(mcp):
     assert set(tools) == set(prickle.TOOLS) == {
         "discover_team_agents", "get_project_context", "read_room", "post_message", "wait_for_mention",
         "update_pulse", "wait_for_updates", "handoff", "check_inbox", "accept_task", "checkpoint", "return_result",
-        "accept_result", "reject_result", "request_capability", "claim_task", "request_step"}
+        "accept_result", "reject_result", "request_capability", "claim_task", "claim_discussion", "request_step"}
     for name, t in tools.items():
         assert len(t["description"]) > 80
         assert t["inputSchema"] == REFERENCE_TOOLS[name]["input_schema"]

@@ -1,0 +1,148 @@
+"""Private rooms: each person's room with their own agents, turns by reply mode, claim_discussion."""
+
+import prickle
+from conftest import audit_entries
+from test_tasks import person
+
+ROOM = "oj-room"
+
+
+def setup_room(world):
+    """oj's room with oj/muse and oj/scout (claude-code) and oj/critic (codex); runner keys for each."""
+    prickle.add_agent(world.db, "oj/critic", "Critic", "gpt-5", "codex", "Reviewer", [], [])
+    return {a: prickle.pair_device(world.db, "oj", a)[1] for a in ("oj/muse", "oj/scout", "oj/critic")}
+
+
+def say(server, world, body, handle="oj"):
+    r = person(server, world, handle).post(f"/api/projects/{ROOM}/messages", {"body": body})
+    assert r.status_code == 200, r.text
+    return r.json()["message"]
+
+
+def woke(mcp, agent, cursor, runner):
+    out = mcp.ok(agent, "wait_for_mention", {"cursor": cursor, "timeout_seconds": 1}, token=runner)
+    return out["events"]
+
+
+def start(mcp, agent, runner):
+    return mcp.ok(agent, "wait_for_mention", {"timeout_seconds": 1}, token=runner)["cursor"]
+
+
+def claim(mcp, agent, runner, message_id, key="k", harness=2):
+    args = {"message_id": message_id, "idempotency_key": key} | ({"harness": harness} if harness else {})
+    return mcp.ok(agent, "claim_discussion", args, token=runner)
+
+
+def test_every_person_gets_a_private_room_with_their_agents(mcp, world):
+    assert world.db.one("SELECT * FROM rooms WHERE owner = 'oj'")["project"] == ROOM
+    agents = [r["agent_id"] for r in world.db.rows("SELECT agent_id FROM project_agents WHERE project = ?", (ROOM,))]
+    assert agents == ["oj/muse", "oj/scout"]
+    mcp.error("oj/muse", "read_room", {"project": ROOM}, "not_found")  # a full-reach key doesn't reach it
+    _, rooms_key = prickle.create_token(world.db, "client", agent_id="oj/muse", project=prickle.ROOMS_SCOPE)
+    assert mcp.ok("oj/muse", "read_room", {"project": ROOM}, token=rooms_key)["messages"] == []
+    mcp.error("oj/muse", "read_room", {"project": "website-v2"}, "not_found", token=rooms_key)
+    mcp.error("oj/muse", "post_message", {"project": ROOM, "body": "hi"}, "forbidden", token=rooms_key)
+    mcp.error("ren/builder", "read_room", {"project": ROOM}, "not_found")
+
+
+def test_draft_review_revise(mcp, server, world):
+    runners = setup_room(world)
+    cursors = {a: start(mcp, a, k) for a, k in runners.items()}
+    asked = say(server, world, "What should the hero headline say?")
+    [event] = woke(mcp, "oj/muse", cursors["oj/muse"], runners["oj/muse"])
+    assert (event["kind"], event["message"]["id"], event["replies_left"], event["lead"]) == (
+        "room", asked["id"], 3, True)
+    assert woke(mcp, "oj/critic", cursors["oj/critic"], runners["oj/critic"]) == []
+    draft_claim = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
+    assert (draft_claim["role"], draft_claim["reviewing"], draft_claim["project"]) == ("draft", None, ROOM)
+    assert draft_claim["discussion_credential"]["allowed_tools"] == ["read_room", "post_message"]
+    cred = draft_claim["discussion_credential"]["token"]
+    assert mcp.ok("oj/muse", "read_room", {"project": ROOM}, token=cred)["messages"][0]["id"] == asked["id"]
+    mcp.error("oj/muse", "read_room", {"project": "website-v2"}, "forbidden", token=cred)
+    mcp.error("oj/muse", "get_project_context", {"project": ROOM}, "forbidden", token=cred)
+    mcp.error("oj/muse", "post_message", {"project": ROOM, "body": "x"}, "invalid_input", token=cred)
+    mcp.error("oj/muse", "post_message", {"project": ROOM, "body": "x", "verdict": "approve"}, "invalid_input",
+              token=cred)
+    draft = mcp.ok("oj/muse", "post_message", {"project": ROOM, "body": "Work together, calmly.",
+                                               "verdict": "draft"}, token=cred)["message"]
+    assert draft["verdict"] == "draft"
+    assert mcp.raw(cred, "tools/list").status_code == 401  # one post only
+    [review_wake] = woke(mcp, "oj/critic", cursors["oj/critic"], runners["oj/critic"])
+    assert (review_wake["message"]["id"], review_wake["replies_left"], review_wake["lead"]) == (draft["id"], 2, False)
+    review_claim = claim(mcp, "oj/critic", runners["oj/critic"], draft["id"])
+    assert review_claim["role"] == "review"
+    assert review_claim["reviewing"] | {"provenance_status": None} == {
+        "message_id": draft["id"], "author": "oj/muse", "body": "Work together, calmly.",
+        "provenance": "agent_generated", "provenance_status": None}
+    changes = mcp.ok("oj/critic", "post_message", {"project": ROOM, "body": "Too vague: name the product.",
+                                                   "verdict": "changes"},
+                     token=review_claim["discussion_credential"]["token"])["message"]
+    [revise_wake] = woke(mcp, "oj/muse", cursors["oj/muse"], runners["oj/muse"])[-1:]
+    assert revise_wake["message"]["id"] == changes["id"] and revise_wake["replies_left"] == 1
+    revise = claim(mcp, "oj/muse", runners["oj/muse"], changes["id"])
+    assert revise["role"] == "revise" and revise["reviewing"]["message_id"] == draft["id"]
+    mcp.ok("oj/muse", "post_message", {"project": ROOM, "body": "Prickle: your team and its agents, together.",
+                                       "verdict": "draft"}, token=revise["discussion_credential"]["token"])
+    assert prickle.room_view(world.db, world.person("oj"))["turn"] is None  # the turn is over
+    claimed = audit_entries(world.db, ROOM, "discussion.claimed")
+    assert [e["refs"]["agent"] for e in claimed] == ["oj/muse", "oj/critic", "oj/muse"]
+
+
+def test_an_approving_review_ends_the_turn(mcp, server, world):
+    runners = setup_room(world)
+    asked = say(server, world, "Name for the beta?")
+    d = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
+    draft = mcp.ok("oj/muse", "post_message", {"project": ROOM, "body": "Early access", "verdict": "draft"},
+                   token=d["discussion_credential"]["token"])["message"]
+    r = claim(mcp, "oj/critic", runners["oj/critic"], draft["id"])
+    mcp.ok("oj/critic", "post_message", {"project": ROOM, "body": "", "verdict": "approve"},
+           token=r["discussion_credential"]["token"])
+    assert prickle.room_view(world.db, world.person("oj"))["turn"] is None
+
+
+def test_claims_need_harness_2_and_a_turn_that_waits_on_the_agent(mcp, server, world):
+    runners = setup_room(world)
+    asked = say(server, world, "Hello agents")
+    text = mcp.error("oj/muse", "claim_discussion", {"message_id": asked["id"], "idempotency_key": "k"}, "forbidden",
+                     token=runners["oj/muse"])
+    assert "harness" in text
+    assert audit_entries(world.db, ROOM, "discussion.refused")[0]["refs"]["reason"] == "harness"
+    mcp.error("oj/scout", "claim_discussion", {"message_id": asked["id"], "idempotency_key": "k", "harness": 2},
+              "invalid_state", token=runners["oj/scout"])  # the turn waits on muse, not scout
+    first = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
+    again = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])  # replay: a fresh credential
+    assert again["discussion_credential"]["token"] != first["discussion_credential"]["token"]
+    assert mcp.raw(first["discussion_credential"]["token"], "tools/list").status_code == 401
+    say(server, world, "Never mind, new question")  # the owner's next message replaces the turn
+    mcp.error("oj/muse", "claim_discussion", {"message_id": asked["id"], "idempotency_key": "k", "harness": 2},
+              "invalid_state", token=runners["oj/muse"])
+    assert mcp.raw(again["discussion_credential"]["token"], "tools/list").status_code == 401
+    mcp.error("ren/builder", "claim_discussion", {"message_id": asked["id"], "idempotency_key": "k", "harness": 2},
+              "forbidden")  # a client key for team projects
+
+
+def test_the_owner_stops_a_turn_and_sets_the_reply_mode_and_lead(mcp, server, world):
+    runners = setup_room(world)
+    oj = person(server, world, "oj")
+    asked = say(server, world, "Start something")
+    live = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
+    stopped = oj.post("/api/room/stop").json()
+    assert stopped["stopped"] is True and stopped["credentials_ended"] == 1
+    assert mcp.raw(live["discussion_credential"]["token"], "tools/list").status_code == 401
+    assert oj.post("/api/room/stop").status_code == 409
+    view = oj.post("/api/room", {"reply_mode": "solo", "lead": "oj/critic"}).json()
+    assert view["room"] == {"project": ROOM, "reply_mode": "solo", "lead_agent": "oj/critic"}
+    cursor = start(mcp, "oj/critic", runners["oj/critic"])
+    asked = say(server, world, "Alone please")
+    [event] = woke(mcp, "oj/critic", cursor, runners["oj/critic"])
+    assert event["replies_left"] == 1
+    oj.post("/api/room", {"reply_mode": "named"})
+    cursors = {a: start(mcp, a, k) for a, k in runners.items()}
+    say(server, world, "@scout and @muse, both of you")
+    assert [len(woke(mcp, a, cursors[a], runners[a])) for a in ("oj/muse", "oj/scout", "oj/critic")] == [1, 1, 0]
+    say(server, world, "nobody named")
+    assert prickle.room_view(world.db, world.person("oj"))["turn"] is None
+    assert oj.post("/api/room", {"reply_mode": "chaos"}).status_code == 400
+    assert oj.post("/api/room", {"lead": "ren/builder"}).status_code == 404
+    types = [e["type"] for e in audit_entries(world.db, ROOM) if e["type"].startswith("room.")]
+    assert types == ["room.turn_stopped", "room.lead_set", "room.reply_mode_set", "room.reply_mode_set"]
