@@ -976,6 +976,13 @@ MIGRATIONS: list[list[str]] = [
             device_id TEXT, role TEXT NOT NULL, message_id TEXT NOT NULL, idempotency_key TEXT NOT NULL,
             credential_id TEXT, reply_id TEXT, claimed_at TEXT NOT NULL,
             UNIQUE (turn_id, agent_id, message_id, idempotency_key))""",
+        """CREATE TABLE actions (
+            id TEXT PRIMARY KEY, project TEXT NOT NULL, agent_id TEXT NOT NULL, owner TEXT NOT NULL,
+            tool TEXT NOT NULL, action TEXT NOT NULL, inputs TEXT NOT NULL, cost_estimate TEXT, status TEXT NOT NULL,
+            expires_at TEXT NOT NULL, decided_by TEXT, decided_at TEXT, message_id TEXT NOT NULL,
+            result_message_id TEXT, failure TEXT, approval_audit_id TEXT, created_at TEXT NOT NULL)""",
+        "ALTER TABLE messages ADD COLUMN make_action TEXT",
+        "ALTER TABLE messages ADD COLUMN made_by_action TEXT",
     ],
 ]
 
@@ -1941,6 +1948,13 @@ _MESSAGE_SELECT = (
 )
 
 
+def _with_card(db: Database, row: dict) -> dict:
+    """A message row with its Approve card as it stands now (the card changes as it is decided)."""
+    if row.get("make_action"):
+        row = dict(row, make_action_card=action_out(db.one("SELECT * FROM actions WHERE id = ?", (row["make_action"],))))
+    return row
+
+
 def message_out(row: dict) -> dict:
     """A message row as the reference's Message object (optional fields only when set)."""
     if row["author_kind"] == "person":
@@ -1959,6 +1973,10 @@ def message_out(row: dict) -> dict:
         out["verdict"] = row["verdict"]
     if row["task_request"]:
         out["task_request"] = {"task_id": row["task_request"]}
+    if row.get("make_action_card"):
+        out["make_action"] = row["make_action_card"]
+    if row.get("made_by_action"):
+        out["made_by_action"] = json.loads(row["made_by_action"])
     if row.get("lineage"):
         out["lineage"] = json.loads(row["lineage"])
     return out
@@ -1967,7 +1985,7 @@ def message_out(row: dict) -> dict:
 def get_message(db: Database, message_id: str) -> dict | None:
     """One message as the reference's Message object, or None."""
     row = db.one(_MESSAGE_SELECT + "WHERE m.id = ?", (message_id,))
-    return message_out(row) if row else None
+    return message_out(_with_card(db, row)) if row else None
 
 
 def resolve_mentions(db: Database, project: str, body: str) -> tuple[list[str], list[str]]:
@@ -2192,7 +2210,7 @@ def read_room(db: Database, actor: Actor, project: str, *, cursor: str | None = 
                        params + (after, limit + 1))
         more = len(rows) > limit
         rows = rows[:limit]
-        out = {"messages": [message_out(r) for r in rows],
+        out = {"messages": [message_out(_with_card(db, r)) for r in rows],
                "next_cursor": encode_cursor(db, scope, rows[-1]["seq"]) if more else None}
         if task_id is None:
             out["threads"] = _threads(db, actor, project)
@@ -3845,13 +3863,160 @@ def stop_turn(db: Database, person: Actor) -> dict:
     return {"turn": turn["id"], "stopped": True, "credentials_ended": ended}
 
 
+# -- make-or-spend actions (Approve cards) ---------------------------------------
+
+#: The make-or-spend tools an agent may propose, and how long an undecided card waits.
+ACTION_TOOLS = ("image_gen",)
+ACTION_LIFETIME = _dt.timedelta(hours=24)
+ACTION_FAILURES = ("not_allowed_here", "expired", "unavailable", "stopped", "no_result", "error")
+
+
+def action_out(row: dict) -> dict:
+    """An action row as the reference's make_action card."""
+    return {"id": row["id"], "agent_id": row["agent_id"], "tool": row["tool"], "action": row["action"],
+            "inputs": json.loads(row["inputs"]), "cost_estimate": row["cost_estimate"], "status": row["status"],
+            "expires_at": row["expires_at"], "step_up": False, "decided_by": row["decided_by"],
+            "decided_at": row["decided_at"], "result_message_id": row["result_message_id"], "failure": row["failure"]}
+
+
+def _action_updated(db: Database, row: dict, wakes: list = ()) -> None:
+    append_event(db, row["project"], "action.updated", {"action": action_out(row)}, wakes)
+
+
+def _agent_room(db: Database, actor: Actor) -> str:
+    slug = db.scalar("SELECT project FROM rooms WHERE owner = ?", (actor.owner,))
+    if slug is None or actor.credential_kind not in ("runner", "discussion"):
+        raise Forbidden("only your agent's runner (or its discussion) proposes actions, in its owner's room")
+    return slug
+
+
+def propose_action(db: Database, actor: Actor, tool: str, action: str, prompt: str,
+                   cost_estimate: str | None = None) -> dict:
+    """An agent proposes a make-or-spend action in its owner's room: a message carrying the card.
+
+    Wakes no one; the owner approves or declines. Writes ``action.proposed`` (the tool and a
+    hash of the inputs) and ``action.updated``.
+    """
+    if tool not in ACTION_TOOLS:
+        raise InvalidInput(f"tool must be one of {', '.join(ACTION_TOOLS)}")
+    check_text(action, "action", 200, 1)
+    check_text(prompt, "prompt", 1000, 1)
+    if cost_estimate is not None:
+        check_text(cost_estimate, "cost_estimate", 120, 1)
+    with db.transaction():
+        slug = _agent_room(db, actor)
+        now = utcnow()
+        row = {"id": new_id("act"), "project": slug, "agent_id": actor.agent_id, "owner": actor.owner, "tool": tool,
+               "action": action, "inputs": json.dumps({"prompt": prompt}), "cost_estimate": cost_estimate,
+               "status": "proposed", "expires_at": iso(now + ACTION_LIFETIME), "decided_by": None, "decided_at": None,
+               "message_id": new_id("msg"), "result_message_id": None, "failure": None, "approval_audit_id": None,
+               "created_at": iso(now)}
+        db.execute(f"INSERT INTO actions ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                   tuple(row.values()))
+        name = _display_name(db, actor)
+        message = {"id": row["message_id"], "project": slug, "author": {"kind": "agent", "agent_id": actor.agent_id,
+                   "owner": actor.owner, "display_name": name}, "body": f"Proposed: {action}", "mentions": [],
+                   "provenance": "agent_generated", "in_reply_to": None, "task_id": None, "created_at": row["created_at"],
+                   "make_action": action_out(row)}
+        db.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, provenance, created_at, "
+                   "make_action) VALUES (?, ?, 'agent', ?, ?, '[]', 'agent_generated', ?, ?)",
+                   (row["message_id"], slug, actor.agent_id, message["body"], row["created_at"], row["id"]))
+        append_event(db, slug, "message.posted", {"message": message})
+        audit(db, slug, "action.proposed", {"message": row["message_id"], "action": row["id"], "tool": tool,
+                                            "inputs_sha256": sha256_hex(row["inputs"])})
+        _action_updated(db, row)
+    return action_out(row)
+
+
+def decide_action(db: Database, person: Actor, action_id: str, decision: str) -> dict:
+    """The owner approves or declines a card; only an approval wakes the agent's runner (``action``)."""
+    if decision not in ("approve", "decline"):
+        raise InvalidInput("decision must be 'approve' or 'decline'")
+    with db.transaction():
+        row = db.one("SELECT * FROM actions WHERE id = ? AND owner = ?", (action_id, person.handle))
+        if row is None:
+            raise NotFound(f"no action '{action_id}' for you to decide")
+        now = utcnow()
+        if row["status"] == "proposed" and parse_iso(row["expires_at"]) <= now:
+            db.execute("UPDATE actions SET status = 'expired', failure = 'expired' WHERE id = ?", (action_id,))
+            _action_updated(db, db.one("SELECT * FROM actions WHERE id = ?", (action_id,)))
+            raise InvalidState(f"action '{action_id}' expired undecided")
+        if row["status"] != "proposed":
+            raise InvalidState(f"action '{action_id}' is {row['status']}, not waiting for a decision")
+        status = "approved" if decision == "approve" else "declined"
+        db.execute("UPDATE actions SET status = ?, decided_by = ?, decided_at = ? WHERE id = ?",
+                   (status, person.handle, iso(now), action_id))
+        if status == "approved":
+            entry = audit(db, row["project"], "action.approved", {
+                "action": action_id, "tool": row["tool"], "exact_action": row["action"],
+                "prompt": json.loads(row["inputs"])["prompt"], "inputs_sha256": sha256_hex(row["inputs"]),
+                "cost_estimate": row["cost_estimate"], "step_up": False, "lapses_at": row["expires_at"]})
+            db.execute("UPDATE actions SET approval_audit_id = ? WHERE id = ?",
+                       (f"{row['project']}-{entry['n']}", action_id))
+            wakes = [(row["agent_id"], "action", None, None, {"action_id": action_id, "tool": row["tool"]})]
+        else:
+            audit(db, row["project"], "action.declined", {"action": action_id, "tool": row["tool"]})
+            wakes = []
+        row = db.one("SELECT * FROM actions WHERE id = ?", (action_id,))
+        _action_updated(db, row, wakes)
+    return action_out(row)
+
+
+def claim_action(db: Database, actor: Actor, action_id: str) -> dict:
+    """The proposing agent's runner uses the approval, once, before it runs anything. Writes ``action.claimed``."""
+    if actor.credential_kind != "runner":
+        raise Forbidden("only the proposing agent's runner device claims an approved action")
+    with db.transaction():
+        row = db.one("SELECT * FROM actions WHERE id = ? AND agent_id = ?", (action_id, actor.agent_id))
+        if row is None:
+            raise NotFound(f"no action '{action_id}' of your agent's")
+        if row["status"] != "approved":
+            raise InvalidState(f"action '{action_id}' is {row['status']}: only an approved card is claimed, once")
+        db.execute("UPDATE actions SET status = 'running' WHERE id = ? AND status = 'approved'", (action_id,))
+        audit(db, row["project"], "action.claimed", {"action": action_id, "tool": row["tool"],
+                                                     "inputs_sha256": sha256_hex(row["inputs"])})
+        row = db.one("SELECT * FROM actions WHERE id = ?", (action_id,))
+        _action_updated(db, row)
+    return action_out(row)
+
+
+def finish_action(db: Database, actor: Actor, action_id: str, body: str | None = None,
+                  failure: str | None = None) -> dict:
+    """The runner posts the running action's result (a message) or a fixed failure. Writes ``action.finished``."""
+    if (body is None) == (failure is None):
+        raise InvalidInput("send the result's body or a failure, one of the two")
+    if failure is not None and failure not in ACTION_FAILURES:
+        raise InvalidInput(f"failure must be one of {', '.join(ACTION_FAILURES)}")
+    with db.transaction():
+        row = db.one("SELECT * FROM actions WHERE id = ? AND agent_id = ?", (action_id, actor.agent_id))
+        if row is None:
+            raise NotFound(f"no action '{action_id}' of your agent's")
+        if row["status"] != "running":
+            raise InvalidState(f"action '{action_id}' is {row['status']}: claim it first")
+        message_id = None
+        if body is not None:
+            check_text(body, "body", 8000, 1)
+            message_id, now = new_id("msg"), iso(utcnow())
+            made_by = {"action_id": action_id, "approval_audit_id": row["approval_audit_id"]}
+            db.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, provenance, "
+                       "created_at, made_by_action) VALUES (?, ?, 'agent', ?, ?, '[]', 'agent_generated', ?, ?)",
+                       (message_id, row["project"], actor.agent_id, body, now, json.dumps(made_by)))
+            append_event(db, row["project"], "message.posted", {"message": get_message(db, message_id)})
+        db.execute("UPDATE actions SET status = ?, result_message_id = ?, failure = ? WHERE id = ?",
+                   ("done" if body is not None else "failed", message_id, failure, action_id))
+        audit(db, row["project"], "action.finished", {"action": action_id, "message": message_id, "failure": failure})
+        row = db.one("SELECT * FROM actions WHERE id = ?", (action_id,))
+        _action_updated(db, row)
+    return action_out(row)
+
+
 # -- wakes -------------------------------------------------------------------
 
 #: Which wake kinds each waiting tool reads, in order of precedence for one event. A
 #: ``task`` wake is a task handed (or handed back) to the agent; ``task_update`` is a
 #: change to a task it requested, which wait_for_updates reports as ``task`` too.
 WAKE_KINDS = {
-    "wait_for_mention": ("mention", "task", "room"),
+    "wait_for_mention": ("mention", "task", "room", "action"),
     "wait_for_updates": ("mention", "task", "task_update", "result", "decision", "reply"),
 }
 #: How wait_for_updates names each wake kind.
@@ -3910,6 +4075,9 @@ def wake_event(db: Database, wake: dict) -> dict:
     """A wait_for_mention event for one wake: the message of a mention, or the task handed over."""
     if wake["kind"] == "mention":
         return {"kind": "mention", "message": get_message(db, wake["message_id"])}
+    if wake["kind"] == "action":
+        detail = json.loads(wake["detail"])
+        return {"kind": "action", "action_id": detail["action_id"], "project": wake["project"], "tool": detail["tool"]}
     if wake["kind"] == "room":
         detail = json.loads(wake["detail"])
         return {"kind": "room", "message": get_message(db, wake["message_id"]),
@@ -4414,13 +4582,20 @@ def _person_from_request(state: AppState, request: Request) -> Actor:
     return actor
 
 
-def _api(handler: Callable[..., Any]) -> Callable[[Request], Any]:
-    """Wrap an API handler: authenticate the person, map PrickleError to a JSON error."""
+def _runner_from_request(state: AppState, request: Request) -> Actor:
+    """The agent behind a runner's HTTP call: its runner key or a discussion credential."""
+    auth = request.headers.get("authorization", "")
+    return resolve_token(state.db, auth[7:].strip() if auth.lower().startswith("bearer ") else "",
+                         ("runner", "discussion"))
+
+
+def _api(handler: Callable[..., Any], runner: bool = False) -> Callable[[Request], Any]:
+    """Wrap an API handler: authenticate the person (or the runner), map PrickleError to a JSON error."""
 
     async def endpoint(request: Request) -> Response:
         state: AppState = request.app.state.prickle
         try:
-            person = _person_from_request(state, request)
+            person = _runner_from_request(state, request) if runner else _person_from_request(state, request)
             body = None
             if request.method in ("POST", "PUT", "PATCH"):
                 try:
@@ -4806,6 +4981,35 @@ async def api_room_stop(state: AppState, person: Actor, request: Request, body: 
     return stop_turn(state.db, person)
 
 
+async def api_actions(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/actions: Approve cards waiting for your decision."""
+    return {"actions": [action_out(r) | {"project": r["project"], "message_id": r["message_id"]} for r in state.db.rows(
+        "SELECT * FROM actions WHERE owner = ? AND status = 'proposed' ORDER BY created_at", (person.handle,))]}
+
+
+async def api_decide_action(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/actions/{id} {decision: approve|decline}."""
+    return {"action": decide_action(state.db, person, request.path_params["action_id"],
+                                    _field(body, "decision", str))}
+
+
+async def runner_propose(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
+    """POST /api/runner/actions {tool, action, prompt, cost_estimate?}: propose an Approve card."""
+    return {"action": propose_action(state.db, agent, _field(body, "tool", str), _field(body, "action", str),
+                                     _field(body, "prompt", str), _field(body, "cost_estimate", str, False))}
+
+
+async def runner_claim_action(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
+    """POST /api/runner/actions/{id}/claim: use the approval, once."""
+    return {"action": claim_action(state.db, agent, request.path_params["action_id"])}
+
+
+async def runner_finish_action(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
+    """POST /api/runner/actions/{id}/finish {body} or {failure}: post the result or a failure."""
+    return {"action": finish_action(state.db, agent, request.path_params["action_id"],
+                                    _field(body, "body", str, False), _field(body, "failure", str, False))}
+
+
 async def signin(request: Request) -> Response:
     """GET /signin?token=…: spend a one-time sign-in link, set the session cookie, go to the page."""
     state: AppState = request.app.state.prickle
@@ -4922,6 +5126,11 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
         Route("/api/rules/{rule_id}", _api(api_revoke_rule), methods=["DELETE"]),
         Route("/api/standing-approvals/{standing_id}", _api(api_revoke_standing), methods=["DELETE"]),
         Route("/api/policy", _api(api_policy), methods=["POST"]),
+        Route("/api/actions", _api(api_actions)),
+        Route("/api/actions/{action_id}", _api(api_decide_action), methods=["POST"]),
+        Route("/api/runner/actions", _api(runner_propose, runner=True), methods=["POST"]),
+        Route("/api/runner/actions/{action_id}/claim", _api(runner_claim_action, runner=True), methods=["POST"]),
+        Route("/api/runner/actions/{action_id}/finish", _api(runner_finish_action, runner=True), methods=["POST"]),
         Route("/api/room", _api(api_room_view)),
         Route("/api/room", _api(api_room_settings), methods=["POST"]),
         Route("/api/room/stop", _api(api_room_stop), methods=["POST"]),

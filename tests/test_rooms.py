@@ -146,3 +146,49 @@ def test_the_owner_stops_a_turn_and_sets_the_reply_mode_and_lead(mcp, server, wo
     assert oj.post("/api/room", {"lead": "ren/builder"}).status_code == 404
     types = [e["type"] for e in audit_entries(world.db, ROOM) if e["type"].startswith("room.")]
     assert types == ["room.turn_stopped", "room.lead_set", "room.reply_mode_set", "room.reply_mode_set"]
+
+
+def test_make_or_spend_actions(mcp, server, world):
+    runners = setup_room(world)
+    runner = {"Authorization": f"Bearer {runners['oj/muse']}"}
+    cursor = start(mcp, "oj/muse", runners["oj/muse"])
+    r = server.post("/api/runner/actions", json={"tool": "image_gen", "action": "Draw the hero illustration",
+                                                 "prompt": "A calm team of robots and people", "cost_estimate": "$0.04"},
+                    headers=runner)
+    assert r.status_code == 200, r.text
+    card = r.json()["action"]
+    assert (card["status"], card["tool"], card["inputs"]) == ("proposed", "image_gen",
+                                                              {"prompt": "A calm team of robots and people"})
+    room = mcp.ok("oj/muse", "read_room", {"project": ROOM}, token=prickle.create_token(
+        world.db, "client", agent_id="oj/muse", project=prickle.ROOMS_SCOPE)[1])
+    assert room["messages"][-1]["make_action"]["id"] == card["id"]
+    assert woke(mcp, "oj/muse", cursor, runners["oj/muse"]) == []  # a proposal wakes no one
+    assert server.post(f"/api/runner/actions/{card['id']}/claim", headers=runner).status_code == 409
+    oj = person(server, world, "oj")
+    assert [a["id"] for a in oj.get("/api/actions").json()["actions"]] == [card["id"]]
+    assert person(server, world, "ren").post(f"/api/actions/{card['id']}", {"decision": "approve"}).status_code == 404
+    approved = oj.post(f"/api/actions/{card['id']}", {"decision": "approve"}).json()["action"]
+    assert approved["status"] == "approved" and approved["decided_by"] == "oj"
+    [event] = woke(mcp, "oj/muse", cursor, runners["oj/muse"])
+    assert event == {"kind": "action", "action_id": card["id"], "project": ROOM, "tool": "image_gen"}
+    other = {"Authorization": f"Bearer {runners['oj/scout']}"}
+    assert server.post(f"/api/runner/actions/{card['id']}/claim", headers=other).status_code == 404
+    assert server.post(f"/api/runner/actions/{card['id']}/claim", headers=runner).json()["action"]["status"] == "running"
+    assert server.post(f"/api/runner/actions/{card['id']}/claim", headers=runner).status_code == 409  # once
+    done = server.post(f"/api/runner/actions/{card['id']}/finish", json={"body": "Here it is: hero.png"},
+                       headers=runner).json()["action"]
+    assert done["status"] == "done" and done["result_message_id"]
+    result = prickle.get_message(world.db, done["result_message_id"])
+    assert result["made_by_action"]["action_id"] == card["id"]
+    types = [e["type"] for e in audit_entries(world.db, ROOM) if e["type"].startswith("action.")]
+    assert types == ["action.proposed", "action.approved", "action.claimed", "action.finished"]
+    # a declined card wakes nobody and cannot be claimed
+    second = server.post("/api/runner/actions", json={"tool": "image_gen", "action": "Another", "prompt": "p"},
+                         headers=runner).json()["action"]
+    assert oj.post(f"/api/actions/{second['id']}", {"decision": "decline"}).json()["action"]["status"] == "declined"
+    assert woke(mcp, "oj/muse", cursor, runners["oj/muse"])[1:] == []
+    assert server.post(f"/api/runner/actions/{second['id']}/claim", headers=runner).status_code == 409
+    assert server.post("/api/runner/actions", json={"tool": "video_gen", "action": "x", "prompt": "p"},
+                       headers=runner).status_code == 400
+    assert server.post("/api/runner/actions", json={"tool": "image_gen", "action": "x", "prompt": "p"},
+                       headers={"Authorization": f"Bearer {world.keys['oj/muse']}"}).status_code == 401
