@@ -2045,7 +2045,10 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
             raise InvalidInput("verdict: only a discussion credential in a private room sends a verdict; "
                                "leave verdict out")
         if actor.credential_kind == "discussion":
-            role = db.scalar("SELECT role FROM discussions WHERE id = ?", (actor.discussion_id,))
+            role, replied = next(iter(db.conn.execute("SELECT role, reply_id FROM discussions WHERE id = ?",
+                                                      (actor.discussion_id,))))
+            if replied:
+                raise InvalidState("this discussion already posted its one reply")
             if verdict not in ROLE_VERDICTS[role]:
                 raise InvalidInput(f"verdict: as {role}r send {' or '.join(ROLE_VERDICTS[role])} with your one post"
                                    .replace("reviewr", "reviewer").replace("draftr", "drafter"))
@@ -3674,8 +3677,9 @@ def _end_turn(db: Database, turn: dict, reason: str) -> int:
     now = iso(utcnow())
     db.execute("UPDATE turns SET ended_at = ?, end_reason = ?, waiting_on = '[]' WHERE id = ? AND ended_at IS NULL",
                (now, reason, turn["id"]))
+    # Credentials that already spent their one post are inert; they lapse on their own.
     return db.execute("UPDATE credentials SET revoked_at = ? WHERE revoked_at IS NULL AND discussion_id IN "
-                      "(SELECT id FROM discussions WHERE turn_id = ?)", (now, turn["id"]))
+                      "(SELECT id FROM discussions WHERE turn_id = ? AND reply_id IS NULL)", (now, turn["id"]))
 
 
 def _room_wake(turn_id: str, agent: str, message_id: str, replies_left: int, lead: bool) -> tuple:
@@ -3720,8 +3724,8 @@ def advance_turn(db: Database, actor: Actor, verdict: str, reply_id: str) -> lis
     """A discussion posted its one reply: record it, end its credential, wake whoever answers next."""
     discussion = db.one("SELECT * FROM discussions WHERE id = ?", (actor.discussion_id,))
     turn = db.one("SELECT * FROM turns WHERE id = ?", (discussion["turn_id"],))
+    # The credential stays readable until it expires; its one post is spent.
     db.execute("UPDATE discussions SET reply_id = ? WHERE id = ?", (reply_id, discussion["id"]))
-    db.execute("UPDATE credentials SET revoked_at = ? WHERE id = ?", (iso(utcnow()), actor.credential_id))
     waiting = [a for a in json.loads(turn["waiting_on"]) if a != actor.agent_id]
     left = max(turn["replies_left"] - 1, 0)
     nxt, step, column = None, None, None

@@ -66,7 +66,9 @@ def test_draft_review_revise(mcp, server, world):
     draft = mcp.ok("oj/muse", "post_message", {"project": ROOM, "body": "Work together, calmly.",
                                                "verdict": "draft"}, token=cred)["message"]
     assert draft["verdict"] == "draft"
-    assert mcp.raw(cred, "tools/list").status_code == 401  # one post only
+    text = mcp.error("oj/muse", "post_message", {"project": ROOM, "body": "again", "verdict": "draft"},
+                     "invalid_state", token=cred)
+    assert "one reply" in text  # one post only
     [review_wake] = woke(mcp, "oj/critic", cursors["oj/critic"], runners["oj/critic"])
     assert (review_wake["message"]["id"], review_wake["replies_left"], review_wake["lead"]) == (draft["id"], 2, False)
     review_claim = claim(mcp, "oj/critic", runners["oj/critic"], draft["id"])
