@@ -148,6 +148,20 @@ def parse_iso(s: str) -> _dt.datetime:
     return _dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
 
 
+def normal_time(value: str, field: str) -> str:
+    """An ISO 8601 time with a zone, rewritten in the form :func:`iso` gives (so text order is time order).
+
+    Raises InvalidInput naming ``field`` for a malformed time or one without a zone.
+    """
+    try:
+        parsed = parse_iso(value)
+    except (ValueError, TypeError):
+        parsed = None
+    if parsed is None or parsed.tzinfo is None:
+        raise InvalidInput(f"{field} must be an ISO 8601 time with its zone, like 2026-12-31T00:00:00Z; got {value!r}")
+    return iso(parsed)
+
+
 def new_id(prefix: str) -> str:
     """A random identifier matching the reference's ID pattern ``^[A-Za-z0-9_-]+$``."""
     return f"{prefix}_{secrets.token_urlsafe(12)}"
@@ -167,6 +181,8 @@ def canonical_json(value: Any) -> str:
 SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 #: An agent's address ``owner/name``.
 AGENT_ID_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*/[a-z0-9]+(?:-[a-z0-9]+)*$")
+#: An absolute URI (RFC 3986): a scheme, then no spaces or control characters.
+URI_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[^\s\x00-\x1f\x7f<>\"{}|\\^`]+")
 #: ``@name`` or ``@owner/name`` not glued to a word before it (so e-mail addresses are skipped).
 MENTION_RE = re.compile(
     r"(?<![\w@/.])@([A-Za-z0-9]+(?:-[A-Za-z0-9]+)*(?:/[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*)?)(?![\w/\u0300-\u036f-])")
@@ -804,7 +820,8 @@ def validate_input(tool: str, arguments: Mapping[str, Any]) -> dict:
     errors = sorted(_VALIDATORS[tool].iter_errors(arguments), key=lambda e: (len(e.path), list(map(str, e.path))))
     if errors:
         e = errors[0]
-        where = ".".join(str(p) for p in e.absolute_path) or "arguments"
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e.absolute_path).lstrip(".") \
+            or "arguments"
         if e.validator == "required":
             inside = "" if where == "arguments" else f"{where}: "
             raise InvalidInput(f"{inside}{e.message}: add it and call {tool} again")
@@ -958,6 +975,8 @@ MIGRATIONS: list[list[str]] = [
         # Private rooms: each person's room with their own agents, its turns and discussions.
         "ALTER TABLE projects ADD COLUMN kind TEXT NOT NULL DEFAULT 'team'",
         "ALTER TABLE wakes ADD COLUMN detail TEXT",
+        "ALTER TABLE wakes ADD COLUMN delivered INTEGER NOT NULL DEFAULT 0",
+        "DROP TABLE agent_cursors",
         "ALTER TABLE credentials ADD COLUMN discussion_id TEXT",
         "ALTER TABLE credentials ADD COLUMN rooms_only INTEGER NOT NULL DEFAULT 0",
         """CREATE TABLE rooms (
@@ -1237,7 +1256,8 @@ def append_event(db: Database, project: str, type_: str, payload: dict,
                (event_id, project, at, type_, json.dumps(payload, ensure_ascii=False)))
     seq = db.conn.last_insert_rowid()
     for agent_id, kind, task_id, message_id, *detail in wakes:
-        db.execute("INSERT OR IGNORE INTO wakes VALUES (?, ?, ?, ?, ?, ?, ?)",
+        db.execute("INSERT OR IGNORE INTO wakes (seq, agent_id, kind, project, task_id, message_id, detail) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?)",
                    (seq, agent_id, kind, project, task_id, message_id, json.dumps(detail[0]) if detail else None))
     db.note_appended(seq, project, [w[0] for w in wakes])
     return {"id": event_id, "seq": seq, "project": project, "at": at, "type": type_} | payload
@@ -1541,15 +1561,29 @@ def lifecycle_state(task: dict) -> str:
     return task["state"]
 
 
+#: How each move is made, to name the ones a state allows (moves only the system makes are left out).
+MOVE_BY = {
+    "approve": "the owner's approval", "deny": "the owner's denial", "accept": "accept_task",
+    "checkpoint": "checkpoint", "ask": "checkpoint with needs_answer", "return": "return_result",
+    "reject": "reject_result", "verify": "accept_result", "final_accept": "the owner's final acceptance",
+    "send_back": "the owner's send-back", "cancel": "cancel (by a person)",
+}
+
+
 def next_state(task: dict, move: str) -> str:
     """Where ``move`` takes the task; InvalidState if the move is not allowed from its state."""
     key = lifecycle_state(task)
-    allowed = TASK_MOVES[key]
+    allowed = dict(TASK_MOVES[key])
+    if key == "verifying" and task["requester"]:
+        # An agent's request is verified by that agent first; its owner decides after (approval_final).
+        allowed.pop("final_accept")
+        allowed.pop("send_back")
     if move not in allowed:
         shown = "a held handoff" if key == "approval_gate" else "a verified result" if key == "approval_final" else ""
+        ways = sorted({MOVE_BY[m] for m in allowed if m in MOVE_BY})
         raise InvalidState(
-            f"task '{task['id']}' is {task['state']}{' (' + shown + ')' if shown else ''}: {move} is not allowed; "
-            + (f"allowed now: {', '.join(sorted(allowed))}" if allowed else "it is closed"))
+            f"task '{task['id']}' is {task['state']}{' (' + shown + ')' if shown else ''}: {MOVE_BY.get(move, move)} "
+            "is not allowed now; " + (f"what can happen: {', '.join(ways)}" if ways else "it is closed"))
     return allowed[move]
 
 
@@ -2544,8 +2578,9 @@ def gate_decide(db: Database, requester_owner: str, requester_agent: str | None,
     """The receiving owner's rules on one handoff: ``{decision, reason, basis, rule_id, standing_id}``.
 
     Same owner: allow. Otherwise the most specific live delegation rule (one agent, then
-    one owner, then all teammates), then a standing approval with uses left for this
-    asking agent, assignee and kind of work, else the owner's approval is required.
+    one owner, then all teammates) decides allow or never; where it (or no rule) says the
+    owner's approval is required, a standing approval with uses left for this asking
+    agent, assignee and kind of work gives it, else the owner is asked.
     """
     owner = assignee.split("/")[0]
     base = {"rule_id": None, "standing_id": None}
@@ -2554,11 +2589,13 @@ def gate_decide(db: Database, requester_owner: str, requester_agent: str | None,
                        "reason": f"{assignee} belongs to the same owner as the request"}
     rules = _active_rules(db, owner)
     for kind_, subject in (("agent", requester_agent), ("owner", requester_owner), ("all", None)):
-        for rule in rules:
-            if rule["subject_kind"] == kind_ and rule["subject"] == subject:
-                who = {"agent": f"agent {subject}", "owner": f"{subject}'s agents", "all": "all teammates"}[kind_]
-                return base | {"decision": rule["decision"], "basis": "rule", "rule_id": rule["id"],
-                               "reason": f"{owner}'s rule for {who}: {rule['decision']}"}
+        rule = next((r for r in rules if r["subject_kind"] == kind_ and r["subject"] == subject), None)
+        if rule is not None and rule["decision"] != "approval_required":
+            who = {"agent": f"agent {subject}", "owner": f"{subject}'s agents", "all": "all teammates"}[kind_]
+            return base | {"decision": rule["decision"], "basis": "rule", "rule_id": rule["id"],
+                           "reason": f"{owner}'s rule for {who}: {rule['decision']}"}
+        if rule is not None:
+            break  # approval is required: a standing approval may still give it
     if requester_agent is not None:
         standing = db.one(
             "SELECT * FROM standing_approvals WHERE owner = ? AND requester = ? AND assignee = ? AND kind = ? AND "
@@ -2620,7 +2657,9 @@ def handoff(db: Database, actor: Actor, project: str, to: str, packet: dict, *,
             earlier = db.one("SELECT * FROM tasks WHERE requester = ? AND idempotency_key = ?",
                              (requester, idempotency_key))
             if earlier is not None:
-                if earlier["packet_hash"] != digest or earlier["assignee"] != to or earlier["project"] != project:
+                if (earlier["packet_hash"] != digest or earlier["assignee"] != to or earlier["project"] != project
+                        or earlier["turn_budget"] != turn_budget or earlier["parent_task_id"] != parent_task_id
+                        or json.loads(earlier["route"]) != (route or {"via": "handoff"})):
                     raise Conflict(f"idempotency_key '{idempotency_key}' was used for a different handoff "
                                    f"(task '{earlier['id']}'): use a new key for new work")
                 gate = json.loads(earlier["gate"])
@@ -2683,8 +2722,6 @@ def handoff(db: Database, actor: Actor, project: str, to: str, packet: dict, *,
         audit(db, project, "task.transitioned", {"task": task_id, "from": "requested", "to": new_state,
                                                  "move": decision["decision"], "by": "gate"})
         wakes = [(to, "task", task_id, None)] if new_state == "routed" else []
-        if new_state == "rejected" and requester:
-            wakes.append((requester, "decision", task_id, None))
         out = task_out(db, task_id)
         append_event(db, project, "task.updated", {"task": out}, wakes)
     return {"task": out, "gate": gate}
@@ -2698,33 +2735,48 @@ def _sub_for(db: Database, task: dict, submission_id: str, revision: int) -> tup
     return sub, latest_submission(db, task["id"])
 
 
-class StaleSubmission(PrickleError):
+class RecordedRefusal(PrickleError):
+    """A refusal that is also written to the audit log (the record outlives the call's rollback)."""
+
+    def __init__(self, message: str, type_: str, refs: dict, code: str = "forbidden", status: int = 403):
+        super().__init__(message, code)
+        self.http_status, self.type_, self.refs = status, type_, refs
+
+
+class StaleSubmission(RecordedRefusal):
     """accept_result/reject_result named a submission that is not the one to decide now."""
 
-    code, http_status = "stale_submission", 409
-
     def __init__(self, message: str, refs: dict):
-        super().__init__(message)
-        self.refs = refs
+        super().__init__(message, "result.acceptance_refused", refs, "stale_submission", 409)
 
 
-def _require_task_role(db: Database, actor: Actor, task_id: str, role: str) -> dict:
-    """The task if ``actor`` (an agent) is its ``role`` (requester or assignee); not_found if out of reach."""
+def _require_task_role(db: Database, actor: Actor, task_id: str, role: str, record: str | None = None) -> dict:
+    """The task if ``actor`` (an agent) is its ``role`` (requester or assignee); not_found if out of reach.
+
+    With ``record`` (accept or reject), a caller who sees the task but may not decide it is
+    refused as ``result.acceptance_refused``.
+    """
     if actor.kind != "agent":
         raise Forbidden("only an agent can do this through MCP")
     task = db.one("SELECT * FROM tasks WHERE id = ?", (task_id,))
-    if task is None:
-        raise NotFound(f"task_id: no task '{task_id}' that you can see")
-    require_project(db, actor, task["project"])
-    if not _thread_visible(db, actor, task):
-        raise NotFound(f"task_id: no task '{task_id}' that you can see")
+    try:
+        if task is None or not _thread_visible(db, actor, task):
+            raise NotFound("")
+        require_project(db, actor, task["project"])
+    except (NotFound, Forbidden):
+        raise NotFound(f"task_id: no task '{task_id}' that you can see") from None
     if task[role] != actor.agent_id:
-        raise Forbidden(f"only the task's {role} ({task[role] or 'a person'}) can do this")
+        message = f"only the task's {role} ({task[role] or 'a person'}) can do this"
+        if record is not None:
+            raise RecordedRefusal(message, "result.acceptance_refused",
+                                  {"task": task_id, "action": record, "by": actor.agent_id, "reason": "not_yours"})
+        raise Forbidden(message)
     return task
 
 
 def accept_task(db: Database, actor: Actor, task_id: str) -> dict:
     """The assignee accepts a routed task (or resumes a waiting one); the requester is woken."""
+    sweep_approvals(db)  # an approval that lapsed no longer lets the work start
     with db.transaction():
         task = _require_task_role(db, actor, task_id, "assignee")
         row = move_task(db, task, "accept", actor.agent_id, [(task["requester"], "task_update")])
@@ -2776,6 +2828,8 @@ def return_result(db: Database, actor: Actor, task_id: str, summary: str, eviden
     for n, e in enumerate(items):
         if e["kind"] != "note" and not e.get("url") and not e.get("content"):
             raise InvalidInput(f"evidence[{n}]: a {e['kind']} needs a url or content (only a note may have neither)")
+        if "url" in e and not URI_RE.fullmatch(e["url"]):
+            raise InvalidInput(f"evidence[{n}].url: {e['url'][:80]!r} is not an absolute URI like https://…")
         if "artifact" in e and e["artifact"] >= len(artifacts):
             raise InvalidInput(f"evidence[{n}].artifact: there is no artifacts[{e['artifact']}] "
                                f"({len(artifacts)} artifacts given)")
@@ -2823,8 +2877,8 @@ def _check_submission(db: Database, task: dict, submission_id: str, revision: in
     sub, latest = _sub_for(db, task, submission_id, revision)
     refs = {"task": task["id"], "action": action, "asked": {"submission": submission_id, "revision": revision},
             "latest": {"submission": latest["id"], "revision": latest["revision"]}}
-    if sub["status"] == "rejected":
-        raise StaleSubmission(f"submission '{submission_id}' was rejected and can never be accepted; "
+    if sub["status"] in ("rejected", "cancelled"):
+        raise StaleSubmission(f"submission '{submission_id}' was {sub['status']} and can never be accepted; "
                               f"the latest is '{latest['id']}' revision {latest['revision']}",
                               refs | {"reason": "rejected"})
     if sub["id"] != latest["id"] or revision != sub["revision"]:
@@ -2834,14 +2888,17 @@ def _check_submission(db: Database, task: dict, submission_id: str, revision: in
 
 
 def _refusing(db: Database, fn: Callable[[], dict]) -> dict:
-    """Run ``fn`` (one transaction); a StaleSubmission is recorded as ``result.acceptance_refused``."""
+    """Run ``fn`` (one transaction); a RecordedRefusal is written to its task's audit chain, then raised."""
     try:
         return fn()
-    except StaleSubmission as e:
+    except RecordedRefusal as e:
         project = db.scalar("SELECT project FROM tasks WHERE id = ?", (e.refs["task"],))
         with db.transaction():
-            audit(db, project, "result.acceptance_refused", e.refs)
+            audit(db, project, e.type_, e.refs)
         raise
+
+
+
 
 
 def _check_verdicts(verdicts: list[dict], criteria: int, require_all_accepted: bool) -> list[dict]:
@@ -2871,9 +2928,9 @@ def accept_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
     """
     def run() -> dict:
         with db.transaction():
-            task = _require_task_role(db, actor, task_id, "requester")
-            next_state(task, "verify")
+            task = _require_task_role(db, actor, task_id, "requester", record="accept")
             sub = _check_submission(db, task, submission_id, revision, "accept")
+            next_state(task, "verify")
             checked = _check_verdicts(verdicts, len(json.loads(task["packet"])["acceptance_criteria"]), True)
             if [_artifact(a) for a in artifacts] != json.loads(sub["artifacts"]):
                 raise StaleSubmission(
@@ -2890,7 +2947,7 @@ def accept_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
                            (json.dumps(checked), verified_by, json.dumps({"kind": "system"}), sub["id"]))
                 audit(db, task["project"], "result.accepted", {"task": task_id, "submission": sub["id"],
                                                                "revision": sub["revision"], "step": "policy"})
-                row = move_task(db, task, "auto_accept", actor.agent_id, [(task["assignee"], "task_update")])
+                row = move_task(db, task, "auto_accept", actor.agent_id)
             else:
                 db.execute("UPDATE submissions SET verdicts = ?, verified_by = ? WHERE id = ?",
                            (json.dumps(checked), verified_by, sub["id"]))
@@ -2907,9 +2964,9 @@ def reject_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
     """
     def run() -> dict:
         with db.transaction():
-            task = _require_task_role(db, actor, task_id, "requester")
-            next_state(task, "reject")
+            task = _require_task_role(db, actor, task_id, "requester", record="reject")
             sub = _check_submission(db, task, submission_id, revision, "reject")
+            next_state(task, "reject")
             checked = _check_verdicts(verdicts or [], len(json.loads(task["packet"])["acceptance_criteria"]), False)
             db.execute("UPDATE submissions SET status = 'rejected', reason = ?, verdicts = ?, verified_by = ? "
                        "WHERE id = ?", (reason, json.dumps(checked),
@@ -2930,6 +2987,8 @@ def check_inbox(db: Database, actor: Actor, *, project: str | None = None, inclu
     ``project_unchanged_since`` only tasks changed after that time.
     """
     sweep_approvals(db)
+    if project_unchanged_since is not None:
+        project_unchanged_since = normal_time(project_unchanged_since, "project_unchanged_since")
     with db.snapshot():
         if project is not None:
             require_project(db, actor, project)
@@ -2950,12 +3009,10 @@ def check_inbox(db: Database, actor: Actor, *, project: str | None = None, inclu
                     continue
                 if project_unchanged_since and t["updated_at"] <= project_unchanged_since:
                     continue
-                if pending_wakes_only:
-                    delivered = db.scalar("SELECT delivered FROM agent_cursors WHERE agent_id = ?",
-                                          (actor.agent_id,)) or 0
-                    if not db.one("SELECT 1 FROM wakes WHERE agent_id = ? AND task_id = ? AND seq > ?",
-                                  (actor.agent_id, t["id"], delivered)):
-                        continue
+                if pending_wakes_only and not db.one(
+                        "SELECT 1 FROM wakes WHERE agent_id = ? AND task_id = ? AND delivered = 0",
+                        (actor.agent_id, t["id"])):
+                    continue
                 keep.append(task_out(db, t))
             out[key] = keep
     return out
@@ -2971,11 +3028,15 @@ def request_capability(db: Database, actor: Actor, project: str, capability: dic
     ``none``. Writes ``capability.requested`` when nothing was sent.
     """
     if idempotency_key is not None:
-        earlier = db.one("SELECT id FROM tasks WHERE requester = ? AND idempotency_key = ?",
+        earlier = db.one("SELECT assignee, route FROM tasks WHERE requester = ? AND idempotency_key = ?",
                          (actor.agent_id, idempotency_key))
         if earlier is not None:
-            to = db.scalar("SELECT assignee FROM tasks WHERE id = ?", (earlier["id"],))
-            return {"status": "handed_off"} | handoff(db, actor, project, to, packet, idempotency_key=idempotency_key)
+            route = json.loads(earlier["route"])
+            asked = route.get("capability", {})
+            if asked.get("name") != capability["name"] or capability.get("kind", asked.get("kind")) != asked.get("kind"):
+                raise Conflict(f"idempotency_key '{idempotency_key}' was used for a different request: use a new key")
+            return {"status": "handed_off"} | handoff(db, actor, project, earlier["assignee"], packet,
+                                                      idempotency_key=idempotency_key, route=route)
     with db.transaction():
         require_project(db, actor, project)
         matched, eligible = [], []
@@ -3045,14 +3106,17 @@ def decide_approval(db: Database, person: Actor, approval_id: str, decision: str
         if row is None:
             raise NotFound(f"no approval '{approval_id}' waiting for you")
         if row["invalidated_at"]:
+            if _task_row(db, row["task_id"])["state"] == "cancelled":
+                raise InvalidState(f"approval '{approval_id}' ended: its task was cancelled")
             raise InvalidState(f"approval '{approval_id}' lapsed and was asked again: decide the newer one")
         if row["status"] != "pending":
             raise InvalidState(f"approval '{approval_id}' was already {row['status']}")
         task = _task_row(db, row["task_id"])
         now = iso(utcnow())
         status = "approved" if decision == "approve" else "denied"
-        db.execute("UPDATE approvals SET status = ?, decided_by = ?, decided_at = ? WHERE id = ? AND status = 'pending'",
-                   (status, person.handle, now, approval_id))
+        # An approval given now counts for APPROVAL_LIFETIME from now.
+        db.execute("UPDATE approvals SET status = ?, decided_by = ?, decided_at = ?, expires_at = ? WHERE id = ? AND "
+                   "status = 'pending'", (status, person.handle, now, iso(utcnow() + APPROVAL_LIFETIME), approval_id))
         row = db.one("SELECT * FROM approvals WHERE id = ?", (approval_id,))
         append_event(db, task["project"], "approval.updated", {"approval": approval_out(row)})
         audit(db, task["project"], "approval.decided", {"approval": approval_id, "task": task["id"],
@@ -3073,7 +3137,7 @@ def decide_approval(db: Database, person: Actor, approval_id: str, decision: str
 def create_standing_approval(db: Database, person: Actor, task: dict, approval_id: str, standing: dict) -> str:
     """Record a standing approval from a decided card (inside the caller's transaction)."""
     uses, days = standing.get("uses"), standing.get("days")
-    if not (isinstance(uses, int) and 1 <= uses <= 100 and isinstance(days, int) and 1 <= days <= 90):
+    if not (type(uses) is int and 1 <= uses <= 100 and type(days) is int and 1 <= days <= 90):
         raise InvalidInput("standing: give uses (1 to 100) and days (1 to 90)")
     if not task["requester"]:
         raise InvalidInput("standing: a standing approval is for requests from an agent")
@@ -3188,10 +3252,15 @@ def cancel_task(db: Database, person: Actor, task_id: str) -> dict:
             raise Forbidden("only the requester's owner or a project owner can cancel a task")
         next_state(task, "cancel")
         db.execute("UPDATE submissions SET status = 'cancelled' WHERE task_id = ? AND status = 'submitted'", (task_id,))
-        db.execute("UPDATE approvals SET invalidated_at = ? WHERE task_id = ? AND status = 'pending'",
-                   (iso(utcnow()), task_id))
+        for apr in db.rows("SELECT * FROM approvals WHERE task_id = ? AND status = 'pending' AND invalidated_at IS NULL",
+                           (task_id,)):
+            db.execute("UPDATE approvals SET status = 'denied', decided_at = ?, invalidated_at = ? WHERE id = ?",
+                       (iso(utcnow()), iso(utcnow()), apr["id"]))
+            append_event(db, task["project"], "approval.updated", {"approval": approval_out(
+                db.one("SELECT * FROM approvals WHERE id = ?", (apr["id"],)))})
+        reached = task["routed_at"] is not None  # a task held at the gate never reached its assignee
         row = move_task(db, task, "cancel", person.handle,
-                        [(task["assignee"], "task"), (task["requester"], "task_update")])
+                        [(task["assignee"] if reached else None, "task"), (task["requester"], "task_update")])
         return {"task": task_out(db, row)}
 
 
@@ -3232,12 +3301,9 @@ def set_rule(db: Database, owner: str, decision: str, *, agent: str | None = Non
     if subject and subject.split("/")[0] == owner:
         raise InvalidInput("your own agents always reach each other; a rule is for teammates")
     if expires_at is not None:
-        try:
-            if parse_iso(expires_at) <= utcnow():
-                raise InvalidInput("expires_at must be in the future")
-        except ValueError:
-            raise InvalidInput(f"expires_at must be an ISO 8601 time like 2026-12-31T00:00:00Z, got {expires_at!r}") \
-                from None
+        expires_at = normal_time(expires_at, "expires_at")
+        if parse_iso(expires_at) <= utcnow():
+            raise InvalidInput("expires_at must be in the future")
     with db.transaction():
         _require_person(db, owner)
         version = (db.scalar("SELECT max(grant_version) FROM delegation_rules WHERE owner = ?", (owner,)) or 0) + 1
@@ -3435,6 +3501,7 @@ def claim_task(db: Database, actor: Actor, task_id: str, idempotency_key: str, w
     """
     if actor.credential_kind != "runner":
         raise Forbidden("only a paired runner device can claim a task: use the runner key 'prickle device pair' made")
+    sweep_approvals(db)
     with db.transaction():
         device = db.one("SELECT d.* FROM devices d JOIN credentials c ON c.device_id = d.id WHERE c.id = ?",
                         (actor.credential_id,))
@@ -4089,11 +4156,11 @@ def wake_event(db: Database, wake: dict) -> dict:
     return {"kind": "task", "task": task_out(db, wake["task_id"])}
 
 
-def note_delivered(db: Database, agent_id: str, position: int) -> None:
-    """Remember how far the agent's wakes were handed out (check_inbox's pending_wakes_only)."""
+def note_delivered(db: Database, agent_id: str, wakes: list[dict]) -> None:
+    """Mark the wakes a wait handed out (check_inbox's pending_wakes_only lists the others)."""
     with db.transaction():
-        db.execute("INSERT INTO agent_cursors VALUES (?, ?) ON CONFLICT (agent_id) DO UPDATE SET delivered = "
-                   "max(delivered, excluded.delivered)", (agent_id, position))
+        for w in wakes:
+            db.execute("UPDATE wakes SET delivered = 1 WHERE agent_id = ? AND seq = ?", (agent_id, w["seq"]))
 
 
 def update_pointer(wake: dict) -> dict:
@@ -4209,7 +4276,7 @@ async def _wait(state: AppState, actor: Actor, args: dict, tool: str, kinds: tup
             check_live(db, actor)
             wakes, position = pending_wakes(db, actor, after, kinds, project)
             if wakes:
-                note_delivered(db, agent, position)
+                note_delivered(db, agent, wakes)
                 return "events", wakes, wake_cursor(db, scope, position)
             after = position
             now = loop.time()
@@ -5251,7 +5318,24 @@ def _open(db_path: str, create: bool = False) -> Database:
     if not create and not os.path.exists(db_path):
         raise NotFound(f"no database at {db_path}: pass --db with the file 'prickle serve' uses, or start with "
                        "'prickle init'")
+    if os.path.exists(db_path) and _schema_version(db_path) < len(MIGRATIONS):
+        # Upgrading the file under a running older server would break it: only with the server stopped.
+        lock = ServerLock(db_path)
+        try:
+            lock.acquire()
+        except StorageError:
+            raise StorageError(f"{db_path} needs a schema upgrade and a server is using it: stop that server, then "
+                               "run this again (or start the new 'prickle serve', which upgrades it)") from None
+        lock.release()
     return Database(db_path)
+
+
+def _schema_version(db_path: str) -> int:
+    conn = apsw.Connection(db_path, flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        return conn.pragma("user_version")
+    finally:
+        conn.close()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -261,8 +261,8 @@ def test_only_the_assignee_accepts_and_illegal_moves_name_the_state(mcp, server,
     assert (out["state"], out["waiting_on"]) == ("accepted", "agent")
     assert wait_kinds(mcp, "oj/muse", muse) == [("task", task["id"])]
     text = mcp.error("ren/builder", "accept_task", {"task_id": task["id"]}, "invalid_state")
-    assert text == (f"invalid_state: task '{task['id']}' is accepted: accept is not allowed; "
-                    "allowed now: ask, cancel, checkpoint, return")
+    assert text == (f"invalid_state: task '{task['id']}' is accepted: accept_task is not allowed now; what can "
+                    "happen: cancel (by a person), checkpoint, checkpoint with needs_answer, return_result")
 
 
 def test_checkpoints_and_waiting_on_a_person(mcp, server, world):
@@ -371,7 +371,8 @@ def test_full_life_with_rejection_resubmission_and_final_acceptance(mcp, server,
     verdicts = [{"criterion": 0, "accepted": True}, {"criterion": 1, "accepted": True}]
     text = mcp.error("oj/muse", "accept_result", {"task_id": task["id"], "submission_id": sub1["submission_id"],
                                                   "revision": 1, "verdicts": verdicts, "artifacts": sub1["artifacts"]},
-                     "invalid_state")
+                     "stale_submission")
+    assert "was rejected and can never be accepted" in text
     second = submit(mcp, task["id"])
     sub2 = second["submission"]
     assert sub2["revision"] == 2
@@ -390,7 +391,8 @@ def test_full_life_with_rejection_resubmission_and_final_acceptance(mcp, server,
     assert "reject_result" in text
     mcp.error("ren/builder", "accept_result", args, "forbidden")
     refused = audit_entries(world.db, PROJECT, "result.acceptance_refused")
-    assert [e["refs"]["reason"] for e in refused] == ["rejected", "not_latest", "artifacts_changed"]
+    assert [e["refs"]["reason"] for e in refused] == ["rejected", "rejected", "not_latest", "artifacts_changed",
+                                                      "not_yours"]
     verified = mcp.ok("oj/muse", "accept_result", args)["task"]
     assert (verified["state"], verified["waiting_on"]) == ("approval", "owner_approval")
     assert verified["result"]["verified_by"] == {"kind": "agent", "agent_id": "oj/muse"}
@@ -523,3 +525,99 @@ def test_read_room_lists_task_threads_with_state_and_parties(mcp, server, world)
         task["id"], "accepted", "oj/muse", "ren/builder", 1)
     board = person(server, world, "oj").get(f"/api/projects/{PROJECT}/tasks").json()["tasks"]
     assert [t["id"] for t in board] == [task["id"]]
+
+
+def test_times_with_any_zone_compare_as_times(mcp, server, world):
+    ren = person(server, world, "ren")
+    far_west = (prickle.utcnow() + dt.timedelta(hours=3)).astimezone(dt.timezone(dt.timedelta(hours=-12)))
+    r = ren.post("/api/rules", {"decision": "never", "agent": "oj/muse", "expires_at": far_west.isoformat()})
+    assert r.status_code == 200 and r.json()["rule"]["expires_at"].endswith("Z")
+    assert handoff(mcp)["gate"]["decision"] == "never"  # still in force: it lapses in 3 hours
+    for bad in ("2027-01-01T00:00:00", "2027-01-01", "soon"):
+        r = ren.post("/api/rules", {"decision": "allow", "expires_at": bad})
+        assert r.status_code == 400 and "with its zone" in r.json()["error"]["message"]
+    task = handoff(mcp, "oj/muse", "oj/scout")["task"]
+    before = (prickle.parse_iso(task["updated_at"]) - dt.timedelta(hours=2)).astimezone(
+        dt.timezone(dt.timedelta(hours=14))).isoformat()
+    listed = mcp.ok("oj/muse", "check_inbox", {"project_unchanged_since": before})
+    assert [t["id"] for t in listed["requested"]] == [task["id"]]
+    mcp.error("oj/muse", "check_inbox", {"project_unchanged_since": "2026-01-01T00:00:00"}, "invalid_input")
+
+
+def test_pending_wakes_only_counts_each_wake_handed_out(mcp, world):
+    task = handoff(mcp, "oj/muse", "oj/scout")["task"]
+    mcp.ok("oj/muse", "post_message", P | {"body": "@oj/scout ping"})
+    start_at = prickle.wake_cursor(world.db, "oj/scout|wait_for_updates|*", 0)
+    out = mcp.ok("oj/scout", "wait_for_updates", {"cursor": start_at, "kinds": ["mention"], "timeout_seconds": 1})
+    assert [u["kind"] for u in out["updates"]] == ["mention"]
+    pending = mcp.ok("oj/scout", "check_inbox", {"pending_wakes_only": True})
+    assert [t["id"] for t in pending["assigned"]] == [task["id"]]  # its task wake was never handed out
+
+
+def test_an_evidence_url_must_be_a_uri(mcp, server, world):
+    task = working(mcp, server, world)
+    text = mcp.error("ren/builder", "return_result", {"task_id": task["id"], "summary": "x", "evidence": [
+        {"kind": "link", "summary": "l", "url": "not a url", "criteria": [0, 1]}]}, "invalid_input")
+    assert text.startswith("invalid_input: evidence[0].url:")
+
+
+def test_a_task_out_of_reach_is_not_found_whatever_the_reason(mcp, world):
+    task = handoff(mcp, "oj/muse", "oj/scout")["task"]
+    prickle.add_member(world.db, "side", "ren", by="sam")
+    _, side_key = prickle.create_token(world.db, "client", agent_id="sam/lone", project="side")
+    for agent, token in (("sam/lone", None), ("sam/lone", side_key), ("ren/builder", None)):
+        text = mcp.error(agent, "accept_task", {"task_id": task["id"]}, "not_found", token=token)
+        assert text == f"not_found: task_id: no task '{task['id']}' that you can see"
+    assert mcp.error("ren/builder", "accept_task", {"task_id": "task_made_up"}, "not_found").endswith("that you can see")
+
+
+def test_an_approval_counts_24_hours_from_when_it_was_given(mcp, server, world):
+    out = handoff(mcp)
+    world.db.execute("UPDATE approvals SET created_at = ?, expires_at = ? WHERE id = ?", (
+        prickle.iso(prickle.utcnow() - dt.timedelta(hours=23)), prickle.iso(prickle.utcnow() + dt.timedelta(hours=1)),
+        out["gate"]["approval_id"]))
+    person(server, world, "ren").post(f"/api/approvals/{out['gate']['approval_id']}", {"decision": "approve"})
+    assert prickle.sweep_approvals(world.db, prickle.utcnow() + dt.timedelta(hours=2)) == 0
+    assert prickle.sweep_approvals(world.db, prickle.utcnow() + dt.timedelta(hours=25)) == 1
+
+
+def test_a_standing_approval_gives_what_an_approval_rule_asks_for(mcp, server, world):
+    ren = person(server, world, "ren")
+    ren.post("/api/rules", {"decision": "approval_required"})
+    first = handoff(mcp)
+    assert ren.post(f"/api/approvals/{first['gate']['approval_id']}",
+                    {"decision": "approve", "standing": {"uses": True, "days": 1}}).status_code == 400
+    ren.post(f"/api/approvals/{first['gate']['approval_id']}", {"decision": "approve",
+                                                                "standing": {"uses": 1, "days": 1}})
+    assert handoff(mcp)["gate"]["decision"] == "allow"
+    assert handoff(mcp)["gate"]["decision"] == "approval_required"
+    ren.post("/api/rules", {"decision": "never"})
+    assert handoff(mcp)["gate"]["decision"] == "never"
+
+
+def test_cancelling_a_held_handoff_wakes_nobody_and_ends_its_approval(mcp, server, world):
+    out = handoff(mcp)
+    builder = start(mcp, "ren/builder", "wait_for_mention")
+    person(server, world, "oj").post(f"/api/tasks/{out['task']['id']}/cancel")
+    assert wait_kinds(mcp, "ren/builder", builder, "wait_for_mention") == []
+    last = [e for e in all_events(world.db) if e["type"] == "approval.updated"][-1]
+    assert last["approval"]["status"] == "denied"
+    r = person(server, world, "ren").post(f"/api/approvals/{out['gate']['approval_id']}", {"decision": "approve"})
+    assert r.status_code == 409 and "cancelled" in r.json()["error"]["message"]
+
+
+def test_an_idempotency_key_replays_only_the_same_request(mcp, world):
+    handoff(mcp, "oj/muse", "oj/scout", idempotency_key="k", turn_budget=3)
+    mcp.error("oj/muse", "handoff", P | {"to": "oj/scout", "packet": PACKET, "idempotency_key": "k",
+                                        "turn_budget": 4}, "conflict")
+    ask = P | {"capability": {"kind": "other", "name": "Docs"}, "packet": PACKET, "idempotency_key": "c"}
+    first = mcp.ok("oj/scout", "request_capability", ask)
+    assert mcp.ok("oj/scout", "request_capability", ask)["task"]["id"] == first["task"]["id"]
+    mcp.error("oj/scout", "request_capability", ask | {"capability": {"name": "Other"}}, "conflict")
+
+
+def test_the_uri_check_holds_without_a_format_library(mcp, server, world):
+    task = working(mcp, server, world)
+    with pytest.raises(prickle.InvalidInput, match=r"^evidence\[0\]\.url: 'not a url' is not an absolute URI"):
+        prickle.return_result(world.db, world.actor("ren/builder"), task["id"], "x",
+                              [{"kind": "link", "summary": "l", "url": "not a url"}])
