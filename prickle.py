@@ -5314,11 +5314,11 @@ def _common(f: Callable) -> Callable:
     return f
 
 
-def _open(db_path: str, create: bool = False) -> Database:
+def _open(db_path: str, create: bool = False, serving: bool = False) -> Database:
     if not create and not os.path.exists(db_path):
         raise NotFound(f"no database at {db_path}: pass --db with the file 'prickle serve' uses, or start with "
                        "'prickle init'")
-    if os.path.exists(db_path) and _schema_version(db_path) < len(MIGRATIONS):
+    if not serving and os.path.exists(db_path) and _schema_version(db_path) < len(MIGRATIONS):
         # Upgrading the file under a running older server would break it: only with the server stopped.
         lock = ServerLock(db_path)
         try:
@@ -5376,7 +5376,7 @@ def serve(db_path: str, as_json: bool, config_path: str | None, host: str | None
         sock.listen(2048)  # connections queue from now on, even before the app is ready
         bound = sock.getsockname()[1]
         base = settings.base_url(bound)
-        db = _open(db_path, create=True)
+        db = _open(db_path, create=True, serving=True)
         set_meta(db, "base_url", base)
         info: dict[str, Any] = {"url": base, "port": bound, "mcp": f"{base}/mcp", "db": os.path.abspath(db_path)}
         lines = [f"Prickle {__version__} is listening on {base}  (MCP: {base}/mcp, database: {db_path})"]

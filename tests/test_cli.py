@@ -182,3 +182,17 @@ def test_connect_warns_about_an_agent_in_no_project(db_path):
     run(db_path, "project", "create", "p", "--name", "P", "--team", "t", "--owner", "oj")
     assert jrun(db_path, "agent", "join", "p", "oj/solo") == {"project": "p", "agent_id": "oj/solo"}
     assert jrun(db_path, "connect", "oj/solo")["projects"] == ["p"]
+
+
+def test_no_schema_upgrade_under_a_running_server(db_path):
+    run(db_path, "init", "--owner", "oj")
+    db = prickle.Database(db_path)
+    db.conn.pragma("user_version", len(prickle.MIGRATIONS) - 1)  # as if an older Prickle made it
+    db.close()
+    lock = prickle.ServerLock(db_path)
+    lock.acquire()
+    try:
+        code, out, err = run(db_path, "token", "list", ok=False)
+        assert code == 1 and "needs a schema upgrade and a server is using it" in err
+    finally:
+        lock.release()
