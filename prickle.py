@@ -4565,7 +4565,10 @@ def _log_exception(where: str) -> None:
 
 #: The browser session cookie's name.
 SESSION_COOKIE = "prickle_session"
-STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
+# Beside the module in a checkout; under the installation's share/ when installed as a package.
+STATIC_DIR = next((d for d in (os.path.join(os.path.dirname(os.path.abspath(__file__)), "static"),
+                               os.path.join(sys.prefix, "share", "prickle", "static")) if os.path.isdir(d)),
+                  os.path.join(os.path.dirname(os.path.abspath(__file__)), "static"))
 
 
 def _error_response(e: PrickleError) -> JSONResponse:

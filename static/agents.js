@@ -1,0 +1,210 @@
+// agents.js — your agents and their credentials: add an agent (model, client, role,
+// capabilities), add it to projects, mint a client key (shown once, with set-up lines
+// for Claude Code and Codex, never stored by the page), list and revoke keys.
+
+import { get, post, del, seg } from "./api.js";
+import {
+  h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, timeEl, confirmButton, copyButton,
+  lines, announce,
+} from "./ui.js";
+
+const CAPABILITY_KINDS = ["mcp", "repo", "deploy", "data", "other"];
+
+// ---- lifecycle ---------------------------------------------------------------------------------------
+
+export function mount(el, ctx) {
+  const state = { agents: [], keys: [], projects: [] };
+  const agentsBox = h("div", { class: "agent-grid" }, h("p", { class: "muted", text: "Loading your agents…" }));
+  const keysBox = h("div", { class: "table-wrap" });
+  const shown = h("div", { class: "secret-slot" });
+  const error = errorSlot();
+  el.append(
+    h("div", { class: "page-head" }, heading(1, "Agents & keys"),
+      h("p", { class: "muted", text: "Your agents connect over MCP with a key you make here." })),
+    error, shown,
+    h("section", { class: "section", "aria-labelledby": "my-agents" }, h("h2", { id: "my-agents", text: "Your agents" }), agentsBox),
+    addAgentForm(ctx, state, () => reload()),
+    h("section", { class: "section", "aria-labelledby": "keys-heading" }, h("h2", { id: "keys-heading", text: "Keys" }),
+      h("p", { class: "muted", text: "Keys of yours and your agents'. Prickle keeps only a hash: a lost key is revoked and made again." }),
+      keysBox));
+
+  const reload = async () => {
+    try {
+      const [a, k, p] = await Promise.all([get("/api/agents"), get("/api/keys"), get("/api/projects")]);
+      state.agents = a.agents;
+      state.keys = k.keys;
+      state.projects = p.projects;
+      renderAgents(agentsBox, state, ctx, shown, reload);
+      renderKeys(keysBox, state, reload);
+    } catch (err) {
+      error.textContent = err.message;
+      error.hidden = false;
+    }
+  };
+  reload();
+  return () => fill(shown); // the secret leaves the page with the view
+}
+
+// ---- actions ----------------------------------------------------------------------------------------------
+
+function addAgentForm(ctx, state, reload) {
+  const name = h("input", { name: "name", required: true, pattern: "[a-z0-9]+(-[a-z0-9]+)*", maxlength: "39", autocomplete: "off", spellcheck: "false" });
+  const display = h("input", { name: "display_name", required: true, maxlength: "80", autocomplete: "off" });
+  const model = h("input", { name: "model", required: true, maxlength: "80", list: "model-hints", autocomplete: "off" });
+  const client = h("input", { name: "client", required: true, maxlength: "40", list: "client-hints", autocomplete: "off" });
+  const role = h("input", { name: "role", maxlength: "200", autocomplete: "off" });
+  const caps = h("textarea", { name: "capabilities", rows: "3", spellcheck: "false" });
+  const projects = h("fieldset", { class: "checks" }, h("legend", { text: "Projects" }));
+  const submit = h("button", { type: "submit", class: "primary", text: "Add agent" });
+  const error = errorSlot();
+  const details = h("details", { class: "section disclosure" }, h("summary", {}, h("h2", { text: "Add an agent" })));
+  const form = h("form", { class: "grid-form" },
+    field(`Name (its address is ${ctx.me.handle}/NAME)`, name, "Lowercase letters, digits and dashes."),
+    field("Display name", display),
+    field("Model", model), field("Client", client, "The program it runs in, e.g. claude-code or codex."),
+    h("div", { class: "wide" }, field("Role", role, "What it does for the team, in a few words.")),
+    h("div", { class: "wide" }, field("Capabilities", caps, `One per line as kind:name — kinds: ${CAPABILITY_KINDS.join(", ")}. E.g. repo:website`)),
+    h("div", { class: "wide" }, projects),
+    h("datalist", { id: "model-hints" }, ["claude-opus-4", "claude-sonnet-4", "gpt-5-codex", "gpt-5"].map((m) => h("option", { value: m }))),
+    h("datalist", { id: "client-hints" }, ["claude-code", "codex", "other"].map((m) => h("option", { value: m }))),
+    h("div", { class: "form-actions" }, submit), error);
+  details.addEventListener("toggle", async () => {
+    if (!details.open) return;
+    try {
+      const mine = (await get("/api/projects")).projects.filter((p) => p.kind !== "private"); // private rooms hold every agent
+      fill(projects, h("legend", { text: "Projects (optional)" }), mine.length ? mine.map((p) => h("label", { class: "check" },
+        h("input", { type: "checkbox", value: p.slug }), ` ${p.name} `, h("span", { class: "muted small", text: p.slug })))
+        : h("p", { class: "muted small", text: "You are in no project yet." }));
+    } catch { /* the list stays empty */ }
+  });
+  name.addEventListener("input", () => {
+    if (!display.dataset.touched) display.value = name.value ? name.value[0].toUpperCase() + name.value.slice(1) : "";
+  });
+  display.addEventListener("input", () => { display.dataset.touched = "1"; });
+  form.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const out = await act(submit, error, () => {
+      const capabilities = lines(caps.value).map((line) => {
+        const at = line.indexOf(":");
+        const kind = at > 0 ? line.slice(0, at).trim() : "other";
+        const cname = at > 0 ? line.slice(at + 1).trim() : line;
+        if (!CAPABILITY_KINDS.includes(kind)) throw new Error(`“${line}”: the kind must be one of ${CAPABILITY_KINDS.join(", ")}.`);
+        return { kind, name: cname };
+      });
+      const body = { name: name.value.trim(), display_name: display.value.trim(), model: model.value.trim(),
+        client: client.value.trim(), capabilities,
+        projects: [...projects.querySelectorAll("input:checked")].map((i) => i.value) };
+      if (role.value.trim()) body.role = role.value.trim();
+      return post("/api/agents", body);
+    });
+    if (out) {
+      announce(`Added ${out.agent.agent_id}`);
+      form.reset();
+      delete display.dataset.touched;
+      details.open = false;
+      reload();
+    }
+  });
+  details.append(form);
+  return details;
+}
+
+// ---- rendering ---------------------------------------------------------------------------------------------
+
+function renderAgents(box, state, ctx, shown, reload) {
+  fill(box, state.agents.length ? state.agents.map((a) => {
+    const projectsIn = new Set(a.projects || []);
+    const addable = state.projects.filter((p) => p.kind !== "private" && !projectsIn.has(p.slug));
+    const addError = errorSlot();
+    let addForm = null;
+    if (addable.length) {
+      const which = select(addable.map((p) => [p.slug, p.name]), { "aria-label": `Project to add ${a.name} to` });
+      const add = h("button", { type: "submit", class: "small", text: "Add to project" });
+      addForm = h("form", { class: "row-form" }, which, add);
+      addForm.addEventListener("submit", async (e) => {
+        e.preventDefault();
+        const out = await act(add, addError, () => post(`/api/projects/${seg(which.value)}/agents`, { agent_id: a.agent_id }));
+        if (out) {
+          announce(`${a.agent_id} joined ${which.value}`);
+          reload();
+        }
+      });
+    }
+    const scope = select([["", "Every project it is in"], ...[...projectsIn].map((s) => [s, `Only ${s}`])],
+      { "aria-label": `Which projects ${a.name}'s key reaches` });
+    const mint = h("button", { type: "submit", class: "small primary", text: "Make a key" });
+    const mintError = errorSlot();
+    const mintForm = h("form", { class: "row-form" }, scope, mint);
+    mintForm.addEventListener("submit", async (e) => {
+      e.preventDefault();
+      const body = { agent_id: a.agent_id };
+      if (scope.value) body.project = scope.value;
+      const out = await act(mint, mintError, () => post("/api/keys", body));
+      if (out) {
+        showSecret(shown, a, out);
+        reload();
+      }
+    });
+    return h("article", { class: "card agent-card", dataset: { agent: a.agent_id } },
+      h("div", { class: "pulse-head" }, avatar(a.name, a.agent_id, "agent"),
+        h("div", {}, h("strong", { text: a.name }), h("div", { class: "muted small", text: a.agent_id }))),
+      a.role ? h("p", { text: a.role }) : null,
+      h("p", { class: "muted small", text: `${a.model} · ${a.client}` }),
+      a.capabilities?.length ? h("p", { class: "chips" }, a.capabilities.map((c) => h("span", { class: "chip", text: `${c.kind}: ${c.name}` }))) : null,
+      h("p", { class: "small" }, "In: ", (a.projects || []).length
+        ? a.projects.map((s, i) => [i ? ", " : "", h("a", { href: `#/p/${s}/room`, text: s })]) : h("span", { class: "muted", text: "no project yet" })),
+      addForm, addError,
+      projectsIn.size ? [mintForm, mintError] : h("p", { class: "muted small", text: "Add it to a project to make a key." }));
+  }) : empty("You have no agents yet. Add one below."));
+}
+
+function renderKeys(box, state, reload) {
+  if (!state.keys.length) {
+    fill(box, empty("No keys yet."));
+    return;
+  }
+  const keys = [...state.keys].sort((a, b) => (b.created_at || "").localeCompare(a.created_at || ""));
+  fill(box, h("table", { class: "keys" },
+    h("caption", { class: "sr-only", text: "Keys" }),
+    h("thead", {}, h("tr", {}, ["Kind", "For", "Reaches", "Made", "Status", ""].map((t) => h("th", { scope: "col", text: t })))),
+    h("tbody", {}, keys.map((k) => {
+      const error = errorSlot();
+      const revoke = k.revoked_at ? null : confirmButton("Revoke", "Click again to revoke", (button) => act(button, error, async () => {
+        await del(`/api/keys/${seg(k.id)}`);
+        announce("Key revoked: it stopped working at once");
+        reload();
+      }), { class: "danger-quiet small", "aria-label": `Revoke ${k.kind} key for ${k.agent_id || k.person}` });
+      const expired = k.expires_at && new Date(k.expires_at) < new Date();
+      return h("tr", { dataset: { keyId: k.id }, class: k.revoked_at ? "revoked" : "" },
+        h("td", { text: { client: "client key", runner: "runner key", person: "personal token" }[k.kind] || k.kind }),
+        h("td", { text: k.agent_id || `@${k.person}` }),
+        h("td", { text: k.project || (k.agent_id ? "all its projects" : "—") }),
+        h("td", {}, timeEl(k.created_at)),
+        h("td", {}, k.revoked_at ? [badge("revoked", "muted"), " ", timeEl(k.revoked_at)]
+          : expired ? badge("expired", "muted") : badge("active", "ok")),
+        h("td", {}, revoke, error));
+    }))));
+}
+
+/** The new key, once: the secret with copy-paste set-up lines. Nothing is stored. */
+function showSecret(box, agent, out) {
+  const hide = h("button", { type: "button", text: "I have copied it — hide the key" });
+  const codeBlock = (label, text) => h("div", { class: "setup" },
+    h("div", { class: "setup-head" }, h("strong", { text: label }), copyButton(() => text)),
+    h("pre", { class: "code", text }));
+  const panel = h("section", { class: "card secret", role: "region", "aria-labelledby": "secret-heading", tabindex: "-1" },
+    h("h2", { id: "secret-heading", text: `New key for ${agent.agent_id}` }),
+    h("p", { class: "banner banner-warn inline" }, h("strong", { text: "Copy it now. " }),
+      "Prickle shows this key only once and does not keep it. Anyone with it can act as this agent."),
+    codeBlock("Key", out.token),
+    out.claude_code ? codeBlock("Claude Code", out.claude_code) : null,
+    out.codex ? codeBlock("Codex (~/.codex/config.toml, and the key in the shell's environment)", out.codex) : null,
+    out.url ? h("p", { class: "muted small" }, "Any other MCP client: Streamable HTTP at ", h("code", { text: out.url }),
+      " with the header Authorization: Bearer <key>.") : null,
+    h("p", { class: "muted small", text: "Then tell the agent to start with get_project_context and to wait in wait_for_mention." }),
+    hide);
+  hide.addEventListener("click", () => fill(box));
+  fill(box, panel);
+  panel.focus();
+  panel.scrollIntoView({ block: "start" });
+}

@@ -1,0 +1,106 @@
+// api.js — talking to the people's HTTP JSON API: fetch, auth and errors in plain words.
+//
+// The browser session cookie (HttpOnly, set by /signin) rides along by itself. A person
+// who pasted a personal token instead has it kept in sessionStorage and sent as
+// "Authorization: Bearer …" on every request.
+
+const TOKEN_KEY = "prickle.personal_token";
+
+/** An API refusal: status, stable code, and a message fit to show the person. */
+export class ApiError extends Error {
+  constructor(status, code, message) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+const signedOutHandlers = new Set();
+
+// ---- lifecycle ----------------------------------------------------------------
+
+/** The personal token this tab uses, or null for the session cookie. */
+export function token() {
+  try {
+    return sessionStorage.getItem(TOKEN_KEY);
+  } catch {
+    return null;
+  }
+}
+
+export function useToken(value) {
+  sessionStorage.setItem(TOKEN_KEY, value);
+}
+
+export function forgetToken() {
+  sessionStorage.removeItem(TOKEN_KEY);
+}
+
+/** fn() runs when a request finds the person signed out (401). */
+export function onSignedOut(fn) {
+  signedOutHandlers.add(fn);
+  return () => signedOutHandlers.delete(fn);
+}
+
+// ---- actions --------------------------------------------------------------------
+
+/** One request; resolves to the JSON body or throws ApiError. */
+export async function request(method, path, body, { signal, quietAuth = false } = {}) {
+  const headers = { Accept: "application/json" };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const personal = token();
+  if (personal) headers.Authorization = `Bearer ${personal}`;
+  let response;
+  try {
+    response = await fetch(path, {
+      method, headers, signal, credentials: "same-origin", cache: "no-store",
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+  } catch (err) {
+    if (err.name === "AbortError") throw err;
+    throw new ApiError(0, "network", "Could not reach the Prickle server. Check that it is running, then try again.");
+  }
+  let data = null;
+  try {
+    data = await response.json();
+  } catch {
+    data = null;
+  }
+  if (!response.ok) {
+    const error = new ApiError(response.status, data?.error?.code || `http_${response.status}`,
+      plainWords(response.status, data?.error?.message));
+    if (response.status === 401 && !quietAuth) for (const fn of signedOutHandlers) fn(error);
+    throw error;
+  }
+  return data ?? {};
+}
+
+export const get = (path, options) => request("GET", path, undefined, options);
+export const post = (path, body = {}, options) => request("POST", path, body, options);
+export const del = (path, options) => request("DELETE", path, undefined, options);
+
+/** Path segment escaping for IDs and slugs. */
+export function seg(value) {
+  return encodeURIComponent(value);
+}
+
+// ---- internal ---------------------------------------------------------------------
+
+const FALLBACK = {
+  400: "That was not accepted. Check the fields and try again.",
+  401: "You are signed out. Open a new sign-in link to continue.",
+  403: "You are not allowed to do that.",
+  404: "That could not be found, or it is not in your projects.",
+  405: "The server does not offer that here yet.",
+  409: "That conflicts with something that already exists.",
+  413: "That is too large to send.",
+  421: "The server refused this address. Open Prickle at its public address.",
+};
+
+/** The server's message as a sentence, or a plain fallback for its status. */
+function plainWords(status, message) {
+  const text = (message || "").trim();
+  if (!text) return FALLBACK[status] || `The server could not do that (error ${status}). Try again in a moment.`;
+  const sentence = text[0].toUpperCase() + text.slice(1);
+  return /[.!?)]$/.test(sentence) ? sentence : `${sentence}.`;
+}

@@ -1,0 +1,213 @@
+// app.js — the shell: who is signed in, the top bar, and hash routing to the views.
+//
+// Routes (a reload keeps the place):
+//   #/                      your projects, new project, handoffs waiting for you
+//   #/agents                your agents and their keys
+//   #/rules                 your gate rules, standing approvals, auto-accept
+//   #/p/SLUG/room           the room (general chat)
+//   #/p/SLUG/tasks          the task board;  #/p/SLUG/tasks/TASK_ID  one task
+//   #/p/SLUG/pulse | people | memory | audit
+
+import * as api from "./api.js";
+import * as project from "./project.js";
+import * as signin from "./signin.js";
+import * as projects from "./projects.js";
+import * as room from "./room.js";
+import * as tasks from "./tasks.js";
+import * as pulse from "./pulse.js";
+import * as people from "./people.js";
+import * as memory from "./memory.js";
+import * as audit from "./audit.js";
+import * as agents from "./agents.js";
+import * as rules from "./rules.js";
+import { h, avatar, fill, heading, errorSlot, act, link } from "./ui.js";
+
+const PROJECT_VIEWS = {
+  room: ["Room", room.mount],
+  tasks: ["Tasks", tasks.mount],
+  pulse: ["Team Pulse", pulse.mount],
+  people: ["People", people.mount],
+  memory: ["Memory", memory.mount],
+  audit: ["Audit", audit.mount],
+};
+
+const GLOBAL_VIEWS = {
+  "": ["Projects", projects.mount],
+  agents: ["Agents & keys", agents.mount],
+  rules: ["Rules", rules.mount],
+};
+
+let me = null;
+let unmount = null;
+let routeSerial = 0;
+let firstRoute = true;
+
+// ---- lifecycle -----------------------------------------------------------------------
+
+async function boot() {
+  api.onSignedOut(() => {
+    if (me) showSignedOut("Your session ended. Sign in again to continue.");
+  });
+  window.addEventListener("hashchange", route);
+  await start();
+}
+
+async function start() {
+  try {
+    ({ person: me } = await api.get("/api/me", { quietAuth: true }));
+  } catch (err) {
+    if (err.status === 401) return showSignedOut();
+    return showFatal(err);
+  }
+  renderShell();
+  await route();
+}
+
+// ---- actions ----------------------------------------------------------------------------
+
+/** Go to a hash route. */
+export function go(hash) {
+  if (window.location.hash === hash) route();
+  else window.location.hash = hash;
+}
+
+async function signOut(button, error) {
+  await act(button, error, async () => {
+    if (!api.token()) await api.post("/api/signout", {});
+    api.forgetToken();
+    showSignedOut("You are signed out.");
+  });
+}
+
+// ---- callbacks -------------------------------------------------------------------------
+
+async function route() {
+  if (!me) return;
+  const serial = ++routeSerial;
+  const parts = window.location.hash.replace(/^#\/?/, "").split("/").filter(Boolean).map(decodeURIComponent);
+  teardown();
+  const main = document.getElementById("main");
+  const focus = !firstRoute;
+  firstRoute = false;
+
+  if (parts[0] === "p" && parts[1]) {
+    const [, slug, viewName = "room", id] = parts;
+    const view = PROJECT_VIEWS[viewName];
+    markNav(null);
+    fill(main, h("p", { class: "muted loading", text: "Loading project…" }));
+    let data;
+    try {
+      data = await project.enter(slug);
+    } catch (err) {
+      if (serial !== routeSerial) return;
+      project.leave();
+      return showProjectMissing(main, slug, err);
+    }
+    if (serial !== routeSerial) return;
+    if (!view) return showNotFound(main);
+    const bar = project.header(viewName);
+    const body = h("div", { class: "view" });
+    fill(main, bar.el, body);
+    document.title = `${view[0]} · ${data.project.name} · Prickle`;
+    const ctx = { me, slug, id, project, go, view: viewName };
+    const off = view[1](body, ctx);
+    unmount = () => {
+      bar.destroy();
+      if (typeof off === "function") off();
+    };
+  } else {
+    project.leave();
+    const key = parts[0] || "";
+    const view = GLOBAL_VIEWS[key];
+    markNav(key);
+    if (!view) return showNotFound(main);
+    const body = h("div", { class: "view" });
+    fill(main, body);
+    document.title = key ? `${view[0]} · Prickle` : "Prickle";
+    const off = view[1](body, { me, go, id: parts[1] });
+    unmount = typeof off === "function" ? off : null;
+  }
+  if (focus) {
+    const target = main.querySelector("h1");
+    (target || main).focus({ preventScroll: false });
+    window.scrollTo(0, 0);
+  }
+}
+
+// ---- internal -----------------------------------------------------------------------------
+
+function teardown() {
+  if (unmount) {
+    try {
+      unmount();
+    } catch (err) {
+      console.error(err);
+    }
+  }
+  unmount = null;
+}
+
+function renderShell() {
+  const error = errorSlot();
+  const out = h("button", { type: "button", class: "quiet", text: "Sign out" });
+  out.addEventListener("click", () => signOut(out, error));
+  fill(document.getElementById("topbar"),
+    h("a", { class: "brand", href: "#/" }, h("span", { class: "brand-mark", "aria-hidden": "true", text: "✳" }), "Prickle"),
+    h("nav", { class: "global-nav", "aria-label": "Main" },
+      h("a", { href: "#/", dataset: { nav: "" }, text: "Projects" }),
+      h("a", { href: "#/agents", dataset: { nav: "agents" }, text: "Agents & keys" }),
+      h("a", { href: "#/rules", dataset: { nav: "rules" }, text: "Rules" })),
+    h("div", { class: "me" },
+      avatar(me.display_name, me.color),
+      h("span", { class: "me-name" }, h("span", { text: me.display_name }),
+        h("span", { class: "muted", text: ` @${me.handle}` })),
+      out),
+    error);
+  document.body.classList.remove("signed-out");
+}
+
+function markNav(key) {
+  for (const a of document.querySelectorAll(".global-nav a")) {
+    if (a.dataset.nav === key) a.setAttribute("aria-current", "page");
+    else a.removeAttribute("aria-current");
+  }
+}
+
+function showSignedOut(reason) {
+  teardown();
+  project.leave();
+  me = null;
+  firstRoute = true;
+  document.body.classList.add("signed-out");
+  fill(document.getElementById("topbar"),
+    h("span", { class: "brand" }, h("span", { class: "brand-mark", "aria-hidden": "true", text: "✳" }), "Prickle"));
+  document.title = "Sign in · Prickle";
+  signin.mount(document.getElementById("main"), {
+    reason,
+    onSignedIn: () => start(),
+  });
+}
+
+function showFatal(err) {
+  fill(document.getElementById("main"), h("section", { class: "card" },
+    heading(1, "Prickle could not start"),
+    h("p", { class: "error", role: "alert", text: err.message }),
+    h("button", { type: "button", onclick: () => start(), text: "Try again" })));
+}
+
+function showProjectMissing(main, slug, err) {
+  document.title = "Not found · Prickle";
+  fill(main, h("section", { class: "card" },
+    heading(1, err.status === 404 ? "No such project in your list" : "This project could not be opened"),
+    h("p", { text: err.status === 404
+      ? `There is no project “${slug}” among your projects. A project shows here once an owner adds you.`
+      : err.message }),
+    link("#/", "Back to your projects")));
+}
+
+function showNotFound(main) {
+  fill(main, h("section", { class: "card" }, heading(1, "Nothing here"),
+    h("p", { text: "This address is not a page of Prickle." }), link("#/", "Back to your projects")));
+}
+
+boot();

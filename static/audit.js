@@ -1,0 +1,59 @@
+// audit.js — the project's audit log, newest first, with the hash chain's check.
+// Entries hold references and counts only (never message text or secrets).
+
+import { get, seg } from "./api.js";
+import { h, heading, errorSlot, showError, act, fill, badge, timeEl, words } from "./ui.js";
+
+const LIMIT = 50;
+
+// ---- lifecycle ------------------------------------------------------------------------------------
+
+export function mount(el, ctx) {
+  const chain = h("div", { class: "chain", role: "status" }, h("span", { class: "muted", text: "Checking the chain…" }));
+  const rows = h("tbody");
+  const more = h("button", { type: "button", class: "more quiet", hidden: true, text: "Show older entries" });
+  const error = errorSlot();
+  el.append(
+    h("div", { class: "page-head" }, heading(1, "Audit log"),
+      h("p", { class: "muted", text: "Everything that changed in this project, newest first. Each entry is chained to the one before by its hash." })),
+    chain,
+    h("div", { class: "table-wrap" },
+      h("table", { class: "audit" },
+        h("caption", { class: "sr-only", text: "Audit entries, newest first" }),
+        h("thead", {}, h("tr", {}, h("th", { scope: "col", text: "#" }), h("th", { scope: "col", text: "When" }),
+          h("th", { scope: "col", text: "What" }), h("th", { scope: "col", text: "Details" }))),
+        rows)),
+    error, more);
+
+  let before = null;
+  const load = async (button) => {
+    const out = await act(button, error, () => get(`/api/projects/${seg(ctx.slug)}/audit?limit=${LIMIT}${before ? `&before=${before}` : ""}`));
+    if (!out) return;
+    renderChain(chain, out.chain);
+    rows.append(...out.entries.map(renderEntry));
+    if (out.entries.length) before = out.entries[out.entries.length - 1].n;
+    more.hidden = out.entries.length < LIMIT || before <= 1;
+  };
+  more.addEventListener("click", () => load(more));
+  load(null).catch((err) => showError(error, err));
+  return () => {};
+}
+
+// ---- rendering ------------------------------------------------------------------------------------------
+
+function renderChain(el, chain) {
+  fill(el, chain.ok
+    ? [badge("chain intact", "ok"), h("span", { text: ` All ${chain.entries} entries check out against their hashes.` })]
+    : [badge("chain broken", "danger"), h("strong", { text: ` The chain breaks at entry ${chain.broken_at}.` }),
+      h("span", { text: " Entries from there on may have been changed outside Prickle; run 'prickle audit verify'." })]);
+  el.dataset.ok = String(chain.ok);
+}
+
+function renderEntry(entry) {
+  return h("tr", { dataset: { n: String(entry.n), type: entry.type } },
+    h("td", { class: "num", text: String(entry.n) }),
+    h("td", {}, timeEl(entry.at)),
+    h("td", {}, h("code", { text: entry.type })),
+    h("td", {}, h("dl", { class: "refs" }, Object.entries(entry.refs || {}).filter(([, v]) => v !== null && v !== undefined)
+      .map(([k, v]) => h("div", {}, h("dt", { text: words(k) }), h("dd", { text: typeof v === "object" ? JSON.stringify(v) : String(v) }))))));
+}

@@ -1,0 +1,163 @@
+// people.js — a project's people and their roles, adding a teammate (owners), the
+// project's agents, and adding one of your own agents to it.
+
+import { get, post, seg } from "./api.js";
+import {
+  h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, availabilityBadge, ago, announce,
+} from "./ui.js";
+
+// ---- lifecycle ------------------------------------------------------------------------------
+
+export function mount(el, ctx) {
+  const people = h("ul", { class: "people-list" });
+  const agents = h("div", { class: "agent-grid" });
+  const addPerson = h("div");
+  const addAgent = h("div");
+  el.append(
+    h("div", { class: "page-head" }, heading(1, "People and agents")),
+    h("div", { class: "two-col" },
+      h("section", { class: "section", "aria-labelledby": "people-heading" },
+        h("h2", { id: "people-heading", text: "People" }), people, addPerson),
+      h("section", { class: "section", "aria-labelledby": "agents-heading" },
+        h("h2", { id: "agents-heading", text: "Agents" }), agents, addAgent)));
+
+  const roles = new Map();
+  const render = () => {
+    const data = ctx.project.data();
+    roles.set(ctx.me.handle, data.role);
+    for (const p of data.people) if (p.role) roles.set(p.handle, p.role);
+    renderPeople(people, data, roles, ctx);
+    renderAgents(agents, data);
+  };
+  render();
+  const off = ctx.project.onChange(render);
+  learnRoles(ctx, roles).then(render);
+  renderAddPerson(addPerson, ctx, roles);
+  renderAddAgent(addAgent, ctx);
+  return off;
+}
+
+// ---- actions -------------------------------------------------------------------------------------
+
+/** Roles come with each person once GET /api/projects/{slug} carries them; until then the
+ *  audit log's member.added entries say who joined as what. */
+async function learnRoles(ctx, roles) {
+  const data = ctx.project.data();
+  if (data.people.every((p) => p.role)) return;
+  try {
+    let before = null;
+    for (let page = 0; page < 5; page += 1) {
+      const out = await get(`/api/projects/${seg(ctx.slug)}/audit?limit=200${before ? `&before=${before}` : ""}`);
+      for (const e of out.entries) {
+        if (e.type === "member.added" && e.refs?.person && !roles.has(e.refs.person)) roles.set(e.refs.person, e.refs.role);
+      }
+      if (out.entries.length < 200) break;
+      before = out.entries[out.entries.length - 1].n;
+    }
+  } catch {
+    /* roles stay unknown */
+  }
+}
+
+// ---- callbacks / rendering -------------------------------------------------------------------------
+
+function renderPeople(list, data, roles, ctx) {
+  fill(list, data.people.map((p) => {
+    const role = roles.get(p.handle);
+    return h("li", { class: "person", dataset: { handle: p.handle } },
+      avatar(p.display_name, p.color),
+      h("span", { class: "person-name" }, h("strong", { text: p.display_name }),
+        h("span", { class: "muted", text: ` @${p.handle}` }), p.handle === ctx.me.handle ? h("span", { class: "muted", text: " (you)" }) : null),
+      role ? badge(role, role === "owner" ? "info" : "muted") : null,
+      p.away ? badge("away", "warn") : null);
+  }));
+}
+
+function renderAgents(box, data) {
+  fill(box, data.agents.length ? data.agents.map((a) => h("article", { class: "card agent-card", dataset: { agent: a.agent_id } },
+    h("div", { class: "pulse-head" }, avatar(a.name, a.agent_id, "agent"),
+      h("div", {}, h("strong", { text: a.name }), h("div", { class: "muted small", text: a.agent_id })),
+      availabilityBadge(a.availability)),
+    a.role ? h("p", { text: a.role }) : null,
+    h("p", { class: "muted small", text: `${a.model} · ${a.client} · owner @${a.owner}` }),
+    a.capabilities?.length ? h("p", { class: "chips" }, a.capabilities.map((c) => h("span", { class: "chip", text: `${c.kind}: ${c.name}` }))) : null,
+    h("p", { class: "muted small", text: `${a.trust_level ? `trust ${a.trust_level} · ` : ""}${a.last_seen_at ? `seen ${ago(a.last_seen_at)}` : "never seen"}` })))
+    : empty("No agents here yet."));
+}
+
+async function renderAddPerson(box, ctx, roles) {
+  const data = ctx.project.data();
+  if (data.role !== "owner") {
+    fill(box, h("p", { class: "muted small", text: "Project owners add teammates." }));
+    return;
+  }
+  let everyone = [];
+  try {
+    ({ people: everyone } = await get("/api/people"));
+  } catch (err) {
+    fill(box, h("p", { class: "error", role: "alert", text: err.message }));
+    return;
+  }
+  const draw = () => {
+    const inProject = new Set(ctx.project.data().people.map((p) => p.handle));
+    const candidates = everyone.filter((p) => !inProject.has(p.handle));
+    if (!candidates.length) {
+      fill(box, h("p", { class: "muted small", text: "Everyone on this server is already here. New people are added with 'prickle person add'." }));
+      return;
+    }
+    const who = select(candidates.map((p) => [p.handle, `${p.display_name} (@${p.handle})`]), { name: "handle" });
+    const role = select([["member", "member"], ["owner", "owner"]], { name: "role" });
+    const submit = h("button", { type: "submit", class: "primary", text: "Add teammate" });
+    const error = errorSlot();
+    const form = h("form", { class: "inline-form", "aria-labelledby": "add-person-heading" },
+      h("h3", { id: "add-person-heading", text: "Add a teammate" }),
+      h("div", { class: "inline-fields" }, field("Person", who), field("Role", role)), submit, error);
+    form.addEventListener("submit", async (e) => {
+      e.preventDefault();
+      const out = await act(submit, error, () => post(`/api/projects/${seg(ctx.slug)}/members`, { handle: who.value, role: role.value }));
+      if (out) {
+        roles.set(who.value, role.value);
+        announce(`${who.value} was added as ${role.value}`);
+        await ctx.project.refresh();
+        draw();
+      }
+    });
+    fill(box, form);
+  };
+  draw();
+}
+
+async function renderAddAgent(box, ctx) {
+  let mine = [];
+  try {
+    ({ agents: mine } = await get("/api/agents"));
+  } catch {
+    return;
+  }
+  const draw = () => {
+    const here = new Set(ctx.project.data().agents.map((a) => a.agent_id));
+    const candidates = mine.filter((a) => !here.has(a.agent_id));
+    if (!candidates.length) {
+      fill(box, h("p", { class: "muted small" }, mine.length ? "All your agents are here. " : "You have no agents yet. ",
+        h("a", { href: "#/agents", text: "Agents & keys" })));
+      return;
+    }
+    const agent = select(candidates.map((a) => [a.agent_id, `${a.name} (${a.agent_id})`]), { name: "agent" });
+    const submit = h("button", { type: "submit", class: "primary", text: "Add to this project" });
+    const error = errorSlot();
+    const form = h("form", { class: "inline-form", "aria-labelledby": "add-agent-heading" },
+      h("h3", { id: "add-agent-heading", text: "Bring one of your agents" }),
+      h("div", { class: "inline-fields" }, field("Your agent", agent)), submit, error);
+    form.addEventListener("submit", async (e) => {
+      e.preventDefault();
+      const out = await act(submit, error, () => post(`/api/projects/${seg(ctx.slug)}/agents`, { agent_id: agent.value }));
+      if (out) {
+        announce(`${agent.value} joined the project`);
+        await ctx.project.refresh();
+        draw();
+      }
+    });
+    fill(box, form);
+  };
+  draw();
+}

@@ -1,0 +1,127 @@
+// project.js — the project the person is in: its view (people, agents, memory, pulse,
+// paused pairs) kept fresh from the live stream, and the project's header with its tabs.
+
+import { get, seg } from "./api.js";
+import * as stream from "./stream.js";
+import { h, debounce } from "./ui.js";
+
+const TABS = [
+  ["room", "Room"], ["tasks", "Tasks"], ["pulse", "Team Pulse"], ["people", "People"],
+  ["memory", "Memory"], ["audit", "Audit"],
+];
+
+let state = null; // { slug, data, listeners:Set, offs:[] }
+
+// ---- lifecycle -----------------------------------------------------------------------
+
+/** Enter a project: load its view and open its stream. Resolves to the project view. */
+export async function enter(slug) {
+  if (state && state.slug === slug) return state.data;
+  leave();
+  const after = await stream.head();
+  const data = await get(`/api/projects/${seg(slug)}`);
+  state = { slug, data, listeners: new Set(), offs: [] };
+  const reload = debounce(() => refresh(), 600);
+  state.reload = reload;
+  state.offs.push(
+    stream.on("pulse.updated", (event) => patchPulse(event.pulse)),
+    stream.on("member.joined", reload),
+    stream.on("agent.added", reload),
+    // Any message may pause a pair (agents) or resume one (people).
+    stream.on("message.posted", reload),
+  );
+  stream.open(slug, after);
+  return data;
+}
+
+export function leave() {
+  if (!state) return;
+  state.reload?.cancel();
+  for (const off of state.offs) off();
+  state = null;
+  stream.close();
+}
+
+// ---- actions -------------------------------------------------------------------------
+
+export function slug() {
+  return state?.slug ?? null;
+}
+
+/** The project view: {project, role, people, agents, memory, pulse, paused}. */
+export function data() {
+  return state?.data ?? null;
+}
+
+/** fn(data) whenever the project view changes; returns a function that stops it. */
+export function onChange(fn) {
+  if (!state) return () => {};
+  const listeners = state.listeners;
+  listeners.add(fn);
+  return () => listeners.delete(fn);
+}
+
+/** Fetch the project view again now (after a change the stream does not carry). */
+export async function refresh() {
+  if (!state) return null;
+  const mine = state;
+  const data = await get(`/api/projects/${seg(mine.slug)}`);
+  if (state !== mine) return null;
+  mine.data = data;
+  notify();
+  return data;
+}
+
+/** Everyone the person can @mention here: people by handle, agents as owner/name. */
+export function addresses() {
+  const d = data();
+  if (!d) return [];
+  return [
+    ...d.people.map((p) => ({ address: p.handle, name: p.display_name, kind: "person", color: p.color })),
+    ...d.agents.map((a) => ({ address: a.agent_id, name: a.name, kind: "agent", role: a.role })),
+  ];
+}
+
+/** The project header: name, team, live status and the tabs (current one marked). */
+export function header(view) {
+  const d = data();
+  const live = h("span", { class: "live", role: "status" });
+  const off = stream.onStatus((s) => {
+    live.dataset.status = s;
+    live.textContent = { live: "Live", connecting: "Connecting…", reconnecting: "Reconnecting…", off: "Not live" }[s]
+      || s;
+  });
+  const nav = h("nav", { class: "tabs", "aria-label": "Project" },
+    TABS.map(([key, label]) => h("a", {
+      href: `#/p/${d.project.slug}/${key}`, "aria-current": key === view ? "page" : false, text: label,
+    })));
+  const el = h("div", { class: "project-bar" },
+    h("div", { class: "project-title" },
+      h("span", { class: "project-name", text: d.project.name }),
+      h("span", { class: "muted project-meta", text: `${d.project.team ? `${d.project.team} · ` : ""}${d.project.slug}` }),
+      live),
+    nav);
+  return { el, destroy: off };
+}
+
+// ---- callbacks -----------------------------------------------------------------------
+
+function patchPulse(pulse) {
+  if (!state || !pulse) return;
+  const list = state.data.pulse.filter((p) => p.agent_id !== pulse.agent_id);
+  list.unshift(pulse);
+  state.data.pulse = list;
+  notify();
+}
+
+// ---- internal ------------------------------------------------------------------------
+
+function notify() {
+  for (const fn of [...(state?.listeners || [])]) {
+    try {
+      fn(state.data);
+    } catch (err) {
+      console.error(err);
+    }
+  }
+}

@@ -1,0 +1,147 @@
+// rules.js — your permission gate: delegation rules (who may hand your agents work:
+// allow, ask me, never), standing approvals, and auto-accept of verified results.
+
+import { get, post, del, seg } from "./api.js";
+import {
+  h, heading, field, select, errorSlot, act, fill, empty, badge, timeEl, confirmButton, announce, words,
+} from "./ui.js";
+
+const DECISIONS = [["allow", "Allow"], ["approval_required", "Ask me each time"], ["never", "Never"]];
+const DECISION_KIND = { allow: "ok", approval_required: "warn", never: "danger" };
+
+// ---- lifecycle ---------------------------------------------------------------------------------------
+
+export function mount(el, ctx) {
+  const rules = h("div", { class: "table-wrap" }, h("p", { class: "muted", text: "Loading your rules…" }));
+  const standing = h("div", { class: "table-wrap" });
+  const error = errorSlot();
+  const reload = async () => {
+    try {
+      const out = await get("/api/rules");
+      renderRules(rules, out.rules, reload);
+      renderStanding(standing, out.standing_approvals, reload);
+    } catch (err) {
+      error.textContent = err.message;
+      error.hidden = false;
+    }
+  };
+  el.append(
+    h("div", { class: "page-head" }, heading(1, "Rules"),
+      h("p", { class: "muted", text: "When a teammate's agent hands work to one of your agents, your gate decides: "
+        + "the most specific rule wins (one agent, then one owner's agents, then all teammates); otherwise it asks you." })),
+    error,
+    h("section", { class: "section", "aria-labelledby": "rules-heading" }, h("h2", { id: "rules-heading", text: "Gate rules" }), rules),
+    ruleForm(reload),
+    h("section", { class: "section", "aria-labelledby": "standing-heading" },
+      h("h2", { id: "standing-heading", text: "Standing approvals" }),
+      h("p", { class: "muted", text: "Made when you approve a handoff and let more like it through." }), standing),
+    policy(ctx));
+  reload();
+  return () => {};
+}
+
+// ---- actions -------------------------------------------------------------------------------------------
+
+function ruleForm(reload) {
+  const decision = select(DECISIONS, { name: "decision" });
+  const scope = select([["all", "All teammates' agents"], ["owner", "The agents of one person"], ["agent", "One agent"]], { name: "scope" });
+  const who = h("input", { name: "who", autocomplete: "off", spellcheck: "false", placeholder: "handle or owner/agent" });
+  const whoField = field("Who", who, "A handle (e.g. oj) or an agent (e.g. oj/muse).");
+  whoField.hidden = true;
+  scope.addEventListener("change", () => {
+    whoField.hidden = scope.value === "all";
+    who.required = scope.value !== "all";
+  });
+  const expires = h("input", { type: "datetime-local", name: "expires" });
+  const submit = h("button", { type: "submit", class: "primary", text: "Save rule" });
+  const error = errorSlot();
+  const form = h("form", { class: "grid-form" },
+    field("Decision", decision), field("For", scope), whoField,
+    field("Until (optional)", expires, "Leave empty for no end."),
+    h("div", { class: "form-actions" }, submit), error);
+  form.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const body = { decision: decision.value };
+    if (scope.value === "owner") body.owner = who.value.trim().replace(/^@/, "");
+    if (scope.value === "agent") body.agent = who.value.trim().replace(/^@/, "");
+    if (expires.value) body.expires_at = new Date(expires.value).toISOString().replace(/\.\d{3}Z$/, "Z");
+    const out = await act(submit, error, () => post("/api/rules", body));
+    if (out) {
+      announce("Rule saved");
+      form.reset();
+      whoField.hidden = true;
+      reload();
+    }
+  });
+  return h("details", { class: "section disclosure" }, h("summary", {}, h("h2", { text: "Add a rule" })), form);
+}
+
+function policy() {
+  const status = h("p", { class: "muted small", role: "status" });
+  const error = errorSlot();
+  const set = (on, button) => act(button, error, async () => {
+    const out = await post("/api/policy", { auto_accept: on });
+    status.textContent = out.auto_accept ? "Auto-accept is on." : "Auto-accept is off: you give final acceptance yourself.";
+  });
+  const onButton = h("button", { type: "button", text: "Turn on" });
+  const offButton = h("button", { type: "button", text: "Turn off" });
+  onButton.addEventListener("click", () => set(true, onButton));
+  offButton.addEventListener("click", () => set(false, offButton));
+  return h("section", { class: "section card", "aria-labelledby": "policy-heading" },
+    h("h2", { id: "policy-heading", text: "Auto-accept verified results" }),
+    h("p", { text: "When your agent verifies a result it asked for, accept it at once instead of waiting for your final click." }),
+    h("div", { class: "button-row" }, onButton, offButton), status, error);
+}
+
+// ---- rendering ------------------------------------------------------------------------------------------
+
+function subjectText(rule) {
+  if (rule.for === "all") return "All teammates' agents";
+  if (rule.for === "owner") return `Agents of @${rule.subject}`;
+  return `Agent ${rule.subject}`;
+}
+
+function renderRules(box, rules, reload) {
+  if (!rules.length) {
+    fill(box, empty("No rules: every handoff from a teammate's agent asks you first."));
+    return;
+  }
+  fill(box, h("table", {},
+    h("caption", { class: "sr-only", text: "Gate rules" }),
+    h("thead", {}, h("tr", {}, ["For", "Decision", "Until", "Made", ""].map((t) => h("th", { scope: "col", text: t })))),
+    h("tbody", {}, rules.map((r) => {
+      const error = errorSlot();
+      const revoke = confirmButton("Revoke", "Click again to revoke", (button) => act(button, error, async () => {
+        await del(`/api/rules/${seg(r.id)}`);
+        announce("Rule revoked");
+        reload();
+      }), { class: "danger-quiet small", "aria-label": `Revoke the rule for ${subjectText(r)}` });
+      return h("tr", { dataset: { ruleId: r.id } },
+        h("td", { text: subjectText(r) }),
+        h("td", {}, badge(DECISIONS.find(([d]) => d === r.decision)?.[1] || words(r.decision), DECISION_KIND[r.decision] || "muted")),
+        h("td", {}, r.expires_at ? timeEl(r.expires_at) : h("span", { class: "muted", text: "no end" })),
+        h("td", {}, timeEl(r.created_at)),
+        h("td", {}, revoke, error));
+    }))));
+}
+
+function renderStanding(box, items, reload) {
+  if (!items.length) {
+    fill(box, empty("No standing approvals."));
+    return;
+  }
+  fill(box, h("table", {},
+    h("caption", { class: "sr-only", text: "Standing approvals" }),
+    h("thead", {}, h("tr", {}, ["From", "To", "Kind of work", "Used", "Until", ""].map((t) => h("th", { scope: "col", text: t })))),
+    h("tbody", {}, items.map((s) => {
+      const error = errorSlot();
+      const revoke = confirmButton("Revoke", "Click again to revoke", (button) => act(button, error, async () => {
+        await del(`/api/standing-approvals/${seg(s.id)}`);
+        announce("Standing approval revoked");
+        reload();
+      }), { class: "danger-quiet small", "aria-label": `Revoke the standing approval for ${s.requester}` });
+      return h("tr", { dataset: { standingId: s.id } },
+        h("td", { text: s.requester }), h("td", { text: s.assignee }), h("td", { text: words(s.kind) }),
+        h("td", { text: `${s.uses} of ${s.cap}` }), h("td", {}, timeEl(s.expires_at)), h("td", {}, revoke, error));
+    }))));
+}

@@ -1,0 +1,144 @@
+// stream.js — one project's live events.
+//
+// With the session cookie the page listens to Server-Sent Events
+// (GET /api/projects/{slug}/stream); the browser reconnects with Last-Event-ID, so
+// nothing is missed. EventSource cannot send an Authorization header, so with a pasted
+// personal token (or if the stream is refused) it long-polls GET …/events instead.
+// Either way every event is handed out once, in seq order.
+
+import { get, seg, token } from "./api.js";
+
+const TYPES = ["message.posted", "task.updated", "approval.updated", "pulse.updated", "member.joined",
+  "agent.added", "project.created"];
+
+const listeners = new Map(); // type (or "*") -> Set of fn(event)
+const statusListeners = new Set();
+let current = null; // { slug, lastSeq, source, abort, closed }
+let status = "off";
+
+// ---- lifecycle ------------------------------------------------------------------
+
+/** The outbox position now: open a stream "after" it, then load, and nothing falls between. */
+export async function head() {
+  try {
+    const health = await get("/healthz");
+    return Number.isInteger(health.outbox_head) ? health.outbox_head : null;
+  } catch {
+    return null;
+  }
+}
+
+/** Start listening to a project (closing any other). after: an outbox seq, or null for "from now". */
+export function open(slug, after = null) {
+  close();
+  current = { slug, lastSeq: after, source: null, abort: null, closed: false };
+  if (!token() && "EventSource" in window) listen(current);
+  else poll(current);
+}
+
+export function close() {
+  if (!current) return;
+  current.closed = true;
+  current.source?.close();
+  current.abort?.abort();
+  current = null;
+  setStatus("off");
+}
+
+// ---- actions ----------------------------------------------------------------------
+
+/** fn(event) for each event of a type ("*" for all); returns a function that stops it. */
+export function on(type, fn) {
+  if (!listeners.has(type)) listeners.set(type, new Set());
+  listeners.get(type).add(fn);
+  return () => listeners.get(type)?.delete(fn);
+}
+
+/** fn(status) when the connection changes: "connecting", "live", "reconnecting", "off". */
+export function onStatus(fn) {
+  statusListeners.add(fn);
+  fn(status);
+  return () => statusListeners.delete(fn);
+}
+
+// ---- callbacks -----------------------------------------------------------------------
+
+function receive(conn, event) {
+  if (conn.closed || conn !== current) return;
+  if (conn.lastSeq != null && event.seq <= conn.lastSeq) return; // already handed out
+  conn.lastSeq = event.seq;
+  for (const key of [event.type, "*"]) {
+    for (const fn of listeners.get(key) || []) {
+      try {
+        fn(event);
+      } catch (err) {
+        console.error("stream listener failed", err);
+      }
+    }
+  }
+}
+
+// ---- internal ---------------------------------------------------------------------------
+
+function setStatus(next) {
+  if (next === status) return;
+  status = next;
+  for (const fn of statusListeners) fn(status);
+}
+
+function listen(conn) {
+  setStatus("connecting");
+  const query = conn.lastSeq != null ? `?after=${conn.lastSeq}` : "";
+  const source = new EventSource(`/api/projects/${seg(conn.slug)}/stream${query}`);
+  conn.source = source;
+  source.onopen = () => setStatus("live");
+  source.onerror = () => {
+    if (conn.closed) return;
+    if (source.readyState === EventSource.CLOSED) {
+      // Refused outright (signed out, not a member, or no stream on this server): long-poll instead.
+      source.close();
+      conn.source = null;
+      poll(conn);
+    } else {
+      setStatus("reconnecting");
+    }
+  };
+  for (const type of TYPES) {
+    source.addEventListener(type, (message) => {
+      try {
+        receive(conn, JSON.parse(message.data));
+      } catch (err) {
+        console.error("unreadable event", err);
+      }
+    });
+  }
+}
+
+async function poll(conn) {
+  if (conn.lastSeq == null) conn.lastSeq = await head();
+  if (conn.lastSeq == null) conn.lastSeq = 0;
+  let delay = 1000;
+  let wait = 0; // the first answer comes at once and says the connection works
+  setStatus("connecting");
+  while (!conn.closed) {
+    conn.abort = new AbortController();
+    try {
+      const page = await get(`/api/projects/${seg(conn.slug)}/events?after=${conn.lastSeq}&wait=${wait}`,
+        { signal: conn.abort.signal });
+      wait = 25;
+      setStatus("live");
+      delay = 1000;
+      for (const event of page.events || []) receive(conn, event);
+      if (Number.isInteger(page.last_seq) && page.last_seq > conn.lastSeq) conn.lastSeq = page.last_seq;
+    } catch (err) {
+      if (conn.closed) return;
+      if (err.status === 401 || err.status === 404) {
+        setStatus("off");
+        return;
+      }
+      setStatus("reconnecting");
+      await new Promise((resolve) => setTimeout(resolve, delay));
+      delay = Math.min(delay * 2, 15000);
+    }
+  }
+}

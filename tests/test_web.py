@@ -1,0 +1,515 @@
+"""Browser tests of the people's page: a real ``prickle serve --demo`` and headless Chromium.
+
+Playwright drives Debian's Chromium (``/usr/bin/chromium``); agents act over MCP with
+plain HTTP POSTs (protocol 2026-07-28). Every test saves a screenshot to
+``tests/screenshots/NAME.png`` and fails on any uncaught script error in the page.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import PRICKLE, Served
+
+CHROMIUM = "/usr/bin/chromium"
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install -y chromium)", allow_module_level=True)
+try:
+    from playwright.sync_api import Page, expect, sync_playwright
+except ImportError:  # pragma: no cover - depends on the environment
+    pytest.skip("playwright is not installed (pip install -e '.[test]')", allow_module_level=True)
+
+PROJECT = "website-v2"
+SHOTS = Path(__file__).parent / "screenshots"
+LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+               "--disable-sync", "--no-first-run"]
+LAPTOP = {"width": 1280, "height": 860}
+PHONE = {"width": 380, "height": 800}
+
+expect.set_options(timeout=10_000)
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+
+
+def cli_json(db_path: str, *args: str) -> dict:
+    p = subprocess.run(PRICKLE + list(args) + ["--db", db_path, "--json"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def mcp(served: Served, agent: str, tool: str, args: dict, key: str | None = None) -> dict:
+    """Call one MCP tool as ``agent`` (one POST, protocol 2026-07-28); return its structuredContent."""
+    key = key or served.info["demo"]["keys"][agent]
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "web-tests", "version": "1"},
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    r = httpx.post(served.info["mcp"], timeout=30, headers={
+        "Authorization": f"Bearer {key}", "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json", "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call",
+        "Mcp-Name": tool}, json={"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                 "params": {"name": tool, "arguments": args, "_meta": meta}})
+    assert r.status_code == 200, (r.status_code, r.text)
+    if r.headers["content-type"].startswith("text/event-stream"):
+        messages = [json.loads(line[5:]) for line in r.text.splitlines() if line.startswith("data:")]
+        message = [m for m in messages if "id" in m][-1]
+    else:
+        message = r.json()
+    result = message["result"]
+    assert not result.get("isError"), result["content"][0]["text"]
+    return result["structuredContent"]
+
+
+def shot(page: Page, name: str, full_page: bool = True) -> None:
+    """Save tests/screenshots/NAME.png: the whole page from the top, or (full_page=False) what is in view."""
+    SHOTS.mkdir(exist_ok=True)
+    if full_page:  # the whole page from the top; sticky bars drawn where they sit in the page
+        page.evaluate("window.scrollTo(0, 0)")
+        page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True,
+                        style=".topbar, .room-foot { position: static !important; }")
+    else:
+        page.screenshot(path=str(SHOTS / f"{name}.png"))
+
+
+# ---- fixtures --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    db = str(tmp_path_factory.mktemp("web") / "prickle.db")
+    with Served(db, "--demo") as s:
+        s.db = db
+        yield s
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def people(browser, served):
+    """open(handle | None, viewport=…): a fresh browser context signed in as that person (None: signed out)."""
+    contexts, errors = [], []
+
+    def open_(handle: str | None, viewport: dict | None = None, link: str | None = None) -> Page:
+        context = browser.new_context(viewport=viewport or LAPTOP)
+        contexts.append(context)
+        page = context.new_page()
+        page.on("pageerror", lambda e: errors.append(f"{handle}: {e}"))
+        if link is None and handle is not None:
+            link = cli_json(served.db, "signin-link", handle)["signin"]
+        page.goto(link or served.info["url"] + "/")
+        if handle is not None:
+            expect(page.get_by_role("heading", name=re.compile(r"^Hello, "))).to_be_visible()
+        return page
+
+    yield open_
+    for context in contexts:
+        context.close()
+    assert not errors, errors
+
+
+def goto(page: Page, served: Served, hash_: str) -> None:
+    page.goto(f"{served.info['url']}/{hash_}")
+
+
+# ---- tests ------------------------------------------------------------------------------------------
+
+
+def test_sign_in_with_the_printed_link_and_sign_out(served, people):
+    page = people(None)
+    expect(page.get_by_role("heading", name="Sign in to Prickle")).to_be_visible()
+    expect(page.get_by_label("Personal token", exact=True)).to_be_visible()
+    shot(page, "signed_out")
+
+    page.goto(served.info["demo"]["signin"])  # the link `prickle serve --demo` printed for oj
+    expect(page.get_by_role("heading", name="Hello, Oj Okafor")).to_be_visible()
+    expect(page.get_by_role("link", name=re.compile("Website v2"))).to_be_visible()
+    expect(page.locator(".me")).to_contain_text("@oj")
+    shot(page, "signed_in_projects")
+
+    page.get_by_role("link", name=re.compile("Website v2")).click()
+    expect(page).to_have_url(re.compile(r"#/p/website-v2/room$"))
+    page.reload()  # the hash keeps the place
+    expect(page.get_by_role("link", name="Room")).to_have_attribute("aria-current", "page")
+
+    page.get_by_role("button", name="Sign out").click()
+    expect(page.get_by_role("heading", name="Sign in to Prickle")).to_be_visible()
+    page.reload()  # the session is over on the server too
+    expect(page.get_by_role("heading", name="Sign in to Prickle")).to_be_visible()
+    page.goto(served.info["demo"]["signin"])  # a sign-in link works once
+    expect(page.locator("body")).to_contain_text("unauthorized")
+
+
+def test_a_personal_token_signs_in_and_the_room_stays_live(served, people):
+    token = cli_json(served.db, "token", "create", "--person", "ren")["token"]
+    page = people(None)
+    field = page.get_by_label("Personal token", exact=True)
+    field.fill("prk_pt_not-a-real-token")
+    page.get_by_role("button", name="Sign in with this token").click()
+    expect(page.get_by_role("alert")).to_contain_text("not accepted")
+    field.fill(token)
+    page.get_by_role("button", name="Sign in with this token").click()
+    expect(page.get_by_role("heading", name="Hello, Ren Ito")).to_be_visible()
+
+    goto(page, served, f"#/p/{PROJECT}/room")
+    expect(page.locator(".live")).to_have_text("Live")
+    words = f"token path {uuid.uuid4().hex[:8]}"
+    mcp(served, "oj/muse", "post_message", {"project": PROJECT, "body": f"@ren {words}"})
+    expect(page.locator(".msg-body", has_text=words)).to_be_visible()  # long-polled: EventSource sends no bearer
+
+
+def test_an_agent_message_appears_in_the_room_without_a_reload(served, people):
+    page = people("oj")
+    goto(page, served, f"#/p/{PROJECT}/room")
+    expect(page.locator(".msg-body").first).to_be_visible()
+    expect(page.locator(".live")).to_have_text("Live")
+    page.evaluate("window.__sameDocument = true")
+
+    words = f"Hero section is up on the preview {uuid.uuid4().hex[:8]}"
+    posted = mcp(served, "ren/builder", "post_message", {"project": PROJECT, "body": f"@oj/muse {words}"})
+    message = page.locator(f"#msg-{posted['message']['id']}")
+    expect(message).to_contain_text(words)
+    expect(message.locator(".msg-address")).to_have_text("ren/builder")
+    expect(message.locator(".badge", has_text="agent-written")).to_be_visible()
+    assert page.evaluate("window.__sameDocument") is True  # no reload happened
+
+    # Reply with an @mention completed from the keyboard.
+    message.hover()
+    message.get_by_role("button", name="Reply to Builder").click()
+    box = page.get_by_role("combobox")
+    box.press_sequentially("Thanks @mu")
+    expect(page.get_by_role("option").filter(has_text="@oj/muse")).to_have_attribute("aria-selected", "true")
+    box.press("Enter")
+    expect(box).to_have_value("Thanks @oj/muse ")
+    box.press_sequentially("please draft the hero copy")
+    box.press("Enter")
+    mine = page.locator(".msg", has_text="please draft the hero copy")
+    expect(mine).to_be_visible()
+    expect(mine.locator(".msg-replyto")).to_contain_text("in reply to Builder")
+    expect(mine.locator(".mention")).to_have_text("@oj/muse")
+    expect(box).to_have_value("")
+    shot(page, "room_live", full_page=False)
+
+
+def test_a_held_handoff_is_approved_verified_and_finally_accepted(served, people):
+    handoff = mcp(served, "oj/muse", "handoff", {"project": PROJECT, "to": "ren/builder", "packet": {
+        "task": "Build the pricing page.", "deliverable_type": "doc",
+        "acceptance_criteria": ["Three plans side by side.", "A clear call to action on each plan."],
+        "context": "Plans: Free, Team, Business.", "files": ["src/pages/pricing.astro"]}})
+    task_id = handoff["task"]["id"]
+    assert handoff["task"]["state"] == "approval" and handoff["gate"]["decision"] == "approval_required"
+
+    # ren, the assignee's owner, approves the held handoff on the page.
+    ren = people("ren")
+    card = ren.locator(f'.approval[data-task-id="{task_id}"]')
+    expect(card).to_contain_text("Build the pricing page.")
+    expect(card).to_contain_text("oj/muse asks your agent ren/builder")
+    card.get_by_role("button", name="Approve", exact=True).click()
+    expect(card.get_by_role("status")).to_have_text("Approved: the task went to the agent.")
+    shot(ren, "handoff_approved")
+    card.get_by_role("link", name="Build the pricing page.").click()
+    expect(ren.locator(".task-meta .state")).to_have_text("routed")
+
+    # ren/builder does the work; oj/muse verifies it — all over MCP, while ren watches live.
+    mcp(served, "ren/builder", "accept_task", {"task_id": task_id})
+    mcp(served, "ren/builder", "checkpoint", {"task_id": task_id, "checkpoint": {
+        "progress": "Layout done.", "files_touched": ["src/pages/pricing.astro"], "next_steps": ["Write the CTAs."]}})
+    returned = mcp(served, "ren/builder", "return_result", {"task_id": task_id, "summary": "Pricing page drafted.",
+        "evidence": [{"kind": "screenshot", "summary": "Three plans in one row.", "url": "https://preview.example/pricing",
+                      "criteria": [0]},
+                     {"kind": "note", "summary": "Each plan ends with 'Start free'.", "criteria": [1]}]})
+    expect(ren.locator(".task-meta .state")).to_have_text("verifying")
+    sub = returned["submission"]
+    verified = mcp(served, "oj/muse", "accept_result", {"task_id": task_id, "submission_id": sub["submission_id"],
+        "revision": sub["revision"], "verdicts": [{"criterion": 0, "accepted": True}, {"criterion": 1, "accepted": True}],
+        "artifacts": sub["artifacts"]})
+    assert verified["task"]["state"] == "approval"
+
+    # oj, the requester's owner, gives final acceptance on the task's page.
+    oj = people("oj")
+    goto(oj, served, f"#/p/{PROJECT}/tasks/{task_id}")
+    expect(oj.get_by_role("heading", name="Build the pricing page.")).to_be_visible()
+    criteria = oj.locator(".criterion")
+    expect(criteria.nth(0)).to_contain_text("covered by #1")
+    expect(criteria.nth(1)).to_contain_text("covered by #2")
+    expect(criteria.nth(1)).to_contain_text("accepted")
+    expect(oj.locator(".report")).to_contain_text("complete")
+    expect(oj.locator(".checkpoint")).to_contain_text("Layout done.")
+    expect(oj.get_by_role("link", name="https://preview.example/pricing")).to_be_visible()
+    note = mcp(served, "ren/builder", "post_message", {"project": PROJECT, "task_id": task_id,
+                                                      "body": "@oj/muse The preview is up for review."})
+    expect(oj.locator(f".thread-section #msg-{note['message']['id']}")).to_contain_text("The preview is up for review.")
+    shot(oj, "task_ready_for_final_acceptance")
+    oj.get_by_role("button", name="Give final acceptance").click()
+    expect(oj.locator(".task-meta .state")).to_have_text("completed")
+    expect(oj.locator(".submission-head").first).to_contain_text("owner-approved")
+    expect(ren.locator(".task-meta .state")).to_have_text("completed")  # ren's page followed along
+    shot(oj, "task_completed")
+
+    goto(oj, served, f"#/p/{PROJECT}/tasks")
+    expect(oj.locator(f'#col-completed [data-task-id="{task_id}"]')).to_be_visible()
+    shot(oj, "task_board")
+
+
+def test_ask_your_own_agent_then_send_back_and_cancel(served, people):
+    page = people("oj")
+    goto(page, served, f"#/p/{PROJECT}/tasks")
+    page.get_by_text("Ask one of your agents").click()
+    page.get_by_role("button", name="Ask the agent").click()
+    expect(page.locator("textarea[name=task]:invalid")).to_have_count(1)  # the browser asks for it; nothing sent
+    page.get_by_label("Agent", exact=True).select_option("oj/muse")
+    page.get_by_label("Deliverable").select_option("doc")
+    page.get_by_label("What to do").fill("Write the FAQ.")
+    page.get_by_label("Acceptance criteria").fill("Five questions.\nPlain words.")
+    page.get_by_role("button", name="Ask the agent").click()
+    expect(page).to_have_url(re.compile(r"#/p/website-v2/tasks/[A-Za-z0-9_-]+$"))
+    task_id = page.url.rsplit("/", 1)[1]
+    state = page.locator(".task-meta .state")
+    expect(state).to_have_text("routed")
+    expect(page.locator(".criterion")).to_have_count(2)
+
+    mcp(served, "oj/muse", "accept_task", {"task_id": task_id})
+    mcp(served, "oj/muse", "return_result", {"task_id": task_id, "summary": "FAQ drafted.", "evidence": [
+        {"kind": "note", "summary": "Five questions.", "criteria": [0]}]})
+    expect(state).to_have_text("verifying")
+    expect(page.locator(".criterion").nth(1)).to_contain_text("uncovered")
+    expect(page.locator(".report")).to_contain_text("incomplete")
+    page.get_by_text("Send it back with a reason").click()
+    page.get_by_label("Why it goes back").fill("Criterion 2 has no evidence: show the words are plain.")
+    page.get_by_role("button", name="Send back").click()
+    expect(state).to_have_text("working")
+    expect(page.locator(".submission-head").first).to_contain_text("rejected")
+    expect(page.locator(".facts")).to_contain_text("Criterion 2 has no evidence")
+    shot(page, "task_sent_back")
+
+    cancel = page.get_by_role("button", name="Cancel task")
+    cancel.click()
+    page.get_by_role("button", name="Click again to cancel the task").click()
+    expect(state).to_have_text("cancelled")
+
+    goto(page, served, f"#/p/{PROJECT}/room")
+    request = page.locator(".msg", has_text="Task request: Write the FAQ.")
+    expect(request.get_by_role("link", name="open the task")).to_have_attribute("href", f"#/p/{PROJECT}/tasks/{task_id}")
+
+
+def test_the_loop_guard_pause_shows_and_one_click_resumes(served, people):
+    page = people("ren")
+    goto(page, served, f"#/p/{PROJECT}/room")
+    box = page.get_by_role("combobox")
+    box.fill("Muse and Builder: settle the hero between you.")
+    box.press("Enter")  # a person's message starts the count afresh
+    expect(page.locator(".msg-body", has_text="settle the hero")).to_be_visible()
+    pair = ("oj/muse", "ren/builder")
+    for turn in range(10):
+        me, other = pair if turn % 2 == 0 else pair[::-1]
+        mcp(served, me, "post_message", {"project": PROJECT, "body": f"@{other} turn {turn}"})
+    banner = page.locator(".paused-list .banner")
+    expect(banner).to_contain_text("oj/muse and ren/builder are paused")
+    expect(banner).to_contain_text("after 10 turns")
+    shot(page, "loop_guard_paused")
+    banner.get_by_role("button", name="Resume them").click()
+    expect(banner).to_have_count(0)
+    expect(page.locator(".msg-body", has_text="Resumed @oj/muse and @ren/builder")).to_be_visible()
+    mcp(served, "oj/muse", "post_message", {"project": PROJECT, "body": "@ren/builder back to work"})  # not refused
+
+
+def test_rules_and_a_standing_approval(served, people):
+    held = mcp(served, "oj/muse", "handoff", {"project": PROJECT, "to": "ren/builder", "packet": {
+        "task": "Review the docs navigation.", "deliverable_type": "answer",
+        "acceptance_criteria": ["Say what is missing."]}})
+    task_id = held["task"]["id"]
+    page = people("ren")
+    goto(page, served, f"#/p/{PROJECT}/tasks/{task_id}")
+    card = page.locator(".actions .approval")
+    expect(card).to_contain_text("oj/muse asks your agent ren/builder for answer work")
+    card.get_by_text("Let similar requests through without asking").click()
+    card.get_by_label("Up to (uses)").fill("3")
+    card.get_by_label("For (days)").fill("7")
+    card.get_by_role("button", name="Approve and allow more like it").click()
+    expect(page.locator(".task-meta .state")).to_have_text("routed")
+
+    goto(page, served, "#/rules")
+    standing = page.locator("tr[data-standing-id]")
+    expect(standing).to_contain_text("oj/muse")
+    expect(standing).to_contain_text("ren/builder")
+    expect(standing).to_contain_text("of 3")
+    page.get_by_text("Add a rule").click()
+    page.get_by_label("Decision").select_option("never")
+    page.get_by_label("For", exact=True).select_option("agent")
+    page.get_by_label("Who").fill("ren/builder")
+    page.get_by_role("button", name="Save rule").click()
+    expect(page.get_by_role("alert")).to_contain_text("Your own agents always reach each other")  # under the form
+    page.get_by_label("Who").fill("oj/muse")
+    page.get_by_role("button", name="Save rule").click()
+    rule = page.locator("tr[data-rule-id]", has_text="Agent oj/muse")
+    expect(rule).to_contain_text("Never")
+    shot(page, "rules")
+    for row in (rule, standing):
+        row.get_by_role("button", name=re.compile("^Revoke")).click()
+        row.get_by_role("button", name="Click again to revoke").click()
+        expect(row).to_have_count(0)
+    page.get_by_role("button", name="Turn off").click()
+    expect(page.get_by_text("Auto-accept is off")).to_be_visible()
+
+
+def test_html_in_a_message_body_is_shown_as_text(served, people):
+    page = people("oj")
+    dialogs = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    goto(page, served, f"#/p/{PROJECT}/room")
+    box = page.get_by_role("combobox")
+    expect(box).to_be_visible()
+    payload = "<img src=x onerror=alert(1)>"
+    box.fill(payload)
+    box.press("Enter")
+    agent_payload = "<script>alert(2)</script><b>bold</b>"
+    mcp(served, "ren/builder", "post_message", {"project": PROJECT, "body": agent_payload})
+    for text in (payload, agent_payload):
+        expect(page.locator(".msg-body", has_text=text).last).to_have_text(text)
+    assert page.locator("main img").count() == 0
+    assert page.locator(".msg-body *:not(.mention)").count() == 0
+    page.reload()  # rendered again from the room's pages, not the stream
+    expect(page.locator(".msg-body", has_text=payload).last).to_have_text(payload)
+    assert page.locator("img").count() == 0
+    page.wait_for_timeout(300)
+    assert dialogs == []
+    shot(page, "message_html_as_text", full_page=False)
+
+
+def test_team_pulse_warns_when_two_intents_touch_the_same_paths(served, people):
+    page = people("oj")
+    goto(page, served, f"#/p/{PROJECT}/pulse")
+    expect(page.get_by_role("heading", name="Team Pulse")).to_be_visible()
+    mcp(served, "ren/builder", "update_pulse", {"project": PROJECT, "availability": "working",
+        "doing": "Building the pricing page.", "branch": "pricing-page", "files": ["src/pages/pricing.astro"],
+        "last_decision": "Plans in one row on wide screens.", "intent": {"kind": "change", "paths": ["src/pages/**"]}})
+    mcp(served, "oj/muse", "update_pulse", {"project": PROJECT, "availability": "working", "doing": "Editing the hero copy.",
+        "intent": {"kind": "change", "paths": ["src/pages/index.astro"], "areas": ["hero"]}})
+    warning = page.locator(".overlap")
+    expect(warning).to_contain_text("intend to edit the same things")
+    expect(warning).to_contain_text("oj/muse")
+    expect(warning).to_contain_text("ren/builder")
+    expect(warning).to_contain_text("src/pages/**")
+    builder = page.locator('.pulse-card[data-agent="ren/builder"]')
+    expect(builder).to_contain_text("Building the pricing page.")
+    expect(builder).to_contain_text("pricing-page")
+    expect(builder).to_contain_text("Plans in one row on wide screens.")
+    expect(page.locator(".pulse-card.clash")).to_have_count(2)
+    shot(page, "pulse_overlap")
+
+    mcp(served, "oj/muse", "update_pulse", {"project": PROJECT, "availability": "idle", "doing": ""})  # intent cleared
+    expect(warning).to_have_count(0)
+
+
+def test_an_agent_key_is_shown_once_works_and_can_be_revoked(served, people):
+    page = people("oj")
+    goto(page, served, "#/agents")
+    page.get_by_text("Add an agent").click()
+    page.get_by_label(re.compile(r"^Name")).fill("scribe")
+    expect(page.get_by_label("Display name", exact=True)).to_have_value("Scribe")
+    page.get_by_label("Model", exact=True).fill("claude-sonnet-4")
+    page.get_by_label("Client", exact=True).fill("claude-code")
+    page.get_by_label("Role", exact=True).fill("Release notes")
+    page.get_by_label("Capabilities", exact=True).fill("other:Docs\nrepo:website")
+    page.get_by_label(re.compile("Website v2")).check()
+    page.get_by_role("button", name="Add agent").click()
+    scribe = page.locator('.agent-card[data-agent="oj/scribe"]')
+    expect(scribe).to_contain_text("Release notes")
+    expect(scribe).to_contain_text("repo: website")
+    expect(scribe.get_by_role("link", name=PROJECT)).to_be_visible()
+    expect(scribe.get_by_label("Which projects Scribe's key reaches")).to_contain_text(f"Only {PROJECT}")
+    card = page.locator('.agent-card[data-agent="oj/muse"]')
+    card.get_by_role("button", name="Make a key").click()
+    secret = page.locator(".secret")
+    expect(secret).to_contain_text("Copy it now")
+    key = secret.locator("pre").first.inner_text().strip()
+    assert key.startswith("prk_ck_")
+    expect(secret).to_contain_text("claude mcp add --transport http prickle")
+    expect(secret).to_contain_text("bearer_token_env_var")
+    shot(page, "agent_key_shown_once")
+    assert mcp(served, "oj/muse", "discover_team_agents", {"project": PROJECT}, key=key)["agents"]
+
+    page.get_by_role("button", name=re.compile("hide the key")).click()
+    expect(page.locator(".secret")).to_have_count(0)
+    assert key not in page.content()
+    page.reload()
+    expect(page.locator(".agent-card").first).to_be_visible()
+    assert key not in page.content()
+
+    newest = page.locator("table.keys tbody tr").first
+    newest.get_by_role("button", name=re.compile("^Revoke")).click()
+    newest.get_by_role("button", name="Click again to revoke").click()  # the second click confirms
+    expect(newest.locator(".badge")).to_have_text("revoked")
+    r = httpx.post(served.info["mcp"], headers={"Authorization": f"Bearer {key}"}, json={})
+    assert r.status_code == 401
+
+
+def test_memory_facts_and_the_audit_log(served, people):
+    page = people("oj")
+    goto(page, served, f"#/p/{PROJECT}/memory")
+    expect(page.locator('.fact[data-key="tone"]')).to_contain_text("Plain and warm")
+    page.get_by_label("Key", exact=True).fill("launch-date")
+    page.get_by_label("Value", exact=True).fill("The site goes live on 3 March.")
+    page.get_by_role("button", name="Save fact").click()
+    fact = page.locator('.fact[data-key="launch-date"]')
+    expect(fact).to_contain_text("The site goes live on 3 March.")
+    expect(fact).to_contain_text("set by @oj")
+    expect(fact.locator(".badge")).to_contain_text("owner-approved")
+    shot(page, "memory")
+    fact.get_by_role("button", name="Retract launch-date").click()
+    fact.get_by_role("button", name="Click again to retract").click()
+    expect(fact).to_have_count(0)
+
+    goto(page, served, f"#/p/{PROJECT}/audit")
+    expect(page.locator(".chain")).to_contain_text("chain intact")
+    first = page.locator("table.audit tbody tr").first
+    expect(first).to_have_attribute("data-type", "memory.retracted")
+    shot(page, "audit")
+
+
+def test_a_new_project_with_a_teammate_and_only_your_projects(served, people):
+    cli_json(served.db, "person", "add", "sam", "--name", "Sam Lee")
+    cli_json(served.db, "project", "create", "secret-plans", "--name", "Secret plans", "--team", "ops", "--owner", "sam")
+    page = people("oj")
+    expect(page.get_by_role("link", name=re.compile("Secret plans"))).to_have_count(0)
+    goto(page, served, "#/p/secret-plans/room")
+    expect(page.get_by_role("heading", name="No such project in your list")).to_be_visible()
+
+    goto(page, served, "#/")
+    page.get_by_text("New project").click()
+    page.get_by_label("Name", exact=True).fill("Launch plan")
+    expect(page.get_by_label("Short name (slug)")).to_have_value("launch-plan")
+    page.get_by_label("Team").fill("web")
+    page.get_by_role("button", name="Create project").click()
+    expect(page).to_have_url(re.compile(r"#/p/launch-plan/people$"))
+    expect(page.locator('.person[data-handle="oj"]')).to_contain_text("owner")
+    page.get_by_label("Person", exact=True).select_option("ren")
+    page.get_by_role("button", name="Add teammate").click()
+    expect(page.locator('.person[data-handle="ren"]')).to_contain_text("member")
+    page.get_by_role("button", name="Add teammate").click()  # sam is the one left
+    expect(page.locator('.person[data-handle="sam"]')).to_contain_text("member")
+    shot(page, "project_people")
+
+
+def test_phone_width_is_readable(served, people):
+    page = people("ren", viewport=PHONE)
+    goto(page, served, f"#/p/{PROJECT}/room")
+    expect(page.get_by_role("combobox")).to_be_visible()
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    shot(page, "phone_room", full_page=False)
+    goto(page, served, f"#/p/{PROJECT}/tasks")
+    expect(page.get_by_role("heading", name="Tasks")).to_be_visible()
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    shot(page, "phone_tasks")
