@@ -2220,13 +2220,17 @@ def paused_pairs(db: Database, project: str) -> list[dict]:
 
 
 def read_room(db: Database, actor: Actor, project: str, *, cursor: str | None = None, limit: int = 50,
-              task_id: str | None = None) -> dict:
+              task_id: str | None = None, latest: bool = False, before: str | None = None) -> dict:
     """Read a room oldest first, ``limit`` messages a page.
 
     Implements read_room: without ``task_id`` general chat plus the ROOM_THREADS task
     threads with the newest activity the reader may see; with it, that thread only.
     ``next_cursor`` continues after the last message and is null once nothing is left.
     Raises InvalidInput for a cursor from elsewhere, NotFound for a thread out of reach.
+
+    For the web page, ``latest`` gives the newest page instead (still oldest first) and
+    ``before`` the page before a ``previous_cursor``; those answers carry
+    ``previous_cursor`` (null at the start of the room).
     """
     if actor.task_scope is not None and task_id != actor.task_scope:
         raise Forbidden(f"a woken run reads only its own task's thread: pass task_id '{actor.task_scope}'")
@@ -2243,12 +2247,25 @@ def read_room(db: Database, actor: Actor, project: str, *, cursor: str | None = 
                                    "leave it out to start from the oldest message")
         where = "m.task_id = ?" if task_id is not None else "m.task_id IS NULL"
         params = (project, task_id) if task_id is not None else (project,)
-        rows = db.rows(_MESSAGE_SELECT + f"WHERE m.project = ? AND {where} AND m.seq > ? ORDER BY m.seq LIMIT ?",
-                       params + (after, limit + 1))
-        more = len(rows) > limit
-        rows = rows[:limit]
-        out = {"messages": [message_out(_with_card(db, r)) for r in rows],
-               "next_cursor": encode_cursor(db, scope, rows[-1]["seq"]) if more else None}
+        if latest or before is not None:
+            until = 2**62
+            if before is not None:
+                until = decode_cursor(db, "back|" + scope, before)
+                if until is None:
+                    raise InvalidInput("before: not a previous_cursor this room gave you")
+            rows = db.rows(_MESSAGE_SELECT + f"WHERE m.project = ? AND {where} AND m.seq < ? ORDER BY m.seq DESC "
+                           "LIMIT ?", params + (until, limit + 1))
+            older = len(rows) > limit
+            rows = rows[:limit][::-1]
+            out = {"messages": [message_out(_with_card(db, r)) for r in rows], "next_cursor": None,
+                   "previous_cursor": encode_cursor(db, "back|" + scope, rows[0]["seq"]) if older else None}
+        else:
+            rows = db.rows(_MESSAGE_SELECT + f"WHERE m.project = ? AND {where} AND m.seq > ? ORDER BY m.seq LIMIT ?",
+                           params + (after, limit + 1))
+            more = len(rows) > limit
+            rows = rows[:limit]
+            out = {"messages": [message_out(_with_card(db, r)) for r in rows],
+                   "next_cursor": encode_cursor(db, scope, rows[-1]["seq"]) if more else None}
         if task_id is None:
             out["threads"] = _threads(db, actor, project)
         elif actor.task_scope is not None:
@@ -3401,8 +3418,11 @@ def task_detail(db: Database, person: Actor, task_id: str) -> dict:
     """One task for a member: the task, every checkpoint and every submission."""
     with db.snapshot():
         task = _task_for_person(db, person, task_id)
+        pending = db.one("SELECT * FROM approvals WHERE task_id = ? AND status = 'pending' AND invalidated_at IS NULL",
+                         (task_id,))
         return {
             "task": task_out(db, task),
+            "approval": approval_out(pending) if pending else None,
             "checkpoints": [json.loads(c["body"]) | {"id": c["id"], "agent": c["agent"], "created_at": c["created_at"]}
                             for c in db.rows("SELECT * FROM checkpoints WHERE task_id = ? ORDER BY created_at, rowid",
                                              (task_id,))],
@@ -4701,8 +4721,9 @@ def _field(body: dict, name: str, kind: type, required: bool = True) -> Any:
 
 
 async def api_me(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/me: who is signed in."""
-    return {"person": person_out(state.db, person.handle)}
+    """GET /api/me: who is signed in, and their auto-accept policy."""
+    return {"person": person_out(state.db, person.handle),
+            "auto_accept": bool(state.db.scalar("SELECT auto_accept FROM people WHERE handle = ?", (person.handle,)))}
 
 
 def list_projects(db: Database, handle: str) -> list[dict]:
@@ -4723,7 +4744,10 @@ async def api_project(state: AppState, person: Actor, request: Request, body: An
     with db.snapshot():
         require_project(db, person, slug)
         team = discover_team_agents(db, person, slug, state.hub)
-        return {"project": project_out(db, slug), "role": _member_role(db, slug, person.handle), **team,
+        for p in team["people"]:
+            p["role"] = _member_role(db, slug, p["handle"])
+        return {"project": project_out(db, slug), "kind": require_project(db, person, slug)["kind"],
+                "role": _member_role(db, slug, person.handle), **team,
                 "memory": memory_facts(db, slug), "pulse": project_pulse(db, slug),
                 "paused": paused_pairs(db, slug)}
 
@@ -4739,8 +4763,10 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int) -
 
 async def api_room(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/projects/{slug}/room?task_id=&cursor=&limit=: read_room as a person."""
-    return read_room(state.db, person, request.path_params["slug"], cursor=request.query_params.get("cursor"),
-                     limit=_int_param(request, "limit", 50, 1, 100), task_id=request.query_params.get("task_id"))
+    q = request.query_params
+    return read_room(state.db, person, request.path_params["slug"], cursor=q.get("cursor"),
+                     limit=_int_param(request, "limit", 50, 1, 100), task_id=q.get("task_id"),
+                     latest=q.get("latest") in ("1", "true"), before=q.get("before"))
 
 
 async def api_post(state: AppState, person: Actor, request: Request, body: dict) -> dict:
@@ -4990,7 +5016,7 @@ async def api_stream(request: Request) -> Response:
 
     async def events() -> Any:
         after = start
-        yield "retry: 2000\n\n"
+        yield f"retry: 2000\nevent: ready\ndata: {json.dumps({'seq': start})}\n\n"
         while True:
             with state.hub.waiting(state.hub.project_waiters, slug) as fut:
                 try:
@@ -5094,8 +5120,11 @@ async def signin(request: Request) -> Response:
         _, session = create_token(state.db, "session", person=actor.handle,
                                   ttl=_dt.timedelta(days=state.settings.session_days))
     except PrickleError as e:
-        return _error_response(Unauthorized(e.message if token else "this address needs the token= of a sign-in "
-                                            "link: get one with 'prickle signin-link HANDLE'"))
+        reason = "used" if "already used" in e.message else "expired" if "expired" in e.message else "invalid"
+        if request.headers.get("accept", "").startswith("application/json"):
+            return _error_response(Unauthorized(e.message if token else "this address needs the token= of a "
+                                                "sign-in link: get one with 'prickle signin-link HANDLE'"))
+        return RedirectResponse(f"/?signin={reason}", status_code=303)
     response = RedirectResponse("/", status_code=303)
     response.set_cookie(SESSION_COOKIE, session, max_age=state.settings.session_days * 86400, httponly=True,
                         samesite="strict", secure=state.settings.base_url().startswith("https://"))

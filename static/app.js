@@ -56,7 +56,7 @@ async function start() {
   try {
     ({ person: me } = await api.get("/api/me", { quietAuth: true }));
   } catch (err) {
-    if (err.status === 401) return showSignedOut();
+    if (err.status === 401) return showSignedOut(signinProblem());
     return showFatal(err);
   }
   renderShell();
@@ -171,6 +171,16 @@ function markNav(key) {
     if (a.dataset.nav === key) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");
   }
+}
+
+/** What went wrong with a sign-in link, from the ?signin= the server redirected with. */
+function signinProblem() {
+  const why = new URLSearchParams(window.location.search).get("signin");
+  return {
+    used: "That sign-in link was already used. Ask for a new one: prickle signin-link YOUR-HANDLE",
+    expired: "That sign-in link has expired. Ask for a new one: prickle signin-link YOUR-HANDLE",
+    invalid: "That sign-in link is not valid here. Ask for a new one: prickle signin-link YOUR-HANDLE",
+  }[why];
 }
 
 function showSignedOut(reason) {

@@ -10,7 +10,8 @@ def auth(world, handle):
 
 def test_me_and_projects(server, world):
     assert server.get("/api/me", headers=auth(world, "ren")).json() == {"person": {
-        "handle": "ren", "display_name": "Ren Ito", "avatar_url": None, "color": 1, "away": False}}
+        "handle": "ren", "display_name": "Ren Ito", "avatar_url": None, "color": 1, "away": False},
+        "auto_accept": False}
     assert server.get("/api/projects", headers=auth(world, "ren")).json() == {"projects": [
         {"slug": PROJECT, "team": "web", "name": "Website v2", "description": "The new site.", "role": "member",
          "kind": "team"},
@@ -87,7 +88,8 @@ def test_signin_link_becomes_a_session_cookie_once(server, world):
     me = server.get("/api/me")
     assert me.json()["person"]["handle"] == "ren"
     again = server.get(path, follow_redirects=False)
-    assert again.status_code == 401
+    assert again.status_code == 303 and again.headers["location"] == "/?signin=used"
+    assert server.get(path, headers={"Accept": "application/json"}).status_code == 401
     # writes with the cookie need our own origin
     r = server.post(f"/api/projects/{PROJECT}/messages", json={"body": "hi"})
     assert r.status_code == 403

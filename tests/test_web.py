@@ -149,7 +149,8 @@ def test_sign_in_with_the_printed_link_and_sign_out(served, people):
     page.reload()  # the session is over on the server too
     expect(page.get_by_role("heading", name="Sign in to Prickle")).to_be_visible()
     page.goto(served.info["demo"]["signin"])  # a sign-in link works once
-    expect(page.locator("body")).to_contain_text("unauthorized")
+    expect(page.get_by_role("heading", name="Sign in to Prickle")).to_be_visible()
+    expect(page.get_by_role("status")).to_contain_text("already used")
 
 
 def test_a_personal_token_signs_in_and_the_room_stays_live(served, people):
