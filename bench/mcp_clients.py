@@ -5,6 +5,9 @@ Plain httpx POSTs of the 2026-07-28 wire (no MCP SDK client: it would add calls 
 - ``wake_waiter`` / ``wake_poster``: the two sides of the wake-latency measurement, driven
   step by step by the bench process over pipes;
 - ``hold_waiters``: many wait_for_mention calls held open at once from one asyncio process;
+- ``handoff_poster``: the poster's side of the handoff-to-wake measurement (``wake_waiter``
+  is the assignee's side);
+- ``task_life_worker``: full task lives (handoff to completed) from several threads of one process;
 - ``load_worker``: the Python load generator used only when ``wrk`` is missing.
 
 Every loop here is bounded in count and in time.
@@ -17,7 +20,7 @@ import contextlib
 import json
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 
@@ -79,8 +82,9 @@ def call(client: httpx.Client, url: str, key: str, tool: str, arguments: dict) -
 def wake_waiter(url: str, key: str, samples: int, conn: Any) -> None:
     """Call wait_for_mention ``samples`` times in a row, each from the previous cursor.
 
-    Sends ``("ready", i)`` just before each call and ``("done", i, t, status, bodies)`` after
-    it, ``t`` being ``time.monotonic()`` once the whole answer was read.
+    Sends ``("ready", i)`` just before each call and ``("done", i, t, status, labels)`` after
+    it, ``t`` being ``time.monotonic()`` once the whole answer was read and ``labels`` one
+    :func:`event_label` per event.
     """
     cursor = None
     with httpx.Client(timeout=httpx.Timeout(60.0)) as client:
@@ -99,8 +103,14 @@ def wake_waiter(url: str, key: str, samples: int, conn: Any) -> None:
                 conn.send(("error", i, done, str(e), []))
                 return
             cursor = out["cursor"]
-            bodies = [e.get("message", {}).get("body", "") for e in out["events"]]
-            conn.send(("done", i, done, out["status"], bodies))
+            conn.send(("done", i, done, out["status"], [event_label(e) for e in out["events"]]))
+
+
+def event_label(event: dict) -> str:
+    """What a wait_for_mention event carries: a message's body, or a handed task's ``packet.task``."""
+    if event.get("kind") == "task":
+        return "task: " + event.get("task", {}).get("packet", {}).get("task", "")
+    return event.get("message", {}).get("body", "")
 
 
 def wake_poster(url: str, key: str, conn: Any) -> None:
@@ -118,6 +128,144 @@ def wake_poster(url: str, key: str, conn: Any) -> None:
                 conn.send((done, None))
             except (httpx.HTTPError, RuntimeError) as e:
                 conn.send((time.monotonic(), str(e)))
+
+
+def task_packet(title: str) -> dict:
+    return {"task": title, "deliverable_type": "doc", "acceptance_criteria": ["One criterion."]}
+
+
+def handoff_poster(url: str, key: str, to: str, conn: Any) -> None:
+    """Hand ``to`` a task titled by each title the bench process sends.
+
+    Answers ``(t, error)`` with ``t`` = ``time.monotonic()`` once the handoff's answer was
+    read; an answer whose gate did not route the task at once counts as an error.
+    """
+    with httpx.Client(timeout=httpx.Timeout(30.0)) as client:
+        for _ in range(100_000):
+            title = conn.recv()
+            if title is None:
+                return
+            try:
+                response = client.post(url, content=call_body("handoff", {"project": PROJECT, "to": to,
+                                                                          "packet": task_packet(title)}),
+                                       headers=call_headers("handoff", key))
+                done = time.monotonic()
+                out = tool_output(response)
+                if out["task"]["state"] != "routed":
+                    raise RuntimeError(f"the task is {out['task']['state']} (gate: {out['gate']}), not routed")
+                conn.send((done, None))
+            except (httpx.HTTPError, RuntimeError, KeyError) as e:
+                conn.send((time.monotonic(), f"{type(e).__name__}: {e}"))
+
+
+# -- full task lives ----------------------------------------------------------
+
+#: The steps of one task life, in order: five MCP calls and the owner's HTTP call.
+LIFE_STEPS = ("handoff", "accept_task", "checkpoint", "return_result", "accept_result", "owner_accept")
+
+
+def api_output(response: httpx.Response) -> dict:
+    """The JSON of a people's-API answer; raises RuntimeError unless it is a 200."""
+    if response.status_code != 200:
+        raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
+    return response.json()
+
+
+def one_life(client: httpx.Client, url: str, keys: dict, to: str, title: str,
+             record: Callable[[str, float, float], None]) -> str:
+    """Take one task from handoff to completed; ``record(step, sent, done)`` after each call. Returns its state."""
+    requester, assignee, person = keys["requester"], keys["assignee"], keys["person"]
+    api = url.rsplit("/mcp", 1)[0]
+
+    def mcp(step: str, key: str, arguments: dict) -> dict:
+        sent = time.monotonic()
+        out = call(client, url, key, step, arguments)
+        record(step, sent, time.monotonic())
+        return out
+
+    task = mcp("handoff", requester, {"project": PROJECT, "to": to, "packet": task_packet(title)})["task"]
+    if task["state"] != "routed":
+        raise RuntimeError(f"handoff: the task is {task['state']}, not routed")
+    task_id = task["id"]
+    mcp("accept_task", assignee, {"task_id": task_id})
+    mcp("checkpoint", assignee, {"task_id": task_id, "checkpoint": {"progress": "Working."}})
+    submission = mcp("return_result", assignee, {
+        "task_id": task_id, "summary": "Done.",
+        "evidence": [{"kind": "note", "summary": "Checked.", "criteria": [0]}]})["submission"]
+    mcp("accept_result", requester, {"task_id": task_id, "submission_id": submission["submission_id"],
+                                     "revision": submission["revision"],
+                                     "verdicts": [{"criterion": 0, "accepted": True}], "artifacts": []})
+    sent = time.monotonic()
+    state = api_output(client.post(f"{api}/api/tasks/{task_id}/accept", content=b"{}",
+                                   headers={"Content-Type": "application/json",
+                                            "Authorization": f"Bearer {person}"}))["task"]["state"]
+    record("owner_accept", sent, time.monotonic())
+    if state != "completed":
+        raise RuntimeError(f"owner_accept: the task is {state}, not completed")
+    return state
+
+
+def _life_thread(url: str, keys: dict, to: str, name: str, start: float, measure_from: float, until: float,
+                 max_lives: int, out: dict, lock: threading.Lock) -> None:
+    lives = calls = failures = started = 0
+    steps: dict[str, list[float]] = {s: [] for s in LIFE_STEPS}
+    errors: list[str] = []
+
+    def record(step: str, sent: float, done: float) -> None:
+        nonlocal calls
+        if measure_from <= done < until:
+            calls += 1
+            steps[step].append((done - sent) * 1000)
+
+    time.sleep(max(0.0, start - time.monotonic()))
+    with httpx.Client(timeout=httpx.Timeout(10.0)) as client:
+        while time.monotonic() < until and started < max_lives and failures < 50:
+            started += 1
+            try:
+                one_life(client, url, keys, to, f"Bench life {name}-{started}", record)
+                if measure_from <= time.monotonic() < until:
+                    lives += 1
+            except Exception as e:  # counted and reported, never raised
+                failures += 1
+                if len(errors) < 3:
+                    errors.append(f"{type(e).__name__}: {e}"[:200])
+    with lock:
+        out["lives"] += lives
+        out["calls"] += calls
+        out["failures"] += failures
+        out["started"] += started
+        out["errors"].extend(errors)
+        for s, values in steps.items():
+            out["steps"][s].extend(values)
+
+
+def task_life_worker(url: str, keys: dict, to: str, concurrent: int, warmup: float, seconds: float,
+                     name: str, conn: Any) -> None:
+    """Run ``concurrent`` task lives at a time (a thread and connection each) over a shared window.
+
+    Sends ``("ready", None)``, receives the start time (``time.monotonic()``, one clock for
+    the machine), runs lives for ``warmup`` s not counted, then ``seconds`` s counted (a
+    call counts if its answer came in the window, a life if its last answer did), and sends
+    ``("report", {...})``. A failed call ends its life (counted as a failure); a thread
+    stops after 50 failures or 100,000 lives.
+    """
+    conn.send(("ready", None))
+    if not conn.poll(60):
+        return
+    start = conn.recv()
+    out: dict[str, Any] = {"lives": 0, "calls": 0, "failures": 0, "started": 0, "errors": [],
+                           "steps": {s: [] for s in LIFE_STEPS}}
+    lock = threading.Lock()
+    cpu = time.process_time()
+    threads = [threading.Thread(target=_life_thread, args=(url, keys, to, f"{name}.{i}", start, start + warmup,
+                                                           start + warmup + seconds, 100_000, out, lock))
+               for i in range(concurrent)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(warmup + seconds + 90)
+    out["client_cpu_s"] = time.process_time() - cpu
+    conn.send(("report", out))
 
 
 # -- many waiters at once -----------------------------------------------------

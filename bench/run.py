@@ -18,11 +18,22 @@ What it measures, against ``prickle serve --demo`` on a fresh database in a temp
    5 s in and again once the calls went over to SSE (15 s); then one post that mentions
    all 16 agents wakes them, and the time until the last one returns is reported too.
    Target: under 150 MB.
+4. Handoff-to-wake latency: a waiter process holds ``wait_for_mention`` as oj/bench (an agent
+   the bench adds, same owner as oj/muse, so the gate routes at once); a poster process calls
+   ``handoff`` to oj/bench as oj/muse 50 ms after the waiter sent its call; latency is the
+   waiter's answer (kind ``task``, the task just handed over) fully read minus the handoff's
+   answer fully read. About 200 samples; p50 and p99.
+5. Full task lives: handoff (oj/muse to oj/bench) -> accept_task -> checkpoint -> return_result
+   (oj/bench) -> accept_result (oj/muse) -> the owner oj's final acceptance over HTTP
+   (``POST /api/tasks/{id}/accept`` with a personal token): 5 MCP calls and 1 HTTP call per
+   life. 4 Python processes run 2 lives at a time each (8 connections), 2 s warm-up then
+   8 s; reported as lives/s and calls/s, with calls/s as a share of echo's at 16 connections
+   measured in 1. Every answer must be a success; failures are counted.
 
 Run it from the repository with the project's virtualenv active (``wrk`` from Debian's
 ``wrk`` package; without it the Python load generator is used)::
 
-    python bench/run.py            # about 2 minutes on 2 cores
+    python bench/run.py            # a little over 2 minutes on 2 cores
     python bench/run.py --quick    # shorter runs and fewer samples, for a smoke check
     python bench/run.py --load python
     python bench/run.py --prickle "python /path/to/patched/prickle.py"
@@ -63,6 +74,9 @@ ROOT = BENCH.parent
 LUA = BENCH / "mcp_call.lua"
 AGENTS = 16
 WAITERS = 1000
+#: Task lives: this many processes, each running this many lives at a time.
+LIFE_PROCESSES = 4
+LIFE_CONCURRENT = 2
 MPX = multiprocessing.get_context("spawn")  # clean children: no inherited threads or sockets
 
 
@@ -79,6 +93,7 @@ class Settings:
     warmup: float = 2.0
     measure: float = 8.0
     wake_samples: int = 300
+    handoff_samples: int = 200
     waiters: int = WAITERS
     load: str = "wrk"
     budget: int = 330
@@ -210,6 +225,15 @@ def make_agents(db: str, count: int, tmp: Path) -> dict[str, str]:
                             capture_output=True, text=True, timeout=120)
     if result.returncode != 0:
         raise BenchError(f"making agents failed: {(result.stderr or result.stdout)[-500:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def make_task_agent(db: str, tmp: Path) -> dict[str, str]:
+    """oj/bench (same owner as oj/muse) with a client key, and a personal token for oj (bench/make_agents.py)."""
+    result = subprocess.run([sys.executable, str(BENCH / "make_agents.py"), db, "tasks"], cwd=tmp,
+                            capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        raise BenchError(f"making the task agent failed: {(result.stderr or result.stdout)[-500:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -362,6 +386,79 @@ def measure_wake_latency(cfg: Settings, prickle: Served, waiter_key: str, poster
             "min": min(latencies), "samples": len(latencies), "mismatched": mismatched}
 
 
+def measure_handoff_wake(cfg: Settings, prickle: Served, requester_key: str, assignee: str, assignee_key: str,
+                         procs: Processes) -> dict:
+    """handoff done (requester) -> wait_for_mention done (assignee), in ms, over cfg.handoff_samples handoffs."""
+    warm = 5
+    total = cfg.handoff_samples + warm
+    waiter_end, waiter_child = MPX.Pipe()
+    poster_end, poster_child = MPX.Pipe()
+    waiter = procs.add(MPX.Process(target=mcp_clients.wake_waiter, daemon=True,
+                                   args=(prickle.mcp, assignee_key, total, waiter_child)))
+    poster = procs.add(MPX.Process(target=mcp_clients.handoff_poster, daemon=True,
+                                   args=(prickle.mcp, requester_key, assignee, poster_child)))
+    waiter.start()
+    poster.start()
+    latencies, mismatched = [], 0
+    for i in range(total):
+        receive(waiter_end, 30, "'ready' from the handoff waiter")
+        time.sleep(0.05)  # the waiter's call is in the server's hands by now
+        title = f"Bench task {i}"
+        poster_end.send(title)
+        handed, error = receive(poster_end, 30, "answer from the handoff poster")
+        if error:
+            raise BenchError(f"handoff failed: {error}")
+        kind, _, woke, status, labels = receive(waiter_end, 60, "wake from the handoff waiter")
+        if kind != "done":
+            raise BenchError(f"wait_for_mention (assignee) failed: {status}")
+        if status != "events" or labels != [f"task: {title}"]:
+            mismatched += 1
+        elif i >= warm:
+            latencies.append((woke - handed) * 1000)
+    poster_end.send(None)
+    for p in (waiter, poster):
+        p.join(10)
+    if not latencies:
+        raise BenchError("no handoff-to-wake sample")
+    return {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99), "max": max(latencies),
+            "min": min(latencies), "samples": len(latencies), "mismatched": mismatched}
+
+
+def measure_task_lives(cfg: Settings, prickle: Served, keys: dict[str, str], assignee: str,
+                       procs: Processes) -> dict:
+    """Task lives (handoff to completed) from LIFE_PROCESSES x LIFE_CONCURRENT connections over one window."""
+    ends, workers = [], []
+    for n in range(LIFE_PROCESSES):
+        end, child = MPX.Pipe()
+        ends.append(end)
+        workers.append(procs.add(MPX.Process(target=mcp_clients.task_life_worker, daemon=True,
+                                             args=(prickle.mcp, keys, assignee, LIFE_CONCURRENT, cfg.warmup,
+                                                   cfg.measure, str(n), child))))
+    for w in workers:
+        w.start()
+    for end in ends:
+        receive(end, 60, "'ready' from a task-life worker")
+    start = time.monotonic() + 0.2
+    for end in ends:
+        end.send(start)
+    pid, tck = prickle.proc.pid, os.sysconf("SC_CLK_TCK")
+    time.sleep(max(0.0, start + cfg.warmup - time.monotonic()))
+    ticks = cpu_ticks(pid)
+    time.sleep(max(0.0, start + cfg.warmup + cfg.measure - time.monotonic()))
+    server_cpu = (cpu_ticks(pid) - ticks) / tck / cfg.measure
+    reports = [receive(end, 120, "report from a task-life worker")[1] for end in ends]
+    for w in workers:
+        w.join(10)
+    steps = {s: [v for r in reports for v in r["steps"][s]] for s in mcp_clients.LIFE_STEPS}
+    lives, calls = sum(r["lives"] for r in reports), sum(r["calls"] for r in reports)
+    return {"lives": lives, "calls": calls, "lives_per_s": lives / cfg.measure, "calls_per_s": calls / cfg.measure,
+            "failures": sum(r["failures"] for r in reports), "started": sum(r["started"] for r in reports),
+            "errors": [e for r in reports for e in r["errors"]][:3],
+            "client_cpu": sum(r["client_cpu_s"] for r in reports) / (cfg.warmup + cfg.measure),
+            "server_cpu": server_cpu,
+            "steps": {s: (percentile(v, 50), percentile(v, 99), len(v)) for s, v in steps.items() if v}}
+
+
 # -- 1,000 waiters ------------------------------------------------------------
 
 
@@ -438,7 +535,8 @@ def yes_no(ok: bool) -> str:
     return "yes" if ok else "**no**"
 
 
-def table(cfg: Settings, tput: dict, wake: dict, waiters: dict, echo_rss: float, prickle_idle: float) -> list[str]:
+def table(cfg: Settings, tput: dict, wake: dict, waiters: dict, echo_rss: float, prickle_idle: float,
+          handoff: dict, lives: dict) -> list[str]:
     rows = ["| measure | Prickle | echo baseline | target | ok |", "| --- | ---: | ---: | --- | --- |"]
     for agents in (1, AGENTS):
         p, e = tput[("prickle", agents)], tput[("echo", agents)]
@@ -459,10 +557,22 @@ def table(cfg: Settings, tput: dict, wake: dict, waiters: dict, echo_rss: float,
     if waiters.get("last_ms") is not None:
         rows.append(f"| one post wakes {n:,} waiters: p50 / last return | {waiters['p50_ms']:.0f} / "
                     f"{waiters['last_ms']:.0f} ms | n/a | - | - |")
+    rows.append(f"| handoff-to-wake latency p50 ({handoff['samples']} handoffs) | {handoff['p50']:.2f} ms | n/a "
+                "| - | - |")
+    rows.append(f"| handoff-to-wake latency p99 | {handoff['p99']:.2f} ms | n/a | - | - |")
+    echo = tput[("echo", AGENTS)]["rps"]
+    ratio = lives["calls_per_s"] / echo if echo else 0.0
+    conns = LIFE_PROCESSES * LIFE_CONCURRENT
+    rows.append(f"| full task lives/s (handoff to completed; {conns} lives at a time, Python clients) "
+                f"| {lives['lives_per_s']:.1f} | n/a | - | - |")
+    rows.append(f"| task-life calls/s (5 MCP + 1 HTTP per life; vs echo at {AGENTS} connections) "
+                f"| {lives['calls_per_s']:.0f} ({ratio:.0%} of echo) | {echo:.0f} | no failures "
+                f"| {yes_no(lives['failures'] == 0 and lives['lives'] > 0)} |")
     return rows
 
 
-def details(tput: dict, wake: dict, waiters: dict, server_errors: list[str]) -> list[str]:
+def details(tput: dict, wake: dict, waiters: dict, server_errors: list[str], handoff: dict,
+            lives: dict) -> list[str]:
     lines = ["", "Details:", ""]
     for (name, agents), r in sorted(tput.items()):
         d = r["detail"]
@@ -483,6 +593,16 @@ def details(tput: dict, wake: dict, waiters: dict, server_errors: list[str]) -> 
                      f"returned within 30 s{other}; the server spent {waiters['server_cpu_ms']:.0f} ms of CPU on "
                      f"it and the waiters' own client {waiters['client_cpu_ms']:.0f} ms, which the return times "
                      "include")
+    lines.append(f"- handoff-to-wake latency: min {handoff['min']:.2f} ms, max {handoff['max']:.2f} ms; "
+                 f"{handoff['mismatched']} wakes did not carry exactly the task just handed over")
+    errors = f" ({'; '.join(lives['errors'])})" if lives["errors"] else ""
+    per_life = lives["server_cpu"] * 1000 / lives["lives_per_s"] if lives["lives_per_s"] else 0.0
+    lines.append(f"- task lives: {lives['lives']} completed and {lives['calls']} calls answered in the measured "
+                 f"window, {lives['started']} lives started in all (warm-up included), {lives['failures']} failed"
+                 f"{errors}; the server used {lives['server_cpu']:.0%} of a CPU ({per_life:.1f} ms of CPU a life), the "
+                 f"{LIFE_PROCESSES} client processes {lives['client_cpu']:.0%} of one ({os.cpu_count()} CPUs)")
+    steps = ", ".join(f"{s} {p50:.1f} / {p99:.1f}" for s, (p50, p99, _) in lives["steps"].items())
+    lines.append(f"- task-life call latency p50 / p99 in ms, under load: {steps}")
     tail = f", the last: {' | '.join(server_errors[-3:])[:600]}" if server_errors else ""
     lines.append(f"- server stderr: {len(server_errors)} line(s){tail}")
     return lines
@@ -543,7 +663,7 @@ def install_signals(budget: int) -> None:
 
 def parse_args(argv: list[str] | None) -> Settings:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 s warm-up, 3 s runs, 60 wake samples")
+    parser.add_argument("--quick", action="store_true", help="1 s warm-up, 3 s runs, 60 wake and 40 handoff samples")
     parser.add_argument("--load", choices=("wrk", "python"), default=None,
                         help="load generator (default: wrk if installed, else Python processes)")
     parser.add_argument("--waiters", type=int, default=WAITERS, help="waiters held at once (default 1000)")
@@ -553,7 +673,7 @@ def parse_args(argv: list[str] | None) -> Settings:
     args = parser.parse_args(argv)
     cfg = Settings(waiters=max(1, min(args.waiters, 5000)), budget=args.budget, prickle=args.prickle)
     if args.quick:
-        cfg.warmup, cfg.measure, cfg.wake_samples = 1.0, 3.0, 60
+        cfg.warmup, cfg.measure, cfg.wake_samples, cfg.handoff_samples = 1.0, 3.0, 60, 40
     cfg.load = args.load or ("wrk" if shutil.which("wrk") else "python")
     if cfg.load == "wrk" and not shutil.which("wrk"):
         parser.error("wrk is not installed (apt-get install wrk), use --load python")
@@ -575,12 +695,21 @@ def run(cfg: Settings, tmp: Path, procs: Processes, started: float) -> list[str]
     log(f"  p50 {wake['p50']:.2f} ms, p99 {wake['p99']:.2f} ms")
     log(f"{cfg.waiters:,} waiters ...")
     waiters = measure_waiters(cfg, prickle, agents, demo_keys["ren/builder"], procs)
+    # After the other measurements, so the tasks they leave in the database change none of them.
+    task_agent = make_task_agent(prickle.info["db"], tmp)
+    log("handoff-to-wake latency ...")
+    handoff = measure_handoff_wake(cfg, prickle, demo_keys["oj/muse"], task_agent["agent"], task_agent["key"], procs)
+    log(f"  p50 {handoff['p50']:.2f} ms, p99 {handoff['p99']:.2f} ms")
+    log(f"task lives ({LIFE_PROCESSES} processes x {LIFE_CONCURRENT}) ...")
+    lives = measure_task_lives(cfg, prickle, {"requester": demo_keys["oj/muse"], "assignee": task_agent["key"],
+                                              "person": task_agent["person_token"]}, task_agent["agent"], procs)
+    log(f"  {lives['lives_per_s']:.1f} lives/s, {lives['calls_per_s']:.0f} calls/s, {lives['failures']} failures")
     if prickle.proc.poll() is not None:
         raise BenchError(f"prickle serve exited ({prickle.proc.returncode}) during the run")
     server_errors = [ln for ln in prickle.stderr.read_text().splitlines() if ln.strip()]
     took = [f"- the measurements took {time.monotonic() - started:.0f} s"]
-    return (header(cfg) + table(cfg, tput, wake, waiters, echo_rss, prickle_idle)
-            + details(tput, wake, waiters, server_errors) + took + hints(tput, wake))
+    return (header(cfg) + table(cfg, tput, wake, waiters, echo_rss, prickle_idle, handoff, lives)
+            + details(tput, wake, waiters, server_errors, handoff, lives) + took + hints(tput, wake))
 
 
 def main(argv: list[str] | None = None) -> int:
