@@ -1039,6 +1039,8 @@ class Database:
         #: Called after every commit that appended outbox rows, with what it appended:
         #: ``(first_seq, last_seq, projects, agents)`` (the server's WakeHub).
         self.listeners: list[Callable[[int, int, set[str], set[str]], None]] = []
+        #: Called after a commit that revoked credentials (open waits must check theirs again).
+        self.revoked_listeners: list[Callable[[], None]] = []
         self._appended: list | None = None
         #: Facts read inside transactions (audit chain heads, who may reach a project), kept
         #: while no other connection writes the file (PRAGMA data_version says so).
@@ -1075,6 +1077,14 @@ class Database:
         self._appended[1] = seq
         self._appended[2].add(project)
         self._appended[3].update(agents)
+
+    def note_revoked(self) -> None:
+        """Credentials were revoked in the current transaction; tell the revoked_listeners after commit."""
+        self.after_commit(self._notify_revoked)
+
+    def _notify_revoked(self) -> None:
+        for listener in self.revoked_listeners:
+            listener()
 
     def _notify(self) -> None:
         first, last, projects, agents = self._appended
@@ -1349,6 +1359,10 @@ class WakeHub:
         projects = {r["project"] for r in self.db.rows("SELECT project FROM outbox WHERE seq > ?", (self.seen,))}
         self.seen = head
         self._wake(projects, agents)
+
+    def wake_everyone(self) -> None:
+        """Wake every open wait, so each checks its credential (and its rows) again."""
+        self._wake(set(self.project_waiters), set(self.agent_waiters))
 
     def _wake(self, projects: set[str], agents: set[str]) -> None:
         for keys, table in ((agents, self.agent_waiters), (projects, self.project_waiters)):
@@ -1854,6 +1868,7 @@ def revoke_token(db: Database, token_id: str, by: str | None = None) -> dict:
         if row["revoked_at"]:
             raise InvalidState(f"credential '{token_id}' was already revoked at {row['revoked_at']}")
         db.execute("UPDATE credentials SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (iso(utcnow()), token_id))
+        db.note_revoked()
         record = {k: row[k] for k in ("id", "kind", "agent_id", "person", "project")}
         if row["kind"] not in ("signin", "session"):
             _audit_credential(db, "token.revoked", record)
@@ -3494,6 +3509,7 @@ def revoke_device(db: Database, owner: str, device_id: str, reason: str = "owner
         db.execute("UPDATE devices SET revoked_at = ?, revoked_reason = ? WHERE id = ?", (now, reason, device_id))
         ended = db.execute("UPDATE credentials SET revoked_at = ? WHERE device_id = ? AND revoked_at IS NULL",
                            (now, device_id))
+        db.note_revoked()
         for chain in _agent_chains(db, device["agent_id"]):
             audit(db, chain, "device.revoked", {"device": device_id, "agent": device["agent_id"], "reason": reason,
                                                 "credentials": ended})
@@ -3553,6 +3569,7 @@ def claim_task(db: Database, actor: Actor, task_id: str, idempotency_key: str, w
             old = db.one("SELECT * FROM credentials WHERE id = ?", (attempt["credential_id"],))
             if old and not old["revoked_at"]:
                 db.execute("UPDATE credentials SET revoked_at = ? WHERE id = ?", (iso(now), old["id"]))
+                db.note_revoked()
                 audit(db, task["project"], "token.revoked", {
                     "credential": old["id"], "kind": "execution", "agent": actor.agent_id, "device": device["id"],
                     "task": task_id, "attempt": attempt["id"], "reason": "claim_retried"})
@@ -3765,6 +3782,7 @@ def _end_turn(db: Database, turn: dict, reason: str) -> int:
     db.execute("UPDATE turns SET ended_at = ?, end_reason = ?, waiting_on = '[]' WHERE id = ? AND ended_at IS NULL",
                (now, reason, turn["id"]))
     # Credentials that already spent their one post are inert; they lapse on their own.
+    db.note_revoked()
     return db.execute("UPDATE credentials SET revoked_at = ? WHERE revoked_at IS NULL AND discussion_id IN "
                       "(SELECT id FROM discussions WHERE turn_id = ? AND reply_id IS NULL)", (now, turn["id"]))
 
@@ -4264,8 +4282,9 @@ async def _tool_pulse(state: AppState, actor: Actor, args: dict, ctx: Any) -> di
     return update_pulse(state.db, actor, args["project"], args, ttl)
 
 
-#: A waiting call re-checks that its credential is still live at least this often (seconds).
-LIVE_CHECK_EVERY = 1.0
+#: A waiting call re-checks that its credential is still live at least this often (seconds); a
+#: revocation wakes every wait at once, so this only bounds a credential that simply expired.
+LIVE_CHECK_EVERY = 10.0
 
 
 async def _wait(state: AppState, actor: Actor, args: dict, tool: str, kinds: tuple[str, ...], timeout: float,
@@ -5160,21 +5179,39 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     db = Database(db_path)
     hub = WakeHub(db)
     db.listeners.append(hub.committed)
+    db.revoked_listeners.append(hub.wake_everyone)
+    # Checkpoints (which fsync) run on a worker thread with their own connection, never inside a
+    # request's commit on the event loop.
+    db.conn.pragma("wal_autocheckpoint", 0)
     state = AppState(db=db, settings=settings, hub=hub, port=port)
     manager = StreamableHTTPSessionManager(app=build_mcp_server(state), json_response=False, stateless=False,
                                            session_idle_timeout=settings.session_idle_seconds,
                                            max_request_body_size=settings.max_body_bytes)
 
+    checkpointer: list[apsw.Connection] = []
+
+    def checkpoint() -> None:
+        if not checkpointer:
+            conn = apsw.Connection(db_path)
+            conn.setbusytimeout(5000)
+            checkpointer.append(conn)
+        checkpointer[0].pragma("wal_checkpoint", "PASSIVE")
+
     async def watch_other_writers() -> None:
         # Another process (the CLI) writing the same file does not run our after-commit hooks.
         version = db.data_version()
-        sweep_at = 0.0
+        sweep_at = checkpoint_at = 0.0
         while True:
             await asyncio.sleep(0.05)
             current = db.data_version()
             if current != version:
                 version = current
                 hub.catch_up()
+                hub.wake_everyone()  # it may have revoked credentials that open waits hold
+            if time.monotonic() >= checkpoint_at:
+                checkpoint_at = time.monotonic() + 1
+                with contextlib.suppress(apsw.BusyError):
+                    await asyncio.to_thread(checkpoint)
             if time.monotonic() >= sweep_at:
                 sweep_at = time.monotonic() + 60
                 try:
@@ -5191,6 +5228,8 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
         finally:
             watcher.cancel()
             db.close()
+            for conn in checkpointer:
+                conn.close()
 
     mcp_endpoint = _MCPEndpoint(state, StreamableHTTPASGIApp(manager))
     routes = [
