@@ -4622,7 +4622,9 @@ class _GuardMiddleware:
     """
 
     def __init__(self, app: Any, settings: Settings, port: int):
-        # The SDK's limiter also stops a body sent without Content-Length once it grows too big.
+        # The SDK's limiter also stops a body sent without Content-Length once it grows too big
+        # (/mcp has the same limiter inside the SDK's transport already).
+        self.inner = app
         self.app = RequestBodyLimitMiddleware(app, settings.max_body_bytes)
         self.max_body = settings.max_body_bytes
         self.security = TransportSecurityMiddleware(TransportSecuritySettings(
@@ -4631,20 +4633,29 @@ class _GuardMiddleware:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            request = Request(scope)
-            refusal = await self.security.validate_request(request, is_post=False)
+            headers = {k: v for k, v in scope["headers"] if k in (b"host", b"origin", b"content-length")}
+            refusal = None
+            if self.security.settings.enable_dns_rebinding_protection:
+                host, origin = headers.get(b"host"), headers.get(b"origin")
+                if not self.security._validate_host(host.decode("latin-1") if host else None):
+                    refusal = 421
+                elif origin is not None and not self.security._validate_origin(origin.decode("latin-1")):
+                    refusal = 403
             if refusal is not None:
-                what = "Host" if refusal.status_code == 421 else "Origin"
+                what = "Host" if refusal == 421 else "Origin"
                 error = Forbidden(f"this server does not answer requests with this {what} header; use its public "
                                   "address (settings: public_url, allowed_hosts, allowed_origins)")
-                error.http_status = refusal.status_code
+                error.http_status = refusal
                 await _error_response(error)(scope, receive, send)
                 return
-            length = request.headers.get("content-length", "")
+            length = headers.get(b"content-length", b"").decode("latin-1")
             if length.isdigit() and int(length) > self.max_body:
                 error = InvalidInput(f"the request body is {length} bytes; the limit is {self.max_body}")
                 error.http_status = 413
                 await _error_response(error)(scope, receive, send)
+                return
+            if scope["path"] == "/mcp":
+                await self.inner(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -4656,8 +4667,7 @@ class _MCPEndpoint:
         self.state, self.transport = state, transport
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        request = Request(scope)
-        auth = request.headers.get("authorization", "")
+        auth = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), "")
         token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
         try:
             actor = resolve_token(self.state.db, token, ("client", "runner", "execution", "discussion"))
@@ -4665,7 +4675,8 @@ class _MCPEndpoint:
             await _error_response(e)(scope, receive, send)
             return
         scope["prickle.actor"] = actor
-        if request.headers.get("mcp-protocol-version") not in MODERN_VERSIONS:
+        version = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"mcp-protocol-version"), None)
+        if version not in MODERN_VERSIONS:
             # The SDK binds a handshake-era session to the principal that opened it.
             scope["user"] = AuthenticatedUser(AccessToken(token=actor.credential_id, client_id=actor.credential_id,
                                                           scopes=[]))
