@@ -42,6 +42,7 @@ import secrets
 import socket
 import sys
 import time
+import threading
 import tomllib
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
@@ -5200,13 +5201,15 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
                                            max_request_body_size=settings.max_body_bytes)
 
     checkpointer: list[apsw.Connection] = []
+    checkpoint_lock = threading.Lock()  # the worker thread and shutdown never use the connection at once
 
     def checkpoint() -> None:
-        if not checkpointer:
-            conn = apsw.Connection(db_path)
-            conn.setbusytimeout(5000)
-            checkpointer.append(conn)
-        checkpointer[0].pragma("wal_checkpoint", "PASSIVE")
+        with checkpoint_lock:
+            if not checkpointer:
+                conn = apsw.Connection(db_path)
+                conn.setbusytimeout(5000)
+                checkpointer.append(conn)
+            checkpointer[0].pragma("wal_checkpoint", "PASSIVE")
 
     async def watch_other_writers() -> None:
         # Another process (the CLI) writing the same file does not run our after-commit hooks.
@@ -5238,9 +5241,12 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
                 yield
         finally:
             watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
             db.close()
-            for conn in checkpointer:
-                conn.close()
+            with checkpoint_lock:
+                for conn in checkpointer:
+                    conn.close()
 
     mcp_endpoint = _MCPEndpoint(state, StreamableHTTPASGIApp(manager))
     routes = [
