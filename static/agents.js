@@ -1,8 +1,10 @@
 // agents.js — your agents and their credentials: add an agent (model, client, role,
 // capabilities), add it to projects, mint a client key (shown once, with set-up lines
-// for Claude Code and Codex, never stored by the page), list and revoke keys.
+// for Claude Code and Codex, never stored by the page), list and revoke keys, and the
+// runner devices paired to your agents (devices.js).
 
 import { get, post, del, seg } from "./api.js";
+import { createDevices } from "./devices.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, timeEl, confirmButton, copyButton,
   lines, announce,
@@ -13,11 +15,12 @@ const CAPABILITY_KINDS = ["mcp", "repo", "deploy", "data", "other"];
 // ---- lifecycle ---------------------------------------------------------------------------------------
 
 export function mount(el, ctx) {
-  const state = { agents: [], keys: [], projects: [] };
+  const state = { agents: [], keys: [], projects: [], devices: [] };
   const agentsBox = h("div", { class: "agent-grid" }, h("p", { class: "muted", text: "Loading your agents…" }));
   const keysBox = h("div", { class: "table-wrap" });
   const shown = h("div", { class: "secret-slot" });
   const error = errorSlot();
+  const devices = createDevices(shown, () => reload());
   el.append(
     h("div", { class: "page-head" }, heading(1, "Agents & keys"),
       h("p", { class: "muted", text: "Your agents connect over MCP with a key you make here." })),
@@ -26,16 +29,20 @@ export function mount(el, ctx) {
     addAgentForm(ctx, state, () => reload()),
     h("section", { class: "section", "aria-labelledby": "keys-heading" }, h("h2", { id: "keys-heading", text: "Keys" }),
       h("p", { class: "muted", text: "Keys of yours and your agents'. Prickle keeps only a hash: a lost key is revoked and made again." }),
-      keysBox));
+      keysBox),
+    devices.el);
 
   const reload = async () => {
     try {
-      const [a, k, p] = await Promise.all([get("/api/agents"), get("/api/keys"), get("/api/projects")]);
+      const [a, k, p, d] = await Promise.all([get("/api/agents"), get("/api/keys"), get("/api/projects"),
+        get("/api/devices")]);
       state.agents = a.agents;
       state.keys = k.keys;
       state.projects = p.projects;
+      state.devices = d.devices;
       renderAgents(agentsBox, state, ctx, shown, reload);
       renderKeys(keysBox, state, reload);
+      devices.render(state.agents, state.devices);
     } catch (err) {
       error.textContent = err.message;
       error.hidden = false;
@@ -178,7 +185,8 @@ function renderKeys(box, state, reload) {
       return h("tr", { dataset: { keyId: k.id }, class: k.revoked_at ? "revoked" : "" },
         h("td", { text: { client: "client key", runner: "runner key", person: "personal token" }[k.kind] || k.kind }),
         h("td", { text: k.agent_id || `@${k.person}` }),
-        h("td", { text: k.project || (k.agent_id ? "all its projects" : "—") }),
+        h("td", { text: k.kind === "runner" ? "its runner device's work"
+          : k.project === "@rooms" ? "your private rooms only" : k.project || (k.agent_id ? "all its projects" : "—") }),
         h("td", {}, timeEl(k.created_at)),
         h("td", {}, k.revoked_at ? [badge("revoked", "muted"), " ", timeEl(k.revoked_at)]
           : expired ? badge("expired", "muted") : badge("active", "ok")),

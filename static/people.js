@@ -21,49 +21,23 @@ export function mount(el, ctx) {
       h("section", { class: "section", "aria-labelledby": "agents-heading" },
         h("h2", { id: "agents-heading", text: "Agents" }), agents, addAgent)));
 
-  const roles = new Map();
   const render = () => {
     const data = ctx.project.data();
-    roles.set(ctx.me.handle, data.role);
-    for (const p of data.people) if (p.role) roles.set(p.handle, p.role);
-    renderPeople(people, data, roles, ctx);
+    renderPeople(people, data, ctx);
     renderAgents(agents, data);
   };
   render();
   const off = ctx.project.onChange(render);
-  learnRoles(ctx, roles).then(render);
-  renderAddPerson(addPerson, ctx, roles);
+  renderAddPerson(addPerson, ctx);
   renderAddAgent(addAgent, ctx);
   return off;
 }
 
-// ---- actions -------------------------------------------------------------------------------------
-
-/** Roles come with each person once GET /api/projects/{slug} carries them; until then the
- *  audit log's member.added entries say who joined as what. */
-async function learnRoles(ctx, roles) {
-  const data = ctx.project.data();
-  if (data.people.every((p) => p.role)) return;
-  try {
-    let before = null;
-    for (let page = 0; page < 5; page += 1) {
-      const out = await get(`/api/projects/${seg(ctx.slug)}/audit?limit=200${before ? `&before=${before}` : ""}`);
-      for (const e of out.entries) {
-        if (e.type === "member.added" && e.refs?.person && !roles.has(e.refs.person)) roles.set(e.refs.person, e.refs.role);
-      }
-      if (out.entries.length < 200) break;
-      before = out.entries[out.entries.length - 1].n;
-    }
-  } catch {
-    /* roles stay unknown */
-  }
-}
-
 // ---- callbacks / rendering -------------------------------------------------------------------------
 
-function renderPeople(list, data, roles, ctx) {
+function renderPeople(list, data, ctx) {
   fill(list, data.people.map((p) => {
-    const role = roles.get(p.handle);
+    const role = p.role || (p.handle === ctx.me.handle ? data.role : null);
     return h("li", { class: "person", dataset: { handle: p.handle } },
       avatar(p.display_name, p.color),
       h("span", { class: "person-name" }, h("strong", { text: p.display_name }),
@@ -85,7 +59,7 @@ function renderAgents(box, data) {
     : empty("No agents here yet."));
 }
 
-async function renderAddPerson(box, ctx, roles) {
+async function renderAddPerson(box, ctx) {
   const data = ctx.project.data();
   if (data.role !== "owner") {
     fill(box, h("p", { class: "muted small", text: "Project owners add teammates." }));
@@ -116,7 +90,6 @@ async function renderAddPerson(box, ctx, roles) {
       e.preventDefault();
       const out = await act(submit, error, () => post(`/api/projects/${seg(ctx.slug)}/members`, { handle: who.value, role: role.value }));
       if (out) {
-        roles.set(who.value, role.value);
         announce(`${who.value} was added as ${role.value}`);
         await ctx.project.refresh();
         draw();

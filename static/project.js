@@ -3,7 +3,7 @@
 
 import { get, seg } from "./api.js";
 import * as stream from "./stream.js";
-import { h, debounce } from "./ui.js";
+import { h, badge, debounce } from "./ui.js";
 
 const TABS = [
   ["room", "Room"], ["tasks", "Tasks"], ["pulse", "Team Pulse"], ["people", "People"],
@@ -18,8 +18,16 @@ let state = null; // { slug, data, listeners:Set, offs:[] }
 export async function enter(slug) {
   if (state && state.slug === slug) return state.data;
   leave();
-  const after = await stream.head();
-  const data = await get(`/api/projects/${seg(slug)}`);
+  // Listen first: the stream says where it starts, and the view loaded after that misses nothing.
+  await stream.open(slug);
+  let data;
+  try {
+    data = await get(`/api/projects/${seg(slug)}`);
+  } catch (err) {
+    if (stream.openSlug() === slug) stream.close();
+    throw err;
+  }
+  if (stream.openSlug() !== slug) throw new Error("Another project was opened meanwhile.");
   state = { slug, data, listeners: new Set(), offs: [] };
   const reload = debounce(() => refresh(), 600);
   state.reload = reload;
@@ -30,16 +38,16 @@ export async function enter(slug) {
     // Any message may pause a pair (agents) or resume one (people).
     stream.on("message.posted", reload),
   );
-  stream.open(slug, after);
   return data;
 }
 
 export function leave() {
-  if (!state) return;
-  state.reload?.cancel();
-  for (const off of state.offs) off();
-  state = null;
-  stream.close();
+  if (state) {
+    state.reload?.cancel();
+    for (const off of state.offs) off();
+    state = null;
+  }
+  stream.close(); // also a stream opened by an enter() still loading
 }
 
 // ---- actions -------------------------------------------------------------------------
@@ -48,7 +56,12 @@ export function slug() {
   return state?.slug ?? null;
 }
 
-/** The project view: {project, role, people, agents, memory, pulse, paused}. */
+/** Is this the person's private room (them and their own agents)? */
+export function isPrivate() {
+  return state?.data?.kind === "private";
+}
+
+/** The project view: {project, kind ("team" | "private"), role, people (with role), agents, memory, pulse, paused}. */
 export function data() {
   return state?.data ?? null;
 }
@@ -98,6 +111,7 @@ export function header(view) {
   const el = h("div", { class: "project-bar" },
     h("div", { class: "project-title" },
       h("span", { class: "project-name", text: d.project.name }),
+      d.kind === "private" ? badge("private room", "violet", "Only you and your own agents") : null,
       h("span", { class: "muted project-meta", text: `${d.project.team ? `${d.project.team} · ` : ""}${d.project.slug}` }),
       live),
     nav);

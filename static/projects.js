@@ -1,8 +1,9 @@
-// projects.js — the home page: your projects, a new project, and the handoffs waiting
-// for your decision (in any of your projects).
+// projects.js — the home page: what waits for your decision (steps your agents' runs ask,
+// make-or-spend actions, held handoffs — in any of your projects), your projects and a new
+// project.
 
 import { get, post } from "./api.js";
-import { approvalCard } from "./tasks.js";
+import { createWaiting } from "./waiting.js";
 import { h, heading, field, errorSlot, act, fill, empty, badge } from "./ui.js";
 
 // ---- lifecycle ---------------------------------------------------------------------------
@@ -10,22 +11,17 @@ import { h, heading, field, errorSlot, act, fill, empty, badge } from "./ui.js";
 export function mount(el, ctx) {
   const list = h("div", { class: "project-list" }, h("p", { class: "muted", text: "Loading your projects…" }));
   const listError = errorSlot();
-  const approvals = h("div", { class: "stack" });
-  const approvalsSection = h("section", { class: "section", "aria-labelledby": "approvals-heading", hidden: true },
-    h("h2", { id: "approvals-heading", text: "Waiting for your decision" }),
-    h("p", { class: "muted", text: "Agents of your teammates asked your agents for work. Your gate holds it until you decide." }),
-    approvals);
+  const waiting = createWaiting(ctx);
 
   el.append(
     h("div", { class: "page-head" }, heading(1, `Hello, ${ctx.me.display_name}`)),
-    approvalsSection,
+    waiting.el,
     h("section", { class: "section", "aria-labelledby": "projects-heading" },
       h("h2", { id: "projects-heading", text: "Your projects" }), listError, list),
     createForm(ctx));
 
   loadProjects(list, listError);
-  loadApprovals(approvals, approvalsSection);
-  return () => {};
+  return () => waiting.destroy();
 }
 
 // ---- actions ---------------------------------------------------------------------------------
@@ -39,16 +35,6 @@ async function loadProjects(list, error) {
     fill(list);
     error.textContent = err.message;
     error.hidden = false;
-  }
-}
-
-async function loadApprovals(box, section) {
-  try {
-    const { approvals } = await get("/api/approvals");
-    section.hidden = approvals.length === 0;
-    fill(box, approvals.map((item) => approvalCard(item, { showProject: true })));
-  } catch {
-    section.hidden = true;
   }
 }
 

@@ -1,19 +1,21 @@
-// room.js — the room: general chat oldest first (paged), new messages live from the
-// stream, replies, provenance and verdict badges, the task threads, and the pairs of
-// agents the loop guard paused (with one click to resume them).
+// room.js — the room: general chat opening at the newest page ("Show older messages"
+// pages back), new messages live from the stream, replies, provenance and verdict badges,
+// make-or-spend cards decided in place, the task threads, the pairs of agents the loop
+// guard paused (with one click to resume them) and, in your private room, its controls.
 //
 // MessageList is also used by the task page for a task's thread.
 
 import { get, post, seg } from "./api.js";
 import * as stream from "./stream.js";
 import { createComposer } from "./composer.js";
+import { createRoomControls } from "./privateroom.js";
+import { actionCard } from "./makeaction.js";
 import {
-  h, tpl, slots, heading, avatar, badge, stateBadge, timeEl, errorSlot, showError, act, fill, empty, ago,
+  h, tpl, slots, heading, avatar, badge, stateBadge, timeEl, errorSlot, showError, clearError, act, fill, empty, ago,
   announce, debounce,
 } from "./ui.js";
 
-const PAGE = 50; // messages shown per "show earlier"
-const FETCH = 100; // messages fetched per request
+const PAGE = 50; // messages per page, newest page first
 
 // ---- lifecycle ---------------------------------------------------------------------------
 
@@ -24,13 +26,15 @@ export function mount(el, ctx) {
   const paused = h("div", { class: "paused-list" });
   const threads = h("nav", { class: "threads", "aria-labelledby": "threads-heading" },
     h("h2", { id: "threads-heading", text: "Task threads" }), h("p", { class: "muted", text: "Loading…" }));
+  const own = ctx.project.isPrivate() ? createRoomControls(ctx) : null;
 
-  el.append(h("div", { class: "room" },
+  el.append(h("div", { class: `room${own ? " private" : ""}` },
     h("section", { class: "room-main", "aria-labelledby": "room-heading" },
-      heading(1, "Room", { id: "room-heading", class: "sr-only" }),
+      heading(1, own ? "Your room" : "Room", { id: "room-heading", class: "sr-only" }),
       list.el,
-      h("div", { class: "room-foot" }, paused, composer.el)), // the pause stays in view, beside where one speaks
-    threads));
+      // the pause and the turn stay in view, beside where one speaks
+      h("div", { class: "room-foot" }, paused, own?.turn, composer.el)),
+    h("div", { class: "room-side" }, own?.settings, threads)));
 
   const renderPaused = () => renderPausedPairs(paused, ctx);
   renderPaused();
@@ -42,11 +46,12 @@ export function mount(el, ctx) {
   });
   list.load().then(() => {
     renderThreads(threads, ctx, list.threads || []);
-    list.scrollToEnd();
+    if (!ctx.id || !list.reveal(ctx.id)) list.scrollToEnd();
   });
   return () => {
     list.destroy();
     composer.destroy();
+    own?.destroy();
     offProject();
     offTask();
     offMsg();
@@ -54,41 +59,43 @@ export function mount(el, ctx) {
   };
 }
 
-/** Messages of the room (taskId null) or of one task's thread, oldest first. */
+/** Messages of the room (taskId null) or of one task's thread, oldest first: the newest
+ *  page, older pages on request, new ones from the stream. */
 export class MessageList {
   constructor(ctx, taskId) {
     this.ctx = ctx;
     this.taskId = taskId;
     this.messages = []; // oldest first
     this.byId = new Map();
-    this.shown = PAGE;
+    this.previous = null; // previous_cursor: the page before the oldest shown, null at the start
     this.loaded = false;
+    this.loadingOlder = false;
     this.pending = [];
     this.onReply = null;
     this.threads = null;
-    this.more = h("button", { type: "button", class: "more quiet", hidden: true, text: "Show earlier messages" });
-    this.more.addEventListener("click", () => this.showEarlier());
+    this.more = h("button", { type: "button", class: "more quiet", hidden: true, text: "Show older messages" });
+    this.more.addEventListener("click", () => this.loadOlder());
+    this.start = h("p", { class: "room-start muted small", hidden: true,
+      text: taskId ? "The start of this thread." : "The start of the room." });
     this.status = h("p", { class: "muted", text: "Loading messages…" });
     this.error = errorSlot();
     this.list = h("ol", { class: "messages", role: "log", "aria-label": taskId ? "Thread messages" : "Room messages" });
-    this.el = h("div", { class: "message-area" }, this.more, this.status, this.error, this.list);
-    this.off = stream.on("message.posted", (e) => this.receive(e.message));
+    this.el = h("div", { class: "message-area" }, this.more, this.start, this.status, this.error, this.list);
+    this.offs = [
+      stream.on("message.posted", (e) => this.receive(e.message)),
+      stream.on("action.updated", (e) => this.updateAction(e.action)),
+    ];
   }
 
   // lifecycle
 
-  /** Read every page (oldest first) until next_cursor is null; then apply what arrived meanwhile. */
+  /** Read the newest page; then apply what arrived meanwhile. */
   async load() {
     try {
-      let cursor = null;
-      const base = `/api/projects/${seg(this.ctx.slug)}/room?limit=${FETCH}`
-        + (this.taskId ? `&task_id=${seg(this.taskId)}` : "");
-      do {
-        const page = await get(base + (cursor ? `&cursor=${seg(cursor)}` : ""));
-        for (const m of page.messages) this.remember(m);
-        if (page.threads) this.threads = page.threads;
-        cursor = page.next_cursor;
-      } while (cursor);
+      const page = await get(`${this.base()}&latest=1`);
+      for (const m of page.messages) this.remember(m);
+      if (page.threads) this.threads = page.threads;
+      this.previous = page.previous_cursor ?? null;
       this.status.hidden = true;
     } catch (err) {
       this.status.hidden = true;
@@ -100,7 +107,7 @@ export class MessageList {
   }
 
   destroy() {
-    this.off();
+    for (const off of this.offs) off();
   }
 
   // actions
@@ -114,23 +121,65 @@ export class MessageList {
     if (this.byId.has(message.id)) return;
     const atEnd = scroll || nearBottom();
     this.remember(message);
-    this.shown += 1;
     this.list.append(renderMessage(message, this));
     this.updateEmpty();
     if (atEnd) this.scrollToEnd();
   }
 
-  showEarlier() {
-    const before = document.documentElement.scrollHeight;
-    this.shown += PAGE;
-    this.render();
-    window.scrollBy(0, document.documentElement.scrollHeight - before);
-    this.list.querySelector(".msg")?.focus?.();
+  /** Fetch the page before the oldest message shown and put it on top, keeping the view still. */
+  async loadOlder() {
+    if (!this.previous || this.loadingOlder) return;
+    this.loadingOlder = true;
+    this.more.setAttribute("aria-busy", "true");
+    this.more.textContent = "Loading older messages…";
+    clearError(this.error);
+    try {
+      const page = await get(`${this.base()}&before=${seg(this.previous)}`);
+      const older = page.messages.filter((m) => !this.byId.has(m.id));
+      for (const m of older) this.byId.set(m.id, m);
+      this.messages = [...older, ...this.messages];
+      this.previous = page.previous_cursor ?? null;
+      const anchor = this.list.querySelector(".msg");
+      const top = anchor?.getBoundingClientRect().top;
+      this.list.prepend(...older.map((m) => renderMessage(m, this)));
+      // Replies whose parent just arrived can now quote it.
+      const arrived = new Set(older.map((m) => m.id));
+      for (const m of this.messages) {
+        if (m.in_reply_to && arrived.has(m.in_reply_to) && !arrived.has(m.id)) {
+          document.getElementById(`msg-${m.id}`)?.replaceWith(renderMessage(m, this));
+        }
+      }
+      if (anchor) window.scrollBy(0, anchor.getBoundingClientRect().top - top);
+      this.updateEmpty();
+      announce(older.length === 1 ? "1 older message shown" : `${older.length} older messages shown`);
+    } catch (err) {
+      showError(this.error, err);
+    } finally {
+      this.loadingOlder = false;
+      this.more.removeAttribute("aria-busy");
+      this.more.textContent = "Show older messages";
+      this.more.hidden = !this.previous;
+      this.start.hidden = !!this.previous; // paged all the way back
+      if (this.more.hidden && (document.activeElement === this.more || document.activeElement === document.body)) {
+        this.list.querySelector(".msg")?.focus(); // the start of the room: focus its first message
+      }
+    }
   }
 
   scrollToEnd() {
     const last = this.list.lastElementChild;
     if (last) last.scrollIntoView({ block: "end" });
+  }
+
+  /** Scroll to one message and flash it; false if it is not on the page. */
+  reveal(messageId) {
+    const target = document.getElementById(`msg-${messageId}`);
+    if (!target || !this.list.contains(target)) return false;
+    target.scrollIntoView({ block: "center" });
+    target.focus();
+    target.classList.add("flash");
+    setTimeout(() => target.classList.remove("flash"), 1500);
+    return true;
   }
 
   // callbacks
@@ -144,7 +193,22 @@ export class MessageList {
     }
   }
 
+  /** An Approve card changed (decided, running, done…): redraw it where it is. */
+  updateAction(action) {
+    if (!action) return;
+    for (const m of this.messages) {
+      if (m.make_action?.id !== action.id) continue;
+      m.make_action = action;
+      document.querySelector(`#msg-${CSS.escape(m.id)} .action-card`)?.updateAction?.(action);
+    }
+    for (const m of this.pending) if (m.make_action?.id === action.id) m.make_action = action;
+  }
+
   // internal
+
+  base() {
+    return `/api/projects/${seg(this.ctx.slug)}/room?limit=${PAGE}${this.taskId ? `&task_id=${seg(this.taskId)}` : ""}`;
+  }
 
   remember(m) {
     if (this.byId.has(m.id)) return;
@@ -153,10 +217,8 @@ export class MessageList {
   }
 
   render() {
-    const start = Math.max(0, this.messages.length - this.shown);
-    this.more.hidden = start === 0;
-    if (!this.more.hidden) this.more.textContent = `Show earlier messages (${start} more)`;
-    this.list.replaceChildren(...this.messages.slice(start).map((m) => renderMessage(m, this)));
+    this.more.hidden = !this.previous;
+    this.list.replaceChildren(...this.messages.map((m) => renderMessage(m, this)));
     this.updateEmpty();
   }
 
@@ -238,6 +300,13 @@ export function renderMessage(m, owner) {
       }
     });
   }
+  if (m.make_action) {
+    s.card.hidden = false;
+    s.card.append(actionCard(m.make_action, { me: ctx.me.handle, owner: m.author.owner, room: m.project }));
+  }
+  if (m.made_by_action) {
+    s.badges.append(badge("made by an approved action", "info", "The result of a make-or-spend action you approved."));
+  }
   if (m.task_request?.task_id) {
     s.taskrequest.hidden = false;
     s.taskrequest.append("Task request · ",
@@ -281,7 +350,7 @@ function nearBottom() {
 
 async function loadThreads(box, ctx) {
   try {
-    const page = await get(`/api/projects/${seg(ctx.slug)}/room?limit=1`);
+    const page = await get(`/api/projects/${seg(ctx.slug)}/room?latest=1&limit=1`);
     renderThreads(box, ctx, page.threads || []);
   } catch {
     /* the list stays as it was */
@@ -289,6 +358,7 @@ async function loadThreads(box, ctx) {
 }
 
 function renderThreads(box, ctx, threads) {
+  box.hidden = ctx.project.isPrivate() && !threads.length; // a private room seldom has tasks
   fill(box, h("h2", { id: "threads-heading", text: "Task threads" }),
     threads.length
       ? h("ul", { class: "thread-list" }, threads.map((t) => h("li", {},

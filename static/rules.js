@@ -77,20 +77,36 @@ function ruleForm(reload) {
 }
 
 function policy() {
-  const status = h("p", { class: "muted small", role: "status" });
+  const status = h("p", { class: "muted small policy-status", role: "status" });
   const error = errorSlot();
-  const set = (on, button) => act(button, error, async () => {
+  const label = h("span", { class: "switch-label", text: "…" });
+  const toggle = h("button", { type: "button", class: "switch", role: "switch", "aria-checked": "false",
+    "aria-labelledby": "policy-heading", "aria-describedby": "policy-what", disabled: true },
+  h("span", { class: "switch-track", "aria-hidden": "true" }, h("span", { class: "switch-thumb" })), label);
+  const show = (on) => {
+    toggle.setAttribute("aria-checked", String(on));
+    label.textContent = on ? "On" : "Off";
+    status.textContent = on ? "Auto-accept is on: a result your agent verified is accepted at once."
+      : "Auto-accept is off: you give final acceptance yourself.";
+  };
+  toggle.addEventListener("click", () => act(toggle, error, async () => {
+    const on = toggle.getAttribute("aria-checked") !== "true";
     const out = await post("/api/policy", { auto_accept: on });
-    status.textContent = out.auto_accept ? "Auto-accept is on." : "Auto-accept is off: you give final acceptance yourself.";
+    show(Boolean(out.auto_accept));
+    announce(out.auto_accept ? "Auto-accept on" : "Auto-accept off");
+  }));
+  get("/api/me").then((out) => {
+    show(Boolean(out.auto_accept));
+    toggle.disabled = false;
+  }).catch((err) => {
+    error.textContent = err.message;
+    error.hidden = false;
   });
-  const onButton = h("button", { type: "button", text: "Turn on" });
-  const offButton = h("button", { type: "button", text: "Turn off" });
-  onButton.addEventListener("click", () => set(true, onButton));
-  offButton.addEventListener("click", () => set(false, offButton));
   return h("section", { class: "section card", "aria-labelledby": "policy-heading" },
-    h("h2", { id: "policy-heading", text: "Auto-accept verified results" }),
-    h("p", { text: "When your agent verifies a result it asked for, accept it at once instead of waiting for your final click." }),
-    h("div", { class: "button-row" }, onButton, offButton), status, error);
+    h("div", { class: "policy-head" },
+      h("h2", { id: "policy-heading", text: "Auto-accept verified results" }), toggle),
+    h("p", { id: "policy-what", text: "When your agent verifies a result it asked for, accept it at once instead of waiting for your final click." }),
+    status, error);
 }
 
 // ---- rendering ------------------------------------------------------------------------------------------

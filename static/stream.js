@@ -5,11 +5,16 @@
 // nothing is missed. EventSource cannot send an Authorization header, so with a pasted
 // personal token (or if the stream is refused) it long-polls GET …/events instead.
 // Either way every event is handed out once, in seq order.
+//
+// The stream's first event, "ready" {seq}, says where it starts; open() resolves with that
+// position, so a view loaded after it misses nothing.
 
 import { get, seg, token } from "./api.js";
 
-const TYPES = ["message.posted", "task.updated", "approval.updated", "pulse.updated", "member.joined",
-  "agent.added", "project.created"];
+const TYPES = ["message.posted", "task.updated", "approval.updated", "action.updated", "pulse.updated",
+  "member.joined", "agent.added", "project.created"];
+const READY_WAIT = 4000; // ms open() waits for the stream's position before the page loads anyway
+const FAR = 9007199254740991; // "after" beyond any seq: the events endpoint answers with the head
 
 const listeners = new Map(); // type (or "*") -> Set of fn(event)
 const statusListeners = new Set();
@@ -18,22 +23,25 @@ let status = "off";
 
 // ---- lifecycle ------------------------------------------------------------------
 
-/** The outbox position now: open a stream "after" it, then load, and nothing falls between. */
-export async function head() {
-  try {
-    const health = await get("/healthz");
-    return Number.isInteger(health.outbox_head) ? health.outbox_head : null;
-  } catch {
-    return null;
-  }
-}
-
-/** Start listening to a project (closing any other). after: an outbox seq, or null for "from now". */
-export function open(slug, after = null) {
+/** Start listening to a project (closing any other). Resolves, once the stream knows where it
+ *  starts (or after READY_WAIT), to that outbox seq or null: load the view after this. */
+export function open(slug) {
   close();
-  current = { slug, lastSeq: after, source: null, abort: null, closed: false };
+  let settle;
+  const ready = new Promise((resolve) => { settle = resolve; });
+  const timer = setTimeout(() => settle(null), READY_WAIT);
+  current = {
+    slug, lastSeq: null, source: null, abort: null, closed: false,
+    ready: (seq) => { clearTimeout(timer); settle(seq); },
+  };
   if (!token() && "EventSource" in window) listen(current);
   else poll(current);
+  return ready;
+}
+
+/** The project the stream listens to now, or null. */
+export function openSlug() {
+  return current?.slug ?? null;
 }
 
 export function close() {
@@ -80,6 +88,12 @@ function receive(conn, event) {
 
 // ---- internal ---------------------------------------------------------------------------
 
+/** The outbox position now, for long-polling: events "after" a seq beyond any answer with the head. */
+async function head(conn) {
+  const page = await get(`/api/projects/${seg(conn.slug)}/events?after=${FAR}&wait=0`);
+  return Number.isInteger(page.last_seq) ? page.last_seq : 0;
+}
+
 function setStatus(next) {
   if (next === status) return;
   status = next;
@@ -92,6 +106,25 @@ function listen(conn) {
   const source = new EventSource(`/api/projects/${seg(conn.slug)}/stream${query}`);
   conn.source = source;
   source.onopen = () => setStatus("live");
+  source.addEventListener("ready", (message) => {
+    if (conn.closed || conn.source !== source) return;
+    let seq = null;
+    try {
+      seq = JSON.parse(message.data).seq;
+    } catch {
+      return;
+    }
+    if (!Number.isInteger(seq)) return;
+    if (conn.lastSeq == null) {
+      conn.lastSeq = seq;
+    } else if (seq > conn.lastSeq) {
+      // A reconnect with nothing received yet starts "from now": go back to where we were.
+      source.close();
+      listen(conn);
+      return;
+    }
+    conn.ready?.(conn.lastSeq);
+  });
   source.onerror = () => {
     if (conn.closed) return;
     if (source.readyState === EventSource.CLOSED) {
@@ -115,9 +148,25 @@ function listen(conn) {
 }
 
 async function poll(conn) {
-  if (conn.lastSeq == null) conn.lastSeq = await head();
-  if (conn.lastSeq == null) conn.lastSeq = 0;
+  setStatus("connecting");
   let delay = 1000;
+  while (conn.lastSeq == null && !conn.closed) {
+    try {
+      conn.lastSeq = await head(conn);
+    } catch (err) {
+      if (err.status === 401 || err.status === 404) {
+        setStatus("off");
+        conn.ready?.(null);
+        return;
+      }
+      setStatus("reconnecting");
+      await new Promise((resolve) => setTimeout(resolve, delay));
+      delay = Math.min(delay * 2, 15000);
+    }
+  }
+  if (conn.closed) return;
+  conn.ready?.(conn.lastSeq);
+  delay = 1000;
   let wait = 0; // the first answer comes at once and says the connection works
   setStatus("connecting");
   while (!conn.closed) {

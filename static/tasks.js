@@ -1,12 +1,13 @@
 // tasks.js — the task board by state, one task's page (packet, checkpoints, submissions,
 // evidence report per criterion, artifacts and its thread), the decisions a person
-// makes (approve or deny a held handoff, final acceptance, send back, cancel), and
-// asking one of your own agents for a task.
+// makes (allow or refuse a step its run asks, approve or deny a held handoff, final
+// acceptance, send back, cancel), and asking one of your own agents for a task.
 
 import { get, post, seg } from "./api.js";
 import * as stream from "./stream.js";
 import { MessageList, provenanceBadges } from "./room.js";
 import { createComposer } from "./composer.js";
+import { stepCard, pendingSteps } from "./steps.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, badge, stateBadge, timeEl, ago, words, safeUrl,
   confirmButton, lines, debounce, announce,
@@ -31,7 +32,7 @@ export function mount(el, ctx) {
 }
 
 function mountBoard(el, ctx) {
-  const state = { tasks: new Map(), approvals: [] };
+  const state = { tasks: new Map(), approvals: [], stepTasks: new Set() };
   const board = h("div", { class: "board" }, h("p", { class: "muted", text: "Loading tasks…" }));
   const error = errorSlot();
   const approvals = h("div", { class: "stack" });
@@ -44,7 +45,7 @@ function mountBoard(el, ctx) {
     error,
     h("section", { "aria-label": "Task board" }, board));
 
-  const render = () => renderBoard(board, ctx, [...state.tasks.values()], state.approvals);
+  const render = () => renderBoard(board, ctx, [...state.tasks.values()], state.approvals, state.stepTasks);
   const loadApprovals = async () => {
     try {
       const out = await get("/api/approvals");
@@ -56,8 +57,16 @@ function mountBoard(el, ctx) {
       approvalsSection.hidden = true;
     }
   };
+  const loadSteps = async () => {
+    try {
+      state.stepTasks = new Set((await pendingSteps()).map((step) => step.task_id));
+      render();
+    } catch { /* the marks stay as they were */ }
+  };
+  const reloadSteps = debounce(loadSteps, 300);
   const offTask = stream.on("task.updated", (e) => {
     if (upsert(state.tasks, e.task)) render();
+    reloadSteps(); // a run may have asked a step, or had one decided
   });
   const reloadApprovals = debounce(loadApprovals, 300);
   const offApproval = stream.on("approval.updated", reloadApprovals);
@@ -72,11 +81,13 @@ function mountBoard(el, ctx) {
       error.hidden = false;
     }
     loadApprovals();
+    loadSteps();
   })();
   return () => {
     offTask();
     offApproval();
     reloadApprovals.cancel();
+    reloadSteps.cancel();
   };
 }
 
@@ -93,21 +104,30 @@ function mountTask(el, ctx) {
 
   let shown = null; // what is on screen, so an unchanged answer does not redraw (and drop focus)
   let first = true;
+  const decided = new Map(); // step id -> its card, decided here: it stays with its outcome
   const load = async () => {
     try {
-      const [detail, approvals] = await Promise.all([
+      const [detail, steps] = await Promise.all([
         get(`/api/tasks/${seg(taskId)}`),
-        get("/api/approvals").catch(() => ({ approvals: [] })),
+        pendingSteps().catch(() => []),
       ]);
-      const approval = approvals.approvals.find((x) => x.task.id === taskId) || null;
       if (detail.task.project !== ctx.slug) {
         ctx.go(`#/p/${detail.task.project}/tasks/${taskId}`);
         return;
       }
-      const key = JSON.stringify([detail, approval]);
+      // The held handoff's approval, when it is this person's to decide.
+      const approval = detail.approval?.owner === ctx.me.handle ? { approval: detail.approval, task: detail.task } : null;
+      const mine = steps.filter((step) => step.task_id === taskId && !decided.has(step.id));
+      const key = JSON.stringify([detail, approval, mine, [...decided.keys()]]);
       if (key === shown) return;
       shown = key;
-      renderTask(top, body, ctx, detail, approval, load);
+      const stepCards = [...decided.values(), ...mine.map((step) => {
+        const card = stepCard(step, { embedded: true, onDecided: () => decided.set(step.id, card) });
+        return card;
+      })];
+      const focused = document.activeElement;
+      renderTask(top, body, ctx, detail, approval, stepCards, load);
+      if (focused !== document.activeElement && top.contains(focused)) focused.focus({ preventScroll: true });
       if (first) {
         first = false;
         top.querySelector("h1")?.focus();
@@ -172,8 +192,8 @@ async function decide(approvalId, decision, standing) {
 
 // ---- callbacks / rendering -------------------------------------------------------------------------
 
-function renderBoard(board, ctx, tasks, approvals) {
-  const held = new Set(approvals.map((a) => a.task.id));
+function renderBoard(board, ctx, tasks, approvals, stepTasks) {
+  const held = new Set([...approvals.map((a) => a.task.id), ...stepTasks]);
   fill(board, COLUMNS.map(([title, states]) => {
     const cards = tasks.filter((t) => states.includes(t.state))
       .sort((a, b) => (b.updated_at || "").localeCompare(a.updated_at || ""));
@@ -197,7 +217,7 @@ function taskCard(task, ctx, held) {
   h("span", { class: "muted small", text: `${words(task.packet.deliverable_type)} · ${ago(task.updated_at)}` }));
 }
 
-function renderTask(top, body, ctx, detail, approval, reload) {
+function renderTask(top, body, ctx, detail, approval, stepCards, reload) {
   const { task, checkpoints, submissions } = detail;
   fill(top,
     heading(1, titleOf(task), { class: "task-title" }),
@@ -209,7 +229,7 @@ function renderTask(top, body, ctx, detail, approval, reload) {
       h("span", { class: "muted" }, "created ", timeEl(task.created_at)),
       h("span", { class: "muted" }, "updated ", timeEl(task.updated_at, true)),
       task.parent_task_id ? h("a", { href: `#/p/${ctx.slug}/tasks/${task.parent_task_id}`, text: "parent task" }) : null),
-    renderActions(ctx, task, approval, reload));
+    renderActions(ctx, task, approval, stepCards, reload));
 
   const latest = task.result;
   fill(body,
@@ -234,12 +254,19 @@ function renderTask(top, body, ctx, detail, approval, reload) {
         : empty("No checkpoints yet.")));
 }
 
-function renderActions(ctx, task, approval, reload) {
+function renderActions(ctx, task, approval, stepCards, reload) {
   const box = h("section", { class: "actions card", "aria-labelledby": "actions-heading" },
     h("h2", { id: "actions-heading", class: "sr-only", text: "Whose turn, and your decisions" }));
   const requester = requestingPerson(task);
   const owner = task.assignee.split("/")[0];
   const parts = [h("p", { class: "status-line", text: statusLine(task, requester, owner, ctx.me.handle) })];
+
+  const asking = stepCards.filter((card) => !card.classList.contains("decided")).length;
+  if (stepCards.length) {
+    parts.push(h("div", { class: "step-box" },
+      asking ? h("p", { class: "step-lead", text: `${task.assignee}'s run is waiting for you: allow or refuse ${asking === 1 ? "this step" : "these steps"}.` }) : null,
+      stepCards));
+  }
 
   if (approval) parts.push(approvalCard(approval, { onDecided: reload, embedded: true }));
   if (awaitingFinal(task) && requester === ctx.me.handle) parts.push(finalDecision(ctx, task, reload));

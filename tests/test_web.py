@@ -67,6 +67,12 @@ def mcp(served: Served, agent: str, tool: str, args: dict, key: str | None = Non
     return result["structuredContent"]
 
 
+def person_api(served: Served, handle: str) -> httpx.Client:
+    """An HTTP client for the people's API with a fresh personal token of ``handle``."""
+    token = cli_json(served.db, "token", "create", "--person", handle)["token"]
+    return httpx.Client(base_url=served.info["url"], timeout=30, headers={"Authorization": f"Bearer {token}"})
+
+
 def shot(page: Page, name: str, full_page: bool = True) -> None:
     """Save tests/screenshots/NAME.png: the whole page from the top, or (full_page=False) what is in view."""
     SHOTS.mkdir(exist_ok=True)
@@ -361,7 +367,22 @@ def test_rules_and_a_standing_approval(served, people):
         row.get_by_role("button", name=re.compile("^Revoke")).click()
         row.get_by_role("button", name="Click again to revoke").click()
         expect(row).to_have_count(0)
-    page.get_by_role("button", name="Turn off").click()
+
+    # The auto-accept switch shows the state the server holds (GET /api/me), and flips it.
+    switch = page.get_by_role("switch", name="Auto-accept verified results")
+    expect(switch).to_be_enabled()
+    with person_api(served, "ren") as ren_api:
+        state = "true" if ren_api.get("/api/me").json()["auto_accept"] else "false"
+        expect(switch).to_have_attribute("aria-checked", state)
+        flipped = "false" if state == "true" else "true"
+        switch.click()
+        expect(switch).to_have_attribute("aria-checked", flipped)
+        assert ren_api.get("/api/me").json()["auto_accept"] is (flipped == "true")
+    switch.press("Space")  # a switch works from the keyboard too
+    expect(switch).to_have_attribute("aria-checked", state)
+    expect(page.locator(".policy-status")).to_have_text(re.compile(f"^Auto-accept is {'on' if state == 'true' else 'off'}"))
+    if state == "true":
+        switch.click()
     expect(page.get_by_text("Auto-accept is off")).to_be_visible()
 
 
@@ -514,3 +535,205 @@ def test_phone_width_is_readable(served, people):
     expect(page.get_by_role("heading", name="Tasks")).to_be_visible()
     assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
     shot(page, "phone_tasks")
+
+
+def test_a_runner_device_is_paired_shown_once_and_revoked(served, people):
+    page = people("oj")
+    goto(page, served, "#/agents")
+    pair = page.locator("form.pair-form")
+    pair.get_by_label("Agent", exact=True).select_option("oj/muse")
+    pair.get_by_label("Device name (optional)").fill("oj-laptop")
+    pair.get_by_role("button", name="Pair a device").click()
+    secret = page.locator(".secret")
+    expect(secret.get_by_role("heading")).to_have_text("Runner key for oj/muse on oj-laptop")
+    expect(secret).to_contain_text("Copy it now")
+    key = secret.locator("pre").first.inner_text().strip()
+    assert key.startswith("prk_rk_")
+    printed = secret.locator("pre").nth(1).inner_text()
+    assert re.fullmatch(r"Paired device \S+ \(oj-laptop\) with oj/muse\. Runner key \(shown once\):\n" + key + r"\n?", printed)
+    expect(secret.get_by_role("button", name="Copy")).to_have_count(2)
+    row = page.locator("tr[data-device-id]", has_text="oj-laptop")
+    expect(row).to_contain_text("oj/muse")
+    expect(row.locator(".badge")).to_have_text("active")
+    shot(page, "device_paired_key_shown_once")
+    assert "cursor" in mcp(served, "oj/muse", "wait_for_mention", {"timeout_seconds": 1}, key=key)  # the runner listens
+
+    page.get_by_role("button", name=re.compile("hide the key")).click()
+    expect(page.locator(".secret")).to_have_count(0)
+    assert key not in page.content()
+    row.get_by_role("button", name="Revoke device oj-laptop (oj/muse)").click()
+    row.get_by_role("button", name=re.compile("^Click again to revoke")).click()
+    expect(row.locator(".badge")).to_have_text("revoked")
+    expect(page.locator(".notice", has_text="Revoked oj-laptop")).to_have_text(
+        "Revoked oj-laptop: 1 credential ended at once.")
+    r = httpx.post(served.info["mcp"], headers={"Authorization": f"Bearer {key}"}, json={})
+    assert r.status_code == 401
+    shot(page, "device_revoked")
+
+
+def test_a_run_asks_a_step_and_its_owner_allows_it_on_the_page(served, people):
+    runner = cli_json(served.db, "device", "pair", "ren/builder", "--name", "ren-laptop")["token"]
+    with person_api(served, "ren") as ren_api:
+        asked = ren_api.post(f"/api/projects/{PROJECT}/task-requests", json={"agent": "ren/builder", "packet": {
+            "task": "Publish the docs branch.", "deliverable_type": "answer",
+            "acceptance_criteria": ["The branch is on origin."]}})
+    assert asked.status_code == 200, asked.text
+    task_id = asked.json()["task"]["id"]
+    claim = mcp(served, "ren/builder", "claim_task", {"task_id": task_id, "idempotency_key": "web-run-1"}, key=runner)
+    run = claim["execution_credential"]["token"]
+    mcp(served, "ren/builder", "accept_task", {"task_id": task_id}, key=run)
+    step_call = {"tool_name": "Bash", "input": {"command": "git push origin main"}, "kind": "outbound",
+                 "target": "origin", "reason": "Publish the reviewed branch."}
+    pending = mcp(served, "ren/builder", "request_step", step_call, key=run)
+    assert (pending["status"], pending["behavior"]) == ("pending", "deny")
+    step = f'.step[data-step-id="{pending["step_id"]}"]'
+
+    # On ren's home page, first among what waits for a decision: the exact call.
+    page = people("ren")
+    card = page.locator(f".waiting {step}")
+    expect(card.locator(".step-tool-name")).to_have_text("Bash")
+    assert card.locator(".step-input").inner_text() == json.dumps(step_call["input"], indent=2)
+    expect(card.locator(".step-facts")).to_contain_text("outbound")
+    expect(card.locator(".step-facts")).to_contain_text("origin")
+    expect(card.locator(".step-facts")).to_contain_text("Publish the reviewed branch.")
+    expect(card).to_contain_text("ren/builder's run stopped before this call")
+    shot(page, "step_waiting_on_home")
+
+    # And on the task's page, where ren allows it.
+    card.get_by_role("link", name="Publish the docs branch.").click()
+    expect(page).to_have_url(re.compile(f"#/p/{PROJECT}/tasks/{task_id}$"))
+    card = page.locator(f".actions {step}")
+    expect(page.locator(".step-lead")).to_have_text("ren/builder's run is waiting for you: allow or refuse this step.")
+    expect(card.locator(".step-input")).to_contain_text('"command": "git push origin main"')
+    shot(page, "step_on_the_task_page")
+    card.get_by_role("button", name="Allow").click()
+    expect(card.get_by_role("status")).to_have_text("Allowed: the run may make exactly this call once, within 15 minutes.")
+    expect(card.get_by_role("button", name="Allow")).to_be_disabled()
+    expect(page.locator(".step-lead")).to_have_count(0)  # the decision's task.updated redrew the page: nothing waits
+
+    used = mcp(served, "ren/builder", "request_step", step_call | {"tool_use_id": "toolu_web"}, key=run)
+    assert (used["status"], used["behavior"]) == ("consumed", "allow")
+    assert used["updatedInput"] == step_call["input"]
+    goto(page, served, "#/")
+    expect(page.get_by_role("heading", name=re.compile("^Hello, "))).to_be_visible()
+    expect(page.locator(step)).to_have_count(0)
+
+
+def test_a_private_room_turn_a_live_draft_and_an_approved_action(served, people):
+    runner = cli_json(served.db, "device", "pair", "oj/muse", "--name", "oj-desktop")["token"]
+    page = people("oj")
+    page.locator('.project-card[data-slug="oj-room"]').click()
+    expect(page).to_have_url(re.compile("#/p/oj-room/room$"))
+    expect(page.locator(".project-bar .badge", has_text="private room")).to_be_visible()
+    settings = page.locator(".room-settings")
+    expect(settings.get_by_label("Reply mode")).to_have_value("review")
+    settings.get_by_label("Reply mode").select_option("solo")
+    expect(settings).to_contain_text("answers alone")
+    settings.get_by_label("Lead agent").select_option("oj/muse")
+    settings.get_by_role("button", name="Save").click()
+    expect(settings.get_by_role("status")).to_have_text("Saved.")
+    with person_api(served, "oj") as oj_api:
+        assert oj_api.get("/api/room").json()["room"] == {"project": "oj-room", "reply_mode": "solo",
+                                                         "lead_agent": "oj/muse"}
+
+    # oj writes; the turn waits on the lead; its runner drafts with a discussion credential.
+    box = page.get_by_role("combobox", name="Message")
+    box.fill("A one-line welcome for the launch, please.")
+    box.press("Enter")
+    mine = page.locator(".msg", has_text="A one-line welcome for the launch")
+    expect(mine).to_be_visible()
+    turn = page.locator(".turn")
+    expect(turn.locator(".turn-text")).to_have_text("Waiting on oj/muse to draft, 1 reply left.")
+    shot(page, "private_room_turn_in_progress", full_page=False)
+    claim = mcp(served, "oj/muse", "claim_discussion", {"message_id": mine.get_attribute("data-id"),
+                                                        "idempotency_key": "d", "harness": 2}, key=runner)
+    assert claim["role"] == "draft"
+    draft = mcp(served, "oj/muse", "post_message", {"project": "oj-room", "body": "Welcome: work, together.",
+                                                    "verdict": "draft"}, key=claim["discussion_credential"]["token"])
+    shown = page.locator(f"#msg-{draft['message']['id']}")
+    expect(shown.locator(".msg-body")).to_have_text("Welcome: work, together.")
+    expect(shown.locator(".badge", has_text="verdict: draft")).to_be_visible()
+    expect(turn).to_have_count(0)  # solo: the one reply ends the turn
+
+    # The runner proposes a make-or-spend action: the card appears live, and oj approves it.
+    def runner_post(path: str, body: dict) -> dict:
+        r = httpx.post(served.info["url"] + path, json=body, headers={"Authorization": f"Bearer {runner}"}, timeout=30)
+        assert r.status_code == 200, r.text
+        return r.json()["action"]
+
+    action = runner_post("/api/runner/actions", {"tool": "image_gen", "action": "Draw the hero", "prompt": "calm robots"})
+    card = page.locator(f'.action-card[data-action-id="{action["id"]}"]')
+    expect(card.locator(".action-title")).to_have_text("Draw the hero")
+    expect(card.locator(".action-prompt")).to_have_text("calm robots")
+    expect(card).to_contain_text("no estimate given")
+    expect(card.locator(".action-status")).to_have_text("waiting for your decision")
+    shot(page, "private_room_action_proposed", full_page=False)
+    card.get_by_role("button", name="Approve").click()
+    expect(card.locator(".action-status")).to_have_text("approved")
+    expect(card.get_by_role("button", name="Approve")).to_have_count(0)
+    expect(card).to_contain_text("Approved by@oj")
+    runner_post(f"/api/runner/actions/{action['id']}/claim", {})
+    expect(card.locator(".action-status")).to_have_text("running")  # live from action.updated
+    runner_post(f"/api/runner/actions/{action['id']}/finish", {"body": "The hero: three calm robots at a desk."})
+    expect(card.locator(".action-status")).to_have_text("done")
+    result = page.locator(".msg", has_text="three calm robots at a desk")
+    expect(result.locator(".badge", has_text="made by an approved action")).to_be_visible()
+    expect(card.get_by_role("link", name="see the result")).to_be_visible()
+    shot(page, "private_room_action_done")
+
+    # A new turn, stopped from the page.
+    box.fill("@oj/muse and a subtitle?")
+    box.press("Enter")
+    expect(turn.locator(".turn-text")).to_have_text("Waiting on oj/muse to draft, 1 reply left.")
+    turn.get_by_role("button", name="Stop this turn").click()
+    expect(turn).to_have_count(0)
+    with person_api(served, "oj") as oj_api:
+        assert oj_api.get("/api/room").json()["turn"] is None
+
+    # A card waiting on the home page is decided there too.
+    second = runner_post("/api/runner/actions", {"tool": "image_gen", "action": "Draw a banner", "prompt": "a quiet sea",
+                                                 "cost_estimate": "about $0.04"})
+    goto(page, served, "#/")
+    waiting = page.locator(f'.waiting .action-card[data-action-id="{second["id"]}"]')
+    expect(waiting).to_contain_text("about $0.04")
+    expect(waiting.get_by_role("link", name="Open it in your room")).to_have_attribute(
+        "href", re.compile(r"^#/p/oj-room/room/"))
+    shot(page, "action_waiting_on_home")
+    waiting.get_by_role("button", name="Decline").click()
+    expect(waiting.locator(".action-status")).to_have_text("declined")
+    expect(waiting.get_by_role("status")).to_have_text("Declined: nothing will run.")
+
+    page.set_viewport_size(PHONE)
+    goto(page, served, "#/p/oj-room/room")
+    expect(page.locator(".room-settings")).to_be_visible()
+    expect(page.locator(f'.action-card[data-action-id="{second["id"]}"] .action-status')).to_have_text("declined")
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    shot(page, "phone_private_room")
+
+
+def test_the_room_opens_at_the_newest_page_and_pages_back(served, people):
+    cli_json(served.db, "project", "create", "long-talk", "--name", "Long talk", "--team", "web", "--owner", "oj")
+    with person_api(served, "oj") as oj_api:
+        for n in range(1, 121):
+            r = oj_api.post("/api/projects/long-talk/messages", json={"body": f"Note {n:03}"})
+            assert r.status_code == 200, r.text
+        page = people("oj")
+        goto(page, served, "#/p/long-talk/room")
+        bodies = page.locator(".msg-body")
+        expect(bodies.last).to_have_text("Note 120")
+        expect(bodies).to_have_count(50)
+        expect(bodies.first).to_have_text("Note 071")
+        older = page.get_by_role("button", name="Show older messages")
+        older.click()
+        expect(bodies).to_have_count(100)
+        expect(bodies.first).to_have_text("Note 021")
+        expect(page.locator(".msg-body", has_text="Note 071")).to_be_in_viewport()  # the view stayed where it was
+        older.focus()
+        older.press("Enter")  # from the keyboard
+        expect(bodies).to_have_count(120)
+        expect(bodies.first).to_have_text("Note 001")
+        expect(older).to_be_hidden()  # the start of the room
+        shot(page, "room_paged_back", full_page=False)
+        assert oj_api.post("/api/projects/long-talk/messages", json={"body": "Note 121"}).status_code == 200
+        expect(bodies.last).to_have_text("Note 121")  # the stream still appends
+        expect(bodies).to_have_count(121)
