@@ -3439,6 +3439,8 @@ def task_detail(db: Database, person: Actor, task_id: str) -> dict:
         return {
             "task": task_out(db, task),
             "approval": approval_out(pending) if pending else None,
+            "steps": [step_out(r) for r in db.rows("SELECT * FROM steps WHERE task_id = ? ORDER BY created_at",
+                                                   (task_id,))],
             "checkpoints": [json.loads(c["body"]) | {"id": c["id"], "agent": c["agent"], "created_at": c["created_at"]}
                             for c in db.rows("SELECT * FROM checkpoints WHERE task_id = ? ORDER BY created_at, rowid",
                                              (task_id,))],
@@ -3675,6 +3677,7 @@ def request_step(db: Database, actor: Actor, tool_name: str, tool_input: dict, *
         db.execute(f"INSERT INTO steps ({', '.join(step)}) VALUES ({', '.join('?' * len(step))})",
                    tuple(step.values()))
         audit(db, task["project"], "step.requested", {"step": step["id"], "attempt": actor.attempt_id, "kind": kind})
+        append_event(db, task["project"], "task.updated", {"task": task_out(db, task)})  # live views; wakes no one
         return _step_answer(step, "pending", "deny", "Asked your owner: save a checkpoint, then end your turn; you "
                             "will be resumed when they decide.")
 
@@ -3692,7 +3695,8 @@ def _expire_steps(db: Database, task_id: str | None, now: _dt.datetime) -> None:
 
 def step_out(row: dict) -> dict:
     """A step as the owner sees it: the exact call, what it claims to be, and its state."""
-    return {"id": row["id"], "task_id": row["task_id"], "agent_id": row["agent_id"], "tool_name": row["tool_name"],
+    return {"id": row["id"], "task_id": row["task_id"], "project": row.get("project"), "title": row.get("title"),
+            "agent_id": row["agent_id"], "tool_name": row["tool_name"],
             "input": json.loads(row["input"]), "kind": row["kind"], "target": row["target"],
             "amount": json.loads(row["amount"]) if row["amount"] else None, "reason": row["reason"],
             "status": row["status"], "created_at": row["created_at"], "decided_at": row["decided_at"]}
@@ -3702,8 +3706,9 @@ def pending_steps(db: Database, person: Actor) -> list[dict]:
     """Steps waiting for ``person``'s decision."""
     with db.transaction():
         _expire_steps(db, None, utcnow())
-    return [step_out(r) for r in db.rows("SELECT * FROM steps WHERE owner = ? AND status = 'pending' "
-                                         "ORDER BY created_at", (person.handle,))]
+    return [step_out(r) for r in db.rows("SELECT s.*, t.project, t.title FROM steps s JOIN tasks t ON t.id = s.task_id "
+                                         "WHERE s.owner = ? AND s.status = 'pending' ORDER BY s.created_at",
+                                         (person.handle,))]
 
 
 def decide_step(db: Database, person: Actor, step_id: str, decision: str) -> dict:
@@ -3725,7 +3730,8 @@ def decide_step(db: Database, person: Actor, step_id: str, decision: str) -> dic
                                                     "kind": step["kind"], "decision": status})
         append_event(db, task["project"], "task.updated", {"task": task_out(db, task)},
                      [(task["assignee"], "task", task["id"], None)])
-        return step_out(db.one("SELECT * FROM steps WHERE id = ?", (step_id,)))
+        return step_out(db.one("SELECT s.*, t.project, t.title FROM steps s JOIN tasks t ON t.id = s.task_id "
+                               "WHERE s.id = ?", (step_id,)))
 
 
 # -- private rooms: turns and discussions ---------------------------------------
@@ -5047,7 +5053,7 @@ async def api_stream(request: Request) -> Response:
 
     async def events() -> Any:
         after = start
-        yield f"retry: 2000\nevent: ready\ndata: {json.dumps({'seq': start})}\n\n"
+        yield f"retry: 2000\nid: {start}\nevent: ready\ndata: {json.dumps({'seq': start})}\n\n"
         while True:
             with state.hub.waiting(state.hub.project_waiters, slug) as fut:
                 try:
