@@ -113,21 +113,29 @@ def event_label(event: dict) -> str:
     return event.get("message", {}).get("body", "")
 
 
-def wake_poster(url: str, key: str, conn: Any) -> None:
-    """Post each body the bench process sends; answer ``(t, error)`` with ``t`` once the answer was read."""
+def _poster(url: str, conn: Any, call: Any) -> None:
+    """Make one call for each item the bench process sends; answer ``(t, error)`` with ``t`` once it was read."""
     with httpx.Client(timeout=httpx.Timeout(30.0)) as client:
         for _ in range(100_000):
-            body = conn.recv()
-            if body is None:
+            item = conn.recv()
+            if item is None:
                 return
             try:
-                response = client.post(url, content=call_body("post_message", {"project": PROJECT, "body": body}),
-                                       headers=call_headers("post_message", key))
-                done = time.monotonic()
-                tool_output(response)
+                done = call(client, item)
                 conn.send((done, None))
-            except (httpx.HTTPError, RuntimeError) as e:
-                conn.send((time.monotonic(), str(e)))
+            except (httpx.HTTPError, RuntimeError, KeyError) as e:
+                conn.send((time.monotonic(), f"{type(e).__name__}: {e}"))
+
+
+def wake_poster(url: str, key: str, conn: Any) -> None:
+    """Post each body the bench process sends (as ``key``'s agent)."""
+    def post(client: httpx.Client, body: str) -> float:
+        response = client.post(url, content=call_body("post_message", {"project": PROJECT, "body": body}),
+                               headers=call_headers("post_message", key))
+        done = time.monotonic()
+        tool_output(response)
+        return done
+    _poster(url, conn, post)
 
 
 def task_packet(title: str) -> dict:
@@ -137,25 +145,18 @@ def task_packet(title: str) -> dict:
 def handoff_poster(url: str, key: str, to: str, conn: Any) -> None:
     """Hand ``to`` a task titled by each title the bench process sends.
 
-    Answers ``(t, error)`` with ``t`` = ``time.monotonic()`` once the handoff's answer was
-    read; an answer whose gate did not route the task at once counts as an error.
+    An answer whose gate did not route the task at once counts as an error.
     """
-    with httpx.Client(timeout=httpx.Timeout(30.0)) as client:
-        for _ in range(100_000):
-            title = conn.recv()
-            if title is None:
-                return
-            try:
-                response = client.post(url, content=call_body("handoff", {"project": PROJECT, "to": to,
-                                                                          "packet": task_packet(title)}),
-                                       headers=call_headers("handoff", key))
-                done = time.monotonic()
-                out = tool_output(response)
-                if out["task"]["state"] != "routed":
-                    raise RuntimeError(f"the task is {out['task']['state']} (gate: {out['gate']}), not routed")
-                conn.send((done, None))
-            except (httpx.HTTPError, RuntimeError, KeyError) as e:
-                conn.send((time.monotonic(), f"{type(e).__name__}: {e}"))
+    def hand(client: httpx.Client, title: str) -> float:
+        response = client.post(url, content=call_body("handoff", {"project": PROJECT, "to": to,
+                                                                  "packet": task_packet(title)}),
+                               headers=call_headers("handoff", key))
+        done = time.monotonic()
+        out = tool_output(response)
+        if out["task"]["state"] != "routed":
+            raise RuntimeError(f"the task is {out['task']['state']} (gate: {out['gate']}), not routed")
+        return done
+    _poster(url, conn, hand)
 
 
 # -- full task lives ----------------------------------------------------------

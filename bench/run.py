@@ -351,77 +351,55 @@ def percentile(values: list[float], p: float) -> float:
 def measure_wake_latency(cfg: Settings, prickle: Served, waiter_key: str, poster_key: str,
                          procs: Processes) -> dict:
     """post_message done (poster) -> wait_for_mention done (waiter), in ms, over cfg.wake_samples posts."""
-    warm = 5
-    total = cfg.wake_samples + warm
-    waiter_end, waiter_child = MPX.Pipe()
-    poster_end, poster_child = MPX.Pipe()
-    waiter = procs.add(MPX.Process(target=mcp_clients.wake_waiter, daemon=True,
-                                   args=(prickle.mcp, waiter_key, total, waiter_child)))
-    poster = procs.add(MPX.Process(target=mcp_clients.wake_poster, daemon=True,
-                                   args=(prickle.mcp, poster_key, poster_child)))
-    waiter.start()
-    poster.start()
-    latencies, mismatched = [], 0
-    for i in range(total):
-        receive(waiter_end, 30, "'ready' from the waiter")
-        time.sleep(0.05)  # the waiter's call is in the server's hands by now
-        body = f"@oj/muse ping {i}"
-        poster_end.send(body)
-        posted, error = receive(poster_end, 30, "answer from the poster")
-        if error:
-            raise BenchError(f"post_message failed: {error}")
-        kind, _, woke, status, bodies = receive(waiter_end, 60, "wake from the waiter")
-        if kind != "done":
-            raise BenchError(f"wait_for_mention failed: {status}")
-        if status != "events" or bodies != [body]:
-            mismatched += 1
-        elif i >= warm:
-            latencies.append((woke - posted) * 1000)
-    poster_end.send(None)
-    for p in (waiter, poster):
-        p.join(10)
-    if not latencies:
-        raise BenchError("no wake latency sample")
-    return {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99), "max": max(latencies),
-            "min": min(latencies), "samples": len(latencies), "mismatched": mismatched}
+    return _measure_wakes(cfg.wake_samples, prickle, procs, waiter_key, mcp_clients.wake_poster, (poster_key,),
+                          lambda i: f"@oj/muse ping {i}", lambda body: body, "post_message")
 
 
 def measure_handoff_wake(cfg: Settings, prickle: Served, requester_key: str, assignee: str, assignee_key: str,
                          procs: Processes) -> dict:
     """handoff done (requester) -> wait_for_mention done (assignee), in ms, over cfg.handoff_samples handoffs."""
+    return _measure_wakes(cfg.handoff_samples, prickle, procs, assignee_key, mcp_clients.handoff_poster,
+                          (requester_key, assignee), lambda i: f"Bench task {i}", lambda title: f"task: {title}",
+                          "handoff")
+
+
+def _measure_wakes(samples: int, prickle: Served, procs: Processes, waiter_key: str, poster: Any,
+                   poster_args: tuple, item: Any, label: Any, what: str) -> dict:
+    """One waiter holds wait_for_mention; one poster makes each wake; latency = waiter done - poster done."""
     warm = 5
-    total = cfg.handoff_samples + warm
+    total = samples + warm
     waiter_end, waiter_child = MPX.Pipe()
     poster_end, poster_child = MPX.Pipe()
-    waiter = procs.add(MPX.Process(target=mcp_clients.wake_waiter, daemon=True,
-                                   args=(prickle.mcp, assignee_key, total, waiter_child)))
-    poster = procs.add(MPX.Process(target=mcp_clients.handoff_poster, daemon=True,
-                                   args=(prickle.mcp, requester_key, assignee, poster_child)))
-    waiter.start()
-    poster.start()
+    waiter_proc = procs.add(MPX.Process(target=mcp_clients.wake_waiter, daemon=True,
+                                        args=(prickle.mcp, waiter_key, total, waiter_child)))
+    poster_proc = procs.add(MPX.Process(target=poster, daemon=True,
+                                        args=(prickle.mcp, *poster_args, poster_child)))
+    waiter_proc.start()
+    poster_proc.start()
     latencies, mismatched = [], 0
     for i in range(total):
-        receive(waiter_end, 30, "'ready' from the handoff waiter")
+        receive(waiter_end, 30, f"'ready' from the {what} waiter")
         time.sleep(0.05)  # the waiter's call is in the server's hands by now
-        title = f"Bench task {i}"
-        poster_end.send(title)
-        handed, error = receive(poster_end, 30, "answer from the handoff poster")
+        sent = item(i)
+        poster_end.send(sent)
+        done, error = receive(poster_end, 30, f"answer from the {what} poster")
         if error:
-            raise BenchError(f"handoff failed: {error}")
-        kind, _, woke, status, labels = receive(waiter_end, 60, "wake from the handoff waiter")
+            raise BenchError(f"{what} failed: {error}")
+        kind, _, woke, status, labels = receive(waiter_end, 60, f"wake from the {what} waiter")
         if kind != "done":
-            raise BenchError(f"wait_for_mention (assignee) failed: {status}")
-        if status != "events" or labels != [f"task: {title}"]:
+            raise BenchError(f"wait_for_mention failed: {status}")
+        if status != "events" or labels != [label(sent)]:
             mismatched += 1
         elif i >= warm:
-            latencies.append((woke - handed) * 1000)
+            latencies.append((woke - done) * 1000)
     poster_end.send(None)
-    for p in (waiter, poster):
+    for p in (waiter_proc, poster_proc):
         p.join(10)
     if not latencies:
-        raise BenchError("no handoff-to-wake sample")
+        raise BenchError(f"no {what}-to-wake sample")
     return {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99), "max": max(latencies),
             "min": min(latencies), "samples": len(latencies), "mismatched": mismatched}
+
 
 
 def measure_task_lives(cfg: Settings, prickle: Served, keys: dict[str, str], assignee: str,
