@@ -3950,17 +3950,25 @@ def room_view(db: Database, person: Actor) -> dict:
                 "replies_left": turn["replies_left"], "message_id": turn["message_id"]}}
 
 
-def set_room(db: Database, person: Actor, reply_mode: str | None = None, lead: str | None = None) -> dict:
-    """The owner picks the room's reply mode and its lead (default) agent. Writes ``room.*_set``."""
+def set_room(db: Database, person: Actor, reply_mode: str | None = None, lead: str | None = None,
+             default_agent: str | None = None) -> dict:
+    """The owner picks the room's reply mode and the agent a message naming nobody wakes first.
+
+    In a private room the lead and the default agent are one choice: ``lead`` records
+    ``room.lead_set``, ``default_agent`` records ``room.default_agent_set``.
+    """
     if reply_mode is not None and reply_mode not in REPLY_MODES:
         raise InvalidInput(f"reply_mode must be one of {', '.join(REPLY_MODES)}")
     with db.transaction():
         slug = ensure_room(db, person.handle)
-        if lead is not None:
-            if lead not in [a["agent_id"] for a in _room_agents(db, slug)]:
-                raise NotFound(f"lead: '{lead}' is not one of your agents")
-            db.execute("UPDATE rooms SET lead_agent = ? WHERE project = ?", (lead, slug))
-            audit(db, slug, "room.lead_set", {"agent": lead})
+        for field, agent, entry in (("lead", lead, "room.lead_set"),
+                                    ("default_agent", default_agent, "room.default_agent_set")):
+            if agent is None:
+                continue
+            if agent not in [a["agent_id"] for a in _room_agents(db, slug)]:
+                raise NotFound(f"{field}: '{agent}' is not one of your agents")
+            db.execute("UPDATE rooms SET lead_agent = ? WHERE project = ?", (agent, slug))
+            audit(db, slug, entry, {"agent": agent})
         if reply_mode is not None:
             db.execute("UPDATE rooms SET reply_mode = ? WHERE project = ?", (reply_mode, slug))
             audit(db, slug, "room.reply_mode_set", {"mode": reply_mode})
@@ -5109,8 +5117,9 @@ async def api_room_view(state: AppState, person: Actor, request: Request, body: 
 
 
 async def api_room_settings(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/room {reply_mode?: review|solo|named, lead?: "you/agent"}."""
-    return set_room(state.db, person, _field(body, "reply_mode", str, False), _field(body, "lead", str, False))
+    """POST /api/room {reply_mode?: review|solo|named, lead? | default_agent?: "you/agent"}."""
+    return set_room(state.db, person, _field(body, "reply_mode", str, False), _field(body, "lead", str, False),
+                    _field(body, "default_agent", str, False))
 
 
 async def api_room_stop(state: AppState, person: Actor, request: Request, body: dict) -> dict:

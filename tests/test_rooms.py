@@ -146,8 +146,10 @@ def test_the_owner_stops_a_turn_and_sets_the_reply_mode_and_lead(mcp, server, wo
     assert prickle.room_view(world.db, world.person("oj"))["turn"] is None
     assert oj.post("/api/room", {"reply_mode": "chaos"}).status_code == 400
     assert oj.post("/api/room", {"lead": "ren/builder"}).status_code == 404
+    assert oj.post("/api/room", {"default_agent": "oj/scout"}).json()["room"]["lead_agent"] == "oj/scout"
     types = [e["type"] for e in audit_entries(world.db, ROOM) if e["type"].startswith("room.")]
-    assert types == ["room.turn_stopped", "room.lead_set", "room.reply_mode_set", "room.reply_mode_set"]
+    assert types == ["room.turn_stopped", "room.lead_set", "room.reply_mode_set", "room.reply_mode_set",
+                     "room.default_agent_set"]
 
 
 def test_make_or_spend_actions(mcp, server, world):
