@@ -818,7 +818,11 @@ def validate_input(tool: str, arguments: Mapping[str, Any]) -> dict:
 
     Returns a new dict. Raises InvalidInput naming the first bad field and what it must be.
     """
-    errors = sorted(_VALIDATORS[tool].iter_errors(arguments), key=lambda e: (len(e.path), list(map(str, e.path))))
+    try:
+        errors = sorted(_VALIDATORS[tool].iter_errors(arguments), key=lambda e: (len(e.path), list(map(str, e.path))))
+        filled = clean_json(dict(arguments))
+    except RecursionError:
+        raise InvalidInput("arguments: nested too deeply; send a flatter object") from None
     if errors:
         e = errors[0]
         where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e.absolute_path).lstrip(".") \
@@ -828,7 +832,6 @@ def validate_input(tool: str, arguments: Mapping[str, Any]) -> dict:
             raise InvalidInput(f"{inside}{e.message}: add it and call {tool} again")
         detail = e.message if len(e.message) < 200 else e.message[:200] + "…"
         raise InvalidInput(f"{where}: {detail} (check it against {tool}'s input schema)")
-    filled = clean_json(dict(arguments))
     for key, prop in SCHEMAS[tool][0]["properties"].items():
         if key not in filled and "default" in prop:
             filled[key] = json.loads(json.dumps(prop["default"]))
@@ -1002,6 +1005,7 @@ MIGRATIONS: list[list[str]] = [
             expires_at TEXT NOT NULL, decided_by TEXT, decided_at TEXT, message_id TEXT NOT NULL,
             result_message_id TEXT, failure TEXT, approval_audit_id TEXT, created_at TEXT NOT NULL)""",
         "ALTER TABLE messages ADD COLUMN make_action TEXT",
+        "ALTER TABLE attempts ADD COLUMN served TEXT NOT NULL DEFAULT '[]'",
         "ALTER TABLE messages ADD COLUMN made_by_action TEXT",
     ],
 ]
@@ -1697,6 +1701,8 @@ def add_member(db: Database, project: str, handle: str, role: str = "member", by
         member = _require_person(db, handle)
         if by is not None and _member_role(db, project, by) != "owner":
             raise Forbidden(f"only an owner of '{project}' can add teammates")
+        if db.scalar("SELECT kind FROM projects WHERE slug = ?", (project,)) == "private":
+            raise Forbidden(f"'{project}' is a private room: it has only its owner and their agents")
         if db.one("SELECT 1 FROM members WHERE project = ? AND handle = ?", (project, handle)):
             raise Conflict(f"'{handle}' is already a member of '{project}'")
         db.execute("INSERT INTO members VALUES (?, ?, ?, 1, ?)", (project, handle, role, iso(utcnow())))
@@ -1759,6 +1765,9 @@ def add_agent_to_project(db: Database, project: str, agent_id: str) -> dict:
                             f"'prickle member add {project} {agent['owner']}'")
         if db.one("SELECT 1 FROM project_agents WHERE project = ? AND agent_id = ?", (project, agent_id)):
             raise Conflict(f"agent '{agent_id}' is already in '{project}'")
+        room_owner = db.scalar("SELECT owner FROM rooms WHERE project = ?", (project,))
+        if room_owner is not None and room_owner != agent["owner"]:
+            raise Forbidden(f"'{project}' is {room_owner}'s private room: only their own agents are in it")
         db.execute("INSERT INTO project_agents VALUES (?, ?, ?)", (project, agent_id, iso(utcnow())))
         db.cache.clear()  # who may reach what has changed
         append_event(db, project, "agent.added", {"agent_id": agent_id})
@@ -1934,7 +1943,7 @@ def require_project(db: Database, actor: Actor, project: str) -> dict:
     if actor.kind == "agent" and actor.project_scope not in (None, ROOMS_SCOPE, project):
         raise Forbidden(f"this key is for project '{actor.project_scope}' only: use a key for '{project}' "
                         "or one for every project your agent is in")
-    key = ("reach", actor.kind, actor.address, project)
+    key = ("reach", actor.kind, actor.address, actor.credential_kind, actor.project_scope, project)
     if key in db.cache:
         return db.cache[key]
     if actor.kind == "agent":
@@ -2099,6 +2108,12 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
                                                       (actor.discussion_id,))))
             if replied:
                 raise InvalidState("this discussion already posted its one reply")
+            turn = db.one("SELECT t.* FROM turns t JOIN discussions d ON d.turn_id = t.id WHERE d.id = ?",
+                          (actor.discussion_id,))
+            waking = db.scalar("SELECT message_id FROM discussions WHERE id = ?", (actor.discussion_id,))
+            if (turn["ended_at"] or turn["waking_message"] != waking
+                    or actor.agent_id not in json.loads(turn["waiting_on"])):
+                raise InvalidState("the turn no longer waits on this reply (it was answered, stopped or replaced)")
             if verdict not in ROLE_VERDICTS[role]:
                 raise InvalidInput(f"verdict: as {role}r send {' or '.join(ROLE_VERDICTS[role])} with your one post"
                                    .replace("reviewr", "reviewer").replace("draftr", "drafter"))
@@ -2109,6 +2124,8 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
             raise Forbidden("agents post in a private room only through a discussion credential (claim_discussion)")
         if not body.strip() and verdict not in ("approve", "pass"):
             raise InvalidInput("body: write the message; only a discussion verdict of approve or pass may be empty")
+        if actor.task_scope is not None and (task_id or _reply_thread(db, in_reply_to)) != actor.task_scope:
+            raise Forbidden(f"a woken run posts only in its own task's thread: pass task_id '{actor.task_scope}'")
         parent = None
         if in_reply_to is not None:
             parent = db.one("SELECT * FROM messages WHERE id = ? AND project = ?", (in_reply_to, project))
@@ -2193,6 +2210,10 @@ def _display_name(db: Database, actor: Actor) -> str:
                          if actor.kind == "person" else
                          db.scalar("SELECT display_name FROM agents WHERE agent_id = ?", (actor.agent_id,)))
     return db.cache[key]
+
+
+def _reply_thread(db: Database, message_id: str | None) -> str | None:
+    return db.scalar("SELECT task_id FROM messages WHERE id = ?", (message_id,)) if message_id else None
 
 
 def _agent_viewer(agent_id: str) -> Actor:
@@ -2374,8 +2395,13 @@ def get_project_context(db: Database, actor: Actor, project: str) -> dict:
                "members": members}
         audit(db, project, "context.read", {"reader": actor.address, "memory_facts": len(memory)})
         if actor.attempt_id is not None:
-            for n, _fact in enumerate(memory):
+            served = {f["key"]: f for f in json.loads(db.scalar("SELECT served FROM attempts WHERE id = ?",
+                                                                 (actor.attempt_id,)) or "[]")}
+            for n, fact in enumerate(memory):
                 audit(db, project, "context.delivered", {"delivery": n + 1, "attempt": actor.attempt_id})
+                served[fact["key"]] = {"kind": "memory_fact", "key": fact["key"], "sha256": sha256_hex(fact["value"])}
+            db.execute("UPDATE attempts SET served = ? WHERE id = ?", (json.dumps(list(served.values())[:40]),
+                                                                     actor.attempt_id))
     return out
 
 
@@ -2684,7 +2710,8 @@ def handoff(db: Database, actor: Actor, project: str, to: str, packet: dict, *,
     packet = _packet_full(packet)
     digest = sha256_hex(canonical_json(packet))
     with db.transaction():
-        require_project(db, actor, project)
+        if require_project(db, actor, project)["kind"] == "private":
+            raise Forbidden(f"'{project}' is a private room: tasks are handed off in team projects")
         requester = actor.agent_id
         if idempotency_key is not None:
             earlier = db.one("SELECT * FROM tasks WHERE requester = ? AND idempotency_key = ?",
@@ -2793,7 +2820,7 @@ def _require_task_role(db: Database, actor: Actor, task_id: str, role: str, reco
         raise Forbidden("only an agent can do this through MCP")
     task = db.one("SELECT * FROM tasks WHERE id = ?", (task_id,))
     try:
-        if task is None or not _thread_visible(db, actor, task):
+        if task is None or not _thread_visible(db, actor, task) or actor.task_scope not in (None, task_id):
             raise NotFound("")
         require_project(db, actor, task["project"])
     except (NotFound, Forbidden):
@@ -3036,6 +3063,8 @@ def check_inbox(db: Database, actor: Actor, *, project: str | None = None, inclu
                            (actor.agent_id,))
             keep = []
             for t in rows:
+                if actor.task_scope is not None and t["id"] != actor.task_scope:
+                    continue  # a woken run sees only its own task
                 if t["project"] not in reachable or (project is not None and t["project"] != project):
                     continue
                 if not include_closed and t["state"] in CLOSED_STATES:
@@ -3291,6 +3320,9 @@ def cancel_task(db: Database, person: Actor, task_id: str) -> dict:
                        (iso(utcnow()), iso(utcnow()), apr["id"]))
             append_event(db, task["project"], "approval.updated", {"approval": approval_out(
                 db.one("SELECT * FROM approvals WHERE id = ?", (apr["id"],)))})
+        if db.execute("UPDATE credentials SET revoked_at = ? WHERE kind = 'execution' AND task_id = ? AND "
+                      "revoked_at IS NULL", (iso(utcnow()), task_id)):
+            db.note_revoked()  # its runs stop with it
         reached = task["routed_at"] is not None  # a task held at the gate never reached its assignee
         row = move_task(db, task, "cancel", person.handle,
                         [(task["assignee"] if reached else None, "task"), (task["requester"], "task_update")])
@@ -3555,7 +3587,7 @@ def claim_task(db: Database, actor: Actor, task_id: str, idempotency_key: str, w
                          (device["id"], idempotency_key))
         if attempt is not None and attempt["task_id"] != task_id:
             raise Conflict(f"idempotency_key '{idempotency_key}' was used to claim task '{attempt['task_id']}'")
-        if attempt is None and task["state"] not in CLAIMABLE:
+        if task["state"] not in CLAIMABLE:
             raise InvalidState(f"task '{task_id}' is {task['state']}: a run can start only when it is "
                                f"{', '.join(CLAIMABLE)}")
         now = utcnow()
@@ -3594,10 +3626,10 @@ def run_lineage(db: Database, actor: Actor, task: dict) -> dict | None:
     """What a woken run was given, for its posts and results: the cause and hashes of packet, facts, checkpoint."""
     if actor.attempt_id is None:
         return None
-    attempt = db.one("SELECT cause FROM attempts WHERE id = ?", (actor.attempt_id,))
+    attempt = db.one("SELECT cause, served FROM attempts WHERE id = ?", (actor.attempt_id,))
+    # The memory facts this run was actually served (get_project_context), not today's.
     context: list[dict] = [{"kind": "packet", "task_id": task["id"], "sha256": task["packet_hash"]}]
-    for fact in memory_facts(db, task["project"])[:40]:
-        context.append({"kind": "memory_fact", "key": fact["key"], "sha256": sha256_hex(fact["value"])})
+    context += json.loads(attempt["served"])
     cp = db.one("SELECT id, body FROM checkpoints WHERE task_id = ? ORDER BY created_at DESC, rowid DESC LIMIT 1",
                 (task["id"],))
     if cp:
@@ -3636,13 +3668,16 @@ def request_step(db: Database, actor: Actor, tool_name: str, tool_input: dict, *
     """
     if actor.task_scope is None or actor.attempt_id is None:
         raise Forbidden("only a woken run (an execution credential from claim_task) asks for steps")
-    digest = sha256_hex(tool_name + "\\n" + canonical_json(tool_input))
+    digest = sha256_hex(tool_name + "\n" + canonical_json(tool_input))
     now = utcnow()
     with db.transaction():
+        if db.scalar("SELECT finished_at FROM attempts WHERE id = ?", (actor.attempt_id,)):
+            raise InvalidState("this run already returned its result: it asks for no more steps")
         task = _task_row(db, actor.task_scope)
         _expire_steps(db, task["id"], now)
-        step = db.one("SELECT * FROM steps WHERE task_id = ? AND input_hash = ? AND status IN "
-                      "('pending', 'approved', 'refused') ORDER BY created_at DESC LIMIT 1", (task["id"], digest))
+        step = db.one("SELECT * FROM steps WHERE task_id = ? AND input_hash = ? AND (status IN "
+                      "('pending', 'approved', 'refused') OR (status = 'expired' AND decided_at IS NULL)) "
+                      "ORDER BY created_at DESC LIMIT 1", (task["id"], digest))
         if step is not None:
             if step["status"] == "pending":
                 return _step_answer(step, "pending", "deny", "Still waiting for your owner: save a checkpoint, then "
@@ -3650,21 +3685,25 @@ def request_step(db: Database, actor: Actor, tool_name: str, tool_input: dict, *
             if step["status"] == "refused":
                 return _step_answer(step, "refused", "deny", "Your owner refused this step: don't try it again; "
                                     "finish without it, or return what you have and say why.")
+            if step["status"] == "expired":
+                return _step_answer(step, "expired", "deny", "Your owner did not decide this step within 24 hours, "
+                                    "which counts as a refusal: finish without it, or return what you have.")
             if now - parse_iso(step["decided_at"]) > STEP_USE_WINDOW:
                 db.execute("UPDATE steps SET status = 'expired' WHERE id = ?", (step["id"],))
                 audit(db, task["project"], "step.expired", {"step": step["id"], "attempt": step["attempt_id"],
                                                             "kind": step["kind"], "why": "unused_15_minutes"})
                 return _step_answer(step, "expired", "deny", "The allowance lapsed unused after 15 minutes: ask "
                                     "again if you still need this call.")
+            if tool_use_id is None:
+                # The permission layer lets the call through when it asks with the call's tool_use_id.
+                return _step_answer(step, "approved", "deny", "Allowed, and left to your permission layer: make "
+                                    "exactly this call now, once.")
             db.execute("UPDATE steps SET status = 'consumed', consumed_by = ? WHERE id = ?",
                        (actor.attempt_id, step["id"]))
             audit(db, task["project"], "step.consumed", {"step": step["id"], "asked_by": step["attempt_id"],
                                                          "used_by": actor.attempt_id})
-            if tool_use_id is not None:
-                return _step_answer(step, "consumed", "allow", "Allowed once: make exactly this call now.",
-                                    json.loads(step["input"]))
-            return _step_answer(step, "consumed", "deny", "Allowed, and left to your permission layer: make "
-                                "exactly this call now, once.")
+            return _step_answer(step, "consumed", "allow", "Allowed once: make exactly this call now.",
+                                json.loads(step["input"]))
         waiting = db.one("SELECT * FROM steps WHERE task_id = ? AND status = 'pending'", (task["id"],))
         if waiting is not None:
             return _step_answer(waiting, "pending", "deny", "Another step already waits for your owner (one at a "
@@ -3983,8 +4022,10 @@ def stop_turn(db: Database, person: Actor) -> dict:
         if turn is None:
             raise InvalidState("no turn is in progress in your room")
         ended = _end_turn(db, turn, "stopped")
-        audit(db, slug, "room.turn_stopped", {"turn": turn["id"], "credentials": ended, "wakes": 0})
-    return {"turn": turn["id"], "stopped": True, "credentials_ended": ended}
+        wakes = db.execute("DELETE FROM wakes WHERE kind = 'room' AND delivered = 0 AND project = ? AND "
+                           "json_extract(detail, '$.turn') = ?", (slug, turn["id"]))
+        audit(db, slug, "room.turn_stopped", {"turn": turn["id"], "credentials": ended, "wakes": wakes})
+    return {"turn": turn["id"], "stopped": True, "credentials_ended": ended, "wakes_ended": wakes}
 
 
 # -- make-or-spend actions (Approve cards) ---------------------------------------
@@ -4009,8 +4050,8 @@ def _action_updated(db: Database, row: dict, wakes: list = ()) -> None:
 
 def _agent_room(db: Database, actor: Actor) -> str:
     slug = db.scalar("SELECT project FROM rooms WHERE owner = ?", (actor.owner,))
-    if slug is None or actor.credential_kind not in ("runner", "discussion"):
-        raise Forbidden("only your agent's runner (or its discussion) proposes actions, in its owner's room")
+    if slug is None or actor.credential_kind != "runner":
+        raise Forbidden("only your agent's runner device proposes actions, in its owner's room")
     return slug
 
 
@@ -4056,15 +4097,12 @@ def decide_action(db: Database, person: Actor, action_id: str, decision: str) ->
     """The owner approves or declines a card; only an approval wakes the agent's runner (``action``)."""
     if decision not in ("approve", "decline"):
         raise InvalidInput("decision must be 'approve' or 'decline'")
+    expire_actions(db)
     with db.transaction():
         row = db.one("SELECT * FROM actions WHERE id = ? AND owner = ?", (action_id, person.handle))
         if row is None:
             raise NotFound(f"no action '{action_id}' for you to decide")
         now = utcnow()
-        if row["status"] == "proposed" and parse_iso(row["expires_at"]) <= now:
-            db.execute("UPDATE actions SET status = 'expired', failure = 'expired' WHERE id = ?", (action_id,))
-            _action_updated(db, db.one("SELECT * FROM actions WHERE id = ?", (action_id,)))
-            raise InvalidState(f"action '{action_id}' expired undecided")
         if row["status"] != "proposed":
             raise InvalidState(f"action '{action_id}' is {row['status']}, not waiting for a decision")
         status = "approved" if decision == "approve" else "declined"
@@ -4086,6 +4124,14 @@ def decide_action(db: Database, person: Actor, action_id: str, decision: str) ->
     return action_out(row)
 
 
+def expire_actions(db: Database) -> None:
+    """Cards nobody decided in time expire (``action.updated``)."""
+    with db.transaction():
+        for row in db.rows("SELECT * FROM actions WHERE status = 'proposed' AND expires_at <= ?", (iso(utcnow()),)):
+            db.execute("UPDATE actions SET status = 'expired', failure = 'expired' WHERE id = ?", (row["id"],))
+            _action_updated(db, db.one("SELECT * FROM actions WHERE id = ?", (row["id"],)))
+
+
 def claim_action(db: Database, actor: Actor, action_id: str) -> dict:
     """The proposing agent's runner uses the approval, once, before it runs anything. Writes ``action.claimed``."""
     if actor.credential_kind != "runner":
@@ -4094,6 +4140,8 @@ def claim_action(db: Database, actor: Actor, action_id: str) -> dict:
         row = db.one("SELECT * FROM actions WHERE id = ? AND agent_id = ?", (action_id, actor.agent_id))
         if row is None:
             raise NotFound(f"no action '{action_id}' of your agent's")
+        if row["status"] == "approved" and parse_iso(row["expires_at"]) <= utcnow():
+            raise InvalidState(f"action '{action_id}' was approved, but the approval lapsed at {row['expires_at']}")
         if row["status"] != "approved":
             raise InvalidState(f"action '{action_id}' is {row['status']}: only an approved card is claimed, once")
         db.execute("UPDATE actions SET status = 'running' WHERE id = ? AND status = 'approved'", (action_id,))
@@ -4183,6 +4231,10 @@ def pending_wakes(db: Database, actor: Actor, after: int, kinds: tuple[str, ...]
         if project is not None:
             sql += " AND w.project = ?"
             params += (project,)
+        if actor.project_scope == ROOMS_SCOPE:
+            sql += " AND w.project IN (SELECT slug FROM projects WHERE kind = 'private')"
+        elif actor.credential_kind not in ("runner", "discussion"):
+            sql += " AND w.project IN (SELECT slug FROM projects WHERE kind = 'team')"
         by_seq: dict[int, dict] = {}
         for r in db.rows(sql + " ORDER BY w.seq", params):
             best = by_seq.get(r["seq"])
@@ -4314,7 +4366,7 @@ async def _wait(state: AppState, actor: Actor, args: dict, tool: str, kinds: tup
     project = args.get("project")
     if project is not None:
         require_project(db, actor, project)
-    elif actor.project_scope is not None:
+    elif actor.project_scope not in (None, ROOMS_SCOPE):
         project = actor.project_scope
     agent = actor.agent_id
     scope = f"{agent}|{tool}|{project or '*'}"
@@ -5129,6 +5181,7 @@ async def api_room_stop(state: AppState, person: Actor, request: Request, body: 
 
 async def api_actions(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/actions: Approve cards waiting for your decision."""
+    expire_actions(state.db)
     return {"actions": [action_out(r) | {"project": r["project"], "message_id": r["message_id"]} for r in state.db.rows(
         "SELECT * FROM actions WHERE owner = ? AND status = 'proposed' ORDER BY created_at", (person.handle,))]}
 
