@@ -19,7 +19,7 @@ def test_what_one_credential_may_reach_is_not_lent_to_another(mcp, world):
 
 
 def test_room_wakes_reach_only_credentials_that_reach_the_room(mcp, server, world):
-    runners = setup_room(world)
+    setup_room(world)
     _, rooms = prickle.create_token(world.db, "client", agent_id="oj/muse", project=prickle.ROOMS_SCOPE)
     plain = mcp.ok("oj/muse", "wait_for_mention", {"timeout_seconds": 1})["cursor"]
     scoped = mcp.ok("oj/muse", "wait_for_mention", {"timeout_seconds": 1}, token=rooms)["cursor"]
