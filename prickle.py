@@ -2609,6 +2609,8 @@ def move_task(db: Database, task: dict, move: str, by: str, wakes: list[tuple[st
         changes["verified_at"] = None if new in ("working", "routed") else task["verified_at"]
     after = dict(task) | changes | {"state": new}
     waiting_on = WAITING_ON[lifecycle_state(after)]
+    if new == "verifying" and not task["requester"]:
+        waiting_on = "owner_approval"  # a person asked: they check the result themselves
     now = iso(utcnow())
     sets = ", ".join(f"{k} = ?" for k in changes)
     count = db.execute(

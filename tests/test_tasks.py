@@ -621,3 +621,12 @@ def test_the_uri_check_holds_without_a_format_library(mcp, server, world):
     with pytest.raises(prickle.InvalidInput, match=r"^evidence\[0\]\.url: 'not a url' is not an absolute URI"):
         prickle.return_result(world.db, world.actor("ren/builder"), task["id"], "x",
                               [{"kind": "link", "summary": "l", "url": "not a url"}])
+
+
+def test_a_result_for_a_person_waits_on_that_person(mcp, server, world):
+    r = person(server, world, "ren").post(f"/api/projects/{PROJECT}/task-requests",
+                                          {"agent": "ren/builder", "packet": PACKET})
+    task = r.json()["task"]
+    mcp.ok("ren/builder", "accept_task", {"task_id": task["id"]})
+    out = submit(mcp, task["id"])["task"]
+    assert (out["state"], out["waiting_on"]) == ("verifying", "owner_approval")
