@@ -163,9 +163,14 @@ def normal_time(value: str, field: str) -> str:
     return iso(parsed)
 
 
+#: Identifiers need to be unique, not secret (every read checks access): a fast generator,
+#: seeded from the system's randomness, spares a system call per ID. Secrets use `secrets`.
+_IDS = __import__("random").Random(secrets.randbits(128))
+
+
 def new_id(prefix: str) -> str:
     """A random identifier matching the reference's ID pattern ``^[A-Za-z0-9_-]+$``."""
-    return f"{prefix}_{secrets.token_urlsafe(12)}"
+    return f"{prefix}_{_IDS.getrandbits(96):024x}"
 
 
 def sha256_hex(data: str | bytes) -> str:
@@ -1305,12 +1310,17 @@ def audit(db: Database, chain: str, type_: str, refs: dict) -> dict:
         db.cache[key] = (last["n"], last["hash"]) if last else (0, _GENESIS)
     last_n, prev = db.cache[key]
     n = last_n + 1
-    entry = {"chain": chain, "n": n, "at": iso(utcnow()), "type": type_, "refs": refs}
-    digest = sha256_hex(prev + canonical_json(entry))
-    db.execute("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?)",
-               (chain, n, entry["at"], type_, canonical_json(refs), prev, digest))
+    at, refs_json = iso(utcnow()), canonical_json(refs)
+    digest = sha256_hex(prev + _entry_json(chain, n, at, type_, refs_json))
+    db.execute("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?)", (chain, n, at, type_, refs_json, prev, digest))
     db.cache[key] = (n, digest)
-    return entry | {"hash": digest}
+    return {"chain": chain, "n": n, "at": at, "type": type_, "refs": refs, "hash": digest}
+
+
+def _entry_json(chain: str, n: int, at: str, type_: str, refs_json: str) -> str:
+    """canonical_json({chain, n, at, type, refs}) with refs already encoded (keys in sorted order)."""
+    return (f'{{"at":{json.dumps(at)},"chain":{json.dumps(chain, ensure_ascii=False)},"n":{n},'
+            f'"refs":{refs_json},"type":{json.dumps(type_)}}}')
 
 
 def verify_audit(db: Database, chain: str | None = None) -> list[dict]:
@@ -1326,6 +1336,7 @@ def verify_audit(db: Database, chain: str | None = None) -> list[dict]:
         for r in db.rows("SELECT * FROM audit WHERE chain = ? ORDER BY n", (c,)):
             count += 1
             entry = {"chain": c, "n": r["n"], "at": r["at"], "type": r["type"], "refs": json.loads(r["refs"])}
+            # Recomputed from the decoded entry, so a stored refs text that is not canonical also fails.
             if broken is None and (r["prev_hash"] != prev or r["n"] != count
                                    or sha256_hex(prev + canonical_json(entry)) != r["hash"]):
                 broken = r["n"]
