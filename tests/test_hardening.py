@@ -3,7 +3,7 @@
 import prickle
 from conftest import PROJECT, audit_entries
 from test_rooms import ROOM, claim, say, setup_room, start, woke
-from test_runners import claimed
+from test_runners import claimed, decided_step
 from test_tasks import PACKET, person
 
 P = {"project": PROJECT}
@@ -88,11 +88,8 @@ def test_cards_only_from_a_runner_and_expired_cards_leave_the_list(mcp, server, 
 
 
 def test_steps_the_permission_layer_and_undecided_expiry(mcp, server, world):
-    task, device, runner, out = claimed(mcp, server, world)
-    run = out["execution_credential"]["token"]
     call = {"tool_name": "Bash", "input": {"command": "deploy"}}
-    step = mcp.ok("ren/builder", "request_step", call, token=run)
-    person(server, world, "ren").post(f"/api/steps/{step['step_id']}", {"decision": "allow"})
+    run, step = decided_step(mcp, server, world, call, "allow")
     told = mcp.ok("ren/builder", "request_step", call, token=run)
     assert (told["status"], told["behavior"]) == ("approved", "deny")  # the agent is told; nothing is used up
     used = mcp.ok("ren/builder", "request_step", call | {"tool_use_id": "t1"}, token=run)

@@ -161,12 +161,18 @@ def test_request_step_allow_once(mcp, server, world):
     assert "git push" not in str(audit_entries(world.db, PROJECT))
 
 
-def test_request_step_refused_and_expiries(mcp, server, world):
+def decided_step(mcp, server, world, call, decision):
+    """A claimed run asks ``call`` and ren decides it: (the run's credential, the step answer)."""
     task, device, runner, out = claimed(mcp, server, world)
     run = out["execution_credential"]["token"]
-    call = {"tool_name": "Bash", "input": {"command": "deploy"}}
     step = mcp.ok("ren/builder", "request_step", call, token=run)
-    person(server, world, "ren").post(f"/api/steps/{step['step_id']}", {"decision": "deny"})
+    person(server, world, "ren").post(f"/api/steps/{step['step_id']}", {"decision": decision})
+    return run, step
+
+
+def test_request_step_refused_and_expiries(mcp, server, world):
+    call = {"tool_name": "Bash", "input": {"command": "deploy"}}
+    run, step = decided_step(mcp, server, world, call, "deny")
     refused = mcp.ok("ren/builder", "request_step", call, token=run)
     assert (refused["status"], refused["behavior"]) == ("refused", "deny") and "don't try it again" in refused["message"]
     # allowed but not used within 15 minutes
