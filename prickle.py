@@ -2819,11 +2819,15 @@ def _sub_for(db: Database, task: dict, submission_id: str, revision: int) -> tup
 
 
 class RecordedRefusal(PrickleError):
-    """A refusal that is also written to the audit log (the record outlives the call's rollback)."""
+    """A refusal that is also written to the audit log (the record outlives the call's rollback).
 
-    def __init__(self, message: str, type_: str, refs: dict, code: str = "forbidden", status: int = 403):
+    ``chain`` is the audit chain to write to; without it, the chain of ``refs["task"]``'s project.
+    """
+
+    def __init__(self, message: str, type_: str, refs: dict, code: str = "forbidden", status: int = 403,
+                 chain: str | None = None):
         super().__init__(message, code)
-        self.http_status, self.type_, self.refs = status, type_, refs
+        self.http_status, self.type_, self.refs, self.chain = status, type_, refs, chain
 
 
 class StaleSubmission(RecordedRefusal):
@@ -2971,11 +2975,11 @@ def _check_submission(db: Database, task: dict, submission_id: str, revision: in
 
 
 def _refusing(db: Database, fn: Callable[[], dict]) -> dict:
-    """Run ``fn`` (one transaction); a RecordedRefusal is written to its task's audit chain, then raised."""
+    """Run ``fn`` (one transaction); a RecordedRefusal is written to its audit chain, then raised."""
     try:
         return fn()
     except RecordedRefusal as e:
-        project = db.scalar("SELECT project FROM tasks WHERE id = ?", (e.refs["task"],))
+        project = e.chain or db.scalar("SELECT project FROM tasks WHERE id = ?", (e.refs["task"],))
         with db.transaction():
             audit(db, project, e.type_, e.refs)
         raise
@@ -3919,16 +3923,6 @@ def advance_turn(db: Database, actor: Actor, verdict: str, reply_id: str) -> lis
     return []
 
 
-class _Refusal(PrickleError):
-    """A refusal that is also recorded (the record must outlive the refused call's rollback)."""
-
-    code, http_status = "forbidden", 403
-
-    def __init__(self, message: str, project: str, type_: str, refs: dict):
-        super().__init__(message)
-        self.project, self.type_, self.refs = project, type_, refs
-
-
 def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_key: str,
                      harness: int | None) -> dict:
     """A runner claims a 10-minute credential to answer one room wake: its role and, to review or revise, the draft.
@@ -3939,7 +3933,7 @@ def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_ke
     """
     if actor.credential_kind != "runner" and actor.project_scope != ROOMS_SCOPE:
         raise Forbidden("only a runner device or a key for your owner's private rooms claims a discussion")
-    try:
+    def run() -> dict:
         with db.transaction():
             message = db.one("SELECT m.*, p.kind FROM messages m JOIN projects p ON p.slug = m.project WHERE m.id = ?",
                              (message_id,))
@@ -3949,9 +3943,10 @@ def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_ke
             slug = message["project"]
             require_project(db, actor, slug)
             if harness != DISCUSSION_HARNESS:
-                raise _Refusal(f"harness: this runner speaks harness {harness or 1}; draft, review and revise turns "
-                               f"need harness {DISCUSSION_HARNESS}: update prickle-runner", slug, "discussion.refused",
-                               {"agent": actor.agent_id, "reason": "harness", "harness": harness})
+                raise RecordedRefusal(f"harness: this runner speaks harness {harness or 1}; draft, review and revise "
+                                      f"turns need harness {DISCUSSION_HARNESS}: update prickle-runner",
+                                      "discussion.refused",
+                                      {"agent": actor.agent_id, "reason": "harness", "harness": harness}, chain=slug)
             turn = _open_turn(db, slug)
             if (turn is None or turn["waking_message"] != message_id
                     or actor.agent_id not in json.loads(turn["waiting_on"])):
@@ -3994,10 +3989,7 @@ def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_ke
                     "reviewing": reviewing,
                     "discussion_credential": {"token": secret, "expires_at": expires,
                                               "allowed_tools": list(DISCUSSION_TOOLS)}}
-    except _Refusal as e:
-        with db.transaction():
-            audit(db, e.project, e.type_, e.refs)
-        raise
+    return _refusing(db, run)
 
 
 def room_view(db: Database, person: Actor) -> dict:
