@@ -179,9 +179,19 @@ def sha256_hex(data: str | bytes) -> str:
     return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
 
 
+# Encoders built once: json.dumps with any option builds a new encoder on every call.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+_UTF8_JSON = json.JSONEncoder(ensure_ascii=False).encode
+
+
 def canonical_json(value: Any) -> str:
     """Sorted keys, no spaces, UTF-8 kept: the form hashed by the audit chain."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL(value)
+
+
+def utf8_json(value: Any) -> str:
+    """``json.dumps(value, ensure_ascii=False)``: JSON text with its Unicode kept as it is."""
+    return _UTF8_JSON(value)
 
 
 #: Slugs: people's handles, agent names, project slugs (the reference's pattern).
@@ -801,6 +811,16 @@ _VALIDATORS: dict[str, Any] = {
 # input goes on to jsonschema, whose errors name the field. (Its `$` is the end of the text.)
 _FAST: dict[str, Any] = {name: jsonschema_rs.validator_for(schemas[0], validate_formats=True)
                          for name, schemas in SCHEMAS.items()}
+#: Each tool's top-level defaults, encoded once; a call gets a fresh copy of each it lacks.
+_DEFAULTS: dict[str, dict[str, str]] = {
+    name: {key: json.dumps(prop["default"]) for key, prop in schemas[0]["properties"].items() if "default" in prop}
+    for name, schemas in SCHEMAS.items()}
+#: What the SDK is given as a tool's input schema. It reads it on every call only to match
+#: ``Mcp-Param-*`` headers against ``x-mcp-header`` annotations; a schema without any gets an
+#: empty object schema, which means the same to that check and spares it walking the schema.
+_HEADER_SCHEMAS: dict[str, dict] = {
+    name: schemas[0] if "x-mcp-header" in json.dumps(schemas[0]) else {"type": "object"}
+    for name, schemas in SCHEMAS.items()}
 
 
 def clean_json(value: Any, where: str = "arguments") -> Any:
@@ -847,9 +867,9 @@ def validate_input(tool: str, arguments: Mapping[str, Any]) -> dict:
             raise InvalidInput(f"{inside}{e.message}: add it and call {tool} again")
         detail = e.message if len(e.message) < 200 else e.message[:200] + "…"
         raise InvalidInput(f"{where}: {detail} (check it against {tool}'s input schema)")
-    for key, prop in SCHEMAS[tool][0]["properties"].items():
-        if key not in filled and "default" in prop:
-            filled[key] = json.loads(json.dumps(prop["default"]))
+    for key, default in _DEFAULTS[tool].items():
+        if key not in filled:
+            filled[key] = json.loads(default)
     return filled
 
 
@@ -1065,10 +1085,16 @@ class Database:
         #: Facts read inside transactions (audit chain heads, who may reach a project), kept
         #: while no other connection writes the file (PRAGMA data_version says so).
         self.cache: dict[Any, Any] = {}
-        self._seen_version = -1
+        self._seen_version = self._pager_version = -1
         #: When each agent's last_seen_at was last written by this connection (writes are throttled).
         self.seen_at: dict[str, _dt.datetime] = {}
         self._migrate()
+        self.conn.set_update_hook(self._row_changed)
+
+    def _row_changed(self, op: int, schema: str, table: str, rowid: int) -> None:
+        # A credential issued, revoked or used here: the cached credential rows are out of date.
+        if table == "credentials":
+            self.cache.clear()
 
     def _migrate(self) -> None:
         version = self.conn.pragma("user_version")
@@ -1139,7 +1165,10 @@ class Database:
             return
         self.conn.execute("BEGIN IMMEDIATE")
         self._depth = 1
-        self._check_cache()
+        # The pager's change counter (far cheaper than PRAGMA data_version) moves with our own
+        # commits, noted below, and with any other connection's, which taking the lock reveals.
+        if self.conn.data_version() != self._pager_version:
+            self.cache.clear()
         try:
             yield self
         except BaseException:
@@ -1152,6 +1181,7 @@ class Database:
             self.conn.execute("COMMIT")
         finally:
             self._depth = 0
+            self._pager_version = self.conn.data_version()
         callbacks, self._after = self._after, []
         for cb in callbacks:
             cb()
@@ -1177,6 +1207,20 @@ class Database:
         finally:
             self._depth = 0
             self.conn.execute("COMMIT")
+
+    def cached(self, key: Any, load: Callable[[], Any]) -> Any:
+        """``self.cache[key]``, set from ``load()`` on a miss unless it returns None.
+
+        Outside a transaction it first drops the cache if another connection wrote meanwhile.
+        """
+        if not self._depth:
+            self._check_cache()
+        value = self.cache.get(key)
+        if value is None:
+            value = load()
+            if value is not None:
+                self.cache[key] = value
+        return value
 
     def _check_cache(self) -> None:
         version = self.data_version()
@@ -1275,15 +1319,16 @@ _GENESIS = "0" * 64
 
 
 def append_event(db: Database, project: str, type_: str, payload: dict,
-                 wakes: list[tuple[str, str, str | None, str | None]] = ()) -> dict:
+                 wakes: list[tuple[str, str, str | None, str | None]] = (), at: str | None = None) -> dict:
     """Append one outbox event inside the caller's transaction and return it whole.
 
-    ``wakes`` is a list of ``(agent_id, kind, task_id, message_id[, detail])``. Implements the
-    "Fields on every event" part of the event reference: id, seq, project, at, type.
+    ``wakes`` is a list of ``(agent_id, kind, task_id, message_id[, detail])``; ``at`` (ISO time)
+    defaults to now. Implements the "Fields on every event" part of the event reference: id,
+    seq, project, at, type.
     """
-    event_id, at = new_id("ev"), iso(utcnow())
+    event_id, at = new_id("ev"), at or iso(utcnow())
     db.execute("INSERT INTO outbox (id, project, at, type, payload) VALUES (?, ?, ?, ?, ?)",
-               (event_id, project, at, type_, json.dumps(payload, ensure_ascii=False)))
+               (event_id, project, at, type_, utf8_json(payload)))
     seq = db.conn.last_insert_rowid()
     for agent_id, kind, task_id, message_id, *detail in wakes:
         db.execute("INSERT OR IGNORE INTO wakes (seq, agent_id, kind, project, task_id, message_id, detail) "
@@ -1308,11 +1353,11 @@ def read_events(db: Database, project: str, after: int, limit: int = 200) -> lis
     ]
 
 
-def audit(db: Database, chain: str, type_: str, refs: dict) -> dict:
+def audit(db: Database, chain: str, type_: str, refs: dict, at: str | None = None) -> dict:
     """Append one audit entry to ``chain`` (a project slug) inside the caller's transaction.
 
     ``hash = sha256(prev_hash + canonical JSON of {chain, n, at, type, refs})``.
-    ``refs`` holds references and counts only, never content.
+    ``refs`` holds references and counts only, never content; ``at`` (ISO time) defaults to now.
     """
     key = ("audit", chain)
     if key not in db.cache:
@@ -1320,7 +1365,7 @@ def audit(db: Database, chain: str, type_: str, refs: dict) -> dict:
         db.cache[key] = (last["n"], last["hash"]) if last else (0, _GENESIS)
     last_n, prev = db.cache[key]
     n = last_n + 1
-    at, refs_json = iso(utcnow()), canonical_json(refs)
+    at, refs_json = at or iso(utcnow()), canonical_json(refs)
     digest = sha256_hex(prev + _entry_json(chain, n, at, type_, refs_json))
     db.execute("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?)", (chain, n, at, type_, refs_json, prev, digest))
     db.cache[key] = (n, digest)
@@ -1329,7 +1374,7 @@ def audit(db: Database, chain: str, type_: str, refs: dict) -> dict:
 
 def _entry_json(chain: str, n: int, at: str, type_: str, refs_json: str) -> str:
     """canonical_json({chain, n, at, type, refs}) with refs already encoded (keys in sorted order)."""
-    return (f'{{"at":{json.dumps(at)},"chain":{json.dumps(chain, ensure_ascii=False)},"n":{n},'
+    return (f'{{"at":{json.dumps(at)},"chain":{utf8_json(chain)},"n":{n},'
             f'"refs":{refs_json},"type":{json.dumps(type_)}}}')
 
 
@@ -1500,6 +1545,7 @@ def make_secret(kind: str) -> str:
 
 
 #: What each credential kind is for, to say so when one is used in the wrong place.
+_KIND_BY_PREFIX = {prefix: kind for kind, prefix in TOKEN_PREFIX.items()}  # every prefix is 7 characters
 _KIND_USE = {
     "client": "an agent's MCP key (for /mcp)", "runner": "a runner device key (for /mcp)",
     "person": "a personal token (for /api)", "signin": "a sign-in link (open it in a browser)",
@@ -1510,15 +1556,18 @@ _KIND_USE = {
 
 def resolve_token(db: Database, token: str, kinds: tuple[str, ...]) -> Actor:
     """The Actor a secret stands for. Raises Unauthorized, saying why but never echoing the secret."""
-    wanted = " or ".join(_KIND_USE[k] for k in kinds)
-    if not token:
-        raise Unauthorized(f"no credential: send 'Authorization: Bearer <key>' with {wanted}")
-    kind = next((k for k, prefix in TOKEN_PREFIX.items() if token.startswith(prefix)), None)
-    if kind is None:
-        raise Unauthorized(f"malformed credential: expected {wanted}, made by 'prickle token create'")
+    kind = _KIND_BY_PREFIX.get(token[:7])
     if kind not in kinds:
+        wanted = " or ".join(_KIND_USE[k] for k in kinds)
+        if not token:
+            raise Unauthorized(f"no credential: send 'Authorization: Bearer <key>' with {wanted}")
+        if kind is None:
+            raise Unauthorized(f"malformed credential: expected {wanted}, made by 'prickle token create'")
         raise Unauthorized(f"this is {_KIND_USE[kind]}; here you need {wanted}")
-    row = db.one("SELECT * FROM credentials WHERE secret_hash = ?", (sha256_hex(token),))
+    digest = sha256_hex(token)
+    # Cached until a credential changes (here, or in another process writing the file).
+    row = db.cached(("credential", digest),
+                    lambda: db.one("SELECT * FROM credentials WHERE secret_hash = ?", (digest,)))
     if row is None or row["kind"] != kind:
         raise Unauthorized("unknown credential: it was never issued here or the database was replaced")
     if row["revoked_at"]:
@@ -2187,10 +2236,11 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
         message_id, now = _message_id or new_id("msg"), iso(utcnow())
         lineage = run_lineage(db, actor, _task_row(db, actor.task_scope)) if actor.attempt_id else None
         lineage_json = json.dumps(lineage) if lineage else None
+        mentions_json = json.dumps(mentions)
         db.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, provenance, "
                    "provenance_status, in_reply_to, task_id, verdict, created_at, task_request, lineage) VALUES "
                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                   (message_id, project, actor.kind, author, body, json.dumps(mentions), provenance, status,
+                   (message_id, project, actor.kind, author, body, mentions_json, provenance, status,
                     in_reply_to, task_id, verdict, now, _task_request, lineage_json))
         if task is not None:
             db.execute("UPDATE tasks SET last_activity_at = ? WHERE id = ?", (now, task_id))
@@ -2211,12 +2261,12 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
                 wakes.append((agent, "reply", task_id, message_id))
         message = message_out({
             "id": message_id, "project": project, "author_kind": actor.kind, "author": author,
-            "author_name": _display_name(db, actor), "body": body, "mentions": json.dumps(mentions),
+            "author_name": _display_name(db, actor), "body": body, "mentions": mentions_json,
             "provenance": provenance, "provenance_status": status, "in_reply_to": in_reply_to, "task_id": task_id,
             "created_at": now, "verdict": verdict, "task_request": _task_request, "lineage": lineage_json})
-        append_event(db, project, "message.posted", {"message": message}, wakes)
+        append_event(db, project, "message.posted", {"message": message}, wakes, at=now)
         audit(db, project, "message.posted", {"message": message_id, "author": author, "mentions": len(mentions),
-                                              "provenance": provenance, "task": task_id})
+                                              "provenance": provenance, "task": task_id}, at=now)
         if actor.kind == "agent":
             _count_loop(db, project, author, reached)
         else:
@@ -4663,7 +4713,7 @@ def build_mcp_server(state: AppState) -> _MCPServer:
             return _tool_error(PrickleError("the server failed on this call; nothing was changed. Try again, "
                                             "and tell the server's operator if it keeps failing"))
         return mcp_types.CallToolResult(
-            content=[mcp_types.TextContent(type="text", text=json.dumps(result, ensure_ascii=False))],
+            content=[mcp_types.TextContent(type="text", text=utf8_json(result))],
             structured_content=result)
 
     return _MCPServer(
@@ -4671,7 +4721,7 @@ def build_mcp_server(state: AppState) -> _MCPServer:
         instructions="Prickle is your team's meeting place. Start with get_project_context, talk with "
                      "post_message, and sleep in wait_for_mention or wait_for_updates until you are needed.",
         on_list_tools=list_tools, on_call_tool=call_tool,
-        get_tool_input_schema=lambda name: SCHEMAS[name][0] if name in SCHEMAS else None,
+        get_tool_input_schema=_HEADER_SCHEMAS.get,
     )
 
 
@@ -5145,7 +5195,7 @@ async def api_stream(request: Request) -> Response:
                     continue
             for event in batch:
                 after = event["seq"]
-                yield f"id: {event['seq']}\nevent: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+                yield f"id: {event['seq']}\nevent: {event['type']}\ndata: {utf8_json(event)}\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
@@ -5475,7 +5525,7 @@ class _Out:
         self.as_json = as_json
 
     def __call__(self, data: dict, text: str) -> None:
-        click.echo(json.dumps(data, ensure_ascii=False) if self.as_json else text)
+        click.echo(utf8_json(data) if self.as_json else text)
 
 
 def _common(f: Callable) -> Callable:

@@ -1,5 +1,7 @@
 """Credentials: random, shown once, stored hashed, revocable; /mcp needs one; identity from it."""
 
+import pytest
+
 import prickle
 from conftest import PROJECT, audit_entries
 
@@ -43,6 +45,20 @@ def test_revoked_key_stops_at_once(mcp, world):
     assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
     entry = audit_entries(world.db, PROJECT, "token.revoked")[-1]
     assert entry["refs"]["credential"] == record_id
+
+
+def test_a_key_revoked_from_another_connection_stops_at_once(mcp, world, db_path):
+    # The server has just looked the key up (and keeps what it read); the CLI revokes it from its own connection.
+    assert mcp.ok("oj/muse", "read_room", {"project": PROJECT})
+    cli = prickle.Database(db_path)
+    record_id = cli.scalar("SELECT id FROM credentials WHERE secret_hash = ?",
+                           (prickle.sha256_hex(world.keys["oj/muse"]),))
+    prickle.revoke_token(cli, record_id)
+    cli.close()
+    r = mcp.raw(world.keys["oj/muse"], "tools/list")
+    assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
+    with pytest.raises(prickle.Unauthorized, match="revoked"):
+        prickle.resolve_token(world.db, world.keys["oj/muse"], ("client",))
 
 
 def test_expired_credential_is_refused(world):
