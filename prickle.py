@@ -29,6 +29,7 @@ __all__ = [
 import asyncio
 import base64
 import contextlib
+import copy
 import dataclasses
 import datetime as _dt
 import fcntl
@@ -811,9 +812,9 @@ _VALIDATORS: dict[str, Any] = {
 # input goes on to jsonschema, whose errors name the field. (Its `$` is the end of the text.)
 _FAST: dict[str, Any] = {name: jsonschema_rs.validator_for(schemas[0], validate_formats=True)
                          for name, schemas in SCHEMAS.items()}
-#: Each tool's top-level defaults, encoded once; a call gets a fresh copy of each it lacks.
-_DEFAULTS: dict[str, dict[str, str]] = {
-    name: {key: json.dumps(prop["default"]) for key, prop in schemas[0]["properties"].items() if "default" in prop}
+#: Each tool's top-level defaults; a call gets its own copy of each one it lacks.
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    name: {key: prop["default"] for key, prop in schemas[0]["properties"].items() if "default" in prop}
     for name, schemas in SCHEMAS.items()}
 #: What the SDK is given as a tool's input schema. It reads it on every call only to match
 #: ``Mcp-Param-*`` headers against ``x-mcp-header`` annotations; a schema without any gets an
@@ -828,10 +829,31 @@ def clean_json(value: Any, where: str = "arguments") -> Any:
 
     Raises InvalidInput naming the field for text that cannot be stored (lone surrogates).
     """
+    try:
+        return _whole_numbers(value)
+    except UnicodeEncodeError:
+        return _clean_json_naming(value, where)  # again, naming the field this time
+
+
+def _whole_numbers(value: Any) -> Any:
+    if isinstance(value, str):
+        value.encode("utf-8")  # raises on a lone surrogate
+        return value
     if isinstance(value, dict):
-        return {k: clean_json(v, f"{k}" if where == "arguments" else f"{where}.{k}") for k, v in value.items()}
+        return {k: _whole_numbers(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [clean_json(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_whole_numbers(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _clean_json_naming(value: Any, where: str) -> Any:
+    if isinstance(value, dict):
+        return {k: _clean_json_naming(v, f"{k}" if where == "arguments" else f"{where}.{k}")
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean_json_naming(v, f"{where}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, str):
@@ -869,7 +891,7 @@ def validate_input(tool: str, arguments: Mapping[str, Any]) -> dict:
         raise InvalidInput(f"{where}: {detail} (check it against {tool}'s input schema)")
     for key, default in _DEFAULTS[tool].items():
         if key not in filled:
-            filled[key] = json.loads(default)
+            filled[key] = copy.deepcopy(default) if isinstance(default, (dict, list)) else default
     return filled
 
 
@@ -1086,8 +1108,8 @@ class Database:
         #: while no other connection writes the file (PRAGMA data_version says so).
         self.cache: dict[Any, Any] = {}
         self._seen_version = self._pager_version = -1
-        #: When each agent's last_seen_at was last written by this connection (writes are throttled).
-        self.seen_at: dict[str, _dt.datetime] = {}
+        #: When (time.monotonic()) this connection last wrote each agent's last_seen_at (writes are throttled).
+        self.seen_at: dict[str, float] = {}
         self._migrate()
         self.conn.set_update_hook(self._row_changed)
 
@@ -2057,12 +2079,11 @@ def visible_task(db: Database, actor: Actor, project: str, task_id: str, field: 
 
 def note_seen(db: Database, agent_id: str) -> None:
     """Record that the agent was seen, at most once a minute (saves a write per call)."""
-    now = utcnow()
-    last = db.seen_at.get(agent_id)
-    if last is None or now - last > _dt.timedelta(minutes=1):
+    now, last = time.monotonic(), db.seen_at.get(agent_id)
+    if last is None or now - last >= 60.0:
         db.seen_at[agent_id] = now
         with db.transaction():
-            db.execute("UPDATE agents SET last_seen_at = ? WHERE agent_id = ?", (iso(now), agent_id))
+            db.execute("UPDATE agents SET last_seen_at = ? WHERE agent_id = ?", (iso(utcnow()), agent_id))
 
 
 
