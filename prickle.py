@@ -1396,8 +1396,17 @@ def audit(db: Database, chain: str, type_: str, refs: dict, at: str | None = Non
 
 def _entry_json(chain: str, n: int, at: str, type_: str, refs_json: str) -> str:
     """canonical_json({chain, n, at, type, refs}) with refs already encoded (keys in sorted order)."""
-    return (f'{{"at":{json.dumps(at)},"chain":{utf8_json(chain)},"n":{n},'
-            f'"refs":{refs_json},"type":{json.dumps(type_)}}}')
+    return (f'{{"at":{_string_json(at)},"chain":{_string_json(chain)},"n":{n},"refs":{refs_json},'
+            f'"type":{_string_json(type_)}}}')
+
+
+#: Text JSON writes as it is between quotes (times, slugs, event types): no escaping to do.
+_PLAIN_TEXT = re.compile(r"[A-Za-z0-9_.:/+-]*")
+
+
+def _string_json(text: str) -> str:
+    """``utf8_json(text)`` for one string, without the encoder for the plain ones."""
+    return f'"{text}"' if _PLAIN_TEXT.fullmatch(text) else utf8_json(text)
 
 
 def verify_audit(db: Database, chain: str | None = None) -> list[dict]:
@@ -1588,8 +1597,7 @@ def resolve_token(db: Database, token: str, kinds: tuple[str, ...]) -> Actor:
         raise Unauthorized(f"this is {_KIND_USE[kind]}; here you need {wanted}")
     digest = sha256_hex(token)
     # Cached until a credential changes (here, or in another process writing the file).
-    row = db.cached(("credential", digest),
-                    lambda: db.one("SELECT * FROM credentials WHERE secret_hash = ?", (digest,)))
+    row, actor = db.cached(("credential", digest), lambda: _credential(db, digest)) or (None, None)
     if row is None or row["kind"] != kind:
         raise Unauthorized("unknown credential: it was never issued here or the database was replaced")
     if row["revoked_at"]:
@@ -1602,13 +1610,22 @@ def resolve_token(db: Database, token: str, kinds: tuple[str, ...]) -> Actor:
                                       "'prickle signin-link HANDLE'",
                             "session": "this session has expired: sign in again"}.get(
             kind, "this credential has expired: ask its owner for a new one"))
+    return actor
+
+
+def _credential(db: Database, digest: str) -> tuple[dict, Actor] | None:
+    """The credential row with this secret hash and the Actor it stands for, or None."""
+    row = db.one("SELECT * FROM credentials WHERE secret_hash = ?", (digest,))
+    if row is None:
+        return None
     if row["agent_id"]:
-        return Actor("agent", row["id"], row["kind"], agent_id=row["agent_id"],
-                     owner=row["agent_id"].split("/")[0],
-                     project_scope=ROOMS_SCOPE if row["rooms_only"] else row["project"], task_scope=row["task_id"],
-                     attempt_id=row["attempt_id"], discussion_id=row["discussion_id"],
-                     allowed_tools=tuple(json.loads(row["allowed_tools"])) if row["allowed_tools"] else None)
-    return Actor("person", row["id"], row["kind"], handle=row["person"])
+        return row, Actor("agent", row["id"], row["kind"], agent_id=row["agent_id"],
+                          owner=row["agent_id"].split("/")[0],
+                          project_scope=ROOMS_SCOPE if row["rooms_only"] else row["project"],
+                          task_scope=row["task_id"], attempt_id=row["attempt_id"],
+                          discussion_id=row["discussion_id"],
+                          allowed_tools=tuple(json.loads(row["allowed_tools"])) if row["allowed_tools"] else None)
+    return row, Actor("person", row["id"], row["kind"], handle=row["person"])
 
 
 def check_live(db: Database, actor: Actor) -> None:
@@ -2257,7 +2274,7 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
         message_id, now = _message_id or new_id("msg"), iso(utcnow())
         lineage = run_lineage(db, actor, _task_row(db, actor.task_scope)) if actor.attempt_id else None
         lineage_json = json.dumps(lineage) if lineage else None
-        mentions_json = json.dumps(mentions)
+        mentions_json = json.dumps(mentions) if mentions else "[]"
         db.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, provenance, "
                    "provenance_status, in_reply_to, task_id, verdict, created_at, task_request, lineage) VALUES "
                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

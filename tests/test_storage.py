@@ -129,3 +129,11 @@ def test_another_connection_writing_refreshes_what_this_one_knows(world, db_path
         prickle.audit(world.db, PROJECT, "context.read", {"reader": "c", "memory_facts": 0})
     other.close()
     assert prickle.verify_audit(world.db, PROJECT)[0]["ok"]
+
+
+@pytest.mark.parametrize("text", ["", "website-v2", "2026-11-29T20:42:15.123Z", "message.posted", 'a "quoted" word',
+                                  "back\\slash", "tab\tand newline\n", "caf\u00e9 \u2603", "\x7f\x00"])
+def test_an_audit_entry_hashes_the_canonical_json_of_its_fields(text):
+    refs = {"message": text, "mentions": 2}
+    entry = {"chain": text, "n": 7, "at": text, "type": text, "refs": refs}
+    assert prickle._entry_json(text, 7, text, text, prickle.canonical_json(refs)) == prickle.canonical_json(entry)
