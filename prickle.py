@@ -2131,7 +2131,7 @@ def message_out(row: dict) -> dict:
                   "display_name": row["author_name"]}
     out = {
         "id": row["id"], "project": row["project"], "author": author, "body": row["body"],
-        "mentions": json.loads(row["mentions"]), "provenance": row["provenance"],
+        "mentions": json.loads(row["mentions"]) if row["mentions"] != "[]" else [], "provenance": row["provenance"],
         "in_reply_to": row["in_reply_to"], "task_id": row["task_id"], "created_at": row["created_at"],
     }
     if row["provenance_status"]:
