@@ -5351,6 +5351,31 @@ async def health(request: Request) -> Response:
     return JSONResponse({"ok": True, "version": __version__, "outbox_head": outbox_head(state.db)})
 
 
+#: A write-ahead log this many frames long that writers never let empty is restarted (see checkpoint_wal).
+WAL_RESTART_FRAMES = 16_384
+#: What is left of the log file's size after a restart (SQLite's journal_size_limit).
+WAL_KEEP_BYTES = 64 * 1024 * 1024
+
+
+def checkpoint_wal(conn: apsw.Connection, restart_frames: int = WAL_RESTART_FRAMES) -> str:
+    """Copy the write-ahead log into the database file; returns "empty", "passive" or "restart".
+
+    A write starts the log over only when every frame in it was copied. A PASSIVE checkpoint
+    never waits for writers, so while posts keep coming there is always a newer frame and the
+    log grows without end. Once it is ``restart_frames`` long, a RESTART copies what the
+    PASSIVE pass left (little) while holding writers back, and the next write starts the log
+    from its beginning. Raises apsw.BusyError when the file stays locked past the connection's
+    busy timeout.
+    """
+    log, _ = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+    if log <= 0:
+        return "empty"
+    if log >= restart_frames:
+        conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_RESTART)
+        return "restart"
+    return "passive"
+
+
 def create_app(db_path: str, settings: Settings | None = None, port: int | None = None) -> Starlette:
     """The whole server as a Starlette app on the database at ``db_path``.
 
@@ -5371,6 +5396,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
                                            session_idle_timeout=settings.session_idle_seconds,
                                            max_request_body_size=settings.max_body_bytes)
 
+    db.conn.pragma("journal_size_limit", WAL_KEEP_BYTES)
     checkpointer: list[apsw.Connection] = []
     checkpoint_lock = threading.Lock()  # the worker thread and shutdown never use the connection at once
 
@@ -5380,7 +5406,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
                 conn = apsw.Connection(db_path)
                 conn.setbusytimeout(5000)
                 checkpointer.append(conn)
-            checkpointer[0].pragma("wal_checkpoint", "PASSIVE")
+            checkpoint_wal(checkpointer[0])
 
     async def watch_other_writers() -> None:
         # Another process (the CLI) writing the same file does not run our after-commit hooks.

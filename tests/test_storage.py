@@ -137,3 +137,23 @@ def test_an_audit_entry_hashes_the_canonical_json_of_its_fields(text):
     refs = {"message": text, "mentions": 2}
     entry = {"chain": text, "n": 7, "at": text, "type": text, "refs": refs}
     assert prickle._entry_json(text, 7, text, text, prickle.canonical_json(refs)) == prickle.canonical_json(entry)
+
+
+
+def test_a_long_write_ahead_log_is_started_over(world, db_path):
+    world.db.conn.pragma("wal_autocheckpoint", 0)
+    checkpointer = apsw.Connection(db_path)
+    checkpointer.setbusytimeout(2000)
+    muse = world.actor("oj/muse")
+    for i in range(30):  # several frames a post: well past 100
+        prickle.post_message(world.db, muse, PROJECT, f"note {i}")
+    assert prickle.checkpoint_wal(checkpointer, restart_frames=100) == "restart"
+    prickle.post_message(world.db, muse, PROJECT, "after the restart")
+    log, copied = checkpointer.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+    assert 0 < log < 30 and copied == log  # that post started the log again from its first frame
+    prickle.post_message(world.db, muse, PROJECT, "one more")
+    assert prickle.checkpoint_wal(checkpointer, restart_frames=100) == "passive"
+    checkpointer.close()
+    bodies = [r["body"] for r in world.db.rows("SELECT body FROM messages ORDER BY seq")]
+    assert bodies == [f"note {i}" for i in range(30)] + ["after the restart", "one more"]
+    assert prickle.verify_audit(world.db, PROJECT)[0]["ok"]
