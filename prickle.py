@@ -1065,6 +1065,10 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE attempts ADD COLUMN served TEXT NOT NULL DEFAULT '[]'",
         "ALTER TABLE messages ADD COLUMN made_by_action TEXT",
     ],
+    [
+        # The key a run's or a discussion's credential was claimed with: revoking the key ends it too.
+        "ALTER TABLE credentials ADD COLUMN issued_by TEXT",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -1977,8 +1981,14 @@ def _audit_credential(db: Database, type_: str, record: dict) -> None:
 def revoke_token(db: Database, token_id: str, by: str | None = None) -> dict:
     """Revoke a credential at once. ``by`` (a person) may revoke only their own or their agents'.
 
-    Writes ``token.revoked``. Raises NotFound or InvalidState (already revoked).
+    The credentials claimed with it (a run's, a discussion's) end with it, and a runner key takes
+    its device along (``device.revoked``, reason ``key_revoked``). Writes ``token.revoked``.
+    Raises InvalidInput for a secret given as the id (it is never repeated back), NotFound or
+    InvalidState (already revoked).
     """
+    if _KIND_BY_PREFIX.get(token_id[:7]):  # never repeat a secret back, in an answer or a log
+        raise InvalidInput("that is a secret key, not a credential id: pass its id (tok_…), from 'prickle token "
+                           "list' or the Keys page")
     with db.transaction():
         row = db.one("SELECT * FROM credentials WHERE id = ?", (token_id,))
         owner = row and (row["person"] or (row["agent_id"] or "/").split("/")[0])
@@ -1986,11 +1996,18 @@ def revoke_token(db: Database, token_id: str, by: str | None = None) -> dict:
             raise NotFound(f"no credential '{token_id}': list them with 'prickle token list'")
         if row["revoked_at"]:
             raise InvalidState(f"credential '{token_id}' was already revoked at {row['revoked_at']}")
-        db.execute("UPDATE credentials SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (iso(utcnow()), token_id))
+        now = iso(utcnow())
+        db.execute("UPDATE credentials SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (now, token_id))
         db.note_revoked()
         record = {k: row[k] for k in ("id", "kind", "agent_id", "person", "project")}
         if row["kind"] not in ("signin", "session"):
             _audit_credential(db, "token.revoked", record)
+        device = db.one("SELECT * FROM devices WHERE id = ? AND revoked_at IS NULL", (row["device_id"],)) \
+            if row["kind"] == "runner" and row["device_id"] else None
+        if device is not None:  # a device without its runner key can do nothing: it ends with the key
+            _end_device(db, device, now, "key_revoked")
+        # What was claimed with this key (a run's or a discussion's credential) ends with it.
+        db.execute("UPDATE credentials SET revoked_at = ? WHERE issued_by = ? AND revoked_at IS NULL", (now, token_id))
     return record | {"revoked": True}
 
 
@@ -3655,15 +3672,23 @@ def revoke_device(db: Database, owner: str, device_id: str, reason: str = "owner
             raise NotFound(f"no device '{device_id}' of yours")
         if device["revoked_at"]:
             raise InvalidState(f"device '{device_id}' was already revoked")
-        now = iso(utcnow())
-        db.execute("UPDATE devices SET revoked_at = ?, revoked_reason = ? WHERE id = ?", (now, reason, device_id))
-        ended = db.execute("UPDATE credentials SET revoked_at = ? WHERE device_id = ? AND revoked_at IS NULL",
-                           (now, device_id))
-        db.note_revoked()
-        for chain in _agent_chains(db, device["agent_id"]):
-            audit(db, chain, "device.revoked", {"device": device_id, "agent": device["agent_id"], "reason": reason,
-                                                "credentials": ended})
+        ended = _end_device(db, device, iso(utcnow()), reason)
     return {"id": device_id, "revoked": True, "credentials_ended": ended}
+
+
+def _end_device(db: Database, device: dict, now: str, reason: str) -> int:
+    """Revoke a device and every credential it still holds, inside the caller's transaction; returns how many.
+
+    Writes ``device.revoked`` in each of its agent's chains.
+    """
+    db.execute("UPDATE devices SET revoked_at = ?, revoked_reason = ? WHERE id = ?", (now, reason, device["id"]))
+    ended = db.execute("UPDATE credentials SET revoked_at = ? WHERE device_id = ? AND revoked_at IS NULL",
+                       (now, device["id"]))
+    db.note_revoked()
+    for chain in _agent_chains(db, device["agent_id"]):
+        audit(db, chain, "device.revoked", {"device": device["id"], "agent": device["agent_id"], "reason": reason,
+                                            "credentials": ended})
+    return ended
 
 
 def _run_cause(task: dict) -> dict:
@@ -3726,9 +3751,10 @@ def claim_task(db: Database, actor: Actor, task_id: str, idempotency_key: str, w
         secret, credential_id = make_secret("execution"), new_id("tok")
         expires = iso(now + launch_timeout)
         db.execute("INSERT INTO credentials (id, kind, secret_hash, agent_id, project, created_at, expires_at, "
-                   "device_id, task_id, attempt_id, allowed_tools) VALUES (?, 'execution', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   "device_id, task_id, attempt_id, allowed_tools, issued_by) VALUES "
+                   "(?, 'execution', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                    (credential_id, sha256_hex(secret), actor.agent_id, task["project"], iso(now), expires,
-                    device["id"], task_id, attempt["id"], json.dumps(RUN_TOOLS)))
+                    device["id"], task_id, attempt["id"], json.dumps(RUN_TOOLS), actor.credential_id))
         db.execute("UPDATE attempts SET credential_id = ? WHERE id = ?", (credential_id, attempt["id"]))
         audit(db, task["project"], "token.created", {
             "credential": credential_id, "kind": "execution", "agent": actor.agent_id, "device": device["id"],
@@ -4059,9 +4085,10 @@ def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_ke
                            (iso(now), discussion["credential_id"]))
             secret, credential_id, expires = make_secret("discussion"), new_id("tok"), iso(now + DISCUSSION_TTL)
             db.execute("INSERT INTO credentials (id, kind, secret_hash, agent_id, project, created_at, expires_at, "
-                       "device_id, allowed_tools, discussion_id) VALUES (?, 'discussion', ?, ?, ?, ?, ?, ?, ?, ?)",
+                       "device_id, allowed_tools, discussion_id, issued_by) VALUES "
+                       "(?, 'discussion', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (credential_id, sha256_hex(secret), actor.agent_id, slug, iso(now), expires, device,
-                        json.dumps(DISCUSSION_TOOLS), discussion["id"]))
+                        json.dumps(DISCUSSION_TOOLS), discussion["id"], actor.credential_id))
             db.execute("UPDATE discussions SET credential_id = ? WHERE id = ?", (credential_id, discussion["id"]))
             audit(db, slug, "discussion.claimed", {"agent": actor.agent_id, "device": device, "discussion":
                                                    discussion["id"], "expires_at": expires})
@@ -4258,6 +4285,8 @@ def claim_action(db: Database, actor: Actor, action_id: str) -> dict:
 def finish_action(db: Database, actor: Actor, action_id: str, body: str | None = None,
                   failure: str | None = None) -> dict:
     """The runner posts the running action's result (a message) or a fixed failure. Writes ``action.finished``."""
+    if actor.credential_kind != "runner":
+        raise Forbidden("only the proposing agent's runner device finishes an action it claimed")
     if (body is None) == (failure is None):
         raise InvalidInput("send the result's body or a failure, one of the two")
     if failure is not None and failure not in ACTION_FAILURES:

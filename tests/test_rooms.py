@@ -196,3 +196,36 @@ def test_make_or_spend_actions(mcp, server, world):
                        headers=runner).status_code == 400
     assert server.post("/api/runner/actions", json={"tool": "image_gen", "action": "x", "prompt": "p"},
                        headers={"Authorization": f"Bearer {world.keys['oj/muse']}"}).status_code == 401
+
+
+def test_revoking_a_rooms_key_ends_the_discussions_it_claimed(mcp, server, world):
+    setup_room(world)
+    record, rooms_key = prickle.create_token(world.db, "client", agent_id="oj/muse", project=prickle.ROOMS_SCOPE)
+    start(mcp, "oj/muse", rooms_key)
+    asked = say(server, world, "Which font for the headline?")
+    cred = claim(mcp, "oj/muse", rooms_key, asked["id"])["discussion_credential"]["token"]
+    assert mcp.ok("oj/muse", "read_room", {"project": ROOM}, token=cred)["messages"][-1]["id"] == asked["id"]
+    r = person(server, world, "oj").delete(f"/api/keys/{record['id']}")
+    assert r.status_code == 200 and r.json()["revoked"] is True
+    for token in (rooms_key, cred):
+        assert mcp.raw(token, "tools/list").status_code == 401
+    row = world.db.one("SELECT revoked_at, issued_by FROM credentials WHERE secret_hash = ?",
+                       (prickle.sha256_hex(cred),))
+    assert row["revoked_at"] is not None and row["issued_by"] == record["id"]
+
+
+def test_only_the_runner_finishes_an_action(mcp, server, world):
+    runners = setup_room(world)
+    runner = {"Authorization": f"Bearer {runners['oj/muse']}"}
+    card = server.post("/api/runner/actions", json={"tool": "image_gen", "action": "Draw the hero", "prompt": "p"},
+                       headers=runner).json()["action"]
+    person(server, world, "oj").post(f"/api/actions/{card['id']}", {"decision": "approve"})
+    assert server.post(f"/api/runner/actions/{card['id']}/claim", headers=runner).json()["action"]["status"] == "running"
+    asked = say(server, world, "A caption for the hero illustration?")
+    discussion = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])["discussion_credential"]["token"]
+    r = server.post(f"/api/runner/actions/{card['id']}/finish", json={"body": "not from here"},
+                    headers={"Authorization": f"Bearer {discussion}"})
+    assert r.status_code == 403 and "runner device" in r.json()["error"]["message"]
+    assert world.db.scalar("SELECT status FROM actions WHERE id = ?", (card["id"],)) == "running"
+    done = server.post(f"/api/runner/actions/{card['id']}/finish", json={"failure": "error"}, headers=runner)
+    assert done.json()["action"]["status"] == "failed"

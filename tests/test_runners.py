@@ -198,3 +198,25 @@ def test_revoking_a_device_ends_its_credentials(mcp, server, world):
     assert mcp.raw(runner, "tools/list").status_code == 401
     assert mcp.raw(out["execution_credential"]["token"], "tools/list").status_code == 401
     assert audit_entries(world.db, PROJECT, "device.revoked")[0]["refs"]["credentials"] == 2
+
+
+def test_revoking_a_runner_key_ends_its_device_and_the_runs_it_claimed(mcp, server, world):
+    task, device, runner, out = claimed(mcp, server, world)
+    execution = out["execution_credential"]["token"]
+    assert mcp.ok("ren/builder", "read_room", P | {"task_id": task["id"]}, token=execution)
+    key_id = world.db.scalar("SELECT id FROM credentials WHERE secret_hash = ?", (prickle.sha256_hex(runner),))
+    assert person(server, world, "ren").delete(f"/api/keys/{key_id}").json()["revoked"] is True
+    for token in (runner, execution):
+        assert mcp.raw(token, "tools/list").status_code == 401
+    [listed] = [d for d in person(server, world, "ren").get("/api/devices").json()["devices"] if d["id"] == device["id"]]
+    assert listed["revoked_at"] is not None and listed["revoked_reason"] == "key_revoked"
+    assert audit_entries(world.db, PROJECT, "device.revoked")[-1]["refs"] == {
+        "device": device["id"], "agent": "ren/builder", "reason": "key_revoked", "credentials": 1}
+
+
+def test_a_secret_given_where_an_id_belongs_is_not_repeated(world, server):
+    _, runner = paired(world)
+    for token in (runner, world.keys["ren/builder"]):
+        r = person(server, world, "ren").delete(f"/api/keys/{token}")
+        assert r.status_code == 400 and token not in r.text and "not a credential id" in r.text
+    assert world.db.scalar("SELECT count(*) FROM credentials WHERE revoked_at IS NOT NULL") == 0
