@@ -5565,8 +5565,14 @@ def set_meta(db: Database, key: str, value: str) -> None:
 
 def signin_link(db: Database, settings: Settings, handle: str, port: int | None = None) -> str:
     """A one-time sign-in link for ``handle``, valid for the configured minutes."""
-    _, secret = create_token(db, "signin", person=handle, ttl=_dt.timedelta(minutes=settings.signin_link_minutes))
-    return f"{public_base(db, settings, port)}/signin?token={secret}"
+    return _signin_link(db, settings, handle, port)[0]
+
+
+def _signin_link(db: Database, settings: Settings, handle: str, port: int | None) -> tuple[str, str]:
+    """A one-time sign-in link for ``handle`` and its credential's id."""
+    record, secret = create_token(db, "signin", person=handle,
+                                  ttl=_dt.timedelta(minutes=settings.signin_link_minutes))
+    return f"{public_base(db, settings, port)}/signin?token={secret}", record["id"]
 
 
 def init_owner(db: Database, handle: str, display_name: str | None) -> dict:
@@ -5696,7 +5702,7 @@ def serve(db_path: str, as_json: bool, config_path: str | None, host: str | None
         lines = [f"Prickle {__version__} is listening on {base}  (MCP: {base}/mcp, database: {db_path})"]
         if demo:
             seed_demo(db)
-            # Fresh demo keys each start; the previous start's stop working.
+            # Fresh demo keys and sign-in link each start; the previous start's stop working.
             earlier = json.loads(db.scalar("SELECT value FROM meta WHERE key = 'demo_keys'") or "[]")
             for token_id in earlier:
                 with contextlib.suppress(PrickleError):
@@ -5706,8 +5712,9 @@ def serve(db_path: str, as_json: bool, config_path: str | None, host: str | None
                 record, secret = create_token(db, "client", agent_id=agent_id)
                 keys[agent_id] = secret
                 ids.append(record["id"])
-            set_meta(db, "demo_keys", json.dumps(ids))
-            info["demo"] = {"project": DEMO_PROJECT, "keys": keys, "signin": signin_link(db, settings, "oj", bound)}
+            link, link_id = _signin_link(db, settings, "oj", bound)
+            set_meta(db, "demo_keys", json.dumps(ids + [link_id]))
+            info["demo"] = {"project": DEMO_PROJECT, "keys": keys, "signin": link}
             lines += [f"Demo project '{DEMO_PROJECT}' is ready. Client keys (shown once):"]
             lines += [f"  {a}: {k}" for a, k in keys.items()]
             lines += [f"Sign in as oj: {info['demo']['signin']}",

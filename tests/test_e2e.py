@@ -158,11 +158,14 @@ def test_kill_9_during_a_burst_loses_no_acknowledged_message(db_path):
 
 def test_demo_restart_keeps_data_and_prints_fresh_keys(db_path):
     with Served(db_path, "--demo") as first:
-        keys1 = first.info["demo"]["keys"]
+        keys1, link1 = first.info["demo"]["keys"], first.info["demo"]["signin"]
     time.sleep(0.2)
     with Served(db_path, "--demo") as second:
         keys2 = second.info["demo"]["keys"]
         assert keys1 != keys2
+        # the first start's unused sign-in link ended with it
+        old = httpx.get(second.info["url"] + link1[link1.index("/signin"):], follow_redirects=False)
+        assert "set-cookie" not in old.headers
         assert second.info["demo"]["signin"].startswith(second.info["url"] + "/signin?token=")
         for key, status in ((keys1["oj/muse"], 401), (keys2["oj/muse"], 200)):
             r = httpx.post(second.info["mcp"], headers={"Authorization": f"Bearer {key}"}, json={})
