@@ -546,7 +546,7 @@ def table(cfg: Settings, tput: dict, wake: dict, waiters: dict, echo_rss: float,
         how = (f"wrk -t{1 if agents == 1 else 2} -c{agents}" if cfg.load == "wrk"
                else f"{agents} connection{'s' if agents > 1 else ''}")
         label = f"`post_message` calls/s, {agents} agent{'s' if agents > 1 else ''} ({how})"
-        rows.append(f"| {label} | {p['rps']:.0f} ({ratio:.0%} of echo) | {e['rps']:.0f} | >= 70% of echo "
+        rows.append(f"| {label} | {p['rps']:.0f} ({ratio:.1%} of echo) | {e['rps']:.0f} | >= 70% of echo "
                     f"| {yes_no(ratio >= 0.70 and p['errors'] == 0)} |")
     rows.append(f"| wake latency p50 ({wake['samples']} wakes) | {wake['p50']:.2f} ms | n/a | - | - |")
     rows.append(f"| wake latency p99 | {wake['p99']:.2f} ms | n/a | < 5 ms | {yes_no(wake['p99'] < 5)} |")
@@ -582,7 +582,7 @@ def details(tput: dict, wake: dict, waiters: dict, server_errors: list[str], han
                  f"non-200 {d['bad_status']}, tool errors {d['tool_errors']}, socket errors {d['socket_errors']}, "
                  f"timeouts {d['timeouts']}") if "latency_p50_us" in d else ""
         rounds = ", ".join(f"{x:.0f}" for x in r["rounds"])
-        shares = (f"; share of echo by round {', '.join(f'{x:.0%}' for x in r['shares'])}"
+        shares = (f"; share of echo by round {', '.join(f'{x:.1%}' for x in r['shares'])}"
                   if "shares" in r else "")
         lines.append(f"- {name}, {agents} agent(s): {r['ok']} calls ok, {r['errors']} failed; calls/s by round "
                      f"{rounds}{shares}{extra} (the median round)")
