@@ -5384,6 +5384,9 @@ async def health(request: Request) -> Response:
 WAL_RESTART_FRAMES = 16_384
 #: What is left of the log file's size after a restart (SQLite's journal_size_limit).
 WAL_KEEP_BYTES = 64 * 1024 * 1024
+#: How long a restart may wait for a reader (a backup, say) while it holds writers back (ms);
+#: past it the restart gives up and the next second's checkpoint tries again.
+CHECKPOINT_WAIT_MS = 50
 
 
 def checkpoint_wal(conn: apsw.Connection, restart_frames: int = WAL_RESTART_FRAMES) -> str:
@@ -5393,8 +5396,9 @@ def checkpoint_wal(conn: apsw.Connection, restart_frames: int = WAL_RESTART_FRAM
     never waits for writers, so while posts keep coming there is always a newer frame and the
     log grows without end. Once it is ``restart_frames`` long, a RESTART copies what the
     PASSIVE pass left (little) while holding writers back, and the next write starts the log
-    from its beginning. Raises apsw.BusyError when the file stays locked past the connection's
-    busy timeout.
+    from its beginning. Raises apsw.BusyError when a reader or a writer keeps it waiting past
+    the connection's busy timeout (the server gives its checkpointer CHECKPOINT_WAIT_MS, so
+    writers are never held back longer than that).
     """
     log, _ = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
     if log <= 0:
@@ -5433,7 +5437,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
         with checkpoint_lock:
             if not checkpointer:
                 conn = apsw.Connection(db_path)
-                conn.setbusytimeout(5000)
+                conn.setbusytimeout(CHECKPOINT_WAIT_MS)
                 checkpointer.append(conn)
             checkpoint_wal(checkpointer[0])
 

@@ -1,6 +1,7 @@
 """Storage: schema versions, transactions, the outbox, the audit chain, the server lock."""
 
 import os
+import time
 
 import apsw
 import pytest
@@ -157,3 +158,24 @@ def test_a_long_write_ahead_log_is_started_over(world, db_path):
     bodies = [r["body"] for r in world.db.rows("SELECT body FROM messages ORDER BY seq")]
     assert bodies == [f"note {i}" for i in range(30)] + ["after the restart", "one more"]
     assert prickle.verify_audit(world.db, PROJECT)[0]["ok"]
+
+
+def test_a_restart_waits_for_a_reader_only_briefly(world, db_path):
+    world.db.conn.pragma("wal_autocheckpoint", 0)
+    muse = world.actor("oj/muse")
+    for i in range(30):
+        prickle.post_message(world.db, muse, PROJECT, f"note {i}")
+    reader = apsw.Connection(db_path)  # a backup, say, holding the log open
+    reader.execute("BEGIN")
+    assert reader.execute("SELECT count(*) FROM messages").fetchall() == [(30,)]
+    checkpointer = apsw.Connection(db_path)
+    checkpointer.setbusytimeout(prickle.CHECKPOINT_WAIT_MS)
+    started = time.monotonic()
+    with pytest.raises(apsw.BusyError):
+        prickle.checkpoint_wal(checkpointer, restart_frames=100)
+    assert time.monotonic() - started < 2
+    prickle.post_message(world.db, muse, PROJECT, "writers go on")  # not held back once it gave up
+    reader.execute("COMMIT")
+    assert prickle.checkpoint_wal(checkpointer, restart_frames=100) == "restart"
+    reader.close()
+    checkpointer.close()
