@@ -829,31 +829,10 @@ def clean_json(value: Any, where: str = "arguments") -> Any:
 
     Raises InvalidInput naming the field for text that cannot be stored (lone surrogates).
     """
-    try:
-        return _whole_numbers(value)
-    except UnicodeEncodeError:
-        return _clean_json_naming(value, where)  # again, naming the field this time
-
-
-def _whole_numbers(value: Any) -> Any:
-    if isinstance(value, str):
-        value.encode("utf-8")  # raises on a lone surrogate
-        return value
     if isinstance(value, dict):
-        return {k: _whole_numbers(v) for k, v in value.items()}
+        return {k: clean_json(v, f"{k}" if where == "arguments" else f"{where}.{k}") for k, v in value.items()}
     if isinstance(value, list):
-        return [_whole_numbers(v) for v in value]
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-def _clean_json_naming(value: Any, where: str) -> Any:
-    if isinstance(value, dict):
-        return {k: _clean_json_naming(v, f"{k}" if where == "arguments" else f"{where}.{k}")
-                for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clean_json_naming(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [clean_json(v, f"{where}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, str):
@@ -891,7 +870,7 @@ def validate_input(tool: str, arguments: Mapping[str, Any]) -> dict:
         raise InvalidInput(f"{where}: {detail} (check it against {tool}'s input schema)")
     for key, default in _DEFAULTS[tool].items():
         if key not in filled:
-            filled[key] = copy.deepcopy(default) if isinstance(default, (dict, list)) else default
+            filled[key] = copy.deepcopy(default)
     return filled
 
 
@@ -1400,17 +1379,8 @@ def audit(db: Database, chain: str, type_: str, refs: dict, at: str | None = Non
 
 def _entry_json(chain: str, n: int, at: str, type_: str, refs_json: str) -> str:
     """canonical_json({chain, n, at, type, refs}) with refs already encoded (keys in sorted order)."""
-    return (f'{{"at":{_string_json(at)},"chain":{_string_json(chain)},"n":{n},"refs":{refs_json},'
-            f'"type":{_string_json(type_)}}}')
-
-
-#: Text JSON writes as it is between quotes (times, slugs, event types): no escaping to do.
-_PLAIN_TEXT = re.compile(r"[A-Za-z0-9_.:/+-]*")
-
-
-def _string_json(text: str) -> str:
-    """``utf8_json(text)`` for one string, without the encoder for the plain ones."""
-    return f'"{text}"' if _PLAIN_TEXT.fullmatch(text) else utf8_json(text)
+    return (f'{{"at":{utf8_json(at)},"chain":{utf8_json(chain)},"n":{n},"refs":{refs_json},'
+            f'"type":{utf8_json(type_)}}}')
 
 
 def verify_audit(db: Database, chain: str | None = None) -> list[dict]:
@@ -1579,8 +1549,9 @@ def make_secret(kind: str) -> str:
     return TOKEN_PREFIX[kind] + secrets.token_urlsafe(32)
 
 
+#: Which kind of credential a secret is, by its prefix (every prefix is 7 characters).
+_KIND_BY_PREFIX = {prefix: kind for kind, prefix in TOKEN_PREFIX.items()}
 #: What each credential kind is for, to say so when one is used in the wrong place.
-_KIND_BY_PREFIX = {prefix: kind for kind, prefix in TOKEN_PREFIX.items()}  # every prefix is 7 characters
 _KIND_USE = {
     "client": "an agent's MCP key (for /mcp)", "runner": "a runner device key (for /mcp)",
     "person": "a personal token (for /api)", "signin": "a sign-in link (open it in a browser)",
@@ -1589,9 +1560,14 @@ _KIND_USE = {
 }
 
 
+def token_kind(text: str) -> str | None:
+    """The kind of credential ``text`` is a secret of, by its prefix; None when it is no secret."""
+    return _KIND_BY_PREFIX.get(text[:7])
+
+
 def resolve_token(db: Database, token: str, kinds: tuple[str, ...]) -> Actor:
     """The Actor a secret stands for. Raises Unauthorized, saying why but never echoing the secret."""
-    kind = _KIND_BY_PREFIX.get(token[:7])
+    kind = token_kind(token)
     if kind not in kinds:
         wanted = " or ".join(_KIND_USE[k] for k in kinds)
         if not token:
@@ -1986,7 +1962,7 @@ def revoke_token(db: Database, token_id: str, by: str | None = None) -> dict:
     Raises InvalidInput for a secret given as the id (it is never repeated back), NotFound or
     InvalidState (already revoked).
     """
-    if _KIND_BY_PREFIX.get(token_id[:7]):  # never repeat a secret back, in an answer or a log
+    if token_kind(token_id):  # never repeat a secret back, in an answer or a log
         raise InvalidInput("that is a secret key, not a credential id: pass its id (tok_…), from 'prickle token "
                            "list' or the Keys page")
     with db.transaction():
@@ -2002,10 +1978,10 @@ def revoke_token(db: Database, token_id: str, by: str | None = None) -> dict:
         record = {k: row[k] for k in ("id", "kind", "agent_id", "person", "project")}
         if row["kind"] not in ("signin", "session"):
             _audit_credential(db, "token.revoked", record)
-        device = db.one("SELECT * FROM devices WHERE id = ? AND revoked_at IS NULL", (row["device_id"],)) \
-            if row["kind"] == "runner" and row["device_id"] else None
-        if device is not None:  # a device without its runner key can do nothing: it ends with the key
-            _end_device(db, device, now, "key_revoked")
+        if row["kind"] == "runner":  # a device without its runner key can do nothing: it ends with the key
+            device = db.one("SELECT * FROM devices WHERE id = ? AND revoked_at IS NULL", (row["device_id"],))
+            if device is not None:
+                _end_device(db, device, now, "key_revoked")
         # What was claimed with this key (a run's or a discussion's credential) ends with it.
         db.execute("UPDATE credentials SET revoked_at = ? WHERE issued_by = ? AND revoked_at IS NULL", (now, token_id))
     return record | {"revoked": True}
@@ -2148,7 +2124,7 @@ def message_out(row: dict) -> dict:
                   "display_name": row["author_name"]}
     out = {
         "id": row["id"], "project": row["project"], "author": author, "body": row["body"],
-        "mentions": json.loads(row["mentions"]) if row["mentions"] != "[]" else [], "provenance": row["provenance"],
+        "mentions": json.loads(row["mentions"]), "provenance": row["provenance"],
         "in_reply_to": row["in_reply_to"], "task_id": row["task_id"], "created_at": row["created_at"],
     }
     if row["provenance_status"]:
@@ -2291,7 +2267,7 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
         message_id, now = _message_id or new_id("msg"), iso(utcnow())
         lineage = run_lineage(db, actor, _task_row(db, actor.task_scope)) if actor.attempt_id else None
         lineage_json = json.dumps(lineage) if lineage else None
-        mentions_json = json.dumps(mentions) if mentions else "[]"
+        mentions_json = json.dumps(mentions)
         db.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, provenance, "
                    "provenance_status, in_reply_to, task_id, verdict, created_at, task_request, lineage) VALUES "
                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
