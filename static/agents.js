@@ -6,7 +6,7 @@
 import { get, post, del, seg } from "./api.js";
 import { createDevices } from "./devices.js";
 import {
-  h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, timeEl, confirmButton, copyButton,
+  h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, timeEl, revokeButton, copyButton,
   lines, announce,
 } from "./ui.js";
 
@@ -176,11 +176,11 @@ function renderKeys(box, state, reload) {
     h("thead", {}, h("tr", {}, ["Kind", "For", "Reaches", "Made", "Status", ""].map((t) => h("th", { scope: "col", text: t })))),
     h("tbody", {}, keys.map((k) => {
       const error = errorSlot();
-      const revoke = k.revoked_at ? null : confirmButton("Revoke", "Click again to revoke", (button) => act(button, error, async () => {
+      const revoke = k.revoked_at ? null : revokeButton(error, `Revoke ${k.kind} key for ${k.agent_id || k.person}`, async () => {
         await del(`/api/keys/${seg(k.id)}`);
         announce("Key revoked: it stopped working at once");
         reload();
-      }), { class: "danger-quiet small", "aria-label": `Revoke ${k.kind} key for ${k.agent_id || k.person}` });
+      });
       const expired = k.expires_at && new Date(k.expires_at) < new Date();
       return h("tr", { dataset: { keyId: k.id }, class: k.revoked_at ? "revoked" : "" },
         h("td", { text: { client: "client key", runner: "runner key", person: "personal token" }[k.kind] || k.kind }),

@@ -4,7 +4,7 @@
 
 import { post, del, seg } from "./api.js";
 import {
-  h, field, errorSlot, act, fill, empty, badge, timeEl, confirmButton, copyButton, announce, words,
+  h, field, errorSlot, act, fill, empty, badge, timeEl, revokeButton, copyButton, announce, words,
 } from "./ui.js";
 
 // ---- lifecycle ------------------------------------------------------------------------------------
@@ -71,7 +71,7 @@ function renderDevices(box, devices, notice, reload) {
     h("thead", {}, h("tr", {}, ["Device", "Agent", "Paired", "Status", ""].map((t) => h("th", { scope: "col", text: t })))),
     h("tbody", {}, list.map((d) => {
       const error = errorSlot();
-      const revoke = d.revoked_at ? null : confirmButton("Revoke", "Click again to revoke", (button) => act(button, error, async () => {
+      const revoke = d.revoked_at ? null : revokeButton(error, `Revoke device ${d.name} (${d.agent_id})`, async () => {
         const out = await del(`/api/devices/${seg(d.id)}`);
         const n = out.credentials_ended ?? 0;
         const text = `Revoked ${d.name}: ${n} ${n === 1 ? "credential" : "credentials"} ended at once.`;
@@ -79,7 +79,7 @@ function renderDevices(box, devices, notice, reload) {
         notice.hidden = false;
         announce(text);
         reload();
-      }), { class: "danger-quiet small", "aria-label": `Revoke device ${d.name} (${d.agent_id})` });
+      });
       return h("tr", { dataset: { deviceId: d.id }, class: d.revoked_at ? "revoked" : "" },
         h("td", {}, h("strong", { text: d.name }), h("div", { class: "muted small", text: d.id })),
         h("td", { text: d.agent_id }),

@@ -3,7 +3,7 @@
 
 import { get, post, del, seg } from "./api.js";
 import {
-  h, heading, field, select, errorSlot, act, fill, empty, badge, timeEl, confirmButton, announce, words,
+  h, heading, field, select, errorSlot, act, fill, empty, badge, timeEl, revokeButton, announce, words,
 } from "./ui.js";
 
 const DECISIONS = [["allow", "Allow"], ["approval_required", "Ask me each time"], ["never", "Never"]];
@@ -127,11 +127,11 @@ function renderRules(box, rules, reload) {
     h("thead", {}, h("tr", {}, ["For", "Decision", "Until", "Made", ""].map((t) => h("th", { scope: "col", text: t })))),
     h("tbody", {}, rules.map((r) => {
       const error = errorSlot();
-      const revoke = confirmButton("Revoke", "Click again to revoke", (button) => act(button, error, async () => {
+      const revoke = revokeButton(error, `Revoke the rule for ${subjectText(r)}`, async () => {
         await del(`/api/rules/${seg(r.id)}`);
         announce("Rule revoked");
         reload();
-      }), { class: "danger-quiet small", "aria-label": `Revoke the rule for ${subjectText(r)}` });
+      });
       return h("tr", { dataset: { ruleId: r.id } },
         h("td", { text: subjectText(r) }),
         h("td", {}, badge(DECISIONS.find(([d]) => d === r.decision)?.[1] || words(r.decision), DECISION_KIND[r.decision] || "muted")),
@@ -151,11 +151,11 @@ function renderStanding(box, items, reload) {
     h("thead", {}, h("tr", {}, ["From", "To", "Kind of work", "Used", "Until", ""].map((t) => h("th", { scope: "col", text: t })))),
     h("tbody", {}, items.map((s) => {
       const error = errorSlot();
-      const revoke = confirmButton("Revoke", "Click again to revoke", (button) => act(button, error, async () => {
+      const revoke = revokeButton(error, `Revoke the standing approval for ${s.requester}`, async () => {
         await del(`/api/standing-approvals/${seg(s.id)}`);
         announce("Standing approval revoked");
         reload();
-      }), { class: "danger-quiet small", "aria-label": `Revoke the standing approval for ${s.requester}` });
+      });
       return h("tr", { dataset: { standingId: s.id } },
         h("td", { text: s.requester }), h("td", { text: s.assignee }), h("td", { text: words(s.kind) }),
         h("td", { text: `${s.uses} of ${s.cap}` }), h("td", {}, timeEl(s.expires_at)), h("td", {}, revoke, error));

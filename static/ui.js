@@ -134,6 +134,12 @@ export async function act(button, slot, fn) {
   }
 }
 
+/** A two-click "Revoke" button: run() with the button busy and its errors shown in slot. */
+export function revokeButton(slot, ariaLabel, run) {
+  return confirmButton("Revoke", "Click again to revoke", (button) => act(button, slot, run),
+    { class: "danger-quiet small", "aria-label": ariaLabel });
+}
+
 /** A button that asks "again to confirm" before running fn. */
 export function confirmButton(label, confirmLabel, fn, props = {}) {
   let armed = false;
