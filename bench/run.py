@@ -578,14 +578,14 @@ def details(tput: dict, wake: dict, waiters: dict, server_errors: list[str], han
     lines = ["", "Details:", ""]
     for (name, agents), r in sorted(tput.items()):
         d = r["detail"]
-        extra = (f", latency p50 {d['latency_p50_us'] / 1000:.1f} ms, p99 {d['latency_p99_us'] / 1000:.1f} ms, "
-                 f"non-200 {d['bad_status']}, tool errors {d['tool_errors']}, socket errors {d['socket_errors']}, "
-                 f"timeouts {d['timeouts']}") if "latency_p50_us" in d else ""
+        extra = (f"; in a middle round: latency p50 {d['latency_p50_us'] / 1000:.1f} ms, p99 "
+                 f"{d['latency_p99_us'] / 1000:.1f} ms, non-200 {d['bad_status']}, tool errors {d['tool_errors']}, "
+                 f"socket errors {d['socket_errors']}, timeouts {d['timeouts']}") if "latency_p50_us" in d else ""
         rounds = ", ".join(f"{x:.0f}" for x in r["rounds"])
         shares = (f"; share of echo by round {', '.join(f'{x:.1%}' for x in r['shares'])}"
                   if "shares" in r else "")
         lines.append(f"- {name}, {agents} agent(s): {r['ok']} calls ok, {r['errors']} failed; calls/s by round "
-                     f"{rounds}{shares}{extra} (the median round)")
+                     f"{rounds}{shares}{extra}")
     lines.append(f"- wake latency: min {wake['min']:.2f} ms, max {wake['max']:.2f} ms; {wake['mismatched']} "
                  "wakes did not carry exactly the post just made")
     s = waiters["settled"]
