@@ -1048,6 +1048,30 @@ MIGRATIONS: list[list[str]] = [
         # The key a run's or a discussion's credential was claimed with: revoking the key ends it too.
         "ALTER TABLE credentials ADD COLUMN issued_by TEXT",
     ],
+    [
+        # messages and outbox without AUTOINCREMENT (their rows are never deleted, so the next seq
+        # is max + 1 and only grows, without a sqlite_sequence row to read and write on every
+        # insert), rebuilt as SQLite's ALTER TABLE guide says. The outbox is read by seq, one
+        # project's events at a time from a recent seq, so it keeps no per-project index.
+        """CREATE TABLE messages_new (
+            seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, project TEXT NOT NULL REFERENCES projects(slug),
+            author_kind TEXT NOT NULL, author TEXT NOT NULL, body TEXT NOT NULL, mentions TEXT NOT NULL,
+            provenance TEXT, provenance_status TEXT, in_reply_to TEXT, task_id TEXT, verdict TEXT,
+            created_at TEXT NOT NULL, task_request TEXT, lineage TEXT, make_action TEXT, made_by_action TEXT)""",
+        "INSERT INTO messages_new SELECT seq, id, project, author_kind, author, body, mentions, provenance, "
+        "provenance_status, in_reply_to, task_id, verdict, created_at, task_request, lineage, make_action, "
+        "made_by_action FROM messages",
+        "DROP TABLE messages",
+        "ALTER TABLE messages_new RENAME TO messages",
+        "CREATE INDEX messages_by_room ON messages(project, task_id, seq)",
+        """CREATE TABLE outbox_new (
+            seq INTEGER PRIMARY KEY, id TEXT NOT NULL, project TEXT NOT NULL,
+            at TEXT NOT NULL, type TEXT NOT NULL, payload TEXT NOT NULL)""",
+        "INSERT INTO outbox_new SELECT seq, id, project, at, type, payload FROM outbox",
+        "DROP TABLE outbox",
+        "ALTER TABLE outbox_new RENAME TO outbox",
+        "DELETE FROM sqlite_sequence WHERE name IN ('messages', 'outbox')",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -1110,15 +1134,24 @@ class Database:
             )
         if version == len(MIGRATIONS):
             return
-        with self.transaction():
-            # Re-read inside the write lock: another process may have migrated meanwhile.
-            version = self.conn.pragma("user_version")
-            for statements in MIGRATIONS[version:]:
-                for sql in statements:
-                    self.conn.execute(sql)
-            self.conn.pragma("user_version", len(MIGRATIONS))
-            if self.one("SELECT value FROM meta WHERE key = 'secret'") is None:
-                self.execute("INSERT INTO meta VALUES ('secret', ?)", (secrets.token_hex(32),))
+        # A migration may rebuild a table that others reference: foreign keys are off while it
+        # runs (they can only be switched outside a transaction) and checked before it commits.
+        self.conn.pragma("foreign_keys", False)
+        try:
+            with self.transaction():
+                # Re-read inside the write lock: another process may have migrated meanwhile.
+                version = self.conn.pragma("user_version")
+                for statements in MIGRATIONS[version:]:
+                    for sql in statements:
+                        self.conn.execute(sql)
+                if self.one("PRAGMA foreign_key_check") is not None:
+                    raise StorageError(f"database {self.path} has rows whose references are broken; "
+                                       "it was not upgraded: restore it from a backup")
+                self.conn.pragma("user_version", len(MIGRATIONS))
+                if self.one("SELECT value FROM meta WHERE key = 'secret'") is None:
+                    self.execute("INSERT INTO meta VALUES ('secret', ?)", (secrets.token_hex(32),))
+        finally:
+            self.conn.pragma("foreign_keys", True)
 
     def note_appended(self, seq: int, project: str, agents: list[str]) -> None:
         """Record an outbox row appended in the current transaction; listeners hear of it after commit."""

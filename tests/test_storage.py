@@ -29,6 +29,69 @@ def test_a_newer_schema_is_refused(db_path):
         prickle.Database(db_path)
 
 
+def _database_at_version(path, version):
+    """A database file with the first ``version`` schema upgrades applied, as an older Prickle left it."""
+    conn = apsw.Connection(path)
+    conn.pragma("journal_mode", "wal")
+    with conn:
+        for statements in prickle.MIGRATIONS[:version]:
+            for sql in statements:
+                conn.execute(sql)
+        conn.pragma("user_version", version)
+    return conn
+
+
+def test_upgrading_keeps_messages_and_events_and_drops_autoincrement(db_path):
+    conn = _database_at_version(db_path, 5)
+    with conn:
+        conn.execute("INSERT INTO people (handle, display_name, created_at) VALUES ('oj', 'OJ', 'x')")
+        conn.execute("INSERT INTO projects (slug, team, name, created_by, created_at) VALUES ('p', 't', 'P', 'oj', 'x')")
+        for n in (1, 2, 3):
+            conn.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, created_at, "
+                         "task_request) VALUES (?, 'p', 'person', 'oj', ?, '[]', 'x', ?)",
+                         (f"msg_{n}", f"hello {n}", "t_1" if n == 2 else None))
+            conn.execute("INSERT INTO outbox (id, project, at, type, payload) VALUES (?, 'p', 'x', 'message.posted', '{}')",
+                         (f"ev_{n}",))
+        conn.execute("INSERT INTO wakes (seq, agent_id, kind, project) VALUES (3, 'oj/muse', 'mention', 'p')")
+    before = {t: conn.execute(f"SELECT * FROM {t} ORDER BY seq").fetchall() for t in ("messages", "outbox", "wakes")}
+    assert {name for (name,) in conn.execute("SELECT name FROM sqlite_sequence")} == {"messages", "outbox"}
+    conn.close()
+
+    db = prickle.Database(db_path)
+    assert db.conn.pragma("user_version") == len(prickle.MIGRATIONS)
+    assert db.conn.pragma("foreign_keys") == 1
+    assert {t: db.conn.execute(f"SELECT * FROM {t} ORDER BY seq").fetchall() for t in before} == before
+    for table in ("messages", "outbox"):
+        assert "AUTOINCREMENT" not in db.scalar("SELECT sql FROM sqlite_schema WHERE name = ?", (table,))
+    assert db.rows("SELECT name FROM sqlite_sequence") == []
+    indexes = {r["name"] for r in db.rows("SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name IN "
+                                          "('messages', 'outbox', 'wakes')")}
+    assert indexes == {"sqlite_autoindex_messages_1", "messages_by_room", "wakes_by_seq"}
+    # the next rows continue after the last ones, and references are still enforced
+    with db.transaction():
+        db.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, created_at) "
+                   "VALUES ('msg_4', 'p', 'person', 'oj', 'again', '[]', 'x')")
+        assert db.conn.last_insert_rowid() == 4
+        assert prickle.append_event(db, "p", "message.posted", {"message": {}})["seq"] == 4
+    with pytest.raises(apsw.ConstraintError):
+        with db.transaction():
+            db.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, created_at) "
+                       "VALUES ('msg_5', 'nowhere', 'person', 'oj', 'x', '[]', 'x')")
+
+
+def test_an_upgrade_refuses_a_database_with_broken_references(db_path):
+    conn = _database_at_version(db_path, 5)
+    conn.pragma("foreign_keys", False)
+    conn.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, created_at) "
+                 "VALUES ('msg_1', 'nowhere', 'person', 'oj', 'x', '[]', 'x')")
+    conn.close()
+    with pytest.raises(prickle.StorageError, match="references are broken"):
+        prickle.Database(db_path)
+    conn = apsw.Connection(db_path)
+    assert conn.pragma("user_version") == 5  # nothing was changed
+    assert "AUTOINCREMENT" in conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'messages'").fetchall()[0][0]
+
+
 def test_failed_operation_writes_nothing(world):
     db = world.db
     counts = {t: db.scalar(f"SELECT count(*) FROM {t}") for t in ("outbox", "audit", "messages", "agents")}
