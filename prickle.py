@@ -29,6 +29,7 @@ __all__ = [
 import asyncio
 import base64
 import contextlib
+import contextvars
 import copy
 import dataclasses
 import datetime as _dt
@@ -1115,6 +1116,9 @@ class Database:
         #: while no other connection writes the file (PRAGMA data_version says so).
         self.cache: dict[Any, Any] = {}
         self._seen_version = self._pager_version = -1
+        #: Run at the start of every outermost transaction and snapshot, once the cache is up to
+        #: date with the file, inside it (the server checks the caller's credential there).
+        self.refresh_hooks: list[Callable[[Database], None]] = []
         #: When (time.monotonic()) this connection last wrote each agent's last_seen_at (writes are throttled).
         self.seen_at: dict[str, float] = {}
         self._migrate()
@@ -1203,11 +1207,13 @@ class Database:
             return
         self.conn.execute("BEGIN IMMEDIATE")
         self._depth = 1
-        # The pager's change counter (far cheaper than PRAGMA data_version) moves with our own
-        # commits, noted below, and with any other connection's, which taking the lock reveals.
-        if self.conn.data_version() != self._pager_version:
-            self.cache.clear()
         try:
+            # The pager's change counter (far cheaper than PRAGMA data_version) moves with our own
+            # commits, noted below, and with any other connection's, which taking the lock reveals.
+            if self.conn.data_version() != self._pager_version:
+                self.cache.clear()
+            for hook in self.refresh_hooks:
+                hook(self)
             yield self
         except BaseException:
             self.conn.execute("ROLLBACK")
@@ -1239,19 +1245,23 @@ class Database:
             return
         self.conn.execute("BEGIN")
         self._depth = 1
-        self._check_cache()
         try:
+            self._check_cache()
+            for hook in self.refresh_hooks:
+                hook(self)
             yield self
         finally:
             self._depth = 0
             self.conn.execute("COMMIT")
 
-    def cached(self, key: Any, load: Callable[[], Any]) -> Any:
+    def cached(self, key: Any, load: Callable[[], Any], *, fresh: bool = True) -> Any:
         """``self.cache[key]``, set from ``load()`` on a miss unless it returns None.
 
-        Outside a transaction it first drops the cache if another connection wrote meanwhile.
+        Outside a transaction it first drops the cache if another connection wrote meanwhile,
+        unless ``fresh`` is False: then a change made by another process is seen only at the next
+        transaction or snapshot (or the server's watcher, within 50 ms).
         """
-        if not self._depth:
+        if fresh and not self._depth:
             self._check_cache()
         value = self.cache.get(key)
         if value is None:
@@ -1570,6 +1580,8 @@ class Actor:
     allowed_tools: tuple[str, ...] | None = None
     #: A discussion credential's one reply in a private room's turn.
     discussion_id: str | None = None
+    #: The SHA-256 of the credential's secret, to look it up again (see check_caller).
+    secret_hash: str | None = dataclasses.field(default=None, repr=False)
 
     @property
     def address(self) -> str:
@@ -1598,8 +1610,13 @@ def token_kind(text: str) -> str | None:
     return _KIND_BY_PREFIX.get(text[:7])
 
 
-def resolve_token(db: Database, token: str, kinds: tuple[str, ...]) -> Actor:
-    """The Actor a secret stands for. Raises Unauthorized, saying why but never echoing the secret."""
+def resolve_token(db: Database, token: str, kinds: tuple[str, ...], *, fresh: bool = True) -> Actor:
+    """The Actor a secret stands for. Raises Unauthorized, saying why but never echoing the secret.
+
+    With ``fresh`` False a revocation made by another process is not looked for here: the
+    caller must then run its work with CALLER set, so that its first transaction or snapshot
+    checks the credential (check_caller).
+    """
     kind = token_kind(token)
     if kind not in kinds:
         wanted = " or ".join(_KIND_USE[k] for k in kinds)
@@ -1608,9 +1625,13 @@ def resolve_token(db: Database, token: str, kinds: tuple[str, ...]) -> Actor:
         if kind is None:
             raise Unauthorized(f"malformed credential: expected {wanted}, made by 'prickle token create'")
         raise Unauthorized(f"this is {_KIND_USE[kind]}; here you need {wanted}")
-    digest = sha256_hex(token)
+    return credential_actor(db, sha256_hex(token), kind, fresh=fresh)
+
+
+def credential_actor(db: Database, digest: str, kind: str, *, fresh: bool = True) -> Actor:
+    """The Actor of the ``kind`` credential whose secret hashes to ``digest``; raises Unauthorized."""
     # Cached until a credential changes (here, or in another process writing the file).
-    row, actor = db.cached(("credential", digest), lambda: _credential(db, digest)) or (None, None)
+    row, actor = db.cached(("credential", digest), lambda: _credential(db, digest), fresh=fresh) or (None, None)
     if row is None or row["kind"] != kind:
         raise Unauthorized("unknown credential: it was never issued here or the database was replaced")
     if row["revoked_at"]:
@@ -1637,8 +1658,27 @@ def _credential(db: Database, digest: str) -> tuple[dict, Actor] | None:
                           project_scope=ROOMS_SCOPE if row["rooms_only"] else row["project"],
                           task_scope=row["task_id"], attempt_id=row["attempt_id"],
                           discussion_id=row["discussion_id"],
-                          allowed_tools=tuple(json.loads(row["allowed_tools"])) if row["allowed_tools"] else None)
-    return row, Actor("person", row["id"], row["kind"], handle=row["person"])
+                          allowed_tools=tuple(json.loads(row["allowed_tools"])) if row["allowed_tools"] else None,
+                          secret_hash=digest)
+    return row, Actor("person", row["id"], row["kind"], handle=row["person"], secret_hash=digest)
+
+
+#: The actor of the MCP call being served in this task (set by the tool dispatcher).
+CALLER: contextvars.ContextVar[Actor | None] = contextvars.ContextVar("prickle_caller", default=None)
+
+
+def check_caller(db: Database) -> None:
+    """Raise Unauthorized if the credential of the call being served (CALLER) is no longer live.
+
+    The server registers it in ``db.refresh_hooks``, so it runs at the start of every
+    transaction and snapshot once the cache is up to date with the file: a cached credential
+    is current, and one dropped from the cache (because a credential changed here or another
+    process wrote) is read again. A key revoked from the command line is thereby refused at
+    the first read or write of a call that was let in on the cached credential.
+    """
+    actor = CALLER.get()
+    if actor is not None and actor.secret_hash and ("credential", actor.secret_hash) not in db.cache:
+        credential_actor(db, actor.secret_hash, actor.credential_kind)
 
 
 def check_live(db: Database, actor: Actor) -> None:
@@ -4453,6 +4493,9 @@ class Tool:
     read_only: bool = False
     idempotent: bool = False
     destructive: bool = False
+    #: Its first read or write is a transaction, where check_caller looks at the key: the /mcp
+    #: endpoint may let the call in on the cached credential without asking the file first.
+    key_checked_inside: bool = False
 
     def to_mcp(self) -> mcp_types.Tool:
         """The tool as tools/list shows it, with the published schemas."""
@@ -4644,7 +4687,7 @@ TOOLS: dict[str, Tool] = {t.name: t for t in [
          "private room (drafter, reviser or combiner: draft or ask_owner; reviewer: approve, pass, changes or "
          "ask_owner; the body may be empty with approve or pass); every other credential leaves it out. Two "
          "agents that answer each other ten times with no person in between are paused until a person posts.",
-         _tool_post),
+         _tool_post, key_checked_inside=True),
     Tool("wait_for_mention",
          "Sleep until someone @mentions you or hands you a task, for up to timeout_seconds (at most 50). "
          "Status 'timeout' returns a cursor: call again with it to keep listening without missing anything. "
@@ -4678,7 +4721,7 @@ TOOLS: dict[str, Tool] = {t.name: t for t in [
          "error. Reuse an idempotency_key to get the same task back instead of a duplicate. parent_task_id makes "
          "a sub-task of a task you are assigned to and have accepted; it keeps its own thread. Your identity is "
          "your key's.",
-         _tool_handoff),
+         _tool_handoff, key_checked_inside=True),
     Tool("check_inbox",
          "Your tasks: assigned (handed to you) and requested (handed by you to others), with their states, latest "
          "checkpoint and results. Closed tasks only with include_closed: true. pending_wakes_only lists only tasks "
@@ -4778,7 +4821,11 @@ def build_mcp_server(state: AppState) -> _MCPServer:
         if actor.allowed_tools is not None and tool.name not in actor.allowed_tools:
             return _tool_error(Forbidden(f"this run's credential may call only {', '.join(actor.allowed_tools)}; "
                                          f"{tool.name} is not among them"))
+        caller = CALLER.set(actor)
         try:
+            if not (ctx.request.scope.get("prickle.key_checked") or tool.key_checked_inside):
+                with state.db.snapshot():  # check_caller runs at its start
+                    pass
             args = validate_input(tool.name, params.arguments or {})
             note_seen(state.db, actor.agent_id)
             result = await tool.run(state, actor, args, ctx)
@@ -4788,6 +4835,8 @@ def build_mcp_server(state: AppState) -> _MCPServer:
             _log_exception(f"tool {tool.name}")
             return _tool_error(PrickleError("the server failed on this call; nothing was changed. Try again, "
                                             "and tell the server's operator if it keeps failing"))
+        finally:
+            CALLER.reset(caller)
         return mcp_types.CallToolResult(
             content=[mcp_types.TextContent(type="text", text=utf8_json(result))],
             structured_content=result)
@@ -4871,19 +4920,26 @@ class _GuardMiddleware:
 class _MCPEndpoint:
     """``/mcp``: resolve the bearer token to an agent, then hand over to the SDK's transport."""
 
+    HEADERS = (b"authorization", b"mcp-protocol-version", b"mcp-method", b"mcp-name")
+
     def __init__(self, state: AppState, transport: Any):
         self.state, self.transport = state, transport
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        auth = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), "")
+        headers = {k: v for k, v in scope["headers"] if k in self.HEADERS}
+        auth = headers.get(b"authorization", b"").decode("latin-1")
         token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        # A call of a tool that checks the key in its own transaction skips asking the file here
+        # (the headers only name the tool; the dispatcher checks the key if the body names another).
+        name = TOOLS.get(headers.get(b"mcp-name", b"").decode("latin-1"))
+        checked = not (headers.get(b"mcp-method") == b"tools/call" and name is not None and name.key_checked_inside)
         try:
-            actor = resolve_token(self.state.db, token, ("client", "runner", "execution", "discussion"))
+            actor = resolve_token(self.state.db, token, ("client", "runner", "execution", "discussion"), fresh=checked)
         except Unauthorized as e:
             await _error_response(e)(scope, receive, send)
             return
-        scope["prickle.actor"] = actor
-        version = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"mcp-protocol-version"), None)
+        scope["prickle.actor"], scope["prickle.key_checked"] = actor, checked
+        version = headers.get(b"mcp-protocol-version", b"").decode("latin-1") or None
         if version not in MODERN_VERSIONS:
             # The SDK binds a handshake-era session to the principal that opened it.
             scope["user"] = AuthenticatedUser(AccessToken(token=actor.credential_id, client_id=actor.credential_id,
@@ -5429,6 +5485,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     db = Database(db_path)
     hub = WakeHub(db)
     db.listeners.append(hub.committed)
+    db.refresh_hooks.append(check_caller)  # a call let in on a cached key is checked at its first read or write
     db.revoked_listeners.append(hub.wake_everyone)
     # Checkpoints (which fsync) run on a worker thread with their own connection, never inside a
     # request's commit on the event loop.

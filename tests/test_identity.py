@@ -61,6 +61,42 @@ def test_a_key_revoked_from_another_connection_stops_at_once(mcp, world, db_path
         prickle.resolve_token(world.db, world.keys["oj/muse"], ("client",))
 
 
+def _revoke_from_another_connection(db_path, secret):
+    cli = prickle.Database(db_path)
+    prickle.revoke_token(cli, cli.scalar("SELECT id FROM credentials WHERE secret_hash = ?",
+                                         (prickle.sha256_hex(secret),)))
+    cli.close()
+
+
+def test_a_post_let_in_on_the_cached_key_is_refused_at_its_transaction(mcp, world, db_path):
+    # post_message checks the key in its own transaction, so /mcp lets it in on the cached credential;
+    # a revocation another process made since is seen there, and nothing is written.
+    assert mcp.ok("oj/muse", "post_message", {"project": PROJECT, "body": "first"})
+    messages = world.db.scalar("SELECT count(*) FROM messages")
+    _revoke_from_another_connection(db_path, world.keys["oj/muse"])
+    assert mcp.error("oj/muse", "post_message", {"project": PROJECT, "body": "second"}, "unauthorized") == (
+        "unauthorized: this credential was revoked: ask its owner for a new one")
+    assert world.db.scalar("SELECT count(*) FROM messages") == messages
+    # the server now knows: the next request stops at the door
+    r = mcp.raw(world.keys["oj/muse"], "tools/call", {"name": "post_message", "arguments": {
+        "project": PROJECT, "body": "third"}}, "post_message")
+    assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
+
+
+def test_a_call_whose_headers_name_another_tool_still_has_its_key_checked(mcp, world, db_path):
+    assert mcp.ok("oj/muse", "read_room", {"project": PROJECT})
+    _revoke_from_another_connection(db_path, world.keys["oj/muse"])
+    # The headers say post_message (checked inside), the body calls read_room: the SDK refuses the mismatch,
+    # so headers can't let a call in on the cached key (the dispatcher would check it before read_room too).
+    r = mcp.raw(world.keys["oj/muse"], "tools/call", {"name": "read_room", "arguments": {"project": PROJECT}},
+                "post_message")
+    assert r.status_code == 400
+    assert "header does not match" in r.json()["error"]["message"] and "result" not in r.json()
+    r = mcp.raw(world.keys["oj/muse"], "tools/call", {"name": "read_room", "arguments": {"project": PROJECT}},
+                "read_room")
+    assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
+
+
 def test_expired_credential_is_refused(world):
     _, secret = prickle.create_token(world.db, "person", person="oj", ttl=prickle._dt.timedelta(seconds=-1))
     try:
