@@ -57,6 +57,7 @@ import jsonschema
 import jsonschema_rs
 import mcp_types
 import pydantic
+import pydantic_core
 from mcp.server import Server as _MCPServer
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
@@ -181,19 +182,21 @@ def sha256_hex(data: str | bytes) -> str:
     return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
 
 
-# Encoders built once: json.dumps with any option builds a new encoder on every call.
+# Built once: json.dumps with any option builds a new encoder on every call.
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
-_UTF8_JSON = json.JSONEncoder(ensure_ascii=False).encode
 
 
 def canonical_json(value: Any) -> str:
-    """Sorted keys, no spaces, UTF-8 kept: the form hashed by the audit chain."""
+    """Sorted keys, no spaces, UTF-8 kept: the form hashed by the audit chain (json's, so it never changes)."""
     return _CANONICAL(value)
 
 
 def utf8_json(value: Any) -> str:
-    """``json.dumps(value, ensure_ascii=False)``: JSON text with its Unicode kept as it is."""
-    return _UTF8_JSON(value)
+    """Compact JSON text with its Unicode kept as it is, for payloads and answers.
+
+    pydantic-core's serializer: about four times as fast as json's encoder on a message.
+    """
+    return pydantic_core.to_json(value).decode()
 
 
 #: Slugs: people's handles, agent names, project slugs (the reference's pattern).
@@ -1422,8 +1425,8 @@ def audit(db: Database, chain: str, type_: str, refs: dict, at: str | None = Non
 
 def _entry_json(chain: str, n: int, at: str, type_: str, refs_json: str) -> str:
     """canonical_json({chain, n, at, type, refs}) with refs already encoded (keys in sorted order)."""
-    return (f'{{"at":{utf8_json(at)},"chain":{utf8_json(chain)},"n":{n},"refs":{refs_json},'
-            f'"type":{utf8_json(type_)}}}')
+    return (f'{{"at":{canonical_json(at)},"chain":{canonical_json(chain)},"n":{n},"refs":{refs_json},'
+            f'"type":{canonical_json(type_)}}}')
 
 
 def verify_audit(db: Database, chain: str | None = None) -> list[dict]:
