@@ -1152,8 +1152,9 @@ class Database:
                     for sql in statements:
                         self.conn.execute(sql)
                 if self.one("PRAGMA foreign_key_check") is not None:
-                    raise StorageError(f"database {self.path} has rows whose references are broken; "
-                                       "it was not upgraded: restore it from a backup")
+                    raise StorageError(f"database {self.path} has rows whose references are broken "
+                                       "('PRAGMA foreign_key_check' lists them), so it was not upgraded: "
+                                       "fix those rows or restore a backup, then start again")
                 self.conn.pragma("user_version", len(MIGRATIONS))
                 if self.one("SELECT value FROM meta WHERE key = 'secret'") is None:
                     self.execute("INSERT INTO meta VALUES ('secret', ?)", (secrets.token_hex(32),))
@@ -4802,6 +4803,12 @@ TOOLS: dict[str, Tool] = {t.name: t for t in [
 ]}
 
 
+def _check_key(db: Database) -> None:
+    """Raise Unauthorized if the caller's key (CALLER) was revoked, by another process too."""
+    with db.snapshot():  # check_caller runs at its start
+        pass
+
+
 def _tool_error(e: PrickleError) -> mcp_types.CallToolResult:
     return mcp_types.CallToolResult(
         content=[mcp_types.TextContent(type="text", text=f"{e.code}: {e.message}")], is_error=True)
@@ -4824,15 +4831,19 @@ def build_mcp_server(state: AppState) -> _MCPServer:
         if actor.allowed_tools is not None and tool.name not in actor.allowed_tools:
             return _tool_error(Forbidden(f"this run's credential may call only {', '.join(actor.allowed_tools)}; "
                                          f"{tool.name} is not among them"))
-        caller = CALLER.set(actor)
+        caller, key_checked = CALLER.set(actor), ctx.request.scope.get("prickle.key_checked")
         try:
-            if not (ctx.request.scope.get("prickle.key_checked") or tool.key_checked_inside):
-                with state.db.snapshot():  # check_caller runs at its start
-                    pass
+            if not (key_checked or tool.key_checked_inside):
+                _check_key(state.db)
             args = validate_input(tool.name, params.arguments or {})
             note_seen(state.db, actor.agent_id)
             result = await tool.run(state, actor, args, ctx)
         except PrickleError as e:
+            if not key_checked and not isinstance(e, Unauthorized):
+                try:  # a call let in on the cached key says it is revoked before anything else
+                    _check_key(state.db)
+                except Unauthorized as revoked:
+                    e = revoked
             return _tool_error(e)
         except Exception:  # never let a traceback (or a secret in one) reach the client
             _log_exception(f"tool {tool.name}")
@@ -4932,17 +4943,19 @@ class _MCPEndpoint:
         headers = {k: v for k, v in scope["headers"] if k in self.HEADERS}
         auth = headers.get(b"authorization", b"").decode("latin-1")
         token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
-        # A call of a tool that checks the key in its own transaction skips asking the file here
-        # (the headers only name the tool; the dispatcher checks the key if the body names another).
+        version = headers.get(b"mcp-protocol-version", b"").decode("latin-1") or None
+        # A call of a tool that checks the key in its own transaction skips asking the file here.
+        # Only a sessionless protocol counts: there the SDK refuses headers that differ from the
+        # body (and the dispatcher checks the key anyway when the body names another tool).
         name = TOOLS.get(headers.get(b"mcp-name", b"").decode("latin-1"))
-        checked = not (headers.get(b"mcp-method") == b"tools/call" and name is not None and name.key_checked_inside)
+        checked = not (version in MODERN_VERSIONS and headers.get(b"mcp-method") == b"tools/call"
+                       and name is not None and name.key_checked_inside)
         try:
             actor = resolve_token(self.state.db, token, ("client", "runner", "execution", "discussion"), fresh=checked)
         except Unauthorized as e:
             await _error_response(e)(scope, receive, send)
             return
         scope["prickle.actor"], scope["prickle.key_checked"] = actor, checked
-        version = headers.get(b"mcp-protocol-version", b"").decode("latin-1") or None
         if version not in MODERN_VERSIONS:
             # The SDK binds a handshake-era session to the principal that opened it.
             scope["user"] = AuthenticatedUser(AccessToken(token=actor.credential_id, client_id=actor.credential_id,

@@ -83,6 +83,23 @@ def test_a_post_let_in_on_the_cached_key_is_refused_at_its_transaction(mcp, worl
     assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
 
 
+def test_a_revoked_key_gets_unauthorized_before_any_other_refusal(mcp, world, db_path):
+    assert mcp.ok("oj/muse", "post_message", {"project": PROJECT, "body": "first"})
+    _revoke_from_another_connection(db_path, world.keys["oj/muse"])
+    # let in on the cached key; its input is bad too, but the key is what it hears about
+    assert mcp.error("oj/muse", "post_message", {"project": PROJECT, "body": "x" * 9000}, "unauthorized") == (
+        "unauthorized: this credential was revoked: ask its owner for a new one")
+
+
+def test_handshake_era_requests_are_checked_at_the_door_whatever_their_headers_say(mcp, world, db_path):
+    assert mcp.ok("oj/muse", "read_room", {"project": PROJECT})
+    _revoke_from_another_connection(db_path, world.keys["oj/muse"])
+    # a session-era protocol: the SDK does not hold Mcp-Name to the body, so the header earns nothing
+    r = mcp.raw(world.keys["oj/muse"], "tools/list", name="post_message",
+                headers={"MCP-Protocol-Version": "2025-03-26", "Mcp-Method": "tools/call"})
+    assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
+
+
 def test_a_call_whose_headers_name_another_tool_still_has_its_key_checked(mcp, world, db_path):
     assert mcp.ok("oj/muse", "read_room", {"project": PROJECT})
     _revoke_from_another_connection(db_path, world.keys["oj/muse"])
