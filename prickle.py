@@ -2343,8 +2343,8 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
 
         message_id, now = _message_id or new_id("msg"), iso(utcnow())
         lineage = run_lineage(db, actor, _task_row(db, actor.task_scope)) if actor.attempt_id else None
-        lineage_json = json.dumps(lineage) if lineage else None
-        mentions_json = json.dumps(mentions)
+        lineage_json = utf8_json(lineage) if lineage else None
+        mentions_json = utf8_json(mentions)
         db.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, provenance, "
                    "provenance_status, in_reply_to, task_id, verdict, created_at, task_request, lineage) VALUES "
                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
