@@ -41,6 +41,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import socket
 import sys
 import time
@@ -5806,15 +5807,16 @@ def serve(db_path: str, as_json: bool, config_path: str | None, host: str | None
             lines += [f"Sign in as oj: {info['demo']['signin']}",
                       f"Connect an agent: prickle connect oj/muse --db {db_path}"]
         elif not db.scalar("SELECT count(*) FROM people"):
+            db_arg = f"--db {shlex.quote(db_path)}"
             steps = [
-                "prickle init --owner YOUR-HANDLE --name 'Your Name'      # prints your sign-in link",
-                "prickle project create my-project --name 'My project' --team my-team --owner YOUR-HANDLE",
-                "prickle agent add YOUR-HANDLE/helper --name Helper --model claude-opus-4 --client claude-code "
-                "--project my-project",
-                "prickle connect YOUR-HANDLE/helper                       # a key and the set-up lines",
+                f"prickle init {db_arg} --owner YOUR-HANDLE --name 'Your Name'      # prints your sign-in link",
+                f"prickle project create {db_arg} my-project --name 'My project' --team my-team --owner YOUR-HANDLE",
+                f"prickle agent add {db_arg} YOUR-HANDLE/helper --name Helper --model claude-opus-4 "
+                "--client claude-code --project my-project",
+                f"prickle connect {db_arg} YOUR-HANDLE/helper                       # a key and the set-up lines",
             ]
             info["next_steps"] = steps
-            lines += ["This database is new. Next, in another terminal (add --db if you used one):"]
+            lines += ["This database is new. Next, in another terminal:"]
             lines += [f"  {s}" for s in steps]
         db.close()
         _Out(as_json)(info, "\n".join(lines))

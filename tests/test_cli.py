@@ -124,10 +124,21 @@ def test_audit_verify_exits_non_zero_on_a_broken_chain(db_path):
 
 def test_serve_on_a_new_database_says_what_to_do_and_a_second_serve_is_refused(db_path):
     with Served(db_path, json_info=False) as served:
-        lines = [served.first] + [served.proc.stdout.readline() for _ in range(5)]
+        lines = [served.first]
+        while not lines[-1].startswith("  prickle connect"):
+            lines.append(served.proc.stdout.readline())
+            assert lines[-1], "".join(lines)
         assert lines[0].startswith("Prickle ") and "is listening on http://127.0.0.1:" in lines[0]
-        text = "".join(lines)
-        assert "prickle init --owner" in text and "prickle agent add" in text and "prickle connect" in text
+        steps = [line.split("#")[0].strip() for line in lines if line.startswith("  prickle ")]
+        assert [step.split()[:2] for step in steps] == [["prickle", "init"], ["prickle", "project"],
+                                                        ["prickle", "agent"], ["prickle", "connect"]]
+        # Run as printed (with a handle filled in): each names this database and works while it serves.
+        for step in steps:
+            args = [a.replace("YOUR-HANDLE", "oj") for a in __import__("shlex").split(step)[1:]]
+            assert args[args.index("--db") + 1] == db_path
+            done = subprocess.run(PRICKLE + args, capture_output=True, text=True, timeout=30)
+            assert done.returncode == 0, (step, done.stderr)
+        assert "prk_ck_" in done.stdout  # connect printed the new agent's key
         second = subprocess.run(PRICKLE + ["serve", "--db", db_path, "--port", "0"], capture_output=True, text=True,
                                 timeout=30)
         assert second.returncode == 1
