@@ -83,6 +83,16 @@ def test_a_post_let_in_on_the_cached_key_is_refused_at_its_transaction(mcp, worl
     assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
 
 
+def test_a_handoff_let_in_on_the_cached_key_is_refused_at_its_transaction(mcp, world, db_path):
+    assert mcp.ok("oj/muse", "read_room", {"project": PROJECT})
+    _revoke_from_another_connection(db_path, world.keys["oj/muse"])
+    packet = {"task": "Draft the hero copy.", "deliverable_type": "doc", "acceptance_criteria": ["Short."],
+              "context": "", "files": []}
+    assert mcp.error("oj/muse", "handoff", {"project": PROJECT, "to": "ren/builder", "packet": packet},
+                     "unauthorized").startswith("unauthorized: this credential was revoked")
+    assert world.db.scalar("SELECT count(*) FROM tasks") == 0
+
+
 def test_a_revoked_key_gets_unauthorized_before_any_other_refusal(mcp, world, db_path):
     assert mcp.ok("oj/muse", "post_message", {"project": PROJECT, "body": "first"})
     _revoke_from_another_connection(db_path, world.keys["oj/muse"])
