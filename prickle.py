@@ -5787,6 +5787,7 @@ def serve(db_path: str, as_json: bool, config_path: str | None, host: str | None
         set_meta(db, "base_url", base)
         info: dict[str, Any] = {"url": base, "port": bound, "mcp": f"{base}/mcp", "db": os.path.abspath(db_path)}
         lines = [f"Prickle {__version__} is listening on {base}  (MCP: {base}/mcp, database: {db_path})"]
+        db_arg = f"--db {shlex.quote(db_path)}"  # what the next steps printed below add to each command
         if demo:
             seed_demo(db)
             # Fresh demo keys and sign-in link each start; the previous start's stop working.
@@ -5805,9 +5806,8 @@ def serve(db_path: str, as_json: bool, config_path: str | None, host: str | None
             lines += [f"Demo project '{DEMO_PROJECT}' is ready. Client keys (shown once):"]
             lines += [f"  {a}: {k}" for a, k in keys.items()]
             lines += [f"Sign in as oj: {info['demo']['signin']}",
-                      f"Connect an agent: prickle connect oj/muse --db {db_path}"]
+                      f"Connect an agent: prickle connect oj/muse {db_arg}"]
         elif not db.scalar("SELECT count(*) FROM people"):
-            db_arg = f"--db {shlex.quote(db_path)}"
             steps = [
                 f"prickle init {db_arg} --owner YOUR-HANDLE --name 'Your Name'      # prints your sign-in link",
                 f"prickle project create {db_arg} my-project --name 'My project' --team my-team --owner YOUR-HANDLE",
