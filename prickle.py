@@ -1077,6 +1077,23 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE outbox_new RENAME TO outbox",
         "DELETE FROM sqlite_sequence WHERE name IN ('messages', 'outbox')",
     ],
+    [
+        # A message id carries its seq (see new_message_id), so a message is found by its primary
+        # key: no index of random ids, whose every insert wrote a leaf page at a random place. Ids
+        # made before have no '-' and keep a unique index of their own.
+        """CREATE TABLE messages_new (
+            seq INTEGER PRIMARY KEY, id TEXT NOT NULL, project TEXT NOT NULL REFERENCES projects(slug),
+            author_kind TEXT NOT NULL, author TEXT NOT NULL, body TEXT NOT NULL, mentions TEXT NOT NULL,
+            provenance TEXT, provenance_status TEXT, in_reply_to TEXT, task_id TEXT, verdict TEXT,
+            created_at TEXT NOT NULL, task_request TEXT, lineage TEXT, make_action TEXT, made_by_action TEXT)""",
+        "INSERT INTO messages_new SELECT seq, id, project, author_kind, author, body, mentions, provenance, "
+        "provenance_status, in_reply_to, task_id, verdict, created_at, task_request, lineage, make_action, "
+        "made_by_action FROM messages",
+        "DROP TABLE messages",
+        "ALTER TABLE messages_new RENAME TO messages",
+        "CREATE INDEX messages_by_room ON messages(project, task_id, seq)",
+        "CREATE UNIQUE INDEX messages_by_old_id ON messages(id) WHERE instr(id, '-') = 0",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -2178,6 +2195,35 @@ def note_seen(db: Database, agent_id: str) -> None:
 
 # -- the room ----------------------------------------------------------------
 
+#: Message ids made since schema 7: ``msg_<seq in hex>-<12 random hex digits>``. The random part
+#: keeps an id from naming a different message when a restored backup hands its seq out again.
+_MESSAGE_ID = re.compile(r"msg_([0-9a-f]{1,15})-[0-9a-f]{12}")
+
+
+def new_message_id(db: Database) -> str:
+    """Inside a write transaction: the id of the next message inserted (it carries that message's seq)."""
+    seq = db.scalar("SELECT coalesce(max(seq), 0) + 1 FROM messages")
+    return f"msg_{seq:x}-{_IDS.getrandbits(48):012x}"
+
+
+def message_seq(message_id: str) -> int | None:
+    """The seq a message id carries; None for an id made before schema 7, or for text no message has."""
+    m = _MESSAGE_ID.fullmatch(message_id)
+    return int(m[1], 16) if m else None
+
+
+def by_message_id(message_id: str, table: str = "messages") -> tuple[str, tuple]:
+    """``(condition, parameters)`` matching the message ``message_id`` in ``table`` (a name or alias).
+
+    A current id is found by its primary key; an older one through the unique index those ids
+    keep, whose condition the query repeats word for word so that SQLite uses it.
+    """
+    seq = message_seq(message_id)
+    if seq is not None:
+        return f"{table}.seq = ? AND {table}.id = ?", (seq, message_id)
+    return f"{table}.id = ? AND instr({table}.id, '-') = 0", (message_id,)
+
+
 # The author's name by primary key (a LEFT JOIN here made SQLite scan people and agents).
 _MESSAGE_SELECT = (
     "SELECT m.*, coalesce(CASE m.author_kind WHEN 'person' THEN "
@@ -2222,7 +2268,8 @@ def message_out(row: dict) -> dict:
 
 def get_message(db: Database, message_id: str) -> dict | None:
     """One message as the reference's Message object, or None."""
-    row = db.one(_MESSAGE_SELECT + "WHERE m.id = ?", (message_id,))
+    where, params = by_message_id(message_id, "m")
+    row = db.one(_MESSAGE_SELECT + "WHERE " + where, params)
     return message_out(_with_card(db, row)) if row else None
 
 
@@ -2307,7 +2354,8 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
             raise Forbidden(f"a woken run posts only in its own task's thread: pass task_id '{actor.task_scope}'")
         parent = None
         if in_reply_to is not None:
-            parent = db.one("SELECT * FROM messages WHERE id = ? AND project = ?", (in_reply_to, project))
+            where, params = by_message_id(in_reply_to)
+            parent = db.one(f"SELECT * FROM messages WHERE {where} AND project = ?", params + (project,))
             hidden = parent is not None and parent["task_id"] is not None and not _thread_visible(
                 db, actor, _task_row(db, parent["task_id"]))
             if parent is None or hidden:
@@ -2342,14 +2390,14 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
                                  f"between, so both are paused in '{project}' until a person posts there; "
                                  "wait for a person instead of messaging that agent")
 
-        message_id, now = _message_id or new_id("msg"), iso(utcnow())
+        message_id, now = _message_id or new_message_id(db), iso(utcnow())
         lineage = run_lineage(db, actor, _task_row(db, actor.task_scope)) if actor.attempt_id else None
         lineage_json = utf8_json(lineage) if lineage else None
         mentions_json = utf8_json(mentions)
-        db.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, provenance, "
+        db.execute("INSERT INTO messages (seq, id, project, author_kind, author, body, mentions, provenance, "
                    "provenance_status, in_reply_to, task_id, verdict, created_at, task_request, lineage) VALUES "
-                   "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                   (message_id, project, actor.kind, author, body, mentions_json, provenance, status,
+                   "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   (message_seq(message_id), message_id, project, actor.kind, author, body, mentions_json, provenance, status,
                     in_reply_to, task_id, verdict, now, _task_request, lineage_json))
         if task is not None:
             db.execute("UPDATE tasks SET last_activity_at = ? WHERE id = ?", (now, task_id))
@@ -2393,7 +2441,10 @@ def _display_name(db: Database, actor: Actor) -> str:
 
 
 def _reply_thread(db: Database, message_id: str | None) -> str | None:
-    return db.scalar("SELECT task_id FROM messages WHERE id = ?", (message_id,)) if message_id else None
+    if not message_id:
+        return None
+    where, params = by_message_id(message_id)
+    return db.scalar(f"SELECT task_id FROM messages WHERE {where}", params)
 
 
 def _agent_viewer(agent_id: str) -> Actor:
@@ -3524,7 +3575,7 @@ def request_task(db: Database, person: Actor, project: str, agent_id: str, packe
         require_project(db, person, project)
         if agent_id.split("/")[0] != person.handle:
             raise Forbidden(f"'{agent_id}' is not your agent: ask your own agents, or hand off through them")
-        message_id = new_id("msg")
+        message_id = new_message_id(db)  # the task names its message, which is posted after it
         out = handoff(db, person, project, agent_id, packet, origin_message_id=message_id)
         message = post_message(db, person, project, f"@{agent_id} Task request: {packet['task']}",
                                _message_id=message_id, _task_request=out["task"]["id"])
@@ -4103,8 +4154,9 @@ def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_ke
         raise Forbidden("only a runner device or a key for your owner's private rooms claims a discussion")
     def run() -> dict:
         with db.transaction():
-            message = db.one("SELECT m.*, p.kind FROM messages m JOIN projects p ON p.slug = m.project WHERE m.id = ?",
-                             (message_id,))
+            where, params = by_message_id(message_id, "m")
+            message = db.one(f"SELECT m.*, p.kind FROM messages m JOIN projects p ON p.slug = m.project WHERE {where}",
+                             params)
             room = message and db.one("SELECT * FROM rooms WHERE project = ?", (message["project"],))
             if room is None or room["owner"] != actor.owner:
                 raise NotFound(f"message_id: no message '{message_id}' in your owner's private room")
@@ -4258,7 +4310,7 @@ def propose_action(db: Database, actor: Actor, tool: str, action: str, prompt: s
         row = {"id": new_id("act"), "project": slug, "agent_id": actor.agent_id, "owner": actor.owner, "tool": tool,
                "action": action, "inputs": json.dumps({"prompt": prompt}), "cost_estimate": cost_estimate,
                "status": "proposed", "expires_at": iso(now + ACTION_LIFETIME), "decided_by": None, "decided_at": None,
-               "message_id": new_id("msg"), "result_message_id": None, "failure": None, "approval_audit_id": None,
+               "message_id": new_message_id(db), "result_message_id": None, "failure": None, "approval_audit_id": None,
                "created_at": iso(now)}
         db.execute(f"INSERT INTO actions ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
                    tuple(row.values()))
@@ -4267,9 +4319,9 @@ def propose_action(db: Database, actor: Actor, tool: str, action: str, prompt: s
                    "owner": actor.owner, "display_name": name}, "body": f"Proposed: {action}", "mentions": [],
                    "provenance": "agent_generated", "in_reply_to": None, "task_id": None, "created_at": row["created_at"],
                    "make_action": action_out(row)}
-        db.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, provenance, created_at, "
-                   "make_action) VALUES (?, ?, 'agent', ?, ?, '[]', 'agent_generated', ?, ?)",
-                   (row["message_id"], slug, actor.agent_id, message["body"], row["created_at"], row["id"]))
+        db.execute("INSERT INTO messages (seq, id, project, author_kind, author, body, mentions, provenance, "
+                   "created_at, make_action) VALUES (?, ?, ?, 'agent', ?, ?, '[]', 'agent_generated', ?, ?)",
+                   (message_seq(row["message_id"]), row["message_id"], slug, actor.agent_id, message["body"], row["created_at"], row["id"]))
         append_event(db, slug, "message.posted", {"message": message})
         audit(db, slug, "action.proposed", {"message": row["message_id"], "action": row["id"], "tool": tool,
                                             "inputs_sha256": sha256_hex(row["inputs"])})
@@ -4354,11 +4406,11 @@ def finish_action(db: Database, actor: Actor, action_id: str, body: str | None =
         message_id = None
         if body is not None:
             check_text(body, "body", 8000, 1)
-            message_id, now = new_id("msg"), iso(utcnow())
+            message_id, now = new_message_id(db), iso(utcnow())
             made_by = {"action_id": action_id, "approval_audit_id": row["approval_audit_id"]}
-            db.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, provenance, "
-                       "created_at, made_by_action) VALUES (?, ?, 'agent', ?, ?, '[]', 'agent_generated', ?, ?)",
-                       (message_id, row["project"], actor.agent_id, body, now, json.dumps(made_by)))
+            db.execute("INSERT INTO messages (seq, id, project, author_kind, author, body, mentions, provenance, "
+                       "created_at, made_by_action) VALUES (?, ?, ?, 'agent', ?, ?, '[]', 'agent_generated', ?, ?)",
+                       (message_seq(message_id), message_id, row["project"], actor.agent_id, body, now, json.dumps(made_by)))
             append_event(db, row["project"], "message.posted", {"message": get_message(db, message_id)})
         db.execute("UPDATE actions SET status = ?, result_message_id = ?, failure = ? WHERE id = ?",
                    ("done" if body is not None else "failed", message_id, failure, action_id))

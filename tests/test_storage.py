@@ -1,6 +1,7 @@
 """Storage: schema versions, transactions, the outbox, the audit chain, the server lock."""
 
 import os
+import re
 import time
 
 import apsw
@@ -66,7 +67,7 @@ def test_upgrading_keeps_messages_and_events_and_drops_autoincrement(db_path):
     assert db.rows("SELECT name FROM sqlite_sequence") == []
     indexes = {r["name"] for r in db.rows("SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name IN "
                                           "('messages', 'outbox', 'wakes')")}
-    assert indexes == {"sqlite_autoindex_messages_1", "messages_by_room", "wakes_by_seq"}
+    assert indexes == {"messages_by_old_id", "messages_by_room", "wakes_by_seq"}
     # the next rows continue after the last ones, and references are still enforced
     with db.transaction():
         db.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, created_at) "
@@ -77,6 +78,43 @@ def test_upgrading_keeps_messages_and_events_and_drops_autoincrement(db_path):
         with db.transaction():
             db.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, created_at) "
                        "VALUES ('msg_5', 'nowhere', 'person', 'oj', 'x', '[]', 'x')")
+
+
+def _query_plan(db, sql, params):
+    return " ".join(r["detail"] for r in db.rows("EXPLAIN QUERY PLAN " + sql, params))
+
+
+def test_message_ids_carry_their_seq_and_older_ids_are_still_found(db_path):
+    conn = _database_at_version(db_path, 6)
+    with conn:
+        conn.execute("INSERT INTO people (handle, display_name, created_at) VALUES ('oj', 'OJ', 'x')")
+        conn.execute("INSERT INTO projects (slug, team, name, created_by, created_at) VALUES ('p', 't', 'P', 'oj', 'x')")
+        conn.execute("INSERT INTO members (project, handle, role, joined_at) VALUES ('p', 'oj', 'owner', 'x')")
+        conn.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, created_at) "
+                     "VALUES ('msg_0123456789abcdef01234567', 'p', 'person', 'oj', 'from before', '[]', "
+                     "'2026-01-01T00:00:00.000Z')")
+    conn.close()
+    db = prickle.Database(db_path)
+    oj = prickle.Actor("person", "", "", handle="oj")
+    old = prickle.get_message(db, "msg_0123456789abcdef01234567")
+    assert old["body"] == "from before"
+    # a reply to a message from before the upgrade finds its parent; the new message's id carries seq 2
+    reply = prickle.post_message(db, oj, "p", "and after", in_reply_to=old["id"])
+    assert reply["in_reply_to"] == old["id"]
+    assert re.fullmatch(r"msg_2-[0-9a-f]{12}", reply["id"]) and prickle.message_seq(reply["id"]) == 2
+    assert prickle.get_message(db, reply["id"])["body"] == "and after"
+    # each lookup uses the primary key or the older ids' own index, never a scan of messages
+    for message_id, uses in ((reply["id"], "INTEGER PRIMARY KEY"), (old["id"], "INDEX messages_by_old_id")):
+        where, params = prickle.by_message_id(message_id)
+        assert uses in _query_plan(db, f"SELECT * FROM messages WHERE {where}", params)
+    # an id that only looks current (wrong random part, or a seq too big) and text that is no id find nothing
+    for wrong in (reply["id"][:-1] + "x", "msg_2-000000000000", "msg_" + "f" * 16 + "-000000000000", "msg_nope", ""):
+        assert prickle.get_message(db, wrong) is None
+    # ids from before stay unique
+    with pytest.raises(apsw.ConstraintError):
+        with db.transaction():
+            db.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, created_at) "
+                       "VALUES ('msg_0123456789abcdef01234567', 'p', 'person', 'oj', 'twice', '[]', 'x')")
 
 
 def test_an_upgrade_refuses_a_database_with_broken_references(db_path):
