@@ -1099,6 +1099,9 @@ MIGRATIONS: list[list[str]] = [
 #: The audit chain for entries that belong to no project (a person's token, say).
 DEPLOYMENT_CHAIN = ""
 
+#: The cache key of the newest message's seq (kept up to date by Database._row_changed).
+LAST_MESSAGE = ("last", "messages")
+
 #: Cursors older than this many outbox rows behind the head are refused with a resync.
 CURSOR_WINDOW = 1_000_000
 
@@ -1149,6 +1152,8 @@ class Database:
         # A credential issued, revoked or used here: the cached credential rows are out of date.
         if table == "credentials":
             self.cache.clear()
+        elif table == "messages" and LAST_MESSAGE in self.cache:
+            self.cache[LAST_MESSAGE] = max(self.cache[LAST_MESSAGE], rowid)
 
     def _migrate(self) -> None:
         version = self.conn.pragma("user_version")
@@ -2202,7 +2207,7 @@ _MESSAGE_ID = re.compile(r"msg_([0-9a-f]{1,15})-[0-9a-f]{12}")
 
 def new_message_id(db: Database) -> str:
     """Inside a write transaction: the id of the next message inserted (it carries that message's seq)."""
-    seq = db.scalar("SELECT coalesce(max(seq), 0) + 1 FROM messages")
+    seq = db.cached(LAST_MESSAGE, lambda: db.scalar("SELECT coalesce(max(seq), 0) FROM messages")) + 1
     return f"msg_{seq:x}-{_IDS.getrandbits(48):012x}"
 
 

@@ -110,6 +110,15 @@ def test_message_ids_carry_their_seq_and_older_ids_are_still_found(db_path):
     # an id that only looks current (wrong random part, or a seq too big) and text that is no id find nothing
     for wrong in (reply["id"][:-1] + "x", "msg_2-000000000000", "msg_" + "f" * 16 + "-000000000000", "msg_nope", ""):
         assert prickle.get_message(db, wrong) is None
+    # the next id counts every message, however it was written, and nothing a rollback took back
+    with db.transaction():
+        db.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, created_at) "
+                   "VALUES ('msg_written_directly', 'p', 'person', 'oj', 'x', '[]', 'x')")
+    with pytest.raises(prickle.InvalidInput):
+        with db.transaction():
+            prickle.post_message(db, oj, "p", "rolled back")
+            prickle.post_message(db, oj, "p", " ")
+    assert prickle.message_seq(prickle.post_message(db, oj, "p", "next")["id"]) == 4
     # ids from before stay unique
     with pytest.raises(apsw.ConstraintError):
         with db.transaction():
