@@ -7,7 +7,7 @@ What it measures, against ``prickle serve --demo`` on a fresh database in a temp
    bare MCP ``echo`` tool on the same MCP SDK / Starlette / uvicorn stack
    (``bench/echo_server.py``), same run, same load generator: ``wrk`` with
    ``bench/mcp_call.lua`` (``-t1 -c1`` and ``-t2 -c16``), or, when wrk is missing, several
-   Python processes (the output says which). A 2 s warm-up of each, then 4 rounds of echo for
+   Python processes (the output says which). A 2 s warm-up of each, then 6 rounds of echo for
    3 s and ``post_message`` for 3 s back to back; the table gives each server's median round
    and the median of the rounds' shares. Target: Prickle at least 70% of echo.
 2. Wake latency: a waiter process holds ``wait_for_mention`` as oj/muse; a poster process
@@ -94,7 +94,7 @@ class Watchdog(BenchError):
 class Settings:
     warmup: float = 2.0
     measure: float = 3.0
-    rounds: int = 4
+    rounds: int = 6
     wake_samples: int = 300
     handoff_samples: int = 200
     waiters: int = WAITERS
