@@ -34,7 +34,7 @@ What it measures, against ``prickle serve --demo`` on a fresh database in a temp
 Run it from the repository with the project's virtualenv active (``wrk`` from Debian's
 ``wrk`` package; without it the Python load generator is used)::
 
-    python bench/run.py            # a little over 2 minutes on 2 cores
+    python bench/run.py            # about two and a half minutes on 2 cores
     python bench/run.py --quick    # shorter runs and fewer samples, for a smoke check
     python bench/run.py --load python
     python bench/run.py --prickle "python /path/to/patched/prickle.py"
