@@ -883,6 +883,26 @@ def validate_input(tool: str, arguments: Mapping[str, Any]) -> dict:
 # Storage #####################################################################
 ###############################################################################
 
+def _rebuild_messages(id_column: str) -> list[str]:
+    """SQLite's table-rebuild steps for messages (columns as of schema 6), with ``id_column`` defining its id.
+
+    Migrations 6 and 7 run these statements: like them, never edit it.
+    """
+    return [
+        f"""CREATE TABLE messages_new (
+            seq INTEGER PRIMARY KEY, {id_column}, project TEXT NOT NULL REFERENCES projects(slug),
+            author_kind TEXT NOT NULL, author TEXT NOT NULL, body TEXT NOT NULL, mentions TEXT NOT NULL,
+            provenance TEXT, provenance_status TEXT, in_reply_to TEXT, task_id TEXT, verdict TEXT,
+            created_at TEXT NOT NULL, task_request TEXT, lineage TEXT, make_action TEXT, made_by_action TEXT)""",
+        "INSERT INTO messages_new SELECT seq, id, project, author_kind, author, body, mentions, provenance, "
+        "provenance_status, in_reply_to, task_id, verdict, created_at, task_request, lineage, make_action, "
+        "made_by_action FROM messages",
+        "DROP TABLE messages",
+        "ALTER TABLE messages_new RENAME TO messages",
+        "CREATE INDEX messages_by_room ON messages(project, task_id, seq)",
+    ]
+
+
 #: Schema upgrades, one list of statements per version; ``PRAGMA user_version`` is the
 #: number of entries applied. Add a new entry to change the schema; never edit an old one.
 MIGRATIONS: list[list[str]] = [
@@ -1058,17 +1078,7 @@ MIGRATIONS: list[list[str]] = [
         # is max + 1 and only grows, without a sqlite_sequence row to read and write on every
         # insert), rebuilt as SQLite's ALTER TABLE guide says. The outbox is read by seq, one
         # project's events at a time from a recent seq, so it keeps no per-project index.
-        """CREATE TABLE messages_new (
-            seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, project TEXT NOT NULL REFERENCES projects(slug),
-            author_kind TEXT NOT NULL, author TEXT NOT NULL, body TEXT NOT NULL, mentions TEXT NOT NULL,
-            provenance TEXT, provenance_status TEXT, in_reply_to TEXT, task_id TEXT, verdict TEXT,
-            created_at TEXT NOT NULL, task_request TEXT, lineage TEXT, make_action TEXT, made_by_action TEXT)""",
-        "INSERT INTO messages_new SELECT seq, id, project, author_kind, author, body, mentions, provenance, "
-        "provenance_status, in_reply_to, task_id, verdict, created_at, task_request, lineage, make_action, "
-        "made_by_action FROM messages",
-        "DROP TABLE messages",
-        "ALTER TABLE messages_new RENAME TO messages",
-        "CREATE INDEX messages_by_room ON messages(project, task_id, seq)",
+        *_rebuild_messages("id TEXT NOT NULL UNIQUE"),
         """CREATE TABLE outbox_new (
             seq INTEGER PRIMARY KEY, id TEXT NOT NULL, project TEXT NOT NULL,
             at TEXT NOT NULL, type TEXT NOT NULL, payload TEXT NOT NULL)""",
@@ -1081,17 +1091,7 @@ MIGRATIONS: list[list[str]] = [
         # A message id carries its seq (see new_message_id), so a message is found by its primary
         # key: no index of random ids, whose every insert wrote a leaf page at a random place. Ids
         # made before have no '-' and keep a unique index of their own.
-        """CREATE TABLE messages_new (
-            seq INTEGER PRIMARY KEY, id TEXT NOT NULL, project TEXT NOT NULL REFERENCES projects(slug),
-            author_kind TEXT NOT NULL, author TEXT NOT NULL, body TEXT NOT NULL, mentions TEXT NOT NULL,
-            provenance TEXT, provenance_status TEXT, in_reply_to TEXT, task_id TEXT, verdict TEXT,
-            created_at TEXT NOT NULL, task_request TEXT, lineage TEXT, make_action TEXT, made_by_action TEXT)""",
-        "INSERT INTO messages_new SELECT seq, id, project, author_kind, author, body, mentions, provenance, "
-        "provenance_status, in_reply_to, task_id, verdict, created_at, task_request, lineage, make_action, "
-        "made_by_action FROM messages",
-        "DROP TABLE messages",
-        "ALTER TABLE messages_new RENAME TO messages",
-        "CREATE INDEX messages_by_room ON messages(project, task_id, seq)",
+        *_rebuild_messages("id TEXT NOT NULL"),
         "CREATE UNIQUE INDEX messages_by_old_id ON messages(id) WHERE instr(id, '-') = 0",
     ],
 ]
