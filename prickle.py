@@ -2402,8 +2402,8 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
         db.execute("INSERT INTO messages (seq, id, project, author_kind, author, body, mentions, provenance, "
                    "provenance_status, in_reply_to, task_id, verdict, created_at, task_request, lineage) VALUES "
                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                   (message_seq(message_id), message_id, project, actor.kind, author, body, mentions_json, provenance, status,
-                    in_reply_to, task_id, verdict, now, _task_request, lineage_json))
+                   (message_seq(message_id), message_id, project, actor.kind, author, body, mentions_json, provenance,
+                    status, in_reply_to, task_id, verdict, now, _task_request, lineage_json))
         if task is not None:
             db.execute("UPDATE tasks SET last_activity_at = ? WHERE id = ?", (now, task_id))
             if actor.kind == "person" and task["routed_at"] is not None:
@@ -4326,7 +4326,8 @@ def propose_action(db: Database, actor: Actor, tool: str, action: str, prompt: s
                    "make_action": action_out(row)}
         db.execute("INSERT INTO messages (seq, id, project, author_kind, author, body, mentions, provenance, "
                    "created_at, make_action) VALUES (?, ?, ?, 'agent', ?, ?, '[]', 'agent_generated', ?, ?)",
-                   (message_seq(row["message_id"]), row["message_id"], slug, actor.agent_id, message["body"], row["created_at"], row["id"]))
+                   (message_seq(row["message_id"]), row["message_id"], slug, actor.agent_id, message["body"],
+                    row["created_at"], row["id"]))
         append_event(db, slug, "message.posted", {"message": message})
         audit(db, slug, "action.proposed", {"message": row["message_id"], "action": row["id"], "tool": tool,
                                             "inputs_sha256": sha256_hex(row["inputs"])})
@@ -4415,7 +4416,8 @@ def finish_action(db: Database, actor: Actor, action_id: str, body: str | None =
             made_by = {"action_id": action_id, "approval_audit_id": row["approval_audit_id"]}
             db.execute("INSERT INTO messages (seq, id, project, author_kind, author, body, mentions, provenance, "
                        "created_at, made_by_action) VALUES (?, ?, ?, 'agent', ?, ?, '[]', 'agent_generated', ?, ?)",
-                       (message_seq(message_id), message_id, row["project"], actor.agent_id, body, now, json.dumps(made_by)))
+                       (message_seq(message_id), message_id, row["project"], actor.agent_id, body, now,
+                        json.dumps(made_by)))
             append_event(db, row["project"], "message.posted", {"message": get_message(db, message_id)})
         db.execute("UPDATE actions SET status = ?, result_message_id = ?, failure = ? WHERE id = ?",
                    ("done" if body is not None else "failed", message_id, failure, action_id))
