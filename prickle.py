@@ -1090,9 +1090,9 @@ MIGRATIONS: list[list[str]] = [
     [
         # A message id carries its seq (see new_message_id), so a message is found by its primary
         # key: no index of random ids, whose every insert wrote a leaf page at a random place. Ids
-        # made before have no '-' and keep a unique index of their own.
+        # made before all begin 'msg_' (never 'msg-') and keep a unique index of their own.
         *_rebuild_messages("id TEXT NOT NULL"),
-        "CREATE UNIQUE INDEX messages_by_old_id ON messages(id) WHERE instr(id, '-') = 0",
+        "CREATE UNIQUE INDEX messages_by_old_id ON messages(id) WHERE substr(id, 1, 4) <> 'msg-'",
     ],
 ]
 
@@ -1242,14 +1242,15 @@ class Database:
             for hook in self.refresh_hooks:
                 hook(self)
             yield self
+            self.conn.execute("COMMIT")
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            # A COMMIT that failed (a full disk, say) may have rolled back already, or not.
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
             self._after.clear()
             self._appended = None
             self.cache.clear()
             raise
-        else:
-            self.conn.execute("COMMIT")
         finally:
             self._depth = 0
             self._pager_version = self.conn.data_version()
@@ -2200,15 +2201,16 @@ def note_seen(db: Database, agent_id: str) -> None:
 
 # -- the room ----------------------------------------------------------------
 
-#: Message ids made since schema 7: ``msg_<seq in hex>-<12 random hex digits>``. The random part
-#: keeps an id from naming a different message when a restored backup hands its seq out again.
-_MESSAGE_ID = re.compile(r"msg_([0-9a-f]{1,15})-[0-9a-f]{12}")
+#: Message ids made since schema 7: ``msg-<seq in hex>-<12 random hex digits>``. Older ones all
+#: begin ``msg_``. The random part keeps an id from naming a different message when a restored
+#: backup hands its seq out again.
+_MESSAGE_ID = re.compile(r"msg-([0-9a-f]{1,15})-[0-9a-f]{12}")
 
 
 def new_message_id(db: Database) -> str:
     """Inside a write transaction: the id of the next message inserted (it carries that message's seq)."""
     seq = db.cached(LAST_MESSAGE, lambda: db.scalar("SELECT coalesce(max(seq), 0) FROM messages")) + 1
-    return f"msg_{seq:x}-{_IDS.getrandbits(48):012x}"
+    return f"msg-{seq:x}-{_IDS.getrandbits(48):012x}"
 
 
 def message_seq(message_id: str) -> int | None:
@@ -2226,7 +2228,7 @@ def by_message_id(message_id: str, table: str = "messages") -> tuple[str, tuple]
     seq = message_seq(message_id)
     if seq is not None:
         return f"{table}.seq = ? AND {table}.id = ?", (seq, message_id)
-    return f"{table}.id = ? AND instr({table}.id, '-') = 0", (message_id,)
+    return f"{table}.id = ? AND substr({table}.id, 1, 4) <> 'msg-'", (message_id,)
 
 
 # The author's name by primary key (a LEFT JOIN here made SQLite scan people and agents).

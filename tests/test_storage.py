@@ -90,25 +90,30 @@ def test_message_ids_carry_their_seq_and_older_ids_are_still_found(db_path):
         conn.execute("INSERT INTO people (handle, display_name, created_at) VALUES ('oj', 'OJ', 'x')")
         conn.execute("INSERT INTO projects (slug, team, name, created_by, created_at) VALUES ('p', 't', 'P', 'oj', 'x')")
         conn.execute("INSERT INTO members (project, handle, role, joined_at) VALUES ('p', 'oj', 'owner', 'x')")
-        conn.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, created_at) "
-                     "VALUES ('msg_0123456789abcdef01234567', 'p', 'person', 'oj', 'from before', '[]', "
-                     "'2026-01-01T00:00:00.000Z')")
+        # the two forms older versions made: 24 hex digits, and 16 URL-safe characters ('-' too)
+        for old_id in ("msg_0123456789abcdef01234567", "msg_4UkTdVwvv-KTlW94", "msg_abc-0123456789ab"):
+            conn.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, created_at) "
+                         "VALUES (?, 'p', 'person', 'oj', ?, '[]', '2026-01-01T00:00:00.000Z')",
+                         (old_id, f"from before: {old_id}"))
     conn.close()
     db = prickle.Database(db_path)
     oj = prickle.Actor("person", "", "", handle="oj")
+    for old_id in ("msg_4UkTdVwvv-KTlW94", "msg_abc-0123456789ab"):
+        assert prickle.get_message(db, old_id)["body"] == f"from before: {old_id}"
     old = prickle.get_message(db, "msg_0123456789abcdef01234567")
-    assert old["body"] == "from before"
-    # a reply to a message from before the upgrade finds its parent; the new message's id carries seq 2
+    assert old["body"] == "from before: msg_0123456789abcdef01234567"
+    # a reply to a message from before the upgrade finds its parent; the new message's id carries seq 4
     reply = prickle.post_message(db, oj, "p", "and after", in_reply_to=old["id"])
     assert reply["in_reply_to"] == old["id"]
-    assert re.fullmatch(r"msg_2-[0-9a-f]{12}", reply["id"]) and prickle.message_seq(reply["id"]) == 2
+    assert re.fullmatch(r"msg-4-[0-9a-f]{12}", reply["id"]) and prickle.message_seq(reply["id"]) == 4
     assert prickle.get_message(db, reply["id"])["body"] == "and after"
     # each lookup uses the primary key or the older ids' own index, never a scan of messages
     for message_id, uses in ((reply["id"], "INTEGER PRIMARY KEY"), (old["id"], "INDEX messages_by_old_id")):
         where, params = prickle.by_message_id(message_id)
         assert uses in _query_plan(db, f"SELECT * FROM messages WHERE {where}", params)
     # an id that only looks current (wrong random part, or a seq too big) and text that is no id find nothing
-    for wrong in (reply["id"][:-1] + "x", "msg_2-000000000000", "msg_" + "f" * 16 + "-000000000000", "msg_nope", ""):
+    for wrong in (reply["id"][:-1] + "x", "msg-4-000000000000", "msg-" + "f" * 16 + "-000000000000", "msg-4",
+                  "MSG-4-" + reply["id"][-12:], "msg_nope", ""):
         assert prickle.get_message(db, wrong) is None
     # the next id counts every message, however it was written, and nothing a rollback took back
     with db.transaction():
@@ -118,7 +123,7 @@ def test_message_ids_carry_their_seq_and_older_ids_are_still_found(db_path):
         with db.transaction():
             prickle.post_message(db, oj, "p", "rolled back")
             prickle.post_message(db, oj, "p", " ")
-    assert prickle.message_seq(prickle.post_message(db, oj, "p", "next")["id"]) == 4
+    assert prickle.message_seq(prickle.post_message(db, oj, "p", "next")["id"]) == 6
     # ids from before stay unique
     with pytest.raises(apsw.ConstraintError):
         with db.transaction():
@@ -147,6 +152,27 @@ def test_failed_operation_writes_nothing(world):
         prickle.add_agent(world.db, "sam/helper", "Helper", "m", "c", "", [], ["side", PROJECT])
     assert {t: db.scalar(f"SELECT count(*) FROM {t}") for t in counts} == counts
     assert db.one("SELECT 1 FROM agents WHERE agent_id = 'sam/helper'") is None
+
+
+def test_a_commit_that_fails_is_rolled_back_like_any_failure(world):
+    db = world.db
+    calls = []
+    db.listeners.append(lambda first, last, projects, agents: calls.append(first))
+    before = audit_entries(db, PROJECT)[-1]
+    with pytest.raises(apsw.ConstraintError):
+        with db.transaction():
+            prickle.audit(db, PROJECT, "memory.set", {"key": "k"})
+            prickle.append_event(db, PROJECT, "agent.added", {"agent_id": "oj/muse"})
+            # the broken reference is found only by COMMIT
+            db.conn.pragma("defer_foreign_keys", True)
+            db.execute("INSERT INTO project_agents VALUES ('nowhere', 'oj/muse', 'x')")
+    assert not db.conn.in_transaction and calls == []
+    assert audit_entries(db, PROJECT)[-1] == before
+    # nothing of it lingers: the next entry follows the last one that committed, and no wake is owed
+    with db.transaction():
+        entry = prickle.audit(db, PROJECT, "memory.set", {"key": "k"})
+    assert entry["n"] == before["n"] + 1 and calls == []
+    assert all(r["ok"] for r in prickle.verify_audit(db))
 
 
 def test_waiters_are_notified_only_after_commit(world):
