@@ -204,6 +204,8 @@ def utf8_json(value: Any) -> str:
 SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 #: An agent's address ``owner/name``.
 AGENT_ID_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*/[a-z0-9]+(?:-[a-z0-9]+)*$")
+#: The reference's ID: 1 to 64 letters, digits, '_' or '-'.
+ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 #: An absolute URI (RFC 3986): a scheme, then no spaces or control characters.
 URI_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[^\s\x00-\x1f\x7f<>\"{}|\\^`]+")
 #: ``@name`` or ``@owner/name`` not glued to a word before it (so e-mail addresses are skipped).
@@ -224,6 +226,13 @@ def check_agent_id(value: str, field: str = "agent") -> str:
     """Return ``value`` if it is an ``owner/name`` address; else raise InvalidInput naming ``field``."""
     if not isinstance(value, str) or not AGENT_ID_RE.fullmatch(value) or len(value) > 79:
         raise InvalidInput(f"{field} must be an agent address like 'oj/muse', got {value!r}")
+    return value
+
+
+def check_id(value: str, field: str) -> str:
+    """Return ``value`` if it is an ID as the reference defines it; else raise InvalidInput naming ``field``."""
+    if not isinstance(value, str) or not ID_RE.fullmatch(value):
+        raise InvalidInput(f"{field} must be an id: 1 to 64 letters, digits, '_' or '-'")
     return value
 
 
@@ -2562,7 +2571,8 @@ def _threads(db: Database, actor: Actor, project: str) -> list[dict]:
     return [{
         "task_id": t["id"], "title": t["title"], "state": t["state"], "requester": t["requester"],
         "assignee": t["assignee"],
-        "reply_count": db.scalar("SELECT count(*) FROM messages WHERE task_id = ?", (t["id"],)),
+        "reply_count": db.scalar("SELECT count(*) FROM messages WHERE project = ? AND task_id = ?",
+                                 (project, t["id"])),
         "last_activity_at": t["last_activity_at"], "parent_task_id": t["parent_task_id"],
     } for t in rows]
 
@@ -5146,9 +5156,10 @@ async def api_post(state: AppState, person: Actor, request: Request, body: dict)
     unknown = sorted(set(body) - {"body", "task_id", "in_reply_to"})
     if unknown:
         raise InvalidInput(f"unknown field {unknown[0]}: send body, and optionally task_id or in_reply_to")
+    task_id, in_reply_to = (None if body.get(name) is None else check_id(body[name], name)
+                            for name in ("task_id", "in_reply_to"))
     message = post_message(state.db, person, request.path_params["slug"], _field(body, "body", str),
-                           task_id=_field(body, "task_id", str, False),
-                           in_reply_to=_field(body, "in_reply_to", str, False))
+                           task_id=task_id, in_reply_to=in_reply_to)
     return {"message": message}
 
 

@@ -75,6 +75,11 @@ def test_bad_post_bodies_are_400_and_change_nothing(server, world):
         r = server.post(f"/api/projects/{PROJECT}/messages", content=body, headers=h)
         assert r.status_code == 400, body
         assert r.json()["error"]["code"] == "invalid_input"
+    # ids are held to the reference's ID pattern, and a long one is not echoed back
+    for field, value in (("in_reply_to", "x" * 5000), ("in_reply_to", "msg 1"), ("task_id", ""), ("task_id", 7)):
+        r = server.post(f"/api/projects/{PROJECT}/messages", json={"body": "hi", field: value}, headers=h)
+        assert r.status_code == 400 and r.json()["error"] == {
+            "code": "invalid_input", "message": f"{field} must be an id: 1 to 64 letters, digits, '_' or '-'"}
     assert world.db.scalar("SELECT count(*) FROM messages") == 0
 
 

@@ -196,6 +196,10 @@ def test_general_chat_excludes_threads_and_lists_visible_threads(mcp, world):
         "assignee": "ren/builder", "reply_count": 2, "last_activity_at": None, "parent_task_id": None}
     muse = mcp.ok("oj/muse", "read_room", P)
     assert [t["task_id"] for t in muse["threads"]] == [t1, t2]  # newest activity first
+    # a thread's replies are counted through the room index, not by reading every message
+    plan = world.db.rows("EXPLAIN QUERY PLAN SELECT count(*) FROM messages WHERE project = ? AND task_id = ?",
+                         (PROJECT, t1))
+    assert "USING COVERING INDEX messages_by_room (project=? AND task_id=?)" in plan[0]["detail"]
 
 
 def test_only_twenty_threads_are_listed(mcp, world):
