@@ -1180,6 +1180,8 @@ class Database:
             with self.transaction():
                 # Re-read inside the write lock: another process may have migrated meanwhile.
                 version = self.conn.pragma("user_version")
+                if version >= 4:
+                    self._complete(MIGRATIONS[3])
                 for statements in MIGRATIONS[version:]:
                     for sql in statements:
                         self.conn.execute(sql)
@@ -1192,6 +1194,30 @@ class Database:
                     self.execute("INSERT INTO meta VALUES ('secret', ?)", (secrets.token_hex(32),))
         finally:
             self.conn.pragma("foreign_keys", True)
+
+    def _complete(self, statements: list[str]) -> None:
+        """Run what a file lacks of an applied schema version's ``statements``.
+
+        Version 4 grew while it was the newest (tables and columns were added to it), so a file
+        made then may lack part of it: each statement runs only if its table, index or column is
+        missing (or, for a DROP, still there).
+        """
+        def exists(name: str, column: str | None = None) -> bool:
+            if column is None:
+                return self.one("SELECT 1 FROM sqlite_schema WHERE name = ?", (name,)) is not None
+            return self.one("SELECT 1 FROM pragma_table_info(?) WHERE name = ?", (name, column)) is not None
+
+        for sql in statements:
+            if m := re.match(r"\s*ALTER TABLE (\w+) ADD COLUMN (\w+)", sql):
+                missing = not exists(m[1], m[2])
+            elif m := re.match(r"\s*CREATE (?:UNIQUE )?(?:TABLE|INDEX) (\w+)", sql):
+                missing = not exists(m[1])
+            elif m := re.match(r"\s*DROP TABLE (\w+)", sql):
+                missing = exists(m[1])
+            else:
+                raise StorageError(f"cannot tell whether this schema statement was applied: {sql[:60]}")
+            if missing:
+                self.conn.execute(sql)
 
     def note_appended(self, seq: int, project: str, agents: list[str]) -> None:
         """Record an outbox row appended in the current transaction; listeners hear of it after commit."""

@@ -131,6 +131,38 @@ def test_message_ids_carry_their_seq_and_older_ids_are_still_found(db_path):
                        "VALUES ('msg_0123456789abcdef01234567', 'p', 'person', 'oj', 'twice', '[]', 'x')")
 
 
+@pytest.mark.parametrize("left_out", [
+    # what version 4 lacked in the builds made while it was the newest, earliest first
+    ("wakes ADD COLUMN delivered", "DROP TABLE agent_cursors", "TABLE actions", "make_action", "made_by_action",
+     "served"),
+    ("wakes ADD COLUMN delivered", "DROP TABLE agent_cursors", "served"),
+    ("served",),
+])
+def test_a_version_4_file_from_an_earlier_build_gets_what_it_lacks(db_path, left_out):
+    conn = apsw.Connection(db_path)
+    conn.pragma("journal_mode", "wal")
+    with conn:
+        for statements in prickle.MIGRATIONS[:3]:
+            for sql in statements:
+                conn.execute(sql)
+        for sql in prickle.MIGRATIONS[3]:
+            if not any(part in sql for part in left_out):
+                conn.execute(sql)
+        conn.execute("INSERT INTO people (handle, display_name, created_at) VALUES ('oj', 'OJ', 'x')")
+        conn.execute("INSERT INTO projects (slug, team, name, created_by, created_at) VALUES ('p', 't', 'P', 'oj', 'x')")
+        conn.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, created_at) "
+                     "VALUES ('msg_4UkTdVwvv-KTlW94', 'p', 'person', 'oj', 'kept', '[]', 'x')")
+        conn.pragma("user_version", 4)
+    conn.close()
+    db = prickle.Database(db_path)
+    assert db.conn.pragma("user_version") == len(prickle.MIGRATIONS)
+    for table, column in (("wakes", "delivered"), ("attempts", "served"), ("messages", "make_action"),
+                          ("messages", "made_by_action"), ("actions", "status")):
+        assert db.one("SELECT 1 FROM pragma_table_info(?) WHERE name = ?", (table, column)), (table, column)
+    assert db.one("SELECT 1 FROM sqlite_schema WHERE name = 'agent_cursors'") is None
+    assert prickle.get_message(db, "msg_4UkTdVwvv-KTlW94")["body"] == "kept"
+
+
 def test_an_upgrade_refuses_a_database_with_broken_references(db_path):
     conn = _database_at_version(db_path, 5)
     conn.pragma("foreign_keys", False)
