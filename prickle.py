@@ -1103,6 +1103,12 @@ MIGRATIONS: list[list[str]] = [
         *_rebuild_messages("id TEXT NOT NULL"),
         "CREATE UNIQUE INDEX messages_by_old_id ON messages(id) WHERE substr(id, 1, 4) <> 'msg-'",
     ],
+    [
+        # Files made while schema 7 first took ids with no '-' as the older ones: their index
+        # missed the older ids that have one. (Statements that change nothing on other files.)
+        "DROP INDEX messages_by_old_id",
+        "CREATE UNIQUE INDEX messages_by_old_id ON messages(id) WHERE substr(id, 1, 4) <> 'msg-'",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -1256,11 +1262,15 @@ class Database:
             name = f"sp{self._depth}"
             self.conn.execute(f"SAVEPOINT {name}")
             self._depth += 1
+            # What the savepoint adds to the after-commit work goes if it rolls back.
+            after, appended = len(self._after), self._appended and [*self._appended[:2], *map(set, self._appended[2:])]
             try:
                 yield self
             except BaseException:
                 self.conn.execute(f"ROLLBACK TO {name}; RELEASE {name}")
                 self.cache.clear()  # it may hold what the savepoint wrote
+                del self._after[after:]
+                self._appended = appended
                 raise
             else:
                 self.conn.execute(f"RELEASE {name}")
@@ -5633,16 +5643,23 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
                 version = current
                 hub.catch_up()
                 hub.wake_everyone()  # it may have revoked credentials that open waits hold
+            # A failure here (a full disk, say) is reported and tried again later; it must not end the loop.
             if time.monotonic() >= checkpoint_at:
                 checkpoint_at = time.monotonic() + 1
-                with contextlib.suppress(apsw.BusyError):
+                try:
                     await asyncio.to_thread(checkpoint)
+                except apsw.BusyError:
+                    pass
+                except apsw.Error:
+                    _log_exception("the checkpoint (tried again in a second)")
             if time.monotonic() >= sweep_at:
                 sweep_at = time.monotonic() + 60
                 try:
                     sweep_approvals(db)
                 except apsw.BusyError:
                     pass
+                except apsw.Error:
+                    _log_exception("the approvals sweep (tried again in a minute)")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> Any:

@@ -8,6 +8,7 @@ import apsw
 import pytest
 
 import prickle
+from starlette.testclient import TestClient
 from conftest import PROJECT, audit_entries
 
 
@@ -163,6 +164,22 @@ def test_a_version_4_file_from_an_earlier_build_gets_what_it_lacks(db_path, left
     assert prickle.get_message(db, "msg_4UkTdVwvv-KTlW94")["body"] == "kept"
 
 
+def test_a_schema_7_file_with_the_first_older_ids_index_gets_the_right_one(db_path):
+    conn = _database_at_version(db_path, 7)
+    with conn:
+        conn.execute("DROP INDEX messages_by_old_id")
+        conn.execute("CREATE UNIQUE INDEX messages_by_old_id ON messages(id) WHERE instr(id, '-') = 0")
+        conn.execute("INSERT INTO people (handle, display_name, created_at) VALUES ('oj', 'OJ', 'x')")
+        conn.execute("INSERT INTO projects (slug, team, name, created_by, created_at) VALUES ('p', 't', 'P', 'oj', 'x')")
+        conn.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, created_at) "
+                     "VALUES ('msg_4UkTdVwvv-KTlW94', 'p', 'person', 'oj', 'kept', '[]', 'x')")
+    conn.close()
+    db = prickle.Database(db_path)
+    where, params = prickle.by_message_id("msg_4UkTdVwvv-KTlW94")
+    assert "INDEX messages_by_old_id" in _query_plan(db, f"SELECT * FROM messages WHERE {where}", params)
+    assert prickle.get_message(db, "msg_4UkTdVwvv-KTlW94")["body"] == "kept"
+
+
 def test_an_upgrade_refuses_a_database_with_broken_references(db_path):
     conn = _database_at_version(db_path, 5)
     conn.pragma("foreign_keys", False)
@@ -205,6 +222,41 @@ def test_a_commit_that_fails_is_rolled_back_like_any_failure(world):
         entry = prickle.audit(db, PROJECT, "memory.set", {"key": "k"})
     assert entry["n"] == before["n"] + 1 and calls == []
     assert all(r["ok"] for r in prickle.verify_audit(db))
+
+
+def test_a_savepoint_that_rolls_back_takes_its_wakes_with_it(world):
+    db = world.db
+    calls = []
+    db.listeners.append(lambda first, last, projects, agents: calls.append((first, last, agents)))
+    with db.transaction():
+        kept = prickle.append_event(db, PROJECT, "agent.added", {"agent_id": "oj/muse"},
+                                    [("oj/muse", "mention", None, None)])
+        with pytest.raises(RuntimeError):
+            with db.transaction():
+                prickle.append_event(db, PROJECT, "agent.added", {"agent_id": "ren/builder"},
+                                     [("ren/builder", "mention", None, None)])
+                db.after_commit(lambda: calls.append("inner hook"))
+                raise RuntimeError("inner failure")
+    assert calls == [(kept["seq"], kept["seq"], {"oj/muse"})]
+    assert prickle.outbox_head(db) == kept["seq"]
+
+
+def test_the_servers_checkpoint_survives_a_failure(world, monkeypatch, capsys):
+    tries = []
+
+    def full(conn, restart_frames=prickle.WAL_RESTART_FRAMES):
+        tries.append(1)
+        raise apsw.FullError("disk full")
+
+    monkeypatch.setattr(prickle, "checkpoint_wal", full)
+    app = prickle.create_app(world.db.path)
+    with TestClient(app, base_url="http://127.0.0.1:8321") as client:
+        deadline = time.monotonic() + 10
+        while len(tries) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert client.get("/healthz").json()["ok"] is True
+    assert len(tries) >= 2  # tried again a second later
+    assert "the checkpoint (tried again in a second)" in capsys.readouterr().err
 
 
 def test_waiters_are_notified_only_after_commit(world):
