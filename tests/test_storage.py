@@ -81,6 +81,14 @@ def test_upgrading_keeps_messages_and_events_and_drops_autoincrement(db_path):
                        "VALUES ('msg_5', 'nowhere', 'person', 'oj', 'x', '[]', 'x')")
 
 
+def _old_message_with_a_dash(conn):
+    """Person oj, project p and a message whose id has the form early versions made, '-' included."""
+    conn.execute("INSERT INTO people (handle, display_name, created_at) VALUES ('oj', 'OJ', 'x')")
+    conn.execute("INSERT INTO projects (slug, team, name, created_by, created_at) VALUES ('p', 't', 'P', 'oj', 'x')")
+    conn.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, created_at) "
+                 "VALUES ('msg_4UkTdVwvv-KTlW94', 'p', 'person', 'oj', 'kept', '[]', 'x')")
+
+
 def _query_plan(db, sql, params):
     return " ".join(r["detail"] for r in db.rows("EXPLAIN QUERY PLAN " + sql, params))
 
@@ -149,10 +157,7 @@ def test_a_version_4_file_from_an_earlier_build_gets_what_it_lacks(db_path, left
         for sql in prickle.MIGRATIONS[3]:
             if not any(part in sql for part in left_out):
                 conn.execute(sql)
-        conn.execute("INSERT INTO people (handle, display_name, created_at) VALUES ('oj', 'OJ', 'x')")
-        conn.execute("INSERT INTO projects (slug, team, name, created_by, created_at) VALUES ('p', 't', 'P', 'oj', 'x')")
-        conn.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, created_at) "
-                     "VALUES ('msg_4UkTdVwvv-KTlW94', 'p', 'person', 'oj', 'kept', '[]', 'x')")
+        _old_message_with_a_dash(conn)
         conn.pragma("user_version", 4)
     conn.close()
     db = prickle.Database(db_path)
@@ -169,10 +174,7 @@ def test_a_schema_7_file_with_the_first_older_ids_index_gets_the_right_one(db_pa
     with conn:
         conn.execute("DROP INDEX messages_by_old_id")
         conn.execute("CREATE UNIQUE INDEX messages_by_old_id ON messages(id) WHERE instr(id, '-') = 0")
-        conn.execute("INSERT INTO people (handle, display_name, created_at) VALUES ('oj', 'OJ', 'x')")
-        conn.execute("INSERT INTO projects (slug, team, name, created_by, created_at) VALUES ('p', 't', 'P', 'oj', 'x')")
-        conn.execute("INSERT INTO messages (id, project, author_kind, author, body, mentions, created_at) "
-                     "VALUES ('msg_4UkTdVwvv-KTlW94', 'p', 'person', 'oj', 'kept', '[]', 'x')")
+        _old_message_with_a_dash(conn)
     conn.close()
     db = prickle.Database(db_path)
     where, params = prickle.by_message_id("msg_4UkTdVwvv-KTlW94")
