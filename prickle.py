@@ -1263,7 +1263,7 @@ class Database:
             self.conn.execute(f"SAVEPOINT {name}")
             self._depth += 1
             # What the savepoint adds to the after-commit work goes if it rolls back.
-            after, appended = len(self._after), self._appended and [*self._appended[:2], *map(set, self._appended[2:])]
+            after, appended = len(self._after), copy.deepcopy(self._appended)
             try:
                 yield self
             except BaseException:
