@@ -2218,11 +2218,21 @@ def require_project(db: Database, actor: Actor, project: str) -> dict:
     return row
 
 
+#: Whether agent ``:agent`` may see task ``t`` (DESIGN "Thread visibility"), the one home of that rule
+#: for every list, read and wake: its requester; its assignee only once the gate let the task through
+#: (``routed_at`` set: never while held or after a refusal); an agent a person mentioned in its
+#: thread after routing. To anyone else the task does not exist.
+AGENT_SEES_TASK = ("(t.requester IS :agent OR (t.assignee = :agent AND t.routed_at IS NOT NULL) OR "
+                   "(t.assignee IS NOT :agent AND EXISTS (SELECT 1 FROM thread_access x WHERE x.task_id = t.id "
+                   "AND x.agent_id = :agent)))")
+
+
 def _thread_visible(db: Database, actor: Actor, task: dict) -> bool:
-    if actor.kind == "person":
+    """Whether ``actor`` may see ``task`` and its thread: every member person, and the agents AGENT_SEES_TASK names."""
+    if actor.kind == "person" or actor.agent_id == task["requester"]:
         return True
-    return actor.agent_id in (task["requester"], task["assignee"]) or bool(db.one(
-        "SELECT 1 FROM thread_access WHERE task_id = ? AND agent_id = ?", (task["id"], actor.agent_id)))
+    return bool(db.one(f"SELECT 1 FROM tasks t WHERE t.id = :task AND {AGENT_SEES_TASK}",
+                       {"task": task["id"], "agent": actor.agent_id}))
 
 
 def visible_task(db: Database, actor: Actor, project: str, task_id: str, field: str = "task_id") -> dict:
@@ -2432,6 +2442,8 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
             replied.append(parent["author"])
         if task is not None:
             replied += [a for a in (task["requester"], task["assignee"]) if a]
+            # A party the task has not reached (held or refused by the gate) hears nothing of its thread.
+            replied = [a for a in replied if _thread_visible(db, _agent_viewer(a), task)]
         reached = [a for a in dict.fromkeys(mentioned_agents + replied) if a != author]
         if actor.kind == "agent":
             for other in reached:
@@ -2596,11 +2608,9 @@ def read_room(db: Database, actor: Actor, project: str, *, cursor: str | None = 
 
 def _threads(db: Database, actor: Actor, project: str) -> list[dict]:
     if actor.kind == "agent":
-        rows = db.rows(
-            "SELECT * FROM tasks t WHERE project = ? AND (requester = ? OR assignee = ? OR EXISTS "
-            "(SELECT 1 FROM thread_access x WHERE x.task_id = t.id AND x.agent_id = ?)) "
-            "ORDER BY last_activity_at DESC LIMIT ?",
-            (project, actor.agent_id, actor.agent_id, actor.agent_id, ROOM_THREADS))
+        rows = db.rows(f"SELECT * FROM tasks t WHERE project = :project AND {AGENT_SEES_TASK} "
+                       "ORDER BY last_activity_at DESC LIMIT :limit",
+                       {"project": project, "agent": actor.agent_id, "limit": ROOM_THREADS})
     else:
         rows = db.rows("SELECT * FROM tasks WHERE project = ? ORDER BY last_activity_at DESC LIMIT ?",
                        (project, ROOM_THREADS))
@@ -2645,11 +2655,20 @@ def pulse_out(row: dict, owner: str) -> dict:
     return out
 
 
-def project_pulse(db: Database, project: str) -> list[dict]:
-    """Team Pulse: the latest report of every agent in the project, newest first."""
+def project_pulse(db: Database, project: str, viewer: Actor | None = None) -> list[dict]:
+    """Team Pulse: the latest report of every agent in the project, newest first.
+
+    For an agent ``viewer``, a report's ``task_id`` is null where that task is one the
+    viewer may not see (AGENT_SEES_TASK): a pulse never names a task to its held assignee.
+    """
     rows = db.rows("SELECT p.* FROM pulses p JOIN project_agents pa ON pa.project = p.project AND "
                    "pa.agent_id = p.agent_id WHERE p.project = ? ORDER BY p.updated_at DESC", (project,))
-    return [pulse_out(r, r["agent_id"].split("/")[0]) for r in rows]
+    out = [pulse_out(r, r["agent_id"].split("/")[0]) for r in rows]
+    if viewer is not None and viewer.kind == "agent":
+        for pulse in out:
+            if pulse["task_id"] and not _thread_visible(db, viewer, _task_row(db, pulse["task_id"])):
+                pulse["task_id"] = None
+    return out
 
 
 def memory_facts(db: Database, project: str) -> list[dict]:
@@ -2675,7 +2694,7 @@ def get_project_context(db: Database, actor: Actor, project: str) -> dict:
                          "USING (agent_id) WHERE pa.project = ? ORDER BY pa.added_at, a.agent_id", (project,)):
             members.append({"kind": "agent", "address": r["agent_id"], "display_name": r["display_name"],
                             "owner": r["owner"], "is_you": actor.agent_id == r["agent_id"]})
-        out = {"project": project_out(db, project), "memory": memory, "pulse": project_pulse(db, project),
+        out = {"project": project_out(db, project), "memory": memory, "pulse": project_pulse(db, project, actor),
                "members": members}
         audit(db, project, "context.read", {"reader": actor.address, "memory_facts": len(memory)})
         if actor.attempt_id is not None:
@@ -3332,6 +3351,9 @@ def check_inbox(db: Database, actor: Actor, *, project: str | None = None, inclu
                 pending_wakes_only: bool = False, project_unchanged_since: str | None = None) -> dict:
     """Tasks assigned to the caller and tasks it requested, newest activity first.
 
+    A task held or refused by its assignee owner's gate is not the assignee's: it is
+    listed only once the gate let it through (AGENT_SEES_TASK).
+
     Closed tasks (completed, rejected, cancelled) only with ``include_closed``; with
     ``pending_wakes_only`` only tasks with wakes the caller has not been given yet; with
     ``project_unchanged_since`` only tasks changed after that time.
@@ -3349,8 +3371,8 @@ def check_inbox(db: Database, actor: Actor, *, project: str | None = None, inclu
             "WHERE pa.agent_id = ?", (actor.owner, actor.agent_id))}
         out: dict[str, list[dict]] = {}
         for key, column in (("assigned", "assignee"), ("requested", "requester")):
-            rows = db.rows(f"SELECT * FROM tasks WHERE {column} = ? ORDER BY last_activity_at DESC",
-                           (actor.agent_id,))
+            rows = db.rows(f"SELECT * FROM tasks t WHERE {column} = :agent AND {AGENT_SEES_TASK} "
+                           "ORDER BY last_activity_at DESC", {"agent": actor.agent_id})
             keep = []
             for t in rows:
                 if actor.task_scope is not None and t["id"] != actor.task_scope:
@@ -4513,7 +4535,9 @@ def pending_wakes(db: Database, actor: Actor, after: int, kinds: tuple[str, ...]
     """Wakes for ``actor`` after outbox ``after``: one per event, the first of ``kinds`` it counts as.
 
     Returns ``(wakes, position)``: at most WAKE_BATCH wakes, each ``{seq, kind, project, at,
-    task_id, message_id}``, and the position a cursor should hold afterwards.
+    task_id, message_id}``, and the position a cursor should hold afterwards. A wake about a
+    task the agent may not see now (its approval lapsed and the gate holds it again) is
+    not handed out.
     """
     with db.snapshot():
         head = outbox_head(db)
@@ -4529,7 +4553,14 @@ def pending_wakes(db: Database, actor: Actor, after: int, kinds: tuple[str, ...]
         elif actor.credential_kind not in ("runner", "discussion"):
             sql += " AND w.project IN (SELECT slug FROM projects WHERE kind = 'team')"
         by_seq: dict[int, dict] = {}
+        seen: dict[str, bool] = {}
         for r in db.rows(sql + " ORDER BY w.seq", params):
+            if r["task_id"] is not None:
+                if r["task_id"] not in seen:
+                    task = _task_row(db, r["task_id"])
+                    seen[r["task_id"]] = task is not None and _thread_visible(db, actor, task)
+                if not seen[r["task_id"]]:
+                    continue
             best = by_seq.get(r["seq"])
             if best is None or kinds.index(r["kind"]) < kinds.index(best["kind"]):
                 by_seq[r["seq"]] = r

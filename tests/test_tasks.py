@@ -630,3 +630,103 @@ def test_a_result_for_a_person_waits_on_that_person(mcp, server, world):
     mcp.ok("ren/builder", "accept_task", {"task_id": task["id"]})
     out = submit(mcp, task["id"])["task"]
     assert (out["state"], out["waiting_on"]) == ("verifying", "owner_approval")
+
+
+# -- the gate keeps a task from its assignee until it lets it through ----------
+
+
+def assignee_sees(mcp, task_id, agent="ren/builder"):
+    """What ``agent`` can learn of a task: in check_inbox, in read_room's threads, and a task_id read."""
+    inbox = mcp.ok(agent, "check_inbox", {"include_closed": True})
+    listed = task_id in [t["id"] for t in inbox["assigned"] + inbox["requested"]]
+    threaded = task_id in [t["task_id"] for t in mcp.ok(agent, "read_room", P)["threads"]]
+    is_error, out = mcp.call(agent, "read_room", P | {"task_id": task_id})
+    if is_error:
+        assert out == f"not_found: task_id: no task '{task_id}' in '{PROJECT}' that you can see", out
+    return listed, threaded, not is_error
+
+
+def test_a_held_task_is_not_the_assignees_until_its_owner_approves(mcp, server, world):
+    mention = start(mcp, "ren/builder", "wait_for_mention")
+    updates = start(mcp, "ren/builder")
+    out = handoff(mcp)
+    task_id = out["task"]["id"]
+    assert out["task"]["state"] == "approval"
+    asked = mcp.ok("oj/muse", "post_message", P | {"task_id": task_id, "body": "@ren/builder start on this now"})
+    assert asked["message"]["mentions"] == ["ren/builder"]
+    mcp.ok("oj/muse", "update_pulse", P | {"doing": "Waiting on the hero copy", "task_id": task_id})
+    assert assignee_sees(mcp, task_id) == (False, False, False)
+    for tool, args in (("accept_task", {"task_id": task_id}),
+                       ("checkpoint", {"task_id": task_id, "checkpoint": {"progress": "Peeked."}}),
+                       ("return_result", {"task_id": task_id, "summary": "x", "evidence": [evidence([0, 1])]})):
+        assert mcp.error("ren/builder", tool, args, "not_found") == (
+            f"not_found: task_id: no task '{task_id}' that you can see")
+    mcp.error("ren/builder", "update_pulse", P | {"doing": "x", "task_id": task_id}, "not_found")
+    _, runner = prickle.pair_device(world.db, "ren", "ren/builder", "laptop")
+    mcp.error("ren/builder", "claim_task", {"task_id": task_id, "idempotency_key": "k"}, "not_found", token=runner)
+    pulses = mcp.ok("ren/builder", "get_project_context", P)["pulse"]
+    assert [(p["agent_id"], p["task_id"]) for p in pulses] == [("oj/muse", None)]
+    assert [(p["agent_id"], p["task_id"]) for p in mcp.ok("oj/muse", "get_project_context", P)["pulse"]] == [
+        ("oj/muse", task_id)]
+    assert wait_kinds(mcp, "ren/builder", mention, "wait_for_mention") == []
+    assert wait_kinds(mcp, "ren/builder", updates) == []
+    assert world.db.scalar("SELECT count(*) FROM wakes WHERE agent_id = 'ren/builder'") == 0
+    # The assignee's owner sees what waits for their approval, packet and thread included.
+    ren = person(server, world, "ren")
+    held = ren.get("/api/approvals").json()["approvals"]
+    assert [(a["task"]["id"], a["task"]["packet"]["context"]) for a in held] == [(task_id, PACKET["context"])]
+    thread = ren.get(f"/api/projects/{PROJECT}/room", params={"task_id": task_id}).json()["messages"]
+    assert [m["id"] for m in thread] == [asked["message"]["id"]]
+
+    ren.post(f"/api/approvals/{out['gate']['approval_id']}", {"decision": "approve"})
+    assert wait_kinds(mcp, "ren/builder", mention, "wait_for_mention") == [("task", task_id)]
+    assert wait_kinds(mcp, "ren/builder", updates) == [("task", task_id)]
+    assert assignee_sees(mcp, task_id) == (True, True, True)
+    read = mcp.ok("ren/builder", "read_room", P | {"task_id": task_id})["messages"]
+    assert [m["body"] for m in read] == ["@ren/builder start on this now"]
+    assert [(p["agent_id"], p["task_id"]) for p in mcp.ok("ren/builder", "get_project_context", P)["pulse"]] == [
+        ("oj/muse", task_id)]
+    mention = start(mcp, "ren/builder", "wait_for_mention")
+    mcp.ok("oj/muse", "post_message", P | {"task_id": task_id, "body": "@ren/builder thanks"})
+    woke = mcp.ok("ren/builder", "wait_for_mention", {"cursor": mention, "timeout_seconds": 1})["events"]
+    assert [(e["kind"], e["message"]["task_id"], e["message"]["body"]) for e in woke] == [
+        ("mention", task_id, "@ren/builder thanks")]
+    assert mcp.ok("ren/builder", "accept_task", {"task_id": task_id})["task"]["state"] == "accepted"
+
+
+@pytest.mark.parametrize("how", ["rule_never", "owner_denies"])
+def test_a_task_the_gate_refused_never_becomes_the_assignees(mcp, server, world, how):
+    ren = person(server, world, "ren")
+    if how == "rule_never":
+        ren.post("/api/rules", {"decision": "never"})
+    mention = start(mcp, "ren/builder", "wait_for_mention")
+    updates = start(mcp, "ren/builder")
+    out = handoff(mcp)
+    task_id = out["task"]["id"]
+    if how == "owner_denies":
+        ren.post(f"/api/approvals/{out['gate']['approval_id']}", {"decision": "deny"})
+    assert prickle.task_out(world.db, task_id)["state"] == "rejected"
+    mcp.ok("oj/muse", "post_message", P | {"task_id": task_id, "body": "@ren/builder do it anyway"})
+    mcp.ok("oj/muse", "post_message", P | {"task_id": task_id, "body": "Still there?"})
+    ren.post(f"/api/projects/{PROJECT}/messages", {"task_id": task_id, "body": "@ren/builder look"})
+    assert assignee_sees(mcp, task_id) == (False, False, False)
+    assert wait_kinds(mcp, "ren/builder", mention, "wait_for_mention") == []
+    assert wait_kinds(mcp, "ren/builder", updates) == []
+    assert world.db.scalar("SELECT count(*) FROM thread_access") == 0
+    inbox = mcp.ok("oj/muse", "check_inbox", {"include_closed": True})
+    assert [t["id"] for t in inbox["requested"]] == [task_id]  # the requester still has its refused task
+
+
+def test_a_lapsed_approval_takes_the_task_back_from_the_assignee(mcp, server, world):
+    task = routed(mcp, server, world)
+    updates = start(mcp, "ren/builder")
+    mcp.ok("oj/muse", "post_message", P | {"task_id": task["id"], "body": "@ren/builder any news?"})
+    assert prickle.sweep_approvals(world.db, prickle.utcnow() + dt.timedelta(hours=25)) == 1
+    assert prickle.task_out(world.db, task["id"])["state"] == "approval"
+    assert assignee_sees(mcp, task["id"]) == (False, False, False)
+    assert wait_kinds(mcp, "ren/builder", updates) == []  # the mention queued before the lapse is not handed out
+    again = person(server, world, "ren").get("/api/approvals").json()["approvals"][0]["approval"]
+    person(server, world, "ren").post(f"/api/approvals/{again['id']}", {"decision": "approve"})
+    assert assignee_sees(mcp, task["id"]) == (True, True, True)
+    # Its own again: what was said to it while it was routed, and the task handed over once more.
+    assert wait_kinds(mcp, "ren/builder", updates) == [("mention", task["id"]), ("task", task["id"])]
