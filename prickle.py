@@ -2848,6 +2848,20 @@ def evidence_report(criteria_count: int, evidence: list[dict], returned_at: _dt.
             "complete": not uncovered and not stale}
 
 
+def evidence_gaps(report: dict, evidence: list[dict], criteria_count: int) -> dict:
+    """What keeps an evidence report from being complete, by criterion index (0-based).
+
+    ``{"uncovered": [criteria no evidence covers], "stale": [criteria stale evidence is for],
+    "stale_evidence": [indexes of the stale items]}``; all empty when ``report["complete"]``.
+    """
+    stale_items = [s["evidence"] for s in report["stale"]]
+    stale: set[int] = set()
+    for n in stale_items:
+        tags = evidence[n].get("criteria")
+        stale.update(tags if tags else [0] if criteria_count == 1 else [])
+    return {"uncovered": list(report["uncovered"]), "stale": sorted(stale), "stale_evidence": stale_items}
+
+
 def _result_out(sub: dict) -> dict:
     out = {
         "summary": sub["summary"], "evidence": json.loads(sub["evidence"]), "provenance": sub["provenance"],
@@ -3119,6 +3133,13 @@ class StaleSubmission(RecordedRefusal):
         super().__init__(message, "result.acceptance_refused", refs, "stale_submission", 409)
 
 
+class IncompleteEvidence(RecordedRefusal):
+    """accept_result named a submission whose evidence report is not complete: it can't be verified."""
+
+    def __init__(self, message: str, refs: dict):
+        super().__init__(message, "result.acceptance_refused", refs, "evidence_incomplete", 409)
+
+
 def _require_task_role(db: Database, actor: Actor, task_id: str, role: str, record: str | None = None) -> dict:
     """The task if ``actor`` (an agent) is its ``role`` (requester or assignee); not_found if out of reach.
 
@@ -3287,13 +3308,35 @@ def _check_verdicts(verdicts: list[dict], criteria: int, require_all_accepted: b
                                                                                             key=lambda v: v["criterion"])]
 
 
+def _incomplete(sub: dict, evidence: list[dict], report: dict, criteria_count: int) -> IncompleteEvidence:
+    """The refusal of a verification whose evidence report is not complete, naming every gap."""
+    gaps = evidence_gaps(report, evidence, criteria_count)
+    said = []
+    if gaps["uncovered"]:
+        said.append(f"no evidence covers criterion {', '.join(map(str, gaps['uncovered']))}")
+    if gaps["stale_evidence"]:
+        said.append(f"evidence {', '.join(map(str, gaps['stale_evidence']))} is stale"
+                    + (f" (for criterion {', '.join(map(str, gaps['stale']))})" if gaps["stale"] else ""))
+    return IncompleteEvidence(
+        f"submission '{sub['id']}' revision {sub['revision']} can't be verified: its evidence report is not "
+        f"complete ({'; '.join(said)}); send it back with reject_result and ask for fresh evidence tagged with "
+        "each criterion it supports",
+        {"task": sub["task_id"], "action": "accept", "asked": {"submission": sub["id"], "revision": sub["revision"]},
+         "latest": {"submission": sub["id"], "revision": sub["revision"]}, "reason": "evidence_incomplete",
+         "uncovered": gaps["uncovered"], "stale": gaps["stale"]})
+
+
 def accept_result(db: Database, actor: Actor, task_id: str, submission_id: str, revision: int,
                   verdicts: list[dict], artifacts: list[dict]) -> dict:
     """The requester verifies the latest submission; it goes to the requester's owner for final acceptance.
 
     Needs a verdict (accepted) for every criterion and the artifacts repeated exactly;
-    otherwise ``stale_submission`` (recorded as ``result.acceptance_refused``). An owner
-    with auto-accept on completes the task at once (``decided_by_policy: auto_accept``).
+    otherwise ``stale_submission`` (recorded as ``result.acceptance_refused``). A result
+    whose evidence report is not complete can't be verified (DESIGN "Readings of the
+    reference", from return_result's "the requesting agent can't verify the result"):
+    ``evidence_incomplete``, recorded as ``result.acceptance_refused`` with the uncovered
+    and stale criteria, so no policy ever accepts it either. An owner with auto-accept on
+    completes a verified task at once (``decided_by_policy: auto_accept``).
     """
     def run() -> dict:
         with db.transaction():
@@ -3306,6 +3349,9 @@ def accept_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
                     "artifacts: they differ from the submission's; repeat them exactly as check_inbox shows them",
                     {"task": task_id, "action": "accept", "asked": {"submission": submission_id, "revision": revision},
                      "latest": {"submission": sub["id"], "revision": sub["revision"]}, "reason": "artifacts_changed"})
+            report = json.loads(sub["evidence_report"])
+            if not report["complete"]:
+                raise _incomplete(sub, json.loads(sub["evidence"]), report, len(checked))
             verified_by = json.dumps({"kind": "agent", "agent_id": actor.agent_id})
             auto = db.scalar("SELECT auto_accept FROM people WHERE handle = ?", (actor.owner,))
             audit(db, task["project"], "result.accepted", {"task": task_id, "submission": sub["id"],
@@ -4895,7 +4941,9 @@ TOOLS: dict[str, Tool] = {t.name: t for t in [
          "For the requester: accept a result you checked. Name its submission_id and revision, give a verdict "
          "(accepted) for every acceptance criterion and repeat the artifacts exactly. Your verification then goes "
          "to your owner for final acceptance. A newer submission or a changed artifact is refused as "
-         "stale_submission: read the task again with check_inbox.",
+         "stale_submission: read the task again with check_inbox. A result whose evidence report is not complete "
+         "(a criterion uncovered, or stale evidence) can't be verified and is refused as evidence_incomplete: "
+         "send it back with reject_result.",
          _tool_accept_result),
     Tool("reject_result",
          "For the requester: send a result back to the assignee with a reason, naming the submission_id and "

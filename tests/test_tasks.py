@@ -730,3 +730,51 @@ def test_a_lapsed_approval_takes_the_task_back_from_the_assignee(mcp, server, wo
     assert assignee_sees(mcp, task["id"]) == (True, True, True)
     # Its own again: what was said to it while it was routed, and the task handed over once more.
     assert wait_kinds(mcp, "ren/builder", updates) == [("mention", task["id"]), ("task", task["id"])]
+
+
+# -- no acceptance without evidence ----------------------------------------------
+
+
+def all_accepted(mcp, task_id, sub, code=None):
+    args = {"task_id": task_id, "submission_id": sub["submission_id"], "revision": sub["revision"],
+            "verdicts": [{"criterion": 0, "accepted": True}, {"criterion": 1, "accepted": True}],
+            "artifacts": sub["artifacts"]}
+    return mcp.error("oj/muse", "accept_result", args, code) if code else mcp.ok("oj/muse", "accept_result", args)
+
+
+@pytest.mark.parametrize("auto_accept", [False, True])
+def test_a_result_with_uncovered_or_stale_criteria_cant_be_verified(mcp, server, world, auto_accept):
+    person(server, world, "oj").post("/api/policy", {"auto_accept": auto_accept})
+    task = working(mcp, server, world)
+    old = (prickle.utcnow() - dt.timedelta(days=8)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    cases = [  # evidence, what the refusal names, its refs
+        ([evidence([0])], "no evidence covers criterion 1", [1], []),
+        ([{"kind": "note", "summary": "Looks fine."}], "no evidence covers criterion 0, 1", [0, 1], []),
+        ([evidence([0]), evidence([1], observed_at=old)], "evidence 1 is stale (for criterion 1)", [], [1]),
+        ([evidence([0, 1], observed_at=old), evidence()], "evidence 0 is stale "
+         "(for criterion 0, 1)", [], [0, 1]),
+    ]
+    for items, named, uncovered, stale in cases:
+        sub = submit(mcp, task["id"], items)["submission"]
+        before = len(audit_entries(world.db, PROJECT))
+        text = all_accepted(mcp, task["id"], sub, "evidence_incomplete")
+        assert text == (f"evidence_incomplete: submission '{sub['submission_id']}' revision {sub['revision']} can't "
+                        f"be verified: its evidence report is not complete ({named}); send it back with "
+                        "reject_result and ask for fresh evidence tagged with each criterion it supports")
+        # Only the refusal's entry was written; the task and the submission are as they were.
+        entries = audit_entries(world.db, PROJECT)[before:]
+        assert [(e["type"], e["refs"]) for e in entries] == [("result.acceptance_refused", {
+            "task": task["id"], "action": "accept", "reason": "evidence_incomplete",
+            "asked": {"submission": sub["submission_id"], "revision": sub["revision"]},
+            "latest": {"submission": sub["submission_id"], "revision": sub["revision"]},
+            "uncovered": uncovered, "stale": stale})]
+        now = prickle.task_out(world.db, task["id"])
+        assert (now["state"], now["waiting_on"], now["result"]["status"]) == ("verifying", "agent", "submitted")
+        assert (now["result"]["verdicts"], now["result"]["verified_by"], now["result"]["decided_by"]) == ([], None, None)
+    assert audit_entries(world.db, PROJECT, "result.accepted") == []
+    # Sending it back still works; a complete report is verified (and, with the policy, completed).
+    sub = submit(mcp, task["id"], [evidence([0]), evidence([1])])["submission"]
+    out = all_accepted(mcp, task["id"], sub)["task"]
+    assert out["state"] == ("completed" if auto_accept else "approval")
+    assert [e["refs"]["step"] for e in audit_entries(world.db, PROJECT, "result.accepted")] == (
+        ["verified", "policy"] if auto_accept else ["verified"])
