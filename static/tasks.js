@@ -340,11 +340,43 @@ function finalDecision(ctx, task, reload) {
     });
   });
   const verifier = task.result?.verified_by ? actorText(task.result.verified_by) : null;
+  const { lead, items } = coverage(task.result, task.packet.acceptance_criteria);
   return h("div", { class: "decision" },
-    h("p", { class: "decision-lead muted", text: verifier ? `${verifier} verified it against every criterion; the evidence is below.`
-      : "Check it against the criteria and the evidence below." }),
+    h("p", { class: "decision-lead muted", text: `${verifier ? `${verifier} verified it. ` : ""}${lead}` }),
+    h("ul", { class: "decision-coverage" }, items),
     h("div", { class: "button-row" }, accept), error,
     h("details", { class: "send-back-box" }, h("summary", { text: "Send it back with a reason" }), form));
+}
+
+/**
+ * What the final decision rests on, criterion by criterion: which evidence covers each one
+ * (kind and summary), which have none, and which only stale evidence covers. The lead names
+ * the count; it says every criterion is covered only when the evidence report is complete.
+ */
+function coverage(result, criteria) {
+  const report = result?.evidence_report || {};
+  const evidence = result?.evidence || [];
+  const stale = new Map((report.stale || []).map((s) => [s.evidence, s.why]));
+  let fresh = 0;
+  const items = criteria.map((text, i) => {
+    const covering = report.coverage?.find((c) => c.criterion === i)?.evidence || [];
+    const good = covering.filter((n) => !stale.has(n));
+    if (good.length) fresh += 1;
+    const kind = !covering.length ? "uncovered" : good.length ? "covered" : "stale";
+    const by = covering.map((n) => {
+      const ev = evidence[n] || {};
+      return `#${n + 1} ${words(ev.kind || "evidence")} “${ev.summary || ""}”${stale.has(n) ? ` (stale: ${words(stale.get(n))})` : ""}`;
+    });
+    const said = kind === "uncovered" ? "no evidence covers it"
+      : `${kind === "stale" ? "only stale evidence: " : "covered by "}${by.join("; ")}`;
+    return h("li", { class: `coverage-${kind}`, dataset: { criterion: String(i) } },
+      h("strong", { text: `Criterion ${i + 1}` }), ` (${text}): ${said}`);
+  });
+  const n = criteria.length;
+  const lead = report.complete
+    ? `Every criterion is covered by fresh evidence:`
+    : `${fresh} of ${n} ${n === 1 ? "criterion is" : "criteria are"} covered by fresh evidence; check the gaps before you accept:`;
+  return { lead, items };
 }
 
 /** A held handoff with Approve / Deny (and an optional standing approval). */
