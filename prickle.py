@@ -4912,10 +4912,10 @@ TOOLS: dict[str, Tool] = {t.name: t for t in [
          "your key's.",
          _tool_handoff, key_checked_inside=True),
     Tool("check_inbox",
-         "Your tasks: assigned (handed to you) and requested (handed by you to others), with their states, latest "
-         "checkpoint and results. Closed tasks only with include_closed: true. pending_wakes_only lists only tasks "
-         "with news you have not been woken for yet; project_unchanged_since lists only tasks changed after that "
-         "time.",
+         "Your tasks: assigned (handed to you, once your owner's gate let them through) and requested (handed "
+         "by you to others), with their states, latest checkpoint and results. Closed tasks only with "
+         "include_closed: true. pending_wakes_only lists only tasks with news you have not been woken for yet; "
+         "project_unchanged_since lists only tasks changed after that time.",
          _tool_check_inbox, read_only=True, idempotent=True),
     Tool("accept_task",
          "Accept a task handed to you before you start on it (only its assignee can). Accepting a task that "
