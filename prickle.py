@@ -4967,7 +4967,8 @@ def build_mcp_server(state: AppState) -> _MCPServer:
         tool = TOOLS.get(params.name)
         if tool is None:  # a protocol error, as the MCP specification says
             raise MCPError(mcp_types.INVALID_PARAMS,
-                           f"unknown tool {params.name[:100]!r}: call tools/list for the tools served here")
+                           f"unknown tool {params.name[:100]!r}: call tools/list for the tools served here",
+                           {"code": "not_found"})
         if actor.allowed_tools is not None and tool.name not in actor.allowed_tools:
             return _tool_error(Forbidden(f"this run's credential may call only {', '.join(actor.allowed_tools)}; "
                                          f"{tool.name} is not among them"))
@@ -5139,7 +5140,7 @@ class _MCPEndpoint:
         chunks: list[bytes] = []
         held: list[dict] = []
 
-        async def keep(message: dict = None) -> dict:  # type: ignore[assignment]
+        async def keep() -> dict:
             message = await receive()
             if message["type"] == "http.request":
                 chunks.append(message.get("body", b""))
@@ -6025,7 +6026,8 @@ def cli() -> None:
 @_common
 @click.option("--config", "config_path", default=None, help="Settings file (default: ./prickle.toml if present).")
 @click.option("--host", default=None, help="Address to listen on (default from settings: 127.0.0.1).")
-@click.option("--port", type=int, default=None, help="Port to listen on; 0 picks a free one and prints it.")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="Port to listen on; 0 picks a free one and prints it.")
 @click.option("--demo", is_flag=True, help="Seed the website-v2 demo project and print a key for each demo agent.")
 def serve(db_path: str, as_json: bool, config_path: str | None, host: str | None, port: int | None,
           demo: bool) -> None:
