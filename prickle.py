@@ -38,6 +38,7 @@ import gc
 import hashlib
 import hmac
 import json
+import math
 import os
 import re
 import secrets
@@ -64,6 +65,7 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import RequestBodyLimitMiddleware, TransportSecurityMiddleware, TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
@@ -154,18 +156,31 @@ def parse_iso(s: str) -> _dt.datetime:
     return _dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
 
 
+def parse_time(value: str, field: str) -> _dt.datetime:
+    """A time someone sent (ISO 8601 with its zone), as a timezone-aware datetime.
+
+    Every time that arrives from outside is read here. Raises InvalidInput naming ``field``
+    for a malformed time, one without a zone, or one whose UTC form falls outside the years
+    1 to 9999 (year 0, or an extreme offset on the first or last day of the calendar).
+    """
+    shown = value[:40] if isinstance(value, str) else value
+    try:
+        parsed = parse_iso(value)
+        parsed.astimezone(_dt.timezone.utc)  # overflows for a UTC time outside years 1 to 9999
+    except (ValueError, TypeError, AttributeError, OverflowError):
+        parsed = None
+    if parsed is None or parsed.tzinfo is None:
+        raise InvalidInput(f"{field} must be an ISO 8601 time with its zone between the years 1 and 9999, like "
+                           f"2026-12-31T00:00:00Z; got {shown!r}")
+    return parsed
+
+
 def normal_time(value: str, field: str) -> str:
     """An ISO 8601 time with a zone, rewritten in the form :func:`iso` gives (so text order is time order).
 
-    Raises InvalidInput naming ``field`` for a malformed time or one without a zone.
+    Raises InvalidInput naming ``field`` as :func:`parse_time` does.
     """
-    try:
-        parsed = parse_iso(value)
-    except (ValueError, TypeError):
-        parsed = None
-    if parsed is None or parsed.tzinfo is None:
-        raise InvalidInput(f"{field} must be an ISO 8601 time with its zone, like 2026-12-31T00:00:00Z; got {value!r}")
-    return iso(parsed)
+    return iso(parse_time(value, field))
 
 
 #: Identifiers need to be unique, not secret (every read checks access): a fast generator,
@@ -838,17 +853,34 @@ _HEADER_SCHEMAS: dict[str, dict] = {
     for name, schemas in SCHEMAS.items()}
 
 
-def clean_json(value: Any, where: str = "arguments") -> Any:
+#: How deep objects and arrays may nest in a tool's arguments or an /api body; deeper is refused
+#: before anything walks it (Python's recursion would give out near a thousand levels).
+MAX_JSON_DEPTH = 64
+
+
+def clean_json(value: Any, where: str = "arguments", depth: int = 0) -> Any:
     """``value`` with whole-number floats as ints (5.0 is an integer to JSON Schema).
 
-    Raises InvalidInput naming the field for text that cannot be stored (lone surrogates).
+    Every tool call's arguments and every /api body pass through here before anything else
+    reads them. Raises InvalidInput naming the field for text that cannot be stored (lone
+    surrogates), a number that is not finite or not within ±(2**53 - 1) (JSON's safe range),
+    and nesting deeper than MAX_JSON_DEPTH.
     """
-    if isinstance(value, dict):
-        return {k: clean_json(v, f"{k}" if where == "arguments" else f"{where}.{k}") for k, v in value.items()}
-    if isinstance(value, list):
-        return [clean_json(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
+    if isinstance(value, (dict, list)):
+        if depth >= MAX_JSON_DEPTH:
+            raise InvalidInput(f"{where}: nested more than {MAX_JSON_DEPTH} levels deep; send a flatter value")
+        if isinstance(value, dict):
+            for k in value:
+                clean_json(k, where)  # a name with broken text is refused like a value
+            return {k: clean_json(v, f"{k}" if where == "arguments" else f"{where}.{k}", depth + 1)
+                    for k, v in value.items()}
+        return [clean_json(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
+    if isinstance(value, float):
+        if not math.isfinite(value) or value.is_integer() and abs(value) > _MAX_SAFE:
+            raise InvalidInput(f"{where}: numbers must be finite and within ±{_MAX_SAFE}")
+        return int(value) if value.is_integer() else value
+    if isinstance(value, int) and not isinstance(value, bool) and not -_MAX_SAFE <= value <= _MAX_SAFE:
+        raise InvalidInput(f"{where}: numbers must be finite and within ±{_MAX_SAFE}")
     if isinstance(value, str):
         try:
             value.encode("utf-8")
@@ -863,16 +895,14 @@ def validate_input(tool: str, arguments: Mapping[str, Any]) -> dict:
 
     Returns a new dict. Raises InvalidInput naming the first bad field and what it must be.
     """
+    # Values no schema can judge (broken text, huge numbers, deep nesting) are refused first.
+    filled = clean_json(dict(arguments))
     try:
-        try:
-            valid = _FAST[tool].is_valid(arguments)
-        except Exception:  # text it cannot take (a lone surrogate): let the full check say what is wrong
-            valid = False
-        errors = [] if valid else sorted(_VALIDATORS[tool].iter_errors(arguments),
-                                         key=lambda e: (len(e.path), list(map(str, e.path))))
-        filled = clean_json(dict(arguments))
-    except RecursionError:
-        raise InvalidInput("arguments: nested too deeply; send a flatter object") from None
+        valid = _FAST[tool].is_valid(filled)
+    except Exception:  # something it cannot take: let the full check say what is wrong
+        valid = False
+    errors = [] if valid else sorted(_VALIDATORS[tool].iter_errors(filled),
+                                     key=lambda e: (len(e.path), list(map(str, e.path))))
     if errors:
         e = errors[0]
         where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e.absolute_path).lstrip(".") \
@@ -3223,7 +3253,8 @@ def return_result(db: Database, actor: Actor, task_id: str, summary: str, eviden
         if "artifact" in e and e["artifact"] >= len(artifacts):
             raise InvalidInput(f"evidence[{n}].artifact: there is no artifacts[{e['artifact']}] "
                                f"({len(artifacts)} artifacts given)")
-        if e.get("observed_at") and parse_iso(e["observed_at"]) > now + _dt.timedelta(minutes=5):
+        if e.get("observed_at") and parse_time(e["observed_at"], f"evidence[{n}].observed_at") > now + \
+                _dt.timedelta(minutes=5):
             raise InvalidInput(f"evidence[{n}].observed_at: {e['observed_at']} is in the future")
     with db.transaction():
         task = _require_task_role(db, actor, task_id, "assignee")
@@ -5013,8 +5044,10 @@ def build_mcp_server(state: AppState) -> _MCPServer:
         if actor is None:
             return _tool_error(Unauthorized("no credential on this request"))
         tool = TOOLS.get(params.name)
-        if tool is None:
-            return _tool_error(NotFound(f"no tool named {params.name!r}: call tools/list for the tools served here"))
+        if tool is None:  # a protocol error, as the MCP specification says
+            raise MCPError(mcp_types.INVALID_PARAMS,
+                           f"unknown tool {params.name[:100]!r}: call tools/list for the tools served here",
+                           {"code": "not_found"})
         if actor.allowed_tools is not None and tool.name not in actor.allowed_tools:
             return _tool_error(Forbidden(f"this run's credential may call only {', '.join(actor.allowed_tools)}; "
                                          f"{tool.name} is not among them"))
@@ -5068,9 +5101,33 @@ STATIC_DIR = next((d for d in (os.path.join(os.path.dirname(os.path.abspath(__fi
                   os.path.join(os.path.dirname(os.path.abspath(__file__)), "static"))
 
 
-def _error_response(e: PrickleError) -> JSONResponse:
+#: JSON-RPC error code (the range JSON-RPC leaves to servers) of a request /mcp refuses before the MCP
+#: layer reads it: no key or a bad one, a refused Host or Origin. ``error.data.code`` names Prickle's reason.
+MCP_REFUSED = -32010
+
+
+def _error_response(e: PrickleError, jsonrpc: bool = False) -> JSONResponse:
+    """The JSON error answer: ``{"error": {"code", "message"}}``, or on /mcp a JSON-RPC error object.
+
+    On /mcp the body is ``{"jsonrpc": "2.0", "id": null, "error": {"code": int, "message", "data":
+    {"code"}}}`` so MCP client libraries show the message instead of a generic HTTP failure.
+    """
+    headers = {"WWW-Authenticate": 'Bearer realm="prickle"'} if e.http_status == 401 else None
+    if jsonrpc:
+        code = mcp_types.INVALID_REQUEST if isinstance(e, InvalidInput) else MCP_REFUSED
+        return JSONResponse({"jsonrpc": "2.0", "id": None,
+                             "error": {"code": code, "message": e.message, "data": {"code": e.code}}},
+                            status_code=e.http_status, headers=headers)
     return JSONResponse({"error": {"code": e.code, "message": e.message}}, status_code=e.http_status,
-                        headers={"WWW-Authenticate": 'Bearer realm="prickle"'} if e.http_status == 401 else None)
+                        headers=headers)
+
+
+def whole_number(text: str | None, max_digits: int = 18) -> int | None:
+    """``text`` as a non-negative whole number if it is 1 to ``max_digits`` ASCII digits, else None.
+
+    (``str.isdigit`` also takes digits ``int`` cannot read, like '²'.)
+    """
+    return int(text) if text and len(text) <= max_digits and text.isascii() and text.isdigit() else None
 
 
 class _GuardMiddleware:
@@ -5104,13 +5161,13 @@ class _GuardMiddleware:
                 error = Forbidden(f"this server does not answer requests with this {what} header; use its public "
                                   "address (settings: public_url, allowed_hosts, allowed_origins)")
                 error.http_status = refusal
-                await _error_response(error)(scope, receive, send)
+                await _error_response(error, scope["path"] == "/mcp")(scope, receive, send)
                 return
-            length = headers.get(b"content-length", b"").decode("latin-1")
-            if length.isdigit() and int(length) > self.max_body:
+            length = whole_number(headers.get(b"content-length", b"").decode("latin-1"), 30)
+            if length is not None and length > self.max_body:
                 error = InvalidInput(f"the request body is {length} bytes; the limit is {self.max_body}")
                 error.http_status = 413
-                await _error_response(error)(scope, receive, send)
+                await _error_response(error, scope["path"] == "/mcp")(scope, receive, send)
                 return
             if scope["path"] == "/mcp":
                 await self.inner(scope, receive, send)
@@ -5140,14 +5197,88 @@ class _MCPEndpoint:
         try:
             actor = resolve_token(self.state.db, token, ("client", "runner", "execution", "discussion"), fresh=checked)
         except Unauthorized as e:
-            await _error_response(e)(scope, receive, send)
+            await _error_response(e, jsonrpc=True)(scope, receive, send)
             return
         scope["prickle.actor"], scope["prickle.key_checked"] = actor, checked
         if version not in MODERN_VERSIONS:
             # The SDK binds a handshake-era session to the principal that opened it.
             scope["user"] = AuthenticatedUser(AccessToken(token=actor.credential_id, client_id=actor.credential_id,
                                                           scopes=[]))
-        await self.transport(scope, receive, send)
+        if scope["method"] != "POST":
+            await self.transport(scope, receive, send)
+            return
+        await self._answer_malformed_bodies_ourselves(scope, receive, send)
+
+    async def _answer_malformed_bodies_ourselves(self, scope: dict, receive: Any, send: Any) -> None:
+        """Let the SDK answer; where it refuses a body it could not read, say what is wrong in our words.
+
+        The handshake-era transport answers with its validation library's text (its class names and
+        version, the input echoed), the other era with a bare "Parse error". Only a 400 is held back
+        and read, so a good request costs a list of references to its body's chunks.
+        """
+        chunks: list[bytes] = []
+        held: list[dict] = []
+
+        async def keep() -> dict:
+            message = await receive()
+            if message["type"] == "http.request":
+                chunks.append(message.get("body", b""))
+            return message
+
+        async def relay(message: dict) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 400:
+                held.append(message)
+                return
+            if not held:
+                await send(message)
+                return
+            held.append(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                await self._replace_refusal(held, b"".join(chunks), send)
+
+        await self.transport(scope, keep, relay)
+
+    @staticmethod
+    async def _replace_refusal(held: list[dict], request_body: bytes, send: Any) -> None:
+        body = b"".join(m.get("body", b"") for m in held[1:])
+        try:
+            answer = json.loads(body)
+            code, text = answer["error"]["code"], answer["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            code, text = None, ""
+        if code == mcp_types.PARSE_ERROR or text.startswith("Validation error"):
+            problem = jsonrpc_body_problem(request_body)
+            answer = {"jsonrpc": "2.0", "id": None, "error": {
+                "code": mcp_types.INVALID_REQUEST if code != mcp_types.PARSE_ERROR else code,
+                "message": problem, "data": {"code": "invalid_input"}}}
+            body = json.dumps(answer).encode()
+            start = dict(held[0], headers=[(k, v) for k, v in held[0]["headers"] if k != b"content-length"]
+                         + [(b"content-length", str(len(body)).encode())])
+            held = [start, {"type": "http.response.body", "body": body}]
+        for message in held:
+            await send(message)
+
+
+def jsonrpc_body_problem(raw: bytes) -> str:
+    """What is wrong with a POST body on /mcp that the MCP transport refused, naming the part.
+
+    Reads it as an /api body is read (:func:`parse_json_body`), then checks the JSON-RPC 2.0
+    request's members: ``jsonrpc``, ``method``, ``id`` and ``params``.
+    """
+    try:
+        message = parse_json_body(raw)
+    except InvalidInput as e:
+        return e.message.replace("the request body", "the body")
+    if message.get("jsonrpc") != "2.0":
+        return 'jsonrpc must be "2.0": the body is one JSON-RPC 2.0 request'
+    if not isinstance(message.get("method"), str):
+        return 'method must be text, like "tools/call"'
+    if "id" in message and (isinstance(message["id"], bool) or not isinstance(message["id"], (str, int))):
+        return "id must be a string or a whole number"
+    if "params" in message and not isinstance(message["params"], dict):
+        return "params must be an object"
+    return ('the body is not a JSON-RPC 2.0 request: send {"jsonrpc": "2.0", "id": 1, "method": "tools/call", '
+            '"params": {"name": …, "arguments": {…}}}')
 
 
 def _person_from_request(state: AppState, request: Request) -> Actor:
@@ -5189,12 +5320,7 @@ def _api(handler: Callable[..., Any], runner: bool = False) -> Callable[[Request
             person = _runner_from_request(state, request) if runner else _person_from_request(state, request)
             body = None
             if request.method in ("POST", "PUT", "PATCH"):
-                try:
-                    body = await request.json() if await request.body() else {}
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    raise InvalidInput("the request body must be a JSON object") from None
-                if not isinstance(body, dict):
-                    raise InvalidInput("the request body must be a JSON object")
+                body = parse_json_body(await request.body())
             result = await handler(state, person, request, body)
         except PrickleError as e:
             return _error_response(e)
@@ -5204,6 +5330,35 @@ def _api(handler: Callable[..., Any], runner: bool = False) -> Callable[[Request
         return JSONResponse(result)
 
     return endpoint
+
+
+def _number_or_marker(text: str) -> Any:
+    # json reads any digits; past the safe range the value is refused anyway, so a long run of
+    # digits (which Python would refuse to read past 4300) is not turned into a number at all.
+    return int(text) if len(text) <= 20 else math.inf
+
+
+def parse_json_body(raw: bytes) -> dict:
+    """An /api request body: UTF-8 JSON text of one object (empty means ``{}``), through :func:`clean_json`.
+
+    Raises InvalidInput for text that is not UTF-8 or not JSON, JSON that is not an object,
+    and the values clean_json refuses (naming the field).
+    """
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw.decode("utf-8"), parse_int=_number_or_marker, parse_constant=lambda c: math.inf)
+    except UnicodeDecodeError as e:
+        raise InvalidInput(f"the request body is not UTF-8 text (byte {e.start}); send JSON in UTF-8") from None
+    except json.JSONDecodeError as e:
+        raise InvalidInput(f"the request body is not JSON ({e.msg} at line {e.lineno} column {e.colno}); "
+                           "send a JSON object") from None
+    except RecursionError:
+        raise InvalidInput(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep; "
+                           "send a flatter object") from None
+    if not isinstance(body, dict):
+        raise InvalidInput("the request body must be one JSON object")
+    return clean_json(body)
 
 
 def _field(body: dict, name: str, kind: type, required: bool = True) -> Any:
@@ -5253,9 +5408,10 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int) -
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or not (low <= int(raw) <= high):
+    value = whole_number(raw)
+    if value is None or not (low <= value <= high):
         raise InvalidInput(f"{name} must be a whole number from {low} to {high}")
-    return int(raw)
+    return value
 
 
 async def api_room(state: AppState, person: Actor, request: Request, body: Any) -> dict:
@@ -5506,11 +5662,11 @@ async def api_stream(request: Request) -> Response:
         person = _person_from_request(state, request)
         require_project(state.db, person, slug)
         raw = request.headers.get("last-event-id") or request.query_params.get("after") or str(outbox_head(state.db))
-        if not raw.isdigit():
+        start = whole_number(raw)
+        if start is None:
             raise InvalidInput("after (or Last-Event-ID) must be an outbox seq number")
     except PrickleError as e:
         return _error_response(e)
-    start = int(raw)
 
     async def events() -> Any:
         after = start
@@ -5949,7 +6105,8 @@ def cli() -> None:
 @_common
 @click.option("--config", "config_path", default=None, help="Settings file (default: ./prickle.toml if present).")
 @click.option("--host", default=None, help="Address to listen on (default from settings: 127.0.0.1).")
-@click.option("--port", type=int, default=None, help="Port to listen on; 0 picks a free one and prints it.")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="Port to listen on; 0 picks a free one and prints it.")
 @click.option("--demo", is_flag=True, help="Seed the website-v2 demo project and print a key for each demo agent.")
 def serve(db_path: str, as_json: bool, config_path: str | None, host: str | None, port: int | None,
           demo: bool) -> None:
@@ -6381,7 +6538,18 @@ def connect(db_path: str, as_json: bool, agent_id: str, project_slug: str | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; a failure prints one line on stderr and returns non-zero."""
+    """Run the command line; a failure prints one line on stderr and returns non-zero.
+
+    An argument that is not valid text (bytes the locale could not decode) is refused here,
+    before any command stores it, with exit status 2.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    for n, arg in enumerate(argv, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            click.echo(f"prickle: argument {n} is not valid UTF-8 text; retype it (see --help)", err=True)
+            return 2
     try:
         code = cli.main(args=argv, prog_name="prickle", standalone_mode=False)
         return code if isinstance(code, int) else 0

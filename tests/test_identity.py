@@ -33,7 +33,8 @@ def test_mcp_without_or_with_a_bad_token_is_401(mcp, world):
         r = mcp.raw(token, "tools/list")
         assert r.status_code == 401
         assert r.headers["www-authenticate"].startswith("Bearer")
-        assert r.json()["error"]["code"] == "unauthorized"
+        error = r.json()["error"]
+        assert error["code"] == prickle.MCP_REFUSED and error["data"]["code"] == "unauthorized"
 
 
 def test_revoked_key_stops_at_once(mcp, world):
