@@ -339,6 +339,17 @@ _DATE_TIME_PATTERN = (
 )
 _MAX_SAFE = 9007199254740991
 
+#: The longest message body, in characters (a post, an action's result, a reviewed draft).
+BODY_MAX = 8000
+#: At most this many ``@`` addresses are parsed out of one body into ``mentions``.
+MENTIONS_MAX = 20
+#: The longest task text in a packet; a task's title and an approval's summary are that text.
+TASK_TEXT_MAX = 500
+#: Evidence observed longer than this before its result was returned is stale ...
+EVIDENCE_FRESH = _dt.timedelta(days=7)
+#: ... and the reference's reason for it in ``evidence_report.stale``.
+EVIDENCE_TOO_OLD = "older_than_7_days"
+
 
 def _str(max_length: int | None = None, min_length: int | None = None, **extra: Any) -> dict:
     s: dict[str, Any] = {"type": "string"}
@@ -474,8 +485,8 @@ ATTACHMENT = _one_of(
 
 MESSAGE = _obj(
     {
-        "id": ID, "project": SLUG, "author": AUTHOR, "body": _str(8000),
-        "mentions": _array(_str(80), 20), "provenance": _nullable(PROVENANCE),
+        "id": ID, "project": SLUG, "author": AUTHOR, "body": _str(BODY_MAX),
+        "mentions": _array(_str(80), MENTIONS_MAX), "provenance": _nullable(PROVENANCE),
         "in_reply_to": _nullable(ID), "task_id": _nullable(ID), "created_at": DATE_TIME,
     },
     {
@@ -491,7 +502,7 @@ MESSAGE = _obj(
 
 PACKET = _obj(
     {
-        "task": _str(500, 1),
+        "task": _str(TASK_TEXT_MAX, 1),
         "deliverable_type": _enum("code", "doc", "answer", "screenshots", "reviewed_pr", "design", "data", "other"),
         "acceptance_criteria": _array(_str(500, 1), 20, 1),
     },
@@ -519,7 +530,7 @@ EVIDENCE_REPORT = _obj({
     "coverage": _array(_obj({"criterion": COUNT, "evidence": _array(COUNT, 20)}), 20),
     "general": _array(COUNT, 20),
     "uncovered": _array(COUNT, 20),
-    "stale": _array(_obj({"evidence": COUNT, "why": _enum("before_previous_revision", "older_than_7_days")}), 20),
+    "stale": _array(_obj({"evidence": COUNT, "why": _enum("before_previous_revision", EVIDENCE_TOO_OLD)}), 20),
     "complete": {"type": "boolean"},
 })
 
@@ -586,7 +597,7 @@ PULSE = _obj(
 )
 
 THREAD = _obj({
-    "task_id": ID, "title": _str(500, 1), "state": TASK_STATE, "requester": _nullable(AGENT_ID),
+    "task_id": ID, "title": _str(TASK_TEXT_MAX, 1), "state": TASK_STATE, "requester": _nullable(AGENT_ID),
     "assignee": AGENT_ID, "reply_count": COUNT, "last_activity_at": DATE_TIME, "parent_task_id": _nullable(ID),
 })
 
@@ -683,7 +694,7 @@ SCHEMAS: dict[str, tuple[dict, dict]] = {
     ),
     "post_message": (
         _input(
-            {"project": SLUG, "body": _str(8000)},
+            {"project": SLUG, "body": _str(BODY_MAX)},
             {
                 "in_reply_to": ID, "task_id": ID,
                 "provenance": {"default": "agent_generated"}
@@ -786,7 +797,7 @@ SCHEMAS: dict[str, tuple[dict, dict]] = {
             {"project": SLUG, "replies_left": _int(0, 8), "lead": {"type": "boolean"},
              "role": _enum("draft", "review", "revise", "combine"),
              "reviewing": _nullable(_obj({
-                 "message_id": ID, "author": AGENT_ID, "body": _str(8000, 1), "provenance": PROVENANCE,
+                 "message_id": ID, "author": AGENT_ID, "body": _str(BODY_MAX, 1), "provenance": PROVENANCE,
                  "provenance_status": _enum("claimed", "attested")})),
              "discussion_credential": CREDENTIAL},
             {"own_room": {"type": "boolean"}},
@@ -1120,6 +1131,13 @@ LAST_MESSAGE = ("last", "messages")
 #: Cursors older than this many outbox rows behind the head are refused with a resync.
 CURSOR_WINDOW = 1_000_000
 
+#: Above every outbox seq and audit entry number: "no upper bound" in a query, and the
+#: largest such number a request may give.
+SEQ_MAX = 2**62
+
+#: How long a connection waits for another writer's lock before giving up (ms).
+BUSY_TIMEOUT_MS = 5000
+
 # The recommended connection settings; SQLite's own log stays out of our output.
 apsw.bestpractice.apply(tuple(f for f in apsw.bestpractice.recommended
                               if f is not apsw.bestpractice.library_logging))
@@ -1139,7 +1157,7 @@ class Database:
             self.conn = apsw.Connection(path)
         except apsw.CantOpenError:
             raise StorageError(f"cannot open database file {path}: check the folder exists and is writable") from None
-        self.conn.setbusytimeout(5000)
+        self.conn.setbusytimeout(BUSY_TIMEOUT_MS)
         self.conn.pragma("journal_mode", "wal")
         self.conn.pragma("synchronous", "NORMAL")
         self.conn.pragma("foreign_keys", True)
@@ -1802,10 +1820,10 @@ CLOSED_STATES = ("completed", "rejected", "cancelled")
 #: The gate's first decisions (DESIGN "Tasks"): what a handoff becomes.
 GATE_OUTCOME = {"allow": "routed", "approval_required": "approval", "never": "rejected"}
 
-#: An approval (pending, or given but not yet used) lapses after this long and is asked again.
+#: An approval (pending, or given but not yet used) lapses after this long and is asked again ...
 APPROVAL_LIFETIME = _dt.timedelta(hours=24)
-#: Evidence observed longer ago than this is stale.
-EVIDENCE_FRESH = _dt.timedelta(days=7)
+#: ... and this is the reason its ``approval.invalidated`` entry gives.
+APPROVAL_LAPSED = "24_hours"
 
 
 def lifecycle_state(task: dict) -> str:
@@ -2354,7 +2372,7 @@ def resolve_mentions(db: Database, project: str, body: str) -> tuple[list[str], 
             mentions.append(address)
             if "/" in address:
                 agent_ids.append(address)
-        if len(mentions) == 20:
+        if len(mentions) == MENTIONS_MAX:
             break
     return mentions, agent_ids
 
@@ -2375,7 +2393,7 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
     ``message.posted`` (outbox, waking mentioned agents and the parties replied to) and
     its audit entry. Raises InvalidInput, NotFound, Paused.
     """
-    check_text(body, "body", 8000)
+    check_text(body, "body", BODY_MAX)
     with db.transaction():
         room = require_project(db, actor, project)["kind"] == "private"
         if verdict is not None and actor.credential_kind != "discussion":
@@ -2568,7 +2586,7 @@ def read_room(db: Database, actor: Actor, project: str, *, cursor: str | None = 
         where = "m.task_id = ?" if task_id is not None else "m.task_id IS NULL"
         params = (project, task_id) if task_id is not None else (project,)
         if latest or before is not None:
-            until = 2**62
+            until = SEQ_MAX
             if before is not None:
                 until = decode_cursor(db, "back|" + scope, before)
                 if until is None:
@@ -2822,7 +2840,7 @@ def evidence_report(criteria_count: int, evidence: list[dict], returned_at: _dt.
             if previous_returned_at is not None and observed < previous_returned_at:
                 stale.append({"evidence": n, "why": "before_previous_revision"})
             elif returned_at - observed > EVIDENCE_FRESH:
-                stale.append({"evidence": n, "why": "older_than_7_days"})
+                stale.append({"evidence": n, "why": EVIDENCE_TOO_OLD})
     uncovered = [c for c, items in coverage.items() if not items]
     return {"coverage": [{"criterion": c, "evidence": items} for c, items in coverage.items()],
             "general": general, "uncovered": uncovered, "stale": stale,
@@ -2973,7 +2991,7 @@ def _open_approval(db: Database, task: dict, status: str = "pending", decided_by
     row = {
         "id": new_id("apr"), "project": task["project"], "task_id": task["id"], "owner": task["assignee"].split("/")[0],
         "requester": task["requester"], "requested_by": task["requested_by"],
-        "summary": json.loads(task["packet"])["task"][:500], "status": status, "decided_by": decided_by,
+        "summary": json.loads(task["packet"])["task"][:TASK_TEXT_MAX], "status": status, "decided_by": decided_by,
         "decided_at": iso(now) if status != "pending" else None, "expires_at": iso(now + APPROVAL_LIFETIME),
         "created_at": iso(now), "route": task["route"], "standing_approval_id": standing_id, "invalidated_at": None,
     }
@@ -3030,7 +3048,7 @@ def handoff(db: Database, actor: Actor, project: str, to: str, packet: dict, *,
         task_id = new_id("task")
         row = {
             "id": task_id, "project": project, "state": "requested", "waiting_on": None, "requester": requester,
-            "assignee": to, "title": packet["task"][:500], "packet": json.dumps(packet),
+            "assignee": to, "title": packet["task"][:TASK_TEXT_MAX], "packet": json.dumps(packet),
             "parent_task_id": parent_task_id, "routed_at": None, "created_at": now, "updated_at": now,
             "last_activity_at": now, "requested_by": json.dumps(_actor_ref(actor)),
             "origin_message_id": origin_message_id, "route": json.dumps(route or {"via": "handoff"}),
@@ -3520,7 +3538,7 @@ def sweep_approvals(db: Database, now: _dt.datetime | None = None) -> int:
     lapsed = 0
     for old in stale:
         with db.transaction():
-            lapsed += _ask_again(db, old, "24_hours", "system")
+            lapsed += _ask_again(db, old, APPROVAL_LAPSED, "system")
     return lapsed
 
 
@@ -3781,6 +3799,8 @@ CLAIMABLE = ("routed", "accepted", "working", "waiting")
 #: An allowed step must be used within this long; an undecided one expires after STEP_LIFETIME.
 STEP_USE_WINDOW = _dt.timedelta(minutes=15)
 STEP_LIFETIME = _dt.timedelta(hours=24)
+#: Why ``step.expired`` says a step ended: left unused past STEP_USE_WINDOW, undecided past STEP_LIFETIME.
+STEP_UNUSED, STEP_UNDECIDED = "unused_15_minutes", "undecided_24_hours"
 
 
 def pair_device(db: Database, owner: str, agent_id: str, name: str = "runner") -> tuple[dict, str]:
@@ -3985,14 +4005,16 @@ def request_step(db: Database, actor: Actor, tool_name: str, tool_input: dict, *
                 return _step_answer(step, "refused", "deny", "Your owner refused this step: don't try it again; "
                                     "finish without it, or return what you have and say why.")
             if step["status"] == "expired":
-                return _step_answer(step, "expired", "deny", "Your owner did not decide this step within 24 hours, "
-                                    "which counts as a refusal: finish without it, or return what you have.")
+                return _step_answer(step, "expired", "deny", "Your owner did not decide this step within "
+                                    f"{STEP_LIFETIME // _dt.timedelta(hours=1)} hours, which counts as a refusal: "
+                                    "finish without it, or return what you have.")
             if now - parse_iso(step["decided_at"]) > STEP_USE_WINDOW:
                 db.execute("UPDATE steps SET status = 'expired' WHERE id = ?", (step["id"],))
                 audit(db, task["project"], "step.expired", {"step": step["id"], "attempt": step["attempt_id"],
-                                                            "kind": step["kind"], "why": "unused_15_minutes"})
-                return _step_answer(step, "expired", "deny", "The allowance lapsed unused after 15 minutes: ask "
-                                    "again if you still need this call.")
+                                                            "kind": step["kind"], "why": STEP_UNUSED})
+                return _step_answer(step, "expired", "deny", "The allowance lapsed unused after "
+                                    f"{STEP_USE_WINDOW // _dt.timedelta(minutes=1)} minutes: ask again if you "
+                                    "still need this call.")
             if tool_use_id is None:
                 # The permission layer lets the call through when it asks with the call's tool_use_id.
                 return _step_answer(step, "approved", "deny", "Allowed, and left to your permission layer: make "
@@ -4028,7 +4050,7 @@ def _expire_steps(db: Database, task_id: str | None, now: _dt.datetime) -> None:
     for step in db.rows(sql, params):
         db.execute("UPDATE steps SET status = 'expired' WHERE id = ? AND status = 'pending'", (step["id"],))
         audit(db, step["project"], "step.expired", {"step": step["id"], "attempt": step["attempt_id"],
-                                                    "kind": step["kind"], "why": "undecided_24_hours"})
+                                                    "kind": step["kind"], "why": STEP_UNDECIDED})
 
 
 def step_out(row: dict) -> dict:
@@ -4084,6 +4106,8 @@ DISCUSSION_TTL = _dt.timedelta(minutes=10)
 DISCUSSION_TOOLS = ("read_room", "post_message")
 #: The discussion protocol a runner must speak (draft, review, revise).
 DISCUSSION_HARNESS = 2
+#: The replies a turn with a reviewer allows: the draft, the review and one revision.
+REVIEWED_REPLIES = 3
 #: The verdicts each role may send with its one post.
 ROLE_VERDICTS = {"draft": ("draft", "ask_owner"), "revise": ("draft", "ask_owner"),
                  "combine": ("draft", "ask_owner"), "review": ("approve", "pass", "changes", "ask_owner")}
@@ -4159,7 +4183,7 @@ def start_turn(db: Database, slug: str, message_id: str, named: list[str]) -> li
             client = next(a["client"] for a in agents if a["agent_id"] == drafter)
             others = [a["agent_id"] for a in agents if a["agent_id"] != drafter and a["client"] != client]
             reviewer = next((a for a in named[1:] if a in others), others[0] if others else None)
-        replies = 3 if reviewer else 1
+        replies = REVIEWED_REPLIES if reviewer else 1
     if not targets:
         return []
     turn_id = new_id("turn")
@@ -4459,7 +4483,7 @@ def finish_action(db: Database, actor: Actor, action_id: str, body: str | None =
             raise InvalidState(f"action '{action_id}' is {row['status']}: claim it first")
         message_id = None
         if body is not None:
-            check_text(body, "body", 8000, 1)
+            check_text(body, "body", BODY_MAX, 1)
             message_id, now = new_message_id(db), iso(utcnow())
             made_by = {"action_id": action_id, "approval_audit_id": row["approval_audit_id"]}
             db.execute("INSERT INTO messages (seq, id, project, author_kind, author, body, mentions, provenance, "
@@ -4983,6 +5007,8 @@ def _log_exception(where: str) -> None:
 
 #: The browser session cookie's name.
 SESSION_COOKIE = "prickle_session"
+#: The live event stream sends a keep-alive comment after this many quiet seconds.
+KEEP_ALIVE_EVERY = 15
 # Beside the module in a checkout; under the installation's share/ when installed as a package.
 STATIC_DIR = next((d for d in (os.path.join(os.path.dirname(os.path.abspath(__file__)), "static"),
                                os.path.join(sys.prefix, "share", "prickle", "static")) if os.path.isdir(d)),
@@ -5203,7 +5229,7 @@ async def api_events(state: AppState, person: Actor, request: Request, body: Any
     """GET /api/projects/{slug}/events?after=SEQ&wait=S: outbox events after SEQ, held up to S seconds."""
     slug = request.path_params["slug"]
     require_project(state.db, person, slug)
-    after = _int_param(request, "after", 0, 0, 2**62)
+    after = _int_param(request, "after", 0, 0, SEQ_MAX)
     wait = _int_param(request, "wait", 0, 0, 50)
     deadline = asyncio.get_running_loop().time() + wait
     while True:
@@ -5400,7 +5426,7 @@ async def api_retract_memory(state: AppState, person: Actor, request: Request, b
 def audit_page(db: Database, project: str, before: int | None, limit: int) -> dict:
     """A project's audit entries newest first (``n < before``), with the whole chain's check."""
     rows = db.rows("SELECT n, at, type, refs FROM audit WHERE chain = ? AND n < ? ORDER BY n DESC LIMIT ?",
-                   (project, before if before is not None else 2**62, limit))
+                   (project, before if before is not None else SEQ_MAX, limit))
     report = verify_audit(db, project)[0]
     return {"entries": [r | {"refs": json.loads(r["refs"])} for r in rows],
             "chain": {k: report[k] for k in ("ok", "entries", "broken_at")}}
@@ -5411,7 +5437,7 @@ async def api_audit(state: AppState, person: Actor, request: Request, body: Any)
     slug = request.path_params["slug"]
     require_project(state.db, person, slug)
     before = request.query_params.get("before")
-    return audit_page(state.db, slug, _int_param(request, "before", 0, 1, 2**62) if before else None,
+    return audit_page(state.db, slug, _int_param(request, "before", 0, 1, SEQ_MAX) if before else None,
                       _int_param(request, "limit", 50, 1, 200))
 
 
@@ -5446,7 +5472,7 @@ async def api_stream(request: Request) -> Response:
                 batch = read_events(state.db, slug, after)
                 if not batch:
                     try:
-                        await asyncio.wait_for(fut, 15)
+                        await asyncio.wait_for(fut, KEEP_ALIVE_EVERY)
                     except TimeoutError:
                         yield ": keep-alive\n\n"
                     continue
