@@ -229,6 +229,11 @@ def check_agent_id(value: str, field: str = "agent") -> str:
     return value
 
 
+def owner_of(agent_id: str) -> str:
+    """The handle of the person who owns the agent ``owner/name`` ("" for an empty address)."""
+    return agent_id.partition("/")[0]
+
+
 def check_id(value: str, field: str) -> str:
     """Return ``value`` if it is an ID as the reference defines it; else raise InvalidInput naming ``field``."""
     if not isinstance(value, str) or not ID_RE.fullmatch(value):
@@ -1745,7 +1750,7 @@ def _credential(db: Database, digest: str) -> tuple[dict, Actor] | None:
         return None
     if row["agent_id"]:
         return row, Actor("agent", row["id"], row["kind"], agent_id=row["agent_id"],
-                          owner=row["agent_id"].split("/")[0],
+                          owner=owner_of(row["agent_id"]),
                           project_scope=ROOMS_SCOPE if row["rooms_only"] else row["project"],
                           task_scope=row["task_id"], attempt_id=row["attempt_id"],
                           discussion_id=row["discussion_id"],
@@ -2105,7 +2110,7 @@ def _audit_credential(db: Database, type_: str, record: dict) -> None:
     refs = {"credential": record["id"], "kind": record["kind"], "agent": record["agent_id"],
             "person": record["person"], "scope": record["project"] or ("all" if record["agent_id"] else None)}
     if record["project"] == ROOMS_SCOPE:
-        chains = [db.scalar("SELECT project FROM rooms WHERE owner = ?", (record["agent_id"].split("/")[0],))
+        chains = [db.scalar("SELECT project FROM rooms WHERE owner = ?", (owner_of(record["agent_id"]),))
                   or DEPLOYMENT_CHAIN]
     elif record["project"]:
         chains = [record["project"]]
@@ -2131,7 +2136,7 @@ def revoke_token(db: Database, token_id: str, by: str | None = None) -> dict:
                            "list' or the Keys page")
     with db.transaction():
         row = db.one("SELECT * FROM credentials WHERE id = ?", (token_id,))
-        owner = row and (row["person"] or (row["agent_id"] or "/").split("/")[0])
+        owner = row and (row["person"] or owner_of(row["agent_id"] or ""))
         if row is None or (by is not None and owner != by):
             raise NotFound(f"no credential '{token_id}': list them with 'prickle token list'")
         if row["revoked_at"]:
@@ -2157,7 +2162,7 @@ def list_tokens(db: Database, owner: str | None = None) -> list[dict]:
                    "created_at, expires_at, revoked_at FROM credentials WHERE kind NOT IN ('signin', 'session', "
                    "'execution', 'discussion') ORDER BY created_at")
     if owner is not None:
-        rows = [r for r in rows if r["person"] == owner or (r["agent_id"] or "").split("/")[0] == owner]
+        rows = [r for r in rows if r["person"] == owner or owner_of(r["agent_id"] or "") == owner]
     return rows
 
 
@@ -2314,7 +2319,7 @@ def message_out(row: dict) -> dict:
     if row["author_kind"] == "person":
         author = {"kind": "person", "handle": row["author"], "display_name": row["author_name"]}
     else:
-        author = {"kind": "agent", "agent_id": row["author"], "owner": row["author"].split("/")[0],
+        author = {"kind": "agent", "agent_id": row["author"], "owner": owner_of(row["author"]),
                   "display_name": row["author_name"]}
     out = {
         "id": row["id"], "project": row["project"], "author": author, "body": row["body"],
@@ -2518,7 +2523,7 @@ def _reply_thread(db: Database, message_id: str | None) -> str | None:
 
 
 def _agent_viewer(agent_id: str) -> Actor:
-    return Actor("agent", "", "", agent_id=agent_id, owner=agent_id.split("/")[0])
+    return Actor("agent", "", "", agent_id=agent_id, owner=owner_of(agent_id))
 
 
 def _count_loop(db: Database, project: str, author: str, reached: list[str]) -> None:
@@ -2667,7 +2672,7 @@ def project_pulse(db: Database, project: str) -> list[dict]:
     """Team Pulse: the latest report of every agent in the project, newest first."""
     rows = db.rows("SELECT p.* FROM pulses p JOIN project_agents pa ON pa.project = p.project AND "
                    "pa.agent_id = p.agent_id WHERE p.project = ? ORDER BY p.updated_at DESC", (project,))
-    return [pulse_out(r, r["agent_id"].split("/")[0]) for r in rows]
+    return [pulse_out(r, owner_of(r["agent_id"])) for r in rows]
 
 
 def memory_facts(db: Database, project: str) -> list[dict]:
@@ -2945,7 +2950,7 @@ def gate_decide(db: Database, requester_owner: str, requester_agent: str | None,
     owner's approval is required, a standing approval with uses left for this asking
     agent, assignee and kind of work gives it, else the owner is asked.
     """
-    owner = assignee.split("/")[0]
+    owner = owner_of(assignee)
     base = {"rule_id": None, "standing_id": None}
     if requester_owner == owner:
         return base | {"decision": "allow", "basis": "same_owner",
@@ -2989,7 +2994,7 @@ def _open_approval(db: Database, task: dict, status: str = "pending", decided_by
                    standing_id: str | None = None) -> dict:
     now = utcnow()
     row = {
-        "id": new_id("apr"), "project": task["project"], "task_id": task["id"], "owner": task["assignee"].split("/")[0],
+        "id": new_id("apr"), "project": task["project"], "task_id": task["id"], "owner": owner_of(task["assignee"]),
         "requester": task["requester"], "requested_by": task["requested_by"],
         "summary": json.loads(task["packet"])["task"][:TASK_TEXT_MAX], "status": status, "decided_by": decided_by,
         "decided_at": iso(now) if status != "pending" else None, "expires_at": iso(now + APPROVAL_LIFETIME),
@@ -3065,7 +3070,7 @@ def handoff(db: Database, actor: Actor, project: str, to: str, packet: dict, *,
         approval = None
         task = _task_row(db, task_id)
         if decision["standing_id"]:
-            approval = _open_approval(db, task, "approved", to.split("/")[0], decision["standing_id"])
+            approval = _open_approval(db, task, "approved", owner_of(to), decision["standing_id"])
             db.execute("UPDATE standing_approvals SET uses = uses + 1 WHERE id = ?", (decision["standing_id"],))
             standing = db.one("SELECT * FROM standing_approvals WHERE id = ?", (decision["standing_id"],))
             audit(db, project, "standing_approval.used", {
@@ -3457,7 +3462,7 @@ def _task_for_person(db: Database, person: Actor, task_id: str) -> dict:
 def _requesting_person(task: dict) -> str:
     """Who gives final acceptance: the requesting agent's owner, or the person who asked."""
     by = json.loads(task["requested_by"])
-    return by["handle"] if by["kind"] == "person" else task["requester"].split("/")[0]
+    return by["handle"] if by["kind"] == "person" else owner_of(task["requester"])
 
 
 def decide_approval(db: Database, person: Actor, approval_id: str, decision: str,
@@ -3644,7 +3649,7 @@ def request_task(db: Database, person: Actor, project: str, agent_id: str, packe
     """
     with db.transaction():
         require_project(db, person, project)
-        if agent_id.split("/")[0] != person.handle:
+        if owner_of(agent_id) != person.handle:
             raise Forbidden(f"'{agent_id}' is not your agent: ask your own agents, or hand off through them")
         message_id = new_message_id(db)  # the task names its message, which is posted after it
         out = handoff(db, person, project, agent_id, packet, origin_message_id=message_id)
@@ -3671,7 +3676,7 @@ def set_rule(db: Database, owner: str, decision: str, *, agent: str | None = Non
         raise InvalidInput("a rule is for one agent or one owner's agents, not both")
     kind, subject = ("agent", check_agent_id(agent)) if agent else ("owner", check_slug(from_owner, "from_owner")) \
         if from_owner else ("all", None)
-    if subject and subject.split("/")[0] == owner:
+    if subject and owner_of(subject) == owner:
         raise InvalidInput("your own agents always reach each other; a rule is for teammates")
     if expires_at is not None:
         expires_at = normal_time(expires_at, "expires_at")
@@ -5383,7 +5388,7 @@ async def api_project_agent(state: AppState, person: Actor, request: Request, bo
     slug = request.path_params["slug"]
     require_project(state.db, person, slug)
     agent_id = check_agent_id(_field(body, "agent_id", str), "agent_id")
-    if agent_id.split("/")[0] != person.handle:
+    if owner_of(agent_id) != person.handle:
         raise Forbidden(f"'{agent_id}' is not your agent: its owner adds it")
     return add_agent_to_project(state.db, slug, agent_id)
 
@@ -5396,7 +5401,7 @@ async def api_keys(state: AppState, person: Actor, request: Request, body: Any) 
 async def api_mint_key(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/keys {agent_id, project?}: a client key for your agent, shown once, with set-up lines."""
     agent_id = check_agent_id(_field(body, "agent_id", str), "agent_id")
-    if agent_id.split("/")[0] != person.handle:
+    if owner_of(agent_id) != person.handle:
         raise Forbidden(f"'{agent_id}' is not your agent: only its owner makes its keys")
     record, secret = create_token(state.db, "client", agent_id=agent_id, project=_field(body, "project", str, False))
     return record | {"token": secret} | connect_lines(public_base(state.db, state.settings, state.port), agent_id,
@@ -6159,7 +6164,7 @@ def device() -> None:
 @click.option("--name", default="runner", help="What to call this device (e.g. the computer's name).")
 def device_pair(db_path: str, as_json: bool, agent_id: str, name: str) -> None:
     """Pair a runner device to an agent and print its runner key once."""
-    dev, secret = pair_device(_open(db_path), check_agent_id(agent_id).split("/")[0], agent_id, name)
+    dev, secret = pair_device(_open(db_path), owner_of(check_agent_id(agent_id)), agent_id, name)
     _Out(as_json)({"device": dev, "token": secret},
                   f"Paired device {dev['id']} ({name}) with {agent_id}. Runner key (shown once):\n{secret}")
 
@@ -6213,7 +6218,7 @@ def token_create(db_path: str, as_json: bool, agent_id: str | None, project_slug
     if kind == "runner":
         if project_slug is not None:
             raise InvalidInput("a runner key is not scoped to a project: leave --project out")
-        device, secret = pair_device(db, check_agent_id(runner, "--runner").split("/")[0], runner)
+        device, secret = pair_device(db, owner_of(check_agent_id(runner, "--runner")), runner)
         record = {"id": device["credential_id"], "kind": "runner", "agent_id": runner, "device": device["id"]}
     else:
         record, secret = create_token(db, kind, agent_id=agent_id, person=handle, project=project_slug)
