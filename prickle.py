@@ -840,7 +840,7 @@ _VALIDATORS: dict[str, Any] = {
 }
 # The compiled (Rust) validator answers "valid?" in well under a microsecond; only invalid
 # input goes on to jsonschema, whose errors name the field. (Its `$` is the end of the text.)
-_FAST: dict[str, Any] = {name: jsonschema_rs.validator_for(schemas[0], validate_formats=True)
+_QUICK_VALIDATORS: dict[str, Any] = {name: jsonschema_rs.validator_for(schemas[0], validate_formats=True)
                          for name, schemas in SCHEMAS.items()}
 #: Each tool's top-level defaults; a call gets its own copy of each one it lacks.
 _DEFAULTS: dict[str, dict[str, Any]] = {
@@ -881,7 +881,7 @@ def validate_input(tool: str, arguments: Mapping[str, Any]) -> dict:
     """
     try:
         try:
-            valid = _FAST[tool].is_valid(arguments)
+            valid = _QUICK_VALIDATORS[tool].is_valid(arguments)
         except Exception:  # text it cannot take (a lone surrogate): let the full check say what is wrong
             valid = False
         errors = [] if valid else sorted(_VALIDATORS[tool].iter_errors(arguments),
@@ -1611,7 +1611,7 @@ def _cursor_mac(secret: str, scope: str, position: int) -> str:
 
 def encode_cursor(db: Database, scope: str, position: int) -> str:
     """An opaque cursor for ``position`` that only ``scope`` (an agent, a room) can use back."""
-    raw = f"{position}.{_cursor_mac(_secret(db), scope, position)}"
+    raw = f"{position}.{_cursor_mac(_server_secret(db), scope, position)}"
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
@@ -1623,7 +1623,7 @@ def decode_cursor(db: Database, scope: str, cursor: str) -> int | None:
         position = int(position_text)
     except (ValueError, UnicodeDecodeError):
         return None
-    if position < 0 or not hmac.compare_digest(mac, _cursor_mac(_secret(db), scope, position)):
+    if position < 0 or not hmac.compare_digest(mac, _cursor_mac(_server_secret(db), scope, position)):
         return None
     return position
 
@@ -1631,7 +1631,8 @@ def decode_cursor(db: Database, scope: str, cursor: str) -> int | None:
 _SECRETS: dict[str, str] = {}
 
 
-def _secret(db: Database) -> str:
+def _server_secret(db: Database) -> str:
+    """The database's own secret (cursor MACs), read once per file."""
     if db.path not in _SECRETS:
         _SECRETS[db.path] = db.scalar("SELECT value FROM meta WHERE key = 'secret'")
     return _SECRETS[db.path]
@@ -1727,7 +1728,7 @@ def resolve_token(db: Database, token: str, kinds: tuple[str, ...], *, fresh: bo
 def credential_actor(db: Database, digest: str, kind: str, *, fresh: bool = True) -> Actor:
     """The Actor of the ``kind`` credential whose secret hashes to ``digest``; raises Unauthorized."""
     # Cached until a credential changes (here, or in another process writing the file).
-    row, actor = db.cached(("credential", digest), lambda: _credential(db, digest), fresh=fresh) or (None, None)
+    row, actor = db.cached(("credential", digest), lambda: _credential_by_hash(db, digest), fresh=fresh) or (None, None)
     if row is None or row["kind"] != kind:
         raise Unauthorized("unknown credential: it was never issued here or the database was replaced")
     if row["revoked_at"]:
@@ -1743,7 +1744,7 @@ def credential_actor(db: Database, digest: str, kind: str, *, fresh: bool = True
     return actor
 
 
-def _credential(db: Database, digest: str) -> tuple[dict, Actor] | None:
+def _credential_by_hash(db: Database, digest: str) -> tuple[dict, Actor] | None:
     """The credential row with this secret hash and the Actor it stands for, or None."""
     row = db.one("SELECT * FROM credentials WHERE secret_hash = ?", (digest,))
     if row is None:
@@ -2382,7 +2383,8 @@ def resolve_mentions(db: Database, project: str, body: str) -> tuple[list[str], 
     return mentions, agent_ids
 
 
-def _pair(a: str, b: str) -> tuple[str, str]:
+def _sorted_pair(a: str, b: str) -> tuple[str, str]:
+    """Two agent IDs in a fixed order: the loop guard keeps one row per pair, whoever spoke first."""
     return (a, b) if a < b else (b, a)
 
 
@@ -2459,7 +2461,7 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
         if actor.kind == "agent":
             for other in reached:
                 pair = db.one("SELECT paused FROM loop_pairs WHERE project = ? AND agent_a = ? AND agent_b = ?",
-                              (project,) + _pair(author, other))
+                              (project,) + _sorted_pair(author, other))
                 if pair and pair["paused"]:
                     raise Paused(f"you and '{other}' answered each other {LOOP_LIMIT} times with no person in "
                                  f"between, so both are paused in '{project}' until a person posts there; "
@@ -2532,7 +2534,7 @@ def _count_loop(db: Database, project: str, author: str, reached: list[str]) -> 
     A second message in the same direction is not a turn; only a person's message resets the count.
     """
     for other in reached:
-        a, b = _pair(author, other)
+        a, b = _sorted_pair(author, other)
         row = db.one("SELECT * FROM loop_pairs WHERE project = ? AND agent_a = ? AND agent_b = ?", (project, a, b))
         if row is None:
             count = 1
@@ -2610,14 +2612,15 @@ def read_room(db: Database, actor: Actor, project: str, *, cursor: str | None = 
             out = {"messages": [message_out(_with_card(db, r)) for r in rows],
                    "next_cursor": encode_cursor(db, scope, rows[-1]["seq"]) if more else None}
         if task_id is None:
-            out["threads"] = _threads(db, actor, project)
+            out["threads"] = _listed_threads(db, actor, project)
         elif actor.task_scope is not None:
             audit(db, project, "thread.read", {"task": task_id, "attempt": actor.attempt_id,
                                                "messages": len(out["messages"])})
     return out
 
 
-def _threads(db: Database, actor: Actor, project: str) -> list[dict]:
+def _listed_threads(db: Database, actor: Actor, project: str) -> list[dict]:
+    """The task threads read_room lists for ``actor`` beside general chat, newest activity first."""
     if actor.kind == "agent":
         rows = db.rows(
             "SELECT * FROM tasks t WHERE project = ? AND (requester = ? OR assignee = ? OR EXISTS "
@@ -2814,7 +2817,8 @@ def _packet_full(packet: dict) -> dict:
             "files": list(packet.get("files", [])), "depends_on": list(packet.get("depends_on", []))}
 
 
-def _artifact(a: dict) -> dict:
+def _artifact_out(a: dict) -> dict:
+    """An artifact as a result carries it: its ref and the hashes given (None where not)."""
     return {"ref": a["ref"], "sha256": a.get("sha256"), "commit_sha": a.get("commit_sha")}
 
 
@@ -3096,7 +3100,7 @@ def handoff(db: Database, actor: Actor, project: str, to: str, packet: dict, *,
     return {"task": out, "gate": gate}
 
 
-def _sub_for(db: Database, task: dict, submission_id: str, revision: int) -> tuple[dict, dict | None]:
+def _submission_and_latest(db: Database, task: dict, submission_id: str, revision: int) -> tuple[dict, dict | None]:
     """The named submission and the task's latest one; NotFound if the ID is not this task's."""
     sub = db.one("SELECT * FROM submissions WHERE id = ? AND task_id = ?", (submission_id, task["id"]))
     if sub is None:
@@ -3192,7 +3196,7 @@ def return_result(db: Database, actor: Actor, task_id: str, summary: str, eviden
     commit_sha and code needs a commit; a newer submission supersedes an unreviewed one.
     Writes ``result.returned`` (counts and kinds only).
     """
-    artifacts = [_artifact(a) for a in (artifacts or [])]
+    artifacts = [_artifact_out(a) for a in (artifacts or [])]
     items = [{k: e[k] for k in _EVIDENCE_KEYS if k in e} for e in evidence]
     for n, a in enumerate(artifacts):
         if not a["sha256"] and not a["commit_sha"]:
@@ -3247,7 +3251,7 @@ def return_result(db: Database, actor: Actor, task_id: str, summary: str, eviden
 
 
 def _check_submission(db: Database, task: dict, submission_id: str, revision: int, action: str) -> dict:
-    sub, latest = _sub_for(db, task, submission_id, revision)
+    sub, latest = _submission_and_latest(db, task, submission_id, revision)
     refs = {"task": task["id"], "action": action, "asked": {"submission": submission_id, "revision": revision},
             "latest": {"submission": latest["id"], "revision": latest["revision"]}}
     if sub["status"] in ("rejected", "cancelled"):
@@ -3260,7 +3264,7 @@ def _check_submission(db: Database, task: dict, submission_id: str, revision: in
     return sub
 
 
-def _refusing(db: Database, fn: Callable[[], dict]) -> dict:
+def _recording_refusals(db: Database, fn: Callable[[], dict]) -> dict:
     """Run ``fn`` (one transaction); a RecordedRefusal is written to its audit chain, then raised."""
     try:
         return fn()
@@ -3305,7 +3309,7 @@ def accept_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
             sub = _check_submission(db, task, submission_id, revision, "accept")
             next_state(task, "verify")
             checked = _check_verdicts(verdicts, len(json.loads(task["packet"])["acceptance_criteria"]), True)
-            if [_artifact(a) for a in artifacts] != json.loads(sub["artifacts"]):
+            if [_artifact_out(a) for a in artifacts] != json.loads(sub["artifacts"]):
                 raise StaleSubmission(
                     "artifacts: they differ from the submission's; repeat them exactly as check_inbox shows them",
                     {"task": task_id, "action": "accept", "asked": {"submission": submission_id, "revision": revision},
@@ -3326,7 +3330,7 @@ def accept_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
                            (json.dumps(checked), verified_by, sub["id"]))
                 row = move_task(db, task, "verify", actor.agent_id, verified_at=iso(utcnow()))
             return {"task": task_out(db, row)}
-    return _refusing(db, run)
+    return _recording_refusals(db, run)
 
 
 def reject_result(db: Database, actor: Actor, task_id: str, submission_id: str, revision: int, reason: str,
@@ -3348,7 +3352,7 @@ def reject_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
                                                            "revision": sub["revision"], "by": actor.agent_id})
             row = move_task(db, task, "reject", actor.agent_id, [(task["assignee"], "task")])
             return {"task": task_out(db, row)}
-    return _refusing(db, run)
+    return _recording_refusals(db, run)
 
 
 def check_inbox(db: Database, actor: Actor, *, project: str | None = None, include_closed: bool = False,
@@ -4292,7 +4296,7 @@ def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_ke
                     "reviewing": reviewing,
                     "discussion_credential": {"token": secret, "expires_at": expires,
                                               "allowed_tools": list(DISCUSSION_TOOLS)}}
-    return _refusing(db, run)
+    return _recording_refusals(db, run)
 
 
 def room_view(db: Database, person: Actor) -> dict:
@@ -5860,7 +5864,8 @@ class _Out:
         click.echo(utf8_json(data) if self.as_json else text)
 
 
-def _common(f: Callable) -> Callable:
+def _db_options(f: Callable) -> Callable:
+    """Give a command the options every command takes: --db and --json."""
     f = click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")(f)
     f = click.option("--db", "db_path", default=lambda: os.environ.get("PRICKLE_DB", "prickle.db"),
                      show_default="prickle.db or $PRICKLE_DB", help="The SQLite database file.")(f)
@@ -5897,13 +5902,13 @@ def cli() -> None:
     """Prickle: a meeting place for a small team's people and their AI agents."""
 
 
-@cli.command()
-@_common
+@cli.command("serve")
+@_db_options
 @click.option("--config", "config_path", default=None, help="Settings file (default: ./prickle.toml if present).")
 @click.option("--host", default=None, help="Address to listen on (default from settings: 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="Port to listen on; 0 picks a free one and prints it.")
 @click.option("--demo", is_flag=True, help="Seed the website-v2 demo project and print a key for each demo agent.")
-def serve(db_path: str, as_json: bool, config_path: str | None, host: str | None, port: int | None,
+def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | None, port: int | None,
           demo: bool) -> None:
     """Run the server: MCP at /mcp, the people's API at /api, the page at /."""
     import uvicorn
@@ -5979,12 +5984,12 @@ def serve(db_path: str, as_json: bool, config_path: str | None, host: str | None
         lock.release()
 
 
-@cli.command()
-@_common
+@cli.command("init")
+@_db_options
 @click.option("--owner", required=True, help="The first owner's handle (lowercase, digits, hyphens).")
 @click.option("--name", default=None, help="Their display name.")
 @click.option("--config", "config_path", default=None, help="Settings file, for the public address in the link.")
-def init(db_path: str, as_json: bool, owner: str, name: str | None, config_path: str | None) -> None:
+def init_cmd(db_path: str, as_json: bool, owner: str, name: str | None, config_path: str | None) -> None:
     """Create the first owner and print their sign-in link."""
     settings = load_settings(config_path)
     db = _open(db_path, create=True)
@@ -5996,7 +6001,7 @@ def init(db_path: str, as_json: bool, owner: str, name: str | None, config_path:
 
 
 @cli.command("signin-link")
-@_common
+@_db_options
 @click.argument("handle")
 @click.option("--config", "config_path", default=None, help="Settings file, for the public address in the link.")
 def signin_link_cmd(db_path: str, as_json: bool, handle: str, config_path: str | None) -> None:
@@ -6006,13 +6011,13 @@ def signin_link_cmd(db_path: str, as_json: bool, handle: str, config_path: str |
     _Out(as_json)({"signin": link}, link)
 
 
-@cli.group()
-def person() -> None:
+@cli.group("person")
+def person_group() -> None:
     """People."""
 
 
-@person.command("add")
-@_common
+@person_group.command("add")
+@_db_options
 @click.argument("handle")
 @click.option("--name", required=True, help="Display name.")
 @click.option("--color", type=click.IntRange(0, 7), default=None, help="Colour 0-7 (default: next free).")
@@ -6022,13 +6027,13 @@ def person_add(db_path: str, as_json: bool, handle: str, name: str, color: int |
     _Out(as_json)({"person": p}, f"Added {handle} ({name}).")
 
 
-@cli.group()
-def project() -> None:
+@cli.group("project")
+def project_group() -> None:
     """Projects."""
 
 
-@project.command("create")
-@_common
+@project_group.command("create")
+@_db_options
 @click.argument("slug")
 @click.option("--name", required=True, help="Display name.")
 @click.option("--team", required=True, help="The team it belongs to.")
@@ -6041,13 +6046,13 @@ def project_create(db_path: str, as_json: bool, slug: str, name: str, team: str,
     _Out(as_json)({"project": p}, f"Created project {slug}, owned by {owner}.")
 
 
-@cli.group()
-def member() -> None:
+@cli.group("member")
+def member_group() -> None:
     """Project members."""
 
 
-@member.command("add")
-@_common
+@member_group.command("add")
+@_db_options
 @click.argument("project_slug", metavar="PROJECT")
 @click.argument("handle")
 @click.option("--role", type=click.Choice(["owner", "member"]), default="member", show_default=True)
@@ -6064,13 +6069,13 @@ def _parse_capability(text: str) -> dict:
     return {"kind": kind, "name": name}
 
 
-@cli.group()
-def agent() -> None:
+@cli.group("agent")
+def agent_group() -> None:
     """Agents."""
 
 
-@agent.command("add")
-@_common
+@agent_group.command("add")
+@_db_options
 @click.argument("agent_id", metavar="OWNER/NAME")
 @click.option("--name", required=True, help="Display name.")
 @click.option("--model", required=True, help="The model it runs, e.g. claude-opus-4.")
@@ -6086,8 +6091,8 @@ def agent_add(db_path: str, as_json: bool, agent_id: str, name: str, model: str,
     _Out(as_json)({"agent": card}, f"Added agent {agent_id}" + (f" to {', '.join(projects)}." if projects else "."))
 
 
-@agent.command("join")
-@_common
+@agent_group.command("join")
+@_db_options
 @click.argument("project_slug", metavar="PROJECT")
 @click.argument("agent_id", metavar="OWNER/NAME")
 def agent_join(db_path: str, as_json: bool, project_slug: str, agent_id: str) -> None:
@@ -6096,13 +6101,13 @@ def agent_join(db_path: str, as_json: bool, project_slug: str, agent_id: str) ->
     _Out(as_json)(out, f"Added {agent_id} to {project_slug}.")
 
 
-@cli.group()
-def rule() -> None:
+@cli.group("rule")
+def rule_group() -> None:
     """An owner's gate: delegation rules, standing approvals, auto-accept."""
 
 
-@rule.command("set")
-@_common
+@rule_group.command("set")
+@_db_options
 @click.argument("owner")
 @click.option("--decision", required=True, type=click.Choice(["allow", "approval_required", "never"]),
               help="What happens to handoffs to OWNER's agents.")
@@ -6117,8 +6122,8 @@ def rule_set(db_path: str, as_json: bool, owner: str, decision: str, agent_id: s
                                f"agents: {decision}.")
 
 
-@rule.command("list")
-@_common
+@rule_group.command("list")
+@_db_options
 @click.argument("owner")
 def rule_list(db_path: str, as_json: bool, owner: str) -> None:
     """List OWNER's live delegation rules and standing approvals."""
@@ -6132,8 +6137,8 @@ def rule_list(db_path: str, as_json: bool, owner: str) -> None:
     _Out(as_json)(out, "\n".join(lines) or "No rules: handoffs from teammates need approval.")
 
 
-@rule.command("revoke")
-@_common
+@rule_group.command("revoke")
+@_db_options
 @click.argument("owner")
 @click.argument("rule_id")
 def rule_revoke(db_path: str, as_json: bool, owner: str, rule_id: str) -> None:
@@ -6143,8 +6148,8 @@ def rule_revoke(db_path: str, as_json: bool, owner: str, rule_id: str) -> None:
     _Out(as_json)(out, f"Revoked {rule_id}.")
 
 
-@rule.command("auto-accept")
-@_common
+@rule_group.command("auto-accept")
+@_db_options
 @click.argument("owner")
 @click.argument("state", type=click.Choice(["on", "off"]))
 def rule_auto_accept(db_path: str, as_json: bool, owner: str, state: str) -> None:
@@ -6153,13 +6158,13 @@ def rule_auto_accept(db_path: str, as_json: bool, owner: str, state: str) -> Non
     _Out(as_json)(out, f"Auto-accept for {owner}: {state}.")
 
 
-@cli.group()
-def device() -> None:
+@cli.group("device")
+def device_group() -> None:
     """Runner devices paired to one agent each."""
 
 
-@device.command("pair")
-@_common
+@device_group.command("pair")
+@_db_options
 @click.argument("agent_id", metavar="OWNER/NAME")
 @click.option("--name", default="runner", help="What to call this device (e.g. the computer's name).")
 def device_pair(db_path: str, as_json: bool, agent_id: str, name: str) -> None:
@@ -6169,8 +6174,8 @@ def device_pair(db_path: str, as_json: bool, agent_id: str, name: str) -> None:
                   f"Paired device {dev['id']} ({name}) with {agent_id}. Runner key (shown once):\n{secret}")
 
 
-@device.command("list")
-@_common
+@device_group.command("list")
+@_db_options
 @click.argument("owner")
 def device_list(db_path: str, as_json: bool, owner: str) -> None:
     """List OWNER's paired devices."""
@@ -6182,8 +6187,8 @@ def device_list(db_path: str, as_json: bool, owner: str) -> None:
         for r in rows) or "No devices.")
 
 
-@device.command("revoke")
-@_common
+@device_group.command("revoke")
+@_db_options
 @click.argument("owner")
 @click.argument("device_id")
 def device_revoke(db_path: str, as_json: bool, owner: str, device_id: str) -> None:
@@ -6192,13 +6197,13 @@ def device_revoke(db_path: str, as_json: bool, owner: str, device_id: str) -> No
     _Out(as_json)(out, f"Revoked {device_id} ({out['credentials_ended']} credentials ended).")
 
 
-@cli.group()
-def token() -> None:
+@cli.group("token")
+def token_group() -> None:
     """Credentials: create, list, revoke."""
 
 
-@token.command("create")
-@_common
+@token_group.command("create")
+@_db_options
 @click.option("--agent", "agent_id", default=None, metavar="OWNER/NAME", help="A client key for this agent.")
 @click.option("--project", "project_slug", default=None, help="Scope the client key to this one project.")
 @click.option("--rooms", is_flag=True, help="A client key for the agent's owner's private rooms only.")
@@ -6226,8 +6231,8 @@ def token_create(db_path: str, as_json: bool, agent_id: str | None, project_slug
                   f"{kind} credential {record['id']} (shown once, keep it secret):\n{secret}")
 
 
-@token.command("list")
-@_common
+@token_group.command("list")
+@_db_options
 @click.option("--owner", default=None, help="Only this person's and their agents' credentials.")
 def token_list(db_path: str, as_json: bool, owner: str | None) -> None:
     """List credentials (never their secrets)."""
@@ -6240,8 +6245,8 @@ def token_list(db_path: str, as_json: bool, owner: str | None) -> None:
         f"{'revoked ' + r['revoked_at'] if r['revoked_at'] else 'active'}" for r in rows) or "No credentials.")
 
 
-@token.command("revoke")
-@_common
+@token_group.command("revoke")
+@_db_options
 @click.argument("token_id")
 def token_revoke(db_path: str, as_json: bool, token_id: str) -> None:
     """Revoke a credential at once."""
@@ -6249,13 +6254,13 @@ def token_revoke(db_path: str, as_json: bool, token_id: str) -> None:
     _Out(as_json)(record, f"Revoked {token_id}.")
 
 
-@cli.group()
-def memory() -> None:
+@cli.group("memory")
+def memory_group() -> None:
     """Project memory facts."""
 
 
-@memory.command("set")
-@_common
+@memory_group.command("set")
+@_db_options
 @click.argument("project_slug", metavar="PROJECT")
 @click.argument("key")
 @click.argument("value")
@@ -6266,8 +6271,8 @@ def memory_set(db_path: str, as_json: bool, project_slug: str, key: str, value: 
     _Out(as_json)({"memory": fact}, f"Set {key} in {project_slug}.")
 
 
-@memory.command("retract")
-@_common
+@memory_group.command("retract")
+@_db_options
 @click.argument("project_slug", metavar="PROJECT")
 @click.argument("key")
 @click.option("--by", required=True, help="Handle of the member retracting it.")
@@ -6283,7 +6288,7 @@ def audit_group() -> None:
 
 
 @audit_group.command("verify")
-@_common
+@_db_options
 @click.argument("project_slug", metavar="[PROJECT]", required=False)
 def audit_verify(db_path: str, as_json: bool, project_slug: str | None) -> None:
     """Recompute every chain (or one project's) and name the first broken entry."""
@@ -6299,10 +6304,10 @@ def audit_verify(db_path: str, as_json: bool, project_slug: str | None) -> None:
         raise click.exceptions.Exit(1)
 
 
-@cli.command()
-@_common
+@cli.command("backup")
+@_db_options
 @click.argument("dest")
-def backup(db_path: str, as_json: bool, dest: str) -> None:
+def backup_cmd(db_path: str, as_json: bool, dest: str) -> None:
     """Copy the database to DEST with SQLite's online backup (safe while the server runs)."""
     if os.path.exists(dest):
         raise Conflict(f"{dest} already exists: pick a new file name")
@@ -6312,12 +6317,12 @@ def backup(db_path: str, as_json: bool, dest: str) -> None:
     _Out(as_json)({"backup": os.path.abspath(dest)}, f"Backed up {db_path} to {dest}.")
 
 
-@cli.command()
-@_common
+@cli.command("connect")
+@_db_options
 @click.argument("agent_id", metavar="OWNER/NAME")
 @click.option("--project", "project_slug", default=None, help="Scope the new key to this one project.")
 @click.option("--config", "config_path", default=None, help="Settings file, for the public address.")
-def connect(db_path: str, as_json: bool, agent_id: str, project_slug: str | None, config_path: str | None) -> None:
+def connect_cmd(db_path: str, as_json: bool, agent_id: str, project_slug: str | None, config_path: str | None) -> None:
     """Mint a client key for an agent and print the Claude Code and Codex set-up lines."""
     settings = load_settings(config_path)
     db = _open(db_path)
