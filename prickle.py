@@ -5,9 +5,29 @@ made; people use the JSON API under ``/api`` and the web page at ``/``. Everythi
 in one SQLite file: rooms, tasks, the outbox that drives wakes and live views, and a
 hash-chained audit log per project.
 
-The module reads top to bottom in dependency order, one banner per section:
-helpers and errors, settings, protocol schemas, storage, outbox/wakes/audit, identity,
-state machines, domain operations, MCP tools, web API, command line.
+Contents: one banner per section, in dependency order (search for the section's name):
+
+- Helpers and errors: ids, time, canonical JSON, input checks (slugs, agent IDs, owner_of),
+  and PrickleError with one subclass per error code.
+- Settings: the settings file and its defaults (Settings, load_settings).
+- Protocol schemas: the reference's limits (BODY_MAX, ...), the JSON Schema fragments, every
+  tool's input and output schema (SCHEMAS), and validate_input.
+- Storage: the schema and its migrations, the Database (transactions, savepoints, cache,
+  other writers), the server lock.
+- Outbox, wakes and audit log: append_event, the WakeHub that wakes waiters after commit,
+  cursors, and the hash-chained audit log.
+- Identity and credentials: token kinds and prefixes, resolving a secret to an Actor.
+- State machines: the task lifecycle as a table of moves (TASK_MOVES, next_state).
+- Domain operations: one function and one transaction per operation, in ``# --`` parts:
+  people and projects; reach (who may see which project and thread); the room (messages,
+  mentions, the loop guard, read_room); people, memory and pulse; tasks (handoff, the gate,
+  the lifecycle, results and evidence); the people's side of tasks (approvals, final
+  acceptance); the owner's gate rules; runners (devices, runs, steps); private rooms
+  (turns and discussions); make-or-spend actions; wakes (reading them for a wait).
+- MCP tools: the Tool table (TOOLS), waits with progress, and the /mcp endpoint.
+- Web API, event stream and page: sign-in and sessions, the /api handlers, the live stream,
+  the WAL checkpoint, and create_app.
+- Command line: the ``prickle`` commands (cli) and main.
 """
 
 from __future__ import annotations

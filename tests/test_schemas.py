@@ -75,3 +75,12 @@ def test_the_limits_and_labels_the_code_uses_are_the_references():
     assert prickle.APPROVAL_LAPSED == f"{prickle.APPROVAL_LIFETIME // hours}_hours" == "24_hours"
     assert prickle.STEP_UNDECIDED == f"undecided_{prickle.STEP_LIFETIME // hours}_hours"
     assert prickle.STEP_UNUSED == f"unused_{prickle.STEP_USE_WINDOW // prickle._dt.timedelta(minutes=1)}_minutes"
+
+
+def test_the_module_docstring_lists_every_section_in_order():
+    import pathlib
+    import re
+    source = pathlib.Path(prickle.__file__).read_text(encoding="utf-8")
+    banners = re.findall(r"^#{79}\n# (.+?) #+\n#{79}$", source, flags=re.M)
+    listed = re.findall(r"^- ([^:]+):", prickle.__doc__, flags=re.M)
+    assert listed == banners and len(banners) == 11
