@@ -1885,6 +1885,20 @@ def next_state(task: dict, move: str) -> str:
     return allowed[move]
 
 
+def task_lists() -> dict:
+    """What the web page lists about tasks, read from the tables above and the schemas.
+
+    ``{"states": [...], "cancellable": [...], "deliverable_types": [...]}``: every public
+    state in the reference's order, the public states a task can be cancelled from
+    (TASK_MOVES), and the packet's deliverable types.
+    """
+    states = TASK_STATE["enum"]
+    cancellable = {"approval" if key.startswith("approval_") else key
+                   for key, moves in TASK_MOVES.items() if "cancel" in moves}
+    return {"states": list(states), "cancellable": [s for s in states if s in cancellable],
+            "deliverable_types": list(PACKET["properties"]["deliverable_type"]["enum"])}
+
+
 ###############################################################################
 # Domain operations ###########################################################
 ###############################################################################
@@ -5287,6 +5301,11 @@ async def api_decide(state: AppState, person: Actor, request: Request, body: dic
                            standing)
 
 
+async def api_meta(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/meta: the lists the page shows (task states, which can be cancelled, deliverable types)."""
+    return {"tasks": task_lists()}
+
+
 async def api_board(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/projects/{slug}/tasks: every task of the project."""
     return tasks_board(state.db, person, request.path_params["slug"])
@@ -5735,6 +5754,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     routes = [
         Route("/mcp", endpoint=mcp_endpoint, methods=["GET", "POST", "DELETE"]),
         Route("/api/me", _api(api_me)),
+        Route("/api/meta", _api(api_meta)),
         Route("/api/projects", _api(api_projects)),
         Route("/api/projects", _api(api_create_project), methods=["POST"]),
         Route("/api/people", _api(api_people)),
