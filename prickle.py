@@ -5,9 +5,29 @@ made; people use the JSON API under ``/api`` and the web page at ``/``. Everythi
 in one SQLite file: rooms, tasks, the outbox that drives wakes and live views, and a
 hash-chained audit log per project.
 
-The module reads top to bottom in dependency order, one banner per section:
-helpers and errors, settings, protocol schemas, storage, outbox/wakes/audit, identity,
-state machines, domain operations, MCP tools, web API, command line.
+Contents: one banner per section, in dependency order (search for the section's name):
+
+- Helpers and errors: ids, time, canonical JSON, input checks (slugs, agent IDs, owner_of),
+  and PrickleError with one subclass per error code.
+- Settings: the settings file and its defaults (Settings, load_settings).
+- Protocol schemas: the reference's limits (BODY_MAX, ...), the JSON Schema fragments, every
+  tool's input and output schema (SCHEMAS), and validate_input.
+- Storage: the schema and its migrations, the Database (transactions, savepoints, cache,
+  other writers), the server lock.
+- Outbox, wakes and audit log: append_event, the WakeHub that wakes waiters after commit,
+  cursors, and the hash-chained audit log.
+- Identity and credentials: token kinds and prefixes, resolving a secret to an Actor.
+- State machines: the task lifecycle as a table of moves (TASK_MOVES, next_state).
+- Domain operations: one function and one transaction per operation, in ``# --`` parts:
+  people and projects; reach (who may see which project and thread); the room (messages,
+  mentions, the loop guard, read_room); people, memory and pulse; tasks (handoff, the gate,
+  the lifecycle, results and evidence); the people's side of tasks (approvals, final
+  acceptance); the owner's gate rules; runners (devices, runs, steps); private rooms
+  (turns and discussions); make-or-spend actions; wakes (reading them for a wait).
+- MCP tools: the Tool table (TOOLS), waits with progress, and the /mcp endpoint.
+- Web API, event stream and page: sign-in and sessions, the /api handlers, the live stream,
+  the WAL checkpoint, and create_app.
+- Command line: the ``prickle`` commands (cli) and main.
 """
 
 from __future__ import annotations
@@ -244,6 +264,11 @@ def check_agent_id(value: str, field: str = "agent") -> str:
     return value
 
 
+def owner_of(agent_id: str) -> str:
+    """The handle of the person who owns the agent ``owner/name`` ("" for an empty address)."""
+    return agent_id.partition("/")[0]
+
+
 def check_id(value: str, field: str) -> str:
     """Return ``value`` if it is an ID as the reference defines it; else raise InvalidInput naming ``field``."""
     if not isinstance(value, str) or not ID_RE.fullmatch(value):
@@ -353,6 +378,17 @@ _DATE_TIME_PATTERN = (
     r"T(?:(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d+)?(?:Z|([+-](?:[01]\d|2[0-3]):[0-5]\d)))$"
 )
 _MAX_SAFE = 9007199254740991
+
+#: The longest message body, in characters (a post, an action's result, a reviewed draft).
+BODY_MAX = 8000
+#: At most this many ``@`` addresses are parsed out of one body into ``mentions``.
+MENTIONS_MAX = 20
+#: The longest task text in a packet; a task's title and an approval's summary are that text.
+TASK_TEXT_MAX = 500
+#: Evidence observed longer than this before its result was returned is stale ...
+EVIDENCE_FRESH = _dt.timedelta(days=7)
+#: ... and the reference's reason for it in ``evidence_report.stale``.
+EVIDENCE_TOO_OLD = "older_than_7_days"
 
 
 def _str(max_length: int | None = None, min_length: int | None = None, **extra: Any) -> dict:
@@ -489,8 +525,8 @@ ATTACHMENT = _one_of(
 
 MESSAGE = _obj(
     {
-        "id": ID, "project": SLUG, "author": AUTHOR, "body": _str(8000),
-        "mentions": _array(_str(80), 20), "provenance": _nullable(PROVENANCE),
+        "id": ID, "project": SLUG, "author": AUTHOR, "body": _str(BODY_MAX),
+        "mentions": _array(_str(80), MENTIONS_MAX), "provenance": _nullable(PROVENANCE),
         "in_reply_to": _nullable(ID), "task_id": _nullable(ID), "created_at": DATE_TIME,
     },
     {
@@ -506,7 +542,7 @@ MESSAGE = _obj(
 
 PACKET = _obj(
     {
-        "task": _str(500, 1),
+        "task": _str(TASK_TEXT_MAX, 1),
         "deliverable_type": _enum("code", "doc", "answer", "screenshots", "reviewed_pr", "design", "data", "other"),
         "acceptance_criteria": _array(_str(500, 1), 20, 1),
     },
@@ -534,7 +570,7 @@ EVIDENCE_REPORT = _obj({
     "coverage": _array(_obj({"criterion": COUNT, "evidence": _array(COUNT, 20)}), 20),
     "general": _array(COUNT, 20),
     "uncovered": _array(COUNT, 20),
-    "stale": _array(_obj({"evidence": COUNT, "why": _enum("before_previous_revision", "older_than_7_days")}), 20),
+    "stale": _array(_obj({"evidence": COUNT, "why": _enum("before_previous_revision", EVIDENCE_TOO_OLD)}), 20),
     "complete": {"type": "boolean"},
 })
 
@@ -601,7 +637,7 @@ PULSE = _obj(
 )
 
 THREAD = _obj({
-    "task_id": ID, "title": _str(500, 1), "state": TASK_STATE, "requester": _nullable(AGENT_ID),
+    "task_id": ID, "title": _str(TASK_TEXT_MAX, 1), "state": TASK_STATE, "requester": _nullable(AGENT_ID),
     "assignee": AGENT_ID, "reply_count": COUNT, "last_activity_at": DATE_TIME, "parent_task_id": _nullable(ID),
 })
 
@@ -698,7 +734,7 @@ SCHEMAS: dict[str, tuple[dict, dict]] = {
     ),
     "post_message": (
         _input(
-            {"project": SLUG, "body": _str(8000)},
+            {"project": SLUG, "body": _str(BODY_MAX)},
             {
                 "in_reply_to": ID, "task_id": ID,
                 "provenance": {"default": "agent_generated"}
@@ -801,7 +837,7 @@ SCHEMAS: dict[str, tuple[dict, dict]] = {
             {"project": SLUG, "replies_left": _int(0, 8), "lead": {"type": "boolean"},
              "role": _enum("draft", "review", "revise", "combine"),
              "reviewing": _nullable(_obj({
-                 "message_id": ID, "author": AGENT_ID, "body": _str(8000, 1), "provenance": PROVENANCE,
+                 "message_id": ID, "author": AGENT_ID, "body": _str(BODY_MAX, 1), "provenance": PROVENANCE,
                  "provenance_status": _enum("claimed", "attested")})),
              "discussion_credential": CREDENTIAL},
             {"own_room": {"type": "boolean"}},
@@ -839,7 +875,7 @@ _VALIDATORS: dict[str, Any] = {
 }
 # The compiled (Rust) validator answers "valid?" in well under a microsecond; only invalid
 # input goes on to jsonschema, whose errors name the field. (Its `$` is the end of the text.)
-_FAST: dict[str, Any] = {name: jsonschema_rs.validator_for(schemas[0], validate_formats=True)
+_QUICK_VALIDATORS: dict[str, Any] = {name: jsonschema_rs.validator_for(schemas[0], validate_formats=True)
                          for name, schemas in SCHEMAS.items()}
 #: Each tool's top-level defaults; a call gets its own copy of each one it lacks.
 _DEFAULTS: dict[str, dict[str, Any]] = {
@@ -898,7 +934,7 @@ def validate_input(tool: str, arguments: Mapping[str, Any]) -> dict:
     # Values no schema can judge (broken text, huge numbers, deep nesting) are refused first.
     filled = clean_json(dict(arguments))
     try:
-        valid = _FAST[tool].is_valid(filled)
+        valid = _QUICK_VALIDATORS[tool].is_valid(filled)
     except Exception:  # something it cannot take: let the full check say what is wrong
         valid = False
     errors = [] if valid else sorted(_VALIDATORS[tool].iter_errors(filled),
@@ -1150,6 +1186,13 @@ LAST_MESSAGE = ("last", "messages")
 #: Cursors older than this many outbox rows behind the head are refused with a resync.
 CURSOR_WINDOW = 1_000_000
 
+#: Above every outbox seq and audit entry number: "no upper bound" in a query, and the
+#: largest such number a request may give.
+SEQ_MAX = 2**62
+
+#: How long a connection waits for another writer's lock before giving up (ms).
+BUSY_TIMEOUT_MS = 5000
+
 # The recommended connection settings; SQLite's own log stays out of our output.
 apsw.bestpractice.apply(tuple(f for f in apsw.bestpractice.recommended
                               if f is not apsw.bestpractice.library_logging))
@@ -1169,7 +1212,7 @@ class Database:
             self.conn = apsw.Connection(path)
         except apsw.CantOpenError:
             raise StorageError(f"cannot open database file {path}: check the folder exists and is writable") from None
-        self.conn.setbusytimeout(5000)
+        self.conn.setbusytimeout(BUSY_TIMEOUT_MS)
         self.conn.pragma("journal_mode", "wal")
         self.conn.pragma("synchronous", "NORMAL")
         self.conn.pragma("foreign_keys", True)
@@ -1618,7 +1661,7 @@ def _cursor_mac(secret: str, scope: str, position: int) -> str:
 
 def encode_cursor(db: Database, scope: str, position: int) -> str:
     """An opaque cursor for ``position`` that only ``scope`` (an agent, a room) can use back."""
-    raw = f"{position}.{_cursor_mac(_secret(db), scope, position)}"
+    raw = f"{position}.{_cursor_mac(_server_secret(db), scope, position)}"
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
@@ -1630,7 +1673,7 @@ def decode_cursor(db: Database, scope: str, cursor: str) -> int | None:
         position = int(position_text)
     except (ValueError, UnicodeDecodeError):
         return None
-    if position < 0 or not hmac.compare_digest(mac, _cursor_mac(_secret(db), scope, position)):
+    if position < 0 or not hmac.compare_digest(mac, _cursor_mac(_server_secret(db), scope, position)):
         return None
     return position
 
@@ -1638,7 +1681,8 @@ def decode_cursor(db: Database, scope: str, cursor: str) -> int | None:
 _SECRETS: dict[str, str] = {}
 
 
-def _secret(db: Database) -> str:
+def _server_secret(db: Database) -> str:
+    """The database's own secret (cursor MACs), read once per file."""
     if db.path not in _SECRETS:
         _SECRETS[db.path] = db.scalar("SELECT value FROM meta WHERE key = 'secret'")
     return _SECRETS[db.path]
@@ -1734,7 +1778,7 @@ def resolve_token(db: Database, token: str, kinds: tuple[str, ...], *, fresh: bo
 def credential_actor(db: Database, digest: str, kind: str, *, fresh: bool = True) -> Actor:
     """The Actor of the ``kind`` credential whose secret hashes to ``digest``; raises Unauthorized."""
     # Cached until a credential changes (here, or in another process writing the file).
-    row, actor = db.cached(("credential", digest), lambda: _credential(db, digest), fresh=fresh) or (None, None)
+    row, actor = db.cached(("credential", digest), lambda: _credential_by_hash(db, digest), fresh=fresh) or (None, None)
     if row is None or row["kind"] != kind:
         raise Unauthorized("unknown credential: it was never issued here or the database was replaced")
     if row["revoked_at"]:
@@ -1750,14 +1794,14 @@ def credential_actor(db: Database, digest: str, kind: str, *, fresh: bool = True
     return actor
 
 
-def _credential(db: Database, digest: str) -> tuple[dict, Actor] | None:
+def _credential_by_hash(db: Database, digest: str) -> tuple[dict, Actor] | None:
     """The credential row with this secret hash and the Actor it stands for, or None."""
     row = db.one("SELECT * FROM credentials WHERE secret_hash = ?", (digest,))
     if row is None:
         return None
     if row["agent_id"]:
         return row, Actor("agent", row["id"], row["kind"], agent_id=row["agent_id"],
-                          owner=row["agent_id"].split("/")[0],
+                          owner=owner_of(row["agent_id"]),
                           project_scope=ROOMS_SCOPE if row["rooms_only"] else row["project"],
                           task_scope=row["task_id"], attempt_id=row["attempt_id"],
                           discussion_id=row["discussion_id"],
@@ -1832,10 +1876,10 @@ CLOSED_STATES = ("completed", "rejected", "cancelled")
 #: The gate's first decisions (DESIGN "Tasks"): what a handoff becomes.
 GATE_OUTCOME = {"allow": "routed", "approval_required": "approval", "never": "rejected"}
 
-#: An approval (pending, or given but not yet used) lapses after this long and is asked again.
+#: An approval (pending, or given but not yet used) lapses after this long and is asked again ...
 APPROVAL_LIFETIME = _dt.timedelta(hours=24)
-#: Evidence observed longer ago than this is stale.
-EVIDENCE_FRESH = _dt.timedelta(days=7)
+#: ... and this is the reason its ``approval.invalidated`` entry gives.
+APPROVAL_LAPSED = "24_hours"
 
 
 def lifecycle_state(task: dict) -> str:
@@ -1869,6 +1913,20 @@ def next_state(task: dict, move: str) -> str:
             f"task '{task['id']}' is {task['state']}{' (' + shown + ')' if shown else ''}: {MOVE_BY.get(move, move)} "
             "is not allowed now; " + (f"what can happen: {', '.join(ways)}" if ways else "it is closed"))
     return allowed[move]
+
+
+def task_lists() -> dict:
+    """What the web page lists about tasks, read from the tables above and the schemas.
+
+    ``{"states": [...], "cancellable": [...], "deliverable_types": [...]}``: every public
+    state in the reference's order, the public states a task can be cancelled from
+    (TASK_MOVES), and the packet's deliverable types.
+    """
+    states = TASK_STATE["enum"]
+    cancellable = {"approval" if key.startswith("approval_") else key
+                   for key, moves in TASK_MOVES.items() if "cancel" in moves}
+    return {"states": list(states), "cancellable": [s for s in states if s in cancellable],
+            "deliverable_types": list(PACKET["properties"]["deliverable_type"]["enum"])}
 
 
 ###############################################################################
@@ -2117,7 +2175,7 @@ def _audit_credential(db: Database, type_: str, record: dict) -> None:
     refs = {"credential": record["id"], "kind": record["kind"], "agent": record["agent_id"],
             "person": record["person"], "scope": record["project"] or ("all" if record["agent_id"] else None)}
     if record["project"] == ROOMS_SCOPE:
-        chains = [db.scalar("SELECT project FROM rooms WHERE owner = ?", (record["agent_id"].split("/")[0],))
+        chains = [db.scalar("SELECT project FROM rooms WHERE owner = ?", (owner_of(record["agent_id"]),))
                   or DEPLOYMENT_CHAIN]
     elif record["project"]:
         chains = [record["project"]]
@@ -2143,7 +2201,7 @@ def revoke_token(db: Database, token_id: str, by: str | None = None) -> dict:
                            "list' or the Keys page")
     with db.transaction():
         row = db.one("SELECT * FROM credentials WHERE id = ?", (token_id,))
-        owner = row and (row["person"] or (row["agent_id"] or "/").split("/")[0])
+        owner = row and (row["person"] or owner_of(row["agent_id"] or ""))
         if row is None or (by is not None and owner != by):
             raise NotFound(f"no credential '{token_id}': list them with 'prickle token list'")
         if row["revoked_at"]:
@@ -2169,7 +2227,7 @@ def list_tokens(db: Database, owner: str | None = None) -> list[dict]:
                    "created_at, expires_at, revoked_at FROM credentials WHERE kind NOT IN ('signin', 'session', "
                    "'execution', 'discussion') ORDER BY created_at")
     if owner is not None:
-        rows = [r for r in rows if r["person"] == owner or (r["agent_id"] or "").split("/")[0] == owner]
+        rows = [r for r in rows if r["person"] == owner or owner_of(r["agent_id"] or "") == owner]
     return rows
 
 
@@ -2336,7 +2394,7 @@ def message_out(row: dict) -> dict:
     if row["author_kind"] == "person":
         author = {"kind": "person", "handle": row["author"], "display_name": row["author_name"]}
     else:
-        author = {"kind": "agent", "agent_id": row["author"], "owner": row["author"].split("/")[0],
+        author = {"kind": "agent", "agent_id": row["author"], "owner": owner_of(row["author"]),
                   "display_name": row["author_name"]}
     out = {
         "id": row["id"], "project": row["project"], "author": author, "body": row["body"],
@@ -2394,12 +2452,13 @@ def resolve_mentions(db: Database, project: str, body: str) -> tuple[list[str], 
             mentions.append(address)
             if "/" in address:
                 agent_ids.append(address)
-        if len(mentions) == 20:
+        if len(mentions) == MENTIONS_MAX:
             break
     return mentions, agent_ids
 
 
-def _pair(a: str, b: str) -> tuple[str, str]:
+def _sorted_pair(a: str, b: str) -> tuple[str, str]:
+    """Two agent IDs in a fixed order: the loop guard keeps one row per pair, whoever spoke first."""
     return (a, b) if a < b else (b, a)
 
 
@@ -2415,7 +2474,7 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
     ``message.posted`` (outbox, waking mentioned agents and the parties replied to) and
     its audit entry. Raises InvalidInput, NotFound, Paused.
     """
-    check_text(body, "body", 8000)
+    check_text(body, "body", BODY_MAX)
     with db.transaction():
         room = require_project(db, actor, project)["kind"] == "private"
         if verdict is not None and actor.credential_kind != "discussion":
@@ -2478,7 +2537,7 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
         if actor.kind == "agent":
             for other in reached:
                 pair = db.one("SELECT paused FROM loop_pairs WHERE project = ? AND agent_a = ? AND agent_b = ?",
-                              (project,) + _pair(author, other))
+                              (project,) + _sorted_pair(author, other))
                 if pair and pair["paused"]:
                     raise Paused(f"you and '{other}' answered each other {LOOP_LIMIT} times with no person in "
                                  f"between, so both are paused in '{project}' until a person posts there; "
@@ -2542,7 +2601,7 @@ def _reply_thread(db: Database, message_id: str | None) -> str | None:
 
 
 def _agent_viewer(agent_id: str) -> Actor:
-    return Actor("agent", "", "", agent_id=agent_id, owner=agent_id.split("/")[0])
+    return Actor("agent", "", "", agent_id=agent_id, owner=owner_of(agent_id))
 
 
 def _count_loop(db: Database, project: str, author: str, reached: list[str]) -> None:
@@ -2551,7 +2610,7 @@ def _count_loop(db: Database, project: str, author: str, reached: list[str]) -> 
     A second message in the same direction is not a turn; only a person's message resets the count.
     """
     for other in reached:
-        a, b = _pair(author, other)
+        a, b = _sorted_pair(author, other)
         row = db.one("SELECT * FROM loop_pairs WHERE project = ? AND agent_a = ? AND agent_b = ?", (project, a, b))
         if row is None:
             count = 1
@@ -2610,7 +2669,7 @@ def read_room(db: Database, actor: Actor, project: str, *, cursor: str | None = 
         where = "m.task_id = ?" if task_id is not None else "m.task_id IS NULL"
         params = (project, task_id) if task_id is not None else (project,)
         if latest or before is not None:
-            until = 2**62
+            until = SEQ_MAX
             if before is not None:
                 until = decode_cursor(db, "back|" + scope, before)
                 if until is None:
@@ -2629,14 +2688,15 @@ def read_room(db: Database, actor: Actor, project: str, *, cursor: str | None = 
             out = {"messages": [message_out(_with_card(db, r)) for r in rows],
                    "next_cursor": encode_cursor(db, scope, rows[-1]["seq"]) if more else None}
         if task_id is None:
-            out["threads"] = _threads(db, actor, project)
+            out["threads"] = _listed_threads(db, actor, project)
         elif actor.task_scope is not None:
             audit(db, project, "thread.read", {"task": task_id, "attempt": actor.attempt_id,
                                                "messages": len(out["messages"])})
     return out
 
 
-def _threads(db: Database, actor: Actor, project: str) -> list[dict]:
+def _listed_threads(db: Database, actor: Actor, project: str) -> list[dict]:
+    """The task threads read_room lists for ``actor`` beside general chat, newest activity first."""
     if actor.kind == "agent":
         rows = db.rows(f"SELECT * FROM tasks t WHERE project = :project AND {AGENT_SEES_TASK} "
                        "ORDER BY last_activity_at DESC LIMIT :limit",
@@ -2693,7 +2753,7 @@ def project_pulse(db: Database, project: str, viewer: Actor | None = None) -> li
     """
     rows = db.rows("SELECT p.* FROM pulses p JOIN project_agents pa ON pa.project = p.project AND "
                    "pa.agent_id = p.agent_id WHERE p.project = ? ORDER BY p.updated_at DESC", (project,))
-    out = [pulse_out(r, r["agent_id"].split("/")[0]) for r in rows]
+    out = [pulse_out(r, owner_of(r["agent_id"])) for r in rows]
     if viewer is not None and viewer.kind == "agent":
         for pulse in out:
             if pulse["task_id"] and not _thread_visible(db, viewer, _task_row(db, pulse["task_id"])):
@@ -2840,7 +2900,8 @@ def _packet_full(packet: dict) -> dict:
             "files": list(packet.get("files", [])), "depends_on": list(packet.get("depends_on", []))}
 
 
-def _artifact(a: dict) -> dict:
+def _artifact_out(a: dict) -> dict:
+    """An artifact as a result carries it: its ref and the hashes given (None where not)."""
     return {"ref": a["ref"], "sha256": a.get("sha256"), "commit_sha": a.get("commit_sha")}
 
 
@@ -2871,7 +2932,7 @@ def evidence_report(criteria_count: int, evidence: list[dict], returned_at: _dt.
             if previous_returned_at is not None and observed < previous_returned_at:
                 stale.append({"evidence": n, "why": "before_previous_revision"})
             elif returned_at - observed > EVIDENCE_FRESH:
-                stale.append({"evidence": n, "why": "older_than_7_days"})
+                stale.append({"evidence": n, "why": EVIDENCE_TOO_OLD})
     uncovered = [c for c, items in coverage.items() if not items]
     return {"coverage": [{"criterion": c, "evidence": items} for c, items in coverage.items()],
             "general": general, "uncovered": uncovered, "stale": stale,
@@ -2990,7 +3051,7 @@ def gate_decide(db: Database, requester_owner: str, requester_agent: str | None,
     owner's approval is required, a standing approval with uses left for this asking
     agent, assignee and kind of work gives it, else the owner is asked.
     """
-    owner = assignee.split("/")[0]
+    owner = owner_of(assignee)
     base = {"rule_id": None, "standing_id": None}
     if requester_owner == owner:
         return base | {"decision": "allow", "basis": "same_owner",
@@ -3034,9 +3095,9 @@ def _open_approval(db: Database, task: dict, status: str = "pending", decided_by
                    standing_id: str | None = None) -> dict:
     now = utcnow()
     row = {
-        "id": new_id("apr"), "project": task["project"], "task_id": task["id"], "owner": task["assignee"].split("/")[0],
+        "id": new_id("apr"), "project": task["project"], "task_id": task["id"], "owner": owner_of(task["assignee"]),
         "requester": task["requester"], "requested_by": task["requested_by"],
-        "summary": json.loads(task["packet"])["task"][:500], "status": status, "decided_by": decided_by,
+        "summary": json.loads(task["packet"])["task"][:TASK_TEXT_MAX], "status": status, "decided_by": decided_by,
         "decided_at": iso(now) if status != "pending" else None, "expires_at": iso(now + APPROVAL_LIFETIME),
         "created_at": iso(now), "route": task["route"], "standing_approval_id": standing_id, "invalidated_at": None,
     }
@@ -3093,7 +3154,7 @@ def handoff(db: Database, actor: Actor, project: str, to: str, packet: dict, *,
         task_id = new_id("task")
         row = {
             "id": task_id, "project": project, "state": "requested", "waiting_on": None, "requester": requester,
-            "assignee": to, "title": packet["task"][:500], "packet": json.dumps(packet),
+            "assignee": to, "title": packet["task"][:TASK_TEXT_MAX], "packet": json.dumps(packet),
             "parent_task_id": parent_task_id, "routed_at": None, "created_at": now, "updated_at": now,
             "last_activity_at": now, "requested_by": json.dumps(_actor_ref(actor)),
             "origin_message_id": origin_message_id, "route": json.dumps(route or {"via": "handoff"}),
@@ -3110,7 +3171,7 @@ def handoff(db: Database, actor: Actor, project: str, to: str, packet: dict, *,
         approval = None
         task = _task_row(db, task_id)
         if decision["standing_id"]:
-            approval = _open_approval(db, task, "approved", to.split("/")[0], decision["standing_id"])
+            approval = _open_approval(db, task, "approved", owner_of(to), decision["standing_id"])
             db.execute("UPDATE standing_approvals SET uses = uses + 1 WHERE id = ?", (decision["standing_id"],))
             standing = db.one("SELECT * FROM standing_approvals WHERE id = ?", (decision["standing_id"],))
             audit(db, project, "standing_approval.used", {
@@ -3136,7 +3197,7 @@ def handoff(db: Database, actor: Actor, project: str, to: str, packet: dict, *,
     return {"task": out, "gate": gate}
 
 
-def _sub_for(db: Database, task: dict, submission_id: str, revision: int) -> tuple[dict, dict | None]:
+def _submission_and_latest(db: Database, task: dict, submission_id: str, revision: int) -> tuple[dict, dict | None]:
     """The named submission and the task's latest one; NotFound if the ID is not this task's."""
     sub = db.one("SELECT * FROM submissions WHERE id = ? AND task_id = ?", (submission_id, task["id"]))
     if sub is None:
@@ -3239,7 +3300,7 @@ def return_result(db: Database, actor: Actor, task_id: str, summary: str, eviden
     commit_sha and code needs a commit; a newer submission supersedes an unreviewed one.
     Writes ``result.returned`` (counts and kinds only).
     """
-    artifacts = [_artifact(a) for a in (artifacts or [])]
+    artifacts = [_artifact_out(a) for a in (artifacts or [])]
     items = [{k: e[k] for k in _EVIDENCE_KEYS if k in e} for e in evidence]
     for n, a in enumerate(artifacts):
         if not a["sha256"] and not a["commit_sha"]:
@@ -3295,7 +3356,7 @@ def return_result(db: Database, actor: Actor, task_id: str, summary: str, eviden
 
 
 def _check_submission(db: Database, task: dict, submission_id: str, revision: int, action: str) -> dict:
-    sub, latest = _sub_for(db, task, submission_id, revision)
+    sub, latest = _submission_and_latest(db, task, submission_id, revision)
     refs = {"task": task["id"], "action": action, "asked": {"submission": submission_id, "revision": revision},
             "latest": {"submission": latest["id"], "revision": latest["revision"]}}
     if sub["status"] in ("rejected", "cancelled"):
@@ -3308,7 +3369,7 @@ def _check_submission(db: Database, task: dict, submission_id: str, revision: in
     return sub
 
 
-def _refusing(db: Database, fn: Callable[[], dict]) -> dict:
+def _recording_refusals(db: Database, fn: Callable[[], dict]) -> dict:
     """Run ``fn`` (one transaction); a RecordedRefusal is written to its audit chain, then raised."""
     try:
         return fn()
@@ -3375,7 +3436,7 @@ def accept_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
             sub = _check_submission(db, task, submission_id, revision, "accept")
             next_state(task, "verify")
             checked = _check_verdicts(verdicts, len(json.loads(task["packet"])["acceptance_criteria"]), True)
-            if [_artifact(a) for a in artifacts] != json.loads(sub["artifacts"]):
+            if [_artifact_out(a) for a in artifacts] != json.loads(sub["artifacts"]):
                 raise StaleSubmission(
                     "artifacts: they differ from the submission's; repeat them exactly as check_inbox shows them",
                     {"task": task_id, "action": "accept", "asked": {"submission": submission_id, "revision": revision},
@@ -3399,7 +3460,7 @@ def accept_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
                            (json.dumps(checked), verified_by, sub["id"]))
                 row = move_task(db, task, "verify", actor.agent_id, verified_at=iso(utcnow()))
             return {"task": task_out(db, row)}
-    return _refusing(db, run)
+    return _recording_refusals(db, run)
 
 
 def reject_result(db: Database, actor: Actor, task_id: str, submission_id: str, revision: int, reason: str,
@@ -3421,7 +3482,7 @@ def reject_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
                                                            "revision": sub["revision"], "by": actor.agent_id})
             row = move_task(db, task, "reject", actor.agent_id, [(task["assignee"], "task")])
             return {"task": task_out(db, row)}
-    return _refusing(db, run)
+    return _recording_refusals(db, run)
 
 
 def check_inbox(db: Database, actor: Actor, *, project: str | None = None, include_closed: bool = False,
@@ -3538,7 +3599,7 @@ def _task_for_person(db: Database, person: Actor, task_id: str) -> dict:
 def _requesting_person(task: dict) -> str:
     """Who gives final acceptance: the requesting agent's owner, or the person who asked."""
     by = json.loads(task["requested_by"])
-    return by["handle"] if by["kind"] == "person" else task["requester"].split("/")[0]
+    return by["handle"] if by["kind"] == "person" else owner_of(task["requester"])
 
 
 def decide_approval(db: Database, person: Actor, approval_id: str, decision: str,
@@ -3619,7 +3680,7 @@ def sweep_approvals(db: Database, now: _dt.datetime | None = None) -> int:
     lapsed = 0
     for old in stale:
         with db.transaction():
-            lapsed += _ask_again(db, old, "24_hours", "system")
+            lapsed += _ask_again(db, old, APPROVAL_LAPSED, "system")
     return lapsed
 
 
@@ -3725,7 +3786,7 @@ def request_task(db: Database, person: Actor, project: str, agent_id: str, packe
     """
     with db.transaction():
         require_project(db, person, project)
-        if agent_id.split("/")[0] != person.handle:
+        if owner_of(agent_id) != person.handle:
             raise Forbidden(f"'{agent_id}' is not your agent: ask your own agents, or hand off through them")
         message_id = new_message_id(db)  # the task names its message, which is posted after it
         out = handoff(db, person, project, agent_id, packet, origin_message_id=message_id)
@@ -3752,7 +3813,7 @@ def set_rule(db: Database, owner: str, decision: str, *, agent: str | None = Non
         raise InvalidInput("a rule is for one agent or one owner's agents, not both")
     kind, subject = ("agent", check_agent_id(agent)) if agent else ("owner", check_slug(from_owner, "from_owner")) \
         if from_owner else ("all", None)
-    if subject and subject.split("/")[0] == owner:
+    if subject and owner_of(subject) == owner:
         raise InvalidInput("your own agents always reach each other; a rule is for teammates")
     if expires_at is not None:
         expires_at = normal_time(expires_at, "expires_at")
@@ -3880,6 +3941,8 @@ CLAIMABLE = ("routed", "accepted", "working", "waiting")
 #: An allowed step must be used within this long; an undecided one expires after STEP_LIFETIME.
 STEP_USE_WINDOW = _dt.timedelta(minutes=15)
 STEP_LIFETIME = _dt.timedelta(hours=24)
+#: Why ``step.expired`` says a step ended: left unused past STEP_USE_WINDOW, undecided past STEP_LIFETIME.
+STEP_UNUSED, STEP_UNDECIDED = "unused_15_minutes", "undecided_24_hours"
 
 
 def pair_device(db: Database, owner: str, agent_id: str, name: str = "runner") -> tuple[dict, str]:
@@ -4084,14 +4147,16 @@ def request_step(db: Database, actor: Actor, tool_name: str, tool_input: dict, *
                 return _step_answer(step, "refused", "deny", "Your owner refused this step: don't try it again; "
                                     "finish without it, or return what you have and say why.")
             if step["status"] == "expired":
-                return _step_answer(step, "expired", "deny", "Your owner did not decide this step within 24 hours, "
-                                    "which counts as a refusal: finish without it, or return what you have.")
+                return _step_answer(step, "expired", "deny", "Your owner did not decide this step within "
+                                    f"{STEP_LIFETIME // _dt.timedelta(hours=1)} hours, which counts as a refusal: "
+                                    "finish without it, or return what you have.")
             if now - parse_iso(step["decided_at"]) > STEP_USE_WINDOW:
                 db.execute("UPDATE steps SET status = 'expired' WHERE id = ?", (step["id"],))
                 audit(db, task["project"], "step.expired", {"step": step["id"], "attempt": step["attempt_id"],
-                                                            "kind": step["kind"], "why": "unused_15_minutes"})
-                return _step_answer(step, "expired", "deny", "The allowance lapsed unused after 15 minutes: ask "
-                                    "again if you still need this call.")
+                                                            "kind": step["kind"], "why": STEP_UNUSED})
+                return _step_answer(step, "expired", "deny", "The allowance lapsed unused after "
+                                    f"{STEP_USE_WINDOW // _dt.timedelta(minutes=1)} minutes: ask again if you "
+                                    "still need this call.")
             if tool_use_id is None:
                 # The permission layer lets the call through when it asks with the call's tool_use_id.
                 return _step_answer(step, "approved", "deny", "Allowed, and left to your permission layer: make "
@@ -4127,7 +4192,7 @@ def _expire_steps(db: Database, task_id: str | None, now: _dt.datetime) -> None:
     for step in db.rows(sql, params):
         db.execute("UPDATE steps SET status = 'expired' WHERE id = ? AND status = 'pending'", (step["id"],))
         audit(db, step["project"], "step.expired", {"step": step["id"], "attempt": step["attempt_id"],
-                                                    "kind": step["kind"], "why": "undecided_24_hours"})
+                                                    "kind": step["kind"], "why": STEP_UNDECIDED})
 
 
 def step_out(row: dict) -> dict:
@@ -4183,6 +4248,8 @@ DISCUSSION_TTL = _dt.timedelta(minutes=10)
 DISCUSSION_TOOLS = ("read_room", "post_message")
 #: The discussion protocol a runner must speak (draft, review, revise).
 DISCUSSION_HARNESS = 2
+#: The replies a turn with a reviewer allows: the draft, the review and one revision.
+REVIEWED_REPLIES = 3
 #: The verdicts each role may send with its one post.
 ROLE_VERDICTS = {"draft": ("draft", "ask_owner"), "revise": ("draft", "ask_owner"),
                  "combine": ("draft", "ask_owner"), "review": ("approve", "pass", "changes", "ask_owner")}
@@ -4258,7 +4325,7 @@ def start_turn(db: Database, slug: str, message_id: str, named: list[str]) -> li
             client = next(a["client"] for a in agents if a["agent_id"] == drafter)
             others = [a["agent_id"] for a in agents if a["agent_id"] != drafter and a["client"] != client]
             reviewer = next((a for a in named[1:] if a in others), others[0] if others else None)
-        replies = 3 if reviewer else 1
+        replies = REVIEWED_REPLIES if reviewer else 1
     if not targets:
         return []
     turn_id = new_id("turn")
@@ -4362,7 +4429,7 @@ def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_ke
                     "reviewing": reviewing,
                     "discussion_credential": {"token": secret, "expires_at": expires,
                                               "allowed_tools": list(DISCUSSION_TOOLS)}}
-    return _refusing(db, run)
+    return _recording_refusals(db, run)
 
 
 def room_view(db: Database, person: Actor) -> dict:
@@ -4558,7 +4625,7 @@ def finish_action(db: Database, actor: Actor, action_id: str, body: str | None =
             raise InvalidState(f"action '{action_id}' is {row['status']}: claim it first")
         message_id = None
         if body is not None:
-            check_text(body, "body", 8000, 1)
+            check_text(body, "body", BODY_MAX, 1)
             message_id, now = new_message_id(db), iso(utcnow())
             made_by = {"action_id": action_id, "approval_audit_id": row["approval_audit_id"]}
             db.execute("INSERT INTO messages (seq, id, project, author_kind, author, body, mentions, provenance, "
@@ -5095,6 +5162,8 @@ def _log_exception(where: str) -> None:
 
 #: The browser session cookie's name.
 SESSION_COOKIE = "prickle_session"
+#: The live event stream sends a keep-alive comment after this many quiet seconds.
+KEEP_ALIVE_EVERY = 15
 # Beside the module in a checkout; under the installation's share/ when installed as a package.
 STATIC_DIR = next((d for d in (os.path.join(os.path.dirname(os.path.abspath(__file__)), "static"),
                                os.path.join(sys.prefix, "share", "prickle", "static")) if os.path.isdir(d)),
@@ -5438,7 +5507,7 @@ async def api_events(state: AppState, person: Actor, request: Request, body: Any
     """GET /api/projects/{slug}/events?after=SEQ&wait=S: outbox events after SEQ, held up to S seconds."""
     slug = request.path_params["slug"]
     require_project(state.db, person, slug)
-    after = _int_param(request, "after", 0, 0, 2**62)
+    after = _int_param(request, "after", 0, 0, SEQ_MAX)
     wait = _int_param(request, "wait", 0, 0, 50)
     deadline = asyncio.get_running_loop().time() + wait
     while True:
@@ -5465,6 +5534,11 @@ async def api_decide(state: AppState, person: Actor, request: Request, body: dic
         raise InvalidInput("standing must be an object {uses, days}")
     return decide_approval(state.db, person, request.path_params["approval_id"], _field(body, "decision", str),
                            standing)
+
+
+async def api_meta(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/meta: the lists the page shows (task states, which can be cancelled, deliverable types)."""
+    return {"tasks": task_lists()}
 
 
 async def api_board(state: AppState, person: Actor, request: Request, body: Any) -> dict:
@@ -5592,7 +5666,7 @@ async def api_project_agent(state: AppState, person: Actor, request: Request, bo
     slug = request.path_params["slug"]
     require_project(state.db, person, slug)
     agent_id = check_agent_id(_field(body, "agent_id", str), "agent_id")
-    if agent_id.split("/")[0] != person.handle:
+    if owner_of(agent_id) != person.handle:
         raise Forbidden(f"'{agent_id}' is not your agent: its owner adds it")
     return add_agent_to_project(state.db, slug, agent_id)
 
@@ -5605,7 +5679,7 @@ async def api_keys(state: AppState, person: Actor, request: Request, body: Any) 
 async def api_mint_key(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/keys {agent_id, project?}: a client key for your agent, shown once, with set-up lines."""
     agent_id = check_agent_id(_field(body, "agent_id", str), "agent_id")
-    if agent_id.split("/")[0] != person.handle:
+    if owner_of(agent_id) != person.handle:
         raise Forbidden(f"'{agent_id}' is not your agent: only its owner makes its keys")
     record, secret = create_token(state.db, "client", agent_id=agent_id, project=_field(body, "project", str, False))
     return record | {"token": secret} | connect_lines(public_base(state.db, state.settings, state.port), agent_id,
@@ -5635,7 +5709,7 @@ async def api_retract_memory(state: AppState, person: Actor, request: Request, b
 def audit_page(db: Database, project: str, before: int | None, limit: int) -> dict:
     """A project's audit entries newest first (``n < before``), with the whole chain's check."""
     rows = db.rows("SELECT n, at, type, refs FROM audit WHERE chain = ? AND n < ? ORDER BY n DESC LIMIT ?",
-                   (project, before if before is not None else 2**62, limit))
+                   (project, before if before is not None else SEQ_MAX, limit))
     report = verify_audit(db, project)[0]
     return {"entries": [r | {"refs": json.loads(r["refs"])} for r in rows],
             "chain": {k: report[k] for k in ("ok", "entries", "broken_at")}}
@@ -5646,7 +5720,7 @@ async def api_audit(state: AppState, person: Actor, request: Request, body: Any)
     slug = request.path_params["slug"]
     require_project(state.db, person, slug)
     before = request.query_params.get("before")
-    return audit_page(state.db, slug, _int_param(request, "before", 0, 1, 2**62) if before else None,
+    return audit_page(state.db, slug, _int_param(request, "before", 0, 1, SEQ_MAX) if before else None,
                       _int_param(request, "limit", 50, 1, 200))
 
 
@@ -5681,7 +5755,7 @@ async def api_stream(request: Request) -> Response:
                 batch = read_events(state.db, slug, after)
                 if not batch:
                     try:
-                        await asyncio.wait_for(fut, 15)
+                        await asyncio.wait_for(fut, KEEP_ALIVE_EVERY)
                     except TimeoutError:
                         yield ": keep-alive\n\n"
                     continue
@@ -5915,6 +5989,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     routes = [
         Route("/mcp", endpoint=mcp_endpoint, methods=["GET", "POST", "DELETE"]),
         Route("/api/me", _api(api_me)),
+        Route("/api/meta", _api(api_meta)),
         Route("/api/projects", _api(api_projects)),
         Route("/api/projects", _api(api_create_project), methods=["POST"]),
         Route("/api/people", _api(api_people)),
@@ -6064,7 +6139,8 @@ class _Out:
         click.echo(utf8_json(data) if self.as_json else text)
 
 
-def _common(f: Callable) -> Callable:
+def _db_options(f: Callable) -> Callable:
+    """Give a command the options every command takes: --db and --json."""
     f = click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")(f)
     f = click.option("--db", "db_path", default=lambda: os.environ.get("PRICKLE_DB", "prickle.db"),
                      show_default="prickle.db or $PRICKLE_DB", help="The SQLite database file.")(f)
@@ -6101,14 +6177,14 @@ def cli() -> None:
     """Prickle: a meeting place for a small team's people and their AI agents."""
 
 
-@cli.command()
-@_common
+@cli.command("serve")
+@_db_options
 @click.option("--config", "config_path", default=None, help="Settings file (default: ./prickle.toml if present).")
 @click.option("--host", default=None, help="Address to listen on (default from settings: 127.0.0.1).")
 @click.option("--port", type=click.IntRange(0, 65535), default=None,
               help="Port to listen on; 0 picks a free one and prints it.")
 @click.option("--demo", is_flag=True, help="Seed the website-v2 demo project and print a key for each demo agent.")
-def serve(db_path: str, as_json: bool, config_path: str | None, host: str | None, port: int | None,
+def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | None, port: int | None,
           demo: bool) -> None:
     """Run the server: MCP at /mcp, the people's API at /api, the page at /."""
     import uvicorn
@@ -6184,12 +6260,12 @@ def serve(db_path: str, as_json: bool, config_path: str | None, host: str | None
         lock.release()
 
 
-@cli.command()
-@_common
+@cli.command("init")
+@_db_options
 @click.option("--owner", required=True, help="The first owner's handle (lowercase, digits, hyphens).")
 @click.option("--name", default=None, help="Their display name.")
 @click.option("--config", "config_path", default=None, help="Settings file, for the public address in the link.")
-def init(db_path: str, as_json: bool, owner: str, name: str | None, config_path: str | None) -> None:
+def init_cmd(db_path: str, as_json: bool, owner: str, name: str | None, config_path: str | None) -> None:
     """Create the first owner and print their sign-in link."""
     settings = load_settings(config_path)
     db = _open(db_path, create=True)
@@ -6201,7 +6277,7 @@ def init(db_path: str, as_json: bool, owner: str, name: str | None, config_path:
 
 
 @cli.command("signin-link")
-@_common
+@_db_options
 @click.argument("handle")
 @click.option("--config", "config_path", default=None, help="Settings file, for the public address in the link.")
 def signin_link_cmd(db_path: str, as_json: bool, handle: str, config_path: str | None) -> None:
@@ -6211,13 +6287,13 @@ def signin_link_cmd(db_path: str, as_json: bool, handle: str, config_path: str |
     _Out(as_json)({"signin": link}, link)
 
 
-@cli.group()
-def person() -> None:
+@cli.group("person")
+def person_group() -> None:
     """People."""
 
 
-@person.command("add")
-@_common
+@person_group.command("add")
+@_db_options
 @click.argument("handle")
 @click.option("--name", required=True, help="Display name.")
 @click.option("--color", type=click.IntRange(0, 7), default=None, help="Colour 0-7 (default: next free).")
@@ -6227,13 +6303,13 @@ def person_add(db_path: str, as_json: bool, handle: str, name: str, color: int |
     _Out(as_json)({"person": p}, f"Added {handle} ({name}).")
 
 
-@cli.group()
-def project() -> None:
+@cli.group("project")
+def project_group() -> None:
     """Projects."""
 
 
-@project.command("create")
-@_common
+@project_group.command("create")
+@_db_options
 @click.argument("slug")
 @click.option("--name", required=True, help="Display name.")
 @click.option("--team", required=True, help="The team it belongs to.")
@@ -6246,13 +6322,13 @@ def project_create(db_path: str, as_json: bool, slug: str, name: str, team: str,
     _Out(as_json)({"project": p}, f"Created project {slug}, owned by {owner}.")
 
 
-@cli.group()
-def member() -> None:
+@cli.group("member")
+def member_group() -> None:
     """Project members."""
 
 
-@member.command("add")
-@_common
+@member_group.command("add")
+@_db_options
 @click.argument("project_slug", metavar="PROJECT")
 @click.argument("handle")
 @click.option("--role", type=click.Choice(["owner", "member"]), default="member", show_default=True)
@@ -6269,13 +6345,13 @@ def _parse_capability(text: str) -> dict:
     return {"kind": kind, "name": name}
 
 
-@cli.group()
-def agent() -> None:
+@cli.group("agent")
+def agent_group() -> None:
     """Agents."""
 
 
-@agent.command("add")
-@_common
+@agent_group.command("add")
+@_db_options
 @click.argument("agent_id", metavar="OWNER/NAME")
 @click.option("--name", required=True, help="Display name.")
 @click.option("--model", required=True, help="The model it runs, e.g. claude-opus-4.")
@@ -6291,8 +6367,8 @@ def agent_add(db_path: str, as_json: bool, agent_id: str, name: str, model: str,
     _Out(as_json)({"agent": card}, f"Added agent {agent_id}" + (f" to {', '.join(projects)}." if projects else "."))
 
 
-@agent.command("join")
-@_common
+@agent_group.command("join")
+@_db_options
 @click.argument("project_slug", metavar="PROJECT")
 @click.argument("agent_id", metavar="OWNER/NAME")
 def agent_join(db_path: str, as_json: bool, project_slug: str, agent_id: str) -> None:
@@ -6301,13 +6377,13 @@ def agent_join(db_path: str, as_json: bool, project_slug: str, agent_id: str) ->
     _Out(as_json)(out, f"Added {agent_id} to {project_slug}.")
 
 
-@cli.group()
-def rule() -> None:
+@cli.group("rule")
+def rule_group() -> None:
     """An owner's gate: delegation rules, standing approvals, auto-accept."""
 
 
-@rule.command("set")
-@_common
+@rule_group.command("set")
+@_db_options
 @click.argument("owner")
 @click.option("--decision", required=True, type=click.Choice(["allow", "approval_required", "never"]),
               help="What happens to handoffs to OWNER's agents.")
@@ -6322,8 +6398,8 @@ def rule_set(db_path: str, as_json: bool, owner: str, decision: str, agent_id: s
                                f"agents: {decision}.")
 
 
-@rule.command("list")
-@_common
+@rule_group.command("list")
+@_db_options
 @click.argument("owner")
 def rule_list(db_path: str, as_json: bool, owner: str) -> None:
     """List OWNER's live delegation rules and standing approvals."""
@@ -6337,8 +6413,8 @@ def rule_list(db_path: str, as_json: bool, owner: str) -> None:
     _Out(as_json)(out, "\n".join(lines) or "No rules: handoffs from teammates need approval.")
 
 
-@rule.command("revoke")
-@_common
+@rule_group.command("revoke")
+@_db_options
 @click.argument("owner")
 @click.argument("rule_id")
 def rule_revoke(db_path: str, as_json: bool, owner: str, rule_id: str) -> None:
@@ -6348,8 +6424,8 @@ def rule_revoke(db_path: str, as_json: bool, owner: str, rule_id: str) -> None:
     _Out(as_json)(out, f"Revoked {rule_id}.")
 
 
-@rule.command("auto-accept")
-@_common
+@rule_group.command("auto-accept")
+@_db_options
 @click.argument("owner")
 @click.argument("state", type=click.Choice(["on", "off"]))
 def rule_auto_accept(db_path: str, as_json: bool, owner: str, state: str) -> None:
@@ -6358,24 +6434,24 @@ def rule_auto_accept(db_path: str, as_json: bool, owner: str, state: str) -> Non
     _Out(as_json)(out, f"Auto-accept for {owner}: {state}.")
 
 
-@cli.group()
-def device() -> None:
+@cli.group("device")
+def device_group() -> None:
     """Runner devices paired to one agent each."""
 
 
-@device.command("pair")
-@_common
+@device_group.command("pair")
+@_db_options
 @click.argument("agent_id", metavar="OWNER/NAME")
 @click.option("--name", default="runner", help="What to call this device (e.g. the computer's name).")
 def device_pair(db_path: str, as_json: bool, agent_id: str, name: str) -> None:
     """Pair a runner device to an agent and print its runner key once."""
-    dev, secret = pair_device(_open(db_path), check_agent_id(agent_id).split("/")[0], agent_id, name)
+    dev, secret = pair_device(_open(db_path), owner_of(check_agent_id(agent_id)), agent_id, name)
     _Out(as_json)({"device": dev, "token": secret},
                   f"Paired device {dev['id']} ({name}) with {agent_id}. Runner key (shown once):\n{secret}")
 
 
-@device.command("list")
-@_common
+@device_group.command("list")
+@_db_options
 @click.argument("owner")
 def device_list(db_path: str, as_json: bool, owner: str) -> None:
     """List OWNER's paired devices."""
@@ -6387,8 +6463,8 @@ def device_list(db_path: str, as_json: bool, owner: str) -> None:
         for r in rows) or "No devices.")
 
 
-@device.command("revoke")
-@_common
+@device_group.command("revoke")
+@_db_options
 @click.argument("owner")
 @click.argument("device_id")
 def device_revoke(db_path: str, as_json: bool, owner: str, device_id: str) -> None:
@@ -6397,13 +6473,13 @@ def device_revoke(db_path: str, as_json: bool, owner: str, device_id: str) -> No
     _Out(as_json)(out, f"Revoked {device_id} ({out['credentials_ended']} credentials ended).")
 
 
-@cli.group()
-def token() -> None:
+@cli.group("token")
+def token_group() -> None:
     """Credentials: create, list, revoke."""
 
 
-@token.command("create")
-@_common
+@token_group.command("create")
+@_db_options
 @click.option("--agent", "agent_id", default=None, metavar="OWNER/NAME", help="A client key for this agent.")
 @click.option("--project", "project_slug", default=None, help="Scope the client key to this one project.")
 @click.option("--rooms", is_flag=True, help="A client key for the agent's owner's private rooms only.")
@@ -6423,7 +6499,7 @@ def token_create(db_path: str, as_json: bool, agent_id: str | None, project_slug
     if kind == "runner":
         if project_slug is not None:
             raise InvalidInput("a runner key is not scoped to a project: leave --project out")
-        device, secret = pair_device(db, check_agent_id(runner, "--runner").split("/")[0], runner)
+        device, secret = pair_device(db, owner_of(check_agent_id(runner, "--runner")), runner)
         record = {"id": device["credential_id"], "kind": "runner", "agent_id": runner, "device": device["id"]}
     else:
         record, secret = create_token(db, kind, agent_id=agent_id, person=handle, project=project_slug)
@@ -6431,8 +6507,8 @@ def token_create(db_path: str, as_json: bool, agent_id: str | None, project_slug
                   f"{kind} credential {record['id']} (shown once, keep it secret):\n{secret}")
 
 
-@token.command("list")
-@_common
+@token_group.command("list")
+@_db_options
 @click.option("--owner", default=None, help="Only this person's and their agents' credentials.")
 def token_list(db_path: str, as_json: bool, owner: str | None) -> None:
     """List credentials (never their secrets)."""
@@ -6445,8 +6521,8 @@ def token_list(db_path: str, as_json: bool, owner: str | None) -> None:
         f"{'revoked ' + r['revoked_at'] if r['revoked_at'] else 'active'}" for r in rows) or "No credentials.")
 
 
-@token.command("revoke")
-@_common
+@token_group.command("revoke")
+@_db_options
 @click.argument("token_id")
 def token_revoke(db_path: str, as_json: bool, token_id: str) -> None:
     """Revoke a credential at once."""
@@ -6454,13 +6530,13 @@ def token_revoke(db_path: str, as_json: bool, token_id: str) -> None:
     _Out(as_json)(record, f"Revoked {token_id}.")
 
 
-@cli.group()
-def memory() -> None:
+@cli.group("memory")
+def memory_group() -> None:
     """Project memory facts."""
 
 
-@memory.command("set")
-@_common
+@memory_group.command("set")
+@_db_options
 @click.argument("project_slug", metavar="PROJECT")
 @click.argument("key")
 @click.argument("value")
@@ -6471,8 +6547,8 @@ def memory_set(db_path: str, as_json: bool, project_slug: str, key: str, value: 
     _Out(as_json)({"memory": fact}, f"Set {key} in {project_slug}.")
 
 
-@memory.command("retract")
-@_common
+@memory_group.command("retract")
+@_db_options
 @click.argument("project_slug", metavar="PROJECT")
 @click.argument("key")
 @click.option("--by", required=True, help="Handle of the member retracting it.")
@@ -6488,7 +6564,7 @@ def audit_group() -> None:
 
 
 @audit_group.command("verify")
-@_common
+@_db_options
 @click.argument("project_slug", metavar="[PROJECT]", required=False)
 def audit_verify(db_path: str, as_json: bool, project_slug: str | None) -> None:
     """Recompute every chain (or one project's) and name the first broken entry."""
@@ -6504,10 +6580,10 @@ def audit_verify(db_path: str, as_json: bool, project_slug: str | None) -> None:
         raise click.exceptions.Exit(1)
 
 
-@cli.command()
-@_common
+@cli.command("backup")
+@_db_options
 @click.argument("dest")
-def backup(db_path: str, as_json: bool, dest: str) -> None:
+def backup_cmd(db_path: str, as_json: bool, dest: str) -> None:
     """Copy the database to DEST with SQLite's online backup (safe while the server runs)."""
     if os.path.exists(dest):
         raise Conflict(f"{dest} already exists: pick a new file name")
@@ -6517,12 +6593,12 @@ def backup(db_path: str, as_json: bool, dest: str) -> None:
     _Out(as_json)({"backup": os.path.abspath(dest)}, f"Backed up {db_path} to {dest}.")
 
 
-@cli.command()
-@_common
+@cli.command("connect")
+@_db_options
 @click.argument("agent_id", metavar="OWNER/NAME")
 @click.option("--project", "project_slug", default=None, help="Scope the new key to this one project.")
 @click.option("--config", "config_path", default=None, help="Settings file, for the public address.")
-def connect(db_path: str, as_json: bool, agent_id: str, project_slug: str | None, config_path: str | None) -> None:
+def connect_cmd(db_path: str, as_json: bool, agent_id: str, project_slug: str | None, config_path: str | None) -> None:
     """Mint a client key for an agent and print the Claude Code and Codex set-up lines."""
     settings = load_settings(config_path)
     db = _open(db_path)

@@ -21,8 +21,9 @@ const COLUMNS = [
   ["Done", ["completed"]],
   ["Closed", ["rejected", "cancelled", "returned"]],
 ];
-const OPEN = new Set(["requested", "routed", "accepted", "working", "waiting", "verifying", "approval"]);
-const DELIVERABLES = ["code", "doc", "answer", "screenshots", "reviewed_pr", "design", "data", "other"];
+// The server's lists (GET /api/meta): task states, those a task can be cancelled from, deliverable types.
+let lists = null;
+const taskLists = () => (lists ??= get("/api/meta").then((out) => out.tasks, (err) => { lists = null; throw err; }));
 
 // ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -107,9 +108,10 @@ function mountTask(el, ctx) {
   const decided = new Map(); // step id -> its card, decided here: it stays with its outcome
   const load = async () => {
     try {
-      const [detail, steps] = await Promise.all([
+      const [detail, steps, known] = await Promise.all([
         get(`/api/tasks/${seg(taskId)}`),
         pendingSteps().catch(() => []),
+        taskLists(),
       ]);
       if (detail.task.project !== ctx.slug) {
         ctx.go(`#/p/${detail.task.project}/tasks/${taskId}`);
@@ -126,7 +128,7 @@ function mountTask(el, ctx) {
         return card;
       })];
       const focused = document.activeElement;
-      renderTask(top, body, ctx, detail, approval, stepCards, load);
+      renderTask(top, body, ctx, detail, approval, stepCards, load, known);
       if (focused !== document.activeElement && top.contains(focused)) focused.focus({ preventScroll: true });
       if (first) {
         first = false;
@@ -217,7 +219,7 @@ function taskCard(task, ctx, held) {
   h("span", { class: "muted small", text: `${words(task.packet.deliverable_type)} · ${ago(task.updated_at)}` }));
 }
 
-function renderTask(top, body, ctx, detail, approval, stepCards, reload) {
+function renderTask(top, body, ctx, detail, approval, stepCards, reload, known) {
   const { task, checkpoints, submissions } = detail;
   fill(top,
     heading(1, titleOf(task), { class: "task-title" }),
@@ -229,7 +231,7 @@ function renderTask(top, body, ctx, detail, approval, stepCards, reload) {
       h("span", { class: "muted" }, "created ", timeEl(task.created_at)),
       h("span", { class: "muted" }, "updated ", timeEl(task.updated_at, true)),
       task.parent_task_id ? h("a", { href: `#/p/${ctx.slug}/tasks/${task.parent_task_id}`, text: "parent task" }) : null),
-    renderActions(ctx, task, approval, stepCards, reload));
+    renderActions(ctx, task, approval, stepCards, reload, known));
 
   const latest = task.result;
   fill(body,
@@ -254,7 +256,7 @@ function renderTask(top, body, ctx, detail, approval, stepCards, reload) {
         : empty("No checkpoints yet.")));
 }
 
-function renderActions(ctx, task, approval, stepCards, reload) {
+function renderActions(ctx, task, approval, stepCards, reload, known) {
   const box = h("section", { class: "actions card", "aria-labelledby": "actions-heading" },
     h("h2", { id: "actions-heading", class: "sr-only", text: "Whose turn, and your decisions" }));
   const requester = requestingPerson(task);
@@ -272,7 +274,7 @@ function renderActions(ctx, task, approval, stepCards, reload) {
   if (awaitingFinal(task) && requester === ctx.me.handle) parts.push(finalDecision(ctx, task, reload));
 
   const isOwner = ctx.project.data()?.role === "owner";
-  if (OPEN.has(task.state) && (requester === ctx.me.handle || isOwner)) {
+  if (known.cancellable.includes(task.state) && (requester === ctx.me.handle || isOwner)) {
     const error = errorSlot();
     const cancel = confirmButton("Cancel task", "Click again to cancel the task", (button) => act(button, error, async () => {
       await post(`/api/tasks/${seg(task.id)}/cancel`, {});
@@ -434,7 +436,9 @@ function askForm(ctx) {
   }
   const agent = select(mine.map((a) => [a.agent_id, `${a.name} (${a.agent_id})`]), { name: "agent" });
   const what = h("textarea", { rows: "2", maxlength: "500", required: true, name: "task" });
-  const kind = select(DELIVERABLES.map((d) => [d, words(d)]), { name: "deliverable" });
+  const kind = select([], { name: "deliverable" });
+  taskLists().then((known) => fill(kind, known.deliverable_types.map((d) => h("option", { value: d, text: words(d) }))),
+    () => {});
   const criteria = h("textarea", { rows: "3", required: true, name: "criteria" });
   const context = h("textarea", { rows: "2", maxlength: "4000", name: "context" });
   const files = h("textarea", { rows: "2", name: "files" });

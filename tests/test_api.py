@@ -205,3 +205,15 @@ def test_static_files_and_unknown_paths(server):
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
     r = server.delete("/api/me")
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_meta_gives_the_page_its_task_lists_from_the_server(server, world):
+    r = server.get("/api/meta", headers=auth(world, "ren"))
+    assert r.json() == {"tasks": {
+        "states": ["requested", "routed", "accepted", "working", "waiting", "verifying", "approval",
+                   "completed", "rejected", "cancelled", "returned"],
+        "cancellable": ["routed", "accepted", "working", "waiting", "verifying", "approval"],
+        "deliverable_types": ["code", "doc", "answer", "screenshots", "reviewed_pr", "design", "data", "other"]}}
+    assert r.json()["tasks"]["states"] == prickle.SCHEMAS["check_inbox"][1]["properties"]["assigned"]["items"][
+        "properties"]["state"]["enum"]
+    assert server.get("/api/meta").status_code == 401

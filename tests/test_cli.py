@@ -52,6 +52,19 @@ def test_every_command_has_help_db_and_json(path, cmd):
     assert result.exit_code == 0 and "--db" in result.output
 
 
+def test_command_functions_do_not_take_the_names_of_their_commands():
+    groups = {name: cmd for name, cmd in prickle.cli.commands.items() if isinstance(cmd, click.Group)}
+    assert {name: sorted(g.commands) for name, g in groups.items()} == {
+        "agent": ["add", "join"], "audit": ["verify"], "device": ["list", "pair", "revoke"], "member": ["add"],
+        "memory": ["retract", "set"], "person": ["add"], "project": ["create"],
+        "rule": ["auto-accept", "list", "revoke", "set"], "token": ["create", "list", "revoke"]}
+    assert sorted(set(prickle.cli.commands) - set(groups)) == ["backup", "connect", "init", "serve", "signin-link"]
+    # A module-level function named "token" or "project" would be shadowed by every local of that name.
+    for path, cmd in list(leaf_commands()) + [((name,), g) for name, g in groups.items()]:
+        assert cmd.callback.__name__ not in {path[-1], path[-1].replace("-", "_")}, path
+        assert getattr(prickle, cmd.callback.__name__).callback is cmd.callback
+
+
 def test_a_whole_setup_from_the_command_line(db_path):
     first = jrun(db_path, "init", "--owner", "oj", "--name", "Oj Okafor")
     assert first["person"]["handle"] == "oj" and "/signin?token=prk_sl_" in first["signin"]

@@ -204,10 +204,12 @@ def test_the_live_event_stream_continues_after_last_event_id(db_path):
             assert [e["data"]["message"]["id"] for e in seen] == [first, second]
             with http.stream("GET", f"{base}/api/projects/{PROJECT}/stream",
                              headers=h | {"Last-Event-ID": str(seen[0]["id"])}) as r:
+                resumed = None
                 for line in r.iter_lines():
                     if line.startswith("data: ") and "message" in line:
-                        assert json.loads(line[6:])["message"]["id"] == second
+                        resumed = json.loads(line[6:])
                         break
+            assert resumed is not None and resumed["message"]["id"] == second and resumed["seq"] == seen[1]["id"]
             r = http.get(f"{base}/api/projects/{PROJECT}/stream",
                          headers={"Authorization": f"Bearer {keys['oj/muse']}"})
             assert r.status_code == 401

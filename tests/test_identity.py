@@ -191,3 +191,9 @@ def test_oversized_bodies_are_refused_before_the_database(mcp, server, world):
     assert world.db.scalar("SELECT count(*) FROM outbox") == before
     text = mcp.error("oj/muse", "post_message", {"project": PROJECT, "body": "x" * 8001}, "invalid_input")
     assert text.startswith("invalid_input: body:")
+
+
+def test_the_owner_of_an_agent_is_the_part_before_the_slash():
+    assert prickle.owner_of("oj/muse") == "oj"
+    assert prickle.owner_of(prickle.check_agent_id("team-lead/a-b")) == "team-lead"
+    assert prickle.owner_of("") == ""

@@ -46,3 +46,41 @@ def test_validate_input_fills_defaults_and_names_the_field():
         prickle.validate_input("read_room", {})
     with pytest.raises(prickle.InvalidInput, match=r"^project: 'Bad Slug' does not match"):
         prickle.validate_input("discover_team_agents", {"project": "Bad Slug"})
+
+
+def _under(schema, key):
+    """Every subschema of ``schema`` found under a property named ``key``."""
+    if isinstance(schema, dict):
+        for k, v in schema.items():
+            if k == "properties" and isinstance(v, dict) and key in v:
+                yield v[key]
+            yield from _under(v, key)
+    elif isinstance(schema, list):
+        for v in schema:
+            yield from _under(v, key)
+
+
+def test_the_limits_and_labels_the_code_uses_are_the_references():
+    every = [REFERENCE_TOOLS[t][side] for t in REFERENCE_TOOLS for side in ("input_schema", "output_schema")]
+    bodies = {s.get("maxLength") for schema in every for s in _under(schema, "body")}
+    assert bodies == {prickle.BODY_MAX} == {8000}
+    assert {s["maxItems"] for schema in every for s in _under(schema, "mentions")} == {prickle.MENTIONS_MAX}
+    assert {s["maxLength"] for schema in every for s in _under(schema, "task") if "maxLength" in s} == {
+        prickle.TASK_TEXT_MAX}
+    whys = {tuple(s["enum"]) for schema in every for s in _under(schema, "why")}
+    assert whys == {("before_previous_revision", prickle.EVIDENCE_TOO_OLD)}
+    # Each label names its window, so changing one without the other fails here.
+    assert prickle.EVIDENCE_TOO_OLD == f"older_than_{prickle.EVIDENCE_FRESH.days}_days" == "older_than_7_days"
+    hours = prickle._dt.timedelta(hours=1)
+    assert prickle.APPROVAL_LAPSED == f"{prickle.APPROVAL_LIFETIME // hours}_hours" == "24_hours"
+    assert prickle.STEP_UNDECIDED == f"undecided_{prickle.STEP_LIFETIME // hours}_hours"
+    assert prickle.STEP_UNUSED == f"unused_{prickle.STEP_USE_WINDOW // prickle._dt.timedelta(minutes=1)}_minutes"
+
+
+def test_the_module_docstring_lists_every_section_in_order():
+    import pathlib
+    import re
+    source = pathlib.Path(prickle.__file__).read_text(encoding="utf-8")
+    banners = re.findall(r"^#{79}\n# (.+?) #+\n#{79}$", source, flags=re.M)
+    listed = re.findall(r"^- ([^:]+):", prickle.__doc__, flags=re.M)
+    assert listed == banners and len(banners) == 11

@@ -15,6 +15,11 @@ def wait(mcp, agent, tool="wait_for_mention", **args):
     return mcp.ok(agent, tool, {"timeout_seconds": 5} | args)
 
 
+def cursor_now(world, agent, tool="wait_for_mention"):
+    """A cursor at the outbox head for ``agent``'s ``tool``: a waiter given it misses nothing posted later."""
+    return prickle.wake_cursor(world.db, f"{agent}|{tool}|*", prickle.outbox_head(world.db))
+
+
 def test_timeout_returns_a_cursor_and_that_cursor_catches_what_came_after(mcp, world):
     first = wait(mcp, "oj/muse", timeout_seconds=1)
     assert first["status"] == "timeout" and first["events"] == []
@@ -34,8 +39,7 @@ def test_without_a_cursor_only_what_happens_from_now_on(mcp, world):
 
 
 def test_a_waiting_agent_wakes_when_mentioned(mcp, world):
-    join = in_thread(wait, mcp, "oj/muse", timeout_seconds=20)
-    time.sleep(0.3)
+    join = in_thread(wait, mcp, "oj/muse", cursor=cursor_now(world, "oj/muse"), timeout_seconds=20)
     m = post(mcp, "ren/builder", "@oj/muse Can you help with the hero copy?")
     out = join()
     assert out["status"] == "events" and out["events"][0]["message"]["id"] == m["id"]
@@ -51,8 +55,7 @@ def test_only_mentions_of_the_caller_wake_it(mcp, world):
 
 
 def test_person_mention_wakes_an_agent(mcp, server, world):
-    join = in_thread(wait, mcp, "ren/builder", timeout_seconds=20)
-    time.sleep(0.3)
+    join = in_thread(wait, mcp, "ren/builder", cursor=cursor_now(world, "ren/builder"), timeout_seconds=20)
     r = server.post(f"/api/projects/{PROJECT}/messages", json={"body": "@builder build the page"},
                     headers={"Authorization": f"Bearer {world.tokens['oj']}"})
     out = join()
@@ -157,8 +160,7 @@ def test_progress_notifications_while_waiting(mcp, world, monkeypatch):
 
 
 def test_a_write_from_another_process_wakes_a_waiter(mcp, world, db_path):
-    join = in_thread(wait, mcp, "oj/muse", timeout_seconds=20)
-    time.sleep(0.3)
+    join = in_thread(wait, mcp, "oj/muse", cursor=cursor_now(world, "oj/muse"), timeout_seconds=20)
     script = (
         "import prickle, sys\n"
         "db = prickle.Database(sys.argv[1])\n"
