@@ -5812,27 +5812,28 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
                 checkpointer.append(conn)
             checkpoint_wal(checkpointer[0])
 
-    seen_version = [db.data_version()]
+    seen_version = db.data_version()
 
     def watch_other_writers() -> None:
         # Another process (the CLI) writing the same file does not run our after-commit hooks.
+        nonlocal seen_version
         current = db.data_version()
-        if current != seen_version[0]:
+        if current != seen_version:
             hub.catch_up()
             hub.wake_everyone()  # it may have revoked credentials that open waits hold
-            seen_version[0] = current  # only once its waiters were woken: a failure tries again
+            seen_version = current  # only once its waiters were woken: a failure tries again
 
     def prune() -> float | None:
         # Small steps, one after another while old events remain, so writers never wait long.
         pruned = prune_outbox(db, _dt.timedelta(days=settings.outbox_keep_days))
         return 0.5 if pruned else None
 
-    maintenance = state.maintenance = Maintenance()
-    maintenance.add("watcher", BACKGROUND_TICK, watch_other_writers)
-    maintenance.add("checkpoint", 1.0, lambda: asyncio.to_thread(checkpoint))
     def sweep() -> None:
         sweep_approvals(db)
 
+    maintenance = state.maintenance = Maintenance()
+    maintenance.add("watcher", BACKGROUND_TICK, watch_other_writers)
+    maintenance.add("checkpoint", 1.0, lambda: asyncio.to_thread(checkpoint))
     maintenance.add("approvals sweep", 60.0, sweep)
     maintenance.add("outbox pruning", 600.0, prune)
 
