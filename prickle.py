@@ -315,6 +315,8 @@ class Settings(pydantic.BaseModel):
     signin_link_minutes: int = pydantic.Field(30, ge=1, le=1440)
     #: A run's execution credential (claim_task) expires after this many minutes.
     launch_timeout_minutes: int = pydantic.Field(60, ge=1, le=1440)
+    #: Outbox events and delivered wakes are kept this many days, then pruned (the audit log stays).
+    outbox_keep_days: int = pydantic.Field(30, ge=1, le=3650)
 
     def base_url(self, port: int | None = None) -> str:
         """The public address, or the bound one when none is configured."""
@@ -1535,6 +1537,60 @@ def append_event(db: Database, project: str, type_: str, payload: dict,
 def outbox_head(db: Database) -> int:
     """The newest outbox seq, 0 for an empty outbox."""
     return db.scalar("SELECT coalesce(max(seq), 0) FROM outbox")
+
+
+#: The meta key holding the newest seq pruning has passed: outbox rows up to it may be gone.
+PRUNED_THROUGH = "outbox_pruned_through"
+#: Outbox rows one pruning step looks at (one short write transaction).
+PRUNE_BATCH = 500
+
+
+def pruned_through(db: Database) -> int:
+    """The newest outbox seq pruning has passed, 0 before the first prune."""
+    return int(db.scalar("SELECT value FROM meta WHERE key = ?", (PRUNED_THROUGH,)) or 0)
+
+
+def cursor_gap(db: Database, position: int) -> str | None:
+    """Why a reader at outbox ``position`` cannot simply continue, or None if it can.
+
+    ``"ahead"``: the position is beyond the newest seq (a cursor from another database, or from
+    before a backup was restored); ``"pruned"``: events after it were already pruned.
+    """
+    if position > outbox_head(db):
+        return "ahead"
+    if position < pruned_through(db):
+        return "pruned"
+    return None
+
+
+def prune_outbox(db: Database, keep: _dt.timedelta, now: _dt.datetime | None = None,
+                 batch: int = PRUNE_BATCH) -> int:
+    """Delete up to ``batch`` outbox events older than ``keep``, oldest first; return how many went.
+
+    One short transaction per call (the server calls it again while it returns ``batch``). With
+    each event go its delivered wakes and the undelivered ones no wait can hand out any more
+    (a cursor that old resyncs); an undelivered task wake stays for check_inbox's
+    ``pending_wakes_only``, and so does its event. The newest event always stays, so seq only
+    grows. The messages table and the audit log are never pruned.
+    """
+    cutoff = iso((now or utcnow()) - keep)
+    with db.transaction():
+        mark, head = pruned_through(db), outbox_head(db)
+        upto = mark
+        for r in db.rows("SELECT seq, at FROM outbox WHERE seq > ? AND seq < ? ORDER BY seq LIMIT ?",
+                         (mark, head, batch)):
+            if r["at"] >= cutoff:
+                break
+            upto = r["seq"]
+        if upto == mark:
+            return 0
+        db.execute("DELETE FROM wakes WHERE seq > ? AND seq <= ? AND (delivered = 1 OR task_id IS NULL)",
+                   (mark, upto))
+        pruned = db.execute("DELETE FROM outbox WHERE seq > ? AND seq <= ? AND NOT EXISTS "
+                            "(SELECT 1 FROM wakes WHERE wakes.seq = outbox.seq)", (mark, upto))
+        db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                   (PRUNED_THROUGH, str(upto)))
+    return pruned
 
 
 def read_events(db: Database, project: str, after: int, limit: int = 200) -> list[dict]:
@@ -4663,13 +4719,13 @@ def start_position(db: Database, scope: str, cursor: str | None) -> int | None:
     """Where a wait continues: after the cursor's position, or now without one.
 
     None means resync: the cursor is malformed, another agent's, ahead of the outbox
-    (another database) or older than CURSOR_WINDOW.
+    (another database), older than what pruning kept or than CURSOR_WINDOW.
     """
     head = outbox_head(db)
     if cursor is None:
         return head
     position = decode_cursor(db, f"wake|{scope}", cursor)
-    if position is None or position > head or head - position > CURSOR_WINDOW:
+    if position is None or cursor_gap(db, position) or head - position > CURSOR_WINDOW:
         return None
     return position
 
@@ -4768,6 +4824,8 @@ class AppState:
     settings: Settings
     hub: WakeHub
     port: int
+    #: The background work (None until create_app sets it up).
+    maintenance: Maintenance | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -5503,12 +5561,35 @@ async def api_post(state: AppState, person: Actor, request: Request, body: dict)
     return {"message": message}
 
 
+def live_position(db: Database, raw: str | None) -> tuple[int, str | None]:
+    """Where a live reader (the event stream, the events endpoint) continues: ``(seq, gap)``.
+
+    ``raw`` is the ``after`` or ``Last-Event-ID`` text; None starts at the newest seq. A seq
+    beyond the newest (however large) or older than what pruning kept continues from the newest,
+    with ``gap`` saying why (see :func:`cursor_gap`), so the reader knows to load its view again.
+    Raises InvalidInput for text that is not a seq number.
+    """
+    if raw is None:
+        return outbox_head(db), None
+    if not (raw.isascii() and raw.isdigit()):
+        raise InvalidInput(f"after (or Last-Event-ID) must be an outbox seq number, got {raw[:40]!r}")
+    # Beyond any seq SQLite can hold (and any int it can bind): surely ahead.
+    gap = "ahead" if len(raw) > 18 else cursor_gap(db, int(raw))
+    return (outbox_head(db), gap) if gap else (int(raw), None)
+
+
 async def api_events(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/projects/{slug}/events?after=SEQ&wait=S: outbox events after SEQ, held up to S seconds."""
+    """GET /api/projects/{slug}/events?after=SEQ&wait=S: outbox events after SEQ, held up to S seconds.
+
+    ``{"events", "last_seq", "resync"}``: ``resync`` is null, or why ``after`` could not be
+    continued ("ahead", "pruned"; see :func:`live_position`), and then ``last_seq`` is the head.
+    """
     slug = request.path_params["slug"]
     require_project(state.db, person, slug)
-    after = _int_param(request, "after", 0, 0, SEQ_MAX)
+    after, gap = live_position(state.db, request.query_params.get("after", "0"))
     wait = _int_param(request, "wait", 0, 0, 50)
+    if gap:
+        return {"events": [], "last_seq": after, "resync": gap}
     deadline = asyncio.get_running_loop().time() + wait
     while True:
         with state.hub.waiting(state.hub.project_waiters, slug) as fut:
@@ -5516,7 +5597,7 @@ async def api_events(state: AppState, person: Actor, request: Request, body: Any
             events = read_events(state.db, slug, after)
             remaining = deadline - asyncio.get_running_loop().time()
             if events or remaining <= 0:
-                return {"events": events,
+                return {"events": events, "resync": None,
                         "last_seq": events[-1]["seq"] if events else min(after, outbox_head(state.db))}
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(fut, min(remaining, LIVE_CHECK_EVERY))
@@ -5728,23 +5809,26 @@ async def api_stream(request: Request) -> Response:
     """GET /api/projects/{slug}/stream?after=SEQ: the project's outbox as Server-Sent Events.
 
     Each event is ``id: SEQ`` / ``event: TYPE`` / ``data: JSON``; a reconnecting browser
-    sends ``Last-Event-ID`` and continues after it, so nothing is missed.
+    sends ``Last-Event-ID`` and continues after it, so nothing is missed. A position that
+    cannot be continued (see :func:`live_position`) first gets ``event: resync`` with
+    ``{"seq", "reason"}``, and the stream goes on from the newest seq.
     """
     state: AppState = request.app.state.prickle
     slug = request.path_params["slug"]
     try:
         person = _person_from_request(state, request)
         require_project(state.db, person, slug)
-        raw = request.headers.get("last-event-id") or request.query_params.get("after") or str(outbox_head(state.db))
-        start = whole_number(raw)
-        if start is None:
-            raise InvalidInput("after (or Last-Event-ID) must be an outbox seq number")
+        start, gap = live_position(state.db, request.headers.get("last-event-id")
+                                   or request.query_params.get("after") or None)
     except PrickleError as e:
         return _error_response(e)
 
     async def events() -> Any:
         after = start
-        yield f"retry: 2000\nid: {start}\nevent: ready\ndata: {json.dumps({'seq': start})}\n\n"
+        yield "retry: 2000\n\n"
+        if gap:
+            yield f"id: {start}\nevent: resync\ndata: {json.dumps({'seq': start, 'reason': gap})}\n\n"
+        yield f"id: {start}\nevent: ready\ndata: {json.dumps({'seq': start})}\n\n"
         while True:
             with state.hub.waiting(state.hub.project_waiters, slug) as fut:
                 try:
@@ -5874,9 +5958,105 @@ async def page(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    """GET /healthz: the server is up and its database answers."""
+    """GET /healthz: the server is up and its database answers.
+
+    ``{"ok", "version", "outbox_head", "degraded"}``: ``degraded`` lists the background pieces
+    failing now (see :meth:`Maintenance.degraded`), empty when all is well.
+    """
     state: AppState = request.app.state.prickle
-    return JSONResponse({"ok": True, "version": __version__, "outbox_head": outbox_head(state.db)})
+    return JSONResponse({"ok": True, "version": __version__, "outbox_head": outbox_head(state.db),
+                         "degraded": state.maintenance.degraded() if state.maintenance else []})
+
+
+#: How often the background loop looks for due work (seconds); another process's writes wake waiters within it.
+BACKGROUND_TICK = 0.05
+#: The longest a failing background piece waits before it tries again (seconds).
+BACKGROUND_MAX_BACKOFF = 30.0
+#: A failure's cause is cut to this many characters in the log line and in /healthz.
+CAUSE_MAX = 300
+#: Anything shaped like one of our secrets is hidden from a failure's cause.
+_SECRET_RE = re.compile(r"prk_[a-z]{2}_[A-Za-z0-9_-]+")
+
+
+@dataclasses.dataclass
+class _Piece:
+    """One job of the background loop and how it is doing."""
+
+    name: str
+    every: float  #: seconds between runs while it works
+    run: Callable[[], Any]  #: may return an awaitable; a float it gives is the seconds until its next run
+    due: float = 0.0  #: time.monotonic() of its next run
+    failures: int = 0  #: failed runs in a row
+    cause: str | None = None  #: the failure last logged, while failing
+    since: str | None = None  #: ISO time of the first failure in a row
+
+
+def failure_cause(e: BaseException) -> str:
+    """``"Type: message"`` of an exception, cut to CAUSE_MAX, with anything like a secret hidden."""
+    return _SECRET_RE.sub("prk_…", f"{type(e).__name__}: {e}")[:CAUSE_MAX]
+
+
+class Maintenance:
+    """The server's background work: named pieces, each on its own schedule, none able to stop the rest.
+
+    A piece that raises any Exception is logged on stderr once per distinct cause (with its
+    traceback) while it keeps failing, tried again after a backoff that doubles from its period
+    up to BACKGROUND_MAX_BACKOFF, and listed by :meth:`degraded` (so /healthz shows it) until a
+    run succeeds, which is logged too. apsw.BusyError is another connection's turn, not a failure:
+    the piece runs again at its next turn.
+    """
+
+    def __init__(self) -> None:
+        self.pieces: list[_Piece] = []
+
+    def add(self, name: str, every: float, run: Callable[[], Any]) -> None:
+        """Run ``run()`` every ``every`` seconds (from the first tick on) under ``name``."""
+        self.pieces.append(_Piece(name, every, run))
+
+    def degraded(self) -> list[dict]:
+        """The failing pieces: ``[{"piece", "cause", "since", "failures"}]``, in the order they were added."""
+        return [{"piece": p.name, "cause": p.cause, "since": p.since, "failures": p.failures}
+                for p in self.pieces if p.failures]
+
+    async def tick(self) -> None:
+        """Run every piece that is due, one after another."""
+        for piece in self.pieces:
+            now = time.monotonic()
+            if now < piece.due:
+                continue
+            try:
+                result = piece.run()
+                if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+                    result = await result
+            except apsw.BusyError:
+                piece.due = now + piece.every
+            except Exception as e:
+                self._failed(piece, e, now)
+            else:
+                if piece.failures:
+                    print(f"prickle: background {piece.name} works again after {piece.failures} failed "
+                          f"tries", file=sys.stderr)
+                    piece.failures, piece.cause, piece.since = 0, None, None
+                piece.due = time.monotonic() + (result if isinstance(result, float) else piece.every)
+
+    def _failed(self, piece: _Piece, e: Exception, now: float) -> None:
+        cause = failure_cause(e)
+        piece.failures += 1
+        piece.since = piece.since or iso(utcnow())
+        backoff = min(piece.every * 2 ** min(piece.failures, 20), BACKGROUND_MAX_BACKOFF)
+        piece.due = now + max(backoff, piece.every)
+        if cause != piece.cause:
+            import traceback
+            piece.cause = cause
+            trace = _SECRET_RE.sub("prk_…", "".join(traceback.format_exception(e)))
+            print(f"prickle: background {piece.name} failed, retrying with backoff: {cause}\n{trace}",
+                  file=sys.stderr, end="")
+
+    async def run_forever(self) -> None:
+        """Tick every BACKGROUND_TICK seconds until cancelled."""
+        while True:
+            await asyncio.sleep(BACKGROUND_TICK)
+            await self.tick()
 
 
 #: A write-ahead log this many frames long that writers never let empty is restarted (see checkpoint_wal).
@@ -5941,38 +6121,34 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
                 checkpointer.append(conn)
             checkpoint_wal(checkpointer[0])
 
-    async def watch_other_writers() -> None:
+    seen_version = db.data_version()
+
+    def watch_other_writers() -> None:
         # Another process (the CLI) writing the same file does not run our after-commit hooks.
-        version = db.data_version()
-        sweep_at = checkpoint_at = 0.0
-        while True:
-            await asyncio.sleep(0.05)
-            current = db.data_version()
-            if current != version:
-                version = current
-                hub.catch_up()
-                hub.wake_everyone()  # it may have revoked credentials that open waits hold
-            # A failure here (a full disk, say) is reported and tried again later; it must not end the loop.
-            if time.monotonic() >= checkpoint_at:
-                checkpoint_at = time.monotonic() + 1
-                try:
-                    await asyncio.to_thread(checkpoint)
-                except apsw.BusyError:
-                    pass
-                except apsw.Error:
-                    _log_exception("the checkpoint (tried again in a second)")
-            if time.monotonic() >= sweep_at:
-                sweep_at = time.monotonic() + 60
-                try:
-                    sweep_approvals(db)
-                except apsw.BusyError:
-                    pass
-                except apsw.Error:
-                    _log_exception("the approvals sweep (tried again in a minute)")
+        nonlocal seen_version
+        current = db.data_version()
+        if current != seen_version:
+            hub.catch_up()
+            hub.wake_everyone()  # it may have revoked credentials that open waits hold
+            seen_version = current  # only once its waiters were woken: a failure tries again
+
+    def prune() -> float | None:
+        # Small steps, one after another while old events remain, so writers never wait long.
+        pruned = prune_outbox(db, _dt.timedelta(days=settings.outbox_keep_days))
+        return 0.5 if pruned else None
+
+    def sweep() -> None:
+        sweep_approvals(db)
+
+    maintenance = state.maintenance = Maintenance()
+    maintenance.add("watcher", BACKGROUND_TICK, watch_other_writers)
+    maintenance.add("checkpoint", 1.0, lambda: asyncio.to_thread(checkpoint))
+    maintenance.add("approvals sweep", 60.0, sweep)
+    maintenance.add("outbox pruning", 600.0, prune)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> Any:
-        watcher = asyncio.create_task(watch_other_writers())
+        watcher = asyncio.create_task(maintenance.run_forever())
         try:
             async with manager.run():
                 yield

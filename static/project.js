@@ -37,6 +37,7 @@ export async function enter(slug) {
     stream.on("agent.added", reload),
     // Any message may pause a pair (agents) or resume one (people).
     stream.on("message.posted", reload),
+    stream.on("resync", reload),
   );
   return data;
 }

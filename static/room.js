@@ -84,6 +84,8 @@ export class MessageList {
     this.offs = [
       stream.on("message.posted", (e) => this.receive(e.message)),
       stream.on("action.updated", (e) => this.updateAction(e.action)),
+      // the stream could not continue where it was (a restore, say): read the newest page again
+      stream.on("resync", () => { if (this.loaded) this.load(); }),
     ];
   }
 

@@ -7,7 +7,9 @@
 // Either way every event is handed out once, in seq order.
 //
 // The stream's first event, "ready" {seq}, says where it starts; open() resolves with that
-// position, so a view loaded after it misses nothing.
+// position, so a view loaded after it misses nothing. A position the server cannot continue
+// (beyond its newest event after a restore, or older than it keeps) gets "resync" {seq, reason}
+// first: the stream goes on from there and on("resync") listeners load their views again.
 
 import { get, seg, token } from "./api.js";
 
@@ -55,7 +57,7 @@ export function close() {
 
 // ---- actions ----------------------------------------------------------------------
 
-/** fn(event) for each event of a type ("*" for all); returns a function that stops it. */
+/** fn(event) for each event of a type ("*" for all; "resync" when the stream starts over at {seq}); returns a function that stops it. */
 export function on(type, fn) {
   if (!listeners.has(type)) listeners.set(type, new Set());
   listeners.get(type).add(fn);
@@ -75,7 +77,18 @@ function receive(conn, event) {
   if (conn.closed || conn !== current) return;
   if (conn.lastSeq != null && event.seq <= conn.lastSeq) return; // already handed out
   conn.lastSeq = event.seq;
-  for (const key of [event.type, "*"]) {
+  dispatch([event.type, "*"], event);
+}
+
+/** The server could not continue from lastSeq: go on from its newest seq and tell the views. */
+function resync(conn, seq, reason) {
+  if (conn.closed || conn !== current || !Number.isInteger(seq)) return;
+  conn.lastSeq = seq;
+  dispatch(["resync"], { type: "resync", seq, reason });
+}
+
+function dispatch(keys, event) {
+  for (const key of keys) {
     for (const fn of listeners.get(key) || []) {
       try {
         fn(event);
@@ -106,6 +119,15 @@ function listen(conn) {
   const source = new EventSource(`/api/projects/${seg(conn.slug)}/stream${query}`);
   conn.source = source;
   source.onopen = () => setStatus("live");
+  source.addEventListener("resync", (message) => {
+    if (conn.source !== source) return;
+    try {
+      const data = JSON.parse(message.data);
+      resync(conn, data.seq, data.reason);
+    } catch (err) {
+      console.error("unreadable resync", err);
+    }
+  });
   source.addEventListener("ready", (message) => {
     if (conn.closed || conn.source !== source) return;
     let seq = null;
@@ -177,6 +199,7 @@ async function poll(conn) {
       wait = 25;
       setStatus("live");
       delay = 1000;
+      if (page.resync) resync(conn, page.last_seq, page.resync);
       for (const event of page.events || []) receive(conn, event);
       if (Number.isInteger(page.last_seq) && page.last_seq > conn.lastSeq) conn.lastSeq = page.last_seq;
     } catch (err) {

@@ -209,11 +209,13 @@ PRICKLE = [__import__("sys").executable, "-m", "prickle"]
 class Served:
     """A real ``prickle serve`` process; ``lines`` holds what it printed before serving."""
 
-    def __init__(self, db_path: str, *args: str, json_info: bool = True):
+    def __init__(self, db_path: str, *args: str, json_info: bool = True, command: list[str] = PRICKLE,
+                 env: dict | None = None):
         import subprocess
         extra = ["--json"] if json_info else []
-        self.proc = subprocess.Popen(PRICKLE + ["serve", "--db", db_path, "--port", "0", *args, *extra],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(command + ["serve", "--db", db_path, "--port", "0", *args, *extra],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=None if env is None else os.environ | env)
         self.first = self.proc.stdout.readline()
         if not self.first:
             err = self.proc.stderr.read()

@@ -1,5 +1,7 @@
 """The people's HTTP JSON API: tokens and sessions, projects, the room, posting, events."""
 
+import datetime
+
 import prickle
 from conftest import PROJECT, in_thread
 
@@ -217,3 +219,22 @@ def test_meta_gives_the_page_its_task_lists_from_the_server(server, world):
     assert r.json()["tasks"]["states"] == prickle.SCHEMAS["check_inbox"][1]["properties"]["assigned"]["items"][
         "properties"]["state"]["enum"]
     assert server.get("/api/meta").status_code == 401
+
+
+def test_events_after_a_position_it_cannot_continue_resync_from_the_head(server, world):
+    url, h = f"/api/projects/{PROJECT}/events", auth(world, "oj")
+    head = prickle.outbox_head(world.db)
+    for after in (head + 1, 10**30):  # beyond the head (another database), and beyond any seq at all
+        assert server.get(url, params={"after": after, "wait": 5}, headers=h).json() == {
+            "events": [], "last_seq": head, "resync": "ahead"}
+    assert server.get(url, params={"after": head}, headers=h).json() == {"events": [], "last_seq": head,
+                                                                          "resync": None}
+    later = prickle.utcnow() + datetime.timedelta(days=40)
+    assert prickle.prune_outbox(world.db, datetime.timedelta(days=30), later) > 0
+    for params in ({"after": 0}, {}):  # events after it were pruned
+        assert server.get(url, params=params, headers=h).json() == {"events": [], "last_seq": head, "resync": "pruned"}
+    assert server.get(url, params={"after": "²"}, headers=h).json()["error"]["code"] == "invalid_input"
+
+
+def test_healthz_lists_nothing_degraded_when_all_is_well(server):
+    assert server.get("/healthz").json()["degraded"] == []

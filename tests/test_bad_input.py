@@ -124,7 +124,9 @@ def test_every_api_endpoint_refuses_each_bad_value_naming_the_field_and_writes_n
             body = {"decision": "allow", "agent": "ren/builder", "expires_at": when}
             check_refusal(http.post("/api/rules", json=body, headers=person), "expires_at", when)
         for path, param in API_NUMBERS:
-            for raw in ("²", "9" * 5000, "-1", "1e3"):
+            # A live position however large is not bad input: it resyncs (tests/test_api.py).
+            huge = () if param == "after" else ("9" * 5000,)
+            for raw in ("²", *huge, "-1", "1e3"):
                 r = http.get(path, params={param: raw}, headers=person)
                 check_refusal(r, param, f"{path}?{param}={raw[:10]}")
         r = http.get(f"/api/projects/{PROJECT}/stream", headers=person | {"Last-Event-ID": "²".encode()})

@@ -6,6 +6,7 @@ speaks the 2026-07-28 protocol, agent B (ren/builder) the older initialize hands
 
 import asyncio
 import contextlib
+import datetime
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
+import prickle
 from conftest import PRICKLE, REFERENCE_TOOLS, Served, check_tool_output, in_thread
 
 PROJECT = "website-v2"
@@ -213,3 +215,106 @@ def test_the_live_event_stream_continues_after_last_event_id(db_path):
             r = http.get(f"{base}/api/projects/{PROJECT}/stream",
                          headers={"Authorization": f"Bearer {keys['oj/muse']}"})
             assert r.status_code == 401
+
+
+#: Runs `prickle` with its checkpoint and its watch for other writers failing while a file exists.
+_FAILING_DISK = """
+import os, sys
+import prickle
+
+def failing(real):
+    def run(*args, **kwargs):
+        if os.path.exists(os.environ["PRICKLE_TEST_FAIL_WHILE"]):
+            raise OSError(28, "No space left on device")
+        return real(*args, **kwargs)
+    return run
+
+prickle.checkpoint_wal = failing(prickle.checkpoint_wal)
+prickle.WakeHub.catch_up = failing(prickle.WakeHub.catch_up)
+sys.exit(prickle.main(sys.argv[1:]))
+"""
+
+
+def _health_until(base, done, what):
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        health = httpx.get(f"{base}/healthz").json()
+        if done(health):
+            return health
+        time.sleep(0.1)
+    raise AssertionError(f"/healthz never showed {what}: {health}")
+
+
+def test_background_work_survives_an_oserror_reports_it_and_recovers(db_path, tmp_path):
+    flag = tmp_path / "disk-full"
+    flag.write_text("")
+    served = Served(db_path, "--demo", command=[PRICKLE[0], "-c", _FAILING_DISK],
+                    env={"PRICKLE_TEST_FAIL_WHILE": str(flag)})
+    try:
+        base = served.info["url"]
+        cli_json(db_path, "token", "create", "--person", "oj")  # another process writes: the watcher looks
+        failing = ["checkpoint", "watcher"]
+        health = _health_until(base, lambda h: sorted(d["piece"] for d in h.get("degraded", []) if d["failures"] >= 2)
+                               == failing, "both pieces failing twice")
+        assert health["ok"] is True
+        assert sorted((d["piece"], d["cause"]) for d in health["degraded"]) == [
+            ("checkpoint", "OSError: [Errno 28] No space left on device"),
+            ("watcher", "OSError: [Errno 28] No space left on device")]
+        flag.unlink()  # the disk has room again: each piece's next try works
+        _health_until(base, lambda h: h["degraded"] == [], "the recovery")
+        served.proc.terminate()
+        err = served.proc.stderr.read()
+    finally:
+        served.stop()
+    for piece in failing:
+        # Logged once (with its cause) however often it was tried, and its recovery once.
+        assert err.count(f"prickle: background {piece} failed, retrying with backoff: "
+                         "OSError: [Errno 28] No space left on device\n") == 1, err
+        assert err.count(f"prickle: background {piece} works again after") == 1, err
+
+
+def _sse_events(lines, count):
+    """The next ``count`` events from an SSE response's lines as ``(event, id, data)`` (blocks without data skipped)."""
+    out, event = [], {}
+    for line in lines:
+        if line == "":
+            if "data" in event:
+                out.append((event.get("event", "message"), event.get("id"), event["data"]))
+                if len(out) == count:
+                    return out
+            event = {}
+        elif ": " in line and not line.startswith(":"):
+            name, value = line.split(": ", 1)
+            event[name] = int(value) if name == "id" else json.loads(value) if name == "data" else value
+    return out
+
+
+def test_the_stream_resyncs_a_position_beyond_the_head_or_pruned_and_goes_on_from_the_head(db_path):
+    with Served(db_path, "--demo") as served:
+        base, keys = served.info["url"], served.info["demo"]["keys"]
+        token = cli_json(db_path, "token", "create", "--person", "oj")["token"]
+        h = {"Authorization": f"Bearer {token}"}
+        url = f"{base}/api/projects/{PROJECT}/stream"
+        with httpx.Client(timeout=10) as http:
+            head = http.get(f"{base}/healthz").json()["outbox_head"]
+            # A browser that last saw a seq of the database before a restore, and one far beyond any seq.
+            for headers, params in (({"Last-Event-ID": str(head + 1000)}, {}), ({}, {"after": "9" * 40})):
+                with http.stream("GET", url, headers=h | headers, params=params) as r:
+                    assert r.status_code == 200
+                    lines = r.iter_lines()
+                    assert _sse_events(lines, 2) == [("resync", head, {"seq": head, "reason": "ahead"}),
+                                                 ("ready", head, {"seq": head})]
+                    message_id = _post(http, served.info["mcp"], keys["ren/builder"], "after the restore", 1)
+                    [(kind, seq, data)] = _sse_events(lines, 1)
+                    assert (kind, data["message"]["id"]) == ("message.posted", message_id) and seq > head
+                    head = seq
+            # Events older than the kept window are pruned (here by another process on the same file).
+            db = prickle.Database(db_path)
+            try:
+                later = prickle.utcnow() + datetime.timedelta(days=2)
+                assert prickle.prune_outbox(db, datetime.timedelta(days=1), later) > 0
+            finally:
+                db.close()
+            with http.stream("GET", url, headers=h, params={"after": "1"}) as r:
+                assert _sse_events(r.iter_lines(), 2) == [("resync", head, {"seq": head, "reason": "pruned"}),
+                                             ("ready", head, {"seq": head})]

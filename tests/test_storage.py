@@ -1,15 +1,18 @@
 """Storage: schema versions, transactions, the outbox, the audit chain, the server lock."""
 
+import datetime
 import os
 import re
 import time
 
 import apsw
+import pydantic
 import pytest
 
 import prickle
 from starlette.testclient import TestClient
 from conftest import PROJECT, audit_entries
+from test_room import make_task
 
 
 def test_new_database_is_wal_with_current_schema(db_path):
@@ -256,9 +259,13 @@ def test_the_servers_checkpoint_survives_a_failure(world, monkeypatch, capsys):
         deadline = time.monotonic() + 10
         while len(tries) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert client.get("/healthz").json()["ok"] is True
-    assert len(tries) >= 2  # tried again a second later
-    assert "the checkpoint (tried again in a second)" in capsys.readouterr().err
+        health = client.get("/healthz").json()
+        assert health["ok"] is True
+        assert [(d["piece"], d["cause"]) for d in health["degraded"]] == [("checkpoint", "FullError: disk full")]
+    assert len(tries) >= 2  # tried again later
+    err = capsys.readouterr().err
+    assert "prickle: background checkpoint failed, retrying with backoff: FullError: disk full" in err
+    assert err.count("background checkpoint failed") == 1  # once per distinct failure
 
 
 def test_waiters_are_notified_only_after_commit(world):
@@ -401,3 +408,85 @@ def test_a_restart_waits_for_a_reader_only_briefly(world, db_path):
     assert prickle.checkpoint_wal(checkpointer, restart_frames=100) == "restart"
     reader.close()
     checkpointer.close()
+
+
+def _seeded_outbox(world):
+    """A mention (undelivered), a task handed to ren/builder (its task wake undelivered), a mention
+    that was delivered, then one plain event: the newest."""
+    db = world.db
+    prickle.post_message(db, world.actor("ren/builder"), PROJECT, "@oj/muse unheard mention")
+    task_id = make_task(world)
+    heard = prickle.post_message(db, world.actor("oj/muse"), PROJECT, "@ren/builder heard mention")
+    seq = db.scalar("SELECT seq FROM wakes WHERE agent_id = 'ren/builder' AND message_id = ?", (heard["id"],))
+    prickle.note_delivered(db, "ren/builder", [{"seq": seq}])
+    with db.transaction():
+        newest = prickle.append_event(db, PROJECT, "agent.added", {"agent_id": "oj/scout"})
+    return task_id, newest["seq"]
+
+
+def test_pruning_keeps_the_window_the_newest_event_and_the_task_wakes_a_reader_needs(world):
+    db = world.db
+    task_id, head = _seeded_outbox(world)
+    messages = db.rows("SELECT * FROM messages ORDER BY seq")
+    held = {(r["agent_id"], r["seq"], r["kind"]) for r in
+            db.rows("SELECT * FROM wakes WHERE delivered = 0 AND task_id IS NOT NULL")}
+    assert any(agent == "ren/builder" and kind == "task" for agent, _, kind in held)
+    keep = prickle.Settings().outbox_keep_days
+    assert keep == 30
+    window = datetime.timedelta(days=keep)
+    # Nothing is older than the window yet.
+    assert prickle.prune_outbox(db, window) == 0
+    assert prickle.pruned_through(db) == 0 and prickle.outbox_head(db) == head
+
+    later = prickle.utcnow() + window + datetime.timedelta(days=1)
+    total = db.scalar("SELECT count(*) FROM outbox")
+    pruned = prickle.prune_outbox(db, window, later)
+    kept = {r["seq"] for r in db.rows("SELECT seq FROM outbox")}
+    assert kept == {s for _, s, _ in held} | {head}
+    assert pruned == total - len(kept)
+    assert {(r["agent_id"], r["seq"], r["kind"]) for r in db.rows("SELECT * FROM wakes")} == held
+    assert prickle.pruned_through(db) == head - 1
+    assert prickle.prune_outbox(db, window, later) == 0  # the newest event always stays
+    # The messages, the task and what check_inbox reports of it are untouched.
+    assert db.rows("SELECT * FROM messages ORDER BY seq") == messages
+    assert [m["id"] for m in prickle.read_room(db, world.person("oj"), PROJECT, limit=100)["messages"]] == \
+        [m["id"] for m in messages if m["task_id"] is None]
+    inbox = prickle.check_inbox(db, world.actor("ren/builder"), pending_wakes_only=True)
+    assert [t["id"] for t in inbox["assigned"]] == [task_id]
+    # seq only grows.
+    with db.transaction():
+        assert prickle.append_event(db, PROJECT, "agent.added", {"agent_id": "oj/muse"})["seq"] == head + 1
+
+
+def test_pruning_goes_in_small_steps_oldest_first(world):
+    db = world.db
+    _seeded_outbox(world)
+    first = [r["seq"] for r in db.rows("SELECT seq FROM outbox ORDER BY seq LIMIT 3")]
+    later = prickle.utcnow() + datetime.timedelta(days=2)
+    assert prickle.prune_outbox(db, datetime.timedelta(days=1), later, batch=2) == 2
+    assert [r["seq"] for r in db.rows("SELECT seq FROM outbox ORDER BY seq LIMIT 1")] == first[2:]
+    assert prickle.pruned_through(db) == first[1]
+
+
+def test_the_server_prunes_old_events_in_the_background(world):
+    db = world.db
+    with db.transaction():
+        recent = prickle.append_event(db, PROJECT, "agent.added", {"agent_id": "oj/muse"})["seq"]
+        db.execute("UPDATE outbox SET at = '2020-01-01T00:00:00.000Z' WHERE seq < ?", (recent - 1,))
+    old = db.scalar("SELECT count(*) FROM outbox WHERE seq < ?", (recent - 1,))
+    assert old > 0  # the seeded team's events
+    app = prickle.create_app(db.path, prickle.Settings(outbox_keep_days=1))
+    with TestClient(app, base_url="http://127.0.0.1:8321"):
+        deadline = time.monotonic() + 20
+        while prickle.pruned_through(db) < recent - 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    # Everything older than a day went; the two recent events stayed.
+    assert prickle.pruned_through(db) == recent - 2
+    assert [r["seq"] for r in db.rows("SELECT seq FROM outbox")] == [recent - 1, recent]
+
+
+def test_outbox_keep_days_is_a_setting_with_bounds():
+    assert prickle.Settings(outbox_keep_days=7).outbox_keep_days == 7
+    for bad in (0, 3651):
+        with pytest.raises(pydantic.ValidationError, match="outbox_keep_days"):
+            prickle.Settings(outbox_keep_days=bad)

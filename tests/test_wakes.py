@@ -1,5 +1,6 @@
 """wait_for_mention and wait_for_updates: wakes, cursors, resync, progress, other writers."""
 
+import datetime
 import subprocess
 import sys
 import time
@@ -191,3 +192,16 @@ def test_a_key_revoked_while_waiting_gets_no_data(mcp, world, monkeypatch):
     post(mcp, "ren/builder", "@muse secret plan")
     is_error, text = join()
     assert is_error and text.startswith("unauthorized: ") and "secret" not in text
+
+
+def test_a_cursor_older_than_what_pruning_kept_gets_resync_and_a_cursor_that_works(mcp, world):
+    scope = "oj/muse|wait_for_mention|*"
+    old = prickle.wake_cursor(world.db, scope, 1)
+    later = prickle.utcnow() + datetime.timedelta(days=40)
+    assert prickle.prune_outbox(world.db, datetime.timedelta(days=30), later) > 0
+    assert prickle.pruned_through(world.db) > 1
+    out = wait(mcp, "oj/muse", cursor=old, timeout_seconds=1)
+    assert out == {"status": "resync", "events": [],
+                   "cursor": prickle.wake_cursor(world.db, scope, prickle.outbox_head(world.db))}
+    m = post(mcp, "ren/builder", "@muse after the resync")
+    assert wait(mcp, "oj/muse", cursor=out["cursor"])["events"] == [{"kind": "mention", "message": m}]

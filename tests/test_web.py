@@ -752,3 +752,32 @@ def test_the_room_opens_at_the_newest_page_and_pages_back(served, people):
         assert oj_api.post("/api/projects/long-talk/messages", json={"body": "Note 121"}).status_code == 200
         expect(bodies.last).to_have_text("Note 121")  # the stream still appends
         expect(bodies).to_have_count(121)
+
+
+def test_the_room_stays_live_after_the_server_is_restored_from_an_older_backup(browser, tmp_path):
+    db, backup = str(tmp_path / "prickle.db"), str(tmp_path / "backup.db")
+    first = Served(db, "--demo")
+    try:
+        context = browser.new_context(viewport=LAPTOP)
+        page = context.new_page()
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(cli_json(db, "signin-link", "oj")["signin"])
+        expect(page.get_by_role("heading", name=re.compile(r"^Hello, "))).to_be_visible()
+        page.goto(f"{first.info['url']}/#/p/{PROJECT}/room")
+        expect(page.locator(".live")).to_have_text("Live")
+        cli_json(db, "backup", backup)  # holds oj's browser session
+        for i in range(12):  # the page sees seqs the backup never had
+            mcp(first, "ren/builder", "post_message", {"project": PROJECT, "body": f"before the restore {i}"})
+        expect(page.locator(".msg-body", has_text="before the restore 11")).to_be_visible()
+    finally:
+        first.stop()
+    port = first.info["url"].rsplit(":", 1)[1]
+    with Served(backup, "--demo", "--port", port) as restored:
+        expect(page.locator(".live")).to_have_text("Live", timeout=20_000)  # the browser reconnected itself
+        errors.clear()  # a refresh that ran while no server answered may have failed: that is not this test
+        words = f"after the restore {uuid.uuid4().hex[:8]}"
+        mcp(restored, "ren/builder", "post_message", {"project": PROJECT, "body": words})
+        expect(page.locator(".msg-body", has_text=words)).to_be_visible()
+        context.close()
+    assert not errors, errors
