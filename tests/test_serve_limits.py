@@ -205,9 +205,14 @@ def test_one_key_cannot_use_up_the_sessions_and_revoking_it_ends_them(world, tmp
                                      capture_output=True, text=True, timeout=60)
             assert revoked.returncode == 0, revoked.stderr
             for stream in streams:  # each open stream of the revoked key ends
-                assert b"".join(stream.iter_bytes()) == b""
+                assert in_thread(_drain, stream)() == b""
         assert _initialize(http, url, key_c).status_code == 200  # its sessions no longer count
         assert _ping(http, url, key_b, _initialize(http, url, key_b).headers["mcp-session-id"]) == 200
+
+
+def _drain(stream: httpx.Response) -> bytes:
+    """Everything but keep-alive pings a stream sends until it ends."""
+    return b"".join(c for c in stream.iter_bytes() if not c.startswith(b":"))
 
 
 class _Streams:
@@ -225,3 +230,17 @@ class _Streams:
     def __exit__(self, *exc) -> None:
         for m in self.managers:
             m.__exit__(None, None, None)
+
+
+def test_revoking_a_key_on_the_page_ends_its_sessions_at_once(world, tmp_path):
+    record, key = prickle.create_token(world.db, "client", agent_id="oj/muse")
+    with Served(world.db_path) as served, httpx.Client(timeout=20) as http:
+        url = served.info["mcp"]
+        session = _initialize(http, url, key).headers["mcp-session-id"]
+        other = _initialize(http, url, world.keys["ren/builder"]).headers["mcp-session-id"]
+        with _Streams(http, url, key, [session]) as streams:
+            gone = http.delete(f"{served.info['url']}/api/keys/{record['id']}",
+                               headers={"Authorization": f"Bearer {world.tokens['oj']}"})
+            assert gone.status_code == 200, gone.text
+            assert in_thread(_drain, streams[0])() == b""
+        assert _ping(http, url, world.keys["ren/builder"], other) == 200
