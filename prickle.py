@@ -5614,6 +5614,12 @@ def checkpoint_wal(conn: apsw.Connection, restart_frames: int = WAL_RESTART_FRAM
         return "restart"
     return "passive"
 
+class TooManySessions(PrickleError):
+    """The key holds as many MCP sessions as it may, each with a request in flight."""
+
+    code, http_status = "too_many_sessions", 429
+
+
 class _SessionManager(StreamableHTTPSessionManager):
     """The SDK's handshake-era session manager, with a cap per credential and an end on revocation.
 
@@ -5676,10 +5682,9 @@ class _SessionManager(StreamableHTTPSessionManager):
         user = scope.get("user")
         opening = not any(k == b"mcp-session-id" for k, _ in scope["headers"])
         if opening and isinstance(user, AuthenticatedUser) and not self._make_room(user.access_token.client_id):
-            error = PrickleError(f"this key already has {self.per_key} MCP sessions with a request in flight "
-                                 "(max_sessions_per_key): end one (HTTP DELETE with its Mcp-Session-Id) or "
-                                 "wait for one to finish", "too_many_sessions")
-            error.http_status = 429
+            error = TooManySessions(f"this key already has {self.per_key} MCP sessions with a request in flight "
+                                    "(max_sessions_per_key): end one (HTTP DELETE with its Mcp-Session-Id) or "
+                                    "wait for one to finish")
             await _error_response(error)(scope, receive, send)
             return
         await super()._handle_stateful_request(scope, receive, send)
