@@ -58,6 +58,7 @@ import gc
 import hashlib
 import hmac
 import json
+import logging
 import math
 import os
 import re
@@ -303,10 +304,20 @@ class Settings(pydantic.BaseModel):
     allowed_origins: list[str] = []
     #: Refuse Host/Origin headers that are not ours (turn off only for local experiments).
     dns_rebinding_protection: bool = True
+    #: Connections kept open at once (fewer if the process may open fewer files); beyond it
+    #: the one that has waited longest for its request goes, or a newcomer gets 503.
+    max_connections: int = pydantic.Field(1000, ge=16, le=1_000_000)
+    #: A request's headers and body must arrive within this many seconds of the connection
+    #: opening (or of its previous answer); the answer itself (a long wait, a stream) has no limit.
+    request_timeout_seconds: int = pydantic.Field(20, ge=1, le=600)
     #: Largest request body accepted, in bytes, on /mcp and /api.
     max_body_bytes: int = pydantic.Field(262_144, ge=4096, le=4_194_304)
     #: Idle MCP sessions (handshake era) end after this many seconds.
     session_idle_seconds: int = pydantic.Field(1800, ge=30)
+    #: Open MCP sessions (handshake era) at once, all keys together; beyond it a new one gets 503.
+    max_sessions: int = pydantic.Field(10_000, ge=1, le=1_000_000)
+    #: Open MCP sessions one key may hold; one more ends that key's idlest (or gets 429 if none is idle).
+    max_sessions_per_key: int = pydantic.Field(32, ge=1, le=10_000)
     #: An edit intent reported with update_pulse lapses after this many minutes.
     intent_ttl_minutes: int = pydantic.Field(240, ge=1, le=10080)
     #: A person's browser session lasts this many days.
@@ -5211,7 +5222,11 @@ def build_mcp_server(state: AppState) -> _MCPServer:
 
 def _log_exception(where: str) -> None:
     import traceback
-    print(f"prickle: error in {where}:\n{traceback.format_exc()}", file=sys.stderr)
+    left_out = REPEATS.admit(("prickle", where, type(sys.exc_info()[1]).__name__))
+    if left_out is None:  # the same failure again within the minute: counted, not written
+        return
+    more = f" ({left_out} more like it were left out)" if left_out else ""
+    print(f"prickle: error in {where}{more}:\n{traceback.format_exc()}", file=sys.stderr)
 
 
 ###############################################################################
@@ -6087,6 +6102,99 @@ def checkpoint_wal(conn: apsw.Connection, restart_frames: int = WAL_RESTART_FRAM
         return "restart"
     return "passive"
 
+class TooManySessions(PrickleError):
+    """The key holds as many MCP sessions as it may, each with a request in flight."""
+
+    code, http_status = "too_many_sessions", 429
+
+
+class _SessionManager(StreamableHTTPSessionManager):
+    """The SDK's handshake-era session manager, with a cap per credential and an end on revocation.
+
+    A credential opening one session more than ``per_key`` allows ends the one of its own that
+    has been idle the longest; if all of them are busy (a request in flight), the new one is
+    refused with 429. ``end_sessions_of`` ends a credential's sessions at once (its ids answer
+    404 from then on). The SDK marks a session's owner by the credential id (see _MCPEndpoint).
+    """
+
+    def __init__(self, *args: Any, per_key: int, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.per_key = per_key
+
+    def sessions_of(self, credential_id: str) -> list[str]:
+        """Ids of the open sessions a credential opened."""
+        return [sid for sid, owner in self._session_owners.items() if owner["client_id"] == credential_id]
+
+    def credentials(self) -> set[str]:
+        """Ids of the credentials that hold open sessions."""
+        return {owner["client_id"] for owner in self._session_owners.values()}
+
+    def _idle_since(self, session_id: str) -> float:
+        # While a request is in flight the SDK pushes the idle deadline to infinity; an idle
+        # session's deadline is when it went idle plus the timeout, so the smallest is the idlest.
+        transport = self._server_instances.get(session_id)
+        scope = transport.idle_scope if transport is not None else None
+        return math.inf if scope is None else scope.deadline
+
+    def _make_room(self, credential_id: str) -> bool:
+        """End this credential's idlest sessions until one more fits; False if all are busy."""
+        mine = self.sessions_of(credential_id)
+        while len(mine) >= self.per_key:
+            idlest = min(mine, key=self._idle_since)
+            if self._idle_since(idlest) == math.inf:
+                return False
+            self.end_session(idlest)
+            mine.remove(idlest)
+        return True
+
+    def end_session(self, session_id: str) -> None:
+        """End one session now: its id is forgotten at once and its server task is cancelled."""
+        transport = self._server_instances.pop(session_id, None)
+        self._session_owners.pop(session_id, None)
+        if transport is not None and transport.idle_scope is not None:
+            transport.idle_scope.cancel()  # the SDK's own idle expiry path: the task ends and terminates it
+
+    def end_sessions_of(self, credential_ids: set[str]) -> int:
+        """End every session of these credentials; returns how many ended."""
+        ended = [sid for sid, owner in list(self._session_owners.items()) if owner["client_id"] in credential_ids]
+        for sid in ended:
+            self.end_session(sid)
+        return len(ended)
+
+    def _admit_session(self, requestor: Any) -> Any:
+        if requestor is not None and not self._make_room(requestor["client_id"]):
+            return None
+        return super()._admit_session(requestor)
+
+    async def _handle_stateful_request(self, scope: dict, receive: Any, send: Any) -> None:
+        user = scope.get("user")
+        opening = not any(k == b"mcp-session-id" for k, _ in scope["headers"])
+        if opening and isinstance(user, AuthenticatedUser) and not self._make_room(user.access_token.client_id):
+            error = TooManySessions(f"this key already has {self.per_key} MCP sessions with a request in flight "
+                                    "(max_sessions_per_key): end one (HTTP DELETE with its Mcp-Session-Id) or "
+                                    "wait for one to finish")
+            await _error_response(error)(scope, receive, send)
+            return
+        await super()._handle_stateful_request(scope, receive, send)
+
+
+def end_sessions_of_dead_credentials(db: Database, manager: _SessionManager) -> int:
+    """End the MCP sessions whose credential was revoked, expired or removed; returns how many ended.
+
+    Runs after a revocation committed here and whenever another process (the CLI) wrote the file.
+    """
+    held = sorted(manager.credentials())
+    if not held:
+        return 0
+    live: set[str] = set()
+    now = utcnow()
+    for i in range(0, len(held), 500):
+        chunk = tuple(held[i:i + 500])
+        rows = db.rows(f"SELECT id, expires_at FROM credentials WHERE id IN ({','.join('?' * len(chunk))}) "
+                       "AND revoked_at IS NULL", chunk)
+        live.update(r["id"] for r in rows if not r["expires_at"] or parse_iso(r["expires_at"]) > now)
+    return manager.end_sessions_of(set(held) - live)
+
 
 def create_app(db_path: str, settings: Settings | None = None, port: int | None = None) -> Starlette:
     """The whole server as a Starlette app on the database at ``db_path``.
@@ -6105,9 +6213,18 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     # request's commit on the event loop.
     db.conn.pragma("wal_autocheckpoint", 0)
     state = AppState(db=db, settings=settings, hub=hub, port=port)
-    manager = StreamableHTTPSessionManager(app=build_mcp_server(state), json_response=False, stateless=False,
-                                           session_idle_timeout=settings.session_idle_seconds,
-                                           max_request_body_size=settings.max_body_bytes)
+    manager = _SessionManager(app=build_mcp_server(state), json_response=False, stateless=False,
+                              session_idle_timeout=settings.session_idle_seconds,
+                              max_request_body_size=settings.max_body_bytes, max_sessions=settings.max_sessions,
+                              per_key=settings.max_sessions_per_key)
+
+    def end_dead_sessions() -> None:
+        try:
+            end_sessions_of_dead_credentials(db, manager)
+        except apsw.Error:
+            _log_exception("ending the sessions of revoked credentials (tried again at the next change)")
+
+    db.revoked_listeners.append(end_dead_sessions)
 
     db.conn.pragma("journal_size_limit", WAL_KEEP_BYTES)
     checkpointer: list[apsw.Connection] = []
@@ -6130,6 +6247,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
         if current != seen_version:
             hub.catch_up()
             hub.wake_everyone()  # it may have revoked credentials that open waits hold
+            end_dead_sessions()  # and that open sessions were opened with
             seen_version = current  # only once its waiters were woken: a failure tries again
 
     def prune() -> float | None:
@@ -6139,6 +6257,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
 
     def sweep() -> None:
         sweep_approvals(db)
+        end_dead_sessions()  # a run's or a discussion's credential expires on its own
 
     maintenance = state.maintenance = Maintenance()
     maintenance.add("watcher", BACKGROUND_TICK, watch_other_writers)
@@ -6228,6 +6347,243 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     app.state.prickle = state
     app.add_middleware(_GuardMiddleware, settings=settings, port=port)
     return app
+
+
+###############################################################################
+# Serving: connections and the log ############################################
+###############################################################################
+# uvicorn gives a connection no deadline until its first response (a client that never
+# finishes its headers holds its socket for ever) and puts no bound on how many are open (past
+# the process's file limit every accept() fails, and asyncio logs each failure). The guard
+# below gives both, and repeated log lines are written once a minute.
+
+#: Open files kept back from client connections: the database and its log (twice, with the
+#: checkpointer), the lock, the listening socket, the event loop's own, files being sent.
+FD_RESERVE = 64
+#: How long a refused connection is kept for its client to read the 503 (seconds).
+REFUSAL_LINGER_SECONDS = 2.0
+#: A log line that repeats is written once per this many seconds, then with the count left out.
+LOG_REPEAT_SECONDS = 60.0
+
+
+def raise_file_limit(wanted: int) -> int:
+    """Raise the soft limit of open files toward ``wanted`` (never past the hard limit); return it."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def _http_answer(status: str, code: str, message: str, extra: str = "") -> bytes:
+    """A whole HTTP/1.1 response with a JSON error body, that closes the connection."""
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    return (f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            f"connection: close\r\n{extra}\r\n").encode() + body
+
+
+class ConnectionGuard:
+    """How many HTTP connections the server keeps and how long each may take to send a request.
+
+    A connection that owes a request (just opened, idle between requests, or still sending its
+    headers or body) is *waiting*; one whose request is being answered (a long wait, a live
+    stream) is not, and no deadline applies to it. A connection waiting longer than
+    ``request_seconds`` is closed (with 408 when it had sent part of a request). With ``limit``
+    connections open, a newcomer closes the one that has waited longest; if none is waiting,
+    the newcomer is answered 503 and closed.
+
+    Everything fits in ``file_limit`` open files: the event loop accepts up to ``backlog``
+    connections in one turn before any is counted (and as many closed ones may not have let go
+    of their file yet), up to ``refusals`` refused ones linger, and FD_RESERVE stay free.
+    """
+
+    def __init__(self, max_connections: int, request_seconds: float, file_limit: int = 1 << 20):
+        budget = max(file_limit - FD_RESERVE, 48)
+        #: Connections accepted in one turn of the loop, and the listening socket's queue.
+        self.backlog = max(8, min(2048, budget // 8))
+        #: Refused connections kept at once to read what their client sends, so it reads the
+        #: 503 rather than a reset; beyond them a newcomer is closed without an answer.
+        self.refusals = max(8, min(64, budget // 8))
+        self.limit = max(1, min(max_connections, budget - self.refusals - 2 * self.backlog))
+        self.request_seconds = request_seconds
+        self.open: set[Any] = set()
+        #: Waiting connections, the longest waiting first (a dict keeps insertion order).
+        self.waiting: dict[Any, None] = {}
+        self.refusing = 0
+        limit = self.limit
+        self.timeout_answer = _http_answer(
+            "408 Request Timeout", "request_timeout",
+            f"the request was not complete within {request_seconds:g} seconds (request_timeout_seconds): "
+            "send it again, whole")
+        self.evicted_answer = _http_answer(
+            "503 Service Unavailable", "unavailable",
+            f"the server keeps at most {limit} connections (max_connections) and this one had not sent a "
+            "complete request: send it again, whole", "retry-after: 1\r\n")
+        self.refusal = _http_answer(
+            "503 Service Unavailable", "unavailable",
+            f"the server has {limit} connections open (max_connections), each busy with a request: "
+            "try again in a few seconds", "retry-after: 5\r\n")
+
+    @staticmethod
+    def files_wanted(max_connections: int) -> int:
+        """Open files the server asks for to keep ``max_connections`` (see raise_file_limit)."""
+        return max_connections + FD_RESERVE + 64 + 2 * 2048
+
+    def make_room(self) -> bool:
+        """Close the longest-waiting connection if the limit is reached; False if none could go."""
+        if len(self.open) < self.limit:
+            return True
+        for conn in self.waiting:
+            conn.close_waiting(self.evicted_answer)
+            return True
+        return False
+
+    def protocol(self) -> type:
+        """The uvicorn HTTP protocol class (h11) that keeps to this guard."""
+        import h11
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+        guard = self
+
+        class GuardedH11Protocol(H11Protocol):
+            _deadline: asyncio.TimerHandle | None = None
+            _partial = False  # bytes of the request owed have arrived
+            _refused: asyncio.TimerHandle | bool = False
+
+            def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+                if not guard.make_room():
+                    self._refuse(transport)
+                    return
+                guard.open.add(self)
+                super().connection_made(transport)
+                self._track()
+
+            def _refuse(self, transport: asyncio.Transport) -> None:
+                self.transport = transport
+                if guard.refusing >= guard.refusals:
+                    self._refused = True
+                    transport.abort()
+                    return
+                guard.refusing += 1
+                transport.write(guard.refusal)
+                if transport.can_write_eof():
+                    transport.write_eof()  # what the client sends is read and dropped until it closes
+                self._refused = self.loop.call_later(REFUSAL_LINGER_SECONDS, transport.close)
+
+            def data_received(self, data: bytes) -> None:
+                if self._refused:
+                    return
+                self._partial = True
+                super().data_received(data)
+
+            def eof_received(self) -> None:
+                if self._refused:
+                    self.transport.close()
+                    return
+                super().eof_received()
+
+            def handle_events(self) -> None:
+                super().handle_events()
+                self._track()
+
+            def _track(self) -> None:
+                owes = self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not self.transport.is_closing()
+                if owes and self not in guard.waiting:
+                    guard.waiting[self] = None
+                    self._deadline = self.loop.call_later(guard.request_seconds, self.close_waiting,
+                                                          guard.timeout_answer)
+                elif not owes and self in guard.waiting:
+                    self._stop_waiting()
+                    self._partial = False
+
+            def _stop_waiting(self) -> None:
+                guard.waiting.pop(self, None)
+                if self._deadline is not None:
+                    self._deadline.cancel()
+                    self._deadline = None
+
+            def close_waiting(self, answer: bytes) -> None:
+                """Close this connection, which owes a request; answer if it had begun one."""
+                self._stop_waiting()
+                guard.open.discard(self)
+                if self.transport.is_closing():
+                    return
+                if self._partial and self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                    self.transport.write(answer)
+                self.transport.close()
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                if self._refused:
+                    if not isinstance(self._refused, bool):
+                        self._refused.cancel()
+                        guard.refusing -= 1
+                    return
+                self._stop_waiting()
+                guard.open.discard(self)
+                super().connection_lost(exc)
+
+        return GuardedH11Protocol
+
+
+class RepeatLimiter(logging.Filter):
+    """A log filter that lets a line through once per ``window`` seconds.
+
+    Lines are the same when their logger, level, unformatted message and exception type are.
+    The first of a kind is written; repeats within the window are counted, and the first one
+    after it is written with "(N more like it were left out)".
+    """
+
+    def __init__(self, window: float = LOG_REPEAT_SECONDS, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.window, self.clock = window, clock
+        self.seen: dict[tuple, list] = {}  # kind -> [written at, left out since]
+
+    def admit(self, kind: tuple) -> int | None:
+        """None to leave a line of this kind out; else how many like it were left out before it."""
+        now = self.clock()
+        entry = self.seen.get(kind)
+        if entry is not None and now - entry[0] < self.window:
+            entry[1] += 1
+            return None
+        if len(self.seen) > 10_000:  # kinds are few; a flood of distinct ones must not grow this for ever
+            self.seen.clear()
+        left_out = entry[1] if entry is not None else 0
+        self.seen[kind] = [now, 0]
+        return left_out
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = (record.name, record.levelno, str(record.msg),
+                type(record.exc_info[1]).__name__ if record.exc_info else None)
+        left_out = self.admit(kind)
+        if left_out is None:
+            return False
+        if left_out:
+            record.msg = f"{record.msg} ({left_out} more like it were left out)"
+        return True
+
+
+#: The one repeat limiter of this process: log records and the server's own error reports.
+REPEATS = RepeatLimiter()
+
+
+def limit_log_repeats() -> None:
+    """Pass every log line of the server (uvicorn's, asyncio's, the SDK's) through REPEATS."""
+    root = logging.getLogger()
+    if not any(REPEATS in h.filters for h in root.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(logging.Formatter("prickle: %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+    for name in ("", "uvicorn", "uvicorn.access"):
+        for handler in logging.getLogger(name).handlers:
+            if REPEATS not in handler.filters:
+                handler.addFilter(REPEATS)
 
 
 ###############################################################################
@@ -6383,7 +6739,13 @@ def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | 
         except OSError as e:
             raise PrickleError(f"cannot listen on {settings.host}:{settings.port}: {e.strerror}; "
                                "pick another --port") from None
-        sock.listen(2048)  # connections queue from now on, even before the app is ready
+        file_limit = raise_file_limit(ConnectionGuard.files_wanted(settings.max_connections))
+        guard = ConnectionGuard(settings.max_connections, settings.request_timeout_seconds, file_limit)
+        if guard.limit < settings.max_connections:
+            print(f"prickle: keeping at most {guard.limit} connections open, not {settings.max_connections} "
+                  f"(max_connections): this process may open only {file_limit} files (raise it with "
+                  "'ulimit -n')", file=sys.stderr)
+        sock.listen(guard.backlog)  # connections queue from now on, even before the app is ready
         bound = sock.getsockname()[1]
         base = settings.base_url(bound)
         db = _open(db_path, create=True, serving=True)
@@ -6430,7 +6792,9 @@ def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | 
         gc.collect()
         gc.freeze()
         gc.set_threshold(50_000, 20, 100)
-        config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=3)
+        config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=3,
+                                http=guard.protocol(), backlog=guard.backlog)
+        limit_log_repeats()  # once uvicorn has set up its logging
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         lock.release()

@@ -210,15 +210,15 @@ class Served:
     """A real ``prickle serve`` process; ``lines`` holds what it printed before serving."""
 
     def __init__(self, db_path: str, *args: str, json_info: bool = True, command: list[str] = PRICKLE,
-                 env: dict | None = None):
+                 env: dict | None = None, **popen):
         import subprocess
         extra = ["--json"] if json_info else []
+        popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE} | popen  # e.g. stderr to a file
         self.proc = subprocess.Popen(command + ["serve", "--db", db_path, "--port", "0", *args, *extra],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=None if env is None else os.environ | env)
+                                     text=True, env=None if env is None else os.environ | env, **popen)
         self.first = self.proc.stdout.readline()
         if not self.first:
-            err = self.proc.stderr.read()
+            err = self.proc.stderr.read() if self.proc.stderr else ""
             self.stop()
             raise AssertionError(f"prickle serve did not start: {err}")
         self.info = json.loads(self.first) if json_info else None
@@ -228,7 +228,8 @@ class Served:
             self.proc.kill() if kill else self.proc.terminate()
         self.proc.wait(15)
         for stream in (self.proc.stdout, self.proc.stderr):
-            stream.close()
+            if stream is not None:
+                stream.close()
 
     def __enter__(self):
         return self
