@@ -26,7 +26,9 @@ Contents: one banner per section, in dependency order (search for the section's 
   (turns and discussions); make-or-spend actions; wakes (reading them for a wait).
 - MCP tools: the Tool table (TOOLS), waits with progress, and the /mcp endpoint.
 - Web API, event stream and page: sign-in and sessions, the /api handlers, the live stream,
-  the WAL checkpoint, and create_app.
+  the MCP session caps per key, the background maintenance (Maintenance), and create_app.
+- Connections and the log: the connection guard (request deadlines, the connection
+  cap) and the log's repeat limiter.
 - Command line: the ``prickle`` commands (cli) and main.
 """
 
@@ -2529,6 +2531,49 @@ def _sorted_pair(a: str, b: str) -> tuple[str, str]:
     return (a, b) if a < b else (b, a)
 
 
+#: The columns write_message fills, in the order of its INSERT.
+_MESSAGE_COLUMNS = ("seq", "id", "project", "author_kind", "author", "body", "mentions", "provenance",
+                    "provenance_status", "in_reply_to", "task_id", "verdict", "created_at", "task_request", "lineage",
+                    "make_action", "made_by_action")
+#: The one statement that writes a message row.
+_MESSAGE_INSERT = (f"INSERT INTO messages ({', '.join(_MESSAGE_COLUMNS)}) "
+                   f"VALUES ({', '.join('?' * len(_MESSAGE_COLUMNS))})")
+
+
+def write_message(db: Database, actor: Actor, project: str, body: str, *, message_id: str | None = None,
+                  at: str | None = None, mentions: list[str] = (), provenance: str | None = None,
+                  in_reply_to: str | None = None, task_id: str | None = None, verdict: str | None = None,
+                  task_request: str | None = None, lineage: dict | None = None, make_action: dict | None = None,
+                  made_by_action: dict | None = None, wakes: list[tuple] = ()) -> dict:
+    """Write one message by ``actor`` inside the caller's transaction; return the Message.
+
+    The one writer of a message row, for posts, Approve cards (``make_action``, the card as
+    action_out gives it) and action results (``made_by_action``). It writes ``message.posted``
+    to the outbox with ``wakes`` (as append_event takes them) and its audit entry (the
+    author, how many mentions, the provenance and the task thread, never the text). An
+    agent's message is ``agent_generated`` unless ``provenance`` says otherwise, and then its
+    provenance is marked ``claimed``; a person's has none. ``at`` (ISO time) defaults to now.
+    The caller checks the rules; this raises nothing of its own.
+    """
+    message_id, at = message_id or new_message_id(db), at or iso(utcnow())
+    if actor.kind == "agent":
+        provenance = provenance or "agent_generated"
+        status = "claimed" if provenance != "agent_generated" else None
+        author = actor.agent_id
+    else:
+        provenance, status, author = None, None, actor.handle
+    row = (message_seq(message_id), message_id, project, actor.kind, author, body, utf8_json(mentions), provenance,
+           status, in_reply_to, task_id, verdict, at, task_request, utf8_json(lineage) if lineage else None,
+           make_action["id"] if make_action else None, utf8_json(made_by_action) if made_by_action else None)
+    db.execute(_MESSAGE_INSERT, row)
+    message = message_out(dict(zip(_MESSAGE_COLUMNS, row), author_name=_display_name(db, actor),
+                               make_action_card=make_action))
+    append_event(db, project, "message.posted", {"message": message}, wakes, at=at)
+    audit(db, project, "message.posted", {"message": message_id, "author": author, "mentions": len(mentions),
+                                          "provenance": provenance, "task": task_id}, at=at)
+    return message
+
+
 def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id: str | None = None,
                  in_reply_to: str | None = None, provenance: str | None = None, verdict: str | None = None,
                  _message_id: str | None = None, _task_request: str | None = None) -> dict:
@@ -2536,119 +2581,103 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
 
     Implements post_message: mentions parsed into canonical addresses; a reply stays in
     its parent's thread; only a thread's parties (or an agent a person mentioned there
-    once the task was routed) post in it; a verdict only from a discussion credential;
-    agents' non-default provenance is marked ``claimed``; the loop guard. Writes
-    ``message.posted`` (outbox, waking mentioned agents and the parties replied to) and
-    its audit entry. Raises InvalidInput, NotFound, Paused.
+    once the task was routed) post in it; who posts in a private room and who sends a
+    verdict (check_room_post); agents' non-default provenance is marked ``claimed``; the
+    loop guard. Writes ``message.posted`` (outbox, waking mentioned agents and the parties
+    replied to) and its audit entry. Raises InvalidInput, NotFound, Forbidden, InvalidState,
+    Paused.
     """
     check_text(body, "body", BODY_MAX)
     with db.transaction():
-        room = require_project(db, actor, project)["kind"] == "private"
-        if verdict is not None and actor.credential_kind != "discussion":
-            raise InvalidInput("verdict: only a discussion credential in a private room sends a verdict; "
-                               "leave verdict out")
-        if actor.credential_kind == "discussion":
-            role, replied = next(iter(db.conn.execute("SELECT role, reply_id FROM discussions WHERE id = ?",
-                                                      (actor.discussion_id,))))
-            if replied:
-                raise InvalidState("this discussion already posted its one reply")
-            turn = db.one("SELECT t.* FROM turns t JOIN discussions d ON d.turn_id = t.id WHERE d.id = ?",
-                          (actor.discussion_id,))
-            waking = db.scalar("SELECT message_id FROM discussions WHERE id = ?", (actor.discussion_id,))
-            if (turn["ended_at"] or turn["waking_message"] != waking
-                    or actor.agent_id not in json.loads(turn["waiting_on"])):
-                raise InvalidState("the turn no longer waits on this reply (it was answered, stopped or replaced)")
-            if verdict not in ROLE_VERDICTS[role]:
-                raise InvalidInput(f"verdict: as {role}r send {' or '.join(ROLE_VERDICTS[role])} with your one post"
-                                   .replace("reviewr", "reviewer").replace("draftr", "drafter"))
-            if task_id is not None or in_reply_to is not None:
-                raise InvalidInput("a discussion posts one reply to the room's general chat: leave task_id and "
-                                   "in_reply_to out")
-        elif room and actor.kind == "agent":
-            raise Forbidden("agents post in a private room only through a discussion credential (claim_discussion)")
+        private = require_project(db, actor, project)["kind"] == "private"
+        check_room_post(db, actor, private, verdict, task_id, in_reply_to)
         if not body.strip() and verdict not in ("approve", "pass"):
             raise InvalidInput("body: write the message; only a discussion verdict of approve or pass may be empty")
         if actor.task_scope is not None and (task_id or _reply_thread(db, in_reply_to)) != actor.task_scope:
             raise Forbidden(f"a woken run posts only in its own task's thread: pass task_id '{actor.task_scope}'")
-        parent = None
-        if in_reply_to is not None:
-            where, params = by_message_id(in_reply_to)
-            parent = db.one(f"SELECT * FROM messages WHERE {where} AND project = ?", params + (project,))
-            hidden = parent is not None and parent["task_id"] is not None and not _thread_visible(
-                db, actor, _task_row(db, parent["task_id"]))
-            if parent is None or hidden:
-                raise NotFound(f"in_reply_to: no message '{in_reply_to}' in '{project}' that you can see")
-            if task_id is not None and task_id != parent["task_id"]:
-                where = f"thread of task '{parent['task_id']}'" if parent["task_id"] else "general chat"
-                raise InvalidInput(f"task_id: a reply stays in its parent's {where}; leave task_id out")
-            task_id = parent["task_id"]
+        parent = _reply_parent(db, actor, project, in_reply_to, task_id)
+        task_id = parent["task_id"] if parent is not None else task_id
         task = visible_task(db, actor, project, task_id) if task_id is not None else None
         mentions, mentioned_agents = resolve_mentions(db, project, body)
-
+        replied = _replied_parties(db, parent, task)
+        reached = [a for a in dict.fromkeys(mentioned_agents + replied) if a != actor.address]
         if actor.kind == "agent":
-            provenance = provenance or "agent_generated"
-            status = "claimed" if provenance != "agent_generated" else None
-            author = actor.agent_id
-        else:
-            provenance, status, author = None, None, actor.handle
-
-        # Whom the message reaches: named agents, the author of the message answered, the thread's parties.
-        replied = []
-        if parent is not None and parent["author_kind"] == "agent":
-            replied.append(parent["author"])
-        if task is not None:
-            replied += [a for a in (task["requester"], task["assignee"]) if a]
-            # A party the task has not reached (held or refused by the gate) hears nothing of its thread.
-            replied = [a for a in replied if _thread_visible(db, _agent_viewer(a), task)]
-        reached = [a for a in dict.fromkeys(mentioned_agents + replied) if a != author]
-        if actor.kind == "agent":
-            for other in reached:
-                pair = db.one("SELECT paused FROM loop_pairs WHERE project = ? AND agent_a = ? AND agent_b = ?",
-                              (project,) + _sorted_pair(author, other))
-                if pair and pair["paused"]:
-                    raise Paused(f"you and '{other}' answered each other {LOOP_LIMIT} times with no person in "
-                                 f"between, so both are paused in '{project}' until a person posts there; "
-                                 "wait for a person instead of messaging that agent")
-
+            _refuse_paused(db, project, actor.agent_id, reached)
         message_id, now = _message_id or new_message_id(db), iso(utcnow())
-        lineage = run_lineage(db, actor, _task_row(db, actor.task_scope)) if actor.attempt_id else None
-        lineage_json = utf8_json(lineage) if lineage else None
-        mentions_json = utf8_json(mentions)
-        db.execute("INSERT INTO messages (seq, id, project, author_kind, author, body, mentions, provenance, "
-                   "provenance_status, in_reply_to, task_id, verdict, created_at, task_request, lineage) VALUES "
-                   "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                   (message_seq(message_id), message_id, project, actor.kind, author, body, mentions_json, provenance,
-                    status, in_reply_to, task_id, verdict, now, _task_request, lineage_json))
         if task is not None:
-            db.execute("UPDATE tasks SET last_activity_at = ? WHERE id = ?", (now, task_id))
-            if actor.kind == "person" and task["routed_at"] is not None:
-                for agent in mentioned_agents:
-                    db.execute("INSERT OR IGNORE INTO thread_access VALUES (?, ?, ?)", (task_id, agent, message_id))
-
-        wakes = []
-        for agent in [] if room else mentioned_agents:
-            if agent != author and (task is None or _thread_visible(db, _agent_viewer(agent), task)):
-                wakes.append((agent, "mention", task_id, message_id))
-        if room and actor.kind == "person":
-            wakes += start_turn(db, project, message_id, mentioned_agents)
-        elif actor.credential_kind == "discussion":
-            wakes += advance_turn(db, actor, verdict, message_id)
-        for agent in dict.fromkeys(replied):
-            if agent != author:
-                wakes.append((agent, "reply", task_id, message_id))
-        message = message_out({
-            "id": message_id, "project": project, "author_kind": actor.kind, "author": author,
-            "author_name": _display_name(db, actor), "body": body, "mentions": mentions_json,
-            "provenance": provenance, "provenance_status": status, "in_reply_to": in_reply_to, "task_id": task_id,
-            "created_at": now, "verdict": verdict, "task_request": _task_request, "lineage": lineage_json})
-        append_event(db, project, "message.posted", {"message": message}, wakes, at=now)
-        audit(db, project, "message.posted", {"message": message_id, "author": author, "mentions": len(mentions),
-                                              "provenance": provenance, "task": task_id}, at=now)
+            _touch_thread(db, actor, task, mentioned_agents, message_id, now)
+        wakes = _post_wakes(db, actor, project, private, task, message_id, mentioned_agents, replied, verdict)
+        lineage = run_lineage(db, actor, _task_row(db, actor.task_scope)) if actor.attempt_id else None
+        message = write_message(db, actor, project, body, message_id=message_id, at=now, mentions=mentions,
+                                provenance=provenance, in_reply_to=in_reply_to, task_id=task_id, verdict=verdict,
+                                task_request=_task_request, lineage=lineage, wakes=wakes)
         if actor.kind == "agent":
-            _count_loop(db, project, author, reached)
+            _count_loop(db, project, actor.agent_id, reached)
         else:
             _resume_loops(db, project, actor.handle, message_id)
     return message
+
+
+def _reply_parent(db: Database, actor: Actor, project: str, in_reply_to: str | None,
+                  task_id: str | None) -> dict | None:
+    """The message answered, which ``actor`` must see; a reply stays in its thread (``task_id`` may only agree)."""
+    if in_reply_to is None:
+        return None
+    where, params = by_message_id(in_reply_to)
+    parent = db.one(f"SELECT * FROM messages WHERE {where} AND project = ?", params + (project,))
+    hidden = parent is not None and parent["task_id"] is not None and not _thread_visible(
+        db, actor, _task_row(db, parent["task_id"]))
+    if parent is None or hidden:
+        raise NotFound(f"in_reply_to: no message '{in_reply_to}' in '{project}' that you can see")
+    if task_id is not None and task_id != parent["task_id"]:
+        where = f"thread of task '{parent['task_id']}'" if parent["task_id"] else "general chat"
+        raise InvalidInput(f"task_id: a reply stays in its parent's {where}; leave task_id out")
+    return parent
+
+
+def _replied_parties(db: Database, parent: dict | None, task: dict | None) -> list[str]:
+    """Whom a message answers: the agent that wrote its parent and its thread's parties that may see the thread."""
+    replied = [parent["author"]] if parent is not None and parent["author_kind"] == "agent" else []
+    if task is not None:
+        replied += [a for a in (task["requester"], task["assignee"]) if a]
+        # A party the task has not reached (held or refused by the gate) hears nothing of its thread.
+        replied = [a for a in replied if _thread_visible(db, _agent_viewer(a), task)]
+    return replied
+
+
+def _post_wakes(db: Database, actor: Actor, project: str, private: bool, task: dict | None, message_id: str,
+                mentioned_agents: list[str], replied: list[str], verdict: str | None) -> list[tuple]:
+    """Whom a post wakes, in this order, never its author (wakes as append_event takes them).
+
+    The agents it mentions that see its thread (in a project room), whoever answers next in a
+    private room (turn_wakes), then the parties it answers.
+    """
+    task_id, author = task["id"] if task else None, actor.address
+    wakes = [] if private else [
+        (agent, "mention", task_id, message_id) for agent in mentioned_agents
+        if agent != author and (task is None or _thread_visible(db, _agent_viewer(agent), task))]
+    wakes += turn_wakes(db, actor, project, private, message_id, mentioned_agents, verdict)
+    return wakes + [(agent, "reply", task_id, message_id) for agent in dict.fromkeys(replied) if agent != author]
+
+
+def _refuse_paused(db: Database, project: str, author: str, reached: list[str]) -> None:
+    """Loop guard: an agent paused with one it reaches may not post until a person does (``Paused``)."""
+    for other in reached:
+        pair = db.one("SELECT paused FROM loop_pairs WHERE project = ? AND agent_a = ? AND agent_b = ?",
+                      (project,) + _sorted_pair(author, other))
+        if pair and pair["paused"]:
+            raise Paused(f"you and '{other}' answered each other {LOOP_LIMIT} times with no person in "
+                         f"between, so both are paused in '{project}' until a person posts there; "
+                         "wait for a person instead of messaging that agent")
+
+
+def _touch_thread(db: Database, actor: Actor, task: dict, mentioned_agents: list[str], message_id: str,
+                  now: str) -> None:
+    """A post in a task's thread: the task's last activity, and a person's mention in a routed task lets the agent in."""
+    db.execute("UPDATE tasks SET last_activity_at = ? WHERE id = ?", (now, task["id"]))
+    if actor.kind == "person" and task["routed_at"] is not None:
+        for agent in mentioned_agents:
+            db.execute("INSERT OR IGNORE INTO thread_access VALUES (?, ?, ?)", (task["id"], agent, message_id))
 
 
 def _display_name(db: Database, actor: Actor) -> str:
@@ -4428,6 +4457,49 @@ def advance_turn(db: Database, actor: Actor, verdict: str, reply_id: str) -> lis
     return []
 
 
+def check_room_post(db: Database, actor: Actor, private: bool, verdict: str | None, task_id: str | None,
+                    in_reply_to: str | None) -> None:
+    """Who may post (and send a verdict) where private rooms are concerned; part of post_message.
+
+    Only a discussion credential sends a verdict, one its role sends, with its one reply to
+    the room's general chat while its turn still waits on it; an agent posts in a private
+    room only through such a credential. Raises InvalidInput, InvalidState, Forbidden.
+    """
+    if verdict is not None and actor.credential_kind != "discussion":
+        raise InvalidInput("verdict: only a discussion credential in a private room sends a verdict; "
+                           "leave verdict out")
+    if actor.credential_kind != "discussion":
+        if private and actor.kind == "agent":
+            raise Forbidden("agents post in a private room only through a discussion credential (claim_discussion)")
+        return
+    role, replied = next(iter(db.conn.execute("SELECT role, reply_id FROM discussions WHERE id = ?",
+                                              (actor.discussion_id,))))
+    if replied:
+        raise InvalidState("this discussion already posted its one reply")
+    turn = db.one("SELECT t.* FROM turns t JOIN discussions d ON d.turn_id = t.id WHERE d.id = ?",
+                  (actor.discussion_id,))
+    waking = db.scalar("SELECT message_id FROM discussions WHERE id = ?", (actor.discussion_id,))
+    if (turn["ended_at"] or turn["waking_message"] != waking
+            or actor.agent_id not in json.loads(turn["waiting_on"])):
+        raise InvalidState("the turn no longer waits on this reply (it was answered, stopped or replaced)")
+    if verdict not in ROLE_VERDICTS[role]:
+        raise InvalidInput(f"verdict: as {role}r send {' or '.join(ROLE_VERDICTS[role])} with your one post"
+                           .replace("reviewr", "reviewer").replace("draftr", "drafter"))
+    if task_id is not None or in_reply_to is not None:
+        raise InvalidInput("a discussion posts one reply to the room's general chat: leave task_id and "
+                           "in_reply_to out")
+
+
+def turn_wakes(db: Database, actor: Actor, project: str, private: bool, message_id: str, named: list[str],
+               verdict: str | None) -> list[tuple]:
+    """The room wakes a post brings: the owner's message starts a turn, a discussion's reply advances its turn."""
+    if private and actor.kind == "person":
+        return start_turn(db, project, message_id, named)
+    if actor.credential_kind == "discussion":
+        return advance_turn(db, actor, verdict, message_id)
+    return []
+
+
 def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_key: str,
                      harness: int | None) -> dict:
     """A runner claims a 10-minute credential to answer one room wake: its role and, to review or revise, the draft.
@@ -4581,8 +4653,8 @@ def propose_action(db: Database, actor: Actor, tool: str, action: str, prompt: s
                    cost_estimate: str | None = None) -> dict:
     """An agent proposes a make-or-spend action in its owner's room: a message carrying the card.
 
-    Wakes no one; the owner approves or declines. Writes ``action.proposed`` (the tool and a
-    hash of the inputs) and ``action.updated``.
+    Wakes no one; the owner approves or declines. Writes the card's ``message.posted`` (with its
+    audit entry), ``action.proposed`` (the tool and a hash of the inputs) and ``action.updated``.
     """
     if tool not in ACTION_TOOLS:
         raise InvalidInput(f"tool must be one of {', '.join(ACTION_TOOLS)}")
@@ -4600,16 +4672,8 @@ def propose_action(db: Database, actor: Actor, tool: str, action: str, prompt: s
                "created_at": iso(now)}
         db.execute(f"INSERT INTO actions ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
                    tuple(row.values()))
-        name = _display_name(db, actor)
-        message = {"id": row["message_id"], "project": slug, "author": {"kind": "agent", "agent_id": actor.agent_id,
-                   "owner": actor.owner, "display_name": name}, "body": f"Proposed: {action}", "mentions": [],
-                   "provenance": "agent_generated", "in_reply_to": None, "task_id": None, "created_at": row["created_at"],
-                   "make_action": action_out(row)}
-        db.execute("INSERT INTO messages (seq, id, project, author_kind, author, body, mentions, provenance, "
-                   "created_at, make_action) VALUES (?, ?, ?, 'agent', ?, ?, '[]', 'agent_generated', ?, ?)",
-                   (message_seq(row["message_id"]), row["message_id"], slug, actor.agent_id, message["body"],
-                    row["created_at"], row["id"]))
-        append_event(db, slug, "message.posted", {"message": message})
+        write_message(db, actor, slug, f"Proposed: {action}", message_id=row["message_id"], at=row["created_at"],
+                      make_action=action_out(row))
         audit(db, slug, "action.proposed", {"message": row["message_id"], "action": row["id"], "tool": tool,
                                             "inputs_sha256": sha256_hex(row["inputs"])})
         _action_updated(db, row)
@@ -4677,7 +4741,10 @@ def claim_action(db: Database, actor: Actor, action_id: str) -> dict:
 
 def finish_action(db: Database, actor: Actor, action_id: str, body: str | None = None,
                   failure: str | None = None) -> dict:
-    """The runner posts the running action's result (a message) or a fixed failure. Writes ``action.finished``."""
+    """The runner posts the running action's result (a message) or a fixed failure.
+
+    Writes ``action.finished``, and for a result its ``message.posted`` with the audit entry.
+    """
     if actor.credential_kind != "runner":
         raise Forbidden("only the proposing agent's runner device finishes an action it claimed")
     if (body is None) == (failure is None):
@@ -4693,13 +4760,8 @@ def finish_action(db: Database, actor: Actor, action_id: str, body: str | None =
         message_id = None
         if body is not None:
             check_text(body, "body", BODY_MAX, 1)
-            message_id, now = new_message_id(db), iso(utcnow())
             made_by = {"action_id": action_id, "approval_audit_id": row["approval_audit_id"]}
-            db.execute("INSERT INTO messages (seq, id, project, author_kind, author, body, mentions, provenance, "
-                       "created_at, made_by_action) VALUES (?, ?, ?, 'agent', ?, ?, '[]', 'agent_generated', ?, ?)",
-                       (message_seq(message_id), message_id, row["project"], actor.agent_id, body, now,
-                        json.dumps(made_by)))
-            append_event(db, row["project"], "message.posted", {"message": get_message(db, message_id)})
+            message_id = write_message(db, actor, row["project"], body, made_by_action=made_by)["id"]
         db.execute("UPDATE actions SET status = ?, result_message_id = ?, failure = ? WHERE id = ?",
                    ("done" if body is not None else "failed", message_id, failure, action_id))
         audit(db, row["project"], "action.finished", {"action": action_id, "message": message_id, "failure": failure})
@@ -6350,7 +6412,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
 
 
 ###############################################################################
-# Serving: connections and the log ############################################
+# Connections and the log #####################################################
 ###############################################################################
 # uvicorn gives a connection no deadline until its first response (a client that never
 # finishes its headers holds its socket for ever) and puts no bound on how many are open (past

@@ -1,7 +1,7 @@
 """Private rooms: each person's room with their own agents, turns by reply mode, claim_discussion."""
 
 import prickle
-from conftest import audit_entries
+from conftest import all_events, audit_entries
 from test_tasks import person
 
 ROOM = "oj-room"
@@ -196,6 +196,35 @@ def test_make_or_spend_actions(mcp, server, world):
                        headers=runner).status_code == 400
     assert server.post("/api/runner/actions", json={"tool": "image_gen", "action": "x", "prompt": "p"},
                        headers={"Authorization": f"Bearer {world.keys['oj/muse']}"}).status_code == 401
+
+
+def test_an_actions_card_and_result_are_posted_with_their_audit_entries(server, world):
+    runners = setup_room(world)
+    runner = {"Authorization": f"Bearer {runners['oj/muse']}"}
+    card = server.post("/api/runner/actions", json={"tool": "image_gen", "action": "Draw the hero", "prompt": "p"},
+                       headers=runner).json()["action"]
+    card_message = world.db.scalar("SELECT message_id FROM actions WHERE id = ?", (card["id"],))
+    posted = all_events(world.db)[-2]
+    assert posted["type"] == "message.posted" and posted["message"] == prickle.get_message(world.db, card_message)
+    assert posted["message"]["make_action"] == card and posted["message"]["body"] == "Proposed: Draw the hero"
+    person(server, world, "oj").post(f"/api/actions/{card['id']}", {"decision": "approve"})
+    server.post(f"/api/runner/actions/{card['id']}/claim", headers=runner)
+    done = server.post(f"/api/runner/actions/{card['id']}/finish", json={"body": "Here it is: hero.png"},
+                       headers=runner).json()["action"]
+    result = [e for e in all_events(world.db) if e["type"] == "message.posted"][-1]
+    assert result["message"] == prickle.get_message(world.db, done["result_message_id"])
+    assert result["message"]["made_by_action"] == {
+        "action_id": card["id"], "approval_audit_id": world.db.scalar(
+            "SELECT approval_audit_id FROM actions WHERE id = ?", (card["id"],))}
+    entries = [(e["type"], e["refs"]) for e in audit_entries(world.db, ROOM)
+               if e["type"] in ("message.posted", "action.proposed", "action.finished")]
+    common = {"author": "oj/muse", "mentions": 0, "provenance": "agent_generated", "task": None}
+    assert [(t, r.get("message")) for t, r in entries] == [
+        ("message.posted", card_message), ("action.proposed", card_message),
+        ("message.posted", done["result_message_id"]), ("action.finished", done["result_message_id"])]
+    assert entries[0][1] == common | {"message": card_message}
+    assert entries[2][1] == common | {"message": done["result_message_id"]}
+    assert prickle.verify_audit(world.db, ROOM)[0]["ok"] is True
 
 
 def test_revoking_a_rooms_key_ends_the_discussions_it_claimed(mcp, server, world):
