@@ -4012,6 +4012,7 @@ def claim_task(db: Database, actor: Actor, task_id: str, idempotency_key: str, w
             db.execute(f"INSERT INTO attempts ({', '.join(attempt)}) VALUES ({', '.join('?' * len(attempt))})",
                        tuple(attempt.values()))
             db.execute("UPDATE tasks SET run_approved = NULL WHERE id = ?", (task_id,))
+            append_event(db, task["project"], "task.updated", {"task": task_out(db, _task_row(db, task_id))})  # live views
             gate = json.loads(task["gate"] or "{}")
             audit(db, task["project"], "attempt.claimed", {"attempt": attempt["id"], "task": task_id,
                                                            "device": device["id"], "approval": gate.get("approval_id")})
