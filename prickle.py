@@ -4236,9 +4236,9 @@ def task_runs(db: Database, task_id: str) -> list[dict]:
 def end_attempt(db: Database, attempt: dict, move: str, project: str) -> int:
     """End an attempt by ``move`` (ATTEMPT_MOVES), inside the caller's transaction; returns credentials ended.
 
-    Its execution credentials end at once (``token.revoked``). Unless a later claim replaces
-    it (the run resuming may still use its owner's decision), a step it waits on is
-    withdrawn (``step.withdrawn``).
+    Its execution credentials end at once (``token.revoked``). A Stop also withdraws a step
+    it waits on (``step.withdrawn``); otherwise the step stays for the owner to decide and
+    the run resuming the task to use.
     """
     now = iso(utcnow())
     guarded_move(db, "attempts", ATTEMPT_MOVES, attempt, move, "attempt", ended_at=now)
@@ -4251,7 +4251,7 @@ def end_attempt(db: Database, attempt: dict, move: str, project: str) -> int:
             "reason": {"replace": "run_replaced", "stop": "run_stopped"}.get(move, "run_uncertain")})
     if live:
         db.note_revoked()
-    if move == "replace":
+    if move != "stop":
         return len(live)
     for step in db.rows("SELECT id FROM steps WHERE attempt_id = ? AND status = 'pending'", (attempt["id"],)):
         db.execute("UPDATE steps SET status = 'withdrawn', decided_at = ? WHERE id = ? AND status = 'pending'",
@@ -4493,6 +4493,8 @@ CONNECT_CLIS = {"claude": "claude-code", "codex": "codex"}
 CONNECT_ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"
 #: How often a runner should ask whether its request was decided (seconds).
 CONNECT_POLL_SECONDS = 2
+#: Requests nobody decided yet, at most: anyone may ask, so the table can't be flooded.
+CONNECT_PENDING_MAX = 50
 
 
 def _connect_code() -> str:
@@ -4517,6 +4519,9 @@ def request_connect(db: Database, name: str, clis: list[str], base_url: str) -> 
                            f"{', '.join(CONNECT_CLIS)}")
     secret, now = make_secret("connect"), utcnow()
     with db.transaction():
+        if db.scalar("SELECT count(*) FROM connect_requests WHERE state = 'pending' AND expires_at > ?",
+                     (iso(now),)) >= CONNECT_PENDING_MAX:
+            raise Conflict("too many computers are waiting to be connected: try again in a few minutes")
         code = _connect_code()
         while db.one("SELECT 1 FROM connect_requests WHERE code = ?", (code,)):
             code = _connect_code()

@@ -389,3 +389,17 @@ def test_a_listening_reviewer_is_not_skipped_within_the_grace(mcp, server, world
     listening["oj/critic"][1] -= prickle.LISTEN_GRACE + 1
     assert not prickle.runner_listening(server.state.db, "oj/critic")
     assert not prickle.runner_listening(server.state.db, "oj/scout")  # never waited
+
+
+def test_asking_to_connect_is_bounded_and_marking_uncertain_keeps_a_waiting_step(mcp, server, world, monkeypatch):
+    monkeypatch.setattr(prickle, "CONNECT_PENDING_MAX", 2)
+    ask_connect(server)
+    ask_connect(server)
+    r = server.post("/api/runner/connect", json={"name": "third", "clis": ["codex"]})
+    assert r.status_code == 409 and "try again in a few minutes" in r.json()["error"]["message"]
+    task, device, runner, out = claimed(mcp, server, world)
+    step = mcp.ok("ren/builder", "request_step", CALL, token=out["execution_credential"]["token"])
+    server.post(f"/api/runner/attempts/{out['attempt']['attempt_id']}/uncertain", json={},
+                headers={"Authorization": f"Bearer {runner}"})
+    assert world.db.scalar("SELECT status FROM steps WHERE id = ?", (step["step_id"],)) == "pending"
+    assert audit_entries(world.db, PROJECT, "step.withdrawn") == []
