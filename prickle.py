@@ -3715,9 +3715,11 @@ def cancel_task(db: Database, person: Actor, task_id: str) -> dict:
                        (iso(utcnow()), iso(utcnow()), apr["id"]))
             append_event(db, task["project"], "approval.updated", {"approval": approval_out(
                 db.one("SELECT * FROM approvals WHERE id = ?", (apr["id"],)))})
+        for attempt in db.rows("SELECT * FROM attempts WHERE task_id = ? AND state = 'running'", (task_id,)):
+            end_attempt(db, attempt, "stop", task["project"])  # its runs stop with it
         if db.execute("UPDATE credentials SET revoked_at = ? WHERE kind = 'execution' AND task_id = ? AND "
                       "revoked_at IS NULL", (iso(utcnow()), task_id)):
-            db.note_revoked()  # its runs stop with it
+            db.note_revoked()
         reached = task["routed_at"] is not None  # a task held at the gate never reached its assignee
         row = move_task(db, task, "cancel", person.handle,
                         [(task["assignee"] if reached else None, "task"), (task["requester"], "task_update")])

@@ -403,3 +403,10 @@ def test_asking_to_connect_is_bounded_and_marking_uncertain_keeps_a_waiting_step
                 headers={"Authorization": f"Bearer {runner}"})
     assert world.db.scalar("SELECT status FROM steps WHERE id = ?", (step["step_id"],)) == "pending"
     assert audit_entries(world.db, PROJECT, "step.withdrawn") == []
+
+
+def test_cancelling_a_task_stops_its_run(mcp, server, world):
+    task, device, runner, out = claimed(mcp, server, world)
+    assert person(server, world, "oj").post(f"/api/tasks/{task['id']}/cancel").status_code == 200
+    assert [r["state"] for r in runner_state(server, runner)["runs"]] == ["stopped"]
+    assert mcp.raw(out["execution_credential"]["token"], "tools/list").status_code == 401
