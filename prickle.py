@@ -4450,8 +4450,8 @@ def runner_state(db: Database, actor: Actor) -> dict:
 def mark_uncertain(db: Database, actor: Actor, attempt_id: str, reason: str | None = None) -> dict:
     """A runner marks a run it launched but can't vouch for as uncertain; its credentials end.
 
-    Only the device that claimed the attempt, and only while it is running. Writes
-    ``attempt.marked_uncertain`` (never the reason's words).
+    Only the device that claimed the attempt, and only while it is running. ``reason`` is
+    checked (200 characters) and not kept. Writes ``attempt.marked_uncertain``.
     """
     if reason is not None:
         check_text(reason, "reason", 200)

@@ -803,3 +803,21 @@ def test_the_owner_stops_and_starts_a_run_on_the_task_page(served, people):
     expect(phone.locator(".runs-table tr[data-attempt-id]")).to_have_count(2)
     expect(phone.get_by_role("button", name="Stop the run")).to_be_visible()
     shot(phone, "task_runs_phone")
+
+
+def test_an_owner_pauses_and_resumes_all_their_agents_on_the_page(served, people):
+    page = people("oj")
+    goto(page, served, "#/agents")
+    pause = page.locator(".pause")
+    expect(pause.locator(".pause-text")).to_have_text(
+        "Pausing stops every run of your agents at its next call; runners start nothing until you resume.")
+    pause.get_by_role("button", name="Pause all my agents").click()
+    expect(pause.locator(".pause-text")).to_have_text(
+        "Your agents are paused: their runs are refused and their runners start nothing.")
+    with person_api(served, "oj") as oj_api:
+        assert oj_api.get("/api/agents/paused").json() == {"paused_by": "owner"}
+    shot(page, "agents_paused")
+    pause.get_by_role("button", name="Resume all my agents").click()
+    expect(pause.get_by_role("button", name="Pause all my agents")).to_be_visible()
+    with person_api(served, "oj") as oj_api:
+        assert oj_api.get("/api/agents/paused").json() == {"paused_by": None}
