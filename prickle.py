@@ -1766,14 +1766,25 @@ def check_live(db: Database, actor: Actor) -> None:
 ###############################################################################
 # State machines ##############################################################
 ###############################################################################
-# A task's life, as DESIGN "Tasks" and the tool reference tell it. Each state lists the
-# moves allowed from it and where they lead; a move that is not listed is refused with
-# invalid_state, naming the state and the moves it allows. ``approval`` is one public
+# Every lifecycle (tasks, approvals, submissions, steps, actions) is a table: for each
+# state, the moves allowed from it and the state each one leads to; a state with no moves
+# is final. A row is inserted in its first state and changes state only through move():
+# it looks the move up in the table of the state the row is in, and a miss is refused
+# with invalid_state, naming the state and the moves it allows. The new state is written
+# by an UPDATE guarded by the state that was read (``WHERE id = ? AND status = ?``), and
+# the row count is checked, so a row that moved meanwhile is never written over. Where one
+# stored state has two meanings, the lifecycle's ``key`` says which entry a row is in.
+#
+# A task's life, as DESIGN "Tasks" and the tool reference tell it. ``requested`` lasts
+# only inside the handoff: the owner's gate moves it at once. ``approval`` is one public
 # state with two meanings, kept apart here: waiting for the assignee owner's gate
 # decision before any work (``approval_gate``), or for the requester owner's final
-# acceptance of a verified result (``approval_final``).
+# acceptance of a verified result (``approval_final``). ``verifying`` is two entries too:
+# a person's request is checked by that person (``verifying``), an agent's by that agent
+# first, its owner deciding after, in approval_final (``verifying_by_agent``).
 
 TASK_MOVES: dict[str, dict[str, str]] = {
+    "requested": {"allow": "routed", "approval_required": "approval", "never": "rejected"},
     "approval_gate": {"approve": "routed", "deny": "rejected", "cancel": "cancelled"},
     "routed": {"accept": "accepted", "lapse": "approval", "cancel": "cancelled"},
     "accepted": {"checkpoint": "working", "ask": "waiting", "return": "verifying", "cancel": "cancelled"},
@@ -1782,6 +1793,8 @@ TASK_MOVES: dict[str, dict[str, str]] = {
                 "cancel": "cancelled"},
     "verifying": {"return": "verifying", "reject": "working", "verify": "approval", "auto_accept": "completed",
                   "final_accept": "completed", "send_back": "working", "cancel": "cancelled"},
+    "verifying_by_agent": {"return": "verifying", "reject": "working", "verify": "approval",
+                           "auto_accept": "completed", "cancel": "cancelled"},
     "approval_final": {"final_accept": "completed", "send_back": "working", "cancel": "cancelled"},
     "completed": {},
     "rejected": {},
@@ -1789,18 +1802,16 @@ TASK_MOVES: dict[str, dict[str, str]] = {
     "returned": {},
 }
 
-#: Whom a task waits on in each lifecycle state (None: nobody, it is over).
+#: Whom a task waits on in each lifecycle state (None: nobody, it is over). A person who
+#: asked checks the result themselves, so their verifying task waits on them.
 WAITING_ON: dict[str, str | None] = {
-    "approval_gate": "owner_approval", "routed": "agent", "accepted": "agent", "working": "agent",
-    "waiting": "human", "verifying": "agent", "approval_final": "owner_approval",
-    "completed": None, "rejected": None, "cancelled": None, "returned": None,
+    "requested": None, "approval_gate": "owner_approval", "routed": "agent", "accepted": "agent",
+    "working": "agent", "waiting": "human", "verifying": "owner_approval", "verifying_by_agent": "agent",
+    "approval_final": "owner_approval", "completed": None, "rejected": None, "cancelled": None, "returned": None,
 }
 
-#: States a task never leaves.
-CLOSED_STATES = ("completed", "rejected", "cancelled")
-
-#: The gate's first decisions (DESIGN "Tasks"): what a handoff becomes.
-GATE_OUTCOME = {"allow": "routed", "approval_required": "approval", "never": "rejected"}
+#: States a task never leaves: those with no moves.
+CLOSED_STATES = tuple(state for state, moves in TASK_MOVES.items() if not moves)
 
 #: An approval (pending, or given but not yet used) lapses after this long and is asked again.
 APPROVAL_LIFETIME = _dt.timedelta(hours=24)
@@ -1812,6 +1823,8 @@ def lifecycle_state(task: dict) -> str:
     """The key of TASK_MOVES a task row is in."""
     if task["state"] == "approval":
         return "approval_final" if task["verified_at"] else "approval_gate"
+    if task["state"] == "verifying" and task["requester"]:
+        return "verifying_by_agent"
     return task["state"]
 
 
@@ -1824,21 +1837,65 @@ MOVE_BY = {
 }
 
 
-def next_state(task: dict, move: str) -> str:
-    """Where ``move`` takes the task; InvalidState if the move is not allowed from its state."""
-    key = lifecycle_state(task)
-    allowed = dict(TASK_MOVES[key])
-    if key == "verifying" and task["requester"]:
-        # An agent's request is verified by that agent first; its owner decides after (approval_final).
-        allowed.pop("final_accept")
-        allowed.pop("send_back")
-    if move not in allowed:
-        shown = "a held handoff" if key == "approval_gate" else "a verified result" if key == "approval_final" else ""
-        ways = sorted({MOVE_BY[m] for m in allowed if m in MOVE_BY})
+@dataclasses.dataclass(frozen=True)
+class Lifecycle:
+    """One lifecycle: the table and column its state lives in, and its moves (state → move → new state).
+
+    ``key`` names the entry of ``moves`` a row is in (default: its stored state);
+    ``shown`` says how an error names an entry, ``ways`` how each move is made.
+    """
+
+    noun: str
+    table: str
+    column: str
+    moves: dict[str, dict[str, str]]
+    ways: dict[str, str] = dataclasses.field(default_factory=dict)
+    key: Callable[[dict], str] | None = None
+    shown: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+#: Every lifecycle, by the kind move() takes.
+LIFECYCLES: dict[str, Lifecycle] = {
+    "task": Lifecycle("task", "tasks", "state", TASK_MOVES, MOVE_BY, lifecycle_state, {
+        "approval_gate": "approval (a held handoff)", "approval_final": "approval (a verified result)",
+        "verifying_by_agent": "verifying"}),
+}
+
+
+def next_state(kind: str, row: dict, move_name: str) -> str:
+    """Where ``move_name`` takes ``row`` of lifecycle ``kind``; InvalidState naming the state and
+    the moves it allows if its table does not list the move."""
+    life = LIFECYCLES[kind]
+    key = life.key(row) if life.key else row[life.column]
+    allowed = life.moves[key]
+    if move_name not in allowed:
+        ways = sorted({life.ways.get(m, m) for m in allowed if m in life.ways or not life.ways})
         raise InvalidState(
-            f"task '{task['id']}' is {task['state']}{' (' + shown + ')' if shown else ''}: {MOVE_BY.get(move, move)} "
-            "is not allowed now; " + (f"what can happen: {', '.join(ways)}" if ways else "it is closed"))
-    return allowed[move]
+            f"{life.noun} '{row['id']}' is {life.shown.get(key, row[life.column])}: "
+            f"{life.ways.get(move_name, move_name)} is not allowed now; "
+            + (f"what can happen: {', '.join(ways)}" if ways else "it is closed"))
+    return allowed[move_name]
+
+
+def move(db: Database, kind: str, row_id: str, move_name: str, row: dict | None = None, **changes: Any) -> str:
+    """Make one move of lifecycle ``kind`` (a key of LIFECYCLES) inside the caller's transaction.
+
+    ``row`` is the row as the caller read it (read now when not given); ``changes`` sets
+    other columns in the same UPDATE, guarded by the state read. Returns the new state.
+    Raises InvalidState when the table does not allow the move from the state the row is
+    in, and Conflict when it is allowed but the row changed after the caller read it.
+    """
+    life = LIFECYCLES[kind]
+    read = f"SELECT * FROM {life.table} WHERE id = ?"
+    row = row or db.one(read, (row_id,))
+    new = next_state(kind, row, move_name)
+    sets = {life.column: new} | changes
+    count = db.execute(f"UPDATE {life.table} SET {', '.join(f'{k} = ?' for k in sets)} "
+                       f"WHERE id = ? AND {life.column} = ?", (*sets.values(), row_id, row[life.column]))
+    if count != 1:
+        next_state(kind, db.one(read, (row_id,)), move_name)
+        raise Conflict(f"{life.noun} '{row_id}' changed while this call ran: read it again")
+    return new
 
 
 ###############################################################################
@@ -2913,7 +2970,7 @@ def _task_row(db: Database, task_id: str) -> dict:
     return db.one("SELECT * FROM tasks WHERE id = ?", (task_id,))
 
 
-def move_task(db: Database, task: dict, move: str, by: str, wakes: list[tuple[str, str]] = (),
+def move_task(db: Database, task: dict, move_name: str, by: str, wakes: list[tuple[str, str]] = (),
               **changes: Any) -> dict:
     """Apply one lifecycle move inside the caller's transaction; return the updated row.
 
@@ -2921,24 +2978,16 @@ def move_task(db: Database, task: dict, move: str, by: str, wakes: list[tuple[st
     changes) and a ``task.updated`` event. ``changes`` sets other columns in the same
     guarded UPDATE. Raises InvalidState for a move the state does not allow.
     """
-    new = next_state(task, move)
+    new = next_state("task", task, move_name)
     if "verified_at" not in changes and new != "approval":
         changes["verified_at"] = None if new in ("working", "routed") else task["verified_at"]
-    after = dict(task) | changes | {"state": new}
-    waiting_on = WAITING_ON[lifecycle_state(after)]
-    if new == "verifying" and not task["requester"]:
-        waiting_on = "owner_approval"  # a person asked: they check the result themselves
     now = iso(utcnow())
-    sets = ", ".join(f"{k} = ?" for k in changes)
-    count = db.execute(
-        f"UPDATE tasks SET state = ?, waiting_on = ?, updated_at = ?, last_activity_at = ?{', ' + sets if sets else ''} "
-        "WHERE id = ? AND state = ?",
-        (new, waiting_on, now, now, *changes.values(), task["id"], task["state"]))
-    if count != 1:
-        raise Conflict(f"task '{task['id']}' changed while this call ran: read it again")
+    waiting_on = WAITING_ON[lifecycle_state(dict(task) | changes | {"state": new})]
+    move(db, "task", task["id"], move_name, task, waiting_on=waiting_on, updated_at=now, last_activity_at=now,
+         **changes)
     if new != task["state"]:
         audit(db, task["project"], "task.transitioned",
-              {"task": task["id"], "from": task["state"], "to": new, "move": move, "by": by})
+              {"task": task["id"], "from": task["state"], "to": new, "move": move_name, "by": by})
     row = _task_row(db, task["id"])
     append_event(db, task["project"], "task.updated", {"task": task_out(db, row)},
                  [(agent, kind, task["id"], None) for agent, kind in wakes if agent])
@@ -3093,11 +3142,11 @@ def handoff(db: Database, actor: Actor, project: str, to: str, packet: dict, *,
         audit(db, project, "gate.decided", {"task": task_id, "decision": decision["decision"],
                                             "basis": decision["basis"], "rule": decision["rule_id"],
                                             "approval": gate["approval_id"]})
-        new_state = GATE_OUTCOME[decision["decision"]]
-        db.execute("UPDATE tasks SET state = ?, waiting_on = ?, routed_at = ?, gate = ? WHERE id = ?",
-                   (new_state, WAITING_ON["approval_gate" if new_state == "approval" else new_state],
-                    now if new_state == "routed" else None,
-                    json.dumps(gate | {"basis": decision["basis"], "rule_id": decision["rule_id"]}), task_id))
+        new_state = TASK_MOVES["requested"][decision["decision"]]
+        move(db, "task", task_id, decision["decision"], task,
+             waiting_on=WAITING_ON["approval_gate" if new_state == "approval" else new_state],
+             routed_at=now if new_state == "routed" else None,
+             gate=json.dumps(gate | {"basis": decision["basis"], "rule_id": decision["rule_id"]}))
         audit(db, project, "task.transitioned", {"task": task_id, "from": "requested", "to": new_state,
                                                  "move": decision["decision"], "by": "gate"})
         wakes = [(to, "task", task_id, None)] if new_state == "routed" else []
@@ -3236,7 +3285,7 @@ def return_result(db: Database, actor: Actor, task_id: str, summary: str, eviden
                                    f"(0 to {criteria - 1}); there is no {bad[0]}")
         if packet["deliverable_type"] == "code" and not any(a["commit_sha"] for a in artifacts):
             raise InvalidInput("artifacts: code needs a commit; pin the code by commit_sha")
-        next_state(task, "return")
+        next_state("task", task, "return")
         previous = latest_submission(db, task_id)
         db.execute("UPDATE submissions SET status = 'superseded' WHERE task_id = ? AND status = 'submitted'",
                    (task_id,))
@@ -3342,7 +3391,7 @@ def accept_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
         with db.transaction():
             task = _require_task_role(db, actor, task_id, "requester", record="accept")
             sub = _check_submission(db, task, submission_id, revision, "accept")
-            next_state(task, "verify")
+            next_state("task", task, "verify")
             checked = _check_verdicts(verdicts, len(json.loads(task["packet"])["acceptance_criteria"]), True)
             if [_artifact(a) for a in artifacts] != json.loads(sub["artifacts"]):
                 raise StaleSubmission(
@@ -3381,7 +3430,7 @@ def reject_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
         with db.transaction():
             task = _require_task_role(db, actor, task_id, "requester", record="reject")
             sub = _check_submission(db, task, submission_id, revision, "reject")
-            next_state(task, "reject")
+            next_state("task", task, "reject")
             checked = _check_verdicts(verdicts or [], len(json.loads(task["packet"])["acceptance_criteria"]), False)
             db.execute("UPDATE submissions SET status = 'rejected', reason = ?, verdicts = ?, verified_by = ? "
                        "WHERE id = ?", (reason, json.dumps(checked),
@@ -3632,7 +3681,7 @@ def final_accept(db: Database, person: Actor, task_id: str) -> dict:
         if task["requester"] and task["state"] == "verifying":
             raise InvalidState(f"task '{task_id}' is verifying: its requester {task['requester']} checks the result "
                                "with accept_result first")
-        next_state(task, "final_accept")
+        next_state("task", task, "final_accept")
         sub = latest_submission(db, task_id)
         db.execute("UPDATE submissions SET status = 'accepted', provenance = 'owner_approved', provenance_status = "
                    "NULL, decided_by = ? WHERE id = ?",
@@ -3653,7 +3702,7 @@ def send_back(db: Database, person: Actor, task_id: str, reason: str) -> dict:
             raise Forbidden(f"only {_requesting_person(task)} decides on this task's result")
         if task["requester"] and task["state"] == "verifying":
             raise InvalidState(f"task '{task_id}' is verifying: its requester {task['requester']} decides first")
-        next_state(task, "send_back")
+        next_state("task", task, "send_back")
         sub = latest_submission(db, task_id)
         db.execute("UPDATE submissions SET status = 'rejected', reason = ?, decided_by = ? WHERE id = ?",
                    (reason, json.dumps({"kind": "person", "handle": person.handle}), sub["id"]))
@@ -3670,7 +3719,7 @@ def cancel_task(db: Database, person: Actor, task_id: str) -> dict:
         task = _task_for_person(db, person, task_id)
         if person.handle != _requesting_person(task) and _member_role(db, task["project"], person.handle) != "owner":
             raise Forbidden("only the requester's owner or a project owner can cancel a task")
-        next_state(task, "cancel")
+        next_state("task", task, "cancel")
         db.execute("UPDATE submissions SET status = 'cancelled' WHERE task_id = ? AND status = 'submitted'", (task_id,))
         for apr in db.rows("SELECT * FROM approvals WHERE task_id = ? AND status = 'pending' AND invalidated_at IS NULL",
                            (task_id,)):

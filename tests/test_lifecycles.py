@@ -1,0 +1,41 @@
+"""State machines: every lifecycle is a table, and every move goes through one guarded helper."""
+
+import pytest
+
+import prickle
+from conftest import PROJECT, audit_entries
+from test_tasks import handoff, routed
+
+
+def test_a_handoff_moves_out_of_requested_by_the_table(mcp, world):
+    task = handoff(mcp, "oj/muse", "oj/scout")["task"]  # same owner: the gate allows it
+    assert (task["state"], task["waiting_on"]) == ("routed", "agent")
+    moved = [e["refs"] for e in audit_entries(world.db, PROJECT, "task.transitioned")]
+    assert moved == [{"task": task["id"], "from": "requested", "to": "routed", "move": "allow", "by": "gate"}]
+    assert prickle.CLOSED_STATES == ("completed", "rejected", "cancelled", "returned")
+
+
+def test_move_refuses_a_move_its_table_does_not_allow_and_writes_nothing(mcp, server, world):
+    task = routed(mcp, server, world)
+    mcp.ok("ren/builder", "accept_task", {"task_id": task["id"]})
+    before = world.db.one("SELECT * FROM tasks WHERE id = ?", (task["id"],))
+    with world.db.transaction(), pytest.raises(prickle.InvalidState) as e:
+        prickle.move(world.db, "task", task["id"], "approve")
+    assert str(e.value) == (f"task '{task['id']}' is accepted: the owner's approval is not allowed now; what can "
+                            "happen: cancel (by a person), checkpoint, checkpoint with needs_answer, return_result")
+    assert world.db.one("SELECT * FROM tasks WHERE id = ?", (task["id"],)) == before
+
+
+def test_move_checks_the_state_it_read_in_the_update(mcp, server, world):
+    task = routed(mcp, server, world)
+    stale = world.db.one("SELECT * FROM tasks WHERE id = ?", (task["id"],))
+    mcp.ok("ren/builder", "accept_task", {"task_id": task["id"]})
+    # Allowed from the state read (routed) and from the state now (accepted): the row moved meanwhile.
+    with world.db.transaction(), pytest.raises(prickle.Conflict) as e:
+        prickle.move(world.db, "task", task["id"], "cancel", stale)
+    assert str(e.value) == f"task '{task['id']}' changed while this call ran: read it again"
+    # Allowed from the state read, not from the state now: refused naming the state now.
+    with world.db.transaction(), pytest.raises(prickle.InvalidState) as e:
+        prickle.move(world.db, "task", task["id"], "lapse", stale)
+    assert str(e.value).startswith(f"task '{task['id']}' is accepted: lapse is not allowed now")
+    assert world.db.scalar("SELECT state FROM tasks WHERE id = ?", (task["id"],)) == "accepted"
