@@ -1836,6 +1836,15 @@ MOVE_BY = {
     "send_back": "the owner's send-back", "cancel": "cancel (by a person)",
 }
 
+# An approval asks an owner about one held handoff: given or denied, or withdrawn (denied)
+# when its task is cancelled. It lapsing is not a move: ``invalidated_at`` marks it, and
+# a new approval is asked.
+APPROVAL_MOVES: dict[str, dict[str, str]] = {
+    "pending": {"approve": "approved", "deny": "denied", "withdraw": "denied"},
+    "approved": {},
+    "denied": {},
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class Lifecycle:
@@ -1859,6 +1868,7 @@ LIFECYCLES: dict[str, Lifecycle] = {
     "task": Lifecycle("task", "tasks", "state", TASK_MOVES, MOVE_BY, lifecycle_state, {
         "approval_gate": "approval (a held handoff)", "approval_final": "approval (a verified result)",
         "verifying_by_agent": "verifying"}),
+    "approval": Lifecycle("approval", "approvals", "status", APPROVAL_MOVES),
 }
 
 
@@ -3582,10 +3592,9 @@ def decide_approval(db: Database, person: Actor, approval_id: str, decision: str
             raise InvalidState(f"approval '{approval_id}' was already {row['status']}")
         task = _task_row(db, row["task_id"])
         now = iso(utcnow())
-        status = "approved" if decision == "approve" else "denied"
         # An approval given now counts for APPROVAL_LIFETIME from now.
-        db.execute("UPDATE approvals SET status = ?, decided_by = ?, decided_at = ?, expires_at = ? WHERE id = ? AND "
-                   "status = 'pending'", (status, person.handle, now, iso(utcnow() + APPROVAL_LIFETIME), approval_id))
+        status = move(db, "approval", approval_id, decision, row, decided_by=person.handle, decided_at=now,
+                      expires_at=iso(utcnow() + APPROVAL_LIFETIME))
         row = db.one("SELECT * FROM approvals WHERE id = ?", (approval_id,))
         append_event(db, task["project"], "approval.updated", {"approval": approval_out(row)})
         audit(db, task["project"], "approval.decided", {"approval": approval_id, "task": task["id"],
@@ -3723,8 +3732,7 @@ def cancel_task(db: Database, person: Actor, task_id: str) -> dict:
         db.execute("UPDATE submissions SET status = 'cancelled' WHERE task_id = ? AND status = 'submitted'", (task_id,))
         for apr in db.rows("SELECT * FROM approvals WHERE task_id = ? AND status = 'pending' AND invalidated_at IS NULL",
                            (task_id,)):
-            db.execute("UPDATE approvals SET status = 'denied', decided_at = ?, invalidated_at = ? WHERE id = ?",
-                       (iso(utcnow()), iso(utcnow()), apr["id"]))
+            move(db, "approval", apr["id"], "withdraw", apr, decided_at=iso(utcnow()), invalidated_at=iso(utcnow()))
             append_event(db, task["project"], "approval.updated", {"approval": approval_out(
                 db.one("SELECT * FROM approvals WHERE id = ?", (apr["id"],)))})
         if db.execute("UPDATE credentials SET revoked_at = ? WHERE kind = 'execution' AND task_id = ? AND "

@@ -39,3 +39,16 @@ def test_move_checks_the_state_it_read_in_the_update(mcp, server, world):
         prickle.move(world.db, "task", task["id"], "lapse", stale)
     assert str(e.value).startswith(f"task '{task['id']}' is accepted: lapse is not allowed now")
     assert world.db.scalar("SELECT state FROM tasks WHERE id = ?", (task["id"],)) == "accepted"
+
+
+def test_an_approval_moves_once_and_then_is_closed(mcp, server, world):
+    out = handoff(mcp)
+    approval_id = out["gate"]["approval_id"]
+    r = server.post(f"/api/approvals/{approval_id}", json={"decision": "deny"},
+                    headers={"Authorization": f"Bearer {world.tokens['ren']}"})
+    assert r.status_code == 200, r.text
+    assert world.db.scalar("SELECT status FROM approvals WHERE id = ?", (approval_id,)) == "denied"
+    with world.db.transaction(), pytest.raises(prickle.InvalidState) as e:
+        prickle.move(world.db, "approval", approval_id, "approve")
+    assert str(e.value) == f"approval '{approval_id}' is denied: approve is not allowed now; it is closed"
+    assert world.db.scalar("SELECT status FROM approvals WHERE id = ?", (approval_id,)) == "denied"
