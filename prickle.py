@@ -1845,6 +1845,17 @@ APPROVAL_MOVES: dict[str, dict[str, str]] = {
     "denied": {},
 }
 
+# A submission is one returned result of a task: a newer return supersedes it; it is
+# accepted (by the requesting agent's owner's policy or by a person), rejected, or
+# cancelled with its task. Verifying it is not a move: it stays submitted, with verdicts.
+SUBMISSION_MOVES: dict[str, dict[str, str]] = {
+    "submitted": {"supersede": "superseded", "accept": "accepted", "reject": "rejected", "cancel": "cancelled"},
+    "superseded": {},
+    "accepted": {},
+    "rejected": {},
+    "cancelled": {},
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class Lifecycle:
@@ -1869,6 +1880,7 @@ LIFECYCLES: dict[str, Lifecycle] = {
         "approval_gate": "approval (a held handoff)", "approval_final": "approval (a verified result)",
         "verifying_by_agent": "verifying"}),
     "approval": Lifecycle("approval", "approvals", "status", APPROVAL_MOVES),
+    "submission": Lifecycle("submission", "submissions", "status", SUBMISSION_MOVES),
 }
 
 
@@ -3297,8 +3309,8 @@ def return_result(db: Database, actor: Actor, task_id: str, summary: str, eviden
             raise InvalidInput("artifacts: code needs a commit; pin the code by commit_sha")
         next_state("task", task, "return")
         previous = latest_submission(db, task_id)
-        db.execute("UPDATE submissions SET status = 'superseded' WHERE task_id = ? AND status = 'submitted'",
-                   (task_id,))
+        for old in db.rows("SELECT * FROM submissions WHERE task_id = ? AND status = 'submitted'", (task_id,)):
+            move(db, "submission", old["id"], "supersede", old)
         revision = previous["revision"] + 1 if previous else 1
         report = evidence_report(criteria, items, now, parse_iso(previous["returned_at"]) if previous else None)
         submission_id = new_id("sub")
@@ -3416,9 +3428,8 @@ def accept_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
             audit(db, task["project"], "result.accepted", {"task": task_id, "submission": sub["id"],
                                                            "revision": sub["revision"], "step": "verified"})
             if auto:
-                db.execute("UPDATE submissions SET verdicts = ?, verified_by = ?, status = 'accepted', decided_by = ?, "
-                           "decided_by_policy = 'auto_accept' WHERE id = ?",
-                           (json.dumps(checked), verified_by, json.dumps({"kind": "system"}), sub["id"]))
+                move(db, "submission", sub["id"], "accept", sub, verdicts=json.dumps(checked), verified_by=verified_by,
+                     decided_by=json.dumps({"kind": "system"}), decided_by_policy="auto_accept")
                 audit(db, task["project"], "result.accepted", {"task": task_id, "submission": sub["id"],
                                                                "revision": sub["revision"], "step": "policy"})
                 row = move_task(db, task, "auto_accept", actor.agent_id)
@@ -3442,9 +3453,8 @@ def reject_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
             sub = _check_submission(db, task, submission_id, revision, "reject")
             next_state("task", task, "reject")
             checked = _check_verdicts(verdicts or [], len(json.loads(task["packet"])["acceptance_criteria"]), False)
-            db.execute("UPDATE submissions SET status = 'rejected', reason = ?, verdicts = ?, verified_by = ? "
-                       "WHERE id = ?", (reason, json.dumps(checked),
-                                        json.dumps({"kind": "agent", "agent_id": actor.agent_id}), sub["id"]))
+            move(db, "submission", sub["id"], "reject", sub, reason=reason, verdicts=json.dumps(checked),
+                 verified_by=json.dumps({"kind": "agent", "agent_id": actor.agent_id}))
             audit(db, task["project"], "result.rejected", {"task": task_id, "submission": sub["id"],
                                                            "revision": sub["revision"], "by": actor.agent_id})
             row = move_task(db, task, "reject", actor.agent_id, [(task["assignee"], "task")])
@@ -3692,9 +3702,8 @@ def final_accept(db: Database, person: Actor, task_id: str) -> dict:
                                "with accept_result first")
         next_state("task", task, "final_accept")
         sub = latest_submission(db, task_id)
-        db.execute("UPDATE submissions SET status = 'accepted', provenance = 'owner_approved', provenance_status = "
-                   "NULL, decided_by = ? WHERE id = ?",
-                   (json.dumps({"kind": "person", "handle": person.handle}), sub["id"]))
+        move(db, "submission", sub["id"], "accept", sub, provenance="owner_approved", provenance_status=None,
+             decided_by=json.dumps({"kind": "person", "handle": person.handle}))
         audit(db, task["project"], "result.accepted", {"task": task_id, "submission": sub["id"],
                                                        "revision": sub["revision"], "step": "owner_accepted",
                                                        "by": person.handle})
@@ -3713,8 +3722,8 @@ def send_back(db: Database, person: Actor, task_id: str, reason: str) -> dict:
             raise InvalidState(f"task '{task_id}' is verifying: its requester {task['requester']} decides first")
         next_state("task", task, "send_back")
         sub = latest_submission(db, task_id)
-        db.execute("UPDATE submissions SET status = 'rejected', reason = ?, decided_by = ? WHERE id = ?",
-                   (reason, json.dumps({"kind": "person", "handle": person.handle}), sub["id"]))
+        move(db, "submission", sub["id"], "reject", sub, reason=reason,
+             decided_by=json.dumps({"kind": "person", "handle": person.handle}))
         audit(db, task["project"], "result.rejected", {"task": task_id, "submission": sub["id"],
                                                        "revision": sub["revision"], "by": person.handle})
         row = move_task(db, task, "send_back", person.handle,
@@ -3729,7 +3738,8 @@ def cancel_task(db: Database, person: Actor, task_id: str) -> dict:
         if person.handle != _requesting_person(task) and _member_role(db, task["project"], person.handle) != "owner":
             raise Forbidden("only the requester's owner or a project owner can cancel a task")
         next_state("task", task, "cancel")
-        db.execute("UPDATE submissions SET status = 'cancelled' WHERE task_id = ? AND status = 'submitted'", (task_id,))
+        for sub in db.rows("SELECT * FROM submissions WHERE task_id = ? AND status = 'submitted'", (task_id,)):
+            move(db, "submission", sub["id"], "cancel", sub)
         for apr in db.rows("SELECT * FROM approvals WHERE task_id = ? AND status = 'pending' AND invalidated_at IS NULL",
                            (task_id,)):
             move(db, "approval", apr["id"], "withdraw", apr, decided_at=iso(utcnow()), invalidated_at=iso(utcnow()))

@@ -4,7 +4,7 @@ import pytest
 
 import prickle
 from conftest import PROJECT, audit_entries
-from test_tasks import handoff, routed
+from test_tasks import handoff, routed, submit, working
 
 
 def test_a_handoff_moves_out_of_requested_by_the_table(mcp, world):
@@ -52,3 +52,16 @@ def test_an_approval_moves_once_and_then_is_closed(mcp, server, world):
         prickle.move(world.db, "approval", approval_id, "approve")
     assert str(e.value) == f"approval '{approval_id}' is denied: approve is not allowed now; it is closed"
     assert world.db.scalar("SELECT status FROM approvals WHERE id = ?", (approval_id,)) == "denied"
+
+
+def test_a_newer_return_supersedes_the_submission_which_then_is_closed(mcp, server, world):
+    task = working(mcp, server, world)
+    first = submit(mcp, task["id"])["submission"]
+    second = submit(mcp, task["id"])["submission"]
+    rows = world.db.rows("SELECT id, status FROM submissions WHERE task_id = ? ORDER BY revision", (task["id"],))
+    assert rows == [{"id": first["submission_id"], "status": "superseded"},
+                    {"id": second["submission_id"], "status": "submitted"}]
+    with world.db.transaction(), pytest.raises(prickle.InvalidState) as e:
+        prickle.move(world.db, "submission", first["submission_id"], "accept")
+    assert str(e.value) == f"submission '{first['submission_id']}' is superseded: accept is not allowed now; it is closed"
+    assert world.db.scalar("SELECT status FROM submissions WHERE id = ?", (first["submission_id"],)) == "superseded"
