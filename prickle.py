@@ -1856,6 +1856,17 @@ SUBMISSION_MOVES: dict[str, dict[str, str]] = {
     "cancelled": {},
 }
 
+# A step is one call a woken run asks its owner for: allowed, denied (refused), or
+# expired undecided after STEP_LIFETIME; an allowed step is used once (consumed), or
+# expires unused after STEP_USE_WINDOW.
+STEP_MOVES: dict[str, dict[str, str]] = {
+    "pending": {"allow": "approved", "deny": "refused", "expire": "expired"},
+    "approved": {"consume": "consumed", "expire": "expired"},
+    "refused": {},
+    "expired": {},
+    "consumed": {},
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class Lifecycle:
@@ -1881,6 +1892,7 @@ LIFECYCLES: dict[str, Lifecycle] = {
         "verifying_by_agent": "verifying"}),
     "approval": Lifecycle("approval", "approvals", "status", APPROVAL_MOVES),
     "submission": Lifecycle("submission", "submissions", "status", SUBMISSION_MOVES),
+    "step": Lifecycle("step", "steps", "status", STEP_MOVES),
 }
 
 
@@ -4123,7 +4135,7 @@ def request_step(db: Database, actor: Actor, tool_name: str, tool_input: dict, *
                 return _step_answer(step, "expired", "deny", "Your owner did not decide this step within 24 hours, "
                                     "which counts as a refusal: finish without it, or return what you have.")
             if now - parse_iso(step["decided_at"]) > STEP_USE_WINDOW:
-                db.execute("UPDATE steps SET status = 'expired' WHERE id = ?", (step["id"],))
+                move(db, "step", step["id"], "expire", step)
                 audit(db, task["project"], "step.expired", {"step": step["id"], "attempt": step["attempt_id"],
                                                             "kind": step["kind"], "why": "unused_15_minutes"})
                 return _step_answer(step, "expired", "deny", "The allowance lapsed unused after 15 minutes: ask "
@@ -4132,8 +4144,7 @@ def request_step(db: Database, actor: Actor, tool_name: str, tool_input: dict, *
                 # The permission layer lets the call through when it asks with the call's tool_use_id.
                 return _step_answer(step, "approved", "deny", "Allowed, and left to your permission layer: make "
                                     "exactly this call now, once.")
-            db.execute("UPDATE steps SET status = 'consumed', consumed_by = ? WHERE id = ?",
-                       (actor.attempt_id, step["id"]))
+            move(db, "step", step["id"], "consume", step, consumed_by=actor.attempt_id)
             audit(db, task["project"], "step.consumed", {"step": step["id"], "asked_by": step["attempt_id"],
                                                          "used_by": actor.attempt_id})
             return _step_answer(step, "consumed", "allow", "Allowed once: make exactly this call now.",
@@ -4161,7 +4172,7 @@ def _expire_steps(db: Database, task_id: str | None, now: _dt.datetime) -> None:
           "s.created_at <= ?" + (" AND s.task_id = ?" if task_id else "")
     params = (iso(now - STEP_LIFETIME),) + ((task_id,) if task_id else ())
     for step in db.rows(sql, params):
-        db.execute("UPDATE steps SET status = 'expired' WHERE id = ? AND status = 'pending'", (step["id"],))
+        move(db, "step", step["id"], "expire", step)
         audit(db, step["project"], "step.expired", {"step": step["id"], "attempt": step["attempt_id"],
                                                     "kind": step["kind"], "why": "undecided_24_hours"})
 
@@ -4195,9 +4206,7 @@ def decide_step(db: Database, person: Actor, step_id: str, decision: str) -> dic
             raise NotFound(f"no step '{step_id}' of your agents'")
         if step["status"] != "pending":
             raise InvalidState(f"step '{step_id}' is {step['status']}, not waiting for a decision")
-        status = "approved" if decision == "allow" else "refused"
-        db.execute("UPDATE steps SET status = ?, decided_at = ?, decided_by = ? WHERE id = ? AND status = 'pending'",
-                   (status, iso(utcnow()), person.handle, step_id))
+        status = move(db, "step", step_id, decision, step, decided_at=iso(utcnow()), decided_by=person.handle)
         task = _task_row(db, step["task_id"])
         audit(db, task["project"], "step.decided", {"step": step_id, "attempt": step["attempt_id"],
                                                     "kind": step["kind"], "decision": status})

@@ -4,6 +4,7 @@ import pytest
 
 import prickle
 from conftest import PROJECT, audit_entries
+from test_runners import decided_step
 from test_tasks import handoff, routed, submit, working
 
 
@@ -65,3 +66,14 @@ def test_a_newer_return_supersedes_the_submission_which_then_is_closed(mcp, serv
         prickle.move(world.db, "submission", first["submission_id"], "accept")
     assert str(e.value) == f"submission '{first['submission_id']}' is superseded: accept is not allowed now; it is closed"
     assert world.db.scalar("SELECT status FROM submissions WHERE id = ?", (first["submission_id"],)) == "superseded"
+
+
+def test_a_consumed_step_is_closed(mcp, server, world):
+    call = {"tool_name": "Bash", "input": {"command": "git push origin main"}}
+    run, step = decided_step(mcp, server, world, call, "allow")
+    used = mcp.ok("ren/builder", "request_step", call | {"tool_use_id": "toolu_1"}, token=run)
+    assert used["status"] == "consumed"
+    with world.db.transaction(), pytest.raises(prickle.InvalidState) as e:
+        prickle.move(world.db, "step", step["step_id"], "expire")
+    assert str(e.value) == f"step '{step['step_id']}' is consumed: expire is not allowed now; it is closed"
+    assert world.db.scalar("SELECT status FROM steps WHERE id = ?", (step["step_id"],)) == "consumed"
