@@ -1867,6 +1867,19 @@ STEP_MOVES: dict[str, dict[str, str]] = {
     "consumed": {},
 }
 
+# An action is a make-or-spend card: its owner approves or declines it, or it expires
+# undecided; the proposing agent's runner claims an approved card once (running) and
+# finishes it with a result (done) or a failure (failed).
+ACTION_MOVES: dict[str, dict[str, str]] = {
+    "proposed": {"approve": "approved", "decline": "declined", "expire": "expired"},
+    "approved": {"claim": "running"},
+    "running": {"finish": "done", "fail": "failed"},
+    "declined": {},
+    "expired": {},
+    "done": {},
+    "failed": {},
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class Lifecycle:
@@ -1893,6 +1906,7 @@ LIFECYCLES: dict[str, Lifecycle] = {
     "approval": Lifecycle("approval", "approvals", "status", APPROVAL_MOVES),
     "submission": Lifecycle("submission", "submissions", "status", SUBMISSION_MOVES),
     "step": Lifecycle("step", "steps", "status", STEP_MOVES),
+    "action": Lifecycle("action", "actions", "status", ACTION_MOVES),
 }
 
 
@@ -4539,9 +4553,7 @@ def decide_action(db: Database, person: Actor, action_id: str, decision: str) ->
         now = utcnow()
         if row["status"] != "proposed":
             raise InvalidState(f"action '{action_id}' is {row['status']}, not waiting for a decision")
-        status = "approved" if decision == "approve" else "declined"
-        db.execute("UPDATE actions SET status = ?, decided_by = ?, decided_at = ? WHERE id = ?",
-                   (status, person.handle, iso(now), action_id))
+        status = move(db, "action", action_id, decision, row, decided_by=person.handle, decided_at=iso(now))
         if status == "approved":
             entry = audit(db, row["project"], "action.approved", {
                 "action": action_id, "tool": row["tool"], "exact_action": row["action"],
@@ -4562,7 +4574,7 @@ def expire_actions(db: Database) -> None:
     """Cards nobody decided in time expire (``action.updated``)."""
     with db.transaction():
         for row in db.rows("SELECT * FROM actions WHERE status = 'proposed' AND expires_at <= ?", (iso(utcnow()),)):
-            db.execute("UPDATE actions SET status = 'expired', failure = 'expired' WHERE id = ?", (row["id"],))
+            move(db, "action", row["id"], "expire", row, failure="expired")
             _action_updated(db, db.one("SELECT * FROM actions WHERE id = ?", (row["id"],)))
 
 
@@ -4578,7 +4590,7 @@ def claim_action(db: Database, actor: Actor, action_id: str) -> dict:
             raise InvalidState(f"action '{action_id}' was approved, but the approval lapsed at {row['expires_at']}")
         if row["status"] != "approved":
             raise InvalidState(f"action '{action_id}' is {row['status']}: only an approved card is claimed, once")
-        db.execute("UPDATE actions SET status = 'running' WHERE id = ? AND status = 'approved'", (action_id,))
+        move(db, "action", action_id, "claim", row)
         audit(db, row["project"], "action.claimed", {"action": action_id, "tool": row["tool"],
                                                      "inputs_sha256": sha256_hex(row["inputs"])})
         row = db.one("SELECT * FROM actions WHERE id = ?", (action_id,))
@@ -4611,8 +4623,8 @@ def finish_action(db: Database, actor: Actor, action_id: str, body: str | None =
                        (message_seq(message_id), message_id, row["project"], actor.agent_id, body, now,
                         json.dumps(made_by)))
             append_event(db, row["project"], "message.posted", {"message": get_message(db, message_id)})
-        db.execute("UPDATE actions SET status = ?, result_message_id = ?, failure = ? WHERE id = ?",
-                   ("done" if body is not None else "failed", message_id, failure, action_id))
+        move(db, "action", action_id, "finish" if body is not None else "fail", row, result_message_id=message_id,
+             failure=failure)
         audit(db, row["project"], "action.finished", {"action": action_id, "message": message_id, "failure": failure})
         row = db.one("SELECT * FROM actions WHERE id = ?", (action_id,))
         _action_updated(db, row)

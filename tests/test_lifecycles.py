@@ -4,8 +4,9 @@ import pytest
 
 import prickle
 from conftest import PROJECT, audit_entries
+from test_rooms import setup_room
 from test_runners import decided_step
-from test_tasks import handoff, routed, submit, working
+from test_tasks import handoff, person, routed, submit, working
 
 
 def test_a_handoff_moves_out_of_requested_by_the_table(mcp, world):
@@ -77,3 +78,14 @@ def test_a_consumed_step_is_closed(mcp, server, world):
         prickle.move(world.db, "step", step["step_id"], "expire")
     assert str(e.value) == f"step '{step['step_id']}' is consumed: expire is not allowed now; it is closed"
     assert world.db.scalar("SELECT status FROM steps WHERE id = ?", (step["step_id"],)) == "consumed"
+
+
+def test_a_declined_action_is_closed(mcp, server, world):
+    runner = {"Authorization": f"Bearer {setup_room(world)['oj/muse']}"}
+    card = server.post("/api/runner/actions", json={"tool": "image_gen", "action": "Draw the hero", "prompt": "p"},
+                       headers=runner).json()["action"]
+    assert person(server, world, "oj").post(f"/api/actions/{card['id']}", {"decision": "decline"}).status_code == 200
+    with world.db.transaction(), pytest.raises(prickle.InvalidState) as e:
+        prickle.move(world.db, "action", card["id"], "claim")
+    assert str(e.value) == f"action '{card['id']}' is declined: claim is not allowed now; it is closed"
+    assert world.db.scalar("SELECT status FROM actions WHERE id = ?", (card["id"],)) == "declined"
