@@ -1766,7 +1766,7 @@ def check_live(db: Database, actor: Actor) -> None:
 ###############################################################################
 # State machines ##############################################################
 ###############################################################################
-# Every lifecycle (tasks, approvals, submissions, steps, actions) is a table: for each
+# Every lifecycle (tasks, approvals, submissions, steps, actions, turns) is a table: for each
 # state, the moves allowed from it and the state each one leads to; a state with no moves
 # is final. A row is inserted in its first state and changes state only through move():
 # it looks the move up in the table of the state the row is in, and a miss is refused
@@ -1880,6 +1880,26 @@ ACTION_MOVES: dict[str, dict[str, str]] = {
     "failed": {},
 }
 
+# A private room's turn is who answers the owner's message, one step at a time (its
+# ``step``): a draft goes to the reviewer when the turn has one; a review asking for
+# changes goes back to the drafter (revise). Any step ends the turn: answered (nobody is
+# left to wait on), ask_owner, stopped by the owner, or replaced by the owner's next
+# message. The moves are the verdicts posted and the reasons a turn ends.
+_TURN_ENDS = {"answered": "ended", "ask_owner": "ended", "stopped": "ended", "replaced": "ended"}
+TURN_MOVES: dict[str, dict[str, str]] = {
+    "draft": {"draft": "review"} | _TURN_ENDS,
+    "review": {"changes": "revise"} | _TURN_ENDS,
+    "revise": dict(_TURN_ENDS),
+    "ended": {},
+}
+#: Who answers in the step a reply hands the turn to, and the column that keeps that reply.
+TURN_HANDOVER = {"review": ("reviewer", "draft_message"), "revise": ("drafter", "review_message")}
+
+
+def turn_state(turn: dict) -> str:
+    """The key of TURN_MOVES a turn row is in (a turn ended before ``ended`` was a step keeps its last)."""
+    return "ended" if turn["ended_at"] else turn["step"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Lifecycle:
@@ -1907,6 +1927,7 @@ LIFECYCLES: dict[str, Lifecycle] = {
     "submission": Lifecycle("submission", "submissions", "status", SUBMISSION_MOVES),
     "step": Lifecycle("step", "steps", "status", STEP_MOVES),
     "action": Lifecycle("action", "actions", "status", ACTION_MOVES),
+    "turn": Lifecycle("turn", "turns", "step", TURN_MOVES, key=turn_state),
 }
 
 
@@ -1919,7 +1940,7 @@ def next_state(kind: str, row: dict, move_name: str) -> str:
     if move_name not in allowed:
         ways = sorted({life.ways.get(m, m) for m in allowed if m in life.ways or not life.ways})
         raise InvalidState(
-            f"{life.noun} '{row['id']}' is {life.shown.get(key, row[life.column])}: "
+            f"{life.noun} '{row['id']}' is {life.shown.get(key, key)}: "
             f"{life.ways.get(move_name, move_name)} is not allowed now; "
             + (f"what can happen: {', '.join(ways)}" if ways else "it is closed"))
     return allowed[move_name]
@@ -4282,8 +4303,7 @@ def _open_turn(db: Database, slug: str) -> dict | None:
 def _end_turn(db: Database, turn: dict, reason: str) -> int:
     """End a turn; its live discussion credentials end too. Returns how many ended."""
     now = iso(utcnow())
-    db.execute("UPDATE turns SET ended_at = ?, end_reason = ?, waiting_on = '[]' WHERE id = ? AND ended_at IS NULL",
-               (now, reason, turn["id"]))
+    move(db, "turn", turn["id"], reason, turn, ended_at=now, end_reason=reason, waiting_on="[]")
     # Credentials that already spent their one post are inert; they lapse on their own.
     db.note_revoked()
     return db.execute("UPDATE credentials SET revoked_at = ? WHERE revoked_at IS NULL AND discussion_id IN "
@@ -4336,16 +4356,12 @@ def advance_turn(db: Database, actor: Actor, verdict: str, reply_id: str) -> lis
     db.execute("UPDATE discussions SET reply_id = ? WHERE id = ?", (reply_id, discussion["id"]))
     waiting = [a for a in json.loads(turn["waiting_on"]) if a != actor.agent_id]
     left = max(turn["replies_left"] - 1, 0)
-    nxt, step, column = None, None, None
-    if verdict != "ask_owner" and left:
-        if discussion["role"] == "draft" and turn["reviewer"]:
-            nxt, step, column = turn["reviewer"], "review", "draft_message"
-        elif discussion["role"] == "review" and verdict == "changes":
-            nxt, step, column = turn["drafter"], "revise", "review_message"
-    if nxt is not None:
-        db.execute(f"UPDATE turns SET step = ?, waiting_on = ?, waking_message = ?, {column} = ?, replies_left = ? "
-                   "WHERE id = ?", (step, json.dumps([nxt]), reply_id, reply_id, left, turn["id"]))
-        return [_room_wake(turn["id"], nxt, reply_id, left, False)]
+    step = TURN_MOVES.get(discussion["role"], {}).get(verdict) if left else None
+    who, column = TURN_HANDOVER.get(step, (None, None))
+    if who and turn[who]:
+        move(db, "turn", turn["id"], verdict, turn, waiting_on=json.dumps([turn[who]]), waking_message=reply_id,
+             replies_left=left, **{column: reply_id})
+        return [_room_wake(turn["id"], turn[who], reply_id, left, False)]
     db.execute("UPDATE turns SET waiting_on = ?, replies_left = ? WHERE id = ?",
                (json.dumps(waiting), left, turn["id"]))
     if not waiting or verdict == "ask_owner":

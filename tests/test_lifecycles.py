@@ -4,7 +4,7 @@ import pytest
 
 import prickle
 from conftest import PROJECT, audit_entries
-from test_rooms import setup_room
+from test_rooms import say, setup_room
 from test_runners import decided_step
 from test_tasks import handoff, person, routed, submit, working
 
@@ -89,3 +89,28 @@ def test_a_declined_action_is_closed(mcp, server, world):
         prickle.move(world.db, "action", card["id"], "claim")
     assert str(e.value) == f"action '{card['id']}' is declined: claim is not allowed now; it is closed"
     assert world.db.scalar("SELECT status FROM actions WHERE id = ?", (card["id"],)) == "declined"
+
+
+def test_a_stopped_turn_is_ended_and_moves_no_more(mcp, server, world):
+    setup_room(world)
+    say(server, world, "What should the hero headline say?")
+    turn = world.db.one("SELECT id, step FROM turns")
+    assert turn["step"] == "draft"
+    assert person(server, world, "oj").post("/api/room/stop").status_code == 200
+    row = world.db.one("SELECT step, end_reason, waiting_on FROM turns WHERE id = ?", (turn["id"],))
+    assert row == {"step": "ended", "end_reason": "stopped", "waiting_on": "[]"}
+    with world.db.transaction(), pytest.raises(prickle.InvalidState) as e:
+        prickle.move(world.db, "turn", turn["id"], "draft")
+    assert str(e.value) == f"turn '{turn['id']}' is ended: draft is not allowed now; it is closed"
+
+
+def test_a_turn_ended_before_ended_was_a_step_is_ended(mcp, server, world):
+    setup_room(world)
+    say(server, world, "What should the hero headline say?")
+    turn_id = world.db.scalar("SELECT id FROM turns")
+    world.db.execute("UPDATE turns SET ended_at = '2026-01-01T00:00:00.000Z', end_reason = 'answered' WHERE id = ?",
+                     (turn_id,))
+    with world.db.transaction(), pytest.raises(prickle.InvalidState) as e:
+        prickle.move(world.db, "turn", turn_id, "stopped")
+    assert str(e.value) == f"turn '{turn_id}' is ended: stopped is not allowed now; it is closed"
+    assert world.db.scalar("SELECT end_reason FROM turns WHERE id = ?", (turn_id,)) == "answered"
