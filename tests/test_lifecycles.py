@@ -114,3 +114,20 @@ def test_a_turn_ended_before_ended_was_a_step_is_ended(mcp, server, world):
         prickle.move(world.db, "turn", turn_id, "stopped")
     assert str(e.value) == f"turn '{turn_id}' is ended: stopped is not allowed now; it is closed"
     assert world.db.scalar("SELECT end_reason FROM turns WHERE id = ?", (turn_id,)) == "answered"
+
+
+def test_every_lifecycle_is_a_table_whose_moves_lead_to_its_states():
+    for kind, life in prickle.LIFECYCLES.items():
+        targets = {to for moves in life.moves.values() for to in moves.values()}
+        # A task's approval is one stored state, kept apart in two entries by lifecycle_state.
+        assert targets - set(life.moves) == ({"approval"} if kind == "task" else set()), kind
+    task_states = {prickle.lifecycle_state({"state": s, "verified_at": None, "requester": None})
+                   for s in prickle.TASK_STATE["enum"]}
+    assert task_states | {"approval_final", "verifying_by_agent"} == set(prickle.TASK_MOVES)
+    assert {k: sorted(v.moves) for k, v in prickle.LIFECYCLES.items() if k != "task"} == {
+        "approval": ["approved", "denied", "pending"],
+        "submission": ["accepted", "cancelled", "rejected", "submitted", "superseded"],
+        "step": ["approved", "consumed", "expired", "pending", "refused"],
+        "action": ["approved", "declined", "done", "expired", "failed", "proposed", "running"],
+        "turn": ["draft", "ended", "review", "revise"],
+    }
