@@ -1805,7 +1805,7 @@ TASK_MOVES: dict[str, dict[str, str]] = {
 #: Whom a task waits on in each lifecycle state (None: nobody, it is over). A person who
 #: asked checks the result themselves, so their verifying task waits on them.
 WAITING_ON: dict[str, str | None] = {
-    "requested": None, "approval_gate": "owner_approval", "routed": "agent", "accepted": "agent",
+    "approval_gate": "owner_approval", "routed": "agent", "accepted": "agent",
     "working": "agent", "waiting": "human", "verifying": "owner_approval", "verifying_by_agent": "agent",
     "approval_final": "owner_approval", "completed": None, "rejected": None, "cancelled": None, "returned": None,
 }
