@@ -1939,14 +1939,25 @@ def check_live(db: Database, actor: Actor) -> None:
 ###############################################################################
 # State machines ##############################################################
 ###############################################################################
-# A task's life, as DESIGN "Tasks" and the tool reference tell it. Each state lists the
-# moves allowed from it and where they lead; a move that is not listed is refused with
-# invalid_state, naming the state and the moves it allows. ``approval`` is one public
+# Every lifecycle (tasks, approvals, submissions, steps, actions, turns) is a table: for each
+# state, the moves allowed from it and the state each one leads to; a state with no moves
+# is final. A row is inserted in its first state and changes state only through move():
+# it looks the move up in the table of the state the row is in, and a miss is refused
+# with invalid_state, naming the state and the moves it allows. The new state is written
+# by an UPDATE guarded by the state that was read (``WHERE id = ? AND status = ?``), and
+# the row count is checked, so a row that moved meanwhile is never written over. Where one
+# stored state has two meanings, the lifecycle's ``key`` says which entry a row is in.
+#
+# A task's life, as DESIGN "Tasks" and the tool reference tell it. ``requested`` lasts
+# only inside the handoff: the owner's gate moves it at once. ``approval`` is one public
 # state with two meanings, kept apart here: waiting for the assignee owner's gate
 # decision before any work (``approval_gate``), or for the requester owner's final
-# acceptance of a verified result (``approval_final``).
+# acceptance of a verified result (``approval_final``). ``verifying`` is two entries too:
+# a person's request is checked by that person (``verifying``), an agent's by that agent
+# first, its owner deciding after, in approval_final (``verifying_by_agent``).
 
 TASK_MOVES: dict[str, dict[str, str]] = {
+    "requested": {"allow": "routed", "approval_required": "approval", "never": "rejected"},
     "approval_gate": {"approve": "routed", "deny": "rejected", "cancel": "cancelled"},
     "routed": {"accept": "accepted", "lapse": "approval", "cancel": "cancelled", "hand_back": "returned"},
     "accepted": {"checkpoint": "working", "ask": "waiting", "return": "verifying", "cancel": "cancelled",
@@ -1957,6 +1968,8 @@ TASK_MOVES: dict[str, dict[str, str]] = {
                 "cancel": "cancelled", "hand_back": "returned"},
     "verifying": {"return": "verifying", "reject": "working", "verify": "approval", "auto_accept": "completed",
                   "final_accept": "completed", "send_back": "working", "cancel": "cancelled"},
+    "verifying_by_agent": {"return": "verifying", "reject": "working", "verify": "approval",
+                           "auto_accept": "completed", "cancel": "cancelled"},
     "approval_final": {"final_accept": "completed", "send_back": "working", "cancel": "cancelled"},
     "completed": {},
     "rejected": {},
@@ -1964,18 +1977,16 @@ TASK_MOVES: dict[str, dict[str, str]] = {
     "returned": {},
 }
 
-#: Whom a task waits on in each lifecycle state (None: nobody, it is over).
+#: Whom a task waits on in each lifecycle state (None: nobody, it is over). A person who
+#: asked checks the result themselves, so their verifying task waits on them.
 WAITING_ON: dict[str, str | None] = {
-    "approval_gate": "owner_approval", "routed": "agent", "accepted": "agent", "working": "agent",
-    "waiting": "human", "verifying": "agent", "approval_final": "owner_approval",
-    "completed": None, "rejected": None, "cancelled": None, "returned": None,
+    "approval_gate": "owner_approval", "routed": "agent", "accepted": "agent",
+    "working": "agent", "waiting": "human", "verifying": "owner_approval", "verifying_by_agent": "agent",
+    "approval_final": "owner_approval", "completed": None, "rejected": None, "cancelled": None, "returned": None,
 }
 
-#: States a task never leaves.
-CLOSED_STATES = ("completed", "rejected", "cancelled")
-
-#: The gate's first decisions (DESIGN "Tasks"): what a handoff becomes.
-GATE_OUTCOME = {"allow": "routed", "approval_required": "approval", "never": "rejected"}
+#: States a task never leaves: those with no moves.
+CLOSED_STATES = tuple(state for state, moves in TASK_MOVES.items() if not moves)
 
 #: An approval (pending, or given but not yet used) lapses after this long and is asked again ...
 APPROVAL_LIFETIME = _dt.timedelta(hours=24)
@@ -1987,6 +1998,8 @@ def lifecycle_state(task: dict) -> str:
     """The key of TASK_MOVES a task row is in."""
     if task["state"] == "approval":
         return "approval_final" if task["verified_at"] else "approval_gate"
+    if task["state"] == "verifying" and task["requester"]:
+        return "verifying_by_agent"
     return task["state"]
 
 
@@ -1999,42 +2012,92 @@ MOVE_BY = {
     "hand_back": "hand back (the assignee's owner)",
 }
 
+# An approval asks an owner about one held handoff: given or denied, or withdrawn (denied)
+# when its task is cancelled. It lapsing is not a move: ``invalidated_at`` marks it, and
+# a new approval is asked.
+APPROVAL_MOVES: dict[str, dict[str, str]] = {
+    "pending": {"approve": "approved", "deny": "denied", "withdraw": "denied"},
+    "approved": {},
+    "denied": {},
+}
 
-def next_state(task: dict, move: str) -> str:
-    """Where ``move`` takes the task; InvalidState if the move is not allowed from its state."""
-    key = lifecycle_state(task)
-    allowed = dict(TASK_MOVES[key])
-    if key == "verifying" and task["requester"]:
-        # An agent's request is verified by that agent first; its owner decides after (approval_final).
-        allowed.pop("final_accept")
-        allowed.pop("send_back")
-    if move not in allowed:
-        shown = "a held handoff" if key == "approval_gate" else "a verified result" if key == "approval_final" else ""
-        ways = sorted({MOVE_BY[m] for m in allowed if m in MOVE_BY})
-        raise InvalidState(
-            f"task '{task['id']}' is {task['state']}{' (' + shown + ')' if shown else ''}: {MOVE_BY.get(move, move)} "
-            "is not allowed now; " + (f"what can happen: {', '.join(ways)}" if ways else "it is closed"))
-    return allowed[move]
+# A submission is one returned result of a task: a newer return supersedes it; it is
+# accepted (by the requesting agent's owner's policy or by a person), rejected, or
+# cancelled with its task. Verifying it is not a move: it stays submitted, with verdicts.
+SUBMISSION_MOVES: dict[str, dict[str, str]] = {
+    "submitted": {"supersede": "superseded", "accept": "accepted", "reject": "rejected", "cancel": "cancelled"},
+    "superseded": {},
+    "accepted": {},
+    "rejected": {},
+    "cancelled": {},
+}
+
+# A step is one call a woken run asks its owner for: allowed, denied (refused), or
+# expired undecided after STEP_LIFETIME; an allowed step is used once (consumed), or
+# expires unused after STEP_USE_WINDOW.
+STEP_MOVES: dict[str, dict[str, str]] = {
+    "pending": {"allow": "approved", "deny": "refused", "expire": "expired", "withdraw": "withdrawn"},
+    "approved": {"consume": "consumed", "expire": "expired"},
+    "refused": {},
+    "expired": {},
+    "consumed": {},
+    "withdrawn": {},
+}
+
+# An action is a make-or-spend card: its owner approves or declines it, or it expires
+# undecided; the proposing agent's runner claims an approved card once (running) and
+# finishes it with a result (done) or a failure (failed).
+ACTION_MOVES: dict[str, dict[str, str]] = {
+    "proposed": {"approve": "approved", "decline": "declined", "expire": "expired"},
+    "approved": {"claim": "running"},
+    "running": {"finish": "done", "fail": "failed"},
+    "declined": {},
+    "expired": {},
+    "done": {},
+    "failed": {},
+}
+
+# A private room's turn is who answers the owner's message, one step at a time (its
+# ``step``): a draft goes to the reviewer when the turn has one; a review asking for
+# changes goes back to the drafter (revise). Any step ends the turn: answered (nobody is
+# left to wait on), ask_owner, stopped by the owner, continued by the owner without the
+# agents that didn't answer, or replaced by the owner's next message. The moves are the
+# verdicts posted and the reasons a turn ends.
+_TURN_ENDS = {"answered": "ended", "ask_owner": "ended", "stopped": "ended", "continued": "ended",
+              "replaced": "ended"}
+TURN_MOVES: dict[str, dict[str, str]] = {
+    "draft": {"draft": "review"} | _TURN_ENDS,
+    "review": {"changes": "revise"} | _TURN_ENDS,
+    "revise": dict(_TURN_ENDS),
+    "ended": {},
+}
+#: Who answers in the step a reply hands the turn to, and the column that keeps that reply.
+TURN_HANDOVER = {"review": ("reviewer", "draft_message"), "revise": ("drafter", "review_message")}
 
 
-def task_lists() -> dict:
-    """What the web page lists about tasks, read from the tables above and the schemas.
+def turn_state(turn: dict) -> str:
+    """The key of TURN_MOVES a turn row is in (a turn ended before ``ended`` was a step keeps its last)."""
+    return "ended" if turn["ended_at"] else turn["step"]
 
-    ``{"states": [...], "cancellable": [...], "deliverable_types": [...]}``: every public
-    state in the reference's order, the public states a task can be cancelled from
-    (TASK_MOVES), and the packet's deliverable types.
+
+@dataclasses.dataclass(frozen=True)
+class Lifecycle:
+    """One lifecycle: the table and column its state lives in, and its moves (state → move → new state).
+
+    ``key`` names the entry of ``moves`` a row is in (default: its stored state);
+    ``shown`` says how an error names an entry, ``ways`` how each move is made.
     """
-    states = TASK_STATE["enum"]
-    cancellable = {"approval" if key.startswith("approval_") else key
-                   for key, moves in TASK_MOVES.items() if "cancel" in moves}
-    return {"states": list(states), "cancellable": [s for s in states if s in cancellable],
-            "deliverable_types": list(PACKET["properties"]["deliverable_type"]["enum"])}
+
+    noun: str
+    table: str
+    column: str
+    moves: dict[str, dict[str, str]]
+    ways: dict[str, str] = dataclasses.field(default_factory=dict)
+    key: Callable[[dict], str] | None = None
+    shown: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-# A run of a task (an attempt) and a computer's request to connect, as tables of allowed
-# moves like TASK_MOVES. Each move is one guarded ``UPDATE … WHERE state = ?`` (guarded_move);
-# a move its state does not list is refused with invalid_state.
-
+#: Every lifecycle, by the kind move() takes.
 #: An attempt's life: claimed (running) until its result is returned (finished), its owner
 #: presses Stop (stopped), a later claim of the task takes over (replaced), or its runner can't
 #: vouch for it (uncertain), which the owner settles as finished or abandoned.
@@ -2057,24 +2120,70 @@ CONNECT_MOVES: dict[str, dict[str, str]] = {
     "collected": {},
 }
 
+LIFECYCLES: dict[str, Lifecycle] = {
+    "task": Lifecycle("task", "tasks", "state", TASK_MOVES, MOVE_BY, lifecycle_state, {
+        "approval_gate": "approval (a held handoff)", "approval_final": "approval (a verified result)",
+        "verifying_by_agent": "verifying"}),
+    "approval": Lifecycle("approval", "approvals", "status", APPROVAL_MOVES),
+    "submission": Lifecycle("submission", "submissions", "status", SUBMISSION_MOVES),
+    "step": Lifecycle("step", "steps", "status", STEP_MOVES),
+    "action": Lifecycle("action", "actions", "status", ACTION_MOVES),
+    "turn": Lifecycle("turn", "turns", "step", TURN_MOVES, key=turn_state),
+    "attempt": Lifecycle("attempt", "attempts", "state", ATTEMPT_MOVES),
+    "connect": Lifecycle("connect request", "connect_requests", "state", CONNECT_MOVES),
+}
 
-def guarded_move(db: Database, table: str, moves: dict[str, dict[str, str]], row: dict, move: str, what: str,
-                 **changes: Any) -> dict:
-    """Apply ``move`` to ``row`` of ``table`` by its ``moves`` table, inside the caller's transaction.
 
-    Returns the row as updated. Raises InvalidState when the row's state does not allow the
-    move (naming the state and what it allows) and Conflict when the row changed meanwhile.
+def next_state(kind: str, row: dict, move_name: str) -> str:
+    """Where ``move_name`` takes ``row`` of lifecycle ``kind``; InvalidState naming the state and
+    the moves it allows if its table does not list the move."""
+    life = LIFECYCLES[kind]
+    key = life.key(row) if life.key else row[life.column]
+    allowed = life.moves[key]
+    if move_name not in allowed:
+        ways = sorted({life.ways.get(m, m) for m in allowed if m in life.ways or not life.ways})
+        raise InvalidState(
+            f"{life.noun} '{row['id']}' is {life.shown.get(key, key)}: "
+            f"{life.ways.get(move_name, move_name)} is not allowed now; "
+            + (f"what can happen: {', '.join(ways)}" if ways else "it is closed"))
+    return allowed[move_name]
+
+
+def move(db: Database, kind: str, row_id: str, move_name: str, row: dict | None = None, **changes: Any) -> str:
+    """Make one move of lifecycle ``kind`` (a key of LIFECYCLES) inside the caller's transaction.
+
+    ``row`` is the row as the caller read it (read now when not given); ``changes`` sets
+    other columns in the same UPDATE, guarded by the state read. Returns the new state.
+    Raises InvalidState when the table does not allow the move from the state the row is
+    in, and Conflict when it is allowed but the row changed after the caller read it.
     """
-    allowed = moves[row["state"]]
-    if move not in allowed:
-        ways = ", ".join(m.replace("_", " ") for m in allowed) or "nothing: it is over"
-        raise InvalidState(f"{what} '{row['id']}' is {row['state']}: it can't {move.replace('_', ' ')} now; "
-                           f"what can happen: {ways}")
-    sets = "".join(f", {k} = ?" for k in changes)
-    if db.execute(f"UPDATE {table} SET state = ?{sets} WHERE id = ? AND state = ?",
-                  (allowed[move], *changes.values(), row["id"], row["state"])) != 1:
-        raise Conflict(f"{what} '{row['id']}' changed while this call ran: read it again")
-    return dict(row) | changes | {"state": allowed[move]}
+    life = LIFECYCLES[kind]
+    read = f"SELECT * FROM {life.table} WHERE id = ?"
+    row = row or db.one(read, (row_id,))
+    new = next_state(kind, row, move_name)
+    sets = {life.column: new} | changes
+    count = db.execute(f"UPDATE {life.table} SET {', '.join(f'{k} = ?' for k in sets)} "
+                       f"WHERE id = ? AND {life.column} = ?", (*sets.values(), row_id, row[life.column]))
+    if count != 1:
+        next_state(kind, db.one(read, (row_id,)), move_name)
+        raise Conflict(f"{life.noun} '{row_id}' changed while this call ran: read it again")
+    return new
+
+
+def task_lists() -> dict:
+    """What the web page lists about tasks, read from the tables above and the schemas.
+
+    ``{"states": [...], "cancellable": [...], "deliverable_types": [...]}``: every public
+    state in the reference's order, the public states a task can be cancelled from
+    (TASK_MOVES), and the packet's deliverable types.
+    """
+    states = TASK_STATE["enum"]
+    cancellable = {"approval" if key.startswith("approval_") else key
+                   for key, moves in TASK_MOVES.items() if "cancel" in moves}
+    return {"states": list(states), "cancellable": [s for s in states if s in cancellable],
+            "deliverable_types": list(PACKET["properties"]["deliverable_type"]["enum"])}
+
+
 
 
 ###############################################################################
@@ -3205,7 +3314,7 @@ def _task_row(db: Database, task_id: str) -> dict:
     return db.one("SELECT * FROM tasks WHERE id = ?", (task_id,))
 
 
-def move_task(db: Database, task: dict, move: str, by: str, wakes: list[tuple[str, str]] = (),
+def move_task(db: Database, task: dict, move_name: str, by: str, wakes: list[tuple[str, str]] = (),
               **changes: Any) -> dict:
     """Apply one lifecycle move inside the caller's transaction; return the updated row.
 
@@ -3213,24 +3322,16 @@ def move_task(db: Database, task: dict, move: str, by: str, wakes: list[tuple[st
     changes) and a ``task.updated`` event. ``changes`` sets other columns in the same
     guarded UPDATE. Raises InvalidState for a move the state does not allow.
     """
-    new = next_state(task, move)
+    new = next_state("task", task, move_name)
     if "verified_at" not in changes and new != "approval":
         changes["verified_at"] = None if new in ("working", "routed") else task["verified_at"]
-    after = dict(task) | changes | {"state": new}
-    waiting_on = WAITING_ON[lifecycle_state(after)]
-    if new == "verifying" and not task["requester"]:
-        waiting_on = "owner_approval"  # a person asked: they check the result themselves
     now = iso(utcnow())
-    sets = ", ".join(f"{k} = ?" for k in changes)
-    count = db.execute(
-        f"UPDATE tasks SET state = ?, waiting_on = ?, updated_at = ?, last_activity_at = ?{', ' + sets if sets else ''} "
-        "WHERE id = ? AND state = ?",
-        (new, waiting_on, now, now, *changes.values(), task["id"], task["state"]))
-    if count != 1:
-        raise Conflict(f"task '{task['id']}' changed while this call ran: read it again")
+    waiting_on = WAITING_ON[lifecycle_state(dict(task) | changes | {"state": new})]
+    move(db, "task", task["id"], move_name, task, waiting_on=waiting_on, updated_at=now, last_activity_at=now,
+         **changes)
     if new != task["state"]:
         audit(db, task["project"], "task.transitioned",
-              {"task": task["id"], "from": task["state"], "to": new, "move": move, "by": by})
+              {"task": task["id"], "from": task["state"], "to": new, "move": move_name, "by": by})
     row = _task_row(db, task["id"])
     append_event(db, task["project"], "task.updated", {"task": task_out(db, row)},
                  [(agent, kind, task["id"], None) for agent, kind in wakes if agent])
@@ -3385,11 +3486,11 @@ def handoff(db: Database, actor: Actor, project: str, to: str, packet: dict, *,
         audit(db, project, "gate.decided", {"task": task_id, "decision": decision["decision"],
                                             "basis": decision["basis"], "rule": decision["rule_id"],
                                             "approval": gate["approval_id"]})
-        new_state = GATE_OUTCOME[decision["decision"]]
-        db.execute("UPDATE tasks SET state = ?, waiting_on = ?, routed_at = ?, gate = ? WHERE id = ?",
-                   (new_state, WAITING_ON["approval_gate" if new_state == "approval" else new_state],
-                    now if new_state == "routed" else None,
-                    json.dumps(gate | {"basis": decision["basis"], "rule_id": decision["rule_id"]}), task_id))
+        new_state = TASK_MOVES["requested"][decision["decision"]]
+        move(db, "task", task_id, decision["decision"], task,
+             waiting_on=WAITING_ON["approval_gate" if new_state == "approval" else new_state],
+             routed_at=now if new_state == "routed" else None,
+             gate=json.dumps(gate | {"basis": decision["basis"], "rule_id": decision["rule_id"]}))
         audit(db, project, "task.transitioned", {"task": task_id, "from": "requested", "to": new_state,
                                                  "move": decision["decision"], "by": "gate"})
         wakes = [(to, "task", task_id, None)] if new_state == "routed" else []
@@ -3529,10 +3630,10 @@ def return_result(db: Database, actor: Actor, task_id: str, summary: str, eviden
                                    f"(0 to {criteria - 1}); there is no {bad[0]}")
         if packet["deliverable_type"] == "code" and not any(a["commit_sha"] for a in artifacts):
             raise InvalidInput("artifacts: code needs a commit; pin the code by commit_sha")
-        next_state(task, "return")
+        next_state("task", task, "return")
         previous = latest_submission(db, task_id)
-        db.execute("UPDATE submissions SET status = 'superseded' WHERE task_id = ? AND status = 'submitted'",
-                   (task_id,))
+        for old in db.rows("SELECT * FROM submissions WHERE task_id = ? AND status = 'submitted'", (task_id,)):
+            move(db, "submission", old["id"], "supersede", old)
         revision = previous["revision"] + 1 if previous else 1
         report = evidence_report(criteria, items, now, parse_iso(previous["returned_at"]) if previous else None)
         submission_id = new_id("sub")
@@ -3635,7 +3736,7 @@ def accept_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
         with db.transaction():
             task = _require_task_role(db, actor, task_id, "requester", record="accept")
             sub = _check_submission(db, task, submission_id, revision, "accept")
-            next_state(task, "verify")
+            next_state("task", task, "verify")
             checked = _check_verdicts(verdicts, len(json.loads(task["packet"])["acceptance_criteria"]), True)
             if [_artifact_out(a) for a in artifacts] != json.loads(sub["artifacts"]):
                 raise StaleSubmission(
@@ -3650,9 +3751,8 @@ def accept_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
             audit(db, task["project"], "result.accepted", {"task": task_id, "submission": sub["id"],
                                                            "revision": sub["revision"], "step": "verified"})
             if auto:
-                db.execute("UPDATE submissions SET verdicts = ?, verified_by = ?, status = 'accepted', decided_by = ?, "
-                           "decided_by_policy = 'auto_accept' WHERE id = ?",
-                           (json.dumps(checked), verified_by, json.dumps({"kind": "system"}), sub["id"]))
+                move(db, "submission", sub["id"], "accept", sub, verdicts=json.dumps(checked), verified_by=verified_by,
+                     decided_by=json.dumps({"kind": "system"}), decided_by_policy="auto_accept")
                 audit(db, task["project"], "result.accepted", {"task": task_id, "submission": sub["id"],
                                                                "revision": sub["revision"], "step": "policy"})
                 row = move_task(db, task, "auto_accept", actor.agent_id)
@@ -3674,11 +3774,10 @@ def reject_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
         with db.transaction():
             task = _require_task_role(db, actor, task_id, "requester", record="reject")
             sub = _check_submission(db, task, submission_id, revision, "reject")
-            next_state(task, "reject")
+            next_state("task", task, "reject")
             checked = _check_verdicts(verdicts or [], len(json.loads(task["packet"])["acceptance_criteria"]), False)
-            db.execute("UPDATE submissions SET status = 'rejected', reason = ?, verdicts = ?, verified_by = ? "
-                       "WHERE id = ?", (reason, json.dumps(checked),
-                                        json.dumps({"kind": "agent", "agent_id": actor.agent_id}), sub["id"]))
+            move(db, "submission", sub["id"], "reject", sub, reason=reason, verdicts=json.dumps(checked),
+                 verified_by=json.dumps({"kind": "agent", "agent_id": actor.agent_id}))
             audit(db, task["project"], "result.rejected", {"task": task_id, "submission": sub["id"],
                                                            "revision": sub["revision"], "by": actor.agent_id})
             row = move_task(db, task, "reject", actor.agent_id, [(task["assignee"], "task")])
@@ -3826,10 +3925,9 @@ def decide_approval(db: Database, person: Actor, approval_id: str, decision: str
             raise InvalidState(f"approval '{approval_id}' was already {row['status']}")
         task = _task_row(db, row["task_id"])
         now = iso(utcnow())
-        status = "approved" if decision == "approve" else "denied"
         # An approval given now counts for APPROVAL_LIFETIME from now.
-        db.execute("UPDATE approvals SET status = ?, decided_by = ?, decided_at = ?, expires_at = ? WHERE id = ? AND "
-                   "status = 'pending'", (status, person.handle, now, iso(utcnow() + APPROVAL_LIFETIME), approval_id))
+        status = move(db, "approval", approval_id, decision, row, decided_by=person.handle, decided_at=now,
+                      expires_at=iso(utcnow() + APPROVAL_LIFETIME))
         row = db.one("SELECT * FROM approvals WHERE id = ?", (approval_id,))
         append_event(db, task["project"], "approval.updated", {"approval": approval_out(row)})
         audit(db, task["project"], "approval.decided", {"approval": approval_id, "task": task["id"],
@@ -3925,11 +4023,10 @@ def final_accept(db: Database, person: Actor, task_id: str) -> dict:
         if task["requester"] and task["state"] == "verifying":
             raise InvalidState(f"task '{task_id}' is verifying: its requester {task['requester']} checks the result "
                                "with accept_result first")
-        next_state(task, "final_accept")
+        next_state("task", task, "final_accept")
         sub = latest_submission(db, task_id)
-        db.execute("UPDATE submissions SET status = 'accepted', provenance = 'owner_approved', provenance_status = "
-                   "NULL, decided_by = ? WHERE id = ?",
-                   (json.dumps({"kind": "person", "handle": person.handle}), sub["id"]))
+        move(db, "submission", sub["id"], "accept", sub, provenance="owner_approved", provenance_status=None,
+             decided_by=json.dumps({"kind": "person", "handle": person.handle}))
         audit(db, task["project"], "result.accepted", {"task": task_id, "submission": sub["id"],
                                                        "revision": sub["revision"], "step": "owner_accepted",
                                                        "by": person.handle})
@@ -3946,10 +4043,10 @@ def send_back(db: Database, person: Actor, task_id: str, reason: str) -> dict:
             raise Forbidden(f"only {_requesting_person(task)} decides on this task's result")
         if task["requester"] and task["state"] == "verifying":
             raise InvalidState(f"task '{task_id}' is verifying: its requester {task['requester']} decides first")
-        next_state(task, "send_back")
+        next_state("task", task, "send_back")
         sub = latest_submission(db, task_id)
-        db.execute("UPDATE submissions SET status = 'rejected', reason = ?, decided_by = ? WHERE id = ?",
-                   (reason, json.dumps({"kind": "person", "handle": person.handle}), sub["id"]))
+        move(db, "submission", sub["id"], "reject", sub, reason=reason,
+             decided_by=json.dumps({"kind": "person", "handle": person.handle}))
         audit(db, task["project"], "result.rejected", {"task": task_id, "submission": sub["id"],
                                                        "revision": sub["revision"], "by": person.handle})
         row = move_task(db, task, "send_back", person.handle,
@@ -3963,12 +4060,12 @@ def cancel_task(db: Database, person: Actor, task_id: str) -> dict:
         task = _task_for_person(db, person, task_id)
         if person.handle != _requesting_person(task) and _member_role(db, task["project"], person.handle) != "owner":
             raise Forbidden("only the requester's owner or a project owner can cancel a task")
-        next_state(task, "cancel")
-        db.execute("UPDATE submissions SET status = 'cancelled' WHERE task_id = ? AND status = 'submitted'", (task_id,))
+        next_state("task", task, "cancel")
+        for sub in db.rows("SELECT * FROM submissions WHERE task_id = ? AND status = 'submitted'", (task_id,)):
+            move(db, "submission", sub["id"], "cancel", sub)
         for apr in db.rows("SELECT * FROM approvals WHERE task_id = ? AND status = 'pending' AND invalidated_at IS NULL",
                            (task_id,)):
-            db.execute("UPDATE approvals SET status = 'denied', decided_at = ?, invalidated_at = ? WHERE id = ?",
-                       (iso(utcnow()), iso(utcnow()), apr["id"]))
+            move(db, "approval", apr["id"], "withdraw", apr, decided_at=iso(utcnow()), invalidated_at=iso(utcnow()))
             append_event(db, task["project"], "approval.updated", {"approval": approval_out(
                 db.one("SELECT * FROM approvals WHERE id = ?", (apr["id"],)))})
         for attempt in db.rows("SELECT * FROM attempts WHERE task_id = ? AND state = 'running'", (task_id,)):
@@ -4368,7 +4465,7 @@ def request_step(db: Database, actor: Actor, tool_name: str, tool_input: dict, *
                                     f"{STEP_LIFETIME // _dt.timedelta(hours=1)} hours, which counts as a refusal: "
                                     "finish without it, or return what you have.")
             if now - parse_iso(step["decided_at"]) > STEP_USE_WINDOW:
-                db.execute("UPDATE steps SET status = 'expired' WHERE id = ?", (step["id"],))
+                move(db, "step", step["id"], "expire", step)
                 audit(db, task["project"], "step.expired", {"step": step["id"], "attempt": step["attempt_id"],
                                                             "kind": step["kind"], "why": STEP_UNUSED})
                 return _step_answer(step, "expired", "deny", "The allowance lapsed unused after "
@@ -4378,8 +4475,7 @@ def request_step(db: Database, actor: Actor, tool_name: str, tool_input: dict, *
                 # The permission layer lets the call through when it asks with the call's tool_use_id.
                 return _step_answer(step, "approved", "deny", "Allowed, and left to your permission layer: make "
                                     "exactly this call now, once.")
-            db.execute("UPDATE steps SET status = 'consumed', consumed_by = ? WHERE id = ?",
-                       (actor.attempt_id, step["id"]))
+            move(db, "step", step["id"], "consume", step, consumed_by=actor.attempt_id)
             audit(db, task["project"], "step.consumed", {"step": step["id"], "asked_by": step["attempt_id"],
                                                          "used_by": actor.attempt_id})
             return _step_answer(step, "consumed", "allow", "Allowed once: make exactly this call now.",
@@ -4407,7 +4503,7 @@ def _expire_steps(db: Database, task_id: str | None, now: _dt.datetime) -> None:
           "s.created_at <= ?" + (" AND s.task_id = ?" if task_id else "")
     params = (iso(now - STEP_LIFETIME),) + ((task_id,) if task_id else ())
     for step in db.rows(sql, params):
-        db.execute("UPDATE steps SET status = 'expired' WHERE id = ? AND status = 'pending'", (step["id"],))
+        move(db, "step", step["id"], "expire", step)
         audit(db, step["project"], "step.expired", {"step": step["id"], "attempt": step["attempt_id"],
                                                     "kind": step["kind"], "why": STEP_UNDECIDED})
 
@@ -4441,9 +4537,7 @@ def decide_step(db: Database, person: Actor, step_id: str, decision: str) -> dic
             raise NotFound(f"no step '{step_id}' of your agents'")
         if step["status"] != "pending":
             raise InvalidState(f"step '{step_id}' is {step['status']}, not waiting for a decision")
-        status = "approved" if decision == "allow" else "refused"
-        db.execute("UPDATE steps SET status = ?, decided_at = ?, decided_by = ? WHERE id = ? AND status = 'pending'",
-                   (status, iso(utcnow()), person.handle, step_id))
+        status = move(db, "step", step_id, decision, step, decided_at=iso(utcnow()), decided_by=person.handle)
         task = _task_row(db, step["task_id"])
         audit(db, task["project"], "step.decided", {"step": step_id, "attempt": step["attempt_id"],
                                                     "kind": step["kind"], "decision": status})
@@ -4495,29 +4589,28 @@ def task_runs(db: Database, task_id: str) -> list[dict]:
     return [attempt_out(r) | {"attempt": n} for n, r in enumerate(rows, 1)]
 
 
-def end_attempt(db: Database, attempt: dict, move: str, project: str) -> int:
-    """End an attempt by ``move`` (ATTEMPT_MOVES), inside the caller's transaction; returns credentials ended.
+def end_attempt(db: Database, attempt: dict, how: str, project: str) -> int:
+    """End an attempt by ``how`` (ATTEMPT_MOVES), inside the caller's transaction; returns credentials ended.
 
     Its execution credentials end at once (``token.revoked``). A Stop also withdraws a step
     it waits on (``step.withdrawn``); otherwise the step stays for the owner to decide and
     the run resuming the task to use.
     """
     now = iso(utcnow())
-    guarded_move(db, "attempts", ATTEMPT_MOVES, attempt, move, "attempt", ended_at=now)
+    move(db, "attempt", attempt["id"], how, attempt, ended_at=now)
     live = db.rows("SELECT id FROM credentials WHERE attempt_id = ? AND revoked_at IS NULL", (attempt["id"],))
     for cred in live:
         db.execute("UPDATE credentials SET revoked_at = ? WHERE id = ?", (now, cred["id"]))
         audit(db, project, "token.revoked", {
             "credential": cred["id"], "kind": "execution", "agent": attempt["agent_id"],
             "device": attempt["device_id"], "task": attempt["task_id"], "attempt": attempt["id"],
-            "reason": {"replace": "run_replaced", "stop": "run_stopped"}.get(move, "run_uncertain")})
+            "reason": {"replace": "run_replaced", "stop": "run_stopped"}.get(how, "run_uncertain")})
     if live:
         db.note_revoked()
-    if move != "stop":
+    if how != "stop":
         return len(live)
     for step in db.rows("SELECT id FROM steps WHERE attempt_id = ? AND status = 'pending'", (attempt["id"],)):
-        db.execute("UPDATE steps SET status = 'withdrawn', decided_at = ? WHERE id = ? AND status = 'pending'",
-                   (now, step["id"]))
+        move(db, "step", step["id"], "withdraw", decided_at=now)
         audit(db, project, "step.withdrawn", {"step": step["id"], "attempt": attempt["id"]})
     return len(live)
 
@@ -4627,7 +4720,7 @@ def hand_back(db: Database, person: Actor, task_id: str) -> dict:
         task = _assignee_task(db, person, task_id, "hand the task back")
         if _open_attempt(db, task_id, ("running", "uncertain")):
             raise InvalidState(f"a run of task '{task_id}' is still open: stop it (or settle it) first")
-        next_state(task, "hand_back")
+        next_state("task", task, "hand_back")
         if db.execute("UPDATE credentials SET revoked_at = ? WHERE kind = 'execution' AND task_id = ? AND "
                       "revoked_at IS NULL", (iso(utcnow()), task_id)):
             db.note_revoked()
@@ -4738,8 +4831,7 @@ def settle_attempt(db: Database, person: Actor, attempt_id: str, outcome: str) -
         if attempt is None or owner_of(attempt["agent_id"]) != person.handle:
             raise NotFound(f"no run '{attempt_id}' of your agents'")
         task = _task_row(db, attempt["task_id"])
-        guarded_move(db, "attempts", ATTEMPT_MOVES, attempt, f"settle_{outcome}", "attempt",
-                     ended_at=iso(utcnow()))
+        move(db, "attempt", attempt_id, f"settle_{outcome}", attempt, ended_at=iso(utcnow()))
         audit(db, task["project"], "attempt.reconciled", {"attempt": attempt_id, "outcome": outcome})
         append_event(db, task["project"], "task.updated", {"task": task_out(db, task)})
     return {"task": task_out(db, task), "runs": task_runs(db, task["id"])}
@@ -4801,7 +4893,8 @@ def _live_request(db: Database, row: dict | None, what: str) -> dict:
     if row is None:
         raise NotFound(f"no connect request {what}: check the code, or run 'prickle runner connect' again")
     if row["state"] in ("pending", "approved") and parse_iso(row["expires_at"]) <= utcnow():
-        row = guarded_move(db, "connect_requests", CONNECT_MOVES, row, "expire", "connect request")
+        move(db, "connect", row["id"], "expire", row)
+        row = db.one("SELECT * FROM connect_requests WHERE id = ?", (row["id"],))
     return row
 
 
@@ -4839,12 +4932,13 @@ def decide_connect(db: Database, person: Actor, code: str, decision: str, agents
         if row["state"] == "expired":
             raise Expired(f"code {row['code']} expired at {row['expires_at']}: run 'prickle runner connect' again")
         if decision == "refuse":
-            row = guarded_move(db, "connect_requests", CONNECT_MOVES, row, "refuse", "connect request",
-                               owner=person.handle, decided_at=iso(utcnow()))
+            move(db, "connect", row["id"], "refuse", row, owner=person.handle, decided_at=iso(utcnow()))
+            row = db.one("SELECT * FROM connect_requests WHERE id = ?", (row["id"],))
             return {"request": connect_request_out(row)}
         plan = _connect_plan(db, person, json.loads(row["clis"]), agents)
-        row = guarded_move(db, "connect_requests", CONNECT_MOVES, row, "approve", "connect request",
-                           owner=person.handle, decided_at=iso(utcnow()), plan=json.dumps(plan))
+        move(db, "connect", row["id"], "approve", row, owner=person.handle, decided_at=iso(utcnow()),
+             plan=json.dumps(plan))
+        row = db.one("SELECT * FROM connect_requests WHERE id = ?", (row["id"],))
         ids = [p["agent_id"] for p in plan]
         for chain in sorted({c for a in ids for c in _agent_chains(db, a)}):
             audit(db, chain, "device.approved", {"request": row["id"], "agents": ids, "keys": len(ids),
@@ -4908,8 +5002,7 @@ def collect_connect(db: Database, request_id: str, secret: str, base_url: str) -
             device, key = pair_device(db, row["owner"], p["agent_id"], row["name"])
             out.append({"agent_id": p["agent_id"], "client": p["cli"], "device_id": device["id"],
                         "credential_id": device["credential_id"], "key": key})
-        guarded_move(db, "connect_requests", CONNECT_MOVES, row, "collect", "connect request",
-                     collected_at=iso(utcnow()))
+        move(db, "connect", row["id"], "collect", row, collected_at=iso(utcnow()))
         ids = [o["agent_id"] for o in out]
         for chain in sorted({c for a in ids for c in _agent_chains(db, a)}):
             audit(db, chain, "device.collected", {"request": row["id"], "agents": ids, "keys": [
@@ -4971,8 +5064,7 @@ def _open_turn(db: Database, slug: str) -> dict | None:
 def _end_turn(db: Database, turn: dict, reason: str) -> int:
     """End a turn; its live discussion credentials end too. Returns how many ended."""
     now = iso(utcnow())
-    db.execute("UPDATE turns SET ended_at = ?, end_reason = ?, waiting_on = '[]' WHERE id = ? AND ended_at IS NULL",
-               (now, reason, turn["id"]))
+    move(db, "turn", turn["id"], reason, turn, ended_at=now, end_reason=reason, waiting_on="[]")
     # Credentials that already spent their one post are inert; they lapse on their own.
     db.note_revoked()
     return db.execute("UPDATE credentials SET revoked_at = ? WHERE revoked_at IS NULL AND discussion_id IN "
@@ -5025,23 +5117,19 @@ def advance_turn(db: Database, actor: Actor, verdict: str, reply_id: str) -> lis
     db.execute("UPDATE discussions SET reply_id = ? WHERE id = ?", (reply_id, discussion["id"]))
     waiting = [a for a in json.loads(turn["waiting_on"]) if a != actor.agent_id]
     left = max(turn["replies_left"] - 1, 0)
-    nxt, step, column = None, None, None
-    if verdict != "ask_owner" and left:
-        if discussion["role"] == "draft" and turn["reviewer"]:
-            nxt, step, column = turn["reviewer"], "review", "draft_message"
-        elif discussion["role"] == "review" and verdict == "changes":
-            nxt, step, column = turn["drafter"], "revise", "review_message"
-    if nxt is not None and step == "review" and not runner_listening(db, nxt):
+    step = TURN_MOVES.get(discussion["role"], {}).get(verdict) if left else None
+    who, column = TURN_HANDOVER.get(step, (None, None))
+    if who and turn[who] and step == "review" and not runner_listening(db, turn[who]):
         # A reviewer whose runner isn't listening would stall the turn: it waits for the owner instead.
-        db.execute(f"UPDATE turns SET step = ?, waiting_on = '[]', waking_message = ?, {column} = ?, replies_left = ?, "
-                   "skipped = ? WHERE id = ?", (step, reply_id, reply_id, left, json.dumps([nxt]), turn["id"]))
+        move(db, "turn", turn["id"], verdict, turn, waiting_on="[]", waking_message=reply_id, replies_left=left,
+             skipped=json.dumps([turn[who]]), **{column: reply_id})
         audit(db, turn["project"], "room.reviewer_skipped", {"turn": turn["id"], "step": "review", "draft": reply_id,
-                                                             "agent": nxt, "reason": "runner_not_listening"})
+                                                             "agent": turn[who], "reason": "runner_not_listening"})
         return []
-    if nxt is not None:
-        db.execute(f"UPDATE turns SET step = ?, waiting_on = ?, waking_message = ?, {column} = ?, replies_left = ? "
-                   "WHERE id = ?", (step, json.dumps([nxt]), reply_id, reply_id, left, turn["id"]))
-        return [_room_wake(turn["id"], nxt, reply_id, left, False)]
+    if who and turn[who]:
+        move(db, "turn", turn["id"], verdict, turn, waiting_on=json.dumps([turn[who]]), waking_message=reply_id,
+             replies_left=left, **{column: reply_id})
+        return [_room_wake(turn["id"], turn[who], reply_id, left, False)]
     db.execute("UPDATE turns SET waiting_on = ?, replies_left = ? WHERE id = ?",
                (json.dumps(waiting), left, turn["id"]))
     if not waiting or verdict == "ask_owner":
@@ -5353,9 +5441,7 @@ def decide_action(db: Database, person: Actor, action_id: str, decision: str) ->
         now = utcnow()
         if row["status"] != "proposed":
             raise InvalidState(f"action '{action_id}' is {row['status']}, not waiting for a decision")
-        status = "approved" if decision == "approve" else "declined"
-        db.execute("UPDATE actions SET status = ?, decided_by = ?, decided_at = ? WHERE id = ?",
-                   (status, person.handle, iso(now), action_id))
+        status = move(db, "action", action_id, decision, row, decided_by=person.handle, decided_at=iso(now))
         if status == "approved":
             entry = audit(db, row["project"], "action.approved", {
                 "action": action_id, "tool": row["tool"], "exact_action": row["action"],
@@ -5376,7 +5462,7 @@ def expire_actions(db: Database) -> None:
     """Cards nobody decided in time expire (``action.updated``)."""
     with db.transaction():
         for row in db.rows("SELECT * FROM actions WHERE status = 'proposed' AND expires_at <= ?", (iso(utcnow()),)):
-            db.execute("UPDATE actions SET status = 'expired', failure = 'expired' WHERE id = ?", (row["id"],))
+            move(db, "action", row["id"], "expire", row, failure="expired")
             _action_updated(db, db.one("SELECT * FROM actions WHERE id = ?", (row["id"],)))
 
 
@@ -5393,7 +5479,7 @@ def claim_action(db: Database, actor: Actor, action_id: str) -> dict:
             raise InvalidState(f"action '{action_id}' was approved, but the approval lapsed at {row['expires_at']}")
         if row["status"] != "approved":
             raise InvalidState(f"action '{action_id}' is {row['status']}: only an approved card is claimed, once")
-        db.execute("UPDATE actions SET status = 'running' WHERE id = ? AND status = 'approved'", (action_id,))
+        move(db, "action", action_id, "claim", row)
         audit(db, row["project"], "action.claimed", {"action": action_id, "tool": row["tool"],
                                                      "inputs_sha256": sha256_hex(row["inputs"])})
         row = db.one("SELECT * FROM actions WHERE id = ?", (action_id,))
@@ -5424,8 +5510,8 @@ def finish_action(db: Database, actor: Actor, action_id: str, body: str | None =
             check_text(body, "body", BODY_MAX, 1)
             made_by = {"action_id": action_id, "approval_audit_id": row["approval_audit_id"]}
             message_id = write_message(db, actor, row["project"], body, made_by_action=made_by)["id"]
-        db.execute("UPDATE actions SET status = ?, result_message_id = ?, failure = ? WHERE id = ?",
-                   ("done" if body is not None else "failed", message_id, failure, action_id))
+        move(db, "action", action_id, "finish" if body is not None else "fail", row, result_message_id=message_id,
+             failure=failure)
         audit(db, row["project"], "action.finished", {"action": action_id, "message": message_id, "failure": failure})
         row = db.one("SELECT * FROM actions WHERE id = ?", (action_id,))
         _action_updated(db, row)
