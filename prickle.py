@@ -1384,14 +1384,36 @@ class Database:
         return self.conn.pragma("data_version")
 
     def backup_to(self, dest: str) -> None:
-        """Copy the whole database to ``dest`` with SQLite's online backup."""
-        target = apsw.Connection(dest)
+        """Copy the whole database, as it was when the copy began, to ``dest``: a new file.
+
+        SQLite's online backup in one step, inside one read snapshot: writers go on meanwhile
+        (their commits go to the write-ahead log), and none of them restarts the copy, as they
+        did a copy made in small steps. The copy is made in a hidden file beside ``dest`` and
+        linked to that name once whole, so ``dest`` never holds part of a copy. Raises Conflict
+        if ``dest`` exists by then, and StorageError if the copy cannot be written.
+        """
+        folder = os.path.dirname(os.path.abspath(dest))
         try:
-            with target.backup("main", self.conn, "main") as b:
-                while not b.done:
-                    b.step(1000)
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".prickle-backup-")
+        except OSError as e:
+            raise StorageError(f"cannot write a backup in {folder} ({e.strerror}): pick a folder you can write") from None
+        os.close(fd)
+        try:
+            target = apsw.Connection(tmp)
+            try:
+                target.pragma("journal_mode", "off")  # a new file nobody reads until it is whole
+                with target.backup("main", self.conn, "main") as b:
+                    b.step(-1)
+            finally:
+                target.close()
+            os.link(tmp, dest)
+        except FileExistsError:
+            raise Conflict(f"{dest} already exists: pick a new file name") from None
+        except (OSError, apsw.Error) as e:
+            raise StorageError(f"the backup to {dest} failed ({e}); nothing was written there") from None
         finally:
-            target.close()
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 #: Where ``prickle serve`` records the name it opened its database by, one file per database

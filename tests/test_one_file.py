@@ -4,7 +4,7 @@ Real ``prickle serve`` processes and real command-line processes on one file rea
 names: a hard link, a symlink, a path through '..' under a symlinked folder, a bind mount.
 """
 
-import contextlib
+import json
 import os
 import subprocess
 import threading
@@ -105,3 +105,56 @@ def test_a_bind_mount_of_the_file_meets_the_same_lock(bind_mounted):
             f"prickle: another prickle serve is already using {db_path} (pid {served.proc.pid})")
         refused = cli(view, "token", "list")
         assert refused.returncode == 1 and f"pass --db {db_path}, the name it was started with" in refused.stderr
+
+
+def fill(db_path, messages):
+    """The demo team and ``messages`` posts of about 8,000 characters (4,000 make about 70 MB)."""
+    db = prickle.Database(db_path)
+    prickle.seed_demo(db)
+    oj = prickle.Actor("person", "", "cli", handle="oj")
+    words = [f"w{i:05d}x" for i in range(1000)]
+    for start in range(0, messages, 500):
+        with db.transaction():
+            for i in range(start, min(start + 500, messages)):
+                prickle.post_message(db, oj, prickle.DEMO_PROJECT, " ".join(words[(i + k * 7) % 1000] for k in range(990)))
+    db.close()
+
+
+def test_backup_finishes_under_steady_writers_and_holds_every_earlier_post(tmp_path):
+    db_path, dest = str(tmp_path / "prickle.db"), str(tmp_path / "copy.db")
+    fill(db_path, 8000)
+    with Served(db_path, "--demo") as served:
+        url, key = served.info["mcp"], served.info["demo"]["keys"]["ren/builder"]
+        acked, started, stop = [], threading.Barrier(4), threading.Event()
+
+        def writer(n):
+            with httpx.Client(timeout=30) as http:
+                for i in range(20):
+                    acked.append(_post(http, url, key, f"steady {n}.{i}", i))
+                started.wait(60)
+                while not stop.is_set():
+                    i += 1
+                    acked.append(_post(http, url, key, f"steady {n}.{i}", i))
+
+        threads = [threading.Thread(target=writer, args=(n,), daemon=True) for n in range(3)]
+        for thread in threads:
+            thread.start()
+        try:
+            started.wait(60)
+            before = list(acked)
+            # A copy made in small steps started over after every write, and under writers it never finished.
+            done = cli(db_path, "backup", dest, "--json", timeout=60)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(30)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == {"backup": dest}
+        assert len(before) >= 60 and None not in acked
+    assert sorted(os.listdir(tmp_path)) == ["copy.db", "prickle.db", "prickle.db.lock"]
+    copy = prickle.Database(dest)
+    ids = {r["id"] for r in copy.rows("SELECT id FROM messages")}
+    assert set(before) <= ids and len(ids) >= 8001 + len(before)
+    copy.close()
+    verified = cli(dest, "audit", "verify", "--json")
+    assert verified.returncode == 0 and json.loads(verified.stdout)["ok"] is True, verified.stdout
