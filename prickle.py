@@ -1427,8 +1427,8 @@ SERVER_RECORDS = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
 _LOCK_FDS: dict[tuple[int, int], list[int]] = {}
 
 
-def _file_fd(path: str) -> tuple[int, tuple[int, int]]:
-    """An idle descriptor of the file at ``path`` (created empty if missing) and its ``(st_dev, st_ino)``.
+def _file_fd(path: str, create: bool = False) -> tuple[int, tuple[int, int]]:
+    """An idle descriptor of the file at ``path`` (made empty if missing and ``create``) and its ``(st_dev, st_ino)``.
 
     Raises OSError when the file cannot be opened or made. Give it back with :func:`_put_back`.
     """
@@ -1436,7 +1436,7 @@ def _file_fd(path: str) -> tuple[int, tuple[int, int]]:
         st = os.stat(path)
         if free := _LOCK_FDS.get((st.st_dev, st.st_ino)):
             return free.pop(), (st.st_dev, st.st_ino)
-    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o644)
     st = os.fstat(fd)
     return fd, (st.st_dev, st.st_ino)
 
@@ -1542,7 +1542,7 @@ class ServerLock:
         file from being opened.
         """
         try:
-            fd, key = _file_fd(self.db_path)
+            fd, key = _file_fd(self.db_path, create=True)
         except OSError as e:
             raise StorageError(f"cannot open database file {self.db_path} ({e.strerror}): check the folder exists "
                                "and is writable") from None
