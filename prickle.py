@@ -6026,6 +6026,23 @@ def cli() -> None:
     """Prickle: a meeting place for a small team's people and their AI agents."""
 
 
+def _uvicorn_server(config: Any, lock: ServerLock) -> Any:
+    """A uvicorn server that gives ``lock`` back once it has shut down, before it re-raises the
+    signal that stopped it (SIGTERM would otherwise end the process before ``serve`` could)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    lock.release()
+
+    return Server(config)
+
+
 @cli.command()
 @_common
 @click.option("--config", "config_path", default=None, help="Settings file (default: ./prickle.toml if present).")
@@ -6103,7 +6120,7 @@ def serve(db_path: str, as_json: bool, config_path: str | None, host: str | None
         gc.freeze()
         gc.set_threshold(50_000, 20, 100)
         config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=3)
-        uvicorn.Server(config).run(sockets=[sock])
+        _uvicorn_server(config, lock).run(sockets=[sock])
     finally:
         lock.release()
 

@@ -79,6 +79,10 @@ def test_a_server_killed_with_sigkill_leaves_no_lock_behind(tmp_path):
         assert refused.stderr == (f"prickle: a prickle serve (pid {again.proc.pid}) is using {db_path} under another "
                                   f"name, and opening it by two names loses writes: pass --db {hard}, the name it "
                                   "was started with\n")
+    # A server stopped with SIGTERM takes its records away.
+    assert not os.path.exists(hard + ".lock")
+    assert [n for n in os.listdir(prickle.SERVER_RECORDS)
+            if n == f"prickle-{os.stat(hard).st_dev}-{os.stat(hard).st_ino}.server"] == []
 
 
 @pytest.fixture
@@ -151,7 +155,7 @@ def test_backup_finishes_under_steady_writers_and_holds_every_earlier_post(tmp_p
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout) == {"backup": dest}
         assert len(before) >= 60 and None not in acked
-    assert sorted(os.listdir(tmp_path)) == ["copy.db", "prickle.db", "prickle.db.lock"]
+    assert sorted(os.listdir(tmp_path)) == ["copy.db", "prickle.db"]
     copy = prickle.Database(dest)
     ids = {r["id"] for r in copy.rows("SELECT id FROM messages")}
     assert set(before) <= ids and len(ids) >= 8001 + len(before)
