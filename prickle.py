@@ -68,6 +68,7 @@ import secrets
 import shlex
 import socket
 import sys
+import tempfile
 import time
 import threading
 import tomllib
@@ -1499,49 +1500,204 @@ class Database:
         return self.conn.pragma("data_version")
 
     def backup_to(self, dest: str) -> None:
-        """Copy the whole database to ``dest`` with SQLite's online backup."""
-        target = apsw.Connection(dest)
+        """Copy the whole database, as it was when the copy began, to ``dest``: a new file.
+
+        SQLite's online backup in one step, inside one read snapshot: writers go on meanwhile
+        (their commits go to the write-ahead log), and none of them restarts the copy, as they
+        did a copy made in small steps. The copy is made in a hidden file beside ``dest`` and
+        linked to that name once whole, so ``dest`` never holds part of a copy. Raises Conflict
+        if ``dest`` exists by then, and StorageError if the copy cannot be written.
+        """
+        folder = os.path.dirname(os.path.abspath(dest))
         try:
-            with target.backup("main", self.conn, "main") as b:
-                while not b.done:
-                    b.step(1000)
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".prickle-backup-")
+        except OSError as e:
+            raise StorageError(f"cannot write a backup in {folder} ({e.strerror}): pick a folder you can write") from None
+        os.close(fd)
+        try:
+            target = apsw.Connection(tmp)
+            try:
+                target.pragma("journal_mode", "off")  # a new file nobody reads until it is whole
+                with target.backup("main", self.conn, "main") as b:
+                    b.step(-1)
+            finally:
+                target.close()
+            os.link(tmp, dest)
+        except FileExistsError:
+            raise Conflict(f"{dest} already exists: pick a new file name") from None
+        except (OSError, apsw.Error) as e:
+            raise StorageError(f"the backup to {dest} failed ({e}); nothing was written there") from None
         finally:
-            target.close()
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+#: Where ``prickle serve`` records the name it opened its database by, one file per database
+#: file (named by device and inode), so a command given another name for that file can say which
+#: name to use. Shared memory is one folder for every user and survives no reboot (nor any stale server).
+SERVER_RECORDS = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+
+#: Descriptors of database files this process opened to take flock() locks, by (st_dev, st_ino),
+#: kept open for the process's life: closing one would drop every fcntl() lock SQLite holds on
+#: that file in this process (POSIX drops them all at the first close of any descriptor).
+_LOCK_FDS: dict[tuple[int, int], list[int]] = {}
+
+
+def _file_fd(path: str, create: bool = False) -> tuple[int, tuple[int, int]]:
+    """An idle descriptor of the file at ``path`` (made empty if missing and ``create``) and its ``(st_dev, st_ino)``.
+
+    Raises OSError when the file cannot be opened or made. Give it back with :func:`_put_back`.
+    """
+    with contextlib.suppress(OSError):
+        st = os.stat(path)
+        if free := _LOCK_FDS.get((st.st_dev, st.st_ino)):
+            return free.pop(), (st.st_dev, st.st_ino)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o644)
+    st = os.fstat(fd)
+    return fd, (st.st_dev, st.st_ino)
+
+
+def _put_back(key: tuple[int, int], fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    _LOCK_FDS.setdefault(key, []).append(fd)
+
+
+def _record_path(key: tuple[int, int]) -> str:
+    return os.path.join(SERVER_RECORDS, f"prickle-{key[0]}-{key[1]}.server")
+
+
+def _live_record(path: str) -> dict | None:
+    """The ``{"pid", "path"}`` a running server wrote to ``path``; None if none holds that record.
+
+    A server holds a lock on its record while it runs, so one left by a server that was killed
+    (kill -9, a crash) reads as None.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None
+        except BlockingIOError:
+            record = json.loads(os.pread(fd, 65536, 0))
+        return record if isinstance(record, dict) and isinstance(record.get("path"), str) else None
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _publish(path: str, record: dict) -> int:
+    """Write ``record`` to ``path`` whole (a new file renamed into place) and hold it locked; the descriptor."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".prickle-")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, json.dumps(record).encode())
+        os.fchmod(fd, 0o644)
+        os.rename(tmp, path)
+    except OSError:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return fd
+
+
+def running_server(db_path: str) -> dict | None:
+    """The ``prickle serve`` using the database file at ``db_path``, by whatever name: None if none runs.
+
+    Returns ``{"pid", "path"}`` with the real path the server opened the file by, or
+    ``{"pid": None, "path": None}`` when a server holds the file but its name cannot be found.
+    Takes no lock that outlives the call and opens no SQLite connection.
+    """
+    try:
+        fd, key = _file_fd(db_path)
+    except OSError:
+        return None  # opening it with SQLite will say what is wrong with the file
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        pass
+    finally:
+        _put_back(key, fd)
+    real = os.path.realpath(db_path)
+    deadline = time.monotonic() + 2  # a server that just took the file writes its records next
+    while True:
+        beside = _live_record(real + ".lock")
+        if beside is not None and beside["path"] == real:
+            return beside
+        holder = _live_record(_record_path(key)) or beside
+        if holder is not None or time.monotonic() > deadline:
+            return holder or {"pid": None, "path": None}
+        time.sleep(0.05)
 
 
 class ServerLock:
-    """An exclusive lock beside the database file, held while ``prickle serve`` runs."""
+    """Held while ``prickle serve`` runs: one server per database file, whatever name reaches it.
+
+    The lock is an exclusive flock() on the database file itself, so a hard link, a symlink, a
+    bind mount or a path through '..' all meet it (flock() and SQLite's fcntl() locks do not
+    interact). The server records its pid and the real path it opened the file by beside the
+    file (``<file>.lock``) and under SERVER_RECORDS by device and inode; :func:`running_server`
+    reads them.
+    """
 
     def __init__(self, db_path: str):
-        self.path = os.path.abspath(db_path) + ".lock"
+        self.db_path = db_path
         self._fd: int | None = None
+        self._key = (0, 0)
+        self._records: list[tuple[str, int]] = []
 
     def acquire(self) -> None:
-        """Take the lock or raise StorageError saying another server has the file."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        """Take the lock (creating an empty database file if there is none) or raise StorageError.
+
+        The error names the path and pid of the server that has the file, or what keeps the
+        file from being opened.
+        """
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
+            fd, key = _file_fd(self.db_path, create=True)
+        except OSError as e:
+            raise StorageError(f"cannot open database file {self.db_path} ({e.strerror}): check the folder exists "
+                               "and is writable") from None
+        deadline = time.monotonic() + 1  # running_server holds a shared lock for an instant
+        while True:
             try:
-                with open(self.path) as f:
-                    holder = f.read().strip()
-            except OSError:
-                holder = ""
-            raise StorageError(
-                f"another prickle serve is already using {self.path[:-5]}"
-                + (f" ({holder})" if holder else "")
-                + ": stop it first, or pass --db to use another file"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}".encode())
-        self._fd = fd
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    _put_back(key, fd)
+                    real = os.path.realpath(self.db_path)
+                    holder = _live_record(_record_path(key)) or _live_record(real + ".lock") or {}
+                    raise StorageError(
+                        f"another prickle serve is already using {holder.get('path') or self.db_path}"
+                        + (f" (pid {holder['pid']})" if holder.get("pid") else "")
+                        + ": stop it first, or pass --db to use another file"
+                    ) from None
+                time.sleep(0.01)
+        self._fd, self._key = fd, key
+        record = {"pid": os.getpid(), "path": os.path.realpath(self.db_path)}
+        for where in (record["path"] + ".lock", _record_path(key)):
+            try:
+                self._records.append((where, _publish(where, record)))
+            except OSError as e:
+                print(f"prickle: cannot write {where} ({e.strerror}): a command that reaches this database "
+                      "by another name cannot be told which name to use", file=sys.stderr)
 
     def release(self) -> None:
-        """Give the lock back."""
+        """Give the lock back and remove the records (the database file stays open until the process ends)."""
+        for where, fd in self._records:
+            with contextlib.suppress(OSError):
+                mine, there = os.fstat(fd), os.stat(where)
+                if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+                    os.unlink(where)
+            os.close(fd)
+        self._records = []
         if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
+            _put_back(self._key, self._fd)
             self._fd = None
 
 
@@ -7592,15 +7748,19 @@ def _open(db_path: str, create: bool = False, serving: bool = False) -> Database
     if not create and not os.path.exists(db_path):
         raise NotFound(f"no database at {db_path}: pass --db with the file 'prickle serve' uses, or start with "
                        "'prickle init'")
-    if not serving and os.path.exists(db_path) and _schema_version(db_path) < len(MIGRATIONS):
-        # Upgrading the file under a running older server would break it: only with the server stopped.
-        lock = ServerLock(db_path)
-        try:
-            lock.acquire()
-        except StorageError:
+    if not serving and os.path.exists(db_path):
+        # Before any SQLite connection: one through another name would get a write-ahead log of its own.
+        holder = running_server(db_path)
+        if holder is not None and holder["path"] != os.path.realpath(db_path):
+            use = (f"pass --db {shlex.quote(holder['path'])}, the name it was started with" if holder["path"]
+                   else "pass --db with the name that server was started with")
+            pid = f" (pid {holder['pid']})" if holder["pid"] else ""
+            raise StorageError(f"a prickle serve{pid} is using "
+                               f"{db_path} under another name, and opening it by two names loses writes: {use}")
+        if holder is not None and _schema_version(db_path) < len(MIGRATIONS):
+            # Upgrading the file under a running older server would break it: only with the server stopped.
             raise StorageError(f"{db_path} needs a schema upgrade and a server is using it: stop that server, then "
-                               "run this again (or start the new 'prickle serve', which upgrades it)") from None
-        lock.release()
+                               "run this again (or start the new 'prickle serve', which upgrades it)")
     return Database(db_path)
 
 
@@ -7616,6 +7776,23 @@ def _schema_version(db_path: str) -> int:
 @click.version_option(__version__, prog_name="prickle")
 def cli() -> None:
     """Prickle: a meeting place for a small team's people and their AI agents."""
+
+
+def _uvicorn_server(config: Any, lock: ServerLock) -> Any:
+    """A uvicorn server that gives ``lock`` back once it has shut down, before it re-raises the
+    signal that stopped it (SIGTERM would otherwise end the process before ``serve`` could)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    lock.release()
+
+    return Server(config)
 
 
 @cli.command("serve")
@@ -7704,7 +7881,7 @@ def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | 
         config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=3,
                                 http=guard.protocol(), backlog=guard.backlog)
         limit_log_repeats()  # once uvicorn has set up its logging
-        uvicorn.Server(config).run(sockets=[sock])
+        _uvicorn_server(config, lock).run(sockets=[sock])
     finally:
         lock.release()
 
