@@ -2036,17 +2036,26 @@ def credential_actor(db: Database, digest: str, kind: str, *, fresh: bool = True
     row, actor = db.cached(("credential", digest), lambda: _credential_by_hash(db, digest), fresh=fresh) or (None, None)
     if row is None or row["kind"] != kind:
         raise Unauthorized("unknown credential: it was never issued here or the database was replaced")
-    if row["revoked_at"]:
-        raise Unauthorized({"signin": "this sign-in link was already used: get a new one with "
-                                      "'prickle signin-link HANDLE'",
-                            "session": "this session has ended: sign in again"}.get(
-            kind, "this credential was revoked: ask its owner for a new one"))
-    if row["expires_at"] and parse_iso(row["expires_at"]) <= utcnow():
-        raise Unauthorized({"signin": "this sign-in link has expired: get a new one with "
-                                      "'prickle signin-link HANDLE'",
-                            "session": "this session has expired: sign in again"}.get(
-            kind, "this credential has expired: ask its owner for a new one"))
+    if why := not_live_because(row):
+        raise Unauthorized(why)
     return actor
+
+
+def not_live_because(row: dict) -> str | None:
+    """Why a credential row (``kind``, ``revoked_at``, ``expires_at``) can no longer be used, or None while it is live.
+
+    The one rule for a credential's life: revoked, or past its expiry. The reason is said for
+    its kind (a sign-in link, a browser session, a key).
+    """
+    if row["revoked_at"]:
+        return {"signin": "this sign-in link was already used: get a new one with 'prickle signin-link HANDLE'",
+                "session": "this session has ended: sign in again"}.get(
+            row["kind"], "this credential was revoked: ask its owner for a new one")
+    if row["expires_at"] and parse_iso(row["expires_at"]) <= utcnow():
+        return {"signin": "this sign-in link has expired: get a new one with 'prickle signin-link HANDLE'",
+                "session": "this session has expired: sign in again"}.get(
+            row["kind"], "this credential has expired: ask its owner for a new one")
+    return None
 
 
 def _credential_by_hash(db: Database, digest: str) -> tuple[dict, Actor] | None:
@@ -2079,17 +2088,21 @@ def check_caller(db: Database) -> None:
     the first read or write of a call that was let in on the cached credential.
     """
     actor = CALLER.get()
-    if actor is not None and actor.secret_hash and ("credential", actor.secret_hash) not in db.cache:
-        credential_actor(db, actor.secret_hash, actor.credential_kind)
+    if actor is not None and ("credential", actor.secret_hash) not in db.cache:
+        check_live(db, actor)
 
 
 def check_live(db: Database, actor: Actor) -> None:
-    """Raise Unauthorized if the actor's credential was revoked or expired since the call began."""
-    if not actor.credential_id:
-        return
-    row = db.one("SELECT revoked_at, expires_at FROM credentials WHERE id = ?", (actor.credential_id,))
-    if row is None or row["revoked_at"] or (row["expires_at"] and parse_iso(row["expires_at"]) <= utcnow()):
-        raise Unauthorized("this credential was revoked or expired while the call waited")
+    """Raise Unauthorized if the actor's credential is no longer live: revoked, expired or gone.
+
+    The one answer to "is this caller still live" once a call is in: asked at each transaction
+    and snapshot of an MCP call (check_caller), by the tool dispatcher before a tool that does
+    not check inside, and by every wait each time it wakes. Outside a transaction it sees a
+    revocation another process made (see Database.cached). An actor made without a credential
+    (the command line's) is always live.
+    """
+    if actor.secret_hash:
+        credential_actor(db, actor.secret_hash, actor.credential_kind)
 
 
 ###############################################################################
@@ -2569,19 +2582,105 @@ def create_token(db: Database, kind: str, *, agent_id: str | None = None, person
             if person is None or agent_id is not None or project is not None:
                 raise InvalidInput(f"a {kind} credential belongs to one person: pass --person HANDLE only")
             _require_person(db, person)
-        secret, now = make_secret(kind), utcnow()
-        record = {
-            "id": new_id("tok"), "kind": kind, "agent_id": agent_id, "person": person, "project": project,
-            "created_at": iso(now), "expires_at": iso(now + ttl) if ttl else None,
-        }
-        rooms_only = project == ROOMS_SCOPE
-        db.execute("INSERT INTO credentials (id, kind, secret_hash, agent_id, person, project, created_at, "
-                   "expires_at, rooms_only) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                   (record["id"], kind, sha256_hex(secret), agent_id, person, None if rooms_only else project,
-                    record["created_at"], record["expires_at"], int(rooms_only)))
-        if kind not in ("signin", "session"):
-            _audit_credential(db, "token.created", record)
+        return mint_credential(db, kind, agent_id=agent_id, person=person, project=project, ttl=ttl)
+
+
+def mint_credential(db: Database, kind: str, *, agent_id: str | None = None, person: str | None = None,
+                    project: str | None = None, ttl: _dt.timedelta | None = None, device_id: str | None = None,
+                    task_id: str | None = None, attempt_id: str | None = None,
+                    allowed_tools: tuple[str, ...] | None = None, discussion_id: str | None = None,
+                    issued_by: str | None = None) -> tuple[dict, str]:
+    """Write a new credential inside the caller's transaction; return ``(record, secret)``.
+
+    The one place a credential is made; the caller has already decided who may have it.
+    ``project`` ROOMS_SCOPE reaches every private room of the agent's owner. ``record`` holds
+    id, kind, agent_id, person, project, created_at and expires_at (``ttl`` from now, or None
+    for no expiry). The secret is never stored or shown again. Writes ``token.created``
+    (see _record_credential).
+    """
+    secret, now = make_secret(kind), utcnow()
+    record = {
+        "id": new_id("tok"), "kind": kind, "agent_id": agent_id, "person": person, "project": project,
+        "created_at": iso(now), "expires_at": iso(now + ttl) if ttl else None,
+    }
+    rooms_only = project == ROOMS_SCOPE
+    row = record | {"project": None if rooms_only else project, "rooms_only": int(rooms_only),
+                    "secret_hash": sha256_hex(secret), "device_id": device_id, "task_id": task_id,
+                    "attempt_id": attempt_id, "allowed_tools": json.dumps(allowed_tools) if allowed_tools else None,
+                    "discussion_id": discussion_id, "issued_by": issued_by}
+    db.execute(f"INSERT INTO credentials ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+               tuple(row.values()))
+    _record_credential(db, "token.created", record | {k: row[k] for k in _RUN_REFS})
     return record, secret
+
+
+#: Why credentials are revoked, and whether ``token.revoked`` records each one. A cascade is
+#: recorded by the entry of what caused it (``device.revoked``, the task's move, the room's turn).
+REVOCATIONS = {"revoked": True, "claim_retried": True, "run_replaced": True, "run_stopped": True,
+               "run_uncertain": True, "issuer_revoked": False, "device_revoked": False, "task_cancelled": False,
+               "task_handed_back": False, "turn_ended": False, "turn_retried": False}
+#: The columns a run's or a discussion's credential entry records besides the credential and its agent.
+_RUN_REFS = ("device_id", "task_id", "attempt_id", "discussion_id")
+
+
+def revoke_credentials(db: Database, where: str, params: tuple, reason: str) -> int:
+    """Revoke every live credential matching ``where`` (SQL on ``credentials``) in the caller's transaction.
+
+    The one write of a credential's ``revoked_at``. Returns how many it revoked (not counting
+    the cascade). What they issued ends with them (a runner key's runs and discussions, a rooms
+    key's discussions), and a runner key takes its device along (``device.revoked``, reason
+    ``key_revoked``). After commit, db.revoked_listeners end their open waits and MCP sessions.
+    ``reason`` is a key of REVOCATIONS, which says whether ``token.revoked`` is written.
+    """
+    rows = db.rows(f"SELECT * FROM credentials WHERE revoked_at IS NULL AND ({where})", params)
+    if not rows:
+        return 0
+    now = iso(utcnow())
+    db.execute(f"UPDATE credentials SET revoked_at = ? WHERE revoked_at IS NULL AND ({where})", (now, *params))
+    db.note_revoked()
+    for row in rows:
+        if REVOCATIONS[reason]:
+            _record_credential(db, "token.revoked", row, reason)
+        if row["kind"] == "runner":  # a device without its runner key can do nothing: it ends with the key
+            device = db.one("SELECT * FROM devices WHERE id = ? AND revoked_at IS NULL", (row["device_id"],))
+            if device is not None:
+                end_device(db, device, "key_revoked")
+        revoke_credentials(db, "issued_by = ?", (row["id"],), "issuer_revoked")
+    return len(rows)
+
+
+def end_device(db: Database, device: dict, reason: str) -> int:
+    """Revoke a device and every credential it still holds, in the caller's transaction; returns how many.
+
+    Writes ``device.revoked`` (with the count) in each of its agent's chains.
+    """
+    db.execute("UPDATE devices SET revoked_at = ?, revoked_reason = ? WHERE id = ?",
+               (iso(utcnow()), reason, device["id"]))
+    ended = revoke_credentials(db, "device_id = ?", (device["id"],), "device_revoked")
+    for chain in _agent_chains(db, device["agent_id"]):
+        audit(db, chain, "device.revoked", {"device": device["id"], "agent": device["agent_id"], "reason": reason,
+                                            "credentials": ended})
+    return ended
+
+
+def _record_credential(db: Database, type_: str, row: dict, reason: str | None = None) -> None:
+    """Write ``token.created`` or ``token.revoked`` for one credential where its kind says, never its secret.
+
+    A run's credential is recorded in its task's project with its device, task and attempt (and
+    the reason, when revoked); a discussion's only when revoked, in its room (its making is
+    ``discussion.claimed``); a key in each project it reaches (_audit_credential). Sign-in
+    links and browser sessions are recorded nowhere.
+    """
+    kind = row["kind"]
+    if kind in ("signin", "session") or (kind == "discussion" and type_ == "token.created"):
+        return
+    if kind not in ("execution", "discussion"):
+        _audit_credential(db, type_, row)
+        return
+    refs = {"credential": row["id"], "kind": kind, "agent": row["agent_id"], "device": row["device_id"]}
+    refs |= ({"task": row["task_id"], "attempt": row["attempt_id"]} if kind == "execution"
+             else {"discussion": row["discussion_id"]})
+    audit(db, row["project"], type_, refs | ({"reason": reason} if reason else {}))
 
 
 def _audit_credential(db: Database, type_: str, record: dict) -> None:
@@ -2619,19 +2718,8 @@ def revoke_token(db: Database, token_id: str, by: str | None = None) -> dict:
             raise NotFound(f"no credential '{token_id}': list them with 'prickle token list'")
         if row["revoked_at"]:
             raise InvalidState(f"credential '{token_id}' was already revoked at {row['revoked_at']}")
-        now = iso(utcnow())
-        db.execute("UPDATE credentials SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (now, token_id))
-        db.note_revoked()
-        record = {k: row[k] for k in ("id", "kind", "agent_id", "person", "project")}
-        if row["kind"] not in ("signin", "session"):
-            _audit_credential(db, "token.revoked", record)
-        if row["kind"] == "runner":  # a device without its runner key can do nothing: it ends with the key
-            device = db.one("SELECT * FROM devices WHERE id = ? AND revoked_at IS NULL", (row["device_id"],))
-            if device is not None:
-                _end_device(db, device, now, "key_revoked")
-        # What was claimed with this key (a run's or a discussion's credential) ends with it.
-        db.execute("UPDATE credentials SET revoked_at = ? WHERE issued_by = ? AND revoked_at IS NULL", (now, token_id))
-    return record | {"revoked": True}
+        revoke_credentials(db, "id = ?", (token_id,), "revoked")
+    return {k: row[k] for k in ("id", "kind", "agent_id", "person", "project")} | {"revoked": True}
 
 
 def list_tokens(db: Database, owner: str | None = None) -> list[dict]:
@@ -4226,9 +4314,7 @@ def cancel_task(db: Database, person: Actor, task_id: str) -> dict:
                 db.one("SELECT * FROM approvals WHERE id = ?", (apr["id"],)))})
         for attempt in db.rows("SELECT * FROM attempts WHERE task_id = ? AND state = 'running'", (task_id,)):
             end_attempt(db, attempt, "stop", task["project"])  # its runs stop with it
-        if db.execute("UPDATE credentials SET revoked_at = ? WHERE kind = 'execution' AND task_id = ? AND "
-                      "revoked_at IS NULL", (iso(utcnow()), task_id)):
-            db.note_revoked()
+        revoke_credentials(db, "kind = 'execution' AND task_id = ?", (task_id,), "task_cancelled")  # its runs stop
         reached = task["routed_at"] is not None  # a task held at the gate never reached its assignee
         row = move_task(db, task, "cancel", person.handle,
                         [(task["assignee"] if reached else None, "task"), (task["requester"], "task_update")])
@@ -4418,8 +4504,7 @@ def pair_device(db: Database, owner: str, agent_id: str, name: str = "runner") -
                   "created_at": iso(utcnow()), "revoked_at": None}
         db.execute("INSERT INTO devices (id, owner, agent_id, name, created_at) VALUES (?, ?, ?, ?, ?)",
                    (device["id"], owner, agent_id, name, device["created_at"]))
-        record, secret = create_token(db, "runner", agent_id=agent_id)
-        db.execute("UPDATE credentials SET device_id = ? WHERE id = ?", (device["id"], record["id"]))
+        record, secret = mint_credential(db, "runner", agent_id=agent_id, device_id=device["id"])
         for chain in _agent_chains(db, agent_id):
             audit(db, chain, "device.paired", {"device": device["id"], "agent": agent_id, "credential": record["id"]})
     return device | {"credential_id": record["id"]}, secret
@@ -4450,23 +4535,8 @@ def revoke_device(db: Database, owner: str, device_id: str, reason: str = "owner
             raise NotFound(f"no device '{device_id}' of yours")
         if device["revoked_at"]:
             raise InvalidState(f"device '{device_id}' was already revoked")
-        ended = _end_device(db, device, iso(utcnow()), reason)
+        ended = end_device(db, device, reason)
     return {"id": device_id, "revoked": True, "credentials_ended": ended}
-
-
-def _end_device(db: Database, device: dict, now: str, reason: str) -> int:
-    """Revoke a device and every credential it still holds, inside the caller's transaction; returns how many.
-
-    Writes ``device.revoked`` in each of its agent's chains.
-    """
-    db.execute("UPDATE devices SET revoked_at = ?, revoked_reason = ? WHERE id = ?", (now, reason, device["id"]))
-    ended = db.execute("UPDATE credentials SET revoked_at = ? WHERE device_id = ? AND revoked_at IS NULL",
-                       (now, device["id"]))
-    db.note_revoked()
-    for chain in _agent_chains(db, device["agent_id"]):
-        audit(db, chain, "device.revoked", {"device": device["id"], "agent": device["agent_id"], "reason": reason,
-                                            "credentials": ended})
-    return ended
 
 
 def _run_cause(task: dict) -> dict:
@@ -4530,26 +4600,15 @@ def claim_task(db: Database, actor: Actor, task_id: str, idempotency_key: str, w
             audit(db, task["project"], "attempt.claimed", {"attempt": attempt["id"], "task": task_id,
                                                            "device": device["id"], "approval": gate.get("approval_id")})
         elif attempt["credential_id"]:
-            old = db.one("SELECT * FROM credentials WHERE id = ?", (attempt["credential_id"],))
-            if old and not old["revoked_at"]:
-                db.execute("UPDATE credentials SET revoked_at = ? WHERE id = ?", (iso(now), old["id"]))
-                db.note_revoked()
-                audit(db, task["project"], "token.revoked", {
-                    "credential": old["id"], "kind": "execution", "agent": actor.agent_id, "device": device["id"],
-                    "task": task_id, "attempt": attempt["id"], "reason": "claim_retried"})
-        secret, credential_id = make_secret("execution"), new_id("tok")
-        expires = iso(now + launch_timeout)
-        db.execute("INSERT INTO credentials (id, kind, secret_hash, agent_id, project, created_at, expires_at, "
-                   "device_id, task_id, attempt_id, allowed_tools, issued_by) VALUES "
-                   "(?, 'execution', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                   (credential_id, sha256_hex(secret), actor.agent_id, task["project"], iso(now), expires,
-                    device["id"], task_id, attempt["id"], json.dumps(RUN_TOOLS), actor.credential_id))
-        db.execute("UPDATE attempts SET credential_id = ? WHERE id = ?", (credential_id, attempt["id"]))
-        audit(db, task["project"], "token.created", {
-            "credential": credential_id, "kind": "execution", "agent": actor.agent_id, "device": device["id"],
-            "task": task_id, "attempt": attempt["id"]})
+            revoke_credentials(db, "id = ?", (attempt["credential_id"],), "claim_retried")
+        record, secret = mint_credential(db, "execution", agent_id=actor.agent_id, project=task["project"],
+                                         ttl=launch_timeout, device_id=device["id"], task_id=task_id,
+                                         attempt_id=attempt["id"], allowed_tools=RUN_TOOLS,
+                                         issued_by=actor.credential_id)
+        db.execute("UPDATE attempts SET credential_id = ? WHERE id = ?", (record["id"], attempt["id"]))
     return {"attempt": {"attempt_id": attempt["id"], "task_id": task_id, "claimed_at": attempt["claimed_at"]},
-            "execution_credential": {"token": secret, "expires_at": expires, "allowed_tools": list(RUN_TOOLS)}}
+            "execution_credential": {"token": secret, "expires_at": record["expires_at"],
+                                     "allowed_tools": list(RUN_TOOLS)}}
 
 
 def run_lineage(db: Database, actor: Actor, task: dict) -> dict | None:
@@ -4754,21 +4813,14 @@ def end_attempt(db: Database, attempt: dict, how: str, project: str) -> int:
     """
     now = iso(utcnow())
     move(db, "attempt", attempt["id"], how, attempt, ended_at=now)
-    live = db.rows("SELECT id FROM credentials WHERE attempt_id = ? AND revoked_at IS NULL", (attempt["id"],))
-    for cred in live:
-        db.execute("UPDATE credentials SET revoked_at = ? WHERE id = ?", (now, cred["id"]))
-        audit(db, project, "token.revoked", {
-            "credential": cred["id"], "kind": "execution", "agent": attempt["agent_id"],
-            "device": attempt["device_id"], "task": attempt["task_id"], "attempt": attempt["id"],
-            "reason": {"replace": "run_replaced", "stop": "run_stopped"}.get(how, "run_uncertain")})
-    if live:
-        db.note_revoked()
+    ended = revoke_credentials(db, "attempt_id = ?", (attempt["id"],),
+                               {"replace": "run_replaced", "stop": "run_stopped"}.get(how, "run_uncertain"))
     if how != "stop":
-        return len(live)
+        return ended
     for step in db.rows("SELECT id FROM steps WHERE attempt_id = ? AND status = 'pending'", (attempt["id"],)):
         move(db, "step", step["id"], "withdraw", decided_at=now)
         audit(db, project, "step.withdrawn", {"step": step["id"], "attempt": attempt["id"]})
-    return len(live)
+    return ended
 
 
 def _run_control(db: Database, person: Actor, task: dict) -> dict | None:
@@ -4877,9 +4929,7 @@ def hand_back(db: Database, person: Actor, task_id: str) -> dict:
         if _open_attempt(db, task_id, ("running", "uncertain")):
             raise InvalidState(f"a run of task '{task_id}' is still open: stop it (or settle it) first")
         next_state("task", task, "hand_back")
-        if db.execute("UPDATE credentials SET revoked_at = ? WHERE kind = 'execution' AND task_id = ? AND "
-                      "revoked_at IS NULL", (iso(utcnow()), task_id)):
-            db.note_revoked()
+        revoke_credentials(db, "kind = 'execution' AND task_id = ?", (task_id,), "task_handed_back")
         audit(db, task["project"], "task.returned", {"task": task_id, "reason": "owner_handed_back",
                                                      "agent": task["assignee"], "by": person.handle})
         row = move_task(db, task, "hand_back", person.handle, [(task["requester"], "task_update")],
@@ -5222,9 +5272,8 @@ def _end_turn(db: Database, turn: dict, reason: str) -> int:
     now = iso(utcnow())
     move(db, "turn", turn["id"], reason, turn, ended_at=now, end_reason=reason, waiting_on="[]")
     # Credentials that already spent their one post are inert; they lapse on their own.
-    db.note_revoked()
-    return db.execute("UPDATE credentials SET revoked_at = ? WHERE revoked_at IS NULL AND discussion_id IN "
-                      "(SELECT id FROM discussions WHERE turn_id = ? AND reply_id IS NULL)", (now, turn["id"]))
+    return revoke_credentials(db, "discussion_id IN (SELECT id FROM discussions WHERE turn_id = ? AND "
+                              "reply_id IS NULL)", (turn["id"],), "turn_ended")
 
 
 def _room_wake(turn_id: str, agent: str, message_id: str, replies_left: int, lead: bool) -> tuple:
@@ -5382,15 +5431,12 @@ def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_ke
             elif discussion["reply_id"]:
                 raise InvalidState("this discussion already posted its reply")
             else:
-                db.execute("UPDATE credentials SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
-                           (iso(now), discussion["credential_id"]))
-            secret, credential_id, expires = make_secret("discussion"), new_id("tok"), iso(now + DISCUSSION_TTL)
-            db.execute("INSERT INTO credentials (id, kind, secret_hash, agent_id, project, created_at, expires_at, "
-                       "device_id, allowed_tools, discussion_id, issued_by) VALUES "
-                       "(?, 'discussion', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       (credential_id, sha256_hex(secret), actor.agent_id, slug, iso(now), expires, device,
-                        json.dumps(DISCUSSION_TOOLS), discussion["id"], actor.credential_id))
-            db.execute("UPDATE discussions SET credential_id = ? WHERE id = ?", (credential_id, discussion["id"]))
+                revoke_credentials(db, "id = ?", (discussion["credential_id"],), "claim_retried")
+            record, secret = mint_credential(db, "discussion", agent_id=actor.agent_id, project=slug,
+                                             ttl=DISCUSSION_TTL, device_id=device, allowed_tools=DISCUSSION_TOOLS,
+                                             discussion_id=discussion["id"], issued_by=actor.credential_id)
+            expires = record["expires_at"]
+            db.execute("UPDATE discussions SET credential_id = ? WHERE id = ?", (record["id"], discussion["id"]))
             audit(db, slug, "discussion.claimed", {"agent": actor.agent_id, "device": device, "discussion":
                                                    discussion["id"], "expires_at": expires})
             reviewing = None
@@ -5470,12 +5516,9 @@ def _turn_for_owner(db: Database, person: Actor) -> tuple[str, dict]:
 
 def _clear_turn_sessions(db: Database, slug: str, turn: dict, agents: list[str]) -> tuple[int, int]:
     """End live discussion credentials and queued room wakes of ``agents`` in this turn: ``(sessions, wakes)``."""
-    now, marks = iso(utcnow()), ", ".join("?" * len(agents))
-    sessions = db.execute(f"UPDATE credentials SET revoked_at = ? WHERE revoked_at IS NULL AND discussion_id IN "
-                          f"(SELECT id FROM discussions WHERE turn_id = ? AND reply_id IS NULL AND agent_id IN "
-                          f"({marks}))", (now, turn["id"], *agents))
-    if sessions:
-        db.note_revoked()
+    marks = ", ".join("?" * len(agents))
+    sessions = revoke_credentials(db, f"discussion_id IN (SELECT id FROM discussions WHERE turn_id = ? AND "
+                                  f"reply_id IS NULL AND agent_id IN ({marks}))", (turn["id"], *agents), "turn_retried")
     wakes = db.execute(f"DELETE FROM wakes WHERE kind = 'room' AND delivered = 0 AND project = ? AND "
                        f"json_extract(detail, '$.turn') = ? AND agent_id IN ({marks})", (slug, turn["id"], *agents))
     return sessions, wakes
@@ -6124,12 +6167,6 @@ TOOLS: dict[str, Tool] = {t.name: t for t in [
 ]}
 
 
-def _check_key(db: Database) -> None:
-    """Raise Unauthorized if the caller's key (CALLER) was revoked, by another process too."""
-    with db.snapshot():  # check_caller runs at its start
-        pass
-
-
 def _tool_error(e: PrickleError) -> mcp_types.CallToolResult:
     return mcp_types.CallToolResult(
         content=[mcp_types.TextContent(type="text", text=f"{e.code}: {e.message}")], is_error=True)
@@ -6157,7 +6194,7 @@ def build_mcp_server(state: AppState) -> _MCPServer:
         caller, key_checked = CALLER.set(actor), ctx.request.scope.get("prickle.key_checked")
         try:
             if not (key_checked or tool.key_checked_inside):
-                _check_key(state.db)
+                check_live(state.db, actor)
             check_run_allowed(state.db, actor)
             args = validate_input(tool.name, params.arguments or {})
             note_seen(state.db, actor.agent_id)
@@ -6165,7 +6202,7 @@ def build_mcp_server(state: AppState) -> _MCPServer:
         except PrickleError as e:
             if not key_checked and not isinstance(e, Unauthorized):
                 try:  # a call let in on the cached key says it is revoked before anything else
-                    _check_key(state.db)
+                    check_live(state.db, actor)
                 except Unauthorized as revoked:
                     e = revoked
             return _tool_error(e)
@@ -7237,12 +7274,11 @@ def end_sessions_of_dead_credentials(db: Database, manager: _SessionManager) -> 
     if not held:
         return 0
     live: set[str] = set()
-    now = utcnow()
     for i in range(0, len(held), 500):
         chunk = tuple(held[i:i + 500])
-        rows = db.rows(f"SELECT id, expires_at FROM credentials WHERE id IN ({','.join('?' * len(chunk))}) "
-                       "AND revoked_at IS NULL", chunk)
-        live.update(r["id"] for r in rows if not r["expires_at"] or parse_iso(r["expires_at"]) > now)
+        rows = db.rows(f"SELECT id, kind, revoked_at, expires_at FROM credentials WHERE id IN "
+                       f"({','.join('?' * len(chunk))})", chunk)
+        live.update(r["id"] for r in rows if not_live_because(r) is None)
     return manager.end_sessions_of(set(held) - live)
 
 

@@ -197,3 +197,13 @@ def test_the_owner_of_an_agent_is_the_part_before_the_slash():
     assert prickle.owner_of("oj/muse") == "oj"
     assert prickle.owner_of(prickle.check_agent_id("team-lead/a-b")) == "team-lead"
     assert prickle.owner_of("") == ""
+
+
+def test_one_function_makes_credentials_and_one_revokes_them():
+    import inspect
+    import re
+    source = inspect.getsource(prickle)
+    makers = [m.start() for m in re.finditer(r"INSERT INTO credentials\b", source)]
+    revokers = [m.start() for m in re.finditer(r"UPDATE credentials SET revoked_at\b", source)]
+    assert len(makers) == 1 and "INSERT INTO credentials" in inspect.getsource(prickle.mint_credential)
+    assert len(revokers) == 1 and "UPDATE credentials SET revoked_at" in inspect.getsource(prickle.revoke_credentials)

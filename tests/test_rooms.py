@@ -259,3 +259,22 @@ def test_only_the_runner_finishes_an_action(mcp, server, world):
     assert world.db.scalar("SELECT status FROM actions WHERE id = ?", (card["id"],)) == "running"
     done = server.post(f"/api/runner/actions/{card['id']}/finish", json={"failure": "error"}, headers=runner)
     assert done.json()["action"]["status"] == "failed"
+
+
+def test_a_retried_discussion_claim_ends_the_old_credential_everywhere_and_records_it(mcp, server, world):
+    runners = setup_room(world)
+    asked = say(server, world, "Which colour for the button?")
+    runner = prickle.resolve_token(world.db, runners["oj/muse"], ("runner",))
+    first = prickle.claim_discussion(world.db, runner, asked["id"], "k", 2)
+    old = world.db.one("SELECT id, device_id FROM credentials WHERE secret_hash = ?",
+                       (prickle.sha256_hex(first["discussion_credential"]["token"]),))
+    told = []
+    world.db.revoked_listeners.append(lambda: told.append("revoked"))
+    again = prickle.claim_discussion(world.db, runner, asked["id"], "k", 2)
+    assert told == ["revoked"]  # open waits and MCP sessions of the old credential end at once
+    discussion = world.db.scalar("SELECT id FROM discussions WHERE message_id = ?", (asked["id"],))
+    assert [e["refs"] for e in audit_entries(world.db, ROOM, "token.revoked")] == [{
+        "credential": old["id"], "kind": "discussion", "agent": "oj/muse", "device": old["device_id"],
+        "discussion": discussion, "reason": "claim_retried"}]
+    assert mcp.raw(first["discussion_credential"]["token"], "tools/list").status_code == 401
+    assert mcp.ok("oj/muse", "read_room", {"project": ROOM}, token=again["discussion_credential"]["token"])
