@@ -84,3 +84,14 @@ def test_the_module_docstring_lists_every_section_in_order():
     banners = re.findall(r"^#{79}\n# (.+?) #+\n#{79}$", source, flags=re.M)
     listed = re.findall(r"^- ([^:]+):", prickle.__doc__, flags=re.M)
     assert listed == banners and len(banners) >= 11
+
+
+def test_every_test_the_readme_names_as_a_promises_proof_exists():
+    import pathlib
+    import re
+    root = pathlib.Path(__file__).parent.parent
+    named = set(re.findall(r"`(tests/\w+\.py)::(\w+)`", (root / "README.md").read_text(encoding="utf-8")))
+    assert len(named) >= 30  # the reliability section's promises
+    missing = [f"{path}::{name}" for path, name in sorted(named)
+               if not re.search(rf"^(async )?def {name}\(", (root / path).read_text(encoding="utf-8"), flags=re.M)]
+    assert missing == []
