@@ -2589,16 +2589,17 @@ def mint_credential(db: Database, kind: str, *, agent_id: str | None = None, per
                     project: str | None = None, ttl: _dt.timedelta | None = None, device_id: str | None = None,
                     task_id: str | None = None, attempt_id: str | None = None,
                     allowed_tools: tuple[str, ...] | None = None, discussion_id: str | None = None,
-                    issued_by: str | None = None) -> tuple[dict, str]:
+                    issued_by: str | None = None, at: _dt.datetime | None = None) -> tuple[dict, str]:
     """Write a new credential inside the caller's transaction; return ``(record, secret)``.
 
     The one place a credential is made; the caller has already decided who may have it.
     ``project`` ROOMS_SCOPE reaches every private room of the agent's owner. ``record`` holds
     id, kind, agent_id, person, project, created_at and expires_at (``ttl`` from now, or None
-    for no expiry). The secret is never stored or shown again. Writes ``token.created``
+    for no expiry; ``at`` is the moment it is made, the caller's when it records the same
+    moment elsewhere). The secret is never stored or shown again. Writes ``token.created``
     (see _record_credential).
     """
-    secret, now = make_secret(kind), utcnow()
+    secret, now = make_secret(kind), at or utcnow()
     record = {
         "id": new_id("tok"), "kind": kind, "agent_id": agent_id, "person": person, "project": project,
         "created_at": iso(now), "expires_at": iso(now + ttl) if ttl else None,
@@ -4604,7 +4605,7 @@ def claim_task(db: Database, actor: Actor, task_id: str, idempotency_key: str, w
         record, secret = mint_credential(db, "execution", agent_id=actor.agent_id, project=task["project"],
                                          ttl=launch_timeout, device_id=device["id"], task_id=task_id,
                                          attempt_id=attempt["id"], allowed_tools=RUN_TOOLS,
-                                         issued_by=actor.credential_id)
+                                         issued_by=actor.credential_id, at=now)
         db.execute("UPDATE attempts SET credential_id = ? WHERE id = ?", (record["id"], attempt["id"]))
     return {"attempt": {"attempt_id": attempt["id"], "task_id": task_id, "claimed_at": attempt["claimed_at"]},
             "execution_credential": {"token": secret, "expires_at": record["expires_at"],
