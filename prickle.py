@@ -1744,6 +1744,160 @@ def _server_secret(db: Database) -> str:
     return _SECRETS[db.path]
 
 
+# -- wakes -------------------------------------------------------------------
+
+#: Which wake kinds each waiting tool reads, in order of precedence for one event. A
+#: ``task`` wake is a task handed (or handed back) to the agent; ``task_update`` is a
+#: change to a task it requested, which wait_for_updates reports as ``task`` too.
+WAKE_KINDS = {
+    "wait_for_mention": ("mention", "task", "room", "action"),
+    "wait_for_updates": ("mention", "task", "task_update", "result", "decision", "reply"),
+}
+#: How wait_for_updates names each wake kind.
+UPDATE_KIND_OF = {"task_update": "task"}
+
+
+def wake_cursor(db: Database, scope: str, position: int) -> str:
+    """A wait cursor at outbox ``position`` for ``scope`` (agent, tool and project filter)."""
+    return encode_cursor(db, f"wake|{scope}", position)
+
+
+def start_position(db: Database, scope: str, cursor: str | None) -> int | None:
+    """Where a wait continues: after the cursor's position, or now without one.
+
+    None means resync: the cursor is malformed, another agent's, ahead of the outbox
+    (another database), older than what pruning kept or than CURSOR_WINDOW.
+    """
+    head = outbox_head(db)
+    if cursor is None:
+        return head
+    position = decode_cursor(db, f"wake|{scope}", cursor)
+    if position is None or cursor_gap(db, position) or head - position > CURSOR_WINDOW:
+        return None
+    return position
+
+
+def pending_wakes(db: Database, actor: Actor, after: int, kinds: tuple[str, ...],
+                  project: str | None) -> tuple[list[dict], int]:
+    """Wakes for ``actor`` after outbox ``after``: one per event, the first of ``kinds`` it counts as.
+
+    Returns ``(wakes, position)``: at most WAKE_BATCH wakes, each ``{seq, kind, project, at,
+    task_id, message_id}``, and the position a cursor should hold afterwards. A wake about a
+    task the agent may not see now (its approval lapsed and the gate holds it again) is
+    not handed out.
+    """
+    with db.snapshot():
+        head = outbox_head(db)
+        sql = ("SELECT w.seq, w.kind, w.project, w.task_id, w.message_id, w.detail, o.at FROM wakes w JOIN outbox o "
+               "USING (seq) WHERE w.agent_id = ? AND w.seq > ? AND w.seq <= ? AND w.kind IN (%s)"
+               % ",".join("?" * len(kinds)))
+        params: tuple = (actor.agent_id, after, head) + tuple(kinds)
+        if project is not None:
+            sql += " AND w.project = ?"
+            params += (project,)
+        if actor.project_scope == ROOMS_SCOPE:
+            sql += " AND w.project IN (SELECT slug FROM projects WHERE kind = 'private')"
+        elif actor.credential_kind not in ("runner", "discussion"):
+            sql += " AND w.project IN (SELECT slug FROM projects WHERE kind = 'team')"
+        by_seq: dict[int, dict] = {}
+        seen: dict[str, bool] = {}
+        for r in db.rows(sql + " ORDER BY w.seq", params):
+            if r["task_id"] is not None:
+                if r["task_id"] not in seen:
+                    task = _task_row(db, r["task_id"])
+                    seen[r["task_id"]] = task is not None and _thread_visible(db, actor, task)
+                if not seen[r["task_id"]]:
+                    continue
+            best = by_seq.get(r["seq"])
+            if best is None or kinds.index(r["kind"]) < kinds.index(best["kind"]):
+                by_seq[r["seq"]] = r
+        wakes = [by_seq[s] for s in sorted(by_seq)]
+        if len(wakes) > WAKE_BATCH:
+            wakes = wakes[:WAKE_BATCH]
+            head = wakes[-1]["seq"]
+    return wakes, head
+
+
+def wake_event(db: Database, wake: dict) -> dict:
+    """A wait_for_mention event for one wake: the message of a mention, or the task handed over."""
+    if wake["kind"] == "mention":
+        return {"kind": "mention", "message": get_message(db, wake["message_id"])}
+    if wake["kind"] == "action":
+        detail = json.loads(wake["detail"])
+        return {"kind": "action", "action_id": detail["action_id"], "project": wake["project"], "tool": detail["tool"]}
+    if wake["kind"] == "room":
+        detail = json.loads(wake["detail"])
+        return {"kind": "room", "message": get_message(db, wake["message_id"]),
+                "replies_left": detail["replies_left"], "lead": detail["lead"]}
+    return {"kind": "task", "task": task_out(db, wake["task_id"])}
+
+
+def note_delivered(db: Database, agent_id: str, wakes: list[dict]) -> None:
+    """Mark the wakes a wait handed out (check_inbox's pending_wakes_only lists the others)."""
+    with db.transaction():
+        for w in wakes:
+            db.execute("UPDATE wakes SET delivered = 1 WHERE agent_id = ? AND seq = ?", (agent_id, w["seq"]))
+
+
+def update_pointer(wake: dict) -> dict:
+    """A wait_for_updates pointer: kind, project, at and the task and message it is about."""
+    out = {"kind": UPDATE_KIND_OF.get(wake["kind"], wake["kind"]), "project": wake["project"], "at": wake["at"]}
+    if wake["task_id"]:
+        out["task_id"] = wake["task_id"]
+    if wake["message_id"]:
+        out["message_id"] = wake["message_id"]
+    return out
+
+
+#: A waiting call re-checks that its credential is still live at least this often (seconds); a
+#: revocation wakes every wait at once, so this only bounds a credential that simply expired.
+LIVE_CHECK_EVERY = 10.0
+
+
+async def _wait(state: AppState, actor: Actor, args: dict, tool: str, kinds: tuple[str, ...], timeout: float,
+                tick: Callable[[float], Any] | None = None) -> tuple[str, list[dict], str]:
+    """Hold the call until a wake for the caller commits or ``timeout`` seconds pass.
+
+    Returns ``(status, wakes, cursor)`` with status events/timeout/resync. A cursor is
+    good only for the tool and project filter that issued it; any other is a resync.
+    A credential revoked meanwhile ends the wait with ``unauthorized`` and no data.
+    """
+    db = state.db
+    project = args.get("project")
+    if project is not None:
+        require_project(db, actor, project)
+    elif actor.project_scope not in (None, ROOMS_SCOPE):
+        project = actor.project_scope
+    agent = actor.agent_id
+    scope = f"{agent}|{tool}|{project or '*'}"
+    after = start_position(db, scope, args.get("cursor"))
+    if after is None:
+        return "resync", [], wake_cursor(db, scope, outbox_head(db))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    deadline = started + timeout
+    next_tick = started + PROGRESS_EVERY
+    while True:
+        with state.hub.waiting(state.hub.agent_waiters, agent) as fut:
+            check_live(db, actor)
+            wakes, position = pending_wakes(db, actor, after, kinds, project)
+            if wakes:
+                note_delivered(db, agent, wakes)
+                return "events", wakes, wake_cursor(db, scope, position)
+            after = position
+            now = loop.time()
+            if now >= deadline:
+                return "timeout", [], wake_cursor(db, scope, position)
+            until = min(deadline, next_tick if tick else deadline, now + LIVE_CHECK_EVERY)
+            try:
+                await asyncio.wait_for(fut, until - now)
+            except TimeoutError:
+                pass
+        if tick and loop.time() >= next_tick:
+            next_tick += PROGRESS_EVERY
+            await tick(loop.time() - started)
+
+
 ###############################################################################
 # Identity and credentials ####################################################
 ###############################################################################
@@ -4697,111 +4851,6 @@ def finish_action(db: Database, actor: Actor, action_id: str, body: str | None =
     return action_out(row)
 
 
-# -- wakes -------------------------------------------------------------------
-
-#: Which wake kinds each waiting tool reads, in order of precedence for one event. A
-#: ``task`` wake is a task handed (or handed back) to the agent; ``task_update`` is a
-#: change to a task it requested, which wait_for_updates reports as ``task`` too.
-WAKE_KINDS = {
-    "wait_for_mention": ("mention", "task", "room", "action"),
-    "wait_for_updates": ("mention", "task", "task_update", "result", "decision", "reply"),
-}
-#: How wait_for_updates names each wake kind.
-UPDATE_KIND_OF = {"task_update": "task"}
-
-
-def wake_cursor(db: Database, scope: str, position: int) -> str:
-    """A wait cursor at outbox ``position`` for ``scope`` (agent, tool and project filter)."""
-    return encode_cursor(db, f"wake|{scope}", position)
-
-
-def start_position(db: Database, scope: str, cursor: str | None) -> int | None:
-    """Where a wait continues: after the cursor's position, or now without one.
-
-    None means resync: the cursor is malformed, another agent's, ahead of the outbox
-    (another database), older than what pruning kept or than CURSOR_WINDOW.
-    """
-    head = outbox_head(db)
-    if cursor is None:
-        return head
-    position = decode_cursor(db, f"wake|{scope}", cursor)
-    if position is None or cursor_gap(db, position) or head - position > CURSOR_WINDOW:
-        return None
-    return position
-
-
-def pending_wakes(db: Database, actor: Actor, after: int, kinds: tuple[str, ...],
-                  project: str | None) -> tuple[list[dict], int]:
-    """Wakes for ``actor`` after outbox ``after``: one per event, the first of ``kinds`` it counts as.
-
-    Returns ``(wakes, position)``: at most WAKE_BATCH wakes, each ``{seq, kind, project, at,
-    task_id, message_id}``, and the position a cursor should hold afterwards. A wake about a
-    task the agent may not see now (its approval lapsed and the gate holds it again) is
-    not handed out.
-    """
-    with db.snapshot():
-        head = outbox_head(db)
-        sql = ("SELECT w.seq, w.kind, w.project, w.task_id, w.message_id, w.detail, o.at FROM wakes w JOIN outbox o "
-               "USING (seq) WHERE w.agent_id = ? AND w.seq > ? AND w.seq <= ? AND w.kind IN (%s)"
-               % ",".join("?" * len(kinds)))
-        params: tuple = (actor.agent_id, after, head) + tuple(kinds)
-        if project is not None:
-            sql += " AND w.project = ?"
-            params += (project,)
-        if actor.project_scope == ROOMS_SCOPE:
-            sql += " AND w.project IN (SELECT slug FROM projects WHERE kind = 'private')"
-        elif actor.credential_kind not in ("runner", "discussion"):
-            sql += " AND w.project IN (SELECT slug FROM projects WHERE kind = 'team')"
-        by_seq: dict[int, dict] = {}
-        seen: dict[str, bool] = {}
-        for r in db.rows(sql + " ORDER BY w.seq", params):
-            if r["task_id"] is not None:
-                if r["task_id"] not in seen:
-                    task = _task_row(db, r["task_id"])
-                    seen[r["task_id"]] = task is not None and _thread_visible(db, actor, task)
-                if not seen[r["task_id"]]:
-                    continue
-            best = by_seq.get(r["seq"])
-            if best is None or kinds.index(r["kind"]) < kinds.index(best["kind"]):
-                by_seq[r["seq"]] = r
-        wakes = [by_seq[s] for s in sorted(by_seq)]
-        if len(wakes) > WAKE_BATCH:
-            wakes = wakes[:WAKE_BATCH]
-            head = wakes[-1]["seq"]
-    return wakes, head
-
-
-def wake_event(db: Database, wake: dict) -> dict:
-    """A wait_for_mention event for one wake: the message of a mention, or the task handed over."""
-    if wake["kind"] == "mention":
-        return {"kind": "mention", "message": get_message(db, wake["message_id"])}
-    if wake["kind"] == "action":
-        detail = json.loads(wake["detail"])
-        return {"kind": "action", "action_id": detail["action_id"], "project": wake["project"], "tool": detail["tool"]}
-    if wake["kind"] == "room":
-        detail = json.loads(wake["detail"])
-        return {"kind": "room", "message": get_message(db, wake["message_id"]),
-                "replies_left": detail["replies_left"], "lead": detail["lead"]}
-    return {"kind": "task", "task": task_out(db, wake["task_id"])}
-
-
-def note_delivered(db: Database, agent_id: str, wakes: list[dict]) -> None:
-    """Mark the wakes a wait handed out (check_inbox's pending_wakes_only lists the others)."""
-    with db.transaction():
-        for w in wakes:
-            db.execute("UPDATE wakes SET delivered = 1 WHERE agent_id = ? AND seq = ?", (agent_id, w["seq"]))
-
-
-def update_pointer(wake: dict) -> dict:
-    """A wait_for_updates pointer: kind, project, at and the task and message it is about."""
-    out = {"kind": UPDATE_KIND_OF.get(wake["kind"], wake["kind"]), "project": wake["project"], "at": wake["at"]}
-    if wake["task_id"]:
-        out["task_id"] = wake["task_id"]
-    if wake["message_id"]:
-        out["message_id"] = wake["message_id"]
-    return out
-
-
 ###############################################################################
 # MCP tools ###################################################################
 ###############################################################################
@@ -4876,55 +4925,6 @@ async def _tool_post(state: AppState, actor: Actor, args: dict, ctx: Any) -> dic
 async def _tool_pulse(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
     ttl = _dt.timedelta(minutes=state.settings.intent_ttl_minutes)
     return update_pulse(state.db, actor, args["project"], args, ttl)
-
-
-#: A waiting call re-checks that its credential is still live at least this often (seconds); a
-#: revocation wakes every wait at once, so this only bounds a credential that simply expired.
-LIVE_CHECK_EVERY = 10.0
-
-
-async def _wait(state: AppState, actor: Actor, args: dict, tool: str, kinds: tuple[str, ...], timeout: float,
-                tick: Callable[[float], Any] | None = None) -> tuple[str, list[dict], str]:
-    """Hold the call until a wake for the caller commits or ``timeout`` seconds pass.
-
-    Returns ``(status, wakes, cursor)`` with status events/timeout/resync. A cursor is
-    good only for the tool and project filter that issued it; any other is a resync.
-    A credential revoked meanwhile ends the wait with ``unauthorized`` and no data.
-    """
-    db = state.db
-    project = args.get("project")
-    if project is not None:
-        require_project(db, actor, project)
-    elif actor.project_scope not in (None, ROOMS_SCOPE):
-        project = actor.project_scope
-    agent = actor.agent_id
-    scope = f"{agent}|{tool}|{project or '*'}"
-    after = start_position(db, scope, args.get("cursor"))
-    if after is None:
-        return "resync", [], wake_cursor(db, scope, outbox_head(db))
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    deadline = started + timeout
-    next_tick = started + PROGRESS_EVERY
-    while True:
-        with state.hub.waiting(state.hub.agent_waiters, agent) as fut:
-            check_live(db, actor)
-            wakes, position = pending_wakes(db, actor, after, kinds, project)
-            if wakes:
-                note_delivered(db, agent, wakes)
-                return "events", wakes, wake_cursor(db, scope, position)
-            after = position
-            now = loop.time()
-            if now >= deadline:
-                return "timeout", [], wake_cursor(db, scope, position)
-            until = min(deadline, next_tick if tick else deadline, now + LIVE_CHECK_EVERY)
-            try:
-                await asyncio.wait_for(fut, until - now)
-            except TimeoutError:
-                pass
-        if tick and loop.time() >= next_tick:
-            next_tick += PROGRESS_EVERY
-            await tick(loop.time() - started)
 
 
 async def _tool_wait_mention(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
