@@ -1650,6 +1650,41 @@ def verify_audit(db: Database, chain: str | None = None) -> list[dict]:
     return reports
 
 
+def _cursor_mac(secret: str, scope: str, position: int) -> str:
+    return hmac.new(secret.encode(), f"{scope}|{position}".encode(), "sha256").hexdigest()[:20]
+
+
+def encode_cursor(db: Database, scope: str, position: int) -> str:
+    """An opaque cursor for ``position`` that only ``scope`` (an agent, a room) can use back."""
+    raw = f"{position}.{_cursor_mac(_server_secret(db), scope, position)}"
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(db: Database, scope: str, cursor: str) -> int | None:
+    """The position in a cursor made by :func:`encode_cursor` for ``scope``; None if malformed or foreign."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        position_text, mac = raw.split(".")
+        position = int(position_text)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if position < 0 or not hmac.compare_digest(mac, _cursor_mac(_server_secret(db), scope, position)):
+        return None
+    return position
+
+
+_SECRETS: dict[str, str] = {}
+
+
+def _server_secret(db: Database) -> str:
+    """The database's own secret (cursor MACs), read once per file."""
+    if db.path not in _SECRETS:
+        _SECRETS[db.path] = db.scalar("SELECT value FROM meta WHERE key = 'secret'")
+    return _SECRETS[db.path]
+
+
+# -- wakes -------------------------------------------------------------------
+
 class WakeHub:
     """Wakes in-process waiters when outbox rows that concern them commit.
 
@@ -1710,41 +1745,6 @@ class WakeHub:
         """True while the agent has a wait_for_* call open."""
         return bool(self.agent_waiters.get(agent_id))
 
-
-def _cursor_mac(secret: str, scope: str, position: int) -> str:
-    return hmac.new(secret.encode(), f"{scope}|{position}".encode(), "sha256").hexdigest()[:20]
-
-
-def encode_cursor(db: Database, scope: str, position: int) -> str:
-    """An opaque cursor for ``position`` that only ``scope`` (an agent, a room) can use back."""
-    raw = f"{position}.{_cursor_mac(_server_secret(db), scope, position)}"
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def decode_cursor(db: Database, scope: str, cursor: str) -> int | None:
-    """The position in a cursor made by :func:`encode_cursor` for ``scope``; None if malformed or foreign."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        position_text, mac = raw.split(".")
-        position = int(position_text)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if position < 0 or not hmac.compare_digest(mac, _cursor_mac(_server_secret(db), scope, position)):
-        return None
-    return position
-
-
-_SECRETS: dict[str, str] = {}
-
-
-def _server_secret(db: Database) -> str:
-    """The database's own secret (cursor MACs), read once per file."""
-    if db.path not in _SECRETS:
-        _SECRETS[db.path] = db.scalar("SELECT value FROM meta WHERE key = 'secret'")
-    return _SECRETS[db.path]
-
-
-# -- wakes -------------------------------------------------------------------
 
 #: Which wake kinds each waiting tool reads, in order of precedence for one event. A
 #: ``task`` wake is a task handed (or handed back) to the agent; ``task_update`` is a
