@@ -14,8 +14,9 @@ Contents: one banner per section, in dependency order (search for the section's 
   tool's input and output schema (SCHEMAS), and validate_input.
 - Storage: the schema and its migrations, the Database (transactions, savepoints, cache,
   other writers), the server lock.
-- Outbox, wakes and audit log: append_event, the WakeHub that wakes waiters after commit,
-  cursors, and the hash-chained audit log.
+- Outbox, wakes and audit log: append_event, pruning, the hash-chained audit log, cursors,
+  and how a wake reaches an agent (the WakeHub that wakes waiters after commit, the watch
+  for other writers, reading wakes, and the wait loop wait_for_wakes).
 - Identity and credentials: token kinds and prefixes, resolving a secret to an Actor.
 - State machines: the task lifecycle as a table of moves (TASK_MOVES, next_state).
 - Domain operations: one function and one transaction per operation, in ``# --`` parts:
@@ -23,7 +24,7 @@ Contents: one banner per section, in dependency order (search for the section's 
   mentions, the loop guard, read_room); people, memory and pulse; tasks (handoff, the gate,
   the lifecycle, results and evidence); the people's side of tasks (approvals, final
   acceptance); the owner's gate rules; runners (devices, runs, steps); private rooms
-  (turns and discussions); make-or-spend actions; wakes (reading them for a wait).
+  (turns and discussions); make-or-spend actions.
 - MCP tools: the Tool table (TOOLS), waits with progress, and the /mcp endpoint.
 - Web API, event stream and page: sign-in and sessions, the /api handlers, the live stream,
   the WAL checkpoint, and create_app.
@@ -1683,7 +1684,14 @@ def _server_secret(db: Database) -> str:
     return _SECRETS[db.path]
 
 
-# -- wakes -------------------------------------------------------------------
+# -- wakes: how a wake reaches an agent ------------------------------------------
+# An operation names whom its event wakes (agent, kind, task, message) and append_event writes
+# one wake row for each, inside the operation's transaction. After the commit the Database
+# tells its listeners, and WakeHub.committed resolves the futures of the agents named; rows
+# another process wrote (the CLI) are found by WakeHub.watch_other_writers, which the
+# background loop runs. A wait (wait_for_wakes) registers its future, reads pending_wakes
+# after its cursor, and sleeps until it is woken, its deadline passes or its credential is due
+# a check; what it hands out is marked delivered, and check_inbox lists the rest.
 
 class WakeHub:
     """Wakes in-process waiters when outbox rows that concern them commit.
@@ -1696,6 +1704,7 @@ class WakeHub:
     def __init__(self, db: Database):
         self.db = db
         self.seen = outbox_head(db)
+        self.seen_version = db.data_version()
         self.agent_waiters: dict[str, set[asyncio.Future]] = {}
         self.project_waiters: dict[str, set[asyncio.Future]] = {}
 
@@ -1719,6 +1728,18 @@ class WakeHub:
     def wake_everyone(self) -> None:
         """Wake every open wait, so each checks its credential (and its rows) again."""
         self._wake(set(self.project_waiters), set(self.agent_waiters))
+
+    def watch_other_writers(self) -> None:
+        """Wake whom another process's writes concern (its commits run none of our after-commit hooks).
+
+        The server's background loop calls it every BACKGROUND_TICK. Everyone is woken too: the
+        other process may have revoked credentials that open waits hold.
+        """
+        current = self.db.data_version()
+        if current != self.seen_version:
+            self.catch_up()
+            self.wake_everyone()
+            self.seen_version = current  # only once its waiters were woken: a failure tries again
 
     def _wake(self, projects: set[str], agents: set[str]) -> None:
         for keys, table in ((agents, self.agent_waiters), (projects, self.project_waiters)):
@@ -1852,17 +1873,20 @@ def update_pointer(wake: dict) -> dict:
 #: A waiting call re-checks that its credential is still live at least this often (seconds); a
 #: revocation wakes every wait at once, so this only bounds a credential that simply expired.
 LIVE_CHECK_EVERY = 10.0
+#: A progress notification goes out this often while wait_for_updates holds a call.
+PROGRESS_EVERY = 20
 
 
-async def _wait(state: AppState, actor: Actor, args: dict, tool: str, kinds: tuple[str, ...], timeout: float,
-                tick: Callable[[float], Any] | None = None) -> tuple[str, list[dict], str]:
-    """Hold the call until a wake for the caller commits or ``timeout`` seconds pass.
+async def wait_for_wakes(db: Database, hub: WakeHub, actor: Actor, args: dict, tool: str, kinds: tuple[str, ...],
+                         timeout: float, tick: Callable[[float], Any] | None = None) -> tuple[str, list[dict], str]:
+    """Hold a wait_for_* call until a wake for the caller commits or ``timeout`` seconds pass.
 
-    Returns ``(status, wakes, cursor)`` with status events/timeout/resync. A cursor is
-    good only for the tool and project filter that issued it; any other is a resync.
-    A credential revoked meanwhile ends the wait with ``unauthorized`` and no data.
+    ``args`` are the tool's checked arguments (``project``, ``cursor``); ``tick(elapsed_seconds)``
+    is awaited every PROGRESS_EVERY seconds. Returns ``(status, wakes, cursor)`` with status
+    events/timeout/resync. A cursor is good only for the tool and project filter that issued
+    it; any other is a resync. A credential revoked meanwhile ends the wait with Unauthorized
+    and no data.
     """
-    db = state.db
     project = args.get("project")
     if project is not None:
         require_project(db, actor, project)
@@ -1878,7 +1902,7 @@ async def _wait(state: AppState, actor: Actor, args: dict, tool: str, kinds: tup
     deadline = started + timeout
     next_tick = started + PROGRESS_EVERY
     while True:
-        with state.hub.waiting(state.hub.agent_waiters, agent) as fut:
+        with hub.waiting(hub.agent_waiters, agent) as fut:
             check_live(db, actor)
             wakes, position = pending_wakes(db, actor, after, kinds, project)
             if wakes:
@@ -4861,8 +4885,6 @@ def finish_action(db: Database, actor: Actor, action_id: str, body: str | None =
 MODERN_VERSIONS = frozenset(MODERN_PROTOCOL_VERSIONS)
 #: wait_for_updates holds a call at most this long without a progressToken (seconds).
 WAIT_PLAIN_MAX = 50
-#: A progress notification goes out this often while wait_for_updates holds a call.
-PROGRESS_EVERY = 20
 
 
 @dataclasses.dataclass
@@ -4928,7 +4950,7 @@ async def _tool_pulse(state: AppState, actor: Actor, args: dict, ctx: Any) -> di
 
 
 async def _tool_wait_mention(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
-    status, wakes, cursor = await _wait(state, actor, args, "wait_for_mention", WAKE_KINDS["wait_for_mention"],
+    status, wakes, cursor = await wait_for_wakes(state.db, state.hub, actor, args, "wait_for_mention", WAKE_KINDS["wait_for_mention"],
                                         args["timeout_seconds"])
     return {"status": status, "events": [wake_event(state.db, w) for w in wakes], "cursor": cursor}
 
@@ -4942,7 +4964,7 @@ async def _tool_wait_updates(state: AppState, actor: Actor, args: dict, ctx: Any
 
     wanted = args.get("kinds", WAKE_KINDS["wait_for_updates"])
     kinds = tuple(k for k in WAKE_KINDS["wait_for_updates"] if UPDATE_KIND_OF.get(k, k) in wanted)
-    status, wakes, cursor = await _wait(state, actor, args, "wait_for_updates", kinds, timeout,
+    status, wakes, cursor = await wait_for_wakes(state.db, state.hub, actor, args, "wait_for_updates", kinds, timeout,
                                         tick if token is not None else None)
     return {"status": "updates" if status == "events" else status,
             "updates": [update_pointer(w) for w in wakes], "cursor": cursor}
@@ -6121,17 +6143,6 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
                 checkpointer.append(conn)
             checkpoint_wal(checkpointer[0])
 
-    seen_version = db.data_version()
-
-    def watch_other_writers() -> None:
-        # Another process (the CLI) writing the same file does not run our after-commit hooks.
-        nonlocal seen_version
-        current = db.data_version()
-        if current != seen_version:
-            hub.catch_up()
-            hub.wake_everyone()  # it may have revoked credentials that open waits hold
-            seen_version = current  # only once its waiters were woken: a failure tries again
-
     def prune() -> float | None:
         # Small steps, one after another while old events remain, so writers never wait long.
         pruned = prune_outbox(db, _dt.timedelta(days=settings.outbox_keep_days))
@@ -6141,7 +6152,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
         sweep_approvals(db)
 
     maintenance = state.maintenance = Maintenance()
-    maintenance.add("watcher", BACKGROUND_TICK, watch_other_writers)
+    maintenance.add("watcher", BACKGROUND_TICK, hub.watch_other_writers)
     maintenance.add("checkpoint", 1.0, lambda: asyncio.to_thread(checkpoint))
     maintenance.add("approvals sweep", 60.0, sweep)
     maintenance.add("outbox pruning", 600.0, prune)
