@@ -2499,6 +2499,21 @@ def retract_memory(db: Database, project: str, key: str, by: str) -> dict:
     return {"project": project, "key": key, "retracted": True}
 
 
+def list_projects(db: Database, handle: str) -> list[dict]:
+    """The projects ``handle`` is a member of, with their role in each."""
+    return db.rows("SELECT p.slug, p.team, p.name, p.description, m.role, p.kind FROM projects p JOIN members m "
+                   "ON m.project = p.slug AND m.handle = ? ORDER BY p.kind DESC, p.slug", (handle,))
+
+
+def audit_page(db: Database, project: str, before: int | None, limit: int) -> dict:
+    """A project's audit entries newest first (``n < before``), with the whole chain's check."""
+    rows = db.rows("SELECT n, at, type, refs FROM audit WHERE chain = ? AND n < ? ORDER BY n DESC LIMIT ?",
+                   (project, before if before is not None else SEQ_MAX, limit))
+    report = verify_audit(db, project)[0]
+    return {"entries": [r | {"refs": json.loads(r["refs"])} for r in rows],
+            "chain": {k: report[k] for k in ("ok", "entries", "broken_at")}}
+
+
 # -- reach: which projects and threads an actor may see ----------------------
 
 
@@ -5527,12 +5542,6 @@ async def api_me(state: AppState, person: Actor, request: Request, body: Any) ->
             "auto_accept": bool(state.db.scalar("SELECT auto_accept FROM people WHERE handle = ?", (person.handle,)))}
 
 
-def list_projects(db: Database, handle: str) -> list[dict]:
-    """The projects ``handle`` is a member of, with their role in each."""
-    return db.rows("SELECT p.slug, p.team, p.name, p.description, m.role, p.kind FROM projects p JOIN members m "
-                   "ON m.project = p.slug AND m.handle = ? ORDER BY p.kind DESC, p.slug", (handle,))
-
-
 async def api_projects(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/projects: the signed-in person's projects."""
     return {"projects": list_projects(state.db, person.handle)}
@@ -5807,15 +5816,6 @@ async def api_retract_memory(state: AppState, person: Actor, request: Request, b
     slug = request.path_params["slug"]
     require_project(state.db, person, slug)
     return retract_memory(state.db, slug, request.path_params["key"], person.handle)
-
-
-def audit_page(db: Database, project: str, before: int | None, limit: int) -> dict:
-    """A project's audit entries newest first (``n < before``), with the whole chain's check."""
-    rows = db.rows("SELECT n, at, type, refs FROM audit WHERE chain = ? AND n < ? ORDER BY n DESC LIMIT ?",
-                   (project, before if before is not None else SEQ_MAX, limit))
-    report = verify_audit(db, project)[0]
-    return {"entries": [r | {"refs": json.loads(r["refs"])} for r in rows],
-            "chain": {k: report[k] for k in ("ok", "entries", "broken_at")}}
 
 
 async def api_audit(state: AppState, person: Actor, request: Request, body: Any) -> dict:
