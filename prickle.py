@@ -2245,15 +2245,29 @@ def project_out(db: Database, slug: str) -> dict:
     return row
 
 
-def add_member(db: Database, project: str, handle: str, role: str = "member", by: str | None = None) -> dict:
+def _acting_member(db: Database, project: str, by: str | Actor | None) -> str | None:
+    """``by`` as a handle. A signed-in person (an Actor) must have ``project`` in reach, else NotFound.
+
+    The web passes the person, the command line a handle (its caller runs the server).
+    """
+    if isinstance(by, Actor):
+        require_project(db, by, project)
+        return by.handle
+    return by
+
+
+def add_member(db: Database, project: str, handle: str, role: str = "member",
+               by: str | Actor | None = None) -> dict:
     """Add a person to a project as ``owner`` or ``member``.
 
-    ``by`` (a project owner) is checked when given. Writes ``member.joined`` (outbox) and
-    ``member.added`` (audit). Raises InvalidInput, NotFound, Forbidden or Conflict.
+    ``by`` (a project owner's handle, or the signed-in person; see :func:`_acting_member`) is
+    checked when given. Writes ``member.joined`` (outbox) and ``member.added`` (audit).
+    Raises InvalidInput, NotFound, Forbidden or Conflict.
     """
     if role not in ("owner", "member"):
         raise InvalidInput(f"role must be 'owner' or 'member', got {role!r}")
     with db.transaction():
+        by = _acting_member(db, project, by)
         project_out(db, check_slug(project, "project"))
         member = _require_person(db, handle)
         if by is not None and _member_role(db, project, by) != "owner":
@@ -2286,10 +2300,12 @@ def _check_capabilities(capabilities: list[dict]) -> list[dict]:
 
 
 def add_agent(db: Database, agent_id: str, display_name: str, model: str, client: str, role: str = "",
-              capabilities: list[dict] = (), projects: list[str] = ()) -> dict:
+              capabilities: list[dict] = (), projects: list[str] = (), by: Actor | None = None) -> dict:
     """Register an agent ``owner/name`` and add it to ``projects`` (its owner must be in each).
 
-    Raises InvalidInput, NotFound (owner, project), Forbidden (owner not a member) or Conflict.
+    ``by``, the signed-in person, may add only their own agent, to projects in their reach.
+    Raises InvalidInput, NotFound (owner, project), Forbidden (owner not a member, not
+    ``by``'s agent) or Conflict.
     """
     check_agent_id(agent_id, "agent")
     owner, name = agent_id.split("/")
@@ -2299,6 +2315,11 @@ def add_agent(db: Database, agent_id: str, display_name: str, model: str, client
     check_text(role, "role", 80)
     caps = _check_capabilities(list(capabilities))
     with db.transaction():
+        if by is not None:
+            if owner != by.handle:
+                raise Forbidden(f"'{agent_id}' is not your agent: name it {by.handle}/NAME")
+            for project in projects:
+                require_project(db, by, project)
         _require_person(db, owner)
         if db.one("SELECT 1 FROM agents WHERE agent_id = ?", (agent_id,)):
             raise Conflict(f"agent '{agent_id}' already exists")
@@ -2310,9 +2331,17 @@ def add_agent(db: Database, agent_id: str, display_name: str, model: str, client
     return agent_card(db, agent_id)
 
 
-def add_agent_to_project(db: Database, project: str, agent_id: str) -> dict:
-    """Add an agent to a project its owner belongs to. Writes ``agent.added`` (outbox and audit)."""
+def add_agent_to_project(db: Database, project: str, agent_id: str, by: Actor | None = None) -> dict:
+    """Add an agent to a project its owner belongs to. Writes ``agent.added`` (outbox and audit).
+
+    ``by``, the signed-in person, must have the project in reach (else NotFound) and own the
+    agent (else Forbidden).
+    """
     with db.transaction():
+        if by is not None:
+            require_project(db, by, project)
+            if owner_of(agent_id) != by.handle:
+                raise Forbidden(f"'{agent_id}' is not your agent: its owner adds it")
         project_out(db, check_slug(project, "project"))
         agent = db.one("SELECT * FROM agents WHERE agent_id = ?", (check_agent_id(agent_id),))
         if agent is None:
@@ -2361,11 +2390,13 @@ def _availability(db: Database, agent: dict, hub: WakeHub | None, project: str |
 
 
 def create_token(db: Database, kind: str, *, agent_id: str | None = None, person: str | None = None,
-                 project: str | None = None, ttl: _dt.timedelta | None = None) -> tuple[dict, str]:
+                 project: str | None = None, ttl: _dt.timedelta | None = None,
+                 by: str | None = None) -> tuple[dict, str]:
     """Mint a credential; return ``(record, secret)``. The secret is never stored or shown again.
 
     ``client`` keys need ``agent_id`` and may be scoped to one ``project`` the agent is in;
     ``runner`` keys need ``agent_id``; ``person``, ``signin`` and ``session`` need ``person``.
+    ``by`` (a person) may mint keys only for their own agents (Forbidden otherwise).
     Writes ``token.created`` to the audit chain of each project the credential reaches.
     """
     if kind not in TOKEN_PREFIX:
@@ -2374,6 +2405,8 @@ def create_token(db: Database, kind: str, *, agent_id: str | None = None, person
         if kind in ("client", "runner"):
             if agent_id is None or person is not None:
                 raise InvalidInput(f"a {kind} key belongs to one agent: pass --agent OWNER/NAME")
+            if by is not None and owner_of(check_agent_id(agent_id, "agent_id")) != by:
+                raise Forbidden(f"'{agent_id}' is not your agent: only its owner makes its keys")
             if not db.one("SELECT 1 FROM agents WHERE agent_id = ?", (check_agent_id(agent_id),)):
                 raise NotFound(f"no agent '{agent_id}': add it with 'prickle agent add'")
             if project == ROOMS_SCOPE:
@@ -2455,6 +2488,18 @@ def revoke_token(db: Database, token_id: str, by: str | None = None) -> dict:
     return record | {"revoked": True}
 
 
+def spend_signin_link(db: Database, secret: str, session_ttl: _dt.timedelta) -> str:
+    """Spend a one-time sign-in link's ``secret`` and return a new session secret for its person.
+
+    One transaction: the link is revoked and the session minted together, so a link opens
+    one session only. Raises Unauthorized (unknown, used, expired) or InvalidState.
+    """
+    with db.transaction():
+        actor = resolve_token(db, secret, ("signin",))
+        revoke_token(db, actor.credential_id)
+        return create_token(db, "session", person=actor.handle, ttl=session_ttl)[1]
+
+
 def list_tokens(db: Database, owner: str | None = None) -> list[dict]:
     """Credentials (never their secrets), optionally only one person's and their agents'."""
     rows = db.rows("SELECT id, kind, agent_id, person, CASE WHEN rooms_only THEN '@rooms' ELSE project END AS project, "
@@ -2465,15 +2510,19 @@ def list_tokens(db: Database, owner: str | None = None) -> list[dict]:
     return rows
 
 
-def set_memory(db: Database, project: str, key: str, value: str, by: str,
+def set_memory(db: Database, project: str, key: str, value: str, by: str | Actor,
                provenance: str = "owner_approved") -> dict:
-    """Set a project memory fact as member ``by``. Writes ``memory.set`` (the key, never the value)."""
+    """Set a project memory fact as member ``by`` (a handle or the signed-in person, see :func:`_acting_member`).
+
+    Writes ``memory.set`` (the key, never the value). Raises InvalidInput, NotFound or Forbidden.
+    """
     check_text(key, "key", 100, 1)
     check_text(value, "value", 4000)
     if provenance not in ("agent_generated", "from_approved_context", "owner_approved", "owner_instruction"):
         raise InvalidInput("provenance must be agent_generated, from_approved_context, owner_approved or "
                            "owner_instruction")
     with db.transaction():
+        by = _acting_member(db, project, by)
         project_out(db, check_slug(project, "project"))
         role = _member_role(db, project, by)
         if role is None:
@@ -2486,9 +2535,13 @@ def set_memory(db: Database, project: str, key: str, value: str, by: str,
     return {"key": key, "value": value, "provenance": provenance, "updated_by": by, "updated_at": now}
 
 
-def retract_memory(db: Database, project: str, key: str, by: str) -> dict:
-    """Retract a memory fact: no agent is served it from then on. Writes ``memory.retracted``."""
+def retract_memory(db: Database, project: str, key: str, by: str | Actor) -> dict:
+    """Retract a memory fact as member ``by`` (as for :func:`set_memory`): no agent is served it from then on.
+
+    Writes ``memory.retracted``. Raises NotFound (project out of reach, no such fact) or Forbidden.
+    """
     with db.transaction():
+        by = _acting_member(db, project, by)
         project_out(db, check_slug(project, "project"))
         role = _member_role(db, project, by)
         if role is None:
@@ -2499,17 +2552,42 @@ def retract_memory(db: Database, project: str, key: str, by: str) -> dict:
     return {"project": project, "key": key, "retracted": True}
 
 
+def whoami(db: Database, handle: str) -> dict:
+    """The signed-in person and their auto-accept policy: ``{"person", "auto_accept"}``."""
+    with db.snapshot():
+        return {"person": person_out(db, handle),
+                "auto_accept": bool(db.scalar("SELECT auto_accept FROM people WHERE handle = ?", (handle,)))}
+
+
+def list_people(db: Database) -> list[dict]:
+    """Everyone on this server, by handle (to pick a teammate)."""
+    with db.snapshot():
+        return [person_out(db, r["handle"]) for r in db.rows("SELECT handle FROM people ORDER BY handle")]
+
+
+def own_agents(db: Database, handle: str, hub: WakeHub | None = None) -> list[dict]:
+    """``handle``'s own agents as cards, each with the team projects it is in."""
+    with db.snapshot():
+        return [agent_card(db, r["agent_id"], hub) | {"projects": team_projects_of(db, r["agent_id"])}
+                for r in db.rows("SELECT agent_id FROM agents WHERE owner = ? ORDER BY agent_id", (handle,))]
+
+
 def list_projects(db: Database, handle: str) -> list[dict]:
     """The projects ``handle`` is a member of, with their role in each."""
     return db.rows("SELECT p.slug, p.team, p.name, p.description, m.role, p.kind FROM projects p JOIN members m "
                    "ON m.project = p.slug AND m.handle = ? ORDER BY p.kind DESC, p.slug", (handle,))
 
 
-def audit_page(db: Database, project: str, before: int | None, limit: int) -> dict:
-    """A project's audit entries newest first (``n < before``), with the whole chain's check."""
-    rows = db.rows("SELECT n, at, type, refs FROM audit WHERE chain = ? AND n < ? ORDER BY n DESC LIMIT ?",
-                   (project, before if before is not None else SEQ_MAX, limit))
-    report = verify_audit(db, project)[0]
+def audit_page(db: Database, actor: Actor, project: str, before: int | None, limit: int) -> dict:
+    """A project's audit entries newest first (``n < before``), with the whole chain's check.
+
+    The project must be in ``actor``'s reach (NotFound otherwise).
+    """
+    with db.snapshot():
+        require_project(db, actor, project)
+        rows = db.rows("SELECT n, at, type, refs FROM audit WHERE chain = ? AND n < ? ORDER BY n DESC LIMIT ?",
+                       (project, before if before is not None else SEQ_MAX, limit))
+        report = verify_audit(db, project)[0]
     return {"entries": [r | {"refs": json.loads(r["refs"])} for r in rows],
             "chain": {k: report[k] for k in ("ok", "entries", "broken_at")}}
 
@@ -2883,10 +2961,43 @@ def _resume_loops(db: Database, project: str, person: str, message_id: str) -> N
     db.execute("DELETE FROM loop_pairs WHERE project = ?", (project,))
 
 
+def project_view(db: Database, person: Actor, project: str, hub: WakeHub | None = None) -> dict:
+    """A project as the web page shows it: summary, kind, the person's role, people (with roles),
+    agents, memory, pulse and paused agent pairs. NotFound when it is out of ``person``'s reach.
+    """
+    with db.snapshot():
+        kind = require_project(db, person, project)["kind"]
+        team = discover_team_agents(db, person, project, hub)
+        for p in team["people"]:
+            p["role"] = _member_role(db, project, p["handle"])
+        return {"project": project_out(db, project), "kind": kind, "role": _member_role(db, project, person.handle),
+                **team, "memory": memory_facts(db, project), "pulse": project_pulse(db, project),
+                "paused": paused_pairs(db, project)}
+
+
 def paused_pairs(db: Database, project: str) -> list[dict]:
     """Pairs of agents the loop guard holds in ``project``, with the count that paused them."""
     return [{"agents": [r["agent_a"], r["agent_b"]], "count": r["count"]}
             for r in db.rows("SELECT * FROM loop_pairs WHERE project = ? AND paused = 1", (project,))]
+
+
+def resume_pair(db: Database, person: Actor, project: str, agents: Any) -> dict:
+    """Resume two agents the loop guard paused in ``project`` with one message from ``person``; return it.
+
+    ``agents`` is the pair, in either order. A person's message is what resumes a pair
+    (``room.loop_resumed``); this one names both. The pair must be paused when the message
+    is written (one transaction). Raises InvalidInput (``agents``), Forbidden (not a person),
+    NotFound (project out of reach) or InvalidState (the two are not paused there).
+    """
+    if not (isinstance(agents, list) and len(agents) == 2 and all(isinstance(a, str) for a in agents)):
+        raise InvalidInput("agents must be the two paused agents, like [\"oj/muse\", \"ren/builder\"]")
+    if person.kind != "person":
+        raise Forbidden("only a person resumes a paused pair, by posting in the room")
+    with db.transaction():
+        require_project(db, person, project)
+        if sorted(agents) not in [p["agents"] for p in paused_pairs(db, project)]:
+            raise InvalidState(f"{agents[0]} and {agents[1]} are not paused in '{project}'")
+        return post_message(db, person, project, f"Resumed @{agents[0]} and @{agents[1]}: carry on, and keep it short.")
 
 
 def read_room(db: Database, actor: Actor, project: str, *, cursor: str | None = None, limit: int = 50,
@@ -4829,6 +4940,16 @@ def decide_action(db: Database, person: Actor, action_id: str, decision: str) ->
     return action_out(row)
 
 
+def pending_actions(db: Database, owner: str) -> list[dict]:
+    """The Approve cards waiting for ``owner``'s decision (lapsed ones expire first), oldest first.
+
+    Each is an Action with its ``project`` and ``message_id`` (the card).
+    """
+    expire_actions(db)
+    return [action_out(r) | {"project": r["project"], "message_id": r["message_id"]} for r in db.rows(
+        "SELECT * FROM actions WHERE owner = ? AND status = 'proposed' ORDER BY created_at", (owner,))]
+
+
 def expire_actions(db: Database) -> None:
     """Cards nobody decided in time expire (``action.updated``)."""
     with db.transaction():
@@ -5538,8 +5659,7 @@ def _field(body: dict, name: str, kind: type, required: bool = True) -> Any:
 
 async def api_me(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/me: who is signed in, and their auto-accept policy."""
-    return {"person": person_out(state.db, person.handle),
-            "auto_accept": bool(state.db.scalar("SELECT auto_accept FROM people WHERE handle = ?", (person.handle,)))}
+    return whoami(state.db, person.handle)
 
 
 async def api_projects(state: AppState, person: Actor, request: Request, body: Any) -> dict:
@@ -5549,17 +5669,7 @@ async def api_projects(state: AppState, person: Actor, request: Request, body: A
 
 async def api_project(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/projects/{slug}: summary, people, agents, memory, pulse and paused agent pairs."""
-    slug = request.path_params["slug"]
-    db = state.db
-    with db.snapshot():
-        require_project(db, person, slug)
-        team = discover_team_agents(db, person, slug, state.hub)
-        for p in team["people"]:
-            p["role"] = _member_role(db, slug, p["handle"])
-        return {"project": project_out(db, slug), "kind": require_project(db, person, slug)["kind"],
-                "role": _member_role(db, slug, person.handle), **team,
-                "memory": memory_facts(db, slug), "pulse": project_pulse(db, slug),
-                "paused": paused_pairs(db, slug)}
+    return project_view(state.db, person, request.path_params["slug"], state.hub)
 
 
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
@@ -5722,39 +5832,23 @@ async def api_create_project(state: AppState, person: Actor, request: Request, b
 
 async def api_people(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/people: everyone on this server (to pick a teammate)."""
-    return {"people": [person_out(state.db, r["handle"]) for r in
-                       state.db.rows("SELECT handle FROM people ORDER BY handle")]}
+    return {"people": list_people(state.db)}
 
 
 async def api_add_member(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/projects/{slug}/members {handle, role?}: a project owner adds a teammate."""
-    slug = request.path_params["slug"]
-    require_project(state.db, person, slug)
-    return {"member": add_member(state.db, slug, _field(body, "handle", str),
-                                 _field(body, "role", str, False) or "member", by=person.handle)}
+    return {"member": add_member(state.db, request.path_params["slug"], _field(body, "handle", str),
+                                 _field(body, "role", str, False) or "member", by=person)}
 
 
 async def api_resume(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/projects/{slug}/resume {agents: [a, b]}: resume a paused pair with one click (posts a message)."""
-    slug = request.path_params["slug"]
-    agents = body.get("agents")
-    if not (isinstance(agents, list) and len(agents) == 2 and all(isinstance(a, str) for a in agents)):
-        raise InvalidInput("agents must be the two paused agents, like [\"oj/muse\", \"ren/builder\"]")
-    require_project(state.db, person, slug)
-    if {"agents": sorted(agents)} not in [{"agents": p["agents"]} for p in paused_pairs(state.db, slug)]:
-        raise InvalidState(f"{agents[0]} and {agents[1]} are not paused in '{slug}'")
-    text = f"Resumed @{agents[0]} and @{agents[1]}: carry on, and keep it short."
-    return {"message": post_message(state.db, person, slug, text)}
+    return {"message": resume_pair(state.db, person, request.path_params["slug"], body.get("agents"))}
 
 
 async def api_agents(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/agents: the person's own agents, each with the projects it is in."""
-    out = []
-    for r in state.db.rows("SELECT agent_id FROM agents WHERE owner = ? ORDER BY agent_id", (person.handle,)):
-        card = agent_card(state.db, r["agent_id"], state.hub)
-        card["projects"] = team_projects_of(state.db, r["agent_id"])
-        out.append(card)
-    return {"agents": out}
+    return {"agents": own_agents(state.db, person.handle, state.hub)}
 
 
 async def api_add_agent(state: AppState, person: Actor, request: Request, body: dict) -> dict:
@@ -5765,22 +5859,16 @@ async def api_add_agent(state: AppState, person: Actor, request: Request, body: 
         raise InvalidInput("capabilities must be a list of {kind, name}")
     if not isinstance(projects, list) or not all(isinstance(p, str) for p in projects):
         raise InvalidInput("projects must be a list of project slugs")
-    for slug in projects:
-        require_project(state.db, person, slug)
     name = check_slug(_field(body, "name", str), "name")
     return {"agent": add_agent(state.db, f"{person.handle}/{name}", _field(body, "display_name", str),
                                _field(body, "model", str), _field(body, "client", str),
-                               _field(body, "role", str, False) or "", capabilities, projects)}
+                               _field(body, "role", str, False) or "", capabilities, projects, by=person)}
 
 
 async def api_project_agent(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/projects/{slug}/agents {agent_id}: add one of your agents to a project you are in."""
-    slug = request.path_params["slug"]
-    require_project(state.db, person, slug)
     agent_id = check_agent_id(_field(body, "agent_id", str), "agent_id")
-    if owner_of(agent_id) != person.handle:
-        raise Forbidden(f"'{agent_id}' is not your agent: its owner adds it")
-    return add_agent_to_project(state.db, slug, agent_id)
+    return add_agent_to_project(state.db, request.path_params["slug"], agent_id, by=person)
 
 
 async def api_keys(state: AppState, person: Actor, request: Request, body: Any) -> dict:
@@ -5791,9 +5879,8 @@ async def api_keys(state: AppState, person: Actor, request: Request, body: Any) 
 async def api_mint_key(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/keys {agent_id, project?}: a client key for your agent, shown once, with set-up lines."""
     agent_id = check_agent_id(_field(body, "agent_id", str), "agent_id")
-    if owner_of(agent_id) != person.handle:
-        raise Forbidden(f"'{agent_id}' is not your agent: only its owner makes its keys")
-    record, secret = create_token(state.db, "client", agent_id=agent_id, project=_field(body, "project", str, False))
+    record, secret = create_token(state.db, "client", agent_id=agent_id, project=_field(body, "project", str, False),
+                                  by=person.handle)
     return record | {"token": secret} | connect_lines(public_base(state.db, state.settings, state.port), agent_id,
                                                       secret)
 
@@ -5805,25 +5892,19 @@ async def api_revoke_key(state: AppState, person: Actor, request: Request, body:
 
 async def api_set_memory(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/projects/{slug}/memory {key, value}: set a memory fact (owner_approved)."""
-    slug = request.path_params["slug"]
-    require_project(state.db, person, slug)
-    return {"memory": set_memory(state.db, slug, _field(body, "key", str), _field(body, "value", str),
-                                 person.handle)}
+    return {"memory": set_memory(state.db, request.path_params["slug"], _field(body, "key", str),
+                                 _field(body, "value", str), person)}
 
 
 async def api_retract_memory(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """DELETE /api/projects/{slug}/memory/{key}: retract a memory fact."""
-    slug = request.path_params["slug"]
-    require_project(state.db, person, slug)
-    return retract_memory(state.db, slug, request.path_params["key"], person.handle)
+    return retract_memory(state.db, request.path_params["slug"], request.path_params["key"], person)
 
 
 async def api_audit(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/projects/{slug}/audit?before=N&limit=50: the audit log, newest first, with its chain check."""
-    slug = request.path_params["slug"]
-    require_project(state.db, person, slug)
     before = request.query_params.get("before")
-    return audit_page(state.db, slug, _int_param(request, "before", 0, 1, SEQ_MAX) if before else None,
+    return audit_page(state.db, person, request.path_params["slug"], _int_param(request, "before", 0, 1, SEQ_MAX) if before else None,
                       _int_param(request, "limit", 50, 1, 200))
 
 
@@ -5918,9 +5999,7 @@ async def api_room_stop(state: AppState, person: Actor, request: Request, body: 
 
 async def api_actions(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/actions: Approve cards waiting for your decision."""
-    expire_actions(state.db)
-    return {"actions": [action_out(r) | {"project": r["project"], "message_id": r["message_id"]} for r in state.db.rows(
-        "SELECT * FROM actions WHERE owner = ? AND status = 'proposed' ORDER BY created_at", (person.handle,))]}
+    return {"actions": pending_actions(state.db, person.handle)}
 
 
 async def api_decide_action(state: AppState, person: Actor, request: Request, body: dict) -> dict:
@@ -5951,10 +6030,7 @@ async def signin(request: Request) -> Response:
     state: AppState = request.app.state.prickle
     token = request.query_params.get("token", "")
     try:
-        actor = resolve_token(state.db, token, ("signin",))
-        revoke_token(state.db, actor.credential_id)
-        _, session = create_token(state.db, "session", person=actor.handle,
-                                  ttl=_dt.timedelta(days=state.settings.session_days))
+        session = spend_signin_link(state.db, token, _dt.timedelta(days=state.settings.session_days))
     except PrickleError as e:
         reason = "used" if "already used" in e.message else "expired" if "expired" in e.message else "invalid"
         if request.headers.get("accept", "").startswith("application/json"):
