@@ -3484,30 +3484,11 @@ def handoff(db: Database, actor: Actor, project: str, to: str, packet: dict, *,
             raise Forbidden(f"'{project}' is a private room: tasks are handed off in team projects")
         requester = actor.agent_id
         if idempotency_key is not None:
-            earlier = db.one("SELECT * FROM tasks WHERE requester = ? AND idempotency_key = ?",
-                             (requester, idempotency_key))
+            earlier = _handoff_replay(db, actor, idempotency_key, digest, project, to, turn_budget, parent_task_id,
+                                      route)
             if earlier is not None:
-                if (earlier["packet_hash"] != digest or earlier["assignee"] != to or earlier["project"] != project
-                        or earlier["turn_budget"] != turn_budget or earlier["parent_task_id"] != parent_task_id
-                        or json.loads(earlier["route"]) != (route or {"via": "handoff"})):
-                    raise Conflict(f"idempotency_key '{idempotency_key}' was used for a different handoff "
-                                   f"(task '{earlier['id']}'): use a new key for new work")
-                gate = json.loads(earlier["gate"])
-                return {"task": task_out(db, earlier),
-                        "gate": {k: gate[k] for k in ("decision", "reason", "approval_id")}}
-        target = db.one("SELECT a.* FROM agents a JOIN project_agents pa ON pa.agent_id = a.agent_id AND "
-                        "pa.project = ? WHERE a.agent_id = ?", (project, to))
-        if target is None:
-            raise NotFound(f"to: no agent '{to}' in '{project}': call discover_team_agents for who is there")
-        if to == requester:
-            raise InvalidInput("to: you cannot hand a task to yourself")
-        if parent_task_id is not None:
-            parent = visible_task(db, actor, project, parent_task_id, "parent_task_id")
-            if parent["assignee"] != requester:
-                raise Forbidden(f"parent_task_id: only the assignee of '{parent_task_id}' can make sub-tasks of it")
-            if parent["state"] not in ("accepted", "working", "waiting"):
-                raise InvalidState(f"parent_task_id: task '{parent_task_id}' is {parent['state']}; accept it "
-                                   "before handing off sub-tasks")
+                return earlier
+        _check_handoff_parties(db, actor, project, to, parent_task_id)
         requester_owner = actor.owner if actor.kind == "agent" else actor.handle
         decision = gate_decide(db, requester_owner, requester, to, packet["deliverable_type"])
         now = iso(utcnow())
@@ -3528,33 +3509,84 @@ def handoff(db: Database, actor: Actor, project: str, to: str, packet: dict, *,
             "criteria": len(packet["acceptance_criteria"]), "files": len(packet["files"]),
             "depends_on": len(packet["depends_on"]), "context_chars": len(packet["context"]),
             "parent": parent_task_id, "via": (route or {"via": "handoff"})["via"]})
-        approval = None
-        task = _task_row(db, task_id)
-        if decision["standing_id"]:
-            approval = _open_approval(db, task, "approved", owner_of(to), decision["standing_id"])
-            db.execute("UPDATE standing_approvals SET uses = uses + 1 WHERE id = ?", (decision["standing_id"],))
-            standing = db.one("SELECT * FROM standing_approvals WHERE id = ?", (decision["standing_id"],))
-            audit(db, project, "standing_approval.used", {
-                "standing_approval": standing["id"], "approval": approval["id"], "count": standing["uses"],
-                "cap": standing["cap"], "owner_approval": True})
-        elif decision["decision"] == "approval_required":
-            approval = _open_approval(db, task)
-        gate = {"decision": decision["decision"], "reason": decision["reason"][:300],
-                "approval_id": approval["id"] if approval else None}
-        audit(db, project, "gate.decided", {"task": task_id, "decision": decision["decision"],
-                                            "basis": decision["basis"], "rule": decision["rule_id"],
-                                            "approval": gate["approval_id"]})
-        new_state = GATE_OUTCOME[decision["decision"]]
-        db.execute("UPDATE tasks SET state = ?, waiting_on = ?, routed_at = ?, gate = ? WHERE id = ?",
-                   (new_state, WAITING_ON["approval_gate" if new_state == "approval" else new_state],
-                    now if new_state == "routed" else None,
-                    json.dumps(gate | {"basis": decision["basis"], "rule_id": decision["rule_id"]}), task_id))
-        audit(db, project, "task.transitioned", {"task": task_id, "from": "requested", "to": new_state,
-                                                 "move": decision["decision"], "by": "gate"})
+        gate, new_state = _apply_gate(db, _task_row(db, task_id), decision, now)
         wakes = [(to, "task", task_id, None)] if new_state == "routed" else []
         out = task_out(db, task_id)
         append_event(db, project, "task.updated", {"task": out}, wakes)
     return {"task": out, "gate": gate}
+
+
+def _handoff_replay(db: Database, actor: Actor, idempotency_key: str, digest: str, project: str, to: str,
+                    turn_budget: int | None, parent_task_id: str | None, route: dict | None) -> dict | None:
+    """The earlier handoff's answer for a reused ``idempotency_key``, or None if the key is new.
+
+    Raises Conflict when the key was used for a different handoff (packet, target, project,
+    turn budget, parent or route).
+    """
+    earlier = db.one("SELECT * FROM tasks WHERE requester = ? AND idempotency_key = ?",
+                     (actor.agent_id, idempotency_key))
+    if earlier is None:
+        return None
+    if (earlier["packet_hash"] != digest or earlier["assignee"] != to or earlier["project"] != project
+            or earlier["turn_budget"] != turn_budget or earlier["parent_task_id"] != parent_task_id
+            or json.loads(earlier["route"]) != (route or {"via": "handoff"})):
+        raise Conflict(f"idempotency_key '{idempotency_key}' was used for a different handoff "
+                       f"(task '{earlier['id']}'): use a new key for new work")
+    gate = json.loads(earlier["gate"])
+    return {"task": task_out(db, earlier), "gate": {k: gate[k] for k in ("decision", "reason", "approval_id")}}
+
+
+def _check_handoff_parties(db: Database, actor: Actor, project: str, to: str, parent_task_id: str | None) -> None:
+    """``to`` is another agent in ``project``, and a parent task is the caller's, accepted and open.
+
+    Raises NotFound, InvalidInput (to oneself), Forbidden or InvalidState (the parent).
+    """
+    requester = actor.agent_id
+    target = db.one("SELECT a.* FROM agents a JOIN project_agents pa ON pa.agent_id = a.agent_id AND "
+                    "pa.project = ? WHERE a.agent_id = ?", (project, to))
+    if target is None:
+        raise NotFound(f"to: no agent '{to}' in '{project}': call discover_team_agents for who is there")
+    if to == requester:
+        raise InvalidInput("to: you cannot hand a task to yourself")
+    if parent_task_id is not None:
+        parent = visible_task(db, actor, project, parent_task_id, "parent_task_id")
+        if parent["assignee"] != requester:
+            raise Forbidden(f"parent_task_id: only the assignee of '{parent_task_id}' can make sub-tasks of it")
+        if parent["state"] not in ("accepted", "working", "waiting"):
+            raise InvalidState(f"parent_task_id: task '{parent_task_id}' is {parent['state']}; accept it "
+                               "before handing off sub-tasks")
+
+
+def _apply_gate(db: Database, task: dict, decision: dict, now: str) -> tuple[dict, str]:
+    """Move a just-requested task as the gate decided; return ``(gate, new_state)``.
+
+    A standing approval is spent (``standing_approval.used``), a hold opens an approval
+    record; writes ``gate.decided`` and ``task.transitioned`` (audit).
+    """
+    task_id, project, to = task["id"], task["project"], task["assignee"]
+    approval = None
+    if decision["standing_id"]:
+        approval = _open_approval(db, task, "approved", owner_of(to), decision["standing_id"])
+        db.execute("UPDATE standing_approvals SET uses = uses + 1 WHERE id = ?", (decision["standing_id"],))
+        standing = db.one("SELECT * FROM standing_approvals WHERE id = ?", (decision["standing_id"],))
+        audit(db, project, "standing_approval.used", {
+            "standing_approval": standing["id"], "approval": approval["id"], "count": standing["uses"],
+            "cap": standing["cap"], "owner_approval": True})
+    elif decision["decision"] == "approval_required":
+        approval = _open_approval(db, task)
+    gate = {"decision": decision["decision"], "reason": decision["reason"][:300],
+            "approval_id": approval["id"] if approval else None}
+    audit(db, project, "gate.decided", {"task": task_id, "decision": decision["decision"],
+                                        "basis": decision["basis"], "rule": decision["rule_id"],
+                                        "approval": gate["approval_id"]})
+    new_state = GATE_OUTCOME[decision["decision"]]
+    db.execute("UPDATE tasks SET state = ?, waiting_on = ?, routed_at = ?, gate = ? WHERE id = ?",
+               (new_state, WAITING_ON["approval_gate" if new_state == "approval" else new_state],
+                now if new_state == "routed" else None,
+                json.dumps(gate | {"basis": decision["basis"], "rule_id": decision["rule_id"]}), task_id))
+    audit(db, project, "task.transitioned", {"task": task_id, "from": "requested", "to": new_state,
+                                             "move": decision["decision"], "by": "gate"})
+    return gate, new_state
 
 
 def _submission_and_latest(db: Database, task: dict, submission_id: str, revision: int) -> tuple[dict, dict | None]:
