@@ -1505,6 +1505,126 @@ class ServerLock:
             self._fd = None
 
 
+#: How often the background loop looks for due work (seconds); another process's writes wake waiters within it.
+BACKGROUND_TICK = 0.05
+#: The longest a failing background piece waits before it tries again (seconds).
+BACKGROUND_MAX_BACKOFF = 30.0
+#: A failure's cause is cut to this many characters in the log line and in /healthz.
+CAUSE_MAX = 300
+#: Anything shaped like one of our secrets is hidden from a failure's cause.
+_SECRET_RE = re.compile(r"prk_[a-z]{2}_[A-Za-z0-9_-]+")
+
+
+@dataclasses.dataclass
+class _Piece:
+    """One job of the background loop and how it is doing."""
+
+    name: str
+    every: float  #: seconds between runs while it works
+    run: Callable[[], Any]  #: may return an awaitable; a float it gives is the seconds until its next run
+    due: float = 0.0  #: time.monotonic() of its next run
+    failures: int = 0  #: failed runs in a row
+    cause: str | None = None  #: the failure last logged, while failing
+    since: str | None = None  #: ISO time of the first failure in a row
+
+
+def failure_cause(e: BaseException) -> str:
+    """``"Type: message"`` of an exception, cut to CAUSE_MAX, with anything like a secret hidden."""
+    return _SECRET_RE.sub("prk_…", f"{type(e).__name__}: {e}")[:CAUSE_MAX]
+
+
+class Maintenance:
+    """The server's background work: named pieces, each on its own schedule, none able to stop the rest.
+
+    A piece that raises any Exception is logged on stderr once per distinct cause (with its
+    traceback) while it keeps failing, tried again after a backoff that doubles from its period
+    up to BACKGROUND_MAX_BACKOFF, and listed by :meth:`degraded` (so /healthz shows it) until a
+    run succeeds, which is logged too. apsw.BusyError is another connection's turn, not a failure:
+    the piece runs again at its next turn.
+    """
+
+    def __init__(self) -> None:
+        self.pieces: list[_Piece] = []
+
+    def add(self, name: str, every: float, run: Callable[[], Any]) -> None:
+        """Run ``run()`` every ``every`` seconds (from the first tick on) under ``name``."""
+        self.pieces.append(_Piece(name, every, run))
+
+    def degraded(self) -> list[dict]:
+        """The failing pieces: ``[{"piece", "cause", "since", "failures"}]``, in the order they were added."""
+        return [{"piece": p.name, "cause": p.cause, "since": p.since, "failures": p.failures}
+                for p in self.pieces if p.failures]
+
+    async def tick(self) -> None:
+        """Run every piece that is due, one after another."""
+        for piece in self.pieces:
+            now = time.monotonic()
+            if now < piece.due:
+                continue
+            try:
+                result = piece.run()
+                if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+                    result = await result
+            except apsw.BusyError:
+                piece.due = now + piece.every
+            except Exception as e:
+                self._failed(piece, e, now)
+            else:
+                if piece.failures:
+                    print(f"prickle: background {piece.name} works again after {piece.failures} failed "
+                          f"tries", file=sys.stderr)
+                    piece.failures, piece.cause, piece.since = 0, None, None
+                piece.due = time.monotonic() + (result if isinstance(result, float) else piece.every)
+
+    def _failed(self, piece: _Piece, e: Exception, now: float) -> None:
+        cause = failure_cause(e)
+        piece.failures += 1
+        piece.since = piece.since or iso(utcnow())
+        backoff = min(piece.every * 2 ** min(piece.failures, 20), BACKGROUND_MAX_BACKOFF)
+        piece.due = now + max(backoff, piece.every)
+        if cause != piece.cause:
+            import traceback
+            piece.cause = cause
+            trace = _SECRET_RE.sub("prk_…", "".join(traceback.format_exception(e)))
+            print(f"prickle: background {piece.name} failed, retrying with backoff: {cause}\n{trace}",
+                  file=sys.stderr, end="")
+
+    async def run_forever(self) -> None:
+        """Tick every BACKGROUND_TICK seconds until cancelled."""
+        while True:
+            await asyncio.sleep(BACKGROUND_TICK)
+            await self.tick()
+
+
+#: A write-ahead log this many frames long that writers never let empty is restarted (see checkpoint_wal).
+WAL_RESTART_FRAMES = 16_384
+#: What is left of the log file's size after a restart (SQLite's journal_size_limit).
+WAL_KEEP_BYTES = 64 * 1024 * 1024
+#: How long a restart may wait for a reader (a backup, say) while it holds writers back (ms);
+#: past it the restart gives up and the next second's checkpoint tries again.
+CHECKPOINT_WAIT_MS = 50
+
+
+def checkpoint_wal(conn: apsw.Connection, restart_frames: int = WAL_RESTART_FRAMES) -> str:
+    """Copy the write-ahead log into the database file; returns "empty", "passive" or "restart".
+
+    A write starts the log over only when every frame in it was copied. A PASSIVE checkpoint
+    never waits for writers, so while posts keep coming there is always a newer frame and the
+    log grows without end. Once it is ``restart_frames`` long, a RESTART copies what the
+    PASSIVE pass left (little) while holding writers back, and the next write starts the log
+    from its beginning. Raises apsw.BusyError when a reader or a writer keeps it waiting past
+    the connection's busy timeout (the server gives its checkpointer CHECKPOINT_WAIT_MS, so
+    writers are never held back longer than that).
+    """
+    log, _ = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+    if log <= 0:
+        return "empty"
+    if log >= restart_frames:
+        conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_RESTART)
+        return "restart"
+    return "passive"
+
+
 ###############################################################################
 # Outbox, wakes and audit log #################################################
 ###############################################################################
@@ -6096,126 +6216,6 @@ async def health(request: Request) -> Response:
     state: AppState = request.app.state.prickle
     return JSONResponse({"ok": True, "version": __version__, "outbox_head": outbox_head(state.db),
                          "degraded": state.maintenance.degraded() if state.maintenance else []})
-
-
-#: How often the background loop looks for due work (seconds); another process's writes wake waiters within it.
-BACKGROUND_TICK = 0.05
-#: The longest a failing background piece waits before it tries again (seconds).
-BACKGROUND_MAX_BACKOFF = 30.0
-#: A failure's cause is cut to this many characters in the log line and in /healthz.
-CAUSE_MAX = 300
-#: Anything shaped like one of our secrets is hidden from a failure's cause.
-_SECRET_RE = re.compile(r"prk_[a-z]{2}_[A-Za-z0-9_-]+")
-
-
-@dataclasses.dataclass
-class _Piece:
-    """One job of the background loop and how it is doing."""
-
-    name: str
-    every: float  #: seconds between runs while it works
-    run: Callable[[], Any]  #: may return an awaitable; a float it gives is the seconds until its next run
-    due: float = 0.0  #: time.monotonic() of its next run
-    failures: int = 0  #: failed runs in a row
-    cause: str | None = None  #: the failure last logged, while failing
-    since: str | None = None  #: ISO time of the first failure in a row
-
-
-def failure_cause(e: BaseException) -> str:
-    """``"Type: message"`` of an exception, cut to CAUSE_MAX, with anything like a secret hidden."""
-    return _SECRET_RE.sub("prk_…", f"{type(e).__name__}: {e}")[:CAUSE_MAX]
-
-
-class Maintenance:
-    """The server's background work: named pieces, each on its own schedule, none able to stop the rest.
-
-    A piece that raises any Exception is logged on stderr once per distinct cause (with its
-    traceback) while it keeps failing, tried again after a backoff that doubles from its period
-    up to BACKGROUND_MAX_BACKOFF, and listed by :meth:`degraded` (so /healthz shows it) until a
-    run succeeds, which is logged too. apsw.BusyError is another connection's turn, not a failure:
-    the piece runs again at its next turn.
-    """
-
-    def __init__(self) -> None:
-        self.pieces: list[_Piece] = []
-
-    def add(self, name: str, every: float, run: Callable[[], Any]) -> None:
-        """Run ``run()`` every ``every`` seconds (from the first tick on) under ``name``."""
-        self.pieces.append(_Piece(name, every, run))
-
-    def degraded(self) -> list[dict]:
-        """The failing pieces: ``[{"piece", "cause", "since", "failures"}]``, in the order they were added."""
-        return [{"piece": p.name, "cause": p.cause, "since": p.since, "failures": p.failures}
-                for p in self.pieces if p.failures]
-
-    async def tick(self) -> None:
-        """Run every piece that is due, one after another."""
-        for piece in self.pieces:
-            now = time.monotonic()
-            if now < piece.due:
-                continue
-            try:
-                result = piece.run()
-                if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-                    result = await result
-            except apsw.BusyError:
-                piece.due = now + piece.every
-            except Exception as e:
-                self._failed(piece, e, now)
-            else:
-                if piece.failures:
-                    print(f"prickle: background {piece.name} works again after {piece.failures} failed "
-                          f"tries", file=sys.stderr)
-                    piece.failures, piece.cause, piece.since = 0, None, None
-                piece.due = time.monotonic() + (result if isinstance(result, float) else piece.every)
-
-    def _failed(self, piece: _Piece, e: Exception, now: float) -> None:
-        cause = failure_cause(e)
-        piece.failures += 1
-        piece.since = piece.since or iso(utcnow())
-        backoff = min(piece.every * 2 ** min(piece.failures, 20), BACKGROUND_MAX_BACKOFF)
-        piece.due = now + max(backoff, piece.every)
-        if cause != piece.cause:
-            import traceback
-            piece.cause = cause
-            trace = _SECRET_RE.sub("prk_…", "".join(traceback.format_exception(e)))
-            print(f"prickle: background {piece.name} failed, retrying with backoff: {cause}\n{trace}",
-                  file=sys.stderr, end="")
-
-    async def run_forever(self) -> None:
-        """Tick every BACKGROUND_TICK seconds until cancelled."""
-        while True:
-            await asyncio.sleep(BACKGROUND_TICK)
-            await self.tick()
-
-
-#: A write-ahead log this many frames long that writers never let empty is restarted (see checkpoint_wal).
-WAL_RESTART_FRAMES = 16_384
-#: What is left of the log file's size after a restart (SQLite's journal_size_limit).
-WAL_KEEP_BYTES = 64 * 1024 * 1024
-#: How long a restart may wait for a reader (a backup, say) while it holds writers back (ms);
-#: past it the restart gives up and the next second's checkpoint tries again.
-CHECKPOINT_WAIT_MS = 50
-
-
-def checkpoint_wal(conn: apsw.Connection, restart_frames: int = WAL_RESTART_FRAMES) -> str:
-    """Copy the write-ahead log into the database file; returns "empty", "passive" or "restart".
-
-    A write starts the log over only when every frame in it was copied. A PASSIVE checkpoint
-    never waits for writers, so while posts keep coming there is always a newer frame and the
-    log grows without end. Once it is ``restart_frames`` long, a RESTART copies what the
-    PASSIVE pass left (little) while holding writers back, and the next write starts the log
-    from its beginning. Raises apsw.BusyError when a reader or a writer keeps it waiting past
-    the connection's busy timeout (the server gives its checkpointer CHECKPOINT_WAIT_MS, so
-    writers are never held back longer than that).
-    """
-    log, _ = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
-    if log <= 0:
-        return "empty"
-    if log >= restart_frames:
-        conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_RESTART)
-        return "restart"
-    return "passive"
 
 
 def create_app(db_path: str, settings: Settings | None = None, port: int | None = None) -> Starlette:
