@@ -13,7 +13,8 @@ Contents: one banner per section, in dependency order (search for the section's 
 - Protocol schemas: the reference's limits (BODY_MAX, ...), the JSON Schema fragments, every
   tool's input and output schema (SCHEMAS), and validate_input.
 - Storage: the schema and its migrations, the Database (transactions, savepoints, cache,
-  other writers), the server lock.
+  other writers), the server lock, the background work (Maintenance: named pieces with
+  backoff) and the WAL checkpoint (WalCheckpointer).
 - Outbox, wakes and audit log: append_event, pruning, the hash-chained audit log, cursors,
   and how a wake reaches an agent (the WakeHub that wakes waiters after commit, the watch
   for other writers, reading wakes, and the wait loop wait_for_wakes).
@@ -26,8 +27,9 @@ Contents: one banner per section, in dependency order (search for the section's 
   acceptance); the owner's gate rules; runners (devices, runs, steps); private rooms
   (turns and discussions); make-or-spend actions.
 - MCP tools: the Tool table (TOOLS), waits with progress, and the /mcp endpoint.
-- Web API, event stream and page: sign-in and sessions, the /api handlers, the live stream,
-  the WAL checkpoint, and create_app.
+- Web API, event stream and page: sign-in and sessions, the /api handlers (parse, call the
+  operation, shape the answer), the live stream, the route table (ROUTES), the server's
+  background pieces (server_maintenance) and create_app.
 - Command line: the ``prickle`` commands (cli) and main.
 """
 
@@ -1623,6 +1625,34 @@ def checkpoint_wal(conn: apsw.Connection, restart_frames: int = WAL_RESTART_FRAM
         conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_RESTART)
         return "restart"
     return "passive"
+
+
+class WalCheckpointer:
+    """Checkpoints one database file from a connection of its own (see :func:`checkpoint_wal`).
+
+    The server runs :meth:`run` on a worker thread, so the fsync never happens inside a
+    request's commit on the event loop; :meth:`close` after the last run.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.conn: apsw.Connection | None = None
+        self.lock = threading.Lock()  # the worker thread and shutdown never use the connection at once
+
+    def run(self) -> None:
+        """One checkpoint, opening the connection (busy timeout CHECKPOINT_WAIT_MS) on first use."""
+        with self.lock:
+            if self.conn is None:
+                self.conn = apsw.Connection(self.path)
+                self.conn.setbusytimeout(CHECKPOINT_WAIT_MS)
+            checkpoint_wal(self.conn)
+
+    def close(self) -> None:
+        """Close the connection, if one was opened."""
+        with self.lock:
+            if self.conn is not None:
+                self.conn.close()
+                self.conn = None
 
 
 ###############################################################################
@@ -6218,11 +6248,95 @@ async def health(request: Request) -> Response:
                          "degraded": state.maintenance.degraded() if state.maintenance else []})
 
 
+#: Every route but /mcp and /static: ``(method, path, endpoint)``. A path listed twice answers
+#: each method with its own endpoint; HEAD follows GET.
+ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
+    ("GET", "/api/me", _api(api_me)),
+    ("GET", "/api/meta", _api(api_meta)),
+    ("GET", "/api/projects", _api(api_projects)),
+    ("POST", "/api/projects", _api(api_create_project)),
+    ("GET", "/api/people", _api(api_people)),
+    ("GET", "/api/agents", _api(api_agents)),
+    ("POST", "/api/agents", _api(api_add_agent)),
+    ("GET", "/api/keys", _api(api_keys)),
+    ("POST", "/api/keys", _api(api_mint_key)),
+    ("DELETE", "/api/keys/{key_id}", _api(api_revoke_key)),
+    ("POST", "/api/projects/{slug}/members", _api(api_add_member)),
+    ("POST", "/api/projects/{slug}/agents", _api(api_project_agent)),
+    ("POST", "/api/projects/{slug}/resume", _api(api_resume)),
+    ("POST", "/api/projects/{slug}/memory", _api(api_set_memory)),
+    ("DELETE", "/api/projects/{slug}/memory/{key:path}", _api(api_retract_memory)),
+    ("GET", "/api/projects/{slug}/audit", _api(api_audit)),
+    ("GET", "/api/projects/{slug}/stream", api_stream),
+    ("GET", "/api/projects/{slug}", _api(api_project)),
+    ("GET", "/api/projects/{slug}/room", _api(api_room)),
+    ("POST", "/api/projects/{slug}/messages", _api(api_post)),
+    ("GET", "/api/projects/{slug}/events", _api(api_events)),
+    ("POST", "/api/signout", _api(api_signout)),
+    ("GET", "/api/approvals", _api(api_approvals)),
+    ("POST", "/api/approvals/{approval_id}", _api(api_decide)),
+    ("GET", "/api/projects/{slug}/tasks", _api(api_board)),
+    ("POST", "/api/projects/{slug}/task-requests", _api(api_task_request)),
+    ("GET", "/api/tasks/{task_id}", _api(api_task)),
+    ("POST", "/api/tasks/{task_id}/accept", _api(api_final_accept)),
+    ("POST", "/api/tasks/{task_id}/send-back", _api(api_send_back)),
+    ("POST", "/api/tasks/{task_id}/cancel", _api(api_cancel)),
+    ("GET", "/api/rules", _api(api_rules)),
+    ("POST", "/api/rules", _api(api_set_rule)),
+    ("DELETE", "/api/rules/{rule_id}", _api(api_revoke_rule)),
+    ("DELETE", "/api/standing-approvals/{standing_id}", _api(api_revoke_standing)),
+    ("POST", "/api/policy", _api(api_policy)),
+    ("GET", "/api/actions", _api(api_actions)),
+    ("POST", "/api/actions/{action_id}", _api(api_decide_action)),
+    ("POST", "/api/runner/actions", _api(runner_propose, runner=True)),
+    ("POST", "/api/runner/actions/{action_id}/claim", _api(runner_claim_action, runner=True)),
+    ("POST", "/api/runner/actions/{action_id}/finish", _api(runner_finish_action, runner=True)),
+    ("GET", "/api/room", _api(api_room_view)),
+    ("POST", "/api/room", _api(api_room_settings)),
+    ("POST", "/api/room/stop", _api(api_room_stop)),
+    ("GET", "/api/devices", _api(api_devices)),
+    ("POST", "/api/devices", _api(api_pair_device)),
+    ("DELETE", "/api/devices/{device_id}", _api(api_revoke_device)),
+    ("GET", "/api/steps", _api(api_steps)),
+    ("POST", "/api/steps/{step_id}", _api(api_decide_step)),
+    ("GET", "/signin", signin),
+    ("GET", "/healthz", health),
+    ("GET", "/", page),
+)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """404 and 405 as JSON errors, like every other refusal."""
+    status = getattr(exc, "status_code", 500)
+    error = NotFound(f"nothing at {request.url.path}") if status == 404 else PrickleError(
+        f"{request.method} is not allowed on {request.url.path}", "method_not_allowed")
+    error.http_status = status
+    return _error_response(error)
+
+
+def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer, settings: Settings) -> Maintenance:
+    """The server's background pieces: the watch for other writers, the WAL checkpoint, the
+    approvals sweep and outbox pruning (see :class:`Maintenance`).
+    """
+
+    def prune() -> float | None:
+        # Small steps, one after another while old events remain, so writers never wait long.
+        pruned = prune_outbox(db, _dt.timedelta(days=settings.outbox_keep_days))
+        return 0.5 if pruned else None
+
+    maintenance = Maintenance()
+    maintenance.add("watcher", BACKGROUND_TICK, hub.watch_other_writers)
+    maintenance.add("checkpoint", 1.0, lambda: asyncio.to_thread(checkpointer.run))
+    maintenance.add("approvals sweep", 60.0, lambda: sweep_approvals(db))
+    maintenance.add("outbox pruning", 600.0, prune)
+    return maintenance
+
+
 def create_app(db_path: str, settings: Settings | None = None, port: int | None = None) -> Starlette:
     """The whole server as a Starlette app on the database at ``db_path``.
 
     ``port`` is the bound port (for the allowed Host and Origin values); tests may leave it
-    out. The MCP endpoint is ``/mcp``; the people's API is under ``/api``.
+    out. The MCP endpoint is ``/mcp``; the people's API is under ``/api`` (see ROUTES).
     """
     settings = settings or Settings()
     port = settings.port if port is None else port
@@ -6240,30 +6354,8 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
                                            max_request_body_size=settings.max_body_bytes)
 
     db.conn.pragma("journal_size_limit", WAL_KEEP_BYTES)
-    checkpointer: list[apsw.Connection] = []
-    checkpoint_lock = threading.Lock()  # the worker thread and shutdown never use the connection at once
-
-    def checkpoint() -> None:
-        with checkpoint_lock:
-            if not checkpointer:
-                conn = apsw.Connection(db_path)
-                conn.setbusytimeout(CHECKPOINT_WAIT_MS)
-                checkpointer.append(conn)
-            checkpoint_wal(checkpointer[0])
-
-    def prune() -> float | None:
-        # Small steps, one after another while old events remain, so writers never wait long.
-        pruned = prune_outbox(db, _dt.timedelta(days=settings.outbox_keep_days))
-        return 0.5 if pruned else None
-
-    def sweep() -> None:
-        sweep_approvals(db)
-
-    maintenance = state.maintenance = Maintenance()
-    maintenance.add("watcher", BACKGROUND_TICK, hub.watch_other_writers)
-    maintenance.add("checkpoint", 1.0, lambda: asyncio.to_thread(checkpoint))
-    maintenance.add("approvals sweep", 60.0, sweep)
-    maintenance.add("outbox pruning", 600.0, prune)
+    checkpointer = WalCheckpointer(db_path)
+    maintenance = state.maintenance = server_maintenance(db, hub, checkpointer, settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> Any:
@@ -6276,74 +6368,15 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
             db.close()
-            with checkpoint_lock:
-                for conn in checkpointer:
-                    conn.close()
+            checkpointer.close()
 
     mcp_endpoint = _MCPEndpoint(state, StreamableHTTPASGIApp(manager))
     routes = [
         Route("/mcp", endpoint=mcp_endpoint, methods=["GET", "POST", "DELETE"]),
-        Route("/api/me", _api(api_me)),
-        Route("/api/meta", _api(api_meta)),
-        Route("/api/projects", _api(api_projects)),
-        Route("/api/projects", _api(api_create_project), methods=["POST"]),
-        Route("/api/people", _api(api_people)),
-        Route("/api/agents", _api(api_agents)),
-        Route("/api/agents", _api(api_add_agent), methods=["POST"]),
-        Route("/api/keys", _api(api_keys)),
-        Route("/api/keys", _api(api_mint_key), methods=["POST"]),
-        Route("/api/keys/{key_id}", _api(api_revoke_key), methods=["DELETE"]),
-        Route("/api/projects/{slug}/members", _api(api_add_member), methods=["POST"]),
-        Route("/api/projects/{slug}/agents", _api(api_project_agent), methods=["POST"]),
-        Route("/api/projects/{slug}/resume", _api(api_resume), methods=["POST"]),
-        Route("/api/projects/{slug}/memory", _api(api_set_memory), methods=["POST"]),
-        Route("/api/projects/{slug}/memory/{key:path}", _api(api_retract_memory), methods=["DELETE"]),
-        Route("/api/projects/{slug}/audit", _api(api_audit)),
-        Route("/api/projects/{slug}/stream", api_stream),
-        Route("/api/projects/{slug}", _api(api_project)),
-        Route("/api/projects/{slug}/room", _api(api_room)),
-        Route("/api/projects/{slug}/messages", _api(api_post), methods=["POST"]),
-        Route("/api/projects/{slug}/events", _api(api_events)),
-        Route("/api/signout", _api(api_signout), methods=["POST"]),
-        Route("/api/approvals", _api(api_approvals)),
-        Route("/api/approvals/{approval_id}", _api(api_decide), methods=["POST"]),
-        Route("/api/projects/{slug}/tasks", _api(api_board)),
-        Route("/api/projects/{slug}/task-requests", _api(api_task_request), methods=["POST"]),
-        Route("/api/tasks/{task_id}", _api(api_task)),
-        Route("/api/tasks/{task_id}/accept", _api(api_final_accept), methods=["POST"]),
-        Route("/api/tasks/{task_id}/send-back", _api(api_send_back), methods=["POST"]),
-        Route("/api/tasks/{task_id}/cancel", _api(api_cancel), methods=["POST"]),
-        Route("/api/rules", _api(api_rules)),
-        Route("/api/rules", _api(api_set_rule), methods=["POST"]),
-        Route("/api/rules/{rule_id}", _api(api_revoke_rule), methods=["DELETE"]),
-        Route("/api/standing-approvals/{standing_id}", _api(api_revoke_standing), methods=["DELETE"]),
-        Route("/api/policy", _api(api_policy), methods=["POST"]),
-        Route("/api/actions", _api(api_actions)),
-        Route("/api/actions/{action_id}", _api(api_decide_action), methods=["POST"]),
-        Route("/api/runner/actions", _api(runner_propose, runner=True), methods=["POST"]),
-        Route("/api/runner/actions/{action_id}/claim", _api(runner_claim_action, runner=True), methods=["POST"]),
-        Route("/api/runner/actions/{action_id}/finish", _api(runner_finish_action, runner=True), methods=["POST"]),
-        Route("/api/room", _api(api_room_view)),
-        Route("/api/room", _api(api_room_settings), methods=["POST"]),
-        Route("/api/room/stop", _api(api_room_stop), methods=["POST"]),
-        Route("/api/devices", _api(api_devices)),
-        Route("/api/devices", _api(api_pair_device), methods=["POST"]),
-        Route("/api/devices/{device_id}", _api(api_revoke_device), methods=["DELETE"]),
-        Route("/api/steps", _api(api_steps)),
-        Route("/api/steps/{step_id}", _api(api_decide_step), methods=["POST"]),
-        Route("/signin", signin),
-        Route("/healthz", health),
-        Route("/", page),
+        *(Route(path, endpoint, methods=[method]) for method, path, endpoint in ROUTES),
         Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
     ]
-    async def http_error(request: Request, exc: Exception) -> Response:
-        status = getattr(exc, "status_code", 500)
-        error = NotFound(f"nothing at {request.url.path}") if status == 404 else PrickleError(
-            f"{request.method} is not allowed on {request.url.path}", "method_not_allowed")
-        error.http_status = status
-        return _error_response(error)
-
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: http_error, 405: http_error})
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: _http_error, 405: _http_error})
     app.state.prickle = state
     app.add_middleware(_GuardMiddleware, settings=settings, port=port)
     return app
