@@ -5268,8 +5268,8 @@ async def _tool_pulse(state: AppState, actor: Actor, args: dict, ctx: Any) -> di
 
 
 async def _tool_wait_mention(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
-    status, wakes, cursor = await wait_for_wakes(state.db, state.hub, actor, args, "wait_for_mention", WAKE_KINDS["wait_for_mention"],
-                                        args["timeout_seconds"])
+    status, wakes, cursor = await wait_for_wakes(state.db, state.hub, actor, args, "wait_for_mention",
+                                                 WAKE_KINDS["wait_for_mention"], args["timeout_seconds"])
     return {"status": status, "events": [wake_event(state.db, w) for w in wakes], "cursor": cursor}
 
 
@@ -5282,8 +5282,8 @@ async def _tool_wait_updates(state: AppState, actor: Actor, args: dict, ctx: Any
 
     wanted = args.get("kinds", WAKE_KINDS["wait_for_updates"])
     kinds = tuple(k for k in WAKE_KINDS["wait_for_updates"] if UPDATE_KIND_OF.get(k, k) in wanted)
-    status, wakes, cursor = await wait_for_wakes(state.db, state.hub, actor, args, "wait_for_updates", kinds, timeout,
-                                        tick if token is not None else None)
+    status, wakes, cursor = await wait_for_wakes(state.db, state.hub, actor, args, "wait_for_updates", kinds,
+                                                 timeout, tick if token is not None else None)
     return {"status": "updates" if status == "events" else status,
             "updates": [update_pointer(w) for w in wakes], "cursor": cursor}
 
@@ -5884,21 +5884,36 @@ async def api_post(state: AppState, person: Actor, request: Request, body: dict)
     return {"message": message}
 
 
-def live_position(db: Database, raw: str | None) -> tuple[int, str | None]:
-    """Where a live reader (the event stream, the events endpoint) continues: ``(seq, gap)``.
+def live_position(db: Database, reader: Actor, project: str, raw: str | None) -> tuple[int, str | None]:
+    """Where ``reader``, a live reader of ``project`` (the stream, the events endpoint), continues: ``(seq, gap)``.
 
     ``raw`` is the ``after`` or ``Last-Event-ID`` text; None starts at the newest seq. A seq
     beyond the newest (however large) or older than what pruning kept continues from the newest,
     with ``gap`` saying why (see :func:`cursor_gap`), so the reader knows to load its view again.
-    Raises InvalidInput for text that is not a seq number.
+    Raises NotFound for a project out of the reader's reach, InvalidInput for text that is not a
+    seq number.
     """
-    if raw is None:
-        return outbox_head(db), None
-    if not (raw.isascii() and raw.isdigit()):
-        raise InvalidInput(f"after (or Last-Event-ID) must be an outbox seq number, got {raw[:40]!r}")
-    # Beyond any seq SQLite can hold (and any int it can bind): surely ahead.
-    gap = "ahead" if len(raw) > 18 else cursor_gap(db, int(raw))
-    return (outbox_head(db), gap) if gap else (int(raw), None)
+    with db.snapshot():
+        require_project(db, reader, project)
+        if raw is None:
+            return outbox_head(db), None
+        if not (raw.isascii() and raw.isdigit()):
+            raise InvalidInput(f"after (or Last-Event-ID) must be an outbox seq number, got {raw[:40]!r}")
+        # Beyond any seq SQLite can hold (and any int it can bind): surely ahead.
+        gap = "ahead" if len(raw) > 18 else cursor_gap(db, int(raw))
+        return (outbox_head(db), gap) if gap else (int(raw), None)
+
+
+def live_events(db: Database, reader: Actor, project: str, after: int) -> list[dict]:
+    """The next events a live reader of ``project`` gets after seq ``after`` (see :func:`read_events`).
+
+    Asked on every turn of a live reader's loop: its credential must still be live and the
+    project in its reach. Raises Unauthorized or NotFound.
+    """
+    with db.snapshot():
+        check_live(db, reader)
+        require_project(db, reader, project)
+        return read_events(db, project, after)
 
 
 async def api_events(state: AppState, person: Actor, request: Request, body: Any) -> dict:
@@ -5908,16 +5923,14 @@ async def api_events(state: AppState, person: Actor, request: Request, body: Any
     continued ("ahead", "pruned"; see :func:`live_position`), and then ``last_seq`` is the head.
     """
     slug = request.path_params["slug"]
-    require_project(state.db, person, slug)
-    after, gap = live_position(state.db, request.query_params.get("after", "0"))
+    after, gap = live_position(state.db, person, slug, request.query_params.get("after", "0"))
     wait = _int_param(request, "wait", 0, 0, 50)
     if gap:
         return {"events": [], "last_seq": after, "resync": gap}
     deadline = asyncio.get_running_loop().time() + wait
     while True:
         with state.hub.waiting(state.hub.project_waiters, slug) as fut:
-            check_live(state.db, person)
-            events = read_events(state.db, slug, after)
+            events = live_events(state.db, person, slug, after)
             remaining = deadline - asyncio.get_running_loop().time()
             if events or remaining <= 0:
                 return {"events": events, "resync": None,
@@ -6086,7 +6099,8 @@ async def api_retract_memory(state: AppState, person: Actor, request: Request, b
 async def api_audit(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/projects/{slug}/audit?before=N&limit=50: the audit log, newest first, with its chain check."""
     before = request.query_params.get("before")
-    return audit_page(state.db, person, request.path_params["slug"], _int_param(request, "before", 0, 1, SEQ_MAX) if before else None,
+    return audit_page(state.db, person, request.path_params["slug"],
+                      _int_param(request, "before", 0, 1, SEQ_MAX) if before else None,
                       _int_param(request, "limit", 50, 1, 200))
 
 
@@ -6102,8 +6116,7 @@ async def api_stream(request: Request) -> Response:
     slug = request.path_params["slug"]
     try:
         person = _person_from_request(state, request)
-        require_project(state.db, person, slug)
-        start, gap = live_position(state.db, request.headers.get("last-event-id")
+        start, gap = live_position(state.db, person, slug, request.headers.get("last-event-id")
                                    or request.query_params.get("after") or None)
     except PrickleError as e:
         return _error_response(e)
@@ -6117,11 +6130,9 @@ async def api_stream(request: Request) -> Response:
         while True:
             with state.hub.waiting(state.hub.project_waiters, slug) as fut:
                 try:
-                    check_live(state.db, person)
-                    require_project(state.db, person, slug)
+                    batch = live_events(state.db, person, slug, after)
                 except PrickleError:
                     return
-                batch = read_events(state.db, slug, after)
                 if not batch:
                     try:
                         await asyncio.wait_for(fut, KEEP_ALIVE_EVERY)

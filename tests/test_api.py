@@ -279,3 +279,17 @@ def test_a_sign_in_link_opens_one_session(world):
     assert _refused(prickle.Unauthorized, prickle.spend_signin_link, world.db, link, datetime.timedelta(days=1)) == (
         "this sign-in link was already used: get a new one with 'prickle signin-link HANDLE'")
     assert world.db.scalar("SELECT count(*) FROM credentials WHERE kind = 'session' AND person = 'ren'") == 1
+
+
+def test_a_live_reader_is_checked_on_every_turn(world):
+    db, ren, sam = world.db, world.person("ren"), world.person("sam")
+    assert _refused(prickle.NotFound, prickle.live_position, db, sam, PROJECT, "0") == (
+        "project 'website-v2' not found: it does not exist or 'sam' is not in it")
+    start, gap = prickle.live_position(db, ren, PROJECT, "0")
+    assert (start, gap) == (0, None)
+    prickle.set_memory(db, PROJECT, "launch", "Friday", "oj")
+    assert prickle.live_events(db, ren, PROJECT, start) == prickle.read_events(db, PROJECT, start)
+    _refused(prickle.NotFound, prickle.live_events, db, sam, PROJECT, start)
+    prickle.revoke_token(db, ren.credential_id)
+    assert _refused(prickle.Unauthorized, prickle.live_events, db, ren, PROJECT, start) == (
+        "this credential was revoked or expired while the call waited")
