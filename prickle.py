@@ -13,9 +13,11 @@ Contents: one banner per section, in dependency order (search for the section's 
 - Protocol schemas: the reference's limits (BODY_MAX, ...), the JSON Schema fragments, every
   tool's input and output schema (SCHEMAS), and validate_input.
 - Storage: the schema and its migrations, the Database (transactions, savepoints, cache,
-  other writers), the server lock.
-- Outbox, wakes and audit log: append_event, the WakeHub that wakes waiters after commit,
-  cursors, and the hash-chained audit log.
+  other writers), the server lock, the background work (Maintenance: named pieces with
+  backoff) and the WAL checkpoint (WalCheckpointer).
+- Outbox, wakes and audit log: append_event, pruning, the hash-chained audit log, cursors,
+  and how a wake reaches an agent (the WakeHub that wakes waiters after commit, the watch
+  for other writers, reading wakes, and the wait loop wait_for_wakes).
 - Identity and credentials: token kinds and prefixes, resolving a secret to an Actor.
 - State machines: the task lifecycle as a table of moves (TASK_MOVES, next_state).
 - Domain operations: one function and one transaction per operation, in ``# --`` parts:
@@ -23,10 +25,11 @@ Contents: one banner per section, in dependency order (search for the section's 
   mentions, the loop guard, read_room); people, memory and pulse; tasks (handoff, the gate,
   the lifecycle, results and evidence); the people's side of tasks (approvals, final
   acceptance); the owner's gate rules; runners (devices, runs, steps); private rooms
-  (turns and discussions); make-or-spend actions; wakes (reading them for a wait).
+  (turns and discussions); make-or-spend actions.
 - MCP tools: the Tool table (TOOLS), waits with progress, and the /mcp endpoint.
-- Web API, event stream and page: sign-in and sessions, the /api handlers, the live stream,
-  the MCP session caps per key, the background maintenance (Maintenance), and create_app.
+- Web API, event stream and page: sign-in and sessions, the /api handlers (parse, call the
+  operation, shape the answer), the live stream, the MCP session caps per key, the route table (ROUTES), the server's
+  background pieces (server_maintenance) and create_app.
 - Connections and the log: the connection guard (request deadlines, the connection
   cap) and the log's repeat limiter.
 - Command line: the ``prickle`` commands (cli) and main.
@@ -1701,6 +1704,154 @@ class ServerLock:
             self._fd = None
 
 
+#: How often the background loop looks for due work (seconds); another process's writes wake waiters within it.
+BACKGROUND_TICK = 0.05
+#: The longest a failing background piece waits before it tries again (seconds).
+BACKGROUND_MAX_BACKOFF = 30.0
+#: A failure's cause is cut to this many characters in the log line and in /healthz.
+CAUSE_MAX = 300
+#: Anything shaped like one of our secrets is hidden from a failure's cause.
+_SECRET_RE = re.compile(r"prk_[a-z]{2}_[A-Za-z0-9_-]+")
+
+
+@dataclasses.dataclass
+class _Piece:
+    """One job of the background loop and how it is doing."""
+
+    name: str
+    every: float  #: seconds between runs while it works
+    run: Callable[[], Any]  #: may return an awaitable; a float it gives is the seconds until its next run
+    due: float = 0.0  #: time.monotonic() of its next run
+    failures: int = 0  #: failed runs in a row
+    cause: str | None = None  #: the failure last logged, while failing
+    since: str | None = None  #: ISO time of the first failure in a row
+
+
+def failure_cause(e: BaseException) -> str:
+    """``"Type: message"`` of an exception, cut to CAUSE_MAX, with anything like a secret hidden."""
+    return _SECRET_RE.sub("prk_…", f"{type(e).__name__}: {e}")[:CAUSE_MAX]
+
+
+class Maintenance:
+    """The server's background work: named pieces, each on its own schedule, none able to stop the rest.
+
+    A piece that raises any Exception is logged on stderr once per distinct cause (with its
+    traceback) while it keeps failing, tried again after a backoff that doubles from its period
+    up to BACKGROUND_MAX_BACKOFF, and listed by :meth:`degraded` (so /healthz shows it) until a
+    run succeeds, which is logged too. apsw.BusyError is another connection's turn, not a failure:
+    the piece runs again at its next turn.
+    """
+
+    def __init__(self) -> None:
+        self.pieces: list[_Piece] = []
+
+    def add(self, name: str, every: float, run: Callable[[], Any]) -> None:
+        """Run ``run()`` every ``every`` seconds (from the first tick on) under ``name``."""
+        self.pieces.append(_Piece(name, every, run))
+
+    def degraded(self) -> list[dict]:
+        """The failing pieces: ``[{"piece", "cause", "since", "failures"}]``, in the order they were added."""
+        return [{"piece": p.name, "cause": p.cause, "since": p.since, "failures": p.failures}
+                for p in self.pieces if p.failures]
+
+    async def tick(self) -> None:
+        """Run every piece that is due, one after another."""
+        for piece in self.pieces:
+            now = time.monotonic()
+            if now < piece.due:
+                continue
+            try:
+                result = piece.run()
+                if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+                    result = await result
+            except apsw.BusyError:
+                piece.due = now + piece.every
+            except Exception as e:
+                self._failed(piece, e, now)
+            else:
+                if piece.failures:
+                    print(f"prickle: background {piece.name} works again after {piece.failures} failed "
+                          f"tries", file=sys.stderr)
+                    piece.failures, piece.cause, piece.since = 0, None, None
+                piece.due = time.monotonic() + (result if isinstance(result, float) else piece.every)
+
+    def _failed(self, piece: _Piece, e: Exception, now: float) -> None:
+        cause = failure_cause(e)
+        piece.failures += 1
+        piece.since = piece.since or iso(utcnow())
+        backoff = min(piece.every * 2 ** min(piece.failures, 20), BACKGROUND_MAX_BACKOFF)
+        piece.due = now + max(backoff, piece.every)
+        if cause != piece.cause:
+            import traceback
+            piece.cause = cause
+            trace = _SECRET_RE.sub("prk_…", "".join(traceback.format_exception(e)))
+            print(f"prickle: background {piece.name} failed, retrying with backoff: {cause}\n{trace}",
+                  file=sys.stderr, end="")
+
+    async def run_forever(self) -> None:
+        """Tick every BACKGROUND_TICK seconds until cancelled."""
+        while True:
+            await asyncio.sleep(BACKGROUND_TICK)
+            await self.tick()
+
+
+#: A write-ahead log this many frames long that writers never let empty is restarted (see checkpoint_wal).
+WAL_RESTART_FRAMES = 16_384
+#: What is left of the log file's size after a restart (SQLite's journal_size_limit).
+WAL_KEEP_BYTES = 64 * 1024 * 1024
+#: How long a restart may wait for a reader (a backup, say) while it holds writers back (ms);
+#: past it the restart gives up and the next second's checkpoint tries again.
+CHECKPOINT_WAIT_MS = 50
+
+
+def checkpoint_wal(conn: apsw.Connection, restart_frames: int = WAL_RESTART_FRAMES) -> str:
+    """Copy the write-ahead log into the database file; returns "empty", "passive" or "restart".
+
+    A write starts the log over only when every frame in it was copied. A PASSIVE checkpoint
+    never waits for writers, so while posts keep coming there is always a newer frame and the
+    log grows without end. Once it is ``restart_frames`` long, a RESTART copies what the
+    PASSIVE pass left (little) while holding writers back, and the next write starts the log
+    from its beginning. Raises apsw.BusyError when a reader or a writer keeps it waiting past
+    the connection's busy timeout (the server gives its checkpointer CHECKPOINT_WAIT_MS, so
+    writers are never held back longer than that).
+    """
+    log, _ = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+    if log <= 0:
+        return "empty"
+    if log >= restart_frames:
+        conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_RESTART)
+        return "restart"
+    return "passive"
+
+
+class WalCheckpointer:
+    """Checkpoints one database file from a connection of its own (see :func:`checkpoint_wal`).
+
+    The server runs :meth:`run` on a worker thread, so the fsync never happens inside a
+    request's commit on the event loop; :meth:`close` after the last run.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.conn: apsw.Connection | None = None
+        self.lock = threading.Lock()  # the worker thread and shutdown never use the connection at once
+
+    def run(self) -> None:
+        """One checkpoint, opening the connection (busy timeout CHECKPOINT_WAIT_MS) on first use."""
+        with self.lock:
+            if self.conn is None:
+                self.conn = apsw.Connection(self.path)
+                self.conn.setbusytimeout(CHECKPOINT_WAIT_MS)
+            checkpoint_wal(self.conn)
+
+    def close(self) -> None:
+        """Close the connection, if one was opened."""
+        with self.lock:
+            if self.conn is not None:
+                self.conn.close()
+                self.conn = None
+
+
 ###############################################################################
 # Outbox, wakes and audit log #################################################
 ###############################################################################
@@ -1847,67 +1998,6 @@ def verify_audit(db: Database, chain: str | None = None) -> list[dict]:
     return reports
 
 
-class WakeHub:
-    """Wakes in-process waiters when outbox rows that concern them commit.
-
-    A waiter registers a future for its agent; :meth:`catch_up` reads the wake rows
-    added since it last looked (by this process or another) and resolves the futures of
-    the agents they name. Runs on the event loop's thread only.
-    """
-
-    def __init__(self, db: Database):
-        self.db = db
-        self.seen = outbox_head(db)
-        self.agent_waiters: dict[str, set[asyncio.Future]] = {}
-        self.project_waiters: dict[str, set[asyncio.Future]] = {}
-
-    def committed(self, first: int, last: int, projects: set[str], agents: set[str]) -> None:
-        """This process committed outbox rows ``first..last``: wake whom they concern."""
-        if first == self.seen + 1:
-            self.seen = last  # no gap: nothing from another process lies in between
-        self._wake(projects, agents)
-
-    def catch_up(self) -> None:
-        """Wake every agent and project with outbox rows after ``seen`` (rows another process wrote)."""
-        head = outbox_head(self.db)
-        if head <= self.seen:
-            return
-        # Range scans on seq; DISTINCT would make SQLite walk the whole wakes index.
-        agents = {r["agent_id"] for r in self.db.rows("SELECT agent_id FROM wakes WHERE seq > ?", (self.seen,))}
-        projects = {r["project"] for r in self.db.rows("SELECT project FROM outbox WHERE seq > ?", (self.seen,))}
-        self.seen = head
-        self._wake(projects, agents)
-
-    def wake_everyone(self) -> None:
-        """Wake every open wait, so each checks its credential (and its rows) again."""
-        self._wake(set(self.project_waiters), set(self.agent_waiters))
-
-    def _wake(self, projects: set[str], agents: set[str]) -> None:
-        for keys, table in ((agents, self.agent_waiters), (projects, self.project_waiters)):
-            for k in keys:
-                for fut in table.get(k, ()):
-                    if not fut.done():
-                        fut.set_result(None)
-
-    @contextlib.contextmanager
-    def waiting(self, table: dict[str, set[asyncio.Future]], key: str) -> Iterator[asyncio.Future]:
-        """Register a future under ``key`` for the duration of the block."""
-        fut = asyncio.get_running_loop().create_future()
-        table.setdefault(key, set()).add(fut)
-        try:
-            yield fut
-        finally:
-            waiters = table.get(key)
-            if waiters is not None:
-                waiters.discard(fut)
-                if not waiters:
-                    del table[key]
-
-    def is_waiting(self, agent_id: str) -> bool:
-        """True while the agent has a wait_for_* call open."""
-        return bool(self.agent_waiters.get(agent_id))
-
-
 def _cursor_mac(secret: str, scope: str, position: int) -> str:
     return hmac.new(secret.encode(), f"{scope}|{position}".encode(), "sha256").hexdigest()[:20]
 
@@ -1939,6 +2029,247 @@ def _server_secret(db: Database) -> str:
     if db.path not in _SECRETS:
         _SECRETS[db.path] = db.scalar("SELECT value FROM meta WHERE key = 'secret'")
     return _SECRETS[db.path]
+
+
+# -- wakes: how a wake reaches an agent ------------------------------------------
+# An operation names whom its event wakes (agent, kind, task, message) and append_event writes
+# one wake row for each, inside the operation's transaction. After the commit the Database
+# tells its listeners, and WakeHub.committed resolves the futures of the agents named; rows
+# another process wrote (the CLI) are found by WakeHub.watch_other_writers, which the
+# background loop runs. A wait (wait_for_wakes) registers its future, reads pending_wakes
+# after its cursor, and sleeps until it is woken, its deadline passes or its credential is due
+# a check; what it hands out is marked delivered, and check_inbox lists the rest.
+
+class WakeHub:
+    """Wakes in-process waiters when outbox rows that concern them commit.
+
+    A waiter registers a future for its agent; :meth:`catch_up` reads the wake rows
+    added since it last looked (by this process or another) and resolves the futures of
+    the agents they name. Runs on the event loop's thread only.
+    """
+
+    def __init__(self, db: Database):
+        self.db = db
+        self.seen = outbox_head(db)
+        self.seen_version = db.data_version()
+        self.agent_waiters: dict[str, set[asyncio.Future]] = {}
+        self.project_waiters: dict[str, set[asyncio.Future]] = {}
+
+    def committed(self, first: int, last: int, projects: set[str], agents: set[str]) -> None:
+        """This process committed outbox rows ``first..last``: wake whom they concern."""
+        if first == self.seen + 1:
+            self.seen = last  # no gap: nothing from another process lies in between
+        self._wake(projects, agents)
+
+    def catch_up(self) -> None:
+        """Wake every agent and project with outbox rows after ``seen`` (rows another process wrote)."""
+        head = outbox_head(self.db)
+        if head <= self.seen:
+            return
+        # Range scans on seq; DISTINCT would make SQLite walk the whole wakes index.
+        agents = {r["agent_id"] for r in self.db.rows("SELECT agent_id FROM wakes WHERE seq > ?", (self.seen,))}
+        projects = {r["project"] for r in self.db.rows("SELECT project FROM outbox WHERE seq > ?", (self.seen,))}
+        self.seen = head
+        self._wake(projects, agents)
+
+    def wake_everyone(self) -> None:
+        """Wake every open wait, so each checks its credential (and its rows) again."""
+        self._wake(set(self.project_waiters), set(self.agent_waiters))
+
+    def watch_other_writers(self) -> bool:
+        """Wake whom another process's writes concern (its commits run none of our after-commit hooks).
+
+        The server's background loop calls it every BACKGROUND_TICK. Everyone is woken too: the
+        other process may have revoked credentials that open waits hold. Returns whether another
+        process wrote since the last call.
+        """
+        current = self.db.data_version()
+        if current == self.seen_version:
+            return False
+        self.catch_up()
+        self.wake_everyone()
+        self.seen_version = current  # only once its waiters were woken: a failure tries again
+        return True
+
+    def _wake(self, projects: set[str], agents: set[str]) -> None:
+        for keys, table in ((agents, self.agent_waiters), (projects, self.project_waiters)):
+            for k in keys:
+                for fut in table.get(k, ()):
+                    if not fut.done():
+                        fut.set_result(None)
+
+    @contextlib.contextmanager
+    def waiting(self, table: dict[str, set[asyncio.Future]], key: str) -> Iterator[asyncio.Future]:
+        """Register a future under ``key`` for the duration of the block."""
+        fut = asyncio.get_running_loop().create_future()
+        table.setdefault(key, set()).add(fut)
+        try:
+            yield fut
+        finally:
+            waiters = table.get(key)
+            if waiters is not None:
+                waiters.discard(fut)
+                if not waiters:
+                    del table[key]
+
+    def is_waiting(self, agent_id: str) -> bool:
+        """True while the agent has a wait_for_* call open."""
+        return bool(self.agent_waiters.get(agent_id))
+
+
+#: Which wake kinds each waiting tool reads, in order of precedence for one event. A
+#: ``task`` wake is a task handed (or handed back) to the agent; ``task_update`` is a
+#: change to a task it requested, which wait_for_updates reports as ``task`` too.
+WAKE_KINDS = {
+    "wait_for_mention": ("mention", "task", "room", "action"),
+    "wait_for_updates": ("mention", "task", "task_update", "result", "decision", "reply"),
+}
+#: How wait_for_updates names each wake kind.
+UPDATE_KIND_OF = {"task_update": "task"}
+
+
+def wake_cursor(db: Database, scope: str, position: int) -> str:
+    """A wait cursor at outbox ``position`` for ``scope`` (agent, tool and project filter)."""
+    return encode_cursor(db, f"wake|{scope}", position)
+
+
+def start_position(db: Database, scope: str, cursor: str | None) -> int | None:
+    """Where a wait continues: after the cursor's position, or now without one.
+
+    None means resync: the cursor is malformed, another agent's, ahead of the outbox
+    (another database), older than what pruning kept or than CURSOR_WINDOW.
+    """
+    head = outbox_head(db)
+    if cursor is None:
+        return head
+    position = decode_cursor(db, f"wake|{scope}", cursor)
+    if position is None or cursor_gap(db, position) or head - position > CURSOR_WINDOW:
+        return None
+    return position
+
+
+def pending_wakes(db: Database, actor: Actor, after: int, kinds: tuple[str, ...],
+                  project: str | None) -> tuple[list[dict], int]:
+    """Wakes for ``actor`` after outbox ``after``: one per event, the first of ``kinds`` it counts as.
+
+    Returns ``(wakes, position)``: at most WAKE_BATCH wakes, each ``{seq, kind, project, at,
+    task_id, message_id}``, and the position a cursor should hold afterwards. A wake about a
+    task the agent may not see now (its approval lapsed and the gate holds it again) is
+    not handed out.
+    """
+    with db.snapshot():
+        head = outbox_head(db)
+        sql = ("SELECT w.seq, w.kind, w.project, w.task_id, w.message_id, w.detail, o.at FROM wakes w JOIN outbox o "
+               "USING (seq) WHERE w.agent_id = ? AND w.seq > ? AND w.seq <= ? AND w.kind IN (%s)"
+               % ",".join("?" * len(kinds)))
+        params: tuple = (actor.agent_id, after, head) + tuple(kinds)
+        if project is not None:
+            sql += " AND w.project = ?"
+            params += (project,)
+        if actor.project_scope == ROOMS_SCOPE:
+            sql += " AND w.project IN (SELECT slug FROM projects WHERE kind = 'private')"
+        elif actor.credential_kind not in ("runner", "discussion"):
+            sql += " AND w.project IN (SELECT slug FROM projects WHERE kind = 'team')"
+        by_seq: dict[int, dict] = {}
+        seen: dict[str, bool] = {}
+        for r in db.rows(sql + " ORDER BY w.seq", params):
+            if r["task_id"] is not None:
+                if r["task_id"] not in seen:
+                    task = _task_row(db, r["task_id"])
+                    seen[r["task_id"]] = task is not None and _thread_visible(db, actor, task)
+                if not seen[r["task_id"]]:
+                    continue
+            best = by_seq.get(r["seq"])
+            if best is None or kinds.index(r["kind"]) < kinds.index(best["kind"]):
+                by_seq[r["seq"]] = r
+        wakes = [by_seq[s] for s in sorted(by_seq)]
+        if len(wakes) > WAKE_BATCH:
+            wakes = wakes[:WAKE_BATCH]
+            head = wakes[-1]["seq"]
+    return wakes, head
+
+
+def wake_event(db: Database, wake: dict) -> dict:
+    """A wait_for_mention event for one wake: the message of a mention, or the task handed over."""
+    if wake["kind"] == "mention":
+        return {"kind": "mention", "message": get_message(db, wake["message_id"])}
+    if wake["kind"] == "action":
+        detail = json.loads(wake["detail"])
+        return {"kind": "action", "action_id": detail["action_id"], "project": wake["project"], "tool": detail["tool"]}
+    if wake["kind"] == "room":
+        detail = json.loads(wake["detail"])
+        return {"kind": "room", "message": get_message(db, wake["message_id"]),
+                "replies_left": detail["replies_left"], "lead": detail["lead"]}
+    return {"kind": "task", "task": task_out(db, wake["task_id"])}
+
+
+def note_delivered(db: Database, agent_id: str, wakes: list[dict]) -> None:
+    """Mark the wakes a wait handed out (check_inbox's pending_wakes_only lists the others)."""
+    with db.transaction():
+        for w in wakes:
+            db.execute("UPDATE wakes SET delivered = 1 WHERE agent_id = ? AND seq = ?", (agent_id, w["seq"]))
+
+
+def update_pointer(wake: dict) -> dict:
+    """A wait_for_updates pointer: kind, project, at and the task and message it is about."""
+    out = {"kind": UPDATE_KIND_OF.get(wake["kind"], wake["kind"]), "project": wake["project"], "at": wake["at"]}
+    if wake["task_id"]:
+        out["task_id"] = wake["task_id"]
+    if wake["message_id"]:
+        out["message_id"] = wake["message_id"]
+    return out
+
+
+#: A waiting call re-checks that its credential is still live at least this often (seconds); a
+#: revocation wakes every wait at once, so this only bounds a credential that simply expired.
+LIVE_CHECK_EVERY = 10.0
+#: A progress notification goes out this often while wait_for_updates holds a call.
+PROGRESS_EVERY = 20
+
+
+async def wait_for_wakes(db: Database, hub: WakeHub, actor: Actor, args: dict, tool: str, kinds: tuple[str, ...],
+                         timeout: float, tick: Callable[[float], Any] | None = None) -> tuple[str, list[dict], str]:
+    """Hold a wait_for_* call until a wake for the caller commits or ``timeout`` seconds pass.
+
+    ``args`` are the tool's checked arguments (``project``, ``cursor``); ``tick(elapsed_seconds)``
+    is awaited every PROGRESS_EVERY seconds. Returns ``(status, wakes, cursor)`` with status
+    events/timeout/resync. A cursor is good only for the tool and project filter that issued
+    it; any other is a resync. A credential revoked meanwhile ends the wait with Unauthorized
+    and no data.
+    """
+    project = args.get("project")
+    if project is not None:
+        require_project(db, actor, project)
+    elif actor.project_scope not in (None, ROOMS_SCOPE):
+        project = actor.project_scope
+    agent = actor.agent_id
+    scope = f"{agent}|{tool}|{project or '*'}"
+    after = start_position(db, scope, args.get("cursor"))
+    if after is None:
+        return "resync", [], wake_cursor(db, scope, outbox_head(db))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    deadline = started + timeout
+    next_tick = started + PROGRESS_EVERY
+    while True:
+        with hub.waiting(hub.agent_waiters, agent) as fut:
+            check_live(db, actor)
+            wakes, position = pending_wakes(db, actor, after, kinds, project)
+            if wakes:
+                note_delivered(db, agent, wakes)
+                return "events", wakes, wake_cursor(db, scope, position)
+            after = position
+            now = loop.time()
+            if now >= deadline:
+                return "timeout", [], wake_cursor(db, scope, position)
+            until = min(deadline, next_tick if tick else deadline, now + LIVE_CHECK_EVERY)
+            try:
+                await asyncio.wait_for(fut, until - now)
+            except TimeoutError:
+                pass
+        if tick and loop.time() >= next_tick:
+            next_tick += PROGRESS_EVERY
+            await tick(loop.time() - started)
 
 
 ###############################################################################
@@ -2437,15 +2768,29 @@ def project_out(db: Database, slug: str) -> dict:
     return row
 
 
-def add_member(db: Database, project: str, handle: str, role: str = "member", by: str | None = None) -> dict:
+def _acting_member(db: Database, project: str, by: str | Actor | None) -> str | None:
+    """``by`` as a handle. A signed-in person (an Actor) must have ``project`` in reach, else NotFound.
+
+    The web passes the person, the command line a handle (its caller runs the server).
+    """
+    if isinstance(by, Actor):
+        require_project(db, by, project)
+        return by.handle
+    return by
+
+
+def add_member(db: Database, project: str, handle: str, role: str = "member",
+               by: str | Actor | None = None) -> dict:
     """Add a person to a project as ``owner`` or ``member``.
 
-    ``by`` (a project owner) is checked when given. Writes ``member.joined`` (outbox) and
-    ``member.added`` (audit). Raises InvalidInput, NotFound, Forbidden or Conflict.
+    ``by`` (a project owner's handle, or the signed-in person; see :func:`_acting_member`) is
+    checked when given. Writes ``member.joined`` (outbox) and ``member.added`` (audit).
+    Raises InvalidInput, NotFound, Forbidden or Conflict.
     """
     if role not in ("owner", "member"):
         raise InvalidInput(f"role must be 'owner' or 'member', got {role!r}")
     with db.transaction():
+        by = _acting_member(db, project, by)
         project_out(db, check_slug(project, "project"))
         member = _require_person(db, handle)
         if by is not None and _member_role(db, project, by) != "owner":
@@ -2478,10 +2823,12 @@ def _check_capabilities(capabilities: list[dict]) -> list[dict]:
 
 
 def add_agent(db: Database, agent_id: str, display_name: str, model: str, client: str, role: str = "",
-              capabilities: list[dict] = (), projects: list[str] = ()) -> dict:
+              capabilities: list[dict] = (), projects: list[str] = (), by: Actor | None = None) -> dict:
     """Register an agent ``owner/name`` and add it to ``projects`` (its owner must be in each).
 
-    Raises InvalidInput, NotFound (owner, project), Forbidden (owner not a member) or Conflict.
+    ``by``, the signed-in person, may add only their own agent, to projects in their reach.
+    Raises InvalidInput, NotFound (owner, project), Forbidden (owner not a member, not
+    ``by``'s agent) or Conflict.
     """
     check_agent_id(agent_id, "agent")
     owner, name = agent_id.split("/")
@@ -2491,6 +2838,11 @@ def add_agent(db: Database, agent_id: str, display_name: str, model: str, client
     check_text(role, "role", 80)
     caps = _check_capabilities(list(capabilities))
     with db.transaction():
+        if by is not None:
+            if owner != by.handle:
+                raise Forbidden(f"'{agent_id}' is not your agent: name it {by.handle}/NAME")
+            for project in projects:
+                require_project(db, by, project)
         _require_person(db, owner)
         if db.one("SELECT 1 FROM agents WHERE agent_id = ?", (agent_id,)):
             raise Conflict(f"agent '{agent_id}' already exists")
@@ -2502,9 +2854,17 @@ def add_agent(db: Database, agent_id: str, display_name: str, model: str, client
     return agent_card(db, agent_id)
 
 
-def add_agent_to_project(db: Database, project: str, agent_id: str) -> dict:
-    """Add an agent to a project its owner belongs to. Writes ``agent.added`` (outbox and audit)."""
+def add_agent_to_project(db: Database, project: str, agent_id: str, by: Actor | None = None) -> dict:
+    """Add an agent to a project its owner belongs to. Writes ``agent.added`` (outbox and audit).
+
+    ``by``, the signed-in person, must have the project in reach (else NotFound) and own the
+    agent (else Forbidden).
+    """
     with db.transaction():
+        if by is not None:
+            require_project(db, by, project)
+            if owner_of(agent_id) != by.handle:
+                raise Forbidden(f"'{agent_id}' is not your agent: its owner adds it")
         project_out(db, check_slug(project, "project"))
         agent = db.one("SELECT * FROM agents WHERE agent_id = ?", (check_agent_id(agent_id),))
         if agent is None:
@@ -2553,11 +2913,13 @@ def _availability(db: Database, agent: dict, hub: WakeHub | None, project: str |
 
 
 def create_token(db: Database, kind: str, *, agent_id: str | None = None, person: str | None = None,
-                 project: str | None = None, ttl: _dt.timedelta | None = None) -> tuple[dict, str]:
+                 project: str | None = None, ttl: _dt.timedelta | None = None,
+                 by: str | None = None) -> tuple[dict, str]:
     """Mint a credential; return ``(record, secret)``. The secret is never stored or shown again.
 
     ``client`` keys need ``agent_id`` and may be scoped to one ``project`` the agent is in;
     ``runner`` keys need ``agent_id``; ``person``, ``signin`` and ``session`` need ``person``.
+    ``by`` (a person) may mint keys only for their own agents (Forbidden otherwise).
     Writes ``token.created`` to the audit chain of each project the credential reaches.
     """
     if kind not in TOKEN_PREFIX:
@@ -2566,6 +2928,8 @@ def create_token(db: Database, kind: str, *, agent_id: str | None = None, person
         if kind in ("client", "runner"):
             if agent_id is None or person is not None:
                 raise InvalidInput(f"a {kind} key belongs to one agent: pass --agent OWNER/NAME")
+            if by is not None and owner_of(check_agent_id(agent_id, "agent_id")) != by:
+                raise Forbidden(f"'{agent_id}' is not your agent: only its owner makes its keys")
             if not db.one("SELECT 1 FROM agents WHERE agent_id = ?", (check_agent_id(agent_id),)):
                 raise NotFound(f"no agent '{agent_id}': add it with 'prickle agent add'")
             if project == ROOMS_SCOPE:
@@ -2723,6 +3087,18 @@ def revoke_token(db: Database, token_id: str, by: str | None = None) -> dict:
     return {k: row[k] for k in ("id", "kind", "agent_id", "person", "project")} | {"revoked": True}
 
 
+def spend_signin_link(db: Database, secret: str, session_ttl: _dt.timedelta) -> str:
+    """Spend a one-time sign-in link's ``secret`` and return a new session secret for its person.
+
+    One transaction: the link is revoked and the session minted together, so a link opens
+    one session only. Raises Unauthorized (unknown, used, expired) or InvalidState.
+    """
+    with db.transaction():
+        actor = resolve_token(db, secret, ("signin",))
+        revoke_token(db, actor.credential_id)
+        return create_token(db, "session", person=actor.handle, ttl=session_ttl)[1]
+
+
 def list_tokens(db: Database, owner: str | None = None) -> list[dict]:
     """Credentials (never their secrets), optionally only one person's and their agents'."""
     rows = db.rows("SELECT id, kind, agent_id, person, CASE WHEN rooms_only THEN '@rooms' ELSE project END AS project, "
@@ -2733,15 +3109,19 @@ def list_tokens(db: Database, owner: str | None = None) -> list[dict]:
     return rows
 
 
-def set_memory(db: Database, project: str, key: str, value: str, by: str,
+def set_memory(db: Database, project: str, key: str, value: str, by: str | Actor,
                provenance: str = "owner_approved") -> dict:
-    """Set a project memory fact as member ``by``. Writes ``memory.set`` (the key, never the value)."""
+    """Set a project memory fact as member ``by`` (a handle or the signed-in person, see :func:`_acting_member`).
+
+    Writes ``memory.set`` (the key, never the value). Raises InvalidInput, NotFound or Forbidden.
+    """
     check_text(key, "key", 100, 1)
     check_text(value, "value", 4000)
     if provenance not in ("agent_generated", "from_approved_context", "owner_approved", "owner_instruction"):
         raise InvalidInput("provenance must be agent_generated, from_approved_context, owner_approved or "
                            "owner_instruction")
     with db.transaction():
+        by = _acting_member(db, project, by)
         project_out(db, check_slug(project, "project"))
         role = _member_role(db, project, by)
         if role is None:
@@ -2754,9 +3134,13 @@ def set_memory(db: Database, project: str, key: str, value: str, by: str,
     return {"key": key, "value": value, "provenance": provenance, "updated_by": by, "updated_at": now}
 
 
-def retract_memory(db: Database, project: str, key: str, by: str) -> dict:
-    """Retract a memory fact: no agent is served it from then on. Writes ``memory.retracted``."""
+def retract_memory(db: Database, project: str, key: str, by: str | Actor) -> dict:
+    """Retract a memory fact as member ``by`` (as for :func:`set_memory`): no agent is served it from then on.
+
+    Writes ``memory.retracted``. Raises NotFound (project out of reach, no such fact) or Forbidden.
+    """
     with db.transaction():
+        by = _acting_member(db, project, by)
         project_out(db, check_slug(project, "project"))
         role = _member_role(db, project, by)
         if role is None:
@@ -2765,6 +3149,46 @@ def retract_memory(db: Database, project: str, key: str, by: str) -> dict:
             raise NotFound(f"no memory fact '{key}' in '{project}'")
         audit(db, project, "memory.retracted", {"key": key, "by": by, "role": role})
     return {"project": project, "key": key, "retracted": True}
+
+
+def whoami(db: Database, handle: str) -> dict:
+    """The signed-in person and their auto-accept policy: ``{"person", "auto_accept"}``."""
+    with db.snapshot():
+        return {"person": person_out(db, handle),
+                "auto_accept": bool(db.scalar("SELECT auto_accept FROM people WHERE handle = ?", (handle,)))}
+
+
+def list_people(db: Database) -> list[dict]:
+    """Everyone on this server, by handle (to pick a teammate)."""
+    with db.snapshot():
+        return [person_out(db, r["handle"]) for r in db.rows("SELECT handle FROM people ORDER BY handle")]
+
+
+def own_agents(db: Database, handle: str, hub: WakeHub | None = None) -> list[dict]:
+    """``handle``'s own agents as cards, each with the team projects it is in."""
+    with db.snapshot():
+        return [agent_card(db, r["agent_id"], hub) | {"projects": team_projects_of(db, r["agent_id"])}
+                for r in db.rows("SELECT agent_id FROM agents WHERE owner = ? ORDER BY agent_id", (handle,))]
+
+
+def list_projects(db: Database, handle: str) -> list[dict]:
+    """The projects ``handle`` is a member of, with their role in each."""
+    return db.rows("SELECT p.slug, p.team, p.name, p.description, m.role, p.kind FROM projects p JOIN members m "
+                   "ON m.project = p.slug AND m.handle = ? ORDER BY p.kind DESC, p.slug", (handle,))
+
+
+def audit_page(db: Database, actor: Actor, project: str, before: int | None, limit: int) -> dict:
+    """A project's audit entries newest first (``n < before``), with the whole chain's check.
+
+    The project must be in ``actor``'s reach (NotFound otherwise).
+    """
+    with db.snapshot():
+        require_project(db, actor, project)
+        rows = db.rows("SELECT n, at, type, refs FROM audit WHERE chain = ? AND n < ? ORDER BY n DESC LIMIT ?",
+                       (project, before if before is not None else SEQ_MAX, limit))
+        report = verify_audit(db, project)[0]
+    return {"entries": [r | {"refs": json.loads(r["refs"])} for r in rows],
+            "chain": {k: report[k] for k in ("ok", "entries", "broken_at")}}
 
 
 # -- reach: which projects and threads an actor may see ----------------------
@@ -3189,10 +3613,43 @@ def _resume_loops(db: Database, project: str, person: str, message_id: str) -> N
     db.execute("DELETE FROM loop_pairs WHERE project = ?", (project,))
 
 
+def project_view(db: Database, person: Actor, project: str, hub: WakeHub | None = None) -> dict:
+    """A project as the web page shows it: summary, kind, the person's role, people (with roles),
+    agents, memory, pulse and paused agent pairs. NotFound when it is out of ``person``'s reach.
+    """
+    with db.snapshot():
+        kind = require_project(db, person, project)["kind"]
+        team = discover_team_agents(db, person, project, hub)
+        for p in team["people"]:
+            p["role"] = _member_role(db, project, p["handle"])
+        return {"project": project_out(db, project), "kind": kind, "role": _member_role(db, project, person.handle),
+                **team, "memory": memory_facts(db, project), "pulse": project_pulse(db, project),
+                "paused": paused_pairs(db, project)}
+
+
 def paused_pairs(db: Database, project: str) -> list[dict]:
     """Pairs of agents the loop guard holds in ``project``, with the count that paused them."""
     return [{"agents": [r["agent_a"], r["agent_b"]], "count": r["count"]}
             for r in db.rows("SELECT * FROM loop_pairs WHERE project = ? AND paused = 1", (project,))]
+
+
+def resume_pair(db: Database, person: Actor, project: str, agents: Any) -> dict:
+    """Resume two agents the loop guard paused in ``project`` with one message from ``person``; return it.
+
+    ``agents`` is the pair, in either order. A person's message is what resumes a pair
+    (``room.loop_resumed``); this one names both. The pair must be paused when the message
+    is written (one transaction). Raises InvalidInput (``agents``), Forbidden (not a person),
+    NotFound (project out of reach) or InvalidState (the two are not paused there).
+    """
+    if not (isinstance(agents, list) and len(agents) == 2 and all(isinstance(a, str) for a in agents)):
+        raise InvalidInput("agents must be the two paused agents, like [\"oj/muse\", \"ren/builder\"]")
+    if person.kind != "person":
+        raise Forbidden("only a person resumes a paused pair, by posting in the room")
+    with db.transaction():
+        require_project(db, person, project)
+        if sorted(agents) not in [p["agents"] for p in paused_pairs(db, project)]:
+            raise InvalidState(f"{agents[0]} and {agents[1]} are not paused in '{project}'")
+        return post_message(db, person, project, f"Resumed @{agents[0]} and @{agents[1]}: carry on, and keep it short.")
 
 
 def read_room(db: Database, actor: Actor, project: str, *, cursor: str | None = None, limit: int = 50,
@@ -3671,30 +4128,11 @@ def handoff(db: Database, actor: Actor, project: str, to: str, packet: dict, *,
             raise Forbidden(f"'{project}' is a private room: tasks are handed off in team projects")
         requester = actor.agent_id
         if idempotency_key is not None:
-            earlier = db.one("SELECT * FROM tasks WHERE requester = ? AND idempotency_key = ?",
-                             (requester, idempotency_key))
+            earlier = _handoff_replay(db, actor, idempotency_key, digest, project, to, turn_budget, parent_task_id,
+                                      route)
             if earlier is not None:
-                if (earlier["packet_hash"] != digest or earlier["assignee"] != to or earlier["project"] != project
-                        or earlier["turn_budget"] != turn_budget or earlier["parent_task_id"] != parent_task_id
-                        or json.loads(earlier["route"]) != (route or {"via": "handoff"})):
-                    raise Conflict(f"idempotency_key '{idempotency_key}' was used for a different handoff "
-                                   f"(task '{earlier['id']}'): use a new key for new work")
-                gate = json.loads(earlier["gate"])
-                return {"task": task_out(db, earlier),
-                        "gate": {k: gate[k] for k in ("decision", "reason", "approval_id")}}
-        target = db.one("SELECT a.* FROM agents a JOIN project_agents pa ON pa.agent_id = a.agent_id AND "
-                        "pa.project = ? WHERE a.agent_id = ?", (project, to))
-        if target is None:
-            raise NotFound(f"to: no agent '{to}' in '{project}': call discover_team_agents for who is there")
-        if to == requester:
-            raise InvalidInput("to: you cannot hand a task to yourself")
-        if parent_task_id is not None:
-            parent = visible_task(db, actor, project, parent_task_id, "parent_task_id")
-            if parent["assignee"] != requester:
-                raise Forbidden(f"parent_task_id: only the assignee of '{parent_task_id}' can make sub-tasks of it")
-            if parent["state"] not in ("accepted", "working", "waiting"):
-                raise InvalidState(f"parent_task_id: task '{parent_task_id}' is {parent['state']}; accept it "
-                                   "before handing off sub-tasks")
+                return earlier
+        _check_handoff_parties(db, actor, project, to, parent_task_id)
         requester_owner = actor.owner if actor.kind == "agent" else actor.handle
         decision = gate_decide(db, requester_owner, requester, to, packet["deliverable_type"])
         now = iso(utcnow())
@@ -3715,33 +4153,84 @@ def handoff(db: Database, actor: Actor, project: str, to: str, packet: dict, *,
             "criteria": len(packet["acceptance_criteria"]), "files": len(packet["files"]),
             "depends_on": len(packet["depends_on"]), "context_chars": len(packet["context"]),
             "parent": parent_task_id, "via": (route or {"via": "handoff"})["via"]})
-        approval = None
-        task = _task_row(db, task_id)
-        if decision["standing_id"]:
-            approval = _open_approval(db, task, "approved", owner_of(to), decision["standing_id"])
-            db.execute("UPDATE standing_approvals SET uses = uses + 1 WHERE id = ?", (decision["standing_id"],))
-            standing = db.one("SELECT * FROM standing_approvals WHERE id = ?", (decision["standing_id"],))
-            audit(db, project, "standing_approval.used", {
-                "standing_approval": standing["id"], "approval": approval["id"], "count": standing["uses"],
-                "cap": standing["cap"], "owner_approval": True})
-        elif decision["decision"] == "approval_required":
-            approval = _open_approval(db, task)
-        gate = {"decision": decision["decision"], "reason": decision["reason"][:300],
-                "approval_id": approval["id"] if approval else None}
-        audit(db, project, "gate.decided", {"task": task_id, "decision": decision["decision"],
-                                            "basis": decision["basis"], "rule": decision["rule_id"],
-                                            "approval": gate["approval_id"]})
-        new_state = TASK_MOVES["requested"][decision["decision"]]
-        move(db, "task", task_id, decision["decision"], task,
-             waiting_on=WAITING_ON["approval_gate" if new_state == "approval" else new_state],
-             routed_at=now if new_state == "routed" else None,
-             gate=json.dumps(gate | {"basis": decision["basis"], "rule_id": decision["rule_id"]}))
-        audit(db, project, "task.transitioned", {"task": task_id, "from": "requested", "to": new_state,
-                                                 "move": decision["decision"], "by": "gate"})
+        gate, new_state = _apply_gate(db, _task_row(db, task_id), decision, now)
         wakes = [(to, "task", task_id, None)] if new_state == "routed" else []
         out = task_out(db, task_id)
         append_event(db, project, "task.updated", {"task": out}, wakes)
     return {"task": out, "gate": gate}
+
+
+def _handoff_replay(db: Database, actor: Actor, idempotency_key: str, digest: str, project: str, to: str,
+                    turn_budget: int | None, parent_task_id: str | None, route: dict | None) -> dict | None:
+    """The earlier handoff's answer for a reused ``idempotency_key``, or None if the key is new.
+
+    Raises Conflict when the key was used for a different handoff (packet, target, project,
+    turn budget, parent or route).
+    """
+    earlier = db.one("SELECT * FROM tasks WHERE requester = ? AND idempotency_key = ?",
+                     (actor.agent_id, idempotency_key))
+    if earlier is None:
+        return None
+    if (earlier["packet_hash"] != digest or earlier["assignee"] != to or earlier["project"] != project
+            or earlier["turn_budget"] != turn_budget or earlier["parent_task_id"] != parent_task_id
+            or json.loads(earlier["route"]) != (route or {"via": "handoff"})):
+        raise Conflict(f"idempotency_key '{idempotency_key}' was used for a different handoff "
+                       f"(task '{earlier['id']}'): use a new key for new work")
+    gate = json.loads(earlier["gate"])
+    return {"task": task_out(db, earlier), "gate": {k: gate[k] for k in ("decision", "reason", "approval_id")}}
+
+
+def _check_handoff_parties(db: Database, actor: Actor, project: str, to: str, parent_task_id: str | None) -> None:
+    """``to`` is another agent in ``project``, and a parent task is the caller's, accepted and open.
+
+    Raises NotFound, InvalidInput (to oneself), Forbidden or InvalidState (the parent).
+    """
+    requester = actor.agent_id
+    target = db.one("SELECT a.* FROM agents a JOIN project_agents pa ON pa.agent_id = a.agent_id AND "
+                    "pa.project = ? WHERE a.agent_id = ?", (project, to))
+    if target is None:
+        raise NotFound(f"to: no agent '{to}' in '{project}': call discover_team_agents for who is there")
+    if to == requester:
+        raise InvalidInput("to: you cannot hand a task to yourself")
+    if parent_task_id is not None:
+        parent = visible_task(db, actor, project, parent_task_id, "parent_task_id")
+        if parent["assignee"] != requester:
+            raise Forbidden(f"parent_task_id: only the assignee of '{parent_task_id}' can make sub-tasks of it")
+        if parent["state"] not in ("accepted", "working", "waiting"):
+            raise InvalidState(f"parent_task_id: task '{parent_task_id}' is {parent['state']}; accept it "
+                               "before handing off sub-tasks")
+
+
+def _apply_gate(db: Database, task: dict, decision: dict, now: str) -> tuple[dict, str]:
+    """Move a just-requested task as the gate decided; return ``(gate, new_state)``.
+
+    A standing approval is spent (``standing_approval.used``), a hold opens an approval
+    record; writes ``gate.decided`` and ``task.transitioned`` (audit).
+    """
+    task_id, project, to = task["id"], task["project"], task["assignee"]
+    approval = None
+    if decision["standing_id"]:
+        approval = _open_approval(db, task, "approved", owner_of(to), decision["standing_id"])
+        db.execute("UPDATE standing_approvals SET uses = uses + 1 WHERE id = ?", (decision["standing_id"],))
+        standing = db.one("SELECT * FROM standing_approvals WHERE id = ?", (decision["standing_id"],))
+        audit(db, project, "standing_approval.used", {
+            "standing_approval": standing["id"], "approval": approval["id"], "count": standing["uses"],
+            "cap": standing["cap"], "owner_approval": True})
+    elif decision["decision"] == "approval_required":
+        approval = _open_approval(db, task)
+    gate = {"decision": decision["decision"], "reason": decision["reason"][:300],
+            "approval_id": approval["id"] if approval else None}
+    audit(db, project, "gate.decided", {"task": task_id, "decision": decision["decision"],
+                                        "basis": decision["basis"], "rule": decision["rule_id"],
+                                        "approval": gate["approval_id"]})
+    new_state = TASK_MOVES["requested"][decision["decision"]]
+    move(db, "task", task_id, decision["decision"], task,
+         waiting_on=WAITING_ON["approval_gate" if new_state == "approval" else new_state],
+         routed_at=now if new_state == "routed" else None,
+         gate=json.dumps(gate | {"basis": decision["basis"], "rule_id": decision["rule_id"]}))
+    audit(db, project, "task.transitioned", {"task": task_id, "from": "requested", "to": new_state,
+                                             "move": decision["decision"], "by": "gate"})
+    return gate, new_state
 
 
 def _submission_and_latest(db: Database, task: dict, submission_id: str, revision: int) -> tuple[dict, dict | None]:
@@ -5658,6 +6147,16 @@ def decide_action(db: Database, person: Actor, action_id: str, decision: str) ->
     return action_out(row)
 
 
+def pending_actions(db: Database, owner: str) -> list[dict]:
+    """The Approve cards waiting for ``owner``'s decision (lapsed ones expire first), oldest first.
+
+    Each is an Action with its ``project`` and ``message_id`` (the card).
+    """
+    expire_actions(db)
+    return [action_out(r) | {"project": r["project"], "message_id": r["message_id"]} for r in db.rows(
+        "SELECT * FROM actions WHERE owner = ? AND status = 'proposed' ORDER BY created_at", (owner,))]
+
+
 def expire_actions(db: Database) -> None:
     """Cards nobody decided in time expire (``action.updated``)."""
     with db.transaction():
@@ -5718,111 +6217,6 @@ def finish_action(db: Database, actor: Actor, action_id: str, body: str | None =
     return action_out(row)
 
 
-# -- wakes -------------------------------------------------------------------
-
-#: Which wake kinds each waiting tool reads, in order of precedence for one event. A
-#: ``task`` wake is a task handed (or handed back) to the agent; ``task_update`` is a
-#: change to a task it requested, which wait_for_updates reports as ``task`` too.
-WAKE_KINDS = {
-    "wait_for_mention": ("mention", "task", "room", "action"),
-    "wait_for_updates": ("mention", "task", "task_update", "result", "decision", "reply"),
-}
-#: How wait_for_updates names each wake kind.
-UPDATE_KIND_OF = {"task_update": "task"}
-
-
-def wake_cursor(db: Database, scope: str, position: int) -> str:
-    """A wait cursor at outbox ``position`` for ``scope`` (agent, tool and project filter)."""
-    return encode_cursor(db, f"wake|{scope}", position)
-
-
-def start_position(db: Database, scope: str, cursor: str | None) -> int | None:
-    """Where a wait continues: after the cursor's position, or now without one.
-
-    None means resync: the cursor is malformed, another agent's, ahead of the outbox
-    (another database), older than what pruning kept or than CURSOR_WINDOW.
-    """
-    head = outbox_head(db)
-    if cursor is None:
-        return head
-    position = decode_cursor(db, f"wake|{scope}", cursor)
-    if position is None or cursor_gap(db, position) or head - position > CURSOR_WINDOW:
-        return None
-    return position
-
-
-def pending_wakes(db: Database, actor: Actor, after: int, kinds: tuple[str, ...],
-                  project: str | None) -> tuple[list[dict], int]:
-    """Wakes for ``actor`` after outbox ``after``: one per event, the first of ``kinds`` it counts as.
-
-    Returns ``(wakes, position)``: at most WAKE_BATCH wakes, each ``{seq, kind, project, at,
-    task_id, message_id}``, and the position a cursor should hold afterwards. A wake about a
-    task the agent may not see now (its approval lapsed and the gate holds it again) is
-    not handed out.
-    """
-    with db.snapshot():
-        head = outbox_head(db)
-        sql = ("SELECT w.seq, w.kind, w.project, w.task_id, w.message_id, w.detail, o.at FROM wakes w JOIN outbox o "
-               "USING (seq) WHERE w.agent_id = ? AND w.seq > ? AND w.seq <= ? AND w.kind IN (%s)"
-               % ",".join("?" * len(kinds)))
-        params: tuple = (actor.agent_id, after, head) + tuple(kinds)
-        if project is not None:
-            sql += " AND w.project = ?"
-            params += (project,)
-        if actor.project_scope == ROOMS_SCOPE:
-            sql += " AND w.project IN (SELECT slug FROM projects WHERE kind = 'private')"
-        elif actor.credential_kind not in ("runner", "discussion"):
-            sql += " AND w.project IN (SELECT slug FROM projects WHERE kind = 'team')"
-        by_seq: dict[int, dict] = {}
-        seen: dict[str, bool] = {}
-        for r in db.rows(sql + " ORDER BY w.seq", params):
-            if r["task_id"] is not None:
-                if r["task_id"] not in seen:
-                    task = _task_row(db, r["task_id"])
-                    seen[r["task_id"]] = task is not None and _thread_visible(db, actor, task)
-                if not seen[r["task_id"]]:
-                    continue
-            best = by_seq.get(r["seq"])
-            if best is None or kinds.index(r["kind"]) < kinds.index(best["kind"]):
-                by_seq[r["seq"]] = r
-        wakes = [by_seq[s] for s in sorted(by_seq)]
-        if len(wakes) > WAKE_BATCH:
-            wakes = wakes[:WAKE_BATCH]
-            head = wakes[-1]["seq"]
-    return wakes, head
-
-
-def wake_event(db: Database, wake: dict) -> dict:
-    """A wait_for_mention event for one wake: the message of a mention, or the task handed over."""
-    if wake["kind"] == "mention":
-        return {"kind": "mention", "message": get_message(db, wake["message_id"])}
-    if wake["kind"] == "action":
-        detail = json.loads(wake["detail"])
-        return {"kind": "action", "action_id": detail["action_id"], "project": wake["project"], "tool": detail["tool"]}
-    if wake["kind"] == "room":
-        detail = json.loads(wake["detail"])
-        return {"kind": "room", "message": get_message(db, wake["message_id"]),
-                "replies_left": detail["replies_left"], "lead": detail["lead"]}
-    return {"kind": "task", "task": task_out(db, wake["task_id"])}
-
-
-def note_delivered(db: Database, agent_id: str, wakes: list[dict]) -> None:
-    """Mark the wakes a wait handed out (check_inbox's pending_wakes_only lists the others)."""
-    with db.transaction():
-        for w in wakes:
-            db.execute("UPDATE wakes SET delivered = 1 WHERE agent_id = ? AND seq = ?", (agent_id, w["seq"]))
-
-
-def update_pointer(wake: dict) -> dict:
-    """A wait_for_updates pointer: kind, project, at and the task and message it is about."""
-    out = {"kind": UPDATE_KIND_OF.get(wake["kind"], wake["kind"]), "project": wake["project"], "at": wake["at"]}
-    if wake["task_id"]:
-        out["task_id"] = wake["task_id"]
-    if wake["message_id"]:
-        out["message_id"] = wake["message_id"]
-    return out
-
-
 ###############################################################################
 # MCP tools ###################################################################
 ###############################################################################
@@ -5833,8 +6227,6 @@ def update_pointer(wake: dict) -> dict:
 MODERN_VERSIONS = frozenset(MODERN_PROTOCOL_VERSIONS)
 #: wait_for_updates holds a call at most this long without a progressToken (seconds).
 WAIT_PLAIN_MAX = 50
-#: A progress notification goes out this often while wait_for_updates holds a call.
-PROGRESS_EVERY = 20
 
 
 @dataclasses.dataclass
@@ -5899,59 +6291,10 @@ async def _tool_pulse(state: AppState, actor: Actor, args: dict, ctx: Any) -> di
     return update_pulse(state.db, actor, args["project"], args, ttl)
 
 
-#: A waiting call re-checks that its credential is still live at least this often (seconds); a
-#: revocation wakes every wait at once, so this only bounds a credential that simply expired.
-LIVE_CHECK_EVERY = 10.0
-
-
-async def _wait(state: AppState, actor: Actor, args: dict, tool: str, kinds: tuple[str, ...], timeout: float,
-                tick: Callable[[float], Any] | None = None) -> tuple[str, list[dict], str]:
-    """Hold the call until a wake for the caller commits or ``timeout`` seconds pass.
-
-    Returns ``(status, wakes, cursor)`` with status events/timeout/resync. A cursor is
-    good only for the tool and project filter that issued it; any other is a resync.
-    A credential revoked meanwhile ends the wait with ``unauthorized`` and no data.
-    """
-    db = state.db
-    project = args.get("project")
-    if project is not None:
-        require_project(db, actor, project)
-    elif actor.project_scope not in (None, ROOMS_SCOPE):
-        project = actor.project_scope
-    agent = actor.agent_id
-    scope = f"{agent}|{tool}|{project or '*'}"
-    after = start_position(db, scope, args.get("cursor"))
-    if after is None:
-        return "resync", [], wake_cursor(db, scope, outbox_head(db))
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    deadline = started + timeout
-    next_tick = started + PROGRESS_EVERY
-    while True:
-        with state.hub.waiting(state.hub.agent_waiters, agent) as fut:
-            check_live(db, actor)
-            wakes, position = pending_wakes(db, actor, after, kinds, project)
-            if wakes:
-                note_delivered(db, agent, wakes)
-                return "events", wakes, wake_cursor(db, scope, position)
-            after = position
-            now = loop.time()
-            if now >= deadline:
-                return "timeout", [], wake_cursor(db, scope, position)
-            until = min(deadline, next_tick if tick else deadline, now + LIVE_CHECK_EVERY)
-            try:
-                await asyncio.wait_for(fut, until - now)
-            except TimeoutError:
-                pass
-        if tick and loop.time() >= next_tick:
-            next_tick += PROGRESS_EVERY
-            await tick(loop.time() - started)
-
-
 async def _tool_wait_mention(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
     with listening(state.db, actor):
-        status, wakes, cursor = await _wait(state, actor, args, "wait_for_mention", WAKE_KINDS["wait_for_mention"],
-                                            args["timeout_seconds"])
+        status, wakes, cursor = await wait_for_wakes(state.db, state.hub, actor, args, "wait_for_mention",
+                                                     WAKE_KINDS["wait_for_mention"], args["timeout_seconds"])
     return {"status": status, "events": [wake_event(state.db, w) for w in wakes], "cursor": cursor}
 
 
@@ -5964,8 +6307,8 @@ async def _tool_wait_updates(state: AppState, actor: Actor, args: dict, ctx: Any
 
     wanted = args.get("kinds", WAKE_KINDS["wait_for_updates"])
     kinds = tuple(k for k in WAKE_KINDS["wait_for_updates"] if UPDATE_KIND_OF.get(k, k) in wanted)
-    status, wakes, cursor = await _wait(state, actor, args, "wait_for_updates", kinds, timeout,
-                                        tick if token is not None else None)
+    status, wakes, cursor = await wait_for_wakes(state.db, state.hub, actor, args, "wait_for_updates", kinds,
+                                                 timeout, tick if token is not None else None)
     return {"status": "updates" if status == "events" else status,
             "updates": [update_pointer(w) for w in wakes], "cursor": cursor}
 
@@ -6526,14 +6869,7 @@ def _field(body: dict, name: str, kind: type, required: bool = True) -> Any:
 
 async def api_me(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/me: who is signed in, and their auto-accept policy."""
-    return {"person": person_out(state.db, person.handle),
-            "auto_accept": bool(state.db.scalar("SELECT auto_accept FROM people WHERE handle = ?", (person.handle,)))}
-
-
-def list_projects(db: Database, handle: str) -> list[dict]:
-    """The projects ``handle`` is a member of, with their role in each."""
-    return db.rows("SELECT p.slug, p.team, p.name, p.description, m.role, p.kind FROM projects p JOIN members m "
-                   "ON m.project = p.slug AND m.handle = ? ORDER BY p.kind DESC, p.slug", (handle,))
+    return whoami(state.db, person.handle)
 
 
 async def api_projects(state: AppState, person: Actor, request: Request, body: Any) -> dict:
@@ -6543,17 +6879,7 @@ async def api_projects(state: AppState, person: Actor, request: Request, body: A
 
 async def api_project(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/projects/{slug}: summary, people, agents, memory, pulse and paused agent pairs."""
-    slug = request.path_params["slug"]
-    db = state.db
-    with db.snapshot():
-        require_project(db, person, slug)
-        team = discover_team_agents(db, person, slug, state.hub)
-        for p in team["people"]:
-            p["role"] = _member_role(db, slug, p["handle"])
-        return {"project": project_out(db, slug), "kind": require_project(db, person, slug)["kind"],
-                "role": _member_role(db, slug, person.handle), **team,
-                "memory": memory_facts(db, slug), "pulse": project_pulse(db, slug),
-                "paused": paused_pairs(db, slug)}
+    return project_view(state.db, person, request.path_params["slug"], state.hub)
 
 
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
@@ -6586,21 +6912,36 @@ async def api_post(state: AppState, person: Actor, request: Request, body: dict)
     return {"message": message}
 
 
-def live_position(db: Database, raw: str | None) -> tuple[int, str | None]:
-    """Where a live reader (the event stream, the events endpoint) continues: ``(seq, gap)``.
+def live_position(db: Database, reader: Actor, project: str, raw: str | None) -> tuple[int, str | None]:
+    """Where ``reader``, a live reader of ``project`` (the stream, the events endpoint), continues: ``(seq, gap)``.
 
     ``raw`` is the ``after`` or ``Last-Event-ID`` text; None starts at the newest seq. A seq
     beyond the newest (however large) or older than what pruning kept continues from the newest,
     with ``gap`` saying why (see :func:`cursor_gap`), so the reader knows to load its view again.
-    Raises InvalidInput for text that is not a seq number.
+    Raises NotFound for a project out of the reader's reach, InvalidInput for text that is not a
+    seq number.
     """
-    if raw is None:
-        return outbox_head(db), None
-    if not (raw.isascii() and raw.isdigit()):
-        raise InvalidInput(f"after (or Last-Event-ID) must be an outbox seq number, got {raw[:40]!r}")
-    # Beyond any seq SQLite can hold (and any int it can bind): surely ahead.
-    gap = "ahead" if len(raw) > 18 else cursor_gap(db, int(raw))
-    return (outbox_head(db), gap) if gap else (int(raw), None)
+    with db.snapshot():
+        require_project(db, reader, project)
+        if raw is None:
+            return outbox_head(db), None
+        if not (raw.isascii() and raw.isdigit()):
+            raise InvalidInput(f"after (or Last-Event-ID) must be an outbox seq number, got {raw[:40]!r}")
+        # Beyond any seq SQLite can hold (and any int it can bind): surely ahead.
+        gap = "ahead" if len(raw) > 18 else cursor_gap(db, int(raw))
+        return (outbox_head(db), gap) if gap else (int(raw), None)
+
+
+def live_events(db: Database, reader: Actor, project: str, after: int) -> list[dict]:
+    """The next events a live reader of ``project`` gets after seq ``after`` (see :func:`read_events`).
+
+    Asked on every turn of a live reader's loop: its credential must still be live and the
+    project in its reach. Raises Unauthorized or NotFound.
+    """
+    with db.snapshot():
+        check_live(db, reader)
+        require_project(db, reader, project)
+        return read_events(db, project, after)
 
 
 async def api_events(state: AppState, person: Actor, request: Request, body: Any) -> dict:
@@ -6610,16 +6951,14 @@ async def api_events(state: AppState, person: Actor, request: Request, body: Any
     continued ("ahead", "pruned"; see :func:`live_position`), and then ``last_seq`` is the head.
     """
     slug = request.path_params["slug"]
-    require_project(state.db, person, slug)
-    after, gap = live_position(state.db, request.query_params.get("after", "0"))
+    after, gap = live_position(state.db, person, slug, request.query_params.get("after", "0"))
     wait = _int_param(request, "wait", 0, 0, 50)
     if gap:
         return {"events": [], "last_seq": after, "resync": gap}
     deadline = asyncio.get_running_loop().time() + wait
     while True:
         with state.hub.waiting(state.hub.project_waiters, slug) as fut:
-            check_live(state.db, person)
-            events = read_events(state.db, slug, after)
+            events = live_events(state.db, person, slug, after)
             remaining = deadline - asyncio.get_running_loop().time()
             if events or remaining <= 0:
                 return {"events": events, "resync": None,
@@ -6716,39 +7055,23 @@ async def api_create_project(state: AppState, person: Actor, request: Request, b
 
 async def api_people(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/people: everyone on this server (to pick a teammate)."""
-    return {"people": [person_out(state.db, r["handle"]) for r in
-                       state.db.rows("SELECT handle FROM people ORDER BY handle")]}
+    return {"people": list_people(state.db)}
 
 
 async def api_add_member(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/projects/{slug}/members {handle, role?}: a project owner adds a teammate."""
-    slug = request.path_params["slug"]
-    require_project(state.db, person, slug)
-    return {"member": add_member(state.db, slug, _field(body, "handle", str),
-                                 _field(body, "role", str, False) or "member", by=person.handle)}
+    return {"member": add_member(state.db, request.path_params["slug"], _field(body, "handle", str),
+                                 _field(body, "role", str, False) or "member", by=person)}
 
 
 async def api_resume(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/projects/{slug}/resume {agents: [a, b]}: resume a paused pair with one click (posts a message)."""
-    slug = request.path_params["slug"]
-    agents = body.get("agents")
-    if not (isinstance(agents, list) and len(agents) == 2 and all(isinstance(a, str) for a in agents)):
-        raise InvalidInput("agents must be the two paused agents, like [\"oj/muse\", \"ren/builder\"]")
-    require_project(state.db, person, slug)
-    if {"agents": sorted(agents)} not in [{"agents": p["agents"]} for p in paused_pairs(state.db, slug)]:
-        raise InvalidState(f"{agents[0]} and {agents[1]} are not paused in '{slug}'")
-    text = f"Resumed @{agents[0]} and @{agents[1]}: carry on, and keep it short."
-    return {"message": post_message(state.db, person, slug, text)}
+    return {"message": resume_pair(state.db, person, request.path_params["slug"], body.get("agents"))}
 
 
 async def api_agents(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/agents: the person's own agents, each with the projects it is in."""
-    out = []
-    for r in state.db.rows("SELECT agent_id FROM agents WHERE owner = ? ORDER BY agent_id", (person.handle,)):
-        card = agent_card(state.db, r["agent_id"], state.hub)
-        card["projects"] = team_projects_of(state.db, r["agent_id"])
-        out.append(card)
-    return {"agents": out}
+    return {"agents": own_agents(state.db, person.handle, state.hub)}
 
 
 async def api_add_agent(state: AppState, person: Actor, request: Request, body: dict) -> dict:
@@ -6759,22 +7082,16 @@ async def api_add_agent(state: AppState, person: Actor, request: Request, body: 
         raise InvalidInput("capabilities must be a list of {kind, name}")
     if not isinstance(projects, list) or not all(isinstance(p, str) for p in projects):
         raise InvalidInput("projects must be a list of project slugs")
-    for slug in projects:
-        require_project(state.db, person, slug)
     name = check_slug(_field(body, "name", str), "name")
     return {"agent": add_agent(state.db, f"{person.handle}/{name}", _field(body, "display_name", str),
                                _field(body, "model", str), _field(body, "client", str),
-                               _field(body, "role", str, False) or "", capabilities, projects)}
+                               _field(body, "role", str, False) or "", capabilities, projects, by=person)}
 
 
 async def api_project_agent(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/projects/{slug}/agents {agent_id}: add one of your agents to a project you are in."""
-    slug = request.path_params["slug"]
-    require_project(state.db, person, slug)
     agent_id = check_agent_id(_field(body, "agent_id", str), "agent_id")
-    if owner_of(agent_id) != person.handle:
-        raise Forbidden(f"'{agent_id}' is not your agent: its owner adds it")
-    return add_agent_to_project(state.db, slug, agent_id)
+    return add_agent_to_project(state.db, request.path_params["slug"], agent_id, by=person)
 
 
 async def api_keys(state: AppState, person: Actor, request: Request, body: Any) -> dict:
@@ -6785,9 +7102,8 @@ async def api_keys(state: AppState, person: Actor, request: Request, body: Any) 
 async def api_mint_key(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/keys {agent_id, project?}: a client key for your agent, shown once, with set-up lines."""
     agent_id = check_agent_id(_field(body, "agent_id", str), "agent_id")
-    if owner_of(agent_id) != person.handle:
-        raise Forbidden(f"'{agent_id}' is not your agent: only its owner makes its keys")
-    record, secret = create_token(state.db, "client", agent_id=agent_id, project=_field(body, "project", str, False))
+    record, secret = create_token(state.db, "client", agent_id=agent_id, project=_field(body, "project", str, False),
+                                  by=person.handle)
     return record | {"token": secret} | connect_lines(public_base(state.db, state.settings, state.port), agent_id,
                                                       secret)
 
@@ -6799,34 +7115,20 @@ async def api_revoke_key(state: AppState, person: Actor, request: Request, body:
 
 async def api_set_memory(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/projects/{slug}/memory {key, value}: set a memory fact (owner_approved)."""
-    slug = request.path_params["slug"]
-    require_project(state.db, person, slug)
-    return {"memory": set_memory(state.db, slug, _field(body, "key", str), _field(body, "value", str),
-                                 person.handle)}
+    return {"memory": set_memory(state.db, request.path_params["slug"], _field(body, "key", str),
+                                 _field(body, "value", str), person)}
 
 
 async def api_retract_memory(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """DELETE /api/projects/{slug}/memory/{key}: retract a memory fact."""
-    slug = request.path_params["slug"]
-    require_project(state.db, person, slug)
-    return retract_memory(state.db, slug, request.path_params["key"], person.handle)
-
-
-def audit_page(db: Database, project: str, before: int | None, limit: int) -> dict:
-    """A project's audit entries newest first (``n < before``), with the whole chain's check."""
-    rows = db.rows("SELECT n, at, type, refs FROM audit WHERE chain = ? AND n < ? ORDER BY n DESC LIMIT ?",
-                   (project, before if before is not None else SEQ_MAX, limit))
-    report = verify_audit(db, project)[0]
-    return {"entries": [r | {"refs": json.loads(r["refs"])} for r in rows],
-            "chain": {k: report[k] for k in ("ok", "entries", "broken_at")}}
+    return retract_memory(state.db, request.path_params["slug"], request.path_params["key"], person)
 
 
 async def api_audit(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/projects/{slug}/audit?before=N&limit=50: the audit log, newest first, with its chain check."""
-    slug = request.path_params["slug"]
-    require_project(state.db, person, slug)
     before = request.query_params.get("before")
-    return audit_page(state.db, slug, _int_param(request, "before", 0, 1, SEQ_MAX) if before else None,
+    return audit_page(state.db, person, request.path_params["slug"],
+                      _int_param(request, "before", 0, 1, SEQ_MAX) if before else None,
                       _int_param(request, "limit", 50, 1, 200))
 
 
@@ -6842,8 +7144,7 @@ async def api_stream(request: Request) -> Response:
     slug = request.path_params["slug"]
     try:
         person = _person_from_request(state, request)
-        require_project(state.db, person, slug)
-        start, gap = live_position(state.db, request.headers.get("last-event-id")
+        start, gap = live_position(state.db, person, slug, request.headers.get("last-event-id")
                                    or request.query_params.get("after") or None)
     except PrickleError as e:
         return _error_response(e)
@@ -6857,11 +7158,9 @@ async def api_stream(request: Request) -> Response:
         while True:
             with state.hub.waiting(state.hub.project_waiters, slug) as fut:
                 try:
-                    check_live(state.db, person)
-                    require_project(state.db, person, slug)
+                    batch = live_events(state.db, person, slug, after)
                 except PrickleError:
                     return
-                batch = read_events(state.db, slug, after)
                 if not batch:
                     try:
                         await asyncio.wait_for(fut, KEEP_ALIVE_EVERY)
@@ -6921,9 +7220,7 @@ async def api_room_stop(state: AppState, person: Actor, request: Request, body: 
 
 async def api_actions(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/actions: Approve cards waiting for your decision."""
-    expire_actions(state.db)
-    return {"actions": [action_out(r) | {"project": r["project"], "message_id": r["message_id"]} for r in state.db.rows(
-        "SELECT * FROM actions WHERE owner = ? AND status = 'proposed' ORDER BY created_at", (person.handle,))]}
+    return {"actions": pending_actions(state.db, person.handle)}
 
 
 async def api_decide_action(state: AppState, person: Actor, request: Request, body: dict) -> dict:
@@ -7032,10 +7329,7 @@ async def signin(request: Request) -> Response:
     state: AppState = request.app.state.prickle
     token = request.query_params.get("token", "")
     try:
-        actor = resolve_token(state.db, token, ("signin",))
-        revoke_token(state.db, actor.credential_id)
-        _, session = create_token(state.db, "session", person=actor.handle,
-                                  ttl=_dt.timedelta(days=state.settings.session_days))
+        session = spend_signin_link(state.db, token, _dt.timedelta(days=state.settings.session_days))
     except PrickleError as e:
         reason = "used" if "already used" in e.message else "expired" if "expired" in e.message else "invalid"
         if request.headers.get("accept", "").startswith("application/json"):
@@ -7071,124 +7365,113 @@ async def health(request: Request) -> Response:
                          "degraded": state.maintenance.degraded() if state.maintenance else []})
 
 
-#: How often the background loop looks for due work (seconds); another process's writes wake waiters within it.
-BACKGROUND_TICK = 0.05
-#: The longest a failing background piece waits before it tries again (seconds).
-BACKGROUND_MAX_BACKOFF = 30.0
-#: A failure's cause is cut to this many characters in the log line and in /healthz.
-CAUSE_MAX = 300
-#: Anything shaped like one of our secrets is hidden from a failure's cause.
-_SECRET_RE = re.compile(r"prk_[a-z]{2}_[A-Za-z0-9_-]+")
+#: Every route but /mcp and /static: ``(method, path, endpoint)``. A path listed twice answers
+#: each method with its own endpoint; HEAD follows GET.
+ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
+    ("GET", "/api/me", _api(api_me)),
+    ("GET", "/api/meta", _api(api_meta)),
+    ("GET", "/api/projects", _api(api_projects)),
+    ("POST", "/api/projects", _api(api_create_project)),
+    ("GET", "/api/people", _api(api_people)),
+    ("GET", "/api/agents", _api(api_agents)),
+    ("POST", "/api/agents", _api(api_add_agent)),
+    ("GET", "/api/keys", _api(api_keys)),
+    ("POST", "/api/keys", _api(api_mint_key)),
+    ("DELETE", "/api/keys/{key_id}", _api(api_revoke_key)),
+    ("POST", "/api/projects/{slug}/members", _api(api_add_member)),
+    ("POST", "/api/projects/{slug}/agents", _api(api_project_agent)),
+    ("POST", "/api/projects/{slug}/resume", _api(api_resume)),
+    ("POST", "/api/projects/{slug}/memory", _api(api_set_memory)),
+    ("DELETE", "/api/projects/{slug}/memory/{key:path}", _api(api_retract_memory)),
+    ("GET", "/api/projects/{slug}/audit", _api(api_audit)),
+    ("GET", "/api/projects/{slug}/stream", api_stream),
+    ("GET", "/api/projects/{slug}", _api(api_project)),
+    ("GET", "/api/projects/{slug}/room", _api(api_room)),
+    ("POST", "/api/projects/{slug}/messages", _api(api_post)),
+    ("GET", "/api/projects/{slug}/events", _api(api_events)),
+    ("POST", "/api/signout", _api(api_signout)),
+    ("GET", "/api/approvals", _api(api_approvals)),
+    ("POST", "/api/approvals/{approval_id}", _api(api_decide)),
+    ("GET", "/api/projects/{slug}/tasks", _api(api_board)),
+    ("POST", "/api/projects/{slug}/task-requests", _api(api_task_request)),
+    ("GET", "/api/tasks/{task_id}", _api(api_task)),
+    ("POST", "/api/tasks/{task_id}/accept", _api(api_final_accept)),
+    ("POST", "/api/tasks/{task_id}/send-back", _api(api_send_back)),
+    ("POST", "/api/tasks/{task_id}/cancel", _api(api_cancel)),
+    ("GET", "/api/rules", _api(api_rules)),
+    ("POST", "/api/rules", _api(api_set_rule)),
+    ("DELETE", "/api/rules/{rule_id}", _api(api_revoke_rule)),
+    ("DELETE", "/api/standing-approvals/{standing_id}", _api(api_revoke_standing)),
+    ("POST", "/api/policy", _api(api_policy)),
+    ("GET", "/api/actions", _api(api_actions)),
+    ("POST", "/api/actions/{action_id}", _api(api_decide_action)),
+    ("POST", "/api/runner/actions", _api(runner_propose, runner=True)),
+    ("POST", "/api/runner/actions/{action_id}/claim", _api(runner_claim_action, runner=True)),
+    ("POST", "/api/runner/actions/{action_id}/finish", _api(runner_finish_action, runner=True)),
+    ("GET", "/api/room", _api(api_room_view)),
+    ("POST", "/api/room", _api(api_room_settings)),
+    ("POST", "/api/room/stop", _api(api_room_stop)),
+    ("POST", "/api/room/retry", _api(api_room_retry)),
+    ("POST", "/api/room/continue", _api(api_room_continue)),
+    ("POST", "/api/runner/connect", _api(runner_connect, public=True)),
+    ("POST", "/api/runner/connect/collect", _api(runner_collect, public=True)),
+    ("GET", "/api/runner/state", _api(runner_state_view, runner=True)),
+    ("POST", "/api/runner/attempts/{attempt_id}/uncertain", _api(runner_uncertain, runner=True)),
+    ("GET", "/api/connect/{code}", _api(api_connect_view)),
+    ("POST", "/api/connect/{code}", _api(api_connect_decide)),
+    ("POST", "/api/tasks/{task_id}/runs", _api(api_start_run)),
+    ("POST", "/api/tasks/{task_id}/stop", _api(api_stop_run)),
+    ("POST", "/api/tasks/{task_id}/hand-back", _api(api_hand_back)),
+    ("POST", "/api/attempts/{attempt_id}/settle", _api(api_settle_attempt)),
+    ("GET", "/api/agents/paused", _api(api_paused)),
+    ("POST", "/api/agents/pause", _api(api_pause)),
+    ("POST", "/api/agents/resume", _api(api_resume_agents)),
+    ("GET", "/api/devices", _api(api_devices)),
+    ("POST", "/api/devices", _api(api_pair_device)),
+    ("DELETE", "/api/devices/{device_id}", _api(api_revoke_device)),
+    ("GET", "/api/steps", _api(api_steps)),
+    ("POST", "/api/steps/{step_id}", _api(api_decide_step)),
+    ("GET", "/signin", signin),
+    ("GET", "/healthz", health),
+    ("GET", "/", page),
+)
 
 
-@dataclasses.dataclass
-class _Piece:
-    """One job of the background loop and how it is doing."""
-
-    name: str
-    every: float  #: seconds between runs while it works
-    run: Callable[[], Any]  #: may return an awaitable; a float it gives is the seconds until its next run
-    due: float = 0.0  #: time.monotonic() of its next run
-    failures: int = 0  #: failed runs in a row
-    cause: str | None = None  #: the failure last logged, while failing
-    since: str | None = None  #: ISO time of the first failure in a row
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """404 and 405 as JSON errors, like every other refusal."""
+    status = getattr(exc, "status_code", 500)
+    error = NotFound(f"nothing at {request.url.path}") if status == 404 else PrickleError(
+        f"{request.method} is not allowed on {request.url.path}", "method_not_allowed")
+    error.http_status = status
+    return _error_response(error)
 
 
-def failure_cause(e: BaseException) -> str:
-    """``"Type: message"`` of an exception, cut to CAUSE_MAX, with anything like a secret hidden."""
-    return _SECRET_RE.sub("prk_…", f"{type(e).__name__}: {e}")[:CAUSE_MAX]
-
-
-class Maintenance:
-    """The server's background work: named pieces, each on its own schedule, none able to stop the rest.
-
-    A piece that raises any Exception is logged on stderr once per distinct cause (with its
-    traceback) while it keeps failing, tried again after a backoff that doubles from its period
-    up to BACKGROUND_MAX_BACKOFF, and listed by :meth:`degraded` (so /healthz shows it) until a
-    run succeeds, which is logged too. apsw.BusyError is another connection's turn, not a failure:
-    the piece runs again at its next turn.
+def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer, settings: Settings,
+                       end_dead_sessions: Callable[[], None]) -> Maintenance:
+    """The server's background pieces: the watch for other writers, the WAL checkpoint, the
+    approvals sweep and outbox pruning (see :class:`Maintenance`). ``end_dead_sessions`` ends
+    the MCP sessions of credentials another process revoked, or that expired on their own.
     """
 
-    def __init__(self) -> None:
-        self.pieces: list[_Piece] = []
+    def watch() -> None:
+        if hub.watch_other_writers():
+            end_dead_sessions()  # it may have revoked credentials that open sessions were opened with
 
-    def add(self, name: str, every: float, run: Callable[[], Any]) -> None:
-        """Run ``run()`` every ``every`` seconds (from the first tick on) under ``name``."""
-        self.pieces.append(_Piece(name, every, run))
+    def sweep() -> None:
+        sweep_approvals(db)
+        end_dead_sessions()  # a run's or a discussion's credential expires on its own
 
-    def degraded(self) -> list[dict]:
-        """The failing pieces: ``[{"piece", "cause", "since", "failures"}]``, in the order they were added."""
-        return [{"piece": p.name, "cause": p.cause, "since": p.since, "failures": p.failures}
-                for p in self.pieces if p.failures]
+    def prune() -> float | None:
+        # Small steps, one after another while old events remain, so writers never wait long.
+        pruned = prune_outbox(db, _dt.timedelta(days=settings.outbox_keep_days))
+        return 0.5 if pruned else None
 
-    async def tick(self) -> None:
-        """Run every piece that is due, one after another."""
-        for piece in self.pieces:
-            now = time.monotonic()
-            if now < piece.due:
-                continue
-            try:
-                result = piece.run()
-                if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-                    result = await result
-            except apsw.BusyError:
-                piece.due = now + piece.every
-            except Exception as e:
-                self._failed(piece, e, now)
-            else:
-                if piece.failures:
-                    print(f"prickle: background {piece.name} works again after {piece.failures} failed "
-                          f"tries", file=sys.stderr)
-                    piece.failures, piece.cause, piece.since = 0, None, None
-                piece.due = time.monotonic() + (result if isinstance(result, float) else piece.every)
-
-    def _failed(self, piece: _Piece, e: Exception, now: float) -> None:
-        cause = failure_cause(e)
-        piece.failures += 1
-        piece.since = piece.since or iso(utcnow())
-        backoff = min(piece.every * 2 ** min(piece.failures, 20), BACKGROUND_MAX_BACKOFF)
-        piece.due = now + max(backoff, piece.every)
-        if cause != piece.cause:
-            import traceback
-            piece.cause = cause
-            trace = _SECRET_RE.sub("prk_…", "".join(traceback.format_exception(e)))
-            print(f"prickle: background {piece.name} failed, retrying with backoff: {cause}\n{trace}",
-                  file=sys.stderr, end="")
-
-    async def run_forever(self) -> None:
-        """Tick every BACKGROUND_TICK seconds until cancelled."""
-        while True:
-            await asyncio.sleep(BACKGROUND_TICK)
-            await self.tick()
-
-
-#: A write-ahead log this many frames long that writers never let empty is restarted (see checkpoint_wal).
-WAL_RESTART_FRAMES = 16_384
-#: What is left of the log file's size after a restart (SQLite's journal_size_limit).
-WAL_KEEP_BYTES = 64 * 1024 * 1024
-#: How long a restart may wait for a reader (a backup, say) while it holds writers back (ms);
-#: past it the restart gives up and the next second's checkpoint tries again.
-CHECKPOINT_WAIT_MS = 50
-
-
-def checkpoint_wal(conn: apsw.Connection, restart_frames: int = WAL_RESTART_FRAMES) -> str:
-    """Copy the write-ahead log into the database file; returns "empty", "passive" or "restart".
-
-    A write starts the log over only when every frame in it was copied. A PASSIVE checkpoint
-    never waits for writers, so while posts keep coming there is always a newer frame and the
-    log grows without end. Once it is ``restart_frames`` long, a RESTART copies what the
-    PASSIVE pass left (little) while holding writers back, and the next write starts the log
-    from its beginning. Raises apsw.BusyError when a reader or a writer keeps it waiting past
-    the connection's busy timeout (the server gives its checkpointer CHECKPOINT_WAIT_MS, so
-    writers are never held back longer than that).
-    """
-    log, _ = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
-    if log <= 0:
-        return "empty"
-    if log >= restart_frames:
-        conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_RESTART)
-        return "restart"
-    return "passive"
+    maintenance = Maintenance()
+    maintenance.add("watcher", BACKGROUND_TICK, watch)
+    maintenance.add("checkpoint", 1.0, lambda: asyncio.to_thread(checkpointer.run))
+    maintenance.add("approvals sweep", 60.0, sweep)
+    maintenance.add("outbox pruning", 600.0, prune)
+    return maintenance
 
 class TooManySessions(PrickleError):
     """The key holds as many MCP sessions as it may, each with a request in flight."""
@@ -7287,7 +7570,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     """The whole server as a Starlette app on the database at ``db_path``.
 
     ``port`` is the bound port (for the allowed Host and Origin values); tests may leave it
-    out. The MCP endpoint is ``/mcp``; the people's API is under ``/api``.
+    out. The MCP endpoint is ``/mcp``; the people's API is under ``/api`` (see ROUTES).
     """
     settings = settings or Settings()
     port = settings.port if port is None else port
@@ -7314,43 +7597,8 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     db.revoked_listeners.append(end_dead_sessions)
 
     db.conn.pragma("journal_size_limit", WAL_KEEP_BYTES)
-    checkpointer: list[apsw.Connection] = []
-    checkpoint_lock = threading.Lock()  # the worker thread and shutdown never use the connection at once
-
-    def checkpoint() -> None:
-        with checkpoint_lock:
-            if not checkpointer:
-                conn = apsw.Connection(db_path)
-                conn.setbusytimeout(CHECKPOINT_WAIT_MS)
-                checkpointer.append(conn)
-            checkpoint_wal(checkpointer[0])
-
-    seen_version = db.data_version()
-
-    def watch_other_writers() -> None:
-        # Another process (the CLI) writing the same file does not run our after-commit hooks.
-        nonlocal seen_version
-        current = db.data_version()
-        if current != seen_version:
-            hub.catch_up()
-            hub.wake_everyone()  # it may have revoked credentials that open waits hold
-            end_dead_sessions()  # and that open sessions were opened with
-            seen_version = current  # only once its waiters were woken: a failure tries again
-
-    def prune() -> float | None:
-        # Small steps, one after another while old events remain, so writers never wait long.
-        pruned = prune_outbox(db, _dt.timedelta(days=settings.outbox_keep_days))
-        return 0.5 if pruned else None
-
-    def sweep() -> None:
-        sweep_approvals(db)
-        end_dead_sessions()  # a run's or a discussion's credential expires on its own
-
-    maintenance = state.maintenance = Maintenance()
-    maintenance.add("watcher", BACKGROUND_TICK, watch_other_writers)
-    maintenance.add("checkpoint", 1.0, lambda: asyncio.to_thread(checkpoint))
-    maintenance.add("approvals sweep", 60.0, sweep)
-    maintenance.add("outbox pruning", 600.0, prune)
+    checkpointer = WalCheckpointer(db_path)
+    maintenance = state.maintenance = server_maintenance(db, hub, checkpointer, settings, end_dead_sessions)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> Any:
@@ -7363,89 +7611,15 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
             db.close()
-            with checkpoint_lock:
-                for conn in checkpointer:
-                    conn.close()
+            checkpointer.close()
 
     mcp_endpoint = _MCPEndpoint(state, StreamableHTTPASGIApp(manager))
     routes = [
         Route("/mcp", endpoint=mcp_endpoint, methods=["GET", "POST", "DELETE"]),
-        Route("/api/me", _api(api_me)),
-        Route("/api/meta", _api(api_meta)),
-        Route("/api/projects", _api(api_projects)),
-        Route("/api/projects", _api(api_create_project), methods=["POST"]),
-        Route("/api/people", _api(api_people)),
-        Route("/api/agents", _api(api_agents)),
-        Route("/api/agents", _api(api_add_agent), methods=["POST"]),
-        Route("/api/keys", _api(api_keys)),
-        Route("/api/keys", _api(api_mint_key), methods=["POST"]),
-        Route("/api/keys/{key_id}", _api(api_revoke_key), methods=["DELETE"]),
-        Route("/api/projects/{slug}/members", _api(api_add_member), methods=["POST"]),
-        Route("/api/projects/{slug}/agents", _api(api_project_agent), methods=["POST"]),
-        Route("/api/projects/{slug}/resume", _api(api_resume), methods=["POST"]),
-        Route("/api/projects/{slug}/memory", _api(api_set_memory), methods=["POST"]),
-        Route("/api/projects/{slug}/memory/{key:path}", _api(api_retract_memory), methods=["DELETE"]),
-        Route("/api/projects/{slug}/audit", _api(api_audit)),
-        Route("/api/projects/{slug}/stream", api_stream),
-        Route("/api/projects/{slug}", _api(api_project)),
-        Route("/api/projects/{slug}/room", _api(api_room)),
-        Route("/api/projects/{slug}/messages", _api(api_post), methods=["POST"]),
-        Route("/api/projects/{slug}/events", _api(api_events)),
-        Route("/api/signout", _api(api_signout), methods=["POST"]),
-        Route("/api/approvals", _api(api_approvals)),
-        Route("/api/approvals/{approval_id}", _api(api_decide), methods=["POST"]),
-        Route("/api/projects/{slug}/tasks", _api(api_board)),
-        Route("/api/projects/{slug}/task-requests", _api(api_task_request), methods=["POST"]),
-        Route("/api/tasks/{task_id}", _api(api_task)),
-        Route("/api/tasks/{task_id}/accept", _api(api_final_accept), methods=["POST"]),
-        Route("/api/tasks/{task_id}/send-back", _api(api_send_back), methods=["POST"]),
-        Route("/api/tasks/{task_id}/cancel", _api(api_cancel), methods=["POST"]),
-        Route("/api/rules", _api(api_rules)),
-        Route("/api/rules", _api(api_set_rule), methods=["POST"]),
-        Route("/api/rules/{rule_id}", _api(api_revoke_rule), methods=["DELETE"]),
-        Route("/api/standing-approvals/{standing_id}", _api(api_revoke_standing), methods=["DELETE"]),
-        Route("/api/policy", _api(api_policy), methods=["POST"]),
-        Route("/api/actions", _api(api_actions)),
-        Route("/api/actions/{action_id}", _api(api_decide_action), methods=["POST"]),
-        Route("/api/runner/actions", _api(runner_propose, runner=True), methods=["POST"]),
-        Route("/api/runner/actions/{action_id}/claim", _api(runner_claim_action, runner=True), methods=["POST"]),
-        Route("/api/runner/actions/{action_id}/finish", _api(runner_finish_action, runner=True), methods=["POST"]),
-        Route("/api/room", _api(api_room_view)),
-        Route("/api/room", _api(api_room_settings), methods=["POST"]),
-        Route("/api/room/stop", _api(api_room_stop), methods=["POST"]),
-        Route("/api/room/retry", _api(api_room_retry), methods=["POST"]),
-        Route("/api/room/continue", _api(api_room_continue), methods=["POST"]),
-        Route("/api/runner/connect", _api(runner_connect, public=True), methods=["POST"]),
-        Route("/api/runner/connect/collect", _api(runner_collect, public=True), methods=["POST"]),
-        Route("/api/runner/state", _api(runner_state_view, runner=True)),
-        Route("/api/runner/attempts/{attempt_id}/uncertain", _api(runner_uncertain, runner=True), methods=["POST"]),
-        Route("/api/connect/{code}", _api(api_connect_view)),
-        Route("/api/connect/{code}", _api(api_connect_decide), methods=["POST"]),
-        Route("/api/tasks/{task_id}/runs", _api(api_start_run), methods=["POST"]),
-        Route("/api/tasks/{task_id}/stop", _api(api_stop_run), methods=["POST"]),
-        Route("/api/tasks/{task_id}/hand-back", _api(api_hand_back), methods=["POST"]),
-        Route("/api/attempts/{attempt_id}/settle", _api(api_settle_attempt), methods=["POST"]),
-        Route("/api/agents/paused", _api(api_paused)),
-        Route("/api/agents/pause", _api(api_pause), methods=["POST"]),
-        Route("/api/agents/resume", _api(api_resume_agents), methods=["POST"]),
-        Route("/api/devices", _api(api_devices)),
-        Route("/api/devices", _api(api_pair_device), methods=["POST"]),
-        Route("/api/devices/{device_id}", _api(api_revoke_device), methods=["DELETE"]),
-        Route("/api/steps", _api(api_steps)),
-        Route("/api/steps/{step_id}", _api(api_decide_step), methods=["POST"]),
-        Route("/signin", signin),
-        Route("/healthz", health),
-        Route("/", page),
+        *(Route(path, endpoint, methods=[method]) for method, path, endpoint in ROUTES),
         Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
     ]
-    async def http_error(request: Request, exc: Exception) -> Response:
-        status = getattr(exc, "status_code", 500)
-        error = NotFound(f"nothing at {request.url.path}") if status == 404 else PrickleError(
-            f"{request.method} is not allowed on {request.url.path}", "method_not_allowed")
-        error.http_status = status
-        return _error_response(error)
-
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: http_error, 405: http_error})
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: _http_error, 405: _http_error})
     app.state.prickle = state
     app.add_middleware(_GuardMiddleware, settings=settings, port=port)
     return app

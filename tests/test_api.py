@@ -238,3 +238,58 @@ def test_events_after_a_position_it_cannot_continue_resync_from_the_head(server,
 
 def test_healthz_lists_nothing_degraded_when_all_is_well(server):
     assert server.get("/healthz").json()["degraded"] == []
+
+
+def _refused(error, fn, *args, **kwargs):
+    try:
+        fn(*args, **kwargs)
+    except error as e:
+        return e.message
+    raise AssertionError(f"{fn.__name__} did not refuse")
+
+
+def test_who_may_do_it_is_decided_in_the_operation(world):
+    db, oj, ren, sam = world.db, world.person("oj"), world.person("ren"), world.person("sam")
+    audit = db.scalar("SELECT count(*) FROM audit")
+    assert _refused(prickle.Forbidden, prickle.create_token, db, "client", agent_id="ren/builder",
+                    by="oj") == "'ren/builder' is not your agent: only its owner makes its keys"
+    assert _refused(prickle.Forbidden, prickle.add_agent_to_project, db, "oj-room", "ren/builder",
+                    by=oj) == "'ren/builder' is not your agent: its owner adds it"
+    _refused(prickle.NotFound, prickle.add_agent_to_project, db, "side", "oj/muse", by=oj)
+    assert _refused(prickle.Forbidden, prickle.add_agent, db, "ren/helper", "Helper", "gpt-5", "codex",
+                    by=oj) == "'ren/helper' is not your agent: name it oj/NAME"
+    _refused(prickle.NotFound, prickle.add_agent, db, "oj/helper", "Helper", "gpt-5", "codex", projects=["side"],
+             by=oj)
+    _refused(prickle.NotFound, prickle.add_member, db, PROJECT, "sam", by=sam)
+    assert _refused(prickle.Forbidden, prickle.add_member, db, PROJECT, "sam",
+                    by=ren) == "only an owner of 'website-v2' can add teammates"
+    _refused(prickle.NotFound, prickle.set_memory, db, PROJECT, "launch", "Friday", sam)
+    _refused(prickle.NotFound, prickle.retract_memory, db, PROJECT, "tone", sam)
+    _refused(prickle.NotFound, prickle.audit_page, db, sam, PROJECT, None, 10)
+    assert db.scalar("SELECT count(*) FROM audit") == audit  # nothing was written
+    assert db.one("SELECT 1 FROM agents WHERE agent_id = 'oj/helper'") is None
+    assert prickle.set_memory(db, PROJECT, "launch", "Friday", ren)["updated_by"] == "ren"
+    assert prickle.audit_page(db, ren, PROJECT, None, 1)["entries"][0]["type"] == "memory.set"
+
+
+def test_a_sign_in_link_opens_one_session(world):
+    _, link = prickle.create_token(world.db, "signin", person="ren")
+    session = prickle.spend_signin_link(world.db, link, datetime.timedelta(days=1))
+    assert prickle.resolve_token(world.db, session, ("session",)).handle == "ren"
+    assert _refused(prickle.Unauthorized, prickle.spend_signin_link, world.db, link, datetime.timedelta(days=1)) == (
+        "this sign-in link was already used: get a new one with 'prickle signin-link HANDLE'")
+    assert world.db.scalar("SELECT count(*) FROM credentials WHERE kind = 'session' AND person = 'ren'") == 1
+
+
+def test_a_live_reader_is_checked_on_every_turn(world):
+    db, ren, sam = world.db, world.person("ren"), world.person("sam")
+    assert _refused(prickle.NotFound, prickle.live_position, db, sam, PROJECT, "0") == (
+        "project 'website-v2' not found: it does not exist or 'sam' is not in it")
+    start, gap = prickle.live_position(db, ren, PROJECT, "0")
+    assert (start, gap) == (0, None)
+    prickle.set_memory(db, PROJECT, "launch", "Friday", "oj")
+    assert prickle.live_events(db, ren, PROJECT, start) == prickle.read_events(db, PROJECT, start)
+    _refused(prickle.NotFound, prickle.live_events, db, sam, PROJECT, start)
+    prickle.revoke_token(db, ren.credential_id)
+    assert _refused(prickle.Unauthorized, prickle.live_events, db, ren, PROJECT, start) == (
+        "this credential was revoked: ask its owner for a new one")

@@ -62,6 +62,13 @@ def test_a_key_revoked_from_another_connection_stops_at_once(mcp, world, db_path
         prickle.resolve_token(world.db, world.keys["oj/muse"], ("client",))
 
 
+@pytest.fixture
+def unnoticed(server, monkeypatch):
+    """Hold back the server's background watch for other writers, so a revocation another connection
+    makes stays unnoticed until a request itself looks: the cached-key path these tests are about."""
+    monkeypatch.setattr(server.state.hub, "watch_other_writers", lambda: False)
+
+
 def _revoke_from_another_connection(db_path, secret):
     cli = prickle.Database(db_path)
     prickle.revoke_token(cli, cli.scalar("SELECT id FROM credentials WHERE secret_hash = ?",
@@ -69,7 +76,7 @@ def _revoke_from_another_connection(db_path, secret):
     cli.close()
 
 
-def test_a_post_let_in_on_the_cached_key_is_refused_at_its_transaction(mcp, world, db_path):
+def test_a_post_let_in_on_the_cached_key_is_refused_at_its_transaction(mcp, world, db_path, unnoticed):
     # post_message checks the key in its own transaction, so /mcp lets it in on the cached credential;
     # a revocation another process made since is seen there, and nothing is written.
     assert mcp.ok("oj/muse", "post_message", {"project": PROJECT, "body": "first"})
@@ -84,7 +91,7 @@ def test_a_post_let_in_on_the_cached_key_is_refused_at_its_transaction(mcp, worl
     assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
 
 
-def test_a_handoff_let_in_on_the_cached_key_is_refused_at_its_transaction(mcp, world, db_path):
+def test_a_handoff_let_in_on_the_cached_key_is_refused_at_its_transaction(mcp, world, db_path, unnoticed):
     assert mcp.ok("oj/muse", "read_room", {"project": PROJECT})
     _revoke_from_another_connection(db_path, world.keys["oj/muse"])
     packet = {"task": "Draft the hero copy.", "deliverable_type": "doc", "acceptance_criteria": ["Short."],
@@ -94,7 +101,7 @@ def test_a_handoff_let_in_on_the_cached_key_is_refused_at_its_transaction(mcp, w
     assert world.db.scalar("SELECT count(*) FROM tasks") == 0
 
 
-def test_a_revoked_key_gets_unauthorized_before_any_other_refusal(mcp, world, db_path):
+def test_a_revoked_key_gets_unauthorized_before_any_other_refusal(mcp, world, db_path, unnoticed):
     assert mcp.ok("oj/muse", "post_message", {"project": PROJECT, "body": "first"})
     _revoke_from_another_connection(db_path, world.keys["oj/muse"])
     # let in on the cached key; its input is bad too, but the key is what it hears about
@@ -111,7 +118,7 @@ def test_handshake_era_requests_are_checked_at_the_door_whatever_their_headers_s
     assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
 
 
-def test_a_call_whose_headers_name_another_tool_still_has_its_key_checked(mcp, world, db_path):
+def test_a_call_whose_headers_name_another_tool_still_has_its_key_checked(mcp, world, db_path, unnoticed):
     assert mcp.ok("oj/muse", "read_room", {"project": PROJECT})
     _revoke_from_another_connection(db_path, world.keys["oj/muse"])
     # The headers say post_message (checked inside), the body calls read_room: the SDK refuses the mismatch,

@@ -288,3 +288,32 @@ def test_a_reply_into_a_hidden_thread_says_nothing_about_it(mcp, world):
     assert task not in text
     assert text == mcp.error("oj/scout", "post_message", P | {"body": "x", "in_reply_to": "msg_nope"}, "not_found") \
         .replace("msg_nope", hidden["id"])
+
+
+def test_resume_pair_checks_the_pause_in_its_own_transaction(mcp, world):
+    ren, sam = world.person("ren"), world.person("sam")
+    messages = world.db.scalar("SELECT count(*) FROM messages")
+    try:
+        prickle.resume_pair(world.db, ren, PROJECT, ["oj/muse", "ren/builder"])
+    except prickle.InvalidState as e:
+        assert e.message == "oj/muse and ren/builder are not paused in 'website-v2'"
+    else:
+        raise AssertionError("a pair that is not paused was resumed")
+    assert world.db.scalar("SELECT count(*) FROM messages") == messages
+    _ping_pong(mcp, 10)
+    for who, pair, error in ((sam, ["oj/muse", "ren/builder"], prickle.NotFound),
+                             (world.actor("oj/scout"), ["oj/muse", "ren/builder"], prickle.Forbidden),
+                             (ren, ["oj/muse"], prickle.InvalidInput)):
+        try:
+            prickle.resume_pair(world.db, who, PROJECT, pair)
+        except error:
+            pass
+        else:
+            raise AssertionError(f"{who.address} resumed {pair}")
+    assert world.db.scalar("SELECT count(*) FROM messages") == messages + 10
+    message = prickle.resume_pair(world.db, ren, PROJECT, ["ren/builder", "oj/muse"])
+    assert message["author"]["handle"] == "ren"
+    assert message["body"] == "Resumed @ren/builder and @oj/muse: carry on, and keep it short."
+    assert prickle.paused_pairs(world.db, PROJECT) == []
+    assert [e["refs"] for e in audit_entries(world.db, PROJECT, "room.loop_resumed")] == [
+        {"person": "ren", "agents": ["oj/muse", "ren/builder"], "message": message["id"]}]
