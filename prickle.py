@@ -113,6 +113,12 @@ class PrickleError(Exception):
     code = "internal"
     http_status = 500
 
+    def __init_subclass__(cls, code: str | None = None, status: int | None = None, **kwargs: Any) -> None:
+        # Each error class names its stable code and HTTP status in its class line.
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            cls.code, cls.http_status = code, status
+
     def __init__(self, message: str, code: str | None = None):
         super().__init__(message)
         self.message = message
@@ -120,58 +126,40 @@ class PrickleError(Exception):
             self.code = code
 
 
-class InvalidInput(PrickleError):
+class InvalidInput(PrickleError, code="invalid_input", status=400):
     """The request broke a schema or a rule about its fields."""
 
-    code, http_status = "invalid_input", 400
 
-
-class NotFound(PrickleError):
+class NotFound(PrickleError, code="not_found", status=404):
     """The thing does not exist, or the caller may not know that it does."""
 
-    code, http_status = "not_found", 404
 
-
-class Forbidden(PrickleError):
+class Forbidden(PrickleError, code="forbidden", status=403):
     """The caller is known but this is not theirs to do."""
 
-    code, http_status = "forbidden", 403
 
-
-class Unauthorized(PrickleError):
+class Unauthorized(PrickleError, code="unauthorized", status=401):
     """No credential, or one that is unknown, revoked or expired."""
 
-    code, http_status = "unauthorized", 401
 
-
-class InvalidState(PrickleError):
+class InvalidState(PrickleError, code="invalid_state", status=409):
     """The thing exists but is in a state where this move is not allowed."""
 
-    code, http_status = "invalid_state", 409
 
-
-class Conflict(PrickleError):
+class Conflict(PrickleError, code="conflict", status=409):
     """The request clashes with something that already exists."""
 
-    code, http_status = "conflict", 409
 
-
-class Paused(PrickleError):
+class Paused(PrickleError, code="paused", status=409):
     """The loop guard paused this agent for this counterpart, or its owner or the operator paused its runs."""
 
-    code, http_status = "paused", 409
 
-
-class Expired(PrickleError):
+class Expired(PrickleError, code="expired", status=410):
     """The thing existed but its time ran out (a connect code, say)."""
 
-    code, http_status = "expired", 410
 
-
-class StorageError(PrickleError):
+class StorageError(PrickleError, code="storage", status=500):
     """The database file cannot be used (locked by another server, too new, …)."""
-
-    code, http_status = "storage", 500
 
 
 def utcnow() -> _dt.datetime:
@@ -2456,6 +2444,11 @@ def check_live(db: Database, actor: Actor) -> None:
 # a person's request is checked by that person (``verifying``), an agent's by that agent
 # first, its owner deciding after, in approval_final (``verifying_by_agent``).
 
+def closed(*states: str) -> dict[str, dict[str, str]]:
+    """Table entries for states no move leaves (each with its own empty dict of moves)."""
+    return {state: {} for state in states}
+
+
 TASK_MOVES: dict[str, dict[str, str]] = {
     "requested": {"allow": "routed", "approval_required": "approval", "never": "rejected"},
     "approval_gate": {"approve": "routed", "deny": "rejected", "cancel": "cancelled"},
@@ -2471,10 +2464,7 @@ TASK_MOVES: dict[str, dict[str, str]] = {
     "verifying_by_agent": {"return": "verifying", "reject": "working", "verify": "approval",
                            "auto_accept": "completed", "cancel": "cancelled"},
     "approval_final": {"final_accept": "completed", "send_back": "working", "cancel": "cancelled"},
-    "completed": {},
-    "rejected": {},
-    "cancelled": {},
-    "returned": {},
+    **closed("completed", "rejected", "cancelled", "returned"),
 }
 
 #: Whom a task waits on in each lifecycle state (None: nobody, it is over). A person who
@@ -2517,8 +2507,7 @@ MOVE_BY = {
 # a new approval is asked.
 APPROVAL_MOVES: dict[str, dict[str, str]] = {
     "pending": {"approve": "approved", "deny": "denied", "withdraw": "denied"},
-    "approved": {},
-    "denied": {},
+    **closed("approved", "denied"),
 }
 
 # A submission is one returned result of a task: a newer return supersedes it; it is
@@ -2526,10 +2515,7 @@ APPROVAL_MOVES: dict[str, dict[str, str]] = {
 # cancelled with its task. Verifying it is not a move: it stays submitted, with verdicts.
 SUBMISSION_MOVES: dict[str, dict[str, str]] = {
     "submitted": {"supersede": "superseded", "accept": "accepted", "reject": "rejected", "cancel": "cancelled"},
-    "superseded": {},
-    "accepted": {},
-    "rejected": {},
-    "cancelled": {},
+    **closed("superseded", "accepted", "rejected", "cancelled"),
 }
 
 # A step is one call a woken run asks its owner for: allowed, denied (refused), or
@@ -2538,10 +2524,7 @@ SUBMISSION_MOVES: dict[str, dict[str, str]] = {
 STEP_MOVES: dict[str, dict[str, str]] = {
     "pending": {"allow": "approved", "deny": "refused", "expire": "expired", "withdraw": "withdrawn"},
     "approved": {"consume": "consumed", "expire": "expired"},
-    "refused": {},
-    "expired": {},
-    "consumed": {},
-    "withdrawn": {},
+    **closed("refused", "expired", "consumed", "withdrawn"),
 }
 
 # An action is a make-or-spend card: its owner approves or declines it, or it expires
@@ -2551,10 +2534,7 @@ ACTION_MOVES: dict[str, dict[str, str]] = {
     "proposed": {"approve": "approved", "decline": "declined", "expire": "expired"},
     "approved": {"claim": "running"},
     "running": {"finish": "done", "fail": "failed"},
-    "declined": {},
-    "expired": {},
-    "done": {},
-    "failed": {},
+    **closed("declined", "expired", "done", "failed"),
 }
 
 # A private room's turn is who answers the owner's message, one step at a time (its
@@ -2597,17 +2577,13 @@ class Lifecycle:
     shown: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-#: Every lifecycle, by the kind move() takes.
 #: An attempt's life: claimed (running) until its result is returned (finished), its owner
 #: presses Stop (stopped), a later claim of the task takes over (replaced), or its runner can't
 #: vouch for it (uncertain), which the owner settles as finished or abandoned.
 ATTEMPT_MOVES: dict[str, dict[str, str]] = {
     "running": {"finish": "finished", "stop": "stopped", "replace": "replaced", "mark_uncertain": "uncertain"},
     "uncertain": {"settle_finished": "finished", "settle_abandoned": "abandoned"},
-    "finished": {},
-    "stopped": {},
-    "replaced": {},
-    "abandoned": {},
+    **closed("finished", "stopped", "replaced", "abandoned"),
 }
 
 #: A computer's request to connect: its owner-to-be approves or refuses it on the page, then the
@@ -2615,11 +2591,10 @@ ATTEMPT_MOVES: dict[str, dict[str, str]] = {
 CONNECT_MOVES: dict[str, dict[str, str]] = {
     "pending": {"approve": "approved", "refuse": "refused", "expire": "expired"},
     "approved": {"collect": "collected", "expire": "expired"},
-    "refused": {},
-    "expired": {},
-    "collected": {},
+    **closed("refused", "expired", "collected"),
 }
 
+#: Every lifecycle, by the kind move() takes.
 LIFECYCLES: dict[str, Lifecycle] = {
     "task": Lifecycle("task", "tasks", "state", TASK_MOVES, MOVE_BY, lifecycle_state, {
         "approval_gate": "approval (a held handoff)", "approval_final": "approval (a verified result)",
@@ -6986,29 +6961,9 @@ async def api_meta(state: AppState, person: Actor, request: Request, body: Any) 
     return {"tasks": task_lists()}
 
 
-async def api_board(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/projects/{slug}/tasks: every task of the project."""
-    return tasks_board(state.db, person, request.path_params["slug"])
-
-
-async def api_task(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/tasks/{id}: the task with its checkpoints and submissions."""
-    return task_detail(state.db, person, request.path_params["task_id"])
-
-
-async def api_final_accept(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/tasks/{id}/accept: final acceptance of a verified result."""
-    return final_accept(state.db, person, request.path_params["task_id"])
-
-
 async def api_send_back(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/tasks/{id}/send-back {reason}: the verified result goes back to the assignee."""
     return send_back(state.db, person, request.path_params["task_id"], _field(body, "reason", str))
-
-
-async def api_cancel(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/tasks/{id}/cancel."""
-    return cancel_task(state.db, person, request.path_params["task_id"])
 
 
 async def api_task_request(state: AppState, person: Actor, request: Request, body: dict) -> dict:
@@ -7202,20 +7157,10 @@ async def api_decide_step(state: AppState, person: Actor, request: Request, body
     return {"step": decide_step(state.db, person, request.path_params["step_id"], _field(body, "decision", str))}
 
 
-async def api_room_view(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/room: your private room's slug, reply mode, lead agent and the turn in progress."""
-    return room_view(state.db, person)
-
-
 async def api_room_settings(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/room {reply_mode?: review|solo|named, lead? | default_agent?: "you/agent"}."""
     return set_room(state.db, person, _field(body, "reply_mode", str, False), _field(body, "lead", str, False),
                     _field(body, "default_agent", str, False))
-
-
-async def api_room_stop(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/room/stop: stop the turn in progress in your room."""
-    return stop_turn(state.db, person)
 
 
 async def api_actions(state: AppState, person: Actor, request: Request, body: Any) -> dict:
@@ -7258,20 +7203,10 @@ async def runner_collect(state: AppState, nobody: None, request: Request, body: 
                            public_base(state.db, state.settings, state.port))
 
 
-async def api_connect_view(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/connect/{code}: the computer's request and your agents to pick from."""
-    return connect_view(state.db, person, request.path_params["code"])
-
-
 async def api_connect_decide(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/connect/{code} {decision: approve|refuse, agents?: [{cli, agent_id} | {cli, create}]}."""
     return decide_connect(state.db, person, request.path_params["code"], _field(body, "decision", str),
                           body.get("agents"))
-
-
-async def runner_state_view(state: AppState, agent: Actor, request: Request, body: Any) -> dict:
-    """GET /api/runner/state: whether the agent is paused, and this device's newest runs."""
-    return runner_state(state.db, agent)
 
 
 async def runner_uncertain(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
@@ -7282,16 +7217,6 @@ async def runner_uncertain(state: AppState, agent: Actor, request: Request, body
 async def api_start_run(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/tasks/{id}/runs {confirm: your handle}: start one run of your agent on the task."""
     return start_run(state.db, person, request.path_params["task_id"], _field(body, "confirm", str, False))
-
-
-async def api_stop_run(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/tasks/{id}/stop: stop the task's run."""
-    return stop_run(state.db, person, request.path_params["task_id"])
-
-
-async def api_hand_back(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/tasks/{id}/hand-back: hand a task with no run open back (returned)."""
-    return hand_back(state.db, person, request.path_params["task_id"])
 
 
 async def api_settle_attempt(state: AppState, person: Actor, request: Request, body: dict) -> dict:
@@ -7317,11 +7242,6 @@ async def api_resume_agents(state: AppState, person: Actor, request: Request, bo
 async def api_room_retry(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/room/retry {agent}: wake again an agent the turn skipped or waits on."""
     return retry_reviewer(state.db, person, check_agent_id(_field(body, "agent", str)))
-
-
-async def api_room_continue(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/room/continue: go on without the agents that didn't answer (the turn ends)."""
-    return continue_turn(state.db, person)
 
 
 async def signin(request: Request) -> Response:
@@ -7365,6 +7285,17 @@ async def health(request: Request) -> Response:
                          "degraded": state.maintenance.degraded() if state.maintenance else []})
 
 
+def _operation(op: Callable[..., dict], *path_params: str) -> Callable[..., Any]:
+    """A handler that only calls ``op(db, caller, *those path parameters)``: what a route
+    whose request carries nothing else needs (its answer is the operation's)."""
+
+    async def handler(state: AppState, caller: Actor, request: Request, body: Any) -> dict:
+        return op(state.db, caller, *(request.path_params[p] for p in path_params))
+
+    handler.__doc__ = op.__doc__
+    return handler
+
+
 #: Every route but /mcp and /static: ``(method, path, endpoint)``. A path listed twice answers
 #: each method with its own endpoint; HEAD follows GET.
 ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
@@ -7392,12 +7323,12 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("POST", "/api/signout", _api(api_signout)),
     ("GET", "/api/approvals", _api(api_approvals)),
     ("POST", "/api/approvals/{approval_id}", _api(api_decide)),
-    ("GET", "/api/projects/{slug}/tasks", _api(api_board)),
+    ("GET", "/api/projects/{slug}/tasks", _api(_operation(tasks_board, "slug"))),
     ("POST", "/api/projects/{slug}/task-requests", _api(api_task_request)),
-    ("GET", "/api/tasks/{task_id}", _api(api_task)),
-    ("POST", "/api/tasks/{task_id}/accept", _api(api_final_accept)),
+    ("GET", "/api/tasks/{task_id}", _api(_operation(task_detail, "task_id"))),
+    ("POST", "/api/tasks/{task_id}/accept", _api(_operation(final_accept, "task_id"))),
     ("POST", "/api/tasks/{task_id}/send-back", _api(api_send_back)),
-    ("POST", "/api/tasks/{task_id}/cancel", _api(api_cancel)),
+    ("POST", "/api/tasks/{task_id}/cancel", _api(_operation(cancel_task, "task_id"))),
     ("GET", "/api/rules", _api(api_rules)),
     ("POST", "/api/rules", _api(api_set_rule)),
     ("DELETE", "/api/rules/{rule_id}", _api(api_revoke_rule)),
@@ -7408,20 +7339,20 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("POST", "/api/runner/actions", _api(runner_propose, runner=True)),
     ("POST", "/api/runner/actions/{action_id}/claim", _api(runner_claim_action, runner=True)),
     ("POST", "/api/runner/actions/{action_id}/finish", _api(runner_finish_action, runner=True)),
-    ("GET", "/api/room", _api(api_room_view)),
+    ("GET", "/api/room", _api(_operation(room_view))),
     ("POST", "/api/room", _api(api_room_settings)),
-    ("POST", "/api/room/stop", _api(api_room_stop)),
+    ("POST", "/api/room/stop", _api(_operation(stop_turn))),
     ("POST", "/api/room/retry", _api(api_room_retry)),
-    ("POST", "/api/room/continue", _api(api_room_continue)),
+    ("POST", "/api/room/continue", _api(_operation(continue_turn))),
     ("POST", "/api/runner/connect", _api(runner_connect, public=True)),
     ("POST", "/api/runner/connect/collect", _api(runner_collect, public=True)),
-    ("GET", "/api/runner/state", _api(runner_state_view, runner=True)),
+    ("GET", "/api/runner/state", _api(_operation(runner_state), runner=True)),
     ("POST", "/api/runner/attempts/{attempt_id}/uncertain", _api(runner_uncertain, runner=True)),
-    ("GET", "/api/connect/{code}", _api(api_connect_view)),
+    ("GET", "/api/connect/{code}", _api(_operation(connect_view, "code"))),
     ("POST", "/api/connect/{code}", _api(api_connect_decide)),
     ("POST", "/api/tasks/{task_id}/runs", _api(api_start_run)),
-    ("POST", "/api/tasks/{task_id}/stop", _api(api_stop_run)),
-    ("POST", "/api/tasks/{task_id}/hand-back", _api(api_hand_back)),
+    ("POST", "/api/tasks/{task_id}/stop", _api(_operation(stop_run, "task_id"))),
+    ("POST", "/api/tasks/{task_id}/hand-back", _api(_operation(hand_back, "task_id"))),
     ("POST", "/api/attempts/{attempt_id}/settle", _api(api_settle_attempt)),
     ("GET", "/api/agents/paused", _api(api_paused)),
     ("POST", "/api/agents/pause", _api(api_pause)),
@@ -7473,10 +7404,8 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
     maintenance.add("outbox pruning", 600.0, prune)
     return maintenance
 
-class TooManySessions(PrickleError):
+class TooManySessions(PrickleError, code="too_many_sessions", status=429):
     """The key holds as many MCP sessions as it may, each with a request in flight."""
-
-    code, http_status = "too_many_sessions", 429
 
 
 class _SessionManager(StreamableHTTPSessionManager):
@@ -7723,88 +7652,92 @@ class ConnectionGuard:
 
     def protocol(self) -> type:
         """The uvicorn HTTP protocol class (h11) that keeps to this guard."""
-        import h11
         from uvicorn.protocols.http.h11_impl import H11Protocol
-        guard = self
+        return type("GuardedH11Protocol", (_GuardedConnection, H11Protocol), {"guard": self})
 
-        class GuardedH11Protocol(H11Protocol):
-            _deadline: asyncio.TimerHandle | None = None
-            _partial = False  # bytes of the request owed have arrived
-            _refused: asyncio.TimerHandle | bool = False
 
-            def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-                if not guard.make_room():
-                    self._refuse(transport)
-                    return
-                guard.open.add(self)
-                super().connection_made(transport)
-                self._track()
+class _GuardedConnection:
+    """What ConnectionGuard adds to uvicorn's h11 protocol: a place under the cap, a deadline
+    for a request owed, and a clear refusal beyond the cap (see ConnectionGuard.protocol)."""
 
-            def _refuse(self, transport: asyncio.Transport) -> None:
-                self.transport = transport
-                if guard.refusing >= guard.refusals:
-                    self._refused = True
-                    transport.abort()
-                    return
-                guard.refusing += 1
-                transport.write(guard.refusal)
-                if transport.can_write_eof():
-                    transport.write_eof()  # what the client sends is read and dropped until it closes
-                self._refused = self.loop.call_later(REFUSAL_LINGER_SECONDS, transport.close)
+    guard: ConnectionGuard
+    _deadline: asyncio.TimerHandle | None = None
+    _partial = False  # bytes of the request owed have arrived
+    _refused: asyncio.TimerHandle | bool = False
 
-            def data_received(self, data: bytes) -> None:
-                if self._refused:
-                    return
-                self._partial = True
-                super().data_received(data)
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if not self.guard.make_room():
+            self._refuse(transport)
+            return
+        self.guard.open.add(self)
+        super().connection_made(transport)
+        self._track()
 
-            def eof_received(self) -> None:
-                if self._refused:
-                    self.transport.close()
-                    return
-                super().eof_received()
+    def _refuse(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        if self.guard.refusing >= self.guard.refusals:
+            self._refused = True
+            transport.abort()
+            return
+        self.guard.refusing += 1
+        transport.write(self.guard.refusal)
+        if transport.can_write_eof():
+            transport.write_eof()  # what the client sends is read and dropped until it closes
+        self._refused = self.loop.call_later(REFUSAL_LINGER_SECONDS, transport.close)
 
-            def handle_events(self) -> None:
-                super().handle_events()
-                self._track()
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        self._partial = True
+        super().data_received(data)
 
-            def _track(self) -> None:
-                owes = self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not self.transport.is_closing()
-                if owes and self not in guard.waiting:
-                    guard.waiting[self] = None
-                    self._deadline = self.loop.call_later(guard.request_seconds, self.close_waiting,
-                                                          guard.timeout_answer)
-                elif not owes and self in guard.waiting:
-                    self._stop_waiting()
-                    self._partial = False
+    def eof_received(self) -> None:
+        if self._refused:
+            self.transport.close()
+            return
+        super().eof_received()
 
-            def _stop_waiting(self) -> None:
-                guard.waiting.pop(self, None)
-                if self._deadline is not None:
-                    self._deadline.cancel()
-                    self._deadline = None
+    def handle_events(self) -> None:
+        super().handle_events()
+        self._track()
 
-            def close_waiting(self, answer: bytes) -> None:
-                """Close this connection, which owes a request; answer if it had begun one."""
-                self._stop_waiting()
-                guard.open.discard(self)
-                if self.transport.is_closing():
-                    return
-                if self._partial and self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                    self.transport.write(answer)
-                self.transport.close()
+    def _track(self) -> None:
+        import h11
+        owes = self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not self.transport.is_closing()
+        if owes and self not in self.guard.waiting:
+            self.guard.waiting[self] = None
+            self._deadline = self.loop.call_later(self.guard.request_seconds, self.close_waiting,
+                                                  self.guard.timeout_answer)
+        elif not owes and self in self.guard.waiting:
+            self._stop_waiting()
+            self._partial = False
 
-            def connection_lost(self, exc: Exception | None) -> None:
-                if self._refused:
-                    if not isinstance(self._refused, bool):
-                        self._refused.cancel()
-                        guard.refusing -= 1
-                    return
-                self._stop_waiting()
-                guard.open.discard(self)
-                super().connection_lost(exc)
+    def _stop_waiting(self) -> None:
+        self.guard.waiting.pop(self, None)
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
 
-        return GuardedH11Protocol
+    def close_waiting(self, answer: bytes) -> None:
+        """Close this connection, which owes a request; answer if it had begun one."""
+        import h11
+        self._stop_waiting()
+        self.guard.open.discard(self)
+        if self.transport.is_closing():
+            return
+        if self._partial and self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            self.transport.write(answer)
+        self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._refused:
+            if not isinstance(self._refused, bool):
+                self._refused.cancel()
+                self.guard.refusing -= 1
+            return
+        self._stop_waiting()
+        self.guard.open.discard(self)
+        super().connection_lost(exc)
 
 
 class RepeatLimiter(logging.Filter):
@@ -8006,6 +7939,24 @@ def _uvicorn_server(config: Any, lock: ServerLock) -> Any:
     return Server(config)
 
 
+def _fresh_demo(db: Database, settings: Settings, port: int) -> dict:
+    """Seed the demo project and make fresh demo keys and a sign-in link for oj; the previous
+    start's stop working. Returns ``{"project", "keys": {agent: secret}, "signin"}``."""
+    seed_demo(db)
+    earlier = json.loads(db.scalar("SELECT value FROM meta WHERE key = 'demo_keys'") or "[]")
+    for token_id in earlier:
+        with contextlib.suppress(PrickleError):
+            revoke_token(db, token_id)
+    keys, ids = {}, []
+    for agent_id in ("oj/muse", "ren/builder"):
+        record, secret = create_token(db, "client", agent_id=agent_id)
+        keys[agent_id] = secret
+        ids.append(record["id"])
+    link, link_id = _signin_link(db, settings, "oj", port)
+    set_meta(db, "demo_keys", json.dumps(ids + [link_id]))
+    return {"project": DEMO_PROJECT, "keys": keys, "signin": link}
+
+
 @cli.command("serve")
 @_db_options
 @click.option("--config", "config_path", default=None, help="Settings file (default: ./prickle.toml if present).")
@@ -8051,22 +8002,9 @@ def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | 
         lines = [f"Prickle {__version__} is listening on {base}  (MCP: {base}/mcp, database: {db_path})"]
         db_arg = f"--db {shlex.quote(db_path)}"  # what the next steps printed below add to each command
         if demo:
-            seed_demo(db)
-            # Fresh demo keys and sign-in link each start; the previous start's stop working.
-            earlier = json.loads(db.scalar("SELECT value FROM meta WHERE key = 'demo_keys'") or "[]")
-            for token_id in earlier:
-                with contextlib.suppress(PrickleError):
-                    revoke_token(db, token_id)
-            keys, ids = {}, []
-            for agent_id in ("oj/muse", "ren/builder"):
-                record, secret = create_token(db, "client", agent_id=agent_id)
-                keys[agent_id] = secret
-                ids.append(record["id"])
-            link, link_id = _signin_link(db, settings, "oj", bound)
-            set_meta(db, "demo_keys", json.dumps(ids + [link_id]))
-            info["demo"] = {"project": DEMO_PROJECT, "keys": keys, "signin": link}
+            info["demo"] = _fresh_demo(db, settings, bound)
             lines += [f"Demo project '{DEMO_PROJECT}' is ready. Client keys (shown once):"]
-            lines += [f"  {a}: {k}" for a, k in keys.items()]
+            lines += [f"  {a}: {k}" for a, k in info["demo"]["keys"].items()]
             lines += [f"Sign in as oj: {info['demo']['signin']}",
                       f"Connect an agent: prickle connect oj/muse {db_arg}"]
         elif not db.scalar("SELECT count(*) FROM people"):
