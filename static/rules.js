@@ -117,47 +117,49 @@ function subjectText(rule) {
   return `Agent ${rule.subject}`;
 }
 
-function renderRules(box, rules, reload) {
-  if (!rules.length) {
-    fill(box, empty("No rules: every handoff from a teammate's agent asks you first."));
+// A table of live records, each row ending in a Revoke button that deletes it and reloads.
+function revocableTable(box, items, { caption, none, columns, dataset, what, path, done, cells }, reload) {
+  if (!items.length) {
+    fill(box, empty(none));
     return;
   }
   fill(box, h("table", {},
-    h("caption", { class: "sr-only", text: "Gate rules" }),
-    h("thead", {}, h("tr", {}, ["For", "Decision", "Until", "Made", ""].map((t) => h("th", { scope: "col", text: t })))),
-    h("tbody", {}, rules.map((r) => {
+    h("caption", { class: "sr-only", text: caption }),
+    h("thead", {}, h("tr", {}, [...columns, ""].map((t) => h("th", { scope: "col", text: t })))),
+    h("tbody", {}, items.map((item) => {
       const error = errorSlot();
-      const revoke = revokeButton(error, `Revoke the rule for ${subjectText(r)}`, async () => {
-        await del(`/api/rules/${seg(r.id)}`);
-        announce("Rule revoked");
+      const revoke = revokeButton(error, `Revoke ${what(item)}`, async () => {
+        await del(path(item));
+        announce(done);
         reload();
       });
-      return h("tr", { dataset: { ruleId: r.id } },
-        h("td", { text: subjectText(r) }),
-        h("td", {}, badge(DECISIONS.find(([d]) => d === r.decision)?.[1] || words(r.decision), DECISION_KIND[r.decision] || "muted")),
-        h("td", {}, r.expires_at ? timeEl(r.expires_at) : h("span", { class: "muted", text: "no end" })),
-        h("td", {}, timeEl(r.created_at)),
-        h("td", {}, revoke, error));
+      return h("tr", { dataset: dataset(item) }, ...cells(item), h("td", {}, revoke, error));
     }))));
 }
 
+function renderRules(box, rules, reload) {
+  revocableTable(box, rules, {
+    caption: "Gate rules", none: "No rules: every handoff from a teammate's agent asks you first.",
+    columns: ["For", "Decision", "Until", "Made"], dataset: (r) => ({ ruleId: r.id }),
+    what: (r) => `the rule for ${subjectText(r)}`, path: (r) => `/api/rules/${seg(r.id)}`, done: "Rule revoked",
+    cells: (r) => [
+      h("td", { text: subjectText(r) }),
+      h("td", {}, badge(DECISIONS.find(([d]) => d === r.decision)?.[1] || words(r.decision), DECISION_KIND[r.decision] || "muted")),
+      h("td", {}, r.expires_at ? timeEl(r.expires_at) : h("span", { class: "muted", text: "no end" })),
+      h("td", {}, timeEl(r.created_at)),
+    ],
+  }, reload);
+}
+
 function renderStanding(box, items, reload) {
-  if (!items.length) {
-    fill(box, empty("No standing approvals."));
-    return;
-  }
-  fill(box, h("table", {},
-    h("caption", { class: "sr-only", text: "Standing approvals" }),
-    h("thead", {}, h("tr", {}, ["From", "To", "Kind of work", "Used", "Until", ""].map((t) => h("th", { scope: "col", text: t })))),
-    h("tbody", {}, items.map((s) => {
-      const error = errorSlot();
-      const revoke = revokeButton(error, `Revoke the standing approval for ${s.requester}`, async () => {
-        await del(`/api/standing-approvals/${seg(s.id)}`);
-        announce("Standing approval revoked");
-        reload();
-      });
-      return h("tr", { dataset: { standingId: s.id } },
-        h("td", { text: s.requester }), h("td", { text: s.assignee }), h("td", { text: words(s.kind) }),
-        h("td", { text: `${s.uses} of ${s.cap}` }), h("td", {}, timeEl(s.expires_at)), h("td", {}, revoke, error));
-    }))));
+  revocableTable(box, items, {
+    caption: "Standing approvals", none: "No standing approvals.",
+    columns: ["From", "To", "Kind of work", "Used", "Until"], dataset: (s) => ({ standingId: s.id }),
+    what: (s) => `the standing approval for ${s.requester}`, path: (s) => `/api/standing-approvals/${seg(s.id)}`,
+    done: "Standing approval revoked",
+    cells: (s) => [
+      h("td", { text: s.requester }), h("td", { text: s.assignee }), h("td", { text: words(s.kind) }),
+      h("td", { text: `${s.uses} of ${s.cap}` }), h("td", {}, timeEl(s.expires_at)),
+    ],
+  }, reload);
 }
