@@ -404,13 +404,13 @@ EVIDENCE_FRESH = _dt.timedelta(days=7)
 EVIDENCE_TOO_OLD = "older_than_7_days"
 
 
+def _bounded(type_: str, bounds: dict[str, int | None], extra: dict) -> dict:
+    """A schema of ``type_`` with the bounds that are set (JSON Schema keyword → value)."""
+    return {"type": type_} | {k: v for k, v in bounds.items() if v is not None} | extra
+
+
 def _str(max_length: int | None = None, min_length: int | None = None, **extra: Any) -> dict:
-    s: dict[str, Any] = {"type": "string"}
-    if min_length is not None:
-        s["minLength"] = min_length
-    if max_length is not None:
-        s["maxLength"] = max_length
-    return s | extra
+    return _bounded("string", {"minLength": min_length, "maxLength": max_length}, extra)
 
 
 def _enum(*values: str, **extra: Any) -> dict:
@@ -422,12 +422,7 @@ def _const(value: str) -> dict:
 
 
 def _int(minimum: int | None = None, maximum: int | None = None, **extra: Any) -> dict:
-    s: dict[str, Any] = {"type": "integer"}
-    if minimum is not None:
-        s["minimum"] = minimum
-    if maximum is not None:
-        s["maximum"] = maximum
-    return s | extra
+    return _bounded("integer", {"minimum": minimum, "maximum": maximum}, extra)
 
 
 def _array(items: dict, max_items: int | None = None, min_items: int | None = None, **extra: Any) -> dict:
@@ -2743,6 +2738,20 @@ def project_out(db: Database, slug: str) -> dict:
     return row
 
 
+def check_decision(decision: Any, *allowed: str) -> None:
+    """InvalidInput unless ``decision`` is one of ``allowed`` (a person's decision on something waiting)."""
+    if decision not in allowed:
+        raise InvalidInput("decision must be " + " or ".join(f"'{d}'" for d in allowed))
+
+
+def _owned_row(db: Database, table: str, row_id: str, owner: str, missing: str) -> dict:
+    """The row ``row_id`` of ``table`` that belongs to ``owner``; NotFound saying ``missing`` otherwise."""
+    row = db.one(f"SELECT * FROM {table} WHERE id = ? AND owner = ?", (row_id, owner))
+    if row is None:
+        raise NotFound(missing)
+    return row
+
+
 def _acting_member(db: Database, project: str, by: str | Actor | None) -> str | None:
     """``by`` as a handle. A signed-in person (an Actor) must have ``project`` in reach, else NotFound.
 
@@ -3084,6 +3093,19 @@ def list_tokens(db: Database, owner: str | None = None) -> list[dict]:
     return rows
 
 
+def _memory_keeper(db: Database, project: str, by: str | Actor) -> tuple[str, str]:
+    """Who keeps the project's memory in this call, and their role: ``(handle, role)``.
+
+    Raises NotFound (project out of reach) or Forbidden (not a member).
+    """
+    by = _acting_member(db, project, by)
+    project_out(db, check_slug(project, "project"))
+    role = _member_role(db, project, by)
+    if role is None:
+        raise Forbidden(f"'{by}' is not a member of '{project}'")
+    return by, role
+
+
 def set_memory(db: Database, project: str, key: str, value: str, by: str | Actor,
                provenance: str = "owner_approved") -> dict:
     """Set a project memory fact as member ``by`` (a handle or the signed-in person, see :func:`_acting_member`).
@@ -3096,11 +3118,7 @@ def set_memory(db: Database, project: str, key: str, value: str, by: str | Actor
         raise InvalidInput("provenance must be agent_generated, from_approved_context, owner_approved or "
                            "owner_instruction")
     with db.transaction():
-        by = _acting_member(db, project, by)
-        project_out(db, check_slug(project, "project"))
-        role = _member_role(db, project, by)
-        if role is None:
-            raise Forbidden(f"'{by}' is not a member of '{project}'")
+        by, role = _memory_keeper(db, project, by)
         now = iso(utcnow())
         db.execute("INSERT INTO memory VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (project, key) DO UPDATE SET "
                    "value = excluded.value, provenance = excluded.provenance, updated_by = excluded.updated_by, "
@@ -3115,11 +3133,7 @@ def retract_memory(db: Database, project: str, key: str, by: str | Actor) -> dic
     Writes ``memory.retracted``. Raises NotFound (project out of reach, no such fact) or Forbidden.
     """
     with db.transaction():
-        by = _acting_member(db, project, by)
-        project_out(db, check_slug(project, "project"))
-        role = _member_role(db, project, by)
-        if role is None:
-            raise Forbidden(f"'{by}' is not a member of '{project}'")
+        by, role = _memory_keeper(db, project, by)
         if not db.execute("DELETE FROM memory WHERE project = ? AND key = ?", (project, key)):
             raise NotFound(f"no memory fact '{key}' in '{project}'")
         audit(db, project, "memory.retracted", {"key": key, "by": by, "role": role})
@@ -4619,13 +4633,10 @@ def decide_approval(db: Database, person: Actor, approval_id: str, decision: str
     agent to the same agent for the same kind of work pass without a click until the
     uses or days run out. Writes ``approval.decided`` (and ``standing_approval.created``).
     """
-    if decision not in ("approve", "deny"):
-        raise InvalidInput("decision must be 'approve' or 'deny'")
+    check_decision(decision, "approve", "deny")
     sweep_approvals(db)
     with db.transaction():
-        row = db.one("SELECT * FROM approvals WHERE id = ? AND owner = ?", (approval_id, person.handle))
-        if row is None:
-            raise NotFound(f"no approval '{approval_id}' waiting for you")
+        row = _owned_row(db, "approvals", approval_id, person.handle, f"no approval '{approval_id}' waiting for you")
         if row["invalidated_at"]:
             if _task_row(db, row["task_id"])["state"] == "cancelled":
                 raise InvalidState(f"approval '{approval_id}' ended: its task was cancelled")
@@ -4856,9 +4867,7 @@ def _revoke_rule(db: Database, rule: dict, reason: str, version: int) -> None:
 
 def _owned_live(db: Database, table: str, what: str, row_id: str, owner: str) -> dict:
     """A row of ``owner``'s in ``table`` that is not revoked; NotFound or InvalidState otherwise."""
-    row = db.one(f"SELECT * FROM {table} WHERE id = ? AND owner = ?", (row_id, owner))
-    if row is None:
-        raise NotFound(f"no {what} '{row_id}' of yours")
+    row = _owned_row(db, table, row_id, owner, f"no {what} '{row_id}' of yours")
     if row["revoked_at"]:
         raise InvalidState(f"{what} '{row_id}' was already revoked")
     return row
@@ -5208,13 +5217,10 @@ def pending_steps(db: Database, person: Actor) -> list[dict]:
 
 def decide_step(db: Database, person: Actor, step_id: str, decision: str) -> dict:
     """The agent's owner allows or refuses a step; the task's assignee is woken to resume. Writes ``step.decided``."""
-    if decision not in ("allow", "deny"):
-        raise InvalidInput("decision must be 'allow' or 'deny'")
+    check_decision(decision, "allow", "deny")
     with db.transaction():
         _expire_steps(db, None, utcnow())
-        step = db.one("SELECT * FROM steps WHERE id = ? AND owner = ?", (step_id, person.handle))
-        if step is None:
-            raise NotFound(f"no step '{step_id}' of your agents'")
+        step = _owned_row(db, "steps", step_id, person.handle, f"no step '{step_id}' of your agents'")
         if step["status"] != "pending":
             raise InvalidState(f"step '{step_id}' is {step['status']}, not waiting for a decision")
         status = move(db, "step", step_id, decision, step, decided_at=iso(utcnow()), decided_by=person.handle)
@@ -5595,8 +5601,7 @@ def decide_connect(db: Database, person: Actor, code: str, decision: str, agents
     Single use: a decided or expired request is ``invalid_state``. Writes ``device.approved``
     (never the code, a key or the computer's name).
     """
-    if decision not in ("approve", "refuse"):
-        raise InvalidInput("decision must be 'approve' or 'refuse'")
+    check_decision(decision, "approve", "refuse")
     with db.transaction():
         row = _live_request(db, db.one("SELECT * FROM connect_requests WHERE code = ?", (_normal_code(code),)),
                             f"with code '{code}'")
@@ -6095,13 +6100,10 @@ def propose_action(db: Database, actor: Actor, tool: str, action: str, prompt: s
 
 def decide_action(db: Database, person: Actor, action_id: str, decision: str) -> dict:
     """The owner approves or declines a card; only an approval wakes the agent's runner (``action``)."""
-    if decision not in ("approve", "decline"):
-        raise InvalidInput("decision must be 'approve' or 'decline'")
+    check_decision(decision, "approve", "decline")
     expire_actions(db)
     with db.transaction():
-        row = db.one("SELECT * FROM actions WHERE id = ? AND owner = ?", (action_id, person.handle))
-        if row is None:
-            raise NotFound(f"no action '{action_id}' for you to decide")
+        row = _owned_row(db, "actions", action_id, person.handle, f"no action '{action_id}' for you to decide")
         now = utcnow()
         if row["status"] != "proposed":
             raise InvalidState(f"action '{action_id}' is {row['status']}, not waiting for a decision")
