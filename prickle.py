@@ -5933,24 +5933,64 @@ class CallFailed(RunnerError):
         super().__init__(message, code)
 
 
-async def mcp_call(url: str, key: str, tool: str, args: dict, timeout: float = 30) -> dict:
-    """Call one Prickle tool with ``key`` (protocol 2026-07-28, one POST); return its structuredContent.
+class McpSession:
+    """A long-lived MCP client (protocol 2026-07-28) for one key; a broken one is dropped and remade.
 
-    Raises CallFailed with the tool error's code, or OSError/httpx errors when the server is away.
+    Its first call costs the tool listing; later calls are one POST each.
     """
-    from mcp import Client
-    from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared._httpx_utils import create_mcp_http_client
 
-    import httpx2
-    limits = httpx2.Timeout(10, read=timeout + 15)
-    async with create_mcp_http_client(headers={"Authorization": f"Bearer {key}"}, timeout=limits) as http:
-        async with Client(streamable_http_client(url, http_client=http), mode="2026-07-28") as c:
-            r = await c.call_tool(tool, args)
-    if r.is_error:
-        text = r.content[0].text if r.content else "error"
-        raise CallFailed(text, text.split(":", 1)[0] if ":" in text else "error")
-    return r.structured_content or {}
+    def __init__(self, url: str, key: str):
+        self.url, self.key = url, key
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._client: Any = None
+
+    async def call(self, tool: str, args: dict, timeout: float = 30) -> dict:
+        """Call one tool; return its structuredContent.
+
+        Raises CallFailed with the tool error's code, or the transport's error when the server is away.
+        """
+        try:
+            if self._client is None:
+                from mcp import Client
+                from mcp.client.streamable_http import streamable_http_client
+                from mcp.shared._httpx_utils import create_mcp_http_client
+
+                self._stack = stack = contextlib.AsyncExitStack()
+                http = await stack.enter_async_context(create_mcp_http_client(
+                    headers={"Authorization": f"Bearer {self.key}"}))
+                self._client = await stack.enter_async_context(
+                    Client(streamable_http_client(self.url, http_client=http), mode="2026-07-28"))
+            r = await self._client.call_tool(tool, args, read_timeout_seconds=timeout + 15)
+        except asyncio.CancelledError:
+            await self.close()
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            # The SDK client ends a failed connection by cancelling its own scope: that is the server away.
+            raise ConnectionError(f"the server at {self.url} did not answer") from None
+        except BaseException:
+            await self.close()
+            raise
+        if r.is_error:
+            text = r.content[0].text if r.content else "error"
+            raise CallFailed(text, text.split(":", 1)[0] if ":" in text else "error")
+        return r.structured_content or {}
+
+    async def close(self) -> None:
+        """End the client (safe to call twice)."""
+        stack, self._stack, self._client = self._stack, None, None
+        if stack is not None:
+            with contextlib.suppress(Exception):
+                await stack.aclose()
+
+
+async def mcp_call(url: str, key: str, tool: str, args: dict, timeout: float = 30) -> dict:
+    """Call one Prickle tool with ``key`` on a client of its own; see McpSession.call."""
+    session = McpSession(url, key)
+    try:
+        return await session.call(tool, args, timeout)
+    finally:
+        await session.close()
 
 
 async def http_call(base_url: str, key: str, method: str, path: str, body: dict | None = None) -> dict:
@@ -6096,6 +6136,8 @@ class Runner:
         self.stopping: dict[str, str] = {}  # attempt or session id -> why it was stopped
         self.by_task: dict[str, str] = {}  # task id -> the attempt running it
         self._tasks: set[asyncio.Task] = set()
+        self.waits = {a: McpSession(config.mcp_url, c.key) for a, c in config.agents.items()}
+        self.calls = {a: McpSession(config.mcp_url, c.key) for a, c in config.agents.items()}
         self.save()
 
     # -- status and log ------------------------------------------------------
@@ -6139,6 +6181,8 @@ class Runner:
                 self.stop_run(run_id, "the runner stopped")
             if self._tasks:
                 await asyncio.wait(list(self._tasks), timeout=RUNNER_STOP_GRACE + 5)
+            for session in [*self.waits.values(), *self.calls.values()]:
+                await session.close()
             for a in self.status["agents"].values():
                 a["connected"] = a["listening"] = False
             self.save()
@@ -6174,8 +6218,7 @@ class Runner:
             try:
                 if first:
                     if not state["cursor"]:  # a cursor first, so nothing falls between the inbox and the wait
-                        out = await mcp_call(self.config.mcp_url, agent.key, "wait_for_mention",
-                                             {"timeout_seconds": 1})
+                        out = await self.waits[agent_id].call("wait_for_mention", {"timeout_seconds": 1})
                         state["cursor"] = out["cursor"]
                     await self.catch_up(agent_id)  # tasks that reached the agent while no runner listened
                     first = False
@@ -6184,8 +6227,7 @@ class Runner:
                     state["connected"] = True
                 state["listening"] = True
                 self.save()
-                out = await mcp_call(self.config.mcp_url, agent.key, "wait_for_mention", args,
-                                     timeout=RUNNER_WAIT_SECONDS)
+                out = await self.waits[agent_id].call("wait_for_mention", args, timeout=RUNNER_WAIT_SECONDS)
             except asyncio.CancelledError:
                 raise
             except CallFailed as e:
@@ -6218,7 +6260,7 @@ class Runner:
     async def catch_up(self, agent_id: str) -> None:
         """Start runs for tasks routed to the agent that no wake will bring again (check_inbox)."""
         agent = self.config.agents[agent_id]
-        inbox = await mcp_call(self.config.mcp_url, agent.key, "check_inbox", {})
+        inbox = await self.calls[agent_id].call("check_inbox", {})
         for task in inbox.get("assigned", []):
             if task["state"] == "routed":
                 self.on_event(agent_id, {"kind": "task", "task": task})
@@ -6322,7 +6364,7 @@ class Runner:
         else:
             args = {"project": project, "availability": "idle", "doing": "", "run_failure": failure}
         try:
-            await mcp_call(self.config.mcp_url, agent.key, "update_pulse", args)
+            await self.calls[agent_id].call("update_pulse", args)
         except Exception as e:  # noqa: BLE001 - the report is best effort; the log keeps it
             self.log(f"{agent_id}: could not report to Team Pulse: {e}")
         if failure is not None:
@@ -6406,6 +6448,8 @@ class Runner:
 
     def _env(self, secret: str, values: dict[str, str]) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PRICKLE_")}
+        # The bridge is a Python process: on a busy computer it can take longer to start than Claude Code waits.
+        env.setdefault("MCP_TIMEOUT", "60000")
         env.update({RUN_KEY_ENV: secret, "PRICKLE_MCP_URL": values["mcp_url"], "PRICKLE_TASK_ID": values["task_id"],
                     "PRICKLE_PROJECT": values["project"], "PRICKLE_ROLE": values["role"],
                     "PRICKLE_PROMPT_FILE": values["prompt_file"], "PRICKLE_MCP_CONFIG": values["mcp_config"]})
@@ -6433,7 +6477,7 @@ class Runner:
                 while launch < 2:
                     await self.wait_unpaused(agent_id)
                     try:
-                        claim = await mcp_call(self.config.mcp_url, agent.key, "claim_task",
+                        claim = await self.calls[agent_id].call("claim_task",
                                                {"task_id": task_id, "idempotency_key": key})
                     except CallFailed as e:
                         self.log(f"{agent_id}: claim_task {task_id} refused: {e.message}")
@@ -6473,15 +6517,17 @@ class Runner:
             self.log(f"{agent_id}: {attempt_id}: {e.message}")
             return {"class": "runtime", "step": "worktree_failed"}
         record["workspace"] = workspace
-        try:
-            context = await mcp_call(self.config.mcp_url, secret, "get_project_context", {"project": task["project"]})
-            room = await mcp_call(self.config.mcp_url, secret, "read_room",
-                                  {"project": task["project"], "task_id": task_id})
-            fresh = (await mcp_call(self.config.mcp_url, secret, "check_inbox", {}))["assigned"]
+        run = McpSession(self.config.mcp_url, secret)
+        try:  # read with the run's own credential, so its lineage names the facts it was given
+            context = await run.call("get_project_context", {"project": task["project"]})
+            room = await run.call("read_room", {"project": task["project"], "task_id": task_id})
+            fresh = (await run.call("check_inbox", {}))["assigned"]
             task = next((t for t in fresh if t["id"] == task_id), task)
         except Exception as e:  # noqa: BLE001 - the run can still start; its prompt says less
             self.log(f"{agent_id}: {attempt_id}: could not read the task's context: {e}")
             context, room = {"memory": []}, {"messages": []}
+        finally:
+            await run.close()
         prompt = task_prompt(task, context.get("memory", []), room.get("messages", []))
         files = self._run_files(attempt_id, prompt, agent.client == "claude")
         values = {"mcp_url": self.config.mcp_url, "task_id": task_id, "project": task["project"], "role": "task",
@@ -6503,7 +6549,7 @@ class Runner:
             self.log(f"{agent_id}: {attempt_id} stopped: {self.stopping.pop(attempt_id, '')}")
             return None
         try:
-            inbox = await mcp_call(self.config.mcp_url, agent.key, "check_inbox", {"include_closed": True})
+            inbox = await self.calls[agent_id].call("check_inbox", {"include_closed": True})
             state = next((t["state"] for t in inbox["assigned"] if t["id"] == task_id), "gone")
         except Exception:  # noqa: BLE001
             state = "unknown"
@@ -6523,7 +6569,7 @@ class Runner:
         agent, message = self.config.agents[agent_id], event["message"]
         await self.wait_unpaused(agent_id)
         try:
-            claim = await mcp_call(self.config.mcp_url, agent.key, "claim_discussion",
+            claim = await self.calls[agent_id].call("claim_discussion",
                                    {"message_id": message["id"], "idempotency_key": f"room-{message['id']}",
                                     "harness": 2})
         except Exception as e:  # noqa: BLE001 - a turn that moved on refuses; nothing to run

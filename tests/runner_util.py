@@ -69,10 +69,21 @@ class RunnerProcess:
         assert p.returncode == 0, p.stderr
         return json.loads(p.stdout)
 
+    def state(self) -> dict:
+        """The status file the runner keeps (what ``status`` prints), read without a process."""
+        try:
+            return json.loads((self.state_dir / "status.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return {"agents": {}}
+
+    def runs(self, agent: str) -> dict:
+        return self.state()["agents"].get(agent, {}).get("runs", {})
+
     def wait_connected(self, *agents: str) -> dict:
         def probe():
-            s = self.status()
-            return s if s["running"] and all(s["agents"][a]["connected"] for a in agents) else None
+            s = self.state()
+            return s if s.get("pid") == self.proc.pid and all(
+                s["agents"].get(a, {}).get("connected") for a in agents) else None
         assert self.proc.poll() is None, self.err_path.read_text()
         return wait_until(f"{agents} connected", probe)
 

@@ -48,8 +48,9 @@ def test_a_handed_off_task_is_claimed_run_in_its_workspace_and_returned(db_path,
     with Served(db_path, "--demo") as served:
         config, key, mcp, ren, oj = setup(db_path, served, tmp_path)
         with RunnerProcess(config) as runner:
-            status = runner.wait_connected("ren/builder")
-            assert status["agents"]["ren/builder"]["listening"] is True
+            runner.wait_connected("ren/builder")
+            status = runner.status()
+            assert status["running"] is True and status["agents"]["ren/builder"]["listening"] is True
             task_id = hand(mcp, "ok")
             verifying = wait_until("the result", lambda: (t := task_state(ren, task_id))["state"] == "verifying"
                                    and t)
@@ -60,7 +61,7 @@ def test_a_handed_off_task_is_claimed_run_in_its_workspace_and_returned(db_path,
             work = (runner.state_dir / "workspaces" / task_id / "work.txt").read_text()
             assert "Draft the hero copy." in work and "[1] Include a clear call to action." in work
             assert f"accept_task with task_id {task_id}" in work and '"criteria": [its indexes]' in work
-            wait_until("the run to end", lambda: not runner.status()["agents"]["ren/builder"]["runs"]
+            wait_until("the run to end", lambda: not runner.runs("ren/builder")
                        and "ended (exit status 0); the task is verifying" in runner.log())
             sub = verifying["result"]
             accepted = mcp.ok("oj/muse", "accept_result", {
