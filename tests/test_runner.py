@@ -91,3 +91,62 @@ def test_a_handed_off_task_is_claimed_run_in_its_workspace_and_returned(db_path,
         assert (runner.state_dir / "logs" / f"{attempt}.log").exists()
         assert status["agents"]["ren/builder"]["last_failure"] is None
         ren.close(), oj.close(), mcp.client.close()
+
+
+def test_failed_runs_set_run_failure_a_good_run_clears_it_and_a_mention_only_notifies(db_path, tmp_path):
+    with Served(db_path, "--demo") as served:
+        base, db = served.info["url"], prickle.Database(db_path)
+        prickle.add_agent(db, "ren/ghost", "Ghost", "gpt-5", "codex", "", [], [PROJECT])
+        prickle.set_rule(db, "ren", "allow", from_owner="oj")
+        keys = {a: prickle.pair_device(db, "ren", a, "ren-laptop")[1] for a in ("ren/builder", "ren/ghost")}
+        config = write_config(tmp_path / "runner.toml", base, {
+            "ren/builder": {"key": keys["ren/builder"], "client": "command", "command": STANDIN_AGENT,
+                            "launch_timeout_minutes": 0.15},
+            "ren/ghost": {"key": keys["ren/ghost"], "client": "command", "command": ["/nonexistent/prickle-agent"]}})
+        mcp = MCP(httpx.Client(base_url=base, timeout=60), {"oj/muse": served.info["demo"]["keys"]["oj/muse"]})
+        ren = person(base, prickle.create_token(db, "person", person="ren")[1])
+
+        def failure(agent):
+            return (pulse_of(ren, PROJECT, agent) or {}).get("run_failure")
+
+        with RunnerProcess(config) as runner:
+            runner.wait_connected("ren/builder", "ren/ghost")
+            posted = mcp.ok("oj/muse", "post_message", {"project": PROJECT, "body": "@ren/builder a quick word"})
+            wait_until("the notification", lambda: f"(message {posted['message']['id']}); a mention never starts "
+                       "a run" in runner.log())
+
+            quiet = hand(mcp, "quiet")
+            assert wait_until("run_failure", lambda: failure("ren/builder")) == {"class": "agent", "step": "agent_error"}
+            assert task_state(ren, quiet)["state"] == "accepted"  # it accepted, then exited without a result
+            ok = hand(mcp, "ok", "Draft the footer.")
+            wait_until("the result", lambda: task_state(ren, ok)["state"] == "verifying")
+            wait_until("run_failure cleared", lambda: "run_failure" not in pulse_of(ren, PROJECT, "ren/builder")
+                       and not runner.runs("ren/builder"))
+            assert runner.status()["agents"]["ren/builder"]["last_failure"] is None
+
+            sleepy = hand(mcp, "sleep", "Draft the about page.")
+            ghost = mcp.ok("oj/muse", "handoff", {"project": PROJECT, "to": "ren/ghost", "packet": packet("ok")})
+            ghost = ghost["task"]["id"]
+            assert wait_until("the time limit", lambda: failure("ren/builder"), timeout=60) == {
+                "class": "timeout", "step": "task_time_limit"}
+            assert wait_until("cli_not_found", lambda: failure("ren/ghost")) == {
+                "class": "runtime", "step": "cli_not_found"}
+            status = runner.status()
+            assert status["agents"]["ren/builder"]["last_failure"]["step"] == "task_time_limit"
+            assert status["agents"]["ren/builder"]["last_failure"]["task_id"] == sleepy
+            text = subprocess.run(PRICKLE + ["runner", "status", "--config", str(config)], capture_output=True,
+                                  text=True, timeout=30).stdout
+            assert "ren/builder: connected, listening, 0 run(s) in progress" in text
+            assert "last failure: runtime/cli_not_found" in text
+        log = runner.log()
+        assert "past its time limit of 0.15 minutes" in log
+        # The failed launch was claimed again with the same idempotency key: one attempt, the first credential ended.
+        claimed = [e["refs"] for e in audit_entries(db, PROJECT, "attempt.claimed")]
+        assert sorted(r["task"] for r in claimed) == sorted([quiet, ok, sleepy, ghost])  # the mention claimed nothing
+        revoked = [e["refs"] for e in audit_entries(db, PROJECT, "token.revoked") if e["refs"].get("task") == ghost]
+        assert [r["reason"] for r in revoked] == ["claim_retried"]
+        made = [e for e in audit_entries(db, PROJECT, "token.created") if e["refs"].get("task") == ghost]
+        assert len(made) == 2 and len({e["refs"]["attempt"] for e in made}) == 1
+        sleeping = [r["attempt"] for r in claimed if r["task"] == sleepy][0]
+        assert "end: time_limit" in (runner.state_dir / "logs" / f"{sleeping}.log").read_text()
+        ren.close(), mcp.client.close(), db.close()
