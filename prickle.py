@@ -128,9 +128,15 @@ class Conflict(PrickleError):
 
 
 class Paused(PrickleError):
-    """The loop guard paused this agent for this counterpart until a person posts."""
+    """The loop guard paused this agent for this counterpart, or its owner or the operator paused its runs."""
 
     code, http_status = "paused", 409
+
+
+class Expired(PrickleError):
+    """The thing existed but its time ran out (a connect code, say)."""
+
+    code, http_status = "expired", 410
 
 
 class StorageError(PrickleError):
@@ -1109,6 +1115,25 @@ MIGRATIONS: list[list[str]] = [
         "DROP INDEX messages_by_old_id",
         "CREATE UNIQUE INDEX messages_by_old_id ON messages(id) WHERE substr(id, 1, 4) <> 'msg-'",
     ],
+    [
+        # Runners the owner controls: connect requests, each attempt's state (ATTEMPT_MOVES), the
+        # run the owner started, paused owners, and reviewers a private room skipped.
+        """CREATE TABLE connect_requests (
+            id TEXT PRIMARY KEY, code TEXT NOT NULL UNIQUE, secret_hash TEXT NOT NULL, name TEXT NOT NULL,
+            clis TEXT NOT NULL, state TEXT NOT NULL, created_at TEXT NOT NULL, expires_at TEXT NOT NULL,
+            owner TEXT, decided_at TEXT, plan TEXT, collected_at TEXT)""",
+        "ALTER TABLE attempts ADD COLUMN state TEXT NOT NULL DEFAULT 'running'",
+        "UPDATE attempts SET state = 'finished' WHERE finished_at IS NOT NULL",
+        "ALTER TABLE attempts ADD COLUMN run_id TEXT",
+        "UPDATE attempts SET run_id = 'run_' || substr(id, 5)",
+        "ALTER TABLE attempts ADD COLUMN ended_at TEXT",
+        "UPDATE attempts SET ended_at = finished_at",
+        "CREATE INDEX attempts_by_task ON attempts(task_id, claimed_at)",
+        "ALTER TABLE tasks ADD COLUMN run_approved TEXT",
+        """CREATE TABLE pauses (
+            scope TEXT PRIMARY KEY, paused_by TEXT NOT NULL, paused_at TEXT NOT NULL)""",
+        "ALTER TABLE turns ADD COLUMN skipped TEXT NOT NULL DEFAULT '[]'",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -1160,6 +1185,9 @@ class Database:
         self.refresh_hooks: list[Callable[[Database], None]] = []
         #: When (time.monotonic()) this connection last wrote each agent's last_seen_at (writes are throttled).
         self.seen_at: dict[str, float] = {}
+        #: Agents whose runner listens in this process: open runner waits and when (time.monotonic())
+        #: the last one ended (see runner_listening).
+        self.listening: dict[str, list[float]] = {}
         self._migrate()
         self.conn.set_update_hook(self._row_changed)
 
@@ -1629,6 +1657,7 @@ TOKEN_PREFIX = {
     "session": "prk_ss_",  # a browser session (cookie)
     "execution": "prk_ex_",  # one run of one task, made by claim_task
     "discussion": "prk_dc_",  # one reply in a private room's turn, made by claim_discussion
+    "connect": "prk_dq_",  # a computer's connect request, to collect its runner keys once (never a credential row)
 }
 
 
@@ -1675,6 +1704,7 @@ _KIND_USE = {
     "person": "a personal token (for /api)", "signin": "a sign-in link (open it in a browser)",
     "session": "a browser session", "execution": "a run's execution credential (for /mcp)",
     "discussion": "a discussion credential (for /mcp)",
+    "connect": "a connect request's secret (for /api/runner/connect/collect)",
 }
 
 
@@ -1775,11 +1805,13 @@ def check_live(db: Database, actor: Actor) -> None:
 
 TASK_MOVES: dict[str, dict[str, str]] = {
     "approval_gate": {"approve": "routed", "deny": "rejected", "cancel": "cancelled"},
-    "routed": {"accept": "accepted", "lapse": "approval", "cancel": "cancelled"},
-    "accepted": {"checkpoint": "working", "ask": "waiting", "return": "verifying", "cancel": "cancelled"},
-    "working": {"checkpoint": "working", "ask": "waiting", "return": "verifying", "cancel": "cancelled"},
+    "routed": {"accept": "accepted", "lapse": "approval", "cancel": "cancelled", "hand_back": "returned"},
+    "accepted": {"checkpoint": "working", "ask": "waiting", "return": "verifying", "cancel": "cancelled",
+                 "hand_back": "returned"},
+    "working": {"checkpoint": "working", "ask": "waiting", "return": "verifying", "cancel": "cancelled",
+                "hand_back": "returned"},
     "waiting": {"checkpoint": "working", "ask": "waiting", "accept": "working", "return": "verifying",
-                "cancel": "cancelled"},
+                "cancel": "cancelled", "hand_back": "returned"},
     "verifying": {"return": "verifying", "reject": "working", "verify": "approval", "auto_accept": "completed",
                   "final_accept": "completed", "send_back": "working", "cancel": "cancelled"},
     "approval_final": {"final_accept": "completed", "send_back": "working", "cancel": "cancelled"},
@@ -1821,6 +1853,7 @@ MOVE_BY = {
     "checkpoint": "checkpoint", "ask": "checkpoint with needs_answer", "return": "return_result",
     "reject": "reject_result", "verify": "accept_result", "final_accept": "the owner's final acceptance",
     "send_back": "the owner's send-back", "cancel": "cancel (by a person)",
+    "hand_back": "hand back (the assignee's owner)",
 }
 
 
@@ -1839,6 +1872,52 @@ def next_state(task: dict, move: str) -> str:
             f"task '{task['id']}' is {task['state']}{' (' + shown + ')' if shown else ''}: {MOVE_BY.get(move, move)} "
             "is not allowed now; " + (f"what can happen: {', '.join(ways)}" if ways else "it is closed"))
     return allowed[move]
+
+
+# A run of a task (an attempt) and a computer's request to connect, as tables of allowed
+# moves like TASK_MOVES. Each move is one guarded ``UPDATE … WHERE state = ?`` (guarded_move);
+# a move its state does not list is refused with invalid_state.
+
+#: An attempt's life: claimed (running) until its result is returned (finished), its owner
+#: presses Stop (stopped), a later claim of the task takes over (replaced), or its runner can't
+#: vouch for it (uncertain), which the owner settles as finished or abandoned.
+ATTEMPT_MOVES: dict[str, dict[str, str]] = {
+    "running": {"finish": "finished", "stop": "stopped", "replace": "replaced", "mark_uncertain": "uncertain"},
+    "uncertain": {"settle_finished": "finished", "settle_abandoned": "abandoned"},
+    "finished": {},
+    "stopped": {},
+    "replaced": {},
+    "abandoned": {},
+}
+
+#: A computer's request to connect: its owner-to-be approves or refuses it on the page, then the
+#: runner collects its keys once; it expires CONNECT_TTL after it was made unless collected.
+CONNECT_MOVES: dict[str, dict[str, str]] = {
+    "pending": {"approve": "approved", "refuse": "refused", "expire": "expired"},
+    "approved": {"collect": "collected", "expire": "expired"},
+    "refused": {},
+    "expired": {},
+    "collected": {},
+}
+
+
+def guarded_move(db: Database, table: str, moves: dict[str, dict[str, str]], row: dict, move: str, what: str,
+                 **changes: Any) -> dict:
+    """Apply ``move`` to ``row`` of ``table`` by its ``moves`` table, inside the caller's transaction.
+
+    Returns the row as updated. Raises InvalidState when the row's state does not allow the
+    move (naming the state and what it allows) and Conflict when the row changed meanwhile.
+    """
+    allowed = moves[row["state"]]
+    if move not in allowed:
+        ways = ", ".join(m.replace("_", " ") for m in allowed) or "nothing: it is over"
+        raise InvalidState(f"{what} '{row['id']}' is {row['state']}: it can't {move.replace('_', ' ')} now; "
+                           f"what can happen: {ways}")
+    sets = "".join(f", {k} = ?" for k in changes)
+    if db.execute(f"UPDATE {table} SET state = ?{sets} WHERE id = ? AND state = ?",
+                  (allowed[move], *changes.values(), row["id"], row["state"])) != 1:
+        raise Conflict(f"{what} '{row['id']}' changed while this call ran: read it again")
+    return dict(row) | changes | {"state": allowed[move]}
 
 
 ###############################################################################
@@ -2242,6 +2321,32 @@ def note_seen(db: Database, agent_id: str) -> None:
             db.execute("UPDATE agents SET last_seen_at = ? WHERE agent_id = ?", (iso(utcnow()), agent_id))
 
 
+
+
+#: A runner counts as listening this long (seconds) after its last wait_for_mention returned:
+#: it calls again at once, or after a reconnect's backoff.
+LISTEN_GRACE = 90.0
+
+
+@contextlib.contextmanager
+def listening(db: Database, actor: Actor) -> Iterator[None]:
+    """Mark the agent's runner as listening while a wait_for_mention with its runner (or rooms) key is open."""
+    if actor.credential_kind != "runner" and actor.project_scope != ROOMS_SCOPE:
+        yield
+        return
+    entry = db.listening.setdefault(actor.agent_id, [0, 0.0])
+    entry[0] += 1
+    try:
+        yield
+    finally:
+        entry[0] -= 1
+        entry[1] = time.monotonic()
+
+
+def runner_listening(db: Database, agent_id: str) -> bool:
+    """True while the agent's runner waits in wait_for_mention here, or did within LISTEN_GRACE seconds."""
+    entry = db.listening.get(agent_id)
+    return entry is not None and (entry[0] > 0 or time.monotonic() - entry[1] < LISTEN_GRACE)
 
 
 # -- the room ----------------------------------------------------------------
@@ -3763,6 +3868,8 @@ def task_detail(db: Database, person: Actor, task_id: str) -> dict:
             "approval": approval_out(pending) if pending else None,
             "steps": [step_out(r) for r in db.rows("SELECT * FROM steps WHERE task_id = ? ORDER BY created_at",
                                                    (task_id,))],
+            "runs": task_runs(db, task_id),
+            "run_control": _run_control(db, person, task),
             "checkpoints": [json.loads(c["body"]) | {"id": c["id"], "agent": c["agent"], "created_at": c["created_at"]}
                             for c in db.rows("SELECT * FROM checkpoints WHERE task_id = ? ORDER BY created_at, rowid",
                                              (task_id,))],
@@ -3876,6 +3983,7 @@ def claim_task(db: Database, actor: Actor, task_id: str, idempotency_key: str, w
                         (actor.credential_id,))
         if device is None or device["revoked_at"]:
             raise Forbidden("this runner key belongs to no live paired device: pair the device again")
+        check_not_paused(db, actor.owner)
         task = _require_task_role(db, actor, task_id, "assignee")
         if wake is not None and wake.get("message_id") != task["origin_message_id"]:
             raise InvalidInput("wake.message_id: a run's cause is the task's own Task request "
@@ -3889,12 +3997,21 @@ def claim_task(db: Database, actor: Actor, task_id: str, idempotency_key: str, w
             raise InvalidState(f"task '{task_id}' is {task['state']}: a run can start only when it is "
                                f"{', '.join(CLAIMABLE)}")
         now = utcnow()
+        if attempt is not None and attempt["state"] != "running":
+            raise InvalidState(f"attempt '{attempt['id']}' is {attempt['state']}: claim with a new idempotency key "
+                               "for a new run")
         if attempt is None:
+            _check_new_run(db, task)
+            # One run per task at a time: a new claim takes over from any run still open.
+            for old in db.rows("SELECT * FROM attempts WHERE task_id = ? AND state = 'running'", (task_id,)):
+                end_attempt(db, old, "replace", task["project"])
             attempt = {"id": new_id("att"), "task_id": task_id, "device_id": device["id"], "agent_id": actor.agent_id,
                        "idempotency_key": idempotency_key, "credential_id": None,
-                       "cause": json.dumps(_run_cause(task)), "claimed_at": iso(now), "finished_at": None}
+                       "cause": json.dumps(_run_cause(task)), "claimed_at": iso(now), "finished_at": None,
+                       "state": "running", "run_id": task["run_approved"] or new_id("run")}
             db.execute(f"INSERT INTO attempts ({', '.join(attempt)}) VALUES ({', '.join('?' * len(attempt))})",
                        tuple(attempt.values()))
+            db.execute("UPDATE tasks SET run_approved = NULL WHERE id = ?", (task_id,))
             gate = json.loads(task["gate"] or "{}")
             audit(db, task["project"], "attempt.claimed", {"attempt": attempt["id"], "task": task_id,
                                                            "device": device["id"], "approval": gate.get("approval_id")})
@@ -3939,8 +4056,9 @@ def run_lineage(db: Database, actor: Actor, task: dict) -> dict | None:
 
 def finish_attempt(db: Database, actor: Actor) -> None:
     """Close the caller's run (inside the caller's transaction). Writes ``attempt.finished``."""
-    if actor.attempt_id and db.execute("UPDATE attempts SET finished_at = ? WHERE id = ? AND finished_at IS NULL",
-                                       (iso(utcnow()), actor.attempt_id)):
+    now = iso(utcnow())
+    if actor.attempt_id and db.execute("UPDATE attempts SET finished_at = ?, ended_at = ?, state = 'finished' "
+                                       "WHERE id = ? AND state = 'running'", (now, now, actor.attempt_id)):
         project = db.scalar("SELECT t.project FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE a.id = ?",
                             (actor.attempt_id,))
         audit(db, project, "attempt.finished", {"attempt": actor.attempt_id})
@@ -4072,6 +4190,465 @@ def decide_step(db: Database, person: Actor, step_id: str, decision: str) -> dic
                                "WHERE s.id = ?", (step_id,)))
 
 
+# -- the owner's control of runs: Start, Stop, hand back, pause, uncertain runs ------
+
+#: The scope of a pause made by the server's operator: every agent on the deployment.
+ALL_AGENTS = "*"
+#: How many of a device's newest attempts its runner is shown.
+RUNNER_RUNS_SHOWN = 50
+
+
+def paused_by(db: Database, owner: str) -> str | None:
+    """Who paused ``owner``'s agents: ``operator`` (every agent), ``owner``, or None."""
+    scopes = {r["scope"] for r in db.rows("SELECT scope FROM pauses WHERE scope IN (?, ?)", (ALL_AGENTS, owner))}
+    return "operator" if ALL_AGENTS in scopes else "owner" if owner in scopes else None
+
+
+def check_not_paused(db: Database, owner: str) -> None:
+    """Raise Paused when ``owner``'s agents are paused (by their owner or the operator)."""
+    who = paused_by(db, owner)
+    if who is not None:
+        raise Paused(f"{owner}'s agents are paused by {'the operator' if who == 'operator' else owner}: nothing runs "
+                     "until they are resumed (on the page, or 'prickle agents resume')")
+
+
+def check_run_allowed(db: Database, actor: Actor) -> None:
+    """A run's (or a discussion's) every call is refused with ``paused`` while its agent is paused."""
+    if actor.attempt_id is not None or actor.discussion_id is not None:
+        check_not_paused(db, actor.owner)
+
+
+def attempt_out(row: dict) -> dict:
+    """A run of a task as the page and its runner see it."""
+    return {"attempt_id": row["id"], "task_id": row["task_id"], "run_id": row["run_id"], "state": row["state"],
+            "claimed_at": row["claimed_at"], "ended_at": row["ended_at"], "device_id": row["device_id"],
+            "device": row.get("device_name")}
+
+
+def task_runs(db: Database, task_id: str) -> list[dict]:
+    """Every attempt of a task, oldest first, numbered from 1, with the name of its runner's device."""
+    rows = db.rows("SELECT a.*, d.name AS device_name FROM attempts a LEFT JOIN devices d ON d.id = a.device_id "
+                   "WHERE a.task_id = ? ORDER BY a.claimed_at, a.rowid", (task_id,))
+    return [attempt_out(r) | {"attempt": n} for n, r in enumerate(rows, 1)]
+
+
+def end_attempt(db: Database, attempt: dict, move: str, project: str) -> int:
+    """End an attempt by ``move`` (ATTEMPT_MOVES), inside the caller's transaction; returns credentials ended.
+
+    Its execution credentials end at once (``token.revoked``). Unless a later claim replaces
+    it (the run resuming may still use its owner's decision), a step it waits on is
+    withdrawn (``step.withdrawn``).
+    """
+    now = iso(utcnow())
+    guarded_move(db, "attempts", ATTEMPT_MOVES, attempt, move, "attempt", ended_at=now)
+    live = db.rows("SELECT id FROM credentials WHERE attempt_id = ? AND revoked_at IS NULL", (attempt["id"],))
+    for cred in live:
+        db.execute("UPDATE credentials SET revoked_at = ? WHERE id = ?", (now, cred["id"]))
+        audit(db, project, "token.revoked", {
+            "credential": cred["id"], "kind": "execution", "agent": attempt["agent_id"],
+            "device": attempt["device_id"], "task": attempt["task_id"], "attempt": attempt["id"],
+            "reason": {"replace": "run_replaced", "stop": "run_stopped"}.get(move, "run_uncertain")})
+    if live:
+        db.note_revoked()
+    if move == "replace":
+        return len(live)
+    for step in db.rows("SELECT id FROM steps WHERE attempt_id = ? AND status = 'pending'", (attempt["id"],)):
+        db.execute("UPDATE steps SET status = 'withdrawn', decided_at = ? WHERE id = ? AND status = 'pending'",
+                   (now, step["id"]))
+        audit(db, project, "step.withdrawn", {"step": step["id"], "attempt": attempt["id"]})
+    return len(live)
+
+
+def _run_control(db: Database, person: Actor, task: dict) -> dict | None:
+    """What the assignee's owner may do with the task's runs now (None for anyone else)."""
+    if task["assignee"].split("/")[0] != person.handle:
+        return None
+    open_run = _open_attempt(db, task["id"], ("running", "uncertain"))
+    return {"paused": paused_by(db, person.handle),
+            "runner_connected": db.one("SELECT 1 FROM devices WHERE agent_id = ? AND revoked_at IS NULL",
+                                       (task["assignee"],)) is not None,
+            "run_approved": task["run_approved"],
+            "can_start": task["state"] in CLAIMABLE and open_run is None and not task["run_approved"],
+            "can_stop": (open_run is not None and open_run["state"] == "running") or bool(task["run_approved"]),
+            "can_hand_back": open_run is None and "hand_back" in TASK_MOVES.get(lifecycle_state(task), {})}
+
+
+def _assignee_task(db: Database, person: Actor, task_id: str, doing: str) -> dict:
+    task = _task_for_person(db, person, task_id)
+    owner = task["assignee"].split("/")[0]
+    if owner != person.handle:
+        raise Forbidden(f"only {owner}, the owner of {task['assignee']}, can {doing} on this task")
+    return task
+
+
+def _open_attempt(db: Database, task_id: str, states: tuple[str, ...] = ("running",)) -> dict | None:
+    return db.one(f"SELECT * FROM attempts WHERE task_id = ? AND state IN ({', '.join('?' * len(states))}) "
+                  "ORDER BY claimed_at DESC LIMIT 1", (task_id, *states))
+
+
+def _check_new_run(db: Database, task: dict) -> None:
+    """A new run of a task waits for its owner after a Stop or an abandoned run, and while one is uncertain."""
+    if _open_attempt(db, task["id"], ("uncertain",)):
+        raise InvalidState(f"a run of task '{task['id']}' is uncertain: its owner settles it on the task's page "
+                           "before another starts")
+    last = db.scalar("SELECT state FROM attempts WHERE task_id = ? ORDER BY claimed_at DESC, rowid DESC LIMIT 1",
+                     (task["id"],))
+    if last in ("stopped", "abandoned") and not task["run_approved"]:
+        raise InvalidState(f"the last run of task '{task['id']}' was {last}: a new one starts only when its owner "
+                           "presses Start a run on the task's page")
+
+
+def start_run(db: Database, person: Actor, task_id: str, confirm: str | None) -> dict:
+    """The assignee's owner starts one run of their agent on a task, confirming it is them by their handle.
+
+    The agent is woken with ``task``; its runner's next claim is that run. Refused while a
+    run is open or uncertain, while the owner's agents are paused (``paused``), and when no
+    runner device of the agent is live. Writes ``task.run_approved``.
+    """
+    with db.transaction():
+        task = _assignee_task(db, person, task_id, "start a run")
+        if confirm != person.handle:
+            raise InvalidInput(f"confirm: type your handle ({person.handle}) to confirm it is you starting this run")
+        check_not_paused(db, person.handle)
+        if task["state"] not in CLAIMABLE:
+            raise InvalidState(f"task '{task_id}' is {task['state']}: a run can start only when it is "
+                               f"{', '.join(CLAIMABLE)}")
+        if _open_attempt(db, task_id, ("running", "uncertain")):
+            raise InvalidState(f"a run of task '{task_id}' is already open: stop it (or settle it) first")
+        if task["run_approved"]:
+            raise InvalidState(f"a run of task '{task_id}' was started and waits for the runner to claim it")
+        if not db.one("SELECT 1 FROM devices WHERE agent_id = ? AND revoked_at IS NULL", (task["assignee"],)):
+            raise InvalidState(f"no runner is connected for {task['assignee']}: connect one with 'prickle runner "
+                               "connect' first")
+        run_id = new_id("run")
+        db.execute("UPDATE tasks SET run_approved = ? WHERE id = ? AND run_approved IS NULL", (run_id, task_id))
+        audit(db, task["project"], "task.run_approved", {"agent": task["assignee"], "run": run_id, "task": task_id,
+                                                         "by": person.handle})
+        row = _task_row(db, task_id)
+        append_event(db, task["project"], "task.updated", {"task": task_out(db, row)},
+                     [(task["assignee"], "task", task_id, None)])
+    return {"task": task_out(db, row), "run_id": run_id, "runs": task_runs(db, task_id)}
+
+
+def stop_run(db: Database, person: Actor, task_id: str) -> dict:
+    """The assignee's owner stops the task's open run: its credentials end at once, a waiting step is withdrawn.
+
+    The agent is woken with ``task`` so its runner ends the process (it reads
+    /api/runner/state). Writes ``task.run_stopped`` and ``step.withdrawn``.
+    """
+    with db.transaction():
+        task = _assignee_task(db, person, task_id, "stop a run")
+        attempt = _open_attempt(db, task_id)
+        if attempt is None and not task["run_approved"]:
+            raise InvalidState(f"no run of task '{task_id}' is in progress")
+        ended = 0
+        if attempt is not None:
+            ended = end_attempt(db, attempt, "stop", task["project"])
+        run = attempt["run_id"] if attempt else task["run_approved"]
+        db.execute("UPDATE tasks SET run_approved = NULL WHERE id = ?", (task_id,))
+        audit(db, task["project"], "task.run_stopped", {
+            "agent": task["assignee"], "run": run, "task": task_id, "by": person.handle, "reason": "stopped",
+            "state_before": task["state"], "attempt": attempt and attempt["id"], "credentials": ended})
+        row = _task_row(db, task_id)
+        append_event(db, task["project"], "task.updated", {"task": task_out(db, row)},
+                     [(task["assignee"], "task", task_id, None)])
+    return {"task": task_out(db, row), "runs": task_runs(db, task_id), "credentials_ended": ended}
+
+
+def hand_back(db: Database, person: Actor, task_id: str) -> dict:
+    """The assignee's owner hands a task back once its run is stopped: it is ``returned``; the requester hears.
+
+    Writes ``task.returned`` and ``task.transitioned``.
+    """
+    with db.transaction():
+        task = _assignee_task(db, person, task_id, "hand the task back")
+        if _open_attempt(db, task_id, ("running", "uncertain")):
+            raise InvalidState(f"a run of task '{task_id}' is still open: stop it (or settle it) first")
+        next_state(task, "hand_back")
+        if db.execute("UPDATE credentials SET revoked_at = ? WHERE kind = 'execution' AND task_id = ? AND "
+                      "revoked_at IS NULL", (iso(utcnow()), task_id)):
+            db.note_revoked()
+        audit(db, task["project"], "task.returned", {"task": task_id, "reason": "owner_handed_back",
+                                                     "agent": task["assignee"], "by": person.handle})
+        row = move_task(db, task, "hand_back", person.handle, [(task["requester"], "task_update")],
+                        run_approved=None)
+    return {"task": task_out(db, row)}
+
+
+def pause_agents(db: Database, scope: str, by: str) -> dict:
+    """Pause one owner's agents (``scope`` = their handle) or every agent (ALL_AGENTS, the operator).
+
+    Runs are refused with ``paused`` at their next call and runners claim nothing until
+    resumed. Writes ``agents.paused`` in each project concerned, with its runs still open.
+    """
+    with db.transaction():
+        if scope != ALL_AGENTS:
+            _require_person(db, scope)
+        if db.one("SELECT 1 FROM pauses WHERE scope = ?", (scope,)):
+            raise InvalidState("every agent is already paused" if scope == ALL_AGENTS
+                               else f"{scope}'s agents are already paused")
+        db.execute("INSERT INTO pauses (scope, paused_by, paused_at) VALUES (?, ?, ?)", (scope, by, iso(utcnow())))
+        total = 0
+        for chain in _pause_chains(db, scope):
+            open_runs = db.scalar(
+                "SELECT count(*) FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE a.state = 'running' AND "
+                "t.project = ?" + ("" if scope == ALL_AGENTS else " AND a.agent_id LIKE ? ESCAPE '\\'"),
+                (chain,) + (() if scope == ALL_AGENTS else (scope + "/%",)))
+            total += open_runs
+            audit(db, chain, "agents.paused", _pause_refs(scope, by) | {"active_runs": open_runs})
+    return {"scope": "all" if scope == ALL_AGENTS else scope, "paused": True, "active_runs": total}
+
+
+def resume_agents(db: Database, scope: str, by: str) -> dict:
+    """Lift a pause made with the same scope. Writes ``agents.resumed``."""
+    with db.transaction():
+        if not db.execute("DELETE FROM pauses WHERE scope = ?", (scope,)):
+            raise InvalidState("no pause of every agent is in force" if scope == ALL_AGENTS
+                               else f"{scope}'s agents are not paused")
+        for chain in _pause_chains(db, scope):
+            audit(db, chain, "agents.resumed", _pause_refs(scope, by))
+    return {"scope": "all" if scope == ALL_AGENTS else scope, "paused": False}
+
+
+def _pause_refs(scope: str, by: str) -> dict:
+    return {"scope": "all"} if scope == ALL_AGENTS else {"scope": "owner", "owner": scope, "by": by}
+
+
+def _pause_chains(db: Database, scope: str) -> list[str]:
+    if scope == ALL_AGENTS:
+        return [r["slug"] for r in db.rows("SELECT slug FROM projects ORDER BY slug")] or [DEPLOYMENT_CHAIN]
+    return [r["project"] for r in db.rows(
+        "SELECT DISTINCT pa.project FROM project_agents pa JOIN agents a USING (agent_id) WHERE a.owner = ? "
+        "ORDER BY pa.project", (scope,))] or [DEPLOYMENT_CHAIN]
+
+
+def _runner_device(db: Database, actor: Actor) -> dict:
+    if actor.credential_kind != "runner":
+        raise Forbidden("only a runner device key (prk_rk_…) may do this")
+    device = db.one("SELECT d.* FROM devices d JOIN credentials c ON c.device_id = d.id WHERE c.id = ?",
+                    (actor.credential_id,))
+    if device is None or device["revoked_at"]:
+        raise Forbidden("this runner key belongs to no live paired device: connect the computer again")
+    return device
+
+
+def runner_state(db: Database, actor: Actor) -> dict:
+    """What a runner needs to obey its owner: whether its agent is paused, and its device's newest runs."""
+    with db.snapshot():
+        device = _runner_device(db, actor)
+        rows = db.rows("SELECT * FROM attempts WHERE device_id = ? ORDER BY claimed_at DESC, rowid DESC LIMIT ?",
+                       (device["id"], RUNNER_RUNS_SHOWN))
+        who = paused_by(db, actor.owner)
+        return {"agent_id": actor.agent_id, "device_id": device["id"], "paused": who is not None, "paused_by": who,
+                "runs": [{k: v for k, v in attempt_out(r).items() if k not in ("device", "device_id")}
+                         for r in rows]}
+
+
+def mark_uncertain(db: Database, actor: Actor, attempt_id: str, reason: str | None = None) -> dict:
+    """A runner marks a run it launched but can't vouch for as uncertain; its credentials end.
+
+    Only the device that claimed the attempt, and only while it is running. Writes
+    ``attempt.marked_uncertain`` (never the reason's words).
+    """
+    if reason is not None:
+        check_text(reason, "reason", 200)
+    with db.transaction():
+        device = _runner_device(db, actor)
+        attempt = db.one("SELECT * FROM attempts WHERE id = ? AND device_id = ?", (check_id(attempt_id, "attempt_id"),
+                                                                                    device["id"]))
+        if attempt is None:
+            raise NotFound(f"no attempt '{attempt_id}' claimed by this device")
+        project = db.scalar("SELECT project FROM tasks WHERE id = ?", (attempt["task_id"],))
+        end_attempt(db, attempt, "mark_uncertain", project)
+        audit(db, project, "attempt.marked_uncertain", {"attempt": attempt_id})
+        task = _task_row(db, attempt["task_id"])
+        append_event(db, project, "task.updated", {"task": task_out(db, task)})  # live views; wakes no one
+        return {"attempt": attempt_out(db.one("SELECT * FROM attempts WHERE id = ?", (attempt_id,)))}
+
+
+def settle_attempt(db: Database, person: Actor, attempt_id: str, outcome: str) -> dict:
+    """The agent's owner settles an uncertain run as ``finished`` or ``abandoned``. Writes ``attempt.reconciled``."""
+    if outcome not in ("finished", "abandoned"):
+        raise InvalidInput("outcome must be 'finished' or 'abandoned'")
+    with db.transaction():
+        attempt = db.one("SELECT * FROM attempts WHERE id = ?", (check_id(attempt_id, "attempt_id"),))
+        if attempt is None or attempt["agent_id"].split("/")[0] != person.handle:
+            raise NotFound(f"no run '{attempt_id}' of your agents'")
+        task = _task_row(db, attempt["task_id"])
+        guarded_move(db, "attempts", ATTEMPT_MOVES, attempt, f"settle_{outcome}", "attempt",
+                     ended_at=iso(utcnow()))
+        audit(db, task["project"], "attempt.reconciled", {"attempt": attempt_id, "outcome": outcome})
+        append_event(db, task["project"], "task.updated", {"task": task_out(db, task)})
+    return {"task": task_out(db, task), "runs": task_runs(db, task["id"])}
+
+
+# -- connecting a computer: a short code the owner approves on the page -------------
+
+#: A connect request's code and keys can be used for this long after it was made.
+CONNECT_TTL = _dt.timedelta(minutes=10)
+#: The agent CLIs a runner may report, and the client name an agent made for one gets.
+CONNECT_CLIS = {"claude": "claude-code", "codex": "codex"}
+#: A code's letters: no 0/O, 1/I/L, so it reads aloud and types without mistakes.
+CONNECT_ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"
+#: How often a runner should ask whether its request was decided (seconds).
+CONNECT_POLL_SECONDS = 2
+
+
+def _connect_code() -> str:
+    raw = "".join(secrets.choice(CONNECT_ALPHABET) for _ in range(8))
+    return f"{raw[:4]}-{raw[4:]}"
+
+
+def _normal_code(code: str) -> str:
+    raw = re.sub(r"[\s-]", "", code or "").upper()
+    return f"{raw[:4]}-{raw[4:]}"
+
+
+def request_connect(db: Database, name: str, clis: list[str], base_url: str) -> dict:
+    """A computer's runner asks to connect: a short code and a link to open signed in, and a secret to collect with.
+
+    ``clis`` are the agent CLIs found on it (CONNECT_CLIS). The code lasts CONNECT_TTL and
+    is decided once. Nothing is audited until a person approves it.
+    """
+    check_text(name, "name", 80, 1)
+    if not isinstance(clis, list) or not clis or len(set(clis)) != len(clis) or not set(clis) <= set(CONNECT_CLIS):
+        raise InvalidInput(f"clis: a list of the agent CLIs found on this computer, each once, from "
+                           f"{', '.join(CONNECT_CLIS)}")
+    secret, now = make_secret("connect"), utcnow()
+    with db.transaction():
+        code = _connect_code()
+        while db.one("SELECT 1 FROM connect_requests WHERE code = ?", (code,)):
+            code = _connect_code()
+        row = {"id": new_id("dreq"), "code": code, "secret_hash": sha256_hex(secret), "name": name,
+               "clis": json.dumps(clis), "state": "pending", "created_at": iso(now),
+               "expires_at": iso(now + CONNECT_TTL)}
+        db.execute(f"INSERT INTO connect_requests ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                   tuple(row.values()))
+    return {"request_id": row["id"], "code": code, "link": f"{base_url}/#/connect/{code}", "collect_secret": secret,
+            "expires_at": row["expires_at"], "interval": CONNECT_POLL_SECONDS}
+
+
+def _live_request(db: Database, row: dict | None, what: str) -> dict:
+    """The request, moved to ``expired`` (inside the caller's transaction) once its time is up."""
+    if row is None:
+        raise NotFound(f"no connect request {what}: check the code, or run 'prickle runner connect' again")
+    if row["state"] in ("pending", "approved") and parse_iso(row["expires_at"]) <= utcnow():
+        row = guarded_move(db, "connect_requests", CONNECT_MOVES, row, "expire", "connect request")
+    return row
+
+
+def connect_request_out(row: dict) -> dict:
+    """A connect request as the person deciding it sees it (never its secret)."""
+    return {"id": row["id"], "code": row["code"], "name": row["name"], "clis": json.loads(row["clis"]),
+            "state": row["state"], "created_at": row["created_at"], "expires_at": row["expires_at"],
+            "plan": json.loads(row["plan"]) if row["plan"] else None}
+
+
+def connect_view(db: Database, person: Actor, code: str) -> dict:
+    """The request behind a code, for a signed-in person to decide, with their agents to pick from."""
+    with db.transaction():
+        row = _live_request(db, db.one("SELECT * FROM connect_requests WHERE code = ?", (_normal_code(code),)),
+                            f"with code '{code}'")
+        if row["owner"] not in (None, person.handle):
+            raise NotFound(f"no connect request with code '{code}'")
+    agents = db.rows("SELECT agent_id, display_name, client FROM agents WHERE owner = ? ORDER BY agent_id",
+                     (person.handle,))
+    return {"request": connect_request_out(row), "agents": agents, "clients": CONNECT_CLIS}
+
+
+def decide_connect(db: Database, person: Actor, code: str, decision: str, agents: list[dict] | None) -> dict:
+    """A person approves a computer's request, naming one agent per CLI (theirs, or a new one), or refuses it.
+
+    ``agents``: ``[{"cli", "agent_id"} | {"cli", "create": {"name", "display_name", "model"}}]``.
+    Single use: a decided or expired request is ``invalid_state``. Writes ``device.approved``
+    (never the code, a key or the computer's name).
+    """
+    if decision not in ("approve", "refuse"):
+        raise InvalidInput("decision must be 'approve' or 'refuse'")
+    with db.transaction():
+        row = _live_request(db, db.one("SELECT * FROM connect_requests WHERE code = ?", (_normal_code(code),)),
+                            f"with code '{code}'")
+        if row["state"] == "expired":
+            raise Expired(f"code {row['code']} expired at {row['expires_at']}: run 'prickle runner connect' again")
+        if decision == "refuse":
+            row = guarded_move(db, "connect_requests", CONNECT_MOVES, row, "refuse", "connect request",
+                               owner=person.handle, decided_at=iso(utcnow()))
+            return {"request": connect_request_out(row)}
+        plan = _connect_plan(db, person, json.loads(row["clis"]), agents)
+        row = guarded_move(db, "connect_requests", CONNECT_MOVES, row, "approve", "connect request",
+                           owner=person.handle, decided_at=iso(utcnow()), plan=json.dumps(plan))
+        ids = [p["agent_id"] for p in plan]
+        for chain in sorted({c for a in ids for c in _agent_chains(db, a)}):
+            audit(db, chain, "device.approved", {"request": row["id"], "agents": ids, "keys": len(ids),
+                                                 "by": person.handle})
+    return {"request": connect_request_out(row)}
+
+
+def _connect_plan(db: Database, person: Actor, clis: list[str], choices: Any) -> list[dict]:
+    """Check the person's pick of one agent per CLI (making new agents asked for); return ``[{cli, agent_id}]``."""
+    if not isinstance(choices, list) or not choices or not all(isinstance(c, dict) for c in choices):
+        raise InvalidInput("agents: pick one agent per CLI: [{cli, agent_id} or {cli, create: {name, display_name, "
+                           "model}}]")
+    plan: list[dict] = []
+    for i, choice in enumerate(choices):
+        cli = choice.get("cli")
+        if cli not in clis or cli in [p["cli"] for p in plan]:
+            raise InvalidInput(f"agents[{i}].cli: one of {', '.join(clis)} (what this computer has), each once")
+        if isinstance(choice.get("create"), dict):
+            new = choice["create"]
+            name = new.get("name")
+            if not isinstance(name, str):
+                raise InvalidInput(f"agents[{i}].create.name is required (a slug)")
+            agent_id = f"{person.handle}/{check_slug(name, f'agents[{i}].create.name')}"
+            add_agent(db, agent_id, new.get("display_name") if isinstance(new.get("display_name"), str) else name,
+                      new.get("model") if isinstance(new.get("model"), str) else cli, CONNECT_CLIS[cli])
+        else:
+            agent_id = choice.get("agent_id")
+            if not isinstance(agent_id, str) or agent_id.split("/")[0] != person.handle or not db.one(
+                    "SELECT 1 FROM agents WHERE agent_id = ?", (agent_id,)):
+                raise InvalidInput(f"agents[{i}].agent_id: one of your own agents, or create one")
+        if agent_id in [p["agent_id"] for p in plan]:
+            raise InvalidInput(f"agents[{i}]: {agent_id} is picked twice; one agent per CLI")
+        plan.append({"cli": cli, "agent_id": agent_id})
+    return plan
+
+
+def collect_connect(db: Database, request_id: str, secret: str, base_url: str) -> dict:
+    """The runner collects the keys approved for its request, once: a paired device and runner key per agent.
+
+    ``pending`` until decided; refused is Forbidden, expired is Expired, collected again is
+    InvalidState; a wrong id or secret is NotFound. Writes ``device.collected`` (key IDs and
+    reach, never a key) besides each device's ``device.paired``.
+    """
+    with db.transaction():
+        row = db.one("SELECT * FROM connect_requests WHERE id = ?", (request_id,))
+        if row is not None and not secrets.compare_digest(row["secret_hash"], sha256_hex(secret or "")):
+            row = None
+        row = _live_request(db, row, f"'{request_id}' with that secret")
+        if row["state"] == "pending":
+            return {"status": "pending"}
+        if row["state"] == "refused":
+            raise Forbidden(f"{row['owner']} refused this computer's request on the page: nothing was connected")
+        if row["state"] == "expired":
+            raise Expired("the code expired before its keys were collected: run 'prickle runner connect' again")
+        if row["state"] == "collected":
+            raise InvalidState("this request's keys were already collected, once: run 'prickle runner connect' "
+                               "again for new ones")
+        plan = json.loads(row["plan"])
+        out = []
+        for p in plan:
+            device, key = pair_device(db, row["owner"], p["agent_id"], row["name"])
+            out.append({"agent_id": p["agent_id"], "client": p["cli"], "device_id": device["id"],
+                        "credential_id": device["credential_id"], "key": key})
+        guarded_move(db, "connect_requests", CONNECT_MOVES, row, "collect", "connect request",
+                     collected_at=iso(utcnow()))
+        ids = [o["agent_id"] for o in out]
+        for chain in sorted({c for a in ids for c in _agent_chains(db, a)}):
+            audit(db, chain, "device.collected", {"request": row["id"], "agents": ids, "keys": [
+                {"credential": o["credential_id"], "agent": o["agent_id"], "reach": "runner"} for o in out]})
+    return {"status": "approved", "server": base_url, "agents": out}
+
+
 # -- private rooms: turns and discussions ---------------------------------------
 
 #: A client key with this scope reaches only its owner's private rooms.
@@ -4184,6 +4761,13 @@ def advance_turn(db: Database, actor: Actor, verdict: str, reply_id: str) -> lis
             nxt, step, column = turn["reviewer"], "review", "draft_message"
         elif discussion["role"] == "review" and verdict == "changes":
             nxt, step, column = turn["drafter"], "revise", "review_message"
+    if nxt is not None and step == "review" and not runner_listening(db, nxt):
+        # A reviewer whose runner isn't listening would stall the turn: it waits for the owner instead.
+        db.execute(f"UPDATE turns SET step = ?, waiting_on = '[]', waking_message = ?, {column} = ?, replies_left = ?, "
+                   "skipped = ? WHERE id = ?", (step, reply_id, reply_id, left, json.dumps([nxt]), turn["id"]))
+        audit(db, turn["project"], "room.reviewer_skipped", {"turn": turn["id"], "step": "review", "draft": reply_id,
+                                                             "agent": nxt, "reason": "runner_not_listening"})
+        return []
     if nxt is not None:
         db.execute(f"UPDATE turns SET step = ?, waiting_on = ?, waking_message = ?, {column} = ?, replies_left = ? "
                    "WHERE id = ?", (step, json.dumps([nxt]), reply_id, reply_id, left, turn["id"]))
@@ -4215,6 +4799,7 @@ def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_ke
                 raise NotFound(f"message_id: no message '{message_id}' in your owner's private room")
             slug = message["project"]
             require_project(db, actor, slug)
+            check_not_paused(db, actor.owner)
             if harness != DISCUSSION_HARNESS:
                 raise RecordedRefusal(f"harness: this runner speaks harness {harness or 1}; draft, review and revise "
                                       f"turns need harness {DISCUSSION_HARNESS}: update prickle-runner",
@@ -4275,7 +4860,8 @@ def room_view(db: Database, person: Actor) -> dict:
     return {"room": {"project": slug, "reply_mode": room["reply_mode"], "lead_agent": room["lead_agent"]},
             "turn": None if turn is None else {
                 "id": turn["id"], "step": turn["step"], "waiting_on": json.loads(turn["waiting_on"]),
-                "replies_left": turn["replies_left"], "message_id": turn["message_id"]}}
+                "replies_left": turn["replies_left"], "message_id": turn["message_id"],
+                "skipped": json.loads(turn["skipped"])}}
 
 
 def set_room(db: Database, person: Actor, reply_mode: str | None = None, lead: str | None = None,
@@ -4315,6 +4901,73 @@ def stop_turn(db: Database, person: Actor) -> dict:
                            "json_extract(detail, '$.turn') = ?", (slug, turn["id"]))
         audit(db, slug, "room.turn_stopped", {"turn": turn["id"], "credentials": ended, "wakes": wakes})
     return {"turn": turn["id"], "stopped": True, "credentials_ended": ended, "wakes_ended": wakes}
+
+
+def _turn_for_owner(db: Database, person: Actor) -> tuple[str, dict]:
+    slug = ensure_room(db, person.handle)
+    turn = _open_turn(db, slug)
+    if turn is None:
+        raise InvalidState("no turn is in progress in your room")
+    return slug, turn
+
+
+def _clear_turn_sessions(db: Database, slug: str, turn: dict, agents: list[str]) -> tuple[int, int]:
+    """End live discussion credentials and queued room wakes of ``agents`` in this turn: ``(sessions, wakes)``."""
+    now, marks = iso(utcnow()), ", ".join("?" * len(agents))
+    sessions = db.execute(f"UPDATE credentials SET revoked_at = ? WHERE revoked_at IS NULL AND discussion_id IN "
+                          f"(SELECT id FROM discussions WHERE turn_id = ? AND reply_id IS NULL AND agent_id IN "
+                          f"({marks}))", (now, turn["id"], *agents))
+    if sessions:
+        db.note_revoked()
+    wakes = db.execute(f"DELETE FROM wakes WHERE kind = 'room' AND delivered = 0 AND project = ? AND "
+                       f"json_extract(detail, '$.turn') = ? AND agent_id IN ({marks})", (slug, turn["id"], *agents))
+    return sessions, wakes
+
+
+def retry_reviewer(db: Database, person: Actor, agent: str) -> dict:
+    """The owner wakes again an agent their room's turn skipped or is still waiting on, in the step it missed.
+
+    The wake rides on the waking message's ``message.posted`` event, sent again (live views
+    already holding the message keep one copy). Writes ``room.reviewer_retried``.
+    """
+    with db.transaction():
+        slug, turn = _turn_for_owner(db, person)
+        missed = json.loads(turn["skipped"]) + json.loads(turn["waiting_on"])
+        if agent not in missed:
+            raise InvalidInput(f"agent: this turn is not waiting on '{agent}'; it can retry "
+                               f"{', '.join(missed) or 'nobody'}")
+        sessions, wakes = _clear_turn_sessions(db, slug, turn, [agent])
+        skipped = [a for a in json.loads(turn["skipped"]) if a != agent]
+        waiting = sorted(set(json.loads(turn["waiting_on"])) | {agent})
+        db.execute("UPDATE turns SET skipped = ?, waiting_on = ? WHERE id = ? AND ended_at IS NULL",
+                   (json.dumps(skipped), json.dumps(waiting), turn["id"]))
+        audit(db, slug, "room.reviewer_retried", {
+            "turn": turn["id"], "agent": agent, "message": turn["waking_message"], "step": turn["step"],
+            "attempt": len(db.rows("SELECT 1 FROM audit WHERE chain = ? AND type = 'room.reviewer_retried' AND "
+                                   "json_extract(refs, '$.turn') = ? AND json_extract(refs, '$.agent') = ?",
+                                   (slug, turn["id"], agent))) + 1,
+            "sessions": sessions, "wakes": wakes})
+        append_event(db, slug, "message.posted", {"message": get_message(db, turn["waking_message"])},
+                     [_room_wake(turn["id"], agent, turn["waking_message"], turn["replies_left"],
+                                 turn["step"] == "draft" and agent == turn["drafter"])])
+    return room_view(db, person)
+
+
+def continue_turn(db: Database, person: Actor) -> dict:
+    """The owner goes on without the agents that didn't answer: the turn ends, their sessions and wakes with it.
+
+    Writes ``room.turn_continued``.
+    """
+    with db.transaction():
+        slug, turn = _turn_for_owner(db, person)
+        missing = json.loads(turn["skipped"]) + json.loads(turn["waiting_on"])
+        if not missing:
+            raise InvalidState("this turn waits on nobody: there is nothing to go on without")
+        sessions, wakes = _clear_turn_sessions(db, slug, turn, missing)
+        _end_turn(db, turn, "continued")
+        audit(db, slug, "room.turn_continued", {"turn": turn["id"], "agents": missing, "woken": 0,
+                                                "sessions": sessions, "wakes": wakes})
+    return room_view(db, person)
 
 
 # -- make-or-spend actions (Approve cards) ---------------------------------------
@@ -4427,6 +5080,7 @@ def claim_action(db: Database, actor: Actor, action_id: str) -> dict:
     if actor.credential_kind != "runner":
         raise Forbidden("only the proposing agent's runner device claims an approved action")
     with db.transaction():
+        check_not_paused(db, actor.owner)
         row = db.one("SELECT * FROM actions WHERE id = ? AND agent_id = ?", (action_id, actor.agent_id))
         if row is None:
             raise NotFound(f"no action '{action_id}' of your agent's")
@@ -4695,8 +5349,9 @@ async def _wait(state: AppState, actor: Actor, args: dict, tool: str, kinds: tup
 
 
 async def _tool_wait_mention(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
-    status, wakes, cursor = await _wait(state, actor, args, "wait_for_mention", WAKE_KINDS["wait_for_mention"],
-                                        args["timeout_seconds"])
+    with listening(state.db, actor):
+        status, wakes, cursor = await _wait(state, actor, args, "wait_for_mention", WAKE_KINDS["wait_for_mention"],
+                                            args["timeout_seconds"])
     return {"status": status, "events": [wake_event(state.db, w) for w in wakes], "cursor": cursor}
 
 
@@ -4943,6 +5598,7 @@ def build_mcp_server(state: AppState) -> _MCPServer:
         try:
             if not (key_checked or tool.key_checked_inside):
                 _check_key(state.db)
+            check_run_allowed(state.db, actor)
             args = validate_input(tool.name, params.arguments or {})
             note_seen(state.db, actor.agent_id)
             result = await tool.run(state, actor, args, ctx)
@@ -5101,13 +5757,17 @@ def _runner_from_request(state: AppState, request: Request) -> Actor:
                          ("runner", "discussion"))
 
 
-def _api(handler: Callable[..., Any], runner: bool = False) -> Callable[[Request], Any]:
-    """Wrap an API handler: authenticate the person (or the runner), map PrickleError to a JSON error."""
+def _api(handler: Callable[..., Any], runner: bool = False, public: bool = False) -> Callable[[Request], Any]:
+    """Wrap an API handler: authenticate the person (or the runner), map PrickleError to a JSON error.
+
+    A ``public`` handler takes no credential (a computer asking to connect) and gets None.
+    """
 
     async def endpoint(request: Request) -> Response:
         state: AppState = request.app.state.prickle
         try:
-            person = _runner_from_request(state, request) if runner else _person_from_request(state, request)
+            person = None if public else (_runner_from_request(state, request) if runner
+                                          else _person_from_request(state, request))
             body = None
             if request.method in ("POST", "PUT", "PATCH"):
                 try:
@@ -5531,6 +6191,84 @@ async def runner_finish_action(state: AppState, agent: Actor, request: Request, 
                                     _field(body, "body", str, False), _field(body, "failure", str, False))}
 
 
+async def runner_connect(state: AppState, nobody: None, request: Request, body: dict) -> dict:
+    """POST /api/runner/connect {name, clis}: a computer asks to connect; a code, a link and a collect secret."""
+    return request_connect(state.db, _field(body, "name", str), body.get("clis"),
+                           public_base(state.db, state.settings, state.port))
+
+
+async def runner_collect(state: AppState, nobody: None, request: Request, body: dict) -> dict:
+    """POST /api/runner/connect/collect {request_id, collect_secret}: pending, or the approved keys once."""
+    return collect_connect(state.db, _field(body, "request_id", str), _field(body, "collect_secret", str),
+                           public_base(state.db, state.settings, state.port))
+
+
+async def api_connect_view(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/connect/{code}: the computer's request and your agents to pick from."""
+    return connect_view(state.db, person, request.path_params["code"])
+
+
+async def api_connect_decide(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/connect/{code} {decision: approve|refuse, agents?: [{cli, agent_id} | {cli, create}]}."""
+    return decide_connect(state.db, person, request.path_params["code"], _field(body, "decision", str),
+                          body.get("agents"))
+
+
+async def runner_state_view(state: AppState, agent: Actor, request: Request, body: Any) -> dict:
+    """GET /api/runner/state: whether the agent is paused, and this device's newest runs."""
+    return runner_state(state.db, agent)
+
+
+async def runner_uncertain(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
+    """POST /api/runner/attempts/{id}/uncertain {reason?}: a run this runner can't vouch for."""
+    return mark_uncertain(state.db, agent, request.path_params["attempt_id"], _field(body, "reason", str, False))
+
+
+async def api_start_run(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/tasks/{id}/runs {confirm: your handle}: start one run of your agent on the task."""
+    return start_run(state.db, person, request.path_params["task_id"], _field(body, "confirm", str, False))
+
+
+async def api_stop_run(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/tasks/{id}/stop: stop the task's run."""
+    return stop_run(state.db, person, request.path_params["task_id"])
+
+
+async def api_hand_back(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/tasks/{id}/hand-back: hand a task with no run open back (returned)."""
+    return hand_back(state.db, person, request.path_params["task_id"])
+
+
+async def api_settle_attempt(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/attempts/{id}/settle {outcome: finished|abandoned}: settle an uncertain run."""
+    return settle_attempt(state.db, person, request.path_params["attempt_id"], _field(body, "outcome", str))
+
+
+async def api_paused(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/agents/paused: who paused your agents (owner, operator) or null."""
+    return {"paused_by": paused_by(state.db, person.handle)}
+
+
+async def api_pause(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/agents/pause: pause all your agents' runs."""
+    return pause_agents(state.db, person.handle, person.handle)
+
+
+async def api_resume_agents(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/agents/resume: lift the pause you made."""
+    return resume_agents(state.db, person.handle, person.handle)
+
+
+async def api_room_retry(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/room/retry {agent}: wake again an agent the turn skipped or waits on."""
+    return retry_reviewer(state.db, person, check_agent_id(_field(body, "agent", str)))
+
+
+async def api_room_continue(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/room/continue: go on without the agents that didn't answer (the turn ends)."""
+    return continue_turn(state.db, person)
+
+
 async def signin(request: Request) -> Response:
     """GET /signin?token=…: spend a one-time sign-in link, set the session cookie, go to the page."""
     state: AppState = request.app.state.prickle
@@ -5721,6 +6459,21 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
         Route("/api/room", _api(api_room_view)),
         Route("/api/room", _api(api_room_settings), methods=["POST"]),
         Route("/api/room/stop", _api(api_room_stop), methods=["POST"]),
+        Route("/api/room/retry", _api(api_room_retry), methods=["POST"]),
+        Route("/api/room/continue", _api(api_room_continue), methods=["POST"]),
+        Route("/api/runner/connect", _api(runner_connect, public=True), methods=["POST"]),
+        Route("/api/runner/connect/collect", _api(runner_collect, public=True), methods=["POST"]),
+        Route("/api/runner/state", _api(runner_state_view, runner=True)),
+        Route("/api/runner/attempts/{attempt_id}/uncertain", _api(runner_uncertain, runner=True), methods=["POST"]),
+        Route("/api/connect/{code}", _api(api_connect_view)),
+        Route("/api/connect/{code}", _api(api_connect_decide), methods=["POST"]),
+        Route("/api/tasks/{task_id}/runs", _api(api_start_run), methods=["POST"]),
+        Route("/api/tasks/{task_id}/stop", _api(api_stop_run), methods=["POST"]),
+        Route("/api/tasks/{task_id}/hand-back", _api(api_hand_back), methods=["POST"]),
+        Route("/api/attempts/{attempt_id}/settle", _api(api_settle_attempt), methods=["POST"]),
+        Route("/api/agents/paused", _api(api_paused)),
+        Route("/api/agents/pause", _api(api_pause), methods=["POST"]),
+        Route("/api/agents/resume", _api(api_resume_agents), methods=["POST"]),
         Route("/api/devices", _api(api_devices)),
         Route("/api/devices", _api(api_pair_device), methods=["POST"]),
         Route("/api/devices/{device_id}", _api(api_revoke_device), methods=["DELETE"]),
@@ -7121,6 +7874,199 @@ def device_revoke(db_path: str, as_json: bool, owner: str, device_id: str) -> No
     """Revoke a device and every credential it holds."""
     out = revoke_device(_open(db_path), owner, device_id)
     _Out(as_json)(out, f"Revoked {device_id} ({out['credentials_ended']} credentials ended).")
+
+
+@cli.group("agents")
+def agents_group() -> None:
+    """Every agent at once: pause and resume their runs."""
+
+
+def _pause_scope(everyone: bool, owner: str | None) -> str:
+    if everyone == (owner is not None):
+        raise InvalidInput("pass --all (every agent on this server) or --owner HANDLE (one person's agents)")
+    return ALL_AGENTS if everyone else check_slug(owner, "owner")
+
+
+@agents_group.command("pause")
+@_common
+@click.option("--all", "everyone", is_flag=True, help="Every agent on this server (the operator's pause).")
+@click.option("--owner", default=None, help="Only this person's agents.")
+def agents_pause(db_path: str, as_json: bool, everyone: bool, owner: str | None) -> None:
+    """Pause agents: their runs are refused with 'paused' at their next call and runners start nothing."""
+    scope = _pause_scope(everyone, owner)
+    out = pause_agents(_open(db_path), scope, "operator" if scope == ALL_AGENTS else scope)
+    _Out(as_json)(out, f"Paused {'every agent' if scope == ALL_AGENTS else scope + chr(39) + 's agents'} "
+                       f"({out['active_runs']} runs were in progress; they stop at their next call).")
+
+
+@agents_group.command("resume")
+@_common
+@click.option("--all", "everyone", is_flag=True, help="Lift the pause of every agent.")
+@click.option("--owner", default=None, help="Lift the pause of this person's agents.")
+def agents_resume(db_path: str, as_json: bool, everyone: bool, owner: str | None) -> None:
+    """Resume agents paused with the same scope."""
+    scope = _pause_scope(everyone, owner)
+    out = resume_agents(_open(db_path), scope, "operator" if scope == ALL_AGENTS else scope)
+    _Out(as_json)(out, f"Resumed {'every agent' if scope == ALL_AGENTS else scope + chr(39) + 's agents'}.")
+
+
+# -- prickle runner: the program on a teammate's computer ---------------------------
+
+#: A new agent's limits in the runner's config file.
+RUNNER_DEFAULT_LIMITS = {"parallel": 1, "launch_timeout_minutes": 30}
+#: The agent CLIs ``prickle runner connect`` looks for on PATH, by their config name.
+RUNNER_CLIS = ("claude", "codex")
+
+
+def runner_config_path() -> str:
+    """The runner's config file: $PRICKLE_RUNNER_CONFIG, else prickle/runner.toml in the user's config directory."""
+    if os.environ.get("PRICKLE_RUNNER_CONFIG"):
+        return os.environ["PRICKLE_RUNNER_CONFIG"]
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "prickle", "runner.toml")
+
+
+def runner_base_url(server: str) -> str:
+    """The server's base URL from what a person typed: a trailing ``/mcp`` or ``/`` is dropped."""
+    url = server.strip().rstrip("/")
+    url = url[:-4] if url.endswith("/mcp") else url
+    if not re.match(r"^https?://[^/\s]+", url):
+        raise InvalidInput(f"server: expected the server's address, like http://127.0.0.1:8321, not {server!r}")
+    return url.rstrip("/")
+
+
+def read_runner_config(path: str) -> dict:
+    """The runner's config (TOML) as a dict; ``{}`` when the file does not exist. Raises InvalidInput if broken."""
+    import tomllib
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        return {}
+    except tomllib.TOMLDecodeError as e:
+        raise InvalidInput(f"{path} is not valid TOML ({e}): fix or remove it") from None
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # a JSON string is a TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise InvalidInput(f"the runner's config holds only text, numbers, booleans and lists, not {type(value).__name__}")
+
+
+def write_runner_config(path: str, config: dict) -> None:
+    """Write the runner's config (``server``, then ``[agents."owner/name"]`` tables) readable by the user only.
+
+    The directory is made 0700 and the file 0600, replaced atomically (a temporary file renamed).
+    """
+    lines = [f"{k} = {_toml_value(v)}" for k, v in config.items() if not isinstance(v, dict)]
+    for table, entries in config.items():
+        if not isinstance(entries, dict):
+            continue
+        for name, fields in entries.items():
+            lines += ["", f"[{table}.{json.dumps(name)}]"]
+            lines += [f"{k} = {_toml_value(v)}" for k, v in fields.items()]
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _runner_post(url: str, body: dict) -> tuple[int, dict]:
+    """POST JSON to the server; ``(status, answer)``. Raises PrickleError when the server can't be reached."""
+    import urllib.error
+    import urllib.request
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        try:
+            return e.code, json.loads(e.read() or b"{}")
+        except ValueError:
+            return e.code, {"error": {"code": "internal", "message": f"the server answered {e.code}"}}
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise PrickleError(f"can't reach the server at {url}: {getattr(e, 'reason', e)}", "unavailable") from None
+
+
+def connect_runner(server: str, config_path: str, name: str, clis: list[str],
+                   say: Callable[[str], Any], sleep: Callable[[float], Any] = time.sleep) -> dict:
+    """Connect this computer: ask with a code, wait for the person's decision, write the keys to the config.
+
+    Returns ``{"config", "agents": [{agent_id, client, device_id}]}``. Raises Forbidden
+    (refused), Expired, or PrickleError with the server's message. Never shows a key.
+    """
+    base = runner_base_url(server)
+    if not clis:
+        raise InvalidInput("no agent CLI (claude, codex) on PATH: install one, or configure client = \"command\" "
+                           "in the runner's config by hand")
+    status, answer = _runner_post(f"{base}/api/runner/connect", {"name": name, "clis": clis})
+    if status != 200:
+        raise PrickleError(answer.get("error", {}).get("message", f"the server answered {status}"),
+                           answer.get("error", {}).get("code"))
+    minutes = max(1, round((parse_iso(answer["expires_at"]) - utcnow()).total_seconds() / 60))
+    say(f"To connect this computer, open this link and sign in:\n  {answer['link']}\n"
+        f"Code: {answer['code']} (expires in {minutes} minutes)")
+    while True:
+        status, got = _runner_post(f"{base}/api/runner/connect/collect",
+                                   {"request_id": answer["request_id"], "collect_secret": answer["collect_secret"]})
+        if status == 200 and got.get("status") == "pending":
+            sleep(answer.get("interval", CONNECT_POLL_SECONDS))
+            continue
+        if status != 200:
+            error = got.get("error", {})
+            message = {"forbidden": "the request was refused on the page: nothing was connected",
+                       "expired": "the code expired: run 'prickle runner connect' again"}.get(
+                error.get("code"), error.get("message", f"the server answered {status}"))
+            raise PrickleError(message, error.get("code"))
+        break
+    config = read_runner_config(config_path)
+    config["server"] = base
+    agents = config.setdefault("agents", {})
+    for a in got["agents"]:
+        entry = agents.get(a["agent_id"]) if isinstance(agents.get(a["agent_id"]), dict) else {}
+        agents[a["agent_id"]] = RUNNER_DEFAULT_LIMITS | entry | {"key": a["key"], "client": a["client"]}
+    # server first, then the agents' tables
+    write_runner_config(config_path, {"server": base} | {k: v for k, v in config.items() if k != "server"})
+    return {"config": config_path, "agents": [{k: a[k] for k in ("agent_id", "client", "device_id")}
+                                              for a in got["agents"]]}
+
+
+@cli.group("runner")
+def runner_group() -> None:
+    """The runner on a teammate's computer: connect it, then it runs the agents' work."""
+
+
+@runner_group.command("connect")
+@click.option("--server", required=True, help="The Prickle server's address (a URL ending in /mcp works too).")
+@click.option("--config", "config_path", default=None, help="The runner's config file (default: the user's config "
+                                                            "directory, prickle/runner.toml).")
+@click.option("--name", default=None, help="What to call this computer on the page (default: its host name).")
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
+def runner_connect_cmd(server: str, config_path: str | None, name: str | None, as_json: bool) -> None:
+    """Connect this computer: prints a code and a link to approve on the page, then stores the keys."""
+    import shutil
+    import socket
+    path = config_path or runner_config_path()
+    clis = [c for c in RUNNER_CLIS if shutil.which(c)]
+    out = connect_runner(server, path, (name or socket.gethostname() or "computer")[:80], clis,
+                         lambda text: click.echo(text, err=as_json))
+    _Out(as_json)(out, "\n".join(f"connected {a['agent_id']} ({a['client']}) → {path}" for a in out["agents"]))
 
 
 @cli.group()

@@ -92,6 +92,7 @@ def test_draft_review_revise(mcp, server, world):
 
 def test_an_approving_review_ends_the_turn(mcp, server, world):
     runners = setup_room(world)
+    start(mcp, "oj/critic", runners["oj/critic"])  # the reviewer's runner listens
     asked = say(server, world, "Name for the beta?")
     d = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
     draft = mcp.ok("oj/muse", "post_message", {"project": ROOM, "body": "Early access", "verdict": "draft"},
