@@ -6514,8 +6514,6 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
 # log per attempt under ``logs/``, the runs' private files under ``runs/`` and scratch
 # workspaces under ``workspaces/``. Secrets never reach a log or a command line.
 
-#: Where ``prickle runner`` looks for its config without ``--config``.
-RUNNER_CONFIG_NAME = "runner.toml"
 #: Seconds between reconnect attempts while the server is away (the last one repeats).
 RUNNER_BACKOFF = (1, 2, 5, 10, 30)
 #: How long one wait_for_mention waits on the server (its maximum).
@@ -6526,8 +6524,6 @@ ROOM_SESSION_MINUTES = 10
 RUNNER_STOP_GRACE = 5.0
 #: While a run is going, the runner reads its device's state this often (seconds) to hear of a Stop.
 RUNNER_WATCH_SECONDS = 5.0
-#: While its agent is paused, the runner asks again this often (seconds).
-RUNNER_PAUSE_POLL = 30.0
 #: Anything that looks like a Prickle secret; logs show it as ``prk_…``.
 SECRET_RE = re.compile(r"prk_[a-z]{2}_[A-Za-z0-9_-]+")
 #: The permission-prompt bridge's MCP server name and tool, as Claude Code names them.
@@ -6586,37 +6582,26 @@ class RunnerConfig(pydantic.BaseModel):
     parallel: int = pydantic.Field(4, ge=1, le=64)
     #: Logs, status, runs' private files and scratch workspaces (default: beside the config file).
     state_dir: str | None = None
+    #: While its agent is paused, the runner asks the server again this often (seconds).
+    pause_poll_seconds: float = pydantic.Field(30, ge=0.2, le=3600)
     agents: dict[str, RunnerAgent] = {}
 
     @property
     def base_url(self) -> str:
         """The server's base URL without ``/mcp`` or a trailing slash."""
-        url = self.server.rstrip("/")
-        return url[:-4] if url.endswith("/mcp") else url
+        return runner_base_url(self.server)
 
     @property
     def mcp_url(self) -> str:
         return self.base_url + "/mcp"
 
 
-def runner_config_path() -> str:
-    """The runner's config file: ``$PRICKLE_RUNNER_CONFIG``, else ``prickle/runner.toml`` in the user's config dir."""
-    if os.environ.get("PRICKLE_RUNNER_CONFIG"):
-        return os.environ["PRICKLE_RUNNER_CONFIG"]
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return os.path.join(base, "prickle", RUNNER_CONFIG_NAME)
-
-
 def load_runner_config(path: str) -> RunnerConfig:
     """Read and check a runner config file; RunnerError names the file and the bad field."""
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
+    if not os.path.exists(path):
         raise RunnerError(f"no runner config at {path}: run 'prickle runner connect --server URL' or write one "
-                          "(see README, 'Run your agents')") from None
-    except tomllib.TOMLDecodeError as e:
-        raise RunnerError(f"runner config {path} is not valid TOML: {e}") from None
+                          "(see README, 'Run your agents')")
+    data = read_runner_config(path)
     try:
         config = RunnerConfig(**data)
     except pydantic.ValidationError as e:
@@ -7073,7 +7058,7 @@ class Runner:
                     await self.check_stops(agent_id)
 
     async def wait_unpaused(self, agent_id: str) -> None:
-        """Return once the agent is not paused; while it is, launch nothing and ask every RUNNER_PAUSE_POLL."""
+        """Return once the agent is not paused; while it is, launch nothing and ask every pause_poll_seconds."""
         told = False
         while True:
             state = await self.device_state(agent_id)
@@ -7087,7 +7072,7 @@ class Runner:
             if not told:
                 self.log(f"{agent_id}: paused by its {state.get('paused_by') or 'owner'}: launching nothing")
                 told = True
-            await asyncio.sleep(RUNNER_PAUSE_POLL)
+            await asyncio.sleep(self.config.pause_poll_seconds)
 
     def stop_run(self, run_id: str, why: str) -> None:
         """End a run's process group: SIGTERM, then SIGKILL after RUNNER_STOP_GRACE."""
@@ -7238,7 +7223,7 @@ class Runner:
                             return
                         self._agent(agent_id)["paused"] = True
                         self.save()
-                        await asyncio.sleep(RUNNER_PAUSE_POLL)
+                        await asyncio.sleep(self.config.pause_poll_seconds)
                         continue
                     launch += 1
                     self._agent(agent_id)["paused"] = False
@@ -7252,13 +7237,14 @@ class Runner:
                              "claiming again with the same idempotency key")
                 if failure is not None:
                     failure.pop("retry", None)
-                await self.report(agent_id, project, failure, task_id)
+                if failure is None or not failure.get("stopped"):  # a stopped run is neither good nor failed
+                    await self.report(agent_id, project, failure, task_id)
         finally:
             self.by_task.pop(task_id, None)
             self.save()
 
     async def _run_attempt(self, agent_id: str, task: dict, claim: dict, launch: int) -> dict | None:
-        """One launch of a claimed attempt; return the run_failure to report (None: a good run)."""
+        """One launch of a claimed attempt; return the run_failure to report (None: a good run; ``stopped``: none)."""
         agent, task_id = self.config.agents[agent_id], task["id"]
         attempt_id, secret = claim["attempt"]["attempt_id"], claim["execution_credential"]["token"]
         log_path = os.path.join(self.state_dir, "logs", f"{attempt_id}.log")
@@ -7300,7 +7286,7 @@ class Runner:
             return {"class": "timeout", "step": "task_time_limit"}
         if how == "stopped":
             self.log(f"{agent_id}: {attempt_id} stopped: {self.stopping.pop(attempt_id, '')}")
-            return None
+            return {"stopped": True}
         try:
             inbox = await self.calls[agent_id].call("check_inbox", {"include_closed": True})
             state = next((t["state"] for t in inbox["assigned"] if t["id"] == task_id), "gone")
@@ -8047,9 +8033,21 @@ def connect_runner(server: str, config_path: str, name: str, clis: list[str],
                                               for a in got["agents"]]}
 
 
-@cli.group("runner")
-def runner_group() -> None:
-    """The runner on a teammate's computer: connect it, then it runs the agents' work."""
+@cli.group("runner", invoke_without_command=True)
+@click.option("--config", "config_path", default=None,
+              help="The runner's config file (default: $PRICKLE_RUNNER_CONFIG or ~/.config/prickle/runner.toml).")
+@click.pass_context
+def runner_group(ctx: click.Context, config_path: str | None) -> None:
+    """Run your agents' work on this computer: listen for their wakes and launch their CLIs."""
+    ctx.obj = {"config": config_path}
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(runner_start, config_path=config_path)
+
+
+def _runner_config_option(f: Callable) -> Callable:
+    return click.option("--config", "config_path", default=None,
+                        help="The runner's config file (default: $PRICKLE_RUNNER_CONFIG or "
+                             "~/.config/prickle/runner.toml).")(f)
 
 
 @runner_group.command("connect")
@@ -8207,23 +8205,6 @@ def connect(db_path: str, as_json: bool, agent_id: str, project_slug: str | None
                   f"Made a client key for {agent_id} (key ID {record['id']}; the key itself is in the lines "
                   f"below and is shown only once).\n\nClaude Code:\n  {lines['claude_code']}\n\nCodex:\n"
                   + "\n".join("  " + line for line in lines["codex"].splitlines()) + warning)
-
-
-@cli.group("runner", invoke_without_command=True)
-@click.option("--config", "config_path", default=None,
-              help="The runner's config file (default: $PRICKLE_RUNNER_CONFIG or ~/.config/prickle/runner.toml).")
-@click.pass_context
-def runner_group(ctx: click.Context, config_path: str | None) -> None:
-    """Run your agents' work on this computer: listen for their wakes and launch their CLIs."""
-    ctx.obj = {"config": config_path}
-    if ctx.invoked_subcommand is None:
-        ctx.invoke(runner_start, config_path=config_path)
-
-
-def _runner_config_option(f: Callable) -> Callable:
-    return click.option("--config", "config_path", default=None,
-                        help="The runner's config file (default: $PRICKLE_RUNNER_CONFIG or "
-                             "~/.config/prickle/runner.toml).")(f)
 
 
 def _runner_config(config_path: str | None) -> tuple[str, RunnerConfig]:

@@ -39,7 +39,7 @@ def write_config(path: Path, server: str, agents: dict[str, dict], **top) -> Pat
     return path
 
 
-def wait_until(what: str, probe, timeout: float = 30, every: float = 0.1):
+def wait_until(what: str, probe, timeout: float = 90, every: float = 0.1):
     """Poll ``probe`` until it returns something truthy; fail naming ``what`` after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:
