@@ -150,3 +150,73 @@ def test_failed_runs_set_run_failure_a_good_run_clears_it_and_a_mention_only_not
         sleeping = [r["attempt"] for r in claimed if r["task"] == sleepy][0]
         assert "end: time_limit" in (runner.state_dir / "logs" / f"{sleeping}.log").read_text()
         ren.close(), mcp.client.close(), db.close()
+
+
+def _child_pid(runner, agent):
+    runs = runner.runs(agent)
+    return next(iter(runs.values()))["pid"] if runs else None
+
+
+def _alive(pid):
+    return prickle._alive(pid)
+
+
+def test_the_owner_stops_a_run_pauses_the_agents_and_a_killed_runner_marks_its_run_uncertain(db_path, tmp_path):
+    with Served(db_path, "--demo") as served:
+        base, db = served.info["url"], prickle.Database(db_path)
+        prickle.set_rule(db, "ren", "allow", from_owner="oj")
+        _, key = prickle.pair_device(db, "ren", "ren/builder", "ren-laptop")
+        config = write_config(tmp_path / "runner.toml", base, {
+            "ren/builder": {"key": key, "client": "command", "command": STANDIN_AGENT}}, pause_poll_seconds=0.5)
+        mcp = MCP(httpx.Client(base_url=base, timeout=60), {"oj/muse": served.info["demo"]["keys"]["oj/muse"]})
+        ren = person(base, prickle.create_token(db, "person", person="ren")[1])
+
+        def attempts(type_, task_id):
+            return [e["refs"]["attempt"] for e in audit_entries(db, PROJECT, type_) if e["refs"].get("task") == task_id]
+
+        runner = RunnerProcess(config)
+        try:
+            runner.wait_connected("ren/builder")
+            # Stop from the page: the runner ends the process.
+            stopped = hand(mcp, "sleep")
+            wait_until("the run to sleep", lambda: "Sleeping." in str(task_state(ren, stopped)["latest_checkpoint"]))
+            pid = _child_pid(runner, "ren/builder")
+            assert _alive(pid)
+            assert ren.post(f"/api/tasks/{stopped}/stop", json={}).status_code == 200
+            wait_until("the stopped run to end", lambda: not runner.runs("ren/builder") and not _alive(pid))
+            attempt = attempts("attempt.claimed", stopped)[0]
+            assert "the server says the attempt is stopped" in runner.log()
+            assert "end: stopped" in (runner.state_dir / "logs" / f"{attempt}.log").read_text()
+            assert "run_failure" not in (pulse_of(ren, PROJECT, "ren/builder") or {})
+
+            # Paused: nothing is claimed until the owner resumes.
+            assert ren.post("/api/agents/pause", json={}).status_code == 200
+            held = hand(mcp, "ok", "Draft the footer.")
+            wait_until("the pause to be seen", lambda: "ren/builder: paused by its owner: launching nothing"
+                       in runner.log())
+            assert attempts("attempt.claimed", held) == [] and runner.state()["agents"]["ren/builder"]["paused"]
+            assert ren.post("/api/agents/resume", json={}).status_code == 200
+            wait_until("the held task's result", lambda: task_state(ren, held)["state"] == "verifying")
+            assert "ren/builder: resumed" in runner.log()
+
+            # kill -9 mid-run; the restarted runner ends the orphan and marks the attempt uncertain.
+            lost = hand(mcp, "sleep", "Draft the about page.")
+            wait_until("the run to sleep", lambda: "Sleeping." in str(task_state(ren, lost)["latest_checkpoint"]))
+            orphan = _child_pid(runner, "ren/builder")
+            runner.stop(kill=True)
+            assert _alive(orphan)
+            runner = RunnerProcess(config)
+            wait_until("the orphan to end", lambda: not _alive(orphan))
+            runner.wait_connected("ren/builder")
+            lost_attempt = attempts("attempt.claimed", lost)[0]
+            assert [e["refs"] for e in audit_entries(db, PROJECT, "attempt.marked_uncertain")] == [
+                {"attempt": lost_attempt}]
+            assert f"attempt {lost_attempt} of task {lost} was running when the last runner ended" in runner.log()
+            runs = ren.get(f"/api/tasks/{lost}").json()["runs"]
+            assert [(r["attempt_id"], r["state"]) for r in runs] == [(lost_attempt, "uncertain")]
+            assert runner.status()["agents"]["ren/builder"]["runs"] == {}
+        finally:
+            runner.stop()
+        logs = all_logs(runner.state_dir)
+        assert not any(p in logs for p in SECRET_PREFIXES)
+        ren.close(), mcp.client.close(), db.close()
