@@ -26,6 +26,8 @@ def toml_value(v) -> str:
         return "true" if v else "false"
     if isinstance(v, list):
         return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {toml_value(x)}" for k, x in v.items()) + "}"
     return str(v)
 
 
@@ -81,10 +83,10 @@ class RunnerProcess:
 
     def wait_connected(self, *agents: str) -> dict:
         def probe():
+            assert self.proc.poll() is None, f"the runner exited: {self.err_path.read_text()}"
             s = self.state()
             return s if s.get("pid") == self.proc.pid and all(
                 s["agents"].get(a, {}).get("connected") for a in agents) else None
-        assert self.proc.poll() is None, self.err_path.read_text()
         return wait_until(f"{agents} connected", probe)
 
     def log(self) -> str:

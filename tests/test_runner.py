@@ -8,6 +8,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 
 import httpx
 
@@ -220,3 +221,45 @@ def test_the_owner_stops_a_run_pauses_the_agents_and_a_killed_runner_marks_its_r
         logs = all_logs(runner.state_dir)
         assert not any(p in logs for p in SECRET_PREFIXES)
         ren.close(), mcp.client.close(), db.close()
+
+
+def test_a_private_room_turn_is_drafted_and_reviewed_by_two_runners(db_path, tmp_path):
+    with Served(db_path, "--demo") as served:
+        base, db = served.info["url"], prickle.Database(db_path)
+        prickle.add_agent(db, "oj/critic", "Critic", "gpt-5", "codex")
+        keys = {a: prickle.pair_device(db, "oj", a, "oj-laptop")[1] for a in ("oj/muse", "oj/critic")}
+        oj = person(base, prickle.create_token(db, "person", person="oj")[1])
+        room = oj.get("/api/room").json()["room"]["project"]
+        make = [sys.executable, "-c", "import sys; print('Made: ' + sys.argv[1])", "{prompt}"]
+        configs = {a: write_config(tmp_path / f"{a.split('/')[1]}.toml", base, {
+            a: {"key": keys[a], "client": "command", "command": STANDIN_AGENT, "actions": {"image_gen": make}}})
+            for a in keys}
+        with RunnerProcess(configs["oj/muse"]) as muse, RunnerProcess(configs["oj/critic"]) as critic:
+            muse.wait_connected("oj/muse"), critic.wait_connected("oj/critic")
+            asked = oj.post(f"/api/projects/{room}/messages", json={"body": "Headline for the launch?"}).json()
+            wait_until("the turn to end", lambda: oj.get("/api/room").json()["turn"] is None
+                       and len(oj.get(f"/api/projects/{room}/room").json()["messages"]) == 3)
+            messages = oj.get(f"/api/projects/{room}/room").json()["messages"]
+            assert [(m["author"].get("agent_id") or m["author"]["handle"], m["body"], m.get("verdict"))
+                    for m in messages] == [("oj", "Headline for the launch?", None),
+                                           ("oj/muse", "Work, together.", "draft"),
+                                           ("oj/critic", "", "approve")]
+            assert f"room {room}: draft session for message {asked['message']['id']}" in muse.log()
+            assert f"room {room}: review session for message {messages[1]['id']}" in critic.log()
+
+            # An approved make-or-spend card runs through the command configured for its tool.
+            card = httpx.post(f"{base}/api/runner/actions", headers={"Authorization": f"Bearer {keys['oj/muse']}"},
+                              json={"tool": "image_gen", "action": "Make the hero image", "prompt": "a hedgehog"})
+            assert card.status_code == 200, card.text
+            action_id = card.json()["action"]["id"]
+            assert oj.post(f"/api/actions/{action_id}", json={"decision": "approve"}).status_code == 200
+            made = wait_until("the card to be made", lambda: next(
+                (m for m in oj.get(f"/api/projects/{room}/room").json()["messages"] if m["body"] == "Made: a hedgehog"),
+                None))
+            assert made["author"]["agent_id"] == "oj/muse"
+        claims = [e["refs"] for e in audit_entries(db, room, "discussion.claimed")]
+        assert len(claims) == 2
+        assert [e["refs"]["action"] for e in audit_entries(db, room, "action.claimed")] == [action_id]
+        assert [e["refs"]["failure"] for e in audit_entries(db, room, "action.finished")] == [None]
+        assert not any(p in all_logs(muse.state_dir) + all_logs(critic.state_dir) for p in SECRET_PREFIXES)
+        oj.close(), db.close()
