@@ -46,8 +46,12 @@ def hand(mcp, mode: str, task: str = "Draft the hero copy.") -> str:
 
 
 def test_a_handed_off_task_is_claimed_run_in_its_workspace_and_returned(db_path, tmp_path):
+    repo = tmp_path / "website"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org", "commit", "-q",
+                    "--allow-empty", "-m", "start"], check=True)
     with Served(db_path, "--demo") as served:
-        config, key, mcp, ren, oj = setup(db_path, served, tmp_path)
+        config, key, mcp, ren, oj = setup(db_path, served, tmp_path, repo=str(repo))
         with RunnerProcess(config) as runner:
             runner.wait_connected("ren/builder")
             status = runner.status()
@@ -59,7 +63,12 @@ def test_a_handed_off_task_is_claimed_run_in_its_workspace_and_returned(db_path,
             assert [e["criteria"] for e in result["evidence"]] == [[0], [1]]
             assert result["lineage"]["cause"]["kind"] == "task"
             # The run worked in the workspace the runner made for the task, and saw the packet and criteria.
-            work = (runner.state_dir / "workspaces" / task_id / "work.txt").read_text()
+            workspace = runner.state_dir / "workspaces" / task_id
+            work = (workspace / "work.txt").read_text()
+            branch = subprocess.run(["git", "-C", str(workspace), "rev-parse", "--abbrev-ref", "HEAD"],
+                                    capture_output=True, text=True).stdout.strip()
+            assert branch == f"prickle/{task_id}"  # a worktree of the repo on a branch named for the task
+            assert not (repo / "work.txt").exists()
             assert "Draft the hero copy." in work and "[1] Include a clear call to action." in work
             assert f"accept_task with task_id {task_id}" in work and '"criteria": [its indexes]' in work
             wait_until("the run to end", lambda: not runner.runs("ren/builder")
