@@ -89,3 +89,22 @@ def test_each_client_is_launched_with_prickle_configured_and_no_secret_on_its_co
 
 def test_secrets_are_cut_from_log_lines():
     assert prickle.redact("key prk_ex_AbC-12_x and prk_rk_zz done") == "key prk_ex_… and prk_rk_… done"
+
+
+CODEX_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "agent-clis" / "cli" / "bin" / "codex"
+
+
+@pytest.mark.skipif(not CODEX_CACHE.exists(), reason="Codex is not installed: .ci/run installs it into .cache/agent-clis")
+def test_codex_reads_the_prickle_server_the_runner_configures(tmp_path):
+    codex = prickle.RunnerAgent(key=KEY, client="codex", cli_path=str(CODEX_CACHE))
+    argv, _ = prickle.launch_argv(codex, {}, {"mcp_url": "http://127.0.0.1:8321/mcp"})
+    overrides = [a for i, a in enumerate(argv) if argv[i - 1] == "-c"]
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    p = subprocess.run([str(CODEX_CACHE)] + [x for o in overrides for x in ("-c", o)] + ["mcp", "list", "--json"],
+                       capture_output=True, text=True, timeout=60, env={"CODEX_HOME": str(home), "HOME": str(home),
+                                                                        "PATH": "/usr/bin:/bin"})
+    assert p.returncode == 0, p.stderr
+    servers = {s["name"]: s for s in json.loads(p.stdout)}
+    assert servers["prickle"]["transport"]["url"] == "http://127.0.0.1:8321/mcp"
+    assert servers["prickle"]["transport"]["bearer_token_env_var"] == "PRICKLE_RUN_KEY"
