@@ -6808,7 +6808,7 @@ def _fill(template: list[str], values: dict[str, str]) -> list[str]:
     return out
 
 
-def mcp_config_for(mcp_url: str, bridge: bool) -> dict:
+def mcp_config_for(mcp_url: str, bridge: bool, run_dir: str | None = None) -> dict:
     """The MCP config a run gets: Prickle over HTTP with ``${PRICKLE_RUN_KEY}`` (no secret in the file).
 
     With ``bridge``, also the permission-prompt bridge (``prickle runner bridge`` over stdio).
@@ -6816,9 +6816,12 @@ def mcp_config_for(mcp_url: str, bridge: bool) -> dict:
     servers: dict[str, dict] = {"prickle": {"type": "http", "url": mcp_url,
                                             "headers": {"Authorization": "Bearer ${%s}" % RUN_KEY_ENV}}}
     if bridge:
+        # alwaysLoad: Claude Code waits for it before the first turn, so the permission prompt is there.
         servers[BRIDGE_SERVER] = {"type": "stdio", "command": sys.executable,
-                                  "args": ["-m", "prickle", "runner", "bridge"],
+                                  "args": ["-m", "prickle", "runner", "bridge"], "alwaysLoad": True,
                                   "env": {RUN_KEY_ENV: "${%s}" % RUN_KEY_ENV, "PRICKLE_MCP_URL": mcp_url}}
+        if run_dir:  # where the bridge notes a step still waiting for the owner
+            servers[BRIDGE_SERVER]["env"]["PRICKLE_RUN_DIR"] = run_dir
     return {"mcpServers": servers}
 
 
@@ -7040,13 +7043,16 @@ class Runner:
             return None
 
     async def check_stops(self, agent_id: str) -> None:
-        """End every run of this agent whose attempt the server no longer counts as running (a Stop)."""
+        """End every run of this agent whose attempt was stopped, replaced or marked uncertain on the server.
+
+        A ``finished`` attempt (its result came back) is left to exit on its own.
+        """
         state = await self.device_state(agent_id)
         if state is None:
             return
         self._agent(agent_id)["paused"] = bool(state.get("paused"))
         for attempt in state.get("runs", []):
-            if attempt["state"] != "running" and attempt["attempt_id"] in self.procs:
+            if attempt["state"] not in ("running", "finished") and attempt["attempt_id"] in self.procs:
                 self.stop_run(attempt["attempt_id"], f"the server says the attempt is {attempt['state']}")
 
     async def watch(self) -> None:
@@ -7106,7 +7112,7 @@ class Runner:
         except Exception as e:  # noqa: BLE001 - the report is best effort; the log keeps it
             self.log(f"{agent_id}: could not report to Team Pulse: {e}")
         if failure is not None:
-            state["last_failure"] = failure | {"at": iso(utcnow()), "task_id": task_id}
+            state["last_failure"] = failure | {"at": iso(utcnow()), "project": project, "task_id": task_id}
         elif state["last_failure"] and state["last_failure"].get("project", project) == project:
             state["last_failure"] = None
         self.save()
@@ -7186,7 +7192,7 @@ class Runner:
 
     def _env(self, secret: str, values: dict[str, str]) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PRICKLE_")}
-        # The bridge is a Python process: on a busy computer it can take longer to start than Claude Code waits.
+        # The bridge is a Python process: on a busy computer it may start slower than Claude Code waits by default.
         env.setdefault("MCP_TIMEOUT", "60000")
         env.update({RUN_KEY_ENV: secret, "PRICKLE_MCP_URL": values["mcp_url"], "PRICKLE_TASK_ID": values["task_id"],
                     "PRICKLE_PROJECT": values["project"], "PRICKLE_ROLE": values["role"],
@@ -7198,7 +7204,7 @@ class Runner:
         os.makedirs(run_dir, mode=0o700, exist_ok=True)
         files = {"mcp_config": os.path.join(run_dir, "mcp.json"), "prompt_file": os.path.join(run_dir, "prompt.txt"),
                  "run_dir": run_dir}
-        _write_private(files["mcp_config"], json.dumps(mcp_config_for(self.config.mcp_url, bridge), indent=1))
+        _write_private(files["mcp_config"], json.dumps(mcp_config_for(self.config.mcp_url, bridge, run_dir), indent=1))
         _write_private(files["prompt_file"], prompt)
         return files
 
@@ -7390,7 +7396,7 @@ async def run_bridge() -> None:
     from mcp.server.stdio import stdio_server
 
     url, key = os.environ.get("PRICKLE_MCP_URL", ""), os.environ.get(RUN_KEY_ENV, "")
-    run_dir = os.path.dirname(os.environ.get("PRICKLE_MCP_CONFIG", "")) or None
+    run_dir = os.environ.get("PRICKLE_RUN_DIR")
     schema = {"type": "object", "properties": {"tool_name": {"type": "string"}, "input": {"type": "object"},
                                                "tool_use_id": {"type": "string"}},
               "required": ["tool_name", "input"]}
