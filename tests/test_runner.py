@@ -126,7 +126,8 @@ def test_failed_runs_set_run_failure_a_good_run_clears_it_and_a_mention_only_not
                        "a run" in runner.log())
 
             quiet = hand(mcp, "quiet")
-            assert wait_until("run_failure", lambda: failure("ren/builder")) == {"class": "agent", "step": "agent_error"}
+            assert wait_until("run_failure", lambda: failure("ren/builder")) == {
+                "class": "agent", "step": "agent_error"}
             assert task_state(ren, quiet)["state"] == "accepted"  # it accepted, then exited without a result
             ok = hand(mcp, "ok", "Draft the footer.")
             wait_until("the result", lambda: task_state(ren, ok)["state"] == "verifying")

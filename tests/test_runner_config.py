@@ -94,7 +94,8 @@ def test_secrets_are_cut_from_log_lines():
 CODEX_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "agent-clis" / "cli" / "bin" / "codex"
 
 
-@pytest.mark.skipif(not CODEX_CACHE.exists(), reason="Codex is not installed: .ci/run installs it into .cache/agent-clis")
+@pytest.mark.skipif(not CODEX_CACHE.exists(),
+                    reason="Codex is not installed: .ci/run installs it into .cache/agent-clis")
 def test_codex_reads_the_prickle_server_the_runner_configures(tmp_path):
     codex = prickle.RunnerAgent(key=KEY, client="codex", cli_path=str(CODEX_CACHE))
     argv, _ = prickle.launch_argv(codex, {}, {"mcp_url": "http://127.0.0.1:8321/mcp"})
