@@ -6515,7 +6515,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
 # workspaces under ``workspaces/``. Secrets never reach a log or a command line.
 
 #: Seconds between reconnect attempts while the server is away (the last one repeats).
-RUNNER_BACKOFF = (1, 2, 5, 10, 30)
+RUNNER_BACKOFF = (1, 1, 2, 3, 5, 10, 20, 30)
 #: How long one wait_for_mention waits on the server (its maximum).
 RUNNER_WAIT_SECONDS = 50
 #: A private-room session must post within the discussion credential's life.
@@ -8222,14 +8222,21 @@ def _runner_config(config_path: str | None) -> tuple[str, RunnerConfig]:
 
 @runner_group.command("start")
 @_runner_config_option
-def runner_start(config_path: str | None) -> None:
-    """Listen for every configured agent and run what wakes it, until stopped (Ctrl-C or SIGTERM)."""
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (pid, state directory, log) on start.")
+def runner_start(config_path: str | None, as_json: bool = False) -> None:
+    """Listen for every configured agent and run what wakes it, until stopped (Ctrl-C or SIGTERM).
+
+    What it does goes to stderr and to ``runner.log`` in its state directory.
+    """
     import signal
 
     path, config = _runner_config(config_path)
     if not config.agents:
         raise RunnerError(f"runner config {path} names no agents: run 'prickle runner connect' first")
     runner = Runner(config, runner_state_dir(config, path), log=lambda line: click.echo(line, err=True))
+    if as_json:
+        click.echo(utf8_json({"pid": os.getpid(), "config": path, "state_dir": runner.state_dir,
+                              "log": runner.log_path, "agents": list(config.agents)}))
 
     async def main() -> None:
         until = asyncio.Event()
@@ -8261,7 +8268,7 @@ def runner_status(config_path: str | None, as_json: bool) -> None:
     _Out(as_json)({"config": path, "state_dir": state_dir} | status, "\n".join(runner_status_lines(config, status)))
 
 
-@runner_group.command("bridge")
+@runner_group.command("bridge", hidden=True)
 def runner_bridge() -> None:
     """The permission-prompt bridge a Claude Code run starts over stdio (not run by hand)."""
     asyncio.run(run_bridge())

@@ -6,6 +6,7 @@ tests/test_runner_claude.py runs real Claude Code.
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -172,8 +173,16 @@ def _alive(pid):
     return prickle._alive(pid)
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_the_owner_stops_a_run_pauses_the_agents_and_a_killed_runner_marks_its_run_uncertain(db_path, tmp_path):
-    with Served(db_path, "--demo") as served:
+    port = _free_port()
+    served = Served(db_path, "--demo", "--port", str(port))
+    with served:
         base, db = served.info["url"], prickle.Database(db_path)
         prickle.set_rule(db, "ren", "allow", from_owner="oj")
         _, key = prickle.pair_device(db, "ren", "ren/builder", "ren-laptop")
@@ -226,8 +235,19 @@ def test_the_owner_stops_a_run_pauses_the_agents_and_a_killed_runner_marks_its_r
             runs = ren.get(f"/api/tasks/{lost}").json()["runs"]
             assert [(r["attempt_id"], r["state"]) for r in runs] == [(lost_attempt, "uncertain")]
             assert runner.status()["agents"]["ren/builder"]["runs"] == {}
+
+            # The server goes away and comes back: the runner reconnects and resumes from its cursor.
+            served.stop()
+            wait_until("the runner to notice", lambda: not runner.state()["agents"]["ren/builder"]["connected"])
+            served = Served(db_path, "--demo", "--port", str(port))
+            wait_until("the runner to reconnect", lambda: runner.state()["agents"]["ren/builder"]["connected"])
+            mcp.keys["oj/muse"] = served.info["demo"]["keys"]["oj/muse"]
+            after = hand(mcp, "ok", "Draft the pricing page.")
+            wait_until("the result after the restart", lambda: task_state(ren, after)["state"] == "verifying")
+            assert "ren/builder: the server is not answering" in runner.log()
         finally:
             runner.stop()
+            served.stop()
         logs = all_logs(runner.state_dir)
         assert not any(p in logs for p in SECRET_PREFIXES)
         ren.close(), mcp.client.close(), db.close()

@@ -81,6 +81,8 @@ def test_claude_code_run_accepts_checkpoints_asks_a_step_the_owner_allows_and_re
             task = wait_until("the result", lambda: (t := task_state(ren, task_id))["state"] == "verifying" and t,
                               timeout=60)
             wait_until("the run to end", lambda: "the task is verifying" in runner.log())
+            # oj's decision woke the agent while its run went on: one run per task, no second launch.
+            assert f"task {task_id} already has a run" in runner.log()
             workspace = runner.state_dir / "workspaces" / task_id
             assert (workspace / "published.txt").read_text() == "published\n"  # the allowed step ran, in its workspace
         sub = task["result"]
