@@ -3715,9 +3715,11 @@ def cancel_task(db: Database, person: Actor, task_id: str) -> dict:
                        (iso(utcnow()), iso(utcnow()), apr["id"]))
             append_event(db, task["project"], "approval.updated", {"approval": approval_out(
                 db.one("SELECT * FROM approvals WHERE id = ?", (apr["id"],)))})
+        for attempt in db.rows("SELECT * FROM attempts WHERE task_id = ? AND state = 'running'", (task_id,)):
+            end_attempt(db, attempt, "stop", task["project"])  # its runs stop with it
         if db.execute("UPDATE credentials SET revoked_at = ? WHERE kind = 'execution' AND task_id = ? AND "
                       "revoked_at IS NULL", (iso(utcnow()), task_id)):
-            db.note_revoked()  # its runs stop with it
+            db.note_revoked()
         reached = task["routed_at"] is not None  # a task held at the gate never reached its assignee
         row = move_task(db, task, "cancel", person.handle,
                         [(task["assignee"] if reached else None, "task"), (task["requester"], "task_update")])
@@ -4012,6 +4014,7 @@ def claim_task(db: Database, actor: Actor, task_id: str, idempotency_key: str, w
             db.execute(f"INSERT INTO attempts ({', '.join(attempt)}) VALUES ({', '.join('?' * len(attempt))})",
                        tuple(attempt.values()))
             db.execute("UPDATE tasks SET run_approved = NULL WHERE id = ?", (task_id,))
+            append_event(db, task["project"], "task.updated", {"task": task_out(db, _task_row(db, task_id))})  # live views
             gate = json.loads(task["gate"] or "{}")
             audit(db, task["project"], "attempt.claimed", {"attempt": attempt["id"], "task": task_id,
                                                            "device": device["id"], "approval": gate.get("approval_id")})
@@ -4235,9 +4238,9 @@ def task_runs(db: Database, task_id: str) -> list[dict]:
 def end_attempt(db: Database, attempt: dict, move: str, project: str) -> int:
     """End an attempt by ``move`` (ATTEMPT_MOVES), inside the caller's transaction; returns credentials ended.
 
-    Its execution credentials end at once (``token.revoked``). Unless a later claim replaces
-    it (the run resuming may still use its owner's decision), a step it waits on is
-    withdrawn (``step.withdrawn``).
+    Its execution credentials end at once (``token.revoked``). A Stop also withdraws a step
+    it waits on (``step.withdrawn``); otherwise the step stays for the owner to decide and
+    the run resuming the task to use.
     """
     now = iso(utcnow())
     guarded_move(db, "attempts", ATTEMPT_MOVES, attempt, move, "attempt", ended_at=now)
@@ -4250,7 +4253,7 @@ def end_attempt(db: Database, attempt: dict, move: str, project: str) -> int:
             "reason": {"replace": "run_replaced", "stop": "run_stopped"}.get(move, "run_uncertain")})
     if live:
         db.note_revoked()
-    if move == "replace":
+    if move != "stop":
         return len(live)
     for step in db.rows("SELECT id FROM steps WHERE attempt_id = ? AND status = 'pending'", (attempt["id"],)):
         db.execute("UPDATE steps SET status = 'withdrawn', decided_at = ? WHERE id = ? AND status = 'pending'",
@@ -4447,8 +4450,8 @@ def runner_state(db: Database, actor: Actor) -> dict:
 def mark_uncertain(db: Database, actor: Actor, attempt_id: str, reason: str | None = None) -> dict:
     """A runner marks a run it launched but can't vouch for as uncertain; its credentials end.
 
-    Only the device that claimed the attempt, and only while it is running. Writes
-    ``attempt.marked_uncertain`` (never the reason's words).
+    Only the device that claimed the attempt, and only while it is running. ``reason`` is
+    checked (200 characters) and not kept. Writes ``attempt.marked_uncertain``.
     """
     if reason is not None:
         check_text(reason, "reason", 200)
@@ -4492,6 +4495,8 @@ CONNECT_CLIS = {"claude": "claude-code", "codex": "codex"}
 CONNECT_ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"
 #: How often a runner should ask whether its request was decided (seconds).
 CONNECT_POLL_SECONDS = 2
+#: Requests nobody decided yet, at most: anyone may ask, so the table can't be flooded.
+CONNECT_PENDING_MAX = 50
 
 
 def _connect_code() -> str:
@@ -4516,6 +4521,9 @@ def request_connect(db: Database, name: str, clis: list[str], base_url: str) -> 
                            f"{', '.join(CONNECT_CLIS)}")
     secret, now = make_secret("connect"), utcnow()
     with db.transaction():
+        if db.scalar("SELECT count(*) FROM connect_requests WHERE state = 'pending' AND expires_at > ?",
+                     (iso(now),)) >= CONNECT_PENDING_MAX:
+            raise Conflict("too many computers are waiting to be connected: try again in a few minutes")
         code = _connect_code()
         while db.one("SELECT 1 FROM connect_requests WHERE code = ?", (code,)):
             code = _connect_code()

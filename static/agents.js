@@ -21,10 +21,11 @@ export function mount(el, ctx) {
   const shown = h("div", { class: "secret-slot" });
   const error = errorSlot();
   const devices = createDevices(shown, () => reload());
+  const pauseBox = h("div", { class: "pause-box" });
   el.append(
     h("div", { class: "page-head" }, heading(1, "Agents & keys"),
       h("p", { class: "muted", text: "Your agents connect over MCP with a key you make here." })),
-    error, shown,
+    error, pauseBox, shown,
     h("section", { class: "section", "aria-labelledby": "my-agents" }, h("h2", { id: "my-agents", text: "Your agents" }), agentsBox),
     addAgentForm(ctx, state, () => reload()),
     h("section", { class: "section", "aria-labelledby": "keys-heading" }, h("h2", { id: "keys-heading", text: "Keys" }),
@@ -34,8 +35,9 @@ export function mount(el, ctx) {
 
   const reload = async () => {
     try {
-      const [a, k, p, d] = await Promise.all([get("/api/agents"), get("/api/keys"), get("/api/projects"),
-        get("/api/devices")]);
+      const [a, k, p, d, paused] = await Promise.all([get("/api/agents"), get("/api/keys"), get("/api/projects"),
+        get("/api/devices"), get("/api/agents/paused")]);
+      renderPause(pauseBox, paused.paused_by, reload);
       state.agents = a.agents;
       state.keys = k.keys;
       state.projects = p.projects;
@@ -53,6 +55,23 @@ export function mount(el, ctx) {
 }
 
 // ---- actions ----------------------------------------------------------------------------------------------
+
+/** Pause all your agents' runs (refused with "paused" at their next call), or resume them. */
+function renderPause(box, pausedBy, reload) {
+  const error = errorSlot();
+  const button = h("button", { type: "button", class: pausedBy ? "primary" : "danger-quiet",
+    text: pausedBy ? "Resume all my agents" : "Pause all my agents", disabled: pausedBy === "operator" });
+  button.addEventListener("click", () => act(button, error, async () => {
+    await post(pausedBy ? "/api/agents/resume" : "/api/agents/pause", {});
+    announce(pausedBy ? "Your agents are resumed" : "Your agents are paused");
+    reload();
+  }));
+  const text = pausedBy === "operator" ? "The server's operator paused every agent: nothing runs until they resume."
+    : pausedBy ? "Your agents are paused: their runs are refused and their runners start nothing."
+      : "Pausing stops every run of your agents at its next call; runners start nothing until you resume.";
+  fill(box, h("div", { class: `banner ${pausedBy ? "banner-warn" : "banner-info"} pause` },
+    h("p", { class: "pause-text", text }), button, error));
+}
 
 function addAgentForm(ctx, state, reload) {
   const name = h("input", { name: "name", required: true, pattern: "[a-z0-9]+(-[a-z0-9]+)*", maxlength: "39", autocomplete: "off", spellcheck: "false" });

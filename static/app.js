@@ -4,6 +4,7 @@
 //   #/                      your projects, new project, handoffs waiting for you
 //   #/agents                your agents and their keys
 //   #/rules                 your gate rules, standing approvals, auto-accept
+//   #/connect/CODE          a computer asking to connect its runner
 //   #/p/SLUG/room           the room (general chat)
 //   #/p/SLUG/tasks          the task board;  #/p/SLUG/tasks/TASK_ID  one task
 //   #/p/SLUG/pulse | people | memory | audit
@@ -20,6 +21,7 @@ import * as memory from "./memory.js";
 import * as audit from "./audit.js";
 import * as agents from "./agents.js";
 import * as rules from "./rules.js";
+import * as connect from "./connect.js";
 import { h, avatar, fill, heading, errorSlot, act, link } from "./ui.js";
 
 const PROJECT_VIEWS = {
@@ -35,6 +37,7 @@ const GLOBAL_VIEWS = {
   "": ["Projects", projects.mount],
   agents: ["Agents & keys", agents.mount],
   rules: ["Rules", rules.mount],
+  connect: ["Connect a computer", connect.mount],
 };
 
 let me = null;

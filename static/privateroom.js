@@ -137,9 +137,30 @@ function drawTurn(state, turn) {
   const error = errorSlot();
   const button = h("button", { type: "button", class: "small", text: "Stop this turn" });
   button.addEventListener("click", () => stop(state, button, error));
+  const skipped = turn.skipped || [];
+  const missed = skipped.length ? h("div", { class: "skipped" },
+    h("p", { class: "turn-skipped", text: `${skipped.join(" and ")} didn't review: ${skipped.length === 1 ? "its runner isn't" : "their runners aren't"} listening.` }),
+    skipped.map((agent) => {
+      const retry = h("button", { type: "button", class: "small primary", text: `Retry ${agent}` });
+      retry.addEventListener("click", () => again(state, retry, error, "/api/room/retry", { agent }, `${agent} was woken again`));
+      return retry;
+    }),
+    (() => {
+      const go = h("button", { type: "button", class: "small", text: "Continue without them" });
+      go.addEventListener("click", () => again(state, go, error, "/api/room/continue", {}, "The turn went on without them"));
+      return go;
+    })()) : null;
   fill(state.turn, h("div", { class: "banner banner-info turn", dataset: { turnId: turn.id } },
     h("div", {},
       h("strong", { class: "turn-text", text }),
+      missed,
       h("p", { class: "small muted", text: "Writing again starts a new turn. Stopping ends your agents' unused credentials for this one." })),
     button, error));
+}
+
+async function again(state, button, error, path, body, said) {
+  const out = await act(button, error, () => post(path, body));
+  if (!out) return;
+  announce(said);
+  await load(state);
 }

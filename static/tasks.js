@@ -8,6 +8,7 @@ import * as stream from "./stream.js";
 import { MessageList, provenanceBadges } from "./room.js";
 import { createComposer } from "./composer.js";
 import { stepCard, pendingSteps } from "./steps.js";
+import { runsSection } from "./runs.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, badge, stateBadge, timeEl, ago, words, safeUrl,
   confirmButton, lines, debounce, announce,
@@ -241,6 +242,7 @@ function renderTask(top, body, ctx, detail, approval, stepCards, reload) {
       task.packet.context ? [h("h3", { text: "Context" }), h("p", { class: "pre", text: task.packet.context })] : null,
       task.packet.files?.length ? [h("h3", { text: "Files" }), codeList(task.packet.files)] : null,
       task.packet.depends_on?.length ? [h("h3", { text: "Depends on" }), codeList(task.packet.depends_on)] : null),
+    runsSection(ctx, detail, reload),
     h("section", { class: "section", "aria-labelledby": "subs-heading" },
       h("h2", { id: "subs-heading", text: submissions.length > 1 ? `Results (${submissions.length} revisions)` : "Result" }),
       submissions.length

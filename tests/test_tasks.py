@@ -262,7 +262,8 @@ def test_only_the_assignee_accepts_and_illegal_moves_name_the_state(mcp, server,
     assert wait_kinds(mcp, "oj/muse", muse) == [("task", task["id"])]
     text = mcp.error("ren/builder", "accept_task", {"task_id": task["id"]}, "invalid_state")
     assert text == (f"invalid_state: task '{task['id']}' is accepted: accept_task is not allowed now; what can "
-                    "happen: cancel (by a person), checkpoint, checkpoint with needs_answer, return_result")
+                    "happen: cancel (by a person), checkpoint, checkpoint with needs_answer, "
+                    "hand back (the assignee's owner), return_result")
 
 
 def test_checkpoints_and_waiting_on_a_person(mcp, server, world):

@@ -737,3 +737,87 @@ def test_the_room_opens_at_the_newest_page_and_pages_back(served, people):
         assert oj_api.post("/api/projects/long-talk/messages", json={"body": "Note 121"}).status_code == 200
         expect(bodies.last).to_have_text("Note 121")  # the stream still appends
         expect(bodies).to_have_count(121)
+
+
+def test_a_computer_is_connected_from_the_page_with_its_code(served, people):
+    asked = httpx.post(served.info["url"] + "/api/runner/connect", json={"name": "ren-desk", "clis": ["claude", "codex"]})
+    assert asked.status_code == 200, asked.text
+    asked = asked.json()
+    page = people("ren")
+    page.goto(asked["link"])
+    form = page.locator("form.connect-form")
+    expect(page.locator(".connect-lead")).to_have_text(f"The computer ren-desk asks to run your agents (code {asked['code']}).")
+    expect(form.get_by_label("Agent for codex")).to_have_value("ren/builder")  # the agent on that app comes first
+    expect(form.get_by_label("Agent for claude")).to_have_value("__new__")
+    form.locator('fieldset[data-cli="claude"]').get_by_label("New agent's name").fill("desk-claude")
+    shot(page, "connect_request_desktop")
+    phone = people("ren", viewport={"width": 390, "height": 844})
+    phone.goto(asked["link"])
+    expect(phone.locator("form.connect-form").get_by_role("button", name="Approve")).to_be_visible()
+    shot(phone, "connect_request_phone")
+    form.get_by_role("button", name="Approve").click()
+    expect(page.locator(".connect-state")).to_have_text(
+        "Approved: the runner on that computer is collecting its keys now. You can close this page.")
+    got = httpx.post(served.info["url"] + "/api/runner/connect/collect",
+                     json={"request_id": asked["request_id"], "collect_secret": asked["collect_secret"]}).json()
+    assert [(a["agent_id"], a["client"]) for a in got["agents"]] == [("ren/desk-claude", "claude"),
+                                                                     ("ren/builder", "codex")]
+    assert all(a["key"] not in page.content() for a in got["agents"])
+    page.reload()
+    expect(page.locator(".connect-state")).to_have_text("Connected: the runner on that computer has its keys.")
+    shot(page, "connect_collected")
+
+
+def test_the_owner_stops_and_starts_a_run_on_the_task_page(served, people):
+    runner = cli_json(served.db, "device", "pair", "ren/builder", "--name", "ren-laptop")["token"]
+    with person_api(served, "ren") as ren_api:
+        asked = ren_api.post(f"/api/projects/{PROJECT}/task-requests", json={"agent": "ren/builder", "packet": {
+            "task": "Rebuild the sitemap.", "deliverable_type": "answer",
+            "acceptance_criteria": ["The sitemap lists every page."]}})
+    task_id = asked.json()["task"]["id"]
+    first = mcp(served, "ren/builder", "claim_task", {"task_id": task_id, "idempotency_key": "web-stop-1"}, key=runner)
+    page = people("ren")
+    goto(page, served, f"#/p/{PROJECT}/tasks/{task_id}")
+    row = page.locator(f'.runs-table tr[data-attempt-id="{first["attempt"]["attempt_id"]}"]')
+    expect(row).to_contain_text("#1")
+    expect(row).to_contain_text("ren-laptop")
+    expect(row.locator(".badge")).to_have_text("running")
+    shot(page, "task_run_running_desktop")
+    page.get_by_role("button", name="Stop the run").click()
+    page.get_by_role("button", name=re.compile("^Click again to stop")).click()
+    expect(row.locator(".badge")).to_have_text("stopped")
+    r = httpx.post(served.info["mcp"], headers={"Authorization": f"Bearer {first['execution_credential']['token']}"},
+                   json={})
+    assert r.status_code == 401  # its credentials ended at once
+    start = page.locator("form.start-run")
+    start.get_by_label(re.compile("^Type your handle")).fill("ren")
+    start.get_by_role("button", name="Start a run").click()
+    expect(page.locator(".run-controls")).to_contain_text("A run was started: waiting for the runner to pick it up.")
+    second = mcp(served, "ren/builder", "claim_task", {"task_id": task_id, "idempotency_key": "web-stop-2"}, key=runner)
+    row2 = page.locator(f'.runs-table tr[data-attempt-id="{second["attempt"]["attempt_id"]}"]')
+    expect(row2).to_contain_text("#2")  # the claim's task.updated redraws the page
+    expect(row2.locator(".badge")).to_have_text("running")
+    shot(page, "task_runs_desktop")
+    phone = people("ren", viewport={"width": 390, "height": 844})
+    goto(phone, served, f"#/p/{PROJECT}/tasks/{task_id}")
+    expect(phone.locator(".runs-table tr[data-attempt-id]")).to_have_count(2)
+    expect(phone.get_by_role("button", name="Stop the run")).to_be_visible()
+    shot(phone, "task_runs_phone")
+
+
+def test_an_owner_pauses_and_resumes_all_their_agents_on_the_page(served, people):
+    page = people("oj")
+    goto(page, served, "#/agents")
+    pause = page.locator(".pause")
+    expect(pause.locator(".pause-text")).to_have_text(
+        "Pausing stops every run of your agents at its next call; runners start nothing until you resume.")
+    pause.get_by_role("button", name="Pause all my agents").click()
+    expect(pause.locator(".pause-text")).to_have_text(
+        "Your agents are paused: their runs are refused and their runners start nothing.")
+    with person_api(served, "oj") as oj_api:
+        assert oj_api.get("/api/agents/paused").json() == {"paused_by": "owner"}
+    shot(page, "agents_paused")
+    pause.get_by_role("button", name="Resume all my agents").click()
+    expect(pause.get_by_role("button", name="Pause all my agents")).to_be_visible()
+    with person_api(served, "oj") as oj_api:
+        assert oj_api.get("/api/agents/paused").json() == {"paused_by": None}

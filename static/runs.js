@@ -1,0 +1,98 @@
+// runs.js — a task's runs on its page: each attempt (state, started, the runner's device),
+// and for the assignee's owner Start a run (after typing their handle), Stop, hand the task
+// back, and settling a run its runner couldn't vouch for.
+
+import { post, seg } from "./api.js";
+import { h, field, errorSlot, act, badge, timeEl, confirmButton, announce, empty } from "./ui.js";
+
+const RUN_KIND = { running: "work", finished: "ok", stopped: "warn", replaced: "muted", uncertain: "attention",
+  abandoned: "muted" };
+
+// ---- rendering ---------------------------------------------------------------------------
+
+/** The Runs section of a task's page. */
+export function runsSection(ctx, detail, reload) {
+  const { task, runs = [], run_control: control } = detail;
+  const rows = runs.map((run) => runRow(run, control, reload));
+  return h("section", { class: "section runs", "aria-labelledby": "runs-heading" },
+    h("h2", { id: "runs-heading", text: "Runs" }),
+    runs.length
+      ? h("table", { class: "runs-table" },
+        h("thead", {}, h("tr", {}, ["Attempt", "State", "Started", "Device", ""].map((t) => h("th", { scope: "col", text: t })))),
+        h("tbody", {}, rows))
+      : empty("No run yet."),
+    control ? controls(ctx, task, control, reload) : null);
+}
+
+function runRow(run, control, reload) {
+  const settle = control && run.state === "uncertain" ? settleButtons(run, reload) : null;
+  return h("tr", { dataset: { attemptId: run.attempt_id, state: run.state } },
+    h("td", { "data-label": "Attempt", text: `#${run.attempt}` }),
+    h("td", { "data-label": "State" }, badge(run.state, RUN_KIND[run.state] || "muted")),
+    h("td", { "data-label": "Started" }, timeEl(run.claimed_at, true)),
+    h("td", { "data-label": "Device", text: run.device || "—" }),
+    h("td", { "data-label": "" }, settle));
+}
+
+function settleButtons(run, reload) {
+  const error = errorSlot();
+  const make = (outcome, label) => {
+    const b = h("button", { type: "button", class: "small", text: label });
+    b.addEventListener("click", () => act(b, error, async () => {
+      await post(`/api/attempts/${seg(run.attempt_id)}/settle`, { outcome });
+      announce(`Run settled as ${outcome}`);
+      reload();
+    }));
+    return b;
+  };
+  return h("div", { class: "settle" },
+    h("span", { class: "muted small", text: "Its runner can't vouch for it: " }),
+    make("finished", "It finished"), make("abandoned", "Abandon it"), error);
+}
+
+function controls(ctx, task, control, reload) {
+  const error = errorSlot();
+  const parts = [];
+  if (control.paused) {
+    parts.push(h("p", { class: "notice", text: control.paused === "operator"
+      ? "The server's operator paused every agent: nothing runs until they resume."
+      : "You paused all your agents: nothing runs until you resume them (Agents & keys)." }));
+  }
+  if (control.run_approved) parts.push(h("p", { class: "muted", text: "A run was started: waiting for the runner to pick it up." }));
+  if (control.can_stop) {
+    parts.push(confirmButton("Stop", "Click again to stop the run", (button) => act(button, error, async () => {
+      await post(`/api/tasks/${seg(task.id)}/stop`, {});
+      announce("Run stopped");
+      reload();
+    }), { class: "danger-quiet", "aria-label": "Stop the run" }));
+  }
+  if (control.can_start) parts.push(startForm(ctx, task, control, error, reload));
+  if (control.can_hand_back && !control.can_stop) {
+    parts.push(confirmButton("Hand the task back", "Click again to hand it back", (button) => act(button, error, async () => {
+      await post(`/api/tasks/${seg(task.id)}/hand-back`, {});
+      announce("Task handed back");
+      reload();
+    }), { class: "danger-quiet" }));
+  }
+  return h("div", { class: "run-controls" }, parts, error);
+}
+
+function startForm(ctx, task, control, error, reload) {
+  const confirm = h("input", { type: "text", autocomplete: "off", spellcheck: "false", required: true,
+    placeholder: ctx.me.handle });
+  const start = h("button", { type: "submit", class: "primary", text: "Start a run", disabled: !control.runner_connected });
+  const form = h("form", { class: "start-run" },
+    field(`Type your handle (${ctx.me.handle}) to start one run of ${task.assignee}`, confirm,
+      control.runner_connected ? "Its runner claims the task and launches the agent on your computer."
+        : "No runner is connected for this agent: run prickle runner connect on the computer first."),
+    start);
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    act(start, error, async () => {
+      await post(`/api/tasks/${seg(task.id)}/runs`, { confirm: confirm.value.trim() });
+      announce("Run started");
+      reload();
+    });
+  });
+  return form;
+}
