@@ -6961,7 +6961,8 @@ class Runner:
         failures = 0
         first = True
         while True:
-            args: dict = {"timeout_seconds": RUNNER_WAIT_SECONDS}
+            # Back from an outage: a short wait first, so the status says connected at once.
+            args: dict = {"timeout_seconds": RUNNER_WAIT_SECONDS if state["connected"] else 1}
             if state["cursor"]:
                 args["cursor"] = state["cursor"]
             try:
