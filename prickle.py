@@ -32,6 +32,8 @@ Contents: one banner per section, in dependency order (search for the section's 
   background pieces (server_maintenance) and create_app.
 - Connections and the log: the connection guard (request deadlines, the connection
   cap) and the log's repeat limiter.
+- Runner: ``prickle runner`` on a teammate's computer: its config, listening per agent, claiming
+  and running tasks in workspaces, the permission-prompt bridge, private-room sessions, status.
 - Command line: the ``prickle`` commands (cli) and main.
 """
 
@@ -7798,6 +7800,960 @@ def limit_log_repeats() -> None:
 
 
 ###############################################################################
+# Runner ######################################################################
+###############################################################################
+# ``prickle runner`` runs on a teammate's computer. For each configured agent it waits in
+# wait_for_mention with the agent's runner key, and turns a wake into work:
+#
+#   task    -> claim_task -> a workspace -> one run of the agent's CLI with the
+#              execution credential (an MCP config file, the secret in its environment)
+#   room    -> claim_discussion (harness 2) -> a short session in its role, one reply
+#   action  -> claim the approved card -> the command configured for its tool -> finish
+#   mention -> a line in the runner's log, never a run
+#
+# What the runner knows lives in its state directory: ``status.json`` (what ``prickle
+# runner status`` prints, the agents' cursors, the runs it launched), ``runner.log`` and one
+# log per attempt under ``logs/``, the runs' private files under ``runs/`` and scratch
+# workspaces under ``workspaces/``. Secrets never reach a log or a command line.
+
+#: Seconds between reconnect attempts while the server is away (the last one repeats).
+RUNNER_BACKOFF = (1, 1, 2, 3, 5, 10, 20, 30)
+#: How long one wait_for_mention waits on the server (its maximum).
+RUNNER_WAIT_SECONDS = 50
+#: A private-room session must post within the discussion credential's life.
+ROOM_SESSION_MINUTES = 10
+#: After asking a run to stop, how long it gets before it is killed.
+RUNNER_STOP_GRACE = 5.0
+#: While a run is going, the runner reads its device's state this often (seconds) to hear of a Stop.
+RUNNER_WATCH_SECONDS = 5.0
+#: Anything that looks like a Prickle secret; logs show it as ``prk_…``.
+SECRET_RE = re.compile(r"prk_[a-z]{2}_[A-Za-z0-9_-]+")
+#: The permission-prompt bridge's MCP server name and tool, as Claude Code names them.
+BRIDGE_SERVER, BRIDGE_TOOL = "prickle_bridge", "approve"
+#: The environment variable that carries a run's credential (never argv).
+RUN_KEY_ENV = "PRICKLE_RUN_KEY"
+#: Task states that end a run still going (the owner stopped it, cancelled, reassigned).
+RUN_ENDED_STATES = ("cancelled", "returned", "rejected", "completed")
+#: Task states after which a run counts as good: its result came back, or it waits on a person.
+RUN_GOOD_STATES = ("verifying", "approval", "completed", "waiting")
+
+
+class RunnerError(PrickleError):
+    """The runner's config, state or a call it made is not usable."""
+
+    code = "runner"
+
+
+def redact(text: str) -> str:
+    """``text`` with every Prickle secret cut to its kind (``prk_ex_…``)."""
+    return SECRET_RE.sub(lambda m: m.group(0)[:7] + "…", text)
+
+
+class RunnerAgent(pydantic.BaseModel):
+    """One agent a runner works for (a ``[agents."owner/name"]`` table of the config)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    #: The agent's runner key (``prk_rk_…``) from ``prickle runner connect`` or ``prickle device pair``.
+    key: str = pydantic.Field(pattern=r"^prk_rk_[A-Za-z0-9_-]+$")
+    #: Which CLI runs the agent's work.
+    client: str = pydantic.Field(pattern=r"^(claude|codex|command)$")
+    #: ``client = "command"``: the argv template ({prompt_file}, {mcp_config}, {workspace}, {mcp_url},
+    #: {task_id}, {project}, {role} are filled in).
+    command: list[str] = []
+    #: A git repository: each task gets a worktree of it on a branch named for the task.
+    repo: str | None = None
+    #: At most this many of this agent's runs at once.
+    parallel: int = pydantic.Field(1, ge=1, le=16)
+    #: A run still going after this many minutes is stopped and reported (``task_time_limit``).
+    launch_timeout_minutes: float = pydantic.Field(30, gt=0, le=1440)
+    #: Make-or-spend tools: the argv template that runs an approved card ({prompt} is filled in).
+    actions: dict[str, list[str]] = {}
+    #: The CLI's path when it is not ``claude``/``codex`` on PATH.
+    cli_path: str | None = None
+
+
+class RunnerConfig(pydantic.BaseModel):
+    """``prickle runner``'s TOML config: the server and the agents it runs."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    #: The server's base URL (one ending in ``/mcp`` works too).
+    server: str = pydantic.Field(pattern=r"^https?://[^\s/]+(/\S*)?$")
+    #: At most this many runs at once across every agent.
+    parallel: int = pydantic.Field(4, ge=1, le=64)
+    #: Logs, status, runs' private files and scratch workspaces (default: beside the config file).
+    state_dir: str | None = None
+    #: While its agent is paused, the runner asks the server again this often (seconds).
+    pause_poll_seconds: float = pydantic.Field(30, ge=0.2, le=3600)
+    agents: dict[str, RunnerAgent] = {}
+
+    @property
+    def base_url(self) -> str:
+        """The server's base URL without ``/mcp`` or a trailing slash."""
+        return runner_base_url(self.server)
+
+    @property
+    def mcp_url(self) -> str:
+        return self.base_url + "/mcp"
+
+
+def load_runner_config(path: str) -> RunnerConfig:
+    """Read and check a runner config file; RunnerError names the file and the bad field."""
+    if not os.path.exists(path):
+        raise RunnerError(f"no runner config at {path}: run 'prickle runner connect --server URL' or write one "
+                          "(see README, 'Run your agents')")
+    data = read_runner_config(path)
+    try:
+        config = RunnerConfig(**data)
+    except pydantic.ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise RunnerError(f"runner config {path}: {where}: {first['msg']}") from None
+    for agent_id, agent in config.agents.items():
+        if not AGENT_ID_RE.match(agent_id):
+            raise RunnerError(f"runner config {path}: agents.{agent_id}: an agent is named owner/name")
+        if agent.client == "command" and not agent.command:
+            raise RunnerError(f"runner config {path}: agents.{agent_id}.command: client 'command' needs the argv "
+                              "to run, e.g. command = [\"my-agent\", \"{prompt_file}\"]")
+        if agent.repo is not None and not os.path.isdir(os.path.join(os.path.expanduser(agent.repo), ".git")):
+            raise RunnerError(f"runner config {path}: agents.{agent_id}.repo: {agent.repo} is not a git repository")
+    return config
+
+
+def runner_state_dir(config: RunnerConfig, config_path: str) -> str:
+    """Where this config's status, logs and workspaces live."""
+    if config.state_dir:
+        return os.path.abspath(os.path.expanduser(config.state_dir))
+    base = os.path.splitext(os.path.abspath(config_path))[0]
+    return base + "-state"
+
+
+def _write_private(path: str, text: str) -> None:
+    """Write a file only the user can read (0600), replacing it whole."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def read_runner_status(state_dir: str) -> dict:
+    """The last status a runner wrote, with ``running`` telling whether that process is alive."""
+    try:
+        with open(os.path.join(state_dir, "status.json"), encoding="utf-8") as f:
+            status = json.load(f)
+    except FileNotFoundError:
+        return {"running": False, "pid": None, "agents": {}}
+    except (OSError, ValueError) as e:
+        raise RunnerError(f"the runner's status file in {state_dir} can't be read: {e}") from None
+    status["running"] = _alive(status.get("pid"))
+    return status
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):  # a zombie of a parent that has not reaped it yet counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+class CallFailed(RunnerError):
+    """A Prickle tool or HTTP call answered with an error (``code`` is the server's)."""
+
+    def __init__(self, message: str, code: str):
+        super().__init__(message, code)
+
+
+class McpSession:
+    """A long-lived MCP client (protocol 2026-07-28) for one key; a broken one is dropped and remade.
+
+    Its first call costs the tool listing; later calls are one POST each.
+    """
+
+    def __init__(self, url: str, key: str):
+        self.url, self.key = url, key
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._client: Any = None
+
+    async def call(self, tool: str, args: dict, timeout: float = 30) -> dict:
+        """Call one tool; return its structuredContent.
+
+        Raises CallFailed with the tool error's code, or the transport's error when the server is away.
+        """
+        try:
+            if self._client is None:
+                from mcp import Client
+                from mcp.client.streamable_http import streamable_http_client
+                from mcp.shared._httpx_utils import create_mcp_http_client
+
+                self._stack = stack = contextlib.AsyncExitStack()
+                http = await stack.enter_async_context(create_mcp_http_client(
+                    headers={"Authorization": f"Bearer {self.key}"}))
+                self._client = await stack.enter_async_context(
+                    Client(streamable_http_client(self.url, http_client=http), mode="2026-07-28"))
+            r = await self._client.call_tool(tool, args, read_timeout_seconds=timeout + 15)
+        except asyncio.CancelledError:
+            await self.close()
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            # The SDK client ends a failed connection by cancelling its own scope: that is the server away.
+            raise ConnectionError(f"the server at {self.url} did not answer") from None
+        except BaseException:
+            await self.close()
+            raise
+        if r.is_error:
+            text = r.content[0].text if r.content else "error"
+            raise CallFailed(text, text.split(":", 1)[0] if ":" in text else "error")
+        return r.structured_content or {}
+
+    async def close(self) -> None:
+        """End the client (safe to call twice)."""
+        stack, self._stack, self._client = self._stack, None, None
+        if stack is not None:
+            with contextlib.suppress(Exception):
+                await stack.aclose()
+
+
+async def mcp_call(url: str, key: str, tool: str, args: dict, timeout: float = 30) -> dict:
+    """Call one Prickle tool with ``key`` on a client of its own; see McpSession.call."""
+    session = McpSession(url, key)
+    try:
+        return await session.call(tool, args, timeout)
+    finally:
+        await session.close()
+
+
+async def http_call(base_url: str, key: str, method: str, path: str, body: dict | None = None) -> dict:
+    """One call of the HTTP API with a runner key; raise CallFailed with the error's code."""
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    async with create_mcp_http_client(headers={"Authorization": f"Bearer {key}"}) as http:
+        r = await http.request(method, base_url + path, json=body)
+    try:
+        data = r.json()
+    except ValueError:
+        data = {}
+    if r.status_code >= 400:
+        error = data.get("error", {}) if isinstance(data, dict) else {}
+        raise CallFailed(error.get("message", f"HTTP {r.status_code}"), error.get("code", "error"))
+    return data
+
+
+def task_prompt(task: dict, memory: list[dict], thread: list[dict]) -> str:
+    """What a task's run is told: the packet, the criteria, the thread, the memory and how to finish."""
+    packet = task["packet"]
+    lines = [f"You are working on Prickle task {task['id']} in project {task['project']}, handed to you by "
+             f"{task['requester']}.", "", f"Task: {packet['task']}",
+             f"Deliverable type: {packet.get('deliverable_type', 'other')}", "", "Acceptance criteria:"]
+    lines += [f"  [{i}] {c}" for i, c in enumerate(packet.get("acceptance_criteria", []))]
+    if packet.get("context"):
+        lines += ["", f"Context: {packet['context']}"]
+    if packet.get("files"):
+        lines += ["", "Files: " + ", ".join(str(f.get("path", f)) if isinstance(f, dict) else str(f)
+                                            for f in packet["files"])]
+    if task.get("latest_checkpoint"):
+        lines += ["", "The last checkpoint of this task (continue from it): "
+                  + utf8_json(task["latest_checkpoint"])]
+    if memory:
+        lines += ["", "The project's memory:"] + [f"  - {m['key']}: {m['value']}" for m in memory]
+    if thread:
+        lines += ["", "The task's thread so far:"]
+        for m in thread:
+            author = m["author"].get("agent_id") or m["author"].get("handle")
+            lines.append(f"  - {author}: {m['body']}")
+    lines += ["", "Use the Prickle tools (mcp__prickle__*) and only those for Prickle:",
+              f"1. accept_task with task_id {task['id']} first (unless the task is already accepted).",
+              "2. checkpoint as you go: {task_id, checkpoint: {progress, decisions, next_steps}}.",
+              "3. Work only inside the current directory. Before a destructive, spending or outbound step, "
+              "just make the call: your owner is asked and you get the answer; if it is still waiting, "
+              "checkpoint and end your turn (you will be resumed).",
+              f"4. Finish with return_result {{task_id: {task['id']}, summary, evidence}}: each piece of "
+              "evidence says what shows a criterion and carries \"criteria\": [its indexes], so every "
+              "criterion above is covered.",
+              "Don't call wait_for_mention or wait_for_updates: this run ends when your result is returned."]
+    return "\n".join(lines)
+
+
+def room_prompt(claim: dict, message: dict) -> str:
+    """What a private-room session is told: its role, the owner's message or the draft, one reply."""
+    role, room = claim["role"], claim["project"]
+    lines = [f"You are answering in your owner's private Prickle room {room} (role: {role})."]
+    author = message["author"].get("handle") or message["author"].get("agent_id")
+    lines += ["", f"The message that woke you, from {author}:", message["body"] or "(empty)"]
+    if claim.get("reviewing"):
+        lines += ["", f"The draft by {claim['reviewing']['author']}:", claim["reviewing"]["body"]]
+    verdicts = {"draft": "draft (or ask_owner)", "revise": "draft (or ask_owner)",
+                "combine": "draft (or ask_owner)",
+                "review": "approve, pass, changes (say what to change) or ask_owner"}[role]
+    lines += ["", f"Post exactly one reply with post_message {{project: {room}, body, verdict}} where verdict is "
+              f"{verdicts}. Then stop: you may post only once."]
+    return "\n".join(lines)
+
+
+def _fill(template: list[str], values: dict[str, str]) -> list[str]:
+    """An argv template with ``{name}`` placeholders filled in; unknown names stay as written."""
+    out = []
+    for arg in template:
+        for name, value in values.items():
+            arg = arg.replace("{" + name + "}", value)
+        out.append(arg)
+    return out
+
+
+def mcp_config_for(mcp_url: str, bridge: bool, run_dir: str | None = None) -> dict:
+    """The MCP config a run gets: Prickle over HTTP with ``${PRICKLE_RUN_KEY}`` (no secret in the file).
+
+    With ``bridge``, also the permission-prompt bridge (``prickle runner bridge`` over stdio).
+    """
+    servers: dict[str, dict] = {"prickle": {"type": "http", "url": mcp_url,
+                                            "headers": {"Authorization": "Bearer ${%s}" % RUN_KEY_ENV}}}
+    if bridge:
+        # alwaysLoad: Claude Code waits for it before the first turn, so the permission prompt is there.
+        servers[BRIDGE_SERVER] = {"type": "stdio", "command": sys.executable,
+                                  "args": ["-m", "prickle", "runner", "bridge"], "alwaysLoad": True,
+                                  "env": {RUN_KEY_ENV: "${%s}" % RUN_KEY_ENV, "PRICKLE_MCP_URL": mcp_url}}
+        if run_dir:  # where the bridge notes a step still waiting for the owner
+            servers[BRIDGE_SERVER]["env"]["PRICKLE_RUN_DIR"] = run_dir
+    return {"mcpServers": servers}
+
+
+def launch_argv(agent: RunnerAgent, files: dict[str, str], values: dict[str, str]) -> tuple[list[str], bool]:
+    """The argv that starts the agent's CLI for one run, and whether the prompt goes on stdin.
+
+    Claude Code: ``claude -p`` with the run's MCP config alone and its permission prompt
+    bridged to request_step; Codex: ``codex exec`` with Prickle configured, sandboxed to
+    the workspace; a command: its template filled in.
+    """
+    if agent.client == "claude":
+        return ([agent.cli_path or "claude", "-p", "--mcp-config", files["mcp_config"], "--strict-mcp-config",
+                 "--allowedTools", "mcp__prickle", "--permission-prompt-tool",
+                 f"mcp__{BRIDGE_SERVER}__{BRIDGE_TOOL}", "--output-format", "json"], True)
+    if agent.client == "codex":
+        return ([agent.cli_path or "codex", "exec", "--skip-git-repo-check", "--sandbox", "workspace-write",
+                 "-c", f"mcp_servers.prickle.url={json.dumps(values['mcp_url'])}",
+                 "-c", f"mcp_servers.prickle.bearer_token_env_var={json.dumps(RUN_KEY_ENV)}", "-"], True)
+    return _fill(agent.command, values), False
+
+
+_FAILURE_OF_LAUNCH = {"claude": ("runtime", "claude_code_not_found"), "codex": ("runtime", "codex_not_found"),
+                      "command": ("runtime", "cli_not_found")}
+
+
+class Runner:
+    """The ``prickle runner`` process: one listener per agent, runs within their limits.
+
+    Methods are coroutines on one event loop, so the status they share needs no lock.
+    """
+
+    def __init__(self, config: RunnerConfig, state_dir: str, log: Callable[[str], None] | None = None):
+        self.config, self.state_dir = config, state_dir
+        for sub in ("logs", "runs", "workspaces"):
+            os.makedirs(os.path.join(state_dir, sub), mode=0o700, exist_ok=True)
+        self.log_path = os.path.join(state_dir, "runner.log")
+        self._log_file = open(self.log_path, "a", encoding="utf-8")
+        self._echo = log
+        previous = read_runner_status(state_dir)
+        if previous["running"] and previous["pid"] != os.getpid():
+            raise RunnerError(f"a runner (pid {previous['pid']}) already uses {state_dir}: stop it first")
+        self.previous = previous
+        self.status: dict = {"pid": os.getpid(), "started_at": iso(utcnow()), "log": self.log_path,
+                             "server": config.base_url, "agents": {}, "task_runs": previous.get("task_runs", {})}
+        for agent_id in config.agents:
+            before = previous.get("agents", {}).get(agent_id, {})
+            self.status["agents"][agent_id] = {
+                "connected": False, "listening": False, "paused": False, "cursor": before.get("cursor"),
+                "last_failure": before.get("last_failure"), "runs": {}}
+        self.total = asyncio.Semaphore(config.parallel)
+        self.per_agent = {a: asyncio.Semaphore(c.parallel) for a, c in config.agents.items()}
+        self.procs: dict[str, asyncio.subprocess.Process] = {}  # attempt or session id -> its process
+        self.stopping: dict[str, str] = {}  # attempt or session id -> why it was stopped
+        self.by_task: dict[str, str] = {}  # task id -> the attempt running it
+        self._tasks: set[asyncio.Task] = set()
+        self.waits = {a: McpSession(config.mcp_url, c.key) for a, c in config.agents.items()}
+        self.calls = {a: McpSession(config.mcp_url, c.key) for a, c in config.agents.items()}
+        self.save()
+
+    # -- status and log ------------------------------------------------------
+
+    def log(self, line: str) -> None:
+        """One line in the runner's log (secrets cut)."""
+        text = f"{iso(utcnow())} {redact(line)}"
+        self._log_file.write(text + "\n")
+        self._log_file.flush()
+        if self._echo:
+            self._echo(text)
+
+    def save(self) -> None:
+        """Write the status file (0600, replaced whole) that ``prickle runner status`` reads."""
+        self.status["updated_at"] = iso(utcnow())
+        _write_private(os.path.join(self.state_dir, "status.json"), json.dumps(self.status, indent=1))
+
+    def _agent(self, agent_id: str) -> dict:
+        return self.status["agents"][agent_id]
+
+    def _spawn(self, coro: Any) -> None:
+        t = asyncio.ensure_future(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    # -- the main loop -------------------------------------------------------
+
+    async def run(self, until: asyncio.Event | None = None) -> None:
+        """Recover what a previous runner left, then listen for every agent until ``until`` is set."""
+        until = until or asyncio.Event()
+        await self.recover()
+        listeners = [asyncio.ensure_future(self.listen(a)) for a in self.config.agents]
+        listeners.append(asyncio.ensure_future(self.watch()))
+        self.log(f"runner started (pid {os.getpid()}) for {', '.join(self.config.agents) or 'no agents'}")
+        try:
+            await until.wait()
+        finally:
+            for t in listeners:
+                t.cancel()
+            for run_id in list(self.procs):
+                self.stop_run(run_id, "the runner stopped")
+            if self._tasks:
+                await asyncio.wait(list(self._tasks), timeout=RUNNER_STOP_GRACE + 5)
+            for session in [*self.waits.values(), *self.calls.values()]:
+                await session.close()
+            for a in self.status["agents"].values():
+                a["connected"] = a["listening"] = False
+            self.save()
+            self.log("runner stopped")
+
+    async def recover(self) -> None:
+        """Mark uncertain every run a previous runner launched and never saw end (its process is stopped)."""
+        for agent_id, before in self.previous.get("agents", {}).items():
+            agent = self.config.agents.get(agent_id)
+            for run_id, run in before.get("runs", {}).items():
+                if run.get("pid") and _alive(run["pid"]):
+                    with contextlib.suppress(OSError):
+                        os.killpg(run["pid"], 9)
+                if run.get("kind") != "task" or agent is None:
+                    continue
+                self.log(f"{agent_id}: attempt {run_id} of task {run['task_id']} was running when the last runner "
+                         "ended: its outcome is unknown, marking it uncertain")
+                try:
+                    await http_call(self.config.base_url, agent.key, "POST", f"/api/runner/attempts/{run_id}/uncertain",
+                                    {"reason": "runner_restarted"})
+                except (CallFailed, OSError, Exception) as e:  # noqa: BLE001 - reported, the runner goes on
+                    self.log(f"{agent_id}: could not mark attempt {run_id} uncertain: {e}")
+
+    async def listen(self, agent_id: str) -> None:
+        """Wait in wait_for_mention for one agent, resuming from its cursor, reconnecting with backoff."""
+        agent, state = self.config.agents[agent_id], self._agent(agent_id)
+        failures = 0
+        first = True
+        while True:
+            # Back from an outage: a short wait first, so the status says connected at once.
+            args: dict = {"timeout_seconds": RUNNER_WAIT_SECONDS if state["connected"] else 1}
+            if state["cursor"]:
+                args["cursor"] = state["cursor"]
+            try:
+                if first:
+                    if not state["cursor"]:  # a cursor first, so nothing falls between the inbox and the wait
+                        out = await self.waits[agent_id].call("wait_for_mention", {"timeout_seconds": 1})
+                        state["cursor"] = out["cursor"]
+                    await self.catch_up(agent_id)  # tasks that reached the agent while no runner listened
+                    first = False
+                    if not state["connected"]:
+                        self.log(f"{agent_id}: connected to {self.config.base_url}")
+                    state["connected"] = True
+                state["listening"] = True
+                self.save()
+                out = await self.waits[agent_id].call("wait_for_mention", args, timeout=RUNNER_WAIT_SECONDS)
+            except asyncio.CancelledError:
+                raise
+            except CallFailed as e:
+                state["connected"] = state["listening"] = False
+                self.save()
+                self.log(f"{agent_id}: wait_for_mention refused: {e.message}")
+                failures += 1
+                await asyncio.sleep(RUNNER_BACKOFF[min(failures, len(RUNNER_BACKOFF)) - 1])
+                continue
+            except Exception as e:  # noqa: BLE001 - the server is away: back off and reconnect
+                if state["connected"] or failures == 0:
+                    self.log(f"{agent_id}: the server is not answering ({type(e).__name__}); reconnecting")
+                state["connected"] = state["listening"] = False
+                self.save()
+                failures += 1
+                await asyncio.sleep(RUNNER_BACKOFF[min(failures, len(RUNNER_BACKOFF)) - 1])
+                continue
+            if not state["connected"]:
+                self.log(f"{agent_id}: connected to {self.config.base_url}")
+            failures = 0
+            state["connected"] = True
+            state["cursor"] = out["cursor"]
+            self.save()
+            if out["status"] == "resync":
+                self.log(f"{agent_id}: the cursor could not be used; looking in the inbox")
+                self._spawn(self.catch_up(agent_id))
+            for event in out.get("events", []):
+                self.on_event(agent_id, event)
+
+    async def catch_up(self, agent_id: str) -> None:
+        """Start runs for tasks routed to the agent that no wake will bring again (check_inbox)."""
+        agent = self.config.agents[agent_id]
+        inbox = await self.calls[agent_id].call("check_inbox", {})
+        for task in inbox.get("assigned", []):
+            if task["state"] == "routed":
+                self.on_event(agent_id, {"kind": "task", "task": task})
+
+    def on_event(self, agent_id: str, event: dict) -> None:
+        """Dispatch one wake: a task, a room message, an approved action; a mention is only logged."""
+        kind = event["kind"]
+        if kind == "mention":
+            m = event["message"]
+            author = m["author"].get("agent_id") or m["author"].get("handle")
+            self.log(f"{agent_id}: notification: mentioned by {author} in {m['project']} (message {m['id']}); "
+                     "a mention never starts a run")
+        elif kind == "task":
+            task = event["task"]
+            running = self.by_task.get(task["id"])
+            if running and task["state"] in RUN_ENDED_STATES:
+                self.stop_run(running, f"the task is {task['state']}")
+            elif running:
+                self.log(f"{agent_id}: task {task['id']} already has a run ({running}); one run per task")
+                self._spawn(self.check_stops(agent_id))
+            elif task["state"] in CLAIMABLE:
+                self.by_task[task["id"]] = "claiming"
+                self._spawn(self.run_task(agent_id, task))
+        elif kind == "room":
+            self._spawn(self.run_room(agent_id, event))
+        elif kind == "action":
+            self._spawn(self.run_action(agent_id, event))
+        elif kind in ("run_stopped", "stop"):
+            run_id = event.get("attempt_id") or self.by_task.get(event.get("task_id", ""))
+            if run_id:
+                self.stop_run(run_id, "the owner stopped it")
+
+    async def device_state(self, agent_id: str) -> dict | None:
+        """The device's state from the server (paused, its attempts), or None when it can't be read."""
+        try:
+            return await http_call(self.config.base_url, self.config.agents[agent_id].key, "GET", "/api/runner/state")
+        except Exception as e:  # noqa: BLE001 - an older server or a short outage: carry on, logged
+            self.log(f"{agent_id}: the runner state could not be read: {e}")
+            return None
+
+    async def check_stops(self, agent_id: str) -> None:
+        """End every run of this agent whose attempt was stopped, replaced or marked uncertain on the server.
+
+        A ``finished`` attempt (its result came back) is left to exit on its own.
+        """
+        state = await self.device_state(agent_id)
+        if state is None:
+            return
+        self._agent(agent_id)["paused"] = bool(state.get("paused"))
+        for attempt in state.get("runs", []):
+            if attempt["state"] not in ("running", "finished") and attempt["attempt_id"] in self.procs:
+                self.stop_run(attempt["attempt_id"], f"the server says the attempt is {attempt['state']}")
+
+    async def watch(self) -> None:
+        """While any run is going, read each busy agent's device state every RUNNER_WATCH_SECONDS."""
+        while True:
+            await asyncio.sleep(RUNNER_WATCH_SECONDS)
+            for agent_id, state in self.status["agents"].items():
+                if any(r["kind"] == "task" for r in state["runs"].values()):
+                    await self.check_stops(agent_id)
+
+    async def wait_unpaused(self, agent_id: str) -> None:
+        """Return once the agent is not paused; while it is, launch nothing and ask every pause_poll_seconds."""
+        told = False
+        while True:
+            state = await self.device_state(agent_id)
+            paused = bool(state and state.get("paused"))
+            self._agent(agent_id)["paused"] = paused
+            self.save()
+            if not paused:
+                if told:
+                    self.log(f"{agent_id}: resumed")
+                return
+            if not told:
+                self.log(f"{agent_id}: paused by its {state.get('paused_by') or 'owner'}: launching nothing")
+                told = True
+            await asyncio.sleep(self.config.pause_poll_seconds)
+
+    def stop_run(self, run_id: str, why: str) -> None:
+        """End a run's process group: SIGTERM, then SIGKILL after RUNNER_STOP_GRACE."""
+        proc = self.procs.get(run_id)
+        if proc is None or proc.returncode is not None:
+            return
+        self.stopping[run_id] = why
+        self.log(f"stopping {run_id}: {why}")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 15)
+
+        def kill() -> None:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, 9)
+        asyncio.get_running_loop().call_later(RUNNER_STOP_GRACE, kill)
+
+    # -- runs ----------------------------------------------------------------
+
+    async def report(self, agent_id: str, project: str, failure: dict | None, task_id: str | None = None) -> None:
+        """Set run_failure on the agent's Team Pulse, or clear it after a good run."""
+        agent, state = self.config.agents[agent_id], self._agent(agent_id)
+        if failure is None:
+            args: dict = {"project": project, "clear_run_failure": True}
+            if task_id:
+                args["task_id"] = task_id
+        else:
+            args = {"project": project, "availability": "idle", "doing": "", "run_failure": failure}
+        try:
+            await self.calls[agent_id].call("update_pulse", args)
+        except Exception as e:  # noqa: BLE001 - the report is best effort; the log keeps it
+            self.log(f"{agent_id}: could not report to Team Pulse: {e}")
+        if failure is not None:
+            state["last_failure"] = failure | {"at": iso(utcnow()), "project": project, "task_id": task_id}
+        elif state["last_failure"] and state["last_failure"].get("project", project) == project:
+            state["last_failure"] = None
+        self.save()
+
+    def _workspace(self, agent: RunnerAgent, task_id: str) -> str:
+        """The run's workspace: a git worktree on branch ``prickle/<task>`` with a repo, else a scratch dir."""
+        path = os.path.join(self.state_dir, "workspaces", task_id)
+        if agent.repo is None:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            return path
+        if os.path.isdir(path):
+            return path  # the task's worktree from an earlier run: continue in it
+        import subprocess
+        repo, branch = os.path.expanduser(agent.repo), f"prickle/{task_id}"
+        exists = subprocess.run(["git", "-C", repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}"],
+                                capture_output=True).returncode == 0
+        argv = ["git", "-C", repo, "worktree", "add"] + ([path, branch] if exists else ["-b", branch, path])
+        done = subprocess.run(argv, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RunnerError(f"git worktree add failed: {done.stderr.strip()[:300]}", "worktree_failed")
+        return path
+
+    async def _launch(self, run_id: str, argv: list[str], env: dict, cwd: str, stdin_text: str | None,
+                      log_path: str, limit_seconds: float, record: dict, agent_id: str) -> tuple[int | None, str]:
+        """Start one process group, copy its output (secrets cut) to its log, wait within the limit.
+
+        Returns ``(exit status or None if it never started, how it ended)``: ``exited``,
+        ``time_limit``, ``stopped`` or ``not_found``/``did_not_start``.
+        """
+        log = open(log_path, "a", encoding="utf-8")
+        log.write(f"{iso(utcnow())} start: {redact(shlex.join(argv))} (in {cwd})\n")
+        log.flush()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, cwd=cwd, env=env, start_new_session=True,
+                stdin=asyncio.subprocess.PIPE if stdin_text is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        except FileNotFoundError as e:
+            log.write(f"{iso(utcnow())} not found: {e}\n")
+            log.close()
+            return None, "not_found"
+        except OSError as e:
+            log.write(f"{iso(utcnow())} did not start: {e}\n")
+            log.close()
+            return None, "did_not_start"
+        self.procs[run_id] = proc
+        record["pid"] = proc.pid
+        self._agent(agent_id)["runs"][run_id] = record
+        self.save()
+
+        async def pump() -> None:
+            if stdin_text is not None:
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    proc.stdin.write(stdin_text.encode())
+                    await proc.stdin.drain()
+                    proc.stdin.close()
+            async for raw in proc.stdout:
+                log.write(redact(raw.decode("utf-8", "replace")))
+                log.flush()
+
+        pumping = asyncio.ensure_future(pump())
+        how = "exited"
+        try:
+            await asyncio.wait_for(proc.wait(), limit_seconds)
+        except asyncio.TimeoutError:
+            how = "time_limit"
+            self.stop_run(run_id, f"past its time limit of {limit_seconds / 60:g} minutes")
+            await proc.wait()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(pumping, 5)
+        if run_id in self.stopping and how == "exited":
+            how = "stopped"
+        log.write(f"{iso(utcnow())} end: {how}, exit status {proc.returncode}\n")
+        log.close()
+        self.procs.pop(run_id, None)
+        return proc.returncode, how
+
+    def _env(self, secret: str, values: dict[str, str]) -> dict:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PRICKLE_")}
+        # The bridge is a Python process: on a busy computer it may start slower than Claude Code waits by default.
+        env.setdefault("MCP_TIMEOUT", "60000")
+        env.update({RUN_KEY_ENV: secret, "PRICKLE_MCP_URL": values["mcp_url"], "PRICKLE_TASK_ID": values["task_id"],
+                    "PRICKLE_PROJECT": values["project"], "PRICKLE_ROLE": values["role"],
+                    "PRICKLE_PROMPT_FILE": values["prompt_file"], "PRICKLE_MCP_CONFIG": values["mcp_config"]})
+        return env
+
+    def _run_files(self, run_id: str, prompt: str, bridge: bool) -> dict[str, str]:
+        run_dir = os.path.join(self.state_dir, "runs", run_id)
+        os.makedirs(run_dir, mode=0o700, exist_ok=True)
+        files = {"mcp_config": os.path.join(run_dir, "mcp.json"), "prompt_file": os.path.join(run_dir, "prompt.txt"),
+                 "run_dir": run_dir}
+        _write_private(files["mcp_config"], json.dumps(mcp_config_for(self.config.mcp_url, bridge, run_dir), indent=1))
+        _write_private(files["prompt_file"], prompt)
+        return files
+
+    async def run_task(self, agent_id: str, task: dict) -> None:
+        """Claim a routed task and run it once: workspace, launch (a failed launch is retried with the
+        same idempotency key), time limit, then report the outcome to Team Pulse."""
+        agent, task_id, project = self.config.agents[agent_id], task["id"], task["project"]
+        try:
+            async with self.per_agent[agent_id], self.total:
+                n = self.status["task_runs"].get(task_id, 0) + 1
+                key = f"{task_id}.{n}"
+                failure, attempt_id = None, None
+                launch = 0
+                while launch < 2:
+                    await self.wait_unpaused(agent_id)
+                    try:
+                        claim = await self.calls[agent_id].call("claim_task",
+                                               {"task_id": task_id, "idempotency_key": key})
+                    except CallFailed as e:
+                        self.log(f"{agent_id}: claim_task {task_id} refused: {e.message}")
+                        if e.code != "paused":
+                            return
+                        self._agent(agent_id)["paused"] = True
+                        self.save()
+                        await asyncio.sleep(self.config.pause_poll_seconds)
+                        continue
+                    launch += 1
+                    self._agent(agent_id)["paused"] = False
+                    attempt_id = claim["attempt"]["attempt_id"]
+                    self.status["task_runs"][task_id] = n
+                    self.by_task[task_id] = attempt_id
+                    failure = await self._run_attempt(agent_id, task, claim, launch)
+                    if failure is None or failure.get("retry") is not True or launch == 2:
+                        break
+                    self.log(f"{agent_id}: launch {launch} of {attempt_id} failed ({failure['step']}); "
+                             "claiming again with the same idempotency key")
+                if failure is not None:
+                    failure.pop("retry", None)
+                if failure is None or not failure.get("stopped"):  # a stopped run is neither good nor failed
+                    await self.report(agent_id, project, failure, task_id)
+        finally:
+            self.by_task.pop(task_id, None)
+            self.save()
+
+    async def _run_attempt(self, agent_id: str, task: dict, claim: dict, launch: int) -> dict | None:
+        """One launch of a claimed attempt; return the run_failure to report (None: a good run; ``stopped``: none)."""
+        agent, task_id = self.config.agents[agent_id], task["id"]
+        attempt_id, secret = claim["attempt"]["attempt_id"], claim["execution_credential"]["token"]
+        log_path = os.path.join(self.state_dir, "logs", f"{attempt_id}.log")
+        record = {"kind": "task", "task_id": task_id, "project": task["project"], "attempt_id": attempt_id,
+                  "started_at": iso(utcnow()), "log": log_path, "pid": None, "workspace": None}
+        try:
+            workspace = self._workspace(agent, task_id)
+        except RunnerError as e:
+            self.log(f"{agent_id}: {attempt_id}: {e.message}")
+            return {"class": "runtime", "step": "worktree_failed"}
+        record["workspace"] = workspace
+        run = McpSession(self.config.mcp_url, secret)
+        try:  # read with the run's own credential, so its lineage names the facts it was given
+            context = await run.call("get_project_context", {"project": task["project"]})
+            room = await run.call("read_room", {"project": task["project"], "task_id": task_id})
+            fresh = (await run.call("check_inbox", {}))["assigned"]
+            task = next((t for t in fresh if t["id"] == task_id), task)
+        except Exception as e:  # noqa: BLE001 - the run can still start; its prompt says less
+            self.log(f"{agent_id}: {attempt_id}: could not read the task's context: {e}")
+            context, room = {"memory": []}, {"messages": []}
+        finally:
+            await run.close()
+        prompt = task_prompt(task, context.get("memory", []), room.get("messages", []))
+        files = self._run_files(attempt_id, prompt, agent.client == "claude")
+        values = {"mcp_url": self.config.mcp_url, "task_id": task_id, "project": task["project"], "role": "task",
+                  "workspace": workspace, "prompt_file": files["prompt_file"], "mcp_config": files["mcp_config"]}
+        argv, on_stdin = launch_argv(agent, files, values)
+        self.log(f"{agent_id}: task {task_id}: attempt {attempt_id} launch {launch}: {argv[0]} in {workspace}")
+        code, how = await self._launch(attempt_id, argv, self._env(secret, values), workspace,
+                                       prompt if on_stdin else None, log_path,
+                                       agent.launch_timeout_minutes * 60, record, agent_id)
+        self._agent(agent_id)["runs"].pop(attempt_id, None)
+        self.save()
+        if how in ("not_found", "did_not_start"):
+            cls, step = _FAILURE_OF_LAUNCH[agent.client] if how == "not_found" else ("runtime", "cli_did_not_start")
+            return {"class": cls, "step": step, "retry": True}
+        if how == "time_limit":
+            self.log(f"{agent_id}: {attempt_id} stopped past its time limit")
+            return {"class": "timeout", "step": "task_time_limit"}
+        if how == "stopped":
+            self.log(f"{agent_id}: {attempt_id} stopped: {self.stopping.pop(attempt_id, '')}")
+            return {"stopped": True}
+        try:
+            inbox = await self.calls[agent_id].call("check_inbox", {"include_closed": True})
+            state = next((t["state"] for t in inbox["assigned"] if t["id"] == task_id), "gone")
+        except Exception:  # noqa: BLE001
+            state = "unknown"
+        if state in RUN_GOOD_STATES or state in RUN_ENDED_STATES or state == "gone":
+            self.log(f"{agent_id}: {attempt_id} ended (exit status {code}); the task is {state}")
+            return None
+        if os.path.exists(os.path.join(files["run_dir"], "step-pending")):
+            self.log(f"{agent_id}: {attempt_id} ended waiting on a step its owner has not decided yet")
+            return None
+        self.log(f"{agent_id}: {attempt_id} ended (exit status {code}) without a result; the task is {state}")
+        if code != 0:
+            return {"class": "runtime", "step": "cli_crashed"}
+        return {"class": "agent", "step": "agent_error"}
+
+    async def run_room(self, agent_id: str, event: dict) -> None:
+        """Claim a discussion credential for a room wake and run a short session in its role."""
+        agent, message = self.config.agents[agent_id], event["message"]
+        await self.wait_unpaused(agent_id)
+        try:
+            claim = await self.calls[agent_id].call("claim_discussion",
+                                   {"message_id": message["id"], "idempotency_key": f"room-{message['id']}",
+                                    "harness": 2})
+        except Exception as e:  # noqa: BLE001 - a turn that moved on refuses; nothing to run
+            self.log(f"{agent_id}: claim_discussion for {message['id']} refused: {e}")
+            return
+        session_id = f"room-{message['id']}-{agent_id.replace('/', '-')}"
+        async with self.per_agent[agent_id], self.total:
+            files = self._run_files(session_id, room_prompt(claim, message), agent.client == "claude")
+            workspace = os.path.join(self.state_dir, "workspaces", session_id)
+            os.makedirs(workspace, mode=0o700, exist_ok=True)
+            values = {"mcp_url": self.config.mcp_url, "task_id": "", "project": claim["project"],
+                      "role": claim["role"], "workspace": workspace, "prompt_file": files["prompt_file"],
+                      "mcp_config": files["mcp_config"]}
+            argv, on_stdin = launch_argv(agent, files, values)
+            log_path = os.path.join(self.state_dir, "logs", f"{session_id}.log")
+            record = {"kind": "room", "message_id": message["id"], "project": claim["project"], "role": claim["role"],
+                      "started_at": iso(utcnow()), "log": log_path, "pid": None, "workspace": workspace}
+            self.log(f"{agent_id}: room {claim['project']}: {claim['role']} session for message {message['id']}")
+            secret = claim["discussion_credential"]["token"]
+            limit = min(agent.launch_timeout_minutes, ROOM_SESSION_MINUTES) * 60
+            code, how = await self._launch(session_id, argv, self._env(secret, values), workspace,
+                                           room_prompt(claim, message) if on_stdin else None, log_path, limit,
+                                           record, agent_id)
+            self._agent(agent_id)["runs"].pop(session_id, None)
+            self.save()
+            self.log(f"{agent_id}: {session_id} ended: {how}, exit status {code}")
+
+    async def run_action(self, agent_id: str, event: dict) -> None:
+        """Claim an approved make-or-spend card and run the command configured for its tool."""
+        agent, action_id, tool = self.config.agents[agent_id], event["action_id"], event["tool"]
+        base = self.config.base_url
+        template = agent.actions.get(tool)
+        try:
+            card = (await http_call(base, agent.key, "POST", f"/api/runner/actions/{action_id}/claim", {}))
+        except Exception as e:  # noqa: BLE001
+            self.log(f"{agent_id}: action {action_id} could not be claimed: {e}")
+            return
+        card = card.get("action", card)
+        if not template:
+            self.log(f"{agent_id}: action {action_id}: no command configured for {tool}")
+            await http_call(base, agent.key, "POST", f"/api/runner/actions/{action_id}/finish",
+                            {"failure": "unavailable"})
+            return
+        import subprocess
+        prompt = card.get("inputs", {}).get("prompt", "")
+        workspace = os.path.join(self.state_dir, "workspaces", action_id)
+        os.makedirs(workspace, mode=0o700, exist_ok=True)
+        log_path = os.path.join(self.state_dir, "logs", f"{action_id}.log")
+        argv = _fill(template, {"prompt": prompt})
+        self.log(f"{agent_id}: action {action_id}: running {argv[0]} for {tool}")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PRICKLE_")} | {"PRICKLE_ACTION_PROMPT": prompt}
+        try:
+            done = await asyncio.to_thread(subprocess.run, argv, cwd=workspace, env=env, capture_output=True,
+                                           text=True, timeout=agent.launch_timeout_minutes * 60)
+            body, failure = done.stdout.strip()[:8000], None
+            with open(log_path, "a", encoding="utf-8") as f:
+                f.write(redact(done.stdout + done.stderr))
+            if done.returncode != 0 or not body:
+                body, failure = None, "error" if done.returncode != 0 else "no_result"
+        except FileNotFoundError:
+            body, failure = None, "unavailable"
+        except subprocess.TimeoutExpired:
+            body, failure = None, "stopped"
+        await http_call(base, agent.key, "POST", f"/api/runner/actions/{action_id}/finish",
+                        {"body": body} if body else {"failure": failure})
+        self.log(f"{agent_id}: action {action_id} finished" + (f" ({failure})" if failure else ""))
+
+
+# -- the permission-prompt bridge ---------------------------------------------
+
+
+async def run_bridge() -> None:
+    """``prickle runner bridge``: a stdio MCP server whose one tool forwards a permission prompt to request_step.
+
+    Claude Code calls it with ``{tool_name, input, tool_use_id}`` and takes only a single
+    text block ``{"behavior": "allow", "updatedInput": …}`` or ``{"behavior": "deny",
+    "message": …}``. The run's credential and Prickle's address come from the environment.
+    """
+    from mcp.server.stdio import stdio_server
+
+    url, key = os.environ.get("PRICKLE_MCP_URL", ""), os.environ.get(RUN_KEY_ENV, "")
+    run_dir = os.environ.get("PRICKLE_RUN_DIR")
+    schema = {"type": "object", "properties": {"tool_name": {"type": "string"}, "input": {"type": "object"},
+                                               "tool_use_id": {"type": "string"}},
+              "required": ["tool_name", "input"]}
+    tool = mcp_types.Tool(name=BRIDGE_TOOL, description="Ask the owner, through Prickle's request_step, whether "
+                          "this tool call may run.", input_schema=schema)
+
+    async def list_tools(ctx: Any, params: Any) -> mcp_types.ListToolsResult:
+        return mcp_types.ListToolsResult(tools=[tool])
+
+    async def call_tool(ctx: Any, params: mcp_types.CallToolRequestParams) -> mcp_types.CallToolResult:
+        args = params.arguments or {}
+        ask = {"tool_name": str(args.get("tool_name", ""))[:200], "input": args.get("input") or {},
+               "reason": "Asked by the run's permission prompt."}
+        if args.get("tool_use_id"):
+            ask["tool_use_id"] = str(args["tool_use_id"])[:200]
+        try:
+            answer = await mcp_call(url, key, "request_step", ask)
+            if answer["behavior"] == "allow":
+                out = {"behavior": "allow", "updatedInput": answer.get("updatedInput", ask["input"])}
+            else:
+                out = {"behavior": "deny", "message": answer.get("message") or "Refused."}
+            if answer["status"] == "pending" and run_dir:
+                _write_private(os.path.join(run_dir, "step-pending"), answer["step_id"])
+        except Exception as e:  # noqa: BLE001 - a prompt that can't be asked is a refusal, never a crash
+            out = {"behavior": "deny", "message": f"Prickle could not be asked: {redact(str(e))[:300]}"}
+        return mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=json.dumps(out))])
+
+    server = _MCPServer("prickle-bridge", version=__version__, on_list_tools=list_tools, on_call_tool=call_tool)
+    async with stdio_server() as (read, write):
+        await server.run(read, write, server.create_initialization_options())
+
+
+def runner_status_lines(config: RunnerConfig, status: dict) -> list[str]:
+    """``prickle runner status`` as text: the runner, then each agent with its runs and last failure."""
+    running = status["running"]
+    lines = [f"runner: {'running (pid %s)' % status['pid'] if running else 'not running'}; server "
+             f"{config.base_url}; log {status.get('log', '-')}"]
+    for agent_id in config.agents:
+        a = status.get("agents", {}).get(agent_id, {})
+        connected, listening = running and a.get("connected", False), running and a.get("listening", False)
+        lines.append(f"{agent_id}: {'connected' if connected else 'not connected'}, "
+                     f"{'listening' if listening else 'not listening'}"
+                     + (", paused" if a.get("paused") else "")
+                     + f", {len(a.get('runs', {})) if running else 0} run(s) in progress")
+        for run_id, run in (a.get("runs", {}) if running else {}).items():
+            what = f"task {run['task_id']}" if run["kind"] == "task" else f"{run['kind']} {run.get('role', '')}"
+            lines.append(f"  {run_id}: {what}, since {run['started_at']}, log {run['log']}")
+        failure = a.get("last_failure")
+        lines.append(f"  last failure: {failure['class']}/{failure['step']} at {failure['at']}" if failure
+                     else "  last failure: none")
+    return lines
+
+
+###############################################################################
 # Command line ################################################################
 ###############################################################################
 
@@ -8421,9 +9377,21 @@ def connect_runner(server: str, config_path: str, name: str, clis: list[str],
                                               for a in got["agents"]]}
 
 
-@cli.group("runner")
-def runner_group() -> None:
-    """The runner on a teammate's computer: connect it, then it runs the agents' work."""
+@cli.group("runner", invoke_without_command=True)
+@click.option("--config", "config_path", default=None,
+              help="The runner's config file (default: $PRICKLE_RUNNER_CONFIG or ~/.config/prickle/runner.toml).")
+@click.pass_context
+def runner_group(ctx: click.Context, config_path: str | None) -> None:
+    """Run your agents' work on this computer: listen for their wakes and launch their CLIs."""
+    ctx.obj = {"config": config_path}
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(runner_start, config_path=config_path)
+
+
+def _runner_config_option(f: Callable) -> Callable:
+    return click.option("--config", "config_path", default=None,
+                        help="The runner's config file (default: $PRICKLE_RUNNER_CONFIG or "
+                             "~/.config/prickle/runner.toml).")(f)
 
 
 @runner_group.command("connect")
@@ -8581,6 +9549,72 @@ def connect_cmd(db_path: str, as_json: bool, agent_id: str, project_slug: str | 
                   f"Made a client key for {agent_id} (key ID {record['id']}; the key itself is in the lines "
                   f"below and is shown only once).\n\nClaude Code:\n  {lines['claude_code']}\n\nCodex:\n"
                   + "\n".join("  " + line for line in lines["codex"].splitlines()) + warning)
+
+
+def _runner_config(config_path: str | None) -> tuple[str, RunnerConfig]:
+    ctx = click.get_current_context()
+    path = config_path or (ctx.find_root().obj or {}).get("config") or (ctx.obj or {}).get("config") \
+        or runner_config_path()
+    return path, load_runner_config(path)
+
+
+@runner_group.command("start")
+@_runner_config_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (pid, state directory, log) on start.")
+def runner_start(config_path: str | None, as_json: bool = False) -> None:
+    """Listen for every configured agent and run what wakes it, until stopped (Ctrl-C or SIGTERM).
+
+    What it does goes to stderr and to ``runner.log`` in its state directory.
+    """
+    import signal
+
+    path, config = _runner_config(config_path)
+    if not config.agents:
+        raise RunnerError(f"runner config {path} names no agents: run 'prickle runner connect' first")
+    runner = Runner(config, runner_state_dir(config, path), log=lambda line: click.echo(line, err=True))
+    if as_json:
+        click.echo(utf8_json({"pid": os.getpid(), "config": path, "state_dir": runner.state_dir,
+                              "log": runner.log_path, "agents": list(config.agents)}))
+
+    async def main() -> None:
+        until = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, until.set)
+        await runner.run(until)
+
+    asyncio.run(main())
+
+
+@runner_group.command("status")
+@_runner_config_option
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
+def runner_status(config_path: str | None, as_json: bool) -> None:
+    """Show each agent: connected, listening, runs in progress (with their logs), last failure."""
+    path, config = _runner_config(config_path)
+    state_dir = runner_state_dir(config, path)
+    status = read_runner_status(state_dir)
+    if not status["running"]:
+        for a in status.get("agents", {}).values():
+            a.update(connected=False, listening=False, runs={})
+    for agent_id in config.agents:
+        status.setdefault("agents", {}).setdefault(agent_id, {"connected": False, "listening": False, "runs": {},
+                                                               "last_failure": None})
+    status.pop("task_runs", None)
+    for a in status["agents"].values():
+        a.pop("cursor", None)
+    _Out(as_json)({"config": path, "state_dir": state_dir} | status, "\n".join(runner_status_lines(config, status)))
+
+
+@runner_group.command("bridge", hidden=True)
+def runner_bridge() -> None:
+    """The permission-prompt bridge a Claude Code run starts over stdio (not run by hand)."""
+    asyncio.run(run_bridge())
+
+
+def runner_main() -> int:
+    """The ``prickle-runner`` console script: ``prickle runner`` under its own name."""
+    return main(["runner", *sys.argv[1:]])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,6 +36,8 @@ def jrun(db_path, *args):
 
 def leaf_commands(group=prickle.cli, path=()):
     for name, cmd in group.commands.items():
+        if cmd.hidden:  # run by a program, not a person (the runner's permission-prompt bridge speaks MCP)
+            continue
         if isinstance(cmd, click.Group):
             yield from leaf_commands(cmd, path + (name,))
         else:

@@ -1,0 +1,63 @@
+"""A stand-in agent CLI for ``client = "command"`` runner tests: it works its task over MCP.
+
+The runner starts it with the run's credential in ``PRICKLE_RUN_KEY`` (never argv) and
+Prickle's address in ``PRICKLE_MCP_URL``. What it does is read from its task's packet
+context (``standin: MODE``): ``ok`` (accept, checkpoint, return a result with evidence
+for each criterion), ``sleep`` (accept, then wait to be stopped), ``quiet`` (accept and
+exit without a result), ``crash`` (exit 3). In a private room (``PRICKLE_ROLE`` draft,
+review or revise) it posts its one reply with a verdict.
+"""
+
+import asyncio
+import json
+import os
+import sys
+import time
+
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+
+async def call(c, tool, args):
+    r = await c.call_tool(tool, args)
+    if r.is_error:
+        raise SystemExit(f"{tool} failed: {r.content[0].text}")
+    return r.structured_content
+
+
+async def main() -> None:
+    key, url = os.environ["PRICKLE_RUN_KEY"], os.environ["PRICKLE_MCP_URL"]
+    role, project = os.environ["PRICKLE_ROLE"], os.environ["PRICKLE_PROJECT"]
+    prompt = open(sys.argv[1]).read()
+    print(f"stand-in: role {role}, argv {sys.argv[1:]}, cwd {os.getcwd()}", flush=True)
+    async with create_mcp_http_client(headers={"Authorization": f"Bearer {key}"}) as http:
+        async with Client(streamable_http_client(url, http_client=http), mode="2026-07-28") as c:
+            if role != "task":
+                verdict = {"review": "approve"}.get(role, "draft")
+                body = {"draft": "Work, together.", "revise": "Prickle: work, together."}.get(role, "")
+                posted = await call(c, "post_message", {"project": project, "body": body, "verdict": verdict})
+                print(f"stand-in: posted {posted['message']['id']} ({verdict})", flush=True)
+                return
+            task_id = os.environ["PRICKLE_TASK_ID"]
+            task = (await call(c, "check_inbox", {}))["assigned"][0]
+            mode = task["packet"].get("context", "").partition("standin: ")[2].split()[0] or "ok"
+            if mode == "crash":
+                raise SystemExit(3)
+            await call(c, "accept_task", {"task_id": task_id})
+            with open("work.txt", "w") as f:  # in the workspace the runner made
+                f.write(prompt)
+            print(f"stand-in: accepted {task_id}, mode {mode}", flush=True)
+            if mode == "sleep":
+                await call(c, "checkpoint", {"task_id": task_id, "checkpoint": {"progress": "Sleeping."}})
+                time.sleep(600)
+            if mode == "quiet":
+                return
+            await call(c, "checkpoint", {"task_id": task_id, "checkpoint": {"progress": "Drafted."}})
+            criteria = task["packet"]["acceptance_criteria"]
+            await call(c, "return_result", {"task_id": task_id, "summary": "Done by the stand-in.", "evidence": [
+                {"kind": "note", "summary": f"Shows: {text}", "criteria": [i]} for i, text in enumerate(criteria)]})
+            print(json.dumps({"returned": task_id}), flush=True)
+
+
+asyncio.run(main())

@@ -1,0 +1,295 @@
+"""The ``prickle runner`` process against a real ``prickle serve``: listen, claim, launch, report.
+
+The agent CLI here is the stand-in command (``client = "command"``, tests/runner_agent.py);
+tests/test_runner_claude.py runs real Claude Code.
+"""
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+
+import httpx
+
+from conftest import MCP, PRICKLE, REFERENCE_TOOLS, Served, audit_entries
+from runner_util import (SECRET_PREFIXES, STANDIN_AGENT, RunnerProcess, all_logs, person, pulse_of, task_state,
+                         wait_until, write_config)
+from test_e2e import cli_json
+
+import prickle
+
+PROJECT = "website-v2"
+
+
+def packet(mode: str, task: str = "Draft the hero copy.") -> dict:
+    return REFERENCE_TOOLS["handoff"]["example_input"]["packet"] | {"task": task, "context": f"standin: {mode}"}
+
+
+def setup(db_path, served, tmp_path, **agent):
+    """ren/builder's runner config (the stand-in command), oj's handoffs let through, and the callers."""
+    base = served.info["url"]
+    key = cli_json(db_path, "device", "pair", "ren/builder", "--name", "ren-laptop")["token"]
+    cli_json(db_path, "rule", "set", "ren", "--decision", "allow", "--from-owner", "oj")
+    config = write_config(tmp_path / "runner.toml", served.info["mcp"], {
+        "ren/builder": {"key": key, "client": "command", "command": STANDIN_AGENT} | agent})
+    mcp = MCP(httpx.Client(base_url=base, timeout=60), {"oj/muse": served.info["demo"]["keys"]["oj/muse"]})
+    ren = person(base, cli_json(db_path, "token", "create", "--person", "ren")["token"])
+    oj = person(base, cli_json(db_path, "token", "create", "--person", "oj")["token"])
+    return config, key, mcp, ren, oj
+
+
+def hand(mcp, mode: str, task: str = "Draft the hero copy.") -> str:
+    out = mcp.ok("oj/muse", "handoff", {"project": PROJECT, "to": "ren/builder", "packet": packet(mode, task)})
+    assert out["task"]["state"] == "routed"
+    return out["task"]["id"]
+
+
+def test_a_handed_off_task_is_claimed_run_in_its_workspace_and_returned(db_path, tmp_path):
+    repo = tmp_path / "website"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org", "commit", "-q",
+                    "--allow-empty", "-m", "start"], check=True)
+    with Served(db_path, "--demo") as served:
+        config, key, mcp, ren, oj = setup(db_path, served, tmp_path, repo=str(repo))
+        with RunnerProcess(config) as runner:
+            runner.wait_connected("ren/builder")
+            status = runner.status()
+            assert status["running"] is True and status["agents"]["ren/builder"]["listening"] is True
+            task_id = hand(mcp, "ok")
+            verifying = wait_until("the result", lambda: (t := task_state(ren, task_id))["state"] == "verifying"
+                                   and t)
+            result = verifying["result"]
+            assert [e["criteria"] for e in result["evidence"]] == [[0], [1]]
+            assert result["lineage"]["cause"]["kind"] == "task"
+            # The run worked in the workspace the runner made for the task, and saw the packet and criteria.
+            workspace = runner.state_dir / "workspaces" / task_id
+            work = (workspace / "work.txt").read_text()
+            branch = subprocess.run(["git", "-C", str(workspace), "rev-parse", "--abbrev-ref", "HEAD"],
+                                    capture_output=True, text=True).stdout.strip()
+            assert branch == f"prickle/{task_id}"  # a worktree of the repo on a branch named for the task
+            assert not (repo / "work.txt").exists()
+            assert "Draft the hero copy." in work and "[1] Include a clear call to action." in work
+            assert f"accept_task with task_id {task_id}" in work and '"criteria": [its indexes]' in work
+            wait_until("the run to end", lambda: not runner.runs("ren/builder")
+                       and "ended (exit status 0); the task is verifying" in runner.log())
+            sub = verifying["result"]
+            accepted = mcp.ok("oj/muse", "accept_result", {
+                "task_id": task_id, "submission_id": sub["submission_id"], "revision": sub["revision"],
+                "verdicts": [{"criterion": 0, "accepted": True}, {"criterion": 1, "accepted": True}],
+                "artifacts": sub["artifacts"]})
+            assert accepted["task"]["state"] == "approval"
+            assert oj.post(f"/api/tasks/{task_id}/accept", json={}).json()["task"]["state"] == "completed"
+            status = runner.status()
+        # One claim, one finished attempt; the credential went by environment, never argv or a log.
+        db = prickle.Database(db_path)
+        claimed = audit_entries(db, PROJECT, "attempt.claimed")
+        assert [e["refs"]["task"] for e in claimed] == [task_id]
+        assert [e["refs"]["attempt"] for e in audit_entries(db, PROJECT, "attempt.finished")] == \
+            [claimed[0]["refs"]["attempt"]]
+        db.close()
+        logs = all_logs(runner.state_dir)
+        assert "stand-in: role task, argv [" in logs and f"accepted {task_id}, mode ok" in logs
+        assert not any(p in logs for p in SECRET_PREFIXES) and key not in logs
+        mode = stat.S_IMODE(os.stat(runner.state_dir / "status.json").st_mode)
+        assert mode == 0o600
+        attempt = claimed[0]["refs"]["attempt"]
+        run_dir = runner.state_dir / "runs" / attempt
+        assert stat.S_IMODE(os.stat(run_dir / "mcp.json").st_mode) == 0o600
+        assert json.loads((run_dir / "mcp.json").read_text())["mcpServers"]["prickle"]["headers"] == {
+            "Authorization": "Bearer ${PRICKLE_RUN_KEY}"}
+        assert (runner.state_dir / "logs" / f"{attempt}.log").exists()
+        assert status["agents"]["ren/builder"]["last_failure"] is None
+        ren.close(), oj.close(), mcp.client.close()
+
+
+def test_failed_runs_set_run_failure_a_good_run_clears_it_and_a_mention_only_notifies(db_path, tmp_path):
+    with Served(db_path, "--demo") as served:
+        base, db = served.info["url"], prickle.Database(db_path)
+        prickle.add_agent(db, "ren/ghost", "Ghost", "gpt-5", "codex", "", [], [PROJECT])
+        prickle.set_rule(db, "ren", "allow", from_owner="oj")
+        keys = {a: prickle.pair_device(db, "ren", a, "ren-laptop")[1] for a in ("ren/builder", "ren/ghost")}
+        config = write_config(tmp_path / "runner.toml", base, {
+            "ren/builder": {"key": keys["ren/builder"], "client": "command", "command": STANDIN_AGENT,
+                            "launch_timeout_minutes": 0.15},
+            "ren/ghost": {"key": keys["ren/ghost"], "client": "command", "command": ["/nonexistent/prickle-agent"]}})
+        mcp = MCP(httpx.Client(base_url=base, timeout=60), {"oj/muse": served.info["demo"]["keys"]["oj/muse"]})
+        ren = person(base, prickle.create_token(db, "person", person="ren")[1])
+
+        def failure(agent):
+            return (pulse_of(ren, PROJECT, agent) or {}).get("run_failure")
+
+        with RunnerProcess(config) as runner:
+            runner.wait_connected("ren/builder", "ren/ghost")
+            posted = mcp.ok("oj/muse", "post_message", {"project": PROJECT, "body": "@ren/builder a quick word"})
+            wait_until("the notification", lambda: f"(message {posted['message']['id']}); a mention never starts "
+                       "a run" in runner.log())
+
+            quiet = hand(mcp, "quiet")
+            assert wait_until("run_failure", lambda: failure("ren/builder")) == {
+                "class": "agent", "step": "agent_error"}
+            assert task_state(ren, quiet)["state"] == "accepted"  # it accepted, then exited without a result
+            ok = hand(mcp, "ok", "Draft the footer.")
+            wait_until("the result", lambda: task_state(ren, ok)["state"] == "verifying")
+            wait_until("run_failure cleared", lambda: "run_failure" not in pulse_of(ren, PROJECT, "ren/builder")
+                       and not runner.runs("ren/builder"))
+            assert runner.status()["agents"]["ren/builder"]["last_failure"] is None
+
+            sleepy = hand(mcp, "sleep", "Draft the about page.")
+            ghost = mcp.ok("oj/muse", "handoff", {"project": PROJECT, "to": "ren/ghost", "packet": packet("ok")})
+            ghost = ghost["task"]["id"]
+            assert wait_until("the time limit", lambda: failure("ren/builder"), timeout=60) == {
+                "class": "timeout", "step": "task_time_limit"}
+            assert wait_until("cli_not_found", lambda: failure("ren/ghost")) == {
+                "class": "runtime", "step": "cli_not_found"}
+            status = runner.status()
+            assert status["agents"]["ren/builder"]["last_failure"]["step"] == "task_time_limit"
+            assert status["agents"]["ren/builder"]["last_failure"]["task_id"] == sleepy
+            text = subprocess.run(PRICKLE + ["runner", "status", "--config", str(config)], capture_output=True,
+                                  text=True, timeout=30).stdout
+            assert "ren/builder: connected, listening, 0 run(s) in progress" in text
+            assert "last failure: runtime/cli_not_found" in text
+        log = runner.log()
+        assert "past its time limit of 0.15 minutes" in log
+        # The failed launch was claimed again with the same idempotency key: one attempt, the first credential ended.
+        claimed = [e["refs"] for e in audit_entries(db, PROJECT, "attempt.claimed")]
+        assert sorted(r["task"] for r in claimed) == sorted([quiet, ok, sleepy, ghost])  # the mention claimed nothing
+        revoked = [e["refs"] for e in audit_entries(db, PROJECT, "token.revoked") if e["refs"].get("task") == ghost]
+        assert [r["reason"] for r in revoked] == ["claim_retried"]
+        made = [e for e in audit_entries(db, PROJECT, "token.created") if e["refs"].get("task") == ghost]
+        assert len(made) == 2 and len({e["refs"]["attempt"] for e in made}) == 1
+        sleeping = [r["attempt"] for r in claimed if r["task"] == sleepy][0]
+        assert "end: time_limit" in (runner.state_dir / "logs" / f"{sleeping}.log").read_text()
+        ren.close(), mcp.client.close(), db.close()
+
+
+def _child_pid(runner, agent):
+    runs = runner.runs(agent)
+    return next(iter(runs.values()))["pid"] if runs else None
+
+
+def _alive(pid):
+    return prickle._alive(pid)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_owner_stops_a_run_pauses_the_agents_and_a_killed_runner_marks_its_run_uncertain(db_path, tmp_path):
+    port = _free_port()
+    served = Served(db_path, "--demo", "--port", str(port))
+    with served:
+        base, db = served.info["url"], prickle.Database(db_path)
+        prickle.set_rule(db, "ren", "allow", from_owner="oj")
+        _, key = prickle.pair_device(db, "ren", "ren/builder", "ren-laptop")
+        config = write_config(tmp_path / "runner.toml", base, {
+            "ren/builder": {"key": key, "client": "command", "command": STANDIN_AGENT}}, pause_poll_seconds=0.5)
+        mcp = MCP(httpx.Client(base_url=base, timeout=60), {"oj/muse": served.info["demo"]["keys"]["oj/muse"]})
+        ren = person(base, prickle.create_token(db, "person", person="ren")[1])
+
+        def attempts(type_, task_id):
+            return [e["refs"]["attempt"] for e in audit_entries(db, PROJECT, type_) if e["refs"].get("task") == task_id]
+
+        runner = RunnerProcess(config)
+        try:
+            runner.wait_connected("ren/builder")
+            # Stop from the page: the runner ends the process.
+            stopped = hand(mcp, "sleep")
+            wait_until("the run to sleep", lambda: "Sleeping." in str(task_state(ren, stopped)["latest_checkpoint"]))
+            pid = _child_pid(runner, "ren/builder")
+            assert _alive(pid)
+            assert ren.post(f"/api/tasks/{stopped}/stop", json={}).status_code == 200
+            wait_until("the stopped run to end", lambda: not runner.runs("ren/builder") and not _alive(pid))
+            attempt = attempts("attempt.claimed", stopped)[0]
+            assert "the server says the attempt is stopped" in runner.log()
+            assert "end: stopped" in (runner.state_dir / "logs" / f"{attempt}.log").read_text()
+            assert "run_failure" not in (pulse_of(ren, PROJECT, "ren/builder") or {})
+
+            # Paused: nothing is claimed until the owner resumes.
+            assert ren.post("/api/agents/pause", json={}).status_code == 200
+            held = hand(mcp, "ok", "Draft the footer.")
+            wait_until("the pause to be seen", lambda: "ren/builder: paused by its owner: launching nothing"
+                       in runner.log())
+            assert attempts("attempt.claimed", held) == [] and runner.state()["agents"]["ren/builder"]["paused"]
+            assert ren.post("/api/agents/resume", json={}).status_code == 200
+            wait_until("the held task's result", lambda: task_state(ren, held)["state"] == "verifying")
+            assert "ren/builder: resumed" in runner.log()
+
+            # kill -9 mid-run; the restarted runner ends the orphan and marks the attempt uncertain.
+            lost = hand(mcp, "sleep", "Draft the about page.")
+            wait_until("the run to sleep", lambda: "Sleeping." in str(task_state(ren, lost)["latest_checkpoint"]))
+            orphan = _child_pid(runner, "ren/builder")
+            runner.stop(kill=True)
+            assert _alive(orphan)
+            runner = RunnerProcess(config)
+            wait_until("the orphan to end", lambda: not _alive(orphan))
+            runner.wait_connected("ren/builder")
+            lost_attempt = attempts("attempt.claimed", lost)[0]
+            assert [e["refs"] for e in audit_entries(db, PROJECT, "attempt.marked_uncertain")] == [
+                {"attempt": lost_attempt}]
+            assert f"attempt {lost_attempt} of task {lost} was running when the last runner ended" in runner.log()
+            runs = ren.get(f"/api/tasks/{lost}").json()["runs"]
+            assert [(r["attempt_id"], r["state"]) for r in runs] == [(lost_attempt, "uncertain")]
+            assert runner.status()["agents"]["ren/builder"]["runs"] == {}
+
+            # The server goes away and comes back: the runner reconnects and resumes from its cursor.
+            served.stop()
+            wait_until("the runner to notice", lambda: not runner.state()["agents"]["ren/builder"]["connected"])
+            served = Served(db_path, "--demo", "--port", str(port))
+            wait_until("the runner to reconnect", lambda: runner.state()["agents"]["ren/builder"]["connected"])
+            mcp.keys["oj/muse"] = served.info["demo"]["keys"]["oj/muse"]
+            after = hand(mcp, "ok", "Draft the pricing page.")
+            wait_until("the result after the restart", lambda: task_state(ren, after)["state"] == "verifying")
+            assert "ren/builder: the server is not answering" in runner.log()
+        finally:
+            runner.stop()
+            served.stop()
+        logs = all_logs(runner.state_dir)
+        assert not any(p in logs for p in SECRET_PREFIXES)
+        ren.close(), mcp.client.close(), db.close()
+
+
+def test_a_private_room_turn_is_drafted_and_reviewed_by_two_runners(db_path, tmp_path):
+    with Served(db_path, "--demo") as served:
+        base, db = served.info["url"], prickle.Database(db_path)
+        prickle.add_agent(db, "oj/critic", "Critic", "gpt-5", "codex")
+        keys = {a: prickle.pair_device(db, "oj", a, "oj-laptop")[1] for a in ("oj/muse", "oj/critic")}
+        oj = person(base, prickle.create_token(db, "person", person="oj")[1])
+        room = oj.get("/api/room").json()["room"]["project"]
+        make = [sys.executable, "-c", "import sys; print('Made: ' + sys.argv[1])", "{prompt}"]
+        configs = {a: write_config(tmp_path / f"{a.split('/')[1]}.toml", base, {
+            a: {"key": keys[a], "client": "command", "command": STANDIN_AGENT, "actions": {"image_gen": make}}})
+            for a in keys}
+        with RunnerProcess(configs["oj/muse"]) as muse, RunnerProcess(configs["oj/critic"]) as critic:
+            muse.wait_connected("oj/muse"), critic.wait_connected("oj/critic")
+            asked = oj.post(f"/api/projects/{room}/messages", json={"body": "Headline for the launch?"}).json()
+            wait_until("the turn to end", lambda: oj.get("/api/room").json()["turn"] is None
+                       and len(oj.get(f"/api/projects/{room}/room").json()["messages"]) == 3)
+            messages = oj.get(f"/api/projects/{room}/room").json()["messages"]
+            assert [(m["author"].get("agent_id") or m["author"]["handle"], m["body"], m.get("verdict"))
+                    for m in messages] == [("oj", "Headline for the launch?", None),
+                                           ("oj/muse", "Work, together.", "draft"),
+                                           ("oj/critic", "", "approve")]
+            assert f"room {room}: draft session for message {asked['message']['id']}" in muse.log()
+            assert f"room {room}: review session for message {messages[1]['id']}" in critic.log()
+
+            # An approved make-or-spend card runs through the command configured for its tool.
+            card = httpx.post(f"{base}/api/runner/actions", headers={"Authorization": f"Bearer {keys['oj/muse']}"},
+                              json={"tool": "image_gen", "action": "Make the hero image", "prompt": "a hedgehog"})
+            assert card.status_code == 200, card.text
+            action_id = card.json()["action"]["id"]
+            assert oj.post(f"/api/actions/{action_id}", json={"decision": "approve"}).status_code == 200
+            made = wait_until("the card to be made", lambda: next(
+                (m for m in oj.get(f"/api/projects/{room}/room").json()["messages"] if m["body"] == "Made: a hedgehog"),
+                None))
+            assert made["author"]["agent_id"] == "oj/muse"
+        claims = [e["refs"] for e in audit_entries(db, room, "discussion.claimed")]
+        assert len(claims) == 2
+        assert [e["refs"]["action"] for e in audit_entries(db, room, "action.claimed")] == [action_id]
+        assert [e["refs"]["failure"] for e in audit_entries(db, room, "action.finished")] == [None]
+        assert not any(p in all_logs(muse.state_dir) + all_logs(critic.state_dir) for p in SECRET_PREFIXES)
+        oj.close(), db.close()

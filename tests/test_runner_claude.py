@@ -1,0 +1,107 @@
+"""Real Claude Code launched by ``prickle runner``, its model played by tests/model_standin.py.
+
+Claude Code's own MCP client reaches Prickle with the run's execution credential (from
+the environment, through the MCP config file), and its permission prompt goes through
+``prickle runner bridge`` to request_step, so a step waits for the owner's decision.
+Skips when the Claude Code package is not installed (``.ci/run`` installs it).
+"""
+
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import MCP, Served, audit_entries
+from model_standin import ModelStandIn
+from runner_util import SECRET_PREFIXES, RunnerProcess, all_logs, person, task_state, wait_until, write_config
+
+import prickle
+
+PROJECT = "website-v2"
+CACHE = Path(__file__).resolve().parent.parent / ".cache" / "agent-clis" / "cli" / "bin" / "claude"
+CLAUDE = os.environ.get("PRICKLE_TEST_CLAUDE") or (str(CACHE) if CACHE.exists() else shutil.which("claude"))
+pytestmark = pytest.mark.skipif(not CLAUDE, reason="Claude Code is not installed: .ci/run installs it into "
+                                ".cache/agent-clis (or set PRICKLE_TEST_CLAUDE to a claude binary)")
+
+
+def claude_env(home: Path, model_url: str) -> dict:
+    home.mkdir()
+    return os.environ | {"HOME": str(home), "ANTHROPIC_BASE_URL": model_url, "ANTHROPIC_API_KEY": "stand-in",
+                         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "ENABLE_TOOL_SEARCH": "false"}
+
+
+def test_claude_code_run_accepts_checkpoints_asks_a_step_the_owner_allows_and_returns(db_path, tmp_path):
+    allowed = threading.Event()
+    publish = {"command": "echo published > published.txt", "description": "Publish the copy"}
+
+    def wait_for_owner(seen):
+        assert "Prickle could not be asked" not in seen.results[-1], seen.results[-1]
+        assert allowed.wait(60), "the owner never decided"
+        return ("Bash", publish)
+
+    def result(seen):
+        task_id = seen.find(r"Prickle task (\S+) ")
+        return ("mcp__prickle__return_result", {"task_id": task_id, "summary": "Published the hero copy.",
+                "evidence": [{"kind": "note", "summary": "Six words.", "criteria": [0]},
+                             {"kind": "note", "summary": "CTA: try the demo.", "criteria": [1]}]})
+
+    script = [
+        lambda seen: ("mcp__prickle__accept_task", {"task_id": seen.find(r"Prickle task (\S+) ")}),
+        lambda seen: ("mcp__prickle__checkpoint", {"task_id": seen.find(r"Prickle task (\S+) "),
+                                                    "checkpoint": {"progress": "Drafted; publishing next."}}),
+        lambda seen: ("Bash", publish),
+        wait_for_owner,
+        result,
+        lambda seen: "Returned the result.",
+    ]
+    with Served(db_path, "--demo") as served, ModelStandIn(script) as model:
+        base, db = served.info["url"], prickle.Database(db_path)
+        _, key = prickle.pair_device(db, "oj", "oj/muse", "oj-laptop")
+        prickle.set_rule(db, "oj", "allow", from_owner="ren")
+        oj = person(base, prickle.create_token(db, "person", person="oj")[1])
+        ren = person(base, prickle.create_token(db, "person", person="ren")[1])
+        builder = MCP(httpx.Client(base_url=base), {"ren/builder": served.info["demo"]["keys"]["ren/builder"]})
+        config = write_config(tmp_path / "runner.toml", base, {
+            "oj/muse": {"key": key, "client": "claude", "cli_path": CLAUDE, "launch_timeout_minutes": 5}})
+        with RunnerProcess(config, env=claude_env(tmp_path / "home", model.url)) as runner:
+            runner.wait_connected("oj/muse")
+            handed = builder.ok("ren/builder", "handoff", {"project": PROJECT, "to": "oj/muse", "packet": {
+                "task": "Draft the hero copy.", "deliverable_type": "doc",
+                "acceptance_criteria": ["Headline has at most 8 words.", "Include a clear call to action."]}})
+            task_id = handed["task"]["id"]
+            steps = wait_until("the run's step", lambda: oj.get("/api/steps").json()["steps"])
+            assert [(s["tool_name"], s["input"], s["task_id"]) for s in steps] == [("Bash", publish, task_id)]
+            assert task_state(oj, task_id)["state"] == "working"
+            assert oj.post(f"/api/steps/{steps[0]['id']}", json={"decision": "allow"}).status_code == 200
+            allowed.set()
+            task = wait_until("the result", lambda: (t := task_state(ren, task_id))["state"] == "verifying" and t,
+                              timeout=60)
+            wait_until("the run to end", lambda: "the task is verifying" in runner.log())
+            # oj's decision woke the agent while its run went on: one run per task, no second launch.
+            assert f"task {task_id} already has a run" in runner.log()
+            workspace = runner.state_dir / "workspaces" / task_id
+            assert (workspace / "published.txt").read_text() == "published\n"  # the allowed step ran, in its workspace
+        sub = task["result"]
+        assert sub["lineage"]["cause"]["kind"] == "task"
+        accepted = builder.ok("ren/builder", "accept_result", {
+            "task_id": task_id, "submission_id": sub["submission_id"], "revision": sub["revision"],
+            "verdicts": [{"criterion": 0, "accepted": True}, {"criterion": 1, "accepted": True}],
+            "artifacts": sub["artifacts"]})
+        assert accepted["task"]["state"] == "approval"
+        assert ren.post(f"/api/tasks/{task_id}/accept", json={}).json()["task"]["state"] == "completed"
+        # The step was asked once, allowed by oj, and used once by the retried call.
+        types = [e["type"] for e in audit_entries(db, PROJECT) if e["type"].startswith("step.")]
+        assert types == ["step.requested", "step.decided", "step.consumed"]
+        checkpoints = oj.get(f"/api/tasks/{task_id}").json()["checkpoints"]
+        assert [c["checkpoint"]["progress"] if "checkpoint" in c else c["progress"] for c in checkpoints] == \
+            ["Drafted; publishing next."]
+        assert [a for a in model.calls if not isinstance(a, str)][0][0] == "mcp__prickle__accept_task"
+        logs = all_logs(runner.state_dir)
+        assert '"subtype":"success"' in logs.replace(" ", "") and not any(p in logs for p in SECRET_PREFIXES)
+        mcp_config = json.loads((runner.state_dir / "runs").glob("*/mcp.json").__next__().read_text())
+        assert mcp_config["mcpServers"]["prickle_bridge"]["args"] == ["-m", "prickle", "runner", "bridge"]
+        oj.close(), ren.close(), builder.client.close(), db.close()

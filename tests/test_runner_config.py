@@ -1,0 +1,111 @@
+"""The runner's config, the argv it launches and what ``prickle runner status`` says, without a server."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import PRICKLE
+from runner_util import write_config
+
+import prickle
+
+KEY = "prk_rk_" + "a" * 43
+
+
+def _load(tmp_path, agent: dict, server="http://127.0.0.1:8321/mcp"):
+    return prickle.load_runner_config(str(write_config(tmp_path / "runner.toml", server, {"oj/muse": agent})))
+
+
+def test_a_config_reads_its_server_agents_and_limits(tmp_path):
+    config = _load(tmp_path, {"key": KEY, "client": "claude", "parallel": 2, "launch_timeout_minutes": 5})
+    assert (config.base_url, config.mcp_url) == ("http://127.0.0.1:8321", "http://127.0.0.1:8321/mcp")
+    agent = config.agents["oj/muse"]
+    assert (agent.client, agent.parallel, agent.launch_timeout_minutes, agent.repo) == ("claude", 2, 5, None)
+    assert prickle.runner_state_dir(config, str(tmp_path / "runner.toml")) == str(tmp_path / "runner-state")
+
+
+@pytest.mark.parametrize("agent, message", [
+    ({"key": KEY, "client": "gemini"}, "agents.oj/muse.client: String should match pattern"),
+    ({"key": "prk_ck_abc", "client": "claude"}, "agents.oj/muse.key: String should match pattern"),
+    ({"key": KEY, "client": "command"}, "agents.oj/muse.command: client 'command' needs the argv"),
+    ({"key": KEY, "client": "claude", "repo": "/nonexistent"}, "agents.oj/muse.repo: /nonexistent is not a git"),
+    ({"key": KEY, "client": "claude", "parallel": 0}, "agents.oj/muse.parallel: Input should be greater than"),
+    ({"key": KEY, "client": "claude", "colour": "red"}, "agents.oj/muse.colour: Extra inputs are not permitted"),
+])
+def test_a_bad_config_is_refused_naming_the_field(tmp_path, agent, message):
+    with pytest.raises(prickle.RunnerError) as e:
+        _load(tmp_path, agent)
+    assert message in e.value.message and KEY not in e.value.message
+
+
+def test_a_missing_config_says_how_to_make_one(tmp_path):
+    p = subprocess.run(PRICKLE + ["runner", "status", "--config", str(tmp_path / "none.toml")], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 1
+    assert p.stderr.strip() == (f"prickle: no runner config at {tmp_path / 'none.toml'}: run 'prickle runner connect "
+                                "--server URL' or write one (see README, 'Run your agents')")
+
+
+def test_status_without_a_running_runner_shows_every_agent_idle(tmp_path):
+    config = write_config(tmp_path / "runner.toml", "http://127.0.0.1:8321", {
+        "oj/muse": {"key": KEY, "client": "claude"}, "oj/critic": {"key": KEY, "client": "codex"}})
+    script = Path(sys.executable).parent / "prickle-runner"
+    p = subprocess.run([str(script), "status", "--config", str(config)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == [
+        "runner: not running; server http://127.0.0.1:8321; log -",
+        "oj/muse: not connected, not listening, 0 run(s) in progress", "  last failure: none",
+        "oj/critic: not connected, not listening, 0 run(s) in progress", "  last failure: none"]
+    out = json.loads(subprocess.run(PRICKLE + ["runner", "status", "--config", str(config), "--json"],
+                                    capture_output=True, text=True, timeout=60).stdout)
+    assert out["running"] is False and out["agents"]["oj/critic"] == {
+        "connected": False, "listening": False, "runs": {}, "last_failure": None}
+    assert KEY not in p.stdout
+
+
+def test_each_client_is_launched_with_prickle_configured_and_no_secret_on_its_command_line(tmp_path):
+    values = {"mcp_url": "http://127.0.0.1:8321/mcp", "task_id": "task_1", "project": "website-v2", "role": "task",
+              "workspace": "/w", "prompt_file": "/r/prompt.txt", "mcp_config": "/r/mcp.json"}
+    files = {"mcp_config": "/r/mcp.json", "prompt_file": "/r/prompt.txt"}
+    claude = prickle.RunnerAgent(key=KEY, client="claude")
+    assert prickle.launch_argv(claude, files, values) == ([
+        "claude", "-p", "--mcp-config", "/r/mcp.json", "--strict-mcp-config", "--allowedTools", "mcp__prickle",
+        "--permission-prompt-tool", "mcp__prickle_bridge__approve", "--output-format", "json"], True)
+    codex = prickle.RunnerAgent(key=KEY, client="codex", cli_path="/opt/codex")
+    assert prickle.launch_argv(codex, files, values) == ([
+        "/opt/codex", "exec", "--skip-git-repo-check", "--sandbox", "workspace-write",
+        "-c", 'mcp_servers.prickle.url="http://127.0.0.1:8321/mcp"',
+        "-c", 'mcp_servers.prickle.bearer_token_env_var="PRICKLE_RUN_KEY"', "-"], True)
+    command = prickle.RunnerAgent(key=KEY, client="command", command=["agent", "--task", "{task_id}", "{prompt_file}"])
+    assert prickle.launch_argv(command, files, values) == (["agent", "--task", "task_1", "/r/prompt.txt"], False)
+    servers = prickle.mcp_config_for(values["mcp_url"], bridge=True)["mcpServers"]
+    assert servers["prickle"]["headers"] == {"Authorization": "Bearer ${PRICKLE_RUN_KEY}"}
+    assert servers["prickle_bridge"]["env"] == {"PRICKLE_RUN_KEY": "${PRICKLE_RUN_KEY}",
+                                                "PRICKLE_MCP_URL": values["mcp_url"]}
+
+
+def test_secrets_are_cut_from_log_lines():
+    assert prickle.redact("key prk_ex_AbC-12_x and prk_rk_zz done") == "key prk_ex_… and prk_rk_… done"
+
+
+CODEX_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "agent-clis" / "cli" / "bin" / "codex"
+
+
+@pytest.mark.skipif(not CODEX_CACHE.exists(),
+                    reason="Codex is not installed: .ci/run installs it into .cache/agent-clis")
+def test_codex_reads_the_prickle_server_the_runner_configures(tmp_path):
+    codex = prickle.RunnerAgent(key=KEY, client="codex", cli_path=str(CODEX_CACHE))
+    argv, _ = prickle.launch_argv(codex, {}, {"mcp_url": "http://127.0.0.1:8321/mcp"})
+    overrides = [a for i, a in enumerate(argv) if argv[i - 1] == "-c"]
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    p = subprocess.run([str(CODEX_CACHE)] + [x for o in overrides for x in ("-c", o)] + ["mcp", "list", "--json"],
+                       capture_output=True, text=True, timeout=60, env={"CODEX_HOME": str(home), "HOME": str(home),
+                                                                        "PATH": "/usr/bin:/bin"})
+    assert p.returncode == 0, p.stderr
+    servers = {s["name"]: s for s in json.loads(p.stdout)}
+    assert servers["prickle"]["transport"]["url"] == "http://127.0.0.1:8321/mcp"
+    assert servers["prickle"]["transport"]["bearer_token_env_var"] == "PRICKLE_RUN_KEY"
