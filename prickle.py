@@ -19,7 +19,7 @@ Contents: one banner per section, in dependency order (search for the section's 
 - Identity and credentials: token kinds and prefixes, resolving a secret to an Actor.
 - State machines: the task lifecycle as a table of moves (TASK_MOVES, next_state).
 - Domain operations: one function and one transaction per operation, in ``# --`` parts:
-  people and projects; reach (who may see which project and thread); the room (messages,
+  people, teams and projects (and the listings of each); reach (who may see which project and thread); the room (messages,
   mentions, the loop guard, read_room); people, memory and pulse; tasks (handoff, the gate,
   the lifecycle, results and evidence); the people's side of tasks (approvals, final
   acceptance); the owner's gate rules; runners (devices, runs, steps); private rooms
@@ -2518,13 +2518,13 @@ def set_team_apps(db: Database, team: str, apps: list[str] | None, by: str | Non
                                "or null to allow any app")
         apps = sorted({check_text(a, f"apps[{i}]", 40, 1) for i, a in enumerate(apps)})
     with db.transaction():
+        # For a person, a team they are not in reads as one that doesn't exist.
+        role = _team_role(db, check_text(team, "team", 40, 1), by) if by is not None else "owner"
+        if role is None:
+            raise NotFound(f"no team '{team}' that you are in")
         _require_team(db, team)
-        if by is not None:
-            role = _team_role(db, team, by)
-            if role is None:
-                raise NotFound(f"no team '{team}' that you are in")
-            if role != "owner":
-                raise Forbidden(f"only an owner of team '{team}' chooses the apps it allows")
+        if role != "owner":
+            raise Forbidden(f"only an owner of team '{team}' chooses the apps it allows")
         db.execute("UPDATE teams SET apps = ? WHERE name = ?", (None if apps is None else json.dumps(apps), team))
     return team_out(db, team)
 

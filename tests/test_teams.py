@@ -126,6 +126,10 @@ def test_members_and_teams_over_http(server, world):
     kim = prickle.create_token(world.db, "person", person="kim")[1]
     r = server.get("/api/teams/web", headers={"Authorization": f"Bearer {kim}"})
     assert r.status_code == 404 and r.json()["error"]["message"] == "no team 'web' that you are in"
+    # Changing a team you are not in reads the same whether it exists or not.
+    for name in ("web", "nope"):
+        r = server.post(f"/api/teams/{name}/apps", json={"apps": None}, headers={"Authorization": f"Bearer {kim}"})
+        assert r.status_code == 404 and r.json()["error"]["message"] == f"no team '{name}' that you are in"
 
 
 def test_listing_from_the_command_line(world):
