@@ -19,8 +19,8 @@ Contents: one banner per section, in dependency order (search for the section's 
 - Identity and credentials: token kinds and prefixes, resolving a secret to an Actor.
 - State machines: the task lifecycle as a table of moves (TASK_MOVES, next_state).
 - Domain operations: one function and one transaction per operation, in ``# --`` parts:
-  people, teams and projects (and the listings of each); reach (who may see which project and thread); the room (messages,
-  mentions, the loop guard, read_room); people, memory and pulse; tasks (handoff, the gate,
+  people, teams and projects (and their listings); reach (who may see which project and
+  thread); the room (messages, mentions, the loop guard, read_room); people, memory and pulse; tasks (handoff, the gate,
   the lifecycle, results and evidence); the people's side of tasks (approvals, final
   acceptance); the owner's gate rules; runners (devices, runs, steps); private rooms
   (turns and discussions); make-or-spend actions; wakes (reading them for a wait).
@@ -2529,8 +2529,13 @@ def set_team_apps(db: Database, team: str, apps: list[str] | None, by: str | Non
     return team_out(db, team)
 
 
-def team_out(db: Database, team: str) -> dict:
-    """A team: ``{name, apps (None: any), created_at, people: [person + role, joined_at], projects: [slug]}``."""
+def team_out(db: Database, team: str, viewer: str | None = None) -> dict:
+    """A team: ``{name, apps (None: any), created_at, people: [person + role, joined_at], projects: [slug]}``.
+
+    With ``viewer`` (a person), a team they are not in is NotFound, as one that doesn't exist.
+    """
+    if viewer is not None and _team_role(db, check_text(team, "team", 40, 1), viewer) is None:
+        raise NotFound(f"no team '{team}' that you are in")
     row = _require_team(db, team)
     people = [person_out(db, r["handle"]) | {"role": r["role"], "joined_at": r["joined_at"]} for r in db.rows(
         "SELECT handle, role, joined_at FROM team_people WHERE team = ? ORDER BY role DESC, handle", (team,))]
@@ -6927,17 +6932,10 @@ async def api_teams(state: AppState, person: Actor, request: Request, body: Any)
     return {"teams": list_teams(state.db, person.handle)}
 
 
-def _my_team(db: Database, person: Actor, team: str) -> dict:
-    """team_out of a team ``person`` is in; the same NotFound as an unknown team otherwise."""
-    if _team_role(db, team, person.handle) is None:
-        raise NotFound(f"no team '{team}' that you are in")
-    return team_out(db, team)
-
-
 async def api_team(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/teams/{team}: a team you are in, with its people, projects and allowed apps."""
     with state.db.snapshot():
-        return {"team": _my_team(state.db, person, request.path_params["team"])}
+        return {"team": team_out(state.db, request.path_params["team"], viewer=person.handle)}
 
 
 async def api_team_apps(state: AppState, person: Actor, request: Request, body: dict) -> dict:
