@@ -21,8 +21,8 @@ Contents: one banner per section, in dependency order (search for the section's 
 - Identity and credentials: token kinds and prefixes, resolving a secret to an Actor.
 - State machines: the task lifecycle as a table of moves (TASK_MOVES, next_state).
 - Domain operations: one function and one transaction per operation, in ``# --`` parts:
-  people and projects; reach (who may see which project and thread); the room (messages,
-  mentions, the loop guard, read_room); people, memory and pulse; tasks (handoff, the gate,
+  people, teams and projects (and their listings); reach (who may see which project and
+  thread); the room (messages, mentions, the loop guard, read_room); people, memory and pulse; tasks (handoff, the gate,
   the lifecycle, results and evidence); the people's side of tasks (approvals, final
   acceptance); the owner's gate rules; runners (devices, runs, steps); private rooms
   (turns and discussions); make-or-spend actions.
@@ -1203,6 +1203,23 @@ MIGRATIONS: list[list[str]] = [
         """CREATE TABLE pauses (
             scope TEXT PRIMARY KEY, paused_by TEXT NOT NULL, paused_at TEXT NOT NULL)""",
         "ALTER TABLE turns ADD COLUMN skipped TEXT NOT NULL DEFAULT '[]'",
+    ],
+    [
+        # Teams: a team project's ``team`` names a row of teams, whose people are its owners and
+        # members; ``apps`` (a JSON list, NULL for any) limits the agent apps (clients) it allows.
+        # Each distinct team name becomes a team: its people are its projects' members, an owner
+        # of any of them an owner of the team.
+        """CREATE TABLE teams (name TEXT PRIMARY KEY, apps TEXT, created_at TEXT NOT NULL)""",
+        """CREATE TABLE team_people (
+            team TEXT NOT NULL REFERENCES teams(name), handle TEXT NOT NULL REFERENCES people(handle),
+            role TEXT NOT NULL CHECK (role IN ('owner', 'member')), joined_at TEXT NOT NULL,
+            PRIMARY KEY (team, handle))""",
+        "CREATE INDEX team_people_by_handle ON team_people(handle)",
+        "INSERT INTO teams (name, created_at) SELECT team, min(created_at) FROM projects WHERE kind = 'team' "
+        "GROUP BY team",
+        "INSERT INTO team_people SELECT p.team, m.handle, CASE WHEN max(m.role = 'owner') THEN 'owner' "
+        "ELSE 'member' END, min(m.joined_at) FROM members m JOIN projects p ON p.slug = m.project "
+        "WHERE p.kind = 'team' GROUP BY p.team, m.handle",
     ],
 ]
 
@@ -2705,21 +2722,54 @@ def _require_person(db: Database, handle: str) -> dict:
     return person_out(db, check_slug(handle, "handle"))
 
 
-def create_project(db: Database, slug: str, name: str, team: str, owner: str, description: str = "") -> dict:
-    """Create a project with ``owner`` as its first owner.
+#: How many agent apps a team's allow-list names at most.
+TEAM_APPS_MAX = 20
 
-    Writes ``project.created`` (outbox and audit, the first of each) and ``member.added``.
-    Raises InvalidInput, NotFound (owner) or Conflict (slug taken).
+
+def _team_role(db: Database, team: str, handle: str) -> str | None:
+    return db.scalar("SELECT role FROM team_people WHERE team = ? AND handle = ?", (team, handle))
+
+
+def _join_team(db: Database, team: str, handle: str, role: str = "member") -> None:
+    """Make ``handle`` one of ``team``'s people inside the caller's transaction (no change if already)."""
+    db.execute("INSERT OR IGNORE INTO team_people VALUES (?, ?, ?, ?)", (team, handle, role, iso(utcnow())))
+
+
+def _require_team(db: Database, team: str) -> dict:
+    row = db.one("SELECT * FROM teams WHERE name = ?", (check_text(team, "team", 40, 1),))
+    if row is None:
+        raise NotFound(f"no team '{team}': 'prickle team list' lists them; 'prickle project create … --team "
+                       f"{team}' makes it")
+    return row
+
+
+def create_project(db: Database, slug: str, name: str, team: str, owner: str, description: str = "",
+                   admin: bool = False) -> dict:
+    """Create a project of ``team`` with ``owner`` as its first owner.
+
+    A team that doesn't exist yet is made, with ``owner`` as its owner. In an existing team the
+    owner must be one of its people, unless ``admin`` (the command line, run by whoever holds
+    the database file): then they become a member of the team on the way. Writes
+    ``project.created`` (outbox and audit, the first of each) and ``member.added``.
+    Raises InvalidInput, NotFound (owner), Forbidden (not in the team) or Conflict (slug taken).
     """
     check_slug(slug, "slug")
     check_text(name, "name", 80, 1)
-    check_text(team, "team", 40)
+    check_text(team, "team", 40, 1)
     check_text(description, "description", 2000)
     with db.transaction():
         _require_person(db, owner)
         if db.one("SELECT 1 FROM projects WHERE slug = ?", (slug,)):
             raise Conflict(f"a project with slug '{slug}' already exists")
         now = iso(utcnow())
+        if db.one("SELECT 1 FROM teams WHERE name = ?", (team,)) is None:
+            db.execute("INSERT INTO teams (name, created_at) VALUES (?, ?)", (team, now))
+            _join_team(db, team, owner, "owner")
+        elif _team_role(db, team, owner) is None:
+            if not admin:
+                raise Forbidden(f"team: '{owner}' is not in team '{team}': pick a team you are in, or a new "
+                                "team name to start one")
+            _join_team(db, team, owner)
         db.execute("INSERT INTO projects (slug, team, name, description, created_by, created_at) VALUES "
                    "(?, ?, ?, ?, ?, ?)", (slug, team, name, description, owner, now))
         db.execute("INSERT INTO members VALUES (?, ?, 'owner', 1, ?)", (slug, owner, now))
@@ -2765,19 +2815,146 @@ def _acting_member(db: Database, project: str, by: str | Actor | None) -> str | 
     return by
 
 
+def add_to_team(db: Database, team: str, handle: str, role: str = "member") -> dict:
+    """Make a person one of a team's people, as ``owner`` or ``member`` (an owner stays one).
+
+    Administration only (the command line, run by whoever holds the database file): through
+    the page and the HTTP API people join a team by invitation. Returns ``{team, handle, role}``.
+    Raises InvalidInput, NotFound (team, person).
+    """
+    if role not in ("owner", "member"):
+        raise InvalidInput(f"role must be 'owner' or 'member', got {role!r}")
+    with db.transaction():
+        _require_team(db, team)
+        _require_person(db, handle)
+        _join_team(db, team, handle, role)
+        if role == "owner":
+            db.execute("UPDATE team_people SET role = 'owner' WHERE team = ? AND handle = ?", (team, handle))
+        return {"team": team, "handle": handle, "role": _team_role(db, team, handle)}
+
+
+def set_team_apps(db: Database, team: str, apps: list[str] | None, by: str | None = None) -> dict:
+    """Limit the agent apps (an agent's ``client``, like ``claude-code``) a team allows; None allows any.
+
+    ``by`` (a team owner) is checked when given. Agents already in the team's projects stay;
+    from now on adding an agent of another app is refused (``agent.add_refused``). Returns
+    team_out. Raises InvalidInput, NotFound (team, or a ``by`` not in it) or Forbidden.
+    """
+    if apps is not None:
+        if not isinstance(apps, list) or not 1 <= len(apps) <= TEAM_APPS_MAX:
+            raise InvalidInput(f"apps must be a list of 1 to {TEAM_APPS_MAX} app names (like claude-code), "
+                               "or null to allow any app")
+        apps = sorted({check_text(a, f"apps[{i}]", 40, 1) for i, a in enumerate(apps)})
+    with db.transaction():
+        # For a person, a team they are not in reads as one that doesn't exist.
+        role = _team_role(db, check_text(team, "team", 40, 1), by) if by is not None else "owner"
+        if role is None:
+            raise NotFound(f"no team '{team}' that you are in")
+        _require_team(db, team)
+        if role != "owner":
+            raise Forbidden(f"only an owner of team '{team}' chooses the apps it allows")
+        db.execute("UPDATE teams SET apps = ? WHERE name = ?", (None if apps is None else json.dumps(apps), team))
+    return team_out(db, team)
+
+
+def team_out(db: Database, team: str, viewer: str | None = None) -> dict:
+    """A team: ``{name, apps (None: any), created_at, people: [person + role, joined_at], projects: [slug]}``.
+
+    With ``viewer`` (a person), a team they are not in is NotFound, as one that doesn't exist.
+    """
+    if viewer is not None and _team_role(db, check_text(team, "team", 40, 1), viewer) is None:
+        raise NotFound(f"no team '{team}' that you are in")
+    row = _require_team(db, team)
+    people = [person_out(db, r["handle"]) | {"role": r["role"], "joined_at": r["joined_at"]} for r in db.rows(
+        "SELECT handle, role, joined_at FROM team_people WHERE team = ? ORDER BY role DESC, handle", (team,))]
+    projects = [r["slug"] for r in db.rows("SELECT slug FROM projects WHERE team = ? AND kind = 'team' "
+                                           "ORDER BY slug", (team,))]
+    return {"name": row["name"], "apps": None if row["apps"] is None else json.loads(row["apps"]),
+            "created_at": row["created_at"], "people": people, "projects": projects}
+
+
+def list_teams(db: Database, handle: str | None = None) -> list[dict]:
+    """Every team (or the teams ``handle`` is in, with their role): ``[{name, apps, people, projects, role?}]``.
+
+    ``people`` and ``projects`` are counts.
+    """
+    rows = db.rows("SELECT t.name, t.apps, (SELECT count(*) FROM team_people tp WHERE tp.team = t.name) AS people, "
+                   "(SELECT count(*) FROM projects p WHERE p.team = t.name AND p.kind = 'team') AS projects, "
+                   "(SELECT role FROM team_people tp WHERE tp.team = t.name AND tp.handle = ?) AS role "
+                   "FROM teams t ORDER BY t.name", (handle,))
+    out = []
+    for r in rows:
+        if handle is not None and r["role"] is None:
+            continue
+        r["apps"] = None if r["apps"] is None else json.loads(r["apps"])
+        if handle is None:
+            del r["role"]
+        out.append(r)
+    return out
+
+
+def teammates(db: Database, handle: str, team: str | None = None) -> list[dict]:
+    """The people who share a team with ``handle`` (``handle`` included), or of one of their teams; by handle."""
+    rows = db.rows("SELECT DISTINCT other.handle FROM team_people mine JOIN team_people other ON other.team = "
+                   "mine.team WHERE mine.handle = ? AND (? IS NULL OR mine.team = ?) ORDER BY other.handle",
+                   (handle, team, team))
+    return [person_out(db, r["handle"]) for r in rows]
+
+
+def list_people(db: Database) -> list[dict]:
+    """Everyone on the server, each with ``teams``: ``[{team, role}]`` (administration)."""
+    out = []
+    for r in db.rows("SELECT handle FROM people ORDER BY handle"):
+        out.append(person_out(db, r["handle"]) | {"teams": db.rows(
+            "SELECT team, role FROM team_people WHERE handle = ? ORDER BY team", (r["handle"],))})
+    return out
+
+
+def list_members(db: Database, project: str) -> list[dict]:
+    """A project's members: person fields plus ``role``, ``joined_at`` and ``agents`` (their agents in it).
+
+    Owners first, then by handle. Raises NotFound for an unknown project.
+    """
+    project_out(db, check_slug(project, "project"))
+    out = []
+    for r in db.rows("SELECT handle, role, joined_at FROM members WHERE project = ? ORDER BY role DESC, handle",
+                     (project,)):
+        agents = [a["agent_id"] for a in db.rows(
+            "SELECT pa.agent_id FROM project_agents pa JOIN agents a USING (agent_id) WHERE pa.project = ? "
+            "AND a.owner = ? ORDER BY pa.agent_id", (project, r["handle"]))]
+        out.append(person_out(db, r["handle"]) | {"role": r["role"], "joined_at": r["joined_at"], "agents": agents})
+    return out
+
+
+def list_agents(db: Database, owner: str | None = None) -> list[dict]:
+    """Every agent (or ``owner``'s): its card plus ``projects``, the team projects it is in."""
+    rows = db.rows("SELECT agent_id FROM agents WHERE ? IS NULL OR owner = ? ORDER BY agent_id", (owner, owner))
+    return [agent_card(db, r["agent_id"]) | {"projects": team_projects_of(db, r["agent_id"])} for r in rows]
+
+
+def list_all_projects(db: Database) -> list[dict]:
+    """Every team project (administration): summary plus ``members`` and ``agents`` counts."""
+    return db.rows("SELECT p.slug, p.team, p.name, p.description, "
+                   "(SELECT count(*) FROM members m WHERE m.project = p.slug) AS members, "
+                   "(SELECT count(*) FROM project_agents pa WHERE pa.project = p.slug) AS agents "
+                   "FROM projects p WHERE p.kind = 'team' ORDER BY p.slug")
+
+
 def add_member(db: Database, project: str, handle: str, role: str = "member",
                by: str | Actor | None = None) -> dict:
     """Add a person to a project as ``owner`` or ``member``.
 
-    ``by`` (a project owner's handle, or the signed-in person; see :func:`_acting_member`) is
-    checked when given. Writes ``member.joined`` (outbox) and ``member.added`` (audit).
-    Raises InvalidInput, NotFound, Forbidden or Conflict.
+    ``by`` (a project owner's handle, or the signed-in person; see :func:`_acting_member`) is checked when given, and may add only a teammate already in the
+    project's team: anyone else is invited. Without ``by`` (the command line, run by whoever
+    holds the database file) anyone on the server is added, joining the team on the way.
+    Writes ``member.joined`` (outbox) and ``member.added`` (audit). Raises InvalidInput,
+    NotFound, Forbidden or Conflict.
     """
     if role not in ("owner", "member"):
         raise InvalidInput(f"role must be 'owner' or 'member', got {role!r}")
     with db.transaction():
         by = _acting_member(db, project, by)
-        project_out(db, check_slug(project, "project"))
+        row = project_out(db, check_slug(project, "project"))
         member = _require_person(db, handle)
         if by is not None and _member_role(db, project, by) != "owner":
             raise Forbidden(f"only an owner of '{project}' can add teammates")
@@ -2785,6 +2962,11 @@ def add_member(db: Database, project: str, handle: str, role: str = "member",
             raise Forbidden(f"'{project}' is a private room: it has only its owner and their agents")
         if db.one("SELECT 1 FROM members WHERE project = ? AND handle = ?", (project, handle)):
             raise Conflict(f"'{handle}' is already a member of '{project}'")
+        if _team_role(db, row["team"], handle) is None:
+            if by is not None:
+                raise Forbidden(f"handle: '{handle}' is not in team '{row['team']}': only a teammate is added "
+                                "directly; invite them to the project instead")
+            _join_team(db, row["team"], handle)
         db.execute("INSERT INTO members VALUES (?, ?, ?, 1, ?)", (project, handle, role, iso(utcnow())))
         db.cache.clear()  # who may reach what has changed
         append_event(db, project, "member.joined", {"member": {k: member[k] for k in (
@@ -2823,21 +3005,24 @@ def add_agent(db: Database, agent_id: str, display_name: str, model: str, client
     check_text(client, "client", 40, 1)
     check_text(role, "role", 80)
     caps = _check_capabilities(list(capabilities))
-    with db.transaction():
-        if by is not None:
-            if owner != by.handle:
-                raise Forbidden(f"'{agent_id}' is not your agent: name it {by.handle}/NAME")
+
+    def run() -> dict:
+        with db.transaction():
+            if by is not None:
+                if owner != by.handle:
+                    raise Forbidden(f"'{agent_id}' is not your agent: name it {by.handle}/NAME")
+                for project in projects:
+                    require_project(db, by, project)
+            _require_person(db, owner)
+            if db.one("SELECT 1 FROM agents WHERE agent_id = ?", (agent_id,)):
+                raise Conflict(f"agent '{agent_id}' already exists")
+            db.execute("INSERT INTO agents VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'owner_verified', NULL, ?)",
+                       (agent_id, owner, name, display_name, model, client, role, json.dumps(caps), iso(utcnow())))
+            add_agent_to_project(db, ensure_room(db, owner), agent_id)
             for project in projects:
-                require_project(db, by, project)
-        _require_person(db, owner)
-        if db.one("SELECT 1 FROM agents WHERE agent_id = ?", (agent_id,)):
-            raise Conflict(f"agent '{agent_id}' already exists")
-        db.execute("INSERT INTO agents VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'owner_verified', NULL, ?)",
-                   (agent_id, owner, name, display_name, model, client, role, json.dumps(caps), iso(utcnow())))
-        add_agent_to_project(db, ensure_room(db, owner), agent_id)
-        for project in projects:
-            add_agent_to_project(db, project, agent_id)
-    return agent_card(db, agent_id)
+                add_agent_to_project(db, project, agent_id)
+        return agent_card(db, agent_id)
+    return _recording_refusals(db, run)
 
 
 def add_agent_to_project(db: Database, project: str, agent_id: str, by: Actor | None = None) -> dict:
@@ -2845,29 +3030,39 @@ def add_agent_to_project(db: Database, project: str, agent_id: str, by: Actor | 
 
     ``by``, the signed-in person, must have the project in reach (else NotFound) and own the
     agent (else Forbidden).
+    In a team that limits its apps (set_team_apps), an agent whose ``client`` it doesn't allow
+    is refused (Forbidden) and the refusal recorded as ``agent.add_refused``, with nothing joined.
     """
-    with db.transaction():
-        if by is not None:
-            require_project(db, by, project)
-            if owner_of(agent_id) != by.handle:
-                raise Forbidden(f"'{agent_id}' is not your agent: its owner adds it")
-        project_out(db, check_slug(project, "project"))
-        agent = db.one("SELECT * FROM agents WHERE agent_id = ?", (check_agent_id(agent_id),))
-        if agent is None:
-            raise NotFound(f"no agent '{agent_id}': add it with 'prickle agent add'")
-        if _member_role(db, project, agent["owner"]) is None:
-            raise Forbidden(f"'{agent['owner']}' is not a member of '{project}': add them first with "
-                            f"'prickle member add {project} {agent['owner']}'")
-        if db.one("SELECT 1 FROM project_agents WHERE project = ? AND agent_id = ?", (project, agent_id)):
-            raise Conflict(f"agent '{agent_id}' is already in '{project}'")
-        room_owner = db.scalar("SELECT owner FROM rooms WHERE project = ?", (project,))
-        if room_owner is not None and room_owner != agent["owner"]:
-            raise Forbidden(f"'{project}' is {room_owner}'s private room: only their own agents are in it")
-        db.execute("INSERT INTO project_agents VALUES (?, ?, ?)", (project, agent_id, iso(utcnow())))
-        db.cache.clear()  # who may reach what has changed
-        append_event(db, project, "agent.added", {"agent_id": agent_id})
-        audit(db, project, "agent.added", {"agent": agent_id, "with_owner": False, "ended_removal": False})
-    return {"project": project, "agent_id": agent_id}
+    def run() -> dict:
+        with db.transaction():
+            if by is not None:
+                require_project(db, by, project)
+                if owner_of(agent_id) != by.handle:
+                    raise Forbidden(f"'{agent_id}' is not your agent: its owner adds it")
+            row = project_out(db, check_slug(project, "project"))
+            agent = db.one("SELECT * FROM agents WHERE agent_id = ?", (check_agent_id(agent_id),))
+            if agent is None:
+                raise NotFound(f"no agent '{agent_id}': add it with 'prickle agent add'")
+            if _member_role(db, project, agent["owner"]) is None:
+                raise Forbidden(f"'{agent['owner']}' is not a member of '{project}': add them first with "
+                                f"'prickle member add {project} {agent['owner']}'")
+            if db.one("SELECT 1 FROM project_agents WHERE project = ? AND agent_id = ?", (project, agent_id)):
+                raise Conflict(f"agent '{agent_id}' is already in '{project}'")
+            room_owner = db.scalar("SELECT owner FROM rooms WHERE project = ?", (project,))
+            if room_owner is not None and room_owner != agent["owner"]:
+                raise Forbidden(f"'{project}' is {room_owner}'s private room: only their own agents are in it")
+            apps = db.scalar("SELECT apps FROM teams WHERE name = ?", (row["team"],)) if room_owner is None else None
+            if apps is not None and agent["client"] not in json.loads(apps):
+                raise RecordedRefusal(
+                    f"team '{row['team']}' allows agents of {', '.join(json.loads(apps))} only, and "
+                    f"'{agent_id}' uses '{agent['client']}': ask a team owner to allow that app",
+                    "agent.add_refused", {"agent": agent_id, "app": agent["client"]}, chain=project)
+            db.execute("INSERT INTO project_agents VALUES (?, ?, ?)", (project, agent_id, iso(utcnow())))
+            db.cache.clear()  # who may reach what has changed
+            append_event(db, project, "agent.added", {"agent_id": agent_id})
+            audit(db, project, "agent.added", {"agent": agent_id, "with_owner": False, "ended_removal": False})
+        return {"project": project, "agent_id": agent_id}
+    return _recording_refusals(db, run)
 
 
 def agent_card(db: Database, agent_id: str, hub: WakeHub | None = None, project: str | None = None) -> dict:
@@ -3149,10 +3344,25 @@ def whoami(db: Database, handle: str) -> dict:
                 "auto_accept": bool(db.scalar("SELECT auto_accept FROM people WHERE handle = ?", (handle,)))}
 
 
-def list_people(db: Database) -> list[dict]:
-    """Everyone on this server, by handle (to pick a teammate)."""
+def people_to_pick(db: Database, person: Actor, project: str | None = None) -> list[dict]:
+    """The people of ``person``'s teams, or of ``project``'s team (to pick a teammate); NotFound for a
+    project out of reach."""
     with db.snapshot():
-        return [person_out(db, r["handle"]) for r in db.rows("SELECT handle FROM people ORDER BY handle")]
+        team = require_project(db, person, project)["team"] if project is not None else None
+        return teammates(db, person.handle, team)
+
+
+def members_view(db: Database, person: Actor, project: str) -> list[dict]:
+    """A project's members as :func:`list_members` gives them, for someone who may see the project."""
+    with db.snapshot():
+        require_project(db, person, project)
+        return list_members(db, project)
+
+
+def team_view(db: Database, person: Actor, team: str) -> dict:
+    """A team ``person`` is in (team_out); one they are not in is NotFound, as one that doesn't exist."""
+    with db.snapshot():
+        return team_out(db, team, viewer=person.handle)
 
 
 def own_agents(db: Database, handle: str, hub: WakeHub | None = None) -> list[dict]:
@@ -7013,8 +7223,31 @@ async def api_create_project(state: AppState, person: Actor, request: Request, b
 
 
 async def api_people(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/people: everyone on this server (to pick a teammate)."""
-    return {"people": list_people(state.db)}
+    """GET /api/people?project=SLUG: the people of your teams, or of that project's team (to pick a teammate)."""
+    return {"people": people_to_pick(state.db, person, request.query_params.get("project"))}
+
+
+async def api_members(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/projects/{slug}/members: each member with role, joined_at and their agents in the project."""
+    return {"members": members_view(state.db, person, request.path_params["slug"])}
+
+
+async def api_teams(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/teams: the teams you are in, with your role and how many people and projects each has."""
+    return {"teams": list_teams(state.db, person.handle)}
+
+
+async def api_team(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/teams/{team}: a team you are in, with its people, projects and allowed apps."""
+    return {"team": team_view(state.db, person, request.path_params["team"])}
+
+
+async def api_team_apps(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/teams/{team}/apps {apps: [name] | null}: a team owner limits the agent apps it allows."""
+    apps = body.get("apps", ...)
+    if apps is ...:
+        raise InvalidInput("apps is required: a list of app names (like [\"claude-code\"]), or null for any app")
+    return {"team": set_team_apps(state.db, request.path_params["team"], apps, by=person.handle)}
 
 
 async def api_add_member(state: AppState, person: Actor, request: Request, body: dict) -> dict:
@@ -7313,7 +7546,11 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("GET", "/api/keys", _api(api_keys)),
     ("POST", "/api/keys", _api(api_mint_key)),
     ("DELETE", "/api/keys/{key_id}", _api(api_revoke_key)),
+    ("GET", "/api/projects/{slug}/members", _api(api_members)),
     ("POST", "/api/projects/{slug}/members", _api(api_add_member)),
+    ("GET", "/api/teams", _api(api_teams)),
+    ("GET", "/api/teams/{team}", _api(api_team)),
+    ("POST", "/api/teams/{team}/apps", _api(api_team_apps)),
     ("POST", "/api/projects/{slug}/agents", _api(api_project_agent)),
     ("POST", "/api/projects/{slug}/resume", _api(api_resume)),
     ("POST", "/api/projects/{slug}/memory", _api(api_set_memory)),
@@ -8804,6 +9041,7 @@ def seed_demo(db: Database) -> bool:
                 add_person(db, handle, name)
         create_project(db, DEMO_PROJECT, "Website v2", "web", "oj",
                        "The new marketing site: hero, pricing page and docs.")
+        add_to_team(db, "web", "ren")
         add_member(db, DEMO_PROJECT, "ren", "member", by="oj")
         add_agent(db, "oj/muse", "Muse", "claude-opus-4", "claude-code", "Copywriter",
                   [{"kind": "other", "name": "Docs"}, {"kind": "other", "name": "Copywriting"}], [DEMO_PROJECT])
@@ -9036,6 +9274,71 @@ def person_add(db_path: str, as_json: bool, handle: str, name: str, color: int |
     _Out(as_json)({"person": p}, f"Added {handle} ({name}).")
 
 
+@person_group.command("list")
+@_db_options
+def person_list(db_path: str, as_json: bool) -> None:
+    """List everyone on the server with the teams they are in."""
+    rows = list_people(_open(db_path))
+    _Out(as_json)({"people": rows}, "\n".join(
+        f"{r['handle']:<20} {r['display_name']:<24} "
+        + (", ".join(f"{t['team']} ({t['role']})" for t in r["teams"]) or "no team") for r in rows) or "No people.")
+
+
+@cli.group("team")
+def team_group() -> None:
+    """Teams: their people, projects and allowed agent apps."""
+
+
+@team_group.command("list")
+@_db_options
+def team_list(db_path: str, as_json: bool) -> None:
+    """List every team with how many people and projects it has."""
+    rows = list_teams(_open(db_path))
+    _Out(as_json)({"teams": rows}, "\n".join(
+        f"{r['name']:<24} {r['people']} people, {r['projects']} projects, apps: "
+        f"{', '.join(r['apps']) if r['apps'] is not None else 'any'}" for r in rows) or "No teams.")
+
+
+def _team_text(t: dict) -> str:
+    lines = [f"Team {t['name']} (apps: {', '.join(t['apps']) if t['apps'] is not None else 'any'})"]
+    lines += [f"  {p['handle']:<20} {p['role']:<7} since {p['joined_at']}" for p in t["people"]]
+    lines.append(f"  projects: {', '.join(t['projects']) or 'none'}")
+    return "\n".join(lines)
+
+
+@team_group.command("show")
+@_db_options
+@click.argument("team")
+def team_show(db_path: str, as_json: bool, team: str) -> None:
+    """Show a team: its people with their roles, its projects and the agent apps it allows."""
+    t = team_out(_open(db_path), team)
+    _Out(as_json)({"team": t}, _team_text(t))
+
+
+@team_group.command("add")
+@_db_options
+@click.argument("team")
+@click.argument("handle")
+@click.option("--role", type=click.Choice(["owner", "member"]), default="member", show_default=True)
+def team_add(db_path: str, as_json: bool, team: str, handle: str, role: str) -> None:
+    """Make a person one of a team's people (then a project owner can add them)."""
+    out = add_to_team(_open(db_path), team, handle, role)
+    _Out(as_json)(out, f"{handle} is in team {team} as {out['role']}.")
+
+
+@team_group.command("apps")
+@_db_options
+@click.argument("team")
+@click.argument("apps", nargs=-1, metavar="[APP]...")
+@click.option("--any", "any_app", is_flag=True, help="Allow agents of any app again.")
+def team_apps(db_path: str, as_json: bool, team: str, apps: tuple[str, ...], any_app: bool) -> None:
+    """Allow only agents of these apps (clients, like claude-code or codex) in the team's projects."""
+    if any_app == bool(apps):
+        raise InvalidInput("name the apps to allow (like: prickle team apps web claude-code codex), or pass --any")
+    t = set_team_apps(_open(db_path), team, None if any_app else list(apps))
+    _Out(as_json)({"team": t}, _team_text(t))
+
+
 @cli.group("project")
 def project_group() -> None:
     """Projects."""
@@ -9051,8 +9354,18 @@ def project_group() -> None:
 def project_create(db_path: str, as_json: bool, slug: str, name: str, team: str, owner: str,
                    description: str) -> None:
     """Create a project with its first owner."""
-    p = create_project(_open(db_path), slug, name, team, owner, description)
+    p = create_project(_open(db_path), slug, name, team, owner, description, admin=True)
     _Out(as_json)({"project": p}, f"Created project {slug}, owned by {owner}.")
+
+
+@project_group.command("list")
+@_db_options
+def project_list(db_path: str, as_json: bool) -> None:
+    """List every team project with its team and how many members and agents it has."""
+    rows = list_all_projects(_open(db_path))
+    _Out(as_json)({"projects": rows}, "\n".join(
+        f"{r['slug']:<24} team {r['team']:<16} {r['members']} members, {r['agents']} agents  {r['name']}"
+        for r in rows) or "No projects.")
 
 
 @cli.group("member")
@@ -9069,6 +9382,17 @@ def member_add(db_path: str, as_json: bool, project_slug: str, handle: str, role
     """Add a person to a project."""
     m = add_member(_open(db_path), project_slug, handle, role)
     _Out(as_json)({"member": m}, f"Added {handle} to {project_slug} as {role}.")
+
+
+@member_group.command("list")
+@_db_options
+@click.argument("project_slug", metavar="PROJECT")
+def member_list(db_path: str, as_json: bool, project_slug: str) -> None:
+    """List a project's members with their role, when they joined and their agents in it."""
+    rows = list_members(_open(db_path), project_slug)
+    _Out(as_json)({"members": rows}, "\n".join(
+        f"{r['handle']:<20} {r['role']:<7} joined {r['joined_at']}  agents: {', '.join(r['agents']) or 'none'}"
+        for r in rows))
 
 
 def _parse_capability(text: str) -> dict:
@@ -9108,6 +9432,20 @@ def agent_join(db_path: str, as_json: bool, project_slug: str, agent_id: str) ->
     """Add an existing agent to a project its owner is a member of."""
     out = add_agent_to_project(_open(db_path), project_slug, agent_id)
     _Out(as_json)(out, f"Added {agent_id} to {project_slug}.")
+
+
+@agent_group.command("list")
+@_db_options
+@click.option("--owner", default=None, help="Only this person's agents.")
+def agent_list(db_path: str, as_json: bool, owner: str | None) -> None:
+    """List agents with their app, model and the team projects they are in."""
+    db = _open(db_path)
+    if owner is not None:
+        _require_person(db, owner)
+    rows = list_agents(db, owner)
+    _Out(as_json)({"agents": rows}, "\n".join(
+        f"{r['agent_id']:<28} {r['client']:<12} {r['model']:<16} projects: {', '.join(r['projects']) or 'none'}"
+        for r in rows) or "No agents.")
 
 
 @cli.group("rule")

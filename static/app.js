@@ -28,7 +28,7 @@ const PROJECT_VIEWS = {
   room: ["Room", room.mount],
   tasks: ["Tasks", tasks.mount],
   pulse: ["Team Pulse", pulse.mount],
-  people: ["People", people.mount],
+  people: ["Members", people.mount],
   memory: ["Memory", memory.mount],
   audit: ["Audit", audit.mount],
 };

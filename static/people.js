@@ -1,9 +1,10 @@
-// people.js — a project's people and their roles, adding a teammate (owners), the
-// project's agents, and adding one of your own agents to it.
+// people.js — the Members screen: a project's members with their role, their agents in it and
+// when they joined, adding a teammate from the project's team (owners), the project's agents,
+// and adding one of your own agents to it.
 
 import { get, post, seg } from "./api.js";
 import {
-  h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, availabilityBadge, ago, announce,
+  h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, availabilityBadge, ago, announce, timeEl,
 } from "./ui.js";
 
 // ---- lifecycle ------------------------------------------------------------------------------
@@ -14,10 +15,10 @@ export function mount(el, ctx) {
   const addPerson = h("div");
   const addAgent = h("div");
   el.append(
-    h("div", { class: "page-head" }, heading(1, "People and agents")),
+    h("div", { class: "page-head" }, heading(1, "Members and agents")),
     h("div", { class: "two-col" },
       h("section", { class: "section", "aria-labelledby": "people-heading" },
-        h("h2", { id: "people-heading", text: "People" }), people, addPerson),
+        h("h2", { id: "people-heading", text: "Members" }), people, addPerson),
       h("section", { class: "section", "aria-labelledby": "agents-heading" },
         h("h2", { id: "agents-heading", text: "Agents" }), agents, addAgent)));
 
@@ -35,16 +36,24 @@ export function mount(el, ctx) {
 
 // ---- callbacks / rendering -------------------------------------------------------------------------
 
-function renderPeople(list, data, ctx) {
-  fill(list, data.people.map((p) => {
-    const role = p.role || (p.handle === ctx.me.handle ? data.role : null);
-    return h("li", { class: "person", dataset: { handle: p.handle } },
-      avatar(p.display_name, p.color),
-      h("span", { class: "person-name" }, h("strong", { text: p.display_name }),
-        h("span", { class: "muted", text: ` @${p.handle}` }), p.handle === ctx.me.handle ? h("span", { class: "muted", text: " (you)" }) : null),
-      role ? badge(role, role === "owner" ? "info" : "muted") : null,
-      p.away ? badge("away", "warn") : null);
-  }));
+async function renderPeople(list, data, ctx) {
+  let members;
+  try {
+    ({ members } = await get(`/api/projects/${seg(ctx.slug)}/members`));
+  } catch (err) {
+    fill(list, h("li", { class: "error", role: "alert", text: err.message }));
+    return;
+  }
+  fill(list, members.map((p) => h("li", { class: "person", dataset: { handle: p.handle } },
+    avatar(p.display_name, p.color),
+    h("span", { class: "person-name" },
+      h("strong", { text: p.display_name }),
+      h("span", { class: "muted", text: ` @${p.handle}` }), p.handle === ctx.me.handle ? h("span", { class: "muted", text: " (you)" }) : null,
+      h("span", { class: "member-facts muted small" },
+        h("span", { class: "member-agents", text: p.agents.length ? `agents: ${p.agents.join(", ")}` : "no agents here" }),
+        h("span", { class: "member-joined" }, "joined ", timeEl(p.joined_at)))),
+    badge(p.role, p.role === "owner" ? "info" : "muted"),
+    p.away ? badge("away", "warn") : null)));
 }
 
 function renderAgents(box, data) {
@@ -67,7 +76,7 @@ async function renderAddPerson(box, ctx) {
   }
   let everyone = [];
   try {
-    ({ people: everyone } = await get("/api/people"));
+    ({ people: everyone } = await get(`/api/people?project=${encodeURIComponent(ctx.slug)}`));
   } catch (err) {
     fill(box, h("p", { class: "error", role: "alert", text: err.message }));
     return;
@@ -76,7 +85,7 @@ async function renderAddPerson(box, ctx) {
     const inProject = new Set(ctx.project.data().people.map((p) => p.handle));
     const candidates = everyone.filter((p) => !inProject.has(p.handle));
     if (!candidates.length) {
-      fill(box, h("p", { class: "muted small", text: "Everyone on this server is already here. New people are added with 'prickle person add'." }));
+      fill(box, h("p", { class: "muted small", text: `Everyone in team ${data.project.team} is already here. Anyone else is invited to join.` }));
       return;
     }
     const who = select(candidates.map((p) => [p.handle, `${p.display_name} (@${p.handle})`]), { name: "handle" });

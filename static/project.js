@@ -6,7 +6,7 @@ import * as stream from "./stream.js";
 import { h, badge, debounce } from "./ui.js";
 
 const TABS = [
-  ["room", "Room"], ["tasks", "Tasks"], ["pulse", "Team Pulse"], ["people", "People"],
+  ["room", "Room"], ["tasks", "Tasks"], ["pulse", "Team Pulse"], ["people", "Members"],
   ["memory", "Memory"], ["audit", "Audit"],
 ];
 

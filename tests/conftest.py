@@ -51,7 +51,7 @@ def audit_entries(db: prickle.Database, chain: str, type_: str | None = None) ->
 
 
 class World:
-    """A seeded team: oj (owner) and ren (member) in website-v2, sam outside it.
+    """A seeded team: oj (owner) and ren (member) in website-v2, sam outside it (all three in team web).
 
     Agents oj/muse, oj/scout and ren/builder are in the project; sam/lone is not. ``keys``
     maps each agent to a client key for every project; ``tokens`` maps people to personal
@@ -64,6 +64,8 @@ class World:
         for handle, name in (("oj", "Oj Okafor"), ("ren", "Ren Ito"), ("sam", "Sam Lee")):
             prickle.add_person(db, handle, name)
         prickle.create_project(db, PROJECT, "Website v2", "web", "oj", "The new site.")
+        for handle in ("ren", "sam"):
+            prickle.add_to_team(db, "web", handle)
         prickle.add_member(db, PROJECT, "ren", by="oj")
         prickle.create_project(db, "side", "Side project", "web", "sam")
         prickle.add_agent(db, "oj/muse", "Muse", "claude-opus-4", "claude-code", "Copywriter",

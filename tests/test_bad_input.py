@@ -40,6 +40,7 @@ API_BODIES = [
     ("POST", "/api/agents", ["name", "display_name", "model", "client", "role", "capabilities", "projects"]),
     ("POST", "/api/keys", ["agent_id", "project"]),
     ("POST", f"/api/projects/{PROJECT}/members", ["handle", "role"]),
+    ("POST", "/api/teams/web/apps", ["apps"]),
     ("POST", f"/api/projects/{PROJECT}/agents", ["agent_id"]),
     ("POST", f"/api/projects/{PROJECT}/resume", ["agents"]),
     ("POST", f"/api/projects/{PROJECT}/memory", ["key", "value"]),

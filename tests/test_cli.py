@@ -59,9 +59,10 @@ def test_every_command_has_help_db_and_json(path, cmd):
 def test_command_functions_do_not_take_the_names_of_their_commands():
     groups = {name: cmd for name, cmd in prickle.cli.commands.items() if isinstance(cmd, click.Group)}
     assert {name: sorted(g.commands) for name, g in groups.items()} == {
-        "agent": ["add", "join"], "agents": ["pause", "resume"], "audit": ["verify"], "device": ["list", "pair", "revoke"], "member": ["add"],
-        "memory": ["retract", "set"], "person": ["add"], "project": ["create"],
-        "rule": ["auto-accept", "list", "revoke", "set"], "runner": ["connect"], "token": ["create", "list", "revoke"]}
+        "agent": ["add", "join", "list"], "agents": ["pause", "resume"], "audit": ["verify"],
+        "device": ["list", "pair", "revoke"], "member": ["add", "list"], "memory": ["retract", "set"],
+        "person": ["add", "list"], "project": ["create", "list"], "rule": ["auto-accept", "list", "revoke", "set"],
+        "runner": ["bridge", "connect", "start", "status"], "team": ["add", "apps", "list", "show"], "token": ["create", "list", "revoke"]}
     assert sorted(set(prickle.cli.commands) - set(groups)) == ["backup", "connect", "init", "serve", "signin-link"]
     # A module-level function named "token" or "project" would be shadowed by every local of that name.
     for path, cmd in list(leaf_commands()) + [((name,), g) for name, g in groups.items()]:

@@ -519,6 +519,7 @@ def test_memory_facts_and_the_audit_log(served, people):
 def test_a_new_project_with_a_teammate_and_only_your_projects(served, people):
     cli_json(served.db, "person", "add", "sam", "--name", "Sam Lee")
     cli_json(served.db, "project", "create", "secret-plans", "--name", "Secret plans", "--team", "ops", "--owner", "sam")
+    cli_json(served.db, "team", "add", "web", "sam")  # a teammate in web, so oj can add sam
     page = people("oj")
     expect(page.get_by_role("link", name=re.compile("Secret plans"))).to_have_count(0)
     goto(page, served, "#/p/secret-plans/room")
@@ -538,6 +539,24 @@ def test_a_new_project_with_a_teammate_and_only_your_projects(served, people):
     page.get_by_role("button", name="Add teammate").click()  # sam is the one left
     expect(page.locator('.person[data-handle="sam"]')).to_contain_text("member")
     shot(page, "project_people")
+
+
+def test_the_members_screen_shows_each_role_agents_and_joined(served, people):
+    with person_api(served, "oj") as api:  # other tests of this module may have added agents
+        members = {m["handle"]: m for m in api.get(f"/api/projects/{PROJECT}/members").json()["members"]}
+    assert members["oj"]["role"] == "owner" and "oj/muse" in members["oj"]["agents"]
+    assert members["ren"]["role"] == "member" and "ren/builder" in members["ren"]["agents"]
+    for viewport, name in ((LAPTOP, "members"), ({"width": 390, "height": 800}, "phone_members")):
+        page = people("oj", viewport=viewport)
+        goto(page, served, f"#/p/{PROJECT}/people")
+        expect(page.get_by_role("heading", name="Members", exact=True)).to_be_visible()
+        for handle in ("oj", "ren"):
+            row = page.locator(f'.person[data-handle="{handle}"]')
+            expect(row.locator(".badge")).to_have_text(members[handle]["role"])
+            expect(row.locator(".member-agents")).to_have_text(f"agents: {', '.join(members[handle]['agents'])}")
+            expect(row.locator(".member-joined time")).to_have_attribute("datetime", members[handle]["joined_at"])
+        assert page.evaluate("document.documentElement.scrollWidth") <= viewport["width"]
+        shot(page, name)
 
 
 def test_phone_width_is_readable(served, people):
