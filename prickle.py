@@ -1216,6 +1216,10 @@ MIGRATIONS: list[list[str]] = [
             scope TEXT PRIMARY KEY, paused_by TEXT NOT NULL, paused_at TEXT NOT NULL)""",
         "ALTER TABLE turns ADD COLUMN skipped TEXT NOT NULL DEFAULT '[]'",
     ],
+    [
+        # Mentions no wait has handed out yet, found at once by the next wait (see pending_wakes).
+        "CREATE INDEX wakes_unheard ON wakes(agent_id, seq) WHERE kind = 'mention' AND delivered = 0",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -2576,8 +2580,11 @@ def create_token(db: Database, kind: str, *, agent_id: str | None = None, person
                     raise InvalidInput("a runner key is not scoped to a project: leave --project out")
                 if not db.one("SELECT 1 FROM project_agents WHERE project = ? AND agent_id = ?",
                               (check_slug(project, "project"), agent_id)):
-                    raise NotFound(f"agent '{agent_id}' is not in project '{project}': "
-                                   f"add it with 'prickle agent add … --project {project}' first")
+                    owner = agent_id.split("/")[0]
+                    member = db.one("SELECT 1 FROM members WHERE project = ? AND handle = ?", (project, owner))
+                    first = "" if member else f"'prickle member add {project} {owner}', then "
+                    raise NotFound(f"agent '{agent_id}' is not in project '{project}': add it with "
+                                   f"{first}'prickle agent join {project} {agent_id}', and make the key again")
         else:
             if person is None or agent_id is not None or project is not None:
                 raise InvalidInput(f"a {kind} credential belongs to one person: pass --person HANDLE only")
@@ -2778,6 +2785,11 @@ def require_project(db: Database, actor: Actor, project: str) -> dict:
     elsewhere is ``forbidden``.
     """
     if actor.kind == "agent" and actor.project_scope not in (None, ROOMS_SCOPE, project):
+        if not db.one("SELECT 1 FROM project_agents pa JOIN members m ON m.project = pa.project AND m.handle = ? "
+                      "WHERE pa.agent_id = ? AND pa.project = ?", (actor.owner, actor.agent_id, project)):
+            # Naming only the key's own project: whether the other slug exists stays unsaid.
+            raise NotFound(f"your agent is in no project '{project}'; this key is for project "
+                           f"'{actor.project_scope}' only: check the project's slug")
         raise Forbidden(f"this key is for project '{actor.project_scope}' only: use a key for '{project}' "
                         "or one for every project your agent is in")
     key = ("reach", actor.kind, actor.address, actor.credential_kind, actor.project_scope, project)
@@ -5728,6 +5740,11 @@ WAKE_KINDS = {
 }
 #: How wait_for_updates names each wake kind.
 UPDATE_KIND_OF = {"task_update": "task"}
+# Missed mentions, the reading "a mention of an agent that arrived while it was not waiting is
+# still its to hear": a wait first hands out, oldest first and at once, the caller's mentions
+# (within its project filter and key) up to its start position that no wait has handed out yet,
+# keeping the cursor where it was; only then what comes after. check_inbox's fixed output has no
+# room for messages, so the next wait_for_mention or wait_for_updates is where a missed mention is told.
 
 
 def wake_cursor(db: Database, scope: str, position: int) -> str:
@@ -5751,20 +5768,28 @@ def start_position(db: Database, scope: str, cursor: str | None) -> int | None:
 
 
 def pending_wakes(db: Database, actor: Actor, after: int, kinds: tuple[str, ...],
-                  project: str | None) -> tuple[list[dict], int]:
+                  project: str | None, *, missed: bool = False) -> tuple[list[dict], int]:
     """Wakes for ``actor`` after outbox ``after``: one per event, the first of ``kinds`` it counts as.
 
     Returns ``(wakes, position)``: at most WAKE_BATCH wakes, each ``{seq, kind, project, at,
     task_id, message_id}``, and the position a cursor should hold afterwards. A wake about a
     task the agent may not see now (its approval lapsed and the gate holds it again) is
-    not handed out.
+    not handed out. With ``missed``, instead the mentions up to ``after`` that no wait has
+    handed out yet (missed mentions), and the position stays ``after``.
     """
     with db.snapshot():
         head = outbox_head(db)
+        if missed:
+            if "mention" not in kinds:
+                return [], after
+            kinds, head = ("mention",), after
+            after_sql = "w.kind = 'mention' AND w.delivered = 0"  # the partial index wakes_unheard
+        else:
+            after_sql = "w.seq > ?"
         sql = ("SELECT w.seq, w.kind, w.project, w.task_id, w.message_id, w.detail, o.at FROM wakes w JOIN outbox o "
-               "USING (seq) WHERE w.agent_id = ? AND w.seq > ? AND w.seq <= ? AND w.kind IN (%s)"
-               % ",".join("?" * len(kinds)))
-        params: tuple = (actor.agent_id, after, head) + tuple(kinds)
+               "USING (seq) WHERE w.agent_id = ? AND %s AND w.seq <= ? AND w.kind IN (%s)"
+               % (after_sql, ",".join("?" * len(kinds))))
+        params: tuple = (actor.agent_id,) + (() if missed else (after,)) + (head,) + tuple(kinds)
         if project is not None:
             sql += " AND w.project = ?"
             params += (project,)
@@ -5909,6 +5934,7 @@ async def _wait(state: AppState, actor: Actor, args: dict, tool: str, kinds: tup
 
     Returns ``(status, wakes, cursor)`` with status events/timeout/resync. A cursor is
     good only for the tool and project filter that issued it; any other is a resync.
+    Mentions no wait has handed out yet come first, at once (see pending_wakes).
     A credential revoked meanwhile ends the wait with ``unauthorized`` and no data.
     """
     db = state.db
@@ -5926,9 +5952,16 @@ async def _wait(state: AppState, actor: Actor, args: dict, tool: str, kinds: tup
     started = loop.time()
     deadline = started + timeout
     next_tick = started + PROGRESS_EVERY
+    first = True
     while True:
         with state.hub.waiting(state.hub.agent_waiters, agent) as fut:
             check_live(db, actor)
+            if first:
+                first = False
+                missed, _ = pending_wakes(db, actor, after, kinds, project, missed=True)
+                if missed:
+                    note_delivered(db, agent, missed)
+                    return "events", missed, wake_cursor(db, scope, after)
             wakes, position = pending_wakes(db, actor, after, kinds, project)
             if wakes:
                 note_delivered(db, agent, wakes)
@@ -6058,7 +6091,8 @@ TOOLS: dict[str, Tool] = {t.name: t for t in [
          "Sleep until someone @mentions you or hands you a task, for up to timeout_seconds (at most 50). "
          "Status 'timeout' returns a cursor: call again with it to keep listening without missing anything. "
          "Status 'resync' means the cursor is unusable: call check_inbox for earlier work, then listen with "
-         "the fresh cursor it returns. Without a cursor you hear what happens from now on.",
+         "the fresh cursor it returns. Mentions of you that no wait has handed you yet (sent while you were "
+         "not listening) come first, at once; after them, without a cursor, you hear what happens from now on.",
          _tool_wait_mention, read_only=True),
     Tool("update_pulse",
          "Tell Team Pulse what you are doing now: doing (required, may be empty), availability, task, branch, "
@@ -6077,7 +6111,8 @@ TOOLS: dict[str, Tool] = {t.name: t for t in [
          "read a task with check_inbox (include_closed: true) and a message with read_room (pass its task_id "
          "when the pointer has one). Default wait 45 s; without a progressToken a call is held at most 50 s; "
          "with one you may ask up to 240 s and get a progress notification every 20 s. 'timeout': call again "
-         "with the cursor. 'resync': the cursor is unusable; call check_inbox, then wait with the new cursor.",
+         "with the cursor. 'resync': the cursor is unusable; call check_inbox, then wait with the new cursor. "
+         "Mentions of you no wait has handed you yet come first, at once.",
          _tool_wait_updates, read_only=True),
     Tool("handoff",
          "Hand a structured task to another agent of the project, a teammate's included. Send a small packet: "

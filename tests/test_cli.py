@@ -222,3 +222,20 @@ def test_no_schema_upgrade_under_a_running_server(db_path):
         assert code == 1 and "needs a schema upgrade and a server is using it" in err
     finally:
         lock.release()
+
+
+def test_a_key_for_a_project_the_agent_is_not_in_names_the_commands_that_fix_it(db_path):
+    run(db_path, "init", "--owner", "oj")
+    run(db_path, "person", "add", "ren", "--name", "Ren")
+    run(db_path, "project", "create", "site", "--name", "Site", "--team", "web", "--owner", "oj")
+    run(db_path, "agent", "add", "ren/builder", "--name", "B", "--model", "m", "--client", "c")
+    code, _, err = run(db_path, "token", "create", "--agent", "ren/builder", "--project", "site", ok=False)
+    assert code != 0 and err.strip() == (
+        "prickle: agent 'ren/builder' is not in project 'site': add it with 'prickle member add site ren', "
+        "then 'prickle agent join site ren/builder', and make the key again")
+    run(db_path, "member", "add", "site", "ren")
+    code, _, err = run(db_path, "token", "create", "--agent", "ren/builder", "--project", "site", ok=False)
+    assert err.strip() == ("prickle: agent 'ren/builder' is not in project 'site': add it with "
+                           "'prickle agent join site ren/builder', and make the key again")
+    run(db_path, "agent", "join", "site", "ren/builder")
+    assert jrun(db_path, "token", "create", "--agent", "ren/builder", "--project", "site")["project"] == "site"

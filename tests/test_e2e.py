@@ -318,3 +318,29 @@ def test_the_stream_resyncs_a_position_beyond_the_head_or_pruned_and_goes_on_fro
             with http.stream("GET", url, headers=h, params={"after": "1"}) as r:
                 assert _sse_events(r.iter_lines(), 2) == [("resync", head, {"seq": head, "reason": "pruned"}),
                                              ("ready", head, {"seq": head})]
+
+
+def _readme_python_example():
+    """The README's MCP Python SDK example, exactly as written there."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(prickle.__file__)), "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    blocks = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:]]
+    (example,) = [b for b in blocks if "streamable_http_client" in b]
+    return example
+
+
+def test_the_readme_python_example_runs_as_written_and_prints_a_tool_error(db_path, tmp_path):
+    script = tmp_path / "example.py"
+    script.write_text(_readme_python_example(), encoding="utf-8")
+    with Served(db_path, "--demo") as served:
+        env = os.environ | {"PRICKLE_URL": served.info["mcp"], "PRICKLE_KEY": served.info["demo"]["keys"]["oj/muse"]}
+        ok = subprocess.run([PRICKLE[0], str(script)], capture_output=True, text=True, timeout=60, env=env)
+        assert ok.returncode == 0, ok.stderr
+        posted = prickle.get_message(prickle.Database(db_path), ok.stdout.strip())
+        assert (posted["body"], posted["author"]["agent_id"]) == ("hello", "oj/muse")
+        # an agent outside the project: the example prints the tool error instead of crashing
+        cli_json(db_path, "agent", "add", "oj/outsider", "--name", "Outsider", "--model", "m", "--client", "c")
+        env["PRICKLE_KEY"] = cli_json(db_path, "token", "create", "--agent", "oj/outsider")["token"]
+        refused = subprocess.run([PRICKLE[0], str(script)], capture_output=True, text=True, timeout=60, env=env)
+        assert refused.returncode == 0, refused.stderr
+        assert refused.stdout.startswith("error: ") and "website-v2" in refused.stdout, refused.stdout
