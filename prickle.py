@@ -56,9 +56,11 @@ import copy
 import dataclasses
 import datetime as _dt
 import fcntl
+import functools
 import gc
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import math
@@ -342,8 +344,14 @@ class Settings(pydantic.BaseModel):
         """The public address, or the bound one when none is configured."""
         if self.public_url:
             return self.public_url.rstrip("/")
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        host = (machine_address() or "127.0.0.1") if self.listens_everywhere() else self.host
+        if ":" in host:
+            host = f"[{host}]"
         return f"http://{host}:{port if port is not None else self.port}"
+
+    def listens_everywhere(self) -> bool:
+        """True when ``host`` is a wildcard (every interface)."""
+        return self.host in ("0.0.0.0", "::", "")
 
     def host_allowlist(self, port: int) -> list[str]:
         """Host header values accepted: loopback on any port, the public host and the extras."""
@@ -363,15 +371,27 @@ class Settings(pydantic.BaseModel):
         return origins + list(self.allowed_origins)
 
 
-def load_settings(path: str | None) -> Settings:
-    """Read settings from a TOML file; a missing default file gives the defaults.
+@functools.cache
+def machine_address() -> str | None:
+    """This machine's address as teammates would reach it (its host name's), or None if only loopback."""
+    try:
+        address = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return None
+    return None if ipaddress.ip_address(address).is_loopback else address
+
+
+def load_settings(path: str | None, db_path: str | None = None) -> Settings:
+    """Read settings from a TOML file; without one, ``prickle.toml`` beside the database, else in
+    the working directory; no such file gives the defaults.
 
     Raises PrickleError naming the file and the bad setting.
     """
     if path is None:
-        if not os.path.exists("prickle.toml"):
+        beside = os.path.join(os.path.dirname(os.path.abspath(db_path)), "prickle.toml") if db_path else None
+        path = next((p for p in (beside, "prickle.toml") if p and os.path.exists(p)), None)
+        if path is None:
             return Settings()
-        path = "prickle.toml"
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -7878,7 +7898,7 @@ def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | 
     """Run the server: MCP at /mcp, the people's API at /api, the page at /."""
     import uvicorn
 
-    settings = load_settings(config_path)
+    settings = load_settings(config_path, db_path)
     if host is not None:
         settings.host = host
     if port is not None:
@@ -7909,6 +7929,12 @@ def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | 
         set_meta(db, "base_url", base)
         info: dict[str, Any] = {"url": base, "port": bound, "mcp": f"{base}/mcp", "db": os.path.abspath(db_path)}
         lines = [f"Prickle {__version__} is listening on {base}  (MCP: {base}/mcp, database: {db_path})"]
+        if settings.listens_everywhere() and not settings.public_url:
+            lines.append("Listening on every interface: teammates must use the address they reach this machine "
+                         "by; set public_url in prickle.toml to it, so links and the Host check use it."
+                         if machine_address() is None else
+                         f"Listening on every interface; links use {base}. If teammates reach this machine by "
+                         "another name, set public_url in prickle.toml to it.")
         db_arg = f"--db {shlex.quote(db_path)}"  # what the next steps printed below add to each command
         if demo:
             seed_demo(db)
@@ -7964,12 +7990,16 @@ def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | 
 @click.option("--config", "config_path", default=None, help="Settings file, for the public address in the link.")
 def init_cmd(db_path: str, as_json: bool, owner: str, name: str | None, config_path: str | None) -> None:
     """Create the first owner and print their sign-in link."""
-    settings = load_settings(config_path)
+    settings = load_settings(config_path, db_path)
     db = _open(db_path, create=True)
     person = init_owner(db, owner, name)
+    known = bool(settings.public_url or db.scalar("SELECT value FROM meta WHERE key = 'base_url'"))
     link = signin_link(db, settings, owner)
-    _Out(as_json)({"person": person, "signin": link},
-                  f"Created {owner}. Sign in (once, within {settings.signin_link_minutes} min): {link}\n"
+    guess = "" if known else (
+        "\nNo server has run on this database yet, so the address above is a guess: if yours listens elsewhere, "
+        "open the same /signin?token=… on your server's address, or set public_url in prickle.toml.")
+    _Out(as_json)({"person": person, "signin": link, "address_known": known},
+                  f"Created {owner}. Sign in (once, within {settings.signin_link_minutes} min): {link}{guess}\n"
                   f"Next: prickle project create SLUG --name NAME --team TEAM --owner {owner}")
 
 
@@ -7979,7 +8009,7 @@ def init_cmd(db_path: str, as_json: bool, owner: str, name: str | None, config_p
 @click.option("--config", "config_path", default=None, help="Settings file, for the public address in the link.")
 def signin_link_cmd(db_path: str, as_json: bool, handle: str, config_path: str | None) -> None:
     """Print a new one-time sign-in link for a person."""
-    settings = load_settings(config_path)
+    settings = load_settings(config_path, db_path)
     link = signin_link(_open(db_path), settings, handle)
     _Out(as_json)({"signin": link}, link)
 
@@ -8490,7 +8520,7 @@ def backup_cmd(db_path: str, as_json: bool, dest: str) -> None:
 @click.option("--config", "config_path", default=None, help="Settings file, for the public address.")
 def connect_cmd(db_path: str, as_json: bool, agent_id: str, project_slug: str | None, config_path: str | None) -> None:
     """Mint a client key for an agent and print the Claude Code and Codex set-up lines."""
-    settings = load_settings(config_path)
+    settings = load_settings(config_path, db_path)
     db = _open(db_path)
     record, secret = create_token(db, "client", agent_id=agent_id, project=project_slug)
     lines = connect_lines(public_base(db, settings), agent_id, secret)
