@@ -339,6 +339,8 @@ class Settings(pydantic.BaseModel):
     launch_timeout_minutes: int = pydantic.Field(60, ge=1, le=1440)
     #: Outbox events and delivered wakes are kept this many days, then pruned (the audit log stays).
     outbox_keep_days: int = pydantic.Field(30, ge=1, le=3650)
+    #: One line per request on stderr (method, path without query, status, duration).
+    access_log: bool = True
 
     def base_url(self, port: int | None = None) -> str:
         """The public address, or the bound one when none is configured."""
@@ -6332,6 +6334,39 @@ def whole_number(text: str | None, max_digits: int = 18) -> int | None:
     return int(text) if text and len(text) <= max_digits and text.isascii() and text.isdigit() else None
 
 
+#: The access log: one line per request at info level (method, path, status, duration).
+ACCESS_LOG = logging.getLogger("prickle.access")
+
+
+class _AccessLogMiddleware:
+    """Log each HTTP request once it is answered: method, path (never the query), status, milliseconds.
+
+    Tokens travel in headers or the query string (a sign-in link), so neither is logged, nor a
+    cookie or a body.
+    """
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not ACCESS_LOG.isEnabledFor(logging.INFO):
+            await self.app(scope, receive, send)
+            return
+        started, status = time.monotonic(), 0
+
+        async def sending(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            ACCESS_LOG.info("%s %s %s %.0fms", scope["method"], urllib.parse.quote(scope["path"], safe="/:@-._~"),
+                            status or "-", (time.monotonic() - started) * 1000)
+
+
 class _GuardMiddleware:
     """DNS-rebinding protection (Host and Origin) and the body size limit, for every route.
 
@@ -7502,6 +7537,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: http_error, 405: http_error})
     app.state.prickle = state
     app.add_middleware(_GuardMiddleware, settings=settings, port=port)
+    app.add_middleware(_AccessLogMiddleware)
     return app
 
 
@@ -7728,14 +7764,23 @@ class RepeatLimiter(logging.Filter):
 REPEATS = RepeatLimiter()
 
 
-def limit_log_repeats() -> None:
-    """Pass every log line of the server (uvicorn's, asyncio's, the SDK's) through REPEATS."""
+def limit_log_repeats(access_log: bool = False) -> None:
+    """Pass every log line of the server (uvicorn's, asyncio's, the SDK's) through REPEATS.
+
+    With ``access_log``, Prickle's access log lines go to stderr too (settings: access_log).
+    """
     root = logging.getLogger()
     if not any(REPEATS in h.filters for h in root.handlers):
         handler = logging.StreamHandler(sys.stderr)
         handler.setLevel(logging.WARNING)
         handler.setFormatter(logging.Formatter("prickle: %(levelname)s %(name)s: %(message)s"))
         root.addHandler(handler)
+    if access_log and not ACCESS_LOG.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("prickle: access %(message)s"))  # every line: no REPEATS
+        ACCESS_LOG.addHandler(handler)
+        ACCESS_LOG.setLevel(logging.INFO)
+        ACCESS_LOG.propagate = False
     for name in ("", "uvicorn", "uvicorn.access"):
         for handler in logging.getLogger(name).handlers:
             if REPEATS not in handler.filters:
@@ -7977,7 +8022,7 @@ def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | 
         gc.set_threshold(50_000, 20, 100)
         config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=3,
                                 http=guard.protocol(), backlog=guard.backlog)
-        limit_log_repeats()  # once uvicorn has set up its logging
+        limit_log_repeats(settings.access_log)  # once uvicorn has set up its logging
         _uvicorn_server(config, lock).run(sockets=[sock])
     finally:
         lock.release()

@@ -344,3 +344,26 @@ def test_the_readme_python_example_runs_as_written_and_prints_a_tool_error(db_pa
         refused = subprocess.run([PRICKLE[0], str(script)], capture_output=True, text=True, timeout=60, env=env)
         assert refused.returncode == 0, refused.stderr
         assert refused.stdout.startswith("error: ") and "website-v2" in refused.stdout, refused.stdout
+
+
+def test_the_access_log_has_one_line_per_request_and_no_secret(db_path):
+    served = Served(db_path, "--demo")
+    try:
+        link, key = served.info["demo"]["signin"], served.info["demo"]["keys"]["oj/muse"]
+        token = link.split("token=")[1]
+        signin = httpx.get(link, follow_redirects=False)
+        assert signin.status_code == 303, signin.text
+        cookie = "; ".join(f"{k}={v}" for k, v in signin.cookies.items())
+        assert httpx.get(served.info["url"] + "/api/me", headers={"Cookie": cookie}).status_code == 200
+        assert httpx.get(served.info["url"] + "/api/me?x=1", headers={"Authorization": f"Bearer {key}"}).status_code == 401
+        served.proc.terminate()
+        served.proc.wait(15)
+        err = served.proc.stderr.read()
+    finally:
+        served.stop()
+    access = [line for line in err.splitlines() if line.startswith("prickle: access ")]
+    assert [line.split()[2:5] for line in access] == [["GET", "/signin", "303"], ["GET", "/api/me", "200"],
+                                                      ["GET", "/api/me", "401"]], err
+    assert all(line.endswith("ms") for line in access)
+    assert token not in err and key not in err and "x=1" not in err
+    assert not any(v and v in err for v in signin.cookies.values())
