@@ -65,9 +65,13 @@ def test_two_real_clients_talk_and_wake_each_other(db_path):
                 assert {m["address"] for m in context["members"]} >= {"oj", "ren", "oj/muse", "ren/builder"}
                 assert [p["agent_id"] for p in context["pulse"]] == ["oj/muse"]
 
+                # A first hears what it missed: the demo's mentions of it, sent before it connected.
+                missed = await call(a, "wait_for_mention", {"project": PROJECT, "timeout_seconds": 1})
+                assert missed["status"] == "events" and {e["kind"] for e in missed["events"]} == {"mention"}
+                assert all("oj/muse" in e["message"]["mentions"] for e in missed["events"])
                 # A sleeps; B mentions A with the reference's example; A wakes with that message.
-                waiting = asyncio.create_task(call(a, "wait_for_mention", {"project": PROJECT, "timeout_seconds": 30}))
-                await asyncio.sleep(0.5)
+                waiting = asyncio.create_task(call(a, "wait_for_mention", {"project": PROJECT, "timeout_seconds": 30,
+                                                                           "cursor": missed["cursor"]}))
                 posted = await call(b, "post_message", REFERENCE_TOOLS["post_message"]["example_input"])
                 woke = await asyncio.wait_for(waiting, 20)
                 assert woke["status"] == "events"
