@@ -61,9 +61,11 @@ import copy
 import dataclasses
 import datetime as _dt
 import fcntl
+import functools
 import gc
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import math
@@ -330,13 +332,21 @@ class Settings(pydantic.BaseModel):
     launch_timeout_minutes: int = pydantic.Field(60, ge=1, le=1440)
     #: Outbox events and delivered wakes are kept this many days, then pruned (the audit log stays).
     outbox_keep_days: int = pydantic.Field(30, ge=1, le=3650)
+    #: One line per request on stderr (method, path without query, status, duration).
+    access_log: bool = True
 
     def base_url(self, port: int | None = None) -> str:
         """The public address, or the bound one when none is configured."""
         if self.public_url:
             return self.public_url.rstrip("/")
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        host = (machine_address() or "127.0.0.1") if self.listens_everywhere() else self.host
+        if ":" in host:
+            host = f"[{host}]"
         return f"http://{host}:{port if port is not None else self.port}"
+
+    def listens_everywhere(self) -> bool:
+        """True when ``host`` is a wildcard (every interface)."""
+        return self.host in ("0.0.0.0", "::", "")
 
     def host_allowlist(self, port: int) -> list[str]:
         """Host header values accepted: loopback on any port, the public host and the extras."""
@@ -356,15 +366,27 @@ class Settings(pydantic.BaseModel):
         return origins + list(self.allowed_origins)
 
 
-def load_settings(path: str | None) -> Settings:
-    """Read settings from a TOML file; a missing default file gives the defaults.
+@functools.cache
+def machine_address() -> str | None:
+    """This machine's address as teammates would reach it (its host name's), or None if only loopback."""
+    try:
+        address = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return None
+    return None if ipaddress.ip_address(address).is_loopback else address
+
+
+def load_settings(path: str | None, db_path: str | None = None) -> Settings:
+    """Read settings from a TOML file; without one, ``prickle.toml`` beside the database, else in
+    the working directory; no such file gives the defaults.
 
     Raises PrickleError naming the file and the bad setting.
     """
     if path is None:
-        if not os.path.exists("prickle.toml"):
+        beside = os.path.join(os.path.dirname(os.path.abspath(db_path)), "prickle.toml") if db_path else None
+        path = next((p for p in (beside, "prickle.toml") if p and os.path.exists(p)), None)
+        if path is None:
             return Settings()
-        path = "prickle.toml"
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -1220,6 +1242,10 @@ MIGRATIONS: list[list[str]] = [
         "INSERT INTO team_people SELECT p.team, m.handle, CASE WHEN max(m.role = 'owner') THEN 'owner' "
         "ELSE 'member' END, min(m.joined_at) FROM members m JOIN projects p ON p.slug = m.project "
         "WHERE p.kind = 'team' GROUP BY p.team, m.handle",
+    ],
+    [
+        # Mentions no wait has handed out yet, found at once by the next wait (see pending_wakes).
+        "CREATE INDEX wakes_unheard ON wakes(agent_id, seq) WHERE kind = 'mention' AND delivered = 0",
     ],
 ]
 
@@ -2128,6 +2154,11 @@ WAKE_KINDS = {
 }
 #: How wait_for_updates names each wake kind.
 UPDATE_KIND_OF = {"task_update": "task"}
+# Missed mentions, the reading "a mention of an agent that arrived while it was not waiting is
+# still its to hear": a wait first hands out, oldest first and at once, the caller's mentions
+# (within its project filter and key) up to its start position that no wait has handed out yet,
+# keeping the cursor where it was; only then what comes after. check_inbox's fixed output has no
+# room for messages, so the next wait_for_mention or wait_for_updates is where a missed mention is told.
 
 
 def wake_cursor(db: Database, scope: str, position: int) -> str:
@@ -2151,20 +2182,28 @@ def start_position(db: Database, scope: str, cursor: str | None) -> int | None:
 
 
 def pending_wakes(db: Database, actor: Actor, after: int, kinds: tuple[str, ...],
-                  project: str | None) -> tuple[list[dict], int]:
+                  project: str | None, *, missed: bool = False) -> tuple[list[dict], int]:
     """Wakes for ``actor`` after outbox ``after``: one per event, the first of ``kinds`` it counts as.
 
     Returns ``(wakes, position)``: at most WAKE_BATCH wakes, each ``{seq, kind, project, at,
     task_id, message_id}``, and the position a cursor should hold afterwards. A wake about a
     task the agent may not see now (its approval lapsed and the gate holds it again) is
-    not handed out.
+    not handed out. With ``missed``, instead the mentions up to ``after`` that no wait has
+    handed out yet (missed mentions), and the position stays ``after``.
     """
     with db.snapshot():
         head = outbox_head(db)
+        if missed:
+            if "mention" not in kinds:
+                return [], after
+            kinds, head = ("mention",), after
+            after_sql = "w.kind = 'mention' AND w.delivered = 0"  # the partial index wakes_unheard
+        else:
+            after_sql = "w.seq > ?"
         sql = ("SELECT w.seq, w.kind, w.project, w.task_id, w.message_id, w.detail, o.at FROM wakes w JOIN outbox o "
-               "USING (seq) WHERE w.agent_id = ? AND w.seq > ? AND w.seq <= ? AND w.kind IN (%s)"
-               % ",".join("?" * len(kinds)))
-        params: tuple = (actor.agent_id, after, head) + tuple(kinds)
+               "USING (seq) WHERE w.agent_id = ? AND %s AND w.seq <= ? AND w.kind IN (%s)"
+               % (after_sql, ",".join("?" * len(kinds))))
+        params: tuple = (actor.agent_id,) + (() if missed else (after,)) + (head,) + tuple(kinds)
         if project is not None:
             sql += " AND w.project = ?"
             params += (project,)
@@ -2236,8 +2275,8 @@ async def wait_for_wakes(db: Database, hub: WakeHub, actor: Actor, args: dict, t
     ``args`` are the tool's checked arguments (``project``, ``cursor``); ``tick(elapsed_seconds)``
     is awaited every PROGRESS_EVERY seconds. Returns ``(status, wakes, cursor)`` with status
     events/timeout/resync. A cursor is good only for the tool and project filter that issued
-    it; any other is a resync. A credential revoked meanwhile ends the wait with Unauthorized
-    and no data.
+    it; any other is a resync. Mentions no wait has handed out yet come first, at once (see
+    pending_wakes). A credential revoked meanwhile ends the wait with Unauthorized and no data.
     """
     project = args.get("project")
     if project is not None:
@@ -2253,9 +2292,16 @@ async def wait_for_wakes(db: Database, hub: WakeHub, actor: Actor, args: dict, t
     started = loop.time()
     deadline = started + timeout
     next_tick = started + PROGRESS_EVERY
+    first = True
     while True:
         with hub.waiting(hub.agent_waiters, agent) as fut:
             check_live(db, actor)
+            if first:
+                first = False
+                missed, _ = pending_wakes(db, actor, after, kinds, project, missed=True)
+                if missed:
+                    note_delivered(db, agent, missed)
+                    return "events", missed, wake_cursor(db, scope, after)
             wakes, position = pending_wakes(db, actor, after, kinds, project)
             if wakes:
                 note_delivered(db, agent, wakes)
@@ -3121,8 +3167,11 @@ def create_token(db: Database, kind: str, *, agent_id: str | None = None, person
                     raise InvalidInput("a runner key is not scoped to a project: leave --project out")
                 if not db.one("SELECT 1 FROM project_agents WHERE project = ? AND agent_id = ?",
                               (check_slug(project, "project"), agent_id)):
-                    raise NotFound(f"agent '{agent_id}' is not in project '{project}': "
-                                   f"add it with 'prickle agent add … --project {project}' first")
+                    owner = agent_id.split("/")[0]
+                    member = db.one("SELECT 1 FROM members WHERE project = ? AND handle = ?", (project, owner))
+                    first = "" if member else f"'prickle member add {project} {owner}', then "
+                    raise NotFound(f"agent '{agent_id}' is not in project '{project}': add it with "
+                                   f"{first}'prickle agent join {project} {agent_id}', and make the key again")
         else:
             if person is None or agent_id is not None or project is not None:
                 raise InvalidInput(f"a {kind} credential belongs to one person: pass --person HANDLE only")
@@ -3404,6 +3453,11 @@ def require_project(db: Database, actor: Actor, project: str) -> dict:
     elsewhere is ``forbidden``.
     """
     if actor.kind == "agent" and actor.project_scope not in (None, ROOMS_SCOPE, project):
+        if not db.one("SELECT 1 FROM project_agents pa JOIN members m ON m.project = pa.project AND m.handle = ? "
+                      "WHERE pa.agent_id = ? AND pa.project = ?", (actor.owner, actor.agent_id, project)):
+            # Naming only the key's own project: whether the other slug exists stays unsaid.
+            raise NotFound(f"your agent is in no project '{project}'; this key is for project "
+                           f"'{actor.project_scope}' only: check the project's slug")
         raise Forbidden(f"this key is for project '{actor.project_scope}' only: use a key for '{project}' "
                         "or one for every project your agent is in")
     key = ("reach", actor.kind, actor.address, actor.credential_kind, actor.project_scope, project)
@@ -6591,7 +6645,8 @@ TOOLS: dict[str, Tool] = {t.name: t for t in [
          "Sleep until someone @mentions you or hands you a task, for up to timeout_seconds (at most 50). "
          "Status 'timeout' returns a cursor: call again with it to keep listening without missing anything. "
          "Status 'resync' means the cursor is unusable: call check_inbox for earlier work, then listen with "
-         "the fresh cursor it returns. Without a cursor you hear what happens from now on.",
+         "the fresh cursor it returns. Mentions of you that no wait has handed you yet (sent while you were "
+         "not listening) come first, at once; after them, without a cursor, you hear what happens from now on.",
          _tool_wait_mention, read_only=True),
     Tool("update_pulse",
          "Tell Team Pulse what you are doing now: doing (required, may be empty), availability, task, branch, "
@@ -6610,7 +6665,8 @@ TOOLS: dict[str, Tool] = {t.name: t for t in [
          "read a task with check_inbox (include_closed: true) and a message with read_room (pass its task_id "
          "when the pointer has one). Default wait 45 s; without a progressToken a call is held at most 50 s; "
          "with one you may ask up to 240 s and get a progress notification every 20 s. 'timeout': call again "
-         "with the cursor. 'resync': the cursor is unusable; call check_inbox, then wait with the new cursor.",
+         "with the cursor. 'resync': the cursor is unusable; call check_inbox, then wait with the new cursor. "
+         "Mentions of you no wait has handed you yet come first, at once.",
          _tool_wait_updates, read_only=True),
     Tool("handoff",
          "Hand a structured task to another agent of the project, a teammate's included. Send a small packet: "
@@ -6808,6 +6864,39 @@ def whole_number(text: str | None, max_digits: int = 18) -> int | None:
     (``str.isdigit`` also takes digits ``int`` cannot read, like '²'.)
     """
     return int(text) if text and len(text) <= max_digits and text.isascii() and text.isdigit() else None
+
+
+#: The access log: one line per request at info level (method, path, status, duration).
+ACCESS_LOG = logging.getLogger("prickle.access")
+
+
+class _AccessLogMiddleware:
+    """Log each HTTP request once it is answered: method, path (never the query), status, milliseconds.
+
+    Tokens travel in headers or the query string (a sign-in link), so neither is logged, nor a
+    cookie or a body.
+    """
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not ACCESS_LOG.isEnabledFor(logging.INFO):
+            await self.app(scope, receive, send)
+            return
+        started, status = time.monotonic(), 0
+
+        async def sending(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            ACCESS_LOG.info("%s %s %s %.0fms", scope["method"], urllib.parse.quote(scope["path"], safe="/:@-._~"),
+                            status or "-", (time.monotonic() - started) * 1000)
 
 
 class _GuardMiddleware:
@@ -7792,6 +7881,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: _http_error, 405: _http_error})
     app.state.prickle = state
     app.add_middleware(_GuardMiddleware, settings=settings, port=port)
+    app.add_middleware(_AccessLogMiddleware)
     return app
 
 
@@ -8022,14 +8112,23 @@ class RepeatLimiter(logging.Filter):
 REPEATS = RepeatLimiter()
 
 
-def limit_log_repeats() -> None:
-    """Pass every log line of the server (uvicorn's, asyncio's, the SDK's) through REPEATS."""
+def limit_log_repeats(access_log: bool = False) -> None:
+    """Pass every log line of the server (uvicorn's, asyncio's, the SDK's) through REPEATS.
+
+    With ``access_log``, Prickle's access log lines go to stderr too (settings: access_log).
+    """
     root = logging.getLogger()
     if not any(REPEATS in h.filters for h in root.handlers):
         handler = logging.StreamHandler(sys.stderr)
         handler.setLevel(logging.WARNING)
         handler.setFormatter(logging.Formatter("prickle: %(levelname)s %(name)s: %(message)s"))
         root.addHandler(handler)
+    if access_log and not ACCESS_LOG.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("prickle: access %(message)s"))  # every line: no REPEATS
+        ACCESS_LOG.addHandler(handler)
+        ACCESS_LOG.setLevel(logging.INFO)
+        ACCESS_LOG.propagate = False
     for name in ("", "uvicorn", "uvicorn.access"):
         for handler in logging.getLogger(name).handlers:
             if REPEATS not in handler.filters:
@@ -9165,7 +9264,7 @@ def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | 
     """Run the server: MCP at /mcp, the people's API at /api, the page at /."""
     import uvicorn
 
-    settings = load_settings(config_path)
+    settings = load_settings(config_path, db_path)
     if host is not None:
         settings.host = host
     if port is not None:
@@ -9196,6 +9295,12 @@ def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | 
         set_meta(db, "base_url", base)
         info: dict[str, Any] = {"url": base, "port": bound, "mcp": f"{base}/mcp", "db": os.path.abspath(db_path)}
         lines = [f"Prickle {__version__} is listening on {base}  (MCP: {base}/mcp, database: {db_path})"]
+        if settings.listens_everywhere() and not settings.public_url:
+            lines.append("Listening on every interface: teammates must use the address they reach this machine "
+                         "by; set public_url in prickle.toml to it, so links and the Host check use it."
+                         if machine_address() is None else
+                         f"Listening on every interface; links use {base}. If teammates reach this machine by "
+                         "another name, set public_url in prickle.toml to it.")
         db_arg = f"--db {shlex.quote(db_path)}"  # what the next steps printed below add to each command
         if demo:
             info["demo"] = _fresh_demo(db, settings, bound)
@@ -9225,7 +9330,7 @@ def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | 
         gc.set_threshold(50_000, 20, 100)
         config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=3,
                                 http=guard.protocol(), backlog=guard.backlog)
-        limit_log_repeats()  # once uvicorn has set up its logging
+        limit_log_repeats(settings.access_log)  # once uvicorn has set up its logging
         _uvicorn_server(config, lock).run(sockets=[sock])
     finally:
         lock.release()
@@ -9238,12 +9343,16 @@ def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | 
 @click.option("--config", "config_path", default=None, help="Settings file, for the public address in the link.")
 def init_cmd(db_path: str, as_json: bool, owner: str, name: str | None, config_path: str | None) -> None:
     """Create the first owner and print their sign-in link."""
-    settings = load_settings(config_path)
+    settings = load_settings(config_path, db_path)
     db = _open(db_path, create=True)
     person = init_owner(db, owner, name)
+    known = bool(settings.public_url or db.scalar("SELECT value FROM meta WHERE key = 'base_url'"))
     link = signin_link(db, settings, owner)
-    _Out(as_json)({"person": person, "signin": link},
-                  f"Created {owner}. Sign in (once, within {settings.signin_link_minutes} min): {link}\n"
+    guess = "" if known else (
+        "\nNo server has run on this database yet, so the address above is a guess: if yours listens elsewhere, "
+        "open the same /signin?token=… on your server's address, or set public_url in prickle.toml.")
+    _Out(as_json)({"person": person, "signin": link, "address_known": known},
+                  f"Created {owner}. Sign in (once, within {settings.signin_link_minutes} min): {link}{guess}\n"
                   f"Next: prickle project create SLUG --name NAME --team TEAM --owner {owner}")
 
 
@@ -9253,7 +9362,7 @@ def init_cmd(db_path: str, as_json: bool, owner: str, name: str | None, config_p
 @click.option("--config", "config_path", default=None, help="Settings file, for the public address in the link.")
 def signin_link_cmd(db_path: str, as_json: bool, handle: str, config_path: str | None) -> None:
     """Print a new one-time sign-in link for a person."""
-    settings = load_settings(config_path)
+    settings = load_settings(config_path, db_path)
     link = signin_link(_open(db_path), settings, handle)
     _Out(as_json)({"signin": link}, link)
 
@@ -9876,7 +9985,7 @@ def backup_cmd(db_path: str, as_json: bool, dest: str) -> None:
 @click.option("--config", "config_path", default=None, help="Settings file, for the public address.")
 def connect_cmd(db_path: str, as_json: bool, agent_id: str, project_slug: str | None, config_path: str | None) -> None:
     """Mint a client key for an agent and print the Claude Code and Codex set-up lines."""
-    settings = load_settings(config_path)
+    settings = load_settings(config_path, db_path)
     db = _open(db_path)
     record, secret = create_token(db, "client", agent_id=agent_id, project=project_slug)
     lines = connect_lines(public_base(db, settings), agent_id, secret)

@@ -208,6 +208,24 @@ HAVE_SHARED_CLIENTS = (SHARED / "clients" / "run-conformance.sh").exists() and n
 PRICKLE = [__import__("sys").executable, "-m", "prickle"]
 
 
+class _Drained:
+    """A child's stderr read as it comes (the access log must never fill the pipe); ``read`` gives it all."""
+
+    def __init__(self, stream):
+        import threading
+        self.stream, self.chunks = stream, []
+        self.thread = threading.Thread(target=lambda: self.chunks.extend(stream), daemon=True)
+        self.thread.start()
+
+    def read(self) -> str:
+        self.thread.join(15)
+        return "".join(self.chunks)
+
+    def close(self) -> None:
+        self.thread.join(15)
+        self.stream.close()
+
+
 class Served:
     """A real ``prickle serve`` process; ``lines`` holds what it printed before serving."""
 
@@ -218,6 +236,8 @@ class Served:
         popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE} | popen  # e.g. stderr to a file
         self.proc = subprocess.Popen(command + ["serve", "--db", db_path, "--port", "0", *args, *extra],
                                      text=True, env=None if env is None else os.environ | env, **popen)
+        if popen["stderr"] is subprocess.PIPE:
+            self.proc.stderr = _Drained(self.proc.stderr)
         self.first = self.proc.stdout.readline()
         if not self.first:
             err = self.proc.stderr.read() if self.proc.stderr else ""

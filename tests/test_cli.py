@@ -225,3 +225,53 @@ def test_no_schema_upgrade_under_a_running_server(db_path):
         assert code == 1 and "needs a schema upgrade and a server is using it" in err
     finally:
         lock.release()
+
+
+def test_a_key_for_a_project_the_agent_is_not_in_names_the_commands_that_fix_it(db_path):
+    run(db_path, "init", "--owner", "oj")
+    run(db_path, "person", "add", "ren", "--name", "Ren")
+    run(db_path, "project", "create", "site", "--name", "Site", "--team", "web", "--owner", "oj")
+    run(db_path, "agent", "add", "ren/builder", "--name", "B", "--model", "m", "--client", "c")
+    code, _, err = run(db_path, "token", "create", "--agent", "ren/builder", "--project", "site", ok=False)
+    assert code != 0 and err.strip() == (
+        "prickle: agent 'ren/builder' is not in project 'site': add it with 'prickle member add site ren', "
+        "then 'prickle agent join site ren/builder', and make the key again")
+    run(db_path, "member", "add", "site", "ren")
+    code, _, err = run(db_path, "token", "create", "--agent", "ren/builder", "--project", "site", ok=False)
+    assert err.strip() == ("prickle: agent 'ren/builder' is not in project 'site': add it with "
+                           "'prickle agent join site ren/builder', and make the key again")
+    run(db_path, "agent", "join", "site", "ren/builder")
+    assert jrun(db_path, "token", "create", "--agent", "ren/builder", "--project", "site")["project"] == "site"
+
+
+def test_init_says_when_its_link_address_is_a_guess_and_reads_settings_beside_the_database(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the working directory has no prickle.toml
+    guessed = str(tmp_path / "a" / "prickle.db")
+    os.makedirs(os.path.dirname(guessed))
+    _, out, _ = run(guessed, "init", "--owner", "oj")
+    assert out.startswith("Created oj. Sign in (once, within 30 min): http://127.0.0.1:8321/signin?token=prk_sl_")
+    assert "No server has run on this database yet, so the address above is a guess" in out
+    beside = tmp_path / "b"
+    beside.mkdir()
+    (beside / "prickle.toml").write_text('public_url = "https://prickle.example.org"\n')
+    first = jrun(str(beside / "prickle.db"), "init", "--owner", "oj")
+    assert first["signin"].startswith("https://prickle.example.org/signin?token=prk_sl_")
+    assert first["address_known"] is True
+    _, out, _ = run(str(beside / "prickle.db"), "signin-link", "oj")
+    assert out.startswith("https://prickle.example.org/signin?token=prk_sl_") and "guess" not in out
+
+
+def test_listening_everywhere_links_to_the_machine_address_and_the_host_check_takes_it(monkeypatch, db_path):
+    import starlette.testclient
+    monkeypatch.setattr(prickle.socket, "gethostbyname", lambda name: "192.0.2.7")
+    prickle.machine_address.cache_clear()
+    try:
+        settings = prickle.Settings(host="0.0.0.0")
+        assert settings.base_url(8321) == "http://192.0.2.7:8321"
+        prickle.init_owner(prickle.Database(db_path), "oj", "Oj")
+        app = prickle.create_app(db_path, settings, 8321)
+        with starlette.testclient.TestClient(app, base_url="http://192.0.2.7:8321") as client:
+            assert client.get("/api/me").status_code == 401  # past the Host check, not 421
+            assert client.get("/api/me", headers={"Host": "evil.example:8321"}).status_code == 421
+    finally:
+        prickle.machine_address.cache_clear()

@@ -43,6 +43,11 @@ def test_inspector_lists_and_calls_tools(served):
            json.dumps({"project": "website-v2", "body": "@ren/builder from the Inspector"}))
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["result"]["structuredContent"]["message"]["mentions"] == ["ren/builder"]
+    # the demo's mentions of oj/muse that no wait has handed out yet come first, then nothing is new
+    p = sh(CLIENTS / "inspector-call.sh", url, key, "wait_for_updates", json.dumps({"timeout_seconds": 2}))
+    missed = json.loads(p.stdout)["result"]["structuredContent"]
+    assert p.returncode == 0 and missed["status"] == "updates" and missed["updates"], p.stdout
+    assert {u["kind"] for u in missed["updates"]} == {"mention"}
     p = sh(CLIENTS / "inspector-call.sh", url, key, "wait_for_updates", json.dumps({"timeout_seconds": 2}))
     assert p.returncode == 0 and json.loads(p.stdout)["result"]["structuredContent"]["status"] == "timeout"
     p = sh(CLIENTS / "inspector-call.sh", url, key, "read_room", json.dumps({"project": "elsewhere"}))

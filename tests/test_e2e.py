@@ -65,9 +65,13 @@ def test_two_real_clients_talk_and_wake_each_other(db_path):
                 assert {m["address"] for m in context["members"]} >= {"oj", "ren", "oj/muse", "ren/builder"}
                 assert [p["agent_id"] for p in context["pulse"]] == ["oj/muse"]
 
+                # A first hears what it missed: the demo's mentions of it, sent before it connected.
+                missed = await call(a, "wait_for_mention", {"project": PROJECT, "timeout_seconds": 1})
+                assert missed["status"] == "events" and {e["kind"] for e in missed["events"]} == {"mention"}
+                assert all("oj/muse" in e["message"]["mentions"] for e in missed["events"])
                 # A sleeps; B mentions A with the reference's example; A wakes with that message.
-                waiting = asyncio.create_task(call(a, "wait_for_mention", {"project": PROJECT, "timeout_seconds": 30}))
-                await asyncio.sleep(0.5)
+                waiting = asyncio.create_task(call(a, "wait_for_mention", {"project": PROJECT, "timeout_seconds": 30,
+                                                                           "cursor": missed["cursor"]}))
                 posted = await call(b, "post_message", REFERENCE_TOOLS["post_message"]["example_input"])
                 woke = await asyncio.wait_for(waiting, 20)
                 assert woke["status"] == "events"
@@ -318,3 +322,52 @@ def test_the_stream_resyncs_a_position_beyond_the_head_or_pruned_and_goes_on_fro
             with http.stream("GET", url, headers=h, params={"after": "1"}) as r:
                 assert _sse_events(r.iter_lines(), 2) == [("resync", head, {"seq": head, "reason": "pruned"}),
                                              ("ready", head, {"seq": head})]
+
+
+def _readme_python_example():
+    """The README's MCP Python SDK example, exactly as written there."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(prickle.__file__)), "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    blocks = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:]]
+    (example,) = [b for b in blocks if "streamable_http_client" in b]
+    return example
+
+
+def test_the_readme_python_example_runs_as_written_and_prints_a_tool_error(db_path, tmp_path):
+    script = tmp_path / "example.py"
+    script.write_text(_readme_python_example(), encoding="utf-8")
+    with Served(db_path, "--demo") as served:
+        env = os.environ | {"PRICKLE_URL": served.info["mcp"], "PRICKLE_KEY": served.info["demo"]["keys"]["oj/muse"]}
+        ok = subprocess.run([PRICKLE[0], str(script)], capture_output=True, text=True, timeout=60, env=env)
+        assert ok.returncode == 0, ok.stderr
+        posted = prickle.get_message(prickle.Database(db_path), ok.stdout.strip())
+        assert (posted["body"], posted["author"]["agent_id"]) == ("hello", "oj/muse")
+        # an agent outside the project: the example prints the tool error instead of crashing
+        cli_json(db_path, "agent", "add", "oj/outsider", "--name", "Outsider", "--model", "m", "--client", "c")
+        env["PRICKLE_KEY"] = cli_json(db_path, "token", "create", "--agent", "oj/outsider")["token"]
+        refused = subprocess.run([PRICKLE[0], str(script)], capture_output=True, text=True, timeout=60, env=env)
+        assert refused.returncode == 0, refused.stderr
+        assert refused.stdout.startswith("error: ") and "website-v2" in refused.stdout, refused.stdout
+
+
+def test_the_access_log_has_one_line_per_request_and_no_secret(db_path):
+    served = Served(db_path, "--demo")
+    try:
+        link, key = served.info["demo"]["signin"], served.info["demo"]["keys"]["oj/muse"]
+        token = link.split("token=")[1]
+        signin = httpx.get(link, follow_redirects=False)
+        assert signin.status_code == 303, signin.text
+        cookie = "; ".join(f"{k}={v}" for k, v in signin.cookies.items())
+        assert httpx.get(served.info["url"] + "/api/me", headers={"Cookie": cookie}).status_code == 200
+        assert httpx.get(served.info["url"] + "/api/me?x=1", headers={"Authorization": f"Bearer {key}"}).status_code == 401
+        served.proc.terminate()
+        served.proc.wait(15)
+        err = served.proc.stderr.read()
+    finally:
+        served.stop()
+    access = [line for line in err.splitlines() if line.startswith("prickle: access ")]
+    assert [line.split()[2:5] for line in access] == [["GET", "/signin", "303"], ["GET", "/api/me", "200"],
+                                                      ["GET", "/api/me", "401"]], err
+    assert all(line.endswith("ms") for line in access)
+    assert token not in err and key not in err and "x=1" not in err
+    assert not any(v and v in err for v in signin.cookies.values())

@@ -113,6 +113,14 @@ def test_project_key_is_forbidden_elsewhere(mcp, world):
     assert mcp.ok("oj/muse", "read_room", {"project": "side"})  # the full-reach key
 
 
+def test_project_key_with_a_mistyped_project_names_only_the_keys_own(mcp, world):
+    _, scoped = prickle.create_token(world.db, "client", agent_id="oj/muse", project=PROJECT)
+    for slug in ("website-v3", "side"):  # one that does not exist, one the agent is not in
+        text = mcp.error("oj/muse", "read_room", {"project": slug}, "not_found", token=scoped)
+        assert text.endswith(f"your agent is in no project '{slug}'; this key is for project '{PROJECT}' only: "
+                             "check the project's slug"), text
+
+
 def test_reply_stays_in_parent_thread(mcp, world):
     task = make_task(world)
     parent = post(mcp, "ren/builder", "Started.", task_id=task)

@@ -34,9 +34,46 @@ def test_timeout_returns_a_cursor_and_that_cursor_catches_what_came_after(mcp, w
 
 
 def test_without_a_cursor_only_what_happens_from_now_on(mcp, world):
-    post(mcp, "ren/builder", "@muse earlier")
+    earlier = post(mcp, "ren/builder", "@muse earlier")
+    post(mcp, "ren/builder", "nobody named")
+    missed = wait(mcp, "oj/muse", timeout_seconds=1)  # a mention never handed out is still muse's
+    assert missed["status"] == "events" and missed["events"] == [{"kind": "mention", "message": earlier}]
     out = wait(mcp, "oj/muse", timeout_seconds=1)
     assert out["status"] == "timeout"
+
+
+def test_mentions_sent_while_an_agent_was_not_waiting_reach_it_once(mcp, world):
+    task = make_task(world, "oj/muse", "ren/builder")
+    general = post(mcp, "ren/builder", "@muse while you were away")
+    threaded = post(mcp, "ren/builder", "@muse see the thread", task_id=task)
+    other = post(mcp, "ren/builder", "@scout not muse")
+    assert other["mentions"] == ["oj/scout"]
+    timed_out = wait(mcp, "oj/muse", "wait_for_updates", kinds=["task"], timeout_seconds=1)
+    assert timed_out["status"] == "timeout"
+    cursor = timed_out["cursor"]
+    out = wait(mcp, "oj/muse", "wait_for_updates", cursor=cursor)
+    assert out["status"] == "updates"
+    assert [(u["kind"], u.get("task_id"), u["message_id"]) for u in out["updates"]] == [
+        ("mention", None, general["id"]), ("mention", task, threaded["id"])]
+    assert prickle.decode_cursor(world.db, "wake|oj/muse|wait_for_updates|*", out["cursor"]) == \
+        prickle.decode_cursor(world.db, "wake|oj/muse|wait_for_updates|*", cursor)
+    # heard once: neither wait tells them again
+    assert wait(mcp, "oj/muse", timeout_seconds=1)["status"] == "timeout"
+    assert wait(mcp, "oj/muse", "wait_for_updates", cursor=out["cursor"], timeout_seconds=1)["status"] == "timeout"
+
+
+def test_missed_mentions_keep_the_project_filter_and_come_fifty_at_a_time(mcp, world):
+    prickle.add_member(world.db, "side", "ren", by="sam")
+    prickle.add_agent_to_project(world.db, "side", "ren/builder")
+    there = mcp.ok("sam/lone", "post_message", {"project": "side", "body": "@ren/builder over here"})["message"]
+    for i in range(52):
+        post(mcp, "oj/muse", f"@builder {i}")
+    assert wait(mcp, "ren/builder", project="side")["events"] == [{"kind": "mention", "message": there}]
+    first = wait(mcp, "ren/builder", project=PROJECT)
+    assert [e["message"]["body"] for e in first["events"]] == [f"@builder {i}" for i in range(50)]
+    rest = wait(mcp, "ren/builder", project=PROJECT, cursor=first["cursor"])
+    assert [e["message"]["body"] for e in rest["events"]] == ["@builder 50", "@builder 51"]
+    assert wait(mcp, "ren/builder", project=PROJECT, cursor=rest["cursor"], timeout_seconds=1)["status"] == "timeout"
 
 
 def test_a_waiting_agent_wakes_when_mentioned(mcp, world):
