@@ -3220,6 +3220,11 @@ def read_room(db: Database, actor: Actor, project: str, *, cursor: str | None = 
             if after is None:
                 raise InvalidInput("cursor: not a next_cursor that read_room gave you for this room; "
                                    "leave it out to start from the oldest message")
+            if after > db.scalar("SELECT coalesce(max(seq), 0) FROM messages"):
+                # Messages are never deleted: a cursor past the newest one is from before a restore,
+                # and continuing from it would skip every message posted since, unseen.
+                raise InvalidInput("cursor: it is past the newest message here (the server was restored from "
+                                   "an older backup); leave it out and read the room again from the oldest message")
         where = "m.task_id = ?" if task_id is not None else "m.task_id IS NULL"
         params = (project, task_id) if task_id is not None else (project,)
         if latest or before is not None:
