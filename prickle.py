@@ -67,6 +67,7 @@ import re
 import secrets
 import shlex
 import socket
+import struct
 import sys
 import tempfile
 import time
@@ -7488,6 +7489,17 @@ def raise_file_limit(wanted: int) -> int:
     return soft
 
 
+def _cut(transport: asyncio.BaseTransport) -> None:
+    """Close a connection at once with a reset, dropping what its client never read.
+
+    A plain close waits until everything buffered is sent, which a client that reads nothing
+    never lets happen: the file stays open, or the kernel keeps the data for minutes.
+    """
+    with contextlib.suppress(OSError, AttributeError):  # gone already: abort() does nothing then
+        transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
 def _http_answer(status: str, code: str, message: str, extra: str = "") -> bytes:
     """A whole HTTP/1.1 response with a JSON error body, that closes the connection."""
     body = json.dumps({"error": {"code": code, "message": message}}).encode()
@@ -7500,7 +7512,8 @@ class ConnectionGuard:
 
     A connection that owes a request (just opened, idle between requests, or still sending its
     headers or body) is *waiting*; one whose request is being answered (a long wait, a live
-    stream) is not, and no deadline applies to it. A connection waiting longer than
+    stream) is not, and no deadline applies to it, unless its client stops reading: one whose
+    answer has not drained for ``request_seconds`` is closed too. A connection waiting longer than
     ``request_seconds`` is closed (with 408 when it had sent part of a request). With ``limit``
     connections open, a newcomer closes the one that has waited longest; if none is waiting,
     the newcomer is answered 503 and closed.
@@ -7561,6 +7574,7 @@ class ConnectionGuard:
             _deadline: asyncio.TimerHandle | None = None
             _partial = False  # bytes of the request owed have arrived
             _refused: asyncio.TimerHandle | bool = False
+            _stalled: asyncio.TimerHandle | None = None  # the answer waits on a client that does not read
 
             def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
                 if not guard.make_room():
@@ -7580,7 +7594,9 @@ class ConnectionGuard:
                 transport.write(guard.refusal)
                 if transport.can_write_eof():
                     transport.write_eof()  # what the client sends is read and dropped until it closes
-                self._refused = self.loop.call_later(REFUSAL_LINGER_SECONDS, transport.close)
+                # A client still there after the linger is cut: one that reads nothing would never
+                # let a close finish (its answer stays unsent), and its file would stay open.
+                self._refused = self.loop.call_later(REFUSAL_LINGER_SECONDS, _cut, transport)
 
             def data_received(self, data: bytes) -> None:
                 if self._refused:
@@ -7608,6 +7624,19 @@ class ConnectionGuard:
                     self._stop_waiting()
                     self._partial = False
 
+            def pause_writing(self) -> None:
+                # A client that stops reading its answers (pipelined requests it never reads) holds
+                # the connection as surely as one that never finishes asking.
+                super().pause_writing()
+                if self._stalled is None:
+                    self._stalled = self.loop.call_later(guard.request_seconds, _cut, self.transport)
+
+            def resume_writing(self) -> None:
+                super().resume_writing()
+                if self._stalled is not None:
+                    self._stalled.cancel()
+                    self._stalled = None
+
             def _stop_waiting(self) -> None:
                 guard.waiting.pop(self, None)
                 if self._deadline is not None:
@@ -7618,11 +7647,13 @@ class ConnectionGuard:
                 """Close this connection, which owes a request; answer if it had begun one."""
                 self._stop_waiting()
                 guard.open.discard(self)
-                if self.transport.is_closing():
-                    return
-                if self._partial and self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                    self.transport.write(answer)
-                self.transport.close()
+                if not self.transport.is_closing():
+                    if self._partial and self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                        self.transport.write(answer)
+                    self.transport.close()
+                # A close finishes only once what is buffered is sent: a client that reads nothing
+                # would keep the file open for ever, uncounted.
+                self.loop.call_later(REFUSAL_LINGER_SECONDS, _cut, self.transport)
 
             def connection_lost(self, exc: Exception | None) -> None:
                 if self._refused:
@@ -7631,6 +7662,8 @@ class ConnectionGuard:
                         guard.refusing -= 1
                     return
                 self._stop_waiting()
+                if self._stalled is not None:
+                    self._stalled.cancel()
                 guard.open.discard(self)
                 super().connection_lost(exc)
 
