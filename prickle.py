@@ -4219,7 +4219,7 @@ def sweep_approvals(db: Database, now: _dt.datetime | None = None) -> int:
 
     A pending approval nobody decided, or an approved one whose task was never accepted,
     stops counting: ``approval.invalidated`` is written, the task goes back to waiting for
-    its owner, and a new approval is opened.
+    its owner (a run claimed on it is stopped, its credential ended), and a new approval is opened.
     """
     now = now or utcnow()
     stale = db.rows(
@@ -4243,6 +4243,9 @@ def _ask_again(db: Database, old: dict, reason: str, by: str) -> bool:
         return False
     task = _task_row(db, old["task_id"])
     if task["state"] == "routed":
+        # Held again, the task is not its assignee's: a run already claimed on it stops with it.
+        for attempt in db.rows("SELECT * FROM attempts WHERE task_id = ? AND state = 'running'", (task["id"],)):
+            end_attempt(db, attempt, "stop", task["project"])
         task = move_task(db, task, "lapse", by, routed_at=None)
     new = _open_approval(db, task)
     db.execute("UPDATE tasks SET gate = json_set(gate, '$.approval_id', ?) WHERE id = ?", (new["id"], task["id"]))
