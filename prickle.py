@@ -74,6 +74,7 @@ import re
 import secrets
 import shlex
 import socket
+import struct
 import sys
 import tempfile
 import time
@@ -3933,6 +3934,11 @@ def read_room(db: Database, actor: Actor, project: str, *, cursor: str | None = 
             if after is None:
                 raise InvalidInput("cursor: not a next_cursor that read_room gave you for this room; "
                                    "leave it out to start from the oldest message")
+            if after > db.scalar("SELECT coalesce(max(seq), 0) FROM messages"):
+                # Messages are never deleted: a cursor past the newest one is from before a restore,
+                # and continuing from it would skip every message posted since, unseen.
+                raise InvalidInput("cursor: it is past the newest message here (the server was restored from "
+                                   "an older backup); leave it out and read the room again from the oldest message")
         where = "m.task_id = ?" if task_id is not None else "m.task_id IS NULL"
         params = (project, task_id) if task_id is not None else (project,)
         if latest or before is not None:
@@ -4955,7 +4961,7 @@ def sweep_approvals(db: Database, now: _dt.datetime | None = None) -> int:
 
     A pending approval nobody decided, or an approved one whose task was never accepted,
     stops counting: ``approval.invalidated`` is written, the task goes back to waiting for
-    its owner, and a new approval is opened.
+    its owner (a run claimed on it is stopped, its credential ended), and a new approval is opened.
     """
     now = now or utcnow()
     stale = db.rows(
@@ -4979,6 +4985,9 @@ def _ask_again(db: Database, old: dict, reason: str, by: str) -> bool:
         return False
     task = _task_row(db, old["task_id"])
     if task["state"] == "routed":
+        # Held again, the task is not its assignee's: a run already claimed on it stops with it.
+        for attempt in db.rows("SELECT * FROM attempts WHERE task_id = ? AND state = 'running'", (task["id"],)):
+            end_attempt(db, attempt, "stop", task["project"])
         task = move_task(db, task, "lapse", by, routed_at=None)
     new = _open_approval(db, task)
     db.execute("UPDATE tasks SET gate = json_set(gate, '$.approval_id', ?) WHERE id = ?", (new["id"], task["id"]))
@@ -7918,6 +7927,17 @@ def raise_file_limit(wanted: int) -> int:
     return soft
 
 
+def _cut(transport: asyncio.BaseTransport) -> None:
+    """Close a connection at once with a reset, dropping what its client never read.
+
+    A plain close waits until everything buffered is sent, which a client that reads nothing
+    never lets happen: the file stays open, or the kernel keeps the data for minutes.
+    """
+    with contextlib.suppress(OSError, AttributeError):  # gone already: abort() does nothing then
+        transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
 def _http_answer(status: str, code: str, message: str, extra: str = "") -> bytes:
     """A whole HTTP/1.1 response with a JSON error body, that closes the connection."""
     body = json.dumps({"error": {"code": code, "message": message}}).encode()
@@ -7930,7 +7950,8 @@ class ConnectionGuard:
 
     A connection that owes a request (just opened, idle between requests, or still sending its
     headers or body) is *waiting*; one whose request is being answered (a long wait, a live
-    stream) is not, and no deadline applies to it. A connection waiting longer than
+    stream) is not, and no deadline applies to it, unless its client stops reading: one whose
+    answer has not drained for ``request_seconds`` is closed too. A connection waiting longer than
     ``request_seconds`` is closed (with 408 when it had sent part of a request). With ``limit``
     connections open, a newcomer closes the one that has waited longest; if none is waiting,
     the newcomer is answered 503 and closed.
@@ -7995,6 +8016,7 @@ class _GuardedConnection:
     _deadline: asyncio.TimerHandle | None = None
     _partial = False  # bytes of the request owed have arrived
     _refused: asyncio.TimerHandle | bool = False
+    _stalled: asyncio.TimerHandle | None = None  # the answer waits on a client that does not read
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if not self.guard.make_room():
@@ -8014,7 +8036,9 @@ class _GuardedConnection:
         transport.write(self.guard.refusal)
         if transport.can_write_eof():
             transport.write_eof()  # what the client sends is read and dropped until it closes
-        self._refused = self.loop.call_later(REFUSAL_LINGER_SECONDS, transport.close)
+        # A client still there after the linger is cut: one that reads nothing would never
+        # let a close finish (its answer stays unsent), and its file would stay open.
+        self._refused = self.loop.call_later(REFUSAL_LINGER_SECONDS, _cut, transport)
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -8043,6 +8067,19 @@ class _GuardedConnection:
             self._stop_waiting()
             self._partial = False
 
+    def pause_writing(self) -> None:
+        # A client that stops reading its answers (pipelined requests it never reads) holds
+        # the connection as surely as one that never finishes asking.
+        super().pause_writing()
+        if self._stalled is None:
+            self._stalled = self.loop.call_later(self.guard.request_seconds, _cut, self.transport)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
+
     def _stop_waiting(self) -> None:
         self.guard.waiting.pop(self, None)
         if self._deadline is not None:
@@ -8054,11 +8091,13 @@ class _GuardedConnection:
         import h11
         self._stop_waiting()
         self.guard.open.discard(self)
-        if self.transport.is_closing():
-            return
-        if self._partial and self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            self.transport.write(answer)
-        self.transport.close()
+        if not self.transport.is_closing():
+            if self._partial and self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                self.transport.write(answer)
+            self.transport.close()
+        # A close finishes only once what is buffered is sent: a client that reads nothing
+        # would keep the file open for ever, uncounted.
+        self.loop.call_later(REFUSAL_LINGER_SECONDS, _cut, self.transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused:
@@ -8067,6 +8106,8 @@ class _GuardedConnection:
                 self.guard.refusing -= 1
             return
         self._stop_waiting()
+        if self._stalled is not None:
+            self._stalled.cancel()
         self.guard.open.discard(self)
         super().connection_lost(exc)
 

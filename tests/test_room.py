@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 import prickle
 from conftest import PROJECT, all_events, audit_entries
 
@@ -187,6 +189,25 @@ def test_read_room_cursor_from_elsewhere_is_invalid_input(mcp, world):
     text = mcp.error("oj/scout", "read_room", P | {"limit": 1, "cursor": cursor}, "invalid_input")
     assert text.startswith("invalid_input: cursor:")
     mcp.error("ren/builder", "read_room", P | {"cursor": "garbage"}, "invalid_input")
+
+
+def test_read_room_cursor_past_a_restored_database_is_refused_not_skipping_messages(world, tmp_path):
+    reader = world.actor("ren/builder")
+    for i in range(3):
+        prickle.post_message(world.db, reader, PROJECT, f"kept {i}")
+    backup = str(tmp_path / "backup.db")
+    world.db.backup_to(backup)
+    for i in range(5):
+        prickle.post_message(world.db, reader, PROJECT, f"lost {i}")
+    cursor = prickle.read_room(world.db, reader, PROJECT, limit=6)["next_cursor"]  # seen up to "lost 2"
+    restored = prickle.Database(backup)
+    again = prickle.resolve_token(restored, world.keys["ren/builder"], ("client",))
+    for i in range(2):  # the restored room is still short of the seq the reader last saw
+        prickle.post_message(restored, again, PROJECT, f"after the restore {i}")
+    with pytest.raises(prickle.InvalidInput, match="^cursor: it is past the newest message here"):
+        prickle.read_room(restored, again, PROJECT, cursor=cursor)
+    assert [m["body"] for m in prickle.read_room(restored, again, PROJECT)["messages"]] == [
+        "kept 0", "kept 1", "kept 2", "after the restore 0", "after the restore 1"]
 
 
 def test_general_chat_excludes_threads_and_lists_visible_threads(mcp, world):

@@ -220,3 +220,23 @@ def test_a_secret_given_where_an_id_belongs_is_not_repeated(world, server):
         r = person(server, world, "ren").delete(f"/api/keys/{token}")
         assert r.status_code == 400 and token not in r.text and "not a credential id" in r.text
     assert world.db.scalar("SELECT count(*) FROM credentials WHERE revoked_at IS NOT NULL") == 0
+
+
+def test_a_run_ends_when_its_tasks_approval_lapses_and_the_gate_holds_it_again(mcp, server, world):
+    task, device, runner, out = claimed(mcp, server, world)
+    run = out["execution_credential"]["token"]
+    call = {"tool_name": "Bash", "input": {"command": "git push origin main"}, "kind": "outbound",
+            "target": "origin", "reason": "Publish the reviewed branch."}
+    assert prickle.sweep_approvals(world.db, prickle.utcnow() + dt.timedelta(hours=25)) == 1
+    assert prickle.visible_task(world.db, world.actor("oj/muse"), PROJECT, task["id"])["state"] == "approval"
+    # The task is not the assignee's any more: its run can ask for no step, and is over.
+    assert prickle.not_live_because(world.db.one(
+        "SELECT * FROM credentials WHERE attempt_id = ?", (out["attempt"]["attempt_id"],))) is not None
+    r = server.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                  "params": {"name": "request_step", "arguments": call}},
+                    headers={"Authorization": f"Bearer {run}", "Accept": "application/json, text/event-stream"})
+    assert r.status_code == 401 and r.json()["error"]["message"] == (
+        "this credential was revoked: ask its owner for a new one")
+    attempt = world.db.one("SELECT state FROM attempts WHERE id = ?", (out["attempt"]["attempt_id"],))
+    assert attempt == {"state": "stopped"}
+    assert world.db.scalar("SELECT count(*) FROM steps") == 0

@@ -7,6 +7,7 @@ sockets and sessions.
 import json
 import logging
 import resource
+import select
 import socket
 import subprocess
 
@@ -122,6 +123,32 @@ def test_a_connection_beyond_the_cap_is_refused_clearly_when_all_are_busy(world,
             "try again in a few seconds")}}
         for s in streams:
             s.close()
+
+
+def test_clients_that_never_read_their_answers_lock_nobody_out(world, tmp_path):
+    config = _settings(tmp_path, max_connections=16, request_timeout_seconds=2)
+    with Served(world.db_path, "--config", config) as served:
+        host, port = "127.0.0.1", served.info["port"]
+        # Pipelined requests for the page's style sheet, far more than any socket buffer holds,
+        # from clients that read nothing: every answer stalls and the connection looks busy.
+        pipelined = b"GET /static/style.css HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * 400
+        silent = []
+        for _ in range(20):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+            s.connect((host, port))
+            s.sendall(pipelined)
+            silent.append(s)
+        # Without reading a byte (reading would let the answers through), each must be closed by
+        # the server: a stalled answer is cut after request_timeout_seconds, like an unfinished request.
+        ended = select.POLLRDHUP | select.POLLHUP | select.POLLERR
+        for s in silent:
+            poller = select.poll()
+            poller.register(s, ended)
+            assert poller.poll(30_000), "the server kept a connection whose client reads nothing"
+            s.close()
+        health = httpx.get(f"{served.info['url']}/healthz", timeout=20)
+        assert health.status_code == 200 and health.json()["ok"] is True
 
 
 def test_a_log_line_that_repeats_is_written_once_a_minute_with_a_count():
