@@ -1228,6 +1228,10 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE turns ADD COLUMN skipped TEXT NOT NULL DEFAULT '[]'",
     ],
     [
+        # Mentions no wait has handed out yet, found at once by the next wait (see pending_wakes).
+        "CREATE INDEX wakes_unheard ON wakes(agent_id, seq) WHERE kind = 'mention' AND delivered = 0",
+    ],
+    [
         # Teams: a team project's ``team`` names a row of teams, whose people are its owners and
         # members; ``apps`` (a JSON list, NULL for any) limits the agent apps (clients) it allows.
         # Each distinct team name becomes a team: its people are its projects' members, an owner
@@ -1243,10 +1247,6 @@ MIGRATIONS: list[list[str]] = [
         "INSERT INTO team_people SELECT p.team, m.handle, CASE WHEN max(m.role = 'owner') THEN 'owner' "
         "ELSE 'member' END, min(m.joined_at) FROM members m JOIN projects p ON p.slug = m.project "
         "WHERE p.kind = 'team' GROUP BY p.team, m.handle",
-    ],
-    [
-        # Mentions no wait has handed out yet, found at once by the next wait (see pending_wakes).
-        "CREATE INDEX wakes_unheard ON wakes(agent_id, seq) WHERE kind = 'mention' AND delivered = 0",
     ],
 ]
 
@@ -2991,7 +2991,8 @@ def add_member(db: Database, project: str, handle: str, role: str = "member",
                by: str | Actor | None = None) -> dict:
     """Add a person to a project as ``owner`` or ``member``.
 
-    ``by`` (a project owner's handle, or the signed-in person; see :func:`_acting_member`) is checked when given, and may add only a teammate already in the
+    ``by`` (a project owner's handle, or the signed-in person; see :func:`_acting_member`) is
+    checked when given, and may add only a teammate already in the
     project's team: anyone else is invited. Without ``by`` (the command line, run by whoever
     holds the database file) anyone on the server is added, joining the team on the way.
     Writes ``member.joined`` (outbox) and ``member.added`` (audit). Raises InvalidInput,
@@ -9215,6 +9216,10 @@ class _Out:
     def __call__(self, data: dict, text: str) -> None:
         click.echo(utf8_json(data) if self.as_json else text)
 
+    def rows(self, key: str, rows: list[dict], line: Callable[[dict], str], none: str = "") -> None:
+        """A listing: ``{key: rows}`` with --json, else one ``line(row)`` a row (``none`` for no rows)."""
+        self({key: rows}, "\n".join(line(r) for r in rows) or none)
+
 
 def _db_options(f: Callable) -> Callable:
     """Give a command the options every command takes: --db and --json."""
@@ -9429,9 +9434,9 @@ def person_add(db_path: str, as_json: bool, handle: str, name: str, color: int |
 def person_list(db_path: str, as_json: bool) -> None:
     """List everyone on the server with the teams they are in."""
     rows = list_people(_open(db_path))
-    _Out(as_json)({"people": rows}, "\n".join(
+    _Out(as_json).rows("people", rows, lambda r: (
         f"{r['handle']:<20} {r['display_name']:<24} "
-        + (", ".join(f"{t['team']} ({t['role']})" for t in r["teams"]) or "no team") for r in rows) or "No people.")
+        + (", ".join(f"{t['team']} ({t['role']})" for t in r["teams"]) or "no team")), "No people.")
 
 
 @cli.group("team")
@@ -9444,9 +9449,9 @@ def team_group() -> None:
 def team_list(db_path: str, as_json: bool) -> None:
     """List every team with how many people and projects it has."""
     rows = list_teams(_open(db_path))
-    _Out(as_json)({"teams": rows}, "\n".join(
+    _Out(as_json).rows("teams", rows, lambda r: (
         f"{r['name']:<24} {r['people']} people, {r['projects']} projects, apps: "
-        f"{', '.join(r['apps']) if r['apps'] is not None else 'any'}" for r in rows) or "No teams.")
+        f"{', '.join(r['apps']) if r['apps'] is not None else 'any'}"), "No teams.")
 
 
 def _team_text(t: dict) -> str:
@@ -9513,9 +9518,9 @@ def project_create(db_path: str, as_json: bool, slug: str, name: str, team: str,
 def project_list(db_path: str, as_json: bool) -> None:
     """List every team project with its team and how many members and agents it has."""
     rows = list_all_projects(_open(db_path))
-    _Out(as_json)({"projects": rows}, "\n".join(
-        f"{r['slug']:<24} team {r['team']:<16} {r['members']} members, {r['agents']} agents  {r['name']}"
-        for r in rows) or "No projects.")
+    _Out(as_json).rows("projects", rows, lambda r: (
+        f"{r['slug']:<24} team {r['team']:<16} {r['members']} members, {r['agents']} agents  {r['name']}"),
+        "No projects.")
 
 
 @cli.group("member")
@@ -9540,9 +9545,8 @@ def member_add(db_path: str, as_json: bool, project_slug: str, handle: str, role
 def member_list(db_path: str, as_json: bool, project_slug: str) -> None:
     """List a project's members with their role, when they joined and their agents in it."""
     rows = list_members(_open(db_path), project_slug)
-    _Out(as_json)({"members": rows}, "\n".join(
-        f"{r['handle']:<20} {r['role']:<7} joined {r['joined_at']}  agents: {', '.join(r['agents']) or 'none'}"
-        for r in rows))
+    _Out(as_json).rows("members", rows, lambda r: (
+        f"{r['handle']:<20} {r['role']:<7} joined {r['joined_at']}  agents: {', '.join(r['agents']) or 'none'}"))
 
 
 def _parse_capability(text: str) -> dict:
@@ -9593,9 +9597,9 @@ def agent_list(db_path: str, as_json: bool, owner: str | None) -> None:
     if owner is not None:
         _require_person(db, owner)
     rows = list_agents(db, owner)
-    _Out(as_json)({"agents": rows}, "\n".join(
-        f"{r['agent_id']:<28} {r['client']:<12} {r['model']:<16} projects: {', '.join(r['projects']) or 'none'}"
-        for r in rows) or "No agents.")
+    _Out(as_json).rows("agents", rows, lambda r: (
+        f"{r['agent_id']:<28} {r['client']:<12} {r['model']:<16} projects: {', '.join(r['projects']) or 'none'}"),
+        "No agents.")
 
 
 @cli.group("rule")
@@ -9679,9 +9683,9 @@ def device_list(db_path: str, as_json: bool, owner: str) -> None:
     db = _open(db_path)
     _require_person(db, owner)
     rows = list_devices(db, owner)
-    _Out(as_json)({"devices": rows}, "\n".join(
-        f"{r['id']}  {r['agent_id']:<24} {r['name']:<16} {'revoked' if r['revoked_at'] else 'active'}"
-        for r in rows) or "No devices.")
+    _Out(as_json).rows("devices", rows, lambda r: (
+        f"{r['id']}  {r['agent_id']:<24} {r['name']:<16} {'revoked' if r['revoked_at'] else 'active'}"),
+        "No devices.")
 
 
 @device_group.command("revoke")
@@ -9942,9 +9946,9 @@ def token_list(db_path: str, as_json: bool, owner: str | None) -> None:
     if owner is not None:
         _require_person(db, owner)
     rows = list_tokens(db, owner)
-    _Out(as_json)({"tokens": rows}, "\n".join(
+    _Out(as_json).rows("tokens", rows, lambda r: (
         f"{r['id']}  {r['kind']:<7} {r['agent_id'] or r['person']:<24} {r['project'] or '-':<16} "
-        f"{'revoked ' + r['revoked_at'] if r['revoked_at'] else 'active'}" for r in rows) or "No credentials.")
+        f"{'revoked ' + r['revoked_at'] if r['revoked_at'] else 'active'}"), "No credentials.")
 
 
 @token_group.command("revoke")
