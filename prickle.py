@@ -8894,6 +8894,9 @@ class Runner:
         same idempotency key), time limit, then report the outcome to Team Pulse."""
         agent, task_id, project = self.config.agents[agent_id], task["id"], task["project"]
         try:
+            if self.per_agent[agent_id].locked() or self.total.locked():
+                self.log(f"{agent_id}: task {task_id} waits for a free run (at most {agent.parallel} at once for "
+                         f"this agent, {self.config.parallel} for this runner)")
             async with self.per_agent[agent_id], self.total:
                 n = self.status["task_runs"].get(task_id, 0) + 1
                 key = f"{task_id}.{n}"

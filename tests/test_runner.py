@@ -293,3 +293,23 @@ def test_a_private_room_turn_is_drafted_and_reviewed_by_two_runners(db_path, tmp
         assert [e["refs"]["failure"] for e in audit_entries(db, room, "action.finished")] == [None]
         assert not any(p in all_logs(muse.state_dir) + all_logs(critic.state_dir) for p in SECRET_PREFIXES)
         oj.close(), db.close()
+
+
+def test_a_task_beyond_the_parallel_limit_waits_for_the_run_before_it(db_path, tmp_path):
+    with Served(db_path, "--demo") as served:
+        config, key, mcp, ren, oj = setup(db_path, served, tmp_path, parallel=1)
+        with RunnerProcess(config) as runner:
+            runner.wait_connected("ren/builder")
+            first = hand(mcp, "sleep", "Draft the hero copy.")
+            wait_until("the first run to sleep",
+                       lambda: "Sleeping." in str(task_state(ren, first)["latest_checkpoint"]))
+            second = hand(mcp, "ok", "Draft the footer copy.")
+            wait_until("the second task to wait", lambda: f"task {second} waits for a free run" in runner.log())
+            # One run at a time for this agent: the second task is not claimed while the first runs.
+            assert task_state(ren, second)["state"] == "routed"
+            assert len(runner.runs("ren/builder")) == 1
+            assert ren.post(f"/api/tasks/{first}/stop", json={}).status_code == 200
+            done = wait_until("the second result", lambda: (t := task_state(ren, second))["state"] == "verifying"
+                              and t)
+            assert [e["criteria"] for e in done["result"]["evidence"]] == [[0], [1]]
+        ren.close(), oj.close(), mcp.client.close()
