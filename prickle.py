@@ -7858,6 +7858,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
                               per_key=settings.max_sessions_per_key)
 
     def end_dead_sessions() -> None:
+        # After a commit here: a failure must not fail the commit's other listeners.
         try:
             end_sessions_of_dead_credentials(db, manager)
         except apsw.Error:
@@ -7867,7 +7868,9 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
 
     db.conn.pragma("journal_size_limit", WAL_KEEP_BYTES)
     checkpointer = WalCheckpointer(db_path)
-    maintenance = state.maintenance = server_maintenance(db, hub, checkpointer, settings, end_dead_sessions)
+    # The background pieces call it unwrapped, so a failure there shows in /healthz and is retried.
+    maintenance = state.maintenance = server_maintenance(db, hub, checkpointer, settings,
+                                                         lambda: end_sessions_of_dead_credentials(db, manager))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> Any:
