@@ -161,7 +161,8 @@ def test_listing_from_the_command_line(world):
 
 
 def test_the_upgrade_turns_team_names_into_teams(db_path):
-    conn = _database_at_version(db_path, len(prickle.MIGRATIONS) - 1)
+    teams_migration = next(i for i, m in enumerate(prickle.MIGRATIONS) if any("CREATE TABLE teams" in s for s in m))
+    conn = _database_at_version(db_path, teams_migration)
     with conn:
         for h in ("oj", "ren", "sam"):
             conn.execute("INSERT INTO people (handle, display_name, created_at) VALUES (?, ?, 'x')", (h, h.upper()))
