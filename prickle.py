@@ -2706,18 +2706,32 @@ def move(db: Database, kind: str, row_id: str, move_name: str, row: dict | None 
     return new
 
 
+#: The task board's columns, in order: a title and the public states it shows.
+BOARD_COLUMNS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Needs a person", ("approval", "waiting")),
+    ("Queued", ("requested", "routed")),
+    ("In progress", ("accepted", "working")),
+    ("Verifying", ("verifying",)),
+    ("Done", ("completed",)),
+    ("Closed", ("rejected", "cancelled", "returned")),
+)
+
+
 def task_lists() -> dict:
     """What the web page lists about tasks, read from the tables above and the schemas.
 
-    ``{"states": [...], "cancellable": [...], "deliverable_types": [...]}``: every public
-    state in the reference's order, the public states a task can be cancelled from
-    (TASK_MOVES), and the packet's deliverable types.
+    ``{"states": [...], "cancellable": [...], "deliverable_types": [...], "board": [...]}``:
+    every public state in the reference's order, the public states a task can be cancelled
+    from (TASK_MOVES), the packet's deliverable types, and the board's columns
+    (``{"title", "states"}``, BOARD_COLUMNS).
     """
     states = TASK_STATE["enum"]
     cancellable = {"approval" if key.startswith("approval_") else key
                    for key, moves in TASK_MOVES.items() if "cancel" in moves}
+    assert sorted(s for _, col in BOARD_COLUMNS for s in col) == sorted(states), "every state on one column"
     return {"states": list(states), "cancellable": [s for s in states if s in cancellable],
-            "deliverable_types": list(PACKET["properties"]["deliverable_type"]["enum"])}
+            "deliverable_types": list(PACKET["properties"]["deliverable_type"]["enum"]),
+            "board": [{"title": title, "states": list(col)} for title, col in BOARD_COLUMNS]}
 
 
 
@@ -3169,7 +3183,7 @@ def create_token(db: Database, kind: str, *, agent_id: str | None = None, person
                     raise InvalidInput("a runner key is not scoped to a project: leave --project out")
                 if not db.one("SELECT 1 FROM project_agents WHERE project = ? AND agent_id = ?",
                               (check_slug(project, "project"), agent_id)):
-                    owner = agent_id.split("/")[0]
+                    owner = owner_of(agent_id)
                     member = db.one("SELECT 1 FROM members WHERE project = ? AND handle = ?", (project, owner))
                     first = "" if member else f"'prickle member add {project} {owner}', then "
                     raise NotFound(f"agent '{agent_id}' is not in project '{project}': add it with "
@@ -5196,11 +5210,25 @@ def set_auto_accept(db: Database, owner: str, on: bool) -> dict:
     return {"owner": owner, "auto_accept": on}
 
 
+def task_for_page(db: Database, task: dict) -> dict:
+    """A task row as the page shows it: the reference's Task object (:func:`task_out`) and
+    where it stands in its lifecycle, so the page never re-derives it.
+
+    Adds ``lifecycle`` (the TASK_MOVES key it is in), ``final_by`` (the person who gives
+    final acceptance) and ``awaiting_final`` (a result is in and the lifecycle allows the
+    ``final_accept`` move now).
+    """
+    out = task_out(db, task)
+    lifecycle = lifecycle_state(task)
+    return out | {"lifecycle": lifecycle, "final_by": _requesting_person(task),
+                  "awaiting_final": out["result"] is not None and "final_accept" in TASK_MOVES[lifecycle]}
+
+
 def tasks_board(db: Database, person: Actor, project: str) -> dict:
-    """Every task of a project for a member, newest activity first."""
+    """Every task of a project for a member (:func:`task_for_page`), newest activity first."""
     with db.snapshot():
         require_project(db, person, project)
-        return {"tasks": [task_out(db, t) for t in db.rows(
+        return {"tasks": [task_for_page(db, t) for t in db.rows(
             "SELECT * FROM tasks WHERE project = ? ORDER BY last_activity_at DESC", (project,))]}
 
 
@@ -5211,7 +5239,7 @@ def task_detail(db: Database, person: Actor, task_id: str) -> dict:
         pending = db.one("SELECT * FROM approvals WHERE task_id = ? AND status = 'pending' AND invalidated_at IS NULL",
                          (task_id,))
         return {
-            "task": task_out(db, task),
+            "task": task_for_page(db, task),
             "approval": approval_out(pending) if pending else None,
             "steps": [step_out(r) for r in db.rows("SELECT * FROM steps WHERE task_id = ? ORDER BY created_at",
                                                    (task_id,))],

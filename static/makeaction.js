@@ -4,7 +4,7 @@
 // (card.updateAction(action), fed by the stream's action.updated events).
 
 import { post, seg } from "./api.js";
-import { h, badge, timeEl, errorSlot, act, fill, announce, words } from "./ui.js";
+import { h, badge, timeEl, errorSlot, act, fill, announce, words, ownerOf } from "./ui.js";
 
 const STATUS = {
   proposed: ["waiting for your decision", "attention"],
@@ -30,7 +30,7 @@ const FAILURE = {
  *  the room (the home page) to link back to it. onDecided(action) runs after a decision here. */
 export function actionCard(action, { me, owner, room, messageId = null, onDecided = null } = {}) {
   const el = h("article", { class: "action-card", tabindex: "-1", dataset: { actionId: action.id } });
-  const ctx = { el, me, owner: owner || action.agent_id.split("/")[0], room, messageId, onDecided, note: null };
+  const ctx = { el, me, owner: owner || ownerOf(action.agent_id), room, messageId, onDecided, note: null };
   el.updateAction = (next) => draw(ctx, next);
   draw(ctx, action);
   return el;

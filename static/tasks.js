@@ -11,18 +11,11 @@ import { stepCard, pendingSteps } from "./steps.js";
 import { runsSection } from "./runs.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, badge, stateBadge, timeEl, ago, words, safeUrl,
-  confirmButton, lines, debounce, announce,
+  confirmButton, lines, debounce, announce, ownerOf,
 } from "./ui.js";
 
-const COLUMNS = [
-  ["Needs a person", ["approval", "waiting"]],
-  ["Queued", ["requested", "routed"]],
-  ["In progress", ["accepted", "working"]],
-  ["Verifying", ["verifying"]],
-  ["Done", ["completed"]],
-  ["Closed", ["rejected", "cancelled", "returned"]],
-];
-// The server's lists (GET /api/meta): task states, those a task can be cancelled from, deliverable types.
+// The server's lists (GET /api/meta): task states, those a task can be cancelled from, deliverable types,
+// the board's columns.
 let lists = null;
 const taskLists = () => (lists ??= get("/api/meta").then((out) => out.tasks, (err) => { lists = null; throw err; }));
 
@@ -34,7 +27,7 @@ export function mount(el, ctx) {
 }
 
 function mountBoard(el, ctx) {
-  const state = { tasks: new Map(), approvals: [], stepTasks: new Set() };
+  const state = { tasks: new Map(), approvals: [], stepTasks: new Set(), columns: [] };
   const board = h("div", { class: "board" }, h("p", { class: "muted", text: "Loading tasks…" }));
   const error = errorSlot();
   const approvals = h("div", { class: "stack" });
@@ -47,7 +40,8 @@ function mountBoard(el, ctx) {
     error,
     h("section", { "aria-label": "Task board" }, board));
 
-  const render = () => renderBoard(board, ctx, [...state.tasks.values()], state.approvals, state.stepTasks);
+  const render = () => renderBoard(board, ctx, [...state.tasks.values()], state.approvals, state.stepTasks,
+    state.columns);
   const loadApprovals = async () => {
     try {
       const out = await get("/api/approvals");
@@ -66,17 +60,22 @@ function mountBoard(el, ctx) {
     } catch { /* the marks stay as they were */ }
   };
   const reloadSteps = debounce(loadSteps, 300);
+  const loadTasks = async () => {
+    const { tasks } = await get(`/api/projects/${seg(ctx.slug)}/tasks`);
+    for (const t of tasks) upsert(state.tasks, t);
+    render();
+  };
+  const reloadTasks = debounce(() => loadTasks().catch(() => { /* the board stays as it was */ }), 300);
   const offTask = stream.on("task.updated", (e) => {
-    if (upsert(state.tasks, e.task)) render();
+    if (e.task) reloadTasks();
     reloadSteps(); // a run may have asked a step, or had one decided
   });
   const reloadApprovals = debounce(loadApprovals, 300);
   const offApproval = stream.on("approval.updated", reloadApprovals);
   (async () => {
     try {
-      const { tasks } = await get(`/api/projects/${seg(ctx.slug)}/tasks`);
-      for (const t of tasks) upsert(state.tasks, t);
-      render();
+      state.columns = (await taskLists()).board;
+      await loadTasks();
     } catch (err) {
       fill(board);
       error.textContent = err.message;
@@ -90,6 +89,7 @@ function mountBoard(el, ctx) {
     offApproval();
     reloadApprovals.cancel();
     reloadSteps.cancel();
+    reloadTasks.cancel();
   };
 }
 
@@ -162,17 +162,18 @@ function mountTask(el, ctx) {
 
 // ---- actions -------------------------------------------------------------------------------------
 
+// Where a task stands comes from the server with the task (task_for_page): `lifecycle`, `final_by`,
+// `awaiting_final`. Live task.updated events carry the reference's Task object without them, so the
+// board and the task page fetch the task again when one arrives.
+
 /** Who gives final acceptance: the person who asked, or the requesting agent's owner. */
 export function requestingPerson(task) {
-  if (task.requested_by?.kind === "person") return task.requested_by.handle;
-  return task.requester ? task.requester.split("/")[0] : null;
+  return task.final_by;
 }
 
 /** A verified result waiting for the requesting person's final acceptance. */
 export function awaitingFinal(task) {
-  if (!task.result) return false;
-  if (task.state === "approval" && task.result.verified_by) return true;
-  return task.requested_by?.kind === "person" && task.state === "verifying";
+  return task.awaiting_final === true;
 }
 
 /** The state badge, saying which approval an "approval" task waits for. */
@@ -184,7 +185,7 @@ export function taskState(task) {
 
 /** A handoff held by the gate for the assignee's owner. */
 export function heldByGate(task) {
-  return task.state === "approval" && !task.result?.verified_by;
+  return task.lifecycle === "approval_gate";
 }
 
 async function decide(approvalId, decision, standing) {
@@ -195,9 +196,9 @@ async function decide(approvalId, decision, standing) {
 
 // ---- callbacks / rendering -------------------------------------------------------------------------
 
-function renderBoard(board, ctx, tasks, approvals, stepTasks) {
+function renderBoard(board, ctx, tasks, approvals, stepTasks, columns) {
   const held = new Set([...approvals.map((a) => a.task.id), ...stepTasks]);
-  fill(board, COLUMNS.map(([title, states]) => {
+  fill(board, columns.map(({ title, states }) => {
     const cards = tasks.filter((t) => states.includes(t.state))
       .sort((a, b) => (b.updated_at || "").localeCompare(a.updated_at || ""));
     const id = `col-${states[0]}`;
@@ -262,7 +263,7 @@ function renderActions(ctx, task, approval, stepCards, reload, known) {
   const box = h("section", { class: "actions card", "aria-labelledby": "actions-heading" },
     h("h2", { id: "actions-heading", class: "sr-only", text: "Whose turn, and your decisions" }));
   const requester = requestingPerson(task);
-  const owner = task.assignee.split("/")[0];
+  const owner = ownerOf(task.assignee);
   const parts = [h("p", { class: "status-line", text: statusLine(task, requester, owner, ctx.me.handle) })];
 
   const asking = stepCards.filter((card) => !card.classList.contains("decided")).length;

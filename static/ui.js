@@ -259,6 +259,11 @@ export function words(value) {
   return String(value ?? "").replaceAll("_", " ");
 }
 
+/** The person who owns an agent ("oj/muse" → "oj"). */
+export function ownerOf(agentId) {
+  return String(agentId).split("/")[0];
+}
+
 /** A URL safe to link to (http or https only), else null. */
 export function safeUrl(value) {
   try {

@@ -31,6 +31,12 @@ async def until(c, tool, args, want):
     raise AssertionError(f"{tool} never returned what was expected")
 
 
+def where(http, task_id):
+    """Where the page is told the task stands (GET /api/tasks/ID's page fields)."""
+    task = http.get(f"/api/tasks/{task_id}").json()["task"]
+    return task["lifecycle"], task["awaiting_final"], task["final_by"]
+
+
 def test_a_task_from_handoff_to_completed(db_path):
     with Served(db_path, "--demo") as served:
         url, base = served.info["mcp"], served.info["url"]
@@ -52,6 +58,7 @@ def test_a_task_from_handoff_to_completed(db_path):
                 held = await call(a, "handoff", example)
                 task_id = held["task"]["id"]
                 assert held["task"]["state"] == "approval" and held["gate"]["decision"] == "approval_required"
+                assert where(ren, task_id) == ("approval_gate", False, "oj")
 
                 waiting = asyncio.create_task(until(b, "wait_for_mention", b_wait,
                                                     lambda o: o["status"] == "events"))
@@ -71,6 +78,7 @@ def test_a_task_from_handoff_to_completed(db_path):
                 first = await call(b, "return_result", {"task_id": task_id, "summary": "Drafted.",
                                                         "evidence": evidence})
                 assert first["task"]["result"]["evidence_report"]["complete"] is True
+                assert where(oj, task_id) == ("verifying_by_agent", False, "oj")
 
                 got, a_wait = await until(a, "wait_for_updates", a_wait,
                                           lambda o: any(u["kind"] == "result" for u in o["updates"]))
@@ -92,8 +100,12 @@ def test_a_task_from_handoff_to_completed(db_path):
                                                            "revision": sub["revision"], "verdicts": verdicts,
                                                            "artifacts": sub["artifacts"]})
                 assert verified["task"]["state"] == "approval"
+                assert where(oj, task_id) == ("approval_final", True, "oj")
+                board = oj.get(f"/api/projects/{PROJECT}/tasks").json()["tasks"]
+                assert next(t for t in board if t["id"] == task_id)["lifecycle"] == "approval_final"
                 done = oj.post(f"/api/tasks/{task_id}/accept")
                 assert done.status_code == 200 and done.json()["task"]["state"] == "completed"
+                assert where(ren, task_id) == ("completed", False, "oj")
                 got, a_wait = await until(a, "wait_for_updates", a_wait,
                                           lambda o: any(u["kind"] == "decision" for u in o["updates"]))
                 final = await call(a, "check_inbox", {"project": PROJECT, "include_closed": True})
