@@ -86,6 +86,15 @@ def test_the_module_docstring_lists_every_section_in_order():
     assert listed == banners and len(banners) >= 11
 
 
+def test_no_function_in_the_module_is_longer_than_80_lines():
+    import ast
+    import pathlib
+    tree = ast.parse(pathlib.Path(prickle.__file__).read_text(encoding="utf-8"))
+    long = {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80}
+    assert long == {}
+
+
 def test_every_test_the_readme_names_as_a_promises_proof_exists():
     import pathlib
     import re
