@@ -25,7 +25,7 @@ Contents: one banner per section, in dependency order (search for the section's 
   thread); the room (messages, mentions, the loop guard, read_room); people, memory and pulse; tasks (handoff, the gate,
   the lifecycle, results and evidence); the people's side of tasks (approvals, final
   acceptance); the owner's gate rules; runners (devices, runs, steps); private rooms
-  (turns and discussions); make-or-spend actions.
+  (turns and discussions); make-or-spend actions; the inbox (what waits on a person, read positions).
 - MCP tools: the Tool table (TOOLS), waits with progress, and the /mcp endpoint.
 - Web API, event stream and page: sign-in and sessions, the /api handlers (parse, call the
   operation, shape the answer), the live stream, the MCP session caps per key, the route table (ROUTES), the server's

@@ -9,6 +9,7 @@ import { MessageList, provenanceBadges } from "./room.js";
 import { createComposer } from "./composer.js";
 import { stepCard, pendingSteps } from "./steps.js";
 import { runsSection } from "./runs.js";
+import { onChange as onInboxChange, tasksNeedingMe } from "./inbox.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, badge, stateBadge, timeEl, ago, words, safeUrl,
   confirmButton, lines, debounce, announce,
@@ -40,14 +41,22 @@ function mountBoard(el, ctx) {
   const approvals = h("div", { class: "stack" });
   const approvalsSection = h("section", { class: "section", "aria-labelledby": "board-approvals", hidden: true },
     h("h2", { id: "board-approvals", text: "Waiting for your decision" }), approvals);
+  // "Needs me": only the cards the inbox lists as waiting on you.
+  const needsMe = h("button", { type: "button", class: "quiet small needs-me-filter", "aria-pressed": "false", text: "Needs me" });
+  needsMe.addEventListener("click", () => {
+    needsMe.setAttribute("aria-pressed", String(needsMe.getAttribute("aria-pressed") !== "true"));
+    render();
+  });
   el.append(
-    h("div", { class: "page-head" }, heading(1, "Tasks")),
+    h("div", { class: "page-head" }, heading(1, "Tasks"), needsMe),
     approvalsSection,
     askForm(ctx),
     error,
     h("section", { "aria-label": "Task board" }, board));
 
-  const render = () => renderBoard(board, ctx, [...state.tasks.values()], state.approvals, state.stepTasks);
+  const render = () => renderBoard(board, ctx, [...state.tasks.values()], state.approvals, state.stepTasks,
+    needsMe.getAttribute("aria-pressed") === "true");
+  const offInbox = onInboxChange(render);
   const loadApprovals = async () => {
     try {
       const out = await get("/api/approvals");
@@ -86,6 +95,7 @@ function mountBoard(el, ctx) {
     loadSteps();
   })();
   return () => {
+    offInbox();
     offTask();
     offApproval();
     reloadApprovals.cancel();
@@ -195,10 +205,10 @@ async function decide(approvalId, decision, standing) {
 
 // ---- callbacks / rendering -------------------------------------------------------------------------
 
-function renderBoard(board, ctx, tasks, approvals, stepTasks) {
-  const held = new Set([...approvals.map((a) => a.task.id), ...stepTasks]);
+function renderBoard(board, ctx, tasks, approvals, stepTasks, onlyMine = false) {
+  const held = tasksNeedingMe(ctx.slug); // one home for what waits on you: the inbox
   fill(board, COLUMNS.map(([title, states]) => {
-    const cards = tasks.filter((t) => states.includes(t.state))
+    const cards = tasks.filter((t) => states.includes(t.state) && (!onlyMine || held.has(t.id)))
       .sort((a, b) => (b.updated_at || "").localeCompare(a.updated_at || ""));
     const id = `col-${states[0]}`;
     return h("section", { class: "column", id, "aria-labelledby": `${id}-title` },
@@ -209,7 +219,7 @@ function renderBoard(board, ctx, tasks, approvals, stepTasks) {
 }
 
 function taskCard(task, ctx, held) {
-  const mine = held.has(task.id) || (awaitingFinal(task) && requestingPerson(task) === ctx.me.handle);
+  const mine = held.has(task.id);
   return h("a", { class: `card task-card${mine ? " needs-you" : ""}`, href: `#/p/${ctx.slug}/tasks/${task.id}`,
     dataset: { taskId: task.id, state: task.state } },
   h("span", { class: "task-card-title", text: titleOf(task) }),
