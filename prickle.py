@@ -7465,13 +7465,35 @@ async def api_events(state: AppState, person: Actor, request: Request, body: Any
     """
     slug = request.path_params["slug"]
     after, gap = live_position(state.db, person, slug, request.query_params.get("after", "0"))
+    return await _long_poll(state, request, after, gap, lambda: [slug],
+                            lambda seq: live_events(state.db, person, slug, seq))
+
+
+async def api_person_events(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/events?after=SEQ&wait=S: the events of every project of the person, as a project's events endpoint.
+
+    What the page long-polls for the inbox when it holds a personal token (EventSource sends no bearer).
+    """
+    with state.db.snapshot():
+        after, gap = _live_start(state.db, request.query_params.get("after", "0"))
+    return await _long_poll(state, request, after, gap,
+                            lambda: [p["slug"] for p in list_projects(state.db, person.handle)],
+                            lambda seq: person_events(state.db, person, seq))
+
+
+async def _long_poll(state: AppState, request: Request, after: int, gap: str | None, projects: Callable[[], list[str]],
+                     batch_after: Callable[[int], list[dict]]) -> dict:
+    """Events after ``after``, held up to the request's ``wait`` (≤ 50) seconds until one arrives.
+
+    ``{"events", "last_seq", "resync"}``; woken by commits in ``projects()``.
+    """
     wait = _int_param(request, "wait", 0, 0, 50)
     if gap:
         return {"events": [], "last_seq": after, "resync": gap}
     deadline = asyncio.get_running_loop().time() + wait
     while True:
-        with state.hub.waiting(state.hub.project_waiters, slug) as fut:
-            events = live_events(state.db, person, slug, after)
+        with state.hub.waiting_any(state.hub.project_waiters, projects()) as fut:
+            events = batch_after(after)
             remaining = deadline - asyncio.get_running_loop().time()
             if events or remaining <= 0:
                 return {"events": events, "resync": None,
@@ -7930,6 +7952,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("GET", "/api/unread", _api(_operation(unread_counts))),
     ("POST", "/api/projects/{slug}/read", _api(api_read)),
     ("GET", "/api/stream", api_person_stream),
+    ("GET", "/api/events", _api(api_person_events)),
     ("POST", "/api/approvals/{approval_id}", _api(api_decide)),
     ("GET", "/api/projects/{slug}/tasks", _api(_operation(tasks_board, "slug"))),
     ("POST", "/api/projects/{slug}/task-requests", _api(api_task_request)),

@@ -2,7 +2,7 @@
 // make-or-spend cards, handoffs your gate holds, results for your final acceptance, questions
 // your tasks' assignees ask you, and messages that mention you. One list, from GET /api/inbox,
 // kept live by your own stream (GET /api/stream: the outbox of every project of yours); with a
-// pasted personal token (EventSource sends no bearer) the open project's stream stands in.
+// pasted personal token (EventSource sends no bearer) it long-polls GET /api/events instead.
 //
 // The same list feeds the #/inbox screen, the home page's "Waiting for your decision", the
 // header's count, the tab title "(N) …", the task board's "needs you" marks and, when you turn
@@ -12,7 +12,6 @@
 // GET /api/unread.
 
 import { get, post, seg, token } from "./api.js";
-import * as stream from "./stream.js";
 import { approvalCard } from "./tasks.js";
 import { stepCard } from "./steps.js";
 import { actionCard } from "./makeaction.js";
@@ -34,6 +33,7 @@ const LABEL = {
   question: "question", mention: "mention",
 };
 const NOTIFY_KEY = "prickle.notify"; // "on" once the person turned notifications on
+const FAR = 9007199254740991; // "after" beyond any seq: the events endpoint answers with the newest
 const EVENTS = ["message.posted", "task.updated", "approval.updated", "action.updated", "member.joined", "project.created"];
 
 const state = { items: [], unread: new Map(), loaded: false, me: null, source: null, offs: [], known: null };
@@ -52,11 +52,8 @@ export function start(me) {
   watchTitle();
   const again = debounce(reload, 150);
   state.offs.push(() => again.cancel());
-  if (!token() && "EventSource" in window) {
-    listen(again);
-  } else {
-    state.offs.push(stream.on("*", (e) => { if (EVENTS.includes(e.type)) again(); }));
-  }
+  if (!token() && "EventSource" in window) listen(again);
+  else longPoll(again);
   const onVisible = () => {
     if (document.visibilityState !== "visible") return;
     flushSeen();
@@ -160,6 +157,26 @@ function listen(again) {
   source.onerror = () => {
     if (source.readyState === EventSource.CLOSED && state.source === source) state.source = null; // refused: signed out
   };
+}
+
+async function longPoll(again) {
+  const abort = new AbortController();
+  state.offs.push(() => abort.abort());
+  let after = FAR; // the first answer says where the outbox is now
+  let delay = 1000;
+  while (!abort.signal.aborted) {
+    try {
+      const page = await get(`/api/events?after=${after}&wait=${after === FAR ? 0 : 25}`, { signal: abort.signal });
+      delay = 1000;
+      if (page.resync && after !== FAR) again();
+      if (page.events.some((e) => EVENTS.includes(e.type))) again();
+      after = page.last_seq;
+    } catch (err) {
+      if (abort.signal.aborted || err.status === 401) return;
+      await new Promise((resolve) => setTimeout(resolve, delay));
+      delay = Math.min(delay * 2, 15000);
+    }
+  }
 }
 
 function changed() {

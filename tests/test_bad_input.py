@@ -72,6 +72,8 @@ API_NUMBERS = [
     (f"/api/projects/{PROJECT}/audit", "limit"),
     (f"/api/projects/{PROJECT}/stream", "after"),
     ("/api/stream", "after"),
+    ("/api/events", "after"),
+    ("/api/events", "wait"),
 ]
 
 

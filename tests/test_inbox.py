@@ -214,3 +214,16 @@ def test_the_persons_stream_carries_events_of_every_project_of_theirs(db_path):
                         break
                 assert got == [f"hello {PROJECT}", "hello elsewhere"]
     world.db.close()
+
+
+def test_the_persons_events_endpoint_long_polls_every_project_of_theirs(mcp, server, world):
+    oj = person(server, world, "oj")
+    head = oj.get(f"/api/events?after={2**62}&wait=0").json()
+    assert (head["events"], head["resync"]) == ([], "ahead")
+    person(server, world, "sam").post("/api/projects/side/messages", {"body": "not for oj"})
+    posted = mcp.ok("ren/builder", "post_message", P | {"body": "for oj"})["message"]
+    page = oj.get(f"/api/events?after={head['last_seq']}&wait=5").json()
+    assert [(e["type"], e["message"]["id"]) for e in page["events"]] == [("message.posted", posted["id"])]
+    assert page["resync"] is None and page["last_seq"] == page["events"][-1]["seq"]
+    assert oj.get(f"/api/events?after={page['last_seq']}&wait=0").json() == {
+        "events": [], "resync": None, "last_seq": page["last_seq"]}

@@ -940,6 +940,18 @@ def test_an_item_waiting_on_me_appears_in_the_inbox_live_and_is_acted_on_there(s
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
     shot(page, "inbox_phone")
     page.set_viewport_size(LAPTOP)
+
+    # The board marks the tasks that need oj, from the same list, and "Needs me" shows only those.
+    with person_api(served, "oj") as api:
+        needing = {i["task_id"] for i in api.get("/api/inbox").json()["items"]
+                   if i["project"] == PROJECT and i["task_id"] and i["kind"] != "mention"}
+    assert asked["id"] in needing
+    goto(page, served, f"#/p/{PROJECT}/tasks")
+    expect(page.locator(f'.task-card[data-task-id="{asked["id"]}"] .badge', has_text="needs you")).to_be_visible()
+    expect(page.locator(".task-card.needs-you")).to_have_count(len(needing))
+    page.get_by_role("button", name="Needs me").click()
+    expect(page.locator(".task-card")).to_have_count(len(needing))
+    goto(page, served, "#/inbox")
     accept = final.locator(".button-row button")
     expect(accept).to_have_text("Give final acceptance")
     accept.click()
@@ -968,6 +980,8 @@ def test_unread_markers_and_the_title_count_follow_a_message_and_reading_it(serv
     mcp(served, "ren/builder", "post_message", {"project": "quiet-room", "body": "and the chart"})
     expect(marker).to_have_text("2")
     expect(page).to_have_title(f"({before + 1}) Prickle")  # the mention waits on oj; the other message is unread
+    expect(page.locator(".waiting .count-badge")).to_have_text(str(before + 1))  # the same count everywhere
+    expect(page.locator(".inbox-badge")).to_have_text(str(before + 1))
     shot(page, "unread_on_home")
 
     page.locator('.project-card[data-slug="quiet-room"]').click()
