@@ -9,7 +9,7 @@ import { MessageList, provenanceBadges } from "./room.js";
 import { createComposer } from "./composer.js";
 import { stepCard, pendingSteps } from "./steps.js";
 import { runsSection } from "./runs.js";
-import { onChange as onInboxChange, tasksNeedingMe } from "./inbox.js";
+import { onChange as onInboxChange, items as inboxItems, reload as reloadInbox, tasksNeedingMe } from "./inbox.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, badge, stateBadge, timeEl, ago, words, safeUrl,
   confirmButton, lines, debounce, announce,
@@ -35,7 +35,7 @@ export function mount(el, ctx) {
 }
 
 function mountBoard(el, ctx) {
-  const state = { tasks: new Map(), approvals: [], stepTasks: new Set() };
+  const state = { tasks: new Map() };
   const board = h("div", { class: "board" }, h("p", { class: "muted", text: "Loading tasks…" }));
   const error = errorSlot();
   const approvals = h("div", { class: "stack" });
@@ -54,33 +54,23 @@ function mountBoard(el, ctx) {
     error,
     h("section", { "aria-label": "Task board" }, board));
 
-  const render = () => renderBoard(board, ctx, [...state.tasks.values()], state.approvals, state.stepTasks,
-    needsMe.getAttribute("aria-pressed") === "true");
-  const offInbox = onInboxChange(render);
-  const loadApprovals = async () => {
-    try {
-      const out = await get("/api/approvals");
-      state.approvals = out.approvals.filter((a) => a.approval.project === ctx.slug);
-      approvalsSection.hidden = !state.approvals.length;
-      fill(approvals, state.approvals.map((item) => approvalCard(item, { onDecided: render })));
-      render();
-    } catch {
-      approvalsSection.hidden = true;
+  const render = () => renderBoard(board, ctx, [...state.tasks.values()], needsMe.getAttribute("aria-pressed") === "true");
+  // The held handoffs of this project and the "needs you" marks come from the inbox: one home for what waits on you.
+  let shownApprovals = null;
+  const showApprovals = () => {
+    const held = inboxItems().filter((i) => i.kind === "approval" && i.project === ctx.slug);
+    const key = held.map((i) => i.id).join(" ");
+    if (key !== shownApprovals) {
+      shownApprovals = key;
+      approvalsSection.hidden = !held.length;
+      fill(approvals, held.map((item) => approvalCard(item, { onDecided: reloadInbox })));
     }
+    render();
   };
-  const loadSteps = async () => {
-    try {
-      state.stepTasks = new Set((await pendingSteps()).map((step) => step.task_id));
-      render();
-    } catch { /* the marks stay as they were */ }
-  };
-  const reloadSteps = debounce(loadSteps, 300);
+  const offInbox = onInboxChange(showApprovals);
   const offTask = stream.on("task.updated", (e) => {
     if (upsert(state.tasks, e.task)) render();
-    reloadSteps(); // a run may have asked a step, or had one decided
   });
-  const reloadApprovals = debounce(loadApprovals, 300);
-  const offApproval = stream.on("approval.updated", reloadApprovals);
   (async () => {
     try {
       const { tasks } = await get(`/api/projects/${seg(ctx.slug)}/tasks`);
@@ -91,15 +81,11 @@ function mountBoard(el, ctx) {
       error.textContent = err.message;
       error.hidden = false;
     }
-    loadApprovals();
-    loadSteps();
+    showApprovals();
   })();
   return () => {
     offInbox();
     offTask();
-    offApproval();
-    reloadApprovals.cancel();
-    reloadSteps.cancel();
   };
 }
 
@@ -205,7 +191,7 @@ async function decide(approvalId, decision, standing) {
 
 // ---- callbacks / rendering -------------------------------------------------------------------------
 
-function renderBoard(board, ctx, tasks, approvals, stepTasks, onlyMine = false) {
+function renderBoard(board, ctx, tasks, onlyMine = false) {
   const held = tasksNeedingMe(ctx.slug); // one home for what waits on you: the inbox
   fill(board, COLUMNS.map(([title, states]) => {
     const cards = tasks.filter((t) => states.includes(t.state) && (!onlyMine || held.has(t.id)))

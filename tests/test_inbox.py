@@ -227,3 +227,30 @@ def test_the_persons_events_endpoint_long_polls_every_project_of_theirs(mcp, ser
     assert page["resync"] is None and page["last_seq"] == page["events"][-1]["seq"]
     assert oj.get(f"/api/events?after={page['last_seq']}&wait=0").json() == {
         "events": [], "resync": None, "last_seq": page["last_seq"]}
+
+
+def test_the_upgrade_indexes_the_mentions_of_people_already_written(db_path):
+    from test_storage import _database_at_version
+
+    inbox_migration = next(i for i, m in enumerate(prickle.MIGRATIONS)
+                           if any("CREATE TABLE read_positions" in s for s in m))
+    conn = _database_at_version(db_path, inbox_migration)
+    with conn:
+        for h in ("oj", "ren"):
+            conn.execute("INSERT INTO people (handle, display_name, created_at) VALUES (?, ?, 'x')", (h, h.upper()))
+        conn.execute("INSERT INTO projects (slug, team, name, created_by, created_at, kind) VALUES "
+                     "('p1', 'web', 'P1', 'oj', '2026-01-01T00:00:00Z', 'team')")
+        for h in ("oj", "ren"):
+            conn.execute("INSERT INTO members VALUES ('p1', ?, 'member', 1, '2026-01-01T00:00:00Z')", (h,))
+        for seq, author, mentions in ((1, "ren", ["oj"]), (2, "oj", ["oj", "ren"]), (3, "ren", ["oj/muse"])):
+            conn.execute("INSERT INTO messages (seq, id, project, author_kind, author, body, mentions, created_at) "
+                         "VALUES (?, ?, 'p1', 'person', ?, 'hi', ?, '2026-01-02T00:00:00Z')",
+                         (seq, f"msg-{seq:x}-{seq:012x}", author, json.dumps(mentions)))
+    conn.close()
+    db = prickle.Database(db_path)
+    assert db.rows("SELECT * FROM person_mentions ORDER BY seq, handle") == [
+        {"handle": "oj", "seq": 1, "project": "p1", "task_id": None},
+        {"handle": "ren", "seq": 2, "project": "p1", "task_id": None}]
+    oj = prickle.Actor("person", "", "cli", handle="oj")
+    assert [i["id"] for i in prickle.inbox(db, oj)["items"]] == [f"mention:msg-1-{1:012x}"]
+    db.close()
