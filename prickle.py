@@ -25,7 +25,7 @@ Contents: one banner per section, in dependency order (search for the section's 
   thread); the room (messages, mentions, the loop guard, read_room); people, memory and pulse; tasks (handoff, the gate,
   the lifecycle, results and evidence); the people's side of tasks (approvals, final
   acceptance); the owner's gate rules; runners (devices, runs, steps); private rooms
-  (turns and discussions); make-or-spend actions.
+  (turns and discussions); make-or-spend actions; the inbox (what waits on a person, read positions).
 - MCP tools: the Tool table (TOOLS), waits with progress, and the /mcp endpoint.
 - Web API, event stream and page: sign-in and sessions, the /api handlers (parse, call the
   operation, shape the answer), the live stream, the MCP session caps per key, the route table (ROUTES), the server's
@@ -1248,6 +1248,20 @@ MIGRATIONS: list[list[str]] = [
         "ELSE 'member' END, min(m.joined_at) FROM members m JOIN projects p ON p.slug = m.project "
         "WHERE p.kind = 'team' GROUP BY p.team, m.handle",
     ],
+    [
+        # The inbox: each person's read position per room and thread (``thread`` is '' for general
+        # chat, else the task ID), and the messages that mention a person, found by handle
+        # (see inbox). Mentions already written are indexed too.
+        """CREATE TABLE read_positions (
+            handle TEXT NOT NULL REFERENCES people(handle), project TEXT NOT NULL REFERENCES projects(slug),
+            thread TEXT NOT NULL, seq INTEGER NOT NULL, read_at TEXT NOT NULL,
+            PRIMARY KEY (handle, project, thread))""",
+        """CREATE TABLE person_mentions (
+            handle TEXT NOT NULL, seq INTEGER NOT NULL, project TEXT NOT NULL, task_id TEXT,
+            PRIMARY KEY (handle, seq))""",
+        "INSERT OR IGNORE INTO person_mentions SELECT j.value, m.seq, m.project, m.task_id FROM messages m, "
+        "json_each(m.mentions) j WHERE instr(j.value, '/') = 0 AND j.value <> m.author",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -2140,6 +2154,22 @@ class WakeHub:
                 waiters.discard(fut)
                 if not waiters:
                     del table[key]
+
+    @contextlib.contextmanager
+    def waiting_any(self, table: dict[str, set[asyncio.Future]], keys: list[str]) -> Iterator[asyncio.Future]:
+        """Register one future under each of ``keys`` for the duration of the block (woken by any)."""
+        fut = asyncio.get_running_loop().create_future()
+        for key in keys:
+            table.setdefault(key, set()).add(fut)
+        try:
+            yield fut
+        finally:
+            for key in keys:
+                waiters = table.get(key)
+                if waiters is not None:
+                    waiters.discard(fut)
+                    if not waiters:
+                        del table[key]
 
     def is_waiting(self, agent_id: str) -> bool:
         """True while the agent has a wait_for_* call open."""
@@ -3720,6 +3750,10 @@ def write_message(db: Database, actor: Actor, project: str, body: str, *, messag
            status, in_reply_to, task_id, verdict, at, task_request, utf8_json(lineage) if lineage else None,
            make_action["id"] if make_action else None, utf8_json(made_by_action) if made_by_action else None)
     db.execute(_MESSAGE_INSERT, row)
+    seq = db.conn.last_insert_rowid()
+    for handle in mentions:  # people are mentioned by handle, agents as owner/name
+        if "/" not in handle and handle != author:
+            db.execute("INSERT OR IGNORE INTO person_mentions VALUES (?, ?, ?, ?)", (handle, seq, project, task_id))
     message = message_out(dict(zip(_MESSAGE_COLUMNS, row), author_name=_display_name(db, actor),
                                make_action_card=make_action))
     append_event(db, project, "message.posted", {"message": message}, wakes, at=at)
@@ -6431,11 +6465,12 @@ def decide_action(db: Database, person: Actor, action_id: str, decision: str) ->
 def pending_actions(db: Database, owner: str) -> list[dict]:
     """The Approve cards waiting for ``owner``'s decision (lapsed ones expire first), oldest first.
 
-    Each is an Action with its ``project`` and ``message_id`` (the card).
+    Each is an Action with its ``project``, ``message_id`` (the card) and ``created_at``.
     """
     expire_actions(db)
-    return [action_out(r) | {"project": r["project"], "message_id": r["message_id"]} for r in db.rows(
-        "SELECT * FROM actions WHERE owner = ? AND status = 'proposed' ORDER BY created_at", (owner,))]
+    rows = db.rows("SELECT * FROM actions WHERE owner = ? AND status = 'proposed' ORDER BY created_at", (owner,))
+    return [action_out(r) | {"project": r["project"], "message_id": r["message_id"], "created_at": r["created_at"]}
+            for r in rows]
 
 
 def expire_actions(db: Database) -> None:
@@ -6496,6 +6531,177 @@ def finish_action(db: Database, actor: Actor, action_id: str, body: str | None =
         row = db.one("SELECT * FROM actions WHERE id = ?", (action_id,))
         _action_updated(db, row)
     return action_out(row)
+
+
+# -- the inbox: what waits on a person, and what they have read ------------------------
+# One home for "what waits on me": inbox() lists, across a person's projects, everything that
+# needs them, each item saying what it is, where (project, task thread), since when and what
+# its inline action needs. The inbox screen, the home page's "Waiting for your decision", the
+# header's count, the tab title and the board's "needs you" marks all read this one list.
+# A person's read position per room and thread (read_positions) is set when they view it; a
+# mention is in the inbox until its thread is read past it, and it counts toward unread.
+
+#: Each kind of inbox item and the inline action it carries, in the order the page groups them.
+INBOX_KINDS: dict[str, str] = {
+    "step": "allow",               # a step one of the person's agents' runs asks to take
+    "action": "approve",           # a make-or-spend card one of their agents proposed
+    "approval": "approve",         # a handoff their gate holds
+    "final_acceptance": "accept",  # a verified result waiting for their final acceptance
+    "question": "answer",          # a checkpoint with needs_answer on a task they asked for
+    "mention": "open",             # a message that mentions them, in a thread they have not read past it
+}
+#: At most this many unread mentions are listed (the newest); the rest wait until these are read.
+INBOX_MENTIONS_MAX = 200
+
+
+def _inbox_item(kind: str, key: str, names: dict[str, str], project: str, since: str, title: str | None,
+                task_id: str | None = None, message_id: str | None = None, **payload: Any) -> dict:
+    return {"id": f"{kind}:{key}", "kind": kind, "action": INBOX_KINDS[kind], "project": project,
+            "project_name": names.get(project, project), "task_id": task_id, "message_id": message_id,
+            "title": title, "since": since} | payload
+
+
+def _task_title(task: dict) -> str:
+    return task["display_title"] or json.loads(task["packet"])["task"]
+
+
+def _final_acceptance_items(db: Database, person: Actor, names: dict[str, str]) -> list[dict]:
+    """Verified results waiting for ``person``'s final acceptance (the final-decision panel's tasks)."""
+    items = []
+    for task in db.rows("SELECT t.* FROM tasks t JOIN members m ON m.project = t.project AND m.handle = ? WHERE "
+                        "(t.state = 'approval' AND t.verified_at IS NOT NULL) OR "
+                        "(t.state = 'verifying' AND t.requester IS NULL)", (person.handle,)):
+        if _requesting_person(task) != person.handle:
+            continue
+        sub = latest_submission(db, task["id"])
+        report = json.loads(sub["evidence_report"])
+        gaps = evidence_gaps(report, json.loads(sub["evidence"]), len(json.loads(task["packet"])["acceptance_criteria"]))
+        items.append(_inbox_item(
+            "final_acceptance", task["id"], names, task["project"], task["verified_at"] or sub["returned_at"],
+            _task_title(task), task["id"], task=task_out(db, task),
+            # The page asks for confirmation before accepting a result whose evidence report is not complete.
+            evidence={"complete": report["complete"], "uncovered": gaps["uncovered"], "stale": gaps["stale"]}))
+    return items
+
+
+def _question_items(db: Database, person: Actor, names: dict[str, str]) -> list[dict]:
+    """Tasks ``person`` asked for whose assignee waits on their answer, until they post in the thread."""
+    items = []
+    for task in db.rows(
+            "SELECT t.*, c.body AS asked, c.created_at AS asked_at FROM tasks t "
+            "JOIN members m ON m.project = t.project AND m.handle = :me "
+            "JOIN checkpoints c ON c.rowid = (SELECT rowid FROM checkpoints WHERE task_id = t.id "
+            "ORDER BY created_at DESC, rowid DESC LIMIT 1) "
+            "WHERE t.state = 'waiting' AND c.needs_answer AND NOT EXISTS (SELECT 1 FROM messages x WHERE "
+            "x.project = t.project AND x.task_id = t.id AND x.author_kind = 'person' AND x.author = :me AND "
+            "x.created_at >= c.created_at)", {"me": person.handle}):
+        if _requesting_person(task) != person.handle:
+            continue
+        asked = json.loads(task.pop("asked"))
+        items.append(_inbox_item("question", task["id"], names, task["project"], task.pop("asked_at"),
+                                 _task_title(task), task["id"], task=task_out(db, task),
+                                 questions=asked["open_questions"], progress=asked["progress"]))
+    return items
+
+
+def _mention_items(db: Database, person: Actor, names: dict[str, str]) -> list[dict]:
+    """Messages mentioning ``person`` after their read position in the message's room or thread."""
+    seqs = [r["seq"] for r in db.rows(
+        "SELECT pm.seq FROM person_mentions pm JOIN members mb ON mb.project = pm.project AND mb.handle = :me "
+        "WHERE pm.handle = :me AND pm.seq > coalesce((SELECT r.seq FROM read_positions r WHERE r.handle = :me AND "
+        "r.project = pm.project AND r.thread = coalesce(pm.task_id, '')), 0) ORDER BY pm.seq DESC LIMIT :n",
+        {"me": person.handle, "n": INBOX_MENTIONS_MAX})]
+    if not seqs:
+        return []
+    titles: dict[str, str] = {}
+    items = []
+    for row in db.rows(_MESSAGE_SELECT + f"WHERE m.seq IN ({', '.join('?' * len(seqs))})", tuple(seqs)):
+        message = message_out(_with_card(db, row))
+        task_id = message["task_id"]
+        if task_id is not None and task_id not in titles:
+            titles[task_id] = _task_title(_task_row(db, task_id))
+        items.append(_inbox_item("mention", message["id"], names, message["project"], message["created_at"],
+                                 titles.get(task_id), task_id, message["id"], message=message))
+    return items
+
+
+def inbox(db: Database, person: Actor) -> dict:
+    """Everything waiting on ``person`` across their projects, newest first: ``{"items", "count"}``.
+
+    Each item is ``{id, kind, action, project, project_name, task_id, message_id, title, since}``
+    plus what its kind carries (INBOX_KINDS): ``step`` (the step, as GET /api/steps lists it),
+    ``action`` (the card), ``approval`` (``approval`` and ``task``), ``final_acceptance``
+    (``task`` and ``evidence``: complete, uncovered and stale criteria), ``question`` (``task``,
+    ``questions``, ``progress``), ``mention`` (``message``). ``id`` is ``kind:ID`` and stays the
+    same while the item waits. Lapsed approvals, steps and cards expire first. Acting on an item
+    (deciding, accepting, answering in the thread, reading the thread) takes it out.
+    """
+    names = {p["slug"]: p["name"] for p in list_projects(db, person.handle)}
+    items = [_inbox_item("step", s["id"], names, s["project"], s["created_at"], s["title"], s["task_id"], step=s)
+             for s in pending_steps(db, person)]
+    items += [_inbox_item("action", a["id"], names, a["project"], a["created_at"], a["action"],
+                          message_id=a["message_id"], action_card=a) for a in pending_actions(db, person.handle)]
+    items += [_inbox_item("approval", a["approval"]["id"], names, a["task"]["project"], a["approval"]["created_at"],
+                          a["approval"]["summary"] or a["task"]["display_title"] or a["task"]["packet"]["task"],
+                          a["task"]["id"], approval=a["approval"], task=a["task"])
+              for a in pending_approvals(db, person)]
+    with db.snapshot():
+        items += _final_acceptance_items(db, person, names)
+        items += _question_items(db, person, names)
+        items += _mention_items(db, person, names)
+    items.sort(key=lambda item: item["since"], reverse=True)
+    return {"items": items, "count": len(items)}
+
+
+def mark_read(db: Database, person: Actor, project: str, message_id: Any, task_id: Any = None) -> dict:
+    """``person`` has read ``project``'s general chat (or the thread of ``task_id``) up to ``message_id``.
+
+    The read position only moves forward. Returns ``{"project", "task_id", "unread"}``: what is
+    still unread there. Raises InvalidInput for a malformed ID, NotFound for a project, thread
+    or message out of the person's reach or not in that room or thread.
+    """
+    check_id(message_id, "message_id")
+    if task_id is not None:
+        check_id(task_id, "task_id")
+    with db.transaction():
+        require_project(db, person, project)
+        if task_id is not None:
+            visible_task(db, person, project, task_id)
+        where, params = by_message_id(message_id)
+        row = db.one(f"SELECT seq, project, task_id FROM messages WHERE {where}", params)
+        if row is None or row["project"] != project or row["task_id"] != task_id:
+            place = f"the thread of task '{task_id}'" if task_id else "general chat"
+            raise NotFound(f"message_id: no message '{message_id}' in {place} of '{project}'")
+        db.execute("INSERT INTO read_positions VALUES (?, ?, ?, ?, ?) ON CONFLICT (handle, project, thread) DO "
+                   "UPDATE SET seq = max(seq, excluded.seq), read_at = excluded.read_at",
+                   (person.handle, project, task_id or "", row["seq"], iso(utcnow())))
+        unread = _unread_in(db, person, project).get(task_id or "", 0)
+    return {"project": project, "task_id": task_id, "unread": unread}
+
+
+def _unread_in(db: Database, person: Actor, project: str) -> dict[str, int]:
+    """Unread messages (not the person's own) per thread of one project: '' is general chat."""
+    return {r["thread"]: r["n"] for r in db.rows(
+        "SELECT coalesce(m.task_id, '') AS thread, count(*) AS n FROM messages m WHERE m.project = :p AND "
+        "NOT (m.author_kind = 'person' AND m.author = :me) AND m.seq > coalesce((SELECT r.seq FROM read_positions r "
+        "WHERE r.handle = :me AND r.project = :p AND r.thread = coalesce(m.task_id, '')), 0) GROUP BY thread",
+        {"p": project, "me": person.handle})}
+
+
+def unread_counts(db: Database, person: Actor) -> dict:
+    """Unread messages per project and thread for ``person``, from their read positions.
+
+    ``{"projects": [{"project", "unread", "general", "threads": {task_id: n}}]}``, one entry per
+    project of theirs; a person's own messages never count. Nothing read yet counts everything.
+    """
+    out = []
+    with db.snapshot():
+        for p in list_projects(db, person.handle):
+            counts = _unread_in(db, person, p["slug"])
+            general = counts.pop("", 0)
+            out.append({"project": p["slug"], "unread": general + sum(counts.values()), "general": general,
+                        "threads": counts})
+    return {"projects": out}
 
 
 ###############################################################################
@@ -7239,13 +7445,18 @@ def live_position(db: Database, reader: Actor, project: str, raw: str | None) ->
     """
     with db.snapshot():
         require_project(db, reader, project)
-        if raw is None:
-            return outbox_head(db), None
-        if not (raw.isascii() and raw.isdigit()):
-            raise InvalidInput(f"after (or Last-Event-ID) must be an outbox seq number, got {raw[:40]!r}")
-        # Beyond any seq SQLite can hold (and any int it can bind): surely ahead.
-        gap = "ahead" if len(raw) > 18 else cursor_gap(db, int(raw))
-        return (outbox_head(db), gap) if gap else (int(raw), None)
+        return _live_start(db, raw)
+
+
+def _live_start(db: Database, raw: str | None) -> tuple[int, str | None]:
+    """``(seq, gap)`` for a live reader's ``after`` text (see :func:`live_position`)."""
+    if raw is None:
+        return outbox_head(db), None
+    if not (raw.isascii() and raw.isdigit()):
+        raise InvalidInput(f"after (or Last-Event-ID) must be an outbox seq number, got {raw[:40]!r}")
+    # Beyond any seq SQLite can hold (and any int it can bind): surely ahead.
+    gap = "ahead" if len(raw) > 18 else cursor_gap(db, int(raw))
+    return (outbox_head(db), gap) if gap else (int(raw), None)
 
 
 def live_events(db: Database, reader: Actor, project: str, after: int) -> list[dict]:
@@ -7260,6 +7471,20 @@ def live_events(db: Database, reader: Actor, project: str, after: int) -> list[d
         return read_events(db, project, after)
 
 
+def person_events(db: Database, person: Actor, after: int, limit: int = 200) -> list[dict]:
+    """The next outbox events of every project ``person`` is a member of, after seq ``after``.
+
+    What the person's own stream (GET /api/stream) sends; membership is read on every call, so a
+    project the person joins counts from then on. Raises Unauthorized for a credential no longer live.
+    """
+    with db.snapshot():
+        check_live(db, person)
+        return [{"id": r["id"], "seq": r["seq"], "project": r["project"], "at": r["at"], "type": r["type"]}
+                | json.loads(r["payload"]) for r in db.rows(
+                    "SELECT * FROM outbox WHERE seq > ? AND project IN (SELECT project FROM members WHERE handle = ?) "
+                    "ORDER BY seq LIMIT ?", (after, person.handle, limit))]
+
+
 async def api_events(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/projects/{slug}/events?after=SEQ&wait=S: outbox events after SEQ, held up to S seconds.
 
@@ -7268,19 +7493,50 @@ async def api_events(state: AppState, person: Actor, request: Request, body: Any
     """
     slug = request.path_params["slug"]
     after, gap = live_position(state.db, person, slug, request.query_params.get("after", "0"))
+    return await _long_poll(state, request, after, gap, lambda: [slug],
+                            lambda seq: live_events(state.db, person, slug, seq))
+
+
+async def api_person_events(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/events?after=SEQ&wait=S: the events of every project of the person, as a project's events endpoint.
+
+    What the page long-polls for the inbox when it holds a personal token (EventSource sends no bearer).
+    """
+    with state.db.snapshot():
+        after, gap = _live_start(state.db, request.query_params.get("after", "0"))
+    return await _long_poll(state, request, after, gap,
+                            lambda: [p["slug"] for p in list_projects(state.db, person.handle)],
+                            lambda seq: person_events(state.db, person, seq))
+
+
+async def _long_poll(state: AppState, request: Request, after: int, gap: str | None, projects: Callable[[], list[str]],
+                     batch_after: Callable[[int], list[dict]]) -> dict:
+    """Events after ``after``, held up to the request's ``wait`` (≤ 50) seconds until one arrives.
+
+    ``{"events", "last_seq", "resync"}``; woken by commits in ``projects()``.
+    """
     wait = _int_param(request, "wait", 0, 0, 50)
     if gap:
         return {"events": [], "last_seq": after, "resync": gap}
     deadline = asyncio.get_running_loop().time() + wait
     while True:
-        with state.hub.waiting(state.hub.project_waiters, slug) as fut:
-            events = live_events(state.db, person, slug, after)
+        with state.hub.waiting_any(state.hub.project_waiters, projects()) as fut:
+            events = batch_after(after)
             remaining = deadline - asyncio.get_running_loop().time()
             if events or remaining <= 0:
                 return {"events": events, "resync": None,
                         "last_seq": events[-1]["seq"] if events else min(after, outbox_head(state.db))}
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(fut, min(remaining, LIVE_CHECK_EVERY))
+
+
+async def api_read(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/read: ``{"message_id", "task_id"?}``, the newest message the person has seen there."""
+    unknown = sorted(set(body) - {"message_id", "task_id"})
+    if unknown:
+        raise InvalidInput(f"unknown field {unknown[0]}: send message_id, and task_id for a task's thread")
+    return mark_read(state.db, person, request.path_params["slug"], _field(body, "message_id", str),
+                     body.get("task_id"))
 
 
 async def api_approvals(state: AppState, person: Actor, request: Request, body: Any) -> dict:
@@ -7467,7 +7723,37 @@ async def api_stream(request: Request) -> Response:
                                    or request.query_params.get("after") or None)
     except PrickleError as e:
         return _error_response(e)
+    return _event_stream(state, start, gap, lambda: [slug], lambda after: live_events(state.db, person, slug, after))
 
+
+async def api_person_stream(request: Request) -> Response:
+    """GET /api/stream?after=SEQ: the outbox of every project of the signed-in person, as Server-Sent Events.
+
+    The same framing, ``ready``, ``resync`` and ``Last-Event-ID`` as a project's stream; it is
+    what keeps the inbox, the header's count, the tab title and the unread markers live.
+    """
+    state: AppState = request.app.state.prickle
+    try:
+        person = _person_from_request(state, request)
+        with state.db.snapshot():
+            start, gap = _live_start(state.db, request.headers.get("last-event-id")
+                                     or request.query_params.get("after") or None)
+    except PrickleError as e:
+        return _error_response(e)
+
+    def projects() -> list[str]:
+        return [p["slug"] for p in list_projects(state.db, person.handle)]
+
+    return _event_stream(state, start, gap, projects, lambda after: person_events(state.db, person, after))
+
+
+def _event_stream(state: AppState, start: int, gap: str | None, projects: Callable[[], list[str]],
+                  batch_after: Callable[[int], list[dict]]) -> StreamingResponse:
+    """Outbox events as Server-Sent Events from seq ``start``, woken by commits in ``projects()``.
+
+    Opens with ``resync`` (when ``gap``) and ``ready``; ends when ``batch_after`` raises (the
+    credential ended or the project went out of reach).
+    """
     async def events() -> Any:
         after = start
         yield "retry: 2000\n\n"
@@ -7475,9 +7761,9 @@ async def api_stream(request: Request) -> Response:
             yield f"id: {start}\nevent: resync\ndata: {json.dumps({'seq': start, 'reason': gap})}\n\n"
         yield f"id: {start}\nevent: ready\ndata: {json.dumps({'seq': start})}\n\n"
         while True:
-            with state.hub.waiting(state.hub.project_waiters, slug) as fut:
+            with state.hub.waiting_any(state.hub.project_waiters, projects()) as fut:
                 try:
-                    batch = live_events(state.db, person, slug, after)
+                    batch = batch_after(after)
                 except PrickleError:
                     return
                 if not batch:
@@ -7690,6 +7976,11 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("GET", "/api/projects/{slug}/events", _api(api_events)),
     ("POST", "/api/signout", _api(api_signout)),
     ("GET", "/api/approvals", _api(api_approvals)),
+    ("GET", "/api/inbox", _api(_operation(inbox))),
+    ("GET", "/api/unread", _api(_operation(unread_counts))),
+    ("POST", "/api/projects/{slug}/read", _api(api_read)),
+    ("GET", "/api/stream", api_person_stream),
+    ("GET", "/api/events", _api(api_person_events)),
     ("POST", "/api/approvals/{approval_id}", _api(api_decide)),
     ("GET", "/api/projects/{slug}/tasks", _api(_operation(tasks_board, "slug"))),
     ("POST", "/api/projects/{slug}/task-requests", _api(api_task_request)),

@@ -2,6 +2,7 @@
 //
 // Routes (a reload keeps the place):
 //   #/                      your projects, new project, handoffs waiting for you
+//   #/inbox                 everything waiting on you, across your projects
 //   #/agents                your agents and their keys
 //   #/rules                 your gate rules, standing approvals, auto-accept
 //   #/connect/CODE          a computer asking to connect its runner
@@ -22,6 +23,7 @@ import * as audit from "./audit.js";
 import * as agents from "./agents.js";
 import * as rules from "./rules.js";
 import * as connect from "./connect.js";
+import * as inbox from "./inbox.js";
 import { h, avatar, fill, heading, errorSlot, act, link } from "./ui.js";
 
 const PROJECT_VIEWS = {
@@ -35,6 +37,7 @@ const PROJECT_VIEWS = {
 
 const GLOBAL_VIEWS = {
   "": ["Projects", projects.mount],
+  inbox: ["Inbox", inbox.mount],
   agents: ["Agents & keys", agents.mount],
   rules: ["Rules", rules.mount],
   connect: ["Connect a computer", connect.mount],
@@ -62,6 +65,7 @@ async function start() {
     if (err.status === 401) return showSignedOut(signinProblem());
     return showFatal(err);
   }
+  inbox.start(me);
   renderShell();
   await route();
 }
@@ -158,6 +162,7 @@ function renderShell() {
     h("a", { class: "brand", href: "#/" }, h("span", { class: "brand-mark", "aria-hidden": "true", text: "✳" }), "Prickle"),
     h("nav", { class: "global-nav", "aria-label": "Main" },
       h("a", { href: "#/", dataset: { nav: "" }, text: "Projects" }),
+      inbox.headerLink(),
       h("a", { href: "#/agents", dataset: { nav: "agents" }, text: "Agents & keys" }),
       h("a", { href: "#/rules", dataset: { nav: "rules" }, text: "Rules" })),
     h("div", { class: "me" },
@@ -189,6 +194,7 @@ function signinProblem() {
 function showSignedOut(reason) {
   teardown();
   project.leave();
+  inbox.stop();
   me = null;
   firstRoute = true;
   document.body.classList.add("signed-out");

@@ -4,6 +4,7 @@
 
 import { get, post } from "./api.js";
 import { createWaiting } from "./waiting.js";
+import { paintUnread } from "./inbox.js";
 import { h, heading, field, errorSlot, act, fill, empty, badge } from "./ui.js";
 
 // ---- lifecycle ---------------------------------------------------------------------------
@@ -31,6 +32,7 @@ async function loadProjects(list, error) {
     const { projects } = await get("/api/projects");
     fill(list, projects.length ? projects.map(projectCard)
       : empty("You are not in any project yet. Create one below, or ask a project owner to add you."));
+    paintUnread(list);
   } catch (err) {
     fill(list);
     error.textContent = err.message;
@@ -46,6 +48,7 @@ function projectCard(p) {
     dataset: { slug: p.slug } },
   h("span", { class: "project-card-head" },
     h("span", { class: "project-card-name", text: p.name }),
+    h("span", { class: "unread-badge", hidden: true, dataset: { unreadProject: p.slug } }),
     privateRoom ? badge("private room", "violet", "Only you and your own agents")
       : badge(p.role, p.role === "owner" ? "info" : "muted", `You are ${p.role === "owner" ? "an owner" : "a member"}`)),
   h("span", { class: "muted small", text: `${p.team ? `${p.team} · ` : ""}${p.slug}` }),

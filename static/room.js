@@ -10,6 +10,7 @@ import * as stream from "./stream.js";
 import { createComposer } from "./composer.js";
 import { createRoomControls } from "./privateroom.js";
 import { actionCard } from "./makeaction.js";
+import { markSeen, paintUnread } from "./inbox.js";
 import {
   h, tpl, slots, heading, avatar, badge, stateBadge, timeEl, errorSlot, showError, clearError, act, fill, empty, ago,
   announce, debounce,
@@ -106,6 +107,7 @@ export class MessageList {
     this.loaded = true;
     for (const m of this.pending.splice(0)) this.remember(m);
     this.render();
+    this.seenNewest();
   }
 
   destroy() {
@@ -126,6 +128,7 @@ export class MessageList {
     this.list.append(renderMessage(message, this));
     this.updateEmpty();
     if (atEnd) this.scrollToEnd();
+    this.seenNewest();
   }
 
   /** Fetch the page before the oldest message shown and put it on top, keeping the view still. */
@@ -166,6 +169,12 @@ export class MessageList {
         this.list.querySelector(".msg")?.focus(); // the start of the room: focus its first message
       }
     }
+  }
+
+  /** The newest message shown is read (your read position) once the tab is in view. */
+  seenNewest() {
+    const last = this.messages[this.messages.length - 1];
+    if (last) markSeen(this.ctx.slug, this.taskId, last.id);
   }
 
   scrollToEnd() {
@@ -365,13 +374,15 @@ function renderThreads(box, ctx, threads) {
     threads.length
       ? h("ul", { class: "thread-list" }, threads.map((t) => h("li", {},
         h("a", { href: `#/p/${ctx.slug}/tasks/${t.task_id}`, class: "thread" },
-          h("span", { class: "thread-title", text: t.title }),
+          h("span", { class: "thread-title" }, t.title,
+            h("span", { class: "unread-badge", hidden: true, dataset: { unreadProject: ctx.slug, unreadThread: t.task_id } })),
           h("span", { class: "thread-meta" }, stateBadge(t.state),
             h("span", { class: "muted small", text: `${t.requester || "a person"} → ${t.assignee}` })),
           h("span", { class: "muted small",
             text: `${t.reply_count} ${t.reply_count === 1 ? "message" : "messages"} · ${ago(t.last_activity_at)}` })))))
       : empty("No task threads yet."),
     h("a", { href: `#/p/${ctx.slug}/tasks`, class: "small", text: "All tasks →" }));
+  paintUnread(box);
 }
 
 function renderPausedPairs(box, ctx) {

@@ -9,6 +9,7 @@ import { MessageList, provenanceBadges } from "./room.js";
 import { createComposer } from "./composer.js";
 import { stepCard, pendingSteps } from "./steps.js";
 import { runsSection } from "./runs.js";
+import { onChange as onInboxChange, items as inboxItems, reload as reloadInbox, tasksNeedingMe } from "./inbox.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, badge, stateBadge, timeEl, ago, words, safeUrl,
   confirmButton, lines, debounce, announce, ownerOf,
@@ -27,51 +28,50 @@ export function mount(el, ctx) {
 }
 
 function mountBoard(el, ctx) {
-  const state = { tasks: new Map(), approvals: [], stepTasks: new Set(), columns: [] };
+  const state = { tasks: new Map(), columns: [] };
   const board = h("div", { class: "board" }, h("p", { class: "muted", text: "Loading tasks…" }));
   const error = errorSlot();
   const approvals = h("div", { class: "stack" });
   const approvalsSection = h("section", { class: "section", "aria-labelledby": "board-approvals", hidden: true },
     h("h2", { id: "board-approvals", text: "Waiting for your decision" }), approvals);
+  // "Needs me": only the cards the inbox lists as waiting on you.
+  const needsMe = h("button", { type: "button", class: "quiet small needs-me-filter", "aria-pressed": "false", text: "Needs me" });
+  needsMe.addEventListener("click", () => {
+    needsMe.setAttribute("aria-pressed", String(needsMe.getAttribute("aria-pressed") !== "true"));
+    render();
+  });
   el.append(
-    h("div", { class: "page-head" }, heading(1, "Tasks")),
+    h("div", { class: "page-head" }, heading(1, "Tasks"), needsMe),
     approvalsSection,
     askForm(ctx),
     error,
     h("section", { "aria-label": "Task board" }, board));
 
-  const render = () => renderBoard(board, ctx, [...state.tasks.values()], state.approvals, state.stepTasks,
-    state.columns);
-  const loadApprovals = async () => {
-    try {
-      const out = await get("/api/approvals");
-      state.approvals = out.approvals.filter((a) => a.approval.project === ctx.slug);
-      approvalsSection.hidden = !state.approvals.length;
-      fill(approvals, state.approvals.map((item) => approvalCard(item, { onDecided: render })));
-      render();
-    } catch {
-      approvalsSection.hidden = true;
+  const render = () => renderBoard(board, ctx, [...state.tasks.values()], state.columns,
+    needsMe.getAttribute("aria-pressed") === "true");
+  // The held handoffs of this project and the "needs you" marks come from the inbox: one home for what waits on you.
+  let shownApprovals = null;
+  const showApprovals = () => {
+    const held = inboxItems().filter((i) => i.kind === "approval" && i.project === ctx.slug);
+    const key = held.map((i) => i.id).join(" ");
+    if (key !== shownApprovals) {
+      shownApprovals = key;
+      approvalsSection.hidden = !held.length;
+      fill(approvals, held.map((item) => approvalCard(item, { onDecided: reloadInbox })));
     }
+    render();
   };
-  const loadSteps = async () => {
-    try {
-      state.stepTasks = new Set((await pendingSteps()).map((step) => step.task_id));
-      render();
-    } catch { /* the marks stay as they were */ }
-  };
-  const reloadSteps = debounce(loadSteps, 300);
+  const offInbox = onInboxChange(showApprovals);
   const loadTasks = async () => {
     const { tasks } = await get(`/api/projects/${seg(ctx.slug)}/tasks`);
     for (const t of tasks) upsert(state.tasks, t);
     render();
   };
+  // Live events carry the reference's Task without where it stands (lifecycle, final_by): fetch again.
   const reloadTasks = debounce(() => loadTasks().catch(() => { /* the board stays as it was */ }), 300);
   const offTask = stream.on("task.updated", (e) => {
     if (e.task) reloadTasks();
-    reloadSteps(); // a run may have asked a step, or had one decided
   });
-  const reloadApprovals = debounce(loadApprovals, 300);
-  const offApproval = stream.on("approval.updated", reloadApprovals);
   (async () => {
     try {
       state.columns = (await taskLists()).board;
@@ -81,14 +81,11 @@ function mountBoard(el, ctx) {
       error.textContent = err.message;
       error.hidden = false;
     }
-    loadApprovals();
-    loadSteps();
+    showApprovals();
   })();
   return () => {
+    offInbox();
     offTask();
-    offApproval();
-    reloadApprovals.cancel();
-    reloadSteps.cancel();
     reloadTasks.cancel();
   };
 }
@@ -196,10 +193,10 @@ async function decide(approvalId, decision, standing) {
 
 // ---- callbacks / rendering -------------------------------------------------------------------------
 
-function renderBoard(board, ctx, tasks, approvals, stepTasks, columns) {
-  const held = new Set([...approvals.map((a) => a.task.id), ...stepTasks]);
+function renderBoard(board, ctx, tasks, columns, onlyMine = false) {
+  const held = tasksNeedingMe(ctx.slug); // one home for what waits on you: the inbox
   fill(board, columns.map(({ title, states }) => {
-    const cards = tasks.filter((t) => states.includes(t.state))
+    const cards = tasks.filter((t) => states.includes(t.state) && (!onlyMine || held.has(t.id)))
       .sort((a, b) => (b.updated_at || "").localeCompare(a.updated_at || ""));
     const id = `col-${states[0]}`;
     return h("section", { class: "column", id, "aria-labelledby": `${id}-title` },
@@ -210,7 +207,7 @@ function renderBoard(board, ctx, tasks, approvals, stepTasks, columns) {
 }
 
 function taskCard(task, ctx, held) {
-  const mine = held.has(task.id) || (awaitingFinal(task) && requestingPerson(task) === ctx.me.handle);
+  const mine = held.has(task.id);
   return h("a", { class: `card task-card${mine ? " needs-you" : ""}`, href: `#/p/${ctx.slug}/tasks/${task.id}`,
     dataset: { taskId: task.id, state: task.state } },
   h("span", { class: "task-card-title", text: titleOf(task) }),

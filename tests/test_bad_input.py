@@ -45,6 +45,7 @@ API_BODIES = [
     ("POST", f"/api/projects/{PROJECT}/resume", ["agents"]),
     ("POST", f"/api/projects/{PROJECT}/memory", ["key", "value"]),
     ("POST", f"/api/projects/{PROJECT}/messages", ["body", "task_id", "in_reply_to"]),
+    ("POST", f"/api/projects/{PROJECT}/read", ["message_id", "task_id"]),
     ("POST", "/api/approvals/{id}", ["decision", "standing"]),
     ("POST", f"/api/projects/{PROJECT}/task-requests", ["agent", "packet"]),
     ("POST", "/api/tasks/{id}/accept", ["reason"]),
@@ -70,6 +71,9 @@ API_NUMBERS = [
     (f"/api/projects/{PROJECT}/audit", "before"),
     (f"/api/projects/{PROJECT}/audit", "limit"),
     (f"/api/projects/{PROJECT}/stream", "after"),
+    ("/api/stream", "after"),
+    ("/api/events", "after"),
+    ("/api/events", "wait"),
 ]
 
 

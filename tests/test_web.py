@@ -884,3 +884,109 @@ def test_an_owner_pauses_and_resumes_all_their_agents_on_the_page(served, people
     expect(pause.get_by_role("button", name="Pause all my agents")).to_be_visible()
     with person_api(served, "oj") as oj_api:
         assert oj_api.get("/api/agents/paused").json() == {"paused_by": None}
+
+
+NOTIFICATION_STUB = """
+window.__notes = [];
+window.Notification = class {
+  constructor(title, options) { window.__notes.push([title, (options || {}).body]); }
+  static get permission() { return "granted"; }
+  static requestPermission() { return Promise.resolve("granted"); }
+};
+"""
+
+
+def waiting_count(served: Served, handle: str) -> int:
+    with person_api(served, handle) as api:
+        return api.get("/api/inbox").json()["count"]
+
+
+def test_an_item_waiting_on_me_appears_in_the_inbox_live_and_is_acted_on_there(served, people):
+    page = people("oj")
+    page.add_init_script(NOTIFICATION_STUB)
+    goto(page, served, "#/inbox")
+    page.reload()
+    expect(page.get_by_role("heading", name="Inbox")).to_be_visible()
+    page.get_by_label("Notify me of new items").check()
+    before = waiting_count(served, "oj")
+    expect(page).to_have_title(f"({before}) Inbox · Prickle" if before else "Inbox · Prickle")
+
+    # ren/builder asks oj/muse for work: oj's gate holds it, and it shows at once, counted and notified.
+    held = mcp(served, "ren/builder", "handoff", {"project": PROJECT, "to": "oj/muse", "packet": {
+        "task": "Proofread the pricing page.", "deliverable_type": "doc", "acceptance_criteria": ["No typos."]}})
+    item = page.locator(f'.inbox-item[data-item-id="approval:{held["gate"]["approval_id"]}"]')
+    expect(item).to_contain_text("Proofread the pricing page.")
+    expect(item.locator(".inbox-where")).to_contain_text("Website v2")
+    expect(page).to_have_title(f"({before + 1}) Inbox · Prickle")
+    expect(page.locator(".inbox-badge")).to_have_text(str(before + 1))
+    assert page.evaluate("window.__notes") == [["Held handoff · Website v2", "Proofread the pricing page."]]
+    item.get_by_role("button", name="Approve", exact=True).click()
+    expect(item.get_by_role("status")).to_have_text("Approved: the task went to the agent.")
+    expect(page).to_have_title(f"({before}) Inbox · Prickle" if before else "Inbox · Prickle")
+
+    # oj's own request comes back with a gap: accepting it from the inbox asks to confirm first.
+    with person_api(served, "oj") as api:
+        asked = api.post(f"/api/projects/{PROJECT}/task-requests", json={"agent": "oj/muse", "packet": {
+            "task": "Write the launch note.", "deliverable_type": "doc",
+            "acceptance_criteria": ["Under 100 words.", "Links the pricing page."]}}).json()["task"]
+    mcp(served, "oj/muse", "accept_task", {"task_id": asked["id"]})
+    mcp(served, "oj/muse", "return_result", {"task_id": asked["id"], "summary": "Drafted.", "evidence": [
+        {"kind": "note", "summary": "82 words.", "criteria": [0]}]})
+    final = page.locator(f'.inbox-item[data-item-id="final_acceptance:{asked["id"]}"]')
+    expect(final.locator(".inbox-gaps")).to_have_text("Check first: no evidence for criterion 2.")
+    shot(page, "inbox_desktop")
+    page.set_viewport_size({"width": 390, "height": 800})
+    expect(final).to_be_visible()
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    shot(page, "inbox_phone")
+    page.set_viewport_size(LAPTOP)
+
+    # The board marks the tasks that need oj, from the same list, and "Needs me" shows only those.
+    with person_api(served, "oj") as api:
+        needing = {i["task_id"] for i in api.get("/api/inbox").json()["items"]
+                   if i["project"] == PROJECT and i["task_id"] and i["kind"] != "mention"}
+    assert asked["id"] in needing
+    goto(page, served, f"#/p/{PROJECT}/tasks")
+    expect(page.locator(f'.task-card[data-task-id="{asked["id"]}"] .badge', has_text="needs you")).to_be_visible()
+    expect(page.locator(".task-card.needs-you")).to_have_count(len(needing))
+    page.get_by_role("button", name="Needs me").click()
+    expect(page.locator(".task-card")).to_have_count(len(needing))
+    goto(page, served, "#/inbox")
+    accept = final.locator(".button-row button")
+    expect(accept).to_have_text("Give final acceptance")
+    accept.click()
+    expect(accept).to_have_text("Accept with gaps? Click again")
+    with person_api(served, "oj") as api:
+        assert api.get(f"/api/tasks/{asked['id']}").json()["task"]["state"] == "verifying"  # one click did nothing
+    accept.click()
+    expect(final.get_by_role("status")).to_have_text("Accepted: the task is completed.")
+    with person_api(served, "oj") as api:
+        assert api.get(f"/api/tasks/{asked['id']}").json()["task"]["state"] == "completed"
+    assert len(page.evaluate("window.__notes")) == 2  # the result was new; oj's own clicks notify nothing
+
+
+def test_unread_markers_and_the_title_count_follow_a_message_and_reading_it(served, people):
+    cli_json(served.db, "project", "create", "quiet-room", "--name", "Quiet room", "--team", "web", "--owner", "oj")
+    cli_json(served.db, "member", "add", "quiet-room", "ren")
+    cli_json(served.db, "agent", "join", "quiet-room", "ren/builder")
+    page = people("oj")
+    marker = page.locator('.project-card[data-slug="quiet-room"] .unread-badge')
+    expect(page.locator('.project-card[data-slug="quiet-room"]')).to_be_visible()
+    expect(marker).to_be_hidden()
+    before = waiting_count(served, "oj")
+    expect(page).to_have_title(f"({before}) Prickle" if before else "Prickle")
+
+    posted = mcp(served, "ren/builder", "post_message", {"project": "quiet-room", "body": "@oj the numbers are in"})
+    mcp(served, "ren/builder", "post_message", {"project": "quiet-room", "body": "and the chart"})
+    expect(marker).to_have_text("2")
+    expect(page).to_have_title(f"({before + 1}) Prickle")  # the mention waits on oj; the other message is unread
+    expect(page.locator(".waiting .count-badge")).to_have_text(str(before + 1))  # the same count everywhere
+    expect(page.locator(".inbox-badge")).to_have_text(str(before + 1))
+    shot(page, "unread_on_home")
+
+    page.locator('.project-card[data-slug="quiet-room"]').click()
+    expect(page.locator(f"#msg-{posted['message']['id']}")).to_be_visible()
+    expect(page).to_have_title(f"({before}) Room · Quiet room · Prickle" if before else "Room · Quiet room · Prickle")
+    goto(page, served, "#/")
+    expect(page.locator('.project-card[data-slug="quiet-room"]')).to_be_visible()
+    expect(marker).to_be_hidden()
