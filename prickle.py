@@ -24,7 +24,8 @@ Contents: one banner per section, in dependency order (search for the section's 
   people, teams and projects (and their listings); reach (who may see which project and
   thread); the room (messages, mentions, the loop guard, read_room); people, memory and pulse; tasks (handoff, the gate,
   the lifecycle, results and evidence); the people's side of tasks (approvals, final
-  acceptance); the owner's gate rules; runners (devices, runs, steps); private rooms
+  acceptance); the owner's gate rules; runners (devices, runs, steps); the owner's control of runs;
+  leaving and removal (offboard: members, agents, promotion, reassigning a returned task); private rooms
   (turns and discussions); make-or-spend actions.
 - MCP tools: the Tool table (TOOLS), waits with progress, and the /mcp endpoint.
 - Web API, event stream and page: sign-in and sessions, the /api handlers (parse, call the
@@ -5991,7 +5992,7 @@ def offboard(db: Database, project: str, agents: list[str], *, person: str | Non
         db.execute("DELETE FROM members WHERE project = ? AND handle = ?", (project, person))
     counts["rules_revoked"], counts["standing_revoked"] = _revoke_dangling_grants(db, project, person, agents, by)
     counts["credentials"] += _end_project_keys(db, project, agents)
-    # The person's open invites to this project end here too.
+    # (the person's open invites to the project end here once invites exist)
     db.cache.clear()  # who may reach what has changed
     db.note_revoked()  # open waits and sessions look again after commit, and find the project gone
     return counts
