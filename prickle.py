@@ -24,7 +24,8 @@ Contents: one banner per section, in dependency order (search for the section's 
   people, teams and projects (and their listings); reach (who may see which project and
   thread); the room (messages, mentions, the loop guard, read_room); people, memory and pulse; tasks (handoff, the gate,
   the lifecycle, results and evidence); the people's side of tasks (approvals, final
-  acceptance); the owner's gate rules; runners (devices, runs, steps); private rooms
+  acceptance); the owner's gate rules; runners (devices, runs, steps); the owner's control of runs;
+  leaving and removal (offboard: members, agents, promotion, reassigning a returned task); private rooms
   (turns and discussions); make-or-spend actions; the inbox (what waits on a person, read positions).
 - MCP tools: the Tool table (TOOLS), waits with progress, and the /mcp endpoint.
 - Web API, event stream and page: sign-in and sessions, the /api handlers (parse, call the
@@ -2299,6 +2300,22 @@ LIVE_CHECK_EVERY = 10.0
 PROGRESS_EVERY = 20
 
 
+def _agent_projects(db: Database, agent_id: str) -> set[str]:
+    return {r["project"] for r in db.rows("SELECT project FROM project_agents WHERE agent_id = ?", (agent_id,))}
+
+
+def _check_still_in(db: Database, actor: Actor, project: str | None, reach: set[str]) -> None:
+    """NotFound once a waiting agent was taken out of the project it waits on, or (waiting on every
+    project) out of any project it was in when the wait began: the wait ends and says so."""
+    if project is not None:
+        require_project(db, actor, project)
+        return
+    lost = reach - _agent_projects(db, actor.agent_id)
+    if lost:
+        raise NotFound(f"agent '{actor.agent_id}' was taken out of project '{min(lost)}': wait again to hear "
+                       "from the projects it is still in")
+
+
 async def wait_for_wakes(db: Database, hub: WakeHub, actor: Actor, args: dict, tool: str, kinds: tuple[str, ...],
                          timeout: float, tick: Callable[[float], Any] | None = None) -> tuple[str, list[dict], str]:
     """Hold a wait_for_* call until a wake for the caller commits or ``timeout`` seconds pass.
@@ -2307,7 +2324,8 @@ async def wait_for_wakes(db: Database, hub: WakeHub, actor: Actor, args: dict, t
     is awaited every PROGRESS_EVERY seconds. Returns ``(status, wakes, cursor)`` with status
     events/timeout/resync. A cursor is good only for the tool and project filter that issued
     it; any other is a resync. Mentions no wait has handed out yet come first, at once (see
-    pending_wakes). A credential revoked meanwhile ends the wait with Unauthorized and no data.
+    pending_wakes). A credential revoked meanwhile ends the wait with Unauthorized and no data; the
+    agent taken out of a project the wait covers ends it with NotFound (see _check_still_in).
     """
     project = args.get("project")
     if project is not None:
@@ -2319,6 +2337,7 @@ async def wait_for_wakes(db: Database, hub: WakeHub, actor: Actor, args: dict, t
     after = start_position(db, scope, args.get("cursor"))
     if after is None:
         return "resync", [], wake_cursor(db, scope, outbox_head(db))
+    reach = _agent_projects(db, agent)
     loop = asyncio.get_running_loop()
     started = loop.time()
     deadline = started + timeout
@@ -2327,6 +2346,7 @@ async def wait_for_wakes(db: Database, hub: WakeHub, actor: Actor, args: dict, t
     while True:
         with hub.waiting(hub.agent_waiters, agent) as fut:
             check_live(db, actor)
+            _check_still_in(db, actor, project, reach)
             if first:
                 first = False
                 missed, _ = pending_wakes(db, actor, after, kinds, project, missed=True)
@@ -2540,22 +2560,30 @@ def closed(*states: str) -> dict[str, dict[str, str]]:
     return {state: {} for state in states}
 
 
+#: Where an open task goes when its assignee leaves the project (its owner left or was removed,
+#: or it was taken out): back to its requester, from any state before the end.
+_ASSIGNEE_LEFT = {"assignee_left": "returned"}
+
 TASK_MOVES: dict[str, dict[str, str]] = {
     "requested": {"allow": "routed", "approval_required": "approval", "never": "rejected"},
-    "approval_gate": {"approve": "routed", "deny": "rejected", "cancel": "cancelled"},
-    "routed": {"accept": "accepted", "lapse": "approval", "cancel": "cancelled", "hand_back": "returned"},
+    "approval_gate": {"approve": "routed", "deny": "rejected", "cancel": "cancelled"} | _ASSIGNEE_LEFT,
+    "routed": {"accept": "accepted", "lapse": "approval", "cancel": "cancelled", "hand_back": "returned"}
+    | _ASSIGNEE_LEFT,
     "accepted": {"checkpoint": "working", "ask": "waiting", "return": "verifying", "cancel": "cancelled",
-                 "hand_back": "returned"},
+                 "hand_back": "returned"} | _ASSIGNEE_LEFT,
     "working": {"checkpoint": "working", "ask": "waiting", "return": "verifying", "cancel": "cancelled",
-                "hand_back": "returned"},
+                "hand_back": "returned"} | _ASSIGNEE_LEFT,
     "waiting": {"checkpoint": "working", "ask": "waiting", "accept": "working", "return": "verifying",
-                "cancel": "cancelled", "hand_back": "returned"},
+                "cancel": "cancelled", "hand_back": "returned"} | _ASSIGNEE_LEFT,
     "verifying": {"return": "verifying", "reject": "working", "verify": "approval", "auto_accept": "completed",
-                  "final_accept": "completed", "send_back": "working", "cancel": "cancelled"},
+                  "final_accept": "completed", "send_back": "working", "cancel": "cancelled"} | _ASSIGNEE_LEFT,
     "verifying_by_agent": {"return": "verifying", "reject": "working", "verify": "approval",
-                           "auto_accept": "completed", "cancel": "cancelled"},
-    "approval_final": {"final_accept": "completed", "send_back": "working", "cancel": "cancelled"},
-    **closed("completed", "rejected", "cancelled", "returned"),
+                           "auto_accept": "completed", "cancel": "cancelled"} | _ASSIGNEE_LEFT,
+    "approval_final": {"final_accept": "completed", "send_back": "working", "cancel": "cancelled"} | _ASSIGNEE_LEFT,
+    # A returned task waits on its requester's side; it leaves only by going to another agent
+    # through that agent's owner's gate (reassign: it is requested again, and the gate moves it).
+    "returned": {"reassign": "requested"},
+    **closed("completed", "rejected", "cancelled"),
 }
 
 #: Whom a task waits on in each lifecycle state (None: nobody, it is over). A person who
@@ -2591,6 +2619,7 @@ MOVE_BY = {
     "reject": "reject_result", "verify": "accept_result", "final_accept": "the owner's final acceptance",
     "send_back": "the owner's send-back", "cancel": "cancel (by a person)",
     "hand_back": "hand back (the assignee's owner)",
+    "reassign": "reassign to another agent (the requester's owner or a project owner)",
 }
 
 # An approval asks an owner about one held handoff: given or denied, or withdrawn (denied)
@@ -2738,12 +2767,12 @@ def move(db: Database, kind: str, row_id: str, move_name: str, row: dict | None 
 
 #: The task board's columns, in order: a title and the public states it shows.
 BOARD_COLUMNS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("Needs a person", ("approval", "waiting")),
+    ("Needs a person", ("approval", "waiting", "returned")),
     ("Queued", ("requested", "routed")),
     ("In progress", ("accepted", "working")),
     ("Verifying", ("verifying",)),
     ("Done", ("completed",)),
-    ("Closed", ("rejected", "cancelled", "returned")),
+    ("Closed", ("rejected", "cancelled")),
 )
 
 
@@ -3259,7 +3288,8 @@ def mint_credential(db: Database, kind: str, *, agent_id: str | None = None, per
 #: recorded by the entry of what caused it (``device.revoked``, the task's move, the room's turn).
 REVOCATIONS = {"revoked": True, "claim_retried": True, "run_replaced": True, "run_stopped": True,
                "run_uncertain": True, "issuer_revoked": False, "device_revoked": False, "task_cancelled": False,
-               "task_handed_back": False, "turn_ended": False, "turn_retried": False}
+               "task_handed_back": False, "turn_ended": False, "turn_retried": False, "assignee_left": False,
+               "left_project": False}
 #: The columns a run's or a discussion's credential entry records besides the credential and its agent.
 _RUN_REFS = ("device_id", "task_id", "attempt_id", "discussion_id")
 
@@ -5105,20 +5135,31 @@ def cancel_task(db: Database, person: Actor, task_id: str) -> dict:
         if person.handle != _requesting_person(task) and _member_role(db, task["project"], person.handle) != "owner":
             raise Forbidden("only the requester's owner or a project owner can cancel a task")
         next_state("task", task, "cancel")
-        for sub in db.rows("SELECT * FROM submissions WHERE task_id = ? AND status = 'submitted'", (task_id,)):
-            move(db, "submission", sub["id"], "cancel", sub)
-        for apr in db.rows("SELECT * FROM approvals WHERE task_id = ? AND status = 'pending' AND invalidated_at IS NULL",
-                           (task_id,)):
-            move(db, "approval", apr["id"], "withdraw", apr, decided_at=iso(utcnow()), invalidated_at=iso(utcnow()))
-            append_event(db, task["project"], "approval.updated", {"approval": approval_out(
-                db.one("SELECT * FROM approvals WHERE id = ?", (apr["id"],)))})
-        for attempt in db.rows("SELECT * FROM attempts WHERE task_id = ? AND state = 'running'", (task_id,)):
-            end_attempt(db, attempt, "stop", task["project"])  # its runs stop with it
-        revoke_credentials(db, "kind = 'execution' AND task_id = ?", (task_id,), "task_cancelled")  # its runs stop
+        _end_task_work(db, task, "task_cancelled")
         reached = task["routed_at"] is not None  # a task held at the gate never reached its assignee
         row = move_task(db, task, "cancel", person.handle,
                         [(task["assignee"] if reached else None, "task"), (task["requester"], "task_update")])
         return {"task": task_out(db, row)}
+
+
+def _end_task_work(db: Database, task: dict, reason: str) -> int:
+    """End what is open on a task that stops here (cancelled, or returned as its assignee left), in the
+    caller's transaction: unreviewed submissions are cancelled, pending approvals withdrawn
+    (``approval.updated``), running runs stopped and every run credential ended (``reason``, a key
+    of REVOCATIONS). Returns how many credentials ended.
+    """
+    task_id, now = task["id"], iso(utcnow())
+    for sub in db.rows("SELECT * FROM submissions WHERE task_id = ? AND status = 'submitted'", (task_id,)):
+        move(db, "submission", sub["id"], "cancel", sub)
+    for apr in db.rows("SELECT * FROM approvals WHERE task_id = ? AND status = 'pending' AND invalidated_at IS NULL",
+                       (task_id,)):
+        move(db, "approval", apr["id"], "withdraw", apr, decided_at=now, invalidated_at=now)
+        append_event(db, task["project"], "approval.updated", {"approval": approval_out(
+            db.one("SELECT * FROM approvals WHERE id = ?", (apr["id"],)))})
+    ended = 0
+    for attempt in db.rows("SELECT * FROM attempts WHERE task_id = ? AND state = 'running'", (task_id,)):
+        ended += end_attempt(db, attempt, "stop", task["project"])  # its runs stop with it
+    return ended + revoke_credentials(db, "kind = 'execution' AND task_id = ?", (task_id,), reason)
 
 
 def request_task(db: Database, person: Actor, project: str, agent_id: str, packet: dict) -> dict:
@@ -5182,10 +5223,10 @@ def _owner_projects(db: Database, owner: str) -> list[str]:
         or [DEPLOYMENT_CHAIN]
 
 
-def _revoke_rule(db: Database, rule: dict, reason: str, version: int) -> None:
+def _revoke_rule(db: Database, rule: dict, reason: str, version: int, chains: list[str] | None = None) -> None:
     db.execute("UPDATE delegation_rules SET revoked_at = ?, revoked_reason = ? WHERE id = ?",
                (iso(utcnow()), reason, rule["id"]))
-    for chain in _owner_projects(db, rule["owner"]):
+    for chain in chains or _owner_projects(db, rule["owner"]):
         audit(db, chain, "delegation.revoked", {"rule": rule["id"], "reason": reason, "grant_version": version})
 
 
@@ -5226,14 +5267,22 @@ def revoke_standing_approval(db: Database, owner: str, standing_id: str) -> dict
     """Revoke a standing approval; approved requests it let through that have not started are asked again."""
     with db.transaction():
         row = _owned_live(db, "standing_approvals", "standing approval", standing_id, owner)
-        db.execute("UPDATE standing_approvals SET revoked_at = ? WHERE id = ?", (iso(utcnow()), standing_id))
-        voided = sum(_ask_again(db, apr, "standing_approval_revoked", owner) for apr in db.rows(
-            "SELECT a.* FROM approvals a JOIN tasks t ON t.id = a.task_id WHERE a.standing_approval_id = ? AND "
-            "a.invalidated_at IS NULL AND t.state = 'routed'", (standing_id,)))
-        for chain in _owner_projects(db, owner):
-            audit(db, chain, "standing_approval.revoked", {"standing_approval": standing_id, "uses": row["uses"],
-                                                          "reason": "owner", "voided": voided})
+        voided = _revoke_standing(db, row, "owner", owner, _owner_projects(db, owner))
     return {"id": standing_id, "revoked": True, "voided": voided}
+
+
+def _revoke_standing(db: Database, row: dict, reason: str, by: str, chains: list[str]) -> int:
+    """Revoke a standing approval in the caller's transaction; returns how many requests it let
+    through that hadn't started were voided and asked again. Writes ``standing_approval.revoked``
+    (with ``reason``) in each of ``chains``."""
+    db.execute("UPDATE standing_approvals SET revoked_at = ? WHERE id = ?", (iso(utcnow()), row["id"]))
+    voided = sum(_ask_again(db, apr, "standing_approval_revoked", by) for apr in db.rows(
+        "SELECT a.* FROM approvals a JOIN tasks t ON t.id = a.task_id WHERE a.standing_approval_id = ? AND "
+        "a.invalidated_at IS NULL AND t.state = 'routed'", (row["id"],)))
+    for chain in chains:
+        audit(db, chain, "standing_approval.revoked", {"standing_approval": row["id"], "uses": row["uses"],
+                                                      "reason": reason, "voided": voided})
+    return voided
 
 
 def set_auto_accept(db: Database, owner: str, on: bool) -> dict:
@@ -5850,6 +5899,326 @@ def settle_attempt(db: Database, person: Actor, attempt_id: str, outcome: str) -
         audit(db, task["project"], "attempt.reconciled", {"attempt": attempt_id, "outcome": outcome})
         append_event(db, task["project"], "task.updated", {"task": task_out(db, task)})
     return {"task": task_out(db, task), "runs": task_runs(db, task["id"])}
+
+
+# -- leaving and removal: members leave or are removed, agents are taken out, owners promoted --
+# Someone leaving a project never leaves work stuck, rules dangling or a credential reaching in.
+# A member leaving (or removed), and an agent taken out, is one transaction of named steps
+# (offboard), each returning its count for the entry (OFFBOARD_COUNTS):
+#   1. the agents leave the project, with the wakes they were still to hear from it;
+#   2. every open task assigned to them is returned to its requester (its runs and run
+#      credentials end, unreviewed results and held approvals close);
+#   3. every open task they (or the person) requested passes to a project owner;
+#   4. the delegation rules and standing approvals naming them that can no longer apply in any
+#      project (their two sides share none now) are revoked, with the reason;
+#   5. the credentials that reached only into this project end (the agents' keys for it); every
+#      other key loses the project with the rows of steps 1 and 6;
+#   6. the person's membership ends (a member leaving or removed only).
+# After commit every open wait wakes (as at a revocation), finds the project out of its reach and
+# ends with not_found; so does the next call of an agent or run that was let in before.
+
+#: What a removal's entry counts, in order: agents taken out, tasks returned, tasks transferred to
+#: a project owner, rules and standing approvals revoked, credentials ended.
+OFFBOARD_COUNTS = ("agents", "returned", "transferred", "rules_revoked", "standing_revoked", "credentials")
+
+
+def _projects_of(party: str) -> tuple[str, str]:
+    """SQL for the team projects a person (a handle) or an agent (owner/name) is in, and its parameter."""
+    if "/" in party:
+        return "SELECT project FROM project_agents WHERE agent_id = ?", party
+    return "SELECT project FROM members WHERE handle = ?", party
+
+
+def _share_project(db: Database, a: str, b: str | None = None) -> bool:
+    """Whether people or agents ``a`` and ``b`` are in one team project together (``a`` in any, without ``b``)."""
+    sql, params = "SELECT 1 FROM projects WHERE kind = 'team'", []
+    for party in (a, b) if b is not None else (a,):
+        inner, param = _projects_of(party)
+        sql += f" AND slug IN ({inner})"
+        params.append(param)
+    return db.one(sql + " LIMIT 1", tuple(params)) is not None
+
+
+def _in_list(values: list[str]) -> str:
+    return ", ".join("?" * len(values)) or "NULL"
+
+
+def _take_agents_out(db: Database, project: str, agents: list[str]) -> int:
+    """Step 1: the agents leave ``project``; the wakes from it they had not heard go with them."""
+    for agent in agents:
+        db.execute("DELETE FROM project_agents WHERE project = ? AND agent_id = ?", (project, agent))
+        db.execute("DELETE FROM wakes WHERE agent_id = ? AND project = ?", (agent, project))
+        db.execute("DELETE FROM pulses WHERE agent_id = ? AND project = ?", (agent, project))
+    return len(agents)
+
+
+def _return_assigned(db: Database, project: str, agents: list[str], reason: str, by: str | None) -> tuple[int, int]:
+    """Step 2: every open task of ``project`` assigned to ``agents`` goes back to its requester (``returned``).
+
+    Writes ``task.returned`` (``reason``, the agent it came from) and the task's move; the
+    requesting agent is woken. Returns ``(tasks returned, credentials ended)``.
+    """
+    returned = ended = 0
+    for task in db.rows(f"SELECT * FROM tasks WHERE project = ? AND assignee IN ({_in_list(agents)}) "
+                        "ORDER BY created_at", (project, *agents)):
+        if "assignee_left" not in TASK_MOVES[lifecycle_state(task)]:
+            continue
+        ended += _end_task_work(db, task, "assignee_left")
+        audit(db, project, "task.returned", {"task": task["id"], "reason": reason, "agent": task["assignee"],
+                                             "by": by})
+        move_task(db, task, "assignee_left", by or "admin", [(task["requester"], "task_update")], run_approved=None)
+        returned += 1
+    return returned, ended
+
+
+def _requested_by(task: dict) -> str:
+    """Who is on a task's requesting side: the requesting agent, or the person who asked."""
+    return task["requester"] or json.loads(task["requested_by"])["handle"]
+
+
+def _transfer_requests(db: Database, project: str, parties: list[str], to_owner: str, by: str | None) -> int:
+    """Step 3: every open task of ``project`` that ``parties`` (agents, or a person) requested passes to
+    ``to_owner``, a project owner, who checks and accepts it from now on. Writes ``task.reassigned``
+    (side ``requester``) and ``task.updated``. Returns how many."""
+    moved = 0
+    for task in db.rows("SELECT * FROM tasks WHERE project = ? ORDER BY created_at", (project,)):
+        if _requested_by(task) not in parties or not TASK_MOVES[lifecycle_state(task)]:
+            continue
+        now = iso(utcnow())
+        db.execute("UPDATE tasks SET requester = NULL, requested_by = ?, updated_at = ?, last_activity_at = ? "
+                   "WHERE id = ?", (json.dumps({"kind": "person", "handle": to_owner}), now, now, task["id"]))
+        audit(db, project, "task.reassigned", {"task": task["id"], "side": "requester", "from": _requested_by(task),
+                                               "to": to_owner, "by": by})
+        append_event(db, project, "task.updated", {"task": task_out(db, task["id"])})
+        moved += 1
+    return moved
+
+
+def _revoke_dangling_grants(db: Database, project: str, person: str | None, agents: list[str],
+                            by: str | None) -> tuple[int, int]:
+    """Step 4: revoke the delegation rules and standing approvals naming ``person`` (or owned by them) or
+    ``agents`` that can no longer apply: their two sides share no team project now.
+
+    The reason says who left: ``owner_left`` (the rule's or standing approval's owner) or
+    ``named_left`` (the person or agent it names). Each entry goes to ``project`` and the owner's other
+    projects. Returns ``(rules revoked, standing approvals revoked)``.
+    """
+    named = ([person] if person else []) + agents
+    marks = _in_list(named)
+    rules = 0
+    for rule in db.rows(f"SELECT * FROM delegation_rules WHERE revoked_at IS NULL AND (owner IN ({marks}) OR "
+                        f"subject IN ({marks})) ORDER BY created_at", (*named, *named)):
+        if _share_project(db, rule["owner"], rule["subject"]):
+            continue
+        owner = rule["owner"]
+        version = (db.scalar("SELECT max(grant_version) FROM delegation_rules WHERE owner = ?", (owner,)) or 0) + 1
+        _revoke_rule(db, rule, "owner_left" if owner == person else "named_left", version,
+                     _grant_chains(db, project, owner))
+        rules += 1
+    standing = 0
+    for row in db.rows(f"SELECT * FROM standing_approvals WHERE revoked_at IS NULL AND (owner IN ({marks}) OR "
+                       f"requester IN ({marks}) OR assignee IN ({marks})) ORDER BY created_at", (*named,) * 3):
+        if _share_project(db, row["requester"], row["assignee"]):
+            continue
+        _revoke_standing(db, row, "owner_left" if row["owner"] == person else "named_left", by or "admin",
+                         _grant_chains(db, project, row["owner"]))
+        standing += 1
+    return rules, standing
+
+
+def _grant_chains(db: Database, project: str, owner: str) -> list[str]:
+    """Where a revocation caused by leaving ``project`` is recorded: there, and in the owner's other projects."""
+    return [project] + [c for c in _owner_projects(db, owner) if c not in (project, DEPLOYMENT_CHAIN)]
+
+
+def _end_project_keys(db: Database, project: str, agents: list[str]) -> int:
+    """Step 5: the agents' client keys for ``project`` alone reach nothing now: they end."""
+    return revoke_credentials(db, f"kind = 'client' AND project = ? AND agent_id IN ({_in_list(agents)})",
+                              (project, *agents), "left_project")
+
+
+def offboard(db: Database, project: str, agents: list[str], *, person: str | None, reason: str,
+             by: str | None) -> dict:
+    """Take ``agents`` (and ``person``, when a member leaves) out of ``project`` with every knock-on,
+    in the caller's transaction: the steps above, in order. Returns the counts (OFFBOARD_COUNTS).
+
+    ``reason`` is what ``task.returned`` records (``member_left``, ``member_removed``,
+    ``agent_removed``). The caller has checked who may do it and writes the entry.
+    """
+    counts = dict.fromkeys(OFFBOARD_COUNTS, 0)
+    counts["agents"] = _take_agents_out(db, project, agents)
+    to_owner = _taking_owner(db, project, person, by)
+    counts["transferred"] = _transfer_requests(db, project, agents + ([person] if person else []), to_owner, by)
+    counts["returned"], counts["credentials"] = _return_assigned(db, project, agents, reason, by)
+    if person is not None:
+        db.execute("DELETE FROM members WHERE project = ? AND handle = ?", (project, person))
+    counts["rules_revoked"], counts["standing_revoked"] = _revoke_dangling_grants(db, project, person, agents, by)
+    counts["credentials"] += _end_project_keys(db, project, agents)
+    # (the person's open invites to the project end here once invites exist)
+    db.cache.clear()  # who may reach what has changed
+    db.note_revoked()  # open waits and sessions look again after commit, and find the project gone
+    return counts
+
+
+def _taking_owner(db: Database, project: str, leaving: str | None, by: str | None) -> str:
+    """The project owner who takes over the requests of whoever leaves: ``by`` when they are an owner who
+    stays, else the longest-standing owner other than ``leaving``."""
+    if by is not None and by != leaving and _member_role(db, project, by) == "owner":
+        return by
+    return db.scalar("SELECT handle FROM members WHERE project = ? AND role = 'owner' AND handle IS NOT ? "
+                     "ORDER BY joined_at, handle LIMIT 1", (project, leaving))
+
+
+def _team_project(db: Database, project: str, by: str | Actor | None) -> tuple[dict, str | None]:
+    """The team project a member change is about, and ``by`` as a handle (see _acting_member)."""
+    by = _acting_member(db, project, by)
+    row = project_out(db, check_slug(project, "project"))
+    if db.scalar("SELECT kind FROM projects WHERE slug = ?", (project,)) == "private":
+        raise Forbidden(f"'{project}' is a private room: it has only its owner and their agents")
+    return row, by
+
+
+def _check_not_last_owner(db: Database, project: str, handle: str, doing: str) -> None:
+    if _member_role(db, project, handle) == "owner" and db.scalar(
+            "SELECT count(*) FROM members WHERE project = ? AND role = 'owner'", (project,)) == 1:
+        raise InvalidState(f"'{handle}' is the last owner of '{project}': promote another member first "
+                           f"(prickle member promote {project} HANDLE), then {doing}")
+
+
+def _member_agents(db: Database, project: str, handle: str) -> list[str]:
+    return [r["agent_id"] for r in db.rows("SELECT pa.agent_id FROM project_agents pa JOIN agents a USING (agent_id) "
+                                           "WHERE pa.project = ? AND a.owner = ? ORDER BY pa.agent_id",
+                                           (project, handle))]
+
+
+def remove_member(db: Database, project: str, handle: str, by: str | Actor | None = None) -> dict:
+    """A member leaves a project (``by`` is themselves) or a project owner removes them, with every knock-on.
+
+    ``by`` (a handle, or the signed-in person) is checked when given; without it (the command line,
+    run by whoever holds the database file) anyone is removed. The last owner can't leave or be
+    removed until another is promoted. One transaction: see ``offboard``. Writes ``member.left`` or
+    ``member.removed`` with the counts. Returns ``{project, handle, left, counts}``. Raises
+    InvalidInput, NotFound, Forbidden or InvalidState (the last owner).
+    """
+    with db.transaction():
+        _, by = _team_project(db, project, by)
+        _require_person(db, handle)
+        if _member_role(db, project, handle) is None:
+            raise NotFound(f"handle: '{handle}' is not a member of '{project}'")
+        left = by == handle
+        if by is not None and not left and _member_role(db, project, by) != "owner":
+            raise Forbidden(f"only an owner of '{project}' can remove a member; to leave, leave yourself")
+        _check_not_last_owner(db, project, handle, "leave" if left else "remove them")
+        counts = offboard(db, project, _member_agents(db, project, handle), person=handle,
+                          reason="member_left" if left else "member_removed", by=by)
+        audit(db, project, "member.left" if left else "member.removed", {"person": handle, "by": by} | counts)
+    return {"project": project, "handle": handle, "left": left, "counts": counts}
+
+
+def leave_project(db: Database, project: str, person: str | Actor) -> dict:
+    """A member leaves a project (see remove_member). ``person`` is the signed-in person or a handle."""
+    return remove_member(db, project, person.handle if isinstance(person, Actor) else person, by=person)
+
+
+def remove_agent(db: Database, project: str, agent_id: str, by: str | Actor | None = None) -> dict:
+    """Take an agent out of a project: its owner or a project owner (``by``; unchecked from the command line).
+
+    Its open tasks go back to their requesters and its requests to a project owner, rules and
+    standing approvals left with nothing to apply to are revoked and its keys for the project end
+    (see ``offboard``). Writes ``agent.removed`` with the counts. Returns ``{project, agent_id,
+    counts}``. Raises InvalidInput, NotFound or Forbidden.
+    """
+    with db.transaction():
+        _, by = _team_project(db, project, by)
+        check_agent_id(agent_id, "agent_id")
+        if not db.one("SELECT 1 FROM project_agents WHERE project = ? AND agent_id = ?", (project, agent_id)):
+            raise NotFound(f"agent_id: no agent '{agent_id}' in '{project}'")
+        if by is not None and by != owner_of(agent_id) and _member_role(db, project, by) != "owner":
+            raise Forbidden(f"only {owner_of(agent_id)}, the owner of {agent_id}, or an owner of '{project}' can "
+                            "take it out of the project")
+        counts = offboard(db, project, [agent_id], person=None, reason="agent_removed", by=by)
+        audit(db, project, "agent.removed", {"agent": agent_id, "by": by} | counts)
+    return {"project": project, "agent_id": agent_id, "counts": counts}
+
+
+def promote_member(db: Database, project: str, handle: str, by: str | Actor | None = None) -> dict:
+    """A project owner makes a member an owner (``by`` unchecked from the command line).
+
+    Writes ``member.promoted`` with the new grant version. Returns ``{project, handle, role}``.
+    Raises InvalidInput, NotFound, Forbidden or Conflict (already an owner).
+    """
+    with db.transaction():
+        _, by = _team_project(db, project, by)
+        role = _member_role(db, project, check_slug(handle, "handle"))
+        if role is None:
+            raise NotFound(f"handle: '{handle}' is not a member of '{project}'")
+        if by is not None and _member_role(db, project, by) != "owner":
+            raise Forbidden(f"only an owner of '{project}' can make a member an owner")
+        if role == "owner":
+            raise Conflict(f"'{handle}' is already an owner of '{project}'")
+        db.execute("UPDATE members SET role = 'owner', grant_version = grant_version + 1 WHERE project = ? AND "
+                   "handle = ?", (project, handle))
+        db.cache.clear()
+        audit(db, project, "member.promoted", {"person": handle, "by": by, "grant_version": db.scalar(
+            "SELECT grant_version FROM members WHERE project = ? AND handle = ?", (project, handle))})
+    return {"project": project, "handle": handle, "role": "owner"}
+
+
+def removal_preview(db: Database, person: Actor, project: str, handle: str | None = None,
+                    agent_id: str | None = None) -> dict:
+    """What leaving or removing would hand back, shown before a person confirms it (changes nothing).
+
+    ``{agents, returned, transferred}``: the agents taken out, and how many open tasks go back to
+    their requesters and pass to a project owner. For a member (``handle``) or one agent (``agent_id``).
+    """
+    with db.snapshot():
+        require_project(db, person, project)
+        agents = _member_agents(db, project, handle) if handle else [agent_id]
+        parties = agents + ([handle] if handle else [])
+        open_tasks = [t for t in db.rows("SELECT * FROM tasks WHERE project = ?", (project,))
+                      if TASK_MOVES[lifecycle_state(t)]]
+        returned = sum(1 for t in open_tasks if t["assignee"] in agents and "assignee_left" in TASK_MOVES[
+            lifecycle_state(t)])
+        transferred = sum(1 for t in open_tasks if _requested_by(t) in parties)
+    return {"agents": agents, "returned": returned, "transferred": transferred}
+
+
+def reassign_task(db: Database, person: Actor, task_id: str, to: str) -> dict:
+    """Hand a returned task to another agent of the project, through that agent's owner's gate.
+
+    The requester's owner (or the person who asked) or a project owner does it. The task is
+    requested again and the gate decides as at a handoff (routed, held for approval, or refused).
+    Writes ``task.reassigned`` (side ``assignee``), the task's moves and ``gate.decided``. Returns
+    ``{task, gate}``. Raises InvalidInput, NotFound, Forbidden or InvalidState (not returned).
+    """
+    check_agent_id(to, "to")
+    with db.transaction():
+        task = _task_for_person(db, person, task_id)
+        project = task["project"]
+        if person.handle != _requesting_person(task) and _member_role(db, project, person.handle) != "owner":
+            raise Forbidden("only the requester's owner or a project owner can hand a returned task to another agent")
+        next_state("task", task, "reassign")
+        if to in (task["assignee"], task["requester"]):
+            raise InvalidInput(f"to: '{to}' is the task's {'assignee' if to == task['assignee'] else 'requester'}: "
+                               "pick another agent of the project")
+        if not db.one("SELECT 1 FROM project_agents WHERE project = ? AND agent_id = ?", (project, to)):
+            raise NotFound(f"to: no agent '{to}' in '{project}'")
+        now = iso(utcnow())
+        move(db, "task", task_id, "reassign", task, assignee=to, routed_at=None, verified_at=None, gate=None,
+             run_approved=None, waiting_on=None, updated_at=now, last_activity_at=now)
+        audit(db, project, "task.transitioned", {"task": task_id, "from": "returned", "to": "requested",
+                                                 "move": "reassign", "by": person.handle})
+        audit(db, project, "task.reassigned", {"task": task_id, "side": "assignee", "from": task["assignee"],
+                                               "to": to, "by": person.handle})
+        by = json.loads(task["requested_by"])
+        requester_owner = owner_of(task["requester"]) if task["requester"] else by["handle"]
+        decision = gate_decide(db, requester_owner, task["requester"], to,
+                               json.loads(task["packet"])["deliverable_type"])
+        gate, new_state = _apply_gate(db, _task_row(db, task_id), decision, now)
+        out = task_out(db, task_id)
+        append_event(db, project, "task.updated", {"task": out},
+                     [(to, "task", task_id, None)] if new_state == "routed" else [])
+    return {"task": out, "gate": gate}
 
 
 # -- connecting a computer: a short code the owner approves on the page -------------
@@ -7639,6 +8008,43 @@ async def api_add_member(state: AppState, person: Actor, request: Request, body:
                                  _field(body, "role", str, False) or "member", by=person)}
 
 
+async def api_remove_member(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """DELETE /api/projects/{slug}/members/{handle}: a project owner removes a member (yourself: you leave)."""
+    return remove_member(state.db, request.path_params["slug"], request.path_params["handle"], by=person)
+
+
+async def api_leave(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """POST /api/projects/{slug}/leave: leave a project; your agents leave with you."""
+    return leave_project(state.db, request.path_params["slug"], person)
+
+
+async def api_promote(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """POST /api/projects/{slug}/members/{handle}/promote: a project owner makes a member an owner."""
+    return {"member": promote_member(state.db, request.path_params["slug"], request.path_params["handle"],
+                                     by=person)}
+
+
+async def api_remove_agent(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """DELETE /api/projects/{slug}/agents/{owner}/{name}: its owner or a project owner takes an agent out."""
+    agent_id = f"{request.path_params['owner']}/{request.path_params['name']}"
+    return remove_agent(state.db, request.path_params["slug"], agent_id, by=person)
+
+
+async def api_removal_preview(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/projects/{slug}/removal?handle=H | ?agent=OWNER/NAME: what a removal would hand back."""
+    handle, agent = request.query_params.get("handle"), request.query_params.get("agent")
+    if (handle is None) == (agent is None):
+        raise InvalidInput("pass handle (a member) or agent (OWNER/NAME), one of them")
+    return removal_preview(state.db, person, request.path_params["slug"],
+                           handle=handle and check_slug(handle, "handle"),
+                           agent_id=agent and check_agent_id(agent, "agent"))
+
+
+async def api_reassign(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/tasks/{task_id}/reassign {to}: hand a returned task to another agent through its owner's gate."""
+    return reassign_task(state.db, person, request.path_params["task_id"], _field(body, "to", str))
+
+
 async def api_resume(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/projects/{slug}/resume {agents: [a, b]}: resume a paused pair with one click (posts a message)."""
     return {"message": resume_pair(state.db, person, request.path_params["slug"], body.get("agents"))}
@@ -7961,6 +8367,11 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("DELETE", "/api/keys/{key_id}", _api(api_revoke_key)),
     ("GET", "/api/projects/{slug}/members", _api(api_members)),
     ("POST", "/api/projects/{slug}/members", _api(api_add_member)),
+    ("DELETE", "/api/projects/{slug}/members/{handle}", _api(api_remove_member)),
+    ("POST", "/api/projects/{slug}/members/{handle}/promote", _api(api_promote)),
+    ("POST", "/api/projects/{slug}/leave", _api(api_leave)),
+    ("GET", "/api/projects/{slug}/removal", _api(api_removal_preview)),
+    ("DELETE", "/api/projects/{slug}/agents/{owner}/{name}", _api(api_remove_agent)),
     ("GET", "/api/teams", _api(api_teams)),
     ("GET", "/api/teams/{team}", _api(api_team)),
     ("POST", "/api/teams/{team}/apps", _api(api_team_apps)),
@@ -8012,6 +8423,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("POST", "/api/tasks/{task_id}/runs", _api(api_start_run)),
     ("POST", "/api/tasks/{task_id}/stop", _api(_operation(stop_run, "task_id"))),
     ("POST", "/api/tasks/{task_id}/hand-back", _api(_operation(hand_back, "task_id"))),
+    ("POST", "/api/tasks/{task_id}/reassign", _api(api_reassign)),
     ("POST", "/api/attempts/{attempt_id}/settle", _api(api_settle_attempt)),
     ("GET", "/api/agents/paused", _api(api_paused)),
     ("POST", "/api/agents/pause", _api(api_pause)),
@@ -9874,6 +10286,42 @@ def member_list(db_path: str, as_json: bool, project_slug: str) -> None:
         f"{r['handle']:<20} {r['role']:<7} joined {r['joined_at']}  agents: {', '.join(r['agents']) or 'none'}"))
 
 
+def _removal_text(counts: dict) -> str:
+    return (f"{counts['agents']} agents out, {counts['returned']} tasks returned, {counts['transferred']} "
+            f"passed to an owner, {counts['rules_revoked']} rules and {counts['standing_revoked']} standing "
+            f"approvals revoked, {counts['credentials']} credentials ended")
+
+
+@member_group.command("remove")
+@_db_options
+@click.argument("project_slug", metavar="PROJECT")
+@click.argument("handle")
+def member_remove(db_path: str, as_json: bool, project_slug: str, handle: str) -> None:
+    """Remove a member from a project: their agents leave, their tasks are handed back or passed on."""
+    out = remove_member(_open(db_path), project_slug, handle)
+    _Out(as_json)(out, f"Removed {handle} from {project_slug}: {_removal_text(out['counts'])}.")
+
+
+@member_group.command("leave")
+@_db_options
+@click.argument("project_slug", metavar="PROJECT")
+@click.argument("handle")
+def member_leave(db_path: str, as_json: bool, project_slug: str, handle: str) -> None:
+    """Leave a project as the person HANDLE: the same hand-back as a removal, recorded as leaving."""
+    out = leave_project(_open(db_path), project_slug, handle)
+    _Out(as_json)(out, f"{handle} left {project_slug}: {_removal_text(out['counts'])}.")
+
+
+@member_group.command("promote")
+@_db_options
+@click.argument("project_slug", metavar="PROJECT")
+@click.argument("handle")
+def member_promote(db_path: str, as_json: bool, project_slug: str, handle: str) -> None:
+    """Make a member of a project one of its owners."""
+    m = promote_member(_open(db_path), project_slug, handle)
+    _Out(as_json)({"member": m}, f"{handle} is now an owner of {project_slug}.")
+
+
 def _parse_capability(text: str) -> dict:
     kind, sep, name = text.partition(":")
     if not sep:
@@ -9911,6 +10359,16 @@ def agent_join(db_path: str, as_json: bool, project_slug: str, agent_id: str) ->
     """Add an existing agent to a project its owner is a member of."""
     out = add_agent_to_project(_open(db_path), project_slug, agent_id)
     _Out(as_json)(out, f"Added {agent_id} to {project_slug}.")
+
+
+@agent_group.command("remove")
+@_db_options
+@click.argument("project_slug", metavar="PROJECT")
+@click.argument("agent_id", metavar="OWNER/NAME")
+def agent_remove(db_path: str, as_json: bool, project_slug: str, agent_id: str) -> None:
+    """Take an agent out of a project: its tasks go back to their requesters."""
+    out = remove_agent(_open(db_path), project_slug, agent_id)
+    _Out(as_json)(out, f"Took {agent_id} out of {project_slug}: {_removal_text(out['counts'])}.")
 
 
 @agent_group.command("list")

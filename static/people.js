@@ -1,8 +1,9 @@
 // people.js — the Members screen: a project's members with their role, their agents in it and
 // when they joined, adding a teammate from the project's team (owners), the project's agents,
-// and adding one of your own agents to it.
+// and adding one of your own agents to it. Leave, Remove, Promote and Remove agent ask first,
+// with what the server says would be handed back.
 
-import { get, post, seg } from "./api.js";
+import { get, post, del, seg } from "./api.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, availabilityBadge, ago, announce, timeEl,
 } from "./ui.js";
@@ -14,8 +15,10 @@ export function mount(el, ctx) {
   const agents = h("div", { class: "agent-grid" });
   const addPerson = h("div");
   const addAgent = h("div");
+  const confirmBox = h("div", { class: "removal-slot" });
+  ctx.confirmBox = confirmBox;
   el.append(
-    h("div", { class: "page-head" }, heading(1, "Members and agents")),
+    h("div", { class: "page-head" }, heading(1, "Members and agents")), confirmBox,
     h("div", { class: "two-col" },
       h("section", { class: "section", "aria-labelledby": "people-heading" },
         h("h2", { id: "people-heading", text: "Members" }), people, addPerson),
@@ -25,7 +28,7 @@ export function mount(el, ctx) {
   const render = () => {
     const data = ctx.project.data();
     renderPeople(people, data, ctx);
-    renderAgents(agents, data);
+    renderAgents(agents, data, ctx);
   };
   render();
   const off = ctx.project.onChange(render);
@@ -53,10 +56,35 @@ async function renderPeople(list, data, ctx) {
         h("span", { class: "member-agents", text: p.agents.length ? `agents: ${p.agents.join(", ")}` : "no agents here" }),
         h("span", { class: "member-joined" }, "joined ", timeEl(p.joined_at)))),
     badge(p.role, p.role === "owner" ? "info" : "muted"),
-    p.away ? badge("away", "warn") : null)));
+    p.away ? badge("away", "warn") : null,
+    memberActions(p, ctx))));
 }
 
-function renderAgents(box, data) {
+function memberActions(p, ctx) {
+  const mine = p.handle === ctx.me.handle;
+  const owner = ctx.project.data().role === "owner";
+  const path = `/api/projects/${seg(ctx.slug)}`;
+  const buttons = [];
+  if (mine) {
+    buttons.push(h("button", { type: "button", class: "danger-quiet small", text: "Leave",
+      onclick: () => askRemoval(ctx, { handle: p.handle }, {
+        title: `Leave ${ctx.project.data().project.name}?`, who: "you", confirm: "Leave the project",
+        run: () => post(`${path}/leave`), after: () => { window.location.hash = "#/"; } }) }));
+  } else if (owner) {
+    if (p.role === "member") {
+      buttons.push(h("button", { type: "button", class: "small", text: "Promote", "aria-label": `Make ${p.display_name} an owner`,
+        onclick: () => askPromotion(ctx, p) }));
+    }
+    buttons.push(h("button", { type: "button", class: "danger-quiet small", text: "Remove", "aria-label": `Remove ${p.display_name}`,
+      onclick: () => askRemoval(ctx, { handle: p.handle }, {
+        title: `Remove ${p.display_name} (@${p.handle}) from ${ctx.project.data().project.name}?`, who: p.display_name,
+        confirm: `Remove ${p.display_name}`, run: () => del(`${path}/members/${seg(p.handle)}`) }) }));
+  }
+  return buttons.length ? h("span", { class: "member-actions" }, buttons) : null;
+}
+
+function renderAgents(box, data, ctx) {
+  const owner = data.role === "owner";
   fill(box, data.agents.length ? data.agents.map((a) => h("article", { class: "card agent-card", dataset: { agent: a.agent_id } },
     h("div", { class: "pulse-head" }, avatar(a.name, a.agent_id, "agent"),
       h("div", {}, h("strong", { text: a.name }), h("div", { class: "muted small", text: a.agent_id })),
@@ -64,8 +92,73 @@ function renderAgents(box, data) {
     a.role ? h("p", { text: a.role }) : null,
     h("p", { class: "muted small", text: `${a.model} · ${a.client} · owner @${a.owner}` }),
     a.capabilities?.length ? h("p", { class: "chips" }, a.capabilities.map((c) => h("span", { class: "chip", text: `${c.kind}: ${c.name}` }))) : null,
-    h("p", { class: "muted small", text: `${a.trust_level ? `trust ${a.trust_level} · ` : ""}${a.last_seen_at ? `seen ${ago(a.last_seen_at)}` : "never seen"}` })))
+    h("p", { class: "muted small", text: `${a.trust_level ? `trust ${a.trust_level} · ` : ""}${a.last_seen_at ? `seen ${ago(a.last_seen_at)}` : "never seen"}` }),
+    owner || a.owner === ctx.me.handle ? h("p", { class: "agent-actions" }, h("button", {
+      type: "button", class: "danger-quiet small", text: "Remove agent", "aria-label": `Remove ${a.agent_id} from the project`,
+      onclick: () => askRemoval(ctx, { agent: a.agent_id }, {
+        title: `Take ${a.name} (${a.agent_id}) out of ${data.project.name}?`, who: a.agent_id, confirm: "Remove agent",
+        run: () => del(`/api/projects/${seg(ctx.slug)}/agents/${a.agent_id.split("/").map(seg).join("/")}`) }) })) : null))
     : empty("No agents here yet."));
+}
+
+// ---- actions: confirming a removal or a promotion ---------------------------------------------
+
+/** Show what leaving or removing would hand back (the server counts it), then do it on Confirm. */
+async function askRemoval(ctx, query, { title, who, confirm, run, after }) {
+  const box = ctx.confirmBox;
+  const params = new URLSearchParams(query).toString();
+  let preview;
+  try {
+    preview = await get(`/api/projects/${seg(ctx.slug)}/removal?${params}`);
+  } catch (err) {
+    fill(box, h("p", { class: "error", role: "alert", text: err.message }));
+    return;
+  }
+  const plural = (n, one, many) => `${n} ${n === 1 ? one : many}`;
+  const agentLine = query.agent ? `${query.agent} leaves the project.`
+    : preview.agents.length ? `Their agents leave the project: ${preview.agents.join(", ")}.` : "They have no agents here.";
+  const summary = h("ul", { class: "removal-summary" },
+    h("li", { text: agentLine }),
+    h("li", { text: `${plural(preview.returned, "open task", "open tasks")} assigned to ${query.agent ? "it" : "them"} go${preview.returned === 1 ? "es" : ""} back to ${preview.returned === 1 ? "its requester" : "their requesters"} (returned), to be handed to another agent.` }),
+    h("li", { text: `${plural(preview.transferred, "open task", "open tasks")} ${query.agent ? "it" : who === "you" ? "you" : "they"} asked for pass${preview.transferred === 1 ? "es" : ""} to a project owner.` }),
+    h("li", { text: `Delegation rules and standing approvals naming ${query.agent ? "it" : who === "you" ? "you" : "them"} that apply in no other project are revoked, and keys for this project alone end.` }));
+  const error = errorSlot();
+  const yes = h("button", { type: "button", class: "danger", text: confirm });
+  const no = h("button", { type: "button", class: "quiet", text: "Keep", onclick: () => fill(box) });
+  const titleId = "removal-title";
+  yes.addEventListener("click", async () => {
+    const out = await act(yes, error, run);
+    if (!out) return;
+    fill(box);
+    const c = out.counts;
+    announce(`Done: ${plural(c.returned, "task", "tasks")} returned, ${plural(c.transferred, "task", "tasks")} passed to an owner`);
+    if (after) return after();
+    await ctx.project.refresh();
+  });
+  const panel = h("section", { class: "removal-confirm", role: "alertdialog", "aria-labelledby": titleId, tabindex: "-1" },
+    h("h2", { id: titleId, text: title }), summary, h("div", { class: "removal-buttons" }, yes, no), error);
+  fill(box, panel);
+  panel.focus();
+}
+
+function askPromotion(ctx, p) {
+  const box = ctx.confirmBox;
+  const error = errorSlot();
+  const yes = h("button", { type: "button", class: "primary", text: `Make ${p.display_name} an owner` });
+  const no = h("button", { type: "button", class: "quiet", text: "Keep", onclick: () => fill(box) });
+  yes.addEventListener("click", async () => {
+    const out = await act(yes, error, () => post(`/api/projects/${seg(ctx.slug)}/members/${seg(p.handle)}/promote`));
+    if (!out) return;
+    fill(box);
+    announce(`${p.handle} is now an owner`);
+    await ctx.project.refresh();
+  });
+  const panel = h("section", { class: "removal-confirm", role: "alertdialog", "aria-labelledby": "promote-title", tabindex: "-1" },
+    h("h2", { id: "promote-title", text: `Make ${p.display_name} an owner?` }),
+    h("p", { text: "Owners add and remove members, and a project keeps at least one." }),
+    h("div", { class: "removal-buttons" }, yes, no), error);
+  fill(box, panel);
+  panel.focus();
 }
 
 async function renderAddPerson(box, ctx) {

@@ -1,7 +1,8 @@
 // tasks.js — the task board by state, one task's page (packet, checkpoints, submissions,
 // evidence report per criterion, artifacts and its thread), the decisions a person
 // makes (allow or refuse a step its run asks, approve or deny a held handoff, final
-// acceptance, send back, cancel), and asking one of your own agents for a task.
+// acceptance, send back, cancel, hand a returned task to another agent), and asking one of your
+// own agents for a task.
 
 import { get, post, seg } from "./api.js";
 import * as stream from "./stream.js";
@@ -283,6 +284,7 @@ function renderActions(ctx, task, approval, stepCards, reload, known) {
     }), { class: "danger-quiet" });
     parts.push(h("div", { class: "cancel-row" }, cancel, error));
   }
+  if (task.state === "returned" && (requester === ctx.me.handle || isOwner)) parts.push(reassignForm(ctx, task, reload));
   box.classList.toggle("done", task.state === "completed");
   box.append(...parts);
   return box;
@@ -314,9 +316,32 @@ function statusLine(task, requester, owner, me) {
       return requester === me ? "The result is back. Your final decision:" : `Waiting for ${you(requester)} to check the result.`;
     case "completed":
       return "Completed: the result was accepted.";
+    case "returned":
+      return `Returned by ${task.assignee}: it waits for ${you(requester)} to hand it to another agent.`;
     default:
       return `This task is ${task.state}.`;
   }
+}
+
+/** A returned task goes on to another agent of the project, through that agent's owner's gate. */
+function reassignForm(ctx, task, reload) {
+  const others = (ctx.project.data()?.agents || []).filter((a) => a.agent_id !== task.assignee && a.agent_id !== task.requester);
+  if (!others.length) return h("p", { class: "muted small", text: "No other agent in the project can take it yet." });
+  const to = select(others.map((a) => [a.agent_id, `${a.name} (${a.agent_id})`]), { name: "to" });
+  const submit = h("button", { type: "submit", class: "primary", text: "Hand to this agent" });
+  const error = errorSlot();
+  const form = h("form", { class: "inline-form reassign-form" },
+    h("p", { text: `It came back from ${task.assignee}. Hand it to another agent; its owner's gate decides.` }),
+    field("Agent", to), submit, error);
+  form.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const out = await act(submit, error, () => post(`/api/tasks/${seg(task.id)}/reassign`, { to: to.value }));
+    if (out) {
+      announce(`Handed to ${to.value}: ${out.gate.decision === "allow" ? "routed" : words(out.gate.decision)}`);
+      reload();
+    }
+  });
+  return form;
 }
 
 function finalDecision(ctx, task, reload) {

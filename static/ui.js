@@ -216,7 +216,7 @@ export function badge(text, kind = "muted", title) {
 export const STATE_KIND = {
   requested: "info", routed: "info", accepted: "work", working: "work", waiting: "warn",
   verifying: "violet", approval: "attention", completed: "ok", rejected: "danger",
-  cancelled: "muted", returned: "danger",
+  cancelled: "muted", returned: "attention",
 };
 
 export const STATE_LABEL = {

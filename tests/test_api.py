@@ -216,12 +216,12 @@ def test_meta_gives_the_page_its_task_lists_from_the_server(server, world):
                    "completed", "rejected", "cancelled", "returned"],
         "cancellable": ["routed", "accepted", "working", "waiting", "verifying", "approval"],
         "deliverable_types": ["code", "doc", "answer", "screenshots", "reviewed_pr", "design", "data", "other"],
-        "board": [{"title": "Needs a person", "states": ["approval", "waiting"]},
+        "board": [{"title": "Needs a person", "states": ["approval", "waiting", "returned"]},
                   {"title": "Queued", "states": ["requested", "routed"]},
                   {"title": "In progress", "states": ["accepted", "working"]},
                   {"title": "Verifying", "states": ["verifying"]},
                   {"title": "Done", "states": ["completed"]},
-                  {"title": "Closed", "states": ["rejected", "cancelled", "returned"]}]}}
+                  {"title": "Closed", "states": ["rejected", "cancelled"]}]}}
     assert r.json()["tasks"]["states"] == prickle.SCHEMAS["check_inbox"][1]["properties"]["assigned"]["items"][
         "properties"]["state"]["enum"]
     assert server.get("/api/meta").status_code == 401

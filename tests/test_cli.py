@@ -59,8 +59,8 @@ def test_every_command_has_help_db_and_json(path, cmd):
 def test_command_functions_do_not_take_the_names_of_their_commands():
     groups = {name: cmd for name, cmd in prickle.cli.commands.items() if isinstance(cmd, click.Group)}
     assert {name: sorted(g.commands) for name, g in groups.items()} == {
-        "agent": ["add", "join", "list"], "agents": ["pause", "resume"], "audit": ["verify"],
-        "device": ["list", "pair", "revoke"], "member": ["add", "list"], "memory": ["retract", "set"],
+        "agent": ["add", "join", "list", "remove"], "agents": ["pause", "resume"], "audit": ["verify"],
+        "device": ["list", "pair", "revoke"], "member": ["add", "leave", "list", "promote", "remove"], "memory": ["retract", "set"],
         "person": ["add", "list"], "project": ["create", "list"], "rule": ["auto-accept", "list", "revoke", "set"],
         "runner": ["bridge", "connect", "start", "status"], "team": ["add", "apps", "list", "show"], "token": ["create", "list", "revoke"]}
     assert sorted(set(prickle.cli.commands) - set(groups)) == ["backup", "connect", "init", "serve", "signin-link"]

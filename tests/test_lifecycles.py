@@ -14,7 +14,9 @@ def test_a_handoff_moves_out_of_requested_by_the_table(mcp, world):
     assert (task["state"], task["waiting_on"]) == ("routed", "agent")
     moved = [e["refs"] for e in audit_entries(world.db, PROJECT, "task.transitioned")]
     assert moved == [{"task": task["id"], "from": "requested", "to": "routed", "move": "allow", "by": "gate"}]
-    assert prickle.CLOSED_STATES == ("completed", "rejected", "cancelled", "returned")
+    assert prickle.CLOSED_STATES == ("completed", "rejected", "cancelled")
+    # A returned task is not over: it leaves only for another agent, through that agent's owner's gate.
+    assert prickle.TASK_MOVES["returned"] == {"reassign": "requested"}
 
 
 def test_move_refuses_a_move_its_table_does_not_allow_and_writes_nothing(mcp, server, world):

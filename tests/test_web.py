@@ -990,3 +990,51 @@ def test_unread_markers_and_the_title_count_follow_a_message_and_reading_it(serv
     goto(page, served, "#/")
     expect(page.locator('.project-card[data-slug="quiet-room"]')).to_be_visible()
     expect(marker).to_be_hidden()
+
+
+def test_an_owner_removes_a_member_and_their_task_comes_back_on_the_board(served, people):
+    # kim joins with an agent and takes a task from oj/muse; oj removes kim on the Members screen.
+    cli_json(served.db, "person", "add", "kim", "--name", "Kim Park")
+    cli_json(served.db, "team", "add", "web", "kim")
+    cli_json(served.db, "member", "add", PROJECT, "kim")
+    cli_json(served.db, "agent", "add", "kim/helper", "--name", "Helper", "--model", "m", "--client", "claude-code",
+             "--project", PROJECT)
+    with person_api(served, "kim") as kim:
+        assert kim.post("/api/rules", json={"decision": "allow", "owner": "oj"}).status_code == 200
+    task = mcp(served, "oj/muse", "handoff", {"project": PROJECT, "to": "kim/helper", "packet": {
+        "task": "Check the footer links.", "deliverable_type": "doc", "acceptance_criteria": ["Every link works."]}})
+    task_id = task["task"]["id"]
+    assert task["task"]["state"] == "routed"
+    for viewport, name in (({"width": 390, "height": 800}, "phone_member_removal_confirm"),
+                           (LAPTOP, "member_removal_confirm")):
+        page = people("oj", viewport=viewport)
+        goto(page, served, f"#/p/{PROJECT}/people")
+        page.locator('.person[data-handle="kim"]').get_by_role("button", name="Remove Kim Park").click()
+        confirm = page.get_by_role("alertdialog", name=f"Remove Kim Park (@kim) from Website v2?")
+        expect(confirm.locator(".removal-summary li")).to_have_text([
+            "Their agents leave the project: kim/helper.",
+            "1 open task assigned to them goes back to its requester (returned), to be handed to another agent.",
+            "0 open tasks they asked for pass to a project owner.",
+            "Delegation rules and standing approvals naming them that apply in no other project are revoked, and "
+            "keys for this project alone end."])
+        assert page.evaluate("document.documentElement.scrollWidth") <= viewport["width"]
+        shot(page, name, full_page=False)
+    confirm.get_by_role("button", name="Keep").click()
+    expect(confirm).to_have_count(0)
+    page.locator('.person[data-handle="kim"]').get_by_role("button", name="Remove Kim Park").click()
+    confirm.get_by_role("button", name="Remove Kim Park").click()
+    expect(page.locator('.person[data-handle="kim"]')).to_have_count(0)
+    goto(page, served, f"#/p/{PROJECT}/tasks")
+    card = page.locator(f'#col-approval .task-card[data-task-id="{task_id}"]')
+    expect(card).to_contain_text("returned")
+    expect(card).to_contain_text("needs you")
+    shot(page, "returned_task_on_the_board")
+    card.click()
+    expect(page.locator(".status-line")).to_have_text(
+        "Returned by kim/helper: it waits for you to hand it to another agent.")
+    page.get_by_label("Agent", exact=True).select_option("ren/builder")
+    with page.expect_response(lambda r: r.url.endswith(f"/api/tasks/{task_id}/reassign")) as answer:
+        page.get_by_role("button", name="Hand to this agent").click()
+    handed = answer.value.json()["task"]
+    assert handed["assignee"] == "ren/builder" and handed["state"] in ("routed", "approval")  # ren's gate decides
+    expect(page.locator(".task-meta .state")).to_have_attribute("data-state", handed["state"])
