@@ -35,7 +35,7 @@ async function load(box, secret, me, onJoined) {
   fill(box,
     heading(1, `Join ${invite.project.name}`, { id: "invite-heading" }),
     h("p", { class: "invite-from" }, avatar(by.display_name, by.color),
-      h("span", {}, h("strong", { text: by.display_name }), h("span", { class: "muted", text: ` @${by.handle}` }),
+      h("span", { class: "invite-text" }, h("strong", { text: by.display_name }), h("span", { class: "muted", text: ` @${by.handle}` }),
         ` invites you to the project “${invite.project.name}” of team ${invite.project.team}, as ${invite.role}.`)),
     h("p", { class: "muted small" }, "The link works once, until ", timeEl(invite.expires_at), "."),
     done);
