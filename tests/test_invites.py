@@ -9,13 +9,14 @@ import queue
 import re
 import socket
 
+import httpx
 import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult
 from starlette.testclient import TestClient
 
 import prickle
-from conftest import PROJECT, all_events, audit_entries
+from conftest import PROJECT, Served, World, all_events, audit_entries
 from test_cli import jrun
 
 T0 = dt.datetime(2026, 12, 1, 10, 0, tzinfo=dt.timezone.utc)
@@ -370,3 +371,31 @@ def test_invites_from_the_command_line(world, clock):
     assert jrun(world.db_path, "person", "email", "ren", "ren@example.org") == {"handle": "ren",
                                                                                   "email": "ren@example.org"}
     assert jrun(world.db_path, "person", "email", "ren") == {"handle": "ren", "email": None}
+
+
+def test_a_person_already_on_the_server_signs_in_and_accepts_joining_the_team(server, world):
+    prickle.add_person(world.db, "kim", "Kim Park")
+    kim = prickle.create_token(world.db, "person", person="kim")[1]
+    out = server.post(f"/api/projects/{PROJECT}/invites", json={"email": "kim@example.org", "role": "owner"},
+                      headers=auth(world, "oj")).json()
+    r = server.post("/api/invite/accept", json={"token": _secret(out["link"])}, headers={"Authorization": f"Bearer {kim}"})
+    assert r.json() == {"invite": {"state": "accepted", "project": PROJECT, "handle": "kim", "role": "owner"}}
+    assert "set-cookie" not in r.headers  # a signed-in person keeps the session they have
+    assert world.db.scalar("SELECT role FROM members WHERE project = ? AND handle = 'kim'", (PROJECT,)) == "owner"
+    assert world.db.scalar("SELECT role FROM team_people WHERE team = 'web' AND handle = 'kim'") == "member"
+    assert audit_entries(world.db, PROJECT, "member.joined")[-1]["refs"] == {
+        "person": "kim", "role": "owner", "invite": out["invite"]["id"], "invited_by": "oj"}
+
+
+def test_a_served_prickle_with_smtp_in_its_settings_mails_the_invite(tmp_path, smtp):
+    db = str(tmp_path / "prickle.db")
+    world = World(db)
+    world.db.close()
+    config = tmp_path / "prickle.toml"
+    config.write_text(f'[smtp]\nhost = "127.0.0.1"\nport = {smtp.port}\ntls = "none"\nfrom_address = "{FROM}"\n')
+    with Served(db, "--config", str(config)) as served:
+        r = httpx.post(f"{served.info['url']}/api/projects/{PROJECT}/invites", json={"email": "kim@example.org"},
+                       headers={"Authorization": f"Bearer {world.tokens['oj']}"}, timeout=30)
+        out = r.json()
+        assert out["mailed"] is True and out["link"].startswith(served.info["url"] + "/#/invite/prk_iv_")
+        assert out["link"] in smtp.next()["text"]
