@@ -21,7 +21,7 @@ Contents: one banner per section, in dependency order (search for the section's 
 - Identity and credentials: token kinds and prefixes, resolving a secret to an Actor.
 - State machines: the task lifecycle as a table of moves (TASK_MOVES, next_state).
 - Domain operations: one function and one transaction per operation, in ``# --`` parts:
-  people, teams and projects (and their listings); reach (who may see which project and
+  people, teams and projects (and their listings); invites by email; reach (who may see which project and
   thread); the room (messages, mentions, the loop guard, read_room); people, memory and pulse; tasks (handoff, the gate,
   the lifecycle, results and evidence); the people's side of tasks (approvals, final
   acceptance); the owner's gate rules; runners (devices, runs, steps); private rooms
@@ -3282,8 +3282,8 @@ def create_token(db: Database, kind: str, *, agent_id: str | None = None, person
     ``by`` (a person) may mint keys only for their own agents (Forbidden otherwise).
     Writes ``token.created`` to the audit chain of each project the credential reaches.
     """
-    if kind not in TOKEN_PREFIX:
-        raise InvalidInput(f"kind must be one of {', '.join(TOKEN_PREFIX)}")
+    if kind not in TOKEN_PREFIX or kind == "invite":  # an invite's secret is made by create_invite
+        raise InvalidInput(f"kind must be one of {', '.join(k for k in TOKEN_PREFIX if k != 'invite')}")
     with db.transaction():
         if kind in ("client", "runner"):
             if agent_id is None or person is not None:

@@ -371,6 +371,10 @@ def test_invites_from_the_command_line(world, clock):
     assert jrun(world.db_path, "person", "email", "ren", "ren@example.org") == {"handle": "ren",
                                                                                   "email": "ren@example.org"}
     assert jrun(world.db_path, "person", "email", "ren") == {"handle": "ren", "email": None}
+    # An invite's secret is made only by create_invite, never as a credential.
+    with pytest.raises(prickle.InvalidInput, match="kind must be one of"):
+        prickle.create_token(world.db, "invite", person="oj")
+    assert world.db.scalar("SELECT count(*) FROM credentials WHERE kind = 'invite'") == 0
 
 
 def test_a_person_already_on_the_server_signs_in_and_accepts_joining_the_team(server, world):
