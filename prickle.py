@@ -444,7 +444,7 @@ EMAIL_RE = re.compile(r"[^@\s<>,;\"]{1,64}@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9
 
 
 def check_email(value: Any, field: str = "email") -> str:
-    """``value`` trimmed, if it is an address like ``ana@example.org`` (at most 254); else InvalidInput naming ``field``.
+    """``value`` trimmed if it is an address like ``ana@example.org`` (at most 254); else InvalidInput naming ``field``.
 
     The domain is compared in lower case (the part before '@' is kept as written).
     """
@@ -495,8 +495,9 @@ def send_mail(settings: Settings, to: str, subject: str, text: str) -> None:
                          "and the password's environment variable") from None
     except smtplib.SMTPNotSupportedError:
         raise MailFailed(f"the mail server {where} does not offer STARTTLS: set smtp.tls to 'tls' or 'none'") from None
-    except smtplib.SMTPRecipientsRefused:
-        raise MailFailed(f"the mail server {where} refused the address {to}") from None
+    except smtplib.SMTPRecipientsRefused as e:
+        raise MailFailed(f"the mail server {where} refused the recipient's address ({e.recipients[to][0]})") \
+            from None
     except smtplib.SMTPResponseException as e:
         raise MailFailed(f"the mail server {where} refused the message ({e.smtp_code})") from None
     except (smtplib.SMTPException, ssl.SSLError, OSError) as e:
@@ -3868,7 +3869,8 @@ def deliver_invite(settings: Settings, invite: dict, mail: dict) -> dict:
             send_mail(settings, mail["to"], mail["subject"], mail["text"])
             mailed = True
         except PrickleError as e:
-            problem = f"the mail was not sent: {e.message.replace(mail['to'], 'the address')}; pass the link on yourself"
+            problem = (f"the mail was not sent: {e.message.replace(mail['to'], 'the address')}; pass the link on "
+                       "yourself")
             print(f"prickle: mailing invite {invite['id']} failed: {problem}", file=sys.stderr)
     return {"invite": invite, "link": mail["link"], "mailed": mailed, "mail_problem": problem}
 

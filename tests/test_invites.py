@@ -403,3 +403,27 @@ def test_a_served_prickle_with_smtp_in_its_settings_mails_the_invite(tmp_path, s
         out = r.json()
         assert out["mailed"] is True and out["link"].startswith(served.info["url"] + "/#/invite/prk_iv_")
         assert out["link"] in smtp.next()["text"]
+
+
+class _Refusing(Inbox):
+    async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
+        return "550 no such mailbox here"
+
+
+def test_a_mail_the_server_refuses_leaves_the_invite_open_with_its_link_and_logs_no_address(world, capfd):
+    controller = Controller(_Refusing(), hostname="127.0.0.1", port=_free_port())
+    controller.start()
+    try:
+        app = prickle.create_app(world.db_path, _settings(controller.port), port=8321)
+        with TestClient(app, base_url="http://127.0.0.1:8321") as client:
+            capfd.readouterr()
+            out = _invite(client, world, "kim@example.org")
+    finally:
+        controller.stop()
+    assert out["mailed"] is False and out["mail_problem"] == (
+        f"the mail was not sent: the mail server 127.0.0.1:{controller.port} refused the recipient's address (550); "
+        "pass the link on yourself")
+    assert _invite_row(world, out["invite"]["id"])["state"] == "open"
+    logged = capfd.readouterr().err
+    assert f"mailing invite {out['invite']['id']} failed" in logged
+    assert "kim@" not in logged and _secret(out["link"]) not in logged
