@@ -9,7 +9,7 @@ Contents: one banner per section, in dependency order (search for the section's 
 
 - Helpers and errors: ids, time, canonical JSON, input checks (slugs, agent IDs, owner_of),
   and PrickleError with one subclass per error code.
-- Settings: the settings file and its defaults (Settings, load_settings).
+- Settings: the settings file and its defaults (Settings, load_settings), and mail out (send_mail).
 - Protocol schemas: the reference's limits (BODY_MAX, ...), the JSON Schema fragments, every
   tool's input and output schema (SCHEMAS), and validate_input.
 - Storage: the schema and its migrations, the Database (transactions, savepoints, cache,
@@ -21,7 +21,7 @@ Contents: one banner per section, in dependency order (search for the section's 
 - Identity and credentials: token kinds and prefixes, resolving a secret to an Actor.
 - State machines: the task lifecycle as a table of moves (TASK_MOVES, next_state).
 - Domain operations: one function and one transaction per operation, in ``# --`` parts:
-  people, teams and projects (and their listings); reach (who may see which project and
+  people, teams and projects (and their listings); invites by email; reach (who may see which project and
   thread); the room (messages, mentions, the loop guard, read_room); people, memory and pulse; tasks (handoff, the gate,
   the lifecycle, results and evidence); the people's side of tasks (approvals, final
   acceptance); the owner's gate rules; runners (devices, runs, steps); the owner's control of runs;
@@ -56,6 +56,7 @@ __all__ = [
 
 import asyncio
 import base64
+import concurrent.futures
 import contextlib
 import contextvars
 import copy
@@ -74,7 +75,9 @@ import os
 import re
 import secrets
 import shlex
+import smtplib
 import socket
+import ssl
 import struct
 import sys
 import tempfile
@@ -82,6 +85,8 @@ import time
 import threading
 import tomllib
 import urllib.parse
+import email.message
+import email.utils
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -295,6 +300,27 @@ def check_text(value: str, field: str, max_length: int, min_length: int = 0) -> 
 ###############################################################################
 
 
+class SmtpSettings(pydantic.BaseModel):
+    """The ``[smtp]`` table: the mail server Prickle sends invites and sign-in links through."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    host: str = pydantic.Field(min_length=1, max_length=253)
+    #: 25 or 587 for ``none``/``starttls``, 465 for ``tls``.
+    port: int = pydantic.Field(587, ge=1, le=65535)
+    #: ``none`` (plain, for a relay on this machine), ``starttls`` (upgrade after connecting) or
+    #: ``tls`` (TLS from the first byte).
+    tls: str = pydantic.Field("starttls", pattern="^(none|starttls|tls)$")
+    #: The user to log in as; empty sends without logging in.
+    user: str = ""
+    #: The name of the environment variable that holds the password (never the password itself).
+    password_env: str = pydantic.Field("", pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")
+    #: The From address, like ``Prickle <prickle@example.org>``.
+    from_address: str = pydantic.Field(min_length=3, max_length=320)
+    #: Give up on the mail server after this many seconds.
+    timeout_seconds: int = pydantic.Field(15, ge=1, le=120)
+
+
 class Settings(pydantic.BaseModel):
     """Server settings, read from ``prickle.toml`` (see ``prickle.example.toml``)."""
 
@@ -336,6 +362,8 @@ class Settings(pydantic.BaseModel):
     outbox_keep_days: int = pydantic.Field(30, ge=1, le=3650)
     #: One line per request on stderr (method, path without query, status, duration).
     access_log: bool = True
+    #: Where mail goes out (invites, sign-in links by email); None sends none.
+    smtp: SmtpSettings | None = None
 
     def base_url(self, port: int | None = None) -> str:
         """The public address, or the bound one when none is configured."""
@@ -402,6 +430,79 @@ def load_settings(path: str | None, db_path: str | None = None) -> Settings:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise PrickleError(f"settings file {path}: {where}: {first['msg']}", "invalid_input") from None
+
+
+# -- mail: one way out for every message Prickle sends by email ---------------------
+
+
+class MailFailed(PrickleError, code="mail_failed", status=502):
+    """The mail server could not be reached, refused to log in, or refused the message."""
+
+
+#: An address as Prickle takes one: no spaces or angle brackets, one '@', a dot in the domain.
+EMAIL_RE = re.compile(r"[^@\s<>,;\"]{1,64}@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*"
+                      r"[A-Za-z0-9])?)+")
+
+
+def check_email(value: Any, field: str = "email") -> str:
+    """``value`` trimmed if it is an address like ``ana@example.org`` (at most 254); else InvalidInput naming ``field``.
+
+    The domain is compared in lower case (the part before '@' is kept as written).
+    """
+    text = value.strip() if isinstance(value, str) else value
+    if not isinstance(text, str) or len(text) > 254 or not EMAIL_RE.fullmatch(text):
+        raise InvalidInput(f"{field} must be an email address like ana@example.org")
+    local, _, domain = text.rpartition("@")
+    return f"{local}@{domain.lower()}"
+
+
+def send_mail(settings: Settings, to: str, subject: str, text: str) -> None:
+    """Send one plain-text mail through the ``[smtp]`` server of ``settings``.
+
+    Blocking (seconds at most ``smtp.timeout_seconds`` per step): call it from a thread in the
+    server. Raises InvalidState when no ``[smtp]`` is configured, InvalidInput for a bad ``to``,
+    and MailFailed saying what went wrong (never the password, never the message) when the
+    server can't be reached, refuses the login or refuses the message.
+    """
+    smtp = settings.smtp
+    if smtp is None:
+        raise InvalidState("no mail server is configured: add an [smtp] table to prickle.toml (see "
+                           "prickle.example.toml)")
+    to = check_email(to, "to")
+    message = email.message.EmailMessage()
+    message["From"], message["To"], message["Subject"] = smtp.from_address, to, subject
+    message["Date"] = email.utils.formatdate(localtime=False)
+    message["Message-ID"] = email.utils.make_msgid(domain=to.rpartition("@")[2])
+    message.set_content(text)
+    password = os.environ.get(smtp.password_env, "") if smtp.password_env else ""
+    if smtp.user and not password:
+        raise MailFailed(f"smtp.user is set but the environment variable {smtp.password_env or '(smtp.password_env)'} "
+                         "that holds its password is empty or missing")
+    where = f"{smtp.host}:{smtp.port}"
+    try:
+        context = ssl.create_default_context()
+        if smtp.tls == "tls":
+            client = smtplib.SMTP_SSL(smtp.host, smtp.port, timeout=smtp.timeout_seconds, context=context)
+        else:
+            client = smtplib.SMTP(smtp.host, smtp.port, timeout=smtp.timeout_seconds)
+        with client:
+            if smtp.tls == "starttls":
+                client.starttls(context=context)
+            if smtp.user:
+                client.login(smtp.user, password)
+            client.send_message(message)
+    except smtplib.SMTPAuthenticationError as e:
+        raise MailFailed(f"the mail server {where} refused the login of smtp.user ({e.smtp_code}): check the user "
+                         "and the password's environment variable") from None
+    except smtplib.SMTPNotSupportedError:
+        raise MailFailed(f"the mail server {where} does not offer STARTTLS: set smtp.tls to 'tls' or 'none'") from None
+    except smtplib.SMTPRecipientsRefused as e:
+        raise MailFailed(f"the mail server {where} refused the recipient's address ({e.recipients[to][0]})") \
+            from None
+    except smtplib.SMTPResponseException as e:
+        raise MailFailed(f"the mail server {where} refused the message ({e.smtp_code})") from None
+    except (smtplib.SMTPException, ssl.SSLError, OSError) as e:
+        raise MailFailed(f"could not send mail through {where}: {type(e).__name__}: {str(e)[:200]}") from None
 
 
 ###############################################################################
@@ -1262,6 +1363,19 @@ MIGRATIONS: list[list[str]] = [
             PRIMARY KEY (handle, seq))""",
         "INSERT OR IGNORE INTO person_mentions SELECT j.value, m.seq, m.project, m.task_id FROM messages m, "
         "json_each(m.mentions) j WHERE instr(j.value, '/') = 0 AND j.value <> m.author",
+    ],
+    [
+        # Invites by email: the link's secret is kept as its hash, the address only while the
+        # invite is open (``state`` INVITE_MOVES). A person may give an address for sign-in links.
+        """CREATE TABLE invites (
+            id TEXT PRIMARY KEY, project TEXT NOT NULL REFERENCES projects(slug), email TEXT,
+            role TEXT NOT NULL CHECK (role IN ('owner', 'member')), secret_hash TEXT NOT NULL UNIQUE,
+            invited_by TEXT NOT NULL REFERENCES people(handle), state TEXT NOT NULL DEFAULT 'open',
+            sends INTEGER NOT NULL DEFAULT 1, created_at TEXT NOT NULL, expires_at TEXT NOT NULL,
+            ended_at TEXT, ended_reason TEXT, joined TEXT REFERENCES people(handle))""",
+        "CREATE INDEX invites_open ON invites(project, state)",
+        "ALTER TABLE people ADD COLUMN email TEXT",
+        "CREATE INDEX people_by_email ON people(email) WHERE email IS NOT NULL",
     ],
 ]
 
@@ -2387,6 +2501,7 @@ TOKEN_PREFIX = {
     "execution": "prk_ex_",  # one run of one task, made by claim_task
     "discussion": "prk_dc_",  # one reply in a private room's turn, made by claim_discussion
     "connect": "prk_dq_",  # a computer's connect request, to collect its runner keys once (never a credential row)
+    "invite": "prk_iv_",  # an invite's link, used once by the person invited (never a credential row)
 }
 
 
@@ -2434,6 +2549,7 @@ _KIND_USE = {
     "session": "a browser session", "execution": "a run's execution credential (for /mcp)",
     "discussion": "a discussion credential (for /mcp)",
     "connect": "a connect request's secret (for /api/runner/connect/collect)",
+    "invite": "an invite's link (open it in a browser)",
 }
 
 
@@ -2714,6 +2830,15 @@ CONNECT_MOVES: dict[str, dict[str, str]] = {
     **closed("refused", "expired", "collected"),
 }
 
+#: An invite: open until the person invited accepts or declines it, someone already in the
+#: project uses it (spent), an owner revokes it or its inviter leaves (revoked), or its 7 days
+#: pass (expired). A resend keeps it open with a new link. Every end forgets the address.
+INVITE_MOVES: dict[str, dict[str, str]] = {
+    "open": {"accept": "accepted", "decline": "declined", "spend": "spent", "revoke": "revoked",
+             "expire": "expired", "resend": "open"},
+    **closed("accepted", "declined", "spent", "revoked", "expired"),
+}
+
 #: Every lifecycle, by the kind move() takes.
 LIFECYCLES: dict[str, Lifecycle] = {
     "task": Lifecycle("task", "tasks", "state", TASK_MOVES, MOVE_BY, lifecycle_state, {
@@ -2726,6 +2851,7 @@ LIFECYCLES: dict[str, Lifecycle] = {
     "turn": Lifecycle("turn", "turns", "step", TURN_MOVES, key=turn_state),
     "attempt": Lifecycle("attempt", "attempts", "state", ATTEMPT_MOVES),
     "connect": Lifecycle("connect request", "connect_requests", "state", CONNECT_MOVES),
+    "invite": Lifecycle("invite", "invites", "state", INVITE_MOVES),
 }
 
 
@@ -2813,19 +2939,24 @@ ROOM_THREADS = 20
 WAKE_BATCH = 50
 
 
-def add_person(db: Database, handle: str, display_name: str, color: int | None = None) -> dict:
-    """Create a person. Raises InvalidInput for a bad handle or name, Conflict if the handle is taken."""
+def add_person(db: Database, handle: str, display_name: str, color: int | None = None,
+               email: str | None = None) -> dict:
+    """Create a person, with an optional ``email`` for sign-in links by mail (never shown to others).
+
+    Raises InvalidInput for a bad handle, name or address, Conflict if the handle is taken.
+    """
     check_slug(handle, "handle")
     check_text(display_name, "name", 80, 1)
     if color is not None and not (isinstance(color, int) and 0 <= color <= 7):
         raise InvalidInput("color must be a number from 0 to 7")
+    email = None if email is None else check_email(email)
     with db.transaction():
         if db.one("SELECT 1 FROM people WHERE handle = ?", (handle,)):
             raise Conflict(f"a person with handle '{handle}' already exists")
         if color is None:
             color = db.scalar("SELECT count(*) FROM people") % 8
-        db.execute("INSERT INTO people (handle, display_name, color, away, created_at) VALUES (?, ?, ?, 0, ?)",
-                   (handle, display_name, color, iso(utcnow())))
+        db.execute("INSERT INTO people (handle, display_name, color, away, created_at, email) VALUES "
+                   "(?, ?, ?, 0, ?, ?)", (handle, display_name, color, iso(utcnow()), email))
     return person_out(db, handle)
 
 
@@ -3086,7 +3217,8 @@ def add_member(db: Database, project: str, handle: str, role: str = "member",
         if _team_role(db, row["team"], handle) is None:
             if by is not None:
                 raise Forbidden(f"handle: '{handle}' is not in team '{row['team']}': only a teammate is added "
-                                "directly; invite them to the project instead")
+                                f"directly; invite them by email instead, with the Invite form on the Members page "
+                                f"or 'prickle invite create {project} ADDRESS --by HANDLE'")
             _join_team(db, row["team"], handle)
         db.execute("INSERT INTO members VALUES (?, ?, ?, 1, ?)", (project, handle, role, iso(utcnow())))
         db.cache.clear()  # who may reach what has changed
@@ -3224,8 +3356,8 @@ def create_token(db: Database, kind: str, *, agent_id: str | None = None, person
     ``by`` (a person) may mint keys only for their own agents (Forbidden otherwise).
     Writes ``token.created`` to the audit chain of each project the credential reaches.
     """
-    if kind not in TOKEN_PREFIX:
-        raise InvalidInput(f"kind must be one of {', '.join(TOKEN_PREFIX)}")
+    if kind not in TOKEN_PREFIX or kind == "invite":  # an invite's secret is made by create_invite
+        raise InvalidInput(f"kind must be one of {', '.join(k for k in TOKEN_PREFIX if k != 'invite')}")
     with db.transaction():
         if kind in ("client", "runner"):
             if agent_id is None or person is not None:
@@ -3515,6 +3647,334 @@ def audit_page(db: Database, actor: Actor, project: str, before: int | None, lim
         report = verify_audit(db, project)[0]
     return {"entries": [r | {"refs": json.loads(r["refs"])} for r in rows],
             "chain": {k: report[k] for k in ("ok", "entries", "broken_at")}}
+
+
+# -- invites: asking someone by email to join a project --------------------------
+# An owner of a project and of its team invites an address with a role. The link carries a
+# one-time secret (kept only as its hash); the address is kept only while the invite is open,
+# and no audit entry or event ever holds it. Mail goes out after commit (deliver_invite).
+
+#: An invite's link works this long after it is made, and this long again from each resend.
+INVITE_LIFETIME = _dt.timedelta(days=7)
+#: Why an invite was revoked, as ``invite.revoked`` records it.
+INVITE_REVOKE_REASONS = ("owner_revoked", "inviter_left", "inviter_removed", "inviter_erased", "project_erased",
+                         "invitee_closed_account")
+
+
+def _invite_out(row: dict) -> dict:
+    """An invite as owners see it: the address only while it is open, never the link's secret."""
+    return {"id": row["id"], "project": row["project"], "email": row["email"], "role": row["role"],
+            "invited_by": row["invited_by"], "state": row["state"], "sends": row["sends"],
+            "created_at": row["created_at"], "expires_at": row["expires_at"], "ended_at": row["ended_at"]}
+
+
+def _expire_invites(db: Database, where: str = "1", params: tuple = ()) -> int:
+    """End the open invites past their expiry (``where`` narrows them), forgetting their addresses.
+
+    Inside the caller's transaction; returns how many ended.
+    """
+    now = iso(utcnow())
+    rows = db.rows(f"SELECT * FROM invites WHERE state = 'open' AND expires_at <= ? AND ({where})", (now, *params))
+    for row in rows:
+        move(db, "invite", row["id"], "expire", row, email=None, ended_at=now, ended_reason="expired")
+    return len(rows)
+
+
+def expire_invites(db: Database) -> int:
+    """End every open invite whose 7 days have passed and forget its address (the server's sweep)."""
+    with db.transaction():
+        return _expire_invites(db)
+
+
+def _inviting_owner(db: Database, project: str, by: str | Actor) -> tuple[str, dict]:
+    """``(handle, project row)`` of ``by`` if they own both ``project`` and its team.
+
+    Raises NotFound (project out of reach) or Forbidden (a private room, or not both owners).
+    """
+    by = _acting_member(db, project, by)
+    row = project_out(db, check_slug(project, "project"))
+    if db.scalar("SELECT kind FROM projects WHERE slug = ?", (project,)) == "private":
+        raise Forbidden(f"'{project}' is a private room: it has only its owner and their agents")
+    if _member_role(db, project, by) != "owner" or _team_role(db, row["team"], by) != "owner":
+        raise Forbidden(f"only an owner of both '{project}' and its team '{row['team']}' invites people; ask "
+                        "one of them")
+    return by, row
+
+
+def create_invite(db: Database, project: str, email: str, role: str, by: str | Actor) -> tuple[dict, str]:
+    """Invite ``email`` to ``project`` as ``role`` (owner or member); return ``(invite, link secret)``.
+
+    ``by`` (a handle, or the signed-in person: see :func:`_acting_member`) must own the project
+    and its team. The secret is shown once (deliver_invite mails it and builds the link); the
+    link works once within INVITE_LIFETIME. Writes ``invite.created`` (role and expiry, never
+    the address). Raises InvalidInput, NotFound, Forbidden, or Conflict when the address has an
+    open invite to the project already (resend that one).
+    """
+    email = check_email(email)
+    if role not in ("owner", "member"):
+        raise InvalidInput(f"role must be 'owner' or 'member', got {role!r}")
+    with db.transaction():
+        by, _ = _inviting_owner(db, project, by)
+        _expire_invites(db, "project = ?", (project,))
+        if db.one("SELECT 1 FROM invites WHERE project = ? AND state = 'open' AND email = ?", (project, email)):
+            raise Conflict(f"email: that address already has an open invite to '{project}': resend it instead "
+                           f"('prickle invite list {project}' shows it)")
+        secret, now = make_secret("invite"), utcnow()
+        row = {"id": new_id("inv"), "project": project, "email": email, "role": role,
+               "secret_hash": sha256_hex(secret), "invited_by": by, "state": "open", "sends": 1,
+               "created_at": iso(now), "expires_at": iso(now + INVITE_LIFETIME), "ended_at": None}
+        db.execute(f"INSERT INTO invites ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values()))
+        audit(db, project, "invite.created", {"invite": row["id"], "role": role, "expires_at": row["expires_at"],
+                                              "by": by})
+    return _invite_out(row), secret
+
+
+def list_invites(db: Database, project: str, by: str | Actor | None = None) -> list[dict]:
+    """A project's open invites, newest first, with their addresses (see :func:`_invite_out`).
+
+    ``by``, when given, must own the project and its team (as for :func:`create_invite`).
+    Invites past their expiry end on the way. Raises NotFound or Forbidden.
+    """
+    with db.transaction():
+        if by is not None:
+            _inviting_owner(db, project, by)
+        else:
+            project_out(db, check_slug(project, "project"))
+        _expire_invites(db, "project = ?", (project,))
+        return [_invite_out(r) for r in db.rows("SELECT * FROM invites WHERE project = ? AND state = 'open' "
+                                                "ORDER BY created_at DESC, id", (project,))]
+
+
+def _owned_invite(db: Database, invite_id: str, by: str | Actor | None) -> dict:
+    """The invite ``invite_id`` as its project's owner ``by`` may act on it (None: administration)."""
+    row = db.one("SELECT * FROM invites WHERE id = ?", (check_id(invite_id, "invite"),))
+    if row is None:
+        raise NotFound(f"no invite '{invite_id}': 'prickle invite list PROJECT' lists the open ones")
+    if by is not None:
+        try:
+            _inviting_owner(db, row["project"], by)
+        except NotFound:
+            raise NotFound(f"no invite '{invite_id}': 'prickle invite list PROJECT' lists the open ones") from None
+    return row
+
+
+def resend_invite(db: Database, invite_id: str, by: str | Actor) -> tuple[dict, str]:
+    """Make a new link for an open invite, lasting INVITE_LIFETIME from now; return ``(invite, secret)``.
+
+    The previous link stops working. Writes ``invite.resent`` (who asked, the new expiry and
+    which sending this is). Raises NotFound, Forbidden, or InvalidState for an invite that
+    ended (an expired one included: invite the address again).
+    """
+    _expire_first(db, "id = ?", (check_id(invite_id, "invite"),))
+    with db.transaction():
+        row = _owned_invite(db, invite_id, by)
+        by = _acting_member(db, row["project"], by)
+        secret, now = make_secret("invite"), utcnow()
+        expires = iso(now + INVITE_LIFETIME)
+        move(db, "invite", invite_id, "resend", row, secret_hash=sha256_hex(secret), expires_at=expires,
+             sends=row["sends"] + 1)
+        audit(db, row["project"], "invite.resent", {"invite": invite_id, "by": by, "expires_at": expires,
+                                                    "attempt": row["sends"] + 1})
+        return _invite_out(db.one("SELECT * FROM invites WHERE id = ?", (invite_id,))), secret
+
+
+def _end_invite(db: Database, row: dict, move_name: str, reason: str, joined: str | None = None) -> None:
+    """End an open invite by ``move_name`` inside the caller's transaction, forgetting its address."""
+    move(db, "invite", row["id"], move_name, row, email=None, ended_at=iso(utcnow()), ended_reason=reason,
+         joined=joined)
+
+
+def revoke_invite(db: Database, invite_id: str, by: str | Actor | None = None) -> dict:
+    """An owner of the project and its team revokes an open invite: its link stops working at once.
+
+    ``by`` None is administration (the command line). Writes ``invite.revoked`` with reason
+    ``owner_revoked``. Raises NotFound, Forbidden or InvalidState (it ended already).
+    """
+    _expire_first(db, "id = ?", (check_id(invite_id, "invite"),))
+    with db.transaction():
+        row = _owned_invite(db, invite_id, by)
+        by = _acting_member(db, row["project"], by) if by is not None else None
+        _end_invite(db, row, "revoke", "owner_revoked")
+        audit(db, row["project"], "invite.revoked", {"invite": invite_id, "reason": "owner_revoked", "by": by})
+        return _invite_out(db.one("SELECT * FROM invites WHERE id = ?", (invite_id,)))
+
+
+def revoke_invites_by(db: Database, project: str, handle: str, reason: str) -> int:
+    """Revoke every open invite ``handle`` sent to ``project``, inside the caller's transaction.
+
+    For the operations that end a person's part in a project (they leave, are removed or
+    erased): ``reason`` is one of INVITE_REVOKE_REASONS. Writes one ``invite.revoked`` per
+    invite and returns how many (expired ones end without an entry and are not counted).
+    """
+    if reason not in INVITE_REVOKE_REASONS:
+        raise InvalidInput(f"reason must be one of {', '.join(INVITE_REVOKE_REASONS)}")
+    _expire_invites(db, "project = ? AND invited_by = ?", (project, handle))
+    rows = db.rows("SELECT * FROM invites WHERE project = ? AND invited_by = ? AND state = 'open' ORDER BY id",
+                   (project, handle))
+    for row in rows:
+        _end_invite(db, row, "revoke", reason)
+        audit(db, project, "invite.revoked", {"invite": row["id"], "reason": reason, "by": None})
+    return len(rows)
+
+
+def _expire_first(db: Database, where: str, params: tuple) -> None:
+    """End the matching invites past their expiry in a transaction of its own, so that the end
+    stays written when the operation that follows refuses (and rolls back)."""
+    with db.transaction():
+        _expire_invites(db, where, params)
+
+
+def _invite_by_secret(db: Database, secret: Any) -> dict:
+    """The open invite a link's secret opens (call :func:`_expire_first` before the transaction).
+
+    Raises Unauthorized (not an invite link, unknown), Expired, or InvalidState (used,
+    declined, revoked), each saying what to do.
+    """
+    if not isinstance(secret, str) or token_kind(secret) != "invite":
+        raise Unauthorized("token: this is not an invite link; open the link from the invite as it was sent")
+    row = db.one("SELECT * FROM invites WHERE secret_hash = ?", (sha256_hex(secret),))
+    if row is None:
+        raise Unauthorized("this invite link is not known here: it may have been replaced by a newer one; ask the "
+                           "person who invited you to send it again")
+    why = {"accepted": "was already used", "spent": "was already used", "declined": "was declined",
+           "revoked": "was revoked by an owner of the project"}.get(row["state"])
+    if row["state"] == "expired" or (row["state"] == "open" and row["expires_at"] <= iso(utcnow())):
+        raise Expired("this invite has expired: ask the person who invited you to send a new one")
+    if why:
+        raise InvalidState(f"this invite {why}: it works once; ask the person who invited you for a new one")
+    return row
+
+
+def invite_view(db: Database, secret: str) -> dict:
+    """What the person holding an invite link sees before answering: ``{id, project: {slug, team, name},
+    role, invited_by: person, expires_at}`` (never the address). Raises as :func:`_invite_by_secret`."""
+    _expire_first(db, "secret_hash = ?", (sha256_hex(secret) if isinstance(secret, str) else "",))
+    with db.transaction():  # an invite past its expiry ends here
+        row = _invite_by_secret(db, secret)
+        project = project_out(db, row["project"])
+        return {"id": row["id"], "project": {k: project[k] for k in ("slug", "team", "name")}, "role": row["role"],
+                "invited_by": person_out(db, row["invited_by"]), "expires_at": row["expires_at"]}
+
+
+def accept_invite(db: Database, secret: str, handle: str | None = None, signup: dict | None = None,
+                  session_ttl: _dt.timedelta | None = None) -> tuple[dict, str | None]:
+    """Accept an invite as the signed-in ``handle``, or as a new person ``signup`` ``{handle, display_name,
+    email?}``; return ``(outcome, session secret or None)``.
+
+    One transaction: a new person is made (and, with ``session_ttl``, a browser session for
+    them), joins the project's team as a member and the project with the invite's role
+    (``member.joined`` in the outbox and the audit log, naming the invite and its sender). A
+    person already in the project ends the invite with nothing joined (``invite.spent``).
+    Either way the address is forgotten. ``outcome`` is ``{state: accepted|spent, project,
+    handle, role}``. Raises as :func:`_invite_by_secret`, InvalidInput or Conflict (handle taken).
+    """
+    if (handle is None) == (signup is None):
+        raise InvalidInput("sign in to accept as yourself, or give handle and display_name to sign up")
+    _expire_first(db, "secret_hash = ?", (sha256_hex(secret) if isinstance(secret, str) else "",))
+    with db.transaction():
+        row = _invite_by_secret(db, secret)
+        session = None
+        if signup is not None:
+            check_text(signup.get("display_name"), "display_name", 80, 1)
+            handle = add_person(db, signup.get("handle"), signup["display_name"],
+                                email=signup.get("email") or None)["handle"]
+            if session_ttl is not None:
+                session = create_token(db, "session", person=handle, ttl=session_ttl)[1]
+        project = project_out(db, row["project"])
+        outcome = {"project": row["project"], "handle": handle, "role": row["role"]}
+        if _member_role(db, row["project"], handle) is not None:
+            _end_invite(db, row, "spend", "spent")
+            audit(db, row["project"], "invite.spent", {"invite": row["id"]})
+            return outcome | {"state": "spent", "role": _member_role(db, row["project"], handle)}, session
+        member = person_out(db, handle)
+        _join_team(db, project["team"], handle)
+        db.execute("INSERT INTO members VALUES (?, ?, ?, 1, ?)", (row["project"], handle, row["role"], iso(utcnow())))
+        db.cache.clear()  # who may reach what has changed
+        _end_invite(db, row, "accept", "accepted", joined=handle)
+        append_event(db, row["project"], "member.joined", {"member": {k: member[k] for k in (
+            "handle", "display_name", "avatar_url", "color")}, "role": row["role"]})
+        audit(db, row["project"], "member.joined", {"person": handle, "role": row["role"], "invite": row["id"],
+                                                    "invited_by": row["invited_by"]})
+    return outcome | {"state": "accepted"}, session
+
+
+def decline_invite(db: Database, secret: str) -> dict:
+    """The person holding an invite link declines it: the link stops working and the address is
+    forgotten at once. No account is needed. Writes ``invite.declined``, naming nobody.
+    Returns ``{state: declined, project}``. Raises as :func:`_invite_by_secret`."""
+    _expire_first(db, "secret_hash = ?", (sha256_hex(secret) if isinstance(secret, str) else "",))
+    with db.transaction():
+        row = _invite_by_secret(db, secret)
+        _end_invite(db, row, "decline", "declined")
+        audit(db, row["project"], "invite.declined", {"invite": row["id"]})
+    return {"state": "declined", "project": row["project"]}
+
+
+def invite_link(base_url: str, secret: str) -> str:
+    """The address of an invite's landing page (the secret rides in the fragment, never sent in a request line)."""
+    return f"{base_url}/#/invite/{secret}"
+
+
+def invite_mail(db: Database, base_url: str, invite: dict, secret: str) -> dict:
+    """The mail of an invite that create_invite or resend_invite just made: ``{to, subject, text, link}``."""
+    link = invite_link(base_url, secret)
+    project, inviter = project_out(db, invite["project"]), person_out(db, invite["invited_by"])
+    text = (f"{inviter['display_name']} (@{inviter['handle']}) invites you to join the project "
+            f"\"{project['name']}\" of team {project['team']} on Prickle, as {invite['role']}.\n\n"
+            f"Open this link to sign up or sign in, then accept or decline:\n\n{link}\n\n"
+            f"The link works once, until {invite['expires_at'].replace('T', ' ')[:16]} UTC. If you did not "
+            "expect this, decline it or ignore this mail.\n")
+    return {"to": invite["email"], "subject": f"Invite to {project['name']} on Prickle", "text": text, "link": link}
+
+
+def deliver_invite(settings: Settings, invite: dict, mail: dict) -> dict:
+    """Mail an invite (``mail`` from invite_mail) when ``[smtp]`` is configured; always return its link.
+
+    Call it after the invite committed; it blocks while mailing and touches no database (the
+    server runs it on its mail thread). Returns ``{invite, link, mailed, mail_problem}``: a mail
+    that could not be sent is said in ``mail_problem`` and logged without the address or the
+    link, and the invite stays open for the link to be passed on by hand.
+    """
+    mailed, problem = False, None
+    if settings.smtp is None:
+        problem = "no mail server is configured ([smtp] in prickle.toml): pass the link on yourself"
+    else:
+        try:
+            send_mail(settings, mail["to"], mail["subject"], mail["text"])
+            mailed = True
+        except PrickleError as e:
+            problem = (f"the mail was not sent: {e.message.replace(mail['to'], 'the address')}; pass the link on "
+                       "yourself")
+            print(f"prickle: mailing invite {invite['id']} failed: {problem}", file=sys.stderr)
+    return {"invite": invite, "link": mail["link"], "mailed": mailed, "mail_problem": problem}
+
+
+def set_person_email(db: Database, handle: str, email: str | None) -> dict:
+    """Give a person an address for sign-in links by email, or none (None). Returns ``{handle, email}``.
+
+    Raises InvalidInput or NotFound.
+    """
+    email = None if email in (None, "") else check_email(email)
+    with db.transaction():
+        _require_person(db, handle)
+        db.execute("UPDATE people SET email = ? WHERE handle = ?", (email, handle))
+    return {"handle": handle, "email": email}
+
+
+def signin_mail(db: Database, settings: Settings, base_url: str, email: str) -> dict | None:
+    """A mail with a one-time sign-in link for each person whose address is ``email`` (``{to, subject,
+    text}``), or None when nobody has it. The caller answers the same either way, so that nobody
+    learns whether an address is known here. Raises InvalidInput for a malformed address."""
+    email = check_email(email)
+    handles = [r["handle"] for r in db.rows("SELECT handle FROM people WHERE email = ? ORDER BY handle", (email,))]
+    if not handles:
+        return None
+    ttl = _dt.timedelta(minutes=settings.signin_link_minutes)
+    links = [f"@{h}: {base_url}/signin?token={create_token(db, 'signin', person=h, ttl=ttl)[1]}" for h in handles]
+    return {"to": email, "subject": "Your Prickle sign-in link",
+            "text": "Someone asked for a sign-in link for this address on Prickle. Open it to sign in:\n\n"
+                    + "\n".join(links) + f"\n\nA link works once, within {settings.signin_link_minutes} minutes. "
+                    "If you did not ask, ignore this mail.\n"}
 
 
 # -- reach: which projects and threads an actor may see ----------------------
@@ -5913,13 +6373,17 @@ def settle_attempt(db: Database, person: Actor, attempt_id: str, outcome: str) -
 #      project (their two sides share none now) are revoked, with the reason;
 #   5. the credentials that reached only into this project end (the agents' keys for it); every
 #      other key loses the project with the rows of steps 1 and 6;
-#   6. the person's membership ends (a member leaving or removed only).
+#   6. the person's membership ends (a member leaving or removed only), and the invites they
+#      sent to the project end with it (revoke_invites_by).
 # After commit every open wait wakes (as at a revocation), finds the project out of its reach and
 # ends with not_found; so does the next call of an agent or run that was let in before.
 
 #: What a removal's entry counts, in order: agents taken out, tasks returned, tasks transferred to
-#: a project owner, rules and standing approvals revoked, credentials ended.
-OFFBOARD_COUNTS = ("agents", "returned", "transferred", "rules_revoked", "standing_revoked", "credentials")
+#: a project owner, rules and standing approvals revoked, credentials ended, invites revoked.
+OFFBOARD_COUNTS = ("agents", "returned", "transferred", "rules_revoked", "standing_revoked", "credentials",
+                   "invites")
+#: Why a leaving person's open invites end, by why they leave.
+_INVITES_END = {"member_left": "inviter_left", "member_removed": "inviter_removed"}
 
 
 def _projects_of(party: str) -> tuple[str, str]:
@@ -6054,7 +6518,8 @@ def offboard(db: Database, project: str, agents: list[str], *, person: str | Non
         db.execute("DELETE FROM members WHERE project = ? AND handle = ?", (project, person))
     counts["rules_revoked"], counts["standing_revoked"] = _revoke_dangling_grants(db, project, person, agents, by)
     counts["credentials"] += _end_project_keys(db, project, agents)
-    # (the person's open invites to the project end here once invites exist)
+    if person is not None:
+        counts["invites"] = revoke_invites_by(db, project, person, _INVITES_END[reason])
     db.cache.clear()  # who may reach what has changed
     db.note_revoked()  # open waits and sessions look again after commit, and find the project gone
     return counts
@@ -7713,7 +8178,7 @@ def _api(handler: Callable[..., Any], runner: bool = False, public: bool = False
         except Exception:
             _log_exception(f"{request.method} {request.url.path}")
             return _error_response(PrickleError("the server failed on this request; nothing was changed"))
-        return JSONResponse(result)
+        return result if isinstance(result, Response) else JSONResponse(result)
 
     return endpoint
 
@@ -8300,6 +8765,118 @@ async def api_room_retry(state: AppState, person: Actor, request: Request, body:
     return retry_reviewer(state.db, person, check_agent_id(_field(body, "agent", str)))
 
 
+#: One mail at a time leaves the server, in the order asked (a thread beside the event loop).
+_MAILER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="prickle-mail")
+
+
+async def _mailing(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run a blocking mail job on the mail thread and wait for its answer."""
+    return await asyncio.get_running_loop().run_in_executor(_MAILER, fn, *args)
+
+
+async def api_invites(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/projects/{slug}/invites: the open invites, with their addresses (owners of the project and team)."""
+    return {"invites": list_invites(state.db, request.path_params["slug"], by=person)}
+
+
+async def api_create_invite(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/invites {email, role?}: invite an address; answers with the link to pass on.
+
+    ``{invite, link, mailed, mail_problem}``: the link is mailed when [smtp] is configured.
+    """
+    invite, secret = create_invite(state.db, request.path_params["slug"], _field(body, "email", str),
+                                   _field(body, "role", str, False) or "member", by=person)
+    mail = invite_mail(state.db, public_base(state.db, state.settings, state.port), invite, secret)
+    return await _mailing(deliver_invite, state.settings, invite, mail)
+
+
+async def api_resend_invite(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """POST /api/invites/{invite_id}/resend: a new link, lasting 7 days from now (the old one stops working)."""
+    invite, secret = resend_invite(state.db, request.path_params["invite_id"], by=person)
+    mail = invite_mail(state.db, public_base(state.db, state.settings, state.port), invite, secret)
+    return await _mailing(deliver_invite, state.settings, invite, mail)
+
+
+async def api_revoke_invite(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """POST /api/invites/{invite_id}/revoke: the invite's link stops working and its address is forgotten."""
+    return {"invite": revoke_invite(state.db, request.path_params["invite_id"], by=person)}
+
+
+async def api_invite_view(state: AppState, person: None, request: Request, body: dict) -> dict:
+    """POST /api/invite {token}: what an invite link invites to (no sign-in needed; never the address)."""
+    return {"invite": invite_view(state.db, _field(body, "token", str))}
+
+
+async def api_invite_accept(state: AppState, person: None, request: Request, body: dict) -> Response:
+    """POST /api/invite/accept {token, handle?, display_name?, email?}: accept as the signed-in person, or
+    sign up with a handle and display name (the answer then sets this browser's session cookie)."""
+    token = _field(body, "token", str)
+    if body.get("handle") is None and body.get("display_name") is None:
+        handle = _person_from_request(state, request).handle
+        outcome, session = accept_invite(state.db, token, handle=handle)
+    else:
+        signup = {"handle": _field(body, "handle", str), "display_name": _field(body, "display_name", str),
+                  "email": _field(body, "email", str, False)}
+        outcome, session = accept_invite(state.db, token, signup=signup,
+                                         session_ttl=_dt.timedelta(days=state.settings.session_days))
+    response = JSONResponse({"invite": outcome})
+    if session is not None:
+        _set_session_cookie(state, response, session)
+    return response
+
+
+async def api_invite_decline(state: AppState, person: None, request: Request, body: dict) -> dict:
+    """POST /api/invite/decline {token}: decline an invite (no account needed); its address is forgotten."""
+    return {"invite": decline_invite(state.db, _field(body, "token", str))}
+
+
+async def api_signin_options(state: AppState, person: None, request: Request, body: Any) -> dict:
+    """GET /api/signin/options: what the sign-in page offers (``email_link``: mail me a sign-in link)."""
+    return {"email_link": state.settings.smtp is not None}
+
+
+#: The answer to "email me a sign-in link", whatever the address: it never tells whether one is known.
+SIGNIN_MAIL_ANSWER = ("if this address belongs to someone on this Prickle, a sign-in link is on its way; it works "
+                      "once, within a few minutes")
+
+
+async def api_signin_email(state: AppState, person: None, request: Request, body: dict) -> dict:
+    """POST /api/signin/email {email}: mail a one-time sign-in link to the person with this address, if any.
+
+    The answer is the same for any well-formed address and comes before the mail goes, so
+    neither its words nor its timing tell whether the address is known.
+    """
+    if state.settings.smtp is None:
+        raise InvalidState("this server sends no mail ([smtp] is not configured): ask whoever runs it for a "
+                           "sign-in link ('prickle signin-link HANDLE')")
+    mail = signin_mail(state.db, state.settings, public_base(state.db, state.settings, state.port),
+                       _field(body, "email", str))
+    if mail is not None:
+        _MAILER.submit(_send_quietly, state.settings, mail, "a sign-in link")
+    return {"sent": SIGNIN_MAIL_ANSWER}
+
+
+def _send_quietly(settings: Settings, mail: dict, what: str) -> None:
+    """Send ``mail`` (``{to, subject, text}``) on the mail thread; a failure is logged without the address."""
+    try:
+        send_mail(settings, mail["to"], mail["subject"], mail["text"])
+    except PrickleError as e:
+        print(f"prickle: mailing {what} failed: {e.message.replace(mail['to'], 'the address')}", file=sys.stderr)
+    except Exception:
+        _log_exception(f"mailing {what}")
+
+
+async def api_my_email(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/me/email {email | null}: your address for sign-in links by email (null removes it)."""
+    return set_person_email(state.db, person.handle, _field(body, "email", str, False))
+
+
+def _set_session_cookie(state: AppState, response: Response, session: str) -> None:
+    """Give the browser its session cookie (HttpOnly, same-site only, Secure behind https)."""
+    response.set_cookie(SESSION_COOKIE, session, max_age=state.settings.session_days * 86400, httponly=True,
+                        samesite="strict", secure=state.settings.base_url().startswith("https://"))
+
+
 async def signin(request: Request) -> Response:
     """GET /signin?token=…: spend a one-time sign-in link, set the session cookie, go to the page."""
     state: AppState = request.app.state.prickle
@@ -8313,8 +8890,7 @@ async def signin(request: Request) -> Response:
                                                 "sign-in link: get one with 'prickle signin-link HANDLE'"))
         return RedirectResponse(f"/?signin={reason}", status_code=303)
     response = RedirectResponse("/", status_code=303)
-    response.set_cookie(SESSION_COOKIE, session, max_age=state.settings.session_days * 86400, httponly=True,
-                        samesite="strict", secure=state.settings.base_url().startswith("https://"))
+    _set_session_cookie(state, response, session)
     return response
 
 
@@ -8372,6 +8948,16 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("POST", "/api/projects/{slug}/leave", _api(api_leave)),
     ("GET", "/api/projects/{slug}/removal", _api(api_removal_preview)),
     ("DELETE", "/api/projects/{slug}/agents/{owner}/{name}", _api(api_remove_agent)),
+    ("GET", "/api/projects/{slug}/invites", _api(api_invites)),
+    ("POST", "/api/projects/{slug}/invites", _api(api_create_invite)),
+    ("POST", "/api/invites/{invite_id}/resend", _api(api_resend_invite)),
+    ("POST", "/api/invites/{invite_id}/revoke", _api(api_revoke_invite)),
+    ("POST", "/api/invite", _api(api_invite_view, public=True)),
+    ("POST", "/api/invite/accept", _api(api_invite_accept, public=True)),
+    ("POST", "/api/invite/decline", _api(api_invite_decline, public=True)),
+    ("GET", "/api/signin/options", _api(api_signin_options, public=True)),
+    ("POST", "/api/signin/email", _api(api_signin_email, public=True)),
+    ("POST", "/api/me/email", _api(api_my_email)),
     ("GET", "/api/teams", _api(api_teams)),
     ("GET", "/api/teams/{team}", _api(api_team)),
     ("POST", "/api/teams/{team}/apps", _api(api_team_apps)),
@@ -8451,7 +9037,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer, settings: Settings,
                        end_dead_sessions: Callable[[], None]) -> Maintenance:
     """The server's background pieces: the watch for other writers, the WAL checkpoint, the
-    approvals sweep and outbox pruning (see :class:`Maintenance`). ``end_dead_sessions`` ends
+    approvals and invites sweep and outbox pruning (see :class:`Maintenance`). ``end_dead_sessions`` ends
     the MCP sessions of credentials another process revoked, or that expired on their own.
     """
 
@@ -8461,6 +9047,7 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
 
     def sweep() -> None:
         sweep_approvals(db)
+        expire_invites(db)  # an invite past its 7 days forgets its address
         end_dead_sessions()  # a run's or a discussion's credential expires on its own
 
     def prune() -> float | None:
@@ -10160,10 +10747,21 @@ def person_group() -> None:
 @click.argument("handle")
 @click.option("--name", required=True, help="Display name.")
 @click.option("--color", type=click.IntRange(0, 7), default=None, help="Colour 0-7 (default: next free).")
-def person_add(db_path: str, as_json: bool, handle: str, name: str, color: int | None) -> None:
+@click.option("--email", default=None, help="Their address, for sign-in links by email (needs [smtp]).")
+def person_add(db_path: str, as_json: bool, handle: str, name: str, color: int | None, email: str | None) -> None:
     """Add a person."""
-    p = add_person(_open(db_path), handle, name, color)
+    p = add_person(_open(db_path), handle, name, color, email=email)
     _Out(as_json)({"person": p}, f"Added {handle} ({name}).")
+
+
+@person_group.command("email")
+@_db_options
+@click.argument("handle")
+@click.argument("address", required=False)
+def person_email(db_path: str, as_json: bool, handle: str, address: str | None) -> None:
+    """Set a person's address for sign-in links by email (leave ADDRESS out to remove it)."""
+    out = set_person_email(_open(db_path), handle, address)
+    _Out(as_json)(out, f"{handle}'s address for sign-in links: {out['email'] or 'none'}.")
 
 
 @person_group.command("list")
@@ -10289,7 +10887,7 @@ def member_list(db_path: str, as_json: bool, project_slug: str) -> None:
 def _removal_text(counts: dict) -> str:
     return (f"{counts['agents']} agents out, {counts['returned']} tasks returned, {counts['transferred']} "
             f"passed to an owner, {counts['rules_revoked']} rules and {counts['standing_revoked']} standing "
-            f"approvals revoked, {counts['credentials']} credentials ended")
+            f"approvals revoked, {counts['credentials']} credentials ended, {counts['invites']} invites revoked")
 
 
 @member_group.command("remove")
@@ -10320,6 +10918,74 @@ def member_promote(db_path: str, as_json: bool, project_slug: str, handle: str) 
     """Make a member of a project one of its owners."""
     m = promote_member(_open(db_path), project_slug, handle)
     _Out(as_json)({"member": m}, f"{handle} is now an owner of {project_slug}.")
+
+
+@cli.group("invite")
+def invite_group() -> None:
+    """Invites by email: a link that lets someone sign up (or sign in) and join a project."""
+
+
+def _invite_line(i: dict) -> str:
+    return (f"{i['id']}  {i['email'] or '-':<32} {i['role']:<7} by {i['invited_by']:<16} sent {i['sends']}x, "
+            f"expires {i['expires_at']}")
+
+
+def _deliver_from_cli(db: Database, config_path: str | None, db_path: str, invite: dict, secret: str) -> dict:
+    settings = load_settings(config_path, db_path)
+    return deliver_invite(settings, invite, invite_mail(db, public_base(db, settings), invite, secret))
+
+
+def _delivered_text(out: dict) -> str:
+    mailed = f"Mailed to {out['invite']['email']}." if out["mailed"] else f"Not mailed: {out['mail_problem']}."
+    return f"Invite {out['invite']['id']} ({out['invite']['role']}), link (works once, until " \
+           f"{out['invite']['expires_at']}):\n{out['link']}\n{mailed}"
+
+
+@invite_group.command("create")
+@_db_options
+@click.argument("project_slug", metavar="PROJECT")
+@click.argument("email")
+@click.option("--by", "by_handle", required=True, help="The inviter: an owner of the project and of its team.")
+@click.option("--role", type=click.Choice(["owner", "member"]), default="member", show_default=True)
+@click.option("--config", "config_path", default=None, help="Settings file, for [smtp] and the public address.")
+def invite_create(db_path: str, as_json: bool, project_slug: str, email: str, by_handle: str, role: str,
+                  config_path: str | None) -> None:
+    """Invite an email address to a project; prints the link (and mails it when [smtp] is set)."""
+    db = _open(db_path)
+    invite, secret = create_invite(db, project_slug, email, role, by_handle)
+    out = _deliver_from_cli(db, config_path, db_path, invite, secret)
+    _Out(as_json)(out, _delivered_text(out))
+
+
+@invite_group.command("list")
+@_db_options
+@click.argument("project_slug", metavar="PROJECT")
+def invite_list(db_path: str, as_json: bool, project_slug: str) -> None:
+    """List a project's open invites with their address, role, inviter and expiry."""
+    _Out(as_json).rows("invites", list_invites(_open(db_path), project_slug), _invite_line, "No open invites.")
+
+
+@invite_group.command("resend")
+@_db_options
+@click.argument("invite_id")
+@click.option("--by", "by_handle", required=True, help="An owner of the project and of its team.")
+@click.option("--config", "config_path", default=None, help="Settings file, for [smtp] and the public address.")
+def invite_resend(db_path: str, as_json: bool, invite_id: str, by_handle: str, config_path: str | None) -> None:
+    """Make a new link for an open invite, lasting 7 days from now (the old link stops working)."""
+    db = _open(db_path)
+    invite, secret = resend_invite(db, invite_id, by_handle)
+    out = _deliver_from_cli(db, config_path, db_path, invite, secret)
+    _Out(as_json)(out, _delivered_text(out))
+
+
+@invite_group.command("revoke")
+@_db_options
+@click.argument("invite_id")
+@click.option("--by", "by_handle", default=None, help="An owner of the project and of its team (checked if given).")
+def invite_revoke(db_path: str, as_json: bool, invite_id: str, by_handle: str | None) -> None:
+    """Revoke an open invite: its link stops working and its address is forgotten."""
+    out = revoke_invite(_open(db_path), invite_id, by_handle)
+    _Out(as_json)({"invite": out}, f"Revoked invite {invite_id}.")
 
 
 def _parse_capability(text: str) -> dict:

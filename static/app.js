@@ -6,6 +6,7 @@
 //   #/agents                your agents and their keys
 //   #/rules                 your gate rules, standing approvals, auto-accept
 //   #/connect/CODE          a computer asking to connect its runner
+//   #/invite/SECRET         an invite's landing page (signed in or not)
 //   #/p/SLUG/room           the room (general chat)
 //   #/p/SLUG/tasks          the task board;  #/p/SLUG/tasks/TASK_ID  one task
 //   #/p/SLUG/pulse | people | memory | audit
@@ -24,6 +25,7 @@ import * as agents from "./agents.js";
 import * as rules from "./rules.js";
 import * as connect from "./connect.js";
 import * as inbox from "./inbox.js";
+import * as invite from "./invite.js";
 import { h, avatar, fill, heading, errorSlot, act, link } from "./ui.js";
 
 const PROJECT_VIEWS = {
@@ -62,7 +64,7 @@ async function start() {
   try {
     ({ person: me } = await api.get("/api/me", { quietAuth: true }));
   } catch (err) {
-    if (err.status === 401) return showSignedOut(signinProblem());
+    if (err.status === 401) return inviteSecret() ? showInvite(null) : showSignedOut(signinProblem());
     return showFatal(err);
   }
   inbox.start(me);
@@ -97,6 +99,11 @@ async function route() {
   const focus = !firstRoute;
   firstRoute = false;
 
+  if (parts[0] === "invite") {
+    project.leave();
+    markNav(null);
+    return showInvite(me);
+  }
   if (parts[0] === "p" && parts[1]) {
     const [, slug, viewName = "room", id] = parts;
     const view = PROJECT_VIEWS[viewName];
@@ -205,6 +212,32 @@ function showSignedOut(reason) {
     reason,
     onSignedIn: () => start(),
   });
+}
+
+/** The secret of an invite link this page was opened with (#/invite/SECRET), or null. */
+function inviteSecret() {
+  const match = window.location.hash.match(/^#\/invite\/([A-Za-z0-9_-]+)$/);
+  return match ? match[1] : null;
+}
+
+function showInvite(person) {
+  teardown();
+  if (!person) {
+    document.body.classList.add("signed-out");
+    fill(document.getElementById("topbar"),
+      h("span", { class: "brand" }, h("span", { class: "brand-mark", "aria-hidden": "true", text: "✳" }), "Prickle"));
+  }
+  document.title = "Invite · Prickle";
+  const main = document.getElementById("main");
+  unmount = invite.mount(main, {
+    me: person,
+    id: inviteSecret(),
+    onJoined: (slug) => {
+      window.location.hash = `#/p/${encodeURIComponent(slug)}/room`;
+      if (!me) start();
+    },
+  });
+  main.querySelector("h1")?.focus();
 }
 
 function showFatal(err) {

@@ -1,11 +1,13 @@
 // people.js — the Members screen: a project's members with their role, their agents in it and
 // when they joined, adding a teammate from the project's team (owners), the project's agents,
-// and adding one of your own agents to it. Leave, Remove, Promote and Remove agent ask first,
-// with what the server says would be handed back.
+// and adding one of your own agents to it; owners of the project and its team invite people by
+// email and see the open invites (resend, revoke, the link to pass on). Leave, Remove, Promote and
+// Remove agent ask first, with what the server says would be handed back.
 
 import { get, post, del, seg } from "./api.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, availabilityBadge, ago, announce, timeEl,
+  copyButton, revokeButton,
 } from "./ui.js";
 
 // ---- lifecycle ------------------------------------------------------------------------------
@@ -14,6 +16,7 @@ export function mount(el, ctx) {
   const people = h("ul", { class: "people-list" });
   const agents = h("div", { class: "agent-grid" });
   const addPerson = h("div");
+  const invites = h("div", { class: "invites" });
   const addAgent = h("div");
   const confirmBox = h("div", { class: "removal-slot" });
   ctx.confirmBox = confirmBox;
@@ -21,7 +24,7 @@ export function mount(el, ctx) {
     h("div", { class: "page-head" }, heading(1, "Members and agents")), confirmBox,
     h("div", { class: "two-col" },
       h("section", { class: "section", "aria-labelledby": "people-heading" },
-        h("h2", { id: "people-heading", text: "Members" }), people, addPerson),
+        h("h2", { id: "people-heading", text: "Members" }), people, addPerson, invites),
       h("section", { class: "section", "aria-labelledby": "agents-heading" },
         h("h2", { id: "agents-heading", text: "Agents" }), agents, addAgent)));
 
@@ -33,6 +36,7 @@ export function mount(el, ctx) {
   render();
   const off = ctx.project.onChange(render);
   renderAddPerson(addPerson, ctx);
+  renderInvites(invites, ctx);
   renderAddAgent(addAgent, ctx);
   return off;
 }
@@ -235,4 +239,79 @@ async function renderAddAgent(box, ctx) {
     fill(box, form);
   };
   draw();
+}
+
+async function renderInvites(box, ctx) {
+  const data = ctx.project.data();
+  if (data.role !== "owner") return;
+  const shown = h("div", { class: "invite-made", "aria-live": "polite" });
+  const list = h("ul", { class: "invite-list" });
+  const email = h("input", { type: "email", name: "email", required: true, maxlength: 254, autocomplete: "off" });
+  const role = select([["member", "member"], ["owner", "owner"]], { name: "invite-role" });
+  const submit = h("button", { type: "submit", class: "primary", text: "Send invite" });
+  const error = errorSlot();
+  const form = h("form", { class: "inline-form", "aria-labelledby": "invite-heading" },
+    h("h3", { id: "invite-heading", text: "Invite by email" }),
+    h("p", { class: "muted small", text: "Anyone not yet in the team gets a link to sign up and join. It works once, for 7 days." }),
+    h("div", { class: "inline-fields" }, field("Email address", email), field("Role", role)), submit, error, shown);
+
+  const load = async () => {
+    let invites;
+    try {
+      ({ invites } = await get(`/api/projects/${seg(ctx.slug)}/invites`));
+    } catch (err) {
+      if (err.status === 403) {
+        fill(box, h("p", { class: "muted small", text: `Owners of both this project and team ${data.project.team} invite people.` }));
+        return false;
+      }
+      fill(list, h("li", { class: "error", role: "alert", text: err.message }));
+      return true;
+    }
+    fill(list, invites.length ? invites.map((i) => inviteRow(i, ctx, shown, load))
+      : h("li", { class: "muted small", text: "No open invites." }));
+    return true;
+  };
+  form.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const out = await act(submit, error, () => post(`/api/projects/${seg(ctx.slug)}/invites`, { email: email.value.trim(), role: role.value }));
+    if (out) {
+      showLink(shown, out);
+      email.value = "";
+      await load();
+    }
+  });
+  fill(box, form, h("h3", { text: "Open invites" }), list);
+  await load();
+}
+
+function inviteRow(invite, ctx, shown, reload) {
+  const error = errorSlot();
+  const resend = h("button", { type: "button", class: "small", text: "Resend", "aria-label": `Resend the invite to ${invite.email}` });
+  resend.addEventListener("click", async () => {
+    const out = await act(resend, error, () => post(`/api/invites/${seg(invite.id)}/resend`, {}));
+    if (out) {
+      showLink(shown, out);
+      await reload();
+    }
+  });
+  const revoke = revokeButton(error, `Revoke the invite to ${invite.email}`, async () => {
+    await post(`/api/invites/${seg(invite.id)}/revoke`, {});
+    announce(`The invite to ${invite.email} was revoked`);
+    await reload();
+  });
+  return h("li", { class: "invite-row", dataset: { invite: invite.id } },
+    h("span", { class: "invite-who" }, h("strong", { text: invite.email }), " ", badge(invite.role, invite.role === "owner" ? "info" : "muted")),
+    h("span", { class: "muted small" }, `by @${invite.invited_by} · expires `, timeEl(invite.expires_at)),
+    h("span", { class: "invite-actions" }, resend, revoke), error);
+}
+
+/** The link just made, to copy and pass on, and whether it was mailed. */
+function showLink(box, out) {
+  const link = h("input", { type: "text", readonly: true, value: out.link, class: "code invite-link", "aria-label": "Invite link" });
+  link.addEventListener("focus", () => link.select());
+  fill(box, h("div", { class: "notice ok", role: "status" },
+    h("p", { text: out.mailed ? `Mailed to ${out.invite.email}. You can also pass the link on yourself:`
+      : `Not mailed: ${out.mail_problem}. The link for ${out.invite.email}:` }),
+    h("div", { class: "invite-link-row" }, link, copyButton(() => out.link, "Copy link"))));
+  announce(out.mailed ? `Invite mailed to ${out.invite.email}` : "Invite made: copy its link");
 }

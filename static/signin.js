@@ -1,8 +1,9 @@
 // signin.js — the signed-out screen: how to sign in with the printed link, or paste a
-// personal token (kept for this tab only, in sessionStorage).
+// personal token (kept for this tab only, in sessionStorage); with mail configured on the
+// server, "email me a sign-in link".
 
-import { get, useToken, forgetToken } from "./api.js";
-import { h, heading, field, errorSlot, act } from "./ui.js";
+import { get, post, useToken, forgetToken } from "./api.js";
+import { h, heading, field, errorSlot, act, fill } from "./ui.js";
 
 // ---- lifecycle ---------------------------------------------------------------------
 
@@ -23,6 +24,7 @@ export function mount(el, { onSignedIn, reason } = {}) {
     submit2(input, submit, error, onSignedIn);
   });
 
+  const mailSlot = h("div");
   el.replaceChildren(h("section", { class: "signin card" },
     heading(1, "Sign in to Prickle"),
     reason ? h("p", { class: "notice", role: "status", text: reason }) : null,
@@ -31,9 +33,38 @@ export function mount(el, { onSignedIn, reason } = {}) {
     h("p", { text: "Whoever runs the server can print a new one:" }),
     h("pre", { class: "code", text: "prickle signin-link YOUR-HANDLE" }),
     h("p", { class: "muted", text: "The link works once; after it, this browser stays signed in." }),
+    mailSlot,
     form));
   el.querySelector("h1").focus();
+  offerMail(mailSlot);
   return () => {};
+}
+
+/** "Email me a sign-in link", when the server sends mail. The answer never says whether the address is known. */
+async function offerMail(slot) {
+  let options;
+  try {
+    options = await get("/api/signin/options", { quietAuth: true });
+  } catch {
+    return;
+  }
+  if (!options.email_link) return;
+  const input = h("input", { type: "email", name: "email", autocomplete: "email", required: true, maxlength: 254 });
+  const error = errorSlot();
+  const done = h("p", { class: "notice ok", role: "status", hidden: true });
+  const submit = h("button", { type: "submit", class: "primary", text: "Email me a sign-in link" });
+  const form = h("form", { class: "stack", "aria-labelledby": "mail-heading" },
+    h("h2", { id: "mail-heading", text: "Or get a sign-in link by email" }),
+    field("Your email address", input), submit, error, done);
+  form.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const out = await act(submit, error, () => post("/api/signin/email", { email: input.value.trim() }, { quietAuth: true }));
+    if (out) {
+      done.textContent = out.sent[0].toUpperCase() + out.sent.slice(1) + ".";
+      done.hidden = false;
+    }
+  });
+  fill(slot, form);
 }
 
 // ---- actions ------------------------------------------------------------------------

@@ -134,4 +134,5 @@ def test_every_lifecycle_is_a_table_whose_moves_lead_to_its_states():
         "turn": ["draft", "ended", "review", "revise"],
         "attempt": ["abandoned", "finished", "replaced", "running", "stopped", "uncertain"],
         "connect": ["approved", "collected", "expired", "pending", "refused"],
+        "invite": ["accepted", "declined", "expired", "open", "revoked", "spent"],
     }

@@ -10,7 +10,7 @@ from test_cli import jrun, run
 from test_e2e import call, client
 from test_tasks import P, PACKET, person
 
-REMOVAL = {"agents": 1, "returned": 1, "transferred": 1, "rules_revoked": 2, "standing_revoked": 1, "credentials": 1}
+REMOVAL = {"agents": 1, "returned": 1, "transferred": 1, "rules_revoked": 2, "standing_revoked": 1, "credentials": 1, "invites": 0}
 
 
 def _counts(db):
@@ -74,6 +74,19 @@ def test_removing_a_member_hands_back_passes_on_revokes_and_counts_in_one_entry(
     assert person(server, world, "ren").get(f"/api/projects/{PROJECT}").status_code == 404
     assert [m["handle"] for m in oj.get(f"/api/projects/{PROJECT}/members").json()["members"]] == ["oj"]
     assert world.db.one("SELECT 1 FROM wakes WHERE agent_id = 'ren/builder' AND project = ?", (PROJECT,)) is None
+
+
+def test_the_invites_a_removed_owner_sent_end_with_the_removal(server, world):
+    prickle.promote_member(world.db, PROJECT, "ren", by="oj")
+    world.db.execute("UPDATE team_people SET role = 'owner' WHERE handle = 'ren'")
+    invite, secret = prickle.create_invite(world.db, PROJECT, "kim@example.org", "member", "ren")
+    r = person(server, world, "oj").delete(f"/api/projects/{PROJECT}/members/ren")
+    assert r.status_code == 200, r.text
+    assert r.json()["counts"]["invites"] == 1
+    assert audit_entries(world.db, PROJECT, "member.removed")[0]["refs"]["invites"] == 1
+    assert [e["refs"]["reason"] for e in audit_entries(world.db, PROJECT, "invite.revoked")] == ["inviter_removed"]
+    assert world.db.one("SELECT state, email FROM invites WHERE id = ?", (invite["id"],)) == {
+        "state": "revoked", "email": None}
 
 
 def test_the_requester_hands_a_returned_task_to_another_agent_through_its_gate(mcp, server, world):
@@ -141,7 +154,7 @@ def test_the_last_owner_stays_until_another_is_promoted(mcp, server, world):
     assert r.status_code == 200, r.text
     assert audit_entries(world.db, PROJECT, "member.left")[0]["refs"] == {
         "person": "oj", "by": "oj", "agents": 2, "returned": 0, "transferred": 0, "rules_revoked": 0,
-        "standing_revoked": 0, "credentials": 0}
+        "standing_revoked": 0, "credentials": 0, "invites": 0}
     assert world.db.rows("SELECT agent_id FROM project_agents WHERE project = ?", (PROJECT,)) == [
         {"agent_id": "ren/builder"}]
     # Now ren is the last owner.
@@ -174,7 +187,7 @@ def test_an_agent_is_taken_out_by_its_owner_or_a_project_owner(mcp, server, worl
     r = oj.delete(f"/api/projects/{PROJECT}/agents/ren/builder")
     assert r.status_code == 200, r.text
     counts = {"agents": 1, "returned": 1, "transferred": 0, "rules_revoked": 1, "standing_revoked": 0,
-              "credentials": 0}
+              "credentials": 0, "invites": 0}
     assert audit_entries(world.db, PROJECT, "agent.removed")[0]["refs"] == {"agent": "ren/builder", "by": "oj"} | counts
     assert audit_entries(world.db, PROJECT, "task.returned")[0]["refs"] == {
         "task": task["id"], "reason": "agent_removed", "agent": "ren/builder", "by": "oj"}
@@ -236,7 +249,7 @@ def test_member_and_agent_commands(world):
                                                                              "grant_version": 2}
     out = jrun(db, "agent", "remove", PROJECT, "oj/scout")
     assert out == {"project": PROJECT, "agent_id": "oj/scout", "counts": {
-        "agents": 1, "returned": 0, "transferred": 0, "rules_revoked": 0, "standing_revoked": 0, "credentials": 0}}
+        "agents": 1, "returned": 0, "transferred": 0, "rules_revoked": 0, "standing_revoked": 0, "credentials": 0, "invites": 0}}
     assert jrun(db, "member", "leave", PROJECT, "oj")["left"] is True
     assert audit_entries(world.db, PROJECT, "member.left")[0]["refs"]["by"] == "oj"
     prickle.add_member(world.db, PROJECT, "sam")
@@ -268,7 +281,7 @@ def test_after_ren_is_removed_a_real_server_ends_the_agents_wait_and_the_task_go
                 r = await asyncio.to_thread(api.delete, f"/api/projects/{PROJECT}/members/ren")
                 assert r.status_code == 200, r.text
                 assert r.json()["counts"] == {"agents": 1, "returned": 1, "transferred": 0, "rules_revoked": 2,
-                                              "standing_revoked": 0, "credentials": 0}
+                                              "standing_revoked": 0, "credentials": 0, "invites": 0}
                 ended = await asyncio.wait_for(waiting, 40)
                 assert ended.is_error and ended.content[0].text.startswith(
                     f"not_found: project '{PROJECT}' not found")

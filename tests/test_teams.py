@@ -25,7 +25,8 @@ def test_a_project_owner_adds_a_teammate_and_is_told_to_invite_anyone_else(serve
     r = server.post("/api/projects/side/members", json={"handle": "kim"}, headers=auth(world, "sam"))
     assert r.status_code == 403
     assert r.json()["error"] == {"code": "forbidden", "message": "handle: 'kim' is not in team 'web': only a "
-                                 "teammate is added directly; invite them to the project instead"}
+                                 "teammate is added directly; invite them by email instead, with the Invite form on the "
+                                 "Members page or 'prickle invite create side ADDRESS --by HANDLE'"}
     assert _counts(world.db) == before
     prickle.add_to_team(world.db, "web", "kim")
     r = server.post("/api/projects/side/members", json={"handle": "kim"}, headers=auth(world, "sam"))

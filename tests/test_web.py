@@ -1038,3 +1038,48 @@ def test_an_owner_removes_a_member_and_their_task_comes_back_on_the_board(served
     handed = answer.value.json()["task"]
     assert handed["assignee"] == "ren/builder" and handed["state"] in ("routed", "approval")  # ren's gate decides
     expect(page.locator(".task-meta .state")).to_have_attribute("data-state", handed["state"])
+
+
+def test_an_owner_invites_a_teammate_who_signs_up_and_joins_in_another_browser(served, people):
+    tag = uuid.uuid4().hex[:6]
+    oj = people("oj")
+    goto(oj, served, f"#/p/{PROJECT}/people")
+    oj.get_by_label("Email address").fill(f"kim-{tag}@example.org")
+    oj.get_by_role("button", name="Send invite").click()
+    made = oj.locator(".invite-made .notice")
+    expect(made).to_contain_text(f"Not mailed: no mail server is configured")
+    link = oj.get_by_label("Invite link").input_value()
+    assert re.fullmatch(rf"{re.escape(served.info['url'])}/#/invite/prk_iv_[A-Za-z0-9_-]+", link)
+    expect(oj.locator(".invite-row", has_text=f"kim-{tag}@example.org")).to_contain_text("by @oj")
+    shot(oj, "invite_made_on_members")
+
+    kim = people(None, link=link)  # a second browser, signed out
+    expect(kim.get_by_role("heading", name="Join Website v2")).to_be_visible()
+    expect(kim.locator(".invite-from")).to_contain_text("Oj Okafor @oj invites you to the project “Website v2”")
+    shot(kim, "invite_landing_desktop")
+    kim.get_by_label("Handle").fill(f"kim-{tag}")
+    kim.get_by_label("Display name").fill("Kim Park")
+    kim.get_by_role("button", name="Sign up and join").click()
+    expect(kim).to_have_url(re.compile(rf"#/p/{PROJECT}/room$"))
+    expect(kim.locator(".me")).to_contain_text(f"@kim-{tag}")
+
+    oj.reload()
+    expect(oj.locator(f'.person[data-handle="kim-{tag}"]')).to_contain_text("member")
+    expect(oj.locator(".invite-row", has_text=f"kim-{tag}@example.org")).to_have_count(0)
+    kim.goto(link)  # the link works once
+    expect(kim.get_by_role("heading", name="This invite can't be used")).to_be_visible()
+    expect(kim.get_by_role("alert")).to_contain_text("already used")
+
+    # At phone width the landing page reads, and an owner can still revoke an invite.
+    oj.get_by_label("Email address").fill(f"lee-{tag}@example.org")
+    oj.get_by_role("button", name="Send invite").click()
+    second = oj.get_by_label("Invite link").input_value()
+    assert second != link
+    phone = people(None, viewport={"width": 390, "height": 844}, link=second)
+    expect(phone.get_by_role("heading", name="Join Website v2")).to_be_visible()
+    assert phone.evaluate("document.documentElement.scrollWidth") <= 390
+    shot(phone, "invite_landing_390")
+    row = oj.locator(".invite-row", has_text=f"lee-{tag}@example.org")
+    row.get_by_role("button", name=f"Revoke the invite to lee-{tag}@example.org").click()
+    row.get_by_role("button", name=re.compile("Click again to revoke")).click()
+    expect(oj.locator(".invite-row", has_text=f"lee-{tag}@example.org")).to_have_count(0)
