@@ -255,7 +255,7 @@ def test_member_and_agent_commands(world):
     prickle.add_member(world.db, PROJECT, "sam")
     text = run(db, "member", "remove", PROJECT, "sam")[1]
     assert text.strip() == (f"Removed sam from {PROJECT}: 0 agents out, 0 tasks returned, 0 passed to an owner, "
-                            "0 rules and 0 standing approvals revoked, 0 credentials ended.")
+                            "0 rules and 0 standing approvals revoked, 0 credentials ended, 0 invites revoked.")
     assert audit_entries(world.db, PROJECT, "member.removed")[0]["refs"]["by"] is None
     assert jrun(db, "member", "list", PROJECT)["members"][0]["handle"] == "ren"
 
