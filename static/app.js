@@ -6,7 +6,10 @@
 //   #/rules                 your gate rules, standing approvals, auto-accept
 //   #/connect/CODE          a computer asking to connect its runner
 //   #/p/SLUG/room           the room (general chat)
-//   #/p/SLUG/tasks          the task board;  #/p/SLUG/tasks/TASK_ID  one task
+//   #/search?q=WORDS        search your projects (the header's search box)
+//   #/p/SLUG/room/MSG_ID    the room at one message
+//   #/p/SLUG/tasks          the task board (?view=list&assignee=…&requester=…&state=…)
+//   #/p/SLUG/tasks/TASK_ID  one task;  #/p/SLUG/tasks/TASK_ID/MSG_ID  at one message of its thread
 //   #/p/SLUG/pulse | people | memory | audit
 
 import * as api from "./api.js";
@@ -22,6 +25,7 @@ import * as audit from "./audit.js";
 import * as agents from "./agents.js";
 import * as rules from "./rules.js";
 import * as connect from "./connect.js";
+import * as search from "./search.js";
 import { h, avatar, fill, heading, errorSlot, act, link } from "./ui.js";
 
 const PROJECT_VIEWS = {
@@ -38,6 +42,7 @@ const GLOBAL_VIEWS = {
   agents: ["Agents & keys", agents.mount],
   rules: ["Rules", rules.mount],
   connect: ["Connect a computer", connect.mount],
+  search: ["Search", search.mount],
 };
 
 let me = null;
@@ -87,7 +92,9 @@ async function signOut(button, error) {
 async function route() {
   if (!me) return;
   const serial = ++routeSerial;
-  const parts = window.location.hash.replace(/^#\/?/, "").split("/").filter(Boolean).map(decodeURIComponent);
+  const [path, queryText = ""] = window.location.hash.replace(/^#\/?/, "").split(/\?(.*)/s);
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  const query = new URLSearchParams(queryText);
   teardown();
   const main = document.getElementById("main");
   const focus = !firstRoute;
@@ -112,7 +119,7 @@ async function route() {
     const body = h("div", { class: "view" });
     fill(main, bar.el, body);
     document.title = `${view[0]} · ${data.project.name} · Prickle`;
-    const ctx = { me, slug, id, project, go, view: viewName };
+    const ctx = { me, slug, id, sub: parts[4], query, project, go, view: viewName };
     const off = view[1](body, ctx);
     unmount = () => {
       bar.destroy();
@@ -127,7 +134,7 @@ async function route() {
     const body = h("div", { class: "view" });
     fill(main, body);
     document.title = key ? `${view[0]} · Prickle` : "Prickle";
-    const off = view[1](body, { me, go, id: parts[1] });
+    const off = view[1](body, { me, go, id: parts[1], query });
     unmount = typeof off === "function" ? off : null;
   }
   if (focus) {
@@ -160,6 +167,7 @@ function renderShell() {
       h("a", { href: "#/", dataset: { nav: "" }, text: "Projects" }),
       h("a", { href: "#/agents", dataset: { nav: "agents" }, text: "Agents & keys" }),
       h("a", { href: "#/rules", dataset: { nav: "rules" }, text: "Rules" })),
+    searchBox(),
     h("div", { class: "me" },
       avatar(me.display_name, me.color),
       h("span", { class: "me-name" }, h("span", { text: me.display_name }),
@@ -167,6 +175,19 @@ function renderShell() {
       out),
     error);
   document.body.classList.remove("signed-out");
+}
+
+/** The header's search box: Enter opens #/search?q=… (search.js). */
+function searchBox() {
+  const input = h("input", { id: "search", type: "search", name: "q", placeholder: "Search", autocomplete: "off",
+    "aria-label": "Search messages and tasks", maxlength: "200" });
+  const form = h("form", { class: "search-box", role: "search" }, input);
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    const q = input.value.trim();
+    if (q) go(`#/search?q=${encodeURIComponent(q)}`);
+  });
+  return form;
 }
 
 function markNav(key) {
