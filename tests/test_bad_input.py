@@ -70,6 +70,7 @@ API_NUMBERS = [
     (f"/api/projects/{PROJECT}/audit", "before"),
     (f"/api/projects/{PROJECT}/audit", "limit"),
     (f"/api/projects/{PROJECT}/stream", "after"),
+    ("/api/search", "limit"),
 ]
 
 
