@@ -1113,6 +1113,15 @@ def _rebuild_messages(id_column: str) -> list[str]:
     ]
 
 
+#: The search index's row of each task (see search): its title, and its packet's criteria, context
+#: and files. The upgrade that built the index runs it for every task, handoff for each new one
+#: (with a WHERE): like the migrations, never edit it.
+_INDEX_TASKS = (
+    "INSERT INTO search_index (title, body, kind, ref, project, task_id, at) SELECT title, concat_ws(char(10), "
+    "(SELECT group_concat(value, char(10)) FROM json_each(packet, '$.acceptance_criteria')), "
+    "json_extract(packet, '$.context'), (SELECT group_concat(value, char(10)) FROM json_each(packet, '$.files'))), "
+    "'task', id, project, id, created_at FROM tasks")
+
 #: Schema upgrades, one list of statements per version; ``PRAGMA user_version`` is the
 #: number of entries applied. Add a new entry to change the schema; never edit an old one.
 MIGRATIONS: list[list[str]] = [
@@ -1376,6 +1385,16 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX invites_open ON invites(project, state)",
         "ALTER TABLE people ADD COLUMN email TEXT",
         "CREATE INDEX people_by_email ON people(email) WHERE email IS NOT NULL",
+    ],
+    [
+        # Search: one full-text index (SQLite FTS5) of messages, task titles and packets, written in
+        # the same transaction as the row it indexes (write_message, handoff); built here for the
+        # rows already there. ``ref`` is the message's or the task's id.
+        "CREATE VIRTUAL TABLE search_index USING fts5(title, body, kind UNINDEXED, ref UNINDEXED, "
+        "project UNINDEXED, task_id UNINDEXED, at UNINDEXED, tokenize = 'unicode61 remove_diacritics 2')",
+        "INSERT INTO search_index (title, body, kind, ref, project, task_id, at) "
+        "SELECT '', body, 'message', id, project, task_id, created_at FROM messages ORDER BY seq",
+        _INDEX_TASKS + " ORDER BY created_at, rowid",
     ],
 ]
 
@@ -4210,6 +4229,9 @@ _MESSAGE_COLUMNS = ("seq", "id", "project", "author_kind", "author", "body", "me
                     "provenance_status", "in_reply_to", "task_id", "verdict", "created_at", "task_request", "lineage",
                     "make_action", "made_by_action")
 #: The one statement that writes a message row.
+#: A message's row of the search index (see search): its body, found by its id.
+_INDEX_MESSAGE = ("INSERT INTO search_index (title, body, kind, ref, project, task_id, at) "
+                  "VALUES ('', ?, 'message', ?, ?, ?, ?)")
 _MESSAGE_INSERT = (f"INSERT INTO messages ({', '.join(_MESSAGE_COLUMNS)}) "
                    f"VALUES ({', '.join('?' * len(_MESSAGE_COLUMNS))})")
 
@@ -4227,7 +4249,8 @@ def write_message(db: Database, actor: Actor, project: str, body: str, *, messag
     author, how many mentions, the provenance and the task thread, never the text). An
     agent's message is ``agent_generated`` unless ``provenance`` says otherwise, and then its
     provenance is marked ``claimed``; a person's has none. ``at`` (ISO time) defaults to now.
-    The caller checks the rules; this raises nothing of its own.
+    The message goes into the search index too (see search). The caller checks the rules; this
+    raises nothing of its own.
     """
     message_id, at = message_id or new_message_id(db), at or iso(utcnow())
     if actor.kind == "agent":
@@ -4244,6 +4267,7 @@ def write_message(db: Database, actor: Actor, project: str, body: str, *, messag
     for handle in mentions:  # people are mentioned by handle, agents as owner/name
         if "/" not in handle and handle != author:
             db.execute("INSERT OR IGNORE INTO person_mentions VALUES (?, ?, ?, ?)", (handle, seq, project, task_id))
+    db.execute(_INDEX_MESSAGE, (body, message_id, project, task_id, at))
     message = message_out(dict(zip(_MESSAGE_COLUMNS, row), author_name=_display_name(db, actor),
                                make_action_card=make_action))
     append_event(db, project, "message.posted", {"message": message}, wakes, at=at)
@@ -4948,6 +4972,7 @@ def handoff(db: Database, actor: Actor, project: str, to: str, packet: dict, *,
         }
         db.execute(f"INSERT INTO tasks ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
                    tuple(row.values()))
+        db.execute(_INDEX_TASKS + " WHERE id = ?", (task_id,))
         audit(db, project, "handoff.requested", {
             "task": task_id, "to": to, "by": actor.address, "deliverable_type": packet["deliverable_type"],
             "criteria": len(packet["acceptance_criteria"]), "files": len(packet["files"]),
@@ -5794,6 +5819,103 @@ def task_detail(db: Database, person: Actor, task_id: str) -> dict:
             "submissions": [_result_out(s) for s in db.rows(
                 "SELECT * FROM submissions WHERE task_id = ? ORDER BY revision", (task_id,))],
         }
+
+
+# -- search: messages, task titles and packets ----------------------------------
+# One FTS5 table, search_index, holds a row per message (its body) and per task (its title, and
+# its packet's criteria, context and files), written in the same transaction as the row itself
+# (write_message, handoff). A search runs in one snapshot over the projects in the searcher's
+# reach (require_project), and an agent's over the threads AGENT_SEES_TASK lets it see.
+
+#: The longest search query (characters), and the most results one search returns.
+SEARCH_QUERY_MAX = 200
+SEARCH_LIMIT_MAX = 50
+#: Where a snippet's matched words begin and end (split into pieces before they leave the server).
+_MATCH_START, _MATCH_END = "\x02", "\x03"
+#: bm25 weights of the title and body columns: a word in a task's title counts double.
+_SEARCH_RANK = "bm25(search_index, 2.0, 1.0)"
+
+
+def _reachable_projects(db: Database, actor: Actor) -> list[str]:
+    """The slugs of the projects ``actor`` may read, by require_project's rules."""
+    if actor.kind == "person":
+        candidates = [r["slug"] for r in list_projects(db, actor.handle)]
+    else:
+        candidates = [r["project"] for r in db.rows("SELECT project FROM project_agents WHERE agent_id = ? "
+                                                    "ORDER BY project", (actor.agent_id,))]
+    reachable = []
+    for slug in candidates:
+        try:
+            require_project(db, actor, slug)
+        except (NotFound, Forbidden):
+            continue
+        reachable.append(slug)
+    return reachable
+
+
+def _snippet_pieces(text: str) -> list[dict]:
+    """A snippet with its matches marked, as ``[{"text", "match"}]`` pieces in order."""
+    pieces = []
+    for n, part in enumerate(re.split(f"[{_MATCH_START}{_MATCH_END}]", text)):
+        if part:
+            pieces.append({"text": part, "match": n % 2 == 1})
+    return pieces
+
+
+def search(db: Database, actor: Actor, query: str, *, limit: int = 20) -> dict:
+    """Full-text search over the messages, task titles and packets ``actor`` may see.
+
+    ``query`` is SQLite FTS5 query text (words, ``"a phrase"``, ``prefix*``, ``OR``, ``NOT``,
+    ``title:word``); text FTS5 cannot read is InvalidInput naming ``q``. Best matches first
+    (bm25, a title word counting double; newest first among equals), at most ``limit``. Each
+    result is ``{"kind": "message"|"task", "project", "task_id", "at", "snippet": [{"text",
+    "match"}], "title"}`` plus ``"message"`` (the Message) for a message and ``"task"``
+    (``{"id", "title", "state", "assignee"}``) for a task; ``title`` is the task's, or the
+    thread's for a message in one. Only projects in the actor's reach count (require_project),
+    and for an agent only the threads AGENT_SEES_TASK lets it see: a private room, a project
+    the searcher is not in or a task the gate still holds from its assignee never shows.
+    """
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidInput("q: say what to search for, e.g. q=deploy or q=\"release notes\"")
+    check_text(query, "q", SEARCH_QUERY_MAX)
+    if not isinstance(limit, int) or not 1 <= limit <= SEARCH_LIMIT_MAX:
+        raise InvalidInput(f"limit must be a whole number from 1 to {SEARCH_LIMIT_MAX}")
+    with db.snapshot():
+        projects = _reachable_projects(db, actor)
+        if not projects:
+            return {"results": []}
+        params: dict[str, Any] = {f"p{i}": slug for i, slug in enumerate(projects)}
+        params |= {"q": query, "limit": limit, "agent": actor.agent_id}
+        hidden = "" if actor.kind == "person" else (
+            f"AND (s.task_id IS NULL OR EXISTS (SELECT 1 FROM tasks t WHERE t.id = s.task_id AND {AGENT_SEES_TASK}))")
+        sql = (f"SELECT s.kind, s.ref, s.project, s.task_id, s.at, snippet(search_index, -1, '{_MATCH_START}', "
+               f"'{_MATCH_END}', '…', 16) AS snippet, {_SEARCH_RANK} AS score FROM search_index s "
+               f"WHERE search_index MATCH :q AND s.project IN ({', '.join(':' + k for k in params if k[0] == 'p')}) "
+               f"{hidden} ORDER BY score, s.at DESC LIMIT :limit")
+        try:
+            rows = db.rows(sql, params)
+        except apsw.SQLError as e:  # the statement is fixed: only the query text can be wrong
+            raise InvalidInput(
+                f"q: the search \"{query}\" could not be read ({e.args[0] if e.args else e}): search for words, "
+                "\"a phrase in double quotes\", prefix* or OR between words; put words with punctuation "
+                "(don't, C++, foo-bar) in double quotes") from None
+        task_ids = sorted({r["task_id"] for r in rows if r["task_id"]})
+        titles = {t["id"]: t for t in db.rows(
+            f"SELECT id, title, display_title, state, assignee FROM tasks WHERE id IN ({', '.join('?' * len(task_ids))})",
+            tuple(task_ids))} if task_ids else {}
+        results = []
+        for r in rows:
+            task = titles.get(r["task_id"])
+            out = {"kind": r["kind"], "project": r["project"], "task_id": r["task_id"], "at": r["at"],
+                   "snippet": _snippet_pieces(r["snippet"]),
+                   "title": (task["display_title"] or task["title"]) if task else None}
+            if r["kind"] == "message":
+                out["message"] = get_message(db, r["ref"])
+            else:
+                out["task"] = {"id": task["id"], "title": out["title"], "state": task["state"],
+                               "assignee": task["assignee"]}
+            results.append(out)
+    return {"results": results}
 
 
 # -- runners: paired devices, claimed runs, steps ------------------------------
@@ -8256,6 +8378,12 @@ async def api_room(state: AppState, person: Actor, request: Request, body: Any) 
                      latest=q.get("latest") in ("1", "true"), before=q.get("before"))
 
 
+async def api_search(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/search?q=&limit=: search the person's projects (see :func:`search`)."""
+    return search(state.db, person, request.query_params.get("q", ""),
+                  limit=_int_param(request, "limit", 20, 1, SEARCH_LIMIT_MAX))
+
+
 async def api_post(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/projects/{slug}/messages {body, task_id?, in_reply_to?}: post as the person."""
     unknown = sorted(set(body) - {"body", "task_id", "in_reply_to"})
@@ -8972,6 +9100,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("POST", "/api/projects/{slug}/messages", _api(api_post)),
     ("GET", "/api/projects/{slug}/events", _api(api_events)),
     ("POST", "/api/signout", _api(api_signout)),
+    ("GET", "/api/search", _api(api_search)),
     ("GET", "/api/approvals", _api(api_approvals)),
     ("GET", "/api/inbox", _api(_operation(inbox))),
     ("GET", "/api/unread", _api(_operation(unread_counts))),

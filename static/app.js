@@ -8,7 +8,10 @@
 //   #/connect/CODE          a computer asking to connect its runner
 //   #/invite/SECRET         an invite's landing page (signed in or not)
 //   #/p/SLUG/room           the room (general chat)
-//   #/p/SLUG/tasks          the task board;  #/p/SLUG/tasks/TASK_ID  one task
+//   #/search?q=WORDS        search your projects (the header's search box)
+//   #/p/SLUG/room/MSG_ID    the room at one message
+//   #/p/SLUG/tasks          the task board (?view=list&assignee=…&requester=…&state=…)
+//   #/p/SLUG/tasks/TASK_ID  one task;  #/p/SLUG/tasks/TASK_ID/MSG_ID  at one message of its thread
 //   #/p/SLUG/pulse | people | memory | audit
 
 import * as api from "./api.js";
@@ -26,6 +29,7 @@ import * as rules from "./rules.js";
 import * as connect from "./connect.js";
 import * as inbox from "./inbox.js";
 import * as invite from "./invite.js";
+import * as search from "./search.js";
 import { h, avatar, fill, heading, errorSlot, act, link } from "./ui.js";
 
 const PROJECT_VIEWS = {
@@ -43,6 +47,7 @@ const GLOBAL_VIEWS = {
   agents: ["Agents & keys", agents.mount],
   rules: ["Rules", rules.mount],
   connect: ["Connect a computer", connect.mount],
+  search: ["Search", search.mount],
 };
 
 let me = null;
@@ -93,7 +98,9 @@ async function signOut(button, error) {
 async function route() {
   if (!me) return;
   const serial = ++routeSerial;
-  const parts = window.location.hash.replace(/^#\/?/, "").split("/").filter(Boolean).map(decodeURIComponent);
+  const [path, queryText = ""] = window.location.hash.replace(/^#\/?/, "").split(/\?(.*)/s);
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  const query = new URLSearchParams(queryText);
   teardown();
   const main = document.getElementById("main");
   const focus = !firstRoute;
@@ -123,7 +130,7 @@ async function route() {
     const body = h("div", { class: "view" });
     fill(main, bar.el, body);
     document.title = `${view[0]} · ${data.project.name} · Prickle`;
-    const ctx = { me, slug, id, project, go, view: viewName };
+    const ctx = { me, slug, id, sub: parts[4], query, project, go, view: viewName };
     const off = view[1](body, ctx);
     unmount = () => {
       bar.destroy();
@@ -138,7 +145,7 @@ async function route() {
     const body = h("div", { class: "view" });
     fill(main, body);
     document.title = key ? `${view[0]} · Prickle` : "Prickle";
-    const off = view[1](body, { me, go, id: parts[1] });
+    const off = view[1](body, { me, go, id: parts[1], query });
     unmount = typeof off === "function" ? off : null;
   }
   if (focus) {
@@ -172,6 +179,7 @@ function renderShell() {
       inbox.headerLink(),
       h("a", { href: "#/agents", dataset: { nav: "agents" }, text: "Agents & keys" }),
       h("a", { href: "#/rules", dataset: { nav: "rules" }, text: "Rules" })),
+    searchBox(),
     h("div", { class: "me" },
       avatar(me.display_name, me.color),
       h("span", { class: "me-name" }, h("span", { text: me.display_name }),
@@ -179,6 +187,19 @@ function renderShell() {
       out),
     error);
   document.body.classList.remove("signed-out");
+}
+
+/** The header's search box: Enter opens #/search?q=… (search.js). */
+function searchBox() {
+  const input = h("input", { id: "search", type: "search", name: "q", placeholder: "Search", autocomplete: "off",
+    "aria-label": "Search messages and tasks", maxlength: "200" });
+  const form = h("form", { class: "search-box", role: "search" }, input);
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    const q = input.value.trim();
+    if (q) go(`#/search?q=${encodeURIComponent(q)}`);
+  });
+  return form;
 }
 
 function markNav(key) {

@@ -3,6 +3,9 @@
 // make-or-spend cards decided in place, the task threads, the pairs of agents the loop
 // guard paused (with one click to resume them) and, in your private room, its controls.
 //
+// Bodies are Markdown (markdown.js), with a "Raw" toggle for the text as written; a day
+// separator stands before each day's first message; a message's time links to it.
+//
 // MessageList is also used by the task page for a task's thread.
 
 import { get, post, seg } from "./api.js";
@@ -11,12 +14,15 @@ import { createComposer } from "./composer.js";
 import { createRoomControls } from "./privateroom.js";
 import { actionCard } from "./makeaction.js";
 import { markSeen, paintUnread } from "./inbox.js";
+import { renderMarkdown, rawToggle } from "./markdown.js";
 import {
   h, tpl, slots, heading, avatar, badge, stateBadge, timeEl, errorSlot, showError, clearError, act, fill, empty, ago,
   announce, debounce,
 } from "./ui.js";
 
 const PAGE = 50; // messages per page, newest page first
+const REVEAL_PAGES = 20; // how far back a link to a message pages to find it
+const DAY_LABEL = new Intl.DateTimeFormat(undefined, { weekday: "long", day: "numeric", month: "long", year: "numeric" });
 
 // ---- lifecycle ---------------------------------------------------------------------------
 
@@ -47,7 +53,8 @@ export function mount(el, ctx) {
   });
   list.load().then(() => {
     renderThreads(threads, ctx, list.threads || []);
-    if (!ctx.id || !list.reveal(ctx.id)) list.scrollToEnd();
+    if (!ctx.id) list.scrollToEnd();
+    else list.revealDeep(ctx.id).then((shown) => { if (!shown) list.scrollToEnd(); });
   });
   return () => {
     list.destroy();
@@ -126,6 +133,7 @@ export class MessageList {
     const atEnd = scroll || nearBottom();
     this.remember(message);
     this.list.append(renderMessage(message, this));
+    this.markDays();
     this.updateEmpty();
     if (atEnd) this.scrollToEnd();
     this.seenNewest();
@@ -154,6 +162,7 @@ export class MessageList {
           document.getElementById(`msg-${m.id}`)?.replaceWith(renderMessage(m, this));
         }
       }
+      this.markDays();
       if (anchor) window.scrollBy(0, anchor.getBoundingClientRect().top - top);
       this.updateEmpty();
       announce(older.length === 1 ? "1 older message shown" : `${older.length} older messages shown`);
@@ -182,15 +191,27 @@ export class MessageList {
     if (last) last.scrollIntoView({ block: "end" });
   }
 
-  /** Scroll to one message and flash it; false if it is not on the page. */
+  /** Scroll to one message and flash it; it stays marked as the linked one. False if it is not on the page. */
   reveal(messageId) {
     const target = document.getElementById(`msg-${messageId}`);
     if (!target || !this.list.contains(target)) return false;
+    for (const other of this.list.querySelectorAll(".msg-linked")) other.classList.remove("msg-linked");
+    target.classList.add("msg-linked");
     target.scrollIntoView({ block: "center" });
-    target.focus();
+    target.focus({ preventScroll: true });
     target.classList.add("flash");
     setTimeout(() => target.classList.remove("flash"), 1500);
     return true;
+  }
+
+  /** reveal(), paging back through older messages (up to REVEAL_PAGES pages) until it is found. */
+  async revealDeep(messageId) {
+    for (let page = 0; page < REVEAL_PAGES; page += 1) {
+      if (this.reveal(messageId)) return true;
+      if (!this.previous) return false;
+      await this.loadOlder();
+    }
+    return this.reveal(messageId);
   }
 
   // callbacks
@@ -230,7 +251,23 @@ export class MessageList {
   render() {
     this.more.hidden = !this.previous;
     this.list.replaceChildren(...this.messages.map((m) => renderMessage(m, this)));
+    this.markDays();
     this.updateEmpty();
+  }
+
+  /** A separator before the first message of each day shown (the day in the reader's time zone). */
+  markDays() {
+    for (const sep of this.list.querySelectorAll(".day-sep")) sep.remove();
+    let day = null;
+    for (const el of this.list.querySelectorAll(".msg")) {
+      const at = this.byId.get(el.dataset.id)?.created_at;
+      if (!at) continue;
+      const d = new Date(at);
+      if (d.toDateString() === day) continue;
+      day = d.toDateString();
+      el.before(h("li", { class: "day-sep", dataset: { day } },
+        h("time", { datetime: at.slice(0, 10), text: dayLabel(d) })));
+    }
   }
 
   updateEmpty() {
@@ -291,8 +328,21 @@ export function renderMessage(m, owner) {
   s.author.textContent = m.author.display_name;
   s.address.textContent = isAgent ? m.author.agent_id : `@${m.author.handle}`;
   s.badges.append(...provenanceBadges(m));
-  s.time.append(timeEl(m.created_at));
+  const href = messageHref(m);
+  const permalink = h("a", { href, class: "msg-link", title: "Link to this message" }, timeEl(m.created_at));
+  permalink.addEventListener("click", (e) => {
+    if (!owner.reveal || !document.getElementById(el.id)) return;
+    e.preventDefault(); // already on the page: mark it here and keep the address
+    history.replaceState(null, "", href);
+    owner.reveal(m.id);
+  });
+  s.time.append(permalink);
   renderBody(s.body, m.body);
+  if (m.body) {
+    const raw = h("pre", { class: "raw", hidden: true, text: m.body });
+    s.body.after(raw);
+    s.reply.before(rawToggle(s.body, raw));
+  }
   if (m.in_reply_to) {
     const parent = owner.byId?.get(m.in_reply_to);
     s.replyto.hidden = false;
@@ -329,19 +379,25 @@ export function renderMessage(m, owner) {
   return el;
 }
 
-/** The body as text, with @mentions marked (each piece is a text node). */
+/** The body as Markdown, with @mentions marked (see markdown.js). */
 function renderBody(el, body) {
-  const re = /@[A-Za-z0-9][A-Za-z0-9_-]*(?:\/[A-Za-z0-9][A-Za-z0-9_-]*)?/g;
-  let last = 0;
-  for (const match of body.matchAll(re)) {
-    const at = match.index;
-    if (at > 0 && /[A-Za-z0-9_.]/.test(body[at - 1])) continue; // an e-mail address, not a mention
-    if (at > last) el.append(document.createTextNode(body.slice(last, at)));
-    el.append(h("span", { class: "mention", text: match[0] }));
-    last = at + match[0].length;
-  }
-  if (last < body.length) el.append(document.createTextNode(body.slice(last)));
-  if (!body) el.append(h("span", { class: "muted", text: "(no text)" }));
+  el.classList.add("md");
+  if (body) el.append(renderMarkdown(body));
+  else el.append(h("span", { class: "muted", text: "(no text)" }));
+}
+
+/** The page's address of a message: in the room, or in its task's thread. */
+export function messageHref(m) {
+  return m.task_id ? `#/p/${m.project}/tasks/${m.task_id}/${m.id}` : `#/p/${m.project}/room/${m.id}`;
+}
+
+/** "Today", "Yesterday", else the full day. */
+function dayLabel(d) {
+  const today = new Date();
+  const yesterday = new Date(today.getFullYear(), today.getMonth(), today.getDate() - 1);
+  if (d.toDateString() === today.toDateString()) return "Today";
+  if (d.toDateString() === yesterday.toDateString()) return "Yesterday";
+  return DAY_LABEL.format(d);
 }
 
 function clip(text, n) {

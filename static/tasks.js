@@ -2,7 +2,8 @@
 // evidence report per criterion, artifacts and its thread), the decisions a person
 // makes (allow or refuse a step its run asks, approve or deny a held handoff, final
 // acceptance, send back, cancel, hand a returned task to another agent), and asking one of your
-// own agents for a task.
+// own agents for a task. The board filters (FILTERS) and shows columns or a list; its choices stay
+// in the address (?view=…).
 
 import { get, post, seg } from "./api.js";
 import * as stream from "./stream.js";
@@ -11,6 +12,7 @@ import { createComposer } from "./composer.js";
 import { stepCard, pendingSteps } from "./steps.js";
 import { runsSection } from "./runs.js";
 import { onChange as onInboxChange, items as inboxItems, reload as reloadInbox, tasksNeedingMe } from "./inbox.js";
+import { markdownWithRaw } from "./markdown.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, badge, stateBadge, timeEl, ago, words, safeUrl,
   confirmButton, lines, debounce, announce, ownerOf,
@@ -30,7 +32,9 @@ export function mount(el, ctx) {
 
 function mountBoard(el, ctx) {
   const state = { tasks: new Map(), columns: [] };
+  const choice = boardChoice(ctx.query);
   const board = h("div", { class: "board" }, h("p", { class: "muted", text: "Loading tasks…" }));
+  const filters = h("form", { class: "board-filters", "aria-label": "Filter the tasks" });
   const error = errorSlot();
   const approvals = h("div", { class: "stack" });
   const approvalsSection = h("section", { class: "section", "aria-labelledby": "board-approvals", hidden: true },
@@ -46,11 +50,25 @@ function mountBoard(el, ctx) {
     approvalsSection,
     askForm(ctx),
     error,
+    filters,
     h("section", { "aria-label": "Task board" }, board));
 
-  const render = () => renderBoard(board, ctx, [...state.tasks.values()], state.columns,
-    needsMe.getAttribute("aria-pressed") === "true");
-  // The held handoffs of this project and the "needs you" marks come from the inbox: one home for what waits on you.
+  const render = () => {
+    if (!state.columns.length) return; // the lists have not come yet
+    const all = [...state.tasks.values()];
+    // What waits on you comes from the inbox: one home for it.
+    const needs = { held: tasksNeedingMe(ctx.slug), columns: state.columns };
+    const onlyMine = needsMe.getAttribute("aria-pressed") === "true";
+    renderFilters(filters, ctx, all, choice, needs, () => {
+      keepChoice(ctx, choice);
+      render();
+    });
+    const shown = all.filter((t) => (!onlyMine || needs.held.has(t.id))
+      && FILTERS.every((f) => !choice[f.key] || f.match(t, choice[f.key], ctx, needs)));
+    if (choice.view === "list") renderList(board, ctx, shown, needs.held);
+    else renderBoard(board, ctx, shown, state.columns, needs.held);
+  };
+  // The held handoffs of this project come from the inbox too.
   let shownApprovals = null;
   const showApprovals = () => {
     const held = inboxItems().filter((i) => i.kind === "approval" && i.project === ctx.slug);
@@ -131,7 +149,7 @@ function mountTask(el, ctx) {
       if (focused !== document.activeElement && top.contains(focused)) focused.focus({ preventScroll: true });
       if (first) {
         first = false;
-        top.querySelector("h1")?.focus();
+        if (!ctx.sub) top.querySelector("h1")?.focus(); // a link to a message keeps the focus there
       }
     } catch (err) {
       fill(top, heading(1, "Task not found"),
@@ -148,7 +166,7 @@ function mountTask(el, ctx) {
     if (e.approval?.task_id === taskId) reload();
   });
   load();
-  list.load();
+  list.load().then(() => { if (ctx.sub) list.revealDeep(ctx.sub); });
   return () => {
     offTask();
     offApproval();
@@ -194,10 +212,10 @@ async function decide(approvalId, decision, standing) {
 
 // ---- callbacks / rendering -------------------------------------------------------------------------
 
-function renderBoard(board, ctx, tasks, columns, onlyMine = false) {
-  const held = tasksNeedingMe(ctx.slug); // one home for what waits on you: the inbox
+function renderBoard(board, ctx, tasks, columns, held) {
+  board.classList.remove("board-list");
   fill(board, columns.map(({ title, states }) => {
-    const cards = tasks.filter((t) => states.includes(t.state) && (!onlyMine || held.has(t.id)))
+    const cards = tasks.filter((t) => states.includes(t.state))
       .sort((a, b) => (b.updated_at || "").localeCompare(a.updated_at || ""));
     const id = `col-${states[0]}`;
     return h("section", { class: "column", id, "aria-labelledby": `${id}-title` },
@@ -205,6 +223,105 @@ function renderBoard(board, ctx, tasks, columns, onlyMine = false) {
       cards.length ? h("ul", { class: "cards" }, cards.map((t) => h("li", {}, taskCard(t, ctx, held))))
         : h("p", { class: "empty small", text: "Nothing here." }));
   }));
+}
+
+/** The board as one table, newest activity first (the same tasks the columns show). */
+function renderList(board, ctx, tasks, held) {
+  board.classList.add("board-list");
+  const rows = [...tasks].sort((a, b) => (b.updated_at || "").localeCompare(a.updated_at || ""));
+  if (!rows.length) return fill(board, h("p", { class: "empty", text: "No task matches these filters." }));
+  return fill(board, h("div", { class: "table-wrap" }, h("table", { class: "task-table" },
+    h("thead", {}, h("tr", {}, ["Task", "State", "Requester", "Assignee", "Updated"].map((t) => h("th", { scope: "col", text: t })))),
+    h("tbody", {}, rows.map((t) => h("tr", { dataset: { taskId: t.id, state: t.state } },
+      h("td", {}, h("a", { href: `#/p/${ctx.slug}/tasks/${t.id}`, text: titleOf(t) }),
+        held.has(t.id) ? [" ", badge("needs you", "attention")] : null),
+      h("td", {}, taskState(t)),
+      h("td", { text: requesterText(t) }),
+      h("td", { text: t.assignee }),
+      h("td", {}, timeEl(t.updated_at, true))))))));
+}
+
+// ---- board filters -------------------------------------------------------------------------------
+// One entry per filter: its key in the address, its label, the choices the board's tasks offer
+// ([value, text]) and whether a task matches a chosen value. ``needs`` holds what the board knows
+// about the person's part (``held``: the tasks the inbox lists as waiting on them) and the board's
+// ``columns`` (from the server). Add a filter
+// by adding an entry.
+
+const FILTERS = [
+  { key: "assignee", label: "Assignee", options: (tasks) => distinct(tasks.map((t) => t.assignee)),
+    match: (t, value) => t.assignee === value },
+  { key: "requester", label: "Requester", options: (tasks) => distinct(tasks.map(requesterText)),
+    match: (t, value) => requesterText(t) === value },
+  { key: "state", label: "State", options: (tasks, ctx, { columns }) => columns.flatMap(({ states }) => states)
+    .filter((st) => tasks.some((t) => t.state === st)).map((st) => [st, words(st)]),
+  match: (t, value) => t.state === value },
+];
+
+function distinct(values) {
+  return [...new Set(values.filter(Boolean))].sort().map((v) => [v, v]);
+}
+
+/** The board's view and filters from the address's query (?view=list&assignee=…). */
+function boardChoice(query) {
+  const choice = { view: query?.get("view") === "list" ? "list" : "columns" };
+  for (const f of FILTERS) choice[f.key] = query?.get(f.key) || "";
+  return choice;
+}
+
+/** Keep the choice in the address without reloading the view (a reload or a shared link keeps it). */
+function keepChoice(ctx, choice) {
+  const q = new URLSearchParams();
+  if (choice.view === "list") q.set("view", "list");
+  for (const f of FILTERS) if (choice[f.key]) q.set(f.key, choice[f.key]);
+  const text = q.toString();
+  history.replaceState(null, "", `#/p/${ctx.slug}/tasks${text ? `?${text}` : ""}`);
+}
+
+function renderFilters(form, ctx, tasks, choice, needs, onChange) {
+  // Redrawn on every change; the control that had the focus gets it back.
+  const active = form.contains(document.activeElement) ? document.activeElement : null;
+  const focusKey = active && (active.name || active.dataset.view || active.dataset.clear);
+  const controls = FILTERS.map((f) => {
+    const control = h("select", { name: f.key });
+    fillOptions(control, f, tasks, choice, ctx, needs);
+    control.addEventListener("change", () => {
+      choice[f.key] = control.value;
+      onChange();
+    });
+    return field(f.label, control);
+  });
+  const views = h("div", { class: "view-switch", role: "group", "aria-label": "Show the tasks as" },
+    [["columns", "Columns"], ["list", "List"]].map(([value, text]) => {
+      const button = h("button", { type: "button", class: "small", "aria-pressed": String(choice.view === value),
+        dataset: { view: value }, text });
+      button.addEventListener("click", () => {
+        choice.view = value;
+        onChange();
+      });
+      return button;
+    }));
+  const filtered = FILTERS.some((f) => choice[f.key]);
+  const clear = h("button", { type: "button", class: "link small", dataset: { clear: "clear" }, text: "Clear filters",
+    hidden: !filtered });
+  clear.addEventListener("click", () => {
+    for (const f of FILTERS) choice[f.key] = "";
+    onChange();
+  });
+  fill(form, controls, clear, views);
+  if (focusKey) {
+    const again = [...form.querySelectorAll("select, button")].find((c) =>
+      (c.name || c.dataset.view || c.dataset.clear) === focusKey && !c.hidden);
+    (again || form.querySelector("select"))?.focus();
+  }
+}
+
+function fillOptions(control, filter, tasks, choice, ctx, needs) {
+  const options = filter.options(tasks, ctx, needs);
+  const value = choice[filter.key];
+  if (value && !options.some(([v]) => v === value)) options.push([value, value]); // chosen, though none match now
+  fill(control, h("option", { value: "", text: "Any" }), options.map(([v, text]) => h("option", { value: v, text })));
+  control.value = value;
 }
 
 function taskCard(task, ctx, held) {
@@ -237,10 +354,10 @@ function renderTask(top, body, ctx, detail, approval, stepCards, reload, known) 
   fill(body,
     h("section", { class: "section", "aria-labelledby": "packet-heading" },
       h("h2", { id: "packet-heading", text: "What was asked" }),
-      h("p", { class: "packet-task", text: task.packet.task }),
+      markdownWithRaw(task.packet.task, { class: "packet-task" }),
       h("h3", { text: "Acceptance criteria" }),
       criteriaList(task.packet.acceptance_criteria, latest),
-      task.packet.context ? [h("h3", { text: "Context" }), h("p", { class: "pre", text: task.packet.context })] : null,
+      task.packet.context ? [h("h3", { text: "Context" }), markdownWithRaw(task.packet.context)] : null,
       task.packet.files?.length ? [h("h3", { text: "Files" }), codeList(task.packet.files)] : null,
       task.packet.depends_on?.length ? [h("h3", { text: "Depends on" }), codeList(task.packet.depends_on)] : null),
     runsSection(ctx, detail, reload),
@@ -554,7 +671,7 @@ function renderSubmission(sub, task) {
       badge(sub.status, SUBMISSION_KIND[sub.status] || "muted"),
       ...provenanceBadges(sub),
       h("span", { class: "muted small" }, `returned by ${sub.returned_by} · `, timeEl(sub.returned_at))),
-    h("p", { class: "pre submission-summary", text: sub.summary }),
+    markdownWithRaw(sub.summary, { class: "submission-summary" }),
     h("h3", { text: "Evidence" }),
     h("ol", { class: "evidence" }, sub.evidence.map((ev, n) => {
       const url = ev.url ? safeUrl(ev.url) : null;
@@ -612,7 +729,7 @@ function renderCheckpoint(cp) {
   return h("li", { class: `checkpoint${cp.needs_answer ? " needs-answer" : ""}` },
     h("div", { class: "checkpoint-head" }, h("strong", { text: cp.agent }), " · ", timeEl(cp.created_at),
       cp.needs_answer ? badge("needs a person's answer", "attention") : null),
-    h("p", { class: "pre", text: cp.progress }),
+    markdownWithRaw(cp.progress || ""),
     list("Decisions", cp.decisions),
     list("Files touched", cp.files_touched, "code-list"),
     list("Next steps", cp.next_steps),

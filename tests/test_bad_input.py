@@ -80,6 +80,7 @@ API_NUMBERS = [
     ("/api/stream", "after"),
     ("/api/events", "after"),
     ("/api/events", "wait"),
+    ("/api/search", "limit"),
 ]
 
 

@@ -1,0 +1,56 @@
+// search.js — #/search?q=…: what GET /api/search finds in your projects (messages, task
+// titles and packets), best match first. A message links to its place in the room or its
+// task's thread, where it is scrolled to and marked; a task links to its page.
+
+import { get } from "./api.js";
+import { messageHref } from "./room.js";
+import { h, heading, errorSlot, showError, fill, empty, badge, timeEl, announce } from "./ui.js";
+
+// ---- lifecycle ---------------------------------------------------------------------------------
+
+export function mount(el, ctx) {
+  const q = (ctx.query?.get("q") || "").trim();
+  const box = document.getElementById("search");
+  if (box && box.value !== q) box.value = q;
+  const status = h("p", { class: "muted", role: "status" });
+  const error = errorSlot();
+  const results = h("ol", { class: "search-results" });
+  el.append(h("div", { class: "page-head" }, heading(1, q ? `Search: ${q}` : "Search")), status, error, results);
+  if (!q) {
+    status.textContent = "Type in the search box above: words, \"a phrase\", prefix* or OR between words.";
+    return undefined;
+  }
+  let live = true;
+  status.textContent = "Searching…";
+  get(`/api/search?q=${encodeURIComponent(q)}&limit=50`).then((out) => {
+    if (!live) return;
+    status.textContent = out.results.length
+      ? `${out.results.length === 50 ? "The best 50" : out.results.length} ${out.results.length === 1 ? "result" : "results"}`
+      : "";
+    fill(results, out.results.map(resultItem));
+    if (!out.results.length) results.replaceWith(empty(`Nothing found for “${q}” in your projects.`));
+    announce(status.textContent || "Nothing found");
+  }, (err) => {
+    if (!live) return;
+    status.textContent = "";
+    showError(error, err);
+  });
+  return () => { live = false; };
+}
+
+// ---- rendering -----------------------------------------------------------------------------------
+
+function resultItem(r) {
+  const isMessage = r.kind === "message";
+  const href = isMessage ? messageHref(r.message) : `#/p/${r.project}/tasks/${r.task_id}`;
+  const where = isMessage ? (r.task_id ? `thread: ${r.title}` : "room") : `task · ${r.task.state}`;
+  return h("li", { class: "search-result", dataset: { kind: r.kind } },
+    h("a", { href, class: "search-hit" },
+      h("span", { class: "search-head" },
+        badge(isMessage ? "message" : "task", isMessage ? "info" : "violet"),
+        h("span", { class: "search-title", text: isMessage ? r.message.author.display_name : r.title }),
+        h("span", { class: "muted small", text: `${r.project} · ${where}` }),
+        h("span", { class: "muted small" }, timeEl(r.at))),
+      h("span", { class: "search-snippet" },
+        r.snippet.map((piece) => (piece.match ? h("mark", { text: piece.text }) : piece.text)))));
+}

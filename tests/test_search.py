@@ -1,0 +1,153 @@
+"""Search: the full-text index of messages, task titles and packets, who finds what, bad queries, the upgrade."""
+
+import pytest
+
+import prickle
+from conftest import PROJECT
+from test_storage import _database_at_version
+
+
+def auth(world, handle):
+    return {"Authorization": f"Bearer {world.tokens[handle]}"}
+
+
+PACKET = {"task": "Write the changelog for v2", "deliverable_type": "doc",
+          "acceptance_criteria": ["lists every breaking change"], "context": "Readers are integrators.",
+          "files": ["docs/CHANGELOG.md"]}
+
+
+def found(out):
+    """(kind, id) of each result, best first."""
+    return [(r["kind"], r["message"]["id"] if r["kind"] == "message" else r["task"]["id"]) for r in out["results"]]
+
+
+def test_messages_and_tasks_are_found_best_match_first(world):
+    db, oj = world.db, world.person("oj")
+    once = prickle.post_message(db, oj, PROJECT, "The changelog draft is in the docs folder with other long notes "
+                                "about colours, fonts, spacing and the footer.")
+    twice = prickle.post_message(db, world.actor("oj/muse"), PROJECT, "changelog: the changelog needs work")
+    prickle.post_message(db, oj, PROJECT, "Nothing about that here.")
+    task = prickle.handoff(db, world.actor("oj/muse"), PROJECT, "oj/scout", PACKET)["task"]
+    out = prickle.search(db, oj, "changelog")
+    # bm25: the short message saying it twice first, then the title (a title word counts double), then
+    # the long message saying it once.
+    assert found(out) == [("message", twice["id"]), ("task", task["id"]), ("message", once["id"])]
+    first = out["results"][1]
+    assert first == {"kind": "task", "project": PROJECT, "task_id": task["id"], "at": task["created_at"],
+                     "title": "Write the changelog for v2",
+                     "snippet": [{"text": "Write the ", "match": False}, {"text": "changelog", "match": True},
+                                 {"text": " for v2", "match": False}],
+                     "task": {"id": task["id"], "title": "Write the changelog for v2", "state": "routed",
+                              "assignee": "oj/scout"}}
+    assert out["results"][0]["message"] == twice and out["results"][0]["title"] is None
+    # The packet's context, criteria and files are searched too; a phrase, a prefix and a column filter work.
+    assert found(prickle.search(db, oj, "integrators")) == [("task", task["id"])]
+    assert found(prickle.search(db, oj, "breaking")) == [("task", task["id"])]
+    assert found(prickle.search(db, oj, '"docs folder"')) == [("message", once["id"])]
+    assert found(prickle.search(db, oj, "chang*")) == found(out)
+    assert found(prickle.search(db, oj, "title:changelog")) == [("task", task["id"])]
+    assert found(prickle.search(db, oj, "changelog", limit=1)) == [("message", twice["id"])]
+
+
+def test_a_message_in_a_thread_carries_the_thread_title(world):
+    db, oj = world.db, world.person("oj")
+    task = prickle.handoff(db, world.actor("oj/muse"), PROJECT, "oj/scout", PACKET)["task"]
+    reply = prickle.post_message(db, world.actor("oj/scout"), PROJECT, "Started on the integrators section",
+                                 task_id=task["id"])
+    out = prickle.search(db, oj, "section")
+    assert [(r["kind"], r["task_id"], r["title"], r["message"]["id"]) for r in out["results"]] == [
+        ("message", task["id"], "Write the changelog for v2", reply["id"])]
+
+
+def test_only_what_the_searcher_may_see_is_found(world):
+    db = world.db
+    oj, ren, sam = world.person("oj"), world.person("ren"), world.person("sam")
+    in_project = prickle.post_message(db, oj, PROJECT, "zebra crossing")
+    private = prickle.post_message(db, oj, "oj-room", "zebra in my own room")
+    elsewhere = prickle.post_message(db, sam, "side", "zebra on the side")
+    assert found(prickle.search(db, oj, "zebra")) == [("message", in_project["id"]), ("message", private["id"])]
+    assert found(prickle.search(db, ren, "zebra")) == [("message", in_project["id"])]  # not oj's private room
+    assert found(prickle.search(db, sam, "zebra")) == [("message", elsewhere["id"])]  # not website-v2
+    # A handoff the gate holds (ren's agent to oj's) is the assignee's to see only once approved.
+    held = prickle.handoff(db, world.actor("ren/builder"), PROJECT, "oj/muse", PACKET | {"task": "zebra stripes"})
+    assert held["task"]["state"] == "approval"
+    note = prickle.post_message(db, world.actor("ren/builder"), PROJECT, "zebra detail for the held one",
+                                task_id=held["task"]["id"])
+    muse = world.actor("oj/muse")
+    assert found(prickle.search(db, muse, "zebra")) == [("message", in_project["id"])]
+    assert {k for k, _ in found(prickle.search(db, world.actor("ren/builder"), "zebra"))} == {"task", "message"}
+    approval = db.one("SELECT id FROM approvals WHERE task_id = ?", (held["task"]["id"],))
+    prickle.decide_approval(db, oj, approval["id"], "approve")
+    assert sorted(found(prickle.search(db, muse, "zebra"))) == sorted([
+        ("message", in_project["id"]), ("task", held["task"]["id"]), ("message", note["id"])])
+    # sam/lone is in the side project only.
+    assert found(prickle.search(db, world.actor("sam/lone"), "zebra")) == [("message", elsewhere["id"])]
+
+
+@pytest.mark.parametrize("query", ["don't", "C++", "foo-bar", '"unclosed', "AND", "NEAR("])
+def test_a_query_search_cannot_read_is_a_clear_error(world, query):
+    with pytest.raises(prickle.InvalidInput) as e:
+        prickle.search(world.db, world.person("oj"), query)
+    assert str(e.value).startswith(f'q: the search "{query}" could not be read (')
+    assert "put words with punctuation (don't, C++, foo-bar) in double quotes" in str(e.value)
+
+
+def test_the_api_searches_and_refuses_bad_queries_with_400(server, world):
+    db = world.db
+    message = prickle.post_message(db, world.person("oj"), PROJECT, "Ship it on Friday")
+    r = server.get("/api/search", params={"q": "friday"}, headers=auth(world, "ren"))
+    assert r.status_code == 200
+    assert [x["message"]["id"] for x in r.json()["results"]] == [message["id"]]
+    assert server.get("/api/search", params={"q": "friday"}, headers=auth(world, "sam")).json() == {"results": []}
+    for params, text in (({"q": "don't"}, 'q: the search "don\'t" could not be read'),
+                         ({"q": "  "}, "q: say what to search for"), ({}, "q: say what to search for"),
+                         ({"q": "x" * 201}, "q must be text of 0 to 200 characters"),
+                         ({"q": "friday", "limit": "0"}, "limit must be a whole number from 1 to 50")):
+        r = server.get("/api/search", params=params, headers=auth(world, "oj"))
+        assert r.status_code == 400, params
+        assert r.json()["error"]["code"] == "invalid_input" and r.json()["error"]["message"].startswith(text)
+    assert server.get("/api/search", params={"q": "friday"}).status_code == 401
+
+
+def test_the_index_is_written_with_the_row_or_not_at_all(world):
+    db, oj = world.db, world.person("oj")
+    with pytest.raises(RuntimeError):
+        with db.transaction():
+            prickle.write_message(db, oj, PROJECT, "walrus that never was")
+            raise RuntimeError("the write fails after the message")
+    assert prickle.search(db, oj, "walrus") == {"results": []}
+    prickle.post_message(db, oj, PROJECT, "walrus that was")
+    task = prickle.handoff(db, world.actor("oj/muse"), PROJECT, "oj/scout", PACKET | {"task": "walrus task"})["task"]
+    assert len(prickle.search(db, oj, "walrus")["results"]) == 2
+    # one index row per message and per task, naming it
+    assert db.scalar("SELECT count(*) FROM search_index WHERE kind = 'message'") == db.scalar(
+        "SELECT count(*) FROM messages")
+    assert db.rows("SELECT ref, project, task_id FROM search_index WHERE kind = 'task'") == [
+        {"ref": task["id"], "project": PROJECT, "task_id": task["id"]}]
+
+
+def test_the_upgrade_builds_the_index_for_existing_rows(db_path):
+    version = next(i for i, m in enumerate(prickle.MIGRATIONS) if any("search_index USING fts5" in s for s in m))
+    conn = _database_at_version(db_path, version)
+    with conn:
+        conn.execute("INSERT INTO people (handle, display_name, created_at) VALUES ('oj', 'Oj', 'x')")
+        conn.execute("INSERT INTO projects (slug, team, name, created_by, created_at) VALUES ('p1', 'web', 'P', 'oj', 'x')")
+        conn.execute("INSERT INTO members VALUES ('p1', 'oj', 'owner', 1, 'x')")
+        conn.execute("INSERT INTO messages (seq, id, project, author_kind, author, body, mentions, created_at) VALUES "
+                     "(1, 'msg_old', 'p1', 'person', 'oj', 'an old otter message', '[]', '2026-01-01T00:00:00Z')")
+        conn.execute("INSERT INTO tasks (id, project, state, assignee, title, packet, created_at, updated_at, "
+                     "last_activity_at, requested_by, route) VALUES ('task_old', 'p1', 'routed', 'oj/muse', "
+                     "'Otter census', ?, '2026-01-02T00:00:00Z', 'x', 'x', '{\"kind\": \"person\", \"handle\": \"oj\"}', "
+                     "'{\"via\": \"handoff\"}')",
+                     ('{"task": "Otter census", "deliverable_type": "data", "acceptance_criteria": ["count pups"], '
+                      '"context": "river bend", "files": ["data/otters.csv"], "depends_on": []}',))
+    conn.close()
+    db = prickle.Database(db_path)
+    assert db.rows("SELECT title, body, kind, ref, project, task_id, at FROM search_index ORDER BY kind") == [
+        {"title": "", "body": "an old otter message", "kind": "message", "ref": "msg_old", "project": "p1",
+         "task_id": None, "at": "2026-01-01T00:00:00Z"},
+        {"title": "Otter census", "body": "count pups\nriver bend\ndata/otters.csv", "kind": "task",
+         "ref": "task_old", "project": "p1", "task_id": "task_old", "at": "2026-01-02T00:00:00Z"}]
+    oj = prickle.Actor(kind="person", credential_id="cred_x", credential_kind="person", handle="oj")
+    assert found(prickle.search(db, oj, "otter*")) == [("task", "task_old"), ("message", "msg_old")]
+    db.close()
