@@ -1396,6 +1396,10 @@ MIGRATIONS: list[list[str]] = [
         "SELECT '', body, 'message', id, project, task_id, created_at FROM messages ORDER BY seq",
         _INDEX_TASKS + " ORDER BY created_at, rowid",
     ],
+    [
+        # Why a credential ended, so a caller whose agent left the project hears not_found.
+        "ALTER TABLE credentials ADD COLUMN revoked_reason TEXT",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -2601,6 +2605,10 @@ def credential_actor(db: Database, digest: str, kind: str, *, fresh: bool = True
     row, actor = db.cached(("credential", digest), lambda: _credential_by_hash(db, digest), fresh=fresh) or (None, None)
     if row is None or row["kind"] != kind:
         raise Unauthorized("unknown credential: it was never issued here or the database was replaced")
+    if row["revoked_at"] and row["revoked_reason"] in LEFT_PROJECT_REASONS:
+        # Its agent is out of the project: to the caller the project (or task) is gone, not the key.
+        what = f"task '{row['task_id']}'" if row["task_id"] else f"project '{row['project']}'"
+        raise NotFound(f"{what} not found: {row['agent_id']} is no longer in its project")
     if why := not_live_because(row):
         raise Unauthorized(why)
     return actor
@@ -3441,6 +3449,8 @@ REVOCATIONS = {"revoked": True, "claim_retried": True, "run_replaced": True, "ru
                "run_uncertain": True, "issuer_revoked": False, "device_revoked": False, "task_cancelled": False,
                "task_handed_back": False, "turn_ended": False, "turn_retried": False, "assignee_left": False,
                "left_project": False}
+#: Credentials ended because their agent left the project: their callers are told not_found.
+LEFT_PROJECT_REASONS = ("assignee_left", "left_project")
 #: The columns a run's or a discussion's credential entry records besides the credential and its agent.
 _RUN_REFS = ("device_id", "task_id", "attempt_id", "discussion_id")
 
@@ -3458,7 +3468,8 @@ def revoke_credentials(db: Database, where: str, params: tuple, reason: str) -> 
     if not rows:
         return 0
     now = iso(utcnow())
-    db.execute(f"UPDATE credentials SET revoked_at = ? WHERE revoked_at IS NULL AND ({where})", (now, *params))
+    db.execute(f"UPDATE credentials SET revoked_at = ?, revoked_reason = ? WHERE revoked_at IS NULL AND ({where})",
+               (now, reason, *params))
     db.note_revoked()
     for row in rows:
         if REVOCATIONS[reason]:
@@ -5643,7 +5654,9 @@ def _end_task_work(db: Database, task: dict, reason: str) -> int:
             db.one("SELECT * FROM approvals WHERE id = ?", (apr["id"],)))})
     ended = 0
     for attempt in db.rows("SELECT * FROM attempts WHERE task_id = ? AND state = 'running'", (task_id,)):
-        ended += end_attempt(db, attempt, "stop", task["project"])  # its runs stop with it
+        # its runs stop with it; a caller whose agent left hears not_found (LEFT_PROJECT_REASONS)
+        ended += end_attempt(db, attempt, "stop", task["project"],
+                             why=reason if reason in LEFT_PROJECT_REASONS else None)
     return ended + revoke_credentials(db, "kind = 'execution' AND task_id = ?", (task_id,), reason)
 
 
@@ -6244,17 +6257,18 @@ def task_runs(db: Database, task_id: str) -> list[dict]:
     return [attempt_out(r) | {"attempt": n} for n, r in enumerate(rows, 1)]
 
 
-def end_attempt(db: Database, attempt: dict, how: str, project: str) -> int:
+def end_attempt(db: Database, attempt: dict, how: str, project: str, why: str | None = None) -> int:
     """End an attempt by ``how`` (ATTEMPT_MOVES), inside the caller's transaction; returns credentials ended.
 
-    Its execution credentials end at once (``token.revoked``). A Stop also withdraws a step
+    Its execution credentials end at once (``token.revoked``; ``why``, a key of REVOCATIONS, says
+    why when it is more than the move, as when its agent left the project). A Stop also withdraws a step
     it waits on (``step.withdrawn``); otherwise the step stays for the owner to decide and
     the run resuming the task to use.
     """
     now = iso(utcnow())
     move(db, "attempt", attempt["id"], how, attempt, ended_at=now)
     ended = revoke_credentials(db, "attempt_id = ?", (attempt["id"],),
-                               {"replace": "run_replaced", "stop": "run_stopped"}.get(how, "run_uncertain"))
+                               why or {"replace": "run_replaced", "stop": "run_stopped"}.get(how, "run_uncertain"))
     if how != "stop":
         return ended
     for step in db.rows("SELECT id FROM steps WHERE attempt_id = ? AND status = 'pending'", (attempt["id"],)):
@@ -7992,7 +8006,7 @@ def build_mcp_server(state: AppState) -> _MCPServer:
             if not key_checked and not isinstance(e, Unauthorized):
                 try:  # a call let in on the cached key says it is revoked before anything else
                     check_live(state.db, actor)
-                except Unauthorized as revoked:
+                except (Unauthorized, NotFound) as revoked:
                     e = revoked
             return _tool_error(e)
         except Exception:  # never let a traceback (or a secret in one) reach the client
@@ -8165,7 +8179,7 @@ class _MCPEndpoint:
                        and name is not None and name.key_checked_inside)
         try:
             actor = resolve_token(self.state.db, token, ("client", "runner", "execution", "discussion"), fresh=checked)
-        except Unauthorized as e:
+        except (Unauthorized, NotFound) as e:  # NotFound: its agent left the project (LEFT_PROJECT_REASONS)
             await _error_response(e, jsonrpc=True)(scope, receive, send)
             return
         scope["prickle.actor"], scope["prickle.key_checked"] = actor, checked

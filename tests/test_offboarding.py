@@ -299,3 +299,22 @@ def test_after_ren_is_removed_a_real_server_ends_the_agents_wait_and_the_task_go
         api.close()
     assert [(e["refs"]["rule"], e["refs"]["reason"]) for e in audit_entries(world.db, PROJECT, "delegation.revoked")] \
         == [(oj_rule, "named_left"), (ren_rule, "owner_left")]
+
+
+def test_a_run_inside_a_call_when_its_agent_is_removed_finds_its_task_not_found(mcp, server, world):
+    from test_runners import claimed
+    task, device, runner, out = claimed(mcp, server, world)
+    run = out["execution_credential"]["token"]
+    mcp.ok("ren/builder", "accept_task", {"task_id": task["id"]}, token=run)
+    r = person(server, world, "oj").delete(f"/api/projects/{PROJECT}/members/ren")
+    assert r.status_code == 200, r.text
+    # Its next request is refused before any tool runs, as a JSON-RPC error that says not_found.
+    r = mcp.raw(run, "tools/call", {"name": "read_room", "arguments": P | {"task_id": task["id"]}}, "read_room")
+    assert r.status_code == 404 and r.json()["error"]["data"] == {"code": "not_found"}
+    assert r.json()["error"]["message"] == f"task '{task['id']}' not found: ren/builder is no longer in its project"
+    assert world.db.scalar("SELECT revoked_reason FROM credentials WHERE task_id = ?", (task["id"],)) == "assignee_left"
+    # A key revoked by its owner still says so: only leaving the project reads as not_found.
+    record, key = prickle.create_token(world.db, "client", agent_id="oj/muse")
+    with world.db.transaction():
+        prickle.revoke_credentials(world.db, "id = ?", (record["id"],), "revoked")
+    assert mcp.raw(key, "tools/call", {"name": "read_room", "arguments": P}, "read_room").status_code == 401
