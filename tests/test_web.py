@@ -624,6 +624,29 @@ def test_the_members_screen_shows_each_role_agents_and_joined(served, people):
         shot(page, name)
 
 
+def test_a_team_owner_picks_a_default_lead_and_its_owner_agrees_then_steps_down(served, people):
+    oj = people("oj")
+    goto(oj, served, f"#/p/{PROJECT}/people")
+    oj.get_by_label("Agent to lead the project").select_option("ren/builder")
+    oj.get_by_role("button", name="Pick as default lead").click()
+    expect(oj.locator(".lead-status")).to_have_text(
+        "ren/builder was picked to lead this project by @oj; waiting for its owner to agree.")
+    ren = people("ren", viewport={"width": 390, "height": 800})
+    goto(ren, served, f"#/p/{PROJECT}/people")
+    expect(ren.get_by_label("Agent to lead the project")).to_have_count(0)  # ren is no team owner
+    ren.get_by_role("button", name="Agree to lead").click()
+    expect(ren.locator(".lead-status")).to_have_text(
+        "ren/builder leads this project: a person's message that names nobody wakes it.")
+    assert ren.evaluate("document.documentElement.scrollWidth") <= 390
+    shot(ren, "phone_default_lead_agreed")
+    ren.get_by_role("button", name="Step down").click()
+    expect(ren.locator(".lead-status")).to_have_text("No default lead: a message that names nobody wakes nobody.")
+    with person_api(served, "oj") as api:
+        assert api.get(f"/api/projects/{PROJECT}").json()["lead"] is None
+        types = [e["type"] for e in api.get(f"/api/projects/{PROJECT}/audit").json()["entries"]]
+    assert types.index("room.lead_declined") < types.index("room.lead_agreed")  # newest first
+
+
 def test_phone_width_is_readable(served, people):
     page = people("ren", viewport=PHONE)
     goto(page, served, f"#/p/{PROJECT}/room")
