@@ -6595,7 +6595,8 @@ def answer_lead(db: Database, project: str, decision: str, by: str | Actor | Non
     (``room.lead_declined``, reason ``declined``: the project has no default lead again).
 
     ``by`` (the agent's owner) is checked when given; without it, the command line answers for
-    them. Returns ``{"lead": lead_out}``. Raises InvalidInput, NotFound, Forbidden or InvalidState.
+    them (the entry's ``by`` is then None). Returns ``{"lead": lead_out}``. Raises InvalidInput,
+    NotFound, Forbidden or InvalidState.
     """
     check_decision(decision, *LEAD_DECISIONS)
     with db.transaction():
@@ -6605,12 +6606,11 @@ def answer_lead(db: Database, project: str, decision: str, by: str | Actor | Non
             raise InvalidState(f"'{project}' has no default lead waiting for an answer")
         if by is not None and owner_of(agent) != by:
             raise Forbidden(f"only {owner_of(agent)}, who owns '{agent}', answers for it")
-        who = by or owner_of(agent)
         if decision == "agree":
             db.execute("UPDATE projects SET lead_state = 'agreed' WHERE slug = ?", (project,))
-            audit(db, project, "room.lead_agreed", {"agent": agent, "by": who, "picked_by": row["lead_picked_by"]})
+            audit(db, project, "room.lead_agreed", {"agent": agent, "by": by, "picked_by": row["lead_picked_by"]})
         else:
-            _end_lead(db, project, agent, who, "declined")
+            _end_lead(db, project, agent, by, "declined")
         return {"lead": lead_out(db, project)}
 
 
@@ -6627,11 +6627,11 @@ def step_down_lead(db: Database, project: str, by: str | Actor | None = None) ->
             raise InvalidState(f"'{project}' has no default lead that agreed: there is nothing to step down from")
         if by is not None and owner_of(agent) != by:
             raise Forbidden(f"only {owner_of(agent)}, who owns '{agent}', steps it down")
-        _end_lead(db, project, agent, by or owner_of(agent), "stepped_down")
+        _end_lead(db, project, agent, by, "stepped_down")
         return {"lead": None}
 
 
-def _end_lead(db: Database, project: str, agent: str, by: str, reason: str) -> None:
+def _end_lead(db: Database, project: str, agent: str, by: str | None, reason: str) -> None:
     db.execute("UPDATE projects SET lead_agent = NULL, lead_state = NULL, lead_picked_by = NULL WHERE slug = ?",
                (project,))
     audit(db, project, "room.lead_declined", {"agent": agent, "by": by, "reason": reason})

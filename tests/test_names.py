@@ -257,4 +257,4 @@ def test_a_team_owner_picks_a_default_lead_its_owner_agrees_and_a_message_naming
         {"agent": "ren/builder", "by": "ren", "reason": "stepped_down"},
         {"agent": "ren/builder", "by": "ren", "reason": "declined"}]
     assert [e["refs"] for e in audit_entries(world.db, PROJECT, "room.lead_agreed")][-1] == {
-        "agent": "oj/muse", "by": "oj", "picked_by": None}
+        "agent": "oj/muse", "by": None, "picked_by": None}
