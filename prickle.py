@@ -1315,7 +1315,7 @@ class Database:
         #: date with the file, inside it (the server checks the caller's credential there).
         self.refresh_hooks: list[Callable[[Database], None]] = []
         #: When (time.monotonic()) this connection last wrote each (agent, credential)'s last use (throttled).
-        self.seen_at: dict[tuple[str, str | None], float] = {}
+        self.seen_at: dict[tuple[str | None, str | None], float] = {}
         #: Agents whose runner listens in this process: open runner waits and when (time.monotonic())
         #: the last one ended (see runner_listening).
         self.listening: dict[str, list[float]] = {}
@@ -2872,6 +2872,7 @@ def rename_project(db: Database, project: str, name: str, by: str | Actor | None
             raise Forbidden(f"only an owner of '{project}' can rename it")
         if name != row["name"]:
             db.execute("UPDATE projects SET name = ? WHERE slug = ?", (name, project))
+            db.cache.clear()  # cached project rows hold the old name
             audit(db, project, "project.renamed", {"from": _fingerprint(row["name"]), "to": _fingerprint(name),
                                                    "by": by})
     return project_out(db, project)
@@ -3404,8 +3405,8 @@ def list_tokens(db: Database, owner: str | None = None) -> list[dict]:
     and revoked_at.
     """
     rows = db.rows("SELECT id, kind, agent_id, person, CASE WHEN rooms_only THEN '@rooms' ELSE project END AS project, "
-                   "label, created_at, used_at AS last_used_at, expires_at, revoked_at FROM credentials WHERE kind NOT IN ('signin', 'session', "
-                   "'execution', 'discussion') ORDER BY created_at")
+                   "label, created_at, used_at AS last_used_at, expires_at, revoked_at FROM credentials "
+                   "WHERE kind NOT IN ('signin', 'session', 'execution', 'discussion') ORDER BY created_at")
     if owner is not None:
         rows = [r for r in rows if r["person"] == owner or owner_of(r["agent_id"] or "") == owner]
     return rows
@@ -3584,15 +3585,16 @@ def visible_task(db: Database, actor: Actor, project: str, task_id: str, field: 
     return task
 
 
-def note_seen(db: Database, agent_id: str, credential_id: str | None = None) -> None:
-    """Record that the agent was seen, and when its credential was last used (the keys page's
-    "last used"), at most once a minute per credential (saves a write per call)."""
+def note_seen(db: Database, agent_id: str | None, credential_id: str | None = None) -> None:
+    """Record that the agent (if any) was seen, and when its credential was last used (the keys
+    page's "last used"), at most once a minute per credential (saves a write per call)."""
     now, last = time.monotonic(), db.seen_at.get((agent_id, credential_id))
     if last is None or now - last >= 60.0:
         db.seen_at[(agent_id, credential_id)] = now
         with db.transaction():
             at = iso(utcnow())
-            db.execute("UPDATE agents SET last_seen_at = ? WHERE agent_id = ?", (at, agent_id))
+            if agent_id is not None:
+                db.execute("UPDATE agents SET last_seen_at = ? WHERE agent_id = ?", (at, agent_id))
             if credential_id is not None:
                 db.execute("UPDATE credentials SET used_at = ? WHERE id = ?", (at, credential_id))
 
@@ -7388,7 +7390,9 @@ def _person_from_request(state: AppState, request: Request) -> Actor:
     """
     auth = request.headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
-        return resolve_token(state.db, auth[7:].strip(), ("person",))
+        actor = resolve_token(state.db, auth[7:].strip(), ("person",))
+        note_seen(state.db, None, actor.credential_id)  # the keys page's "last used"
+        return actor
     cookie = request.cookies.get(SESSION_COOKIE, "")
     if not cookie:
         raise Unauthorized("sign in first: open the sign-in link 'prickle init' printed, or send "

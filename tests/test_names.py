@@ -163,6 +163,9 @@ def test_a_key_has_the_name_it_was_made_with_and_says_when_it_was_last_used(serv
     mcp.ok("oj/muse", "get_project_context", P, token=minted["token"])
     key = next(k for k in oj.get("/api/keys").json()["keys"] if k["id"] == minted["id"])
     assert key["last_used_at"] is not None and key["last_used_at"] >= key["created_at"]
+    # A personal token's use on the HTTP API counts too (the first call above was made with it).
+    token = next(k for k in oj.get("/api/keys").json()["keys"] if k["id"] == world.person("oj").credential_id)
+    assert token["last_used_at"] is not None
     out = jrun(world.db_path, "token", "create", "--agent", "oj/scout", "--label", "ci box")
     assert out["label"] == "ci box"
     assert world.db.scalar("SELECT label FROM credentials WHERE id = ?", (out["id"],)) == "ci box"
