@@ -1249,10 +1249,13 @@ MIGRATIONS: list[list[str]] = [
         "WHERE p.kind = 'team' GROUP BY p.team, m.handle",
     ],
     [
-        # Names and reach: a key's name (set at minting), the sub-tasks a sub-task waits on (a JSON
-        # list of task IDs), and a team project's default lead: the agent a team owner picked and
-        # whether its owner agreed ('proposed' until then).
+        # Names and reach: a key's name (set at minting) and when it was last used (a table of its
+        # own: a write to credentials drops every cached credential), the sub-tasks a sub-task
+        # waits on (a JSON list of task IDs), and a team project's default lead: the agent a team
+        # owner picked and whether its owner agreed ('proposed' until then).
         "ALTER TABLE credentials ADD COLUMN label TEXT",
+        """CREATE TABLE credential_uses (
+            credential_id TEXT PRIMARY KEY, used_at TEXT NOT NULL) WITHOUT ROWID""",
         "ALTER TABLE tasks ADD COLUMN blocked_by TEXT NOT NULL DEFAULT '[]'",
         "ALTER TABLE projects ADD COLUMN lead_agent TEXT",
         "ALTER TABLE projects ADD COLUMN lead_state TEXT CHECK (lead_state IN ('proposed', 'agreed'))",
@@ -3405,7 +3408,8 @@ def list_tokens(db: Database, owner: str | None = None) -> list[dict]:
     and revoked_at.
     """
     rows = db.rows("SELECT id, kind, agent_id, person, CASE WHEN rooms_only THEN '@rooms' ELSE project END AS project, "
-                   "label, created_at, used_at AS last_used_at, expires_at, revoked_at FROM credentials "
+                   "label, created_at, u.used_at AS last_used_at, expires_at, revoked_at FROM credentials "
+                   "LEFT JOIN credential_uses u ON u.credential_id = credentials.id "
                    "WHERE kind NOT IN ('signin', 'session', 'execution', 'discussion') ORDER BY created_at")
     if owner is not None:
         rows = [r for r in rows if r["person"] == owner or owner_of(r["agent_id"] or "") == owner]
@@ -3596,7 +3600,8 @@ def note_seen(db: Database, agent_id: str | None, credential_id: str | None = No
             if agent_id is not None:
                 db.execute("UPDATE agents SET last_seen_at = ? WHERE agent_id = ?", (at, agent_id))
             if credential_id is not None:
-                db.execute("UPDATE credentials SET used_at = ? WHERE id = ?", (at, credential_id))
+                db.execute("INSERT INTO credential_uses VALUES (?, ?) ON CONFLICT (credential_id) DO UPDATE SET "
+                           "used_at = excluded.used_at", (credential_id, at))
 
 
 
