@@ -1400,6 +1400,19 @@ MIGRATIONS: list[list[str]] = [
         # Why a credential ended, so a caller whose agent left the project hears not_found.
         "ALTER TABLE credentials ADD COLUMN revoked_reason TEXT",
     ],
+    [
+        # Names and reach: a key's name (set at minting) and when it was last used (a table of its
+        # own: a write to credentials drops every cached credential), the sub-tasks a sub-task
+        # waits on (a JSON list of task IDs), and a team project's default lead: the agent a team
+        # owner picked and whether its owner agreed ('proposed' until then).
+        "ALTER TABLE credentials ADD COLUMN label TEXT",
+        """CREATE TABLE credential_uses (
+            credential_id TEXT PRIMARY KEY, used_at TEXT NOT NULL) WITHOUT ROWID""",
+        "ALTER TABLE tasks ADD COLUMN blocked_by TEXT NOT NULL DEFAULT '[]'",
+        "ALTER TABLE projects ADD COLUMN lead_agent TEXT",
+        "ALTER TABLE projects ADD COLUMN lead_state TEXT CHECK (lead_state IN ('proposed', 'agreed'))",
+        "ALTER TABLE projects ADD COLUMN lead_picked_by TEXT",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -1456,8 +1469,8 @@ class Database:
         #: Run at the start of every outermost transaction and snapshot, once the cache is up to
         #: date with the file, inside it (the server checks the caller's credential there).
         self.refresh_hooks: list[Callable[[Database], None]] = []
-        #: When (time.monotonic()) this connection last wrote each agent's last_seen_at (writes are throttled).
-        self.seen_at: dict[str, float] = {}
+        #: When (time.monotonic()) this connection last wrote each (agent, credential)'s last use (throttled).
+        self.seen_at: dict[tuple[str | None, str | None], float] = {}
         #: Agents whose runner listens in this process: open runner waits and when (time.monotonic())
         #: the last one ended (see runner_listening).
         self.listening: dict[str, list[float]] = {}
@@ -3068,6 +3081,37 @@ def project_out(db: Database, slug: str) -> dict:
     return row
 
 
+def _fingerprint(words: str | None) -> str | None:
+    """The SHA-256 the audit log keeps of a name instead of its words (None for no name)."""
+    return None if words is None else sha256_hex(words)
+
+
+def rename_project(db: Database, project: str, name: str, by: str | Actor | None = None) -> dict:
+    """Rename a project; its slug (its address) doesn't change. Returns project_out.
+
+    ``by`` (a project owner's handle or the signed-in person, see :func:`_acting_member`) is
+    checked when given; without it, the command line. A private room is renamed by nobody.
+    Writes ``project.renamed`` with SHA-256 fingerprints of the old and the new name, never the
+    words. Raises InvalidInput (name: 1 to 80 characters), NotFound or Forbidden.
+    """
+    name = check_text(name.strip() if isinstance(name, str) else name, "name", 80, 1)
+    with db.transaction():
+        by = _acting_member(db, project, by)
+        row = db.one("SELECT * FROM projects WHERE slug = ?", (check_slug(project, "project"),))
+        if row is None:
+            raise NotFound(f"no project '{project}'")
+        if row["kind"] == "private":
+            raise Forbidden(f"'{project}' is a private room: its name follows its owner's")
+        if by is not None and _member_role(db, project, by) != "owner":
+            raise Forbidden(f"only an owner of '{project}' can rename it")
+        if name != row["name"]:
+            db.execute("UPDATE projects SET name = ? WHERE slug = ?", (name, project))
+            db.cache.clear()  # cached project rows hold the old name
+            audit(db, project, "project.renamed", {"from": _fingerprint(row["name"]), "to": _fingerprint(name),
+                                                   "by": by})
+    return project_out(db, project)
+
+
 def check_decision(decision: Any, *allowed: str) -> None:
     """InvalidInput unless ``decision`` is one of ``allowed`` (a person's decision on something waiting)."""
     if decision not in allowed:
@@ -3341,8 +3385,26 @@ def add_agent_to_project(db: Database, project: str, agent_id: str, by: Actor | 
             db.cache.clear()  # who may reach what has changed
             append_event(db, project, "agent.added", {"agent_id": agent_id})
             audit(db, project, "agent.added", {"agent": agent_id, "with_owner": False, "ended_removal": False})
+            _record_reach_grown(db, project, agent_id, private=room_owner is not None)
         return {"project": project, "agent_id": agent_id}
     return _recording_refusals(db, run)
+
+
+def _record_reach_grown(db: Database, project: str, agent_id: str, private: bool) -> int:
+    """The agent just joined ``project``: record each of its live keys whose reach grew with it.
+
+    A key for every project its agent is in now reaches a shared project
+    (``credential.project_covered``); a key for its owner's private rooms now reaches the room
+    (``credential.room_covered``). Records the credential and the agent, never the token; returns
+    how many entries it wrote.
+    """
+    rows = db.rows("SELECT * FROM credentials WHERE kind = 'client' AND agent_id = ? AND project IS NULL AND "
+                   "rooms_only = ? AND revoked_at IS NULL ORDER BY created_at, id", (agent_id, int(private)))
+    live = [r for r in rows if not_live_because(r) is None]
+    for row in live:
+        audit(db, project, "credential.room_covered" if private else "credential.project_covered",
+              {"credential": row["id"], "agent": agent_id})
+    return len(live)
 
 
 def agent_card(db: Database, agent_id: str, hub: WakeHub | None = None, project: str | None = None) -> dict:
@@ -3375,12 +3437,13 @@ def _availability(db: Database, agent: dict, hub: WakeHub | None, project: str |
 
 def create_token(db: Database, kind: str, *, agent_id: str | None = None, person: str | None = None,
                  project: str | None = None, ttl: _dt.timedelta | None = None,
-                 by: str | None = None) -> tuple[dict, str]:
+                 by: str | None = None, label: str | None = None) -> tuple[dict, str]:
     """Mint a credential; return ``(record, secret)``. The secret is never stored or shown again.
 
     ``client`` keys need ``agent_id`` and may be scoped to one ``project`` the agent is in;
     ``runner`` keys need ``agent_id``; ``person``, ``signin`` and ``session`` need ``person``.
     ``by`` (a person) may mint keys only for their own agents (Forbidden otherwise).
+    ``label`` is the key's name on the keys page (see mint_credential).
     Writes ``token.created`` to the audit chain of each project the credential reaches.
     """
     if kind not in TOKEN_PREFIX or kind == "invite":  # an invite's secret is made by create_invite
@@ -3410,27 +3473,31 @@ def create_token(db: Database, kind: str, *, agent_id: str | None = None, person
             if person is None or agent_id is not None or project is not None:
                 raise InvalidInput(f"a {kind} credential belongs to one person: pass --person HANDLE only")
             _require_person(db, person)
-        return mint_credential(db, kind, agent_id=agent_id, person=person, project=project, ttl=ttl)
+        return mint_credential(db, kind, agent_id=agent_id, person=person, project=project, ttl=ttl, label=label)
 
 
 def mint_credential(db: Database, kind: str, *, agent_id: str | None = None, person: str | None = None,
                     project: str | None = None, ttl: _dt.timedelta | None = None, device_id: str | None = None,
                     task_id: str | None = None, attempt_id: str | None = None,
                     allowed_tools: tuple[str, ...] | None = None, discussion_id: str | None = None,
-                    issued_by: str | None = None, at: _dt.datetime | None = None) -> tuple[dict, str]:
+                    issued_by: str | None = None, at: _dt.datetime | None = None,
+                    label: str | None = None) -> tuple[dict, str]:
     """Write a new credential inside the caller's transaction; return ``(record, secret)``.
 
     The one place a credential is made; the caller has already decided who may have it.
     ``project`` ROOMS_SCOPE reaches every private room of the agent's owner. ``record`` holds
-    id, kind, agent_id, person, project, created_at and expires_at (``ttl`` from now, or None
-    for no expiry; ``at`` is the moment it is made, the caller's when it records the same
-    moment elsewhere). The secret is never stored or shown again. Writes ``token.created``
-    (see _record_credential).
+    id, kind, agent_id, person, project, label, created_at and expires_at (``ttl`` from now, or
+    None for no expiry; ``at`` is the moment it is made, the caller's when it records the same
+    moment elsewhere). ``label`` is the key's name, up to LABEL_MAX characters (blank: none),
+    shown on the keys page and never in the audit log. The secret is never stored or shown
+    again. Writes ``token.created`` (see _record_credential). Raises InvalidInput for a bad label.
     """
+    if label is not None:
+        label = check_text(label, "label", LABEL_MAX).strip() or None
     secret, now = make_secret(kind), at or utcnow()
     record = {
         "id": new_id("tok"), "kind": kind, "agent_id": agent_id, "person": person, "project": project,
-        "created_at": iso(now), "expires_at": iso(now + ttl) if ttl else None,
+        "label": label, "created_at": iso(now), "expires_at": iso(now + ttl) if ttl else None,
     }
     rooms_only = project == ROOMS_SCOPE
     row = record | {"project": None if rooms_only else project, "rooms_only": int(rooms_only),
@@ -3443,6 +3510,8 @@ def mint_credential(db: Database, kind: str, *, agent_id: str | None = None, per
     return record, secret
 
 
+#: The longest name a key may have (its label, set when it is made).
+LABEL_MAX = 60
 #: Why credentials are revoked, and whether ``token.revoked`` records each one. A cascade is
 #: recorded by the entry of what caused it (``device.revoked``, the task's move, the room's turn).
 REVOCATIONS = {"revoked": True, "claim_retried": True, "run_replaced": True, "run_stopped": True,
@@ -3568,10 +3637,16 @@ def spend_signin_link(db: Database, secret: str, session_ttl: _dt.timedelta) -> 
 
 
 def list_tokens(db: Database, owner: str | None = None) -> list[dict]:
-    """Credentials (never their secrets), optionally only one person's and their agents'."""
+    """Credentials (never their secrets), optionally only one person's and their agents'.
+
+    Each: id, kind, agent_id, person, project (``@rooms`` for a rooms key), label, created_at,
+    last_used_at (when a call last came in with it, to the minute; None if never), expires_at
+    and revoked_at.
+    """
     rows = db.rows("SELECT id, kind, agent_id, person, CASE WHEN rooms_only THEN '@rooms' ELSE project END AS project, "
-                   "created_at, expires_at, revoked_at FROM credentials WHERE kind NOT IN ('signin', 'session', "
-                   "'execution', 'discussion') ORDER BY created_at")
+                   "label, created_at, u.used_at AS last_used_at, expires_at, revoked_at FROM credentials "
+                   "LEFT JOIN credential_uses u ON u.credential_id = credentials.id "
+                   "WHERE kind NOT IN ('signin', 'session', 'execution', 'discussion') ORDER BY created_at")
     if owner is not None:
         rows = [r for r in rows if r["person"] == owner or owner_of(r["agent_id"] or "") == owner]
     return rows
@@ -4078,13 +4153,19 @@ def visible_task(db: Database, actor: Actor, project: str, task_id: str, field: 
     return task
 
 
-def note_seen(db: Database, agent_id: str) -> None:
-    """Record that the agent was seen, at most once a minute (saves a write per call)."""
-    now, last = time.monotonic(), db.seen_at.get(agent_id)
+def note_seen(db: Database, agent_id: str | None, credential_id: str | None = None) -> None:
+    """Record that the agent (if any) was seen, and when its credential was last used (the keys
+    page's "last used"), at most once a minute per credential (saves a write per call)."""
+    now, last = time.monotonic(), db.seen_at.get((agent_id, credential_id))
     if last is None or now - last >= 60.0:
-        db.seen_at[agent_id] = now
+        db.seen_at[(agent_id, credential_id)] = now
         with db.transaction():
-            db.execute("UPDATE agents SET last_seen_at = ? WHERE agent_id = ?", (iso(utcnow()), agent_id))
+            at = iso(utcnow())
+            if agent_id is not None:
+                db.execute("UPDATE agents SET last_seen_at = ? WHERE agent_id = ?", (at, agent_id))
+            if credential_id is not None:
+                db.execute("INSERT INTO credential_uses VALUES (?, ?) ON CONFLICT (credential_id) DO UPDATE SET "
+                           "used_at = excluded.used_at", (credential_id, at))
 
 
 
@@ -4319,7 +4400,8 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
         message_id, now = _message_id or new_message_id(db), iso(utcnow())
         if task is not None:
             _touch_thread(db, actor, task, mentioned_agents, message_id, now)
-        wakes = _post_wakes(db, actor, project, private, task, message_id, mentioned_agents, replied, verdict)
+        wakes = _post_wakes(db, actor, project, private, task, message_id, mentioned_agents, replied, verdict,
+                            named_anyone=bool(mentions))
         lineage = run_lineage(db, actor, _task_row(db, actor.task_scope)) if actor.attempt_id else None
         message = write_message(db, actor, project, body, message_id=message_id, at=now, mentions=mentions,
                                 provenance=provenance, in_reply_to=in_reply_to, task_id=task_id, verdict=verdict,
@@ -4359,16 +4441,20 @@ def _replied_parties(db: Database, parent: dict | None, task: dict | None) -> li
 
 
 def _post_wakes(db: Database, actor: Actor, project: str, private: bool, task: dict | None, message_id: str,
-                mentioned_agents: list[str], replied: list[str], verdict: str | None) -> list[tuple]:
+                mentioned_agents: list[str], replied: list[str], verdict: str | None,
+                named_anyone: bool = True) -> list[tuple]:
     """Whom a post wakes, in this order, never its author (wakes as append_event takes them).
 
-    The agents it mentions that see its thread (in a project room), whoever answers next in a
-    private room (turn_wakes), then the parties it answers.
+    The agents it mentions that see its thread (in a project room), or else the project's
+    default lead for a person's message in general chat that names nobody and answers no agent
+    (default_lead); whoever answers next in a private room (turn_wakes), then the parties it answers.
     """
     task_id, author = task["id"] if task else None, actor.address
     wakes = [] if private else [
         (agent, "mention", task_id, message_id) for agent in mentioned_agents
         if agent != author and (task is None or _thread_visible(db, _agent_viewer(agent), task))]
+    if not (private or named_anyone or replied or task) and actor.kind == "person":
+        wakes += [(lead, "mention", None, message_id) for lead in [default_lead(db, project)] if lead]
     wakes += turn_wakes(db, actor, project, private, message_id, mentioned_agents, verdict)
     return wakes + [(agent, "reply", task_id, message_id) for agent in dict.fromkeys(replied) if agent != author]
 
@@ -4452,9 +4538,11 @@ def project_view(db: Database, person: Actor, project: str, hub: WakeHub | None 
         team = discover_team_agents(db, person, project, hub)
         for p in team["people"]:
             p["role"] = _member_role(db, project, p["handle"])
-        return {"project": project_out(db, project), "kind": kind, "role": _member_role(db, project, person.handle),
-                **team, "memory": memory_facts(db, project), "pulse": project_pulse(db, project),
-                "paused": paused_pairs(db, project)}
+        summary = project_out(db, project)
+        return {"project": summary, "kind": kind, "role": _member_role(db, project, person.handle),
+                "team_role": _team_role(db, summary["team"], person.handle) if kind == "team" else None,
+                "lead": lead_out(db, project), **team, "memory": memory_facts(db, project),
+                "pulse": project_pulse(db, project), "paused": paused_pairs(db, project)}
 
 
 def paused_pairs(db: Database, project: str) -> list[dict]:
@@ -4552,7 +4640,8 @@ def _listed_threads(db: Database, actor: Actor, project: str) -> list[dict]:
         rows = db.rows("SELECT * FROM tasks WHERE project = ? ORDER BY last_activity_at DESC LIMIT ?",
                        (project, ROOM_THREADS))
     return [{
-        "task_id": t["id"], "title": t["title"], "state": t["state"], "requester": t["requester"],
+        "task_id": t["id"], "title": t["display_title"] or t["title"], "state": t["state"],
+        "requester": t["requester"],
         "assignee": t["assignee"],
         "reply_count": db.scalar("SELECT count(*) FROM messages WHERE project = ? AND task_id = ?",
                                  (project, t["id"])),
@@ -5660,6 +5749,118 @@ def _end_task_work(db: Database, task: dict, reason: str) -> int:
     return ended + revoke_credentials(db, "kind = 'execution' AND task_id = ?", (task_id,), reason)
 
 
+def _task_namer(db: Database, person: Actor | None, task_id: str, what: str) -> dict:
+    """The task ``person`` may rename or set waits on: its requester's owner (or the person who
+    asked), its assignee's owner or a project owner; None is the command line. Raises NotFound or
+    Forbidden."""
+    if person is None:
+        task = db.one("SELECT * FROM tasks WHERE id = ?", (check_text(task_id, "task_id", 64, 1),))
+        if task is None:
+            raise NotFound(f"no task '{task_id}'")
+        return task
+    task = _task_for_person(db, person, task_id)
+    if person.handle not in (_requesting_person(task), owner_of(task["assignee"])) and \
+            _member_role(db, task["project"], person.handle) != "owner":
+        raise Forbidden(f"only the requester's owner, the assignee's owner or a project owner {what}")
+    return task
+
+
+def _task_changed(db: Database, task: dict) -> dict:
+    """Write ``task.updated`` (no wakes) for a change that is not a move; return the task as the reference shows it."""
+    db.execute("UPDATE tasks SET updated_at = ? WHERE id = ?", (iso(utcnow()), task["id"]))
+    out = task_out(db, task["id"])
+    append_event(db, task["project"], "task.updated", {"task": out})
+    return out
+
+
+def rename_task(db: Database, person: Actor | None, task_id: str, title: str | None) -> dict:
+    """Set a task's display title (1 to TASK_TEXT_MAX characters); None or blank clears it, so the
+    task's own words show again. The packet never changes.
+
+    Who may: see _task_namer. Writes ``task.renamed`` with SHA-256 fingerprints of the old and
+    the new title (None for none), never the words, and ``task.updated``. Returns
+    ``{"task": Task}``. Raises InvalidInput, NotFound or Forbidden.
+    """
+    if title is not None:
+        title = check_text(title, "title", TASK_TEXT_MAX).strip() or None
+    with db.transaction():
+        task = _task_namer(db, person, task_id, "renames a task")
+        if title == task["display_title"]:
+            return {"task": task_out(db, task)}
+        db.execute("UPDATE tasks SET display_title = ? WHERE id = ?", (title, task["id"]))
+        # Search finds a task by its display title as well as its own words (see search).
+        db.execute("UPDATE search_index SET title = concat_ws(char(10), ?, (SELECT title FROM tasks WHERE id = ?)) "
+                   "WHERE kind = 'task' AND ref = ?", (title, task["id"], task["id"]))
+        audit(db, task["project"], "task.renamed", {
+            "task": task["id"], "from": _fingerprint(task["display_title"]), "to": _fingerprint(title),
+            "by": person.handle if person else None})
+        return {"task": _task_changed(db, task)}
+
+
+#: How many other sub-tasks one sub-task may wait on.
+BLOCKED_BY_MAX = 20
+
+
+def set_blocked_by(db: Database, person: Actor | None, task_id: str, blocked_by: Any) -> dict:
+    """Set which other sub-tasks of the same parent a sub-task waits on (``[]``: none).
+
+    Who may: see _task_namer. Each ID must be another sub-task of the same parent, at most
+    BLOCKED_BY_MAX, and no wait may lead back to this task. The task shows as blocked while one
+    of them is still open (task_waits). Writes ``task.blocked_by_set`` (the IDs and how many,
+    never their words) and ``task.updated``. Returns ``{"task": Task} | task_waits``. Raises
+    InvalidInput, NotFound, Forbidden or InvalidState (not a sub-task, or closed).
+    """
+    if not (isinstance(blocked_by, list) and all(isinstance(t, str) for t in blocked_by)) \
+            or len(blocked_by) > BLOCKED_BY_MAX:
+        raise InvalidInput(f"blocked_by must be a list of up to {BLOCKED_BY_MAX} task IDs (sub-tasks of the same "
+                           "parent), [] for none")
+    blocked_by = list(dict.fromkeys(blocked_by))
+    with db.transaction():
+        task = _task_namer(db, person, task_id, "sets what a task waits on")
+        if task["parent_task_id"] is None:
+            raise InvalidState(f"task '{task_id}' is not a sub-task: only a sub-task waits on its siblings")
+        if task["state"] in CLOSED_STATES:
+            raise InvalidState(f"task '{task_id}' is {task['state']}: it waits on nothing any more")
+        siblings = {r["id"]: json.loads(r["blocked_by"]) for r in db.rows(
+            "SELECT id, blocked_by FROM tasks WHERE parent_task_id = ? AND id <> ?",
+            (task["parent_task_id"], task["id"]))}
+        for i, other in enumerate(blocked_by):
+            if other not in siblings:
+                raise InvalidInput(f"blocked_by[{i}]: '{other}' is not another sub-task of parent "
+                                   f"'{task['parent_task_id']}'")
+        seen, todo = set(), list(blocked_by)
+        while todo:  # a wait that leads back here would block both forever
+            other = todo.pop()
+            if other == task["id"]:
+                raise InvalidInput("blocked_by: those sub-tasks already wait (in turn) on this one; "
+                                   "take this one out of their waits first")
+            if other not in seen:
+                seen.add(other)
+                todo.extend(siblings.get(other, []))
+        db.execute("UPDATE tasks SET blocked_by = ? WHERE id = ?", (json.dumps(blocked_by), task["id"]))
+        audit(db, task["project"], "task.blocked_by_set", {
+            "task": task["id"], "blocked_by": blocked_by, "count": len(blocked_by),
+            "by": person.handle if person else None})
+        return {"task": _task_changed(db, task)} | task_waits(db, _task_row(db, task["id"]))
+
+
+def task_waits(db: Database, task: dict) -> dict:
+    """What the page shows of a task's waits: ``{"blocked_by": [IDs it waits on], "blocked": [those
+    still open], "subtasks": [{id, title, state, blocked}] of its own sub-tasks}``."""
+    blocked_by = json.loads(task["blocked_by"])
+    marks = ", ".join("?" * len(blocked_by))
+    still_open = [r["id"] for r in db.rows(
+        f"SELECT id, state FROM tasks WHERE id IN ({marks})", tuple(blocked_by))
+        if r["state"] not in CLOSED_STATES] if blocked_by else []
+    subtasks = [{"id": r["id"], "title": r["display_title"] or r["title"], "state": r["state"],
+                 "assignee": r["assignee"], "blocked_by": json.loads(r["blocked_by"])}
+                for r in db.rows("SELECT * FROM tasks WHERE parent_task_id = ? ORDER BY created_at, id", (task["id"],))]
+    states = {s["id"]: s["state"] for s in subtasks}
+    for sub in subtasks:
+        sub["blocked"] = [b for b in sub.pop("blocked_by") if states.get(b) not in CLOSED_STATES]
+    return {"blocked_by": blocked_by, "blocked": [b for b in blocked_by if b in still_open], "subtasks": subtasks}
+
+
 def request_task(db: Database, person: Actor, project: str, agent_id: str, packet: dict) -> dict:
     """A person asks their own agent for a task: a Task request message and a routed task.
 
@@ -5806,11 +6007,15 @@ def task_for_page(db: Database, task: dict) -> dict:
 
 
 def tasks_board(db: Database, person: Actor, project: str) -> dict:
-    """Every task of a project for a member (:func:`task_for_page`), newest activity first."""
+    """Every task of a project for a member (:func:`task_for_page`), newest activity first, and ``blocked``: for each
+    sub-task that waits on siblings still open, their IDs (``{task_id: [IDs]}``)."""
     with db.snapshot():
         require_project(db, person, project)
-        return {"tasks": [task_for_page(db, t) for t in db.rows(
-            "SELECT * FROM tasks WHERE project = ? ORDER BY last_activity_at DESC", (project,))]}
+        rows = db.rows("SELECT * FROM tasks WHERE project = ? ORDER BY last_activity_at DESC", (project,))
+        states = {t["id"]: t["state"] for t in rows}
+        blocked = {t["id"]: waits for t in rows if (waits := [
+            b for b in json.loads(t["blocked_by"]) if states.get(b) not in CLOSED_STATES])}
+        return {"tasks": [task_for_page(db, t) for t in rows], "blocked": blocked}
 
 
 def task_detail(db: Database, person: Actor, task_id: str) -> dict:
@@ -5831,7 +6036,13 @@ def task_detail(db: Database, person: Actor, task_id: str) -> dict:
                                              (task_id,))],
             "submissions": [_result_out(s) for s in db.rows(
                 "SELECT * FROM submissions WHERE task_id = ? ORDER BY revision", (task_id,))],
-        }
+            "can_rename": person.handle in (_requesting_person(task), owner_of(task["assignee"]))
+            or _member_role(db, task["project"], person.handle) == "owner",
+            "siblings": [{"id": r["id"], "title": r["display_title"] or r["title"], "state": r["state"]}
+                         for r in db.rows("SELECT * FROM tasks WHERE parent_task_id = ? AND id <> ? "
+                                          "ORDER BY created_at, id", (task["parent_task_id"], task_id))]
+            if task["parent_task_id"] else [],
+        } | task_waits(db, task)
 
 
 # -- search: messages, task titles and packets ----------------------------------
@@ -5945,10 +6156,11 @@ STEP_LIFETIME = _dt.timedelta(hours=24)
 STEP_UNUSED, STEP_UNDECIDED = "unused_15_minutes", "undecided_24_hours"
 
 
-def pair_device(db: Database, owner: str, agent_id: str, name: str = "runner") -> tuple[dict, str]:
+def pair_device(db: Database, owner: str, agent_id: str, name: str = "runner",
+                label: str | None = None) -> tuple[dict, str]:
     """Pair a runner device to one of ``owner``'s agents; return ``(device, runner key)``, the key shown once.
 
-    Writes ``device.paired`` and ``token.created``.
+    ``label`` names the runner key (see mint_credential). Writes ``device.paired`` and ``token.created``.
     """
     check_agent_id(agent_id, "agent")
     check_text(name, "name", 80, 1)
@@ -5960,10 +6172,10 @@ def pair_device(db: Database, owner: str, agent_id: str, name: str = "runner") -
                   "created_at": iso(utcnow()), "revoked_at": None}
         db.execute("INSERT INTO devices (id, owner, agent_id, name, created_at) VALUES (?, ?, ?, ?, ?)",
                    (device["id"], owner, agent_id, name, device["created_at"]))
-        record, secret = mint_credential(db, "runner", agent_id=agent_id, device_id=device["id"])
+        record, secret = mint_credential(db, "runner", agent_id=agent_id, device_id=device["id"], label=label)
         for chain in _agent_chains(db, agent_id):
             audit(db, chain, "device.paired", {"device": device["id"], "agent": agent_id, "credential": record["id"]})
-    return device | {"credential_id": record["id"]}, secret
+    return device | {"credential_id": record["id"], "label": record["label"]}, secret
 
 
 def team_projects_of(db: Database, agent_id: str) -> list[str]:
@@ -7070,7 +7282,7 @@ def start_turn(db: Database, slug: str, message_id: str, named: list[str]) -> li
     agents = _room_agents(db, slug)
     ids = [a["agent_id"] for a in agents]
     named = [a for a in named if a in ids]
-    lead = room["lead_agent"] if room["lead_agent"] in ids else (ids[0] if ids else None)
+    lead = default_lead(db, slug)
     drafter = reviewer = None
     if room["reply_mode"] == "named":
         targets, step, replies = named, "draft", len(named)
@@ -7346,6 +7558,125 @@ def continue_turn(db: Database, person: Actor) -> dict:
         audit(db, slug, "room.turn_continued", {"turn": turn["id"], "agents": missing, "woken": 0,
                                                 "sessions": sessions, "wakes": wakes})
     return room_view(db, person)
+
+
+# -- a project's default lead: who a message naming nobody wakes -------------------
+# A team owner picks an agent of the project; its owner agrees or declines (the pick is
+# 'proposed' until then); once agreed, a person's message in general chat that names nobody
+# wakes it, as a private room's lead is woken by its owner's message (default_lead, one home
+# for both); its owner can step down.
+
+#: What the owner of a picked agent may answer: agree, or decline it.
+LEAD_DECISIONS = ("agree", "decline")
+
+
+def default_lead(db: Database, project: str) -> str | None:
+    """The agent a message that names nobody wakes in ``project``, or None.
+
+    In a private room: the lead its owner set (``room.lead_set``), else its first agent. In a
+    team project: the default lead its owner agreed to (``room.lead_agreed``), while it is still
+    in the project with its owner a member.
+    """
+    room = db.one("SELECT lead_agent FROM rooms WHERE project = ?", (project,))
+    if room is not None:
+        ids = [a["agent_id"] for a in _room_agents(db, project)]
+        return room["lead_agent"] if room["lead_agent"] in ids else (ids[0] if ids else None)
+    lead = db.scalar("SELECT lead_agent FROM projects WHERE slug = ? AND lead_state = 'agreed'", (project,))
+    if lead is None or not db.one("SELECT 1 FROM project_agents pa JOIN members m ON m.project = pa.project AND "
+                                  "m.handle = ? WHERE pa.project = ? AND pa.agent_id = ?",
+                                  (owner_of(lead), project, lead)):
+        return None
+    return lead
+
+
+def lead_out(db: Database, project: str) -> dict | None:
+    """A team project's default lead as the page shows it: ``{agent_id, state, picked_by}``, or None."""
+    row = db.one("SELECT lead_agent, lead_state, lead_picked_by FROM projects WHERE slug = ?", (project,))
+    if row is None or row["lead_agent"] is None:
+        return None
+    return {"agent_id": row["lead_agent"], "state": row["lead_state"], "picked_by": row["lead_picked_by"]}
+
+
+def _lead_project(db: Database, project: str, by: str | Actor | None) -> tuple[dict, str | None]:
+    """The team project (row) and ``by`` as a handle (see _acting_member); a private room is Forbidden."""
+    by = _acting_member(db, project, by)
+    row = db.one("SELECT * FROM projects WHERE slug = ?", (check_slug(project, "project"),))
+    if row is None:
+        raise NotFound(f"no project '{project}'")
+    if row["kind"] == "private":
+        raise Forbidden(f"'{project}' is a private room: its owner sets its lead in the room's settings")
+    return row, by
+
+
+def pick_lead(db: Database, project: str, agent_id: str, by: str | Actor | None = None) -> dict:
+    """A team owner picks an agent of the project as its default lead; its owner then agrees or declines.
+
+    ``by`` (an owner of the project's team) is checked when given; without it, the command
+    line. A new pick replaces one not yet agreed; an agreed lead's owner steps down first.
+    Returns lead_out. Writes nothing to the audit log until the owner answers. Raises
+    InvalidInput, NotFound, Forbidden or Conflict.
+    """
+    check_agent_id(agent_id, "agent_id")
+    with db.transaction():
+        row, by = _lead_project(db, project, by)
+        if by is not None and _team_role(db, row["team"], by) != "owner":
+            raise Forbidden(f"only an owner of team '{row['team']}' picks the default lead of '{project}'")
+        if not db.one("SELECT 1 FROM project_agents pa JOIN members m ON m.project = pa.project AND m.handle = ? "
+                      "WHERE pa.project = ? AND pa.agent_id = ?", (owner_of(agent_id), project, agent_id)):
+            raise NotFound(f"agent_id: '{agent_id}' is not in '{project}': its owner adds it first")
+        if row["lead_state"] == "agreed" and row["lead_agent"] != agent_id:
+            raise Conflict(f"'{row['lead_agent']}' leads '{project}' now: its owner steps down first")
+        if row["lead_agent"] != agent_id:
+            db.execute("UPDATE projects SET lead_agent = ?, lead_state = 'proposed', lead_picked_by = ? "
+                       "WHERE slug = ?", (agent_id, by, project))
+        return lead_out(db, project)
+
+
+def answer_lead(db: Database, project: str, decision: str, by: str | Actor | None = None) -> dict:
+    """The picked agent's owner agrees to lead the project (``room.lead_agreed``) or declines
+    (``room.lead_declined``, reason ``declined``: the project has no default lead again).
+
+    ``by`` (the agent's owner) is checked when given; without it, the command line answers for
+    them (the entry's ``by`` is then None). Returns ``{"lead": lead_out}``. Raises InvalidInput,
+    NotFound, Forbidden or InvalidState.
+    """
+    check_decision(decision, *LEAD_DECISIONS)
+    with db.transaction():
+        row, by = _lead_project(db, project, by)
+        agent = row["lead_agent"]
+        if agent is None or row["lead_state"] != "proposed":
+            raise InvalidState(f"'{project}' has no default lead waiting for an answer")
+        if by is not None and owner_of(agent) != by:
+            raise Forbidden(f"only {owner_of(agent)}, who owns '{agent}', answers for it")
+        if decision == "agree":
+            db.execute("UPDATE projects SET lead_state = 'agreed' WHERE slug = ?", (project,))
+            audit(db, project, "room.lead_agreed", {"agent": agent, "by": by, "picked_by": row["lead_picked_by"]})
+        else:
+            _end_lead(db, project, agent, by, "declined")
+        return {"lead": lead_out(db, project)}
+
+
+def step_down_lead(db: Database, project: str, by: str | Actor | None = None) -> dict:
+    """The agreed lead's owner steps it down: the project has no default lead again.
+
+    Writes ``room.lead_declined`` (reason ``stepped_down``). ``by`` as for :func:`answer_lead`.
+    Returns ``{"lead": None}``. Raises NotFound, Forbidden or InvalidState.
+    """
+    with db.transaction():
+        row, by = _lead_project(db, project, by)
+        agent = row["lead_agent"]
+        if agent is None or row["lead_state"] != "agreed":
+            raise InvalidState(f"'{project}' has no default lead that agreed: there is nothing to step down from")
+        if by is not None and owner_of(agent) != by:
+            raise Forbidden(f"only {owner_of(agent)}, who owns '{agent}', steps it down")
+        _end_lead(db, project, agent, by, "stepped_down")
+        return {"lead": None}
+
+
+def _end_lead(db: Database, project: str, agent: str, by: str | None, reason: str) -> None:
+    db.execute("UPDATE projects SET lead_agent = NULL, lead_state = NULL, lead_picked_by = NULL WHERE slug = ?",
+               (project,))
+    audit(db, project, "room.lead_declined", {"agent": agent, "by": by, "reason": reason})
 
 
 # -- make-or-spend actions (Approve cards) ---------------------------------------
@@ -8000,7 +8331,7 @@ def build_mcp_server(state: AppState) -> _MCPServer:
                 check_live(state.db, actor)
             check_run_allowed(state.db, actor)
             args = validate_input(tool.name, params.arguments or {})
-            note_seen(state.db, actor.agent_id)
+            note_seen(state.db, actor.agent_id, actor.credential_id)
             result = await tool.run(state, actor, args, ctx)
         except PrickleError as e:
             if not key_checked and not isinstance(e, Unauthorized):
@@ -8271,7 +8602,9 @@ def _person_from_request(state: AppState, request: Request) -> Actor:
     """
     auth = request.headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
-        return resolve_token(state.db, auth[7:].strip(), ("person",))
+        actor = resolve_token(state.db, auth[7:].strip(), ("person",))
+        note_seen(state.db, None, actor.credential_id)  # the keys page's "last used"
+        return actor
     cookie = request.cookies.get(SESSION_COOKIE, "")
     if not cookie:
         raise Unauthorized("sign in first: open the sign-in link 'prickle init' printed, or send "
@@ -8539,6 +8872,38 @@ async def api_send_back(state: AppState, person: Actor, request: Request, body: 
     return send_back(state.db, person, request.path_params["task_id"], _field(body, "reason", str))
 
 
+async def api_rename_task(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/tasks/{id}/title {title}: set the task's display title; null or blank shows its own words."""
+    return rename_task(state.db, person, request.path_params["task_id"], _field(body, "title", str, False))
+
+
+async def api_blocked_by(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/tasks/{id}/blocked-by {blocked_by: [task IDs]}: which sibling sub-tasks it waits on."""
+    if "blocked_by" not in body:
+        raise InvalidInput("blocked_by is required: a list of sibling sub-task IDs, [] for none")
+    return set_blocked_by(state.db, person, request.path_params["task_id"], body["blocked_by"])
+
+
+async def api_rename_project(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/rename {name}: a project owner renames the project (its slug stays)."""
+    return {"project": rename_project(state.db, request.path_params["slug"], _field(body, "name", str), person)}
+
+
+async def api_pick_lead(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/lead {agent_id}: a team owner picks the project's default lead."""
+    return {"lead": pick_lead(state.db, request.path_params["slug"], _field(body, "agent_id", str), person)}
+
+
+async def api_answer_lead(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/lead/answer {decision: agree|decline}: the picked agent's owner answers."""
+    return answer_lead(state.db, request.path_params["slug"], _field(body, "decision", str), person)
+
+
+async def api_step_down_lead(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """POST /api/projects/{slug}/lead/step-down: the default lead's owner steps it down."""
+    return step_down_lead(state.db, request.path_params["slug"], person)
+
+
 async def api_task_request(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/projects/{slug}/task-requests {agent, packet}: ask one's own agent for a task."""
     slug = request.path_params["slug"]
@@ -8688,10 +9053,10 @@ async def api_keys(state: AppState, person: Actor, request: Request, body: Any) 
 
 
 async def api_mint_key(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/keys {agent_id, project?}: a client key for your agent, shown once, with set-up lines."""
+    """POST /api/keys {agent_id, project?, label?}: a client key for your agent, shown once, with set-up lines."""
     agent_id = check_agent_id(_field(body, "agent_id", str), "agent_id")
     record, secret = create_token(state.db, "client", agent_id=agent_id, project=_field(body, "project", str, False),
-                                  by=person.handle)
+                                  by=person.handle, label=_field(body, "label", str, False))
     return record | {"token": secret} | connect_lines(public_base(state.db, state.settings, state.port), agent_id,
                                                       secret)
 
@@ -9105,6 +9470,10 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("POST", "/api/teams/{team}/apps", _api(api_team_apps)),
     ("POST", "/api/projects/{slug}/agents", _api(api_project_agent)),
     ("POST", "/api/projects/{slug}/resume", _api(api_resume)),
+    ("POST", "/api/projects/{slug}/rename", _api(api_rename_project)),
+    ("POST", "/api/projects/{slug}/lead", _api(api_pick_lead)),
+    ("POST", "/api/projects/{slug}/lead/answer", _api(api_answer_lead)),
+    ("POST", "/api/projects/{slug}/lead/step-down", _api(api_step_down_lead)),
     ("POST", "/api/projects/{slug}/memory", _api(api_set_memory)),
     ("DELETE", "/api/projects/{slug}/memory/{key:path}", _api(api_retract_memory)),
     ("GET", "/api/projects/{slug}/audit", _api(api_audit)),
@@ -9128,6 +9497,8 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("POST", "/api/tasks/{task_id}/accept", _api(_operation(final_accept, "task_id"))),
     ("POST", "/api/tasks/{task_id}/send-back", _api(api_send_back)),
     ("POST", "/api/tasks/{task_id}/cancel", _api(_operation(cancel_task, "task_id"))),
+    ("POST", "/api/tasks/{task_id}/title", _api(api_rename_task)),
+    ("POST", "/api/tasks/{task_id}/blocked-by", _api(api_blocked_by)),
     ("GET", "/api/rules", _api(api_rules)),
     ("POST", "/api/rules", _api(api_set_rule)),
     ("DELETE", "/api/rules/{rule_id}", _api(api_revoke_rule)),
@@ -11001,6 +11372,95 @@ def project_list(db_path: str, as_json: bool) -> None:
         "No projects.")
 
 
+@project_group.command("rename")
+@_db_options
+@click.argument("slug")
+@click.argument("name")
+def project_rename(db_path: str, as_json: bool, slug: str, name: str) -> None:
+    """Rename a project; its slug (its address) stays."""
+    p = rename_project(_open(db_path), slug, name)
+    _Out(as_json)({"project": p}, f"Renamed {slug} to {p['name']}.")
+
+
+@cli.group("lead")
+def lead_group() -> None:
+    """A team project's default lead: the agent a message naming nobody wakes."""
+
+
+def _lead_text(project: str, lead: dict | None) -> str:
+    if lead is None:
+        return f"{project} has no default lead."
+    return f"{lead['agent_id']} leads {project}" + (
+        "." if lead["state"] == "agreed" else f", waiting for {owner_of(lead['agent_id'])} to agree.")
+
+
+@lead_group.command("show")
+@_db_options
+@click.argument("project_slug", metavar="PROJECT")
+def lead_show(db_path: str, as_json: bool, project_slug: str) -> None:
+    """Show a project's default lead and whether its owner agreed."""
+    db = _open(db_path)
+    project_out(db, check_slug(project_slug, "project"))
+    lead = lead_out(db, project_slug)
+    _Out(as_json)({"lead": lead}, _lead_text(project_slug, lead))
+
+
+@lead_group.command("pick")
+@_db_options
+@click.argument("project_slug", metavar="PROJECT")
+@click.argument("agent_id", metavar="OWNER/NAME")
+def lead_pick(db_path: str, as_json: bool, project_slug: str, agent_id: str) -> None:
+    """Pick an agent of the project as its default lead (its owner then agrees or declines)."""
+    lead = pick_lead(_open(db_path), project_slug, agent_id)
+    _Out(as_json)({"lead": lead}, _lead_text(project_slug, lead))
+
+
+@lead_group.command("answer")
+@_db_options
+@click.argument("project_slug", metavar="PROJECT")
+@click.argument("decision", type=click.Choice(LEAD_DECISIONS))
+def lead_answer(db_path: str, as_json: bool, project_slug: str, decision: str) -> None:
+    """Agree or decline, for the picked agent's owner."""
+    out = answer_lead(_open(db_path), project_slug, decision)
+    _Out(as_json)(out, _lead_text(project_slug, out["lead"]))
+
+
+@lead_group.command("step-down")
+@_db_options
+@click.argument("project_slug", metavar="PROJECT")
+def lead_step_down(db_path: str, as_json: bool, project_slug: str) -> None:
+    """Step the agreed default lead down: the project has none again."""
+    out = step_down_lead(_open(db_path), project_slug)
+    _Out(as_json)(out, _lead_text(project_slug, None))
+
+
+@cli.group("task")
+def task_group() -> None:
+    """Tasks: their display titles and what a sub-task waits on."""
+
+
+@task_group.command("title")
+@_db_options
+@click.argument("task_id")
+@click.argument("title", required=False)
+def task_title(db_path: str, as_json: bool, task_id: str, title: str | None) -> None:
+    """Set a task's display title; without TITLE, clear it (the task's own words show)."""
+    out = rename_task(_open(db_path), None, task_id, title)
+    shown = out["task"]["display_title"] or out["task"]["packet"]["task"]
+    _Out(as_json)(out, f"{task_id} shows as: {shown}")
+
+
+@task_group.command("blocked-by")
+@_db_options
+@click.argument("task_id")
+@click.argument("blockers", nargs=-1, metavar="[TASK_ID]...")
+def task_blocked_by(db_path: str, as_json: bool, task_id: str, blockers: tuple[str, ...]) -> None:
+    """Set the sibling sub-tasks a sub-task waits on; none clears them."""
+    out = set_blocked_by(_open(db_path), None, task_id, list(blockers))
+    _Out(as_json)(out, f"{task_id} waits on {', '.join(out['blocked_by']) or 'nothing'}"
+                  + (f" (still open: {', '.join(out['blocked'])})." if out["blocked"] else "."))
+
+
 @cli.group("member")
 def member_group() -> None:
     """Project members."""
@@ -11507,8 +11967,9 @@ def token_group() -> None:
 @click.option("--rooms", is_flag=True, help="A client key for the agent's owner's private rooms only.")
 @click.option("--person", "handle", default=None, help="A personal token for the HTTP API.")
 @click.option("--runner", "runner", default=None, metavar="OWNER/NAME", help="A runner device key for this agent.")
+@click.option("--label", default=None, help="The key's name, shown on the keys page (up to 60 characters).")
 def token_create(db_path: str, as_json: bool, agent_id: str | None, project_slug: str | None, rooms: bool,
-                 handle: str | None, runner: str | None) -> None:
+                 handle: str | None, runner: str | None, label: str | None) -> None:
     """Make a credential and print its secret once."""
     if rooms:
         if project_slug is not None or agent_id is None:
@@ -11521,10 +11982,11 @@ def token_create(db_path: str, as_json: bool, agent_id: str | None, project_slug
     if kind == "runner":
         if project_slug is not None:
             raise InvalidInput("a runner key is not scoped to a project: leave --project out")
-        device, secret = pair_device(db, owner_of(check_agent_id(runner, "--runner")), runner)
-        record = {"id": device["credential_id"], "kind": "runner", "agent_id": runner, "device": device["id"]}
+        device, secret = pair_device(db, owner_of(check_agent_id(runner, "--runner")), runner, label=label)
+        record = {"id": device["credential_id"], "kind": "runner", "agent_id": runner, "device": device["id"],
+                  "label": device["label"]}
     else:
-        record, secret = create_token(db, kind, agent_id=agent_id, person=handle, project=project_slug)
+        record, secret = create_token(db, kind, agent_id=agent_id, person=handle, project=project_slug, label=label)
     _Out(as_json)(record | {"token": secret},
                   f"{kind} credential {record['id']} (shown once, keep it secret):\n{secret}")
 

@@ -158,13 +158,16 @@ function renderAgents(box, state, ctx, shown, reload) {
     }
     const scope = select([["", "Every project it is in"], ...[...projectsIn].map((s) => [s, `Only ${s}`])],
       { "aria-label": `Which projects ${a.name}'s key reaches` });
+    const label = h("input", { name: "label", maxlength: "60", autocomplete: "off", placeholder: "Key name, e.g. laptop",
+      "aria-label": `Key name for ${a.name}'s new key` });
     const mint = h("button", { type: "submit", class: "small primary", text: "Make a key" });
     const mintError = errorSlot();
-    const mintForm = h("form", { class: "row-form" }, scope, mint);
+    const mintForm = h("form", { class: "row-form mint-form" }, label, scope, mint);
     mintForm.addEventListener("submit", async (e) => {
       e.preventDefault();
       const body = { agent_id: a.agent_id };
       if (scope.value) body.project = scope.value;
+      if (label.value.trim()) body.label = label.value.trim();
       const out = await act(mint, mintError, () => post("/api/keys", body));
       if (out) {
         showSecret(shown, a, out);
@@ -189,10 +192,20 @@ function renderKeys(box, state, reload) {
     fill(box, empty("No keys yet."));
     return;
   }
-  const keys = [...state.keys].sort((a, b) => (b.created_at || "").localeCompare(a.created_at || ""));
-  fill(box, h("table", { class: "keys" },
+  const revoked = state.keys.filter((k) => k.revoked_at).length;
+  // Revoked keys stay listed for the record, behind a toggle kept across redraws (it keeps focus).
+  if (!state.revokedToggle) {
+    const input = h("input", { type: "checkbox", name: "show-revoked" });
+    state.revokedToggle = { label: h("label", { class: "check keys-toggle" }, input, h("span")), input };
+    input.addEventListener("change", () => renderKeys(box, state, reload));
+  }
+  const { label, input } = state.revokedToggle;
+  label.lastChild.textContent = `Show revoked keys (${revoked})`;
+  const keys = state.keys.filter((k) => input.checked || !k.revoked_at)
+    .sort((a, b) => (b.created_at || "").localeCompare(a.created_at || ""));
+  fill(box, revoked ? label : null, keys.length ? h("table", { class: "keys" },
     h("caption", { class: "sr-only", text: "Keys" }),
-    h("thead", {}, h("tr", {}, ["Kind", "For", "Reaches", "Made", "Status", ""].map((t) => h("th", { scope: "col", text: t })))),
+    h("thead", {}, h("tr", {}, ["Name", "Kind", "For", "Reaches", "Made", "Last used", "Status", ""].map((t) => h("th", { scope: "col", text: t })))),
     h("tbody", {}, keys.map((k) => {
       const error = errorSlot();
       const revoke = k.revoked_at ? null : revokeButton(error, `Revoke ${k.kind} key for ${k.agent_id || k.person}`, async () => {
@@ -201,16 +214,19 @@ function renderKeys(box, state, reload) {
         reload();
       });
       const expired = k.expires_at && new Date(k.expires_at) < new Date();
+      // data-label names each cell where a narrow screen stacks the row.
       return h("tr", { dataset: { keyId: k.id }, class: k.revoked_at ? "revoked" : "" },
-        h("td", { text: { client: "client key", runner: "runner key", person: "personal token" }[k.kind] || k.kind }),
-        h("td", { text: k.agent_id || `@${k.person}` }),
-        h("td", { text: k.kind === "runner" ? "its runner device's work"
+        h("td", { class: k.label ? "key-name" : "key-name muted", "data-label": "", text: k.label || "unnamed" }),
+        h("td", { "data-label": "Kind", text: { client: "client key", runner: "runner key", person: "personal token" }[k.kind] || k.kind }),
+        h("td", { "data-label": "For", text: k.agent_id || `@${k.person}` }),
+        h("td", { "data-label": "Reaches", text: k.kind === "runner" ? "its runner device's work"
           : k.project === "@rooms" ? "your private rooms only" : k.project || (k.agent_id ? "all its projects" : "—") }),
-        h("td", {}, timeEl(k.created_at)),
-        h("td", {}, k.revoked_at ? [badge("revoked", "muted"), " ", timeEl(k.revoked_at)]
+        h("td", { "data-label": "Made" }, timeEl(k.created_at)),
+        h("td", { "data-label": "Last used" }, k.last_used_at ? timeEl(k.last_used_at, true) : h("span", { class: "muted", text: "never" })),
+        h("td", { "data-label": "Status" }, k.revoked_at ? [badge("revoked", "muted"), " ", timeEl(k.revoked_at)]
           : expired ? badge("expired", "muted") : badge("active", "ok")),
-        h("td", {}, revoke, error));
-    }))));
+        h("td", { "data-label": "" }, revoke, error));
+    }))) : empty("Every key here is revoked."));
 }
 
 /** The new key, once: the secret with copy-paste set-up lines. Nothing is stored. */

@@ -2,12 +2,13 @@
 // when they joined, adding a teammate from the project's team (owners), the project's agents,
 // and adding one of your own agents to it; owners of the project and its team invite people by
 // email and see the open invites (resend, revoke, the link to pass on). Leave, Remove, Promote and
-// Remove agent ask first, with what the server says would be handed back.
+// Remove agent ask first, with what the server says would be handed back. Owners rename the
+// project, and its default lead is picked by a team owner (its owner agrees, declines or steps down).
 
 import { get, post, del, seg } from "./api.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, availabilityBadge, ago, announce, timeEl,
-  copyButton, revokeButton,
+  copyButton, revokeButton, ownerOf,
 } from "./ui.js";
 
 // ---- lifecycle ------------------------------------------------------------------------------
@@ -20,8 +21,10 @@ export function mount(el, ctx) {
   const addAgent = h("div");
   const confirmBox = h("div", { class: "removal-slot" });
   ctx.confirmBox = confirmBox;
+  const settings = h("div", { class: "project-settings" });
   el.append(
     h("div", { class: "page-head" }, heading(1, "Members and agents")), confirmBox,
+    settings,
     h("div", { class: "two-col" },
       h("section", { class: "section", "aria-labelledby": "people-heading" },
         h("h2", { id: "people-heading", text: "Members" }), people, addPerson, invites),
@@ -32,6 +35,7 @@ export function mount(el, ctx) {
     const data = ctx.project.data();
     renderPeople(people, data, ctx);
     renderAgents(agents, data, ctx);
+    renderSettings(settings, data, ctx);
   };
   render();
   const off = ctx.project.onChange(render);
@@ -85,6 +89,84 @@ function memberActions(p, ctx) {
         confirm: `Remove ${p.display_name}`, run: () => del(`${path}/members/${seg(p.handle)}`) }) }));
   }
   return buttons.length ? h("span", { class: "member-actions" }, buttons) : null;
+}
+
+/** The project's name (owners rename it; its address stays) and its default lead. */
+function renderSettings(box, data, ctx) {
+  if (data.kind !== "team") {
+    fill(box);
+    return;
+  }
+  const done = async (text) => {
+    announce(text);
+    await ctx.project.refresh();
+  };
+  let rename = null;
+  if (data.role === "owner") {
+    const name = h("input", { id: "project-name-input", name: "name", maxlength: "80", required: true, autocomplete: "off", value: data.project.name });
+    const save = h("button", { type: "submit", class: "small", text: "Rename" });
+    const error = errorSlot();
+    rename = h("form", { class: "row-form rename-project" },
+      field(`Project name (its address stays ${data.project.slug})`, name), save, error);
+    rename.addEventListener("submit", (e) => {
+      e.preventDefault();
+      act(save, error, async () => {
+        const out = await post(`/api/projects/${seg(ctx.slug)}/rename`, { name: name.value.trim() });
+        await done(`Renamed to ${out.project.name}`);
+      });
+    });
+  }
+  fill(box, h("section", { class: "section card", "aria-labelledby": "settings-heading" },
+    h("h2", { id: "settings-heading", text: "Name and default lead" }), rename, leadBox(data, ctx, done)));
+}
+
+function leadBox(data, ctx, done) {
+  const lead = data.lead;
+  const mine = lead && ownerOf(lead.agent_id) === ctx.me.handle;
+  const error = errorSlot();
+  const button = (text, cls, run) => {
+    const b = h("button", { type: "button", class: `small ${cls}`, text });
+    b.addEventListener("click", () => act(b, error, run));
+    return b;
+  };
+  const parts = [h("p", { class: "lead-status" }, lead
+    ? [h("strong", { text: lead.agent_id }), lead.state === "agreed"
+      ? " leads this project: a person's message that names nobody wakes it."
+      : ` was picked to lead this project${lead.picked_by ? ` by @${lead.picked_by}` : ""}; waiting for its owner to agree.`]
+    : "No default lead: a message that names nobody wakes nobody.")];
+  if (mine && lead.state === "proposed") {
+    parts.push(h("div", { class: "button-row" },
+      button("Agree to lead", "primary", async () => {
+        await post(`/api/projects/${seg(ctx.slug)}/lead/answer`, { decision: "agree" });
+        await done(`${lead.agent_id} now leads the project`);
+      }),
+      button("Decline", "", async () => {
+        await post(`/api/projects/${seg(ctx.slug)}/lead/answer`, { decision: "decline" });
+        await done("Declined: the project has no default lead");
+      })));
+  }
+  if (mine && lead.state === "agreed") {
+    parts.push(h("div", { class: "button-row" }, button("Step down", "danger-quiet", async () => {
+      await post(`/api/projects/${seg(ctx.slug)}/lead/step-down`, {});
+      await done("Stepped down: the project has no default lead");
+    })));
+  }
+  if (data.team_role === "owner" && lead?.state !== "agreed" && data.agents.length) {
+    const agent = select(data.agents.map((a) => [a.agent_id, `${a.name} (${a.agent_id})`]), { name: "lead", "aria-label": "Agent to lead the project" });
+    if (lead) agent.value = lead.agent_id;
+    const pick = h("button", { type: "submit", class: "small", text: "Pick as default lead" });
+    const form = h("form", { class: "row-form pick-lead" }, agent, pick);
+    form.addEventListener("submit", (e) => {
+      e.preventDefault();
+      act(pick, error, async () => {
+        await post(`/api/projects/${seg(ctx.slug)}/lead`, { agent_id: agent.value });
+        await done(`Picked ${agent.value}: its owner agrees or declines`);
+      });
+    });
+    parts.push(form);
+  }
+  parts.push(error);
+  return h("div", { class: "lead-box" }, h("h3", { text: "Default lead" }), parts);
 }
 
 function renderAgents(box, data, ctx) {

@@ -109,14 +109,17 @@ export function header(view) {
     TABS.map(([key, label]) => h("a", {
       href: `#/p/${d.project.slug}/${key}`, "aria-current": key === view ? "page" : false, text: label,
     })));
+  const name = h("span", { class: "project-name", text: d.project.name });
+  // A rename shows at once; the address (slug) never changes.
+  const offName = onChange((fresh) => { name.textContent = fresh.project.name; });
   const el = h("div", { class: "project-bar" },
     h("div", { class: "project-title" },
-      h("span", { class: "project-name", text: d.project.name }),
+      name,
       d.kind === "private" ? badge("private room", "violet", "Only you and your own agents") : null,
       h("span", { class: "muted project-meta", text: `${d.project.team ? `${d.project.team} · ` : ""}${d.project.slug}` }),
       live),
     nav);
-  return { el, destroy: off };
+  return { el, destroy: () => { off(); offName(); } };
 }
 
 // ---- callbacks -----------------------------------------------------------------------

@@ -31,7 +31,7 @@ export function mount(el, ctx) {
 }
 
 function mountBoard(el, ctx) {
-  const state = { tasks: new Map(), columns: [] };
+  const state = { tasks: new Map(), columns: [], blocked: {} };
   const choice = boardChoice(ctx.query);
   const board = h("div", { class: "board" }, h("p", { class: "muted", text: "Loading tasks…" }));
   const filters = h("form", { class: "board-filters", "aria-label": "Filter the tasks" });
@@ -66,7 +66,7 @@ function mountBoard(el, ctx) {
     const shown = all.filter((t) => (!onlyMine || needs.held.has(t.id))
       && FILTERS.every((f) => !choice[f.key] || f.match(t, choice[f.key], ctx, needs)));
     if (choice.view === "list") renderList(board, ctx, shown, needs.held);
-    else renderBoard(board, ctx, shown, state.columns, needs.held);
+    else renderBoard(board, ctx, shown, state.columns, needs.held, state.blocked);
   };
   // The held handoffs of this project come from the inbox too.
   let shownApprovals = null;
@@ -82,8 +82,9 @@ function mountBoard(el, ctx) {
   };
   const offInbox = onInboxChange(showApprovals);
   const loadTasks = async () => {
-    const { tasks } = await get(`/api/projects/${seg(ctx.slug)}/tasks`);
+    const { tasks, blocked } = await get(`/api/projects/${seg(ctx.slug)}/tasks`);
     for (const t of tasks) upsert(state.tasks, t);
+    state.blocked = blocked || {}; // which sub-tasks wait on open siblings: any task's move may end a wait
     render();
   };
   // Live events carry the reference's Task without where it stands (lifecycle, final_by): fetch again.
@@ -212,7 +213,7 @@ async function decide(approvalId, decision, standing) {
 
 // ---- callbacks / rendering -------------------------------------------------------------------------
 
-function renderBoard(board, ctx, tasks, columns, held) {
+function renderBoard(board, ctx, tasks, columns, held, blocked = {}) {
   board.classList.remove("board-list");
   fill(board, columns.map(({ title, states }) => {
     const cards = tasks.filter((t) => states.includes(t.state))
@@ -220,7 +221,7 @@ function renderBoard(board, ctx, tasks, columns, held) {
     const id = `col-${states[0]}`;
     return h("section", { class: "column", id, "aria-labelledby": `${id}-title` },
       h("h2", { id: `${id}-title`, class: "column-title" }, title, h("span", { class: "count", text: String(cards.length) })),
-      cards.length ? h("ul", { class: "cards" }, cards.map((t) => h("li", {}, taskCard(t, ctx, held))))
+      cards.length ? h("ul", { class: "cards" }, cards.map((t) => h("li", {}, taskCard(t, ctx, held, blocked[t.id]))))
         : h("p", { class: "empty small", text: "Nothing here." }));
   }));
 }
@@ -324,13 +325,14 @@ function fillOptions(control, filter, tasks, choice, ctx, needs) {
   control.value = value;
 }
 
-function taskCard(task, ctx, held) {
+function taskCard(task, ctx, held, waitsOn) {
   const mine = held.has(task.id);
   return h("a", { class: `card task-card${mine ? " needs-you" : ""}`, href: `#/p/${ctx.slug}/tasks/${task.id}`,
     dataset: { taskId: task.id, state: task.state } },
   h("span", { class: "task-card-title", text: titleOf(task) }),
   h("span", { class: "task-card-meta" }, taskState(task),
     mine ? badge("needs you", "attention") : null,
+    waitsOn?.length ? badge("blocked", "warn", `Waits on ${waitsOn.length} other sub-task${waitsOn.length > 1 ? "s" : ""}`) : null,
     task.waiting_on ? h("span", { class: "muted small", text: `waiting on ${words(task.waiting_on)}` }) : null),
   h("span", { class: "muted small", text: `${requesterText(task)} → ${task.assignee}` }),
   h("span", { class: "muted small", text: `${words(task.packet.deliverable_type)} · ${ago(task.updated_at)}` }));
@@ -347,8 +349,12 @@ function renderTask(top, body, ctx, detail, approval, stepCards, reload, known) 
       h("span", { class: "muted", text: words(task.packet.deliverable_type) }),
       h("span", { class: "muted" }, "created ", timeEl(task.created_at)),
       h("span", { class: "muted" }, "updated ", timeEl(task.updated_at, true)),
-      task.parent_task_id ? h("a", { href: `#/p/${ctx.slug}/tasks/${task.parent_task_id}`, text: "parent task" }) : null),
-    renderActions(ctx, task, approval, stepCards, reload, known));
+      task.parent_task_id ? h("a", { href: `#/p/${ctx.slug}/tasks/${task.parent_task_id}`, text: "parent task" }) : null,
+      detail.blocked?.length ? h("span", { class: "task-blocked" }, badge("blocked", "warn"), " waits on ",
+        detail.blocked.map((id, i) => [i ? ", " : "", h("a", { href: `#/p/${ctx.slug}/tasks/${id}`, text: siblingTitle(detail, id) })]))
+        : null),
+    renderActions(ctx, task, approval, stepCards, reload, known),
+    detail.can_rename ? namesBox(ctx, detail, reload, known) : null);
 
   const latest = task.result;
   fill(body,
@@ -360,6 +366,7 @@ function renderTask(top, body, ctx, detail, approval, stepCards, reload, known) 
       task.packet.context ? [h("h3", { text: "Context" }), markdownWithRaw(task.packet.context)] : null,
       task.packet.files?.length ? [h("h3", { text: "Files" }), codeList(task.packet.files)] : null,
       task.packet.depends_on?.length ? [h("h3", { text: "Depends on" }), codeList(task.packet.depends_on)] : null),
+    detail.subtasks?.length ? subtasksSection(ctx, detail.subtasks) : null,
     runsSection(ctx, detail, reload),
     h("section", { class: "section", "aria-labelledby": "subs-heading" },
       h("h2", { id: "subs-heading", text: submissions.length > 1 ? `Results (${submissions.length} revisions)` : "Result" }),
@@ -405,6 +412,65 @@ function renderActions(ctx, task, approval, stepCards, reload, known) {
   box.classList.toggle("done", task.state === "completed");
   box.append(...parts);
   return box;
+}
+
+/** Rename the task (its display title; the packet stays) and, for a sub-task, pick the siblings it waits on. */
+function namesBox(ctx, detail, reload, known) {
+  const { task } = detail;
+  const input = h("input", { id: "task-title-input", name: "title", maxlength: "500", autocomplete: "off",
+    value: task.display_title || "", placeholder: task.packet.task });
+  const save = h("button", { type: "submit", class: "small primary", text: "Rename" });
+  const error = errorSlot();
+  const setTitle = (title) => act(save, error, async () => {
+    await post(`/api/tasks/${seg(task.id)}/title`, { title });
+    announce(title ? `Renamed to ${title}` : "The task shows its own words again");
+    reload();
+  });
+  const form = h("form", { class: "row-form title-form" }, field("Display title", input, "Only the name people and agents see changes: the packet stays as it was."),
+    h("div", { class: "button-row" }, save,
+      task.display_title ? h("button", { type: "button", class: "small", text: "Use the task's own words", onclick: () => setTitle(null) }) : null),
+    error);
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    setTitle(input.value.trim() || null);
+  });
+  const open = !known.cancellable.includes(task.state) ? null : detail.siblings;
+  let waits = null;
+  if (task.parent_task_id && open?.length) {
+    const checks = open.map((s) => h("label", { class: "check" },
+      h("input", { type: "checkbox", value: s.id, checked: detail.blocked_by.includes(s.id) }),
+      ` ${s.title} `, stateBadge(s.state)));
+    const saveWaits = h("button", { type: "submit", class: "small", text: "Save what it waits on" });
+    const waitsError = errorSlot();
+    waits = h("form", { class: "waits-form" },
+      h("fieldset", { class: "checks" }, h("legend", { text: "Waits on (other sub-tasks of the same parent)" }), checks),
+      saveWaits, waitsError);
+    waits.addEventListener("submit", (e) => {
+      e.preventDefault();
+      const blocked_by = [...waits.querySelectorAll("input:checked")].map((i) => i.value);
+      act(saveWaits, waitsError, async () => {
+        await post(`/api/tasks/${seg(task.id)}/blocked-by`, { blocked_by });
+        announce(blocked_by.length ? `Waits on ${blocked_by.length} sub-task${blocked_by.length > 1 ? "s" : ""}` : "Waits on nothing");
+        reload();
+      });
+    });
+  }
+  return h("details", { class: "card names-box" }, h("summary", { text: task.parent_task_id ? "Rename the task, or set what it waits on" : "Rename the task" }),
+    form, waits);
+}
+
+/** The parent's own sub-tasks, each with its state and whether it is blocked. */
+function subtasksSection(ctx, subtasks) {
+  return h("section", { class: "section", "aria-labelledby": "subtasks-heading" },
+    h("h2", { id: "subtasks-heading", text: `Sub-tasks (${subtasks.length})` }),
+    h("ul", { class: "subtask-list" }, subtasks.map((s) => h("li", { dataset: { taskId: s.id } },
+      h("a", { href: `#/p/${ctx.slug}/tasks/${s.id}`, text: s.title }), " ", stateBadge(s.state),
+      s.blocked.length ? [" ", badge("blocked", "warn", `Waits on ${s.blocked.length} other sub-task${s.blocked.length > 1 ? "s" : ""}`)] : null,
+      h("span", { class: "muted small", text: ` → ${s.assignee}` })))));
+}
+
+function siblingTitle(detail, id) {
+  return detail.siblings?.find((s) => s.id === id)?.title || id;
 }
 
 /** One sentence: where the task stands and whose turn it is. */

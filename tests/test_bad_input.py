@@ -38,7 +38,12 @@ BAD_TIMES = ["0000-01-01T00:00:00Z", "9999-12-31T23:59:59-23:59", "0001-01-01T00
 API_BODIES = [
     ("POST", "/api/projects", ["slug", "name", "team", "description"]),
     ("POST", "/api/agents", ["name", "display_name", "model", "client", "role", "capabilities", "projects"]),
-    ("POST", "/api/keys", ["agent_id", "project"]),
+    ("POST", "/api/keys", ["agent_id", "project", "label"]),
+    ("POST", f"/api/projects/{PROJECT}/rename", ["name"]),
+    ("POST", f"/api/projects/{PROJECT}/lead", ["agent_id"]),
+    ("POST", f"/api/projects/{PROJECT}/lead/answer", ["decision"]),
+    ("POST", "/api/tasks/{id}/title", ["title"]),
+    ("POST", "/api/tasks/{id}/blocked-by", ["blocked_by"]),
     ("POST", f"/api/projects/{PROJECT}/members", ["handle", "role"]),
     ("POST", "/api/teams/web/apps", ["apps"]),
     ("POST", f"/api/projects/{PROJECT}/invites", ["email", "role"]),

@@ -468,6 +468,7 @@ def test_an_agent_key_is_shown_once_works_and_can_be_revoked(served, people):
     expect(scribe.get_by_role("link", name=PROJECT)).to_be_visible()
     expect(scribe.get_by_label("Which projects Scribe's key reaches")).to_contain_text(f"Only {PROJECT}")
     card = page.locator('.agent-card[data-agent="oj/muse"]')
+    card.get_by_label("Key name for Muse's new key").fill("laptop")
     card.get_by_role("button", name="Make a key").click()
     secret = page.locator(".secret")
     expect(secret).to_contain_text("Copy it now")
@@ -486,11 +487,75 @@ def test_an_agent_key_is_shown_once_works_and_can_be_revoked(served, people):
     assert key not in page.content()
 
     newest = page.locator("table.keys tbody tr").first
+    expect(newest.locator(".key-name")).to_have_text("laptop")
+    expect(newest.locator("td").nth(5)).not_to_have_text("never")  # it was used just now
+    key_id = newest.get_attribute("data-key-id")
     newest.get_by_role("button", name=re.compile("^Revoke")).click()
     newest.get_by_role("button", name="Click again to revoke").click()  # the second click confirms
-    expect(newest.locator(".badge")).to_have_text("revoked")
+    # A revoked key leaves the list; the toggle shows it again, marked revoked.
+    row = page.locator(f'table.keys tr[data-key-id="{key_id}"]')
+    expect(row).to_have_count(0)
+    toggle = page.get_by_label(re.compile(r"^Show revoked keys \(\d+\)$"))
+    toggle.check()
+    expect(row.locator(".badge")).to_have_text("revoked")
+    expect(row.locator(".key-name")).to_have_text("laptop")
+    shot(page, "keys_revoked_shown")
     r = httpx.post(served.info["mcp"], headers={"Authorization": f"Bearer {key}"}, json={})
     assert r.status_code == 401
+    phone = people("oj", viewport={"width": 390, "height": 800})
+    goto(phone, served, "#/agents")
+    expect(phone.locator(f'table.keys tr[data-key-id="{key_id}"]')).to_have_count(0)
+    phone.get_by_label(re.compile(r"^Show revoked keys")).check()
+    expect(phone.locator(f'table.keys tr[data-key-id="{key_id}"] .key-name')).to_have_text("laptop")
+    assert phone.evaluate("document.documentElement.scrollWidth") <= 390
+    shot(phone, "phone_keys_revoked_shown")
+
+
+def test_a_task_is_renamed_on_its_page_and_its_sub_tasks_show_what_they_wait_on(served, people):
+    packet = {"task": "Write the launch post.", "deliverable_type": "doc", "acceptance_criteria": ["Under 400 words."]}
+    with person_api(served, "ren") as ren, person_api(served, "oj") as oj:
+        held = mcp(served, "oj/muse", "handoff", {"project": PROJECT, "to": "ren/builder", "packet": packet})
+        ren.post(f"/api/approvals/{held['gate']['approval_id']}", json={"decision": "approve"}).raise_for_status()
+        parent = held["task"]["id"]
+        mcp(served, "ren/builder", "accept_task", {"task_id": parent})
+        kids = []
+        for words in ("Draft the outline.", "Write the body."):
+            sub = mcp(served, "ren/builder", "handoff", {"project": PROJECT, "to": "oj/muse", "parent_task_id": parent,
+                                                         "packet": packet | {"task": words}})
+            oj.post(f"/api/approvals/{sub['gate']['approval_id']}", json={"decision": "approve"}).raise_for_status()
+            kids.append(sub["task"]["id"])
+        oj.post(f"/api/tasks/{kids[1]}/blocked-by", json={"blocked_by": [kids[0]]}).raise_for_status()
+
+    page = people("oj")
+    goto(page, served, f"#/p/{PROJECT}/tasks/{parent}")
+    expect(page.get_by_role("heading", name="Write the launch post.", exact=True)).to_be_visible()
+    subtasks = page.locator(".subtask-list li")
+    expect(subtasks).to_have_count(2)
+    expect(page.locator(f'.subtask-list li[data-task-id="{kids[1]}"] .badge-warn')).to_have_text("blocked")
+    expect(page.locator(f'.subtask-list li[data-task-id="{kids[0]}"] .badge-warn')).to_have_count(0)
+    page.locator(".names-box summary").click()
+    page.get_by_label("Display title").fill("Launch post")
+    page.get_by_role("button", name="Rename", exact=True).click()
+    expect(page.get_by_role("heading", name="Launch post", exact=True)).to_be_visible()
+    expect(page.locator(".packet-task")).to_have_text("Write the launch post.")  # the packet stays
+    shot(page, "task_renamed")
+    goto(page, served, f"#/p/{PROJECT}/tasks/{kids[1]}")
+    expect(page.locator(".task-blocked")).to_contain_text("waits on Draft the outline.")
+    page.locator(".names-box summary").click()
+    expect(page.get_by_label("Draft the outline.")).to_be_checked()
+    shot(page, "sub_task_waits_on_a_sibling")
+    goto(page, served, f"#/p/{PROJECT}/tasks")
+    expect(page.locator(f'[data-task-id="{parent}"] .task-card-title')).to_have_text("Launch post")
+    expect(page.locator(f'[data-task-id="{kids[1]}"] .badge-warn')).to_have_text("blocked")
+
+    phone = people("oj", viewport={"width": 390, "height": 800})
+    goto(phone, served, f"#/p/{PROJECT}/tasks/{parent}")
+    expect(phone.get_by_role("heading", name="Launch post", exact=True)).to_be_visible()
+    phone.locator(".names-box summary").click()
+    phone.get_by_role("button", name="Use the task's own words").click()
+    expect(phone.get_by_role("heading", name="Write the launch post.", exact=True)).to_be_visible()
+    assert phone.evaluate("document.documentElement.scrollWidth") <= 390
+    shot(phone, "phone_task_with_sub_tasks")
 
 
 def test_memory_facts_and_the_audit_log(served, people):
@@ -557,6 +622,29 @@ def test_the_members_screen_shows_each_role_agents_and_joined(served, people):
             expect(row.locator(".member-joined time")).to_have_attribute("datetime", members[handle]["joined_at"])
         assert page.evaluate("document.documentElement.scrollWidth") <= viewport["width"]
         shot(page, name)
+
+
+def test_a_team_owner_picks_a_default_lead_and_its_owner_agrees_then_steps_down(served, people):
+    oj = people("oj")
+    goto(oj, served, f"#/p/{PROJECT}/people")
+    oj.get_by_label("Agent to lead the project").select_option("ren/builder")
+    oj.get_by_role("button", name="Pick as default lead").click()
+    expect(oj.locator(".lead-status")).to_have_text(
+        "ren/builder was picked to lead this project by @oj; waiting for its owner to agree.")
+    ren = people("ren", viewport={"width": 390, "height": 800})
+    goto(ren, served, f"#/p/{PROJECT}/people")
+    expect(ren.get_by_label("Agent to lead the project")).to_have_count(0)  # ren is no team owner
+    ren.get_by_role("button", name="Agree to lead").click()
+    expect(ren.locator(".lead-status")).to_have_text(
+        "ren/builder leads this project: a person's message that names nobody wakes it.")
+    assert ren.evaluate("document.documentElement.scrollWidth") <= 390
+    shot(ren, "phone_default_lead_agreed")
+    ren.get_by_role("button", name="Step down").click()
+    expect(ren.locator(".lead-status")).to_have_text("No default lead: a message that names nobody wakes nobody.")
+    with person_api(served, "oj") as api:
+        assert api.get(f"/api/projects/{PROJECT}").json()["lead"] is None
+        types = [e["type"] for e in api.get(f"/api/projects/{PROJECT}/audit").json()["entries"]]
+    assert types.index("room.lead_declined") < types.index("room.lead_agreed")  # newest first
 
 
 def test_phone_width_is_readable(served, people):
