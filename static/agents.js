@@ -7,7 +7,7 @@ import { get, post, del, seg } from "./api.js";
 import { createDevices } from "./devices.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, timeEl, revokeButton, copyButton,
-  lines, announce,
+  lines, announce, loadFailed, clearError,
 } from "./ui.js";
 
 const CAPABILITY_KINDS = ["mcp", "repo", "deploy", "data", "other"];
@@ -42,16 +42,24 @@ export function mount(el, ctx) {
       state.keys = k.keys;
       state.projects = p.projects;
       state.devices = d.devices;
+      clearError(error);
       renderAgents(agentsBox, state, ctx, shown, reload);
       renderKeys(keysBox, state, reload);
       devices.render(state.agents, state.devices);
     } catch (err) {
-      error.textContent = err.message;
-      error.hidden = false;
+      if (state.loaded) showFailure(error, err); // the lists on screen stay; say why they did not refresh
+      else fill(agentsBox, loadFailed(err, reload));
+      return;
     }
+    state.loaded = true;
   };
   reload();
   return () => fill(shown); // the secret leaves the page with the view
+}
+
+function showFailure(slot, err) {
+  slot.textContent = err.message;
+  slot.hidden = false;
 }
 
 // ---- actions ----------------------------------------------------------------------------------------------

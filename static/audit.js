@@ -2,7 +2,7 @@
 // Entries hold references and counts only (never message text or secrets).
 
 import { get, seg } from "./api.js";
-import { h, heading, errorSlot, showError, act, fill, badge, timeEl, words } from "./ui.js";
+import { h, heading, errorSlot, showError, act, fill, badge, timeEl, words, loadFailed } from "./ui.js";
 
 const LIMIT = 50;
 
@@ -27,7 +27,13 @@ export function mount(el, ctx) {
 
   let before = null;
   const load = async (button) => {
-    const out = await act(button, error, () => get(`/api/projects/${seg(ctx.slug)}/audit?limit=${LIMIT}${before ? `&before=${before}` : ""}`));
+    const first = before === null;
+    const out = await act(button, first ? null : error, () => get(`/api/projects/${seg(ctx.slug)}/audit?limit=${LIMIT}${before ? `&before=${before}` : ""}`)
+      .catch((err) => {
+        if (!first) throw err;
+        fill(chain, loadFailed(err, () => load(null)));
+        return undefined;
+      }));
     if (!out) return;
     renderChain(chain, out.chain);
     rows.append(...out.entries.map(renderEntry));

@@ -4,7 +4,7 @@
 
 import { get, post } from "./api.js";
 import { createWaiting } from "./waiting.js";
-import { h, heading, field, errorSlot, act, fill, empty, badge } from "./ui.js";
+import { h, heading, field, errorSlot, act, fill, empty, badge, loadFailed } from "./ui.js";
 
 // ---- lifecycle ---------------------------------------------------------------------------
 
@@ -32,9 +32,7 @@ async function loadProjects(list, error) {
     fill(list, projects.length ? projects.map(projectCard)
       : empty("You are not in any project yet. Create one below, or ask a project owner to add you."));
   } catch (err) {
-    fill(list);
-    error.textContent = err.message;
-    error.hidden = false;
+    fill(list, loadFailed(err, () => loadProjects(list, error)));
   }
 }
 

@@ -12,7 +12,7 @@ import { createRoomControls } from "./privateroom.js";
 import { actionCard } from "./makeaction.js";
 import {
   h, tpl, slots, heading, avatar, badge, stateBadge, timeEl, errorSlot, showError, clearError, act, fill, empty, ago,
-  announce, debounce,
+  announce, debounce, loadFailed,
 } from "./ui.js";
 
 const PAGE = 50; // messages per page, newest page first
@@ -20,20 +20,22 @@ const PAGE = 50; // messages per page, newest page first
 // ---- lifecycle ---------------------------------------------------------------------------
 
 export function mount(el, ctx) {
-  const list = new MessageList(ctx, null);
-  const composer = createComposer({ onPosted: (m) => list.add(m, { scroll: true }) });
-  list.onReply = (m) => composer.replyTo(m);
   const paused = h("div", { class: "paused-list" });
   const threads = h("nav", { class: "threads", "aria-labelledby": "threads-heading" },
     h("h2", { id: "threads-heading", text: "Task threads" }), h("p", { class: "muted", text: "Loading…" }));
   const own = ctx.project.isPrivate() ? createRoomControls(ctx) : null;
 
+  const list = new MessageList(ctx, null);
+  const composer = createComposer({ onSending: (body) => list.sending(body), onPosted: (m) => list.add(m, { scroll: true }) });
+  list.onReply = (m) => composer.replyTo(m);
+  const foot = h("div", { class: "room-foot" }, paused, own?.turn, composer.el);
+  list.coveredBy(foot);
   el.append(h("div", { class: `room${own ? " private" : ""}` },
     h("section", { class: "room-main", "aria-labelledby": "room-heading" },
       heading(1, own ? "Your room" : "Room", { id: "room-heading", class: "sr-only" }),
       list.el,
       // the pause and the turn stay in view, beside where one speaks
-      h("div", { class: "room-foot" }, paused, own?.turn, composer.el)),
+      foot),
     h("div", { class: "room-side" }, own?.settings, threads)));
 
   const renderPaused = () => renderPausedPairs(paused, ctx);
@@ -46,7 +48,10 @@ export function mount(el, ctx) {
   });
   list.load().then(() => {
     renderThreads(threads, ctx, list.threads || []);
-    if (!ctx.id || !list.reveal(ctx.id)) list.scrollToEnd();
+    if (!ctx.id || !list.reveal(ctx.id)) {
+      list.scrollToEnd();
+      requestAnimationFrame(() => list.scrollToEnd()); // once the side column and the foot are laid out
+    }
   });
   return () => {
     list.destroy();
@@ -77,10 +82,14 @@ export class MessageList {
     this.more.addEventListener("click", () => this.loadOlder());
     this.start = h("p", { class: "room-start muted small", hidden: true,
       text: taskId ? "The start of this thread." : "The start of the room." });
-    this.status = h("p", { class: "muted", text: "Loading messages…" });
+    this.status = h("div", { class: "muted", text: "Loading messages…" });
     this.error = errorSlot();
-    this.list = h("ol", { class: "messages", role: "log", "aria-label": taskId ? "Thread messages" : "Room messages" });
-    this.el = h("div", { class: "message-area" }, this.more, this.start, this.status, this.error, this.list);
+    this.list = h("ol", { class: "messages" });
+    // The live region wraps the list, so each message stays a list item of a list.
+    this.log = h("div", { role: "log", "aria-label": taskId ? "Thread messages" : "Room messages" }, this.list);
+    this.foot = null; // a sticky element over the bottom of the view (the room's composer), if any
+    this.sent = 0;
+    this.el = h("div", { class: "message-area" }, this.more, this.start, this.status, this.error, this.log);
     this.offs = [
       stream.on("message.posted", (e) => this.receive(e.message)),
       stream.on("action.updated", (e) => this.updateAction(e.action)),
@@ -100,8 +109,8 @@ export class MessageList {
       this.previous = page.previous_cursor ?? null;
       this.status.hidden = true;
     } catch (err) {
-      this.status.hidden = true;
-      showError(this.error, err);
+      fill(this.status, loadFailed(err, () => this.load()));
+      this.status.hidden = false;
     }
     this.loaded = true;
     for (const m of this.pending.splice(0)) this.remember(m);
@@ -120,7 +129,10 @@ export class MessageList {
       this.pending.push(message);
       return;
     }
-    if (this.byId.has(message.id)) return;
+    if (this.byId.has(message.id)) {
+      if (scroll) this.scrollToEnd(); // your own message, already here from the stream: show it
+      return;
+    }
     const atEnd = scroll || nearBottom();
     this.remember(message);
     this.list.append(renderMessage(message, this));
@@ -168,9 +180,36 @@ export class MessageList {
     }
   }
 
+  /** Your message on its way: shown at the end as "Sending…" until the server has it.
+   *  Returns {done()}, which takes it away (the server's copy takes its place). */
+  sending(body) {
+    this.sent += 1;
+    const { me } = this.ctx;
+    const el = renderMessage({ id: `sending-${this.sent}`, author: { kind: "person", handle: me.handle,
+      display_name: me.display_name }, body, mentions: [], created_at: null }, { ctx: this.ctx });
+    el.classList.add("msg-sending");
+    el.setAttribute("aria-busy", "true");
+    fill(el.querySelector(".msg-time"), "Sending…");
+    el.querySelector(".msg-reply").hidden = true;
+    this.list.querySelector(".empty")?.remove();
+    this.list.append(el);
+    this.scrollToEnd();
+    return { done: () => el.remove() };
+  }
+
+  /** Keep the end of the list clear of `el`, a sticky element over the bottom of the view. */
+  coveredBy(el) {
+    this.foot = el;
+  }
+
+  /** Scroll so the newest message sits in full above the composer. */
   scrollToEnd() {
     const last = this.list.lastElementChild;
-    if (last) last.scrollIntoView({ block: "end" });
+    if (!last) return;
+    last.scrollIntoView({ block: "end" });
+    if (!this.foot) return;
+    const hidden = last.getBoundingClientRect().bottom - this.foot.getBoundingClientRect().top;
+    if (hidden > 0) window.scrollBy(0, hidden + 8);
   }
 
   /** Scroll to one message and flash it; false if it is not on the page. */

@@ -3,7 +3,7 @@
 
 import { get, post, del, seg } from "./api.js";
 import {
-  h, heading, field, select, errorSlot, act, fill, empty, badge, timeEl, revokeButton, announce, words,
+  h, heading, field, select, errorSlot, act, fill, empty, badge, timeEl, revokeButton, announce, words, loadFailed,
 } from "./ui.js";
 
 const DECISIONS = [["allow", "Allow"], ["approval_required", "Ask me each time"], ["never", "Never"]];
@@ -21,8 +21,7 @@ export function mount(el, ctx) {
       renderRules(rules, out.rules, reload);
       renderStanding(standing, out.standing_approvals, reload);
     } catch (err) {
-      error.textContent = err.message;
-      error.hidden = false;
+      fill(rules, loadFailed(err, reload));
     }
   };
   el.append(

@@ -11,7 +11,7 @@ import { stepCard, pendingSteps } from "./steps.js";
 import { runsSection } from "./runs.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, badge, stateBadge, timeEl, ago, words, safeUrl,
-  confirmButton, lines, debounce, announce,
+  confirmButton, lines, debounce, announce, loadFailed,
 } from "./ui.js";
 
 const COLUMNS = [
@@ -72,19 +72,19 @@ function mountBoard(el, ctx) {
   });
   const reloadApprovals = debounce(loadApprovals, 300);
   const offApproval = stream.on("approval.updated", reloadApprovals);
-  (async () => {
+  const loadBoard = async () => {
     try {
       const { tasks } = await get(`/api/projects/${seg(ctx.slug)}/tasks`);
       for (const t of tasks) upsert(state.tasks, t);
       render();
     } catch (err) {
-      fill(board);
-      error.textContent = err.message;
-      error.hidden = false;
+      fill(board, loadFailed(err, loadBoard));
+      return;
     }
     loadApprovals();
     loadSteps();
-  })();
+  };
+  loadBoard();
   return () => {
     offTask();
     offApproval();
@@ -98,7 +98,8 @@ function mountTask(el, ctx) {
   const top = h("div", { class: "task-top" }, h("p", { class: "muted", text: "Loading the task…" }));
   const body = h("div", { class: "task-body" });
   const list = new MessageList(ctx, taskId);
-  const composer = createComposer({ taskId, onPosted: (m) => list.add(m, { scroll: true }) });
+  const composer = createComposer({ taskId, onSending: (body) => list.sending(body),
+    onPosted: (m) => list.add(m, { scroll: true }) });
   list.onReply = (m) => composer.replyTo(m);
   const thread = h("section", { class: "section thread-section", "aria-labelledby": "thread-heading" },
     h("h2", { id: "thread-heading", text: "Thread" }), list.el, composer.el);
@@ -136,6 +137,11 @@ function mountTask(el, ctx) {
         top.querySelector("h1")?.focus();
       }
     } catch (err) {
+      if (shown !== null) return; // the task on screen stays; the next event or reload tries again
+      if (err.status !== 404) {
+        fill(top, heading(1, "This task could not be loaded"), loadFailed(err, load));
+        return;
+      }
       fill(top, heading(1, "Task not found"),
         h("p", { class: "error", role: "alert", text: err.message }),
         h("a", { href: `#/p/${ctx.slug}/tasks`, text: "Back to the tasks" }));
