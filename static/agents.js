@@ -233,7 +233,9 @@ function showSecret(box, agent, out) {
       "Prickle shows this key only once and does not keep it. Anyone with it can act as this agent."),
     codeBlock("Key", out.token),
     out.claude_code ? codeBlock("Claude Code", out.claude_code) : null,
-    out.codex ? codeBlock("Codex (~/.codex/config.toml, and the key in the shell's environment)", out.codex) : null,
+    // Codex: TOML for its config file and a shell line for the key, each copied on its own.
+    out.codex_config ? codeBlock("Codex: add to ~/.codex/config.toml", out.codex_config) : null,
+    out.codex_env ? codeBlock("Codex: run in the shell that starts codex", out.codex_env) : null,
     out.url ? h("p", { class: "muted small" }, "Any other MCP client: Streamable HTTP at ", h("code", { text: out.url }),
       " with the header Authorization: Bearer <key>.") : null,
     h("p", { class: "muted small", text: "Then tell the agent to start with get_project_context and to wait in wait_for_mention." }),
