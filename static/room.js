@@ -89,6 +89,7 @@ export class MessageList {
     this.log = h("div", { role: "log", "aria-label": taskId ? "Thread messages" : "Room messages" }, this.list);
     this.foot = null; // a sticky element over the bottom of the view (the room's composer), if any
     this.sent = 0;
+    this.inFlight = []; // [{el, body}] of your messages shown as "Sending…"
     this.el = h("div", { class: "message-area" }, this.more, this.start, this.status, this.error, this.log);
     this.offs = [
       stream.on("message.posted", (e) => this.receive(e.message)),
@@ -134,6 +135,7 @@ export class MessageList {
       return;
     }
     const atEnd = scroll || nearBottom();
+    this.landed(message);
     this.remember(message);
     this.list.append(renderMessage(message, this));
     this.updateEmpty();
@@ -194,7 +196,21 @@ export class MessageList {
     this.list.querySelector(".empty")?.remove();
     this.list.append(el);
     this.scrollToEnd();
-    return { done: () => el.remove() };
+    const item = { el, body };
+    this.inFlight.push(item);
+    return { done: () => this.drop(item) };
+  }
+
+  /** The server's copy of one of your messages is here (from the stream or the answer): its "Sending…" goes. */
+  landed(message) {
+    if (message.author?.kind !== "person" || message.author.handle !== this.ctx.me.handle) return;
+    const item = this.inFlight.find((i) => i.body === message.body);
+    if (item) this.drop(item);
+  }
+
+  drop(item) {
+    item.el.remove();
+    this.inFlight = this.inFlight.filter((i) => i !== item);
   }
 
   /** Keep the end of the list clear of `el`, a sticky element over the bottom of the view. */

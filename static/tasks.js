@@ -623,15 +623,21 @@ function renderSubmission(sub, task) {
 
 function evidenceReport(report, criteria) {
   if (!report.coverage) return empty("No report.");
+  const staleSet = new Set((report.stale || []).map((s) => s.evidence));
+  // Covered only by stale evidence is not covered: it gets its own mark.
+  const standing = (c) => (!c.evidence.length ? "uncovered" : c.evidence.every((n) => staleSet.has(n)) ? "stale" : "covered");
+  const MARK = { covered: "✓", stale: "!", uncovered: "✗" };
   return h("div", { class: "report" },
     report.complete ? badge("complete: every criterion covered, nothing stale", "ok")
       : badge("incomplete", "warn"),
     h("ul", { class: "report-list" },
-      report.coverage.map((c) => h("li", { class: c.evidence.length ? "covered" : "uncovered" },
-        h("span", { class: "report-mark", "aria-hidden": "true", text: c.evidence.length ? "✓" : "✗" }),
+      report.coverage.map((c) => h("li", { class: standing(c) },
+        h("span", { class: "report-mark", "aria-hidden": "true", text: MARK[standing(c)] }),
         h("span", { text: `Criterion ${c.criterion + 1}: ${criteria[c.criterion] ?? ""}` }),
-        h("span", { class: "muted small", text: c.evidence.length
-          ? ` — evidence ${c.evidence.map((n) => `#${n + 1}`).join(", ")}` : " — uncovered" })))),
+        h("span", { class: "muted small", text: {
+          covered: ` — evidence ${c.evidence.map((n) => `#${n + 1}`).join(", ")}`,
+          stale: ` — only stale evidence ${c.evidence.map((n) => `#${n + 1}`).join(", ")}`,
+          uncovered: " — uncovered" }[standing(c)] })))),
     report.general?.length ? h("p", { class: "muted small",
       text: `General evidence (covers no one criterion): ${report.general.map((n) => `#${n + 1}`).join(", ")}` }) : null,
     report.stale?.length ? h("p", { class: "warn-text small",
