@@ -112,6 +112,7 @@ export class MessageList {
     } catch (err) {
       fill(this.status, loadFailed(err, () => this.load()));
       this.status.hidden = false;
+      return; // not loaded: what the stream brings waits in pending for the retry
     }
     this.loaded = true;
     for (const m of this.pending.splice(0)) this.remember(m);

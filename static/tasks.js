@@ -137,8 +137,8 @@ function mountTask(el, ctx) {
         top.querySelector("h1")?.focus();
       }
     } catch (err) {
-      if (shown !== null) return; // the task on screen stays; the next event or reload tries again
       if (err.status !== 404) {
+        if (shown !== null) return; // the task on screen stays; the next event tries again
         fill(top, heading(1, "This task could not be loaded"), loadFailed(err, load));
         return;
       }
