@@ -5887,7 +5887,8 @@ def set_rule(db: Database, owner: str, decision: str, *, agent: str | None = Non
     """Set a delegation rule: for one asking agent, one owner's agents, or all teammates (neither given).
 
     A new rule for the same subject replaces the old one (``delegation.revoked``, reason
-    edited). Writes ``delegation.set`` to each project the owner is in.
+    edited). Writes ``delegation.set`` to each project the owner is in. An agent or owner
+    that does not exist is refused (InvalidInput naming the field) and nothing is written.
     """
     if decision not in ("allow", "approval_required", "never"):
         raise InvalidInput("decision must be allow, approval_required or never")
@@ -5903,6 +5904,12 @@ def set_rule(db: Database, owner: str, decision: str, *, agent: str | None = Non
             raise InvalidInput("expires_at must be in the future")
     with db.transaction():
         _require_person(db, owner)
+        # A rule for a name nobody has would never match: refuse it rather than save it silently.
+        if kind == "agent" and db.one("SELECT 1 FROM agents WHERE agent_id = ?", (subject,)) is None:
+            raise InvalidInput(f"agent: there is no agent '{subject}'; give an existing agent as owner/name")
+        if kind == "owner" and db.one("SELECT 1 FROM people WHERE handle = ?", (subject,)) is None:
+            raise InvalidInput(f"owner: there is no person '{subject}'; give the handle of the teammate whose "
+                               "agents the rule is for")
         version = (db.scalar("SELECT max(grant_version) FROM delegation_rules WHERE owner = ?", (owner,)) or 0) + 1
         for old in db.rows("SELECT * FROM delegation_rules WHERE owner = ? AND subject_kind = ? AND subject IS ? AND "
                            "revoked_at IS NULL", (owner, kind, subject)):
@@ -11034,14 +11041,21 @@ def seed_demo(db: Database) -> bool:
 
 
 def connect_lines(base_url: str, agent_id: str, token: str) -> dict:
-    """Copy-paste set-up for Claude Code and Codex: ``{"url", "claude_code", "codex"}``."""
+    """Copy-paste set-up for Claude Code and Codex: ``{"url", "claude_code", "codex", "codex_config", "codex_env"}``.
+
+    Codex takes two things of different kinds: ``codex_config`` is TOML for its config file,
+    ``codex_env`` the shell line that puts the key in the environment it starts from;
+    ``codex`` is both in one text, as before.
+    """
     url = f"{base_url}/mcp"
+    config = f'# ~/.codex/config.toml\n[mcp_servers.prickle]\nurl = "{url}"\nbearer_token_env_var = "PRICKLE_TOKEN"'
+    env = f"export PRICKLE_TOKEN={token}"
     return {
         "url": url,
         "claude_code": f'claude mcp add --transport http prickle {url} --header "Authorization: Bearer {token}"',
-        "codex": (f"# ~/.codex/config.toml\n[mcp_servers.prickle]\nurl = \"{url}\"\n"
-                  f"bearer_token_env_var = \"PRICKLE_TOKEN\"\n# then, in the shell that starts codex:\n"
-                  f"export PRICKLE_TOKEN={token}"),
+        "codex": f"{config}\n# then, in the shell that starts codex:\n{env}",
+        "codex_config": config,
+        "codex_env": env,
     }
 
 
@@ -12093,8 +12107,10 @@ def connect_cmd(db_path: str, as_json: bool, agent_id: str, project_slug: str | 
                                    f"add it with 'prickle agent join PROJECT {agent_id}'.")
     _Out(as_json)(record | {"token": secret, "projects": projects} | lines,
                   f"Made a client key for {agent_id} (key ID {record['id']}; the key itself is in the lines "
-                  f"below and is shown only once).\n\nClaude Code:\n  {lines['claude_code']}\n\nCodex:\n"
-                  + "\n".join("  " + line for line in lines["codex"].splitlines()) + warning)
+                  f"below and is shown only once).\n\nClaude Code:\n  {lines['claude_code']}\n\n"
+                  "Codex, in ~/.codex/config.toml:\n"
+                  + "\n".join("  " + line for line in lines["codex_config"].splitlines())
+                  + f"\n\nCodex, in the shell that starts it:\n  {lines['codex_env']}" + warning)
 
 
 def _runner_config(config_path: str | None) -> tuple[str, RunnerConfig]:

@@ -7,7 +7,7 @@ import { get, post, del, seg } from "./api.js";
 import { createDevices } from "./devices.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, timeEl, revokeButton, copyButton,
-  lines, announce,
+  lines, announce, loadFailed, clearError,
 } from "./ui.js";
 
 const CAPABILITY_KINDS = ["mcp", "repo", "deploy", "data", "other"];
@@ -42,16 +42,24 @@ export function mount(el, ctx) {
       state.keys = k.keys;
       state.projects = p.projects;
       state.devices = d.devices;
+      clearError(error);
       renderAgents(agentsBox, state, ctx, shown, reload);
       renderKeys(keysBox, state, reload);
       devices.render(state.agents, state.devices);
     } catch (err) {
-      error.textContent = err.message;
-      error.hidden = false;
+      if (state.loaded) showFailure(error, err); // the lists on screen stay; say why they did not refresh
+      else fill(agentsBox, loadFailed(err, reload));
+      return;
     }
+    state.loaded = true;
   };
   reload();
   return () => fill(shown); // the secret leaves the page with the view
+}
+
+function showFailure(slot, err) {
+  slot.textContent = err.message;
+  slot.hidden = false;
 }
 
 // ---- actions ----------------------------------------------------------------------------------------------
@@ -241,7 +249,9 @@ function showSecret(box, agent, out) {
       "Prickle shows this key only once and does not keep it. Anyone with it can act as this agent."),
     codeBlock("Key", out.token),
     out.claude_code ? codeBlock("Claude Code", out.claude_code) : null,
-    out.codex ? codeBlock("Codex (~/.codex/config.toml, and the key in the shell's environment)", out.codex) : null,
+    // Codex: TOML for its config file and a shell line for the key, each copied on its own.
+    out.codex_config ? codeBlock("Codex: add to ~/.codex/config.toml", out.codex_config) : null,
+    out.codex_env ? codeBlock("Codex: run in the shell that starts codex", out.codex_env) : null,
     out.url ? h("p", { class: "muted small" }, "Any other MCP client: Streamable HTTP at ", h("code", { text: out.url }),
       " with the header Authorization: Bearer <key>.") : null,
     h("p", { class: "muted small", text: "Then tell the agent to start with get_project_context and to wait in wait_for_mention." }),

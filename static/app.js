@@ -30,7 +30,8 @@ import * as connect from "./connect.js";
 import * as inbox from "./inbox.js";
 import * as invite from "./invite.js";
 import * as search from "./search.js";
-import { h, avatar, fill, heading, errorSlot, act, link } from "./ui.js";
+import * as shortcuts from "./shortcuts.js";
+import { h, avatar, fill, heading, errorSlot, act, link, loadFailed } from "./ui.js";
 
 const PROJECT_VIEWS = {
   room: ["Room", room.mount],
@@ -62,6 +63,7 @@ async function boot() {
     if (me) showSignedOut("Your session ended. Sign in again to continue.");
   });
   window.addEventListener("hashchange", route);
+  shortcuts.install(go);
   await start();
 }
 
@@ -272,9 +274,9 @@ function showProjectMissing(main, slug, err) {
   document.title = "Not found · Prickle";
   fill(main, h("section", { class: "card" },
     heading(1, err.status === 404 ? "No such project in your list" : "This project could not be opened"),
-    h("p", { text: err.status === 404
-      ? `There is no project “${slug}” among your projects. A project shows here once an owner adds you.`
-      : err.message }),
+    err.status === 404
+      ? h("p", { text: `There is no project “${slug}” among your projects. A project shows here once an owner adds you.` })
+      : loadFailed(err, route),
     link("#/", "Back to your projects")));
 }
 

@@ -2,7 +2,7 @@
 // Entries hold references and counts only (never message text or secrets).
 
 import { get, seg } from "./api.js";
-import { h, heading, errorSlot, showError, act, fill, badge, timeEl, words } from "./ui.js";
+import { h, heading, errorSlot, showError, act, fill, badge, timeEl, words, loadFailed } from "./ui.js";
 
 const LIMIT = 50;
 
@@ -27,10 +27,16 @@ export function mount(el, ctx) {
 
   let before = null;
   const load = async (button) => {
-    const out = await act(button, error, () => get(`/api/projects/${seg(ctx.slug)}/audit?limit=${LIMIT}${before ? `&before=${before}` : ""}`));
+    const first = before === null;
+    const out = await act(button, first ? null : error, () => get(`/api/projects/${seg(ctx.slug)}/audit?limit=${LIMIT}${before ? `&before=${before}` : ""}`)
+      .catch((err) => {
+        if (!first) throw err;
+        fill(chain, loadFailed(err, () => load(null)));
+        return undefined;
+      }));
     if (!out) return;
     renderChain(chain, out.chain);
-    rows.append(...out.entries.map(renderEntry));
+    rows.append(...out.entries.map((entry) => renderEntry(entry, ctx)));
     if (out.entries.length) before = out.entries[out.entries.length - 1].n;
     more.hidden = out.entries.length < LIMIT || before <= 1;
   };
@@ -49,11 +55,32 @@ function renderChain(el, chain) {
   el.dataset.ok = String(chain.ok);
 }
 
-function renderEntry(entry) {
+function renderEntry(entry, ctx) {
+  const refs = entry.refs || {};
   return h("tr", { dataset: { n: String(entry.n), type: entry.type } },
     h("td", { class: "num", text: String(entry.n) }),
     h("td", {}, timeEl(entry.at)),
-    h("td", {}, h("code", { text: entry.type })),
-    h("td", {}, h("dl", { class: "refs" }, Object.entries(entry.refs || {}).filter(([, v]) => v !== null && v !== undefined)
-      .map(([k, v]) => h("div", {}, h("dt", { text: words(k) }), h("dd", { text: typeof v === "object" ? JSON.stringify(v) : String(v) }))))));
+    h("td", {}, h("code", { class: "audit-type", text: entry.type })),
+    h("td", {}, h("dl", { class: "refs" }, Object.entries(refs).filter(([, v]) => v !== null && v !== undefined)
+      .map(([k, v]) => {
+        const text = typeof v === "object" ? JSON.stringify(v) : String(v);
+        const href = typeof v === "string" ? refLink(v, refs, ctx) : null;
+        return h("div", {}, h("dt", { text: words(k) }), h("dd", {}, href ? h("a", { href, text }) : text));
+      }))));
+}
+
+/** Where an ID or a name in an audit entry leads: its task, its message, the members, your keys or rules. */
+function refLink(value, refs, ctx) {
+  const slug = seg(ctx.slug);
+  const task = typeof refs.task === "string" && refs.task.startsWith("task_") ? refs.task : null;
+  if (value.startsWith("task_")) return `#/p/${slug}/tasks/${seg(value)}`;
+  if (value.startsWith("msg-")) return task ? `#/p/${slug}/tasks/${seg(task)}` : `#/p/${slug}/room/${seg(value)}`;
+  if (/^(sub|cp|apr|att|step)_/.test(value) && task) return `#/p/${slug}/tasks/${seg(task)}`;
+  if (/^(rule|sa)_/.test(value)) return "#/rules";
+  if (/^(tok|dev)_/.test(value)) return "#/agents";
+  const data = ctx.project.data();
+  if (data?.agents?.some((a) => a.agent_id === value) || data?.people?.some((p) => p.handle === value)) {
+    return `#/p/${slug}/people`;
+  }
+  return null;
 }

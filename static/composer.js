@@ -13,8 +13,9 @@ const MAX_OPTIONS = 8;
 // ---- lifecycle -------------------------------------------------------------------------
 
 /** A composer for the current project; taskId posts into that task's thread.
- *  onPosted(message) runs with the server's copy of each posted message. */
-export function createComposer({ taskId = null, onPosted, label = "Message" } = {}) {
+ *  onSending(body) may show the message on its way and return {done()}; onPosted(message)
+ *  runs with the server's copy of each posted message. */
+export function createComposer({ taskId = null, onSending, onPosted, label = "Message" } = {}) {
   const listId = uid("mentions");
   const hintId = uid("hint");
   const input = h("textarea", {
@@ -37,7 +38,7 @@ export function createComposer({ taskId = null, onPosted, label = "Message" } = 
     h("p", { class: "hint", id: hintId, text: "Enter sends · Shift+Enter for a new line · @ to mention someone" }));
 
   const state = { taskId, replyTo: null, options: [], active: -1, token: null, input, list, send, error, reply,
-    replyText, onPosted };
+    replyText, onSending, onPosted };
 
   form.addEventListener("submit", (e) => {
     e.preventDefault();
@@ -81,13 +82,16 @@ async function submit(state) {
   const payload = { body };
   if (state.taskId) payload.task_id = state.taskId;
   if (state.replyTo) payload.in_reply_to = state.replyTo.id;
+  const sending = state.onSending?.(body);
   try {
     const { message } = await post(`/api/projects/${seg(project.slug())}/messages`, payload);
     state.input.value = "";
     setReply(state, null);
     closeMentions(state);
+    sending?.done();
     state.onPosted?.(message);
   } catch (err) {
+    sending?.done(); // not sent: the words stay in the box, with the reason under it
     showError(state.error, err);
   } finally {
     state.send.disabled = false;

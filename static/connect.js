@@ -3,7 +3,7 @@
 // or refuses. The runner then collects the keys itself: no key ever shows on this page.
 
 import { get, post, seg } from "./api.js";
-import { h, heading, field, select, errorSlot, act, fill, announce, badge, timeEl } from "./ui.js";
+import { h, heading, field, select, errorSlot, act, fill, announce, badge, timeEl, loadFailed } from "./ui.js";
 
 const NEW = "__new__";
 
@@ -20,7 +20,7 @@ export function mount(el, ctx) {
     try {
       render(box, await get(`/api/connect/${seg(ctx.id)}`), load);
     } catch (err) {
-      fill(box, h("p", { class: "error", role: "alert", text: err.message }));
+      fill(box, err.status ? h("p", { class: "error", role: "alert", text: err.message }) : loadFailed(err, load));
     }
   };
   load();

@@ -8,7 +8,7 @@
 import { get, post, del, seg } from "./api.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, availabilityBadge, ago, announce, timeEl,
-  copyButton, revokeButton, ownerOf,
+  copyButton, revokeButton, ownerOf, loadFailed,
 } from "./ui.js";
 
 // ---- lifecycle ------------------------------------------------------------------------------
@@ -52,7 +52,7 @@ async function renderPeople(list, data, ctx) {
   try {
     ({ members } = await get(`/api/projects/${seg(ctx.slug)}/members`));
   } catch (err) {
-    fill(list, h("li", { class: "error", role: "alert", text: err.message }));
+    fill(list, h("li", {}, loadFailed(err, () => renderPeople(list, ctx.project.data(), ctx))));
     return;
   }
   fill(list, members.map((p) => h("li", { class: "person", dataset: { handle: p.handle } },
@@ -257,7 +257,7 @@ async function renderAddPerson(box, ctx) {
   try {
     ({ people: everyone } = await get(`/api/people?project=${encodeURIComponent(ctx.slug)}`));
   } catch (err) {
-    fill(box, h("p", { class: "error", role: "alert", text: err.message }));
+    fill(box, loadFailed(err, () => renderAddPerson(box, ctx)));
     return;
   }
   const draw = () => {

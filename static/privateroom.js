@@ -7,7 +7,7 @@
 
 import { get, post } from "./api.js";
 import * as stream from "./stream.js";
-import { h, field, select, errorSlot, act, fill, announce, debounce } from "./ui.js";
+import { h, field, select, errorSlot, act, fill, announce, debounce, loadFailed } from "./ui.js";
 
 const MODES = [["review", "Review"], ["solo", "Solo"], ["named", "Named"]];
 
@@ -85,7 +85,7 @@ async function load(state) {
   try {
     show(state, await get("/api/room"));
   } catch (err) {
-    fill(state.turn, h("p", { class: "error", role: "alert", text: err.message }));
+    fill(state.turn, loadFailed(err, () => load(state)));
   }
 }
 

@@ -19,17 +19,20 @@ export async function enter(slug) {
   if (state && state.slug === slug) return state.data;
   leave();
   // Listen first: the stream says where it starts, and the view loaded after that misses nothing.
-  await stream.open(slug);
+  const ready = stream.open(slug);
+  const conn = stream.connection(); // a newer enter() may open its own meanwhile: leave that one alone
+  await ready;
   let data;
   try {
     data = await get(`/api/projects/${seg(slug)}`);
   } catch (err) {
-    if (stream.openSlug() === slug) stream.close();
+    if (stream.connection() === conn) stream.close();
     throw err;
   }
-  if (stream.openSlug() !== slug) throw new Error("Another project was opened meanwhile.");
+  if (stream.connection() !== conn) throw new Error("Another project was opened meanwhile.");
   state = { slug, data, listeners: new Set(), offs: [] };
-  const reload = debounce(() => refresh(), 600);
+  // The view stays as it was when the server cannot be reached; the next event tries again.
+  const reload = debounce(() => refresh().catch(() => {}), 600);
   state.reload = reload;
   state.offs.push(
     stream.on("pulse.updated", (event) => patchPulse(event.pulse)),

@@ -5,7 +5,7 @@
 import { get, post } from "./api.js";
 import { createWaiting } from "./waiting.js";
 import { paintUnread } from "./inbox.js";
-import { h, heading, field, errorSlot, act, fill, empty, badge } from "./ui.js";
+import { h, heading, field, errorSlot, act, fill, empty, badge, loadFailed } from "./ui.js";
 
 // ---- lifecycle ---------------------------------------------------------------------------
 
@@ -34,9 +34,7 @@ async function loadProjects(list, error) {
       : empty("You are not in any project yet. Create one below, or ask a project owner to add you."));
     paintUnread(list);
   } catch (err) {
-    fill(list);
-    error.textContent = err.message;
-    error.hidden = false;
+    fill(list, loadFailed(err, () => loadProjects(list, error)));
   }
 }
 

@@ -17,7 +17,7 @@ import { markSeen, paintUnread } from "./inbox.js";
 import { renderMarkdown, rawToggle } from "./markdown.js";
 import {
   h, tpl, slots, heading, avatar, badge, stateBadge, timeEl, errorSlot, showError, clearError, act, fill, empty, ago,
-  announce, debounce,
+  announce, debounce, loadFailed,
 } from "./ui.js";
 
 const PAGE = 50; // messages per page, newest page first
@@ -27,20 +27,22 @@ const DAY_LABEL = new Intl.DateTimeFormat(undefined, { weekday: "long", day: "nu
 // ---- lifecycle ---------------------------------------------------------------------------
 
 export function mount(el, ctx) {
-  const list = new MessageList(ctx, null);
-  const composer = createComposer({ onPosted: (m) => list.add(m, { scroll: true }) });
-  list.onReply = (m) => composer.replyTo(m);
   const paused = h("div", { class: "paused-list" });
   const threads = h("nav", { class: "threads", "aria-labelledby": "threads-heading" },
     h("h2", { id: "threads-heading", text: "Task threads" }), h("p", { class: "muted", text: "Loading…" }));
   const own = ctx.project.isPrivate() ? createRoomControls(ctx) : null;
 
+  const list = new MessageList(ctx, null);
+  const composer = createComposer({ onSending: (body) => list.sending(body), onPosted: (m) => list.add(m, { scroll: true }) });
+  list.onReply = (m) => composer.replyTo(m);
+  const foot = h("div", { class: "room-foot" }, paused, own?.turn, composer.el);
+  list.coveredBy(foot);
   el.append(h("div", { class: `room${own ? " private" : ""}` },
     h("section", { class: "room-main", "aria-labelledby": "room-heading" },
       heading(1, own ? "Your room" : "Room", { id: "room-heading", class: "sr-only" }),
       list.el,
       // the pause and the turn stay in view, beside where one speaks
-      h("div", { class: "room-foot" }, paused, own?.turn, composer.el)),
+      foot),
     h("div", { class: "room-side" }, own?.settings, threads)));
 
   const renderPaused = () => renderPausedPairs(paused, ctx);
@@ -53,8 +55,12 @@ export function mount(el, ctx) {
   });
   list.load().then(() => {
     renderThreads(threads, ctx, list.threads || []);
-    if (!ctx.id) list.scrollToEnd();
-    else list.revealDeep(ctx.id).then((shown) => { if (!shown) list.scrollToEnd(); });
+    const settle = () => {
+      list.scrollToEnd();
+      requestAnimationFrame(() => list.scrollToEnd()); // once the side column and the foot are laid out
+    };
+    if (!ctx.id) settle();
+    else list.revealDeep(ctx.id).then((shown) => { if (!shown) settle(); });
   });
   return () => {
     list.destroy();
@@ -85,10 +91,15 @@ export class MessageList {
     this.more.addEventListener("click", () => this.loadOlder());
     this.start = h("p", { class: "room-start muted small", hidden: true,
       text: taskId ? "The start of this thread." : "The start of the room." });
-    this.status = h("p", { class: "muted", text: "Loading messages…" });
+    this.status = h("div", { class: "muted", text: "Loading messages…" });
     this.error = errorSlot();
-    this.list = h("ol", { class: "messages", role: "log", "aria-label": taskId ? "Thread messages" : "Room messages" });
-    this.el = h("div", { class: "message-area" }, this.more, this.start, this.status, this.error, this.list);
+    this.list = h("ol", { class: "messages" });
+    // The live region wraps the list, so each message stays a list item of a list.
+    this.log = h("div", { role: "log", "aria-label": taskId ? "Thread messages" : "Room messages" }, this.list);
+    this.foot = null; // a sticky element over the bottom of the view (the room's composer), if any
+    this.sent = 0;
+    this.inFlight = []; // [{el, body}] of your messages shown as "Sending…"
+    this.el = h("div", { class: "message-area" }, this.more, this.start, this.status, this.error, this.log);
     this.offs = [
       stream.on("message.posted", (e) => this.receive(e.message)),
       stream.on("action.updated", (e) => this.updateAction(e.action)),
@@ -108,8 +119,9 @@ export class MessageList {
       this.previous = page.previous_cursor ?? null;
       this.status.hidden = true;
     } catch (err) {
-      this.status.hidden = true;
-      showError(this.error, err);
+      fill(this.status, loadFailed(err, () => this.load()));
+      this.status.hidden = false;
+      return; // not loaded: what the stream brings waits in pending for the retry
     }
     this.loaded = true;
     for (const m of this.pending.splice(0)) this.remember(m);
@@ -129,8 +141,12 @@ export class MessageList {
       this.pending.push(message);
       return;
     }
-    if (this.byId.has(message.id)) return;
+    if (this.byId.has(message.id)) {
+      if (scroll) this.scrollToEnd(); // your own message, already here from the stream: show it
+      return;
+    }
     const atEnd = scroll || nearBottom();
+    this.landed(message);
     this.remember(message);
     this.list.append(renderMessage(message, this));
     this.markDays();
@@ -186,9 +202,50 @@ export class MessageList {
     if (last) markSeen(this.ctx.slug, this.taskId, last.id);
   }
 
+  /** Your message on its way: shown at the end as "Sending…" until the server has it.
+   *  Returns {done()}, which takes it away (the server's copy takes its place). */
+  sending(body) {
+    this.sent += 1;
+    const { me } = this.ctx;
+    const el = renderMessage({ id: `sending-${this.sent}`, author: { kind: "person", handle: me.handle,
+      display_name: me.display_name }, body, mentions: [], created_at: null }, { ctx: this.ctx });
+    el.classList.add("msg-sending");
+    el.setAttribute("aria-busy", "true");
+    fill(el.querySelector(".msg-time"), "Sending…");
+    el.querySelector(".msg-reply").hidden = true;
+    this.list.querySelector(".empty")?.remove();
+    this.list.append(el);
+    this.scrollToEnd();
+    const item = { el, body };
+    this.inFlight.push(item);
+    return { done: () => this.drop(item) };
+  }
+
+  /** The server's copy of one of your messages is here (from the stream or the answer): its "Sending…" goes. */
+  landed(message) {
+    if (message.author?.kind !== "person" || message.author.handle !== this.ctx.me.handle) return;
+    const item = this.inFlight.find((i) => i.body === message.body);
+    if (item) this.drop(item);
+  }
+
+  drop(item) {
+    item.el.remove();
+    this.inFlight = this.inFlight.filter((i) => i !== item);
+  }
+
+  /** Keep the end of the list clear of `el`, a sticky element over the bottom of the view. */
+  coveredBy(el) {
+    this.foot = el;
+  }
+
+  /** Scroll so the newest message sits in full above the composer. */
   scrollToEnd() {
     const last = this.list.lastElementChild;
-    if (last) last.scrollIntoView({ block: "end" });
+    if (!last) return;
+    last.scrollIntoView({ block: "end" });
+    if (!this.foot) return;
+    const hidden = last.getBoundingClientRect().bottom - this.foot.getBoundingClientRect().top;
+    if (hidden > 0) window.scrollBy(0, hidden + 8);
   }
 
   /** Scroll to one message and flash it; it stays marked as the linked one. False if it is not on the page. */

@@ -3,7 +3,7 @@
 
 import { get, post, del, seg } from "./api.js";
 import {
-  h, heading, field, select, errorSlot, act, fill, empty, badge, timeEl, revokeButton, announce, words,
+  h, heading, field, select, errorSlot, act, fill, empty, badge, timeEl, revokeButton, announce, words, loadFailed,
 } from "./ui.js";
 
 const DECISIONS = [["allow", "Allow"], ["approval_required", "Ask me each time"], ["never", "Never"]];
@@ -21,8 +21,7 @@ export function mount(el, ctx) {
       renderRules(rules, out.rules, reload);
       renderStanding(standing, out.standing_approvals, reload);
     } catch (err) {
-      error.textContent = err.message;
-      error.hidden = false;
+      fill(rules, loadFailed(err, reload));
     }
   };
   el.append(
@@ -43,15 +42,20 @@ export function mount(el, ctx) {
 // ---- actions -------------------------------------------------------------------------------------------
 
 function ruleForm(reload) {
-  const decision = select(DECISIONS, { name: "decision" });
-  const scope = select([["all", "All teammates' agents"], ["owner", "The agents of one person"], ["agent", "One agent"]], { name: "scope" });
-  const who = h("input", { name: "who", autocomplete: "off", spellcheck: "false", placeholder: "handle or owner/agent" });
-  const whoField = field("Who", who, "A handle (e.g. oj) or an agent (e.g. oj/muse).");
-  whoField.hidden = true;
-  scope.addEventListener("change", () => {
+  // The form starts at the safest choice: ask each time, for one agent you name. Allowing,
+  // and a rule for everyone, are choices you make on purpose.
+  const decision = select(["approval_required", "never", "allow"].map((d) => DECISIONS.find(([v]) => v === d)),
+    { name: "decision" });
+  const scope = select([["agent", "One agent"], ["owner", "The agents of one person"], ["all", "All teammates' agents"]],
+    { name: "scope" });
+  const who = h("input", { name: "who", autocomplete: "off", spellcheck: "false", placeholder: "owner/agent", required: true });
+  const whoField = field("Who", who, "An agent (e.g. oj/muse) or, for one person's agents, a handle (e.g. oj).");
+  const showWho = () => {
     whoField.hidden = scope.value === "all";
     who.required = scope.value !== "all";
-  });
+    who.placeholder = scope.value === "owner" ? "handle" : "owner/agent";
+  };
+  scope.addEventListener("change", showWho);
   const expires = h("input", { type: "datetime-local", name: "expires" });
   const submit = h("button", { type: "submit", class: "primary", text: "Save rule" });
   const error = errorSlot();
@@ -69,7 +73,7 @@ function ruleForm(reload) {
     if (out) {
       announce("Rule saved");
       form.reset();
-      whoField.hidden = true;
+      showWho();
       reload();
     }
   });

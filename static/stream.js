@@ -41,6 +41,11 @@ export function open(slug) {
   return ready;
 }
 
+/** The connection open now (an opaque object, compared by identity), or null. */
+export function connection() {
+  return current;
+}
+
 /** The project the stream listens to now, or null. */
 export function openSlug() {
   return current?.slug ?? null;

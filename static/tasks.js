@@ -15,7 +15,7 @@ import { onChange as onInboxChange, items as inboxItems, reload as reloadInbox, 
 import { markdownWithRaw } from "./markdown.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, badge, stateBadge, timeEl, ago, words, safeUrl,
-  confirmButton, lines, debounce, announce, ownerOf,
+  confirmButton, lines, debounce, announce, ownerOf, loadFailed, uid,
 } from "./ui.js";
 
 // The server's lists (GET /api/meta): task states, those a task can be cancelled from, deliverable types,
@@ -92,17 +92,17 @@ function mountBoard(el, ctx) {
   const offTask = stream.on("task.updated", (e) => {
     if (e.task) reloadTasks();
   });
-  (async () => {
+  const loadBoard = async () => {
     try {
       state.columns = (await taskLists()).board;
       await loadTasks();
     } catch (err) {
-      fill(board);
-      error.textContent = err.message;
-      error.hidden = false;
+      fill(board, loadFailed(err, loadBoard));
+      return;
     }
     showApprovals();
-  })();
+  };
+  loadBoard();
   return () => {
     offInbox();
     offTask();
@@ -115,7 +115,8 @@ function mountTask(el, ctx) {
   const top = h("div", { class: "task-top" }, h("p", { class: "muted", text: "Loading the task…" }));
   const body = h("div", { class: "task-body" });
   const list = new MessageList(ctx, taskId);
-  const composer = createComposer({ taskId, onPosted: (m) => list.add(m, { scroll: true }) });
+  const composer = createComposer({ taskId, onSending: (body) => list.sending(body),
+    onPosted: (m) => list.add(m, { scroll: true }) });
   list.onReply = (m) => composer.replyTo(m);
   const thread = h("section", { class: "section thread-section", "aria-labelledby": "thread-heading" },
     h("h2", { id: "thread-heading", text: "Thread" }), list.el, composer.el);
@@ -153,6 +154,11 @@ function mountTask(el, ctx) {
         if (!ctx.sub) top.querySelector("h1")?.focus(); // a link to a message keeps the focus there
       }
     } catch (err) {
+      if (err.status !== 404) {
+        if (shown !== null) return; // the task on screen stays; the next event tries again
+        fill(top, heading(1, "This task could not be loaded"), loadFailed(err, load));
+        return;
+      }
       fill(top, heading(1, "Task not found"),
         h("p", { class: "error", role: "alert", text: err.message }),
         h("a", { href: `#/p/${ctx.slug}/tasks`, text: "Back to the tasks" }));
@@ -530,11 +536,34 @@ function reassignForm(ctx, task, reload) {
 function finalDecision(ctx, task, reload) {
   const error = errorSlot();
   const accept = h("button", { type: "button", class: "primary", text: "Give final acceptance" });
-  accept.addEventListener("click", () => act(accept, error, async () => {
+  const { lead, items, extra, gaps } = coverage(task.result, task.packet.acceptance_criteria);
+  const give = (button) => act(button, error, async () => {
     await post(`/api/tasks/${seg(task.id)}/accept`, {});
     announce("Accepted: the task is completed");
     reload();
-  }));
+  });
+  // With anything uncovered or stale, accepting asks once more, naming the gaps.
+  const anyway = h("button", { type: "button", class: "primary", text: "Accept anyway" });
+  const notYet = h("button", { type: "button", text: "Not yet" });
+  const confirmId = uid("confirm-accept");
+  const confirm = h("div", { class: "banner banner-warn confirm-accept", role: "group", hidden: true,
+    "aria-labelledby": confirmId },
+  h("p", { id: confirmId, tabindex: "-1", text: `Accept with gaps? ${gaps.join(" ")} `
+    + "Accepting makes this result owner-approved as it is." }),
+  h("div", { class: "button-row" }, anyway, notYet));
+  accept.addEventListener("click", () => {
+    if (!gaps.length) return give(accept);
+    confirm.hidden = false;
+    accept.hidden = true;
+    confirm.querySelector("p").focus();
+    return undefined;
+  });
+  anyway.addEventListener("click", () => give(anyway));
+  notYet.addEventListener("click", () => {
+    confirm.hidden = true;
+    accept.hidden = false;
+    accept.focus();
+  });
   const reason = h("textarea", { rows: "2", maxlength: "1000", required: true });
   const back = h("button", { type: "submit", text: "Send back" });
   const backError = errorSlot();
@@ -550,11 +579,11 @@ function finalDecision(ctx, task, reload) {
     });
   });
   const verifier = task.result?.verified_by ? actorText(task.result.verified_by) : null;
-  const { lead, items } = coverage(task.result, task.packet.acceptance_criteria);
   return h("div", { class: "decision" },
     h("p", { class: "decision-lead muted", text: `${verifier ? `${verifier} verified it. ` : ""}${lead}` }),
-    h("ul", { class: "decision-coverage" }, items),
-    h("div", { class: "button-row" }, accept), error,
+    items.length ? h("ul", { class: "decision-coverage" }, items) : null,
+    extra,
+    h("div", { class: "button-row" }, accept), confirm, error,
     h("details", { class: "send-back-box" }, h("summary", { text: "Send it back with a reason" }), form));
 }
 
@@ -562,9 +591,15 @@ function finalDecision(ctx, task, reload) {
  * What the final decision rests on, criterion by criterion: which evidence covers each one
  * (kind and summary), which have none, and which only stale evidence covers. The lead names
  * the count; it says every criterion is covered only when the evidence report is complete.
+ * `extra` names general and stale evidence no criterion line shows; `gaps` holds one
+ * sentence per gap (uncovered criteria, stale evidence, no report), empty when complete.
  */
 function coverage(result, criteria) {
-  const report = result?.evidence_report || {};
+  if (!result?.evidence_report) {
+    const none = "No evidence report came with this result: read the evidence yourself before you accept.";
+    return { lead: none, items: [], extra: null, gaps: ["There is no evidence report."] };
+  }
+  const report = result.evidence_report;
   const evidence = result?.evidence || [];
   const stale = new Map((report.stale || []).map((s) => [s.evidence, s.why]));
   let fresh = 0;
@@ -585,8 +620,29 @@ function coverage(result, criteria) {
   const n = criteria.length;
   const lead = report.complete
     ? `Every criterion is covered by fresh evidence:`
-    : `${fresh} of ${n} ${n === 1 ? "criterion is" : "criteria are"} covered by fresh evidence; check the gaps before you accept:`;
-  return { lead, items };
+    : fresh === n ? `Every criterion is covered by fresh evidence, but some evidence is stale; check it before you accept:`
+      : `${fresh} of ${n} ${n === 1 ? "criterion is" : "criteria are"} covered by fresh evidence; check the gaps before you accept:`;
+  const general = report.general || [];
+  const staleGeneral = general.filter((g) => stale.has(g));
+  const extra = general.length ? h("p", { class: "decision-general muted small",
+    text: `Evidence ${general.map((g) => `#${g + 1}${stale.has(g) ? ` (stale: ${words(stale.get(g))})` : ""}`).join(", ")} `
+      + "is tagged to no criterion, so it covers none." }) : null;
+  const label = (list) => list.map((c) => c + 1).join(", ");
+  const uncovered = report.uncovered || [];
+  const staleOnly = criteria.map((_, i) => i).filter((i) => {
+    const covering = report.coverage?.find((c) => c.criterion === i)?.evidence || [];
+    return covering.length && covering.every((e) => stale.has(e));
+  });
+  const gaps = [];
+  if (uncovered.length) gaps.push(`No evidence covers criterion ${label(uncovered)}.`);
+  if (staleOnly.length) gaps.push(`Only stale evidence covers criterion ${label(staleOnly)}.`);
+  const staleRest = [...stale.keys()].filter((e) => !staleGeneral.includes(e)
+    && !staleOnly.some((i) => report.coverage?.find((c) => c.criterion === i)?.evidence.includes(e)));
+  if (staleRest.length || staleGeneral.length) {
+    gaps.push(`Evidence ${[...staleRest, ...staleGeneral].sort((a, b) => a - b).map((e) => `#${e + 1}`).join(", ")} is stale.`);
+  }
+  if (!report.complete && !gaps.length) gaps.push("The evidence report is not complete.");
+  return { lead, items, extra, gaps };
 }
 
 /** A held handoff with Approve / Deny (and an optional standing approval). */
@@ -773,15 +829,21 @@ function renderSubmission(sub, task) {
 
 function evidenceReport(report, criteria) {
   if (!report.coverage) return empty("No report.");
+  const staleSet = new Set((report.stale || []).map((s) => s.evidence));
+  // Covered only by stale evidence is not covered: it gets its own mark.
+  const standing = (c) => (!c.evidence.length ? "uncovered" : c.evidence.every((n) => staleSet.has(n)) ? "stale" : "covered");
+  const MARK = { covered: "✓", stale: "!", uncovered: "✗" };
   return h("div", { class: "report" },
     report.complete ? badge("complete: every criterion covered, nothing stale", "ok")
       : badge("incomplete", "warn"),
     h("ul", { class: "report-list" },
-      report.coverage.map((c) => h("li", { class: c.evidence.length ? "covered" : "uncovered" },
-        h("span", { class: "report-mark", "aria-hidden": "true", text: c.evidence.length ? "✓" : "✗" }),
+      report.coverage.map((c) => h("li", { class: standing(c) },
+        h("span", { class: "report-mark", "aria-hidden": "true", text: MARK[standing(c)] }),
         h("span", { text: `Criterion ${c.criterion + 1}: ${criteria[c.criterion] ?? ""}` }),
-        h("span", { class: "muted small", text: c.evidence.length
-          ? ` — evidence ${c.evidence.map((n) => `#${n + 1}`).join(", ")}` : " — uncovered" })))),
+        h("span", { class: "muted small", text: {
+          covered: ` — evidence ${c.evidence.map((n) => `#${n + 1}`).join(", ")}`,
+          stale: ` — only stale evidence ${c.evidence.map((n) => `#${n + 1}`).join(", ")}`,
+          uncovered: " — uncovered" }[standing(c)] })))),
     report.general?.length ? h("p", { class: "muted small",
       text: `General evidence (covers no one criterion): ${report.general.map((n) => `#${n + 1}`).join(", ")}` }) : null,
     report.stale?.length ? h("p", { class: "warn-text small",

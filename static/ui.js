@@ -112,6 +112,20 @@ export function clearError(slot) {
   slot.hidden = true;
 }
 
+/** What a screen shows when its data could not be loaded: the reason and a Retry button
+ *  that runs retry() (which draws the screen again, or this line again if it fails). */
+export function loadFailed(err, retry) {
+  const button = h("button", { type: "button", class: "small", text: "Retry" });
+  button.addEventListener("click", () => {
+    button.disabled = true;
+    button.setAttribute("aria-busy", "true");
+    button.textContent = "Retrying…";
+    Promise.resolve().then(retry).catch((e) => console.error(e));
+  });
+  return h("div", { class: "load-failed", role: "alert" },
+    h("p", { text: err && err.message ? err.message : String(err) }), button);
+}
+
 /** Run fn with the button busy and errors shown in slot; resolve to its value, or undefined on error. */
 export async function act(button, slot, fn) {
   if (slot) clearError(slot);

@@ -95,6 +95,10 @@ def test_a_whole_setup_from_the_command_line(db_path):
     assert c["token"].startswith("prk_ck_") and c["url"].endswith("/mcp")
     assert c["token"] in c["claude_code"] and "claude mcp add --transport http" in c["claude_code"]
     assert "[mcp_servers.prickle]" in c["codex"] and c["token"] in c["codex"]
+    # The Codex set-up in two parts: the TOML for its config file, the shell line with the key.
+    assert c["codex_config"] == (f'# ~/.codex/config.toml\n[mcp_servers.prickle]\nurl = "{c["url"]}"\n'
+                                 'bearer_token_env_var = "PRICKLE_TOKEN"')
+    assert c["codex_env"] == f"export PRICKLE_TOKEN={c['token']}"
     v = jrun(db_path, "audit", "verify")
     assert v["ok"] is True and {r["chain"] for r in v["chains"]} == {"website-v2", "oj-room", ""}
     assert jrun(db_path, "signin-link", "ren")["signin"].startswith("http://127.0.0.1:8321/signin?token=prk_sl_")
@@ -119,6 +123,8 @@ def test_a_whole_setup_from_the_command_line(db_path):
     (["backup", "/no/such/folder/x.db"], "does not exist"),
     (["rule", "set", "oj", "--decision", "maybe"], "Invalid value for '--decision'"),
     (["rule", "set", "oj", "--decision", "allow", "--agent", "oj/self"], "your own agents"),
+    (["rule", "set", "oj", "--decision", "allow", "--agent", "ren/ghost"], "agent: there is no agent 'ren/ghost'"),
+    (["rule", "set", "oj", "--decision", "allow", "--from-owner", "zed"], "owner: there is no person 'zed'"),
     (["rule", "revoke", "oj", "rule_nope"], "no rule 'rule_nope'"),
     (["person", "add", "x"], "Missing option '--name'"),
     (["no-such-command"], "No such command"),

@@ -779,3 +779,19 @@ def test_a_result_with_uncovered_or_stale_criteria_cant_be_verified(mcp, server,
     assert out["state"] == ("completed" if auto_accept else "approval")
     assert [e["refs"]["step"] for e in audit_entries(world.db, PROJECT, "result.accepted")] == (
         ["verified", "policy"] if auto_accept else ["verified"])
+
+
+def test_a_rule_for_an_agent_or_person_that_does_not_exist_is_refused_and_nothing_is_written(server, world):
+    ren = person(server, world, "ren")
+    before = (world.db.scalar("SELECT count(*) FROM delegation_rules"), world.db.scalar("SELECT count(*) FROM audit"))
+    r = ren.post("/api/rules", {"decision": "allow", "agent": "oj/ghost"})
+    assert r.status_code == 400 and r.json()["error"] == {
+        "code": "invalid_input", "message": "agent: there is no agent 'oj/ghost'; give an existing agent as owner/name"}
+    r = ren.post("/api/rules", {"decision": "never", "owner": "zed"})
+    assert r.status_code == 400 and r.json()["error"]["message"] == (
+        "owner: there is no person 'zed'; give the handle of the teammate whose agents the rule is for")
+    with pytest.raises(prickle.InvalidInput, match="^agent: there is no agent 'sam/nope'"):
+        prickle.set_rule(world.db, "ren", "allow", agent="sam/nope")
+    assert (world.db.scalar("SELECT count(*) FROM delegation_rules"), world.db.scalar("SELECT count(*) FROM audit")) \
+        == before
+    assert ren.post("/api/rules", {"decision": "allow", "agent": "oj/muse"}).status_code == 200  # a real one saves
