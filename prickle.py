@@ -1413,6 +1413,12 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE projects ADD COLUMN lead_state TEXT CHECK (lead_state IN ('proposed', 'agreed'))",
         "ALTER TABLE projects ADD COLUMN lead_picked_by TEXT",
     ],
+    [
+        # The email digest: what waited on a person more than digest_minutes goes to their address
+        # (NULL: off); digest_through is the newest "since" a digest already told them of.
+        "ALTER TABLE people ADD COLUMN digest_minutes INTEGER",
+        "ALTER TABLE people ADD COLUMN digest_through TEXT",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -3700,10 +3706,12 @@ def retract_memory(db: Database, project: str, key: str, by: str | Actor) -> dic
 
 
 def whoami(db: Database, handle: str) -> dict:
-    """The signed-in person and their auto-accept policy: ``{"person", "auto_accept"}``."""
+    """The signed-in person, their auto-accept policy, their address and email digest:
+    ``{"person", "auto_accept", "email", "digest_minutes"}``."""
     with db.snapshot():
-        return {"person": person_out(db, handle),
-                "auto_accept": bool(db.scalar("SELECT auto_accept FROM people WHERE handle = ?", (handle,)))}
+        row = db.one("SELECT auto_accept, email, digest_minutes FROM people WHERE handle = ?", (handle,))
+        return {"person": person_out(db, handle), "auto_accept": bool(row["auto_accept"]), "email": row["email"],
+                "digest_minutes": row["digest_minutes"]}
 
 
 def people_to_pick(db: Database, person: Actor, project: str | None = None) -> list[dict]:
@@ -7961,6 +7969,84 @@ def inbox(db: Database, person: Actor) -> dict:
     return {"items": items, "count": len(items)}
 
 
+#: The longest wait a person may set for the email digest: a week, in minutes.
+DIGEST_MINUTES_MAX = 7 * 24 * 60
+#: How much of an item's words (its title, or the message) the email digest quotes.
+DIGEST_WORDS_MAX = 140
+#: What each kind of inbox item is called in the email digest.
+DIGEST_LABELS: dict[str, str] = {
+    "step": "A step your agent's run asks to take", "action": "A make-or-spend card to approve",
+    "approval": "A handoff your gate holds", "final_acceptance": "A result for your final acceptance",
+    "question": "A question on a task you asked for", "mention": "A message that mentions you",
+}
+
+
+def set_digest(db: Database, handle: str, minutes: Any) -> dict:
+    """Turn a person's email digest on or off: with ``minutes`` (1 to DIGEST_MINUTES_MAX) they are
+    mailed, once, each inbox item that has waited on them longer than that; None turns it off (the
+    default). Returns ``{"handle", "digest_minutes", "email"}``. Raises InvalidInput or NotFound.
+
+    The digest goes to the person's address (set_person_email) through ``[smtp]``; without either,
+    nothing is sent and the setting waits.
+    """
+    if minutes is not None and (isinstance(minutes, bool) or not isinstance(minutes, int)
+                                or not 1 <= minutes <= DIGEST_MINUTES_MAX):
+        raise InvalidInput(f"minutes must be a whole number from 1 to {DIGEST_MINUTES_MAX}, or null to turn the "
+                           "digest off")
+    with db.transaction():
+        _require_person(db, handle)
+        db.execute("UPDATE people SET digest_minutes = ? WHERE handle = ?", (minutes, handle))
+        email_address = db.scalar("SELECT email FROM people WHERE handle = ?", (handle,))
+    return {"handle": handle, "digest_minutes": minutes, "email": email_address}
+
+
+def digests_due(db: Database, base_url: str, now: _dt.datetime) -> list[dict]:
+    """The digests to mail now: ``[{"handle", "to", "subject", "text", "through"}]``.
+
+    For each person with the digest on and an address: the inbox items (:func:`inbox`) that
+    began waiting more than their ``digest_minutes`` before ``now`` and after the last digest's
+    ``through``, oldest first, each with a link to it. ``through`` is what :func:`digest_sent`
+    records once the mail is out, so no item is mailed twice.
+    """
+    due = []
+    for row in db.rows("SELECT handle, display_name, email, digest_minutes, digest_through FROM people "
+                       "WHERE digest_minutes IS NOT NULL AND email IS NOT NULL ORDER BY handle"):
+        cutoff = iso(now - _dt.timedelta(minutes=row["digest_minutes"]))
+        items = sorted((i for i in inbox(db, Actor("person", "", "digest", handle=row["handle"]))["items"]
+                        if i["since"] <= cutoff and (row["digest_through"] is None or i["since"] > row["digest_through"])),
+                       key=lambda i: i["since"])
+        if not items:
+            continue
+        lines = [f"Hello {row['display_name']},", "",
+                 f"{len(items)} {'thing has' if len(items) == 1 else 'things have'} waited for you in Prickle for "
+                 f"more than {row['digest_minutes']} minutes:", ""]
+        for item in items:
+            words = item["title"] or (item.get("message") or {}).get("body", "")
+            words = words if len(words) <= DIGEST_WORDS_MAX else words[:DIGEST_WORDS_MAX - 1] + "…"
+            lines += [f"- {DIGEST_LABELS[item['kind']]} in {item['project_name']}: {words}".rstrip(": "),
+                      f"  waiting since {item['since']}", f"  {base_url}/{_item_link(item)}", ""]
+        lines += [f"Your inbox: {base_url}/#/inbox",
+                  "You get this digest because you turned it on; turn it off on the inbox screen."]
+        due.append({"handle": row["handle"], "to": row["email"], "through": items[-1]["since"],
+                    "subject": f"Prickle: {len(items)} waiting for you", "text": "\n".join(lines)})
+    return due
+
+
+def _item_link(item: dict) -> str:
+    """Where an inbox item is on the page (the task, the message in its room or thread, or the inbox)."""
+    project = item["project"]
+    if item["task_id"]:
+        return f"#/p/{project}/tasks/{item['task_id']}" + (f"/{item['message_id']}" if item["message_id"] else "")
+    return f"#/p/{project}/room/{item['message_id']}" if item["message_id"] else "#/inbox"
+
+
+def digest_sent(db: Database, handle: str, through: str) -> None:
+    """Record that ``handle``'s digest told them of every item that began waiting up to ``through``."""
+    with db.transaction():
+        db.execute("UPDATE people SET digest_through = max(coalesce(digest_through, ''), ?) WHERE handle = ?",
+                   (through, handle))
+
+
 def mark_read(db: Database, person: Actor, project: str, message_id: Any, task_id: Any = None) -> dict:
     """``person`` has read ``project``'s general chat (or the thread of ``task_id``) up to ``message_id``.
 
@@ -8700,8 +8786,9 @@ def _field(body: dict, name: str, kind: type, required: bool = True) -> Any:
 
 
 async def api_me(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/me: who is signed in, and their auto-accept policy."""
-    return whoami(state.db, person.handle)
+    """GET /api/me: who is signed in, their auto-accept policy, address and digest, and whether
+    this server sends mail (``mail``)."""
+    return whoami(state.db, person.handle) | {"mail": state.settings.smtp is not None}
 
 
 async def api_projects(state: AppState, person: Actor, request: Request, body: Any) -> dict:
@@ -9380,6 +9467,13 @@ def _send_quietly(settings: Settings, mail: dict, what: str) -> None:
         _log_exception(f"mailing {what}")
 
 
+async def api_my_digest(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/me/digest {minutes | null}: mail me what waited longer than ``minutes`` (null: off)."""
+    if "minutes" not in body:
+        raise InvalidInput("minutes is required: a whole number of minutes, or null to turn the digest off")
+    return set_digest(state.db, person.handle, body["minutes"]) | {"mail": state.settings.smtp is not None}
+
+
 async def api_my_email(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/me/email {email | null}: your address for sign-in links by email (null removes it)."""
     return set_person_email(state.db, person.handle, _field(body, "email", str, False))
@@ -9472,6 +9566,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("GET", "/api/signin/options", _api(api_signin_options, public=True)),
     ("POST", "/api/signin/email", _api(api_signin_email, public=True)),
     ("POST", "/api/me/email", _api(api_my_email)),
+    ("POST", "/api/me/digest", _api(api_my_digest)),
     ("GET", "/api/teams", _api(api_teams)),
     ("GET", "/api/teams/{team}", _api(api_team)),
     ("POST", "/api/teams/{team}/apps", _api(api_team_apps)),
@@ -9555,10 +9650,14 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return _error_response(error)
 
 
+#: How often the server looks for email digests to send, in seconds.
+DIGEST_EVERY = 60.0
+
+
 def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer, settings: Settings,
                        end_dead_sessions: Callable[[], None]) -> Maintenance:
     """The server's background pieces: the watch for other writers, the WAL checkpoint, the
-    approvals and invites sweep and outbox pruning (see :class:`Maintenance`). ``end_dead_sessions`` ends
+    approvals and invites sweep, outbox pruning and the email digest (see :class:`Maintenance`). ``end_dead_sessions`` ends
     the MCP sessions of credentials another process revoked, or that expired on their own.
     """
 
@@ -9576,11 +9675,20 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
         pruned = prune_outbox(db, _dt.timedelta(days=settings.outbox_keep_days))
         return 0.5 if pruned else None
 
+    async def digest() -> None:
+        if settings.smtp is None:
+            return
+        for mail in digests_due(db, public_base(db, settings), utcnow()):
+            # The mail goes out off the event loop; only a mail that went out is recorded.
+            await asyncio.to_thread(send_mail, settings, mail["to"], mail["subject"], mail["text"])
+            digest_sent(db, mail["handle"], mail["through"])
+
     maintenance = Maintenance()
     maintenance.add("watcher", BACKGROUND_TICK, watch)
     maintenance.add("checkpoint", 1.0, lambda: asyncio.to_thread(checkpointer.run))
     maintenance.add("approvals sweep", 60.0, sweep)
     maintenance.add("outbox pruning", 600.0, prune)
+    maintenance.add("email digest", DIGEST_EVERY, digest)
     return maintenance
 
 class TooManySessions(PrickleError, code="too_many_sessions", status=429):
@@ -11290,6 +11398,18 @@ def person_email(db_path: str, as_json: bool, handle: str, address: str | None) 
     """Set a person's address for sign-in links by email (leave ADDRESS out to remove it)."""
     out = set_person_email(_open(db_path), handle, address)
     _Out(as_json)(out, f"{handle}'s address for sign-in links: {out['email'] or 'none'}.")
+
+
+@person_group.command("digest")
+@_db_options
+@click.argument("handle")
+@click.argument("minutes", type=int, required=False)
+def person_digest(db_path: str, as_json: bool, handle: str, minutes: int | None) -> None:
+    """Mail HANDLE what waited on them more than MINUTES (leave MINUTES out to turn the digest off)."""
+    out = set_digest(_open(db_path), handle, minutes)
+    state = f"on: what waited more than {minutes} minutes" if minutes else "off"
+    note = "" if out["email"] or not minutes else f" (no address yet: prickle person email {handle} ADDRESS)"
+    _Out(as_json)(out, f"{handle}'s email digest is {state}{note}.")
 
 
 @person_group.command("list")

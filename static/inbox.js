@@ -286,10 +286,38 @@ export function mount(el, ctx) {
       nothing.hidden = !ready || n > 0 || !!el.querySelector(".inbox-item"); // acted-on cards stay with their outcome
     },
   });
+  const digest = h("div", { class: "digest-setting" });
   el.append(
     h("div", { class: "page-head" }, heading(1, "Inbox"), notifyToggle()),
-    count, nothing, list.el);
+    digest, count, nothing, list.el);
+  get("/api/me").then((me) => fill(digest, digestForm(me)), () => { /* the setting shows on the next visit */ });
   return () => list.destroy();
+}
+
+/** The email digest: what waited on you longer than N minutes, mailed once (off by default). Shown
+ *  only where the server sends mail. */
+function digestForm(me) {
+  if (!me.mail) return null;
+  if (!me.email) {
+    return h("p", { class: "muted small", text: "Add your email address (on the sign-in page or with "
+      + "'prickle person email') to get a digest of what waits on you." });
+  }
+  const on = h("input", { type: "checkbox", id: "digest-on", checked: me.digest_minutes != null });
+  const minutes = h("input", { type: "number", id: "digest-minutes", min: "1", max: "10080", step: "1",
+    value: String(me.digest_minutes ?? 30), "aria-label": "Minutes" });
+  const save = h("button", { type: "submit", class: "small", text: "Save" });
+  const error = errorSlot();
+  const form = h("form", { class: "row-form digest-form" },
+    h("label", { for: "digest-on" }, on, ` Email ${me.email} what has waited on me more than `), minutes,
+    " minutes", save, error);
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    act(save, error, async () => {
+      const out = await post("/api/me/digest", { minutes: on.checked ? Number(minutes.value) : null });
+      announce(out.digest_minutes == null ? "Email digest off" : `Email digest on: after ${out.digest_minutes} minutes`);
+    });
+  });
+  return form;
 }
 
 /** The header's link to the inbox, with the count of what waits. */

@@ -13,7 +13,7 @@ def auth(world, handle):
 def test_me_and_projects(server, world):
     assert server.get("/api/me", headers=auth(world, "ren")).json() == {"person": {
         "handle": "ren", "display_name": "Ren Ito", "avatar_url": None, "color": 1, "away": False},
-        "auto_accept": False}
+        "auto_accept": False, "email": None, "digest_minutes": None, "mail": False}
     assert server.get("/api/projects", headers=auth(world, "ren")).json() == {"projects": [
         {"slug": PROJECT, "team": "web", "name": "Website v2", "description": "The new site.", "role": "member",
          "kind": "team"},

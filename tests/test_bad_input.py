@@ -52,6 +52,7 @@ API_BODIES = [
     ("POST", "/api/invite/decline", ["token"]),
     ("POST", "/api/signin/email", ["email"]),
     ("POST", "/api/me/email", ["email"]),
+    ("POST", "/api/me/digest", ["minutes"]),
     ("POST", f"/api/projects/{PROJECT}/agents", ["agent_id"]),
     ("POST", f"/api/projects/{PROJECT}/resume", ["agents"]),
     ("POST", f"/api/projects/{PROJECT}/memory", ["key", "value"]),

@@ -1,0 +1,89 @@
+"""The email digest: what waited on a person longer than they chose, mailed once, through a real SMTP
+server (aiosmtpd) started by the test."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+import pytest
+
+import prickle
+from conftest import PROJECT
+from test_invites import T0, _settings, auth, clock, smtp  # noqa: F401  (fixtures)
+
+MINUTE = dt.timedelta(minutes=1)
+BASE = "http://prickle.example:8321"
+
+
+def ask(world, text):
+    """oj says something in general chat; returns the message."""
+    return prickle.post_message(world.db, prickle.Actor("person", "", "cli", handle="oj"), PROJECT, text)
+
+
+def test_what_waited_longer_than_the_chosen_minutes_is_mailed_once(world, smtp, clock):  # noqa: F811
+    db = world.db
+    prickle.set_person_email(db, "ren", "ren@example.org")
+    assert prickle.set_digest(db, "ren", 30) == {"handle": "ren", "digest_minutes": 30, "email": "ren@example.org"}
+    first = ask(world, "@ren can you look at the pricing copy?")
+    clock.now = T0 + 10 * MINUTE
+    assert prickle.digests_due(db, BASE, clock.now) == []  # not waited long enough yet
+    clock.now = T0 + 31 * MINUTE
+    [due] = prickle.digests_due(db, BASE, clock.now)
+    assert (due["to"], due["subject"], due["through"]) == ("ren@example.org", "Prickle: 1 waiting for you",
+                                                           first["created_at"])
+    assert due["text"].splitlines() == [
+        "Hello Ren Ito,", "",
+        "1 thing has waited for you in Prickle for more than 30 minutes:", "",
+        "- A message that mentions you in Website v2: @ren can you look at the pricing copy?",
+        f"  waiting since {first['created_at']}", f"  {BASE}/#/p/{PROJECT}/room/{first['id']}", "",
+        f"Your inbox: {BASE}/#/inbox",
+        "You get this digest because you turned it on; turn it off on the inbox screen."]
+
+    # The server's own background piece sends it through [smtp] and records it: nothing twice.
+    settings = _settings(smtp.port)
+    pieces = {p.name: p for p in prickle.server_maintenance(db, None, None, settings, lambda: None).pieces}
+    asyncio.run(pieces["email digest"].run())
+    mail = smtp.next()
+    assert mail["to"] == ["ren@example.org"] and mail["message"]["Subject"] == "Prickle: 1 waiting for you"
+    assert f"{PROJECT}/room/{first['id']}" in mail["text"]
+    assert prickle.digests_due(db, BASE, clock.now + 60 * MINUTE) == []
+
+    # Something new waits: the next digest tells of it alone; reading the mention takes it out of the inbox.
+    clock.now = T0 + 40 * MINUTE
+    second = ask(world, "@ren and the footer too, please")
+    [due] = prickle.digests_due(db, BASE, T0 + 71 * MINUTE)
+    assert due["subject"] == "Prickle: 1 waiting for you" and second["id"] in due["text"]
+    assert first["id"] not in due["text"]
+
+    # Off: nothing is mailed, however long things wait.
+    prickle.set_digest(db, "ren", None)
+    assert prickle.digests_due(db, BASE, T0 + 600 * MINUTE) == []
+
+
+def test_no_address_or_no_digest_means_no_mail_and_bad_minutes_change_nothing(world, clock):  # noqa: F811
+    db = world.db
+    prickle.set_digest(db, "ren", 5)  # on, but ren has no address yet
+    ask(world, "@ren hello")
+    assert prickle.digests_due(db, BASE, T0 + 60 * MINUTE) == []
+    prickle.set_person_email(db, "oj", "oj@example.org")  # oj has an address but the digest is off
+    assert prickle.digests_due(db, BASE, T0 + 60 * MINUTE) == []
+    for bad in (0, -1, prickle.DIGEST_MINUTES_MAX + 1, "30", 1.5, True):
+        with pytest.raises(prickle.InvalidInput, match="minutes must be a whole number from 1 to 10080"):
+            prickle.set_digest(db, "ren", bad)
+    assert db.scalar("SELECT digest_minutes FROM people WHERE handle = 'ren'") == 5
+    with pytest.raises(prickle.NotFound):
+        prickle.set_digest(db, "nobody", 5)
+
+
+def test_the_page_sets_the_digest_and_is_told_whether_mail_goes_out(server, world):
+    h = auth(world, "ren")
+    r = server.post("/api/me/digest", json={"minutes": 45}, headers=h)
+    assert r.status_code == 200 and r.json() == {"handle": "ren", "digest_minutes": 45, "email": None, "mail": False}
+    me = server.get("/api/me", headers=h).json()
+    assert (me["digest_minutes"], me["email"], me["mail"]) == (45, None, False)
+    r = server.post("/api/me/digest", json={"minutes": "soon"}, headers=h)
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("minutes must be a whole number")
+    r = server.post("/api/me/digest", json={}, headers=h)
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("minutes is required")
+    assert server.post("/api/me/digest", json={"minutes": None}, headers=h).json()["digest_minutes"] is None
