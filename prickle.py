@@ -8263,7 +8263,8 @@ class RunnerConfig(pydantic.BaseModel):
     server: str = pydantic.Field(pattern=r"^https?://[^\s/]+(/\S*)?$")
     #: At most this many runs at once across every agent.
     parallel: int = pydantic.Field(4, ge=1, le=64)
-    #: Logs, status, runs' private files and scratch workspaces (default: beside the config file).
+    #: Logs, status, runs' private files and scratch workspaces (default: beside the config file; a relative
+    #: path, like ``repo`` and ``cli_path``, is read from the config file's folder).
     state_dir: str | None = None
     #: While its agent is paused, the runner asks the server again this often (seconds).
     pause_poll_seconds: float = pydantic.Field(30, ge=0.2, le=3600)
@@ -8291,15 +8292,31 @@ def load_runner_config(path: str) -> RunnerConfig:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise RunnerError(f"runner config {path}: {where}: {first['msg']}") from None
+    # Relative paths are read from the config file's folder, never from wherever the runner was started.
+    here = os.path.dirname(os.path.abspath(path))
+    if config.state_dir:
+        config.state_dir = _config_path(here, config.state_dir)
     for agent_id, agent in config.agents.items():
         if not AGENT_ID_RE.match(agent_id):
             raise RunnerError(f"runner config {path}: agents.{agent_id}: an agent is named owner/name")
         if agent.client == "command" and not agent.command:
             raise RunnerError(f"runner config {path}: agents.{agent_id}.command: client 'command' needs the argv "
                               "to run, e.g. command = [\"my-agent\", \"{prompt_file}\"]")
-        if agent.repo is not None and not os.path.isdir(os.path.join(os.path.expanduser(agent.repo), ".git")):
-            raise RunnerError(f"runner config {path}: agents.{agent_id}.repo: {agent.repo} is not a git repository")
+        if agent.repo is not None:
+            repo = _config_path(here, agent.repo)
+            if not os.path.isdir(os.path.join(repo, ".git")):
+                where = "" if repo == agent.repo else f" (looked in {repo})"
+                raise RunnerError(f"runner config {path}: agents.{agent_id}.repo: {agent.repo} is not a git "
+                                  f"repository{where}")
+            agent.repo = repo
+        if agent.cli_path and os.sep in agent.cli_path:  # a bare name is looked up on PATH
+            agent.cli_path = _config_path(here, agent.cli_path)
     return config
+
+
+def _config_path(folder: str, path: str) -> str:
+    """``path`` from a runner config as an absolute path: ``~`` expanded, a relative one taken from ``folder``."""
+    return os.path.normpath(os.path.join(folder, os.path.expanduser(path)))
 
 
 def runner_state_dir(config: RunnerConfig, config_path: str) -> str:
@@ -8500,8 +8517,10 @@ def mcp_config_for(mcp_url: str, bridge: bool, run_dir: str | None = None) -> di
                                             "headers": {"Authorization": "Bearer ${%s}" % RUN_KEY_ENV}}}
     if bridge:
         # alwaysLoad: Claude Code waits for it before the first turn, so the permission prompt is there.
+        # -P: the run starts it in its workspace, whose own prickle.py (a checkout of Prickle, or one the run
+        # wrote) must not stand in for the bridge that asks the owner.
         servers[BRIDGE_SERVER] = {"type": "stdio", "command": sys.executable,
-                                  "args": ["-m", "prickle", "runner", "bridge"], "alwaysLoad": True,
+                                  "args": ["-P", "-m", "prickle", "runner", "bridge"], "alwaysLoad": True,
                                   "env": {RUN_KEY_ENV: "${%s}" % RUN_KEY_ENV, "PRICKLE_MCP_URL": mcp_url}}
         if run_dir:  # where the bridge notes a step still waiting for the owner
             servers[BRIDGE_SERVER]["env"]["PRICKLE_RUN_DIR"] = run_dir
