@@ -8447,8 +8447,12 @@ async def http_call(base_url: str, key: str, method: str, path: str, body: dict 
     return data
 
 
-def task_prompt(task: dict, memory: list[dict], thread: list[dict]) -> str:
-    """What a task's run is told: the packet, the criteria, the thread, the memory and how to finish."""
+def task_prompt(task: dict, memory: list[dict], thread: list[dict], bridged: bool = True) -> str:
+    """What a task's run is told: the packet, the criteria, the thread, the memory and how to finish.
+
+    ``bridged``: the CLI's permission prompt asks the owner (Claude Code through the bridge); otherwise
+    the run is told to ask with request_step itself before a destructive, spending or outbound step.
+    """
     packet = task["packet"]
     lines = [f"You are working on Prickle task {task['id']} in project {task['project']}, handed to you by "
              f"{task['requester']}.", "", f"Task: {packet['task']}",
@@ -8473,8 +8477,11 @@ def task_prompt(task: dict, memory: list[dict], thread: list[dict]) -> str:
               f"1. accept_task with task_id {task['id']} first (unless the task is already accepted).",
               "2. checkpoint as you go: {task_id, checkpoint: {progress, decisions, next_steps}}.",
               "3. Work only inside the current directory. Before a destructive, spending or outbound step, "
-              "just make the call: your owner is asked and you get the answer; if it is still waiting, "
-              "checkpoint and end your turn (you will be resumed).",
+              + ("just make the call: your owner is asked and you get the answer; if it is still waiting, "
+                 "checkpoint and end your turn (you will be resumed)." if bridged else
+                 "ask your owner first with request_step {tool_name, input, reason, tool_use_id}, naming the "
+                 "exact call: make it only when the answer's behavior is allow (ask again with the same fields "
+                 "once they decided); while it is pending, checkpoint and end your turn (you will be resumed)."),
               f"4. Finish with return_result {{task_id: {task['id']}, summary, evidence}}: each piece of "
               "evidence says what shows a criterion and carries \"criteria\": [its indexes], so every "
               "criterion above is covered.",
@@ -8979,7 +8986,7 @@ class Runner:
             context, room = {"memory": []}, {"messages": []}
         finally:
             await run.close()
-        prompt = task_prompt(task, context.get("memory", []), room.get("messages", []))
+        prompt = task_prompt(task, context.get("memory", []), room.get("messages", []), agent.client == "claude")
         files = self._run_files(attempt_id, prompt, agent.client == "claude")
         values = {"mcp_url": self.config.mcp_url, "task_id": task_id, "project": task["project"], "role": "task",
                   "workspace": workspace, "prompt_file": files["prompt_file"], "mcp_config": files["mcp_config"]}

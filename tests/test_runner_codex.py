@@ -9,6 +9,7 @@ not installed (``.ci/run`` installs both).
 
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import httpx
@@ -57,20 +58,36 @@ def run_processes(pid: int) -> list[tuple[list[str], str | None]]:
     return found
 
 
-def test_codex_run_accepts_checkpoints_and_returns_a_result_with_evidence(db_path, tmp_path):
+def test_codex_run_accepts_checkpoints_asks_a_step_the_owner_allows_and_returns_a_result(db_path, tmp_path):
     def task_id(seen):
         return seen.find(r"Prickle task (\S+) ")
 
-    processes = []
+    processes, model_results = [], []
 
     def checkpoint(seen):  # Codex waits on this answer: its processes are all there to look at
         processes.extend(run_processes(next(iter(runner.runs("oj/critic").values()))["pid"]))
         return ("mcp__prickle__checkpoint", {"task_id": task_id(seen), "checkpoint": {"progress": "Drafted the copy."}})
 
+    # Without a permission bridge the run asks its owner itself, as its prompt says: pending, then allowed.
+    allowed = threading.Event()
+    publish = {"tool_name": "exec_command", "input": {"cmd": "make publish"}, "reason": "Publish the copy.",
+               "tool_use_id": "publish-1"}
+
+    def ask(seen):
+        assert "ask your owner first with request_step" in seen.prompt
+        return ("mcp__prickle__request_step", publish)
+
+    def ask_again(seen):
+        assert '"status":"pending"' in seen.results[-1].replace(" ", ""), seen.results[-1]
+        assert allowed.wait(60), "the owner never decided"
+        return ("mcp__prickle__request_step", publish)
+
     script = [
         lambda seen: ("mcp__prickle__accept_task", {"task_id": task_id(seen)}),
         checkpoint,
-        lambda seen: ("mcp__prickle__return_result", {
+        ask,
+        ask_again,
+        lambda seen: model_results.extend(seen.results) or ("mcp__prickle__return_result", {
             "task_id": task_id(seen), "summary": "Drafted the hero copy.",
             "evidence": [{"kind": "note", "summary": "Six words.", "criteria": [0]},
                          {"kind": "note", "summary": "CTA: try the demo.", "criteria": [1]}]}),
@@ -82,6 +99,7 @@ def test_codex_run_accepts_checkpoints_and_returns_a_result_with_evidence(db_pat
         prickle.set_rule(db, "oj", "allow", from_owner="ren")
         _, key = prickle.pair_device(db, "oj", "oj/critic", "oj-laptop")
         ren = person(base, prickle.create_token(db, "person", person="ren")[1])
+        oj = person(base, prickle.create_token(db, "person", person="oj")[1])
         builder = MCP(httpx.Client(base_url=base), {"ren/builder": served.info["demo"]["keys"]["ren/builder"]})
         config = write_config(tmp_path / "runner.toml", base, {
             "oj/critic": {"key": key, "client": "codex", "cli_path": CODEX, "launch_timeout_minutes": 5}})
@@ -92,6 +110,11 @@ def test_codex_run_accepts_checkpoints_and_returns_a_result_with_evidence(db_pat
                 "task": "Draft the hero copy.", "deliverable_type": "doc",
                 "acceptance_criteria": ["Headline has at most 8 words.", "Include a clear call to action."]}})
             task_id_ = handed["task"]["id"]
+            steps = wait_until("the run's step", lambda: oj.get("/api/steps").json()["steps"], timeout=120)
+            assert [(s["tool_name"], s["input"], s["task_id"]) for s in steps] == [
+                ("exec_command", {"cmd": "make publish"}, task_id_)]
+            assert oj.post(f"/api/steps/{steps[0]['id']}", json={"decision": "allow"}).status_code == 200
+            allowed.set()
             task = wait_until("the result", lambda: (t := task_state(ren, task_id_))["state"] == "verifying" and t,
                               timeout=120)
             wait_until("the run to end", lambda: "the task is verifying" in runner.log()
@@ -99,7 +122,11 @@ def test_codex_run_accepts_checkpoints_and_returns_a_result_with_evidence(db_pat
         # Codex asked the Responses API and called Prickle's tools through its own MCP client.
         assert model.paths and all(p.split("?")[0] == "/v1/responses" for p in model.paths)
         assert [a[0] for a in model.calls if not isinstance(a, str)] == [
-            "mcp__prickle__accept_task", "mcp__prickle__checkpoint", "mcp__prickle__return_result"]
+            "mcp__prickle__accept_task", "mcp__prickle__checkpoint", "mcp__prickle__request_step",
+            "mcp__prickle__request_step", "mcp__prickle__return_result"]
+        assert '"behavior":"allow"' in model_results[-1].replace(" ", "")  # the second ask used the allowed step
+        types = [e["type"] for e in audit_entries(db, PROJECT) if e["type"].startswith("step.")]
+        assert types == ["step.requested", "step.decided", "step.consumed"]
         sub = task["result"]
         assert (sub["summary"], [e["criteria"] for e in sub["evidence"]]) == ("Drafted the hero copy.", [[0], [1]])
         assert sub["lineage"]["cause"]["kind"] == "task"
@@ -127,4 +154,4 @@ def test_codex_run_accepts_checkpoints_and_returns_a_result_with_evidence(db_pat
         assert not any(p in logs for p in SECRET_PREFIXES) and key not in logs
         codex_files = b"".join(p.read_bytes() for p in home.rglob("*") if p.is_file())
         assert not any(p.encode() in codex_files for p in SECRET_PREFIXES)
-        ren.close(), builder.client.close(), db.close()
+        ren.close(), oj.close(), builder.client.close(), db.close()

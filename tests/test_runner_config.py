@@ -142,3 +142,16 @@ def test_the_bridge_a_run_starts_in_its_workspace_is_prickles_own(tmp_path):
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout.splitlines()[0])["result"]["serverInfo"]["name"] == "prickle-bridge"
     assert not (tmp_path / "hijacked").exists()
+
+
+def test_a_run_without_the_bridge_is_told_to_ask_with_request_step():
+    task = {"id": "task_1", "project": "website-v2", "requester": "ren/builder",
+            "packet": {"task": "Publish the copy.", "acceptance_criteria": ["Live."]}}
+    claude, codex = (prickle.task_prompt(task, [], [], bridged=b).splitlines() for b in (True, False))
+    step = next(line for line in codex if line.startswith("3. "))
+    assert step == ("3. Work only inside the current directory. Before a destructive, spending or outbound step, "
+                    "ask your owner first with request_step {tool_name, input, reason, tool_use_id}, naming the "
+                    "exact call: make it only when the answer's behavior is allow (ask again with the same fields "
+                    "once they decided); while it is pending, checkpoint and end your turn (you will be resumed).")
+    assert "just make the call: your owner is asked" in next(line for line in claude if line.startswith("3. "))
+    assert [a for a, b in zip(claude, codex) if a != b] == [next(line for line in claude if line.startswith("3. "))]
