@@ -104,7 +104,9 @@ def test_codex_run_accepts_checkpoints_asks_a_step_the_owner_allows_and_returns_
         config = write_config(tmp_path / "runner.toml", base, {
             "oj/critic": {"key": key, "client": "codex", "cli_path": CODEX, "launch_timeout_minutes": 5}})
         home = tmp_path / "home"
-        with RunnerProcess(config, env=codex_env(home, model.url)) as runner:
+        env = codex_env(home, model.url)
+        codex_config = (home / ".codex" / "config.toml").read_text()
+        with RunnerProcess(config, env=env) as runner:
             runner.wait_connected("oj/critic")
             handed = builder.ok("ren/builder", "handoff", {"project": PROJECT, "to": "oj/critic", "packet": {
                 "task": "Draft the hero copy.", "deliverable_type": "doc",
@@ -152,6 +154,7 @@ def test_codex_run_accepts_checkpoints_asks_a_step_the_owner_allows_and_returns_
         assert "Returned the result." in run_log
         logs = all_logs(runner.state_dir)
         assert not any(p in logs for p in SECRET_PREFIXES) and key not in logs
+        assert (home / ".codex" / "config.toml").read_text() == codex_config  # the runner wrote no Codex config
         codex_files = b"".join(p.read_bytes() for p in home.rglob("*") if p.is_file())
         assert not any(p.encode() in codex_files for p in SECRET_PREFIXES)
         ren.close(), oj.close(), builder.client.close(), db.close()
