@@ -5742,15 +5742,22 @@ def _runner_device(db: Database, actor: Actor) -> dict:
 
 
 def runner_state(db: Database, actor: Actor) -> dict:
-    """What a runner needs to obey its owner: whether its agent is paused, and its device's newest runs."""
+    """What a runner needs to obey its owner: whether its agent is paused, and its device's newest runs.
+
+    Each run says whether a step it asked for still waits on the owner (``step_pending``).
+    """
     with db.snapshot():
         device = _runner_device(db, actor)
         rows = db.rows("SELECT * FROM attempts WHERE device_id = ? ORDER BY claimed_at DESC, rowid DESC LIMIT ?",
                        (device["id"], RUNNER_RUNS_SHOWN))
         who = paused_by(db, actor.owner)
+        # A run that ended waiting on its owner's decision (it asked request_step itself) did not fail.
+        asking = {r["attempt_id"] for r in db.rows(
+            f"SELECT attempt_id FROM steps WHERE status = 'pending' AND attempt_id IN ({', '.join('?' * len(rows))})",
+            [r["id"] for r in rows])} if rows else set()
         return {"agent_id": actor.agent_id, "device_id": device["id"], "paused": who is not None, "paused_by": who,
                 "runs": [{k: v for k, v in attempt_out(r).items() if k not in ("device", "device_id")}
-                         for r in rows]}
+                         | {"step_pending": r["id"] in asking} for r in rows]}
 
 
 def mark_uncertain(db: Database, actor: Actor, attempt_id: str, reason: str | None = None) -> dict:
@@ -9014,13 +9021,19 @@ class Runner:
         if state in RUN_GOOD_STATES or state in RUN_ENDED_STATES or state == "gone":
             self.log(f"{agent_id}: {attempt_id} ended (exit status {code}); the task is {state}")
             return None
-        if os.path.exists(os.path.join(files["run_dir"], "step-pending")):
+        if os.path.exists(os.path.join(files["run_dir"], "step-pending")) or await self._step_pending(agent_id,
+                                                                                                     attempt_id):
             self.log(f"{agent_id}: {attempt_id} ended waiting on a step its owner has not decided yet")
             return None
         self.log(f"{agent_id}: {attempt_id} ended (exit status {code}) without a result; the task is {state}")
         if code != 0:
             return {"class": "runtime", "step": "cli_crashed"}
         return {"class": "agent", "step": "agent_error"}
+
+    async def _step_pending(self, agent_id: str, attempt_id: str) -> bool:
+        """Whether the server says a step this attempt asked for (with request_step itself) awaits the owner."""
+        state = await self.device_state(agent_id)
+        return any(r["attempt_id"] == attempt_id and r.get("step_pending") for r in (state or {}).get("runs", []))
 
     async def run_room(self, agent_id: str, event: dict) -> None:
         """Claim a discussion credential for a room wake and run a short session in its role."""

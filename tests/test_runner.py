@@ -315,6 +315,28 @@ def test_a_task_beyond_the_parallel_limit_waits_for_the_run_before_it(db_path, t
         ren.close(), oj.close(), mcp.client.close()
 
 
+def test_a_run_that_ends_waiting_on_a_step_it_asked_for_is_not_a_failure(db_path, tmp_path):
+    with Served(db_path, "--demo") as served:
+        config, key, mcp, ren, oj = setup(db_path, served, tmp_path)
+        with RunnerProcess(config) as runner:
+            runner.wait_connected("ren/builder")
+            task_id = hand(mcp, "step")
+            wait_until("the run to end", lambda: "ended waiting on a step its owner has not decided yet"
+                       in runner.log() and not runner.runs("ren/builder"))
+            steps = ren.get("/api/steps").json()["steps"]
+            assert [(s["tool_name"], s["input"], s["task_id"]) for s in steps] == [
+                ("Bash", {"command": "make publish"}, task_id)]
+            assert "stand-in: step pending" in all_logs(runner.state_dir)
+            state = httpx.get(served.info["url"] + "/api/runner/state", headers={"Authorization": f"Bearer {key}"})
+            assert [(r["task_id"], r["state"], r["step_pending"]) for r in state.json()["runs"]] == [
+                (task_id, "running", True)]
+        # The runner has ended (its report sent): the run was a good one, no run_failure.
+        assert runner.status()["agents"]["ren/builder"]["last_failure"] is None
+        assert "run_failure" not in (pulse_of(ren, PROJECT, "ren/builder") or {})
+        assert task_state(ren, task_id)["state"] == "accepted"
+        ren.close(), oj.close(), mcp.client.close()
+
+
 def _snapshot(root, skip=()) -> dict:
     """Every path under ``root`` (but ``skip``) with its kind, size and modification time."""
     out = {}
