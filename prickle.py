@@ -6676,15 +6676,22 @@ def _runner_device(db: Database, actor: Actor) -> dict:
 
 
 def runner_state(db: Database, actor: Actor) -> dict:
-    """What a runner needs to obey its owner: whether its agent is paused, and its device's newest runs."""
+    """What a runner needs to obey its owner: whether its agent is paused, and its device's newest runs.
+
+    Each run says whether a step it asked for still waits on the owner (``step_pending``).
+    """
     with db.snapshot():
         device = _runner_device(db, actor)
         rows = db.rows("SELECT * FROM attempts WHERE device_id = ? ORDER BY claimed_at DESC, rowid DESC LIMIT ?",
                        (device["id"], RUNNER_RUNS_SHOWN))
         who = paused_by(db, actor.owner)
+        # A run that ended waiting on its owner's decision (it asked request_step itself) did not fail.
+        asking = {r["attempt_id"] for r in db.rows(
+            f"SELECT attempt_id FROM steps WHERE status = 'pending' AND attempt_id IN ({', '.join('?' * len(rows))})",
+            [r["id"] for r in rows])} if rows else set()
         return {"agent_id": actor.agent_id, "device_id": device["id"], "paused": who is not None, "paused_by": who,
                 "runs": [{k: v for k, v in attempt_out(r).items() if k not in ("device", "device_id")}
-                         for r in rows]}
+                         | {"step_pending": r["id"] in asking} for r in rows]}
 
 
 def mark_uncertain(db: Database, actor: Actor, attempt_id: str, reason: str | None = None) -> dict:
@@ -10210,7 +10217,8 @@ class RunnerConfig(pydantic.BaseModel):
     server: str = pydantic.Field(pattern=r"^https?://[^\s/]+(/\S*)?$")
     #: At most this many runs at once across every agent.
     parallel: int = pydantic.Field(4, ge=1, le=64)
-    #: Logs, status, runs' private files and scratch workspaces (default: beside the config file).
+    #: Logs, status, runs' private files and scratch workspaces (default: beside the config file; a relative
+    #: path, like ``repo`` and ``cli_path``, is read from the config file's folder).
     state_dir: str | None = None
     #: While its agent is paused, the runner asks the server again this often (seconds).
     pause_poll_seconds: float = pydantic.Field(30, ge=0.2, le=3600)
@@ -10238,15 +10246,31 @@ def load_runner_config(path: str) -> RunnerConfig:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise RunnerError(f"runner config {path}: {where}: {first['msg']}") from None
+    # Relative paths are read from the config file's folder, never from wherever the runner was started.
+    here = os.path.dirname(os.path.abspath(path))
+    if config.state_dir:
+        config.state_dir = _config_path(here, config.state_dir)
     for agent_id, agent in config.agents.items():
         if not AGENT_ID_RE.match(agent_id):
             raise RunnerError(f"runner config {path}: agents.{agent_id}: an agent is named owner/name")
         if agent.client == "command" and not agent.command:
             raise RunnerError(f"runner config {path}: agents.{agent_id}.command: client 'command' needs the argv "
                               "to run, e.g. command = [\"my-agent\", \"{prompt_file}\"]")
-        if agent.repo is not None and not os.path.isdir(os.path.join(os.path.expanduser(agent.repo), ".git")):
-            raise RunnerError(f"runner config {path}: agents.{agent_id}.repo: {agent.repo} is not a git repository")
+        if agent.repo is not None:
+            repo = _config_path(here, agent.repo)
+            if not os.path.isdir(os.path.join(repo, ".git")):
+                where = "" if repo == agent.repo else f" (looked in {repo})"
+                raise RunnerError(f"runner config {path}: agents.{agent_id}.repo: {agent.repo} is not a git "
+                                  f"repository{where}")
+            agent.repo = repo
+        if agent.cli_path and os.sep in agent.cli_path:  # a bare name is looked up on PATH
+            agent.cli_path = _config_path(here, agent.cli_path)
     return config
+
+
+def _config_path(folder: str, path: str) -> str:
+    """``path`` from a runner config as an absolute path: ``~`` expanded, a relative one taken from ``folder``."""
+    return os.path.normpath(os.path.join(folder, os.path.expanduser(path)))
 
 
 def runner_state_dir(config: RunnerConfig, config_path: str) -> str:
@@ -10377,8 +10401,12 @@ async def http_call(base_url: str, key: str, method: str, path: str, body: dict 
     return data
 
 
-def task_prompt(task: dict, memory: list[dict], thread: list[dict]) -> str:
-    """What a task's run is told: the packet, the criteria, the thread, the memory and how to finish."""
+def task_prompt(task: dict, memory: list[dict], thread: list[dict], bridged: bool = True) -> str:
+    """What a task's run is told: the packet, the criteria, the thread, the memory and how to finish.
+
+    ``bridged``: the CLI's permission prompt asks the owner (Claude Code through the bridge); otherwise
+    the run is told to ask with request_step itself before a destructive, spending or outbound step.
+    """
     packet = task["packet"]
     lines = [f"You are working on Prickle task {task['id']} in project {task['project']}, handed to you by "
              f"{task['requester']}.", "", f"Task: {packet['task']}",
@@ -10403,8 +10431,11 @@ def task_prompt(task: dict, memory: list[dict], thread: list[dict]) -> str:
               f"1. accept_task with task_id {task['id']} first (unless the task is already accepted).",
               "2. checkpoint as you go: {task_id, checkpoint: {progress, decisions, next_steps}}.",
               "3. Work only inside the current directory. Before a destructive, spending or outbound step, "
-              "just make the call: your owner is asked and you get the answer; if it is still waiting, "
-              "checkpoint and end your turn (you will be resumed).",
+              + ("just make the call: your owner is asked and you get the answer; if it is still waiting, "
+                 "checkpoint and end your turn (you will be resumed)." if bridged else
+                 "ask your owner first with request_step {tool_name, input, reason, tool_use_id}, naming the "
+                 "exact call: make it only when the answer's behavior is allow (ask again with the same fields "
+                 "once they decided); while it is pending, checkpoint and end your turn (you will be resumed)."),
               f"4. Finish with return_result {{task_id: {task['id']}, summary, evidence}}: each piece of "
               "evidence says what shows a criterion and carries \"criteria\": [its indexes], so every "
               "criterion above is covered.",
@@ -10447,8 +10478,10 @@ def mcp_config_for(mcp_url: str, bridge: bool, run_dir: str | None = None) -> di
                                             "headers": {"Authorization": "Bearer ${%s}" % RUN_KEY_ENV}}}
     if bridge:
         # alwaysLoad: Claude Code waits for it before the first turn, so the permission prompt is there.
+        # -P: the run starts it in its workspace, whose own prickle.py (a checkout of Prickle, or one the run
+        # wrote) must not stand in for the bridge that asks the owner.
         servers[BRIDGE_SERVER] = {"type": "stdio", "command": sys.executable,
-                                  "args": ["-m", "prickle", "runner", "bridge"], "alwaysLoad": True,
+                                  "args": ["-P", "-m", "prickle", "runner", "bridge"], "alwaysLoad": True,
                                   "env": {RUN_KEY_ENV: "${%s}" % RUN_KEY_ENV, "PRICKLE_MCP_URL": mcp_url}}
         if run_dir:  # where the bridge notes a step still waiting for the owner
             servers[BRIDGE_SERVER]["env"]["PRICKLE_RUN_DIR"] = run_dir
@@ -10907,7 +10940,7 @@ class Runner:
             context, room = {"memory": []}, {"messages": []}
         finally:
             await run.close()
-        prompt = task_prompt(task, context.get("memory", []), room.get("messages", []))
+        prompt = task_prompt(task, context.get("memory", []), room.get("messages", []), agent.client == "claude")
         files = self._run_files(attempt_id, prompt, agent.client == "claude")
         values = {"mcp_url": self.config.mcp_url, "task_id": task_id, "project": task["project"], "role": "task",
                   "workspace": workspace, "prompt_file": files["prompt_file"], "mcp_config": files["mcp_config"]}
@@ -10935,13 +10968,19 @@ class Runner:
         if state in RUN_GOOD_STATES or state in RUN_ENDED_STATES or state == "gone":
             self.log(f"{agent_id}: {attempt_id} ended (exit status {code}); the task is {state}")
             return None
-        if os.path.exists(os.path.join(files["run_dir"], "step-pending")):
+        if os.path.exists(os.path.join(files["run_dir"], "step-pending")) or await self._step_pending(agent_id,
+                                                                                                     attempt_id):
             self.log(f"{agent_id}: {attempt_id} ended waiting on a step its owner has not decided yet")
             return None
         self.log(f"{agent_id}: {attempt_id} ended (exit status {code}) without a result; the task is {state}")
         if code != 0:
             return {"class": "runtime", "step": "cli_crashed"}
         return {"class": "agent", "step": "agent_error"}
+
+    async def _step_pending(self, agent_id: str, attempt_id: str) -> bool:
+        """Whether the server says a step this attempt asked for (with request_step itself) awaits the owner."""
+        state = await self.device_state(agent_id)
+        return any(r["attempt_id"] == attempt_id and r.get("step_pending") for r in (state or {}).get("runs", []))
 
     async def run_room(self, agent_id: str, event: dict) -> None:
         """Claim a discussion credential for a room wake and run a short session in its role."""

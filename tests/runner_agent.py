@@ -4,7 +4,8 @@ The runner starts it with the run's credential in ``PRICKLE_RUN_KEY`` (never arg
 Prickle's address in ``PRICKLE_MCP_URL``. What it does is read from its task's packet
 context (``standin: MODE``): ``ok`` (accept, checkpoint, return a result with evidence
 for each criterion), ``sleep`` (accept, then wait to be stopped), ``quiet`` (accept and
-exit without a result), ``crash`` (exit 3). In a private room (``PRICKLE_ROLE`` draft,
+exit without a result), ``step`` (accept, ask a step with request_step and exit while it waits for
+the owner), ``crash`` (exit 3). In a private room (``PRICKLE_ROLE`` draft,
 review or revise) it posts its one reply with a verdict.
 """
 
@@ -52,6 +53,11 @@ async def main() -> None:
                 await call(c, "checkpoint", {"task_id": task_id, "checkpoint": {"progress": "Sleeping."}})
                 time.sleep(600)
             if mode == "quiet":
+                return
+            if mode == "step":
+                asked = await call(c, "request_step", {"tool_name": "Bash", "input": {"command": "make publish"},
+                                                       "reason": "Publish the copy.", "tool_use_id": "publish-1"})
+                print(f"stand-in: step {asked['status']}", flush=True)
                 return
             await call(c, "checkpoint", {"task_id": task_id, "checkpoint": {"progress": "Drafted."}})
             criteria = task["packet"]["acceptance_criteria"]

@@ -54,20 +54,19 @@ def wait_until(what: str, probe, timeout: float = 90, every: float = 0.1):
 
 
 class RunnerProcess:
-    """A real ``prickle runner start`` process on one config; its stderr goes to a file."""
+    """A real ``prickle runner start`` process on one config; its stderr goes to a file beside the config."""
 
-    def __init__(self, config: Path, env: dict | None = None):
-        self.config = config
-        self.state_dir = Path(str(config.with_suffix("")) + "-state")
+    def __init__(self, config: Path, env: dict | None = None, cwd: Path | None = None, state_dir: Path | None = None):
+        self.config, self.env, self.cwd = config, (env or os.environ) | {"PYTHONUNBUFFERED": "1"}, cwd
+        self.state_dir = state_dir or Path(str(config.with_suffix("")) + "-state")  # the config's state_dir, if any
         self.err_path = config.parent / f"{config.stem}.stderr"
         self.err = open(self.err_path, "a")
         self.proc = subprocess.Popen(PRICKLE + ["runner", "start", "--config", str(config)],
-                                     stdout=subprocess.DEVNULL, stderr=self.err,
-                                     env=(env or os.environ) | {"PYTHONUNBUFFERED": "1"})
+                                     stdout=subprocess.DEVNULL, stderr=self.err, env=self.env, cwd=cwd)
 
     def status(self) -> dict:
         p = subprocess.run(PRICKLE + ["runner", "status", "--config", str(self.config), "--json"],
-                           capture_output=True, text=True, timeout=30)
+                           capture_output=True, text=True, timeout=30, env=self.env, cwd=self.cwd)
         assert p.returncode == 0, p.stderr
         return json.loads(p.stdout)
 

@@ -313,3 +313,94 @@ def test_a_task_beyond_the_parallel_limit_waits_for_the_run_before_it(db_path, t
                               and t)
             assert [e["criteria"] for e in done["result"]["evidence"]] == [[0], [1]]
         ren.close(), oj.close(), mcp.client.close()
+
+
+def test_a_run_that_ends_waiting_on_a_step_it_asked_for_is_not_a_failure(db_path, tmp_path):
+    with Served(db_path, "--demo") as served:
+        config, key, mcp, ren, oj = setup(db_path, served, tmp_path)
+        with RunnerProcess(config) as runner:
+            runner.wait_connected("ren/builder")
+            task_id = hand(mcp, "step")
+            wait_until("the run to end", lambda: "ended waiting on a step its owner has not decided yet"
+                       in runner.log() and not runner.runs("ren/builder"))
+            steps = ren.get("/api/steps").json()["steps"]
+            assert [(s["tool_name"], s["input"], s["task_id"]) for s in steps] == [
+                ("Bash", {"command": "make publish"}, task_id)]
+            assert "stand-in: step pending" in all_logs(runner.state_dir)
+            state = httpx.get(served.info["url"] + "/api/runner/state", headers={"Authorization": f"Bearer {key}"})
+            assert [(r["task_id"], r["state"], r["step_pending"]) for r in state.json()["runs"]] == [
+                (task_id, "running", True)]
+        # The runner has ended (its report sent): the run was a good one, no run_failure.
+        assert runner.status()["agents"]["ren/builder"]["last_failure"] is None
+        assert "run_failure" not in (pulse_of(ren, PROJECT, "ren/builder") or {})
+        assert task_state(ren, task_id)["state"] == "accepted"
+        ren.close(), oj.close(), mcp.client.close()
+
+
+def _snapshot(root, skip=()) -> dict:
+    """Every path under ``root`` (but ``skip``) with its kind, size and modification time."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if not any(rel == s or rel.startswith(s + "/") for s in skip):
+            st = p.lstat()
+            out[rel] = (stat.S_IFMT(st.st_mode), st.st_size if p.is_file() else None, st.st_mtime_ns)
+    return out
+
+
+def test_the_runner_writes_only_in_its_state_directory_and_the_worktree_it_added(db_path, tmp_path):
+    home, cwd, tmp = tmp_path / "home", tmp_path / "cwd", tmp_path / "tmp"
+    for d in (home, cwd, tmp):
+        d.mkdir()
+    (cwd / "notes.txt").write_text("mine\n")
+    repo = tmp_path / "website"
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    (repo / "index.html").write_text("<h1>Hello</h1>\n")
+    subprocess.run(git + ["add", "index.html"], check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "start"], check=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_CONFIG_HOME", "PRICKLE_RUNNER_CONFIG")}
+    env |= {"HOME": str(home), "TMPDIR": str(tmp)}
+    config_dir = home / ".config" / "prickle"  # the default config directory under this HOME
+    config_dir.mkdir(parents=True)
+    with Served(db_path, "--demo") as served:
+        base, db = served.info["url"], prickle.Database(db_path)
+        prickle.set_rule(db, "ren", "allow", from_owner="oj")
+        _, key = prickle.pair_device(db, "ren", "ren/builder", "ren-laptop")
+        # Relative paths, read from the config file's folder (not the directory the runner starts in).
+        config = write_config(config_dir / "runner.toml", base, {
+            "ren/builder": {"key": key, "client": "command", "command": STANDIN_AGENT, "repo": "../../../website"}},
+            state_dir="state")
+        mcp = MCP(httpx.Client(base_url=base, timeout=60), {"oj/muse": served.info["demo"]["keys"]["oj/muse"]})
+        ren = person(base, prickle.create_token(db, "person", person="ren")[1])
+        before = {"home": _snapshot(home, [".config/prickle"]), "cwd": _snapshot(cwd), "tmp": _snapshot(tmp),
+                  "repo": _snapshot(repo, [".git"]), "git": _snapshot(repo / ".git")}
+        with RunnerProcess(config, env=env, cwd=cwd, state_dir=config_dir / "state") as runner:
+            runner.wait_connected("ren/builder")
+            task_id = hand(mcp, "ok")
+            wait_until("the result", lambda: task_state(ren, task_id)["state"] == "verifying")
+            wait_until("the run to end", lambda: not runner.runs("ren/builder")
+                       and "the task is verifying" in runner.log())
+            assert runner.status()["agents"]["ren/builder"]["last_failure"] is None
+        # The run wrote in the worktree the runner added for its task, inside the state directory.
+        workspace = runner.state_dir / "workspaces" / task_id
+        assert "Draft the hero copy." in (workspace / "work.txt").read_text()
+        worktrees = subprocess.run(git + ["worktree", "list", "--porcelain"], capture_output=True, text=True).stdout
+        assert [line.split(" ", 1)[1] for line in worktrees.splitlines() if line.startswith("worktree ")] == [
+            str(repo), str(workspace)]
+        # Nothing else changed: HOME beyond the config directory, the directory it started in, TMPDIR, and
+        # the repository's own work tree are as they were.
+        assert _snapshot(home, [".config/prickle"]) == before["home"]
+        assert sorted(p.name for p in config_dir.iterdir()) == ["runner.stderr", "runner.toml", "state"]
+        assert (_snapshot(cwd), _snapshot(tmp), _snapshot(repo, [".git"])) == (before["cwd"], before["tmp"],
+                                                                                before["repo"])
+        # In the repository's .git, git recorded only the worktree and its branch.
+        git_after = _snapshot(repo / ".git")
+        changed = sorted(p for p in set(git_after) | set(before["git"]) if git_after.get(p) != before["git"].get(p)
+                         and git_after.get(p, (0,))[0] != stat.S_IFDIR)
+        allowed = (f"worktrees/{task_id}/", f"refs/heads/prickle/{task_id}", f"logs/refs/heads/prickle/{task_id}")
+        assert changed and all(p.startswith(allowed) for p in changed), changed
+        assert f"refs/heads/prickle/{task_id}" in changed
+        status = subprocess.run(git + ["status", "--porcelain", "--branch"], capture_output=True, text=True).stdout
+        assert status == "## main\n"
+        ren.close(), mcp.client.close(), db.close()

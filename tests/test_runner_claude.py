@@ -103,5 +103,5 @@ def test_claude_code_run_accepts_checkpoints_asks_a_step_the_owner_allows_and_re
         logs = all_logs(runner.state_dir)
         assert '"subtype":"success"' in logs.replace(" ", "") and not any(p in logs for p in SECRET_PREFIXES)
         mcp_config = json.loads((runner.state_dir / "runs").glob("*/mcp.json").__next__().read_text())
-        assert mcp_config["mcpServers"]["prickle_bridge"]["args"] == ["-m", "prickle", "runner", "bridge"]
+        assert mcp_config["mcpServers"]["prickle_bridge"]["args"] == ["-P", "-m", "prickle", "runner", "bridge"]
         oj.close(), ren.close(), builder.client.close(), db.close()

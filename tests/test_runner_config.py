@@ -109,3 +109,49 @@ def test_codex_reads_the_prickle_server_the_runner_configures(tmp_path):
     servers = {s["name"]: s for s in json.loads(p.stdout)}
     assert servers["prickle"]["transport"]["url"] == "http://127.0.0.1:8321/mcp"
     assert servers["prickle"]["transport"]["bearer_token_env_var"] == "PRICKLE_RUN_KEY"
+
+
+def test_relative_paths_in_a_config_are_read_from_its_folder(tmp_path, monkeypatch):
+    folder, repo, elsewhere = tmp_path / "conf", tmp_path / "website", tmp_path / "elsewhere"
+    folder.mkdir(), elsewhere.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    monkeypatch.chdir(elsewhere)  # where the runner happens to start
+    path = write_config(folder / "runner.toml", "http://127.0.0.1:8321", {
+        "oj/muse": {"key": KEY, "client": "claude", "repo": "../website", "cli_path": "bin/claude"},
+        "oj/critic": {"key": KEY, "client": "codex", "cli_path": "codex-beta"}}, state_dir="state")
+    config = prickle.load_runner_config(str(path))
+    assert prickle.runner_state_dir(config, str(path)) == str(folder / "state")
+    assert (config.agents["oj/muse"].repo, config.agents["oj/muse"].cli_path) == (str(repo), str(folder / "bin/claude"))
+    assert config.agents["oj/critic"].cli_path == "codex-beta"  # a bare name is looked up on PATH
+    write_config(path, "http://127.0.0.1:8321", {"oj/muse": {"key": KEY, "client": "claude", "repo": "website"}})
+    with pytest.raises(prickle.RunnerError) as e:
+        prickle.load_runner_config(str(path))
+    assert e.value.message == (f"runner config {path}: agents.oj/muse.repo: website is not a git repository "
+                               f"(looked in {folder / 'website'})")
+
+
+def test_the_bridge_a_run_starts_in_its_workspace_is_prickles_own(tmp_path):
+    # A workspace may hold a prickle.py (a checkout of Prickle, or one the run wrote): it must not answer
+    # the permission prompt in the bridge's place.
+    (tmp_path / "prickle.py").write_text("open('hijacked', 'w').write('yes')\n")
+    bridge = prickle.mcp_config_for("http://127.0.0.1:8321/mcp", bridge=True)["mcpServers"]["prickle_bridge"]
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}
+    p = subprocess.run([bridge["command"], *bridge["args"]], input=json.dumps(hello) + "\n", cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout.splitlines()[0])["result"]["serverInfo"]["name"] == "prickle-bridge"
+    assert not (tmp_path / "hijacked").exists()
+
+
+def test_a_run_without_the_bridge_is_told_to_ask_with_request_step():
+    task = {"id": "task_1", "project": "website-v2", "requester": "ren/builder",
+            "packet": {"task": "Publish the copy.", "acceptance_criteria": ["Live."]}}
+    claude, codex = (prickle.task_prompt(task, [], [], bridged=b).splitlines() for b in (True, False))
+    step = next(line for line in codex if line.startswith("3. "))
+    assert step == ("3. Work only inside the current directory. Before a destructive, spending or outbound step, "
+                    "ask your owner first with request_step {tool_name, input, reason, tool_use_id}, naming the "
+                    "exact call: make it only when the answer's behavior is allow (ask again with the same fields "
+                    "once they decided); while it is pending, checkpoint and end your turn (you will be resumed).")
+    assert "just make the call: your owner is asked" in next(line for line in claude if line.startswith("3. "))
+    assert [a for a, b in zip(claude, codex) if a != b] == [next(line for line in claude if line.startswith("3. "))]
