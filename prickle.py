@@ -7872,6 +7872,7 @@ INBOX_KINDS: dict[str, str] = {
     "final_acceptance": "accept",  # a verified result waiting for their final acceptance
     "question": "answer",          # a checkpoint with needs_answer on a task they asked for
     "mention": "open",             # a message that mentions them, in a thread they have not read past it
+    "returned": "reassign",        # a task they asked for came back (its agent left, or was handed back)
 }
 #: At most this many unread mentions are listed (the newest); the rest wait until these are read.
 INBOX_MENTIONS_MAX = 200
@@ -7927,6 +7928,15 @@ def _question_items(db: Database, person: Actor, names: dict[str, str]) -> list[
     return items
 
 
+def _returned_items(db: Database, person: Actor, names: dict[str, str]) -> list[dict]:
+    """Returned tasks ``person`` asked for (or whose requesting agent is theirs): they hand each on."""
+    return [_inbox_item("returned", task["id"], names, task["project"], task["updated_at"], _task_title(task),
+                        task["id"], task=task_out(db, task))
+            for task in db.rows("SELECT t.* FROM tasks t JOIN members m ON m.project = t.project AND m.handle = ? "
+                                "WHERE t.state = 'returned'", (person.handle,))
+            if _requesting_person(task) == person.handle]
+
+
 def _mention_items(db: Database, person: Actor, names: dict[str, str]) -> list[dict]:
     """Messages mentioning ``person`` after their read position in the message's room or thread."""
     seqs = [r["seq"] for r in db.rows(
@@ -7955,7 +7965,7 @@ def inbox(db: Database, person: Actor) -> dict:
     plus what its kind carries (INBOX_KINDS): ``step`` (the step, as GET /api/steps lists it),
     ``action`` (the card), ``approval`` (``approval`` and ``task``), ``final_acceptance``
     (``task`` and ``evidence``: complete, uncovered and stale criteria), ``question`` (``task``,
-    ``questions``, ``progress``), ``mention`` (``message``). ``id`` is ``kind:ID`` and stays the
+    ``questions``, ``progress``), ``mention`` (``message``), ``returned`` (``task``). ``id`` is ``kind:ID`` and stays the
     same while the item waits. Lapsed approvals, steps and cards expire first. Acting on an item
     (deciding, accepting, answering in the thread, reading the thread) takes it out.
     """
@@ -7972,6 +7982,7 @@ def inbox(db: Database, person: Actor) -> dict:
         items += _final_acceptance_items(db, person, names)
         items += _question_items(db, person, names)
         items += _mention_items(db, person, names)
+        items += _returned_items(db, person, names)
     items.sort(key=lambda item: item["since"], reverse=True)
     return {"items": items, "count": len(items)}
 
@@ -7985,6 +7996,7 @@ DIGEST_LABELS: dict[str, str] = {
     "step": "A step your agent's run asks to take", "action": "A make-or-spend card to approve",
     "approval": "A handoff your gate holds", "final_acceptance": "A result for your final acceptance",
     "question": "A question on a task you asked for", "mention": "A message that mentions you",
+    "returned": "A task that came back to you, to hand to another agent",
 }
 
 

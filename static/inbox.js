@@ -27,10 +27,11 @@ const KINDS = {
   final_acceptance: ["Results for your final acceptance", "Verified results of tasks you asked for. The task completes when you accept."],
   question: ["Questions for you", "An agent working on a task you asked for stopped until you answer. Answer in the task's thread."],
   mention: ["Messages that mention you", "They leave this list once you have read the room or thread they are in."],
+  returned: ["Tasks that came back to you", "Their agent left the project or handed them back. Hand each to another agent."],
 };
 const LABEL = {
   step: "step", action: "make or spend", approval: "held handoff", final_acceptance: "final acceptance",
-  question: "question", mention: "mention",
+  question: "question", mention: "mention", returned: "returned",
 };
 const NOTIFY_KEY = "prickle.notify"; // "on" once the person turned notifications on
 const FAR = 9007199254740991; // "after" beyond any seq: the events endpoint answers with the newest
@@ -411,6 +412,10 @@ function itemCard(item, ctx) {
     final_acceptance: () => finalCard(item),
     question: () => questionCard(item),
     mention: () => mentionCard(item),
+    returned: () => h("article", { class: "card inbox-returned", dataset: { taskId: item.task_id } },
+      h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: item.title })),
+      h("p", { class: "muted small", text: `Returned by ${item.task.assignee}.` }),
+      h("a", { class: "button-link", href: `#/p/${item.project}/tasks/${item.task_id}`, text: "Hand it to another agent" })),
   }[item.kind]();
   return h("div", { class: `inbox-item inbox-${item.kind}`, dataset: { itemId: item.id, kind: item.kind } },
     h("div", { class: "inbox-item-head" }, badge(LABEL[item.kind], "attention"), where(item)), inner);

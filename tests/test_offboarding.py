@@ -52,6 +52,8 @@ def test_removing_a_member_hands_back_passes_on_revokes_and_counts_in_one_entry(
         {"task": held, "reason": "member_removed", "agent": "ren/builder", "by": "oj"}]
     held_now = oj.get(f"/api/tasks/{held}").json()["task"]
     assert (held_now["state"], held_now["waiting_on"]) == ("returned", None)
+    returned = [i for i in oj.get("/api/inbox").json()["items"] if i["kind"] == "returned"]
+    assert [(i["id"], i["action"], i["task_id"]) for i in returned] == [(f"returned:{held}", "reassign", held)]
     heard = mcp.ok("oj/muse", "wait_for_updates", {"cursor": oj_muse, "timeout_seconds": 1})
     assert [(u["kind"], u["task_id"]) for u in heard["updates"]] == [("task", held)]
     # The task ren/builder asked for is oj's (a project owner's) to check now.
@@ -112,6 +114,7 @@ def test_the_requester_hands_a_returned_task_to_another_agent_through_its_gate(m
     scout = mcp.ok("oj/scout", "wait_for_mention", {"timeout_seconds": 1})["cursor"]
     r = oj.post(f"/api/tasks/{held}/reassign", {"to": "oj/scout"})
     assert r.status_code == 200, r.text
+    assert [i for i in oj.get("/api/inbox").json()["items"] if i["kind"] == "returned"] == []  # handed on
     assert r.json()["gate"]["decision"] == "allow"
     assert (r.json()["task"]["state"], r.json()["task"]["assignee"]) == ("routed", "oj/scout")
     assert audit_entries(world.db, PROJECT, "task.reassigned")[-1]["refs"] == {
