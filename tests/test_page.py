@@ -350,12 +350,13 @@ def test_skip_links_and_shortcuts_reach_the_composer_search_and_inbox(served, pe
 
 
 @pytest.mark.skipif(not AXE.exists(), reason=f"axe-core is not installed at {AXE} (.ci/run installs it)")
-def test_axe_finds_no_serious_or_critical_violation_on_the_room_a_task_page_and_the_keys_screen(served, people):
+def test_axe_finds_no_serious_or_critical_violation_on_the_room_the_inbox_a_task_page_and_the_keys_screen(
+        served, people):
     task_id = a_task_with_gaps(served)
     page = people("oj")
     found = {}
-    for hash_, ready in ((f"#/p/{PROJECT}/room", ".msg"), (f"#/p/{PROJECT}/tasks/{task_id}", ".decision"),
-                         ("#/agents", ".agent-card")):
+    for hash_, ready in ((f"#/p/{PROJECT}/room", ".msg"), ("#/inbox", ".inbox-item"),
+                         (f"#/p/{PROJECT}/tasks/{task_id}", ".decision"), ("#/agents", ".agent-card")):
         goto(page, served, hash_)
         expect(page.locator(ready).first).to_be_visible()
         page.add_script_tag(path=str(AXE))
