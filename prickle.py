@@ -6735,7 +6735,8 @@ def settle_attempt(db: Database, person: Actor, attempt_id: str, outcome: str) -
 # Someone leaving a project never leaves work stuck, rules dangling or a credential reaching in.
 # A member leaving (or removed), and an agent taken out, is one transaction of named steps
 # (offboard), each returning its count for the entry (OFFBOARD_COUNTS):
-#   1. the agents leave the project, with the wakes they were still to hear from it;
+#   1. the agents leave the project, with the wakes they were still to hear from it (and its default
+#      lead, when that is one of them);
 #   2. every open task assigned to them is returned to its requester (its runs and run
 #      credentials end, unreviewed results and held approvals close);
 #   3. every open task they (or the person) requested passes to a project owner;
@@ -6777,12 +6778,17 @@ def _in_list(values: list[str]) -> str:
     return ", ".join("?" * len(values)) or "NULL"
 
 
-def _take_agents_out(db: Database, project: str, agents: list[str]) -> int:
-    """Step 1: the agents leave ``project``; the wakes from it they had not heard go with them."""
+def _take_agents_out(db: Database, project: str, agents: list[str], reason: str, by: str | None) -> int:
+    """Step 1: the agents leave ``project``; the wakes from it they had not heard go with them, and so
+    does the project's default lead when it is one of them (``room.lead_declined`` with ``reason``),
+    so that an owner may pick another and the agent, added again later, leads only if picked again."""
+    lead = db.scalar("SELECT lead_agent FROM projects WHERE slug = ?", (project,))
     for agent in agents:
         db.execute("DELETE FROM project_agents WHERE project = ? AND agent_id = ?", (project, agent))
         db.execute("DELETE FROM wakes WHERE agent_id = ? AND project = ?", (agent, project))
         db.execute("DELETE FROM pulses WHERE agent_id = ? AND project = ?", (agent, project))
+        if agent == lead:
+            _end_lead(db, project, agent, by, reason)
     return len(agents)
 
 
@@ -6880,7 +6886,7 @@ def offboard(db: Database, project: str, agents: list[str], *, person: str | Non
     ``agent_removed``). The caller has checked who may do it and writes the entry.
     """
     counts = dict.fromkeys(OFFBOARD_COUNTS, 0)
-    counts["agents"] = _take_agents_out(db, project, agents)
+    counts["agents"] = _take_agents_out(db, project, agents, reason, by)
     to_owner = _taking_owner(db, project, person, by)
     counts["transferred"] = _transfer_requests(db, project, agents + ([person] if person else []), to_owner, by)
     counts["returned"], counts["credentials"] = _return_assigned(db, project, agents, reason, by)

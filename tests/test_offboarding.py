@@ -318,3 +318,28 @@ def test_a_run_inside_a_call_when_its_agent_is_removed_finds_its_task_not_found(
     with world.db.transaction():
         prickle.revoke_credentials(world.db, "id = ?", (record["id"],), "revoked")
     assert mcp.raw(key, "tools/call", {"name": "read_room", "arguments": P}, "read_room").status_code == 401
+
+
+def test_a_default_lead_taken_out_of_the_project_leads_it_no_more(mcp, server, world):
+    oj, ren = person(server, world, "oj"), person(server, world, "ren")
+    oj.post(f"/api/projects/{PROJECT}/lead", {"agent_id": "ren/builder"})
+    assert ren.post(f"/api/projects/{PROJECT}/lead/answer", {"decision": "agree"}).json()["lead"]["state"] == "agreed"
+    assert oj.delete(f"/api/projects/{PROJECT}/agents/ren/builder").status_code == 200
+    assert oj.get(f"/api/projects/{PROJECT}").json()["lead"] is None
+    assert [e["refs"] for e in audit_entries(world.db, PROJECT, "room.lead_declined")] == [
+        {"agent": "ren/builder", "by": "oj", "reason": "agent_removed"}]
+    # Added back, it leads nothing until picked again: a message naming nobody wakes nobody.
+    prickle.add_agent_to_project(world.db, PROJECT, "ren/builder")
+    oj.post(f"/api/projects/{PROJECT}/messages", {"body": "Anyone free for the footer?"})
+    assert world.db.scalar("SELECT count(*) FROM wakes WHERE agent_id = 'ren/builder' AND kind = 'mention'") == 0
+    # A team owner picks another lead at once.
+    assert oj.post(f"/api/projects/{PROJECT}/lead", {"agent_id": "oj/muse"}).json() == {
+        "lead": {"agent_id": "oj/muse", "state": "proposed", "picked_by": "oj"}}
+    # A picked lead whose owner leaves goes with them.
+    prickle.add_member(world.db, PROJECT, "sam", by="oj")
+    prickle.add_agent_to_project(world.db, PROJECT, "sam/lone")
+    assert oj.post(f"/api/projects/{PROJECT}/lead", {"agent_id": "sam/lone"}).status_code == 200
+    assert person(server, world, "sam").post(f"/api/projects/{PROJECT}/leave").status_code == 200
+    assert oj.get(f"/api/projects/{PROJECT}").json()["lead"] is None
+    assert audit_entries(world.db, PROJECT, "room.lead_declined")[-1]["refs"] == {
+        "agent": "sam/lone", "by": "sam", "reason": "member_left"}
