@@ -1927,6 +1927,14 @@ class _Piece:
     since: str | None = None  #: ISO time of the first failure in a row
 
 
+def check_no_secret(name: str | None, field: str) -> None:
+    """Refuse a name kept and shown in the clear (a key's label, a device's or computer's name) that holds
+    one of our secrets: InvalidInput naming ``field``, never echoing the secret."""
+    if name is not None and _SECRET_RE.search(name):
+        raise InvalidInput(f"{field}: that holds a Prickle secret (prk_…); give a name in plain words, e.g. "
+                           "'laptop', and keep the secret out of it")
+
+
 def failure_cause(e: BaseException) -> str:
     """``"Type: message"`` of an exception, cut to CAUSE_MAX, with anything like a secret hidden."""
     return _SECRET_RE.sub("prk_…", f"{type(e).__name__}: {e}")[:CAUSE_MAX]
@@ -3494,12 +3502,13 @@ def mint_credential(db: Database, kind: str, *, agent_id: str | None = None, per
     ``project`` ROOMS_SCOPE reaches every private room of the agent's owner. ``record`` holds
     id, kind, agent_id, person, project, label, created_at and expires_at (``ttl`` from now, or
     None for no expiry; ``at`` is the moment it is made, the caller's when it records the same
-    moment elsewhere). ``label`` is the key's name, up to LABEL_MAX characters (blank: none),
-    shown on the keys page and never in the audit log. The secret is never stored or shown
+    moment elsewhere). ``label`` is the key's name, up to LABEL_MAX characters (blank: none; never
+    holding a secret), shown on the keys page and never in the audit log. The secret is never stored or shown
     again. Writes ``token.created`` (see _record_credential). Raises InvalidInput for a bad label.
     """
     if label is not None:
         label = check_text(label, "label", LABEL_MAX).strip() or None
+        check_no_secret(label, "label")
     secret, now = make_secret(kind), at or utcnow()
     record = {
         "id": new_id("tok"), "kind": kind, "agent_id": agent_id, "person": person, "project": project,
@@ -6179,6 +6188,7 @@ def pair_device(db: Database, owner: str, agent_id: str, name: str = "runner",
     """
     check_agent_id(agent_id, "agent")
     check_text(name, "name", 80, 1)
+    check_no_secret(name, "name")
     with db.transaction():
         agent = db.one("SELECT * FROM agents WHERE agent_id = ?", (agent_id,))
         if agent is None or agent["owner"] != owner:
@@ -7093,6 +7103,7 @@ def request_connect(db: Database, name: str, clis: list[str], base_url: str) -> 
     is decided once. Nothing is audited until a person approves it.
     """
     check_text(name, "name", 80, 1)
+    check_no_secret(name, "name")
     if not isinstance(clis, list) or not clis or len(set(clis)) != len(clis) or not set(clis) <= set(CONNECT_CLIS):
         raise InvalidInput(f"clis: a list of the agent CLIs found on this computer, each once, from "
                            f"{', '.join(CONNECT_CLIS)}")
