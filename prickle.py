@@ -4083,16 +4083,30 @@ def set_person_email(db: Database, handle: str, email: str | None) -> dict:
     return {"handle": handle, "email": email}
 
 
+#: A person is sent at most this many sign-in links within SIGNIN_MAIL_WINDOW; asking again sends
+#: nothing (and answers the same), so that nobody floods an address or the database by asking.
+SIGNIN_MAILS_MAX = 3
+#: The window SIGNIN_MAILS_MAX counts in: the sign-in links made for the person within it.
+SIGNIN_MAIL_WINDOW = _dt.timedelta(minutes=15)
+
+
 def signin_mail(db: Database, settings: Settings, base_url: str, email: str) -> dict | None:
     """A mail with a one-time sign-in link for each person whose address is ``email`` (``{to, subject,
-    text}``), or None when nobody has it. The caller answers the same either way, so that nobody
-    learns whether an address is known here. Raises InvalidInput for a malformed address."""
+    text}``), or None when nobody has it or each of them was sent SIGNIN_MAILS_MAX links within
+    SIGNIN_MAIL_WINDOW already. The caller answers the same either way, so that nobody learns
+    whether an address is known here. Raises InvalidInput for a malformed address."""
     email = check_email(email)
-    handles = [r["handle"] for r in db.rows("SELECT handle FROM people WHERE email = ? ORDER BY handle", (email,))]
-    if not handles:
-        return None
-    ttl = _dt.timedelta(minutes=settings.signin_link_minutes)
-    links = [f"@{h}: {base_url}/signin?token={create_token(db, 'signin', person=h, ttl=ttl)[1]}" for h in handles]
+    since = iso(utcnow() - SIGNIN_MAIL_WINDOW)
+    with db.transaction():
+        handles = [r["handle"] for r in db.rows(
+            "SELECT handle FROM people p WHERE email = ? AND (SELECT count(*) FROM credentials c WHERE "
+            "c.kind = 'signin' AND c.person = p.handle AND c.created_at > ?) < ? ORDER BY handle",
+            (email, since, SIGNIN_MAILS_MAX))]
+        if not handles:
+            return None
+        ttl = _dt.timedelta(minutes=settings.signin_link_minutes)
+        links = [f"@{h}: {base_url}/signin?token={create_token(db, 'signin', person=h, ttl=ttl)[1]}"
+                 for h in handles]
     return {"to": email, "subject": "Your Prickle sign-in link",
             "text": "Someone asked for a sign-in link for this address on Prickle. Open it to sign in:\n\n"
                     + "\n".join(links) + f"\n\nA link works once, within {settings.signin_link_minutes} minutes. "

@@ -306,6 +306,21 @@ def test_the_sign_in_page_mails_a_link_without_saying_whether_an_address_is_know
     assert mailing.post("/api/signin/email", json={"email": "not an address"}).status_code == 400
 
 
+def test_asking_again_and_again_mails_a_person_three_sign_in_links_in_15_minutes(mailing, world, smtp, clock):
+    for handle in ("oj", "ren"):
+        prickle.set_person_email(world.db, handle, f"{handle}@example.org")
+    answers = [mailing.post("/api/signin/email", json={"email": "oj@example.org"}).json() for _ in range(5)]
+    assert answers == [{"sent": prickle.SIGNIN_MAIL_ANSWER}] * 5
+    assert world.db.scalar("SELECT count(*) FROM credentials WHERE kind = 'signin' AND person = 'oj'") == 3
+    mailing.post("/api/signin/email", json={"email": "ren@example.org"})
+    # One mail thread, in order: ren's mail comes right after oj's three.
+    assert [smtp.next()["to"] for _ in range(4)] == [["oj@example.org"]] * 3 + [["ren@example.org"]]
+    clock.now = T0 + prickle.SIGNIN_MAIL_WINDOW + prickle._dt.timedelta(seconds=1)
+    mailing.post("/api/signin/email", json={"email": "oj@example.org"})
+    assert smtp.next()["to"] == ["oj@example.org"]
+    assert world.db.scalar("SELECT count(*) FROM credentials WHERE kind = 'signin' AND person = 'oj'") == 4
+
+
 class _Password:
     def __init__(self, user, password):
         self.user, self.password = user.encode(), password.encode()
