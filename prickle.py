@@ -6802,17 +6802,18 @@ def _in_list(values: list[str]) -> str:
     return ", ".join("?" * len(values)) or "NULL"
 
 
-def _take_agents_out(db: Database, project: str, agents: list[str], reason: str, by: str | None) -> int:
+def _take_agents_out(db: Database, project: str, agents: list[str]) -> int:
     """Step 1: the agents leave ``project``; the wakes from it they had not heard go with them, and so
-    does the project's default lead when it is one of them (``room.lead_declined`` with ``reason``),
-    so that an owner may pick another and the agent, added again later, leads only if picked again."""
-    lead = db.scalar("SELECT lead_agent FROM projects WHERE slug = ?", (project,))
+    does the project's default lead (picked or agreed) when it is one of them, so that a team owner may
+    pick another and the agent, added again later, leads only if picked again. The lead's end has no
+    entry of its own: the reference's ``room.lead_declined`` is its owner's answer, and the removal's
+    entry already names the agent."""
     for agent in agents:
         db.execute("DELETE FROM project_agents WHERE project = ? AND agent_id = ?", (project, agent))
         db.execute("DELETE FROM wakes WHERE agent_id = ? AND project = ?", (agent, project))
         db.execute("DELETE FROM pulses WHERE agent_id = ? AND project = ?", (agent, project))
-        if agent == lead:
-            _end_lead(db, project, agent, by, reason)
+        db.execute("UPDATE projects SET lead_agent = NULL, lead_state = NULL, lead_picked_by = NULL WHERE slug = ? "
+                   "AND lead_agent = ?", (project, agent))
     return len(agents)
 
 
@@ -6910,7 +6911,7 @@ def offboard(db: Database, project: str, agents: list[str], *, person: str | Non
     ``agent_removed``). The caller has checked who may do it and writes the entry.
     """
     counts = dict.fromkeys(OFFBOARD_COUNTS, 0)
-    counts["agents"] = _take_agents_out(db, project, agents, reason, by)
+    counts["agents"] = _take_agents_out(db, project, agents)
     to_owner = _taking_owner(db, project, person, by)
     counts["transferred"] = _transfer_requests(db, project, agents + ([person] if person else []), to_owner, by)
     counts["returned"], counts["credentials"] = _return_assigned(db, project, agents, reason, by)
