@@ -4125,8 +4125,7 @@ def require_project(db: Database, actor: Actor, project: str) -> dict:
     elsewhere is ``forbidden``.
     """
     if actor.kind == "agent" and actor.project_scope not in (None, ROOMS_SCOPE, project):
-        if not db.one("SELECT 1 FROM project_agents pa JOIN members m ON m.project = pa.project AND m.handle = ? "
-                      "WHERE pa.agent_id = ? AND pa.project = ?", (actor.owner, actor.agent_id, project)):
+        if not agent_in_project(db, project, actor.agent_id):
             # Naming only the key's own project: whether the other slug exists stays unsaid.
             raise NotFound(f"your agent is in no project '{project}'; this key is for project "
                            f"'{actor.project_scope}' only: check the project's slug")
@@ -4157,6 +4156,13 @@ def require_project(db: Database, actor: Actor, project: str) -> dict:
     if db._depth:  # cached only what a transaction read, for as long as nobody else writes
         db.cache[key] = row
     return row
+
+
+def agent_in_project(db: Database, project: str, agent_id: str) -> bool:
+    """Whether ``agent_id`` is in ``project`` now, with its owner a member (what require_project asks
+    of an agent): an agent that left hears nothing from the project, whoever answers it there."""
+    return db.one("SELECT 1 FROM project_agents pa JOIN members m ON m.project = pa.project AND m.handle = ? "
+                  "WHERE pa.project = ? AND pa.agent_id = ?", (owner_of(agent_id), project, agent_id)) is not None
 
 
 #: Whether agent ``:agent`` may see task ``t`` (DESIGN "Thread visibility"), the one home of that rule
@@ -4424,7 +4430,7 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
         task_id = parent["task_id"] if parent is not None else task_id
         task = visible_task(db, actor, project, task_id) if task_id is not None else None
         mentions, mentioned_agents = resolve_mentions(db, project, body)
-        replied = _replied_parties(db, parent, task)
+        replied = _replied_parties(db, project, parent, task)
         reached = [a for a in dict.fromkeys(mentioned_agents + replied) if a != actor.address]
         if actor.kind == "agent":
             _refuse_paused(db, project, actor.agent_id, reached)
@@ -4461,14 +4467,15 @@ def _reply_parent(db: Database, actor: Actor, project: str, in_reply_to: str | N
     return parent
 
 
-def _replied_parties(db: Database, parent: dict | None, task: dict | None) -> list[str]:
-    """Whom a message answers: the agent that wrote its parent and its thread's parties that may see the thread."""
+def _replied_parties(db: Database, project: str, parent: dict | None, task: dict | None) -> list[str]:
+    """Whom a message answers: the agent that wrote its parent and its thread's parties that may see the
+    thread, each while it is still in the project (one that left hears nothing more from it)."""
     replied = [parent["author"]] if parent is not None and parent["author_kind"] == "agent" else []
     if task is not None:
         replied += [a for a in (task["requester"], task["assignee"]) if a]
         # A party the task has not reached (held or refused by the gate) hears nothing of its thread.
         replied = [a for a in replied if _thread_visible(db, _agent_viewer(a), task)]
-    return replied
+    return [a for a in replied if agent_in_project(db, project, a)]
 
 
 def _post_wakes(db: Database, actor: Actor, project: str, private: bool, task: dict | None, message_id: str,
@@ -7636,11 +7643,7 @@ def default_lead(db: Database, project: str) -> str | None:
         ids = [a["agent_id"] for a in _room_agents(db, project)]
         return room["lead_agent"] if room["lead_agent"] in ids else (ids[0] if ids else None)
     lead = db.scalar("SELECT lead_agent FROM projects WHERE slug = ? AND lead_state = 'agreed'", (project,))
-    if lead is None or not db.one("SELECT 1 FROM project_agents pa JOIN members m ON m.project = pa.project AND "
-                                  "m.handle = ? WHERE pa.project = ? AND pa.agent_id = ?",
-                                  (owner_of(lead), project, lead)):
-        return None
-    return lead
+    return lead if lead is not None and agent_in_project(db, project, lead) else None
 
 
 def lead_out(db: Database, project: str) -> dict | None:
@@ -7675,8 +7678,7 @@ def pick_lead(db: Database, project: str, agent_id: str, by: str | Actor | None 
         row, by = _lead_project(db, project, by)
         if by is not None and _team_role(db, row["team"], by) != "owner":
             raise Forbidden(f"only an owner of team '{row['team']}' picks the default lead of '{project}'")
-        if not db.one("SELECT 1 FROM project_agents pa JOIN members m ON m.project = pa.project AND m.handle = ? "
-                      "WHERE pa.project = ? AND pa.agent_id = ?", (owner_of(agent_id), project, agent_id)):
+        if not agent_in_project(db, project, agent_id):
             raise NotFound(f"agent_id: '{agent_id}' is not in '{project}': its owner adds it first")
         if row["lead_state"] == "agreed" and row["lead_agent"] != agent_id:
             raise Conflict(f"'{row['lead_agent']}' leads '{project}' now: its owner steps down first")

@@ -8,7 +8,7 @@ import prickle
 from conftest import PROJECT, Served, audit_entries, in_thread
 from test_cli import jrun, run
 from test_e2e import call, client
-from test_tasks import P, PACKET, person
+from test_tasks import P, PACKET, person, start
 
 REMOVAL = {"agents": 1, "returned": 1, "transferred": 1, "rules_revoked": 2, "standing_revoked": 1, "credentials": 1, "invites": 0}
 
@@ -343,3 +343,21 @@ def test_a_default_lead_taken_out_of_the_project_leads_it_no_more(mcp, server, w
     assert oj.get(f"/api/projects/{PROJECT}").json()["lead"] is None
     assert audit_entries(world.db, PROJECT, "member.left")[-1]["refs"]["agents"] == 1
     assert oj.post(f"/api/projects/{PROJECT}/lead", {"agent_id": "oj/muse"}).json()["lead"]["agent_id"] == "oj/muse"
+
+
+def test_an_agent_taken_out_hears_nothing_when_a_person_answers_its_old_message(mcp, server, world):
+    oj = person(server, world, "oj")
+    old = mcp.ok("ren/builder", "post_message", P | {"body": "The footer is done."})["message"]
+    cursor = start(mcp, "ren/builder", "wait_for_updates")
+    assert oj.delete(f"/api/projects/{PROJECT}/agents/ren/builder").status_code == 200
+    r = oj.post(f"/api/projects/{PROJECT}/messages", {"body": "Thanks, looks good.", "in_reply_to": old["id"]})
+    assert r.status_code == 200 and r.json()["message"]["in_reply_to"] == old["id"]
+    assert world.db.scalar("SELECT count(*) FROM wakes WHERE agent_id = 'ren/builder'") == 0
+    out = mcp.ok("ren/builder", "wait_for_updates", {"cursor": cursor, "timeout_seconds": 1})
+    assert (out["status"], out.get("updates", [])) == ("timeout", [])
+    # An agent still in the project hears the answer to its message.
+    mine = mcp.ok("oj/muse", "post_message", P | {"body": "Hero copy is in."})["message"]
+    cursor = start(mcp, "oj/muse", "wait_for_updates")
+    reply = oj.post(f"/api/projects/{PROJECT}/messages", {"body": "Great.", "in_reply_to": mine["id"]}).json()
+    out = mcp.ok("oj/muse", "wait_for_updates", {"cursor": cursor, "timeout_seconds": 1})
+    assert [(u["kind"], u["message_id"]) for u in out["updates"]] == [("reply", reply["message"]["id"])]
