@@ -2993,14 +2993,24 @@ ROOM_THREADS = 20
 WAKE_BATCH = 50
 
 
+def check_display_name(value: Any, field: str = "name") -> str:
+    """A person's display name trimmed: 1 to 80 characters on one line, not only spaces; else
+    InvalidInput naming ``field`` (a blank name would show nobody beside their messages)."""
+    name = check_text(value, field, 80, 1).strip()
+    if not name or re.search(r"[\x00-\x1f\x7f]", name):
+        raise InvalidInput(f"{field}: write the person's name in words, on one line, e.g. 'Ana Lima'")
+    return name
+
+
 def add_person(db: Database, handle: str, display_name: str, color: int | None = None,
                email: str | None = None) -> dict:
     """Create a person, with an optional ``email`` for sign-in links by mail (never shown to others).
 
-    Raises InvalidInput for a bad handle, name or address, Conflict if the handle is taken.
+    ``display_name`` is trimmed (check_display_name). Raises InvalidInput for a bad handle, name
+    or address, Conflict if the handle is taken.
     """
     check_slug(handle, "handle")
-    check_text(display_name, "name", 80, 1)
+    display_name = check_display_name(display_name)
     if color is not None and not (isinstance(color, int) and 0 <= color <= 7):
         raise InvalidInput("color must be a number from 0 to 7")
     email = None if email is None else check_email(email)
@@ -3997,9 +4007,8 @@ def accept_invite(db: Database, secret: str, handle: str | None = None, signup: 
         row = _invite_by_secret(db, secret)
         session = None
         if signup is not None:
-            check_text(signup.get("display_name"), "display_name", 80, 1)
-            handle = add_person(db, signup.get("handle"), signup["display_name"],
-                                email=signup.get("email") or None)["handle"]
+            name = check_display_name(signup.get("display_name"), "display_name")
+            handle = add_person(db, signup.get("handle"), name, email=signup.get("email") or None)["handle"]
             if session_ttl is not None:
                 session = create_token(db, "session", person=handle, ttl=session_ttl)[1]
         project = project_out(db, row["project"])
