@@ -7051,10 +7051,16 @@ def removal_preview(db: Database, person: Actor, project: str, handle: str | Non
     """What leaving or removing would hand back, shown before a person confirms it (changes nothing).
 
     ``{agents, returned, transferred}``: the agents taken out, and how many open tasks go back to
-    their requesters and pass to a project owner. For a member (``handle``) or one agent (``agent_id``).
+    their requesters and pass to a project owner. For a member (``handle``) or one agent (``agent_id``);
+    one that is not in the project is NotFound, as its removal would be.
     """
     with db.snapshot():
         require_project(db, person, project)
+        if handle and _member_role(db, project, handle) is None:
+            raise NotFound(f"handle: '{handle}' is not a member of '{project}'")
+        if agent_id and not db.one("SELECT 1 FROM project_agents WHERE project = ? AND agent_id = ?",
+                                   (project, agent_id)):
+            raise NotFound(f"agent: no agent '{agent_id}' in '{project}'")
         agents = _member_agents(db, project, handle) if handle else [agent_id]
         parties = agents + ([handle] if handle else [])
         open_tasks = [t for t in db.rows("SELECT * FROM tasks WHERE project = ?", (project,))

@@ -361,3 +361,15 @@ def test_an_agent_taken_out_hears_nothing_when_a_person_answers_its_old_message(
     reply = oj.post(f"/api/projects/{PROJECT}/messages", {"body": "Great.", "in_reply_to": mine["id"]}).json()
     out = mcp.ok("oj/muse", "wait_for_updates", {"cursor": cursor, "timeout_seconds": 1})
     assert [(u["kind"], u["message_id"]) for u in out["updates"]] == [("reply", reply["message"]["id"])]
+
+
+def test_a_removal_preview_of_someone_not_in_the_project_is_not_found(server, world):
+    ren = person(server, world, "ren")
+    for query, message in (("handle=sam", "handle: 'sam' is not a member of 'website-v2'"),
+                           ("handle=nobody", "handle: 'nobody' is not a member of 'website-v2'"),
+                           ("agent=sam/lone", "agent: no agent 'sam/lone' in 'website-v2'"),
+                           ("agent=nobody/x", "agent: no agent 'nobody/x' in 'website-v2'")):
+        r = ren.get(f"/api/projects/{PROJECT}/removal?{query}")
+        assert r.status_code == 404 and r.json()["error"] == {"code": "not_found", "message": message}
+    assert ren.get(f"/api/projects/{PROJECT}/removal?agent=oj/scout").json() == {
+        "agents": ["oj/scout"], "returned": 0, "transferred": 0}
