@@ -1927,6 +1927,14 @@ class _Piece:
     since: str | None = None  #: ISO time of the first failure in a row
 
 
+def check_no_secret(name: str | None, field: str) -> None:
+    """Refuse a name kept and shown in the clear (a key's label, a device's or computer's name) that holds
+    one of our secrets: InvalidInput naming ``field``, never echoing the secret."""
+    if name is not None and _SECRET_RE.search(name):
+        raise InvalidInput(f"{field}: that holds a Prickle secret (prk_…); give a name in plain words, e.g. "
+                           "'laptop', and keep the secret out of it")
+
+
 def failure_cause(e: BaseException) -> str:
     """``"Type: message"`` of an exception, cut to CAUSE_MAX, with anything like a secret hidden."""
     return _SECRET_RE.sub("prk_…", f"{type(e).__name__}: {e}")[:CAUSE_MAX]
@@ -2985,14 +2993,24 @@ ROOM_THREADS = 20
 WAKE_BATCH = 50
 
 
+def check_display_name(value: Any, field: str = "name") -> str:
+    """A person's display name trimmed: 1 to 80 characters on one line, not only spaces; else
+    InvalidInput naming ``field`` (a blank name would show nobody beside their messages)."""
+    name = check_text(value, field, 80, 1).strip()
+    if not name or re.search(r"[\x00-\x1f\x7f]", name):
+        raise InvalidInput(f"{field}: write the person's name in words, on one line, e.g. 'Ana Lima'")
+    return name
+
+
 def add_person(db: Database, handle: str, display_name: str, color: int | None = None,
                email: str | None = None) -> dict:
     """Create a person, with an optional ``email`` for sign-in links by mail (never shown to others).
 
-    Raises InvalidInput for a bad handle, name or address, Conflict if the handle is taken.
+    ``display_name`` is trimmed (check_display_name). Raises InvalidInput for a bad handle, name
+    or address, Conflict if the handle is taken.
     """
     check_slug(handle, "handle")
-    check_text(display_name, "name", 80, 1)
+    display_name = check_display_name(display_name)
     if color is not None and not (isinstance(color, int) and 0 <= color <= 7):
         raise InvalidInput("color must be a number from 0 to 7")
     email = None if email is None else check_email(email)
@@ -3494,12 +3512,13 @@ def mint_credential(db: Database, kind: str, *, agent_id: str | None = None, per
     ``project`` ROOMS_SCOPE reaches every private room of the agent's owner. ``record`` holds
     id, kind, agent_id, person, project, label, created_at and expires_at (``ttl`` from now, or
     None for no expiry; ``at`` is the moment it is made, the caller's when it records the same
-    moment elsewhere). ``label`` is the key's name, up to LABEL_MAX characters (blank: none),
-    shown on the keys page and never in the audit log. The secret is never stored or shown
+    moment elsewhere). ``label`` is the key's name, up to LABEL_MAX characters (blank: none; never
+    holding a secret), shown on the keys page and never in the audit log. The secret is never stored or shown
     again. Writes ``token.created`` (see _record_credential). Raises InvalidInput for a bad label.
     """
     if label is not None:
         label = check_text(label, "label", LABEL_MAX).strip() or None
+        check_no_secret(label, "label")
     secret, now = make_secret(kind), at or utcnow()
     record = {
         "id": new_id("tok"), "kind": kind, "agent_id": agent_id, "person": person, "project": project,
@@ -3988,9 +4007,8 @@ def accept_invite(db: Database, secret: str, handle: str | None = None, signup: 
         row = _invite_by_secret(db, secret)
         session = None
         if signup is not None:
-            check_text(signup.get("display_name"), "display_name", 80, 1)
-            handle = add_person(db, signup.get("handle"), signup["display_name"],
-                                email=signup.get("email") or None)["handle"]
+            name = check_display_name(signup.get("display_name"), "display_name")
+            handle = add_person(db, signup.get("handle"), name, email=signup.get("email") or None)["handle"]
             if session_ttl is not None:
                 session = create_token(db, "session", person=handle, ttl=session_ttl)[1]
         project = project_out(db, row["project"])
@@ -4074,16 +4092,30 @@ def set_person_email(db: Database, handle: str, email: str | None) -> dict:
     return {"handle": handle, "email": email}
 
 
+#: A person is sent at most this many sign-in links within SIGNIN_MAIL_WINDOW; asking again sends
+#: nothing (and answers the same), so that nobody floods an address or the database by asking.
+SIGNIN_MAILS_MAX = 3
+#: The window SIGNIN_MAILS_MAX counts in: the sign-in links made for the person within it.
+SIGNIN_MAIL_WINDOW = _dt.timedelta(minutes=15)
+
+
 def signin_mail(db: Database, settings: Settings, base_url: str, email: str) -> dict | None:
     """A mail with a one-time sign-in link for each person whose address is ``email`` (``{to, subject,
-    text}``), or None when nobody has it. The caller answers the same either way, so that nobody
-    learns whether an address is known here. Raises InvalidInput for a malformed address."""
+    text}``), or None when nobody has it or each of them was sent SIGNIN_MAILS_MAX links within
+    SIGNIN_MAIL_WINDOW already. The caller answers the same either way, so that nobody learns
+    whether an address is known here. Raises InvalidInput for a malformed address."""
     email = check_email(email)
-    handles = [r["handle"] for r in db.rows("SELECT handle FROM people WHERE email = ? ORDER BY handle", (email,))]
-    if not handles:
-        return None
-    ttl = _dt.timedelta(minutes=settings.signin_link_minutes)
-    links = [f"@{h}: {base_url}/signin?token={create_token(db, 'signin', person=h, ttl=ttl)[1]}" for h in handles]
+    since = iso(utcnow() - SIGNIN_MAIL_WINDOW)
+    with db.transaction():
+        handles = [r["handle"] for r in db.rows(
+            "SELECT handle FROM people p WHERE email = ? AND (SELECT count(*) FROM credentials c WHERE "
+            "c.kind = 'signin' AND c.person = p.handle AND c.created_at > ?) < ? ORDER BY handle",
+            (email, since, SIGNIN_MAILS_MAX))]
+        if not handles:
+            return None
+        ttl = _dt.timedelta(minutes=settings.signin_link_minutes)
+        links = [f"@{h}: {base_url}/signin?token={create_token(db, 'signin', person=h, ttl=ttl)[1]}"
+                 for h in handles]
     return {"to": email, "subject": "Your Prickle sign-in link",
             "text": "Someone asked for a sign-in link for this address on Prickle. Open it to sign in:\n\n"
                     + "\n".join(links) + f"\n\nA link works once, within {settings.signin_link_minutes} minutes. "
@@ -4102,8 +4134,7 @@ def require_project(db: Database, actor: Actor, project: str) -> dict:
     elsewhere is ``forbidden``.
     """
     if actor.kind == "agent" and actor.project_scope not in (None, ROOMS_SCOPE, project):
-        if not db.one("SELECT 1 FROM project_agents pa JOIN members m ON m.project = pa.project AND m.handle = ? "
-                      "WHERE pa.agent_id = ? AND pa.project = ?", (actor.owner, actor.agent_id, project)):
+        if not agent_in_project(db, project, actor.agent_id):
             # Naming only the key's own project: whether the other slug exists stays unsaid.
             raise NotFound(f"your agent is in no project '{project}'; this key is for project "
                            f"'{actor.project_scope}' only: check the project's slug")
@@ -4134,6 +4165,13 @@ def require_project(db: Database, actor: Actor, project: str) -> dict:
     if db._depth:  # cached only what a transaction read, for as long as nobody else writes
         db.cache[key] = row
     return row
+
+
+def agent_in_project(db: Database, project: str, agent_id: str) -> bool:
+    """Whether ``agent_id`` is in ``project`` now, with its owner a member (what require_project asks
+    of an agent): an agent that left hears nothing from the project, whoever answers it there."""
+    return db.one("SELECT 1 FROM project_agents pa JOIN members m ON m.project = pa.project AND m.handle = ? "
+                  "WHERE pa.project = ? AND pa.agent_id = ?", (owner_of(agent_id), project, agent_id)) is not None
 
 
 #: Whether agent ``:agent`` may see task ``t`` (DESIGN "Thread visibility"), the one home of that rule
@@ -4401,7 +4439,7 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
         task_id = parent["task_id"] if parent is not None else task_id
         task = visible_task(db, actor, project, task_id) if task_id is not None else None
         mentions, mentioned_agents = resolve_mentions(db, project, body)
-        replied = _replied_parties(db, parent, task)
+        replied = _replied_parties(db, project, parent, task)
         reached = [a for a in dict.fromkeys(mentioned_agents + replied) if a != actor.address]
         if actor.kind == "agent":
             _refuse_paused(db, project, actor.agent_id, reached)
@@ -4438,14 +4476,15 @@ def _reply_parent(db: Database, actor: Actor, project: str, in_reply_to: str | N
     return parent
 
 
-def _replied_parties(db: Database, parent: dict | None, task: dict | None) -> list[str]:
-    """Whom a message answers: the agent that wrote its parent and its thread's parties that may see the thread."""
+def _replied_parties(db: Database, project: str, parent: dict | None, task: dict | None) -> list[str]:
+    """Whom a message answers: the agent that wrote its parent and its thread's parties that may see the
+    thread, each while it is still in the project (one that left hears nothing more from it)."""
     replied = [parent["author"]] if parent is not None and parent["author_kind"] == "agent" else []
     if task is not None:
         replied += [a for a in (task["requester"], task["assignee"]) if a]
         # A party the task has not reached (held or refused by the gate) hears nothing of its thread.
         replied = [a for a in replied if _thread_visible(db, _agent_viewer(a), task)]
-    return replied
+    return [a for a in replied if agent_in_project(db, project, a)]
 
 
 def _post_wakes(db: Database, actor: Actor, project: str, private: bool, task: dict | None, message_id: str,
@@ -6179,6 +6218,7 @@ def pair_device(db: Database, owner: str, agent_id: str, name: str = "runner",
     """
     check_agent_id(agent_id, "agent")
     check_text(name, "name", 80, 1)
+    check_no_secret(name, "name")
     with db.transaction():
         agent = db.one("SELECT * FROM agents WHERE agent_id = ?", (agent_id,))
         if agent is None or agent["owner"] != owner:
@@ -6735,7 +6775,8 @@ def settle_attempt(db: Database, person: Actor, attempt_id: str, outcome: str) -
 # Someone leaving a project never leaves work stuck, rules dangling or a credential reaching in.
 # A member leaving (or removed), and an agent taken out, is one transaction of named steps
 # (offboard), each returning its count for the entry (OFFBOARD_COUNTS):
-#   1. the agents leave the project, with the wakes they were still to hear from it;
+#   1. the agents leave the project, with the wakes they were still to hear from it (and its default
+#      lead, when that is one of them);
 #   2. every open task assigned to them is returned to its requester (its runs and run
 #      credentials end, unreviewed results and held approvals close);
 #   3. every open task they (or the person) requested passes to a project owner;
@@ -6778,11 +6819,17 @@ def _in_list(values: list[str]) -> str:
 
 
 def _take_agents_out(db: Database, project: str, agents: list[str]) -> int:
-    """Step 1: the agents leave ``project``; the wakes from it they had not heard go with them."""
+    """Step 1: the agents leave ``project``; the wakes from it they had not heard go with them, and so
+    does the project's default lead (picked or agreed) when it is one of them, so that a team owner may
+    pick another and the agent, added again later, leads only if picked again. The lead's end has no
+    entry of its own: the reference's ``room.lead_declined`` is its owner's answer, and the removal's
+    entry already names the agent."""
     for agent in agents:
         db.execute("DELETE FROM project_agents WHERE project = ? AND agent_id = ?", (project, agent))
         db.execute("DELETE FROM wakes WHERE agent_id = ? AND project = ?", (agent, project))
         db.execute("DELETE FROM pulses WHERE agent_id = ? AND project = ?", (agent, project))
+        db.execute("UPDATE projects SET lead_agent = NULL, lead_state = NULL, lead_picked_by = NULL WHERE slug = ? "
+                   "AND lead_agent = ?", (project, agent))
     return len(agents)
 
 
@@ -7004,10 +7051,16 @@ def removal_preview(db: Database, person: Actor, project: str, handle: str | Non
     """What leaving or removing would hand back, shown before a person confirms it (changes nothing).
 
     ``{agents, returned, transferred}``: the agents taken out, and how many open tasks go back to
-    their requesters and pass to a project owner. For a member (``handle``) or one agent (``agent_id``).
+    their requesters and pass to a project owner. For a member (``handle``) or one agent (``agent_id``);
+    one that is not in the project is NotFound, as its removal would be.
     """
     with db.snapshot():
         require_project(db, person, project)
+        if handle and _member_role(db, project, handle) is None:
+            raise NotFound(f"handle: '{handle}' is not a member of '{project}'")
+        if agent_id and not db.one("SELECT 1 FROM project_agents WHERE project = ? AND agent_id = ?",
+                                   (project, agent_id)):
+            raise NotFound(f"agent: no agent '{agent_id}' in '{project}'")
         agents = _member_agents(db, project, handle) if handle else [agent_id]
         parties = agents + ([handle] if handle else [])
         open_tasks = [t for t in db.rows("SELECT * FROM tasks WHERE project = ?", (project,))
@@ -7087,6 +7140,7 @@ def request_connect(db: Database, name: str, clis: list[str], base_url: str) -> 
     is decided once. Nothing is audited until a person approves it.
     """
     check_text(name, "name", 80, 1)
+    check_no_secret(name, "name")
     if not isinstance(clis, list) or not clis or len(set(clis)) != len(clis) or not set(clis) <= set(CONNECT_CLIS):
         raise InvalidInput(f"clis: a list of the agent CLIs found on this computer, each once, from "
                            f"{', '.join(CONNECT_CLIS)}")
@@ -7604,11 +7658,7 @@ def default_lead(db: Database, project: str) -> str | None:
         ids = [a["agent_id"] for a in _room_agents(db, project)]
         return room["lead_agent"] if room["lead_agent"] in ids else (ids[0] if ids else None)
     lead = db.scalar("SELECT lead_agent FROM projects WHERE slug = ? AND lead_state = 'agreed'", (project,))
-    if lead is None or not db.one("SELECT 1 FROM project_agents pa JOIN members m ON m.project = pa.project AND "
-                                  "m.handle = ? WHERE pa.project = ? AND pa.agent_id = ?",
-                                  (owner_of(lead), project, lead)):
-        return None
-    return lead
+    return lead if lead is not None and agent_in_project(db, project, lead) else None
 
 
 def lead_out(db: Database, project: str) -> dict | None:
@@ -7643,8 +7693,7 @@ def pick_lead(db: Database, project: str, agent_id: str, by: str | Actor | None 
         row, by = _lead_project(db, project, by)
         if by is not None and _team_role(db, row["team"], by) != "owner":
             raise Forbidden(f"only an owner of team '{row['team']}' picks the default lead of '{project}'")
-        if not db.one("SELECT 1 FROM project_agents pa JOIN members m ON m.project = pa.project AND m.handle = ? "
-                      "WHERE pa.project = ? AND pa.agent_id = ?", (owner_of(agent_id), project, agent_id)):
+        if not agent_in_project(db, project, agent_id):
             raise NotFound(f"agent_id: '{agent_id}' is not in '{project}': its owner adds it first")
         if row["lead_state"] == "agreed" and row["lead_agent"] != agent_id:
             raise Conflict(f"'{row['lead_agent']}' leads '{project}' now: its owner steps down first")
@@ -9697,10 +9746,17 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
     async def digest() -> None:
         if settings.smtp is None:
             return
+        failed = []
         for mail in digests_due(db, public_base(db, settings), utcnow()):
             # The mail goes out off the event loop; only a mail that went out is recorded.
-            await asyncio.to_thread(send_mail, settings, mail["to"], mail["subject"], mail["text"])
+            try:
+                await asyncio.to_thread(send_mail, settings, mail["to"], mail["subject"], mail["text"])
+            except PrickleError as e:  # one refused address holds up nobody else's digest
+                failed.append(e.message.replace(mail["to"], "the address"))
+                continue
             digest_sent(db, mail["handle"], mail["through"])
+        if failed:  # said in the log and /healthz, without the address; tried again next time
+            raise MailFailed(f"{len(failed)} digest(s) could not be sent and the others went out: {failed[0]}")
 
     maintenance = Maintenance()
     maintenance.add("watcher", BACKGROUND_TICK, watch)

@@ -7,10 +7,11 @@ import asyncio
 import datetime as dt
 
 import pytest
+from aiosmtpd.controller import Controller
 
 import prickle
 from conftest import PROJECT
-from test_invites import T0, _settings, auth, clock, smtp  # noqa: F401  (fixtures)
+from test_invites import T0, Inbox, _free_port, _settings, auth, clock, smtp  # noqa: F401  (fixtures)
 
 MINUTE = dt.timedelta(minutes=1)
 BASE = "http://prickle.example:8321"
@@ -87,3 +88,42 @@ def test_the_page_sets_the_digest_and_is_told_whether_mail_goes_out(server, worl
     r = server.post("/api/me/digest", json={}, headers=h)
     assert r.status_code == 400 and r.json()["error"]["message"].startswith("minutes is required")
     assert server.post("/api/me/digest", json={"minutes": None}, headers=h).json()["digest_minutes"] is None
+
+
+class _Refusing(Inbox):
+    """A mail server that has no mailbox for one address."""
+
+    async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
+        if address == "gone@example.org":
+            return "550 no such mailbox here"
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+
+def test_an_address_the_mail_server_refuses_holds_up_nobody_elses_digest(world, clock):  # noqa: F811
+    db = world.db
+    inbox = _Refusing()
+    controller = Controller(inbox, hostname="127.0.0.1", port=_free_port())
+    controller.start()
+    try:
+        for handle, address in (("oj", "gone@example.org"), ("ren", "ren@example.org")):
+            prickle.set_person_email(db, handle, address)
+            prickle.set_digest(db, handle, 30)
+        mention = prickle.post_message(db, prickle.Actor("person", "", "cli", handle="ren"), PROJECT, "@oj look?")
+        ask(world, "@ren and you?")
+        clock.now = T0 + 31 * MINUTE
+        assert [d["handle"] for d in prickle.digests_due(db, BASE, clock.now)] == ["oj", "ren"]
+        piece = {p.name: p for p in prickle.server_maintenance(db, None, None, _settings(controller.port),
+                                                               lambda: None).pieces}["email digest"]
+        with pytest.raises(prickle.MailFailed) as failed:
+            asyncio.run(piece.run())
+        assert failed.value.message == ("1 digest(s) could not be sent and the others went out: the mail server "
+                                        f"127.0.0.1:{controller.port} refused the recipient's address (550)")
+        mail = inbox.next()
+        assert mail["to"] == ["ren@example.org"] and mail["message"]["Subject"] == "Prickle: 1 waiting for you"
+        # ren's is recorded and not sent again; oj's waits to be tried again.
+        assert [d["handle"] for d in prickle.digests_due(db, BASE, clock.now)] == ["oj"]
+        assert mention["id"] in prickle.digests_due(db, BASE, clock.now)[0]["text"]
+    finally:
+        controller.stop()
+    assert inbox.mails.empty()

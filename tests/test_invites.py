@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 
 import prickle
 from conftest import PROJECT, Served, World, all_events, audit_entries
-from test_cli import jrun
+from test_cli import jrun, run
 
 T0 = dt.datetime(2026, 12, 1, 10, 0, tzinfo=dt.timezone.utc)
 DAY = dt.timedelta(days=1)
@@ -304,6 +304,40 @@ def test_the_sign_in_page_mails_a_link_without_saying_whether_an_address_is_know
     r = mailing.get(f"/signin?token={link.group(1)}", follow_redirects=False)
     assert r.status_code == 303 and r.headers["location"] == "/" and r.cookies.get("prickle_session")
     assert mailing.post("/api/signin/email", json={"email": "not an address"}).status_code == 400
+
+
+def test_signing_up_with_a_blank_or_many_line_name_is_refused_and_a_name_is_trimmed(server, world):
+    out = server.post(f"/api/projects/{PROJECT}/invites", json={"email": "kim@example.org"},
+                      headers=auth(world, "oj")).json()
+    people = world.db.scalar("SELECT count(*) FROM people")
+    for name in ("   ", "Kim\nOj Okafor (owner)", "\t"):
+        r = server.post("/api/invite/accept", json={"token": _secret(out["link"]), "handle": "kim",
+                                                     "display_name": name})
+        assert r.status_code == 400 and r.json()["error"]["message"] == (
+            "display_name: write the person's name in words, on one line, e.g. 'Ana Lima'")
+    assert world.db.scalar("SELECT count(*) FROM people") == people
+    assert _invite_row(world, out["invite"]["id"])["state"] == "open"
+    r = server.post("/api/invite/accept", json={"token": _secret(out["link"]), "handle": "kim",
+                                                 "display_name": "  Kim Park "})
+    assert r.json()["invite"]["state"] == "accepted"
+    assert prickle.person_out(world.db, "kim")["display_name"] == "Kim Park"
+    code, _, err = run(world.db_path, "person", "add", "lee", "--name", " ", ok=False)
+    assert code != 0 and "name: write the person's name in words" in err
+
+
+def test_asking_again_and_again_mails_a_person_three_sign_in_links_in_15_minutes(mailing, world, smtp, clock):
+    for handle in ("oj", "ren"):
+        prickle.set_person_email(world.db, handle, f"{handle}@example.org")
+    answers = [mailing.post("/api/signin/email", json={"email": "oj@example.org"}).json() for _ in range(5)]
+    assert answers == [{"sent": prickle.SIGNIN_MAIL_ANSWER}] * 5
+    assert world.db.scalar("SELECT count(*) FROM credentials WHERE kind = 'signin' AND person = 'oj'") == 3
+    mailing.post("/api/signin/email", json={"email": "ren@example.org"})
+    # One mail thread, in order: ren's mail comes right after oj's three.
+    assert [smtp.next()["to"] for _ in range(4)] == [["oj@example.org"]] * 3 + [["ren@example.org"]]
+    clock.now = T0 + prickle.SIGNIN_MAIL_WINDOW + prickle._dt.timedelta(seconds=1)
+    mailing.post("/api/signin/email", json={"email": "oj@example.org"})
+    assert smtp.next()["to"] == ["oj@example.org"]
+    assert world.db.scalar("SELECT count(*) FROM credentials WHERE kind = 'signin' AND person = 'oj'") == 4
 
 
 class _Password:

@@ -175,6 +175,28 @@ def test_a_key_has_the_name_it_was_made_with_and_says_when_it_was_last_used(serv
     assert "laptop" not in audit_text(world.db) and "ci box" not in audit_text(world.db)
 
 
+def test_a_key_name_holding_a_secret_is_refused_and_changes_nothing(server, world):
+    oj = person(server, world, "oj")
+    secret = world.keys["oj/muse"]
+    before = written(world.db), world.db.scalar("SELECT count(*) FROM credentials")
+    r = oj.post("/api/keys", {"agent_id": "oj/muse", "label": f"old key {secret}"})
+    assert r.status_code == 400 and r.json()["error"] == {"code": "invalid_input", "message": (
+        "label: that holds a Prickle secret (prk_…); give a name in plain words, e.g. 'laptop', and keep the "
+        "secret out of it")}
+    assert (written(world.db), world.db.scalar("SELECT count(*) FROM credentials")) == before
+    assert world.db.scalar("SELECT count(*) FROM credentials WHERE label LIKE '%prk_%'") == 0
+    code, out, err = run(world.db_path, "token", "create", "--agent", "oj/scout", "--label", secret, ok=False)
+    assert code != 0 and secret not in out + err and "label: that holds a Prickle secret" in err
+    assert world.db.scalar("SELECT count(*) FROM credentials") == before[1]
+    # A runner device's name, and a computer's asking to connect, are kept in the clear too.
+    r = oj.post("/api/devices", {"agent_id": "oj/muse", "name": f"laptop {secret}"})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("name: that holds a Prickle secret")
+    r = server.post("/api/runner/connect", json={"name": secret, "clis": ["claude"]})
+    assert r.status_code == 400 and secret not in r.text
+    assert world.db.scalar("SELECT count(*) FROM devices") == 0
+    assert world.db.scalar("SELECT count(*) FROM connect_requests") == 0
+
+
 def test_an_every_project_key_records_that_its_reach_grew(server, mcp, world):
     every = world.actor("sam/lone").credential_id
     scoped, _ = prickle.create_token(world.db, "client", agent_id="sam/lone", project="side")

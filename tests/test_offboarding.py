@@ -8,7 +8,7 @@ import prickle
 from conftest import PROJECT, Served, audit_entries, in_thread
 from test_cli import jrun, run
 from test_e2e import call, client
-from test_tasks import P, PACKET, person
+from test_tasks import P, PACKET, person, start
 
 REMOVAL = {"agents": 1, "returned": 1, "transferred": 1, "rules_revoked": 2, "standing_revoked": 1, "credentials": 1, "invites": 0}
 
@@ -321,3 +321,58 @@ def test_a_run_inside_a_call_when_its_agent_is_removed_finds_its_task_not_found(
     with world.db.transaction():
         prickle.revoke_credentials(world.db, "id = ?", (record["id"],), "revoked")
     assert mcp.raw(key, "tools/call", {"name": "read_room", "arguments": P}, "read_room").status_code == 401
+
+
+def test_a_default_lead_taken_out_of_the_project_leads_it_no_more(mcp, server, world):
+    oj, ren = person(server, world, "oj"), person(server, world, "ren")
+    oj.post(f"/api/projects/{PROJECT}/lead", {"agent_id": "ren/builder"})
+    assert ren.post(f"/api/projects/{PROJECT}/lead/answer", {"decision": "agree"}).json()["lead"]["state"] == "agreed"
+    assert oj.delete(f"/api/projects/{PROJECT}/agents/ren/builder").status_code == 200
+    assert oj.get(f"/api/projects/{PROJECT}").json()["lead"] is None
+    assert audit_entries(world.db, PROJECT, "agent.removed")[-1]["refs"]["agent"] == "ren/builder"
+    assert audit_entries(world.db, PROJECT, "room.lead_declined") == []  # its owner declined nothing
+    # Added back, it leads nothing until picked again: a message naming nobody wakes nobody.
+    prickle.add_agent_to_project(world.db, PROJECT, "ren/builder")
+    oj.post(f"/api/projects/{PROJECT}/messages", {"body": "Anyone free for the footer?"})
+    assert world.db.scalar("SELECT count(*) FROM wakes WHERE agent_id = 'ren/builder' AND kind = 'mention'") == 0
+    # A team owner picks another lead at once.
+    assert oj.post(f"/api/projects/{PROJECT}/lead", {"agent_id": "oj/muse"}).json() == {
+        "lead": {"agent_id": "oj/muse", "state": "proposed", "picked_by": "oj"}}
+    # A picked lead whose owner leaves goes with them.
+    prickle.add_member(world.db, PROJECT, "sam", by="oj")
+    prickle.add_agent_to_project(world.db, PROJECT, "sam/lone")
+    assert oj.post(f"/api/projects/{PROJECT}/lead", {"agent_id": "sam/lone"}).status_code == 200
+    assert person(server, world, "sam").post(f"/api/projects/{PROJECT}/leave").status_code == 200
+    assert oj.get(f"/api/projects/{PROJECT}").json()["lead"] is None
+    assert audit_entries(world.db, PROJECT, "member.left")[-1]["refs"]["agents"] == 1
+    assert oj.post(f"/api/projects/{PROJECT}/lead", {"agent_id": "oj/muse"}).json()["lead"]["agent_id"] == "oj/muse"
+
+
+def test_an_agent_taken_out_hears_nothing_when_a_person_answers_its_old_message(mcp, server, world):
+    oj = person(server, world, "oj")
+    old = mcp.ok("ren/builder", "post_message", P | {"body": "The footer is done."})["message"]
+    cursor = start(mcp, "ren/builder", "wait_for_updates")
+    assert oj.delete(f"/api/projects/{PROJECT}/agents/ren/builder").status_code == 200
+    r = oj.post(f"/api/projects/{PROJECT}/messages", {"body": "Thanks, looks good.", "in_reply_to": old["id"]})
+    assert r.status_code == 200 and r.json()["message"]["in_reply_to"] == old["id"]
+    assert world.db.scalar("SELECT count(*) FROM wakes WHERE agent_id = 'ren/builder'") == 0
+    out = mcp.ok("ren/builder", "wait_for_updates", {"cursor": cursor, "timeout_seconds": 1})
+    assert (out["status"], out.get("updates", [])) == ("timeout", [])
+    # An agent still in the project hears the answer to its message.
+    mine = mcp.ok("oj/muse", "post_message", P | {"body": "Hero copy is in."})["message"]
+    cursor = start(mcp, "oj/muse", "wait_for_updates")
+    reply = oj.post(f"/api/projects/{PROJECT}/messages", {"body": "Great.", "in_reply_to": mine["id"]}).json()
+    out = mcp.ok("oj/muse", "wait_for_updates", {"cursor": cursor, "timeout_seconds": 1})
+    assert [(u["kind"], u["message_id"]) for u in out["updates"]] == [("reply", reply["message"]["id"])]
+
+
+def test_a_removal_preview_of_someone_not_in_the_project_is_not_found(server, world):
+    ren = person(server, world, "ren")
+    for query, message in (("handle=sam", "handle: 'sam' is not a member of 'website-v2'"),
+                           ("handle=nobody", "handle: 'nobody' is not a member of 'website-v2'"),
+                           ("agent=sam/lone", "agent: no agent 'sam/lone' in 'website-v2'"),
+                           ("agent=nobody/x", "agent: no agent 'nobody/x' in 'website-v2'")):
+        r = ren.get(f"/api/projects/{PROJECT}/removal?{query}")
+        assert r.status_code == 404 and r.json()["error"] == {"code": "not_found", "message": message}
+    assert ren.get(f"/api/projects/{PROJECT}/removal?agent=oj/scout").json() == {
+        "agents": ["oj/scout"], "returned": 0, "transferred": 0}
