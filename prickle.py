@@ -1910,8 +1910,9 @@ BACKGROUND_TICK = 0.05
 BACKGROUND_MAX_BACKOFF = 30.0
 #: A failure's cause is cut to this many characters in the log line and in /healthz.
 CAUSE_MAX = 300
-#: Anything shaped like one of our secrets is hidden from a failure's cause.
-_SECRET_RE = re.compile(r"prk_[a-z]{2}_[A-Za-z0-9_-]+")
+#: Anything shaped like one of our secrets: hidden from failures' causes and the runner's logs,
+#: refused in names kept in the clear.
+SECRET_RE = re.compile(r"prk_[a-z]{2}_[A-Za-z0-9_-]+")
 
 
 @dataclasses.dataclass
@@ -1930,14 +1931,14 @@ class _Piece:
 def check_no_secret(name: str | None, field: str) -> None:
     """Refuse a name kept and shown in the clear (a key's label, a device's or computer's name) that holds
     one of our secrets: InvalidInput naming ``field``, never echoing the secret."""
-    if name is not None and _SECRET_RE.search(name):
+    if name is not None and SECRET_RE.search(name):
         raise InvalidInput(f"{field}: that holds a Prickle secret (prk_…); give a name in plain words, e.g. "
                            "'laptop', and keep the secret out of it")
 
 
 def failure_cause(e: BaseException) -> str:
     """``"Type: message"`` of an exception, cut to CAUSE_MAX, with anything like a secret hidden."""
-    return _SECRET_RE.sub("prk_…", f"{type(e).__name__}: {e}")[:CAUSE_MAX]
+    return SECRET_RE.sub("prk_…", f"{type(e).__name__}: {e}")[:CAUSE_MAX]
 
 
 class Maintenance:
@@ -1992,7 +1993,7 @@ class Maintenance:
         if cause != piece.cause:
             import traceback
             piece.cause = cause
-            trace = _SECRET_RE.sub("prk_…", "".join(traceback.format_exception(e)))
+            trace = SECRET_RE.sub("prk_…", "".join(traceback.format_exception(e)))
             print(f"prickle: background {piece.name} failed, retrying with backoff: {cause}\n{trace}",
                   file=sys.stderr, end="")
 
@@ -10229,8 +10230,6 @@ ROOM_SESSION_MINUTES = 10
 RUNNER_STOP_GRACE = 5.0
 #: While a run is going, the runner reads its device's state this often (seconds) to hear of a Stop.
 RUNNER_WATCH_SECONDS = 5.0
-#: Anything that looks like a Prickle secret; logs show it as ``prk_…``.
-SECRET_RE = re.compile(r"prk_[a-z]{2}_[A-Za-z0-9_-]+")
 #: The permission-prompt bridge's MCP server name and tool, as Claude Code names them.
 BRIDGE_SERVER, BRIDGE_TOOL = "prickle_bridge", "approve"
 #: The environment variable that carries a run's credential (never argv).
