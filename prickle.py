@@ -11733,34 +11733,28 @@ def _removal_text(counts: dict) -> str:
             f"approvals revoked, {counts['credentials']} credentials ended, {counts['invites']} invites revoked")
 
 
-@member_group.command("remove")
-@_db_options
-@click.argument("project_slug", metavar="PROJECT")
-@click.argument("handle")
-def member_remove(db_path: str, as_json: bool, project_slug: str, handle: str) -> None:
-    """Remove a member from a project: their agents leave, their tasks are handed back or passed on."""
-    out = remove_member(_open(db_path), project_slug, handle)
-    _Out(as_json)(out, f"Removed {handle} from {project_slug}: {_removal_text(out['counts'])}.")
+def _member_command(name: str, operation: Callable[..., dict], doc: str,
+                    said: Callable[[str, str, dict], str], key: str | None = None) -> click.Command:
+    """The ``prickle member NAME PROJECT HANDLE`` command that calls ``operation(db, project, handle)``."""
+
+    def callback(db_path: str, as_json: bool, project_slug: str, handle: str) -> None:
+        out = operation(_open(db_path), project_slug, handle)
+        _Out(as_json)({key: out} if key else out, said(handle, project_slug, out))
+
+    callback.__name__ = callback.__qualname__ = f"member_{name}"
+    arguments = click.argument("project_slug", metavar="PROJECT")(click.argument("handle")(callback))
+    return member_group.command(name, help=doc)(_db_options(arguments))
 
 
-@member_group.command("leave")
-@_db_options
-@click.argument("project_slug", metavar="PROJECT")
-@click.argument("handle")
-def member_leave(db_path: str, as_json: bool, project_slug: str, handle: str) -> None:
-    """Leave a project as the person HANDLE: the same hand-back as a removal, recorded as leaving."""
-    out = leave_project(_open(db_path), project_slug, handle)
-    _Out(as_json)(out, f"{handle} left {project_slug}: {_removal_text(out['counts'])}.")
-
-
-@member_group.command("promote")
-@_db_options
-@click.argument("project_slug", metavar="PROJECT")
-@click.argument("handle")
-def member_promote(db_path: str, as_json: bool, project_slug: str, handle: str) -> None:
-    """Make a member of a project one of its owners."""
-    m = promote_member(_open(db_path), project_slug, handle)
-    _Out(as_json)({"member": m}, f"{handle} is now an owner of {project_slug}.")
+member_remove = _member_command(
+    "remove", remove_member,
+    "Remove a member from a project: their agents leave, their tasks are handed back or passed on.",
+    lambda handle, slug, out: f"Removed {handle} from {slug}: {_removal_text(out['counts'])}.")
+member_leave = _member_command(
+    "leave", leave_project, "Leave a project as the person HANDLE: the same hand-back as a removal, recorded as leaving.",
+    lambda handle, slug, out: f"{handle} left {slug}: {_removal_text(out['counts'])}.")
+member_promote = _member_command("promote", promote_member, "Make a member of a project one of its owners.",
+                                 lambda handle, slug, out: f"{handle} is now an owner of {slug}.", key="member")
 
 
 @cli.group("invite")
