@@ -37,11 +37,15 @@ export function mount(el, ctx) {
     renderAgents(agents, data, ctx);
     renderSettings(settings, data, ctx);
   };
+  // The pickers redraw with the project: whoever leaves it or is removed is offered again.
+  const pickers = [renderAddPerson(addPerson, ctx), renderAddAgent(addAgent, ctx)];
+  const redraw = () => {
+    render();
+    for (const picker of pickers) picker.then((draw) => draw && draw());
+  };
   render();
-  const off = ctx.project.onChange(render);
-  renderAddPerson(addPerson, ctx);
+  const off = ctx.project.onChange(redraw);
   renderInvites(invites, ctx);
-  renderAddAgent(addAgent, ctx);
   return off;
 }
 
@@ -247,6 +251,7 @@ function askPromotion(ctx, p) {
   panel.focus();
 }
 
+/** The "Add a teammate" picker (project owners); resolves to its redraw once the team is loaded. */
 async function renderAddPerson(box, ctx) {
   const data = ctx.project.data();
   if (data.role !== "owner") {
@@ -286,14 +291,16 @@ async function renderAddPerson(box, ctx) {
     fill(box, form);
   };
   draw();
+  return draw;
 }
 
+/** The "Bring one of your agents" picker; resolves to its redraw (or null when it can't load). */
 async function renderAddAgent(box, ctx) {
   let mine = [];
   try {
     ({ agents: mine } = await get("/api/agents"));
   } catch {
-    return;
+    return null;
   }
   const draw = () => {
     const here = new Set(ctx.project.data().agents.map((a) => a.agent_id));
@@ -321,6 +328,7 @@ async function renderAddAgent(box, ctx) {
     fill(box, form);
   };
   draw();
+  return draw;
 }
 
 async function renderInvites(box, ctx) {
