@@ -290,18 +290,17 @@ export function mount(el, ctx) {
   el.append(
     h("div", { class: "page-head" }, heading(1, "Inbox"), notifyToggle()),
     digest, count, nothing, list.el);
-  get("/api/me").then((me) => fill(digest, digestForm(me)), () => { /* the setting shows on the next visit */ });
+  const drawDigest = (me) => fill(digest, digestForm(me, drawDigest));
+  get("/api/me").then(drawDigest, () => { /* the setting shows on the next visit */ });
   return () => list.destroy();
 }
 
 /** The email digest: what waited on you longer than N minutes, mailed once (off by default). Shown
- *  only where the server sends mail. */
-function digestForm(me) {
+ *  only where the server sends mail; without an address on file it asks for one first, and
+ *  ``redraw(me)`` shows the digest once it is saved. */
+function digestForm(me, redraw) {
   if (!me.mail) return null;
-  if (!me.email) {
-    return h("p", { class: "muted small", text: "Add your email address (on the sign-in page or with "
-      + "'prickle person email') to get a digest of what waits on you." });
-  }
+  if (!me.email) return emailForm(me, redraw);
   const on = h("input", { type: "checkbox", id: "digest-on", checked: me.digest_minutes != null });
   const minutes = h("input", { type: "number", id: "digest-minutes", min: "1", max: "10080", step: "1",
     value: String(me.digest_minutes ?? 30), "aria-label": "Minutes" });
@@ -315,6 +314,26 @@ function digestForm(me) {
     act(save, error, async () => {
       const out = await post("/api/me/digest", { minutes: on.checked ? Number(minutes.value) : null });
       announce(out.digest_minutes == null ? "Email digest off" : `Email digest on: after ${out.digest_minutes} minutes`);
+    });
+  });
+  return form;
+}
+
+/** Your address for the digest and for sign-in links by email (POST /api/me/email). */
+function emailForm(me, redraw) {
+  const address = h("input", { type: "email", id: "my-email", name: "email", required: true, maxlength: "254",
+    autocomplete: "email" });
+  const save = h("button", { type: "submit", class: "small", text: "Save address" });
+  const error = errorSlot();
+  const form = h("form", { class: "row-form email-form" },
+    h("label", { for: "my-email", id: "my-email-label", text: "Your email address, for a digest of what waits on you" }),
+    address, save, error);
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    act(save, error, async () => {
+      const out = await post("/api/me/email", { email: address.value.trim() });
+      announce(`Address saved: ${out.email}`);
+      redraw({ ...me, email: out.email });
     });
   });
   return form;
