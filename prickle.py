@@ -6917,7 +6917,8 @@ def _check_not_last_owner(db: Database, project: str, handle: str, doing: str) -
     if _member_role(db, project, handle) == "owner" and db.scalar(
             "SELECT count(*) FROM members WHERE project = ? AND role = 'owner'", (project,)) == 1:
         raise InvalidState(f"'{handle}' is the last owner of '{project}': promote another member first "
-                           f"(prickle member promote {project} HANDLE), then {doing}")
+                           f"(Promote on the project's Members screen, or prickle member promote {project} HANDLE), "
+                           f"then {doing}")
 
 
 def _member_agents(db: Database, project: str, handle: str) -> list[str]:
