@@ -472,7 +472,9 @@ def send_mail(settings: Settings, to: str, subject: str, text: str) -> None:
     message = email.message.EmailMessage()
     message["From"], message["To"], message["Subject"] = smtp.from_address, to, subject
     message["Date"] = email.utils.formatdate(localtime=False)
-    message["Message-ID"] = email.utils.make_msgid(domain=to.rpartition("@")[2])
+    # In the sender's domain: mail filters distrust an ID in the recipient's.
+    sender = email.utils.parseaddr(smtp.from_address)[1].rpartition("@")[2]
+    message["Message-ID"] = email.utils.make_msgid(domain=sender or to.rpartition("@")[2])
     message.set_content(text)
     password = os.environ.get(smtp.password_env, "") if smtp.password_env else ""
     if smtp.user and not password:
