@@ -11209,6 +11209,11 @@ def connect_lines(base_url: str, agent_id: str, token: str) -> dict:
     }
 
 
+def _counted(n: int, noun: str) -> str:
+    """``1 project``, ``2 projects``: a count with its noun for a readable line (plural adds "s")."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 class _Out:
     """What a command reports: one JSON object with --json, else readable lines."""
 
@@ -11475,7 +11480,8 @@ def team_list(db_path: str, as_json: bool) -> None:
     """List every team with how many people and projects it has."""
     rows = list_teams(_open(db_path))
     _Out(as_json).rows("teams", rows, lambda r: (
-        f"{r['name']:<24} {r['people']} people, {r['projects']} projects, apps: "
+        f"{r['name']:<24} {r['people']} {'person' if r['people'] == 1 else 'people'}, "
+        f"{_counted(r['projects'], 'project')}, apps: "
         f"{', '.join(r['apps']) if r['apps'] is not None else 'any'}"), "No teams.")
 
 
@@ -11544,7 +11550,8 @@ def project_list(db_path: str, as_json: bool) -> None:
     """List every team project with its team and how many members and agents it has."""
     rows = list_all_projects(_open(db_path))
     _Out(as_json).rows("projects", rows, lambda r: (
-        f"{r['slug']:<24} team {r['team']:<16} {r['members']} members, {r['agents']} agents  {r['name']}"),
+        f"{r['slug']:<24} team {r['team']:<16} {_counted(r['members'], 'member')}, "
+        f"{_counted(r['agents'], 'agent')}  {r['name']}"),
         "No projects.")
 
 
