@@ -205,11 +205,13 @@ async function askRemoval(ctx, query, { title, who, confirm, run, after }) {
     return;
   }
   const plural = (n, one, many) => `${n} ${n === 1 ? one : many}`;
+  const you = who === "you";
   const agentLine = query.agent ? `${query.agent} leaves the project.`
-    : preview.agents.length ? `Their agents leave the project: ${preview.agents.join(", ")}.` : "They have no agents here.";
+    : preview.agents.length ? `${you ? "Your" : "Their"} agents leave the project: ${preview.agents.join(", ")}.`
+      : you ? "You have no agents here." : "They have no agents here.";
   const summary = h("ul", { class: "removal-summary" },
     h("li", { text: agentLine }),
-    h("li", { text: `${plural(preview.returned, "open task", "open tasks")} assigned to ${query.agent ? "it" : "them"} go${preview.returned === 1 ? "es" : ""} back to ${preview.returned === 1 ? "its requester" : "their requesters"} (returned), to be handed to another agent.` }),
+    h("li", { text: `${plural(preview.returned, "open task", "open tasks")} assigned to ${query.agent ? "it" : you ? "your agents" : "them"} go${preview.returned === 1 ? "es" : ""} back to ${preview.returned === 1 ? "its requester" : "their requesters"} (returned), to be handed to another agent.` }),
     h("li", { text: `${plural(preview.transferred, "open task", "open tasks")} ${query.agent ? "it" : who === "you" ? "you" : "they"} asked for pass${preview.transferred === 1 ? "es" : ""} to a project owner.` }),
     h("li", { text: `Delegation rules and standing approvals naming ${query.agent ? "it" : who === "you" ? "you" : "them"} that apply in no other project are revoked, and keys for this project alone end.` }));
   const error = errorSlot();

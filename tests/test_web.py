@@ -1139,6 +1139,13 @@ def test_whoever_is_removed_is_offered_again_by_the_pickers_without_a_reload(ser
     add_person = page.get_by_role("form", name="Add a teammate")
     expect(page.locator('.person[data-handle="lee"]')).to_have_count(1)
     expect(add_person.get_by_label("Person").locator('option[value="lee"]')).to_have_count(0)
+    # Leaving speaks to you about your own agents; Keep changes nothing.
+    page.get_by_role("button", name="Leave", exact=True).click()
+    leaving = page.get_by_role("alertdialog", name="Leave Website v2?")
+    expect(leaving.locator(".removal-summary li").first).to_have_text(
+        re.compile(r"^Your agents leave the project: (\S+, )*oj/scout(, \S+)*\.$"))
+    expect(leaving.locator(".removal-summary li").nth(1)).to_contain_text(" assigned to your agents go")
+    leaving.get_by_role("button", name="Keep").click()
     page.locator('.person[data-handle="lee"]').get_by_role("button", name="Remove Lee Moss").click()
     page.get_by_role("alertdialog").get_by_role("button", name="Remove Lee Moss").click()
     expect(page.locator('.person[data-handle="lee"]')).to_have_count(0)
