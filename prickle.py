@@ -12070,8 +12070,9 @@ def connect_runner(server: str, config_path: str, name: str, clis: list[str],
     """
     base = runner_base_url(server)
     if not clis:
-        raise InvalidInput("no agent CLI (claude, codex) on PATH: install one, or configure client = \"command\" "
-                           "in the runner's config by hand")
+        raise InvalidInput("no agent CLI (claude, codex) on PATH: install one, or pair a runner key with "
+                           "'prickle device pair OWNER/NAME' (or Agents & keys on the page) and configure "
+                           "client = \"command\" in the runner's config by hand")
     status, answer = _runner_post(f"{base}/api/runner/connect", {"name": name, "clis": clis})
     if status != 200:
         raise PrickleError(answer.get("error", {}).get("message", f"the server answered {status}"),
