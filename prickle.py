@@ -3472,6 +3472,8 @@ def create_token(db: Database, kind: str, *, agent_id: str | None = None, person
                     raise InvalidInput("a runner key is not scoped to a project: leave --project out")
                 if not db.one("SELECT 1 FROM project_agents WHERE project = ? AND agent_id = ?",
                               (check_slug(project, "project"), agent_id)):
+                    if by is None:  # the command line (a person is never told which projects exist)
+                        project_out(db, project)
                     owner = owner_of(agent_id)
                     member = db.one("SELECT 1 FROM members WHERE project = ? AND handle = ?", (project, owner))
                     first = "" if member else f"'prickle member add {project} {owner}', then "
