@@ -10365,6 +10365,12 @@ class McpSession:
                 raise
             # The SDK client ends a failed connection by cancelling its own scope: that is the server away.
             raise ConnectionError(f"the server at {self.url} did not answer") from None
+        except MCPError as e:
+            await self.close()
+            code = e.data.get("code") if isinstance(e.data, dict) else None
+            if code == "unauthorized":  # the server answered: the key is refused, not the server away
+                raise CallFailed(e.message, code) from None
+            raise
         except BaseException:
             await self.close()
             raise
@@ -10643,7 +10649,13 @@ class Runner:
             except CallFailed as e:
                 state["connected"] = state["listening"] = False
                 self.save()
-                self.log(f"{agent_id}: wait_for_mention refused: {e.message}")
+                if e.code == "unauthorized":
+                    if failures == 0:
+                        self.log(f"{agent_id}: the server refused this agent's runner key ({e.message}): connect "
+                                 f"this computer again (prickle runner connect) or pair a key (prickle device pair "
+                                 f"{agent_id}) and put it in the runner's config")
+                else:
+                    self.log(f"{agent_id}: wait_for_mention refused: {e.message}")
                 failures += 1
                 await asyncio.sleep(RUNNER_BACKOFF[min(failures, len(RUNNER_BACKOFF)) - 1])
                 continue
