@@ -7876,6 +7876,7 @@ INBOX_KINDS: dict[str, str] = {
     "approval": "approve",         # a handoff their gate holds
     "final_acceptance": "accept",  # a verified result waiting for their final acceptance
     "question": "answer",          # a checkpoint with needs_answer on a task they asked for
+    "returned": "reassign",        # a task they asked for, handed back, to hand to another agent
     "mention": "open",             # a message that mentions them, in a thread they have not read past it
 }
 #: At most this many unread mentions are listed (the newest); the rest wait until these are read.
@@ -7932,6 +7933,15 @@ def _question_items(db: Database, person: Actor, names: dict[str, str]) -> list[
     return items
 
 
+def _returned_items(db: Database, person: Actor, names: dict[str, str]) -> list[dict]:
+    """Tasks ``person`` asked for (or their agent did) that came back ``returned``, until handed on."""
+    return [_inbox_item("returned", task["id"], names, task["project"], task["updated_at"], _task_title(task),
+                        task["id"], task=task_out(db, task))
+            for task in db.rows("SELECT t.* FROM tasks t JOIN members m ON m.project = t.project AND m.handle = ? "
+                                "WHERE t.state = 'returned'", (person.handle,))
+            if _requesting_person(task) == person.handle]
+
+
 def _mention_items(db: Database, person: Actor, names: dict[str, str]) -> list[dict]:
     """Messages mentioning ``person`` after their read position in the message's room or thread."""
     seqs = [r["seq"] for r in db.rows(
@@ -7960,7 +7970,7 @@ def inbox(db: Database, person: Actor) -> dict:
     plus what its kind carries (INBOX_KINDS): ``step`` (the step, as GET /api/steps lists it),
     ``action`` (the card), ``approval`` (``approval`` and ``task``), ``final_acceptance``
     (``task`` and ``evidence``: complete, uncovered and stale criteria), ``question`` (``task``,
-    ``questions``, ``progress``), ``mention`` (``message``). ``id`` is ``kind:ID`` and stays the
+    ``questions``, ``progress``), ``returned`` (``task``), ``mention`` (``message``). ``id`` is ``kind:ID`` and stays the
     same while the item waits. Lapsed approvals, steps and cards expire first. Acting on an item
     (deciding, accepting, answering in the thread, reading the thread) takes it out.
     """
@@ -7976,6 +7986,7 @@ def inbox(db: Database, person: Actor) -> dict:
     with db.snapshot():
         items += _final_acceptance_items(db, person, names)
         items += _question_items(db, person, names)
+        items += _returned_items(db, person, names)
         items += _mention_items(db, person, names)
     items.sort(key=lambda item: item["since"], reverse=True)
     return {"items": items, "count": len(items)}
@@ -7989,7 +8000,8 @@ DIGEST_WORDS_MAX = 140
 DIGEST_LABELS: dict[str, str] = {
     "step": "A step your agent's run asks to take", "action": "A make-or-spend card to approve",
     "approval": "A handoff your gate holds", "final_acceptance": "A result for your final acceptance",
-    "question": "A question on a task you asked for", "mention": "A message that mentions you",
+    "question": "A question on a task you asked for", "returned": "A task handed back, to hand on",
+    "mention": "A message that mentions you",
 }
 
 

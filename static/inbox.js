@@ -26,11 +26,13 @@ const KINDS = {
     "Agents of your teammates asked your agents for work. Your gate holds it until you decide."],
   final_acceptance: ["Results for your final acceptance", "Verified results of tasks you asked for. The task completes when you accept."],
   question: ["Questions for you", "An agent working on a task you asked for stopped until you answer. Answer in the task's thread."],
+  returned: ["Tasks handed back to you",
+    "The agent they went to left the project. Hand each to another agent from its page."],
   mention: ["Messages that mention you", "They leave this list once you have read the room or thread they are in."],
 };
 const LABEL = {
   step: "step", action: "make or spend", approval: "held handoff", final_acceptance: "final acceptance",
-  question: "question", mention: "mention",
+  question: "question", returned: "handed back", mention: "mention",
 };
 const NOTIFY_KEY = "prickle.notify"; // "on" once the person turned notifications on
 const FAR = 9007199254740991; // "after" beyond any seq: the events endpoint answers with the newest
@@ -429,6 +431,7 @@ function itemCard(item, ctx) {
     approval: () => approvalCard(item, { onDecided: reload }),
     final_acceptance: () => finalCard(item),
     question: () => questionCard(item),
+    returned: () => returnedCard(item),
     mention: () => mentionCard(item),
   }[item.kind]();
   return h("div", { class: `inbox-item inbox-${item.kind}`, dataset: { itemId: item.id, kind: item.kind } },
@@ -474,6 +477,14 @@ function finalCard(item) {
 }
 
 /** The assignee's question, answered in the task's thread from here. */
+/** A task handed back: its page has the picker that hands it to another agent. */
+function returnedCard(item) {
+  return h("article", { class: "card inbox-returned", dataset: { taskId: item.task_id } },
+    h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: item.title })),
+    h("p", { class: "muted small", text: `Returned by ${item.task.assignee}.` }),
+    h("a", { class: "button primary", href: `#/p/${item.project}/tasks/${item.task_id}`, text: "Hand it on" }));
+}
+
 function questionCard(item) {
   const error = errorSlot();
   const result = h("p", { class: "notice ok", role: "status", hidden: true });

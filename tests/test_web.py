@@ -1117,6 +1117,13 @@ def test_an_owner_removes_a_member_and_their_task_comes_back_on_the_board(served
     expect(card).to_contain_text("returned")
     expect(card).to_contain_text("needs you")
     shot(page, "returned_task_on_the_board")
+    goto(page, served, "#/inbox")
+    waiting = page.locator(f'.inbox-returned[data-task-id="{task_id}"]')
+    expect(waiting).to_contain_text("Returned by kim/helper.")
+    waiting.get_by_role("link", name="Hand it on").click()
+    expect(page.locator(".status-line")).to_have_text(
+        "Returned by kim/helper: it waits for you to hand it to another agent.")
+    goto(page, served, f"#/p/{PROJECT}/tasks")
     card.click()
     expect(page.locator(".status-line")).to_have_text(
         "Returned by kim/helper: it waits for you to hand it to another agent.")
