@@ -472,7 +472,9 @@ def send_mail(settings: Settings, to: str, subject: str, text: str) -> None:
     message = email.message.EmailMessage()
     message["From"], message["To"], message["Subject"] = smtp.from_address, to, subject
     message["Date"] = email.utils.formatdate(localtime=False)
-    message["Message-ID"] = email.utils.make_msgid(domain=to.rpartition("@")[2])
+    # In the sender's domain: mail filters distrust an ID in the recipient's.
+    sender = email.utils.parseaddr(smtp.from_address)[1].rpartition("@")[2]
+    message["Message-ID"] = email.utils.make_msgid(domain=sender or to.rpartition("@")[2])
     message.set_content(text)
     password = os.environ.get(smtp.password_env, "") if smtp.password_env else ""
     if smtp.user and not password:
@@ -3489,6 +3491,8 @@ def create_token(db: Database, kind: str, *, agent_id: str | None = None, person
                     raise InvalidInput("a runner key is not scoped to a project: leave --project out")
                 if not db.one("SELECT 1 FROM project_agents WHERE project = ? AND agent_id = ?",
                               (check_slug(project, "project"), agent_id)):
+                    if by is None:  # the command line (a person is never told which projects exist)
+                        project_out(db, project)
                     owner = owner_of(agent_id)
                     member = db.one("SELECT 1 FROM members WHERE project = ? AND handle = ?", (project, owner))
                     first = "" if member else f"'prickle member add {project} {owner}', then "
@@ -6965,7 +6969,8 @@ def _check_not_last_owner(db: Database, project: str, handle: str, doing: str) -
     if _member_role(db, project, handle) == "owner" and db.scalar(
             "SELECT count(*) FROM members WHERE project = ? AND role = 'owner'", (project,)) == 1:
         raise InvalidState(f"'{handle}' is the last owner of '{project}': promote another member first "
-                           f"(prickle member promote {project} HANDLE), then {doing}")
+                           f"(Promote on the project's Members screen, or prickle member promote {project} HANDLE), "
+                           f"then {doing}")
 
 
 def _member_agents(db: Database, project: str, handle: str) -> list[str]:
@@ -10427,6 +10432,12 @@ class McpSession:
                 raise
             # The SDK client ends a failed connection by cancelling its own scope: that is the server away.
             raise ConnectionError(f"the server at {self.url} did not answer") from None
+        except MCPError as e:
+            await self.close()
+            code = e.data.get("code") if isinstance(e.data, dict) else None
+            if code == "unauthorized":  # the server answered: the key is refused, not the server away
+                raise CallFailed(e.message, code) from None
+            raise
         except BaseException:
             await self.close()
             raise
@@ -10705,7 +10716,13 @@ class Runner:
             except CallFailed as e:
                 state["connected"] = state["listening"] = False
                 self.save()
-                self.log(f"{agent_id}: wait_for_mention refused: {e.message}")
+                if e.code == "unauthorized":
+                    if failures == 0:
+                        self.log(f"{agent_id}: the server refused this agent's runner key ({e.message}): connect "
+                                 f"this computer again (prickle runner connect) or pair a key (prickle device pair "
+                                 f"{agent_id}) and put it in the runner's config")
+                else:
+                    self.log(f"{agent_id}: wait_for_mention refused: {e.message}")
                 failures += 1
                 await asyncio.sleep(RUNNER_BACKOFF[min(failures, len(RUNNER_BACKOFF)) - 1])
                 continue
@@ -11273,6 +11290,11 @@ def connect_lines(base_url: str, agent_id: str, token: str) -> dict:
     }
 
 
+def _counted(n: int, noun: str) -> str:
+    """``1 project``, ``2 projects``: a count with its noun for a readable line (plural adds "s")."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 class _Out:
     """What a command reports: one JSON object with --json, else readable lines."""
 
@@ -11539,7 +11561,8 @@ def team_list(db_path: str, as_json: bool) -> None:
     """List every team with how many people and projects it has."""
     rows = list_teams(_open(db_path))
     _Out(as_json).rows("teams", rows, lambda r: (
-        f"{r['name']:<24} {r['people']} people, {r['projects']} projects, apps: "
+        f"{r['name']:<24} {r['people']} {'person' if r['people'] == 1 else 'people'}, "
+        f"{_counted(r['projects'], 'project')}, apps: "
         f"{', '.join(r['apps']) if r['apps'] is not None else 'any'}"), "No teams.")
 
 
@@ -11608,7 +11631,8 @@ def project_list(db_path: str, as_json: bool) -> None:
     """List every team project with its team and how many members and agents it has."""
     rows = list_all_projects(_open(db_path))
     _Out(as_json).rows("projects", rows, lambda r: (
-        f"{r['slug']:<24} team {r['team']:<16} {r['members']} members, {r['agents']} agents  {r['name']}"),
+        f"{r['slug']:<24} team {r['team']:<16} {_counted(r['members'], 'member')}, "
+        f"{_counted(r['agents'], 'agent')}  {r['name']}"),
         "No projects.")
 
 
@@ -12121,8 +12145,9 @@ def connect_runner(server: str, config_path: str, name: str, clis: list[str],
     """
     base = runner_base_url(server)
     if not clis:
-        raise InvalidInput("no agent CLI (claude, codex) on PATH: install one, or configure client = \"command\" "
-                           "in the runner's config by hand")
+        raise InvalidInput("no agent CLI (claude, codex) on PATH: install one, or pair a runner key with "
+                           "'prickle device pair OWNER/NAME' (or Agents & keys on the page) and configure "
+                           "client = \"command\" in the runner's config by hand")
     status, answer = _runner_post(f"{base}/api/runner/connect", {"name": name, "clis": clis})
     if status != 200:
         raise PrickleError(answer.get("error", {}).get("message", f"the server answered {status}"),

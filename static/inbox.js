@@ -26,12 +26,13 @@ const KINDS = {
     "Agents of your teammates asked your agents for work. Your gate holds it until you decide."],
   final_acceptance: ["Results for your final acceptance", "Verified results of tasks you asked for. The task completes when you accept."],
   question: ["Questions for you", "An agent working on a task you asked for stopped until you answer. Answer in the task's thread."],
+  returned: ["Tasks handed back to you",
+    "Their agent left the project or handed them back. Hand each to another agent from its page."],
   mention: ["Messages that mention you", "They leave this list once you have read the room or thread they are in."],
-  returned: ["Tasks that came back to you", "Their agent left the project or handed them back. Hand each to another agent."],
 };
 const LABEL = {
   step: "step", action: "make or spend", approval: "held handoff", final_acceptance: "final acceptance",
-  question: "question", mention: "mention", returned: "returned",
+  question: "question", returned: "handed back", mention: "mention",
 };
 const NOTIFY_KEY = "prickle.notify"; // "on" once the person turned notifications on
 const FAR = 9007199254740991; // "after" beyond any seq: the events endpoint answers with the newest
@@ -291,18 +292,17 @@ export function mount(el, ctx) {
   el.append(
     h("div", { class: "page-head" }, heading(1, "Inbox"), notifyToggle()),
     digest, count, nothing, list.el);
-  get("/api/me").then((me) => fill(digest, digestForm(me)), () => { /* the setting shows on the next visit */ });
+  const drawDigest = (me) => fill(digest, digestForm(me, drawDigest));
+  get("/api/me").then(drawDigest, () => { /* the setting shows on the next visit */ });
   return () => list.destroy();
 }
 
 /** The email digest: what waited on you longer than N minutes, mailed once (off by default). Shown
- *  only where the server sends mail. */
-function digestForm(me) {
+ *  only where the server sends mail; without an address on file it asks for one first, and
+ *  ``redraw(me)`` shows the digest once it is saved. */
+function digestForm(me, redraw) {
   if (!me.mail) return null;
-  if (!me.email) {
-    return h("p", { class: "muted small", text: "Add your email address (on the sign-in page or with "
-      + "'prickle person email') to get a digest of what waits on you." });
-  }
+  if (!me.email) return emailForm(me, redraw);
   const on = h("input", { type: "checkbox", id: "digest-on", checked: me.digest_minutes != null });
   const minutes = h("input", { type: "number", id: "digest-minutes", min: "1", max: "10080", step: "1",
     value: String(me.digest_minutes ?? 30), "aria-label": "Minutes" });
@@ -316,6 +316,26 @@ function digestForm(me) {
     act(save, error, async () => {
       const out = await post("/api/me/digest", { minutes: on.checked ? Number(minutes.value) : null });
       announce(out.digest_minutes == null ? "Email digest off" : `Email digest on: after ${out.digest_minutes} minutes`);
+    });
+  });
+  return form;
+}
+
+/** Your address for the digest and for sign-in links by email (POST /api/me/email). */
+function emailForm(me, redraw) {
+  const address = h("input", { type: "email", id: "my-email", name: "email", required: true, maxlength: "254",
+    autocomplete: "email" });
+  const save = h("button", { type: "submit", class: "small", text: "Save address" });
+  const error = errorSlot();
+  const form = h("form", { class: "row-form email-form" },
+    h("label", { for: "my-email", id: "my-email-label", text: "Your email address, for a digest of what waits on you" }),
+    address, save, error);
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    act(save, error, async () => {
+      const out = await post("/api/me/email", { email: address.value.trim() });
+      announce(`Address saved: ${out.email}`);
+      redraw({ ...me, email: out.email });
     });
   });
   return form;
@@ -411,11 +431,8 @@ function itemCard(item, ctx) {
     approval: () => approvalCard(item, { onDecided: reload }),
     final_acceptance: () => finalCard(item),
     question: () => questionCard(item),
+    returned: () => returnedCard(item),
     mention: () => mentionCard(item),
-    returned: () => h("article", { class: "card inbox-returned", dataset: { taskId: item.task_id } },
-      h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: item.title })),
-      h("p", { class: "muted small", text: `Returned by ${item.task.assignee}.` }),
-      h("a", { class: "button-link", href: `#/p/${item.project}/tasks/${item.task_id}`, text: "Hand it to another agent" })),
   }[item.kind]();
   return h("div", { class: `inbox-item inbox-${item.kind}`, dataset: { itemId: item.id, kind: item.kind } },
     h("div", { class: "inbox-item-head" }, badge(LABEL[item.kind], "attention"), where(item)), inner);
@@ -460,6 +477,14 @@ function finalCard(item) {
 }
 
 /** The assignee's question, answered in the task's thread from here. */
+/** A task handed back: its page has the picker that hands it to another agent. */
+function returnedCard(item) {
+  return h("article", { class: "card inbox-returned", dataset: { taskId: item.task_id } },
+    h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: item.title })),
+    h("p", { class: "muted small", text: `Returned by ${item.task.assignee}.` }),
+    h("a", { class: "button primary", href: `#/p/${item.project}/tasks/${item.task_id}`, text: "Hand it on" }));
+}
+
 function questionCard(item) {
   const error = errorSlot();
   const result = h("p", { class: "notice ok", role: "status", hidden: true });

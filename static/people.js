@@ -37,11 +37,15 @@ export function mount(el, ctx) {
     renderAgents(agents, data, ctx);
     renderSettings(settings, data, ctx);
   };
+  // The pickers redraw with the project: whoever leaves it or is removed is offered again.
+  const pickers = [renderAddPerson(addPerson, ctx), renderAddAgent(addAgent, ctx)];
+  const redraw = () => {
+    render();
+    for (const picker of pickers) picker.then((draw) => draw && draw());
+  };
   render();
-  const off = ctx.project.onChange(render);
-  renderAddPerson(addPerson, ctx);
+  const off = ctx.project.onChange(redraw);
   renderInvites(invites, ctx);
-  renderAddAgent(addAgent, ctx);
   return off;
 }
 
@@ -201,11 +205,13 @@ async function askRemoval(ctx, query, { title, who, confirm, run, after }) {
     return;
   }
   const plural = (n, one, many) => `${n} ${n === 1 ? one : many}`;
+  const you = who === "you";
   const agentLine = query.agent ? `${query.agent} leaves the project.`
-    : preview.agents.length ? `Their agents leave the project: ${preview.agents.join(", ")}.` : "They have no agents here.";
+    : preview.agents.length ? `${you ? "Your" : "Their"} agents leave the project: ${preview.agents.join(", ")}.`
+      : you ? "You have no agents here." : "They have no agents here.";
   const summary = h("ul", { class: "removal-summary" },
     h("li", { text: agentLine }),
-    h("li", { text: `${plural(preview.returned, "open task", "open tasks")} assigned to ${query.agent ? "it" : "them"} go${preview.returned === 1 ? "es" : ""} back to ${preview.returned === 1 ? "its requester" : "their requesters"} (returned), to be handed to another agent.` }),
+    h("li", { text: `${plural(preview.returned, "open task", "open tasks")} assigned to ${query.agent ? "it" : you ? "your agents" : "them"} go${preview.returned === 1 ? "es" : ""} back to ${preview.returned === 1 ? "its requester" : "their requesters"} (returned), to be handed to another agent.` }),
     h("li", { text: `${plural(preview.transferred, "open task", "open tasks")} ${query.agent ? "it" : who === "you" ? "you" : "they"} asked for pass${preview.transferred === 1 ? "es" : ""} to a project owner.` }),
     h("li", { text: `Delegation rules and standing approvals naming ${query.agent ? "it" : who === "you" ? "you" : "them"} that apply in no other project are revoked, and keys for this project alone end.` }));
   const error = errorSlot();
@@ -247,6 +253,7 @@ function askPromotion(ctx, p) {
   panel.focus();
 }
 
+/** The "Add a teammate" picker (project owners); resolves to its redraw once the team is loaded. */
 async function renderAddPerson(box, ctx) {
   const data = ctx.project.data();
   if (data.role !== "owner") {
@@ -286,14 +293,16 @@ async function renderAddPerson(box, ctx) {
     fill(box, form);
   };
   draw();
+  return draw;
 }
 
+/** The "Bring one of your agents" picker; resolves to its redraw (or null when it can't load). */
 async function renderAddAgent(box, ctx) {
   let mine = [];
   try {
     ({ agents: mine } = await get("/api/agents"));
   } catch {
-    return;
+    return null;
   }
   const draw = () => {
     const here = new Set(ctx.project.data().agents.map((a) => a.agent_id));
@@ -321,6 +330,7 @@ async function renderAddAgent(box, ctx) {
     fill(box, form);
   };
   draw();
+  return draw;
 }
 
 async function renderInvites(box, ctx) {

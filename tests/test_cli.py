@@ -245,6 +245,8 @@ def test_a_key_for_a_project_the_agent_is_not_in_names_the_commands_that_fix_it(
     run(db_path, "person", "add", "ren", "--name", "Ren")
     run(db_path, "project", "create", "site", "--name", "Site", "--team", "web", "--owner", "oj")
     run(db_path, "agent", "add", "ren/builder", "--name", "B", "--model", "m", "--client", "c")
+    code, _, err = run(db_path, "token", "create", "--agent", "ren/builder", "--project", "sight", ok=False)
+    assert code != 0 and err.strip() == "prickle: no project 'sight'"  # a typo is not a missing membership
     code, _, err = run(db_path, "token", "create", "--agent", "ren/builder", "--project", "site", ok=False)
     assert code != 0 and err.strip() == (
         "prickle: agent 'ren/builder' is not in project 'site': add it with 'prickle member add site ren', "

@@ -70,6 +70,22 @@ def test_a_question_waits_on_the_person_who_asked_until_they_answer_in_the_threa
     assert kinds(server, world, "oj") == []  # the agent went on without an answer
 
 
+def test_a_returned_task_waits_on_its_requesters_owner_until_handed_on(mcp, server, world):
+    task = working(mcp, server, world)
+    prickle.remove_member(world.db, PROJECT, "ren", by="oj")  # ren/builder leaves: the task comes back
+    returned = person(server, world, "oj").get(f"/api/tasks/{task['id']}").json()["task"]
+    assert returned["state"] == "returned"
+    [item] = items(server, world, "oj")
+    assert (item.pop("task")["id"], item) == (task["id"], {
+        "id": f"returned:{task['id']}", "kind": "returned", "action": "reassign", "project": PROJECT,
+        "project_name": "Website v2", "task_id": task["id"], "message_id": None, "title": "Draft the hero copy.",
+        "since": returned["updated_at"]})
+    assert kinds(server, world, "ren") == []
+    r = person(server, world, "oj").post(f"/api/tasks/{task['id']}/reassign", {"to": "oj/scout"})
+    assert r.status_code == 200, r.text
+    assert kinds(server, world, "oj") == []
+
+
 def test_a_verified_result_waits_for_final_acceptance_until_accepted(mcp, server, world):
     task = working(mcp, server, world)
     sub = submit(mcp, task["id"])["submission"]

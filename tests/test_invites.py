@@ -21,7 +21,7 @@ from test_cli import jrun, run
 
 T0 = dt.datetime(2026, 12, 1, 10, 0, tzinfo=dt.timezone.utc)
 DAY = dt.timedelta(days=1)
-FROM = "Prickle <prickle@example.org>"
+FROM = "Prickle <prickle@mail.prickle.example>"  # not the recipients' domain
 
 
 def auth(world, handle):
@@ -115,6 +115,9 @@ def test_an_invite_mails_its_link_which_signs_the_person_up_once(mailing, world,
     mail = smtp.next()
     assert mail["to"] == ["Kim@example.org"]
     assert mail["message"]["From"] == FROM and mail["message"]["Subject"] == "Invite to Website v2 on Prickle"
+    # Its Message-ID is in the sender's domain, as mail filters expect, never the recipient's.
+    assert re.fullmatch(r"<[^@<>]+@" + re.escape(FROM.rpartition("@")[2].rstrip(">")) + ">",
+                        mail["message"]["Message-ID"]), mail["message"]["Message-ID"]
     assert link in mail["text"] and "Oj Okafor (@oj) invites you" in mail["text"]
     # The secret is kept only as its hash; the address in no audit entry or event.
     assert _invite_row(world, invite["id"])["secret_hash"] == prickle.sha256_hex(_secret(link))

@@ -145,7 +145,7 @@ def test_the_last_owner_stays_until_another_is_promoted(mcp, server, world):
         assert r.status_code == 409
         assert r.json()["error"]["message"] == (
             f"'oj' is the last owner of '{PROJECT}': promote another member first "
-            f"(prickle member promote {PROJECT} HANDLE), then leave")
+            f"(Promote on the project's Members screen, or prickle member promote {PROJECT} HANDLE), then leave")
     assert ren.post(f"/api/projects/{PROJECT}/members/ren/promote").status_code == 403
     assert _counts(world.db) == before
     r = oj.post(f"/api/projects/{PROJECT}/members/ren/promote")

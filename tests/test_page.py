@@ -322,3 +322,33 @@ def test_axe_finds_no_serious_or_critical_violation_on_the_room_the_inbox_a_task
                                ".map((v) => ({id: v.id, impact: v.impact, nodes: v.nodes.map((n) => n.target.join(' '))}))")
         found[hash_] = [v for v in result if v["impact"] in ("serious", "critical")]
     assert found == {hash_: [] for hash_ in found}, found
+
+
+def test_the_inbox_takes_your_address_and_then_offers_the_digest(browser, tmp_path):
+    # A server that sends mail; oj has no address on file, so the inbox asks for one first.
+    config = tmp_path / "prickle.toml"
+    config.write_text('[smtp]\nhost = "127.0.0.1"\nport = 8025\ntls = "none"\nfrom_address = "p@example.org"\n')
+    db = str(tmp_path / "prickle.db")
+    with Served(db, "--demo", "--config", str(config)) as served:
+        context = browser.new_context(viewport=LAPTOP)
+        errors = []
+        page = context.new_page()
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(cli_json(db, "signin-link", "oj")["signin"])
+        goto(page, served, "#/inbox")
+        address = page.get_by_label("Your email address, for a digest of what waits on you")
+        address.fill("oj@example.org")
+        with page.expect_response(lambda r: r.url.endswith("/api/me/email")) as answer:
+            page.get_by_role("button", name="Save address").click()
+        assert answer.value.json() == {"handle": "oj", "email": "oj@example.org"}
+        expect(page.locator(".digest-form label")).to_have_text(" Email oj@example.org what has waited on me more than ")
+        minutes = page.locator("#digest-minutes")
+        assert minutes.bounding_box()["width"] < 160  # a few digits, not the whole row
+        page.locator("#digest-on").check()
+        minutes.fill("45")
+        with page.expect_response(lambda r: r.url.endswith("/api/me/digest")) as answer:
+            page.get_by_role("button", name="Save", exact=True).click()
+        assert answer.value.json()["digest_minutes"] == 45
+        shot(page, "inbox_address_then_digest")
+        context.close()
+        assert not errors, errors

@@ -1,6 +1,8 @@
 """The owner's control of runs: connecting a computer, Start and Stop, hand back, pause, uncertain runs,
 and a private room's skipped reviewer."""
 
+import pytest
+
 import prickle
 from conftest import PROJECT, audit_entries
 from test_rooms import ROOM, claim, say, setup_room, start
@@ -125,6 +127,15 @@ def test_prickle_runner_connect_writes_a_private_config(tmp_path, server, world)
         "codex", "/src/site", 3, 30)
     assert out == {"config": str(config), "agents": [{"agent_id": "ren/builder", "client": "codex",
                                                       "device_id": out["agents"][0]["device_id"]}]}
+
+
+def test_connect_with_no_agent_cli_says_how_to_pair_a_command_client(tmp_path):
+    with pytest.raises(prickle.InvalidInput) as refused:
+        prickle.connect_runner("http://127.0.0.1:8321", str(tmp_path / "runner.toml"), "kim-laptop", [], print)
+    assert str(refused.value) == (
+        "no agent CLI (claude, codex) on PATH: install one, or pair a runner key with 'prickle device pair "
+        "OWNER/NAME' (or Agents & keys on the page) and configure client = \"command\" in the runner's config by hand")
+    assert not (tmp_path / "runner.toml").exists()
 
 
 def test_the_real_command_against_the_real_server(tmp_path, db_path, world):

@@ -179,6 +179,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_a_refused_runner_key_is_logged_as_refused_with_what_to_do_not_as_the_server_away(db_path, tmp_path):
+    with Served(db_path, "--demo") as served:
+        db = prickle.Database(db_path)
+        device, key = prickle.pair_device(db, "ren", "ren/builder", "ren-laptop")
+        prickle.revoke_device(db, "ren", device["id"])
+        config = write_config(tmp_path / "runner.toml", served.info["url"], {
+            "ren/builder": {"key": key, "client": "command", "command": STANDIN_AGENT}})
+        with RunnerProcess(config) as runner:
+            log = runner.state_dir / "runner.log"
+            line = wait_until("the refusal in the runner's log", lambda: log.exists() and next(
+                (x for x in log.read_text().splitlines() if "ren/builder: the server" in x), None))
+            assert line.split(" ", 1)[1].startswith("ren/builder: the server refused this agent's runner key (")
+            assert line.endswith("): connect this computer again (prickle runner connect) or pair a key "
+                                 "(prickle device pair ren/builder) and put it in the runner's config"), line
+            assert "prk_rk_" not in runner.log()
+            assert runner.state()["agents"]["ren/builder"]["connected"] is False
+
+
 def test_the_owner_stops_a_run_pauses_the_agents_and_a_killed_runner_marks_its_run_uncertain(db_path, tmp_path):
     port = _free_port()
     served = Served(db_path, "--demo", "--port", str(port))

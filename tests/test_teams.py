@@ -153,6 +153,10 @@ def test_listing_from_the_command_line(world):
         {"slug": "side", "team": "web", "name": "Side project", "description": "", "members": 1, "agents": 1},
         {"slug": PROJECT, "team": "web", "name": "Website v2", "description": "The new site.", "members": 2,
          "agents": 3}]}
+    assert run(db, "project", "list")[1].splitlines() == [
+        "side                     team web              1 member, 1 agent  Side project",
+        "website-v2               team web              2 members, 3 agents  Website v2"]
+    assert run(db, "team", "list")[1] == "web                      3 people, 2 projects, apps: any\n"
     out = run(db, "team", "show", "web")[1].splitlines()
     assert out[0] == "Team web (apps: any)" and out[-1] == "  projects: side, website-v2"
     assert run(db, "member", "list", PROJECT)[1].splitlines()[1].startswith("ren                  member  joined ")

@@ -1117,6 +1117,13 @@ def test_an_owner_removes_a_member_and_their_task_comes_back_on_the_board(served
     expect(card).to_contain_text("returned")
     expect(card).to_contain_text("needs you")
     shot(page, "returned_task_on_the_board")
+    goto(page, served, "#/inbox")
+    waiting = page.locator(f'.inbox-returned[data-task-id="{task_id}"]')
+    expect(waiting).to_contain_text("Returned by kim/helper.")
+    waiting.get_by_role("link", name="Hand it on").click()
+    expect(page.locator(".status-line")).to_have_text(
+        "Returned by kim/helper: it waits for you to hand it to another agent.")
+    goto(page, served, f"#/p/{PROJECT}/tasks")
     card.click()
     expect(page.locator(".status-line")).to_have_text(
         "Returned by kim/helper: it waits for you to hand it to another agent.")
@@ -1126,6 +1133,39 @@ def test_an_owner_removes_a_member_and_their_task_comes_back_on_the_board(served
     handed = answer.value.json()["task"]
     assert handed["assignee"] == "ren/builder" and handed["state"] in ("routed", "approval")  # ren's gate decides
     expect(page.locator(".task-meta .state")).to_have_attribute("data-state", handed["state"])
+
+
+def test_whoever_is_removed_is_offered_again_by_the_pickers_without_a_reload(served, people):
+    # lee (a teammate) and oj/scout are in the project; oj removes both on the Members screen.
+    cli_json(served.db, "person", "add", "lee", "--name", "Lee Moss")
+    cli_json(served.db, "member", "add", PROJECT, "lee")
+    cli_json(served.db, "agent", "add", "oj/scout", "--name", "Scout", "--model", "m", "--client", "claude-code",
+             "--project", PROJECT)
+    page = people("oj")
+    goto(page, served, f"#/p/{PROJECT}/people")
+    add_person = page.get_by_role("form", name="Add a teammate")
+    expect(page.locator('.person[data-handle="lee"]')).to_have_count(1)
+    expect(add_person.get_by_label("Person").locator('option[value="lee"]')).to_have_count(0)
+    # Leaving speaks to you about your own agents; Keep changes nothing.
+    page.get_by_role("button", name="Leave", exact=True).click()
+    leaving = page.get_by_role("alertdialog", name="Leave Website v2?")
+    expect(leaving.locator(".removal-summary li").first).to_have_text(
+        re.compile(r"^Your agents leave the project: (\S+, )*oj/scout(, \S+)*\.$"))
+    expect(leaving.locator(".removal-summary li").nth(1)).to_contain_text(" assigned to your agents go")
+    leaving.get_by_role("button", name="Keep").click()
+    page.locator('.person[data-handle="lee"]').get_by_role("button", name="Remove Lee Moss").click()
+    page.get_by_role("alertdialog").get_by_role("button", name="Remove Lee Moss").click()
+    expect(page.locator('.person[data-handle="lee"]')).to_have_count(0)
+    expect(add_person.get_by_label("Person").locator("option")).to_contain_text(["Lee Moss (@lee)"])
+    page.get_by_role("button", name="Remove oj/scout from the project").click()
+    page.get_by_role("alertdialog").get_by_role("button", name="Remove agent").click()
+    expect(page.get_by_role("button", name="Remove oj/scout from the project")).to_have_count(0)
+    expect(page.get_by_role("form", name="Bring one of your agents").get_by_label("Your agent").locator("option")
+           ).to_contain_text(["Scout (oj/scout)"])
+    add_person.get_by_label("Person").select_option("lee")
+    add_person.get_by_role("button", name="Add teammate").click()
+    expect(page.locator('.person[data-handle="lee"]')).to_have_count(1)
+    shot(page, "pickers_after_a_removal")
 
 
 def test_an_owner_invites_a_teammate_who_signs_up_and_joins_in_another_browser(served, people):
