@@ -3545,7 +3545,7 @@ LABEL_MAX = 60
 #: Why credentials are revoked, and whether ``token.revoked`` records each one. A cascade is
 #: recorded by the entry of what caused it (``device.revoked``, the task's move, the room's turn).
 REVOCATIONS = {"revoked": True, "claim_retried": True, "run_replaced": True, "run_stopped": True,
-               "run_uncertain": True, "issuer_revoked": False, "device_revoked": False, "task_cancelled": False,
+               "run_uncertain": True, "run_ended": True, "issuer_revoked": False, "device_revoked": False, "task_cancelled": False,
                "task_handed_back": False, "turn_ended": False, "turn_retried": False, "assignee_left": False,
                "left_project": False}
 #: Credentials ended because their agent left the project: their callers are told not_found.
@@ -6356,13 +6356,39 @@ def run_lineage(db: Database, actor: Actor, task: dict) -> dict | None:
 
 
 def finish_attempt(db: Database, actor: Actor) -> None:
-    """Close the caller's run (inside the caller's transaction). Writes ``attempt.finished``."""
-    now = iso(utcnow())
-    if actor.attempt_id and db.execute("UPDATE attempts SET finished_at = ?, ended_at = ?, state = 'finished' "
-                                       "WHERE id = ? AND state = 'running'", (now, now, actor.attempt_id)):
-        project = db.scalar("SELECT t.project FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE a.id = ?",
-                            (actor.attempt_id,))
-        audit(db, project, "attempt.finished", {"attempt": actor.attempt_id})
+    """Close the caller's run once its result is in (inside the caller's transaction), if it is still
+    running; its credential stays usable for the rest of that call. Writes ``attempt.finished``."""
+    attempt = db.one("SELECT * FROM attempts WHERE id = ?", (actor.attempt_id,)) if actor.attempt_id else None
+    if attempt is not None and attempt["state"] == "running":
+        now = iso(utcnow())
+        move(db, "attempt", attempt["id"], "finish", attempt, finished_at=now, ended_at=now)
+        project = db.scalar("SELECT project FROM tasks WHERE id = ?", (attempt["task_id"],))
+        audit(db, project, "attempt.finished", {"attempt": attempt["id"]})
+
+
+def end_run(db: Database, actor: Actor, attempt_id: str, reason: str | None = None) -> dict:
+    """A runner says a run it launched has ended without a result (its process exited, failed to
+    start or went past its time limit): the attempt finishes and its credentials end at once.
+
+    Only the device that claimed the attempt; an attempt no longer running is left as it is (the
+    answer is the same, so a runner may say it twice). ``reason`` (200 characters) is checked and
+    not kept: the runner reports it as ``run_failure`` in the pulse. Writes ``attempt.finished``.
+    Returns ``{"attempt"}``. Raises InvalidInput or NotFound.
+    """
+    if reason is not None:
+        check_text(reason, "reason", 200)
+    with db.transaction():
+        device = _runner_device(db, actor)
+        attempt = db.one("SELECT * FROM attempts WHERE id = ? AND device_id = ?", (check_id(attempt_id, "attempt_id"),
+                                                                                    device["id"]))
+        if attempt is None:
+            raise NotFound(f"no attempt '{attempt_id}' claimed by this device")
+        if attempt["state"] == "running":
+            project = db.scalar("SELECT project FROM tasks WHERE id = ?", (attempt["task_id"],))
+            end_attempt(db, attempt, "finish", project)
+            audit(db, project, "attempt.finished", {"attempt": attempt_id})
+            append_event(db, project, "task.updated", {"task": task_out(db, attempt["task_id"])})  # live views
+        return {"attempt": attempt_out(db.one("SELECT * FROM attempts WHERE id = ?", (attempt_id,)))}
 
 
 def _step_answer(step: dict, status: str, behavior: str, message: str, updated: dict | None = None) -> dict:
@@ -6540,7 +6566,8 @@ def end_attempt(db: Database, attempt: dict, how: str, project: str, why: str | 
     now = iso(utcnow())
     move(db, "attempt", attempt["id"], how, attempt, ended_at=now)
     ended = revoke_credentials(db, "attempt_id = ?", (attempt["id"],),
-                               why or {"replace": "run_replaced", "stop": "run_stopped"}.get(how, "run_uncertain"))
+                               why or {"replace": "run_replaced", "stop": "run_stopped",
+                                       "finish": "run_ended"}.get(how, "run_uncertain"))
     if how != "stop":
         return ended
     for step in db.rows("SELECT id FROM steps WHERE attempt_id = ? AND status = 'pending'", (attempt["id"],)):
@@ -9405,6 +9432,11 @@ async def api_connect_decide(state: AppState, person: Actor, request: Request, b
                           body.get("agents"))
 
 
+async def runner_ended(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
+    """POST /api/runner/attempts/{id}/ended {reason?}: a run this runner launched ended without a result."""
+    return end_run(state.db, agent, request.path_params["attempt_id"], _field(body, "reason", str, False))
+
+
 async def runner_uncertain(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
     """POST /api/runner/attempts/{id}/uncertain {reason?}: a run this runner can't vouch for."""
     return mark_uncertain(state.db, agent, request.path_params["attempt_id"], _field(body, "reason", str, False))
@@ -9694,6 +9726,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("POST", "/api/runner/connect/collect", _api(runner_collect, public=True)),
     ("GET", "/api/runner/state", _api(_operation(runner_state), runner=True)),
     ("POST", "/api/runner/attempts/{attempt_id}/uncertain", _api(runner_uncertain, runner=True)),
+    ("POST", "/api/runner/attempts/{attempt_id}/ended", _api(runner_ended, runner=True)),
     ("GET", "/api/connect/{code}", _api(_operation(connect_view, "code"))),
     ("POST", "/api/connect/{code}", _api(api_connect_decide)),
     ("POST", "/api/tasks/{task_id}/runs", _api(api_start_run)),
@@ -10994,6 +11027,8 @@ class Runner:
                              "claiming again with the same idempotency key")
                 if failure is not None:
                     failure.pop("retry", None)
+                if failure is not None and not failure.get("stopped") and attempt_id is not None:
+                    await self.ended(agent_id, attempt_id, failure["step"])
                 if failure is None or not failure.get("stopped"):  # a stopped run is neither good nor failed
                     await self.report(agent_id, project, failure, task_id)
         finally:
@@ -11060,6 +11095,14 @@ class Runner:
         if code != 0:
             return {"class": "runtime", "step": "cli_crashed"}
         return {"class": "agent", "step": "agent_error"}
+
+    async def ended(self, agent_id: str, attempt_id: str, reason: str) -> None:
+        """Tell the server a run ended without a result, so its attempt and credential end there too."""
+        try:
+            await http_call(self.config.base_url, self.config.agents[agent_id].key, "POST",
+                            f"/api/runner/attempts/{attempt_id}/ended", {"reason": reason})
+        except (CallFailed, OSError, Exception) as e:  # noqa: BLE001 - reported, the runner goes on
+            self.log(f"{agent_id}: could not tell the server that {attempt_id} ended: {e}")
 
     async def _step_pending(self, agent_id: str, attempt_id: str) -> bool:
         """Whether the server says a step this attempt asked for (with request_step itself) awaits the owner."""

@@ -130,6 +130,13 @@ def test_failed_runs_set_run_failure_a_good_run_clears_it_and_a_mention_only_not
             assert wait_until("run_failure", lambda: failure("ren/builder")) == {
                 "class": "agent", "step": "agent_error"}
             assert task_state(ren, quiet)["state"] == "accepted"  # it accepted, then exited without a result
+            # The runner told the server the run ended: it shows as over, and its credential ended with it.
+            [run] = ren.get(f"/api/tasks/{quiet}").json()["runs"]
+            assert run["state"] == "finished" and run["ended_at"] is not None
+            assert db.scalar("SELECT revoked_reason FROM credentials WHERE attempt_id = ?", (run["attempt_id"],)) == \
+                "run_ended"
+            assert [e["refs"] for e in audit_entries(db, PROJECT, "attempt.finished")
+                    if e["refs"]["attempt"] == run["attempt_id"]] == [{"attempt": run["attempt_id"]}]
             ok = hand(mcp, "ok", "Draft the footer.")
             wait_until("the result", lambda: task_state(ren, ok)["state"] == "verifying")
             wait_until("run_failure cleared", lambda: "run_failure" not in pulse_of(ren, PROJECT, "ren/builder")
@@ -141,6 +148,7 @@ def test_failed_runs_set_run_failure_a_good_run_clears_it_and_a_mention_only_not
             ghost = ghost["task"]["id"]
             assert wait_until("the time limit", lambda: failure("ren/builder"), timeout=60) == {
                 "class": "timeout", "step": "task_time_limit"}
+            assert [r["state"] for r in ren.get(f"/api/tasks/{sleepy}").json()["runs"]] == ["finished"]
             assert wait_until("cli_not_found", lambda: failure("ren/ghost")) == {
                 "class": "runtime", "step": "cli_not_found"}
             status = runner.status()
@@ -156,7 +164,7 @@ def test_failed_runs_set_run_failure_a_good_run_clears_it_and_a_mention_only_not
         claimed = [e["refs"] for e in audit_entries(db, PROJECT, "attempt.claimed")]
         assert sorted(r["task"] for r in claimed) == sorted([quiet, ok, sleepy, ghost])  # the mention claimed nothing
         revoked = [e["refs"] for e in audit_entries(db, PROJECT, "token.revoked") if e["refs"].get("task") == ghost]
-        assert [r["reason"] for r in revoked] == ["claim_retried"]
+        assert [r["reason"] for r in revoked] == ["claim_retried", "run_ended"]  # then the second launch's ended
         made = [e for e in audit_entries(db, PROJECT, "token.created") if e["refs"].get("task") == ghost]
         assert len(made) == 2 and len({e["refs"]["attempt"] for e in made}) == 1
         sleeping = [r["attempt"] for r in claimed if r["task"] == sleepy][0]
