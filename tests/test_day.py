@@ -1,0 +1,96 @@
+"""Browser tests of a person's day on the page: what waits in the morning, answering, reading
+Markdown, the members on a phone, handing work on, keys and outages.
+
+Like tests/test_page.py: a real ``prickle serve --demo`` and headless Chromium driven by
+Playwright; agents act over MCP with plain HTTP POSTs. Screenshots go to tests/screenshots/.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import Served
+from test_web import CHROMIUM, LAUNCH_ARGS, LAPTOP, PROJECT, cli_json, mcp, person_api, shot
+
+from playwright.sync_api import Page, expect, sync_playwright  # test_web skips the module without it
+
+PHONE = {"width": 390, "height": 844}
+
+
+# ---- fixtures --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    db = str(tmp_path_factory.mktemp("day") / "prickle.db")
+    with Served(db, "--demo") as s:
+        s.db = db
+        yield s
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def people(browser, served):
+    """open(handle, viewport=…): a fresh browser context signed in as that person; no script error allowed."""
+    contexts, errors = [], []
+
+    def open_(handle: str, viewport: dict | None = None) -> Page:
+        context = browser.new_context(viewport=viewport or LAPTOP)
+        contexts.append(context)
+        page = context.new_page()
+        page.on("pageerror", lambda e: errors.append(f"{handle}: {e}"))
+        page.goto(cli_json(served.db, "signin-link", handle)["signin"])
+        expect(page.get_by_role("heading", name=re.compile(r"^Hello, "))).to_be_visible()
+        return page
+
+    yield open_
+    for context in contexts:
+        context.close()
+    assert not errors, errors
+
+
+def goto(page: Page, served: Served, hash_: str) -> None:
+    page.goto(f"{served.info['url']}/{hash_}")
+
+
+def lines(page: Page, selector: str) -> list[int]:
+    """How many lines each element matching ``selector`` is drawn on (one rectangle per line)."""
+    return page.evaluate("(sel) => [...document.querySelectorAll(sel)].map((el) => el.getClientRects().length)", selector)
+
+
+# ---- tests ------------------------------------------------------------------------------------------
+
+
+def test_a_mention_waiting_in_the_inbox_reads_as_formatted_markdown(served, people):
+    body = ("@oj The plan for the pricing page:\n\n- three plans\n- one call to action each\n\n"
+            "```\nnpm run build -- --filter pricing\n```\n\nDetails in [the brief](https://example.com/brief).")
+    posted = mcp(served, "ren/builder", "post_message", {"project": PROJECT, "body": body})
+    page = people("oj")
+    goto(page, served, "#/inbox")
+    card = page.locator(f'.inbox-mention[data-message-id="{posted["message"]["id"]}"]')
+    expect(card.locator(".inbox-body li")).to_have_text(["three plans", "one call to action each"])
+    expect(card.locator(".inbox-body pre code")).to_have_text("npm run build -- --filter pricing")
+    expect(card.get_by_role("link", name="the brief")).to_have_attribute("href", "https://example.com/brief")
+    expect(card.locator(".inbox-body .mention")).to_have_text("@oj")
+    expect(card.locator(".inbox-body")).not_to_contain_text("```")
+    shot(page, "inbox_mention_markdown")
+
+
+def test_the_members_list_on_a_phone_keeps_each_name_and_its_agents_whole(served, people):
+    page = people("oj", PHONE)
+    goto(page, served, f"#/p/{PROJECT}/people")
+    ren = page.locator('.person[data-handle="ren"]')
+    expect(ren.get_by_role("button", name="Remove Ren Ito")).to_be_visible()
+    assert lines(page, ".person-name strong") == [1, 1]  # "Ren Ito" was broken over two lines
+    assert lines(page, ".member-agents") == [1, 1]  # and "agents: ren/builder" over five
+    assert page.evaluate("document.documentElement.scrollWidth") == PHONE["width"]
+    shot(page, "members_on_a_phone")
