@@ -67,6 +67,18 @@ def lines(page: Page, selector: str) -> list[int]:
     return page.evaluate("(sel) => [...document.querySelectorAll(sel)].map((el) => el.getClientRects().length)", selector)
 
 
+def text_lines(page: Page, selector: str) -> list[int]:
+    """How many lines the text of each element matching ``selector`` runs over (pieces that overlap sit on one line)."""
+    return page.evaluate("""(sel) => [...document.querySelectorAll(sel)].map((el) => {
+        const range = document.createRange();
+        range.selectNodeContents(el);
+        const rects = [...range.getClientRects()].filter((r) => r.width > 0).sort((a, b) => a.top - b.top);
+        let count = 0, bottom = -Infinity;
+        for (const r of rects) if (r.top >= bottom - 1) { count += 1; bottom = r.bottom; } else bottom = Math.max(bottom, r.bottom);
+        return count;
+    })""", selector)
+
+
 # ---- tests ------------------------------------------------------------------------------------------
 
 
@@ -94,3 +106,14 @@ def test_the_members_list_on_a_phone_keeps_each_name_and_its_agents_whole(served
     assert lines(page, ".member-agents") == [1, 1]  # and "agents: ren/builder" over five
     assert page.evaluate("document.documentElement.scrollWidth") == PHONE["width"]
     shot(page, "members_on_a_phone")
+
+
+def test_on_a_phone_each_link_of_the_top_bar_is_one_line_with_its_count_and_all_in_view(served, people):
+    mcp(served, "ren/builder", "post_message", {"project": PROJECT, "body": "@oj The hero image is in."})
+    page = people("oj", PHONE)
+    inbox = page.get_by_role("navigation", name="Main").get_by_role("link", name=re.compile(r"^Inbox"))
+    expect(inbox.locator(".inbox-badge")).to_have_text(re.compile(r"^[1-9]"))
+    assert text_lines(page, ".global-nav a") == [1, 1, 1, 1]  # "Agents & keys" and "Inbox N" were two lines
+    rights = page.evaluate("[...document.querySelectorAll('.global-nav a')].map((a) => a.getBoundingClientRect().right)")
+    assert max(rights) <= PHONE["width"]  # and none hides past the edge
+    shot(page, "top_bar_on_a_phone", full_page=False)
