@@ -117,3 +117,15 @@ def test_on_a_phone_each_link_of_the_top_bar_is_one_line_with_its_count_and_all_
     rights = page.evaluate("[...document.querySelectorAll('.global-nav a')].map((a) => a.getBoundingClientRect().right)")
     assert max(rights) <= PHONE["width"]  # and none hides past the edge
     shot(page, "top_bar_on_a_phone", full_page=False)
+
+
+def test_on_a_phone_every_tab_of_a_project_is_in_view_and_the_current_one_too(served, people):
+    page = people("oj", PHONE)
+    goto(page, served, f"#/p/{PROJECT}/audit")
+    expect(page.get_by_role("heading", name="Audit log")).to_be_visible()
+    tabs = page.locator(".tabs a")
+    expect(tabs).to_have_text(["Room", "Tasks", "Team Pulse", "Members", "Memory", "Audit"])
+    rights = page.evaluate("[...document.querySelectorAll('.tabs a')].map((a) => a.getBoundingClientRect().right)")
+    assert max(rights) <= PHONE["width"], rights  # Memory and Audit sat past the edge, the strip's scrollbar hidden
+    expect(page.locator('.tabs a[aria-current="page"]')).to_have_text("Audit")
+    shot(page, "project_tabs_on_a_phone", full_page=False)
