@@ -16,7 +16,7 @@ import { approvalCard } from "./tasks.js";
 import { stepCard } from "./steps.js";
 import { actionCard } from "./makeaction.js";
 import { markdown } from "./markdown.js";
-import { h, fill, heading, badge, timeEl, errorSlot, act, announce, empty, debounce, confirmButton, field } from "./ui.js";
+import { h, fill, heading, badge, timeEl, errorSlot, act, announce, empty, debounce, confirmButton, field, settle } from "./ui.js";
 
 // Each kind of item: the group's title and lead, in the order the page shows them.
 const KINDS = {
@@ -418,11 +418,8 @@ function itemCard(item, ctx) {
 }
 
 function done(card, result, text, buttons) {
-  result.textContent = text;
-  result.hidden = false;
-  for (const b of buttons) b.disabled = true;
+  settle(result, text, buttons);
   card.classList.add("decided");
-  announce(text);
   reload();
 }
 

@@ -129,3 +129,46 @@ def test_on_a_phone_every_tab_of_a_project_is_in_view_and_the_current_one_too(se
     assert max(rights) <= PHONE["width"], rights  # Memory and Audit sat past the edge, the strip's scrollbar hidden
     expect(page.locator('.tabs a[aria-current="page"]')).to_have_text("Audit")
     shot(page, "project_tabs_on_a_phone", full_page=False)
+
+
+def test_answering_and_accepting_in_the_inbox_by_keyboard_keeps_the_focus_on_the_outcome(served, people):
+    with person_api(served, "oj") as oj:
+        ids = [oj.post(f"/api/projects/{PROJECT}/task-requests", json={"agent": "oj/muse", "packet": {
+            "task": task, "deliverable_type": "doc", "acceptance_criteria": ["One line."]}}).json()["task"]["id"]
+            for task in ("Pick the hero font.", "Write the hero line.")]
+    for task_id in ids:
+        mcp(served, "oj/muse", "accept_task", {"task_id": task_id})
+    mcp(served, "oj/muse", "checkpoint", {"task_id": ids[0], "checkpoint": {
+        "progress": "Two fonts shortlisted.", "open_questions": ["Serif or sans?"], "needs_answer": True}})
+    mcp(served, "oj/muse", "return_result", {"task_id": ids[1], "summary": "Hero line drafted.", "evidence": [
+        {"kind": "note", "summary": "One line.", "criteria": [0]}]})
+    page = people("oj")
+    goto(page, served, "#/inbox")
+    question = page.locator(f'.inbox-question[data-task-id="{ids[0]}"]')
+    question.get_by_label("Your answer to oj/muse").fill("Sans, please.")
+    page.keyboard.press("Tab")
+    expect(question.get_by_role("button", name="Send answer")).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(question.get_by_role("status")).to_have_text("Answered in the task's thread.")
+    expect(question.get_by_role("status")).to_be_focused()  # the page itself had it: the spent button was disabled
+
+    final = page.locator(f'.inbox-final[data-task-id="{ids[1]}"]')
+    final.get_by_role("button", name="Give final acceptance").focus()
+    page.keyboard.press("Enter")
+    expect(final.get_by_role("status")).to_have_text("Accepted: the task is completed.")
+    expect(final.get_by_role("status")).to_be_focused()
+    page.keyboard.press("Shift+Tab")  # the place is kept: back to the card's own link beside the spent button
+    expect(final.get_by_role("link", name="Open the task")).to_be_focused()
+
+
+def test_approving_a_held_handoff_by_keyboard_keeps_the_focus_on_the_outcome(served, people):
+    held = mcp(served, "oj/muse", "handoff", {"project": PROJECT, "to": "ren/builder", "packet": {
+        "task": "Build the pricing page.", "deliverable_type": "doc", "acceptance_criteria": ["Three plans."]}})
+    assert held["task"]["state"] == "approval"
+    page = people("ren")
+    goto(page, served, "#/inbox")
+    card = page.locator(f'.approval[data-task-id="{held["task"]["id"]}"]')
+    card.get_by_role("button", name="Approve", exact=True).focus()
+    page.keyboard.press("Enter")
+    expect(card.get_by_role("status")).to_have_text("Approved: the task went to the agent.")
+    expect(card.get_by_role("status")).to_be_focused()
