@@ -172,3 +172,23 @@ def test_approving_a_held_handoff_by_keyboard_keeps_the_focus_on_the_outcome(ser
     page.keyboard.press("Enter")
     expect(card.get_by_role("status")).to_have_text("Approved: the task went to the agent.")
     expect(card.get_by_role("status")).to_be_focused()
+
+
+def test_on_a_phone_a_message_that_arrives_while_you_read_the_newest_shows_above_the_composer(served, people):
+    with person_api(served, "oj") as oj:
+        for n in range(25):
+            assert oj.post(f"/api/projects/{PROJECT}/messages", json={"body": f"Morning note {n:02}"}).status_code == 200
+    page = people("oj", PHONE)
+    goto(page, served, f"#/p/{PROJECT}/room")
+    expect(page.locator(".msg-body").last).to_have_text("Morning note 24")
+    expect(page.locator(".room-side")).to_be_visible()  # on a phone the task threads sit below the composer
+    page.wait_for_function("() => document.querySelector('.msg:last-child').getBoundingClientRect().bottom"
+                           " <= document.querySelector('.room-foot').getBoundingClientRect().top")
+    posted = mcp(served, "ren/builder", "post_message", {"project": PROJECT, "body": "The hero image is in."})
+    arrived = page.locator(f"#msg-{posted['message']['id']}")
+    expect(arrived).to_have_text(re.compile("The hero image is in."))
+    page.wait_for_function("(id) => document.getElementById(id).getBoundingClientRect().bottom"
+                           " <= document.querySelector('.room-foot').getBoundingClientRect().top",
+                           arg=f"msg-{posted['message']['id']}")
+    expect(arrived).to_be_in_viewport()
+    shot(page, "phone_message_arrives", full_page=False)
