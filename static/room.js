@@ -35,7 +35,11 @@ export function mount(el, ctx) {
   const list = new MessageList(ctx, null);
   const composer = createComposer({ onSending: (body) => list.sending(body), onPosted: (m) => list.add(m, { scroll: true }) });
   list.onReply = (m) => composer.replyTo(m);
-  const foot = h("div", { class: "room-foot" }, paused, own?.turn, composer.el);
+  // beside the composer: on a phone the header with its "Live" marker has scrolled away
+  const dropped = h("p", { class: "notice warn room-offline", role: "status", hidden: true,
+    text: "Reconnecting… New messages show here once the connection is back." });
+  const offStatus = stream.onStatus((s) => { dropped.hidden = s !== "reconnecting"; });
+  const foot = h("div", { class: "room-foot" }, dropped, paused, own?.turn, composer.el);
   list.coveredBy(foot);
   el.append(h("div", { class: `room${own ? " private" : ""}` },
     h("section", { class: "room-main", "aria-labelledby": "room-heading" },
@@ -69,6 +73,7 @@ export function mount(el, ctx) {
     offProject();
     offTask();
     offMsg();
+    offStatus();
     refreshThreads.cancel();
   };
 }

@@ -192,3 +192,29 @@ def test_on_a_phone_a_message_that_arrives_while_you_read_the_newest_shows_above
                            arg=f"msg-{posted['message']['id']}")
     expect(arrived).to_be_in_viewport()
     shot(page, "phone_message_arrives", full_page=False)
+
+
+def test_on_a_phone_the_room_says_beside_the_composer_when_the_connection_drops_and_when_it_is_back(browser, tmp_path):
+    db = str(tmp_path / "prickle.db")
+    first = Served(db, "--demo")
+    context = browser.new_context(viewport=PHONE)
+    try:
+        page = context.new_page()
+        page.goto(cli_json(db, "signin-link", "oj")["signin"])
+        expect(page.get_by_role("heading", name=re.compile(r"^Hello, "))).to_be_visible()
+        page.goto(f"{first.info['url']}/#/p/{PROJECT}/room")
+        expect(page.locator(".live")).to_have_text("Live")
+        dropped = page.locator(".room-foot .room-offline")
+        expect(dropped).to_be_hidden()
+        first.stop()
+        expect(page.locator(".live")).to_have_text("Reconnecting…", timeout=20_000)
+        expect(dropped).to_have_text("Reconnecting… New messages show here once the connection is back.")
+        expect(dropped).to_be_in_viewport()  # the header with its "Live" has scrolled away on a phone
+        shot(page, "phone_room_reconnecting", full_page=False)
+        port = first.info["url"].rsplit(":", 1)[1]
+        with Served(db, "--port", port):
+            expect(page.locator(".live")).to_have_text("Live", timeout=20_000)
+            expect(dropped).to_be_hidden()
+    finally:
+        first.stop()
+        context.close()
