@@ -218,3 +218,24 @@ def test_on_a_phone_the_room_says_beside_the_composer_when_the_connection_drops_
     finally:
         first.stop()
         context.close()
+
+
+def test_a_link_beside_a_button_in_an_inbox_card_sits_on_the_buttons_middle(served, people):
+    with person_api(served, "oj") as oj:
+        task_id = oj.post(f"/api/projects/{PROJECT}/task-requests", json={"agent": "oj/muse", "packet": {
+            "task": "Write the footer line.", "deliverable_type": "doc", "acceptance_criteria": ["One line."]}}
+        ).json()["task"]["id"]
+    mcp(served, "oj/muse", "accept_task", {"task_id": task_id})
+    mcp(served, "oj/muse", "return_result", {"task_id": task_id, "summary": "Footer line drafted.", "evidence": [
+        {"kind": "note", "summary": "One line.", "criteria": [0]}]})
+    page = people("oj", PHONE)
+    goto(page, served, "#/inbox")
+    card = page.locator(f'.inbox-final[data-task-id="{task_id}"]')
+    expect(card.get_by_role("link", name="Open the task")).to_be_visible()
+    middles = page.evaluate("""(sel) => [sel + ' .button-row button', sel + ' .button-row a'].map((s) => {
+        const range = document.createRange();
+        range.selectNodeContents(document.querySelector(s));  // the words, not the box the row stretches
+        const r = range.getBoundingClientRect();
+        return r.top + r.height / 2;
+    })""", f'.inbox-final[data-task-id="{task_id}"]')
+    assert abs(middles[0] - middles[1]) <= 1, middles  # the link's words sat at the top of the row
