@@ -15,7 +15,8 @@ import { get, post, seg, token } from "./api.js";
 import { approvalCard } from "./tasks.js";
 import { stepCard } from "./steps.js";
 import { actionCard } from "./makeaction.js";
-import { h, fill, heading, badge, timeEl, errorSlot, act, announce, empty, debounce, confirmButton, field } from "./ui.js";
+import { markdown } from "./markdown.js";
+import { h, fill, heading, badge, timeEl, errorSlot, act, announce, empty, debounce, confirmButton, field, settle } from "./ui.js";
 
 // Each kind of item: the group's title and lead, in the order the page shows them.
 const KINDS = {
@@ -439,11 +440,8 @@ function itemCard(item, ctx) {
 }
 
 function done(card, result, text, buttons) {
-  result.textContent = text;
-  result.hidden = false;
-  for (const b of buttons) b.disabled = true;
+  settle(result, text, buttons);
   card.classList.add("decided");
-  announce(text);
   reload();
 }
 
@@ -525,7 +523,7 @@ function mentionCard(item) {
   const card = h("article", { class: "card inbox-mention", dataset: { messageId: m.id } },
     h("p", { class: "inbox-author" }, h("strong", { text: m.author.display_name }),
       h("span", { class: "muted small", text: ` ${m.author.kind === "agent" ? m.author.agent_id : `@${m.author.handle}`}` })),
-    h("p", { class: "inbox-body", text: m.body }),
+    markdown(m.body, { class: "inbox-body" }),
     h("div", { class: "button-row" }, h("a", { href, class: "button-link", text: "Open" }), read),
     error, result);
   return card;

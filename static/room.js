@@ -35,7 +35,11 @@ export function mount(el, ctx) {
   const list = new MessageList(ctx, null);
   const composer = createComposer({ onSending: (body) => list.sending(body), onPosted: (m) => list.add(m, { scroll: true }) });
   list.onReply = (m) => composer.replyTo(m);
-  const foot = h("div", { class: "room-foot" }, paused, own?.turn, composer.el);
+  // beside the composer: on a phone the header with its "Live" marker has scrolled away
+  const dropped = h("p", { class: "notice warn room-offline", role: "status", hidden: true,
+    text: "Reconnecting… New messages show here once the connection is back." });
+  const offStatus = stream.onStatus((s) => { dropped.hidden = s !== "reconnecting"; });
+  const foot = h("div", { class: "room-foot" }, dropped, paused, own?.turn, composer.el);
   list.coveredBy(foot);
   el.append(h("div", { class: `room${own ? " private" : ""}` },
     h("section", { class: "room-main", "aria-labelledby": "room-heading" },
@@ -69,6 +73,7 @@ export function mount(el, ctx) {
     offProject();
     offTask();
     offMsg();
+    offStatus();
     refreshThreads.cancel();
   };
 }
@@ -145,7 +150,7 @@ export class MessageList {
       if (scroll) this.scrollToEnd(); // your own message, already here from the stream: show it
       return;
     }
-    const atEnd = scroll || nearBottom();
+    const atEnd = scroll || this.nearEnd();
     this.landed(message);
     this.remember(message);
     this.list.append(renderMessage(message, this));
@@ -236,6 +241,15 @@ export class MessageList {
   /** Keep the end of the list clear of `el`, a sticky element over the bottom of the view. */
   coveredBy(el) {
     this.foot = el;
+  }
+
+  /** True when the end of the list is in view, or close below it (measured from the list, not the
+   *  page: on a phone the task threads sit below the room and make the page longer). */
+  nearEnd() {
+    const last = this.list.lastElementChild;
+    if (!last) return true;
+    const edge = this.foot ? this.foot.getBoundingClientRect().top : window.innerHeight;
+    return last.getBoundingClientRect().bottom <= edge + 160;
   }
 
   /** Scroll so the newest message sits in full above the composer. */
@@ -464,10 +478,6 @@ function clip(text, n) {
 function colorFor(ctx, handle) {
   const person = ctx.project.data()?.people.find((p) => p.handle === handle);
   return person ? person.color : handle;
-}
-
-function nearBottom() {
-  return window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 160;
 }
 
 // ---- threads and the loop guard -------------------------------------------------------------------

@@ -4,7 +4,7 @@
 // through once, within 15 minutes; the run is woken either way.
 
 import { get, post, seg } from "./api.js";
-import { h, badge, timeEl, errorSlot, act, announce, words } from "./ui.js";
+import { h, badge, timeEl, errorSlot, act, settle, words } from "./ui.js";
 
 const KIND = { destructive: "danger", spending: "warn", outbound: "info" };
 
@@ -64,14 +64,9 @@ export function stepCard(step, { task = null, onDecided = null, embedded = false
 
   const done = (out, text) => {
     if (!out) return;
-    result.textContent = text;
-    result.hidden = false;
-    allow.disabled = true;
-    refuse.disabled = true;
+    settle(result, text, [allow, refuse]);
     card.classList.add("decided");
     card.dataset.decision = out.step.status;
-    announce(text);
-    result.focus();
     onDecided?.(out.step);
   };
   const decide = (decision) => post(`/api/steps/${seg(step.id)}`, { decision });

@@ -15,7 +15,7 @@ import { onChange as onInboxChange, items as inboxItems, reload as reloadInbox, 
 import { markdownWithRaw } from "./markdown.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, badge, stateBadge, timeEl, ago, words, safeUrl,
-  confirmButton, lines, debounce, announce, ownerOf, loadFailed, uid,
+  confirmButton, lines, debounce, announce, settle, ownerOf, loadFailed, uid,
 } from "./ui.js";
 
 // The server's lists (GET /api/meta): task states, those a task can be cancelled from, deliverable types,
@@ -673,11 +673,8 @@ export function approvalCard(item, { showProject = false, onDecided, embedded = 
     error, result);
   const done = (out, text) => {
     if (!out) return;
-    result.textContent = text;
-    result.hidden = false;
-    for (const b of [approve, deny, standing]) b.disabled = true;
+    settle(result, text, [approve, deny, standing]);
     card.classList.add("decided");
-    announce(text);
     onDecided?.(out);
   };
   approve.addEventListener("click", async () => done(await act(approve, error, () => decide(approval.id, "approve")),

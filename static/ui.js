@@ -130,6 +130,7 @@ export function loadFailed(err, retry) {
 export async function act(button, slot, fn) {
   if (slot) clearError(slot);
   const buttons = button ? [button] : [];
+  const focused = buttons.includes(document.activeElement) ? document.activeElement : null;
   for (const b of buttons) {
     b.disabled = true;
     b.setAttribute("aria-busy", "true");
@@ -145,7 +146,28 @@ export async function act(button, slot, fn) {
       b.disabled = false;
       b.removeAttribute("aria-busy");
     }
+    // a disabled button drops the focus; give it back unless the person moved on meanwhile
+    if (focused?.isConnected && nothingFocused()) focused.focus();
   }
+}
+
+/** A card's decision made: show ``text`` in its ``result`` status, disable the spent ``buttons`` and
+ *  hand the focus they held (or the page's, when it fell back to the page) to the outcome. */
+export function settle(result, text, buttons) {
+  result.textContent = text;
+  result.hidden = false;
+  const hadFocus = buttons.includes(document.activeElement);
+  for (const b of buttons) b.disabled = true;
+  if (hadFocus || nothingFocused()) {
+    result.tabIndex = -1;
+    result.focus();
+  }
+  announce(text);
+}
+
+/** True when the focus fell back to the page itself (the focused element was disabled or removed). */
+export function nothingFocused() {
+  return !document.activeElement || document.activeElement === document.body;
 }
 
 /** A two-click "Revoke" button: run() with the button busy and its errors shown in slot. */
