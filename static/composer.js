@@ -6,6 +6,7 @@
 
 import { post, seg } from "./api.js";
 import * as project from "./project.js";
+import * as stream from "./stream.js";
 import { h, uid, errorSlot, clearError, showError, avatar } from "./ui.js";
 
 const MAX_OPTIONS = 8;
@@ -44,6 +45,13 @@ export function createComposer({ taskId = null, onSending, onPosted, label = "Me
     e.preventDefault();
     submit(state);
   });
+  // "Could not reach the server" stops being true once the live stream is back.
+  const offStatus = stream.onStatus((status) => {
+    if (status === "live" && state.offline) {
+      state.offline = false;
+      clearError(state.error);
+    }
+  });
   input.addEventListener("keydown", (e) => onKey(state, e));
   input.addEventListener("input", () => refreshMentions(state));
   input.addEventListener("click", () => refreshMentions(state));
@@ -63,7 +71,9 @@ export function createComposer({ taskId = null, onSending, onPosted, label = "Me
     focus() {
       input.focus();
     },
-    destroy() {},
+    destroy() {
+      offStatus();
+    },
   };
 }
 
@@ -93,6 +103,7 @@ async function submit(state) {
   } catch (err) {
     sending?.done(); // not sent: the words stay in the box, with the reason under it
     showError(state.error, err);
+    state.offline = err?.code === "network"; // cleared once the live stream is back
   } finally {
     state.send.disabled = false;
     state.send.removeAttribute("aria-busy");

@@ -211,10 +211,19 @@ def test_on_a_phone_the_room_says_beside_the_composer_when_the_connection_drops_
         expect(dropped).to_have_text("Reconnecting… New messages show here once the connection is back.")
         expect(dropped).to_be_in_viewport()  # the header with its "Live" has scrolled away on a phone
         shot(page, "phone_room_reconnecting", full_page=False)
+        # A message sent meanwhile stays in the box with why; that reason goes once the stream is back.
+        box = page.get_by_role("combobox", name="Message")
+        box.fill("Sent while away")
+        page.get_by_role("button", name="Send").click()
+        why = page.locator(".room-foot .composer .error")
+        expect(why).to_contain_text("Could not reach the Prickle server")
+        expect(box).to_have_value("Sent while away")
         port = first.info["url"].rsplit(":", 1)[1]
         with Served(db, "--port", port):
             expect(page.locator(".live")).to_have_text("Live", timeout=20_000)
             expect(dropped).to_be_hidden()
+            expect(why).to_be_hidden()
+            expect(box).to_have_value("Sent while away")
     finally:
         first.stop()
         context.close()
