@@ -6366,6 +6366,16 @@ def finish_attempt(db: Database, actor: Actor) -> None:
         audit(db, project, "attempt.finished", {"attempt": attempt["id"]})
 
 
+def _device_attempt(db: Database, actor: Actor, attempt_id: str) -> dict:
+    """The attempt ``attempt_id`` claimed by the caller's runner device; NotFound for any other."""
+    device = _runner_device(db, actor)
+    attempt = db.one("SELECT * FROM attempts WHERE id = ? AND device_id = ?", (check_id(attempt_id, "attempt_id"),
+                                                                                device["id"]))
+    if attempt is None:
+        raise NotFound(f"no attempt '{attempt_id}' claimed by this device")
+    return attempt
+
+
 def end_run(db: Database, actor: Actor, attempt_id: str, reason: str | None = None) -> dict:
     """A runner says a run it launched has ended without a result (its process exited, failed to
     start or went past its time limit): the attempt finishes and its credentials end at once.
@@ -6378,11 +6388,7 @@ def end_run(db: Database, actor: Actor, attempt_id: str, reason: str | None = No
     if reason is not None:
         check_text(reason, "reason", 200)
     with db.transaction():
-        device = _runner_device(db, actor)
-        attempt = db.one("SELECT * FROM attempts WHERE id = ? AND device_id = ?", (check_id(attempt_id, "attempt_id"),
-                                                                                    device["id"]))
-        if attempt is None:
-            raise NotFound(f"no attempt '{attempt_id}' claimed by this device")
+        attempt = _device_attempt(db, actor, attempt_id)
         if attempt["state"] == "running":
             project = db.scalar("SELECT project FROM tasks WHERE id = ?", (attempt["task_id"],))
             end_attempt(db, attempt, "finish", project)
@@ -6775,11 +6781,7 @@ def mark_uncertain(db: Database, actor: Actor, attempt_id: str, reason: str | No
     if reason is not None:
         check_text(reason, "reason", 200)
     with db.transaction():
-        device = _runner_device(db, actor)
-        attempt = db.one("SELECT * FROM attempts WHERE id = ? AND device_id = ?", (check_id(attempt_id, "attempt_id"),
-                                                                                    device["id"]))
-        if attempt is None:
-            raise NotFound(f"no attempt '{attempt_id}' claimed by this device")
+        attempt = _device_attempt(db, actor, attempt_id)
         project = db.scalar("SELECT project FROM tasks WHERE id = ?", (attempt["task_id"],))
         end_attempt(db, attempt, "mark_uncertain", project)
         audit(db, project, "attempt.marked_uncertain", {"attempt": attempt_id})

@@ -12,54 +12,15 @@ import re
 import pytest
 
 from conftest import Served
-from test_web import CHROMIUM, LAUNCH_ARGS, LAPTOP, PROJECT, cli_json, mcp, person_api, shot
+from test_web import (  # noqa: F401  (the fixtures: a served demo, one browser, people signed in)
+    LAPTOP, PROJECT, browser, cli_json, goto, mcp, people, person_api, served, shot)
 
-from playwright.sync_api import Page, expect, sync_playwright  # test_web skips the module without it
+from playwright.sync_api import Page, expect  # test_web skips the module without it
 
 PHONE = {"width": 390, "height": 844}
 
 
-# ---- fixtures --------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    db = str(tmp_path_factory.mktemp("day") / "prickle.db")
-    with Served(db, "--demo") as s:
-        s.db = db
-        yield s
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def people(browser, served):
-    """open(handle, viewport=…): a fresh browser context signed in as that person; no script error allowed."""
-    contexts, errors = [], []
-
-    def open_(handle: str, viewport: dict | None = None) -> Page:
-        context = browser.new_context(viewport=viewport or LAPTOP)
-        contexts.append(context)
-        page = context.new_page()
-        page.on("pageerror", lambda e: errors.append(f"{handle}: {e}"))
-        page.goto(cli_json(served.db, "signin-link", handle)["signin"])
-        expect(page.get_by_role("heading", name=re.compile(r"^Hello, "))).to_be_visible()
-        return page
-
-    yield open_
-    for context in contexts:
-        context.close()
-    assert not errors, errors
-
-
-def goto(page: Page, served: Served, hash_: str) -> None:
-    page.goto(f"{served.info['url']}/{hash_}")
+# ---- helpers ---------------------------------------------------------------------------------------
 
 
 def lines(page: Page, selector: str) -> list[int]:
