@@ -7133,9 +7133,7 @@ def reassign_task(db: Database, person: Actor, task_id: str, to: str) -> dict:
                                                  "move": "reassign", "by": person.handle})
         audit(db, project, "task.reassigned", {"task": task_id, "side": "assignee", "from": task["assignee"],
                                                "to": to, "by": person.handle})
-        by = json.loads(task["requested_by"])
-        requester_owner = owner_of(task["requester"]) if task["requester"] else by["handle"]
-        decision = gate_decide(db, requester_owner, task["requester"], to,
+        decision = gate_decide(db, _requesting_person(task), task["requester"], to,
                                json.loads(task["packet"])["deliverable_type"])
         gate, new_state = _apply_gate(db, _task_row(db, task_id), decision, now)
         out = task_out(db, task_id)
@@ -11802,28 +11800,31 @@ def _removal_text(counts: dict) -> str:
             f"approvals revoked, {counts['credentials']} credentials ended, {counts['invites']} invites revoked")
 
 
-def _member_command(name: str, operation: Callable[..., dict], doc: str,
-                    said: Callable[[str, str, dict], str], key: str | None = None) -> click.Command:
-    """The ``prickle member NAME PROJECT HANDLE`` command that calls ``operation(db, project, handle)``."""
+def _project_command(group: click.Group, name: str, operation: Callable[..., dict], doc: str,
+                     said: Callable[[str, str, dict], str], metavar: str = "HANDLE",
+                     key: str | None = None) -> click.Command:
+    """The ``prickle GROUP NAME PROJECT WHO`` command that calls ``operation(db, project, who)`` and
+    says ``said(who, project, answer)`` (``--json``: the answer, under ``key`` when one is given)."""
 
-    def callback(db_path: str, as_json: bool, project_slug: str, handle: str) -> None:
-        out = operation(_open(db_path), project_slug, handle)
-        _Out(as_json)({key: out} if key else out, said(handle, project_slug, out))
+    def callback(db_path: str, as_json: bool, project_slug: str, who: str) -> None:
+        out = operation(_open(db_path), project_slug, who)
+        _Out(as_json)({key: out} if key else out, said(who, project_slug, out))
 
-    callback.__name__ = callback.__qualname__ = f"member_{name}"
-    arguments = click.argument("project_slug", metavar="PROJECT")(click.argument("handle")(callback))
-    return member_group.command(name, help=doc)(_db_options(arguments))
+    callback.__name__ = callback.__qualname__ = f"{group.name}_{name}"
+    arguments = click.argument("project_slug", metavar="PROJECT")(click.argument("who", metavar=metavar)(callback))
+    return group.command(name, help=doc)(_db_options(arguments))
 
 
-member_remove = _member_command(
-    "remove", remove_member,
+member_remove = _project_command(
+    member_group, "remove", remove_member,
     "Remove a member from a project: their agents leave, their tasks are handed back or passed on.",
     lambda handle, slug, out: f"Removed {handle} from {slug}: {_removal_text(out['counts'])}.")
-member_leave = _member_command(
-    "leave", leave_project, "Leave a project as the person HANDLE: the same hand-back as a removal, recorded as leaving.",
+member_leave = _project_command(
+    member_group, "leave", leave_project, "Leave a project as the person HANDLE: the same hand-back as a removal, recorded as leaving.",
     lambda handle, slug, out: f"{handle} left {slug}: {_removal_text(out['counts'])}.")
-member_promote = _member_command("promote", promote_member, "Make a member of a project one of its owners.",
-                                 lambda handle, slug, out: f"{handle} is now an owner of {slug}.", key="member")
+member_promote = _project_command(
+    member_group, "promote", promote_member, "Make a member of a project one of its owners.",
+    lambda handle, slug, out: f"{handle} is now an owner of {slug}.", key="member")
 
 
 @cli.group("invite")
@@ -11923,24 +11924,12 @@ def agent_add(db_path: str, as_json: bool, agent_id: str, name: str, model: str,
     _Out(as_json)({"agent": card}, f"Added agent {agent_id}" + (f" to {', '.join(projects)}." if projects else "."))
 
 
-@agent_group.command("join")
-@_db_options
-@click.argument("project_slug", metavar="PROJECT")
-@click.argument("agent_id", metavar="OWNER/NAME")
-def agent_join(db_path: str, as_json: bool, project_slug: str, agent_id: str) -> None:
-    """Add an existing agent to a project its owner is a member of."""
-    out = add_agent_to_project(_open(db_path), project_slug, agent_id)
-    _Out(as_json)(out, f"Added {agent_id} to {project_slug}.")
-
-
-@agent_group.command("remove")
-@_db_options
-@click.argument("project_slug", metavar="PROJECT")
-@click.argument("agent_id", metavar="OWNER/NAME")
-def agent_remove(db_path: str, as_json: bool, project_slug: str, agent_id: str) -> None:
-    """Take an agent out of a project: its tasks go back to their requesters."""
-    out = remove_agent(_open(db_path), project_slug, agent_id)
-    _Out(as_json)(out, f"Took {agent_id} out of {project_slug}: {_removal_text(out['counts'])}.")
+agent_join = _project_command(agent_group, "join", add_agent_to_project,
+                              "Add an existing agent to a project its owner is a member of.",
+                              lambda agent_id, slug, out: f"Added {agent_id} to {slug}.", metavar="OWNER/NAME")
+agent_remove = _project_command(
+    agent_group, "remove", remove_agent, "Take an agent out of a project: its tasks go back to their requesters.",
+    lambda agent_id, slug, out: f"Took {agent_id} out of {slug}: {_removal_text(out['counts'])}.", metavar="OWNER/NAME")
 
 
 @agent_group.command("list")

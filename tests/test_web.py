@@ -693,14 +693,18 @@ def test_a_runner_device_is_paired_shown_once_and_revoked(served, people):
     shot(page, "device_revoked")
 
 
-def test_a_run_asks_a_step_and_its_owner_allows_it_on_the_page(served, people):
+def ren_asks_builder(served: Served, task: str, criterion: str) -> tuple[str, str]:
+    """ren pairs a runner for ren/builder and asks it for a task: ``(runner key, task id)``."""
     runner = cli_json(served.db, "device", "pair", "ren/builder", "--name", "ren-laptop")["token"]
     with person_api(served, "ren") as ren_api:
         asked = ren_api.post(f"/api/projects/{PROJECT}/task-requests", json={"agent": "ren/builder", "packet": {
-            "task": "Publish the docs branch.", "deliverable_type": "answer",
-            "acceptance_criteria": ["The branch is on origin."]}})
+            "task": task, "deliverable_type": "answer", "acceptance_criteria": [criterion]}})
     assert asked.status_code == 200, asked.text
-    task_id = asked.json()["task"]["id"]
+    return runner, asked.json()["task"]["id"]
+
+
+def test_a_run_asks_a_step_and_its_owner_allows_it_on_the_page(served, people):
+    runner, task_id = ren_asks_builder(served, "Publish the docs branch.", "The branch is on origin.")
     claim = mcp(served, "ren/builder", "claim_task", {"task_id": task_id, "idempotency_key": "web-run-1"}, key=runner)
     run = claim["execution_credential"]["token"]
     mcp(served, "ren/builder", "accept_task", {"task_id": task_id}, key=run)
@@ -920,12 +924,7 @@ def test_a_computer_is_connected_from_the_page_with_its_code(served, people):
 
 
 def test_the_owner_stops_and_starts_a_run_on_the_task_page(served, people):
-    runner = cli_json(served.db, "device", "pair", "ren/builder", "--name", "ren-laptop")["token"]
-    with person_api(served, "ren") as ren_api:
-        asked = ren_api.post(f"/api/projects/{PROJECT}/task-requests", json={"agent": "ren/builder", "packet": {
-            "task": "Rebuild the sitemap.", "deliverable_type": "answer",
-            "acceptance_criteria": ["The sitemap lists every page."]}})
-    task_id = asked.json()["task"]["id"]
+    runner, task_id = ren_asks_builder(served, "Rebuild the sitemap.", "The sitemap lists every page.")
     first = mcp(served, "ren/builder", "claim_task", {"task_id": task_id, "idempotency_key": "web-stop-1"}, key=runner)
     page = people("ren")
     goto(page, served, f"#/p/{PROJECT}/tasks/{task_id}")
