@@ -3276,7 +3276,10 @@ def list_members(db: Database, project: str) -> list[dict]:
 
 
 def list_agents(db: Database, owner: str | None = None) -> list[dict]:
-    """Every agent (or ``owner``'s): its card plus ``projects``, the team projects it is in."""
+    """Every agent (or ``owner``'s): its card plus ``projects``, the team projects it is in.
+    Raises NotFound for an ``owner`` who is not here."""
+    if owner is not None:
+        _require_person(db, owner)
     rows = db.rows("SELECT agent_id FROM agents WHERE ? IS NULL OR owner = ? ORDER BY agent_id", (owner, owner))
     return [agent_card(db, r["agent_id"]) | {"projects": team_projects_of(db, r["agent_id"])} for r in rows]
 
@@ -3671,8 +3674,10 @@ def list_tokens(db: Database, owner: str | None = None) -> list[dict]:
 
     Each: id, kind, agent_id, person, project (``@rooms`` for a rooms key), label, created_at,
     last_used_at (when a call last came in with it, to the minute; None if never), expires_at
-    and revoked_at.
+    and revoked_at. Raises NotFound for an ``owner`` who is not here.
     """
+    if owner is not None:
+        _require_person(db, owner)
     rows = db.rows("SELECT id, kind, agent_id, person, CASE WHEN rooms_only THEN '@rooms' ELSE project END AS project, "
                    "label, created_at, u.used_at AS last_used_at, expires_at, revoked_at FROM credentials "
                    "LEFT JOIN credential_uses u ON u.credential_id = credentials.id "
@@ -11937,10 +11942,7 @@ agent_remove = _project_command(
 @click.option("--owner", default=None, help="Only this person's agents.")
 def agent_list(db_path: str, as_json: bool, owner: str | None) -> None:
     """List agents with their app, model and the team projects they are in."""
-    db = _open(db_path)
-    if owner is not None:
-        _require_person(db, owner)
-    rows = list_agents(db, owner)
+    rows = list_agents(_open(db_path), owner)
     _Out(as_json).rows("agents", rows, lambda r: (
         f"{r['agent_id']:<28} {r['client']:<12} {r['model']:<16} projects: {', '.join(r['projects']) or 'none'}"),
         "No agents.")
@@ -12289,10 +12291,7 @@ def token_create(db_path: str, as_json: bool, agent_id: str | None, project_slug
 @click.option("--owner", default=None, help="Only this person's and their agents' credentials.")
 def token_list(db_path: str, as_json: bool, owner: str | None) -> None:
     """List credentials (never their secrets)."""
-    db = _open(db_path)
-    if owner is not None:
-        _require_person(db, owner)
-    rows = list_tokens(db, owner)
+    rows = list_tokens(_open(db_path), owner)
     _Out(as_json).rows("tokens", rows, lambda r: (
         f"{r['id']}  {r['kind']:<7} {r['agent_id'] or r['person']:<24} {r['project'] or '-':<16} "
         f"{'revoked ' + r['revoked_at'] if r['revoked_at'] else 'active'}"), "No credentials.")
