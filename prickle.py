@@ -4598,7 +4598,8 @@ def project_view(db: Database, person: Actor, project: str, hub: WakeHub | None 
         summary = project_out(db, project)
         return {"project": summary, "kind": kind, "role": _member_role(db, project, person.handle),
                 "team_role": _team_role(db, summary["team"], person.handle) if kind == "team" else None,
-                "lead": lead_out(db, project), **team, "memory": memory_facts(db, project),
+                "lead": lead_out(db, project, person.handle), "can_pick_lead": may_pick_lead(db, project, person.handle),
+                **team, "memory": memory_facts(db, project),
                 "pulse": project_pulse(db, project), "paused": paused_pairs(db, project)}
 
 
@@ -5770,11 +5771,17 @@ def send_back(db: Database, person: Actor, task_id: str, reason: str) -> dict:
         return {"task": task_out(db, row)}
 
 
+def may_steer_task(db: Database, handle: str, task: dict) -> bool:
+    """Whether ``handle`` may cancel ``task`` (a row) or hand it on once returned: the person on
+    the requesting side (:func:`_requesting_person`) or an owner of its project."""
+    return handle == _requesting_person(task) or _member_role(db, task["project"], handle) == "owner"
+
+
 def cancel_task(db: Database, person: Actor, task_id: str) -> dict:
     """Cancel an open task: its requester's owner or a project owner. The assignee is woken."""
     with db.transaction():
         task = _task_for_person(db, person, task_id)
-        if person.handle != _requesting_person(task) and _member_role(db, task["project"], person.handle) != "owner":
+        if not may_steer_task(db, person.handle, task):
             raise Forbidden("only the requester's owner or a project owner can cancel a task")
         next_state("task", task, "cancel")
         _end_task_work(db, task, "task_cancelled")
@@ -6056,18 +6063,23 @@ def set_auto_accept(db: Database, owner: str, on: bool) -> dict:
     return {"owner": owner, "auto_accept": on}
 
 
-def task_for_page(db: Database, task: dict) -> dict:
-    """A task row as the page shows it: the reference's Task object (:func:`task_out`) and
-    where it stands in its lifecycle, so the page never re-derives it.
+def task_for_page(db: Database, task: dict, viewer: str) -> dict:
+    """A task row as ``viewer`` (a person's handle) sees it on the page: the reference's Task
+    object (:func:`task_out`), where it stands in its lifecycle and what the viewer may do,
+    so the page never re-derives either.
 
     Adds ``lifecycle`` (the TASK_MOVES key it is in), ``final_by`` (the person who gives
-    final acceptance) and ``awaiting_final`` (a result is in and the lifecycle allows the
-    ``final_accept`` move now).
+    final acceptance), ``awaiting_final`` (a result is in and the lifecycle allows the
+    ``final_accept`` move now), ``can_cancel`` and ``can_reassign`` (the viewer may steer it,
+    :func:`may_steer_task`, and its lifecycle allows the move now).
     """
     out = task_out(db, task)
     lifecycle = lifecycle_state(task)
+    moves = TASK_MOVES[lifecycle]
+    steers = may_steer_task(db, viewer, task)
     return out | {"lifecycle": lifecycle, "final_by": _requesting_person(task),
-                  "awaiting_final": out["result"] is not None and "final_accept" in TASK_MOVES[lifecycle]}
+                  "awaiting_final": out["result"] is not None and "final_accept" in moves,
+                  "can_cancel": steers and "cancel" in moves, "can_reassign": steers and "reassign" in moves}
 
 
 def tasks_board(db: Database, person: Actor, project: str) -> dict:
@@ -6079,7 +6091,7 @@ def tasks_board(db: Database, person: Actor, project: str) -> dict:
         states = {t["id"]: t["state"] for t in rows}
         blocked = {t["id"]: waits for t in rows if (waits := [
             b for b in json.loads(t["blocked_by"]) if states.get(b) not in CLOSED_STATES])}
-        return {"tasks": [task_for_page(db, t) for t in rows], "blocked": blocked}
+        return {"tasks": [task_for_page(db, t, person.handle) for t in rows], "blocked": blocked}
 
 
 def task_detail(db: Database, person: Actor, task_id: str) -> dict:
@@ -6089,7 +6101,7 @@ def task_detail(db: Database, person: Actor, task_id: str) -> dict:
         pending = db.one("SELECT * FROM approvals WHERE task_id = ? AND status = 'pending' AND invalidated_at IS NULL",
                          (task_id,))
         return {
-            "task": task_for_page(db, task),
+            "task": task_for_page(db, task, person.handle),
             "approval": approval_out(pending) if pending else None,
             "steps": [step_out(r) for r in db.rows("SELECT * FROM steps WHERE task_id = ? ORDER BY created_at",
                                                    (task_id,))],
@@ -7123,7 +7135,7 @@ def reassign_task(db: Database, person: Actor, task_id: str, to: str) -> dict:
     with db.transaction():
         task = _task_for_person(db, person, task_id)
         project = task["project"]
-        if person.handle != _requesting_person(task) and _member_role(db, project, person.handle) != "owner":
+        if not may_steer_task(db, person.handle, task):
             raise Forbidden("only the requester's owner or a project owner can hand a returned task to another agent")
         next_state("task", task, "reassign")
         if to in (task["assignee"], task["requester"]):
@@ -7699,12 +7711,30 @@ def default_lead(db: Database, project: str) -> str | None:
     return lead if lead is not None and agent_in_project(db, project, lead) else None
 
 
-def lead_out(db: Database, project: str) -> dict | None:
-    """A team project's default lead as the page shows it: ``{agent_id, state, picked_by}``, or None."""
+def lead_out(db: Database, project: str, viewer: str | None = None) -> dict | None:
+    """A team project's default lead as the page shows it: ``{agent_id, state, picked_by}``, or None.
+
+    With a ``viewer`` (a person's handle) it adds what they may do now: ``can_answer`` (they own
+    the picked agent and it waits for an answer) and ``can_step_down`` (they own the agreed lead).
+    """
     row = db.one("SELECT lead_agent, lead_state, lead_picked_by FROM projects WHERE slug = ?", (project,))
     if row is None or row["lead_agent"] is None:
         return None
-    return {"agent_id": row["lead_agent"], "state": row["lead_state"], "picked_by": row["lead_picked_by"]}
+    out = {"agent_id": row["lead_agent"], "state": row["lead_state"], "picked_by": row["lead_picked_by"]}
+    if viewer is not None:
+        mine = owner_of(row["lead_agent"]) == viewer
+        out |= {"can_answer": mine and row["lead_state"] == "proposed",
+                "can_step_down": mine and row["lead_state"] == "agreed"}
+    return out
+
+
+def may_pick_lead(db: Database, project: str, handle: str) -> bool:
+    """Whether ``handle`` may pick ``project``'s default lead now: an owner of its team, while
+    no lead has agreed and the project has an agent to pick."""
+    row = db.one("SELECT kind, team, lead_state FROM projects WHERE slug = ?", (project,))
+    return (row is not None and row["kind"] == "team" and _team_role(db, row["team"], handle) == "owner"
+            and row["lead_state"] != "agreed"
+            and db.one("SELECT 1 FROM project_agents WHERE project = ?", (project,)) is not None)
 
 
 def _lead_project(db: Database, project: str, by: str | Actor | None) -> tuple[dict, str | None]:

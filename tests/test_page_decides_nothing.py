@@ -1,0 +1,53 @@
+"""What a person may do to a task or a default lead comes from the server (``can_*``), never the page."""
+
+from conftest import PROJECT
+
+
+def _api(server, world, handle):
+    h = {"Authorization": f"Bearer {world.tokens[handle]}"}
+    return lambda method, path, body=None: server.request(method, path, headers=h, json=body)
+
+
+def _board(api):
+    return {t["id"]: t for t in api("GET", f"/api/projects/{PROJECT}/tasks").json()["tasks"]}
+
+
+def test_a_task_says_who_may_cancel_it_and_hand_it_on_once_returned(mcp, server, world):
+    oj, ren = _api(server, world, "oj"), _api(server, world, "ren")
+    packet = {"task": "Draft the footer.", "deliverable_type": "doc", "acceptance_criteria": ["Two lines."],
+              "context": "", "files": []}
+    # ren's agent asks oj's: ren (the requester's person) and oj (a project owner) may cancel.
+    held = mcp.ok("ren/builder", "handoff", {"project": PROJECT, "to": "oj/muse", "packet": packet})
+    task_id = held["task"]["id"]
+    assert oj("POST", f"/api/approvals/{held['gate']['approval_id']}", {"decision": "approve"}).status_code == 200
+    steer = {k: _board(api)[task_id][k] for api in (oj, ren) for k in ("can_cancel", "can_reassign")}
+    assert steer == {"can_cancel": True, "can_reassign": False}
+    # oj's agent asks ren's: ren is only a member and the assignee's owner, so ren may not cancel.
+    mine = mcp.ok("oj/muse", "handoff", {"project": PROJECT, "to": "ren/builder", "packet": packet})["task"]
+    assert (_board(ren)[mine["id"]]["can_cancel"], _board(oj)[mine["id"]]["can_cancel"]) == (False, True)
+    detail = ren("GET", f"/api/tasks/{mine['id']}").json()["task"]
+    assert (detail["can_cancel"], detail["can_reassign"]) == (False, False)
+    # Handed back, it may be handed on by its requester's person only, and cancelled by nobody.
+    assert oj("POST", f"/api/tasks/{task_id}/hand-back").status_code == 200
+    back = {h: {k: _board(api)[task_id][k] for k in ("state", "can_cancel", "can_reassign")}
+            for h, api in (("oj", oj), ("ren", ren))}
+    assert back == {"oj": {"state": "returned", "can_cancel": False, "can_reassign": True},
+                    "ren": {"state": "returned", "can_cancel": False, "can_reassign": True}}
+    # What the page was told matches what the server does.
+    assert ren("POST", f"/api/tasks/{mine['id']}/cancel").status_code == 403
+    assert oj("POST", f"/api/tasks/{task_id}/cancel").status_code == 409
+
+
+def test_a_project_says_who_may_pick_answer_for_and_step_down_its_default_lead(server, world):
+    oj, ren = _api(server, world, "oj"), _api(server, world, "ren")
+    view = lambda api: api("GET", f"/api/projects/{PROJECT}").json()  # noqa: E731
+    assert (view(oj)["can_pick_lead"], view(ren)["can_pick_lead"], view(oj)["lead"]) == (True, False, None)
+    assert oj("POST", f"/api/projects/{PROJECT}/lead", {"agent_id": "ren/builder"}).status_code == 200
+    assert view(ren)["lead"] == {"agent_id": "ren/builder", "state": "proposed", "picked_by": "oj",
+                                 "can_answer": True, "can_step_down": False}
+    assert view(oj)["lead"] == {"agent_id": "ren/builder", "state": "proposed", "picked_by": "oj",
+                                     "can_answer": False, "can_step_down": False}
+    assert view(oj)["can_pick_lead"] is True  # a pick not yet agreed may be replaced
+    assert ren("POST", f"/api/projects/{PROJECT}/lead/answer", {"decision": "agree"}).status_code == 200
+    assert (view(ren)["lead"]["can_answer"], view(ren)["lead"]["can_step_down"]) == (False, True)
+    assert (view(oj)["can_pick_lead"], view(oj)["lead"]["can_step_down"]) == (False, False)
