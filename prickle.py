@@ -5,37 +5,102 @@ made; people use the JSON API under ``/api`` and the web page at ``/``. Everythi
 in one SQLite file: rooms, tasks, the outbox that drives wakes and live views, and a
 hash-chained audit log per project.
 
-Contents: one banner per section, in dependency order (search for the section's name):
+This module is read as a book: numbered chapters in call order, each under a banner of its
+number and title. A chapter uses only the chapters before it (the few names borrowed from a
+later chapter are listed in tests/test_module_map.py), a name with a leading underscore is
+used only in its own chapter, and every lifecycle is a table in chapter 10 whose state
+changes only through move(). The registries: TOOLS (the MCP tools), ROUTES (the people's
+API), SCHEMAS (the reference's schemas), LIFECYCLES (every lifecycle) and MIGRATIONS (the
+file's schema).
 
-- Helpers and errors: ids, time, canonical JSON, input checks (slugs, agent IDs, owner_of),
-  and PrickleError with one subclass per error code.
-- Settings: the settings file and its defaults (Settings, load_settings), and mail out (send_mail).
-- Protocol schemas: the reference's limits (BODY_MAX, ...), the JSON Schema fragments, every
-  tool's input and output schema (SCHEMAS), and validate_input.
-- Storage: the schema and its migrations, the Database (transactions, savepoints, cache,
-  other writers), the server lock, the background work (Maintenance: named pieces with
-  backoff) and the WAL checkpoint (WalCheckpointer).
-- Outbox, wakes and audit log: append_event, pruning, the hash-chained audit log, cursors,
-  and how a wake reaches an agent (the WakeHub that wakes waiters after commit, the watch
-  for other writers, reading wakes, and the wait loop wait_for_wakes).
-- Identity and credentials: token kinds and prefixes, resolving a secret to an Actor.
-- State machines: the task lifecycle as a table of moves (TASK_MOVES, next_state).
-- Domain operations: one function and one transaction per operation, in ``# --`` parts:
-  people, teams and projects (and their listings); invites by email; reach (who may see which project and
-  thread); the room (messages, mentions, the loop guard, read_room); people, memory and pulse; tasks (handoff, the gate,
-  the lifecycle, results and evidence); the people's side of tasks (approvals, final
-  acceptance); the owner's gate rules; runners (devices, runs, steps); the owner's control of runs;
-  leaving and removal (offboard: members, agents, promotion, reassigning a returned task); private rooms
-  (turns and discussions); make-or-spend actions; the inbox (what waits on a person, read positions).
-- MCP tools: the Tool table (TOOLS), waits with progress, and the /mcp endpoint.
-- Web API, event stream and page: sign-in and sessions, the /api handlers (parse, call the
-  operation, shape the answer), the live stream, the MCP session caps per key, the route table (ROUTES), the server's
-  background pieces (server_maintenance) and create_app.
-- Connections and the log: the connection guard (request deadlines, the connection
-  cap) and the log's repeat limiter.
-- Runner: ``prickle runner`` on a teammate's computer: its config, listening per agent, claiming
-  and running tasks in workspaces, the permission-prompt bridge, private-room sessions, status.
-- Command line: the ``prickle`` commands (cli) and main.
+Contents:
+
+Part I. Foundations: what every chapter after stands on
+  1. Helpers and errors -- ids, time, canonical JSON, input checks, the words the server and the
+      runner share, and PrickleError with one subclass per error code
+  2. Settings and mail -- the settings file and its defaults (Settings, load_settings), and mail
+      out (send_mail)
+  3. Protocol schemas -- the reference's limits, the JSON Schema fragments, every tool's input
+      and output schema (SCHEMAS) and validate_input
+  4. Storage: the schema, its migrations and the Database -- MIGRATIONS (the schema by PRAGMA
+      user_version), the Database: transactions, savepoints, snapshots, the cache and other
+      writers
+  5. The file and its background work -- the server lock, the background pieces (Maintenance),
+      the WAL checkpoint and the log's repeat limiter
+  6. The outbox, cursors and the audit log -- append_event (an event and its wakes), WakeHub
+      (waking waiters after commit), pruning, cursors, the hash-chained audit log and recorded
+      refusals
+  7. Identity and credentials -- token kinds and prefixes, the Actor, minting credentials and
+      keys, and what a run was given (run_lineage)
+  8. When a credential ends -- every check point of a key in flight (resolve_token,
+      check_caller, check_live) and the one place that revokes (revoke_credentials)
+  9. Reach: who may see which project and thread -- require_project, roles, thread visibility,
+      task rows and who is listening
+  10. Lifecycles -- every lifecycle as a table of moves (LIFECYCLES) and move(), the one guarded
+      state change
+
+Part II. The team's work: one chapter per capability; each operation is one function and one
+    transaction, called the same way by MCP, the people's API and the command line
+  11. People and teams -- people, teams and who is in which
+  12. Projects, their members, agents and keys -- projects, members, agents and their keys, and
+      what the page lists of them
+  13. Invites -- asking someone by email to join a project
+  14. Memory and pulse -- the project's memory, discover_team_agents, get_project_context and
+      update_pulse
+  15. The default lead -- who a message that names nobody wakes
+  16. Private rooms: turns -- who answers the owner's message in a private room, one step at a
+      time
+  17. Messages: writing, mentions and the loop guard -- write_message, post_message, mentions,
+      whom a post wakes and the loop guard
+  18. The room: reading it -- read_room, the project as the page shows it, and resuming a paused
+      pair
+  19. Attempts: the record of a run -- an attempt from its claim to its end, its credential, and
+      pauses
+  20. Tasks: handoff and the gate -- the Task object, handoff, the gate, accept_task,
+      checkpoints, check_inbox and request_capability
+  21. Results and evidence -- return_result, accept_result and reject_result
+  22. Approvals and the people's side of tasks -- approvals, standing approvals, final
+      acceptance, send back, cancel, rename, blocked-by and asking for a task
+  23. The owner's gate rules -- delegation rules, standing approvals and the auto-accept policy
+  24. Runs: devices, claims and steps -- paired devices, claim_task, the end of a run and
+      request_step
+  25. Run control -- the owner's Start, Stop, hand back, pause and settling an uncertain run
+  26. The board and the task page -- a task as the page shows it, the board and one task whole
+  27. Connecting a computer -- a short code the owner approves on the page
+  28. Make-or-spend actions -- Approve cards: propose, decide, claim and finish
+  29. Private rooms: discussions -- claim_discussion, the room settings, and the owner stopping,
+      retrying and continuing a turn
+  30. Leaving and removal -- members leave or are removed, agents are taken out, owners
+      promoted, a returned task handed on
+  31. Search -- messages, task titles and packets
+  32. The inbox and the digest -- what waits on a person, what they have read, and the email
+      digest
+
+Part III. Serving: MCP, the web API, the live streams, the server and the command line
+  33. Waiting: how a wake reaches an agent -- reading wakes after a cursor and the wait loop
+      (wait_for_wakes)
+  34. Web: requests and errors -- the middleware, who a request is from, reading a body and the
+      answer to an error
+  35. MCP -- the Tool table (TOOLS), waits with progress, the MCP server, the /mcp endpoint and
+      its sessions
+  36. Live streams -- the event stream and long polls of a project and of a person
+  37. The people's API -- the /api handlers (parse, call the operation, shape the answer),
+      signing in and the route table (ROUTES)
+  38. The server -- the background pieces, the connection guard and create_app
+  39. The command line: serving -- the prickle group (cli), serve, init, the demo and main
+  40. The command line: the team's administration -- person, team, project, member, invite,
+      agent, rule, device, token, memory, audit, backup and connect
+
+Appendices: the runner: the program on a teammate's computer; it uses only chapter 1
+  Appendix A. The runner: its config, its state and its calls -- the config file, the state
+      directory, calling the server and connecting a computer
+  Appendix B. The runner at work -- listening per agent, claiming and running tasks in
+      workspaces, private-room sessions
+  Appendix C. The runner's commands and the permission bridge -- prickle runner
+      connect|start|status|bridge
+
+The end
+  41. Entry points -- the runner's commands join prickle's
 """
 
 from __future__ import annotations
@@ -114,7 +179,7 @@ from starlette.routing import Mount, Route
 
 
 ###############################################################################
-# Helpers and errors ##########################################################
+# 1. Helpers and errors
 ###############################################################################
 
 
@@ -217,12 +282,12 @@ def normal_time(value: str, field: str) -> str:
 
 #: Identifiers need to be unique, not secret (every read checks access): a fast generator,
 #: seeded from the system's randomness, spares a system call per ID. Secrets use `secrets`.
-_IDS = __import__("random").Random(secrets.randbits(128))
+RANDOM_IDS = __import__("random").Random(secrets.randbits(128))
 
 
 def new_id(prefix: str) -> str:
     """A random identifier matching the reference's ID pattern ``^[A-Za-z0-9_-]+$``."""
-    return f"{prefix}_{_IDS.getrandbits(96):024x}"
+    return f"{prefix}_{RANDOM_IDS.getrandbits(96):024x}"
 
 
 def sha256_hex(data: str | bytes) -> str:
@@ -249,12 +314,16 @@ def utf8_json(value: Any) -> str:
 
 #: Slugs: people's handles, agent names, project slugs (the reference's pattern).
 SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+
 #: An agent's address ``owner/name``.
 AGENT_ID_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*/[a-z0-9]+(?:-[a-z0-9]+)*$")
+
 #: The reference's ID: 1 to 64 letters, digits, '_' or '-'.
 ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
 #: An absolute URI (RFC 3986): a scheme, then no spaces or control characters.
 URI_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[^\s\x00-\x1f\x7f<>\"{}|\\^`]+")
+
 #: ``@name`` or ``@owner/name`` not glued to a word before it (so e-mail addresses are skipped).
 MENTION_RE = re.compile(
     r"(?<![\w@/.])@([A-Za-z0-9]+(?:-[A-Za-z0-9]+)*(?:/[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*)?)(?![\w/\u0300-\u036f-])")
@@ -295,8 +364,56 @@ def check_text(value: str, field: str, max_length: int, min_length: int = 0) -> 
     return value
 
 
+#: Anything shaped like one of our secrets: hidden from failures' causes and the runner's logs,
+#: refused in names kept in the clear.
+SECRET_RE = re.compile(r"prk_[a-z]{2}_[A-Za-z0-9_-]+")
+
+
+def check_no_secret(name: str | None, field: str) -> None:
+    """Refuse a name kept and shown in the clear (a key's label, a device's or computer's name) that holds
+    one of our secrets: InvalidInput naming ``field``, never echoing the secret."""
+    if name is not None and SECRET_RE.search(name):
+        raise InvalidInput(f"{field}: that holds a Prickle secret (prk_…); give a name in plain words, e.g. "
+                           "'laptop', and keep the secret out of it")
+
+
+def fingerprint(words: str | None) -> str | None:
+    """The SHA-256 the audit log keeps of a name instead of its words (None for no name)."""
+    return None if words is None else sha256_hex(words)
+
+
+def check_decision(decision: Any, *allowed: str) -> None:
+    """InvalidInput unless ``decision`` is one of ``allowed`` (a person's decision on something waiting)."""
+    if decision not in allowed:
+        raise InvalidInput("decision must be " + " or ".join(f"'{d}'" for d in allowed))
+
+
+#: Task states a runner may start (or resume) a run in.
+CLAIMABLE = ("routed", "accepted", "working", "waiting")
+
+#: How often a runner should ask whether its request was decided (seconds).
+CONNECT_POLL_SECONDS = 2
+
+#: A client key with this scope reaches only its owner's private rooms.
+ROOMS_SCOPE = "@rooms"
+
+
+class Out:
+    """What a command reports: one JSON object with --json, else readable lines."""
+
+    def __init__(self, as_json: bool):
+        self.as_json = as_json
+
+    def __call__(self, data: dict, text: str) -> None:
+        click.echo(utf8_json(data) if self.as_json else text)
+
+    def rows(self, key: str, rows: list[dict], line: Callable[[dict], str], none: str = "") -> None:
+        """A listing: ``{key: rows}`` with --json, else one ``line(row)`` a row (``none`` for no rows)."""
+        self({key: rows}, "\n".join(line(r) for r in rows) or none)
+
+
 ###############################################################################
-# Settings ####################################################################
+# 2. Settings and mail
 ###############################################################################
 
 
@@ -432,9 +549,6 @@ def load_settings(path: str | None, db_path: str | None = None) -> Settings:
         raise PrickleError(f"settings file {path}: {where}: {first['msg']}", "invalid_input") from None
 
 
-# -- mail: one way out for every message Prickle sends by email ---------------------
-
-
 class MailFailed(PrickleError, code="mail_failed", status=502):
     """The mail server could not be reached, refused to log in, or refused the message."""
 
@@ -508,7 +622,7 @@ def send_mail(settings: Settings, to: str, subject: str, text: str) -> None:
 
 
 ###############################################################################
-# Protocol schemas ############################################################
+# 3. Protocol schemas
 ###############################################################################
 # The reference publishes a JSON Schema for every tool's input and output. They are
 # composed here from fragments defined once; tests/test_schemas.py checks that each
@@ -519,16 +633,21 @@ _DATE_TIME_PATTERN = (
     r"(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)|(?:02)-(?:0[1-9]|1\d|2[0-8])))"
     r"T(?:(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d+)?(?:Z|([+-](?:[01]\d|2[0-3]):[0-5]\d)))$"
 )
+
 _MAX_SAFE = 9007199254740991
 
 #: The longest message body, in characters (a post, an action's result, a reviewed draft).
 BODY_MAX = 8000
+
 #: At most this many ``@`` addresses are parsed out of one body into ``mentions``.
 MENTIONS_MAX = 20
+
 #: The longest task text in a packet; a task's title and an approval's summary are that text.
 TASK_TEXT_MAX = 500
+
 #: Evidence observed longer than this before its result was returned is stale ...
 EVIDENCE_FRESH = _dt.timedelta(days=7)
+
 #: ... and the reference's reason for it in ``evidence_report.stale``.
 EVIDENCE_TOO_OLD = "older_than_7_days"
 
@@ -586,23 +705,36 @@ def _as_output(s: dict) -> dict:
 
 
 SLUG = _str(39, pattern=r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+
 AGENT_ID = _str(79, pattern=r"^[a-z0-9]+(?:-[a-z0-9]+)*\/[a-z0-9]+(?:-[a-z0-9]+)*$")
+
 ID = _str(64, 1, pattern=r"^[A-Za-z0-9_-]+$")
+
 DATE_TIME = {"type": "string", "format": "date-time", "pattern": _DATE_TIME_PATTERN}
+
 SHA256 = {"type": "string", "pattern": r"^[0-9a-f]{64}$"}
+
 COUNT = _int(0, _MAX_SAFE)
+
 URI = {"type": "string", "format": "uri"}
+
 CURSOR = _str(200, 1)
 
 AVAILABILITY = _enum("online", "working", "idle", "asleep", "away", "offline")
+
 PROVENANCE = _enum("agent_generated", "from_approved_context", "owner_approved", "owner_instruction")
+
 TASK_STATE = _enum(
     "requested", "routed", "accepted", "working", "waiting", "verifying", "approval",
     "completed", "rejected", "cancelled", "returned",
 )
+
 VERDICT = _enum("pass", "approve", "changes", "ask_owner", "draft")
+
 CAPABILITY = _obj({"kind": _enum("mcp", "repo", "deploy", "data", "other"), "name": _str(80, 1)})
+
 INTENT_KIND = _enum("add", "change", "remove", "rename", "revert", "migrate")
+
 RUN_FAILURE = _obj({
     "class": _enum("auth", "rate_limit", "timeout", "provider", "runtime", "agent", "other"),
     "step": _enum(
@@ -616,8 +748,11 @@ RUN_FAILURE = _obj({
 })
 
 PERSON_REF = _obj({"kind": _const("person"), "handle": SLUG}, {"erased": {"type": "boolean", "const": True}})
+
 AGENT_REF = _obj({"kind": _const("agent"), "agent_id": AGENT_ID}, {"erased": {"type": "boolean", "const": True}})
+
 SYSTEM_REF = _obj({"kind": _const("system")})
+
 ACTOR_REF = _one_of(PERSON_REF, AGENT_REF, SYSTEM_REF)
 
 AUTHOR = _one_of(
@@ -814,7 +949,9 @@ TOOL_NAMES = (
     "check_inbox", "accept_task", "checkpoint", "return_result", "update_pulse", "claim_task", "accept_result",
     "reject_result", "request_capability", "claim_discussion", "wait_for_updates", "request_step",
 )
+
 CREDENTIAL = _obj({"token": _str(min_length=1), "expires_at": DATE_TIME, "allowed_tools": _array(_enum(*TOOL_NAMES))})
+
 ANY_OBJECT = {"type": "object", "propertyNames": {"type": "string"}, "additionalProperties": {}}
 
 VERDICT_ITEM = _obj({"criterion": COUNT, "accepted": {"type": "boolean"}}, {"note": _str(500)})
@@ -826,6 +963,7 @@ def _open_obj(s: dict, required: tuple[str, ...] | None = None) -> dict:
     if required is not None:
         out["required"] = list(required)
     return out
+
 
 #: Input and output schemas of the tools this server serves, by tool name.
 SCHEMAS: dict[str, tuple[dict, dict]] = {
@@ -996,6 +1134,7 @@ SCHEMAS: dict[str, tuple[dict, dict]] = {
 for _name in ("wait_for_mention", "wait_for_updates", "check_inbox"):
     SCHEMAS[_name][0].pop("required", None)
 
+
 def _whole_pattern(validator: Any, pattern: str, instance: Any, schema: dict) -> Iterator[Any]:
     # The reference's patterns end in `$`; Python's `$` also matches before a final newline,
     # which would let "name\n" through. Anchor at the true end of the text instead.
@@ -1006,22 +1145,26 @@ def _whole_pattern(validator: Any, pattern: str, instance: Any, schema: dict) ->
 
 
 _InputValidator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": _whole_pattern})
+
 _VALIDATORS: dict[str, Any] = {
     name: _InputValidator(schemas[0], format_checker=jsonschema.FormatChecker())
     for name, schemas in SCHEMAS.items()
 }
+
 # The compiled (Rust) validator answers "valid?" in well under a microsecond; only invalid
 # input goes on to jsonschema, whose errors name the field. (Its `$` is the end of the text.)
 _QUICK_VALIDATORS: dict[str, Any] = {name: jsonschema_rs.validator_for(schemas[0], validate_formats=True)
                          for name, schemas in SCHEMAS.items()}
+
 #: Each tool's top-level defaults; a call gets its own copy of each one it lacks.
 _DEFAULTS: dict[str, dict[str, Any]] = {
     name: {key: prop["default"] for key, prop in schemas[0]["properties"].items() if "default" in prop}
     for name, schemas in SCHEMAS.items()}
+
 #: What the SDK is given as a tool's input schema. It reads it on every call only to match
 #: ``Mcp-Param-*`` headers against ``x-mcp-header`` annotations; a schema without any gets an
 #: empty object schema, which means the same to that check and spares it walking the schema.
-_HEADER_SCHEMAS: dict[str, dict] = {
+HEADER_SCHEMAS: dict[str, dict] = {
     name: schemas[0] if "x-mcp-header" in json.dumps(schemas[0]) else {"type": "object"}
     for name, schemas in SCHEMAS.items()}
 
@@ -1092,8 +1235,9 @@ def validate_input(tool: str, arguments: Mapping[str, Any]) -> dict:
 
 
 ###############################################################################
-# Storage #####################################################################
+# 4. Storage: the schema, its migrations and the Database
 ###############################################################################
+
 
 def _rebuild_messages(id_column: str) -> list[str]:
     """SQLite's table-rebuild steps for messages (columns as of schema 6), with ``id_column`` defining its id.
@@ -1118,7 +1262,7 @@ def _rebuild_messages(id_column: str) -> list[str]:
 #: The search index's row of each task (see search): its title, and its packet's criteria, context
 #: and files. The upgrade that built the index runs it for every task, handoff for each new one
 #: (with a WHERE): like the migrations, never edit it.
-_INDEX_TASKS = (
+INDEX_TASKS = (
     "INSERT INTO search_index (title, body, kind, ref, project, task_id, at) SELECT title, concat_ws(char(10), "
     "(SELECT group_concat(value, char(10)) FROM json_each(packet, '$.acceptance_criteria')), "
     "json_extract(packet, '$.context'), (SELECT group_concat(value, char(10)) FROM json_each(packet, '$.files'))), "
@@ -1396,7 +1540,7 @@ MIGRATIONS: list[list[str]] = [
         "project UNINDEXED, task_id UNINDEXED, at UNINDEXED, tokenize = 'unicode61 remove_diacritics 2')",
         "INSERT INTO search_index (title, body, kind, ref, project, task_id, at) "
         "SELECT '', body, 'message', id, project, task_id, created_at FROM messages ORDER BY seq",
-        _INDEX_TASKS + " ORDER BY created_at, rowid",
+        INDEX_TASKS + " ORDER BY created_at, rowid",
     ],
     [
         # Why a credential ended, so a caller whose agent left the project hears not_found.
@@ -1676,6 +1820,11 @@ class Database:
         self.conn.execute(sql, params)
         return self.conn.changes()
 
+    def insert(self, table: str, row: dict) -> None:
+        """Insert one row given as ``{column: value}`` (the only way a row with many columns is written)."""
+        self.conn.execute(f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                          tuple(row.values()))
+
     def rows(self, sql: str, params: tuple | dict = ()) -> list[dict]:
         """All rows as dicts."""
         cur = self.conn.execute(sql, params)
@@ -1736,6 +1885,10 @@ class Database:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
 
+
+###############################################################################
+# 5. The file and its background work
+###############################################################################
 
 #: Where ``prickle serve`` records the name it opened its database by, one file per database
 #: file (named by device and inode), so a command given another name for that file can say which
@@ -1908,13 +2061,12 @@ class ServerLock:
 
 #: How often the background loop looks for due work (seconds); another process's writes wake waiters within it.
 BACKGROUND_TICK = 0.05
+
 #: The longest a failing background piece waits before it tries again (seconds).
 BACKGROUND_MAX_BACKOFF = 30.0
+
 #: A failure's cause is cut to this many characters in the log line and in /healthz.
 CAUSE_MAX = 300
-#: Anything shaped like one of our secrets: hidden from failures' causes and the runner's logs,
-#: refused in names kept in the clear.
-SECRET_RE = re.compile(r"prk_[a-z]{2}_[A-Za-z0-9_-]+")
 
 
 @dataclasses.dataclass
@@ -1928,14 +2080,6 @@ class _Piece:
     failures: int = 0  #: failed runs in a row
     cause: str | None = None  #: the failure last logged, while failing
     since: str | None = None  #: ISO time of the first failure in a row
-
-
-def check_no_secret(name: str | None, field: str) -> None:
-    """Refuse a name kept and shown in the clear (a key's label, a device's or computer's name) that holds
-    one of our secrets: InvalidInput naming ``field``, never echoing the secret."""
-    if name is not None and SECRET_RE.search(name):
-        raise InvalidInput(f"{field}: that holds a Prickle secret (prk_…); give a name in plain words, e.g. "
-                           "'laptop', and keep the secret out of it")
 
 
 def failure_cause(e: BaseException) -> str:
@@ -2008,8 +2152,10 @@ class Maintenance:
 
 #: A write-ahead log this many frames long that writers never let empty is restarted (see checkpoint_wal).
 WAL_RESTART_FRAMES = 16_384
+
 #: What is left of the log file's size after a restart (SQLite's journal_size_limit).
 WAL_KEEP_BYTES = 64 * 1024 * 1024
+
 #: How long a restart may wait for a reader (a backup, say) while it holds writers back (ms);
 #: past it the restart gives up and the next second's checkpoint tries again.
 CHECKPOINT_WAIT_MS = 50
@@ -2063,8 +2209,88 @@ class WalCheckpointer:
                 self.conn = None
 
 
+def log_exception(where: str) -> None:
+    import traceback
+    left_out = REPEATS.admit(("prickle", where, type(sys.exc_info()[1]).__name__))
+    if left_out is None:  # the same failure again within the minute: counted, not written
+        return
+    more = f" ({left_out} more like it were left out)" if left_out else ""
+    print(f"prickle: error in {where}{more}:\n{traceback.format_exc()}", file=sys.stderr)
+
+
+#: The access log: one line per request at info level (method, path, status, duration).
+ACCESS_LOG = logging.getLogger("prickle.access")
+
+#: A log line that repeats is written once per this many seconds, then with the count left out.
+LOG_REPEAT_SECONDS = 60.0
+
+
+class RepeatLimiter(logging.Filter):
+    """A log filter that lets a line through once per ``window`` seconds.
+
+    Lines are the same when their logger, level, unformatted message and exception type are.
+    The first of a kind is written; repeats within the window are counted, and the first one
+    after it is written with "(N more like it were left out)".
+    """
+
+    def __init__(self, window: float = LOG_REPEAT_SECONDS, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.window, self.clock = window, clock
+        self.seen: dict[tuple, list] = {}  # kind -> [written at, left out since]
+
+    def admit(self, kind: tuple) -> int | None:
+        """None to leave a line of this kind out; else how many like it were left out before it."""
+        now = self.clock()
+        entry = self.seen.get(kind)
+        if entry is not None and now - entry[0] < self.window:
+            entry[1] += 1
+            return None
+        if len(self.seen) > 10_000:  # kinds are few; a flood of distinct ones must not grow this for ever
+            self.seen.clear()
+        left_out = entry[1] if entry is not None else 0
+        self.seen[kind] = [now, 0]
+        return left_out
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = (record.name, record.levelno, str(record.msg),
+                type(record.exc_info[1]).__name__ if record.exc_info else None)
+        left_out = self.admit(kind)
+        if left_out is None:
+            return False
+        if left_out:
+            record.msg = f"{record.msg} ({left_out} more like it were left out)"
+        return True
+
+
+#: The one repeat limiter of this process: log records and the server's own error reports.
+REPEATS = RepeatLimiter()
+
+
+def limit_log_repeats(access_log: bool = False) -> None:
+    """Pass every log line of the server (uvicorn's, asyncio's, the SDK's) through REPEATS.
+
+    With ``access_log``, Prickle's access log lines go to stderr too (settings: access_log).
+    """
+    root = logging.getLogger()
+    if not any(REPEATS in h.filters for h in root.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(logging.Formatter("prickle: %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+    if access_log and not ACCESS_LOG.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("prickle: access %(message)s"))  # every line: no REPEATS
+        ACCESS_LOG.addHandler(handler)
+        ACCESS_LOG.setLevel(logging.INFO)
+        ACCESS_LOG.propagate = False
+    for name in ("", "uvicorn", "uvicorn.access"):
+        for handler in logging.getLogger(name).handlers:
+            if REPEATS not in handler.filters:
+                handler.addFilter(REPEATS)
+
+
 ###############################################################################
-# Outbox, wakes and audit log #################################################
+# 6. The outbox, cursors and the audit log
 ###############################################################################
 # The outbox is what drives live views and wakes; a wake row names one agent an event
 # is for and the kind it counts as (mention, reply, task, result, decision). The audit
@@ -2100,6 +2326,7 @@ def outbox_head(db: Database) -> int:
 
 #: The meta key holding the newest seq pruning has passed: outbox rows up to it may be gone.
 PRUNED_THROUGH = "outbox_pruned_through"
+
 #: Outbox rows one pruning step looks at (one short write transaction).
 PRUNE_BATCH = 500
 
@@ -2242,15 +2469,6 @@ def _server_secret(db: Database) -> str:
     return _SECRETS[db.path]
 
 
-# -- wakes: how a wake reaches an agent ------------------------------------------
-# An operation names whom its event wakes (agent, kind, task, message) and append_event writes
-# one wake row for each, inside the operation's transaction. After the commit the Database
-# tells its listeners, and WakeHub.committed resolves the futures of the agents named; rows
-# another process wrote (the CLI) are found by WakeHub.watch_other_writers, which the
-# background loop runs. A wait (wait_for_wakes) registers its future, reads pending_wakes
-# after its cursor, and sleeps until it is woken, its deadline passes or its credential is due
-# a check; what it hands out is marked delivered, and check_inbox lists the rest.
-
 class WakeHub:
     """Wakes in-process waiters when outbox rows that concern them commit.
 
@@ -2344,202 +2562,31 @@ class WakeHub:
         return bool(self.agent_waiters.get(agent_id))
 
 
-#: Which wake kinds each waiting tool reads, in order of precedence for one event. A
-#: ``task`` wake is a task handed (or handed back) to the agent; ``task_update`` is a
-#: change to a task it requested, which wait_for_updates reports as ``task`` too.
-WAKE_KINDS = {
-    "wait_for_mention": ("mention", "task", "room", "action"),
-    "wait_for_updates": ("mention", "task", "task_update", "result", "decision", "reply"),
-}
-#: How wait_for_updates names each wake kind.
-UPDATE_KIND_OF = {"task_update": "task"}
-# Missed mentions, the reading "a mention of an agent that arrived while it was not waiting is
-# still its to hear": a wait first hands out, oldest first and at once, the caller's mentions
-# (within its project filter and key) up to its start position that no wait has handed out yet,
-# keeping the cursor where it was; only then what comes after. check_inbox's fixed output has no
-# room for messages, so the next wait_for_mention or wait_for_updates is where a missed mention is told.
+class RecordedRefusal(PrickleError):
+    """A refusal that is also written to the audit log (the record outlives the call's rollback).
 
-
-def wake_cursor(db: Database, scope: str, position: int) -> str:
-    """A wait cursor at outbox ``position`` for ``scope`` (agent, tool and project filter)."""
-    return encode_cursor(db, f"wake|{scope}", position)
-
-
-def start_position(db: Database, scope: str, cursor: str | None) -> int | None:
-    """Where a wait continues: after the cursor's position, or now without one.
-
-    None means resync: the cursor is malformed, another agent's, ahead of the outbox
-    (another database), older than what pruning kept or than CURSOR_WINDOW.
+    ``chain`` is the audit chain to write to; without it, the chain of ``refs["task"]``'s project.
     """
-    head = outbox_head(db)
-    if cursor is None:
-        return head
-    position = decode_cursor(db, f"wake|{scope}", cursor)
-    if position is None or cursor_gap(db, position) or head - position > CURSOR_WINDOW:
-        return None
-    return position
+
+    def __init__(self, message: str, type_: str, refs: dict, code: str = "forbidden", status: int = 403,
+                 chain: str | None = None):
+        super().__init__(message, code)
+        self.http_status, self.type_, self.refs, self.chain = status, type_, refs, chain
 
 
-def pending_wakes(db: Database, actor: Actor, after: int, kinds: tuple[str, ...],
-                  project: str | None, *, missed: bool = False) -> tuple[list[dict], int]:
-    """Wakes for ``actor`` after outbox ``after``: one per event, the first of ``kinds`` it counts as.
-
-    Returns ``(wakes, position)``: at most WAKE_BATCH wakes, each ``{seq, kind, project, at,
-    task_id, message_id}``, and the position a cursor should hold afterwards. A wake about a
-    task the agent may not see now (its approval lapsed and the gate holds it again) is
-    not handed out. With ``missed``, instead the mentions up to ``after`` that no wait has
-    handed out yet (missed mentions), and the position stays ``after``.
-    """
-    with db.snapshot():
-        head = outbox_head(db)
-        if missed:
-            if "mention" not in kinds:
-                return [], after
-            kinds, head = ("mention",), after
-            after_sql = "w.kind = 'mention' AND w.delivered = 0"  # the partial index wakes_unheard
-        else:
-            after_sql = "w.seq > ?"
-        sql = ("SELECT w.seq, w.kind, w.project, w.task_id, w.message_id, w.detail, o.at FROM wakes w JOIN outbox o "
-               "USING (seq) WHERE w.agent_id = ? AND %s AND w.seq <= ? AND w.kind IN (%s)"
-               % (after_sql, ",".join("?" * len(kinds))))
-        params: tuple = (actor.agent_id,) + (() if missed else (after,)) + (head,) + tuple(kinds)
-        if project is not None:
-            sql += " AND w.project = ?"
-            params += (project,)
-        if actor.project_scope == ROOMS_SCOPE:
-            sql += " AND w.project IN (SELECT slug FROM projects WHERE kind = 'private')"
-        elif actor.credential_kind not in ("runner", "discussion"):
-            sql += " AND w.project IN (SELECT slug FROM projects WHERE kind = 'team')"
-        by_seq: dict[int, dict] = {}
-        seen: dict[str, bool] = {}
-        for r in db.rows(sql + " ORDER BY w.seq", params):
-            if r["task_id"] is not None:
-                if r["task_id"] not in seen:
-                    task = _task_row(db, r["task_id"])
-                    seen[r["task_id"]] = task is not None and _thread_visible(db, actor, task)
-                if not seen[r["task_id"]]:
-                    continue
-            best = by_seq.get(r["seq"])
-            if best is None or kinds.index(r["kind"]) < kinds.index(best["kind"]):
-                by_seq[r["seq"]] = r
-        wakes = [by_seq[s] for s in sorted(by_seq)]
-        if len(wakes) > WAKE_BATCH:
-            wakes = wakes[:WAKE_BATCH]
-            head = wakes[-1]["seq"]
-    return wakes, head
-
-
-def wake_event(db: Database, wake: dict) -> dict:
-    """A wait_for_mention event for one wake: the message of a mention, or the task handed over."""
-    if wake["kind"] == "mention":
-        return {"kind": "mention", "message": get_message(db, wake["message_id"])}
-    if wake["kind"] == "action":
-        detail = json.loads(wake["detail"])
-        return {"kind": "action", "action_id": detail["action_id"], "project": wake["project"], "tool": detail["tool"]}
-    if wake["kind"] == "room":
-        detail = json.loads(wake["detail"])
-        return {"kind": "room", "message": get_message(db, wake["message_id"]),
-                "replies_left": detail["replies_left"], "lead": detail["lead"]}
-    return {"kind": "task", "task": task_out(db, wake["task_id"])}
-
-
-def note_delivered(db: Database, agent_id: str, wakes: list[dict]) -> None:
-    """Mark the wakes a wait handed out (check_inbox's pending_wakes_only lists the others)."""
-    with db.transaction():
-        for w in wakes:
-            db.execute("UPDATE wakes SET delivered = 1 WHERE agent_id = ? AND seq = ?", (agent_id, w["seq"]))
-
-
-def update_pointer(wake: dict) -> dict:
-    """A wait_for_updates pointer: kind, project, at and the task and message it is about."""
-    out = {"kind": UPDATE_KIND_OF.get(wake["kind"], wake["kind"]), "project": wake["project"], "at": wake["at"]}
-    if wake["task_id"]:
-        out["task_id"] = wake["task_id"]
-    if wake["message_id"]:
-        out["message_id"] = wake["message_id"]
-    return out
-
-
-#: A waiting call re-checks that its credential is still live at least this often (seconds); a
-#: revocation wakes every wait at once, so this only bounds a credential that simply expired.
-LIVE_CHECK_EVERY = 10.0
-#: A progress notification goes out this often while wait_for_updates holds a call.
-PROGRESS_EVERY = 20
-
-
-def _agent_projects(db: Database, agent_id: str) -> set[str]:
-    return {r["project"] for r in db.rows("SELECT project FROM project_agents WHERE agent_id = ?", (agent_id,))}
-
-
-def _check_still_in(db: Database, actor: Actor, project: str | None, reach: set[str]) -> None:
-    """NotFound once a waiting agent was taken out of the project it waits on, or (waiting on every
-    project) out of any project it was in when the wait began: the wait ends and says so."""
-    if project is not None:
-        require_project(db, actor, project)
-        return
-    lost = reach - _agent_projects(db, actor.agent_id)
-    if lost:
-        raise NotFound(f"agent '{actor.agent_id}' was taken out of project '{min(lost)}': wait again to hear "
-                       "from the projects it is still in")
-
-
-async def wait_for_wakes(db: Database, hub: WakeHub, actor: Actor, args: dict, tool: str, kinds: tuple[str, ...],
-                         timeout: float, tick: Callable[[float], Any] | None = None) -> tuple[str, list[dict], str]:
-    """Hold a wait_for_* call until a wake for the caller commits or ``timeout`` seconds pass.
-
-    ``args`` are the tool's checked arguments (``project``, ``cursor``); ``tick(elapsed_seconds)``
-    is awaited every PROGRESS_EVERY seconds. Returns ``(status, wakes, cursor)`` with status
-    events/timeout/resync. A cursor is good only for the tool and project filter that issued
-    it; any other is a resync. Mentions no wait has handed out yet come first, at once (see
-    pending_wakes). A credential revoked meanwhile ends the wait with Unauthorized and no data; the
-    agent taken out of a project the wait covers ends it with NotFound (see _check_still_in).
-    """
-    project = args.get("project")
-    if project is not None:
-        require_project(db, actor, project)
-    elif actor.project_scope not in (None, ROOMS_SCOPE):
-        project = actor.project_scope
-    agent = actor.agent_id
-    scope = f"{agent}|{tool}|{project or '*'}"
-    after = start_position(db, scope, args.get("cursor"))
-    if after is None:
-        return "resync", [], wake_cursor(db, scope, outbox_head(db))
-    reach = _agent_projects(db, agent)
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    deadline = started + timeout
-    next_tick = started + PROGRESS_EVERY
-    first = True
-    while True:
-        with hub.waiting(hub.agent_waiters, agent) as fut:
-            check_live(db, actor)
-            _check_still_in(db, actor, project, reach)
-            if first:
-                first = False
-                missed, _ = pending_wakes(db, actor, after, kinds, project, missed=True)
-                if missed:
-                    note_delivered(db, agent, missed)
-                    return "events", missed, wake_cursor(db, scope, after)
-            wakes, position = pending_wakes(db, actor, after, kinds, project)
-            if wakes:
-                note_delivered(db, agent, wakes)
-                return "events", wakes, wake_cursor(db, scope, position)
-            after = position
-            now = loop.time()
-            if now >= deadline:
-                return "timeout", [], wake_cursor(db, scope, position)
-            until = min(deadline, next_tick if tick else deadline, now + LIVE_CHECK_EVERY)
-            try:
-                await asyncio.wait_for(fut, until - now)
-            except TimeoutError:
-                pass
-        if tick and loop.time() >= next_tick:
-            next_tick += PROGRESS_EVERY
-            await tick(loop.time() - started)
+def recording_refusals(db: Database, fn: Callable[[], dict]) -> dict:
+    """Run ``fn`` (one transaction); a RecordedRefusal is written to its audit chain, then raised."""
+    try:
+        return fn()
+    except RecordedRefusal as e:
+        project = e.chain or db.scalar("SELECT project FROM tasks WHERE id = ?", (e.refs["task"],))
+        with db.transaction():
+            audit(db, project, e.type_, e.refs)
+        raise
 
 
 ###############################################################################
-# Identity and credentials ####################################################
+# 7. Identity and credentials
 ###############################################################################
 # Identity always comes from the credential, never from a tool argument. Secrets are
 # random, shown once and stored only as SHA-256 hashes.
@@ -2595,6 +2642,122 @@ def make_secret(kind: str) -> str:
 
 #: Which kind of credential a secret is, by its prefix (every prefix is 7 characters).
 _KIND_BY_PREFIX = {prefix: kind for kind, prefix in TOKEN_PREFIX.items()}
+
+
+def token_kind(text: str) -> str | None:
+    """The kind of credential ``text`` is a secret of, by its prefix; None when it is no secret."""
+    return _KIND_BY_PREFIX.get(text[:7])
+
+
+def mint_credential(db: Database, kind: str, *, agent_id: str | None = None, person: str | None = None,
+                    project: str | None = None, ttl: _dt.timedelta | None = None, device_id: str | None = None,
+                    task_id: str | None = None, attempt_id: str | None = None,
+                    allowed_tools: tuple[str, ...] | None = None, discussion_id: str | None = None,
+                    issued_by: str | None = None, at: _dt.datetime | None = None,
+                    label: str | None = None) -> tuple[dict, str]:
+    """Write a new credential inside the caller's transaction; return ``(record, secret)``.
+
+    The one place a credential is made; the caller has already decided who may have it.
+    ``project`` ROOMS_SCOPE reaches every private room of the agent's owner. ``record`` holds
+    id, kind, agent_id, person, project, label, created_at and expires_at (``ttl`` from now, or
+    None for no expiry; ``at`` is the moment it is made, the caller's when it records the same
+    moment elsewhere). ``label`` is the key's name, up to LABEL_MAX characters (blank: none; never
+    holding a secret), shown on the keys page and never in the audit log. The secret is never stored or shown
+    again. Writes ``token.created`` (see record_credential). Raises InvalidInput for a bad label.
+    """
+    if label is not None:
+        label = check_text(label, "label", LABEL_MAX).strip() or None
+        check_no_secret(label, "label")
+    secret, now = make_secret(kind), at or utcnow()
+    record = {
+        "id": new_id("tok"), "kind": kind, "agent_id": agent_id, "person": person, "project": project,
+        "label": label, "created_at": iso(now), "expires_at": iso(now + ttl) if ttl else None,
+    }
+    rooms_only = project == ROOMS_SCOPE
+    row = record | {"project": None if rooms_only else project, "rooms_only": int(rooms_only),
+                    "secret_hash": sha256_hex(secret), "device_id": device_id, "task_id": task_id,
+                    "attempt_id": attempt_id, "allowed_tools": json.dumps(allowed_tools) if allowed_tools else None,
+                    "discussion_id": discussion_id, "issued_by": issued_by}
+    db.insert("credentials", row)
+    record_credential(db, "token.created", record | {k: row[k] for k in _RUN_REFS})
+    return record, secret
+
+
+#: The longest name a key may have (its label, set when it is made).
+LABEL_MAX = 60
+
+#: The columns a run's or a discussion's credential entry records besides the credential and its agent.
+_RUN_REFS = ("device_id", "task_id", "attempt_id", "discussion_id")
+
+
+def record_credential(db: Database, type_: str, row: dict, reason: str | None = None) -> None:
+    """Write ``token.created`` or ``token.revoked`` for one credential where its kind says, never its secret.
+
+    A run's credential is recorded in its task's project with its device, task and attempt (and
+    the reason, when revoked); a discussion's only when revoked, in its room (its making is
+    ``discussion.claimed``); a key in each project it reaches (_audit_credential). Sign-in
+    links and browser sessions are recorded nowhere.
+    """
+    kind = row["kind"]
+    if kind in ("signin", "session") or (kind == "discussion" and type_ == "token.created"):
+        return
+    if kind not in ("execution", "discussion"):
+        _audit_credential(db, type_, row)
+        return
+    refs = {"credential": row["id"], "kind": kind, "agent": row["agent_id"], "device": row["device_id"]}
+    refs |= ({"task": row["task_id"], "attempt": row["attempt_id"]} if kind == "execution"
+             else {"discussion": row["discussion_id"]})
+    audit(db, row["project"], type_, refs | ({"reason": reason} if reason else {}))
+
+
+def _audit_credential(db: Database, type_: str, record: dict) -> None:
+    refs = {"credential": record["id"], "kind": record["kind"], "agent": record["agent_id"],
+            "person": record["person"], "scope": record["project"] or ("all" if record["agent_id"] else None)}
+    if record["project"] == ROOMS_SCOPE:
+        chains = [db.scalar("SELECT project FROM rooms WHERE owner = ?", (owner_of(record["agent_id"]),))
+                  or DEPLOYMENT_CHAIN]
+    elif record["project"]:
+        chains = [record["project"]]
+    elif record["agent_id"]:
+        chains = [r["project"] for r in db.rows("SELECT project FROM project_agents WHERE agent_id = ?",
+                                                (record["agent_id"],))]
+    else:
+        chains = []
+    for chain in chains or [DEPLOYMENT_CHAIN]:
+        audit(db, chain, type_, refs)
+
+
+def agent_chains(db: Database, agent_id: str) -> list[str]:
+    return [r["project"] for r in db.rows("SELECT project FROM project_agents WHERE agent_id = ? ORDER BY project",
+                                          (agent_id,))] or [DEPLOYMENT_CHAIN]
+
+
+def run_lineage(db: Database, actor: Actor, task: dict) -> dict | None:
+    """What a woken run was given, for its posts and results: the cause and hashes of packet, facts, checkpoint."""
+    if actor.attempt_id is None:
+        return None
+    attempt = db.one("SELECT cause, served FROM attempts WHERE id = ?", (actor.attempt_id,))
+    # The memory facts this run was actually served (get_project_context), not today's.
+    context: list[dict] = [{"kind": "packet", "task_id": task["id"], "sha256": task["packet_hash"]}]
+    context += json.loads(attempt["served"])
+    cp = db.one("SELECT id, body FROM checkpoints WHERE task_id = ? ORDER BY created_at DESC, rowid DESC LIMIT 1",
+                (task["id"],))
+    if cp:
+        context.append({"kind": "checkpoint", "task_id": task["id"], "checkpoint_id": cp["id"],
+                        "sha256": sha256_hex(cp["body"])})
+    return {"cause": json.loads(attempt["cause"]), "context": context, "recorded_at": iso(utcnow())}
+
+
+###############################################################################
+# 8. When a credential ends
+###############################################################################
+# A credential ends when it is revoked (revoke_credentials, the one place that revokes) or
+# when it expires (not_live_because, the one rule for a credential's life). A key in flight is
+# checked at every step of its call: when it arrives (resolve_token), at each transaction and
+# snapshot of an MCP call (check_caller, a refresh hook of the Database), and each time a wait
+# wakes (check_live). After a revocation commits, the Database tells its revoked_listeners, which
+# end open waits and MCP sessions at once (dead_credentials says which credentials are gone).
+
 #: What each credential kind is for, to say so when one is used in the wrong place.
 _KIND_USE = {
     "client": "an agent's MCP key (for /mcp)", "runner": "a runner device key (for /mcp)",
@@ -2604,11 +2767,6 @@ _KIND_USE = {
     "connect": "a connect request's secret (for /api/runner/connect/collect)",
     "invite": "an invite's link (open it in a browser)",
 }
-
-
-def token_kind(text: str) -> str | None:
-    """The kind of credential ``text`` is a secret of, by its prefix; None when it is no secret."""
-    return _KIND_BY_PREFIX.get(text[:7])
 
 
 def resolve_token(db: Database, token: str, kinds: tuple[str, ...], *, fresh: bool = True) -> Actor:
@@ -2708,8 +2866,241 @@ def check_live(db: Database, actor: Actor) -> None:
         credential_actor(db, actor.secret_hash, actor.credential_kind)
 
 
+def dead_credentials(db: Database, ids: set[str]) -> set[str]:
+    """Of the credential ``ids``, those that can no longer be used: revoked, expired or gone.
+
+    What ends the MCP sessions opened with them (end_sessions_of_dead_credentials).
+    """
+    held = sorted(ids)
+    live: set[str] = set()
+    for i in range(0, len(held), 500):
+        chunk = tuple(held[i:i + 500])
+        rows = db.rows(f"SELECT id, kind, revoked_at, expires_at FROM credentials WHERE id IN "
+                       f"({','.join('?' * len(chunk))})", chunk)
+        live.update(r["id"] for r in rows if not_live_because(r) is None)
+    return set(held) - live
+
+
+#: Why credentials are revoked, and whether ``token.revoked`` records each one. A cascade is
+#: recorded by the entry of what caused it (``device.revoked``, the task's move, the room's turn).
+REVOCATIONS = {"revoked": True, "claim_retried": True, "run_replaced": True, "run_stopped": True,
+               "run_uncertain": True, "run_ended": True, "issuer_revoked": False, "device_revoked": False, "task_cancelled": False,
+               "task_handed_back": False, "turn_ended": False, "turn_retried": False, "assignee_left": False,
+               "left_project": False}
+
+#: Credentials ended because their agent left the project: their callers are told not_found.
+LEFT_PROJECT_REASONS = ("assignee_left", "left_project")
+
+
+def revoke_credentials(db: Database, where: str, params: tuple, reason: str) -> int:
+    """Revoke every live credential matching ``where`` (SQL on ``credentials``) in the caller's transaction.
+
+    The one write of a credential's ``revoked_at``. Returns how many it revoked (not counting
+    the cascade). What they issued ends with them (a runner key's runs and discussions, a rooms
+    key's discussions), and a runner key takes its device along (``device.revoked``, reason
+    ``key_revoked``). After commit, db.revoked_listeners end their open waits and MCP sessions.
+    ``reason`` is a key of REVOCATIONS, which says whether ``token.revoked`` is written.
+    """
+    rows = db.rows(f"SELECT * FROM credentials WHERE revoked_at IS NULL AND ({where})", params)
+    if not rows:
+        return 0
+    now = iso(utcnow())
+    db.execute(f"UPDATE credentials SET revoked_at = ?, revoked_reason = ? WHERE revoked_at IS NULL AND ({where})",
+               (now, reason, *params))
+    db.note_revoked()
+    for row in rows:
+        if REVOCATIONS[reason]:
+            record_credential(db, "token.revoked", row, reason)
+        if row["kind"] == "runner":  # a device without its runner key can do nothing: it ends with the key
+            device = db.one("SELECT * FROM devices WHERE id = ? AND revoked_at IS NULL", (row["device_id"],))
+            if device is not None:
+                end_device(db, device, "key_revoked")
+        revoke_credentials(db, "issued_by = ?", (row["id"],), "issuer_revoked")
+    return len(rows)
+
+
+def end_device(db: Database, device: dict, reason: str) -> int:
+    """Revoke a device and every credential it still holds, in the caller's transaction; returns how many.
+
+    Writes ``device.revoked`` (with the count) in each of its agent's chains.
+    """
+    db.execute("UPDATE devices SET revoked_at = ?, revoked_reason = ? WHERE id = ?",
+               (iso(utcnow()), reason, device["id"]))
+    ended = revoke_credentials(db, "device_id = ?", (device["id"],), "device_revoked")
+    for chain in agent_chains(db, device["agent_id"]):
+        audit(db, chain, "device.revoked", {"device": device["id"], "agent": device["agent_id"], "reason": reason,
+                                            "credentials": ended})
+    return ended
+
+
+def revoke_token(db: Database, token_id: str, by: str | None = None) -> dict:
+    """Revoke a credential at once. ``by`` (a person) may revoke only their own or their agents'.
+
+    The credentials claimed with it (a run's, a discussion's) end with it, and a runner key takes
+    its device along (``device.revoked``, reason ``key_revoked``). Writes ``token.revoked``.
+    Raises InvalidInput for a secret given as the id (it is never repeated back), NotFound or
+    InvalidState (already revoked).
+    """
+    if token_kind(token_id):  # never repeat a secret back, in an answer or a log
+        raise InvalidInput("that is a secret key, not a credential id: pass its id (tok_…), from 'prickle token "
+                           "list' or the Keys page")
+    with db.transaction():
+        row = db.one("SELECT * FROM credentials WHERE id = ?", (token_id,))
+        owner = row and (row["person"] or owner_of(row["agent_id"] or ""))
+        if row is None or (by is not None and owner != by):
+            raise NotFound(f"no credential '{token_id}': list them with 'prickle token list'")
+        if row["revoked_at"]:
+            raise InvalidState(f"credential '{token_id}' was already revoked at {row['revoked_at']}")
+        revoke_credentials(db, "id = ?", (token_id,), "revoked")
+    return {k: row[k] for k in ("id", "kind", "agent_id", "person", "project")} | {"revoked": True}
+
+
 ###############################################################################
-# State machines ##############################################################
+# 9. Reach: who may see which project and thread
+###############################################################################
+# Who may see what. A person works in the projects they are a member of; an agent in those its
+# owner added it to while the owner is a member (a project key: only its one project). A task's
+# thread is seen only by its requester, its assignee and the agents a person mentioned in it
+# (AGENT_SEES_TASK). What is out of reach is not_found, so its existence never leaks.
+
+
+def team_role(db: Database, team: str, handle: str) -> str | None:
+    return db.scalar("SELECT role FROM team_people WHERE team = ? AND handle = ?", (team, handle))
+
+
+def owned_row(db: Database, table: str, row_id: str, owner: str, missing: str) -> dict:
+    """The row ``row_id`` of ``table`` that belongs to ``owner``; NotFound saying ``missing`` otherwise."""
+    row = db.one(f"SELECT * FROM {table} WHERE id = ? AND owner = ?", (row_id, owner))
+    if row is None:
+        raise NotFound(missing)
+    return row
+
+
+def member_role(db: Database, project: str, handle: str) -> str | None:
+    return db.scalar("SELECT role FROM members WHERE project = ? AND handle = ?", (project, handle))
+
+
+def require_project(db: Database, actor: Actor, project: str) -> dict:
+    """The project row if ``actor`` may work in it.
+
+    A person must be a member; an agent must be in the project with its owner a member,
+    and a project key must be for this project. Unknown and out-of-reach projects are
+    the same ``not_found`` so a slug's existence never leaks; a project key used
+    elsewhere is ``forbidden``.
+    """
+    if actor.kind == "agent" and actor.project_scope not in (None, ROOMS_SCOPE, project):
+        if not agent_in_project(db, project, actor.agent_id):
+            # Naming only the key's own project: whether the other slug exists stays unsaid.
+            raise NotFound(f"your agent is in no project '{project}'; this key is for project "
+                           f"'{actor.project_scope}' only: check the project's slug")
+        raise Forbidden(f"this key is for project '{actor.project_scope}' only: use a key for '{project}' "
+                        "or one for every project your agent is in")
+    key = ("reach", actor.kind, actor.address, actor.credential_kind, actor.project_scope, project)
+    if key in db.cache:
+        return db.cache[key]
+    if actor.kind == "agent":
+        row = db.one(
+            "SELECT p.* FROM projects p JOIN project_agents pa ON pa.project = p.slug AND pa.agent_id = ? "
+            "JOIN members m ON m.project = p.slug AND m.handle = ? WHERE p.slug = ?",
+            (actor.agent_id, actor.owner, project))
+        who = f"agent '{actor.agent_id}'"
+    else:
+        row = db.one("SELECT p.* FROM projects p JOIN members m ON m.project = p.slug AND m.handle = ? "
+                     "WHERE p.slug = ?", (actor.handle, project))
+        who = f"'{actor.handle}'"
+    if row is not None and actor.kind == "agent":
+        private = row["kind"] == "private"
+        rooms_key = actor.project_scope == ROOMS_SCOPE
+        if private and not (rooms_key or actor.credential_kind in ("runner", "discussion")):
+            row = None  # a private room is reached only by its runner, a rooms key or a discussion credential
+        elif not private and rooms_key:
+            row = None
+    if row is None:
+        raise NotFound(f"project '{project}' not found: it does not exist or {who} is not in it")
+    if db._depth:  # cached only what a transaction read, for as long as nobody else writes
+        db.cache[key] = row
+    return row
+
+
+def agent_in_project(db: Database, project: str, agent_id: str) -> bool:
+    """Whether ``agent_id`` is in ``project`` now, with its owner a member (what require_project asks
+    of an agent): an agent that left hears nothing from the project, whoever answers it there."""
+    return db.one("SELECT 1 FROM project_agents pa JOIN members m ON m.project = pa.project AND m.handle = ? "
+                  "WHERE pa.project = ? AND pa.agent_id = ?", (owner_of(agent_id), project, agent_id)) is not None
+
+
+#: Whether agent ``:agent`` may see task ``t`` (DESIGN "Thread visibility"), the one home of that rule
+#: for every list, read and wake: its requester; its assignee only once the gate let the task through
+#: (``routed_at`` set: never while held or after a refusal); an agent a person mentioned in its
+#: thread after routing. To anyone else the task does not exist.
+AGENT_SEES_TASK = ("(t.requester IS :agent OR (t.assignee = :agent AND t.routed_at IS NOT NULL) OR "
+                   "(t.assignee IS NOT :agent AND EXISTS (SELECT 1 FROM thread_access x WHERE x.task_id = t.id "
+                   "AND x.agent_id = :agent)))")
+
+
+def thread_visible(db: Database, actor: Actor, task: dict) -> bool:
+    """Whether ``actor`` may see ``task`` and its thread: every member person, and the agents AGENT_SEES_TASK names."""
+    if actor.kind == "person" or actor.agent_id == task["requester"]:
+        return True
+    return bool(db.one(f"SELECT 1 FROM tasks t WHERE t.id = :task AND {AGENT_SEES_TASK}",
+                       {"task": task["id"], "agent": actor.agent_id}))
+
+
+def visible_task(db: Database, actor: Actor, project: str, task_id: str, field: str = "task_id") -> dict:
+    """A task of ``project`` whose thread ``actor`` may read; anyone else gets ``not_found``."""
+    task = db.one("SELECT * FROM tasks WHERE id = ? AND project = ?", (task_id, project))
+    if task is None or not thread_visible(db, actor, task):
+        raise NotFound(f"{field}: no task '{task_id}' in '{project}' that you can see")
+    return task
+
+
+def note_seen(db: Database, agent_id: str | None, credential_id: str | None = None) -> None:
+    """Record that the agent (if any) was seen, and when its credential was last used (the keys
+    page's "last used"), at most once a minute per credential (saves a write per call)."""
+    now, last = time.monotonic(), db.seen_at.get((agent_id, credential_id))
+    if last is None or now - last >= 60.0:
+        db.seen_at[(agent_id, credential_id)] = now
+        with db.transaction():
+            at = iso(utcnow())
+            if agent_id is not None:
+                db.execute("UPDATE agents SET last_seen_at = ? WHERE agent_id = ?", (at, agent_id))
+            if credential_id is not None:
+                db.execute("INSERT INTO credential_uses VALUES (?, ?) ON CONFLICT (credential_id) DO UPDATE SET "
+                           "used_at = excluded.used_at", (credential_id, at))
+
+
+#: A runner counts as listening this long (seconds) after its last wait_for_mention returned:
+#: it calls again at once, or after a reconnect's backoff.
+LISTEN_GRACE = 90.0
+
+
+@contextlib.contextmanager
+def listening(db: Database, actor: Actor) -> Iterator[None]:
+    """Mark the agent's runner as listening while a wait_for_mention with its runner (or rooms) key is open."""
+    if actor.credential_kind != "runner" and actor.project_scope != ROOMS_SCOPE:
+        yield
+        return
+    entry = db.listening.setdefault(actor.agent_id, [0, 0.0])
+    entry[0] += 1
+    try:
+        yield
+    finally:
+        entry[0] -= 1
+        entry[1] = time.monotonic()
+
+
+def runner_listening(db: Database, agent_id: str) -> bool:
+    """True while the agent's runner waits in wait_for_mention here, or did within LISTEN_GRACE seconds."""
+    entry = db.listening.get(agent_id)
+    return entry is not None and (entry[0] > 0 or time.monotonic() - entry[1] < LISTEN_GRACE)
+
+
+def task_row(db: Database, task_id: str) -> dict:
+    return db.one("SELECT * FROM tasks WHERE id = ?", (task_id,))
+
+
+###############################################################################
+# 10. Lifecycles
 ###############################################################################
 # Every lifecycle (tasks, approvals, submissions, steps, actions, turns) is a table: for each
 # state, the moves allowed from it and the state each one leads to; a state with no moves
@@ -2727,6 +3118,7 @@ def check_live(db: Database, actor: Actor) -> None:
 # acceptance of a verified result (``approval_final``). ``verifying`` is two entries too:
 # a person's request is checked by that person (``verifying``), an agent's by that agent
 # first, its owner deciding after, in approval_final (``verifying_by_agent``).
+
 
 def closed(*states: str) -> dict[str, dict[str, str]]:
     """Table entries for states no move leaves (each with its own empty dict of moves)."""
@@ -2772,6 +3164,7 @@ CLOSED_STATES = tuple(state for state, moves in TASK_MOVES.items() if not moves)
 
 #: An approval (pending, or given but not yet used) lapses after this long and is asked again ...
 APPROVAL_LIFETIME = _dt.timedelta(hours=24)
+
 #: ... and this is the reason its ``approval.invalidated`` entry gives.
 APPROVAL_LAPSED = "24_hours"
 
@@ -2838,12 +3231,14 @@ ACTION_MOVES: dict[str, dict[str, str]] = {
 # verdicts posted and the reasons a turn ends.
 _TURN_ENDS = {"answered": "ended", "ask_owner": "ended", "stopped": "ended", "continued": "ended",
               "replaced": "ended"}
+
 TURN_MOVES: dict[str, dict[str, str]] = {
     "draft": {"draft": "review"} | _TURN_ENDS,
     "review": {"changes": "revise"} | _TURN_ENDS,
     "revise": dict(_TURN_ENDS),
     "ended": {},
 }
+
 #: Who answers in the step a reply hands the turn to, and the column that keeps that reply.
 TURN_HANDOVER = {"review": ("reviewer", "draft_message"), "revise": ("drafter", "review_message")}
 
@@ -2858,7 +3253,9 @@ class Lifecycle:
     """One lifecycle: the table and column its state lives in, and its moves (state → move → new state).
 
     ``key`` names the entry of ``moves`` a row is in (default: its stored state);
-    ``shown`` says how an error names an entry, ``ways`` how each move is made.
+    ``shown`` says how an error names an entry, ``ways`` how each move is made; ``id_column``
+    is the column a row is found by; ``stored`` says what the column holds for a state that
+    is not stored by its name (None for "none", say).
     """
 
     noun: str
@@ -2868,6 +3265,8 @@ class Lifecycle:
     ways: dict[str, str] = dataclasses.field(default_factory=dict)
     key: Callable[[dict], str] | None = None
     shown: dict[str, str] = dataclasses.field(default_factory=dict)
+    id_column: str = "id"
+    stored: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 #: An attempt's life: claimed (running) until its result is returned (finished), its owner
@@ -2896,6 +3295,36 @@ INVITE_MOVES: dict[str, dict[str, str]] = {
     **closed("accepted", "declined", "spent", "revoked", "expired"),
 }
 
+#: A team project's default lead: none, until a team owner picks an agent (proposed, and a new
+#: pick replaces it); its owner agrees (agreed) or declines; an agreed lead's owner steps it
+#: down; a lead whose agent leaves the project leads no more. Kept in ``projects.lead_state``
+#: (NULL for none), with the agent and who picked it beside it.
+LEAD_MOVES: dict[str, dict[str, str]] = {
+    "none": {"pick": "proposed"},
+    "proposed": {"pick": "proposed", "agree": "agreed", "decline": "none", "leave": "none"},
+    "agreed": {"step_down": "none", "leave": "none"},
+}
+
+
+def lead_state(project: dict) -> str:
+    """The key of LEAD_MOVES a project row is in."""
+    return project["lead_state"] or "none"
+
+
+#: The owner's Start flag on a task: pressing Start approves one run (approved, kept as the
+#: run's id in ``tasks.run_approved``) until the runner claims it, the owner presses Stop, or
+#: the task leaves its assignee (dropped).
+START_MOVES: dict[str, dict[str, str]] = {
+    "none": {"start": "approved"},
+    "approved": {"claim": "none", "stop": "none", "drop": "none"},
+}
+
+
+def start_state(task: dict) -> str:
+    """The key of START_MOVES a task row is in."""
+    return "approved" if task["run_approved"] else "none"
+
+
 #: Every lifecycle, by the kind move() takes.
 LIFECYCLES: dict[str, Lifecycle] = {
     "task": Lifecycle("task", "tasks", "state", TASK_MOVES, MOVE_BY, lifecycle_state, {
@@ -2909,6 +3338,9 @@ LIFECYCLES: dict[str, Lifecycle] = {
     "attempt": Lifecycle("attempt", "attempts", "state", ATTEMPT_MOVES),
     "connect": Lifecycle("connect request", "connect_requests", "state", CONNECT_MOVES),
     "invite": Lifecycle("invite", "invites", "state", INVITE_MOVES),
+    "lead": Lifecycle("default lead", "projects", "lead_state", LEAD_MOVES, key=lead_state, id_column="slug",
+                      stored={"none": None}),
+    "start": Lifecycle("Start flag", "tasks", "run_approved", START_MOVES, key=start_state, stored={"none": None}),
 }
 
 
@@ -2921,31 +3353,63 @@ def next_state(kind: str, row: dict, move_name: str) -> str:
     if move_name not in allowed:
         ways = sorted({life.ways.get(m, m) for m in allowed if m in life.ways or not life.ways})
         raise InvalidState(
-            f"{life.noun} '{row['id']}' is {life.shown.get(key, key)}: "
+            f"{life.noun} '{row[life.id_column]}' is {life.shown.get(key, key)}: "
             f"{life.ways.get(move_name, move_name)} is not allowed now; "
             + (f"what can happen: {', '.join(ways)}" if ways else "it is closed"))
     return allowed[move_name]
 
 
-def move(db: Database, kind: str, row_id: str, move_name: str, row: dict | None = None, **changes: Any) -> str:
+def move(db: Database, kind: str, row_id: str, move_name: str, row: dict | None = None, *,
+         value: Any = None, **changes: Any) -> str:
     """Make one move of lifecycle ``kind`` (a key of LIFECYCLES) inside the caller's transaction.
 
     ``row`` is the row as the caller read it (read now when not given); ``changes`` sets
-    other columns in the same UPDATE, guarded by the state read. Returns the new state.
-    Raises InvalidState when the table does not allow the move from the state the row is
-    in, and Conflict when it is allowed but the row changed after the caller read it.
+    other columns in the same UPDATE, guarded by the state read. ``value`` is what the
+    column holds in the new state when that state carries data (the Start flag holds its
+    run's id). Returns the new state. Raises InvalidState when the table does not allow the
+    move from the state the row is in, and Conflict when it is allowed but the row changed
+    after the caller read it.
     """
     life = LIFECYCLES[kind]
-    read = f"SELECT * FROM {life.table} WHERE id = ?"
+    read = f"SELECT * FROM {life.table} WHERE {life.id_column} = ?"
     row = row or db.one(read, (row_id,))
     new = next_state(kind, row, move_name)
-    sets = {life.column: new} | changes
+    assert life.column not in changes, "the state column is written only as the move's new state"
+    sets = {life.column: value if value is not None else life.stored.get(new, new)} | changes
     count = db.execute(f"UPDATE {life.table} SET {', '.join(f'{k} = ?' for k in sets)} "
-                       f"WHERE id = ? AND {life.column} = ?", (*sets.values(), row_id, row[life.column]))
+                       f"WHERE {life.id_column} = ? AND {life.column} IS ?", (*sets.values(), row_id, row[life.column]))
     if count != 1:
         next_state(kind, db.one(read, (row_id,)), move_name)
         raise Conflict(f"{life.noun} '{row_id}' changed while this call ran: read it again")
     return new
+
+
+#: What ends on time, by lifecycle kind: the function that moves that kind's rows whose time has
+#: passed to their end (``fn(db, now, **narrowing) -> how many``, inside the caller's transaction).
+#: Each chapter registers its own with @expires; expire_due is the one way to run them.
+EXPIRIES: dict[str, Callable[..., int]] = {}
+
+
+def expires(kind: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """Register the function that ends rows of lifecycle ``kind`` once their time has passed."""
+    def register(fn: Callable[..., int]) -> Callable[..., int]:
+        EXPIRIES[kind] = fn
+        return fn
+    return register
+
+
+def expire_due(db: Database, *kinds: str, now: _dt.datetime | None = None, **narrowing: Any) -> int:
+    """End what is due of each lifecycle kind named (every registered kind when none is), in one
+    transaction (a savepoint inside the caller's); returns how many rows ended.
+
+    Operations that read rows which may have lapsed call it first (so a lapsed approval never
+    lets work start, an expired invite never opens); the server's background sweep calls it
+    for every kind, so nothing waits for a reader. ``narrowing`` is passed on (an invite's
+    ``where``/``params``, a step's ``task_id``).
+    """
+    now = now or utcnow()
+    with db.transaction():
+        return sum(EXPIRIES[kind](db, now, **narrowing) for kind in (kinds or tuple(EXPIRIES)))
 
 
 #: The task board's columns, in order: a title and the public states it shows.
@@ -2976,24 +3440,13 @@ def task_lists() -> dict:
             "board": [{"title": title, "states": list(col)} for title, col in BOARD_COLUMNS]}
 
 
-
-
 ###############################################################################
-# Domain operations ###########################################################
+# 11. People and teams
 ###############################################################################
-# One function per operation and one transaction each. They take the Database and
-# the Actor (or a person's handle for administration) and never know whether MCP,
-# the HTTP API or the command line called them.
-
-#: Agent availability shown when nothing fresher is known.
-_ONLINE_WINDOW = _dt.timedelta(minutes=5)
-_PULSE_FRESH = _dt.timedelta(minutes=30)
-#: The loop guard pauses a pair of agents at this many alternating messages.
-LOOP_LIMIT = 10
-#: How many task threads read_room lists beside general chat.
-ROOM_THREADS = 20
-#: At most this many wakes come back from one wait call.
-WAKE_BATCH = 50
+# A person has a handle, a display name and a colour; people are in teams, and every project
+# belongs to one team. Part II's operations each take the Database and an Actor (or a person's
+# handle, for the command line) and never know whether MCP, the HTTP API or the command line
+# called them.
 
 
 def check_display_name(value: Any, field: str = "name") -> str:
@@ -3036,7 +3489,7 @@ def person_out(db: Database, handle: str) -> dict:
             "color": row["color"], "away": bool(row["away"])}
 
 
-def _require_person(db: Database, handle: str) -> dict:
+def require_person(db: Database, handle: str) -> dict:
     return person_out(db, check_slug(handle, "handle"))
 
 
@@ -3044,11 +3497,7 @@ def _require_person(db: Database, handle: str) -> dict:
 TEAM_APPS_MAX = 20
 
 
-def _team_role(db: Database, team: str, handle: str) -> str | None:
-    return db.scalar("SELECT role FROM team_people WHERE team = ? AND handle = ?", (team, handle))
-
-
-def _join_team(db: Database, team: str, handle: str, role: str = "member") -> None:
+def join_team(db: Database, team: str, handle: str, role: str = "member") -> None:
     """Make ``handle`` one of ``team``'s people inside the caller's transaction (no change if already)."""
     db.execute("INSERT OR IGNORE INTO team_people VALUES (?, ?, ?, ?)", (team, handle, role, iso(utcnow())))
 
@@ -3059,109 +3508,6 @@ def _require_team(db: Database, team: str) -> dict:
         raise NotFound(f"no team '{team}': 'prickle team list' lists them; 'prickle project create … --team "
                        f"{team}' makes it")
     return row
-
-
-def create_project(db: Database, slug: str, name: str, team: str, owner: str, description: str = "",
-                   admin: bool = False) -> dict:
-    """Create a project of ``team`` with ``owner`` as its first owner.
-
-    A team that doesn't exist yet is made, with ``owner`` as its owner. In an existing team the
-    owner must be one of its people, unless ``admin`` (the command line, run by whoever holds
-    the database file): then they become a member of the team on the way. Writes
-    ``project.created`` (outbox and audit, the first of each) and ``member.added``.
-    Raises InvalidInput, NotFound (owner), Forbidden (not in the team) or Conflict (slug taken).
-    """
-    check_slug(slug, "slug")
-    check_text(name, "name", 80, 1)
-    check_text(team, "team", 40, 1)
-    check_text(description, "description", 2000)
-    with db.transaction():
-        _require_person(db, owner)
-        if db.one("SELECT 1 FROM projects WHERE slug = ?", (slug,)):
-            raise Conflict(f"a project with slug '{slug}' already exists")
-        now = iso(utcnow())
-        if db.one("SELECT 1 FROM teams WHERE name = ?", (team,)) is None:
-            db.execute("INSERT INTO teams (name, created_at) VALUES (?, ?)", (team, now))
-            _join_team(db, team, owner, "owner")
-        elif _team_role(db, team, owner) is None:
-            if not admin:
-                raise Forbidden(f"team: '{owner}' is not in team '{team}': pick a team you are in, or a new "
-                                "team name to start one")
-            _join_team(db, team, owner)
-        db.execute("INSERT INTO projects (slug, team, name, description, created_by, created_at) VALUES "
-                   "(?, ?, ?, ?, ?, ?)", (slug, team, name, description, owner, now))
-        db.execute("INSERT INTO members VALUES (?, ?, 'owner', 1, ?)", (slug, owner, now))
-        append_event(db, slug, "project.created", {
-            "summary": {"slug": slug, "team": team, "name": name, "description": description},
-            "by": {"kind": "person", "handle": owner},
-        })
-        audit(db, slug, "project.created", {"team": team, "by": owner})
-        audit(db, slug, "member.added", {"person": owner, "role": "owner", "grant_version": 1, "by": owner})
-    return project_out(db, slug)
-
-
-def project_out(db: Database, slug: str) -> dict:
-    """The project summary: slug, team, name, description."""
-    row = db.one("SELECT slug, team, name, description FROM projects WHERE slug = ?", (slug,))
-    if row is None:
-        raise NotFound(f"no project '{slug}'")
-    return row
-
-
-def _fingerprint(words: str | None) -> str | None:
-    """The SHA-256 the audit log keeps of a name instead of its words (None for no name)."""
-    return None if words is None else sha256_hex(words)
-
-
-def rename_project(db: Database, project: str, name: str, by: str | Actor | None = None) -> dict:
-    """Rename a project; its slug (its address) doesn't change. Returns project_out.
-
-    ``by`` (a project owner's handle or the signed-in person, see :func:`_acting_member`) is
-    checked when given; without it, the command line. A private room is renamed by nobody.
-    Writes ``project.renamed`` with SHA-256 fingerprints of the old and the new name, never the
-    words. Raises InvalidInput (name: 1 to 80 characters), NotFound or Forbidden.
-    """
-    name = check_text(name.strip() if isinstance(name, str) else name, "name", 80, 1)
-    with db.transaction():
-        by = _acting_member(db, project, by)
-        row = db.one("SELECT * FROM projects WHERE slug = ?", (check_slug(project, "project"),))
-        if row is None:
-            raise NotFound(f"no project '{project}'")
-        if row["kind"] == "private":
-            raise Forbidden(f"'{project}' is a private room: its name follows its owner's")
-        if by is not None and _member_role(db, project, by) != "owner":
-            raise Forbidden(f"only an owner of '{project}' can rename it")
-        if name != row["name"]:
-            db.execute("UPDATE projects SET name = ? WHERE slug = ?", (name, project))
-            db.cache.clear()  # cached project rows hold the old name
-            audit(db, project, "project.renamed", {"from": _fingerprint(row["name"]), "to": _fingerprint(name),
-                                                   "by": by})
-    return project_out(db, project)
-
-
-def check_decision(decision: Any, *allowed: str) -> None:
-    """InvalidInput unless ``decision`` is one of ``allowed`` (a person's decision on something waiting)."""
-    if decision not in allowed:
-        raise InvalidInput("decision must be " + " or ".join(f"'{d}'" for d in allowed))
-
-
-def _owned_row(db: Database, table: str, row_id: str, owner: str, missing: str) -> dict:
-    """The row ``row_id`` of ``table`` that belongs to ``owner``; NotFound saying ``missing`` otherwise."""
-    row = db.one(f"SELECT * FROM {table} WHERE id = ? AND owner = ?", (row_id, owner))
-    if row is None:
-        raise NotFound(missing)
-    return row
-
-
-def _acting_member(db: Database, project: str, by: str | Actor | None) -> str | None:
-    """``by`` as a handle. A signed-in person (an Actor) must have ``project`` in reach, else NotFound.
-
-    The web passes the person, the command line a handle (its caller runs the server).
-    """
-    if isinstance(by, Actor):
-        require_project(db, by, project)
-        return by.handle
-    return by
 
 
 def add_to_team(db: Database, team: str, handle: str, role: str = "member") -> dict:
@@ -3175,11 +3521,11 @@ def add_to_team(db: Database, team: str, handle: str, role: str = "member") -> d
         raise InvalidInput(f"role must be 'owner' or 'member', got {role!r}")
     with db.transaction():
         _require_team(db, team)
-        _require_person(db, handle)
-        _join_team(db, team, handle, role)
+        require_person(db, handle)
+        join_team(db, team, handle, role)
         if role == "owner":
             db.execute("UPDATE team_people SET role = 'owner' WHERE team = ? AND handle = ?", (team, handle))
-        return {"team": team, "handle": handle, "role": _team_role(db, team, handle)}
+        return {"team": team, "handle": handle, "role": team_role(db, team, handle)}
 
 
 def set_team_apps(db: Database, team: str, apps: list[str] | None, by: str | None = None) -> dict:
@@ -3196,7 +3542,7 @@ def set_team_apps(db: Database, team: str, apps: list[str] | None, by: str | Non
         apps = sorted({check_text(a, f"apps[{i}]", 40, 1) for i, a in enumerate(apps)})
     with db.transaction():
         # For a person, a team they are not in reads as one that doesn't exist.
-        role = _team_role(db, check_text(team, "team", 40, 1), by) if by is not None else "owner"
+        role = team_role(db, check_text(team, "team", 40, 1), by) if by is not None else "owner"
         if role is None:
             raise NotFound(f"no team '{team}' that you are in")
         _require_team(db, team)
@@ -3211,7 +3557,7 @@ def team_out(db: Database, team: str, viewer: str | None = None) -> dict:
 
     With ``viewer`` (a person), a team they are not in is NotFound, as one that doesn't exist.
     """
-    if viewer is not None and _team_role(db, check_text(team, "team", 40, 1), viewer) is None:
+    if viewer is not None and team_role(db, check_text(team, "team", 40, 1), viewer) is None:
         raise NotFound(f"no team '{team}' that you are in")
     row = _require_team(db, team)
     people = [person_out(db, r["handle"]) | {"role": r["role"], "joined_at": r["joined_at"]} for r in db.rows(
@@ -3259,6 +3605,126 @@ def list_people(db: Database) -> list[dict]:
     return out
 
 
+def whoami(db: Database, handle: str) -> dict:
+    """The signed-in person, their auto-accept policy, their address and email digest:
+    ``{"person", "auto_accept", "email", "digest_minutes"}``."""
+    with db.snapshot():
+        row = db.one("SELECT auto_accept, email, digest_minutes FROM people WHERE handle = ?", (handle,))
+        return {"person": person_out(db, handle), "auto_accept": bool(row["auto_accept"]), "email": row["email"],
+                "digest_minutes": row["digest_minutes"]}
+
+
+def people_to_pick(db: Database, person: Actor, project: str | None = None) -> list[dict]:
+    """The people of ``person``'s teams, or of ``project``'s team (to pick a teammate); NotFound for a
+    project out of reach."""
+    with db.snapshot():
+        team = require_project(db, person, project)["team"] if project is not None else None
+        return teammates(db, person.handle, team)
+
+
+def team_view(db: Database, person: Actor, team: str) -> dict:
+    """A team ``person`` is in (team_out); one they are not in is NotFound, as one that doesn't exist."""
+    with db.snapshot():
+        return team_out(db, team, viewer=person.handle)
+
+
+###############################################################################
+# 12. Projects, their members, agents and keys
+###############################################################################
+# A project has members (owners and members) and agents, which their owners add. Each agent's
+# owner mints its keys (create_token); every owner also has a private room with their agents
+# (ensure_room).
+
+#: Agent availability shown when nothing fresher is known.
+_ONLINE_WINDOW = _dt.timedelta(minutes=5)
+
+_PULSE_FRESH = _dt.timedelta(minutes=30)
+
+
+def create_project(db: Database, slug: str, name: str, team: str, owner: str, description: str = "",
+                   admin: bool = False) -> dict:
+    """Create a project of ``team`` with ``owner`` as its first owner.
+
+    A team that doesn't exist yet is made, with ``owner`` as its owner. In an existing team the
+    owner must be one of its people, unless ``admin`` (the command line, run by whoever holds
+    the database file): then they become a member of the team on the way. Writes
+    ``project.created`` (outbox and audit, the first of each) and ``member.added``.
+    Raises InvalidInput, NotFound (owner), Forbidden (not in the team) or Conflict (slug taken).
+    """
+    check_slug(slug, "slug")
+    check_text(name, "name", 80, 1)
+    check_text(team, "team", 40, 1)
+    check_text(description, "description", 2000)
+    with db.transaction():
+        require_person(db, owner)
+        if db.one("SELECT 1 FROM projects WHERE slug = ?", (slug,)):
+            raise Conflict(f"a project with slug '{slug}' already exists")
+        now = iso(utcnow())
+        if db.one("SELECT 1 FROM teams WHERE name = ?", (team,)) is None:
+            db.execute("INSERT INTO teams (name, created_at) VALUES (?, ?)", (team, now))
+            join_team(db, team, owner, "owner")
+        elif team_role(db, team, owner) is None:
+            if not admin:
+                raise Forbidden(f"team: '{owner}' is not in team '{team}': pick a team you are in, or a new "
+                                "team name to start one")
+            join_team(db, team, owner)
+        db.execute("INSERT INTO projects (slug, team, name, description, created_by, created_at) VALUES "
+                   "(?, ?, ?, ?, ?, ?)", (slug, team, name, description, owner, now))
+        db.execute("INSERT INTO members VALUES (?, ?, 'owner', 1, ?)", (slug, owner, now))
+        append_event(db, slug, "project.created", {
+            "summary": {"slug": slug, "team": team, "name": name, "description": description},
+            "by": {"kind": "person", "handle": owner},
+        })
+        audit(db, slug, "project.created", {"team": team, "by": owner})
+        audit(db, slug, "member.added", {"person": owner, "role": "owner", "grant_version": 1, "by": owner})
+    return project_out(db, slug)
+
+
+def project_out(db: Database, slug: str) -> dict:
+    """The project summary: slug, team, name, description."""
+    row = db.one("SELECT slug, team, name, description FROM projects WHERE slug = ?", (slug,))
+    if row is None:
+        raise NotFound(f"no project '{slug}'")
+    return row
+
+
+def rename_project(db: Database, project: str, name: str, by: str | Actor | None = None) -> dict:
+    """Rename a project; its slug (its address) doesn't change. Returns project_out.
+
+    ``by`` (a project owner's handle or the signed-in person, see :func:`acting_member`) is
+    checked when given; without it, the command line. A private room is renamed by nobody.
+    Writes ``project.renamed`` with SHA-256 fingerprints of the old and the new name, never the
+    words. Raises InvalidInput (name: 1 to 80 characters), NotFound or Forbidden.
+    """
+    name = check_text(name.strip() if isinstance(name, str) else name, "name", 80, 1)
+    with db.transaction():
+        by = acting_member(db, project, by)
+        row = db.one("SELECT * FROM projects WHERE slug = ?", (check_slug(project, "project"),))
+        if row is None:
+            raise NotFound(f"no project '{project}'")
+        if row["kind"] == "private":
+            raise Forbidden(f"'{project}' is a private room: its name follows its owner's")
+        if by is not None and member_role(db, project, by) != "owner":
+            raise Forbidden(f"only an owner of '{project}' can rename it")
+        if name != row["name"]:
+            db.execute("UPDATE projects SET name = ? WHERE slug = ?", (name, project))
+            db.cache.clear()  # cached project rows hold the old name
+            audit(db, project, "project.renamed", {"from": fingerprint(row["name"]), "to": fingerprint(name),
+                                                   "by": by})
+    return project_out(db, project)
+
+
+def acting_member(db: Database, project: str, by: str | Actor | None) -> str | None:
+    """``by`` as a handle. A signed-in person (an Actor) must have ``project`` in reach, else NotFound.
+
+    The web passes the person, the command line a handle (its caller runs the server).
+    """
+    if isinstance(by, Actor):
+        require_project(db, by, project)
+        return by.handle
+    return by
+
+
 def list_members(db: Database, project: str) -> list[dict]:
     """A project's members: person fields plus ``role``, ``joined_at`` and ``agents`` (their agents in it).
 
@@ -3279,7 +3745,7 @@ def list_agents(db: Database, owner: str | None = None) -> list[dict]:
     """Every agent (or ``owner``'s): its card plus ``projects``, the team projects it is in.
     Raises NotFound for an ``owner`` who is not here."""
     if owner is not None:
-        _require_person(db, owner)
+        require_person(db, owner)
     rows = db.rows("SELECT agent_id FROM agents WHERE ? IS NULL OR owner = ? ORDER BY agent_id", (owner, owner))
     return [agent_card(db, r["agent_id"]) | {"projects": team_projects_of(db, r["agent_id"])} for r in rows]
 
@@ -3296,7 +3762,7 @@ def add_member(db: Database, project: str, handle: str, role: str = "member",
                by: str | Actor | None = None) -> dict:
     """Add a person to a project as ``owner`` or ``member``.
 
-    ``by`` (a project owner's handle, or the signed-in person; see :func:`_acting_member`) is
+    ``by`` (a project owner's handle, or the signed-in person; see :func:`acting_member`) is
     checked when given, and may add only a teammate already in the
     project's team: anyone else is invited. Without ``by`` (the command line, run by whoever
     holds the database file) anyone on the server is added, joining the team on the way.
@@ -3306,31 +3772,27 @@ def add_member(db: Database, project: str, handle: str, role: str = "member",
     if role not in ("owner", "member"):
         raise InvalidInput(f"role must be 'owner' or 'member', got {role!r}")
     with db.transaction():
-        by = _acting_member(db, project, by)
+        by = acting_member(db, project, by)
         row = project_out(db, check_slug(project, "project"))
-        member = _require_person(db, handle)
-        if by is not None and _member_role(db, project, by) != "owner":
+        member = require_person(db, handle)
+        if by is not None and member_role(db, project, by) != "owner":
             raise Forbidden(f"only an owner of '{project}' can add teammates")
         if db.scalar("SELECT kind FROM projects WHERE slug = ?", (project,)) == "private":
             raise Forbidden(f"'{project}' is a private room: it has only its owner and their agents")
         if db.one("SELECT 1 FROM members WHERE project = ? AND handle = ?", (project, handle)):
             raise Conflict(f"'{handle}' is already a member of '{project}'")
-        if _team_role(db, row["team"], handle) is None:
+        if team_role(db, row["team"], handle) is None:
             if by is not None:
                 raise Forbidden(f"handle: '{handle}' is not in team '{row['team']}': only a teammate is added "
                                 f"directly; invite them by email instead, with the Invite form on the Members page "
                                 f"or 'prickle invite create {project} ADDRESS --by HANDLE'")
-            _join_team(db, row["team"], handle)
+            join_team(db, row["team"], handle)
         db.execute("INSERT INTO members VALUES (?, ?, ?, 1, ?)", (project, handle, role, iso(utcnow())))
         db.cache.clear()  # who may reach what has changed
         append_event(db, project, "member.joined", {"member": {k: member[k] for k in (
             "handle", "display_name", "avatar_url", "color")}, "role": role})
         audit(db, project, "member.added", {"person": handle, "role": role, "grant_version": 1, "by": by})
     return {"project": project, "handle": handle, "role": role}
-
-
-def _member_role(db: Database, project: str, handle: str) -> str | None:
-    return db.scalar("SELECT role FROM members WHERE project = ? AND handle = ?", (project, handle))
 
 
 def _check_capabilities(capabilities: list[dict]) -> list[dict]:
@@ -3367,7 +3829,7 @@ def add_agent(db: Database, agent_id: str, display_name: str, model: str, client
                     raise Forbidden(f"'{agent_id}' is not your agent: name it {by.handle}/NAME")
                 for project in projects:
                     require_project(db, by, project)
-            _require_person(db, owner)
+            require_person(db, owner)
             if db.one("SELECT 1 FROM agents WHERE agent_id = ?", (agent_id,)):
                 raise Conflict(f"agent '{agent_id}' already exists")
             db.execute("INSERT INTO agents VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'owner_verified', NULL, ?)",
@@ -3376,7 +3838,7 @@ def add_agent(db: Database, agent_id: str, display_name: str, model: str, client
             for project in projects:
                 add_agent_to_project(db, project, agent_id)
         return agent_card(db, agent_id)
-    return _recording_refusals(db, run)
+    return recording_refusals(db, run)
 
 
 def add_agent_to_project(db: Database, project: str, agent_id: str, by: Actor | None = None) -> dict:
@@ -3397,7 +3859,7 @@ def add_agent_to_project(db: Database, project: str, agent_id: str, by: Actor | 
             agent = db.one("SELECT * FROM agents WHERE agent_id = ?", (check_agent_id(agent_id),))
             if agent is None:
                 raise NotFound(f"no agent '{agent_id}': add it with 'prickle agent add'")
-            if _member_role(db, project, agent["owner"]) is None:
+            if member_role(db, project, agent["owner"]) is None:
                 raise Forbidden(f"'{agent['owner']}' is not a member of '{project}': add them first with "
                                 f"'prickle member add {project} {agent['owner']}'")
             if db.one("SELECT 1 FROM project_agents WHERE project = ? AND agent_id = ?", (project, agent_id)):
@@ -3417,7 +3879,7 @@ def add_agent_to_project(db: Database, project: str, agent_id: str, by: Actor | 
             audit(db, project, "agent.added", {"agent": agent_id, "with_owner": False, "ended_removal": False})
             _record_reach_grown(db, project, agent_id, private=room_owner is not None)
         return {"project": project, "agent_id": agent_id}
-    return _recording_refusals(db, run)
+    return recording_refusals(db, run)
 
 
 def _record_reach_grown(db: Database, project: str, agent_id: str, private: bool) -> int:
@@ -3445,12 +3907,12 @@ def agent_card(db: Database, agent_id: str, hub: WakeHub | None = None, project:
     return {
         "agent_id": a["agent_id"], "owner": a["owner"], "name": a["display_name"], "avatar_url": None,
         "model": a["model"], "client": a["client"], "role": a["role"],
-        "capabilities": json.loads(a["capabilities"]), "availability": _availability(db, a, hub, project),
+        "capabilities": json.loads(a["capabilities"]), "availability": agent_availability(db, a, hub, project),
         "trust_level": a["trust_level"], "last_seen_at": a["last_seen_at"],
     }
 
 
-def _availability(db: Database, agent: dict, hub: WakeHub | None, project: str | None) -> str:
+def agent_availability(db: Database, agent: dict, hub: WakeHub | None, project: str | None) -> str:
     """What the agent reported lately, else online while it waits or was just seen, else offline."""
     now = utcnow()
     if project is not None:
@@ -3504,169 +3966,8 @@ def create_token(db: Database, kind: str, *, agent_id: str | None = None, person
         else:
             if person is None or agent_id is not None or project is not None:
                 raise InvalidInput(f"a {kind} credential belongs to one person: pass --person HANDLE only")
-            _require_person(db, person)
+            require_person(db, person)
         return mint_credential(db, kind, agent_id=agent_id, person=person, project=project, ttl=ttl, label=label)
-
-
-def mint_credential(db: Database, kind: str, *, agent_id: str | None = None, person: str | None = None,
-                    project: str | None = None, ttl: _dt.timedelta | None = None, device_id: str | None = None,
-                    task_id: str | None = None, attempt_id: str | None = None,
-                    allowed_tools: tuple[str, ...] | None = None, discussion_id: str | None = None,
-                    issued_by: str | None = None, at: _dt.datetime | None = None,
-                    label: str | None = None) -> tuple[dict, str]:
-    """Write a new credential inside the caller's transaction; return ``(record, secret)``.
-
-    The one place a credential is made; the caller has already decided who may have it.
-    ``project`` ROOMS_SCOPE reaches every private room of the agent's owner. ``record`` holds
-    id, kind, agent_id, person, project, label, created_at and expires_at (``ttl`` from now, or
-    None for no expiry; ``at`` is the moment it is made, the caller's when it records the same
-    moment elsewhere). ``label`` is the key's name, up to LABEL_MAX characters (blank: none; never
-    holding a secret), shown on the keys page and never in the audit log. The secret is never stored or shown
-    again. Writes ``token.created`` (see _record_credential). Raises InvalidInput for a bad label.
-    """
-    if label is not None:
-        label = check_text(label, "label", LABEL_MAX).strip() or None
-        check_no_secret(label, "label")
-    secret, now = make_secret(kind), at or utcnow()
-    record = {
-        "id": new_id("tok"), "kind": kind, "agent_id": agent_id, "person": person, "project": project,
-        "label": label, "created_at": iso(now), "expires_at": iso(now + ttl) if ttl else None,
-    }
-    rooms_only = project == ROOMS_SCOPE
-    row = record | {"project": None if rooms_only else project, "rooms_only": int(rooms_only),
-                    "secret_hash": sha256_hex(secret), "device_id": device_id, "task_id": task_id,
-                    "attempt_id": attempt_id, "allowed_tools": json.dumps(allowed_tools) if allowed_tools else None,
-                    "discussion_id": discussion_id, "issued_by": issued_by}
-    db.execute(f"INSERT INTO credentials ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
-               tuple(row.values()))
-    _record_credential(db, "token.created", record | {k: row[k] for k in _RUN_REFS})
-    return record, secret
-
-
-#: The longest name a key may have (its label, set when it is made).
-LABEL_MAX = 60
-#: Why credentials are revoked, and whether ``token.revoked`` records each one. A cascade is
-#: recorded by the entry of what caused it (``device.revoked``, the task's move, the room's turn).
-REVOCATIONS = {"revoked": True, "claim_retried": True, "run_replaced": True, "run_stopped": True,
-               "run_uncertain": True, "run_ended": True, "issuer_revoked": False, "device_revoked": False, "task_cancelled": False,
-               "task_handed_back": False, "turn_ended": False, "turn_retried": False, "assignee_left": False,
-               "left_project": False}
-#: Credentials ended because their agent left the project: their callers are told not_found.
-LEFT_PROJECT_REASONS = ("assignee_left", "left_project")
-#: The columns a run's or a discussion's credential entry records besides the credential and its agent.
-_RUN_REFS = ("device_id", "task_id", "attempt_id", "discussion_id")
-
-
-def revoke_credentials(db: Database, where: str, params: tuple, reason: str) -> int:
-    """Revoke every live credential matching ``where`` (SQL on ``credentials``) in the caller's transaction.
-
-    The one write of a credential's ``revoked_at``. Returns how many it revoked (not counting
-    the cascade). What they issued ends with them (a runner key's runs and discussions, a rooms
-    key's discussions), and a runner key takes its device along (``device.revoked``, reason
-    ``key_revoked``). After commit, db.revoked_listeners end their open waits and MCP sessions.
-    ``reason`` is a key of REVOCATIONS, which says whether ``token.revoked`` is written.
-    """
-    rows = db.rows(f"SELECT * FROM credentials WHERE revoked_at IS NULL AND ({where})", params)
-    if not rows:
-        return 0
-    now = iso(utcnow())
-    db.execute(f"UPDATE credentials SET revoked_at = ?, revoked_reason = ? WHERE revoked_at IS NULL AND ({where})",
-               (now, reason, *params))
-    db.note_revoked()
-    for row in rows:
-        if REVOCATIONS[reason]:
-            _record_credential(db, "token.revoked", row, reason)
-        if row["kind"] == "runner":  # a device without its runner key can do nothing: it ends with the key
-            device = db.one("SELECT * FROM devices WHERE id = ? AND revoked_at IS NULL", (row["device_id"],))
-            if device is not None:
-                end_device(db, device, "key_revoked")
-        revoke_credentials(db, "issued_by = ?", (row["id"],), "issuer_revoked")
-    return len(rows)
-
-
-def end_device(db: Database, device: dict, reason: str) -> int:
-    """Revoke a device and every credential it still holds, in the caller's transaction; returns how many.
-
-    Writes ``device.revoked`` (with the count) in each of its agent's chains.
-    """
-    db.execute("UPDATE devices SET revoked_at = ?, revoked_reason = ? WHERE id = ?",
-               (iso(utcnow()), reason, device["id"]))
-    ended = revoke_credentials(db, "device_id = ?", (device["id"],), "device_revoked")
-    for chain in _agent_chains(db, device["agent_id"]):
-        audit(db, chain, "device.revoked", {"device": device["id"], "agent": device["agent_id"], "reason": reason,
-                                            "credentials": ended})
-    return ended
-
-
-def _record_credential(db: Database, type_: str, row: dict, reason: str | None = None) -> None:
-    """Write ``token.created`` or ``token.revoked`` for one credential where its kind says, never its secret.
-
-    A run's credential is recorded in its task's project with its device, task and attempt (and
-    the reason, when revoked); a discussion's only when revoked, in its room (its making is
-    ``discussion.claimed``); a key in each project it reaches (_audit_credential). Sign-in
-    links and browser sessions are recorded nowhere.
-    """
-    kind = row["kind"]
-    if kind in ("signin", "session") or (kind == "discussion" and type_ == "token.created"):
-        return
-    if kind not in ("execution", "discussion"):
-        _audit_credential(db, type_, row)
-        return
-    refs = {"credential": row["id"], "kind": kind, "agent": row["agent_id"], "device": row["device_id"]}
-    refs |= ({"task": row["task_id"], "attempt": row["attempt_id"]} if kind == "execution"
-             else {"discussion": row["discussion_id"]})
-    audit(db, row["project"], type_, refs | ({"reason": reason} if reason else {}))
-
-
-def _audit_credential(db: Database, type_: str, record: dict) -> None:
-    refs = {"credential": record["id"], "kind": record["kind"], "agent": record["agent_id"],
-            "person": record["person"], "scope": record["project"] or ("all" if record["agent_id"] else None)}
-    if record["project"] == ROOMS_SCOPE:
-        chains = [db.scalar("SELECT project FROM rooms WHERE owner = ?", (owner_of(record["agent_id"]),))
-                  or DEPLOYMENT_CHAIN]
-    elif record["project"]:
-        chains = [record["project"]]
-    elif record["agent_id"]:
-        chains = [r["project"] for r in db.rows("SELECT project FROM project_agents WHERE agent_id = ?",
-                                                (record["agent_id"],))]
-    else:
-        chains = []
-    for chain in chains or [DEPLOYMENT_CHAIN]:
-        audit(db, chain, type_, refs)
-
-
-def revoke_token(db: Database, token_id: str, by: str | None = None) -> dict:
-    """Revoke a credential at once. ``by`` (a person) may revoke only their own or their agents'.
-
-    The credentials claimed with it (a run's, a discussion's) end with it, and a runner key takes
-    its device along (``device.revoked``, reason ``key_revoked``). Writes ``token.revoked``.
-    Raises InvalidInput for a secret given as the id (it is never repeated back), NotFound or
-    InvalidState (already revoked).
-    """
-    if token_kind(token_id):  # never repeat a secret back, in an answer or a log
-        raise InvalidInput("that is a secret key, not a credential id: pass its id (tok_…), from 'prickle token "
-                           "list' or the Keys page")
-    with db.transaction():
-        row = db.one("SELECT * FROM credentials WHERE id = ?", (token_id,))
-        owner = row and (row["person"] or owner_of(row["agent_id"] or ""))
-        if row is None or (by is not None and owner != by):
-            raise NotFound(f"no credential '{token_id}': list them with 'prickle token list'")
-        if row["revoked_at"]:
-            raise InvalidState(f"credential '{token_id}' was already revoked at {row['revoked_at']}")
-        revoke_credentials(db, "id = ?", (token_id,), "revoked")
-    return {k: row[k] for k in ("id", "kind", "agent_id", "person", "project")} | {"revoked": True}
-
-
-def spend_signin_link(db: Database, secret: str, session_ttl: _dt.timedelta) -> str:
-    """Spend a one-time sign-in link's ``secret`` and return a new session secret for its person.
-
-    One transaction: the link is revoked and the session minted together, so a link opens
-    one session only. Raises Unauthorized (unknown, used, expired) or InvalidState.
-    """
-    with db.transaction():
-        actor = resolve_token(db, secret, ("signin",))
-        revoke_token(db, actor.credential_id)
-        return create_token(db, "session", person=actor.handle, ttl=session_ttl)[1]
 
 
 def list_tokens(db: Database, owner: str | None = None) -> list[dict]:
@@ -3677,7 +3978,7 @@ def list_tokens(db: Database, owner: str | None = None) -> list[dict]:
     and revoked_at. Raises NotFound for an ``owner`` who is not here.
     """
     if owner is not None:
-        _require_person(db, owner)
+        require_person(db, owner)
     rows = db.rows("SELECT id, kind, agent_id, person, CASE WHEN rooms_only THEN '@rooms' ELSE project END AS project, "
                    "label, created_at, u.used_at AS last_used_at, expires_at, revoked_at FROM credentials "
                    "LEFT JOIN credential_uses u ON u.credential_id = credentials.id "
@@ -3687,81 +3988,11 @@ def list_tokens(db: Database, owner: str | None = None) -> list[dict]:
     return rows
 
 
-def _memory_keeper(db: Database, project: str, by: str | Actor) -> tuple[str, str]:
-    """Who keeps the project's memory in this call, and their role: ``(handle, role)``.
-
-    Raises NotFound (project out of reach) or Forbidden (not a member).
-    """
-    by = _acting_member(db, project, by)
-    project_out(db, check_slug(project, "project"))
-    role = _member_role(db, project, by)
-    if role is None:
-        raise Forbidden(f"'{by}' is not a member of '{project}'")
-    return by, role
-
-
-def set_memory(db: Database, project: str, key: str, value: str, by: str | Actor,
-               provenance: str = "owner_approved") -> dict:
-    """Set a project memory fact as member ``by`` (a handle or the signed-in person, see :func:`_acting_member`).
-
-    Writes ``memory.set`` (the key, never the value). Raises InvalidInput, NotFound or Forbidden.
-    """
-    check_text(key, "key", 100, 1)
-    check_text(value, "value", 4000)
-    if provenance not in ("agent_generated", "from_approved_context", "owner_approved", "owner_instruction"):
-        raise InvalidInput("provenance must be agent_generated, from_approved_context, owner_approved or "
-                           "owner_instruction")
-    with db.transaction():
-        by, role = _memory_keeper(db, project, by)
-        now = iso(utcnow())
-        db.execute("INSERT INTO memory VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (project, key) DO UPDATE SET "
-                   "value = excluded.value, provenance = excluded.provenance, updated_by = excluded.updated_by, "
-                   "updated_at = excluded.updated_at", (project, key, value, provenance, by, now))
-        audit(db, project, "memory.set", {"key": key, "by": by, "role": role, "provenance": provenance})
-    return {"key": key, "value": value, "provenance": provenance, "updated_by": by, "updated_at": now}
-
-
-def retract_memory(db: Database, project: str, key: str, by: str | Actor) -> dict:
-    """Retract a memory fact as member ``by`` (as for :func:`set_memory`): no agent is served it from then on.
-
-    Writes ``memory.retracted``. Raises NotFound (project out of reach, no such fact) or Forbidden.
-    """
-    with db.transaction():
-        by, role = _memory_keeper(db, project, by)
-        if not db.execute("DELETE FROM memory WHERE project = ? AND key = ?", (project, key)):
-            raise NotFound(f"no memory fact '{key}' in '{project}'")
-        audit(db, project, "memory.retracted", {"key": key, "by": by, "role": role})
-    return {"project": project, "key": key, "retracted": True}
-
-
-def whoami(db: Database, handle: str) -> dict:
-    """The signed-in person, their auto-accept policy, their address and email digest:
-    ``{"person", "auto_accept", "email", "digest_minutes"}``."""
-    with db.snapshot():
-        row = db.one("SELECT auto_accept, email, digest_minutes FROM people WHERE handle = ?", (handle,))
-        return {"person": person_out(db, handle), "auto_accept": bool(row["auto_accept"]), "email": row["email"],
-                "digest_minutes": row["digest_minutes"]}
-
-
-def people_to_pick(db: Database, person: Actor, project: str | None = None) -> list[dict]:
-    """The people of ``person``'s teams, or of ``project``'s team (to pick a teammate); NotFound for a
-    project out of reach."""
-    with db.snapshot():
-        team = require_project(db, person, project)["team"] if project is not None else None
-        return teammates(db, person.handle, team)
-
-
 def members_view(db: Database, person: Actor, project: str) -> list[dict]:
     """A project's members as :func:`list_members` gives them, for someone who may see the project."""
     with db.snapshot():
         require_project(db, person, project)
         return list_members(db, project)
-
-
-def team_view(db: Database, person: Actor, team: str) -> dict:
-    """A team ``person`` is in (team_out); one they are not in is NotFound, as one that doesn't exist."""
-    with db.snapshot():
-        return team_out(db, team, viewer=person.handle)
 
 
 def own_agents(db: Database, handle: str, hub: WakeHub | None = None) -> list[dict]:
@@ -3791,13 +4022,62 @@ def audit_page(db: Database, actor: Actor, project: str, before: int | None, lim
             "chain": {k: report[k] for k in ("ok", "entries", "broken_at")}}
 
 
-# -- invites: asking someone by email to join a project --------------------------
+def team_projects_of(db: Database, agent_id: str) -> list[str]:
+    """The team projects (not private rooms) an agent is in."""
+    return [r["slug"] for r in db.rows("SELECT p.slug FROM project_agents pa JOIN projects p ON p.slug = pa.project "
+                                       "WHERE pa.agent_id = ? AND p.kind = 'team' ORDER BY p.slug", (agent_id,))]
+
+
+def ensure_room(db: Database, owner: str) -> str:
+    """The slug of ``owner``'s private room, made (inside the caller's transaction) on first need."""
+    slug = db.scalar("SELECT project FROM rooms WHERE owner = ?", (owner,))
+    if slug:
+        return slug
+    slug = f"{owner}-room" if len(owner) <= 34 else f"room-{sha256_hex(owner)[:12]}"
+    while db.one("SELECT 1 FROM projects WHERE slug = ?", (slug,)):
+        slug = f"room-{secrets.token_hex(6)}"
+    name = (db.scalar("SELECT display_name FROM people WHERE handle = ?", (owner,)) or owner)[:70] + "'s room"
+    now = iso(utcnow())
+    db.execute("INSERT INTO projects (slug, team, name, description, created_by, created_at, kind) VALUES "
+               "(?, '', ?, 'A private room with your own agents.', ?, ?, 'private')", (slug, name, owner, now))
+    db.execute("INSERT INTO members VALUES (?, ?, 'owner', 1, ?)", (slug, owner, now))
+    db.execute("INSERT INTO rooms (project, owner) VALUES (?, ?)", (slug, owner))
+    append_event(db, slug, "project.created", {
+        "summary": {"slug": slug, "team": "", "name": name, "description": "A private room with your own agents."},
+        "by": {"kind": "system"}})
+    audit(db, slug, "project.created", {"team": "", "by": "system", "private_room_of": owner})
+    db.cache.clear()
+    return slug
+
+
+def room_agents(db: Database, slug: str) -> list[dict]:
+    return db.rows("SELECT a.agent_id, a.client FROM project_agents pa JOIN agents a USING (agent_id) "
+                   "WHERE pa.project = ? ORDER BY pa.added_at, a.agent_id", (slug,))
+
+
+###############################################################################
+# 13. Invites
+###############################################################################
 # An owner of a project and of its team invites an address with a role. The link carries a
 # one-time secret (kept only as its hash); the address is kept only while the invite is open,
 # and no audit entry or event ever holds it. Mail goes out after commit (deliver_invite).
 
+
+def spend_signin_link(db: Database, secret: str, session_ttl: _dt.timedelta) -> str:
+    """Spend a one-time sign-in link's ``secret`` and return a new session secret for its person.
+
+    One transaction: the link is revoked and the session minted together, so a link opens
+    one session only. Raises Unauthorized (unknown, used, expired) or InvalidState.
+    """
+    with db.transaction():
+        actor = resolve_token(db, secret, ("signin",))
+        revoke_token(db, actor.credential_id)
+        return create_token(db, "session", person=actor.handle, ttl=session_ttl)[1]
+
+
 #: An invite's link works this long after it is made, and this long again from each resend.
 INVITE_LIFETIME = _dt.timedelta(days=7)
+
 #: Why an invite was revoked, as ``invite.revoked`` records it.
 INVITE_REVOKE_REASONS = ("owner_revoked", "inviter_left", "inviter_removed", "inviter_erased", "project_erased",
                          "invitee_closed_account")
@@ -3810,22 +4090,17 @@ def _invite_out(row: dict) -> dict:
             "created_at": row["created_at"], "expires_at": row["expires_at"], "ended_at": row["ended_at"]}
 
 
-def _expire_invites(db: Database, where: str = "1", params: tuple = ()) -> int:
+@expires("invite")
+def expire_invites(db: Database, now: _dt.datetime, where: str = "1", params: tuple = ()) -> int:
     """End the open invites past their expiry (``where`` narrows them), forgetting their addresses.
 
     Inside the caller's transaction; returns how many ended.
     """
-    now = iso(utcnow())
+    now = iso(now)
     rows = db.rows(f"SELECT * FROM invites WHERE state = 'open' AND expires_at <= ? AND ({where})", (now, *params))
     for row in rows:
         move(db, "invite", row["id"], "expire", row, email=None, ended_at=now, ended_reason="expired")
     return len(rows)
-
-
-def expire_invites(db: Database) -> int:
-    """End every open invite whose 7 days have passed and forget its address (the server's sweep)."""
-    with db.transaction():
-        return _expire_invites(db)
 
 
 def _inviting_owner(db: Database, project: str, by: str | Actor) -> tuple[str, dict]:
@@ -3833,11 +4108,11 @@ def _inviting_owner(db: Database, project: str, by: str | Actor) -> tuple[str, d
 
     Raises NotFound (project out of reach) or Forbidden (a private room, or not both owners).
     """
-    by = _acting_member(db, project, by)
+    by = acting_member(db, project, by)
     row = project_out(db, check_slug(project, "project"))
     if db.scalar("SELECT kind FROM projects WHERE slug = ?", (project,)) == "private":
         raise Forbidden(f"'{project}' is a private room: it has only its owner and their agents")
-    if _member_role(db, project, by) != "owner" or _team_role(db, row["team"], by) != "owner":
+    if member_role(db, project, by) != "owner" or team_role(db, row["team"], by) != "owner":
         raise Forbidden(f"only an owner of both '{project}' and its team '{row['team']}' invites people; ask "
                         "one of them")
     return by, row
@@ -3846,7 +4121,7 @@ def _inviting_owner(db: Database, project: str, by: str | Actor) -> tuple[str, d
 def create_invite(db: Database, project: str, email: str, role: str, by: str | Actor) -> tuple[dict, str]:
     """Invite ``email`` to ``project`` as ``role`` (owner or member); return ``(invite, link secret)``.
 
-    ``by`` (a handle, or the signed-in person: see :func:`_acting_member`) must own the project
+    ``by`` (a handle, or the signed-in person: see :func:`acting_member`) must own the project
     and its team. The secret is shown once (deliver_invite mails it and builds the link); the
     link works once within INVITE_LIFETIME. Writes ``invite.created`` (role and expiry, never
     the address). Raises InvalidInput, NotFound, Forbidden, or Conflict when the address has an
@@ -3857,7 +4132,7 @@ def create_invite(db: Database, project: str, email: str, role: str, by: str | A
         raise InvalidInput(f"role must be 'owner' or 'member', got {role!r}")
     with db.transaction():
         by, _ = _inviting_owner(db, project, by)
-        _expire_invites(db, "project = ?", (project,))
+        expire_due(db, "invite", where="project = ?", params=(project,))
         if db.one("SELECT 1 FROM invites WHERE project = ? AND state = 'open' AND email = ?", (project, email)):
             raise Conflict(f"email: that address already has an open invite to '{project}': resend it instead "
                            f"('prickle invite list {project}' shows it)")
@@ -3865,7 +4140,7 @@ def create_invite(db: Database, project: str, email: str, role: str, by: str | A
         row = {"id": new_id("inv"), "project": project, "email": email, "role": role,
                "secret_hash": sha256_hex(secret), "invited_by": by, "state": "open", "sends": 1,
                "created_at": iso(now), "expires_at": iso(now + INVITE_LIFETIME), "ended_at": None}
-        db.execute(f"INSERT INTO invites ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values()))
+        db.insert("invites", row)
         audit(db, project, "invite.created", {"invite": row["id"], "role": role, "expires_at": row["expires_at"],
                                               "by": by})
     return _invite_out(row), secret
@@ -3882,7 +4157,7 @@ def list_invites(db: Database, project: str, by: str | Actor | None = None) -> l
             _inviting_owner(db, project, by)
         else:
             project_out(db, check_slug(project, "project"))
-        _expire_invites(db, "project = ?", (project,))
+        expire_due(db, "invite", where="project = ?", params=(project,))
         return [_invite_out(r) for r in db.rows("SELECT * FROM invites WHERE project = ? AND state = 'open' "
                                                 "ORDER BY created_at DESC, id", (project,))]
 
@@ -3907,10 +4182,10 @@ def resend_invite(db: Database, invite_id: str, by: str | Actor) -> tuple[dict, 
     which sending this is). Raises NotFound, Forbidden, or InvalidState for an invite that
     ended (an expired one included: invite the address again).
     """
-    _expire_first(db, "id = ?", (check_id(invite_id, "invite"),))
+    expire_due(db, "invite", where="id = ?", params=(check_id(invite_id, "invite"),))
     with db.transaction():
         row = _owned_invite(db, invite_id, by)
-        by = _acting_member(db, row["project"], by)
+        by = acting_member(db, row["project"], by)
         secret, now = make_secret("invite"), utcnow()
         expires = iso(now + INVITE_LIFETIME)
         move(db, "invite", invite_id, "resend", row, secret_hash=sha256_hex(secret), expires_at=expires,
@@ -3932,10 +4207,10 @@ def revoke_invite(db: Database, invite_id: str, by: str | Actor | None = None) -
     ``by`` None is administration (the command line). Writes ``invite.revoked`` with reason
     ``owner_revoked``. Raises NotFound, Forbidden or InvalidState (it ended already).
     """
-    _expire_first(db, "id = ?", (check_id(invite_id, "invite"),))
+    expire_due(db, "invite", where="id = ?", params=(check_id(invite_id, "invite"),))
     with db.transaction():
         row = _owned_invite(db, invite_id, by)
-        by = _acting_member(db, row["project"], by) if by is not None else None
+        by = acting_member(db, row["project"], by) if by is not None else None
         _end_invite(db, row, "revoke", "owner_revoked")
         audit(db, row["project"], "invite.revoked", {"invite": invite_id, "reason": "owner_revoked", "by": by})
         return _invite_out(db.one("SELECT * FROM invites WHERE id = ?", (invite_id,)))
@@ -3950,7 +4225,7 @@ def revoke_invites_by(db: Database, project: str, handle: str, reason: str) -> i
     """
     if reason not in INVITE_REVOKE_REASONS:
         raise InvalidInput(f"reason must be one of {', '.join(INVITE_REVOKE_REASONS)}")
-    _expire_invites(db, "project = ? AND invited_by = ?", (project, handle))
+    expire_due(db, "invite", where="project = ? AND invited_by = ?", params=(project, handle))
     rows = db.rows("SELECT * FROM invites WHERE project = ? AND invited_by = ? AND state = 'open' ORDER BY id",
                    (project, handle))
     for row in rows:
@@ -3959,15 +4234,14 @@ def revoke_invites_by(db: Database, project: str, handle: str, reason: str) -> i
     return len(rows)
 
 
-def _expire_first(db: Database, where: str, params: tuple) -> None:
-    """End the matching invites past their expiry in a transaction of its own, so that the end
-    stays written when the operation that follows refuses (and rolls back)."""
-    with db.transaction():
-        _expire_invites(db, where, params)
+def _expire_invite_of(db: Database, secret: Any) -> None:
+    """End the invite a link's secret opens if its time has passed (before the operation's transaction)."""
+    expire_due(db, "invite", where="secret_hash = ?", params=(sha256_hex(secret) if isinstance(secret, str) else "",))
 
 
 def _invite_by_secret(db: Database, secret: Any) -> dict:
-    """The open invite a link's secret opens (call :func:`_expire_first` before the transaction).
+    """The open invite a link's secret opens (call :func:`_expire_invite_of` before the transaction, so
+    an expired one stays ended when the operation that follows refuses and rolls back).
 
     Raises Unauthorized (not an invite link, unknown), Expired, or InvalidState (used,
     declined, revoked), each saying what to do.
@@ -3990,7 +4264,7 @@ def _invite_by_secret(db: Database, secret: Any) -> dict:
 def invite_view(db: Database, secret: str) -> dict:
     """What the person holding an invite link sees before answering: ``{id, project: {slug, team, name},
     role, invited_by: person, expires_at}`` (never the address). Raises as :func:`_invite_by_secret`."""
-    _expire_first(db, "secret_hash = ?", (sha256_hex(secret) if isinstance(secret, str) else "",))
+    _expire_invite_of(db, secret)
     with db.transaction():  # an invite past its expiry ends here
         row = _invite_by_secret(db, secret)
         project = project_out(db, row["project"])
@@ -4012,7 +4286,7 @@ def accept_invite(db: Database, secret: str, handle: str | None = None, signup: 
     """
     if (handle is None) == (signup is None):
         raise InvalidInput("sign in to accept as yourself, or give handle and display_name to sign up")
-    _expire_first(db, "secret_hash = ?", (sha256_hex(secret) if isinstance(secret, str) else "",))
+    _expire_invite_of(db, secret)
     with db.transaction():
         row = _invite_by_secret(db, secret)
         session = None
@@ -4023,12 +4297,12 @@ def accept_invite(db: Database, secret: str, handle: str | None = None, signup: 
                 session = create_token(db, "session", person=handle, ttl=session_ttl)[1]
         project = project_out(db, row["project"])
         outcome = {"project": row["project"], "handle": handle, "role": row["role"]}
-        if _member_role(db, row["project"], handle) is not None:
+        if member_role(db, row["project"], handle) is not None:
             _end_invite(db, row, "spend", "spent")
             audit(db, row["project"], "invite.spent", {"invite": row["id"]})
-            return outcome | {"state": "spent", "role": _member_role(db, row["project"], handle)}, session
+            return outcome | {"state": "spent", "role": member_role(db, row["project"], handle)}, session
         member = person_out(db, handle)
-        _join_team(db, project["team"], handle)
+        join_team(db, project["team"], handle)
         db.execute("INSERT INTO members VALUES (?, ?, ?, 1, ?)", (row["project"], handle, row["role"], iso(utcnow())))
         db.cache.clear()  # who may reach what has changed
         _end_invite(db, row, "accept", "accepted", joined=handle)
@@ -4043,7 +4317,7 @@ def decline_invite(db: Database, secret: str) -> dict:
     """The person holding an invite link declines it: the link stops working and the address is
     forgotten at once. No account is needed. Writes ``invite.declined``, naming nobody.
     Returns ``{state: declined, project}``. Raises as :func:`_invite_by_secret`."""
-    _expire_first(db, "secret_hash = ?", (sha256_hex(secret) if isinstance(secret, str) else "",))
+    _expire_invite_of(db, secret)
     with db.transaction():
         row = _invite_by_secret(db, secret)
         _end_invite(db, row, "decline", "declined")
@@ -4097,7 +4371,7 @@ def set_person_email(db: Database, handle: str, email: str | None) -> dict:
     """
     email = None if email in (None, "") else check_email(email)
     with db.transaction():
-        _require_person(db, handle)
+        require_person(db, handle)
         db.execute("UPDATE people SET email = ? WHERE handle = ?", (email, handle))
     return {"handle": handle, "email": email}
 
@@ -4105,6 +4379,7 @@ def set_person_email(db: Database, handle: str, email: str | None) -> dict:
 #: A person is sent at most this many sign-in links within SIGNIN_MAIL_WINDOW; asking again sends
 #: nothing (and answers the same), so that nobody floods an address or the database by asking.
 SIGNIN_MAILS_MAX = 3
+
 #: The window SIGNIN_MAILS_MAX counts in: the sign-in links made for the person within it.
 SIGNIN_MAIL_WINDOW = _dt.timedelta(minutes=15)
 
@@ -4132,582 +4407,58 @@ def signin_mail(db: Database, settings: Settings, base_url: str, email: str) -> 
                     "If you did not ask, ignore this mail.\n"}
 
 
-# -- reach: which projects and threads an actor may see ----------------------
+###############################################################################
+# 14. Memory and pulse
+###############################################################################
+# A project's memory is a list of facts its members keep; Team Pulse is what each agent says it
+# is doing now. get_project_context serves both to an agent, with hashes a run's lineage names.
 
 
-def require_project(db: Database, actor: Actor, project: str) -> dict:
-    """The project row if ``actor`` may work in it.
+def _memory_keeper(db: Database, project: str, by: str | Actor) -> tuple[str, str]:
+    """Who keeps the project's memory in this call, and their role: ``(handle, role)``.
 
-    A person must be a member; an agent must be in the project with its owner a member,
-    and a project key must be for this project. Unknown and out-of-reach projects are
-    the same ``not_found`` so a slug's existence never leaks; a project key used
-    elsewhere is ``forbidden``.
+    Raises NotFound (project out of reach) or Forbidden (not a member).
     """
-    if actor.kind == "agent" and actor.project_scope not in (None, ROOMS_SCOPE, project):
-        if not agent_in_project(db, project, actor.agent_id):
-            # Naming only the key's own project: whether the other slug exists stays unsaid.
-            raise NotFound(f"your agent is in no project '{project}'; this key is for project "
-                           f"'{actor.project_scope}' only: check the project's slug")
-        raise Forbidden(f"this key is for project '{actor.project_scope}' only: use a key for '{project}' "
-                        "or one for every project your agent is in")
-    key = ("reach", actor.kind, actor.address, actor.credential_kind, actor.project_scope, project)
-    if key in db.cache:
-        return db.cache[key]
-    if actor.kind == "agent":
-        row = db.one(
-            "SELECT p.* FROM projects p JOIN project_agents pa ON pa.project = p.slug AND pa.agent_id = ? "
-            "JOIN members m ON m.project = p.slug AND m.handle = ? WHERE p.slug = ?",
-            (actor.agent_id, actor.owner, project))
-        who = f"agent '{actor.agent_id}'"
-    else:
-        row = db.one("SELECT p.* FROM projects p JOIN members m ON m.project = p.slug AND m.handle = ? "
-                     "WHERE p.slug = ?", (actor.handle, project))
-        who = f"'{actor.handle}'"
-    if row is not None and actor.kind == "agent":
-        private = row["kind"] == "private"
-        rooms_key = actor.project_scope == ROOMS_SCOPE
-        if private and not (rooms_key or actor.credential_kind in ("runner", "discussion")):
-            row = None  # a private room is reached only by its runner, a rooms key or a discussion credential
-        elif not private and rooms_key:
-            row = None
-    if row is None:
-        raise NotFound(f"project '{project}' not found: it does not exist or {who} is not in it")
-    if db._depth:  # cached only what a transaction read, for as long as nobody else writes
-        db.cache[key] = row
-    return row
+    by = acting_member(db, project, by)
+    project_out(db, check_slug(project, "project"))
+    role = member_role(db, project, by)
+    if role is None:
+        raise Forbidden(f"'{by}' is not a member of '{project}'")
+    return by, role
 
 
-def agent_in_project(db: Database, project: str, agent_id: str) -> bool:
-    """Whether ``agent_id`` is in ``project`` now, with its owner a member (what require_project asks
-    of an agent): an agent that left hears nothing from the project, whoever answers it there."""
-    return db.one("SELECT 1 FROM project_agents pa JOIN members m ON m.project = pa.project AND m.handle = ? "
-                  "WHERE pa.project = ? AND pa.agent_id = ?", (owner_of(agent_id), project, agent_id)) is not None
+def set_memory(db: Database, project: str, key: str, value: str, by: str | Actor,
+               provenance: str = "owner_approved") -> dict:
+    """Set a project memory fact as member ``by`` (a handle or the signed-in person, see :func:`acting_member`).
 
-
-#: Whether agent ``:agent`` may see task ``t`` (DESIGN "Thread visibility"), the one home of that rule
-#: for every list, read and wake: its requester; its assignee only once the gate let the task through
-#: (``routed_at`` set: never while held or after a refusal); an agent a person mentioned in its
-#: thread after routing. To anyone else the task does not exist.
-AGENT_SEES_TASK = ("(t.requester IS :agent OR (t.assignee = :agent AND t.routed_at IS NOT NULL) OR "
-                   "(t.assignee IS NOT :agent AND EXISTS (SELECT 1 FROM thread_access x WHERE x.task_id = t.id "
-                   "AND x.agent_id = :agent)))")
-
-
-def _thread_visible(db: Database, actor: Actor, task: dict) -> bool:
-    """Whether ``actor`` may see ``task`` and its thread: every member person, and the agents AGENT_SEES_TASK names."""
-    if actor.kind == "person" or actor.agent_id == task["requester"]:
-        return True
-    return bool(db.one(f"SELECT 1 FROM tasks t WHERE t.id = :task AND {AGENT_SEES_TASK}",
-                       {"task": task["id"], "agent": actor.agent_id}))
-
-
-def visible_task(db: Database, actor: Actor, project: str, task_id: str, field: str = "task_id") -> dict:
-    """A task of ``project`` whose thread ``actor`` may read; anyone else gets ``not_found``."""
-    task = db.one("SELECT * FROM tasks WHERE id = ? AND project = ?", (task_id, project))
-    if task is None or not _thread_visible(db, actor, task):
-        raise NotFound(f"{field}: no task '{task_id}' in '{project}' that you can see")
-    return task
-
-
-def note_seen(db: Database, agent_id: str | None, credential_id: str | None = None) -> None:
-    """Record that the agent (if any) was seen, and when its credential was last used (the keys
-    page's "last used"), at most once a minute per credential (saves a write per call)."""
-    now, last = time.monotonic(), db.seen_at.get((agent_id, credential_id))
-    if last is None or now - last >= 60.0:
-        db.seen_at[(agent_id, credential_id)] = now
-        with db.transaction():
-            at = iso(utcnow())
-            if agent_id is not None:
-                db.execute("UPDATE agents SET last_seen_at = ? WHERE agent_id = ?", (at, agent_id))
-            if credential_id is not None:
-                db.execute("INSERT INTO credential_uses VALUES (?, ?) ON CONFLICT (credential_id) DO UPDATE SET "
-                           "used_at = excluded.used_at", (credential_id, at))
-
-
-
-
-#: A runner counts as listening this long (seconds) after its last wait_for_mention returned:
-#: it calls again at once, or after a reconnect's backoff.
-LISTEN_GRACE = 90.0
-
-
-@contextlib.contextmanager
-def listening(db: Database, actor: Actor) -> Iterator[None]:
-    """Mark the agent's runner as listening while a wait_for_mention with its runner (or rooms) key is open."""
-    if actor.credential_kind != "runner" and actor.project_scope != ROOMS_SCOPE:
-        yield
-        return
-    entry = db.listening.setdefault(actor.agent_id, [0, 0.0])
-    entry[0] += 1
-    try:
-        yield
-    finally:
-        entry[0] -= 1
-        entry[1] = time.monotonic()
-
-
-def runner_listening(db: Database, agent_id: str) -> bool:
-    """True while the agent's runner waits in wait_for_mention here, or did within LISTEN_GRACE seconds."""
-    entry = db.listening.get(agent_id)
-    return entry is not None and (entry[0] > 0 or time.monotonic() - entry[1] < LISTEN_GRACE)
-
-
-# -- the room ----------------------------------------------------------------
-
-#: Message ids made since schema 7: ``msg-<seq in hex>-<12 random hex digits>``. Older ones all
-#: begin ``msg_``. The random part keeps an id from naming a different message when a restored
-#: backup hands its seq out again.
-_MESSAGE_ID = re.compile(r"msg-([0-9a-f]{1,15})-[0-9a-f]{12}")
-
-
-def new_message_id(db: Database) -> str:
-    """Inside a write transaction: the id of the next message inserted (it carries that message's seq)."""
-    seq = db.cached(LAST_MESSAGE, lambda: db.scalar("SELECT coalesce(max(seq), 0) FROM messages")) + 1
-    return f"msg-{seq:x}-{_IDS.getrandbits(48):012x}"
-
-
-def message_seq(message_id: str) -> int | None:
-    """The seq a message id carries; None for an id made before schema 7, or for text no message has."""
-    m = _MESSAGE_ID.fullmatch(message_id)
-    return int(m[1], 16) if m else None
-
-
-def by_message_id(message_id: str, table: str = "messages") -> tuple[str, tuple]:
-    """``(condition, parameters)`` matching the message ``message_id`` in ``table`` (a name or alias).
-
-    A current id is found by its primary key; an older one through the unique index those ids
-    keep, whose condition the query repeats word for word so that SQLite uses it.
+    Writes ``memory.set`` (the key, never the value). Raises InvalidInput, NotFound or Forbidden.
     """
-    seq = message_seq(message_id)
-    if seq is not None:
-        return f"{table}.seq = ? AND {table}.id = ?", (seq, message_id)
-    return f"{table}.id = ? AND substr({table}.id, 1, 4) <> 'msg-'", (message_id,)
-
-
-# The author's name by primary key (a LEFT JOIN here made SQLite scan people and agents).
-_MESSAGE_SELECT = (
-    "SELECT m.*, coalesce(CASE m.author_kind WHEN 'person' THEN "
-    "(SELECT display_name FROM people WHERE handle = m.author) ELSE "
-    "(SELECT display_name FROM agents WHERE agent_id = m.author) END, m.author) AS author_name FROM messages m "
-)
-
-
-def _with_card(db: Database, row: dict) -> dict:
-    """A message row with its Approve card as it stands now (the card changes as it is decided)."""
-    if row.get("make_action"):
-        row = dict(row, make_action_card=action_out(db.one("SELECT * FROM actions WHERE id = ?", (row["make_action"],))))
-    return row
-
-
-def message_out(row: dict) -> dict:
-    """A message row as the reference's Message object (optional fields only when set)."""
-    if row["author_kind"] == "person":
-        author = {"kind": "person", "handle": row["author"], "display_name": row["author_name"]}
-    else:
-        author = {"kind": "agent", "agent_id": row["author"], "owner": owner_of(row["author"]),
-                  "display_name": row["author_name"]}
-    out = {
-        "id": row["id"], "project": row["project"], "author": author, "body": row["body"],
-        "mentions": json.loads(row["mentions"]), "provenance": row["provenance"],
-        "in_reply_to": row["in_reply_to"], "task_id": row["task_id"], "created_at": row["created_at"],
-    }
-    if row["provenance_status"]:
-        out["provenance_status"] = row["provenance_status"]
-    if row["verdict"]:
-        out["verdict"] = row["verdict"]
-    if row["task_request"]:
-        out["task_request"] = {"task_id": row["task_request"]}
-    if row.get("make_action_card"):
-        out["make_action"] = row["make_action_card"]
-    if row.get("made_by_action"):
-        out["made_by_action"] = json.loads(row["made_by_action"])
-    if row.get("lineage"):
-        out["lineage"] = json.loads(row["lineage"])
-    return out
-
-
-def get_message(db: Database, message_id: str) -> dict | None:
-    """One message as the reference's Message object, or None."""
-    where, params = by_message_id(message_id, "m")
-    row = db.one(_MESSAGE_SELECT + "WHERE " + where, params)
-    return message_out(_with_card(db, row)) if row else None
-
-
-def resolve_mentions(db: Database, project: str, body: str) -> tuple[list[str], list[str]]:
-    """Parse ``@name`` and ``@owner/name`` in ``body``.
-
-    Returns ``(mentions, agent_ids)``: canonical addresses in order of first use (at most
-    20; a person by handle, an agent as ``owner/name``) and the agents among them. A bare
-    name is a member's handle if one matches, else the one agent of the project with that
-    name; a name several agents share names nobody.
-    """
-    if "@" not in body:
-        return [], []
-    agents = db.rows("SELECT a.agent_id, a.name FROM project_agents pa JOIN agents a USING (agent_id) "
-                     "WHERE pa.project = ?", (project,))
-    handles = {r["handle"] for r in db.rows("SELECT handle FROM members WHERE project = ?", (project,))}
-    by_id = {a["agent_id"] for a in agents}
-    mentions: list[str] = []
-    agent_ids: list[str] = []
-    for raw in MENTION_RE.findall(body):
-        name = raw.lower()
-        if "/" in name:
-            address = name if name in by_id else None
-        elif name in handles:
-            address = name
-        else:
-            matches = [a["agent_id"] for a in agents if a["name"] == name]
-            address = matches[0] if len(matches) == 1 else None
-        if address and address not in mentions:
-            mentions.append(address)
-            if "/" in address:
-                agent_ids.append(address)
-        if len(mentions) == MENTIONS_MAX:
-            break
-    return mentions, agent_ids
-
-
-def _sorted_pair(a: str, b: str) -> tuple[str, str]:
-    """Two agent IDs in a fixed order: the loop guard keeps one row per pair, whoever spoke first."""
-    return (a, b) if a < b else (b, a)
-
-
-#: The columns write_message fills, in the order of its INSERT.
-_MESSAGE_COLUMNS = ("seq", "id", "project", "author_kind", "author", "body", "mentions", "provenance",
-                    "provenance_status", "in_reply_to", "task_id", "verdict", "created_at", "task_request", "lineage",
-                    "make_action", "made_by_action")
-#: The one statement that writes a message row.
-#: A message's row of the search index (see search): its body, found by its id.
-_INDEX_MESSAGE = ("INSERT INTO search_index (title, body, kind, ref, project, task_id, at) "
-                  "VALUES ('', ?, 'message', ?, ?, ?, ?)")
-_MESSAGE_INSERT = (f"INSERT INTO messages ({', '.join(_MESSAGE_COLUMNS)}) "
-                   f"VALUES ({', '.join('?' * len(_MESSAGE_COLUMNS))})")
-
-
-def write_message(db: Database, actor: Actor, project: str, body: str, *, message_id: str | None = None,
-                  at: str | None = None, mentions: list[str] = (), provenance: str | None = None,
-                  in_reply_to: str | None = None, task_id: str | None = None, verdict: str | None = None,
-                  task_request: str | None = None, lineage: dict | None = None, make_action: dict | None = None,
-                  made_by_action: dict | None = None, wakes: list[tuple] = ()) -> dict:
-    """Write one message by ``actor`` inside the caller's transaction; return the Message.
-
-    The one writer of a message row, for posts, Approve cards (``make_action``, the card as
-    action_out gives it) and action results (``made_by_action``). It writes ``message.posted``
-    to the outbox with ``wakes`` (as append_event takes them) and its audit entry (the
-    author, how many mentions, the provenance and the task thread, never the text). An
-    agent's message is ``agent_generated`` unless ``provenance`` says otherwise, and then its
-    provenance is marked ``claimed``; a person's has none. ``at`` (ISO time) defaults to now.
-    The message goes into the search index too (see search). The caller checks the rules; this
-    raises nothing of its own.
-    """
-    message_id, at = message_id or new_message_id(db), at or iso(utcnow())
-    if actor.kind == "agent":
-        provenance = provenance or "agent_generated"
-        status = "claimed" if provenance != "agent_generated" else None
-        author = actor.agent_id
-    else:
-        provenance, status, author = None, None, actor.handle
-    row = (message_seq(message_id), message_id, project, actor.kind, author, body, utf8_json(mentions), provenance,
-           status, in_reply_to, task_id, verdict, at, task_request, utf8_json(lineage) if lineage else None,
-           make_action["id"] if make_action else None, utf8_json(made_by_action) if made_by_action else None)
-    db.execute(_MESSAGE_INSERT, row)
-    seq = db.conn.last_insert_rowid()
-    for handle in mentions:  # people are mentioned by handle, agents as owner/name
-        if "/" not in handle and handle != author:
-            db.execute("INSERT OR IGNORE INTO person_mentions VALUES (?, ?, ?, ?)", (handle, seq, project, task_id))
-    db.execute(_INDEX_MESSAGE, (body, message_id, project, task_id, at))
-    message = message_out(dict(zip(_MESSAGE_COLUMNS, row), author_name=_display_name(db, actor),
-                               make_action_card=make_action))
-    append_event(db, project, "message.posted", {"message": message}, wakes, at=at)
-    audit(db, project, "message.posted", {"message": message_id, "author": author, "mentions": len(mentions),
-                                          "provenance": provenance, "task": task_id}, at=at)
-    return message
-
-
-def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id: str | None = None,
-                 in_reply_to: str | None = None, provenance: str | None = None, verdict: str | None = None,
-                 _message_id: str | None = None, _task_request: str | None = None) -> dict:
-    """Post in a project room as ``actor``; return the Message.
-
-    Implements post_message: mentions parsed into canonical addresses; a reply stays in
-    its parent's thread; only a thread's parties (or an agent a person mentioned there
-    once the task was routed) post in it; who posts in a private room and who sends a
-    verdict (check_room_post); agents' non-default provenance is marked ``claimed``; the
-    loop guard. Writes ``message.posted`` (outbox, waking mentioned agents and the parties
-    replied to) and its audit entry. Raises InvalidInput, NotFound, Forbidden, InvalidState,
-    Paused.
-    """
-    check_text(body, "body", BODY_MAX)
+    check_text(key, "key", 100, 1)
+    check_text(value, "value", 4000)
+    if provenance not in ("agent_generated", "from_approved_context", "owner_approved", "owner_instruction"):
+        raise InvalidInput("provenance must be agent_generated, from_approved_context, owner_approved or "
+                           "owner_instruction")
     with db.transaction():
-        private = require_project(db, actor, project)["kind"] == "private"
-        check_room_post(db, actor, private, verdict, task_id, in_reply_to)
-        if not body.strip() and verdict not in ("approve", "pass"):
-            raise InvalidInput("body: write the message; only a discussion verdict of approve or pass may be empty")
-        if actor.task_scope is not None and (task_id or _reply_thread(db, in_reply_to)) != actor.task_scope:
-            raise Forbidden(f"a woken run posts only in its own task's thread: pass task_id '{actor.task_scope}'")
-        parent = _reply_parent(db, actor, project, in_reply_to, task_id)
-        task_id = parent["task_id"] if parent is not None else task_id
-        task = visible_task(db, actor, project, task_id) if task_id is not None else None
-        mentions, mentioned_agents = resolve_mentions(db, project, body)
-        replied = _replied_parties(db, project, parent, task)
-        reached = [a for a in dict.fromkeys(mentioned_agents + replied) if a != actor.address]
-        if actor.kind == "agent":
-            _refuse_paused(db, project, actor.agent_id, reached)
-        message_id, now = _message_id or new_message_id(db), iso(utcnow())
-        if task is not None:
-            _touch_thread(db, actor, task, mentioned_agents, message_id, now)
-        wakes = _post_wakes(db, actor, project, private, task, message_id, mentioned_agents, replied, verdict,
-                            named_anyone=bool(mentions))
-        lineage = run_lineage(db, actor, _task_row(db, actor.task_scope)) if actor.attempt_id else None
-        message = write_message(db, actor, project, body, message_id=message_id, at=now, mentions=mentions,
-                                provenance=provenance, in_reply_to=in_reply_to, task_id=task_id, verdict=verdict,
-                                task_request=_task_request, lineage=lineage, wakes=wakes)
-        if actor.kind == "agent":
-            _count_loop(db, project, actor.agent_id, reached)
-        else:
-            _resume_loops(db, project, actor.handle, message_id)
-    return message
+        by, role = _memory_keeper(db, project, by)
+        now = iso(utcnow())
+        db.execute("INSERT INTO memory VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (project, key) DO UPDATE SET "
+                   "value = excluded.value, provenance = excluded.provenance, updated_by = excluded.updated_by, "
+                   "updated_at = excluded.updated_at", (project, key, value, provenance, by, now))
+        audit(db, project, "memory.set", {"key": key, "by": by, "role": role, "provenance": provenance})
+    return {"key": key, "value": value, "provenance": provenance, "updated_by": by, "updated_at": now}
 
 
-def _reply_parent(db: Database, actor: Actor, project: str, in_reply_to: str | None,
-                  task_id: str | None) -> dict | None:
-    """The message answered, which ``actor`` must see; a reply stays in its thread (``task_id`` may only agree)."""
-    if in_reply_to is None:
-        return None
-    where, params = by_message_id(in_reply_to)
-    parent = db.one(f"SELECT * FROM messages WHERE {where} AND project = ?", params + (project,))
-    hidden = parent is not None and parent["task_id"] is not None and not _thread_visible(
-        db, actor, _task_row(db, parent["task_id"]))
-    if parent is None or hidden:
-        raise NotFound(f"in_reply_to: no message '{in_reply_to}' in '{project}' that you can see")
-    if task_id is not None and task_id != parent["task_id"]:
-        where = f"thread of task '{parent['task_id']}'" if parent["task_id"] else "general chat"
-        raise InvalidInput(f"task_id: a reply stays in its parent's {where}; leave task_id out")
-    return parent
+def retract_memory(db: Database, project: str, key: str, by: str | Actor) -> dict:
+    """Retract a memory fact as member ``by`` (as for :func:`set_memory`): no agent is served it from then on.
 
-
-def _replied_parties(db: Database, project: str, parent: dict | None, task: dict | None) -> list[str]:
-    """Whom a message answers: the agent that wrote its parent and its thread's parties that may see the
-    thread, each while it is still in the project (one that left hears nothing more from it)."""
-    replied = [parent["author"]] if parent is not None and parent["author_kind"] == "agent" else []
-    if task is not None:
-        replied += [a for a in (task["requester"], task["assignee"]) if a]
-        # A party the task has not reached (held or refused by the gate) hears nothing of its thread.
-        replied = [a for a in replied if _thread_visible(db, _agent_viewer(a), task)]
-    return [a for a in replied if agent_in_project(db, project, a)]
-
-
-def _post_wakes(db: Database, actor: Actor, project: str, private: bool, task: dict | None, message_id: str,
-                mentioned_agents: list[str], replied: list[str], verdict: str | None,
-                named_anyone: bool = True) -> list[tuple]:
-    """Whom a post wakes, in this order, never its author (wakes as append_event takes them).
-
-    The agents it mentions that see its thread (in a project room), or else the project's
-    default lead for a person's message in general chat that names nobody and answers no agent
-    (default_lead); whoever answers next in a private room (turn_wakes), then the parties it answers.
+    Writes ``memory.retracted``. Raises NotFound (project out of reach, no such fact) or Forbidden.
     """
-    task_id, author = task["id"] if task else None, actor.address
-    wakes = [] if private else [
-        (agent, "mention", task_id, message_id) for agent in mentioned_agents
-        if agent != author and (task is None or _thread_visible(db, _agent_viewer(agent), task))]
-    if not (private or named_anyone or replied or task) and actor.kind == "person":
-        wakes += [(lead, "mention", None, message_id) for lead in [default_lead(db, project)] if lead]
-    wakes += turn_wakes(db, actor, project, private, message_id, mentioned_agents, verdict)
-    return wakes + [(agent, "reply", task_id, message_id) for agent in dict.fromkeys(replied) if agent != author]
-
-
-def _refuse_paused(db: Database, project: str, author: str, reached: list[str]) -> None:
-    """Loop guard: an agent paused with one it reaches may not post until a person does (``Paused``)."""
-    for other in reached:
-        pair = db.one("SELECT paused FROM loop_pairs WHERE project = ? AND agent_a = ? AND agent_b = ?",
-                      (project,) + _sorted_pair(author, other))
-        if pair and pair["paused"]:
-            raise Paused(f"you and '{other}' answered each other {LOOP_LIMIT} times with no person in "
-                         f"between, so both are paused in '{project}' until a person posts there; "
-                         "wait for a person instead of messaging that agent")
-
-
-def _touch_thread(db: Database, actor: Actor, task: dict, mentioned_agents: list[str], message_id: str,
-                  now: str) -> None:
-    """A post in a task's thread: the task's last activity, and a person's mention in a routed task lets the agent in."""
-    db.execute("UPDATE tasks SET last_activity_at = ? WHERE id = ?", (now, task["id"]))
-    if actor.kind == "person" and task["routed_at"] is not None:
-        for agent in mentioned_agents:
-            db.execute("INSERT OR IGNORE INTO thread_access VALUES (?, ?, ?)", (task["id"], agent, message_id))
-
-
-def _display_name(db: Database, actor: Actor) -> str:
-    key = ("name", actor.kind, actor.address)
-    if key not in db.cache:
-        db.cache[key] = (db.scalar("SELECT display_name FROM people WHERE handle = ?", (actor.handle,))
-                         if actor.kind == "person" else
-                         db.scalar("SELECT display_name FROM agents WHERE agent_id = ?", (actor.agent_id,)))
-    return db.cache[key]
-
-
-def _reply_thread(db: Database, message_id: str | None) -> str | None:
-    if not message_id:
-        return None
-    where, params = by_message_id(message_id)
-    return db.scalar(f"SELECT task_id FROM messages WHERE {where}", params)
-
-
-def _agent_viewer(agent_id: str) -> Actor:
-    return Actor("agent", "", "", agent_id=agent_id, owner=owner_of(agent_id))
-
-
-def _count_loop(db: Database, project: str, author: str, reached: list[str]) -> None:
-    """Loop guard: count the turns between a pair (A reaches B, B answers A, …); pause both at LOOP_LIMIT.
-
-    A second message in the same direction is not a turn; only a person's message resets the count.
-    """
-    for other in reached:
-        a, b = _sorted_pair(author, other)
-        row = db.one("SELECT * FROM loop_pairs WHERE project = ? AND agent_a = ? AND agent_b = ?", (project, a, b))
-        if row is None:
-            count = 1
-        elif row["last_from"] == author:
-            count = row["count"]  # the same direction again: not an answer, so no new count
-        else:
-            count = row["count"] + 1
-        paused = count >= LOOP_LIMIT
-        db.execute("INSERT INTO loop_pairs VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (project, agent_a, agent_b) DO "
-                   "UPDATE SET last_from = excluded.last_from, count = excluded.count, paused = excluded.paused",
-                   (project, a, b, author, count, int(paused)))
-        if paused:
-            audit(db, project, "room.loop_paused", {"agents": [a, b], "count": count})
-
-
-def _resume_loops(db: Database, project: str, person: str, message_id: str) -> None:
-    """A person's message resets the loop guard in the project and resumes paused pairs."""
-    for row in db.rows("SELECT agent_a, agent_b FROM loop_pairs WHERE project = ? AND paused = 1", (project,)):
-        audit(db, project, "room.loop_resumed", {"person": person, "agents": [row["agent_a"], row["agent_b"]],
-                                                 "message": message_id})
-    db.execute("DELETE FROM loop_pairs WHERE project = ?", (project,))
-
-
-def project_view(db: Database, person: Actor, project: str, hub: WakeHub | None = None) -> dict:
-    """A project as the web page shows it: summary, kind, the person's role, people (with roles),
-    agents, memory, pulse and paused agent pairs. NotFound when it is out of ``person``'s reach.
-    """
-    with db.snapshot():
-        kind = require_project(db, person, project)["kind"]
-        team = discover_team_agents(db, person, project, hub)
-        for p in team["people"]:
-            p["role"] = _member_role(db, project, p["handle"])
-        summary = project_out(db, project)
-        return {"project": summary, "kind": kind, "role": _member_role(db, project, person.handle),
-                "team_role": _team_role(db, summary["team"], person.handle) if kind == "team" else None,
-                "lead": lead_out(db, project, person.handle), "can_pick_lead": may_pick_lead(db, project, person.handle),
-                **team, "memory": memory_facts(db, project),
-                "pulse": project_pulse(db, project), "paused": paused_pairs(db, project)}
-
-
-def paused_pairs(db: Database, project: str) -> list[dict]:
-    """Pairs of agents the loop guard holds in ``project``, with the count that paused them."""
-    return [{"agents": [r["agent_a"], r["agent_b"]], "count": r["count"]}
-            for r in db.rows("SELECT * FROM loop_pairs WHERE project = ? AND paused = 1", (project,))]
-
-
-def resume_pair(db: Database, person: Actor, project: str, agents: Any) -> dict:
-    """Resume two agents the loop guard paused in ``project`` with one message from ``person``; return it.
-
-    ``agents`` is the pair, in either order. A person's message is what resumes a pair
-    (``room.loop_resumed``); this one names both. The pair must be paused when the message
-    is written (one transaction). Raises InvalidInput (``agents``), Forbidden (not a person),
-    NotFound (project out of reach) or InvalidState (the two are not paused there).
-    """
-    if not (isinstance(agents, list) and len(agents) == 2 and all(isinstance(a, str) for a in agents)):
-        raise InvalidInput("agents must be the two paused agents, like [\"oj/muse\", \"ren/builder\"]")
-    if person.kind != "person":
-        raise Forbidden("only a person resumes a paused pair, by posting in the room")
     with db.transaction():
-        require_project(db, person, project)
-        if sorted(agents) not in [p["agents"] for p in paused_pairs(db, project)]:
-            raise InvalidState(f"{agents[0]} and {agents[1]} are not paused in '{project}'")
-        return post_message(db, person, project, f"Resumed @{agents[0]} and @{agents[1]}: carry on, and keep it short.")
-
-
-def read_room(db: Database, actor: Actor, project: str, *, cursor: str | None = None, limit: int = 50,
-              task_id: str | None = None, latest: bool = False, before: str | None = None) -> dict:
-    """Read a room oldest first, ``limit`` messages a page.
-
-    Implements read_room: without ``task_id`` general chat plus the ROOM_THREADS task
-    threads with the newest activity the reader may see; with it, that thread only.
-    ``next_cursor`` continues after the last message and is null once nothing is left.
-    Raises InvalidInput for a cursor from elsewhere, NotFound for a thread out of reach.
-
-    For the web page, ``latest`` gives the newest page instead (still oldest first) and
-    ``before`` the page before a ``previous_cursor``; those answers carry
-    ``previous_cursor`` (null at the start of the room).
-    """
-    if actor.task_scope is not None and task_id != actor.task_scope:
-        raise Forbidden(f"a woken run reads only its own task's thread: pass task_id '{actor.task_scope}'")
-    with db.snapshot() if actor.task_scope is None else db.transaction():
-        require_project(db, actor, project)
-        if task_id is not None:
-            visible_task(db, actor, project, task_id)
-        scope = f"room|{actor.address}|{project}|{task_id or ''}"
-        after = 0
-        if cursor is not None:
-            after = decode_cursor(db, scope, cursor)
-            if after is None:
-                raise InvalidInput("cursor: not a next_cursor that read_room gave you for this room; "
-                                   "leave it out to start from the oldest message")
-            if after > db.scalar("SELECT coalesce(max(seq), 0) FROM messages"):
-                # Messages are never deleted: a cursor past the newest one is from before a restore,
-                # and continuing from it would skip every message posted since, unseen.
-                raise InvalidInput("cursor: it is past the newest message here (the server was restored from "
-                                   "an older backup); leave it out and read the room again from the oldest message")
-        where = "m.task_id = ?" if task_id is not None else "m.task_id IS NULL"
-        params = (project, task_id) if task_id is not None else (project,)
-        if latest or before is not None:
-            until = SEQ_MAX
-            if before is not None:
-                until = decode_cursor(db, "back|" + scope, before)
-                if until is None:
-                    raise InvalidInput("before: not a previous_cursor this room gave you")
-            rows = db.rows(_MESSAGE_SELECT + f"WHERE m.project = ? AND {where} AND m.seq < ? ORDER BY m.seq DESC "
-                           "LIMIT ?", params + (until, limit + 1))
-            older = len(rows) > limit
-            rows = rows[:limit][::-1]
-            out = {"messages": [message_out(_with_card(db, r)) for r in rows], "next_cursor": None,
-                   "previous_cursor": encode_cursor(db, "back|" + scope, rows[0]["seq"]) if older else None}
-        else:
-            rows = db.rows(_MESSAGE_SELECT + f"WHERE m.project = ? AND {where} AND m.seq > ? ORDER BY m.seq LIMIT ?",
-                           params + (after, limit + 1))
-            more = len(rows) > limit
-            rows = rows[:limit]
-            out = {"messages": [message_out(_with_card(db, r)) for r in rows],
-                   "next_cursor": encode_cursor(db, scope, rows[-1]["seq"]) if more else None}
-        if task_id is None:
-            out["threads"] = _listed_threads(db, actor, project)
-        elif actor.task_scope is not None:
-            audit(db, project, "thread.read", {"task": task_id, "attempt": actor.attempt_id,
-                                               "messages": len(out["messages"])})
-    return out
-
-
-def _listed_threads(db: Database, actor: Actor, project: str) -> list[dict]:
-    """The task threads read_room lists for ``actor`` beside general chat, newest activity first."""
-    if actor.kind == "agent":
-        rows = db.rows(f"SELECT * FROM tasks t WHERE project = :project AND {AGENT_SEES_TASK} "
-                       "ORDER BY last_activity_at DESC LIMIT :limit",
-                       {"project": project, "agent": actor.agent_id, "limit": ROOM_THREADS})
-    else:
-        rows = db.rows("SELECT * FROM tasks WHERE project = ? ORDER BY last_activity_at DESC LIMIT ?",
-                       (project, ROOM_THREADS))
-    return [{
-        "task_id": t["id"], "title": t["display_title"] or t["title"], "state": t["state"],
-        "requester": t["requester"],
-        "assignee": t["assignee"],
-        "reply_count": db.scalar("SELECT count(*) FROM messages WHERE project = ? AND task_id = ?",
-                                 (project, t["id"])),
-        "last_activity_at": t["last_activity_at"], "parent_task_id": t["parent_task_id"],
-    } for t in rows]
-
-
-# -- people, memory and pulse ------------------------------------------------
+        by, role = _memory_keeper(db, project, by)
+        if not db.execute("DELETE FROM memory WHERE project = ? AND key = ?", (project, key)):
+            raise NotFound(f"no memory fact '{key}' in '{project}'")
+        audit(db, project, "memory.retracted", {"key": key, "by": by, "role": role})
+    return {"project": project, "key": key, "retracted": True}
 
 
 def discover_team_agents(db: Database, actor: Actor, project: str, hub: WakeHub | None = None) -> dict:
@@ -4750,7 +4501,7 @@ def project_pulse(db: Database, project: str, viewer: Actor | None = None) -> li
     out = [pulse_out(r, owner_of(r["agent_id"])) for r in rows]
     if viewer is not None and viewer.kind == "agent":
         for pulse in out:
-            if pulse["task_id"] and not _thread_visible(db, viewer, _task_row(db, pulse["task_id"])):
+            if pulse["task_id"] and not thread_visible(db, viewer, task_row(db, pulse["task_id"])):
                 pulse["task_id"] = None
     return out
 
@@ -4879,7 +4630,870 @@ def update_pulse(db: Database, actor: Actor, project: str, args: dict, intent_tt
     return {"pulse": pulse}
 
 
-# -- tasks: handoff, the gate, the lifecycle, results --------------------------
+###############################################################################
+# 15. The default lead
+###############################################################################
+# A team owner picks an agent of the project; its owner agrees or declines (the pick is
+# 'proposed' until then); once agreed, a person's message in general chat that names nobody
+# wakes it, as a private room's lead is woken by its owner's message (default_lead, one home
+# for both); its owner can step down.
+
+#: What the owner of a picked agent may answer: agree, or decline it.
+LEAD_DECISIONS = ("agree", "decline")
+
+
+def default_lead(db: Database, project: str) -> str | None:
+    """The agent a message that names nobody wakes in ``project``, or None.
+
+    In a private room: the lead its owner set (``room.lead_set``), else its first agent. In a
+    team project: the default lead its owner agreed to (``room.lead_agreed``), while it is still
+    in the project with its owner a member.
+    """
+    room = db.one("SELECT lead_agent FROM rooms WHERE project = ?", (project,))
+    if room is not None:
+        ids = [a["agent_id"] for a in room_agents(db, project)]
+        return room["lead_agent"] if room["lead_agent"] in ids else (ids[0] if ids else None)
+    lead = db.scalar("SELECT lead_agent FROM projects WHERE slug = ? AND lead_state = 'agreed'", (project,))
+    return lead if lead is not None and agent_in_project(db, project, lead) else None
+
+
+def lead_out(db: Database, project: str, viewer: str | None = None) -> dict | None:
+    """A team project's default lead as the page shows it: ``{agent_id, state, picked_by}``, or None.
+
+    With a ``viewer`` (a person's handle) it adds what they may do now: ``can_answer`` (they own
+    the picked agent and it waits for an answer) and ``can_step_down`` (they own the agreed lead).
+    """
+    row = db.one("SELECT lead_agent, lead_state, lead_picked_by FROM projects WHERE slug = ?", (project,))
+    if row is None or row["lead_agent"] is None:
+        return None
+    out = {"agent_id": row["lead_agent"], "state": row["lead_state"], "picked_by": row["lead_picked_by"]}
+    if viewer is not None:
+        mine = owner_of(row["lead_agent"]) == viewer
+        out |= {"can_answer": mine and row["lead_state"] == "proposed",
+                "can_step_down": mine and row["lead_state"] == "agreed"}
+    return out
+
+
+def may_pick_lead(db: Database, project: str, handle: str) -> bool:
+    """Whether ``handle`` may pick ``project``'s default lead now: an owner of its team, while
+    no lead has agreed and the project has an agent to pick."""
+    row = db.one("SELECT kind, team, lead_state FROM projects WHERE slug = ?", (project,))
+    return (row is not None and row["kind"] == "team" and team_role(db, row["team"], handle) == "owner"
+            and row["lead_state"] != "agreed"
+            and db.one("SELECT 1 FROM project_agents WHERE project = ?", (project,)) is not None)
+
+
+def _lead_project(db: Database, project: str, by: str | Actor | None) -> tuple[dict, str | None]:
+    """The team project (row) and ``by`` as a handle (see acting_member); a private room is Forbidden."""
+    by = acting_member(db, project, by)
+    row = db.one("SELECT * FROM projects WHERE slug = ?", (check_slug(project, "project"),))
+    if row is None:
+        raise NotFound(f"no project '{project}'")
+    if row["kind"] == "private":
+        raise Forbidden(f"'{project}' is a private room: its owner sets its lead in the room's settings")
+    return row, by
+
+
+def pick_lead(db: Database, project: str, agent_id: str, by: str | Actor | None = None) -> dict:
+    """A team owner picks an agent of the project as its default lead; its owner then agrees or declines.
+
+    ``by`` (an owner of the project's team) is checked when given; without it, the command
+    line. A new pick replaces one not yet agreed; an agreed lead's owner steps down first.
+    Returns lead_out. Writes nothing to the audit log until the owner answers. Raises
+    InvalidInput, NotFound, Forbidden or Conflict.
+    """
+    check_agent_id(agent_id, "agent_id")
+    with db.transaction():
+        row, by = _lead_project(db, project, by)
+        if by is not None and team_role(db, row["team"], by) != "owner":
+            raise Forbidden(f"only an owner of team '{row['team']}' picks the default lead of '{project}'")
+        if not agent_in_project(db, project, agent_id):
+            raise NotFound(f"agent_id: '{agent_id}' is not in '{project}': its owner adds it first")
+        if row["lead_state"] == "agreed" and row["lead_agent"] != agent_id:
+            raise Conflict(f"'{row['lead_agent']}' leads '{project}' now: its owner steps down first")
+        if row["lead_agent"] != agent_id:
+            move(db, "lead", project, "pick", row, lead_agent=agent_id, lead_picked_by=by)
+        return lead_out(db, project)
+
+
+def answer_lead(db: Database, project: str, decision: str, by: str | Actor | None = None) -> dict:
+    """The picked agent's owner agrees to lead the project (``room.lead_agreed``) or declines
+    (``room.lead_declined``, reason ``declined``: the project has no default lead again).
+
+    ``by`` (the agent's owner) is checked when given; without it, the command line answers for
+    them (the entry's ``by`` is then None). Returns ``{"lead": lead_out}``. Raises InvalidInput,
+    NotFound, Forbidden or InvalidState.
+    """
+    check_decision(decision, *LEAD_DECISIONS)
+    with db.transaction():
+        row, by = _lead_project(db, project, by)
+        agent = row["lead_agent"]
+        if agent is None or row["lead_state"] != "proposed":
+            raise InvalidState(f"'{project}' has no default lead waiting for an answer")
+        if by is not None and owner_of(agent) != by:
+            raise Forbidden(f"only {owner_of(agent)}, who owns '{agent}', answers for it")
+        if decision == "agree":
+            move(db, "lead", project, "agree", row)
+            audit(db, project, "room.lead_agreed", {"agent": agent, "by": by, "picked_by": row["lead_picked_by"]})
+        else:
+            _end_lead(db, row, by, "decline")
+        return {"lead": lead_out(db, project)}
+
+
+def step_down_lead(db: Database, project: str, by: str | Actor | None = None) -> dict:
+    """The agreed lead's owner steps it down: the project has no default lead again.
+
+    Writes ``room.lead_declined`` (reason ``stepped_down``). ``by`` as for :func:`answer_lead`.
+    Returns ``{"lead": None}``. Raises NotFound, Forbidden or InvalidState.
+    """
+    with db.transaction():
+        row, by = _lead_project(db, project, by)
+        agent = row["lead_agent"]
+        if agent is None or row["lead_state"] != "agreed":
+            raise InvalidState(f"'{project}' has no default lead that agreed: there is nothing to step down from")
+        if by is not None and owner_of(agent) != by:
+            raise Forbidden(f"only {owner_of(agent)}, who owns '{agent}', steps it down")
+        _end_lead(db, row, by, "step_down")
+        return {"lead": None}
+
+
+def _end_lead(db: Database, project: dict, by: str | None, how: str) -> None:
+    """The lead's owner declines it or steps it down (``how``, a move of LEAD_MOVES): ``room.lead_declined``."""
+    move(db, "lead", project["slug"], how, project, lead_agent=None, lead_picked_by=None)
+    reason = {"decline": "declined", "step_down": "stepped_down"}[how]
+    audit(db, project["slug"], "room.lead_declined", {"agent": project["lead_agent"], "by": by, "reason": reason})
+
+
+###############################################################################
+# 16. Private rooms: turns
+###############################################################################
+# A private room is a project of kind 'private': its owner and their agents. Each message of the
+# owner starts a turn (start_turn): its lead drafts, a reviewer may review, and a review asking
+# for changes goes back for a revision (advance_turn, moves of TURN_MOVES). Agents post in a
+# room only in their turn (check_room_post). Claiming a turn's step is chapter 29.
+
+#: How a private room answers its owner: draft then review (then a revision), one agent alone,
+#: or only the agents named.
+REPLY_MODES = ("review", "solo", "named")
+
+#: A discussion credential lasts this long and may call only these tools.
+DISCUSSION_TTL = _dt.timedelta(minutes=10)
+
+DISCUSSION_TOOLS = ("read_room", "post_message")
+
+#: The discussion protocol a runner must speak (draft, review, revise).
+DISCUSSION_HARNESS = 2
+
+#: The replies a turn with a reviewer allows: the draft, the review and one revision.
+REVIEWED_REPLIES = 3
+
+#: The verdicts each role may send with its one post.
+ROLE_VERDICTS = {"draft": ("draft", "ask_owner"), "revise": ("draft", "ask_owner"),
+                 "combine": ("draft", "ask_owner"), "review": ("approve", "pass", "changes", "ask_owner")}
+
+
+def open_turn(db: Database, slug: str) -> dict | None:
+    return db.one("SELECT * FROM turns WHERE project = ? AND ended_at IS NULL ORDER BY created_at DESC LIMIT 1",
+                  (slug,))
+
+
+def end_turn(db: Database, turn: dict, reason: str) -> int:
+    """End a turn; its live discussion credentials end too. Returns how many ended."""
+    now = iso(utcnow())
+    move(db, "turn", turn["id"], reason, turn, ended_at=now, end_reason=reason, waiting_on="[]")
+    # Credentials that already spent their one post are inert; they lapse on their own.
+    return revoke_credentials(db, "discussion_id IN (SELECT id FROM discussions WHERE turn_id = ? AND "
+                              "reply_id IS NULL)", (turn["id"],), "turn_ended")
+
+
+def room_wake(turn_id: str, agent: str, message_id: str, replies_left: int, lead: bool) -> tuple:
+    return (agent, "room", None, message_id, {"turn": turn_id, "replies_left": replies_left, "lead": lead})
+
+
+def start_turn(db: Database, slug: str, message_id: str, named: list[str]) -> list[tuple]:
+    """The owner wrote in their room: end the open turn and wake who answers by the room's reply mode.
+
+    Returns the room wakes to attach to the message's event.
+    """
+    room = db.one("SELECT * FROM rooms WHERE project = ?", (slug,))
+    previous = open_turn(db, slug)
+    if previous is not None:
+        end_turn(db, previous, "replaced")
+    agents = room_agents(db, slug)
+    ids = [a["agent_id"] for a in agents]
+    named = [a for a in named if a in ids]
+    lead = default_lead(db, slug)
+    drafter = reviewer = None
+    if room["reply_mode"] == "named":
+        targets, step, replies = named, "draft", len(named)
+    else:
+        drafter = named[0] if named else lead
+        targets, step = ([drafter] if drafter else []), "draft"
+        if room["reply_mode"] == "review" and drafter:
+            client = next(a["client"] for a in agents if a["agent_id"] == drafter)
+            others = [a["agent_id"] for a in agents if a["agent_id"] != drafter and a["client"] != client]
+            reviewer = next((a for a in named[1:] if a in others), others[0] if others else None)
+        replies = REVIEWED_REPLIES if reviewer else 1
+    if not targets:
+        return []
+    turn_id = new_id("turn")
+    db.execute("INSERT INTO turns (id, project, message_id, mode, drafter, reviewer, named, step, waiting_on, "
+               "waking_message, replies_left, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+               (turn_id, slug, message_id, room["reply_mode"], drafter, reviewer, json.dumps(named), step,
+                json.dumps(targets), message_id, replies, iso(utcnow())))
+    return [room_wake(turn_id, agent, message_id, replies, i == 0) for i, agent in enumerate(targets)]
+
+
+def advance_turn(db: Database, actor: Actor, verdict: str, reply_id: str) -> list[tuple]:
+    """A discussion posted its one reply: record it, end its credential, wake whoever answers next."""
+    discussion = db.one("SELECT * FROM discussions WHERE id = ?", (actor.discussion_id,))
+    turn = db.one("SELECT * FROM turns WHERE id = ?", (discussion["turn_id"],))
+    # The credential stays readable until it expires; its one post is spent.
+    db.execute("UPDATE discussions SET reply_id = ? WHERE id = ?", (reply_id, discussion["id"]))
+    waiting = [a for a in json.loads(turn["waiting_on"]) if a != actor.agent_id]
+    left = max(turn["replies_left"] - 1, 0)
+    step = TURN_MOVES.get(discussion["role"], {}).get(verdict) if left else None
+    who, column = TURN_HANDOVER.get(step, (None, None))
+    if who and turn[who] and step == "review" and not runner_listening(db, turn[who]):
+        # A reviewer whose runner isn't listening would stall the turn: it waits for the owner instead.
+        move(db, "turn", turn["id"], verdict, turn, waiting_on="[]", waking_message=reply_id, replies_left=left,
+             skipped=json.dumps([turn[who]]), **{column: reply_id})
+        audit(db, turn["project"], "room.reviewer_skipped", {"turn": turn["id"], "step": "review", "draft": reply_id,
+                                                             "agent": turn[who], "reason": "runner_not_listening"})
+        return []
+    if who and turn[who]:
+        move(db, "turn", turn["id"], verdict, turn, waiting_on=json.dumps([turn[who]]), waking_message=reply_id,
+             replies_left=left, **{column: reply_id})
+        return [room_wake(turn["id"], turn[who], reply_id, left, False)]
+    db.execute("UPDATE turns SET waiting_on = ?, replies_left = ? WHERE id = ?",
+               (json.dumps(waiting), left, turn["id"]))
+    if not waiting or verdict == "ask_owner":
+        end_turn(db, turn, "ask_owner" if verdict == "ask_owner" else "answered")
+    return []
+
+
+def check_room_post(db: Database, actor: Actor, private: bool, verdict: str | None, task_id: str | None,
+                    in_reply_to: str | None) -> None:
+    """Who may post (and send a verdict) where private rooms are concerned; part of post_message.
+
+    Only a discussion credential sends a verdict, one its role sends, with its one reply to
+    the room's general chat while its turn still waits on it; an agent posts in a private
+    room only through such a credential. Raises InvalidInput, InvalidState, Forbidden.
+    """
+    if verdict is not None and actor.credential_kind != "discussion":
+        raise InvalidInput("verdict: only a discussion credential in a private room sends a verdict; "
+                           "leave verdict out")
+    if actor.credential_kind != "discussion":
+        if private and actor.kind == "agent":
+            raise Forbidden("agents post in a private room only through a discussion credential (claim_discussion)")
+        return
+    role, replied = next(iter(db.conn.execute("SELECT role, reply_id FROM discussions WHERE id = ?",
+                                              (actor.discussion_id,))))
+    if replied:
+        raise InvalidState("this discussion already posted its one reply")
+    turn = db.one("SELECT t.* FROM turns t JOIN discussions d ON d.turn_id = t.id WHERE d.id = ?",
+                  (actor.discussion_id,))
+    waking = db.scalar("SELECT message_id FROM discussions WHERE id = ?", (actor.discussion_id,))
+    if (turn["ended_at"] or turn["waking_message"] != waking
+            or actor.agent_id not in json.loads(turn["waiting_on"])):
+        raise InvalidState("the turn no longer waits on this reply (it was answered, stopped or replaced)")
+    if verdict not in ROLE_VERDICTS[role]:
+        raise InvalidInput(f"verdict: as {role}r send {' or '.join(ROLE_VERDICTS[role])} with your one post"
+                           .replace("reviewr", "reviewer").replace("draftr", "drafter"))
+    if task_id is not None or in_reply_to is not None:
+        raise InvalidInput("a discussion posts one reply to the room's general chat: leave task_id and "
+                           "in_reply_to out")
+
+
+def turn_wakes(db: Database, actor: Actor, project: str, private: bool, message_id: str, named: list[str],
+               verdict: str | None) -> list[tuple]:
+    """The room wakes a post brings: the owner's message starts a turn, a discussion's reply advances its turn."""
+    if private and actor.kind == "person":
+        return start_turn(db, project, message_id, named)
+    if actor.credential_kind == "discussion":
+        return advance_turn(db, actor, verdict, message_id)
+    return []
+
+
+###############################################################################
+# 17. Messages: writing, mentions and the loop guard
+###############################################################################
+# A message is written once (write_message: the row, its search entry, its event and its wakes);
+# post_message is the agents' and people's way in, with mentions resolved by the server, the
+# thread a reply belongs to, whom the post wakes (_post_wakes) and the loop guard: two agents
+# answering each other LOOP_LIMIT times with no person in between are paused in that room.
+
+#: The loop guard pauses a pair of agents at this many alternating messages.
+LOOP_LIMIT = 10
+
+#: At most this many wakes come back from one wait call.
+WAKE_BATCH = 50
+
+#: Message ids made since schema 7: ``msg-<seq in hex>-<12 random hex digits>``. Older ones all
+#: begin ``msg_``. The random part keeps an id from naming a different message when a restored
+#: backup hands its seq out again.
+_MESSAGE_ID = re.compile(r"msg-([0-9a-f]{1,15})-[0-9a-f]{12}")
+
+
+def new_message_id(db: Database) -> str:
+    """Inside a write transaction: the id of the next message inserted (it carries that message's seq)."""
+    seq = db.cached(LAST_MESSAGE, lambda: db.scalar("SELECT coalesce(max(seq), 0) FROM messages")) + 1
+    return f"msg-{seq:x}-{RANDOM_IDS.getrandbits(48):012x}"
+
+
+def message_seq(message_id: str) -> int | None:
+    """The seq a message id carries; None for an id made before schema 7, or for text no message has."""
+    m = _MESSAGE_ID.fullmatch(message_id)
+    return int(m[1], 16) if m else None
+
+
+def by_message_id(message_id: str, table: str = "messages") -> tuple[str, tuple]:
+    """``(condition, parameters)`` matching the message ``message_id`` in ``table`` (a name or alias).
+
+    A current id is found by its primary key; an older one through the unique index those ids
+    keep, whose condition the query repeats word for word so that SQLite uses it.
+    """
+    seq = message_seq(message_id)
+    if seq is not None:
+        return f"{table}.seq = ? AND {table}.id = ?", (seq, message_id)
+    return f"{table}.id = ? AND substr({table}.id, 1, 4) <> 'msg-'", (message_id,)
+
+
+# The author's name by primary key (a LEFT JOIN here made SQLite scan people and agents).
+MESSAGE_SELECT = (
+    "SELECT m.*, coalesce(CASE m.author_kind WHEN 'person' THEN "
+    "(SELECT display_name FROM people WHERE handle = m.author) ELSE "
+    "(SELECT display_name FROM agents WHERE agent_id = m.author) END, m.author) AS author_name FROM messages m "
+)
+
+
+def with_card(db: Database, row: dict) -> dict:
+    """A message row with its Approve card as it stands now (the card changes as it is decided)."""
+    if row.get("make_action"):
+        row = dict(row, make_action_card=action_out(db.one("SELECT * FROM actions WHERE id = ?", (row["make_action"],))))
+    return row
+
+
+def message_out(row: dict) -> dict:
+    """A message row as the reference's Message object (optional fields only when set)."""
+    if row["author_kind"] == "person":
+        author = {"kind": "person", "handle": row["author"], "display_name": row["author_name"]}
+    else:
+        author = {"kind": "agent", "agent_id": row["author"], "owner": owner_of(row["author"]),
+                  "display_name": row["author_name"]}
+    out = {
+        "id": row["id"], "project": row["project"], "author": author, "body": row["body"],
+        "mentions": json.loads(row["mentions"]), "provenance": row["provenance"],
+        "in_reply_to": row["in_reply_to"], "task_id": row["task_id"], "created_at": row["created_at"],
+    }
+    if row["provenance_status"]:
+        out["provenance_status"] = row["provenance_status"]
+    if row["verdict"]:
+        out["verdict"] = row["verdict"]
+    if row["task_request"]:
+        out["task_request"] = {"task_id": row["task_request"]}
+    if row.get("make_action_card"):
+        out["make_action"] = row["make_action_card"]
+    if row.get("made_by_action"):
+        out["made_by_action"] = json.loads(row["made_by_action"])
+    if row.get("lineage"):
+        out["lineage"] = json.loads(row["lineage"])
+    return out
+
+
+def get_message(db: Database, message_id: str) -> dict | None:
+    """One message as the reference's Message object, or None."""
+    where, params = by_message_id(message_id, "m")
+    row = db.one(MESSAGE_SELECT + "WHERE " + where, params)
+    return message_out(with_card(db, row)) if row else None
+
+
+def resolve_mentions(db: Database, project: str, body: str) -> tuple[list[str], list[str]]:
+    """Parse ``@name`` and ``@owner/name`` in ``body``.
+
+    Returns ``(mentions, agent_ids)``: canonical addresses in order of first use (at most
+    20; a person by handle, an agent as ``owner/name``) and the agents among them. A bare
+    name is a member's handle if one matches, else the one agent of the project with that
+    name; a name several agents share names nobody.
+    """
+    if "@" not in body:
+        return [], []
+    agents = db.rows("SELECT a.agent_id, a.name FROM project_agents pa JOIN agents a USING (agent_id) "
+                     "WHERE pa.project = ?", (project,))
+    handles = {r["handle"] for r in db.rows("SELECT handle FROM members WHERE project = ?", (project,))}
+    by_id = {a["agent_id"] for a in agents}
+    mentions: list[str] = []
+    agent_ids: list[str] = []
+    for raw in MENTION_RE.findall(body):
+        name = raw.lower()
+        if "/" in name:
+            address = name if name in by_id else None
+        elif name in handles:
+            address = name
+        else:
+            matches = [a["agent_id"] for a in agents if a["name"] == name]
+            address = matches[0] if len(matches) == 1 else None
+        if address and address not in mentions:
+            mentions.append(address)
+            if "/" in address:
+                agent_ids.append(address)
+        if len(mentions) == MENTIONS_MAX:
+            break
+    return mentions, agent_ids
+
+
+def _sorted_pair(a: str, b: str) -> tuple[str, str]:
+    """Two agent IDs in a fixed order: the loop guard keeps one row per pair, whoever spoke first."""
+    return (a, b) if a < b else (b, a)
+
+
+#: The columns write_message fills, in the order it gives their values.
+_MESSAGE_COLUMNS = ("seq", "id", "project", "author_kind", "author", "body", "mentions", "provenance",
+                    "provenance_status", "in_reply_to", "task_id", "verdict", "created_at", "task_request", "lineage",
+                    "make_action", "made_by_action")
+
+#: A message's row of the search index (see search): its body, found by its id.
+_INDEX_MESSAGE = ("INSERT INTO search_index (title, body, kind, ref, project, task_id, at) "
+                  "VALUES ('', ?, 'message', ?, ?, ?, ?)")
+
+
+def write_message(db: Database, actor: Actor, project: str, body: str, *, message_id: str | None = None,
+                  at: str | None = None, mentions: list[str] = (), provenance: str | None = None,
+                  in_reply_to: str | None = None, task_id: str | None = None, verdict: str | None = None,
+                  task_request: str | None = None, lineage: dict | None = None, make_action: dict | None = None,
+                  made_by_action: dict | None = None, wakes: list[tuple] = ()) -> dict:
+    """Write one message by ``actor`` inside the caller's transaction; return the Message.
+
+    The one writer of a message row, for posts, Approve cards (``make_action``, the card as
+    action_out gives it) and action results (``made_by_action``). It writes ``message.posted``
+    to the outbox with ``wakes`` (as append_event takes them) and its audit entry (the
+    author, how many mentions, the provenance and the task thread, never the text). An
+    agent's message is ``agent_generated`` unless ``provenance`` says otherwise, and then its
+    provenance is marked ``claimed``; a person's has none. ``at`` (ISO time) defaults to now.
+    The message goes into the search index too (see search). The caller checks the rules; this
+    raises nothing of its own.
+    """
+    message_id, at = message_id or new_message_id(db), at or iso(utcnow())
+    if actor.kind == "agent":
+        provenance = provenance or "agent_generated"
+        status = "claimed" if provenance != "agent_generated" else None
+        author = actor.agent_id
+    else:
+        provenance, status, author = None, None, actor.handle
+    row = (message_seq(message_id), message_id, project, actor.kind, author, body, utf8_json(mentions), provenance,
+           status, in_reply_to, task_id, verdict, at, task_request, utf8_json(lineage) if lineage else None,
+           make_action["id"] if make_action else None, utf8_json(made_by_action) if made_by_action else None)
+    db.insert("messages", dict(zip(_MESSAGE_COLUMNS, row)))
+    seq = db.conn.last_insert_rowid()
+    for handle in mentions:  # people are mentioned by handle, agents as owner/name
+        if "/" not in handle and handle != author:
+            db.execute("INSERT OR IGNORE INTO person_mentions VALUES (?, ?, ?, ?)", (handle, seq, project, task_id))
+    db.execute(_INDEX_MESSAGE, (body, message_id, project, task_id, at))
+    message = message_out(dict(zip(_MESSAGE_COLUMNS, row), author_name=_display_name(db, actor),
+                               make_action_card=make_action))
+    append_event(db, project, "message.posted", {"message": message}, wakes, at=at)
+    audit(db, project, "message.posted", {"message": message_id, "author": author, "mentions": len(mentions),
+                                          "provenance": provenance, "task": task_id}, at=at)
+    return message
+
+
+def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id: str | None = None,
+                 in_reply_to: str | None = None, provenance: str | None = None, verdict: str | None = None,
+                 _message_id: str | None = None, _task_request: str | None = None) -> dict:
+    """Post in a project room as ``actor``; return the Message.
+
+    Implements post_message: mentions parsed into canonical addresses; a reply stays in
+    its parent's thread; only a thread's parties (or an agent a person mentioned there
+    once the task was routed) post in it; who posts in a private room and who sends a
+    verdict (check_room_post); agents' non-default provenance is marked ``claimed``; the
+    loop guard. Writes ``message.posted`` (outbox, waking mentioned agents and the parties
+    replied to) and its audit entry. Raises InvalidInput, NotFound, Forbidden, InvalidState,
+    Paused.
+    """
+    check_text(body, "body", BODY_MAX)
+    with db.transaction():
+        private = require_project(db, actor, project)["kind"] == "private"
+        check_room_post(db, actor, private, verdict, task_id, in_reply_to)
+        if not body.strip() and verdict not in ("approve", "pass"):
+            raise InvalidInput("body: write the message; only a discussion verdict of approve or pass may be empty")
+        if actor.task_scope is not None and (task_id or _reply_thread(db, in_reply_to)) != actor.task_scope:
+            raise Forbidden(f"a woken run posts only in its own task's thread: pass task_id '{actor.task_scope}'")
+        parent = _reply_parent(db, actor, project, in_reply_to, task_id)
+        task_id = parent["task_id"] if parent is not None else task_id
+        task = visible_task(db, actor, project, task_id) if task_id is not None else None
+        mentions, mentioned_agents = resolve_mentions(db, project, body)
+        replied = _replied_parties(db, project, parent, task)
+        reached = [a for a in dict.fromkeys(mentioned_agents + replied) if a != actor.address]
+        if actor.kind == "agent":
+            _refuse_paused(db, project, actor.agent_id, reached)
+        message_id, now = _message_id or new_message_id(db), iso(utcnow())
+        if task is not None:
+            _touch_thread(db, actor, task, mentioned_agents, message_id, now)
+        wakes = _post_wakes(db, actor, project, private, task, message_id, mentioned_agents, replied, verdict,
+                            named_anyone=bool(mentions))
+        lineage = run_lineage(db, actor, task_row(db, actor.task_scope)) if actor.attempt_id else None
+        message = write_message(db, actor, project, body, message_id=message_id, at=now, mentions=mentions,
+                                provenance=provenance, in_reply_to=in_reply_to, task_id=task_id, verdict=verdict,
+                                task_request=_task_request, lineage=lineage, wakes=wakes)
+        if actor.kind == "agent":
+            _count_loop(db, project, actor.agent_id, reached)
+        else:
+            _resume_loops(db, project, actor.handle, message_id)
+    return message
+
+
+def _reply_parent(db: Database, actor: Actor, project: str, in_reply_to: str | None,
+                  task_id: str | None) -> dict | None:
+    """The message answered, which ``actor`` must see; a reply stays in its thread (``task_id`` may only agree)."""
+    if in_reply_to is None:
+        return None
+    where, params = by_message_id(in_reply_to)
+    parent = db.one(f"SELECT * FROM messages WHERE {where} AND project = ?", params + (project,))
+    hidden = parent is not None and parent["task_id"] is not None and not thread_visible(
+        db, actor, task_row(db, parent["task_id"]))
+    if parent is None or hidden:
+        raise NotFound(f"in_reply_to: no message '{in_reply_to}' in '{project}' that you can see")
+    if task_id is not None and task_id != parent["task_id"]:
+        where = f"thread of task '{parent['task_id']}'" if parent["task_id"] else "general chat"
+        raise InvalidInput(f"task_id: a reply stays in its parent's {where}; leave task_id out")
+    return parent
+
+
+def _replied_parties(db: Database, project: str, parent: dict | None, task: dict | None) -> list[str]:
+    """Whom a message answers: the agent that wrote its parent and its thread's parties that may see the
+    thread, each while it is still in the project (one that left hears nothing more from it)."""
+    replied = [parent["author"]] if parent is not None and parent["author_kind"] == "agent" else []
+    if task is not None:
+        replied += [a for a in (task["requester"], task["assignee"]) if a]
+        # A party the task has not reached (held or refused by the gate) hears nothing of its thread.
+        replied = [a for a in replied if thread_visible(db, _agent_viewer(a), task)]
+    return [a for a in replied if agent_in_project(db, project, a)]
+
+
+def _post_wakes(db: Database, actor: Actor, project: str, private: bool, task: dict | None, message_id: str,
+                mentioned_agents: list[str], replied: list[str], verdict: str | None,
+                named_anyone: bool = True) -> list[tuple]:
+    """Whom a post wakes, in this order, never its author (wakes as append_event takes them).
+
+    The agents it mentions that see its thread (in a project room), or else the project's
+    default lead for a person's message in general chat that names nobody and answers no agent
+    (default_lead); whoever answers next in a private room (turn_wakes), then the parties it answers.
+    """
+    task_id, author = task["id"] if task else None, actor.address
+    wakes = [] if private else [
+        (agent, "mention", task_id, message_id) for agent in mentioned_agents
+        if agent != author and (task is None or thread_visible(db, _agent_viewer(agent), task))]
+    if not (private or named_anyone or replied or task) and actor.kind == "person":
+        wakes += [(lead, "mention", None, message_id) for lead in [default_lead(db, project)] if lead]
+    wakes += turn_wakes(db, actor, project, private, message_id, mentioned_agents, verdict)
+    return wakes + [(agent, "reply", task_id, message_id) for agent in dict.fromkeys(replied) if agent != author]
+
+
+def _refuse_paused(db: Database, project: str, author: str, reached: list[str]) -> None:
+    """Loop guard: an agent paused with one it reaches may not post until a person does (``Paused``)."""
+    for other in reached:
+        pair = db.one("SELECT paused FROM loop_pairs WHERE project = ? AND agent_a = ? AND agent_b = ?",
+                      (project,) + _sorted_pair(author, other))
+        if pair and pair["paused"]:
+            raise Paused(f"you and '{other}' answered each other {LOOP_LIMIT} times with no person in "
+                         f"between, so both are paused in '{project}' until a person posts there; "
+                         "wait for a person instead of messaging that agent")
+
+
+def _touch_thread(db: Database, actor: Actor, task: dict, mentioned_agents: list[str], message_id: str,
+                  now: str) -> None:
+    """A post in a task's thread: the task's last activity, and a person's mention in a routed task lets the agent in."""
+    db.execute("UPDATE tasks SET last_activity_at = ? WHERE id = ?", (now, task["id"]))
+    if actor.kind == "person" and task["routed_at"] is not None:
+        for agent in mentioned_agents:
+            db.execute("INSERT OR IGNORE INTO thread_access VALUES (?, ?, ?)", (task["id"], agent, message_id))
+
+
+def _display_name(db: Database, actor: Actor) -> str:
+    key = ("name", actor.kind, actor.address)
+    if key not in db.cache:
+        db.cache[key] = (db.scalar("SELECT display_name FROM people WHERE handle = ?", (actor.handle,))
+                         if actor.kind == "person" else
+                         db.scalar("SELECT display_name FROM agents WHERE agent_id = ?", (actor.agent_id,)))
+    return db.cache[key]
+
+
+def _reply_thread(db: Database, message_id: str | None) -> str | None:
+    if not message_id:
+        return None
+    where, params = by_message_id(message_id)
+    return db.scalar(f"SELECT task_id FROM messages WHERE {where}", params)
+
+
+def _agent_viewer(agent_id: str) -> Actor:
+    return Actor("agent", "", "", agent_id=agent_id, owner=owner_of(agent_id))
+
+
+def _count_loop(db: Database, project: str, author: str, reached: list[str]) -> None:
+    """Loop guard: count the turns between a pair (A reaches B, B answers A, …); pause both at LOOP_LIMIT.
+
+    A second message in the same direction is not a turn; only a person's message resets the count.
+    """
+    for other in reached:
+        a, b = _sorted_pair(author, other)
+        row = db.one("SELECT * FROM loop_pairs WHERE project = ? AND agent_a = ? AND agent_b = ?", (project, a, b))
+        if row is None:
+            count = 1
+        elif row["last_from"] == author:
+            count = row["count"]  # the same direction again: not an answer, so no new count
+        else:
+            count = row["count"] + 1
+        paused = count >= LOOP_LIMIT
+        db.execute("INSERT INTO loop_pairs VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (project, agent_a, agent_b) DO "
+                   "UPDATE SET last_from = excluded.last_from, count = excluded.count, paused = excluded.paused",
+                   (project, a, b, author, count, int(paused)))
+        if paused:
+            audit(db, project, "room.loop_paused", {"agents": [a, b], "count": count})
+
+
+def _resume_loops(db: Database, project: str, person: str, message_id: str) -> None:
+    """A person's message resets the loop guard in the project and resumes paused pairs."""
+    for row in db.rows("SELECT agent_a, agent_b FROM loop_pairs WHERE project = ? AND paused = 1", (project,)):
+        audit(db, project, "room.loop_resumed", {"person": person, "agents": [row["agent_a"], row["agent_b"]],
+                                                 "message": message_id})
+    db.execute("DELETE FROM loop_pairs WHERE project = ?", (project,))
+
+
+def action_out(row: dict) -> dict:
+    """An action row as the reference's make_action card."""
+    return {"id": row["id"], "agent_id": row["agent_id"], "tool": row["tool"], "action": row["action"],
+            "inputs": json.loads(row["inputs"]), "cost_estimate": row["cost_estimate"], "status": row["status"],
+            "expires_at": row["expires_at"], "step_up": False, "decided_by": row["decided_by"],
+            "decided_at": row["decided_at"], "result_message_id": row["result_message_id"], "failure": row["failure"]}
+
+
+###############################################################################
+# 18. The room: reading it
+###############################################################################
+# Reading the room: read_room pages through general chat and the task threads the reader may
+# see; the page's view of a project gathers its people, agents, memory, pulse and lead.
+
+#: How many task threads read_room lists beside general chat.
+ROOM_THREADS = 20
+
+
+def project_view(db: Database, person: Actor, project: str, hub: WakeHub | None = None) -> dict:
+    """A project as the web page shows it: summary, kind, the person's role, people (with roles),
+    agents, memory, pulse and paused agent pairs. NotFound when it is out of ``person``'s reach.
+    """
+    with db.snapshot():
+        kind = require_project(db, person, project)["kind"]
+        team = discover_team_agents(db, person, project, hub)
+        for p in team["people"]:
+            p["role"] = member_role(db, project, p["handle"])
+        summary = project_out(db, project)
+        return {"project": summary, "kind": kind, "role": member_role(db, project, person.handle),
+                "team_role": team_role(db, summary["team"], person.handle) if kind == "team" else None,
+                "lead": lead_out(db, project, person.handle), "can_pick_lead": may_pick_lead(db, project, person.handle),
+                **team, "memory": memory_facts(db, project),
+                "pulse": project_pulse(db, project), "paused": paused_pairs(db, project)}
+
+
+def paused_pairs(db: Database, project: str) -> list[dict]:
+    """Pairs of agents the loop guard holds in ``project``, with the count that paused them."""
+    return [{"agents": [r["agent_a"], r["agent_b"]], "count": r["count"]}
+            for r in db.rows("SELECT * FROM loop_pairs WHERE project = ? AND paused = 1", (project,))]
+
+
+def resume_pair(db: Database, person: Actor, project: str, agents: Any) -> dict:
+    """Resume two agents the loop guard paused in ``project`` with one message from ``person``; return it.
+
+    ``agents`` is the pair, in either order. A person's message is what resumes a pair
+    (``room.loop_resumed``); this one names both. The pair must be paused when the message
+    is written (one transaction). Raises InvalidInput (``agents``), Forbidden (not a person),
+    NotFound (project out of reach) or InvalidState (the two are not paused there).
+    """
+    if not (isinstance(agents, list) and len(agents) == 2 and all(isinstance(a, str) for a in agents)):
+        raise InvalidInput("agents must be the two paused agents, like [\"oj/muse\", \"ren/builder\"]")
+    if person.kind != "person":
+        raise Forbidden("only a person resumes a paused pair, by posting in the room")
+    with db.transaction():
+        require_project(db, person, project)
+        if sorted(agents) not in [p["agents"] for p in paused_pairs(db, project)]:
+            raise InvalidState(f"{agents[0]} and {agents[1]} are not paused in '{project}'")
+        return post_message(db, person, project, f"Resumed @{agents[0]} and @{agents[1]}: carry on, and keep it short.")
+
+
+def read_room(db: Database, actor: Actor, project: str, *, cursor: str | None = None, limit: int = 50,
+              task_id: str | None = None, latest: bool = False, before: str | None = None) -> dict:
+    """Read a room oldest first, ``limit`` messages a page.
+
+    Implements read_room: without ``task_id`` general chat plus the ROOM_THREADS task
+    threads with the newest activity the reader may see; with it, that thread only.
+    ``next_cursor`` continues after the last message and is null once nothing is left.
+    Raises InvalidInput for a cursor from elsewhere, NotFound for a thread out of reach.
+
+    For the web page, ``latest`` gives the newest page instead (still oldest first) and
+    ``before`` the page before a ``previous_cursor``; those answers carry
+    ``previous_cursor`` (null at the start of the room).
+    """
+    if actor.task_scope is not None and task_id != actor.task_scope:
+        raise Forbidden(f"a woken run reads only its own task's thread: pass task_id '{actor.task_scope}'")
+    with db.snapshot() if actor.task_scope is None else db.transaction():
+        require_project(db, actor, project)
+        if task_id is not None:
+            visible_task(db, actor, project, task_id)
+        scope = f"room|{actor.address}|{project}|{task_id or ''}"
+        after = 0
+        if cursor is not None:
+            after = decode_cursor(db, scope, cursor)
+            if after is None:
+                raise InvalidInput("cursor: not a next_cursor that read_room gave you for this room; "
+                                   "leave it out to start from the oldest message")
+            if after > db.scalar("SELECT coalesce(max(seq), 0) FROM messages"):
+                # Messages are never deleted: a cursor past the newest one is from before a restore,
+                # and continuing from it would skip every message posted since, unseen.
+                raise InvalidInput("cursor: it is past the newest message here (the server was restored from "
+                                   "an older backup); leave it out and read the room again from the oldest message")
+        where = "m.task_id = ?" if task_id is not None else "m.task_id IS NULL"
+        params = (project, task_id) if task_id is not None else (project,)
+        if latest or before is not None:
+            until = SEQ_MAX
+            if before is not None:
+                until = decode_cursor(db, "back|" + scope, before)
+                if until is None:
+                    raise InvalidInput("before: not a previous_cursor this room gave you")
+            rows = db.rows(MESSAGE_SELECT + f"WHERE m.project = ? AND {where} AND m.seq < ? ORDER BY m.seq DESC "
+                           "LIMIT ?", params + (until, limit + 1))
+            older = len(rows) > limit
+            rows = rows[:limit][::-1]
+            out = {"messages": [message_out(with_card(db, r)) for r in rows], "next_cursor": None,
+                   "previous_cursor": encode_cursor(db, "back|" + scope, rows[0]["seq"]) if older else None}
+        else:
+            rows = db.rows(MESSAGE_SELECT + f"WHERE m.project = ? AND {where} AND m.seq > ? ORDER BY m.seq LIMIT ?",
+                           params + (after, limit + 1))
+            more = len(rows) > limit
+            rows = rows[:limit]
+            out = {"messages": [message_out(with_card(db, r)) for r in rows],
+                   "next_cursor": encode_cursor(db, scope, rows[-1]["seq"]) if more else None}
+        if task_id is None:
+            out["threads"] = _listed_threads(db, actor, project)
+        elif actor.task_scope is not None:
+            audit(db, project, "thread.read", {"task": task_id, "attempt": actor.attempt_id,
+                                               "messages": len(out["messages"])})
+    return out
+
+
+def _listed_threads(db: Database, actor: Actor, project: str) -> list[dict]:
+    """The task threads read_room lists for ``actor`` beside general chat, newest activity first."""
+    if actor.kind == "agent":
+        rows = db.rows(f"SELECT * FROM tasks t WHERE project = :project AND {AGENT_SEES_TASK} "
+                       "ORDER BY last_activity_at DESC LIMIT :limit",
+                       {"project": project, "agent": actor.agent_id, "limit": ROOM_THREADS})
+    else:
+        rows = db.rows("SELECT * FROM tasks WHERE project = ? ORDER BY last_activity_at DESC LIMIT ?",
+                       (project, ROOM_THREADS))
+    return [{
+        "task_id": t["id"], "title": t["display_title"] or t["title"], "state": t["state"],
+        "requester": t["requester"],
+        "assignee": t["assignee"],
+        "reply_count": db.scalar("SELECT count(*) FROM messages WHERE project = ? AND task_id = ?",
+                                 (project, t["id"])),
+        "last_activity_at": t["last_activity_at"], "parent_task_id": t["parent_task_id"],
+    } for t in rows]
+
+
+###############################################################################
+# 19. Attempts: the record of a run
+###############################################################################
+# An attempt is one run of a task: claimed by its agent's runner (claim_task, chapter 24), it
+# runs until its result is returned (finish_attempt) or it is ended (end_attempt): stopped,
+# replaced, handed back, or its task closed; its execution credential ends with it. Tasks,
+# results and approvals end attempts, so the record of a run comes before them.
+
+
+def drop_start(db: Database, task: dict) -> None:
+    """A run the owner started but no runner claimed yet is dropped: the task leaves its assignee."""
+    if task["run_approved"]:
+        move(db, "start", task["id"], "drop", task)
+
+
+def finish_attempt(db: Database, actor: Actor) -> None:
+    """Close the caller's run once its result is in (inside the caller's transaction), if it is still
+    running; its credential stays usable for the rest of that call. Writes ``attempt.finished``."""
+    attempt = db.one("SELECT * FROM attempts WHERE id = ?", (actor.attempt_id,)) if actor.attempt_id else None
+    if attempt is not None and attempt["state"] == "running":
+        now = iso(utcnow())
+        move(db, "attempt", attempt["id"], "finish", attempt, finished_at=now, ended_at=now)
+        project = db.scalar("SELECT project FROM tasks WHERE id = ?", (attempt["task_id"],))
+        audit(db, project, "attempt.finished", {"attempt": attempt["id"]})
+
+
+#: The scope of a pause made by the server's operator: every agent on the deployment.
+ALL_AGENTS = "*"
+
+
+def paused_by(db: Database, owner: str) -> str | None:
+    """Who paused ``owner``'s agents: ``operator`` (every agent), ``owner``, or None."""
+    scopes = {r["scope"] for r in db.rows("SELECT scope FROM pauses WHERE scope IN (?, ?)", (ALL_AGENTS, owner))}
+    return "operator" if ALL_AGENTS in scopes else "owner" if owner in scopes else None
+
+
+def check_not_paused(db: Database, owner: str) -> None:
+    """Raise Paused when ``owner``'s agents are paused (by their owner or the operator)."""
+    who = paused_by(db, owner)
+    if who is not None:
+        raise Paused(f"{owner}'s agents are paused by {'the operator' if who == 'operator' else owner}: nothing runs "
+                     "until they are resumed (on the page, or 'prickle agents resume')")
+
+
+def check_run_allowed(db: Database, actor: Actor) -> None:
+    """A run's (or a discussion's) every call is refused with ``paused`` while its agent is paused."""
+    if actor.attempt_id is not None or actor.discussion_id is not None:
+        check_not_paused(db, actor.owner)
+
+
+def attempt_out(row: dict) -> dict:
+    """A run of a task as the page and its runner see it."""
+    return {"attempt_id": row["id"], "task_id": row["task_id"], "run_id": row["run_id"], "state": row["state"],
+            "claimed_at": row["claimed_at"], "ended_at": row["ended_at"], "device_id": row["device_id"],
+            "device": row.get("device_name")}
+
+
+def task_runs(db: Database, task_id: str) -> list[dict]:
+    """Every attempt of a task, oldest first, numbered from 1, with the name of its runner's device."""
+    rows = db.rows("SELECT a.*, d.name AS device_name FROM attempts a LEFT JOIN devices d ON d.id = a.device_id "
+                   "WHERE a.task_id = ? ORDER BY a.claimed_at, a.rowid", (task_id,))
+    return [attempt_out(r) | {"attempt": n} for n, r in enumerate(rows, 1)]
+
+
+def end_attempt(db: Database, attempt: dict, how: str, project: str, why: str | None = None) -> int:
+    """End an attempt by ``how`` (ATTEMPT_MOVES), inside the caller's transaction; returns credentials ended.
+
+    Its execution credentials end at once (``token.revoked``; ``why``, a key of REVOCATIONS, says
+    why when it is more than the move, as when its agent left the project). A Stop also withdraws a step
+    it waits on (``step.withdrawn``); otherwise the step stays for the owner to decide and
+    the run resuming the task to use.
+    """
+    now = iso(utcnow())
+    move(db, "attempt", attempt["id"], how, attempt, ended_at=now)
+    ended = revoke_credentials(db, "attempt_id = ?", (attempt["id"],),
+                               why or {"replace": "run_replaced", "stop": "run_stopped",
+                                       "finish": "run_ended"}.get(how, "run_uncertain"))
+    if how != "stop":
+        return ended
+    for step in db.rows("SELECT id FROM steps WHERE attempt_id = ? AND status = 'pending'", (attempt["id"],)):
+        move(db, "step", step["id"], "withdraw", decided_at=now)
+        audit(db, project, "step.withdrawn", {"step": step["id"], "attempt": attempt["id"]})
+    return ended
+
+
+def open_attempt(db: Database, task_id: str, states: tuple[str, ...] = ("running",)) -> dict | None:
+    return db.one(f"SELECT * FROM attempts WHERE task_id = ? AND state IN ({', '.join('?' * len(states))}) "
+                  "ORDER BY claimed_at DESC LIMIT 1", (task_id, *states))
+
+
+###############################################################################
+# 20. Tasks: handoff and the gate
+###############################################################################
+# A handoff creates a task with its packet; the assignee owner's gate decides at once (allow:
+# routed; approval_required: held for the owner; never: rejected, returned as a result, not an
+# error). Every move of a task is move_task: the guarded move, its entry and its event.
 
 
 def _actor_ref(actor: Actor) -> dict:
@@ -4894,12 +5508,12 @@ def _packet_full(packet: dict) -> dict:
             "files": list(packet.get("files", [])), "depends_on": list(packet.get("depends_on", []))}
 
 
-def _artifact_out(a: dict) -> dict:
+def artifact_out(a: dict) -> dict:
     """An artifact as a result carries it: its ref and the hashes given (None where not)."""
     return {"ref": a["ref"], "sha256": a.get("sha256"), "commit_sha": a.get("commit_sha")}
 
 
-_EVIDENCE_KEYS = ("kind", "summary", "url", "content", "criteria", "artifact", "observed_at", "verifier")
+EVIDENCE_KEYS = ("kind", "summary", "url", "content", "criteria", "artifact", "observed_at", "verifier")
 
 
 def evidence_report(criteria_count: int, evidence: list[dict], returned_at: _dt.datetime,
@@ -4947,7 +5561,7 @@ def evidence_gaps(report: dict, evidence: list[dict], criteria_count: int) -> di
     return {"uncovered": list(report["uncovered"]), "stale": sorted(stale), "stale_evidence": stale_items}
 
 
-def _result_out(sub: dict) -> dict:
+def result_out(sub: dict) -> dict:
     out = {
         "summary": sub["summary"], "evidence": json.loads(sub["evidence"]), "provenance": sub["provenance"],
         "returned_by": sub["returned_by"], "returned_at": sub["returned_at"], "submission_id": sub["id"],
@@ -4980,7 +5594,7 @@ def task_out(db: Database, task: dict | str) -> dict:
     out = {
         "id": task["id"], "project": task["project"], "state": task["state"], "waiting_on": task["waiting_on"],
         "requester": task["requester"], "assignee": task["assignee"], "packet": json.loads(task["packet"]),
-        "result": _result_out(sub) if sub else None,
+        "result": result_out(sub) if sub else None,
         "latest_checkpoint": json.loads(cp["body"]) if cp else None,
         "parent_task_id": task["parent_task_id"], "created_at": task["created_at"], "updated_at": task["updated_at"],
         "latest_checkpoint_by": {"agent": cp["agent"], "provenance": "agent_generated", "handed_back": False}
@@ -4992,10 +5606,6 @@ def task_out(db: Database, task: dict | str) -> dict:
         "turn_budget": task["turn_budget"],
     }
     return out
-
-
-def _task_row(db: Database, task_id: str) -> dict:
-    return db.one("SELECT * FROM tasks WHERE id = ?", (task_id,))
 
 
 def move_task(db: Database, task: dict, move_name: str, by: str, wakes: list[tuple[str, str]] = (),
@@ -5016,13 +5626,13 @@ def move_task(db: Database, task: dict, move_name: str, by: str, wakes: list[tup
     if new != task["state"]:
         audit(db, task["project"], "task.transitioned",
               {"task": task["id"], "from": task["state"], "to": new, "move": move_name, "by": by})
-    row = _task_row(db, task["id"])
+    row = task_row(db, task["id"])
     append_event(db, task["project"], "task.updated", {"task": task_out(db, row)},
                  [(agent, kind, task["id"], None) for agent, kind in wakes if agent])
     return row
 
 
-def _active_rules(db: Database, owner: str) -> list[dict]:
+def active_rules(db: Database, owner: str) -> list[dict]:
     now = iso(utcnow())
     return db.rows("SELECT * FROM delegation_rules WHERE owner = ? AND revoked_at IS NULL AND "
                    "(expires_at IS NULL OR expires_at > ?)", (owner, now))
@@ -5042,7 +5652,7 @@ def gate_decide(db: Database, requester_owner: str, requester_agent: str | None,
     if requester_owner == owner:
         return base | {"decision": "allow", "basis": "same_owner",
                        "reason": f"{assignee} belongs to the same owner as the request"}
-    rules = _active_rules(db, owner)
+    rules = active_rules(db, owner)
     for kind_, subject in (("agent", requester_agent), ("owner", requester_owner), ("all", None)):
         rule = next((r for r in rules if r["subject_kind"] == kind_ and r["subject"] == subject), None)
         if rule is not None and rule["decision"] != "approval_required":
@@ -5077,7 +5687,7 @@ def approval_out(row: dict) -> dict:
     return out
 
 
-def _open_approval(db: Database, task: dict, status: str = "pending", decided_by: str | None = None,
+def open_approval(db: Database, task: dict, status: str = "pending", decided_by: str | None = None,
                    standing_id: str | None = None) -> dict:
     now = utcnow()
     row = {
@@ -5087,7 +5697,7 @@ def _open_approval(db: Database, task: dict, status: str = "pending", decided_by
         "decided_at": iso(now) if status != "pending" else None, "expires_at": iso(now + APPROVAL_LIFETIME),
         "created_at": iso(now), "route": task["route"], "standing_approval_id": standing_id, "invalidated_at": None,
     }
-    db.execute(f"INSERT INTO approvals ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values()))
+    db.insert("approvals", row)
     append_event(db, task["project"], "approval.updated", {"approval": approval_out(row)})
     return row
 
@@ -5128,15 +5738,14 @@ def handoff(db: Database, actor: Actor, project: str, to: str, packet: dict, *,
             "display_title": None, "turn_budget": turn_budget, "idempotency_key": idempotency_key,
             "packet_hash": digest, "gate": None, "verified_at": None,
         }
-        db.execute(f"INSERT INTO tasks ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
-                   tuple(row.values()))
-        db.execute(_INDEX_TASKS + " WHERE id = ?", (task_id,))
+        db.insert("tasks", row)
+        db.execute(INDEX_TASKS + " WHERE id = ?", (task_id,))
         audit(db, project, "handoff.requested", {
             "task": task_id, "to": to, "by": actor.address, "deliverable_type": packet["deliverable_type"],
             "criteria": len(packet["acceptance_criteria"]), "files": len(packet["files"]),
             "depends_on": len(packet["depends_on"]), "context_chars": len(packet["context"]),
             "parent": parent_task_id, "via": (route or {"via": "handoff"})["via"]})
-        gate, new_state = _apply_gate(db, _task_row(db, task_id), decision, now)
+        gate, new_state = apply_gate(db, task_row(db, task_id), decision, now)
         wakes = [(to, "task", task_id, None)] if new_state == "routed" else []
         out = task_out(db, task_id)
         append_event(db, project, "task.updated", {"task": out}, wakes)
@@ -5184,7 +5793,7 @@ def _check_handoff_parties(db: Database, actor: Actor, project: str, to: str, pa
                                "before handing off sub-tasks")
 
 
-def _apply_gate(db: Database, task: dict, decision: dict, now: str) -> tuple[dict, str]:
+def apply_gate(db: Database, task: dict, decision: dict, now: str) -> tuple[dict, str]:
     """Move a just-requested task as the gate decided; return ``(gate, new_state)``.
 
     A standing approval is spent (``standing_approval.used``), a hold opens an approval
@@ -5193,14 +5802,14 @@ def _apply_gate(db: Database, task: dict, decision: dict, now: str) -> tuple[dic
     task_id, project, to = task["id"], task["project"], task["assignee"]
     approval = None
     if decision["standing_id"]:
-        approval = _open_approval(db, task, "approved", owner_of(to), decision["standing_id"])
+        approval = open_approval(db, task, "approved", owner_of(to), decision["standing_id"])
         db.execute("UPDATE standing_approvals SET uses = uses + 1 WHERE id = ?", (decision["standing_id"],))
         standing = db.one("SELECT * FROM standing_approvals WHERE id = ?", (decision["standing_id"],))
         audit(db, project, "standing_approval.used", {
             "standing_approval": standing["id"], "approval": approval["id"], "count": standing["uses"],
             "cap": standing["cap"], "owner_approval": True})
     elif decision["decision"] == "approval_required":
-        approval = _open_approval(db, task)
+        approval = open_approval(db, task)
     gate = {"decision": decision["decision"], "reason": decision["reason"][:300],
             "approval_id": approval["id"] if approval else None}
     audit(db, project, "gate.decided", {"task": task_id, "decision": decision["decision"],
@@ -5216,41 +5825,7 @@ def _apply_gate(db: Database, task: dict, decision: dict, now: str) -> tuple[dic
     return gate, new_state
 
 
-def _submission_and_latest(db: Database, task: dict, submission_id: str, revision: int) -> tuple[dict, dict | None]:
-    """The named submission and the task's latest one; NotFound if the ID is not this task's."""
-    sub = db.one("SELECT * FROM submissions WHERE id = ? AND task_id = ?", (submission_id, task["id"]))
-    if sub is None:
-        raise NotFound(f"submission_id: no submission '{submission_id}' on task '{task['id']}'")
-    return sub, latest_submission(db, task["id"])
-
-
-class RecordedRefusal(PrickleError):
-    """A refusal that is also written to the audit log (the record outlives the call's rollback).
-
-    ``chain`` is the audit chain to write to; without it, the chain of ``refs["task"]``'s project.
-    """
-
-    def __init__(self, message: str, type_: str, refs: dict, code: str = "forbidden", status: int = 403,
-                 chain: str | None = None):
-        super().__init__(message, code)
-        self.http_status, self.type_, self.refs, self.chain = status, type_, refs, chain
-
-
-class StaleSubmission(RecordedRefusal):
-    """accept_result/reject_result named a submission that is not the one to decide now."""
-
-    def __init__(self, message: str, refs: dict):
-        super().__init__(message, "result.acceptance_refused", refs, "stale_submission", 409)
-
-
-class IncompleteEvidence(RecordedRefusal):
-    """accept_result named a submission whose evidence report is not complete: it can't be verified."""
-
-    def __init__(self, message: str, refs: dict):
-        super().__init__(message, "result.acceptance_refused", refs, "evidence_incomplete", 409)
-
-
-def _require_task_role(db: Database, actor: Actor, task_id: str, role: str, record: str | None = None) -> dict:
+def require_task_role(db: Database, actor: Actor, task_id: str, role: str, record: str | None = None) -> dict:
     """The task if ``actor`` (an agent) is its ``role`` (requester or assignee); not_found if out of reach.
 
     With ``record`` (accept or reject), a caller who sees the task but may not decide it is
@@ -5260,7 +5835,7 @@ def _require_task_role(db: Database, actor: Actor, task_id: str, role: str, reco
         raise Forbidden("only an agent can do this through MCP")
     task = db.one("SELECT * FROM tasks WHERE id = ?", (task_id,))
     try:
-        if task is None or not _thread_visible(db, actor, task) or actor.task_scope not in (None, task_id):
+        if task is None or not thread_visible(db, actor, task) or actor.task_scope not in (None, task_id):
             raise NotFound("")
         require_project(db, actor, task["project"])
     except (NotFound, Forbidden):
@@ -5276,9 +5851,9 @@ def _require_task_role(db: Database, actor: Actor, task_id: str, role: str, reco
 
 def accept_task(db: Database, actor: Actor, task_id: str) -> dict:
     """The assignee accepts a routed task (or resumes a waiting one); the requester is woken."""
-    sweep_approvals(db)  # an approval that lapsed no longer lets the work start
+    expire_due(db, "approval")  # an approval that lapsed no longer lets the work start
     with db.transaction():
-        task = _require_task_role(db, actor, task_id, "assignee")
+        task = require_task_role(db, actor, task_id, "assignee")
         row = move_task(db, task, "accept", actor.agent_id, [(task["requester"], "task_update")])
         return {"task": task_out(db, row)}
 
@@ -5298,7 +5873,7 @@ def save_checkpoint(db: Database, actor: Actor, task_id: str, checkpoint: dict) 
                                "needs_answer is true")
         body["needs_answer"] = True
     with db.transaction():
-        task = _require_task_role(db, actor, task_id, "assignee")
+        task = require_task_role(db, actor, task_id, "assignee")
         checkpoint_id = new_id("cp")
         db.execute("INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?, ?)",
                    (checkpoint_id, task_id, actor.agent_id, json.dumps(body), int(needs_answer), iso(utcnow())))
@@ -5308,198 +5883,6 @@ def save_checkpoint(db: Database, actor: Actor, task_id: str, checkpoint: dict) 
             "open_questions": len(body["open_questions"]), "needs_answer": needs_answer})
         row = move_task(db, task, "ask" if needs_answer else "checkpoint", actor.agent_id)
         return {"task": task_out(db, row)}
-
-
-def return_result(db: Database, actor: Actor, task_id: str, summary: str, evidence: list[dict],
-                  provenance: str = "agent_generated", artifacts: list[dict] | None = None) -> dict:
-    """The assignee submits a result with evidence; the requester is woken with ``result``.
-
-    Implements return_result's rules: evidence needs url or content unless it is a note;
-    criteria and artifact indexes must exist; every artifact is pinned by sha256 or
-    commit_sha and code needs a commit; a newer submission supersedes an unreviewed one.
-    Writes ``result.returned`` (counts and kinds only).
-    """
-    artifacts = [_artifact_out(a) for a in (artifacts or [])]
-    items = [{k: e[k] for k in _EVIDENCE_KEYS if k in e} for e in evidence]
-    for n, a in enumerate(artifacts):
-        if not a["sha256"] and not a["commit_sha"]:
-            raise InvalidInput(f"artifacts[{n}]: pin '{a['ref']}' by sha256 or commit_sha")
-    now = utcnow()
-    for n, e in enumerate(items):
-        if e["kind"] != "note" and not e.get("url") and not e.get("content"):
-            raise InvalidInput(f"evidence[{n}]: a {e['kind']} needs a url or content (only a note may have neither)")
-        if "url" in e and not URI_RE.fullmatch(e["url"]):
-            raise InvalidInput(f"evidence[{n}].url: {e['url'][:80]!r} is not an absolute URI like https://…")
-        if "artifact" in e and e["artifact"] >= len(artifacts):
-            raise InvalidInput(f"evidence[{n}].artifact: there is no artifacts[{e['artifact']}] "
-                               f"({len(artifacts)} artifacts given)")
-        if e.get("observed_at") and parse_time(e["observed_at"], f"evidence[{n}].observed_at") > now + \
-                _dt.timedelta(minutes=5):
-            raise InvalidInput(f"evidence[{n}].observed_at: {e['observed_at']} is in the future")
-    with db.transaction():
-        task = _require_task_role(db, actor, task_id, "assignee")
-        packet = json.loads(task["packet"])
-        criteria = len(packet["acceptance_criteria"])
-        for n, e in enumerate(items):
-            bad = [c for c in e.get("criteria", []) if c >= criteria]
-            if bad:
-                raise InvalidInput(f"evidence[{n}].criteria: the task has {criteria} acceptance criteria "
-                                   f"(0 to {criteria - 1}); there is no {bad[0]}")
-        if packet["deliverable_type"] == "code" and not any(a["commit_sha"] for a in artifacts):
-            raise InvalidInput("artifacts: code needs a commit; pin the code by commit_sha")
-        next_state("task", task, "return")
-        previous = latest_submission(db, task_id)
-        for old in db.rows("SELECT * FROM submissions WHERE task_id = ? AND status = 'submitted'", (task_id,)):
-            move(db, "submission", old["id"], "supersede", old)
-        revision = previous["revision"] + 1 if previous else 1
-        report = evidence_report(criteria, items, now, parse_iso(previous["returned_at"]) if previous else None)
-        submission_id = new_id("sub")
-        lineage = run_lineage(db, actor, task)
-        db.execute(
-            "INSERT INTO submissions (id, task_id, revision, summary, evidence, artifacts, provenance, "
-            "provenance_status, returned_by, returned_at, status, evidence_report, lineage) VALUES "
-            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'submitted', ?, ?)",
-            (submission_id, task_id, revision, summary, json.dumps(items), json.dumps(artifacts), provenance,
-             "claimed" if provenance != "agent_generated" else None, actor.agent_id, iso(now), json.dumps(report),
-             json.dumps(lineage) if lineage else None))
-        finish_attempt(db, actor)
-        kinds: dict[str, int] = {}
-        for e in items:
-            kinds[e["kind"]] = kinds.get(e["kind"], 0) + 1
-        audit(db, task["project"], "result.returned", {
-            "task": task_id, "submission": submission_id, "revision": revision, "evidence": len(items),
-            "kinds": kinds, "artifacts": len(artifacts), "provenance": provenance})
-        row = move_task(db, task, "return", actor.agent_id, [(task["requester"], "result")])
-        return {"task": task_out(db, row),
-                "submission": {"submission_id": submission_id, "revision": revision, "artifacts": artifacts}}
-
-
-def _check_submission(db: Database, task: dict, submission_id: str, revision: int, action: str) -> dict:
-    sub, latest = _submission_and_latest(db, task, submission_id, revision)
-    refs = {"task": task["id"], "action": action, "asked": {"submission": submission_id, "revision": revision},
-            "latest": {"submission": latest["id"], "revision": latest["revision"]}}
-    if sub["status"] in ("rejected", "cancelled"):
-        raise StaleSubmission(f"submission '{submission_id}' was {sub['status']} and can never be accepted; "
-                              f"the latest is '{latest['id']}' revision {latest['revision']}",
-                              refs | {"reason": "rejected"})
-    if sub["id"] != latest["id"] or revision != sub["revision"]:
-        raise StaleSubmission(f"the submission to decide is '{latest['id']}' revision {latest['revision']}; "
-                              "read the task again with check_inbox", refs | {"reason": "not_latest"})
-    return sub
-
-
-def _recording_refusals(db: Database, fn: Callable[[], dict]) -> dict:
-    """Run ``fn`` (one transaction); a RecordedRefusal is written to its audit chain, then raised."""
-    try:
-        return fn()
-    except RecordedRefusal as e:
-        project = e.chain or db.scalar("SELECT project FROM tasks WHERE id = ?", (e.refs["task"],))
-        with db.transaction():
-            audit(db, project, e.type_, e.refs)
-        raise
-
-
-
-
-
-def _check_verdicts(verdicts: list[dict], criteria: int, require_all_accepted: bool) -> list[dict]:
-    seen = [v["criterion"] for v in verdicts]
-    if require_all_accepted:
-        wrong = sorted(seen) != list(range(criteria))
-    else:
-        wrong = len(set(seen)) != len(seen) or any(c >= criteria for c in seen)
-    if wrong:
-        raise InvalidInput(f"verdicts: give exactly one verdict for each acceptance criterion 0 to {criteria - 1}")
-    if require_all_accepted:
-        refused = [v["criterion"] for v in verdicts if not v["accepted"]]
-        if refused:
-            raise InvalidInput(f"verdicts: criterion {refused[0]} is not accepted; send the result back with "
-                               "reject_result instead")
-    return [{k: v[k] for k in ("criterion", "accepted", "note") if k in v} for v in sorted(verdicts,
-                                                                                            key=lambda v: v["criterion"])]
-
-
-def _incomplete(sub: dict, evidence: list[dict], report: dict, criteria_count: int) -> IncompleteEvidence:
-    """The refusal of a verification whose evidence report is not complete, naming every gap."""
-    gaps = evidence_gaps(report, evidence, criteria_count)
-    said = []
-    if gaps["uncovered"]:
-        said.append(f"no evidence covers criterion {', '.join(map(str, gaps['uncovered']))}")
-    if gaps["stale_evidence"]:
-        said.append(f"evidence {', '.join(map(str, gaps['stale_evidence']))} is stale"
-                    + (f" (for criterion {', '.join(map(str, gaps['stale']))})" if gaps["stale"] else ""))
-    return IncompleteEvidence(
-        f"submission '{sub['id']}' revision {sub['revision']} can't be verified: its evidence report is not "
-        f"complete ({'; '.join(said)}); send it back with reject_result and ask for fresh evidence tagged with "
-        "each criterion it supports",
-        {"task": sub["task_id"], "action": "accept", "asked": {"submission": sub["id"], "revision": sub["revision"]},
-         "latest": {"submission": sub["id"], "revision": sub["revision"]}, "reason": "evidence_incomplete",
-         "uncovered": gaps["uncovered"], "stale": gaps["stale"]})
-
-
-def accept_result(db: Database, actor: Actor, task_id: str, submission_id: str, revision: int,
-                  verdicts: list[dict], artifacts: list[dict]) -> dict:
-    """The requester verifies the latest submission; it goes to the requester's owner for final acceptance.
-
-    Needs a verdict (accepted) for every criterion and the artifacts repeated exactly;
-    otherwise ``stale_submission`` (recorded as ``result.acceptance_refused``). A result
-    whose evidence report is not complete can't be verified (DESIGN "Readings of the
-    reference", from return_result's "the requesting agent can't verify the result"):
-    ``evidence_incomplete``, recorded as ``result.acceptance_refused`` with the uncovered
-    and stale criteria, so no policy ever accepts it either. An owner with auto-accept on
-    completes a verified task at once (``decided_by_policy: auto_accept``).
-    """
-    def run() -> dict:
-        with db.transaction():
-            task = _require_task_role(db, actor, task_id, "requester", record="accept")
-            sub = _check_submission(db, task, submission_id, revision, "accept")
-            next_state("task", task, "verify")
-            checked = _check_verdicts(verdicts, len(json.loads(task["packet"])["acceptance_criteria"]), True)
-            if [_artifact_out(a) for a in artifacts] != json.loads(sub["artifacts"]):
-                raise StaleSubmission(
-                    "artifacts: they differ from the submission's; repeat them exactly as check_inbox shows them",
-                    {"task": task_id, "action": "accept", "asked": {"submission": submission_id, "revision": revision},
-                     "latest": {"submission": sub["id"], "revision": sub["revision"]}, "reason": "artifacts_changed"})
-            report = json.loads(sub["evidence_report"])
-            if not report["complete"]:
-                raise _incomplete(sub, json.loads(sub["evidence"]), report, len(checked))
-            verified_by = json.dumps({"kind": "agent", "agent_id": actor.agent_id})
-            auto = db.scalar("SELECT auto_accept FROM people WHERE handle = ?", (actor.owner,))
-            audit(db, task["project"], "result.accepted", {"task": task_id, "submission": sub["id"],
-                                                           "revision": sub["revision"], "step": "verified"})
-            if auto:
-                move(db, "submission", sub["id"], "accept", sub, verdicts=json.dumps(checked), verified_by=verified_by,
-                     decided_by=json.dumps({"kind": "system"}), decided_by_policy="auto_accept")
-                audit(db, task["project"], "result.accepted", {"task": task_id, "submission": sub["id"],
-                                                               "revision": sub["revision"], "step": "policy"})
-                row = move_task(db, task, "auto_accept", actor.agent_id)
-            else:
-                db.execute("UPDATE submissions SET verdicts = ?, verified_by = ? WHERE id = ?",
-                           (json.dumps(checked), verified_by, sub["id"]))
-                row = move_task(db, task, "verify", actor.agent_id, verified_at=iso(utcnow()))
-            return {"task": task_out(db, row)}
-    return _recording_refusals(db, run)
-
-
-def reject_result(db: Database, actor: Actor, task_id: str, submission_id: str, revision: int, reason: str,
-                  verdicts: list[dict] | None = None) -> dict:
-    """The requester sends the latest submission back with a reason; the task returns to working.
-
-    That submission can never be accepted later. Writes ``result.rejected`` (never the reason).
-    """
-    def run() -> dict:
-        with db.transaction():
-            task = _require_task_role(db, actor, task_id, "requester", record="reject")
-            sub = _check_submission(db, task, submission_id, revision, "reject")
-            next_state("task", task, "reject")
-            checked = _check_verdicts(verdicts or [], len(json.loads(task["packet"])["acceptance_criteria"]), False)
-            move(db, "submission", sub["id"], "reject", sub, reason=reason, verdicts=json.dumps(checked),
-                 verified_by=json.dumps({"kind": "agent", "agent_id": actor.agent_id}))
-            audit(db, task["project"], "result.rejected", {"task": task_id, "submission": sub["id"],
-                                                           "revision": sub["revision"], "by": actor.agent_id})
-            row = move_task(db, task, "reject", actor.agent_id, [(task["assignee"], "task")])
-            return {"task": task_out(db, row)}
-    return _recording_refusals(db, run)
 
 
 def check_inbox(db: Database, actor: Actor, *, project: str | None = None, include_closed: bool = False,
@@ -5513,7 +5896,7 @@ def check_inbox(db: Database, actor: Actor, *, project: str | None = None, inclu
     ``pending_wakes_only`` only tasks with wakes the caller has not been given yet; with
     ``project_unchanged_since`` only tasks changed after that time.
     """
-    sweep_approvals(db)
+    expire_due(db, "approval")
     if project_unchanged_since is not None:
         project_unchanged_since = normal_time(project_unchanged_since, "project_unchanged_since")
     with db.snapshot():
@@ -5593,7 +5976,7 @@ def request_capability(db: Database, actor: Actor, project: str, capability: dic
         if len(eligible) > 1:
             return {"status": "choose", "candidates": [
                 {"agent_id": a["agent_id"], "owner": a["owner"],
-                 "availability": _availability(db, a, None, project), "permission": d["decision"],
+                 "availability": agent_availability(db, a, None, project), "permission": d["decision"],
                  "evidence": "owner_declared"} for a, d in eligible[:50]]}
         chosen = eligible[0][0]
         route = {"via": "request_capability", "capability": {"kind": capability.get("kind") or next(
@@ -5603,20 +5986,233 @@ def request_capability(db: Database, actor: Actor, project: str, capability: dic
                                                   idempotency_key=idempotency_key, route=route)
 
 
-# -- the people's side of tasks ----------------------------------------------
-
-
-def _task_for_person(db: Database, person: Actor, task_id: str) -> dict:
+def task_for_person(db: Database, person: Actor, task_id: str) -> dict:
     task = db.one("SELECT * FROM tasks WHERE id = ?", (task_id,))
-    if task is None or _member_role(db, task["project"], person.handle) is None:
+    if task is None or member_role(db, task["project"], person.handle) is None:
         raise NotFound(f"no task '{task_id}' in your projects")
     return task
 
 
-def _requesting_person(task: dict) -> str:
+def requesting_person(task: dict) -> str:
     """Who gives final acceptance: the requesting agent's owner, or the person who asked."""
     by = json.loads(task["requested_by"])
     return by["handle"] if by["kind"] == "person" else owner_of(task["requester"])
+
+
+###############################################################################
+# 21. Results and evidence
+###############################################################################
+# The assignee returns a result with evidence (a new submission and revision); the requester
+# verifies it against every criterion (accept_result) or rejects it. Final acceptance is the
+# people's side (chapter 22).
+
+
+def _submission_and_latest(db: Database, task: dict, submission_id: str, revision: int) -> tuple[dict, dict | None]:
+    """The named submission and the task's latest one; NotFound if the ID is not this task's."""
+    sub = db.one("SELECT * FROM submissions WHERE id = ? AND task_id = ?", (submission_id, task["id"]))
+    if sub is None:
+        raise NotFound(f"submission_id: no submission '{submission_id}' on task '{task['id']}'")
+    return sub, latest_submission(db, task["id"])
+
+
+class StaleSubmission(RecordedRefusal):
+    """accept_result/reject_result named a submission that is not the one to decide now."""
+
+    def __init__(self, message: str, refs: dict):
+        super().__init__(message, "result.acceptance_refused", refs, "stale_submission", 409)
+
+
+class IncompleteEvidence(RecordedRefusal):
+    """accept_result named a submission whose evidence report is not complete: it can't be verified."""
+
+    def __init__(self, message: str, refs: dict):
+        super().__init__(message, "result.acceptance_refused", refs, "evidence_incomplete", 409)
+
+
+def return_result(db: Database, actor: Actor, task_id: str, summary: str, evidence: list[dict],
+                  provenance: str = "agent_generated", artifacts: list[dict] | None = None) -> dict:
+    """The assignee submits a result with evidence; the requester is woken with ``result``.
+
+    Implements return_result's rules: evidence needs url or content unless it is a note;
+    criteria and artifact indexes must exist; every artifact is pinned by sha256 or
+    commit_sha and code needs a commit; a newer submission supersedes an unreviewed one.
+    Writes ``result.returned`` (counts and kinds only).
+    """
+    artifacts = [artifact_out(a) for a in (artifacts or [])]
+    items = [{k: e[k] for k in EVIDENCE_KEYS if k in e} for e in evidence]
+    for n, a in enumerate(artifacts):
+        if not a["sha256"] and not a["commit_sha"]:
+            raise InvalidInput(f"artifacts[{n}]: pin '{a['ref']}' by sha256 or commit_sha")
+    now = utcnow()
+    for n, e in enumerate(items):
+        if e["kind"] != "note" and not e.get("url") and not e.get("content"):
+            raise InvalidInput(f"evidence[{n}]: a {e['kind']} needs a url or content (only a note may have neither)")
+        if "url" in e and not URI_RE.fullmatch(e["url"]):
+            raise InvalidInput(f"evidence[{n}].url: {e['url'][:80]!r} is not an absolute URI like https://…")
+        if "artifact" in e and e["artifact"] >= len(artifacts):
+            raise InvalidInput(f"evidence[{n}].artifact: there is no artifacts[{e['artifact']}] "
+                               f"({len(artifacts)} artifacts given)")
+        if e.get("observed_at") and parse_time(e["observed_at"], f"evidence[{n}].observed_at") > now + \
+                _dt.timedelta(minutes=5):
+            raise InvalidInput(f"evidence[{n}].observed_at: {e['observed_at']} is in the future")
+    with db.transaction():
+        task = require_task_role(db, actor, task_id, "assignee")
+        packet = json.loads(task["packet"])
+        criteria = len(packet["acceptance_criteria"])
+        for n, e in enumerate(items):
+            bad = [c for c in e.get("criteria", []) if c >= criteria]
+            if bad:
+                raise InvalidInput(f"evidence[{n}].criteria: the task has {criteria} acceptance criteria "
+                                   f"(0 to {criteria - 1}); there is no {bad[0]}")
+        if packet["deliverable_type"] == "code" and not any(a["commit_sha"] for a in artifacts):
+            raise InvalidInput("artifacts: code needs a commit; pin the code by commit_sha")
+        next_state("task", task, "return")
+        previous = latest_submission(db, task_id)
+        for old in db.rows("SELECT * FROM submissions WHERE task_id = ? AND status = 'submitted'", (task_id,)):
+            move(db, "submission", old["id"], "supersede", old)
+        revision = previous["revision"] + 1 if previous else 1
+        report = evidence_report(criteria, items, now, parse_iso(previous["returned_at"]) if previous else None)
+        submission_id = new_id("sub")
+        lineage = run_lineage(db, actor, task)
+        db.execute(
+            "INSERT INTO submissions (id, task_id, revision, summary, evidence, artifacts, provenance, "
+            "provenance_status, returned_by, returned_at, status, evidence_report, lineage) VALUES "
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'submitted', ?, ?)",
+            (submission_id, task_id, revision, summary, json.dumps(items), json.dumps(artifacts), provenance,
+             "claimed" if provenance != "agent_generated" else None, actor.agent_id, iso(now), json.dumps(report),
+             json.dumps(lineage) if lineage else None))
+        finish_attempt(db, actor)
+        kinds: dict[str, int] = {}
+        for e in items:
+            kinds[e["kind"]] = kinds.get(e["kind"], 0) + 1
+        audit(db, task["project"], "result.returned", {
+            "task": task_id, "submission": submission_id, "revision": revision, "evidence": len(items),
+            "kinds": kinds, "artifacts": len(artifacts), "provenance": provenance})
+        row = move_task(db, task, "return", actor.agent_id, [(task["requester"], "result")])
+        return {"task": task_out(db, row),
+                "submission": {"submission_id": submission_id, "revision": revision, "artifacts": artifacts}}
+
+
+def _check_submission(db: Database, task: dict, submission_id: str, revision: int, action: str) -> dict:
+    sub, latest = _submission_and_latest(db, task, submission_id, revision)
+    refs = {"task": task["id"], "action": action, "asked": {"submission": submission_id, "revision": revision},
+            "latest": {"submission": latest["id"], "revision": latest["revision"]}}
+    if sub["status"] in ("rejected", "cancelled"):
+        raise StaleSubmission(f"submission '{submission_id}' was {sub['status']} and can never be accepted; "
+                              f"the latest is '{latest['id']}' revision {latest['revision']}",
+                              refs | {"reason": "rejected"})
+    if sub["id"] != latest["id"] or revision != sub["revision"]:
+        raise StaleSubmission(f"the submission to decide is '{latest['id']}' revision {latest['revision']}; "
+                              "read the task again with check_inbox", refs | {"reason": "not_latest"})
+    return sub
+
+
+def _check_verdicts(verdicts: list[dict], criteria: int, require_all_accepted: bool) -> list[dict]:
+    seen = [v["criterion"] for v in verdicts]
+    if require_all_accepted:
+        wrong = sorted(seen) != list(range(criteria))
+    else:
+        wrong = len(set(seen)) != len(seen) or any(c >= criteria for c in seen)
+    if wrong:
+        raise InvalidInput(f"verdicts: give exactly one verdict for each acceptance criterion 0 to {criteria - 1}")
+    if require_all_accepted:
+        refused = [v["criterion"] for v in verdicts if not v["accepted"]]
+        if refused:
+            raise InvalidInput(f"verdicts: criterion {refused[0]} is not accepted; send the result back with "
+                               "reject_result instead")
+    return [{k: v[k] for k in ("criterion", "accepted", "note") if k in v} for v in sorted(verdicts,
+                                                                                            key=lambda v: v["criterion"])]
+
+
+def _incomplete(sub: dict, evidence: list[dict], report: dict, criteria_count: int) -> IncompleteEvidence:
+    """The refusal of a verification whose evidence report is not complete, naming every gap."""
+    gaps = evidence_gaps(report, evidence, criteria_count)
+    said = []
+    if gaps["uncovered"]:
+        said.append(f"no evidence covers criterion {', '.join(map(str, gaps['uncovered']))}")
+    if gaps["stale_evidence"]:
+        said.append(f"evidence {', '.join(map(str, gaps['stale_evidence']))} is stale"
+                    + (f" (for criterion {', '.join(map(str, gaps['stale']))})" if gaps["stale"] else ""))
+    return IncompleteEvidence(
+        f"submission '{sub['id']}' revision {sub['revision']} can't be verified: its evidence report is not "
+        f"complete ({'; '.join(said)}); send it back with reject_result and ask for fresh evidence tagged with "
+        "each criterion it supports",
+        {"task": sub["task_id"], "action": "accept", "asked": {"submission": sub["id"], "revision": sub["revision"]},
+         "latest": {"submission": sub["id"], "revision": sub["revision"]}, "reason": "evidence_incomplete",
+         "uncovered": gaps["uncovered"], "stale": gaps["stale"]})
+
+
+def accept_result(db: Database, actor: Actor, task_id: str, submission_id: str, revision: int,
+                  verdicts: list[dict], artifacts: list[dict]) -> dict:
+    """The requester verifies the latest submission; it goes to the requester's owner for final acceptance.
+
+    Needs a verdict (accepted) for every criterion and the artifacts repeated exactly;
+    otherwise ``stale_submission`` (recorded as ``result.acceptance_refused``). A result
+    whose evidence report is not complete can't be verified (DESIGN "Readings of the
+    reference", from return_result's "the requesting agent can't verify the result"):
+    ``evidence_incomplete``, recorded as ``result.acceptance_refused`` with the uncovered
+    and stale criteria, so no policy ever accepts it either. An owner with auto-accept on
+    completes a verified task at once (``decided_by_policy: auto_accept``).
+    """
+    def run() -> dict:
+        with db.transaction():
+            task = require_task_role(db, actor, task_id, "requester", record="accept")
+            sub = _check_submission(db, task, submission_id, revision, "accept")
+            next_state("task", task, "verify")
+            checked = _check_verdicts(verdicts, len(json.loads(task["packet"])["acceptance_criteria"]), True)
+            if [artifact_out(a) for a in artifacts] != json.loads(sub["artifacts"]):
+                raise StaleSubmission(
+                    "artifacts: they differ from the submission's; repeat them exactly as check_inbox shows them",
+                    {"task": task_id, "action": "accept", "asked": {"submission": submission_id, "revision": revision},
+                     "latest": {"submission": sub["id"], "revision": sub["revision"]}, "reason": "artifacts_changed"})
+            report = json.loads(sub["evidence_report"])
+            if not report["complete"]:
+                raise _incomplete(sub, json.loads(sub["evidence"]), report, len(checked))
+            verified_by = json.dumps({"kind": "agent", "agent_id": actor.agent_id})
+            auto = db.scalar("SELECT auto_accept FROM people WHERE handle = ?", (actor.owner,))
+            audit(db, task["project"], "result.accepted", {"task": task_id, "submission": sub["id"],
+                                                           "revision": sub["revision"], "step": "verified"})
+            if auto:
+                move(db, "submission", sub["id"], "accept", sub, verdicts=json.dumps(checked), verified_by=verified_by,
+                     decided_by=json.dumps({"kind": "system"}), decided_by_policy="auto_accept")
+                audit(db, task["project"], "result.accepted", {"task": task_id, "submission": sub["id"],
+                                                               "revision": sub["revision"], "step": "policy"})
+                row = move_task(db, task, "auto_accept", actor.agent_id)
+            else:
+                db.execute("UPDATE submissions SET verdicts = ?, verified_by = ? WHERE id = ?",
+                           (json.dumps(checked), verified_by, sub["id"]))
+                row = move_task(db, task, "verify", actor.agent_id, verified_at=iso(utcnow()))
+            return {"task": task_out(db, row)}
+    return recording_refusals(db, run)
+
+
+def reject_result(db: Database, actor: Actor, task_id: str, submission_id: str, revision: int, reason: str,
+                  verdicts: list[dict] | None = None) -> dict:
+    """The requester sends the latest submission back with a reason; the task returns to working.
+
+    That submission can never be accepted later. Writes ``result.rejected`` (never the reason).
+    """
+    def run() -> dict:
+        with db.transaction():
+            task = require_task_role(db, actor, task_id, "requester", record="reject")
+            sub = _check_submission(db, task, submission_id, revision, "reject")
+            next_state("task", task, "reject")
+            checked = _check_verdicts(verdicts or [], len(json.loads(task["packet"])["acceptance_criteria"]), False)
+            move(db, "submission", sub["id"], "reject", sub, reason=reason, verdicts=json.dumps(checked),
+                 verified_by=json.dumps({"kind": "agent", "agent_id": actor.agent_id}))
+            audit(db, task["project"], "result.rejected", {"task": task_id, "submission": sub["id"],
+                                                           "revision": sub["revision"], "by": actor.agent_id})
+            row = move_task(db, task, "reject", actor.agent_id, [(task["assignee"], "task")])
+            return {"task": task_out(db, row)}
+    return recording_refusals(db, run)
+
+
+###############################################################################
+# 22. Approvals and the people's side of tasks
+###############################################################################
+# What people decide about tasks: the gate's held handoffs (approve or deny; an approval lapses
+# after 24 hours and is asked again), standing approvals, final acceptance of a verified result,
+# sending it back, cancelling, renaming, and what a sub-task waits on.
 
 
 def decide_approval(db: Database, person: Actor, approval_id: str, decision: str,
@@ -5628,16 +6224,16 @@ def decide_approval(db: Database, person: Actor, approval_id: str, decision: str
     uses or days run out. Writes ``approval.decided`` (and ``standing_approval.created``).
     """
     check_decision(decision, "approve", "deny")
-    sweep_approvals(db)
+    expire_due(db, "approval")
     with db.transaction():
-        row = _owned_row(db, "approvals", approval_id, person.handle, f"no approval '{approval_id}' waiting for you")
+        row = owned_row(db, "approvals", approval_id, person.handle, f"no approval '{approval_id}' waiting for you")
         if row["invalidated_at"]:
-            if _task_row(db, row["task_id"])["state"] == "cancelled":
+            if task_row(db, row["task_id"])["state"] == "cancelled":
                 raise InvalidState(f"approval '{approval_id}' ended: its task was cancelled")
             raise InvalidState(f"approval '{approval_id}' lapsed and was asked again: decide the newer one")
         if row["status"] != "pending":
             raise InvalidState(f"approval '{approval_id}' was already {row['status']}")
-        task = _task_row(db, row["task_id"])
+        task = task_row(db, row["task_id"])
         now = iso(utcnow())
         # An approval given now counts for APPROVAL_LIFETIME from now.
         status = move(db, "approval", approval_id, decision, row, decided_by=person.handle, decided_at=now,
@@ -5678,14 +6274,14 @@ def create_standing_approval(db: Database, person: Actor, task: dict, approval_i
     return standing_id
 
 
-def sweep_approvals(db: Database, now: _dt.datetime | None = None) -> int:
+@expires("approval")
+def sweep_approvals(db: Database, now: _dt.datetime) -> int:
     """Lapse approvals older than APPROVAL_LIFETIME and ask again; return how many lapsed.
 
     A pending approval nobody decided, or an approved one whose task was never accepted,
     stops counting: ``approval.invalidated`` is written, the task goes back to waiting for
     its owner (a run claimed on it is stopped, its credential ended), and a new approval is opened.
     """
-    now = now or utcnow()
     stale = db.rows(
         "SELECT a.* FROM approvals a JOIN tasks t ON t.id = a.task_id WHERE a.invalidated_at IS NULL AND "
         "a.expires_at <= ? AND ((a.status = 'pending' AND t.state = 'approval' AND t.verified_at IS NULL) OR "
@@ -5693,11 +6289,11 @@ def sweep_approvals(db: Database, now: _dt.datetime | None = None) -> int:
     lapsed = 0
     for old in stale:
         with db.transaction():
-            lapsed += _ask_again(db, old, APPROVAL_LAPSED, "system")
+            lapsed += ask_again(db, old, APPROVAL_LAPSED, "system")
     return lapsed
 
 
-def _ask_again(db: Database, old: dict, reason: str, by: str) -> bool:
+def ask_again(db: Database, old: dict, reason: str, by: str) -> bool:
     """An approval stops counting: its task waits for the owner again under a new approval.
 
     Writes ``approval.invalidated``. False if it was already invalidated meanwhile.
@@ -5705,13 +6301,13 @@ def _ask_again(db: Database, old: dict, reason: str, by: str) -> bool:
     if db.execute("UPDATE approvals SET invalidated_at = ? WHERE id = ? AND invalidated_at IS NULL",
                   (iso(utcnow()), old["id"])) != 1:
         return False
-    task = _task_row(db, old["task_id"])
+    task = task_row(db, old["task_id"])
     if task["state"] == "routed":
         # Held again, the task is not its assignee's: a run already claimed on it stops with it.
         for attempt in db.rows("SELECT * FROM attempts WHERE task_id = ? AND state = 'running'", (task["id"],)):
             end_attempt(db, attempt, "stop", task["project"])
         task = move_task(db, task, "lapse", by, routed_at=None)
-    new = _open_approval(db, task)
+    new = open_approval(db, task)
     db.execute("UPDATE tasks SET gate = json_set(gate, '$.approval_id', ?) WHERE id = ?", (new["id"], task["id"]))
     audit(db, task["project"], "approval.invalidated", {
         "approval": old["id"], "task": task["id"], "reason": reason, "new_approval": new["id"]})
@@ -5720,11 +6316,11 @@ def _ask_again(db: Database, old: dict, reason: str, by: str) -> bool:
 
 def pending_approvals(db: Database, person: Actor) -> list[dict]:
     """Held handoffs waiting for ``person``'s decision, oldest first, each with its task."""
-    sweep_approvals(db)
+    expire_due(db, "approval")
     rows = db.rows("SELECT * FROM approvals WHERE owner = ? AND status = 'pending' AND invalidated_at IS NULL "
                    "ORDER BY created_at", (person.handle,))
     return [{"approval": approval_out(r), "task": task_out(db, r["task_id"])} for r in rows
-            if _member_role(db, r["project"], person.handle)]
+            if member_role(db, r["project"], person.handle)]
 
 
 def final_accept(db: Database, person: Actor, task_id: str) -> dict:
@@ -5734,9 +6330,9 @@ def final_accept(db: Database, person: Actor, task_id: str) -> dict:
     requester is woken with ``decision``. Writes ``result.accepted`` (step owner_accepted).
     """
     with db.transaction():
-        task = _task_for_person(db, person, task_id)
-        if _requesting_person(task) != person.handle:
-            raise Forbidden(f"only {_requesting_person(task)} gives final acceptance on this task")
+        task = task_for_person(db, person, task_id)
+        if requesting_person(task) != person.handle:
+            raise Forbidden(f"only {requesting_person(task)} gives final acceptance on this task")
         if task["requester"] and task["state"] == "verifying":
             raise InvalidState(f"task '{task_id}' is verifying: its requester {task['requester']} checks the result "
                                "with accept_result first")
@@ -5755,9 +6351,9 @@ def send_back(db: Database, person: Actor, task_id: str, reason: str) -> dict:
     """The requester's owner sends a verified result back with a reason: the task returns to working."""
     check_text(reason, "reason", 1000, 1)
     with db.transaction():
-        task = _task_for_person(db, person, task_id)
-        if _requesting_person(task) != person.handle:
-            raise Forbidden(f"only {_requesting_person(task)} decides on this task's result")
+        task = task_for_person(db, person, task_id)
+        if requesting_person(task) != person.handle:
+            raise Forbidden(f"only {requesting_person(task)} decides on this task's result")
         if task["requester"] and task["state"] == "verifying":
             raise InvalidState(f"task '{task_id}' is verifying: its requester {task['requester']} decides first")
         next_state("task", task, "send_back")
@@ -5773,25 +6369,25 @@ def send_back(db: Database, person: Actor, task_id: str, reason: str) -> dict:
 
 def may_steer_task(db: Database, handle: str, task: dict) -> bool:
     """Whether ``handle`` may cancel ``task`` (a row) or hand it on once returned: the person on
-    the requesting side (:func:`_requesting_person`) or an owner of its project."""
-    return handle == _requesting_person(task) or _member_role(db, task["project"], handle) == "owner"
+    the requesting side (:func:`requesting_person`) or an owner of its project."""
+    return handle == requesting_person(task) or member_role(db, task["project"], handle) == "owner"
 
 
 def cancel_task(db: Database, person: Actor, task_id: str) -> dict:
     """Cancel an open task: its requester's owner or a project owner. The assignee is woken."""
     with db.transaction():
-        task = _task_for_person(db, person, task_id)
+        task = task_for_person(db, person, task_id)
         if not may_steer_task(db, person.handle, task):
             raise Forbidden("only the requester's owner or a project owner can cancel a task")
         next_state("task", task, "cancel")
-        _end_task_work(db, task, "task_cancelled")
+        end_task_work(db, task, "task_cancelled")
         reached = task["routed_at"] is not None  # a task held at the gate never reached its assignee
         row = move_task(db, task, "cancel", person.handle,
                         [(task["assignee"] if reached else None, "task"), (task["requester"], "task_update")])
         return {"task": task_out(db, row)}
 
 
-def _end_task_work(db: Database, task: dict, reason: str) -> int:
+def end_task_work(db: Database, task: dict, reason: str) -> int:
     """End what is open on a task that stops here (cancelled, or returned as its assignee left), in the
     caller's transaction: unreviewed submissions are cancelled, pending approvals withdrawn
     (``approval.updated``), running runs stopped and every run credential ended (``reason``, a key
@@ -5822,9 +6418,9 @@ def _task_namer(db: Database, person: Actor | None, task_id: str, what: str) -> 
         if task is None:
             raise NotFound(f"no task '{task_id}'")
         return task
-    task = _task_for_person(db, person, task_id)
-    if person.handle not in (_requesting_person(task), owner_of(task["assignee"])) and \
-            _member_role(db, task["project"], person.handle) != "owner":
+    task = task_for_person(db, person, task_id)
+    if person.handle not in (requesting_person(task), owner_of(task["assignee"])) and \
+            member_role(db, task["project"], person.handle) != "owner":
         raise Forbidden(f"only the requester's owner, the assignee's owner or a project owner {what}")
     return task
 
@@ -5856,7 +6452,7 @@ def rename_task(db: Database, person: Actor | None, task_id: str, title: str | N
         db.execute("UPDATE search_index SET title = concat_ws(char(10), ?, (SELECT title FROM tasks WHERE id = ?)) "
                    "WHERE kind = 'task' AND ref = ?", (title, task["id"], task["id"]))
         audit(db, task["project"], "task.renamed", {
-            "task": task["id"], "from": _fingerprint(task["display_title"]), "to": _fingerprint(title),
+            "task": task["id"], "from": fingerprint(task["display_title"]), "to": fingerprint(title),
             "by": person.handle if person else None})
         return {"task": _task_changed(db, task)}
 
@@ -5905,7 +6501,7 @@ def set_blocked_by(db: Database, person: Actor | None, task_id: str, blocked_by:
         audit(db, task["project"], "task.blocked_by_set", {
             "task": task["id"], "blocked_by": blocked_by, "count": len(blocked_by),
             "by": person.handle if person else None})
-        return {"task": _task_changed(db, task)} | task_waits(db, _task_row(db, task["id"]))
+        return {"task": _task_changed(db, task)} | task_waits(db, task_row(db, task["id"]))
 
 
 def task_waits(db: Database, task: dict) -> dict:
@@ -5943,7 +6539,11 @@ def request_task(db: Database, person: Actor, project: str, agent_id: str, packe
         return out | {"message": message}
 
 
-# -- the owner's gate rules -----------------------------------------------------
+###############################################################################
+# 23. The owner's gate rules
+###############################################################################
+# An owner's gate: delegation rules (allow, approval_required or never, for one agent, one
+# owner's agents or every teammate), standing approvals and the auto-accept policy.
 
 
 def set_rule(db: Database, owner: str, decision: str, *, agent: str | None = None, from_owner: str | None = None,
@@ -5967,7 +6567,7 @@ def set_rule(db: Database, owner: str, decision: str, *, agent: str | None = Non
         if parse_iso(expires_at) <= utcnow():
             raise InvalidInput("expires_at must be in the future")
     with db.transaction():
-        _require_person(db, owner)
+        require_person(db, owner)
         # A rule for a name nobody has would never match: refuse it rather than save it silently.
         if kind == "agent" and db.one("SELECT 1 FROM agents WHERE agent_id = ?", (subject,)) is None:
             raise InvalidInput(f"agent: there is no agent '{subject}'; give an existing agent as owner/name")
@@ -5977,32 +6577,32 @@ def set_rule(db: Database, owner: str, decision: str, *, agent: str | None = Non
         version = (db.scalar("SELECT max(grant_version) FROM delegation_rules WHERE owner = ?", (owner,)) or 0) + 1
         for old in db.rows("SELECT * FROM delegation_rules WHERE owner = ? AND subject_kind = ? AND subject IS ? AND "
                            "revoked_at IS NULL", (owner, kind, subject)):
-            _revoke_rule(db, old, "edited", version)
+            end_rule(db, old, "edited", version)
         rule_id = new_id("rule")
         db.execute("INSERT INTO delegation_rules VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?)",
                    (rule_id, owner, kind, subject, decision, expires_at, iso(utcnow()), version))
-        for chain in _owner_projects(db, owner):
+        for chain in owner_projects(db, owner):
             audit(db, chain, "delegation.set", {"rule": rule_id, "owner": owner, "for": kind, "subject": subject,
                                                 "decision": decision, "expires_at": expires_at,
                                                 "grant_version": version})
     return rule_out(db.one("SELECT * FROM delegation_rules WHERE id = ?", (rule_id,)))
 
 
-def _owner_projects(db: Database, owner: str) -> list[str]:
+def owner_projects(db: Database, owner: str) -> list[str]:
     return [r["project"] for r in db.rows("SELECT project FROM members WHERE handle = ? ORDER BY project", (owner,))] \
         or [DEPLOYMENT_CHAIN]
 
 
-def _revoke_rule(db: Database, rule: dict, reason: str, version: int, chains: list[str] | None = None) -> None:
+def end_rule(db: Database, rule: dict, reason: str, version: int, chains: list[str] | None = None) -> None:
     db.execute("UPDATE delegation_rules SET revoked_at = ?, revoked_reason = ? WHERE id = ?",
                (iso(utcnow()), reason, rule["id"]))
-    for chain in chains or _owner_projects(db, rule["owner"]):
+    for chain in chains or owner_projects(db, rule["owner"]):
         audit(db, chain, "delegation.revoked", {"rule": rule["id"], "reason": reason, "grant_version": version})
 
 
 def _owned_live(db: Database, table: str, what: str, row_id: str, owner: str) -> dict:
     """A row of ``owner``'s in ``table`` that is not revoked; NotFound or InvalidState otherwise."""
-    row = _owned_row(db, table, row_id, owner, f"no {what} '{row_id}' of yours")
+    row = owned_row(db, table, row_id, owner, f"no {what} '{row_id}' of yours")
     if row["revoked_at"]:
         raise InvalidState(f"{what} '{row_id}' was already revoked")
     return row
@@ -6013,7 +6613,7 @@ def revoke_rule(db: Database, owner: str, rule_id: str) -> dict:
     with db.transaction():
         rule = _owned_live(db, "delegation_rules", "rule", rule_id, owner)
         version = (db.scalar("SELECT max(grant_version) FROM delegation_rules WHERE owner = ?", (owner,)) or 0) + 1
-        _revoke_rule(db, rule, "revoked", version)
+        end_rule(db, rule, "revoked", version)
     return {"id": rule_id, "revoked": True}
 
 
@@ -6026,7 +6626,7 @@ def rule_out(row: dict) -> dict:
 
 def list_rules(db: Database, owner: str) -> dict:
     """An owner's live delegation rules and standing approvals."""
-    return {"rules": [rule_out(r) for r in _active_rules(db, owner)],
+    return {"rules": [rule_out(r) for r in active_rules(db, owner)],
             "standing_approvals": db.rows(
                 "SELECT id, requester, assignee, kind, cap, uses, expires_at, created_at FROM standing_approvals "
                 "WHERE owner = ? AND revoked_at IS NULL AND expires_at > ? ORDER BY created_at",
@@ -6037,16 +6637,16 @@ def revoke_standing_approval(db: Database, owner: str, standing_id: str) -> dict
     """Revoke a standing approval; approved requests it let through that have not started are asked again."""
     with db.transaction():
         row = _owned_live(db, "standing_approvals", "standing approval", standing_id, owner)
-        voided = _revoke_standing(db, row, "owner", owner, _owner_projects(db, owner))
+        voided = end_standing_approval(db, row, "owner", owner, owner_projects(db, owner))
     return {"id": standing_id, "revoked": True, "voided": voided}
 
 
-def _revoke_standing(db: Database, row: dict, reason: str, by: str, chains: list[str]) -> int:
+def end_standing_approval(db: Database, row: dict, reason: str, by: str, chains: list[str]) -> int:
     """Revoke a standing approval in the caller's transaction; returns how many requests it let
     through that hadn't started were voided and asked again. Writes ``standing_approval.revoked``
     (with ``reason``) in each of ``chains``."""
     db.execute("UPDATE standing_approvals SET revoked_at = ? WHERE id = ?", (iso(utcnow()), row["id"]))
-    voided = sum(_ask_again(db, apr, "standing_approval_revoked", by) for apr in db.rows(
+    voided = sum(ask_again(db, apr, "standing_approval_revoked", by) for apr in db.rows(
         "SELECT a.* FROM approvals a JOIN tasks t ON t.id = a.task_id WHERE a.standing_approval_id = ? AND "
         "a.invalidated_at IS NULL AND t.state = 'routed'", (row["id"],)))
     for chain in chains:
@@ -6058,9 +6658,532 @@ def _revoke_standing(db: Database, row: dict, reason: str, by: str, chains: list
 def set_auto_accept(db: Database, owner: str, on: bool) -> dict:
     """An owner's policy: accept their agents' verified results at once (no final click)."""
     with db.transaction():
-        _require_person(db, owner)
+        require_person(db, owner)
         db.execute("UPDATE people SET auto_accept = ? WHERE handle = ?", (int(on), owner))
     return {"owner": owner, "auto_accept": on}
+
+
+###############################################################################
+# 24. Runs: devices, claims and steps
+###############################################################################
+# A runner is a paired device of one agent. A task wake becomes claim_task (an attempt and its
+# execution credential); a woken run asks its owner before a step its tools don't allow
+# (request_step), and the owner allows or refuses it.
+
+#: The tools a woken run's execution credential may call (it works on its one task).
+RUN_TOOLS = ("discover_team_agents", "get_project_context", "read_room", "post_message", "check_inbox",
+             "accept_task", "checkpoint", "return_result", "update_pulse", "request_step")
+
+#: An allowed step must be used within this long; an undecided one expires after STEP_LIFETIME.
+STEP_USE_WINDOW = _dt.timedelta(minutes=15)
+
+STEP_LIFETIME = _dt.timedelta(hours=24)
+
+#: Why ``step.expired`` says a step ended: left unused past STEP_USE_WINDOW, undecided past STEP_LIFETIME.
+STEP_UNUSED, STEP_UNDECIDED = "unused_15_minutes", "undecided_24_hours"
+
+
+def pair_device(db: Database, owner: str, agent_id: str, name: str = "runner",
+                label: str | None = None) -> tuple[dict, str]:
+    """Pair a runner device to one of ``owner``'s agents; return ``(device, runner key)``, the key shown once.
+
+    ``label`` names the runner key (see mint_credential). Writes ``device.paired`` and ``token.created``.
+    """
+    check_agent_id(agent_id, "agent")
+    check_text(name, "name", 80, 1)
+    check_no_secret(name, "name")
+    with db.transaction():
+        agent = db.one("SELECT * FROM agents WHERE agent_id = ?", (agent_id,))
+        if agent is None or agent["owner"] != owner:
+            raise NotFound(f"no agent '{agent_id}' of {owner}'s: a device pairs with its owner's own agent")
+        device = {"id": new_id("dev"), "owner": owner, "agent_id": agent_id, "name": name,
+                  "created_at": iso(utcnow()), "revoked_at": None}
+        db.execute("INSERT INTO devices (id, owner, agent_id, name, created_at) VALUES (?, ?, ?, ?, ?)",
+                   (device["id"], owner, agent_id, name, device["created_at"]))
+        record, secret = mint_credential(db, "runner", agent_id=agent_id, device_id=device["id"], label=label)
+        for chain in agent_chains(db, agent_id):
+            audit(db, chain, "device.paired", {"device": device["id"], "agent": agent_id, "credential": record["id"]})
+    return device | {"credential_id": record["id"], "label": record["label"]}, secret
+
+
+def list_devices(db: Database, owner: str) -> list[dict]:
+    """An owner's paired devices, live and revoked."""
+    return db.rows("SELECT id, agent_id, name, created_at, revoked_at, revoked_reason FROM devices WHERE owner = ? "
+                   "ORDER BY created_at", (owner,))
+
+
+def revoke_device(db: Database, owner: str, device_id: str, reason: str = "owner") -> dict:
+    """Revoke a device and every credential it holds (its runner key, its runs' credentials)."""
+    with db.transaction():
+        device = db.one("SELECT * FROM devices WHERE id = ? AND owner = ?", (device_id, owner))
+        if device is None:
+            raise NotFound(f"no device '{device_id}' of yours")
+        if device["revoked_at"]:
+            raise InvalidState(f"device '{device_id}' was already revoked")
+        ended = end_device(db, device, reason)
+    return {"id": device_id, "revoked": True, "credentials_ended": ended}
+
+
+def _run_cause(task: dict) -> dict:
+    """Why a run of this task starts: the owner's Task request, or the gate's decision on the handoff."""
+    by = json.loads(task["requested_by"])
+    if by["kind"] == "person" and task["origin_message_id"]:
+        return {"kind": "owner_message", "message_id": task["origin_message_id"], "author": by["handle"]}
+    gate = json.loads(task["gate"] or "{}")
+    return {"kind": "task", "task_id": task["id"], "basis": gate.get("basis", "same_owner"),
+            "rule_id": gate.get("rule_id"), "approval_id": gate.get("approval_id")}
+
+
+def claim_task(db: Database, actor: Actor, task_id: str, idempotency_key: str, wake: dict | None,
+               launch_timeout: _dt.timedelta) -> dict:
+    """A paired runner claims a task routed to its agent: the attempt and an execution credential, shown once.
+
+    The same idempotency key replays the claim with a fresh credential and revokes the
+    previous one. ``wake.message_id`` may only repeat the task's own Task request; a
+    mention is never a run's cause. Writes ``attempt.claimed`` and ``token.created``
+    (and ``token.revoked`` on a replay).
+    """
+    if actor.credential_kind != "runner":
+        raise Forbidden("only a paired runner device can claim a task: use the runner key 'prickle device pair' made")
+    expire_due(db, "approval")
+    with db.transaction():
+        device = db.one("SELECT d.* FROM devices d JOIN credentials c ON c.device_id = d.id WHERE c.id = ?",
+                        (actor.credential_id,))
+        if device is None or device["revoked_at"]:
+            raise Forbidden("this runner key belongs to no live paired device: pair the device again")
+        check_not_paused(db, actor.owner)
+        task = require_task_role(db, actor, task_id, "assignee")
+        if wake is not None and wake.get("message_id") != task["origin_message_id"]:
+            raise InvalidInput("wake.message_id: a run's cause is the task's own Task request "
+                               f"({task['origin_message_id'] or 'this task has none'}); a mention is never a run's "
+                               "cause")
+        attempt = db.one("SELECT * FROM attempts WHERE device_id = ? AND idempotency_key = ?",
+                         (device["id"], idempotency_key))
+        if attempt is not None and attempt["task_id"] != task_id:
+            raise Conflict(f"idempotency_key '{idempotency_key}' was used to claim task '{attempt['task_id']}'")
+        if task["state"] not in CLAIMABLE:
+            raise InvalidState(f"task '{task_id}' is {task['state']}: a run can start only when it is "
+                               f"{', '.join(CLAIMABLE)}")
+        now = utcnow()
+        if attempt is not None and attempt["state"] != "running":
+            raise InvalidState(f"attempt '{attempt['id']}' is {attempt['state']}: claim with a new idempotency key "
+                               "for a new run")
+        if attempt is None:
+            check_new_run(db, task)
+            # One run per task at a time: a new claim takes over from any run still open.
+            for old in db.rows("SELECT * FROM attempts WHERE task_id = ? AND state = 'running'", (task_id,)):
+                end_attempt(db, old, "replace", task["project"])
+            attempt = {"id": new_id("att"), "task_id": task_id, "device_id": device["id"], "agent_id": actor.agent_id,
+                       "idempotency_key": idempotency_key, "credential_id": None,
+                       "cause": json.dumps(_run_cause(task)), "claimed_at": iso(now), "finished_at": None,
+                       "state": "running", "run_id": task["run_approved"] or new_id("run")}
+            db.insert("attempts", attempt)
+            if task["run_approved"]:
+                move(db, "start", task_id, "claim", task)
+            append_event(db, task["project"], "task.updated", {"task": task_out(db, task_row(db, task_id))})  # live views
+            gate = json.loads(task["gate"] or "{}")
+            audit(db, task["project"], "attempt.claimed", {"attempt": attempt["id"], "task": task_id,
+                                                           "device": device["id"], "approval": gate.get("approval_id")})
+        elif attempt["credential_id"]:
+            revoke_credentials(db, "id = ?", (attempt["credential_id"],), "claim_retried")
+        record, secret = mint_credential(db, "execution", agent_id=actor.agent_id, project=task["project"],
+                                         ttl=launch_timeout, device_id=device["id"], task_id=task_id,
+                                         attempt_id=attempt["id"], allowed_tools=RUN_TOOLS,
+                                         issued_by=actor.credential_id, at=now)
+        db.execute("UPDATE attempts SET credential_id = ? WHERE id = ?", (record["id"], attempt["id"]))
+    return {"attempt": {"attempt_id": attempt["id"], "task_id": task_id, "claimed_at": attempt["claimed_at"]},
+            "execution_credential": {"token": secret, "expires_at": record["expires_at"],
+                                     "allowed_tools": list(RUN_TOOLS)}}
+
+
+def device_attempt(db: Database, actor: Actor, attempt_id: str) -> dict:
+    """The attempt ``attempt_id`` claimed by the caller's runner device; NotFound for any other."""
+    device = runner_device(db, actor)
+    attempt = db.one("SELECT * FROM attempts WHERE id = ? AND device_id = ?", (check_id(attempt_id, "attempt_id"),
+                                                                                device["id"]))
+    if attempt is None:
+        raise NotFound(f"no attempt '{attempt_id}' claimed by this device")
+    return attempt
+
+
+def end_run(db: Database, actor: Actor, attempt_id: str, reason: str | None = None) -> dict:
+    """A runner says a run it launched has ended without a result (its process exited, failed to
+    start or went past its time limit): the attempt finishes and its credentials end at once.
+
+    Only the device that claimed the attempt; an attempt no longer running is left as it is (the
+    answer is the same, so a runner may say it twice). ``reason`` (200 characters) is checked and
+    not kept: the runner reports it as ``run_failure`` in the pulse. Writes ``attempt.finished``.
+    Returns ``{"attempt"}``. Raises InvalidInput or NotFound.
+    """
+    if reason is not None:
+        check_text(reason, "reason", 200)
+    with db.transaction():
+        attempt = device_attempt(db, actor, attempt_id)
+        if attempt["state"] == "running":
+            project = db.scalar("SELECT project FROM tasks WHERE id = ?", (attempt["task_id"],))
+            end_attempt(db, attempt, "finish", project)
+            audit(db, project, "attempt.finished", {"attempt": attempt_id})
+            append_event(db, project, "task.updated", {"task": task_out(db, attempt["task_id"])})  # live views
+        return {"attempt": attempt_out(db.one("SELECT * FROM attempts WHERE id = ?", (attempt_id,)))}
+
+
+def _step_answer(step: dict, status: str, behavior: str, message: str, updated: dict | None = None) -> dict:
+    out = {"step_id": step["id"], "status": status, "behavior": behavior, "message": message}
+    if updated is not None:
+        out["updatedInput"] = updated
+    return out
+
+
+def request_step(db: Database, actor: Actor, tool_name: str, tool_input: dict, *, tool_use_id: str | None = None,
+                 kind: str | None = None, target: str | None = None, amount: dict | None = None,
+                 reason: str | None = None) -> dict:
+    """A woken run asks its owner before a step its tools don't allow; the answer is allow or deny.
+
+    Implements request_step: the same call (tool and input) as an allowed step is used
+    once, within STEP_USE_WINDOW, by this task's run or the one resuming it (``allow``
+    for a permission layer's call with tool_use_id; otherwise ``deny`` saying it may make
+    exactly that call now); refused or expired steps are ``deny``; a new call waits for
+    the owner (``pending``, deny: checkpoint and end the turn); one step waits at a time.
+    Writes ``step.requested``, ``step.consumed`` and ``step.expired``.
+    """
+    if actor.task_scope is None or actor.attempt_id is None:
+        raise Forbidden("only a woken run (an execution credential from claim_task) asks for steps")
+    digest = sha256_hex(tool_name + "\n" + canonical_json(tool_input))
+    now = utcnow()
+    with db.transaction():
+        if db.scalar("SELECT finished_at FROM attempts WHERE id = ?", (actor.attempt_id,)):
+            raise InvalidState("this run already returned its result: it asks for no more steps")
+        task = task_row(db, actor.task_scope)
+        expire_due(db, "step", now=now, task_id=task["id"])
+        step = db.one("SELECT * FROM steps WHERE task_id = ? AND input_hash = ? AND (status IN "
+                      "('pending', 'approved', 'refused') OR (status = 'expired' AND decided_at IS NULL)) "
+                      "ORDER BY created_at DESC LIMIT 1", (task["id"], digest))
+        if step is not None:
+            if step["status"] == "pending":
+                return _step_answer(step, "pending", "deny", "Still waiting for your owner: save a checkpoint, then "
+                                    "end your turn; you will be resumed when they decide.")
+            if step["status"] == "refused":
+                return _step_answer(step, "refused", "deny", "Your owner refused this step: don't try it again; "
+                                    "finish without it, or return what you have and say why.")
+            if step["status"] == "expired":
+                return _step_answer(step, "expired", "deny", "Your owner did not decide this step within "
+                                    f"{STEP_LIFETIME // _dt.timedelta(hours=1)} hours, which counts as a refusal: "
+                                    "finish without it, or return what you have.")
+            if now - parse_iso(step["decided_at"]) > STEP_USE_WINDOW:
+                move(db, "step", step["id"], "expire", step)
+                audit(db, task["project"], "step.expired", {"step": step["id"], "attempt": step["attempt_id"],
+                                                            "kind": step["kind"], "why": STEP_UNUSED})
+                return _step_answer(step, "expired", "deny", "The allowance lapsed unused after "
+                                    f"{STEP_USE_WINDOW // _dt.timedelta(minutes=1)} minutes: ask again if you "
+                                    "still need this call.")
+            if tool_use_id is None:
+                # The permission layer lets the call through when it asks with the call's tool_use_id.
+                return _step_answer(step, "approved", "deny", "Allowed, and left to your permission layer: make "
+                                    "exactly this call now, once.")
+            move(db, "step", step["id"], "consume", step, consumed_by=actor.attempt_id)
+            audit(db, task["project"], "step.consumed", {"step": step["id"], "asked_by": step["attempt_id"],
+                                                         "used_by": actor.attempt_id})
+            return _step_answer(step, "consumed", "allow", "Allowed once: make exactly this call now.",
+                                json.loads(step["input"]))
+        waiting = db.one("SELECT * FROM steps WHERE task_id = ? AND status = 'pending'", (task["id"],))
+        if waiting is not None:
+            return _step_answer(waiting, "pending", "deny", "Another step already waits for your owner (one at a "
+                                "time): save a checkpoint, then end your turn.")
+        step = {"id": new_id("step"), "task_id": task["id"], "attempt_id": actor.attempt_id,
+                "agent_id": actor.agent_id, "owner": actor.owner, "tool_name": tool_name,
+                "input": canonical_json(tool_input), "input_hash": digest, "kind": kind, "target": target,
+                "amount": json.dumps(amount) if amount else None, "reason": reason, "status": "pending",
+                "created_at": iso(now), "decided_at": None, "decided_by": None, "consumed_by": None}
+        db.insert("steps", step)
+        audit(db, task["project"], "step.requested", {"step": step["id"], "attempt": actor.attempt_id, "kind": kind})
+        append_event(db, task["project"], "task.updated", {"task": task_out(db, task)})  # live views; wakes no one
+        return _step_answer(step, "pending", "deny", "Asked your owner: save a checkpoint, then end your turn; you "
+                            "will be resumed when they decide.")
+
+
+@expires("step")
+def expire_steps(db: Database, now: _dt.datetime, task_id: str | None = None) -> int:
+    """Undecided steps older than STEP_LIFETIME expire (a refusal), of one task or all. Writes ``step.expired``."""
+    sql = "SELECT s.*, t.project FROM steps s JOIN tasks t ON t.id = s.task_id WHERE s.status = 'pending' AND " \
+          "s.created_at <= ?" + (" AND s.task_id = ?" if task_id else "")
+    params = (iso(now - STEP_LIFETIME),) + ((task_id,) if task_id else ())
+    steps = db.rows(sql, params)
+    for step in steps:
+        move(db, "step", step["id"], "expire", step)
+        audit(db, step["project"], "step.expired", {"step": step["id"], "attempt": step["attempt_id"],
+                                                    "kind": step["kind"], "why": STEP_UNDECIDED})
+    return len(steps)
+
+
+def step_out(row: dict) -> dict:
+    """A step as the owner sees it: the exact call, what it claims to be, and its state."""
+    return {"id": row["id"], "task_id": row["task_id"], "project": row.get("project"), "title": row.get("title"),
+            "agent_id": row["agent_id"], "tool_name": row["tool_name"],
+            "input": json.loads(row["input"]), "kind": row["kind"], "target": row["target"],
+            "amount": json.loads(row["amount"]) if row["amount"] else None, "reason": row["reason"],
+            "status": row["status"], "created_at": row["created_at"], "decided_at": row["decided_at"]}
+
+
+def pending_steps(db: Database, person: Actor) -> list[dict]:
+    """Steps waiting for ``person``'s decision."""
+    expire_due(db, "step")
+    return [step_out(r) for r in db.rows("SELECT s.*, t.project, t.title FROM steps s JOIN tasks t ON t.id = s.task_id "
+                                         "WHERE s.owner = ? AND s.status = 'pending' ORDER BY s.created_at",
+                                         (person.handle,))]
+
+
+def decide_step(db: Database, person: Actor, step_id: str, decision: str) -> dict:
+    """The agent's owner allows or refuses a step; the task's assignee is woken to resume. Writes ``step.decided``."""
+    check_decision(decision, "allow", "deny")
+    with db.transaction():
+        expire_due(db, "step")
+        step = owned_row(db, "steps", step_id, person.handle, f"no step '{step_id}' of your agents'")
+        if step["status"] != "pending":
+            raise InvalidState(f"step '{step_id}' is {step['status']}, not waiting for a decision")
+        status = move(db, "step", step_id, decision, step, decided_at=iso(utcnow()), decided_by=person.handle)
+        task = task_row(db, step["task_id"])
+        audit(db, task["project"], "step.decided", {"step": step_id, "attempt": step["attempt_id"],
+                                                    "kind": step["kind"], "decision": status})
+        append_event(db, task["project"], "task.updated", {"task": task_out(db, task)},
+                     [(task["assignee"], "task", task["id"], None)])
+        return step_out(db.one("SELECT s.*, t.project, t.title FROM steps s JOIN tasks t ON t.id = s.task_id "
+                               "WHERE s.id = ?", (step_id,)))
+
+
+def check_new_run(db: Database, task: dict) -> None:
+    """A new run of a task waits for its owner after a Stop or an abandoned run, and while one is uncertain."""
+    if open_attempt(db, task["id"], ("uncertain",)):
+        raise InvalidState(f"a run of task '{task['id']}' is uncertain: its owner settles it on the task's page "
+                           "before another starts")
+    last = db.scalar("SELECT state FROM attempts WHERE task_id = ? ORDER BY claimed_at DESC, rowid DESC LIMIT 1",
+                     (task["id"],))
+    if last in ("stopped", "abandoned") and not task["run_approved"]:
+        raise InvalidState(f"the last run of task '{task['id']}' was {last}: a new one starts only when its owner "
+                           "presses Start a run on the task's page")
+
+
+def runner_device(db: Database, actor: Actor) -> dict:
+    if actor.credential_kind != "runner":
+        raise Forbidden("only a runner device key (prk_rk_…) may do this")
+    device = db.one("SELECT d.* FROM devices d JOIN credentials c ON c.device_id = d.id WHERE c.id = ?",
+                    (actor.credential_id,))
+    if device is None or device["revoked_at"]:
+        raise Forbidden("this runner key belongs to no live paired device: connect the computer again")
+    return device
+
+
+###############################################################################
+# 25. Run control
+###############################################################################
+# The owner steers their agents' runs from the page: Start a run, Stop it, hand a task back,
+# pause their agents, and settle a run its runner could not vouch for.
+
+#: How many of a device's newest attempts its runner is shown.
+RUNNER_RUNS_SHOWN = 50
+
+
+def run_control(db: Database, person: Actor, task: dict) -> dict | None:
+    """What the assignee's owner may do with the task's runs now (None for anyone else)."""
+    if owner_of(task["assignee"]) != person.handle:
+        return None
+    open_run = open_attempt(db, task["id"], ("running", "uncertain"))
+    return {"paused": paused_by(db, person.handle),
+            "runner_connected": db.one("SELECT 1 FROM devices WHERE agent_id = ? AND revoked_at IS NULL",
+                                       (task["assignee"],)) is not None,
+            "run_approved": task["run_approved"],
+            "can_start": task["state"] in CLAIMABLE and open_run is None and not task["run_approved"],
+            "can_stop": (open_run is not None and open_run["state"] == "running") or bool(task["run_approved"]),
+            "can_hand_back": open_run is None and "hand_back" in TASK_MOVES.get(lifecycle_state(task), {})}
+
+
+def _assignee_task(db: Database, person: Actor, task_id: str, doing: str) -> dict:
+    task = task_for_person(db, person, task_id)
+    owner = owner_of(task["assignee"])
+    if owner != person.handle:
+        raise Forbidden(f"only {owner}, the owner of {task['assignee']}, can {doing} on this task")
+    return task
+
+
+def start_run(db: Database, person: Actor, task_id: str, confirm: str | None) -> dict:
+    """The assignee's owner starts one run of their agent on a task, confirming it is them by their handle.
+
+    The agent is woken with ``task``; its runner's next claim is that run. Refused while a
+    run is open or uncertain, while the owner's agents are paused (``paused``), and when no
+    runner device of the agent is live. Writes ``task.run_approved``.
+    """
+    with db.transaction():
+        task = _assignee_task(db, person, task_id, "start a run")
+        if confirm != person.handle:
+            raise InvalidInput(f"confirm: type your handle ({person.handle}) to confirm it is you starting this run")
+        check_not_paused(db, person.handle)
+        if task["state"] not in CLAIMABLE:
+            raise InvalidState(f"task '{task_id}' is {task['state']}: a run can start only when it is "
+                               f"{', '.join(CLAIMABLE)}")
+        if open_attempt(db, task_id, ("running", "uncertain")):
+            raise InvalidState(f"a run of task '{task_id}' is already open: stop it (or settle it) first")
+        if task["run_approved"]:
+            raise InvalidState(f"a run of task '{task_id}' was started and waits for the runner to claim it")
+        if not db.one("SELECT 1 FROM devices WHERE agent_id = ? AND revoked_at IS NULL", (task["assignee"],)):
+            raise InvalidState(f"no runner is connected for {task['assignee']}: connect one with 'prickle runner "
+                               "connect' first")
+        run_id = new_id("run")
+        move(db, "start", task_id, "start", task, value=run_id)
+        audit(db, task["project"], "task.run_approved", {"agent": task["assignee"], "run": run_id, "task": task_id,
+                                                         "by": person.handle})
+        row = task_row(db, task_id)
+        append_event(db, task["project"], "task.updated", {"task": task_out(db, row)},
+                     [(task["assignee"], "task", task_id, None)])
+    return {"task": task_out(db, row), "run_id": run_id, "runs": task_runs(db, task_id)}
+
+
+def stop_run(db: Database, person: Actor, task_id: str) -> dict:
+    """The assignee's owner stops the task's open run: its credentials end at once, a waiting step is withdrawn.
+
+    The agent is woken with ``task`` so its runner ends the process (it reads
+    /api/runner/state). Writes ``task.run_stopped`` and ``step.withdrawn``.
+    """
+    with db.transaction():
+        task = _assignee_task(db, person, task_id, "stop a run")
+        attempt = open_attempt(db, task_id)
+        if attempt is None and not task["run_approved"]:
+            raise InvalidState(f"no run of task '{task_id}' is in progress")
+        ended = 0
+        if attempt is not None:
+            ended = end_attempt(db, attempt, "stop", task["project"])
+        run = attempt["run_id"] if attempt else task["run_approved"]
+        if task["run_approved"]:
+            move(db, "start", task_id, "stop", task)
+        audit(db, task["project"], "task.run_stopped", {
+            "agent": task["assignee"], "run": run, "task": task_id, "by": person.handle, "reason": "stopped",
+            "state_before": task["state"], "attempt": attempt and attempt["id"], "credentials": ended})
+        row = task_row(db, task_id)
+        append_event(db, task["project"], "task.updated", {"task": task_out(db, row)},
+                     [(task["assignee"], "task", task_id, None)])
+    return {"task": task_out(db, row), "runs": task_runs(db, task_id), "credentials_ended": ended}
+
+
+def hand_back(db: Database, person: Actor, task_id: str) -> dict:
+    """The assignee's owner hands a task back once its run is stopped: it is ``returned``; the requester hears.
+
+    Writes ``task.returned`` and ``task.transitioned``.
+    """
+    with db.transaction():
+        task = _assignee_task(db, person, task_id, "hand the task back")
+        if open_attempt(db, task_id, ("running", "uncertain")):
+            raise InvalidState(f"a run of task '{task_id}' is still open: stop it (or settle it) first")
+        next_state("task", task, "hand_back")
+        revoke_credentials(db, "kind = 'execution' AND task_id = ?", (task_id,), "task_handed_back")
+        audit(db, task["project"], "task.returned", {"task": task_id, "reason": "owner_handed_back",
+                                                     "agent": task["assignee"], "by": person.handle})
+        drop_start(db, task)
+        row = move_task(db, task, "hand_back", person.handle, [(task["requester"], "task_update")])
+    return {"task": task_out(db, row)}
+
+
+def pause_agents(db: Database, scope: str, by: str) -> dict:
+    """Pause one owner's agents (``scope`` = their handle) or every agent (ALL_AGENTS, the operator).
+
+    Runs are refused with ``paused`` at their next call and runners claim nothing until
+    resumed. Writes ``agents.paused`` in each project concerned, with its runs still open.
+    """
+    with db.transaction():
+        if scope != ALL_AGENTS:
+            require_person(db, scope)
+        if db.one("SELECT 1 FROM pauses WHERE scope = ?", (scope,)):
+            raise InvalidState("every agent is already paused" if scope == ALL_AGENTS
+                               else f"{scope}'s agents are already paused")
+        db.execute("INSERT INTO pauses (scope, paused_by, paused_at) VALUES (?, ?, ?)", (scope, by, iso(utcnow())))
+        total = 0
+        for chain in _pause_chains(db, scope):
+            open_runs = db.scalar(
+                "SELECT count(*) FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE a.state = 'running' AND "
+                "t.project = ?" + ("" if scope == ALL_AGENTS else " AND a.agent_id LIKE ? ESCAPE '\\'"),
+                (chain,) + (() if scope == ALL_AGENTS else (scope + "/%",)))
+            total += open_runs
+            audit(db, chain, "agents.paused", _pause_refs(scope, by) | {"active_runs": open_runs})
+    return {"scope": "all" if scope == ALL_AGENTS else scope, "paused": True, "active_runs": total}
+
+
+def resume_agents(db: Database, scope: str, by: str) -> dict:
+    """Lift a pause made with the same scope. Writes ``agents.resumed``."""
+    with db.transaction():
+        if not db.execute("DELETE FROM pauses WHERE scope = ?", (scope,)):
+            raise InvalidState("no pause of every agent is in force" if scope == ALL_AGENTS
+                               else f"{scope}'s agents are not paused")
+        for chain in _pause_chains(db, scope):
+            audit(db, chain, "agents.resumed", _pause_refs(scope, by))
+    return {"scope": "all" if scope == ALL_AGENTS else scope, "paused": False}
+
+
+def _pause_refs(scope: str, by: str) -> dict:
+    return {"scope": "all"} if scope == ALL_AGENTS else {"scope": "owner", "owner": scope, "by": by}
+
+
+def _pause_chains(db: Database, scope: str) -> list[str]:
+    if scope == ALL_AGENTS:
+        return [r["slug"] for r in db.rows("SELECT slug FROM projects ORDER BY slug")] or [DEPLOYMENT_CHAIN]
+    return [r["project"] for r in db.rows(
+        "SELECT DISTINCT pa.project FROM project_agents pa JOIN agents a USING (agent_id) WHERE a.owner = ? "
+        "ORDER BY pa.project", (scope,))] or [DEPLOYMENT_CHAIN]
+
+
+def runner_state(db: Database, actor: Actor) -> dict:
+    """What a runner needs to obey its owner: whether its agent is paused, and its device's newest runs.
+
+    Each run says whether a step it asked for still waits on the owner (``step_pending``).
+    """
+    with db.snapshot():
+        device = runner_device(db, actor)
+        rows = db.rows("SELECT * FROM attempts WHERE device_id = ? ORDER BY claimed_at DESC, rowid DESC LIMIT ?",
+                       (device["id"], RUNNER_RUNS_SHOWN))
+        who = paused_by(db, actor.owner)
+        # A run that ended waiting on its owner's decision (it asked request_step itself) did not fail.
+        asking = {r["attempt_id"] for r in db.rows(
+            f"SELECT attempt_id FROM steps WHERE status = 'pending' AND attempt_id IN ({', '.join('?' * len(rows))})",
+            [r["id"] for r in rows])} if rows else set()
+        return {"agent_id": actor.agent_id, "device_id": device["id"], "paused": who is not None, "paused_by": who,
+                "runs": [{k: v for k, v in attempt_out(r).items() if k not in ("device", "device_id")}
+                         | {"step_pending": r["id"] in asking} for r in rows]}
+
+
+def mark_uncertain(db: Database, actor: Actor, attempt_id: str, reason: str | None = None) -> dict:
+    """A runner marks a run it launched but can't vouch for as uncertain; its credentials end.
+
+    Only the device that claimed the attempt, and only while it is running. ``reason`` is
+    checked (200 characters) and not kept. Writes ``attempt.marked_uncertain``.
+    """
+    if reason is not None:
+        check_text(reason, "reason", 200)
+    with db.transaction():
+        attempt = device_attempt(db, actor, attempt_id)
+        project = db.scalar("SELECT project FROM tasks WHERE id = ?", (attempt["task_id"],))
+        end_attempt(db, attempt, "mark_uncertain", project)
+        audit(db, project, "attempt.marked_uncertain", {"attempt": attempt_id})
+        task = task_row(db, attempt["task_id"])
+        append_event(db, project, "task.updated", {"task": task_out(db, task)})  # live views; wakes no one
+        return {"attempt": attempt_out(db.one("SELECT * FROM attempts WHERE id = ?", (attempt_id,)))}
+
+
+def settle_attempt(db: Database, person: Actor, attempt_id: str, outcome: str) -> dict:
+    """The agent's owner settles an uncertain run as ``finished`` or ``abandoned``. Writes ``attempt.reconciled``."""
+    if outcome not in ("finished", "abandoned"):
+        raise InvalidInput("outcome must be 'finished' or 'abandoned'")
+    with db.transaction():
+        attempt = db.one("SELECT * FROM attempts WHERE id = ?", (check_id(attempt_id, "attempt_id"),))
+        if attempt is None or owner_of(attempt["agent_id"]) != person.handle:
+            raise NotFound(f"no run '{attempt_id}' of your agents'")
+        task = task_row(db, attempt["task_id"])
+        move(db, "attempt", attempt_id, f"settle_{outcome}", attempt, ended_at=iso(utcnow()))
+        audit(db, task["project"], "attempt.reconciled", {"attempt": attempt_id, "outcome": outcome})
+        append_event(db, task["project"], "task.updated", {"task": task_out(db, task)})
+    return {"task": task_out(db, task), "runs": task_runs(db, task["id"])}
+
+
+###############################################################################
+# 26. The board and the task page
+###############################################################################
+# What the page shows of tasks, with what the viewer may do (the can_* fields), so the page
+# never works out a rule itself.
 
 
 def task_for_page(db: Database, task: dict, viewer: str) -> dict:
@@ -6077,7 +7200,7 @@ def task_for_page(db: Database, task: dict, viewer: str) -> dict:
     lifecycle = lifecycle_state(task)
     moves = TASK_MOVES[lifecycle]
     steers = may_steer_task(db, viewer, task)
-    return out | {"lifecycle": lifecycle, "final_by": _requesting_person(task),
+    return out | {"lifecycle": lifecycle, "final_by": requesting_person(task),
                   "awaiting_final": out["result"] is not None and "final_accept" in moves,
                   "can_cancel": steers and "cancel" in moves, "can_reassign": steers and "reassign" in moves}
 
@@ -6097,7 +7220,7 @@ def tasks_board(db: Database, person: Actor, project: str) -> dict:
 def task_detail(db: Database, person: Actor, task_id: str) -> dict:
     """One task for a member: the task, every checkpoint and every submission."""
     with db.snapshot():
-        task = _task_for_person(db, person, task_id)
+        task = task_for_person(db, person, task_id)
         pending = db.one("SELECT * FROM approvals WHERE task_id = ? AND status = 'pending' AND invalidated_at IS NULL",
                          (task_id,))
         return {
@@ -6106,14 +7229,14 @@ def task_detail(db: Database, person: Actor, task_id: str) -> dict:
             "steps": [step_out(r) for r in db.rows("SELECT * FROM steps WHERE task_id = ? ORDER BY created_at",
                                                    (task_id,))],
             "runs": task_runs(db, task_id),
-            "run_control": _run_control(db, person, task),
+            "run_control": run_control(db, person, task),
             "checkpoints": [json.loads(c["body"]) | {"id": c["id"], "agent": c["agent"], "created_at": c["created_at"]}
                             for c in db.rows("SELECT * FROM checkpoints WHERE task_id = ? ORDER BY created_at, rowid",
                                              (task_id,))],
-            "submissions": [_result_out(s) for s in db.rows(
+            "submissions": [result_out(s) for s in db.rows(
                 "SELECT * FROM submissions WHERE task_id = ? ORDER BY revision", (task_id,))],
-            "can_rename": person.handle in (_requesting_person(task), owner_of(task["assignee"]))
-            or _member_role(db, task["project"], person.handle) == "owner",
+            "can_rename": person.handle in (requesting_person(task), owner_of(task["assignee"]))
+            or member_role(db, task["project"], person.handle) == "owner",
             "siblings": [{"id": r["id"], "title": r["display_title"] or r["title"], "state": r["state"]}
                          for r in db.rows("SELECT * FROM tasks WHERE parent_task_id = ? AND id <> ? "
                                           "ORDER BY created_at, id", (task["parent_task_id"], task_id))]
@@ -6121,7 +7244,871 @@ def task_detail(db: Database, person: Actor, task_id: str) -> dict:
         } | task_waits(db, task)
 
 
-# -- search: messages, task titles and packets ----------------------------------
+###############################################################################
+# 27. Connecting a computer
+###############################################################################
+
+#: A connect request's code and keys can be used for this long after it was made.
+CONNECT_TTL = _dt.timedelta(minutes=10)
+
+#: The agent CLIs a runner may report, and the client name an agent made for one gets.
+CONNECT_CLIS = {"claude": "claude-code", "codex": "codex"}
+
+#: A code's letters: no 0/O, 1/I/L, so it reads aloud and types without mistakes.
+CONNECT_ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"
+
+#: Requests nobody decided yet, at most: anyone may ask, so the table can't be flooded.
+CONNECT_PENDING_MAX = 50
+
+
+def _connect_code() -> str:
+    raw = "".join(secrets.choice(CONNECT_ALPHABET) for _ in range(8))
+    return f"{raw[:4]}-{raw[4:]}"
+
+
+def _normal_code(code: str) -> str:
+    raw = re.sub(r"[\s-]", "", code or "").upper()
+    return f"{raw[:4]}-{raw[4:]}"
+
+
+def request_connect(db: Database, name: str, clis: list[str], base_url: str) -> dict:
+    """A computer's runner asks to connect: a short code and a link to open signed in, and a secret to collect with.
+
+    ``clis`` are the agent CLIs found on it (CONNECT_CLIS). The code lasts CONNECT_TTL and
+    is decided once. Nothing is audited until a person approves it.
+    """
+    check_text(name, "name", 80, 1)
+    check_no_secret(name, "name")
+    if not isinstance(clis, list) or not clis or len(set(clis)) != len(clis) or not set(clis) <= set(CONNECT_CLIS):
+        raise InvalidInput(f"clis: a list of the agent CLIs found on this computer, each once, from "
+                           f"{', '.join(CONNECT_CLIS)}")
+    secret, now = make_secret("connect"), utcnow()
+    with db.transaction():
+        if db.scalar("SELECT count(*) FROM connect_requests WHERE state = 'pending' AND expires_at > ?",
+                     (iso(now),)) >= CONNECT_PENDING_MAX:
+            raise Conflict("too many computers are waiting to be connected: try again in a few minutes")
+        code = _connect_code()
+        while db.one("SELECT 1 FROM connect_requests WHERE code = ?", (code,)):
+            code = _connect_code()
+        row = {"id": new_id("dreq"), "code": code, "secret_hash": sha256_hex(secret), "name": name,
+               "clis": json.dumps(clis), "state": "pending", "created_at": iso(now),
+               "expires_at": iso(now + CONNECT_TTL)}
+        db.insert("connect_requests", row)
+    return {"request_id": row["id"], "code": code, "link": f"{base_url}/#/connect/{code}", "collect_secret": secret,
+            "expires_at": row["expires_at"], "interval": CONNECT_POLL_SECONDS}
+
+
+def _live_request(db: Database, row: dict | None, what: str) -> dict:
+    """The request, moved to ``expired`` (inside the caller's transaction) once its time is up."""
+    if row is None:
+        raise NotFound(f"no connect request {what}: check the code, or run 'prickle runner connect' again")
+    if row["state"] in ("pending", "approved") and parse_iso(row["expires_at"]) <= utcnow():
+        move(db, "connect", row["id"], "expire", row)
+        row = db.one("SELECT * FROM connect_requests WHERE id = ?", (row["id"],))
+    return row
+
+
+def connect_request_out(row: dict) -> dict:
+    """A connect request as the person deciding it sees it (never its secret)."""
+    return {"id": row["id"], "code": row["code"], "name": row["name"], "clis": json.loads(row["clis"]),
+            "state": row["state"], "created_at": row["created_at"], "expires_at": row["expires_at"],
+            "plan": json.loads(row["plan"]) if row["plan"] else None}
+
+
+def connect_view(db: Database, person: Actor, code: str) -> dict:
+    """The request behind a code, for a signed-in person to decide, with their agents to pick from."""
+    with db.transaction():
+        row = _live_request(db, db.one("SELECT * FROM connect_requests WHERE code = ?", (_normal_code(code),)),
+                            f"with code '{code}'")
+        if row["owner"] not in (None, person.handle):
+            raise NotFound(f"no connect request with code '{code}'")
+    agents = db.rows("SELECT agent_id, display_name, client FROM agents WHERE owner = ? ORDER BY agent_id",
+                     (person.handle,))
+    return {"request": connect_request_out(row), "agents": agents, "clients": CONNECT_CLIS}
+
+
+def decide_connect(db: Database, person: Actor, code: str, decision: str, agents: list[dict] | None) -> dict:
+    """A person approves a computer's request, naming one agent per CLI (theirs, or a new one), or refuses it.
+
+    ``agents``: ``[{"cli", "agent_id"} | {"cli", "create": {"name", "display_name", "model"}}]``.
+    Single use: a decided or expired request is ``invalid_state``. Writes ``device.approved``
+    (never the code, a key or the computer's name).
+    """
+    check_decision(decision, "approve", "refuse")
+    with db.transaction():
+        row = _live_request(db, db.one("SELECT * FROM connect_requests WHERE code = ?", (_normal_code(code),)),
+                            f"with code '{code}'")
+        if row["state"] == "expired":
+            raise Expired(f"code {row['code']} expired at {row['expires_at']}: run 'prickle runner connect' again")
+        if decision == "refuse":
+            move(db, "connect", row["id"], "refuse", row, owner=person.handle, decided_at=iso(utcnow()))
+            row = db.one("SELECT * FROM connect_requests WHERE id = ?", (row["id"],))
+            return {"request": connect_request_out(row)}
+        plan = _connect_plan(db, person, json.loads(row["clis"]), agents)
+        move(db, "connect", row["id"], "approve", row, owner=person.handle, decided_at=iso(utcnow()),
+             plan=json.dumps(plan))
+        row = db.one("SELECT * FROM connect_requests WHERE id = ?", (row["id"],))
+        ids = [p["agent_id"] for p in plan]
+        for chain in sorted({c for a in ids for c in agent_chains(db, a)}):
+            audit(db, chain, "device.approved", {"request": row["id"], "agents": ids, "keys": len(ids),
+                                                 "by": person.handle})
+    return {"request": connect_request_out(row)}
+
+
+def _connect_plan(db: Database, person: Actor, clis: list[str], choices: Any) -> list[dict]:
+    """Check the person's pick of one agent per CLI (making new agents asked for); return ``[{cli, agent_id}]``."""
+    if not isinstance(choices, list) or not choices or not all(isinstance(c, dict) for c in choices):
+        raise InvalidInput("agents: pick one agent per CLI: [{cli, agent_id} or {cli, create: {name, display_name, "
+                           "model}}]")
+    plan: list[dict] = []
+    for i, choice in enumerate(choices):
+        cli = choice.get("cli")
+        if cli not in clis or cli in [p["cli"] for p in plan]:
+            raise InvalidInput(f"agents[{i}].cli: one of {', '.join(clis)} (what this computer has), each once")
+        if isinstance(choice.get("create"), dict):
+            new = choice["create"]
+            name = new.get("name")
+            if not isinstance(name, str):
+                raise InvalidInput(f"agents[{i}].create.name is required (a slug)")
+            agent_id = f"{person.handle}/{check_slug(name, f'agents[{i}].create.name')}"
+            add_agent(db, agent_id, new.get("display_name") if isinstance(new.get("display_name"), str) else name,
+                      new.get("model") if isinstance(new.get("model"), str) else cli, CONNECT_CLIS[cli])
+        else:
+            agent_id = choice.get("agent_id")
+            if not isinstance(agent_id, str) or owner_of(agent_id) != person.handle or not db.one(
+                    "SELECT 1 FROM agents WHERE agent_id = ?", (agent_id,)):
+                raise InvalidInput(f"agents[{i}].agent_id: one of your own agents, or create one")
+        if agent_id in [p["agent_id"] for p in plan]:
+            raise InvalidInput(f"agents[{i}]: {agent_id} is picked twice; one agent per CLI")
+        plan.append({"cli": cli, "agent_id": agent_id})
+    return plan
+
+
+def collect_connect(db: Database, request_id: str, secret: str, base_url: str) -> dict:
+    """The runner collects the keys approved for its request, once: a paired device and runner key per agent.
+
+    ``pending`` until decided; refused is Forbidden, expired is Expired, collected again is
+    InvalidState; a wrong id or secret is NotFound. Writes ``device.collected`` (key IDs and
+    reach, never a key) besides each device's ``device.paired``.
+    """
+    with db.transaction():
+        row = db.one("SELECT * FROM connect_requests WHERE id = ?", (request_id,))
+        if row is not None and not secrets.compare_digest(row["secret_hash"], sha256_hex(secret or "")):
+            row = None
+        row = _live_request(db, row, f"'{request_id}' with that secret")
+        if row["state"] == "pending":
+            return {"status": "pending"}
+        if row["state"] == "refused":
+            raise Forbidden(f"{row['owner']} refused this computer's request on the page: nothing was connected")
+        if row["state"] == "expired":
+            raise Expired("the code expired before its keys were collected: run 'prickle runner connect' again")
+        if row["state"] == "collected":
+            raise InvalidState("this request's keys were already collected, once: run 'prickle runner connect' "
+                               "again for new ones")
+        plan = json.loads(row["plan"])
+        out = []
+        for p in plan:
+            device, key = pair_device(db, row["owner"], p["agent_id"], row["name"])
+            out.append({"agent_id": p["agent_id"], "client": p["cli"], "device_id": device["id"],
+                        "credential_id": device["credential_id"], "key": key})
+        move(db, "connect", row["id"], "collect", row, collected_at=iso(utcnow()))
+        ids = [o["agent_id"] for o in out]
+        for chain in sorted({c for a in ids for c in agent_chains(db, a)}):
+            audit(db, chain, "device.collected", {"request": row["id"], "agents": ids, "keys": [
+                {"credential": o["credential_id"], "agent": o["agent_id"], "reach": "runner"} for o in out]})
+    return {"status": "approved", "server": base_url, "agents": out}
+
+
+###############################################################################
+# 28. Make-or-spend actions
+###############################################################################
+
+#: The make-or-spend tools an agent may propose, and how long an undecided card waits.
+ACTION_TOOLS = ("image_gen",)
+
+ACTION_LIFETIME = _dt.timedelta(hours=24)
+
+ACTION_FAILURES = ("not_allowed_here", "expired", "unavailable", "stopped", "no_result", "error")
+
+
+def _action_updated(db: Database, row: dict, wakes: list = ()) -> None:
+    append_event(db, row["project"], "action.updated", {"action": action_out(row)}, wakes)
+
+
+def _agent_room(db: Database, actor: Actor) -> str:
+    slug = db.scalar("SELECT project FROM rooms WHERE owner = ?", (actor.owner,))
+    if slug is None or actor.credential_kind != "runner":
+        raise Forbidden("only your agent's runner device proposes actions, in its owner's room")
+    return slug
+
+
+def propose_action(db: Database, actor: Actor, tool: str, action: str, prompt: str,
+                   cost_estimate: str | None = None) -> dict:
+    """An agent proposes a make-or-spend action in its owner's room: a message carrying the card.
+
+    Wakes no one; the owner approves or declines. Writes the card's ``message.posted`` (with its
+    audit entry), ``action.proposed`` (the tool and a hash of the inputs) and ``action.updated``.
+    """
+    if tool not in ACTION_TOOLS:
+        raise InvalidInput(f"tool must be one of {', '.join(ACTION_TOOLS)}")
+    check_text(action, "action", 200, 1)
+    check_text(prompt, "prompt", 1000, 1)
+    if cost_estimate is not None:
+        check_text(cost_estimate, "cost_estimate", 120, 1)
+    with db.transaction():
+        slug = _agent_room(db, actor)
+        now = utcnow()
+        row = {"id": new_id("act"), "project": slug, "agent_id": actor.agent_id, "owner": actor.owner, "tool": tool,
+               "action": action, "inputs": json.dumps({"prompt": prompt}), "cost_estimate": cost_estimate,
+               "status": "proposed", "expires_at": iso(now + ACTION_LIFETIME), "decided_by": None, "decided_at": None,
+               "message_id": new_message_id(db), "result_message_id": None, "failure": None, "approval_audit_id": None,
+               "created_at": iso(now)}
+        db.insert("actions", row)
+        write_message(db, actor, slug, f"Proposed: {action}", message_id=row["message_id"], at=row["created_at"],
+                      make_action=action_out(row))
+        audit(db, slug, "action.proposed", {"message": row["message_id"], "action": row["id"], "tool": tool,
+                                            "inputs_sha256": sha256_hex(row["inputs"])})
+        _action_updated(db, row)
+    return action_out(row)
+
+
+def decide_action(db: Database, person: Actor, action_id: str, decision: str) -> dict:
+    """The owner approves or declines a card; only an approval wakes the agent's runner (``action``)."""
+    check_decision(decision, "approve", "decline")
+    expire_due(db, "action")
+    with db.transaction():
+        row = owned_row(db, "actions", action_id, person.handle, f"no action '{action_id}' for you to decide")
+        now = utcnow()
+        if row["status"] != "proposed":
+            raise InvalidState(f"action '{action_id}' is {row['status']}, not waiting for a decision")
+        status = move(db, "action", action_id, decision, row, decided_by=person.handle, decided_at=iso(now))
+        if status == "approved":
+            entry = audit(db, row["project"], "action.approved", {
+                "action": action_id, "tool": row["tool"], "exact_action": row["action"],
+                "prompt": json.loads(row["inputs"])["prompt"], "inputs_sha256": sha256_hex(row["inputs"]),
+                "cost_estimate": row["cost_estimate"], "step_up": False, "lapses_at": row["expires_at"]})
+            db.execute("UPDATE actions SET approval_audit_id = ? WHERE id = ?",
+                       (f"{row['project']}-{entry['n']}", action_id))
+            wakes = [(row["agent_id"], "action", None, None, {"action_id": action_id, "tool": row["tool"]})]
+        else:
+            audit(db, row["project"], "action.declined", {"action": action_id, "tool": row["tool"]})
+            wakes = []
+        row = db.one("SELECT * FROM actions WHERE id = ?", (action_id,))
+        _action_updated(db, row, wakes)
+    return action_out(row)
+
+
+def pending_actions(db: Database, owner: str) -> list[dict]:
+    """The Approve cards waiting for ``owner``'s decision (lapsed ones expire first), oldest first.
+
+    Each is an Action with its ``project``, ``message_id`` (the card) and ``created_at``.
+    """
+    expire_due(db, "action")
+    rows = db.rows("SELECT * FROM actions WHERE owner = ? AND status = 'proposed' ORDER BY created_at", (owner,))
+    return [action_out(r) | {"project": r["project"], "message_id": r["message_id"], "created_at": r["created_at"]}
+            for r in rows]
+
+
+@expires("action")
+def expire_actions(db: Database, now: _dt.datetime) -> int:
+    """Cards nobody decided in time expire (``action.updated``)."""
+    rows = db.rows("SELECT * FROM actions WHERE status = 'proposed' AND expires_at <= ?", (iso(now),))
+    for row in rows:
+        move(db, "action", row["id"], "expire", row, failure="expired")
+        _action_updated(db, db.one("SELECT * FROM actions WHERE id = ?", (row["id"],)))
+    return len(rows)
+
+
+def claim_action(db: Database, actor: Actor, action_id: str) -> dict:
+    """The proposing agent's runner uses the approval, once, before it runs anything. Writes ``action.claimed``."""
+    if actor.credential_kind != "runner":
+        raise Forbidden("only the proposing agent's runner device claims an approved action")
+    with db.transaction():
+        check_not_paused(db, actor.owner)
+        row = db.one("SELECT * FROM actions WHERE id = ? AND agent_id = ?", (action_id, actor.agent_id))
+        if row is None:
+            raise NotFound(f"no action '{action_id}' of your agent's")
+        if row["status"] == "approved" and parse_iso(row["expires_at"]) <= utcnow():
+            raise InvalidState(f"action '{action_id}' was approved, but the approval lapsed at {row['expires_at']}")
+        if row["status"] != "approved":
+            raise InvalidState(f"action '{action_id}' is {row['status']}: only an approved card is claimed, once")
+        move(db, "action", action_id, "claim", row)
+        audit(db, row["project"], "action.claimed", {"action": action_id, "tool": row["tool"],
+                                                     "inputs_sha256": sha256_hex(row["inputs"])})
+        row = db.one("SELECT * FROM actions WHERE id = ?", (action_id,))
+        _action_updated(db, row)
+    return action_out(row)
+
+
+def finish_action(db: Database, actor: Actor, action_id: str, body: str | None = None,
+                  failure: str | None = None) -> dict:
+    """The runner posts the running action's result (a message) or a fixed failure.
+
+    Writes ``action.finished``, and for a result its ``message.posted`` with the audit entry.
+    """
+    if actor.credential_kind != "runner":
+        raise Forbidden("only the proposing agent's runner device finishes an action it claimed")
+    if (body is None) == (failure is None):
+        raise InvalidInput("send the result's body or a failure, one of the two")
+    if failure is not None and failure not in ACTION_FAILURES:
+        raise InvalidInput(f"failure must be one of {', '.join(ACTION_FAILURES)}")
+    with db.transaction():
+        row = db.one("SELECT * FROM actions WHERE id = ? AND agent_id = ?", (action_id, actor.agent_id))
+        if row is None:
+            raise NotFound(f"no action '{action_id}' of your agent's")
+        if row["status"] != "running":
+            raise InvalidState(f"action '{action_id}' is {row['status']}: claim it first")
+        message_id = None
+        if body is not None:
+            check_text(body, "body", BODY_MAX, 1)
+            made_by = {"action_id": action_id, "approval_audit_id": row["approval_audit_id"]}
+            message_id = write_message(db, actor, row["project"], body, made_by_action=made_by)["id"]
+        move(db, "action", action_id, "finish" if body is not None else "fail", row, result_message_id=message_id,
+             failure=failure)
+        audit(db, row["project"], "action.finished", {"action": action_id, "message": message_id, "failure": failure})
+        row = db.one("SELECT * FROM actions WHERE id = ?", (action_id,))
+        _action_updated(db, row)
+    return action_out(row)
+
+
+###############################################################################
+# 29. Private rooms: discussions
+###############################################################################
+# An agent claims its step of a private room's turn (claim_discussion): a discussion credential
+# for one reply in its role. The owner sets the room's reply mode and lead, stops a turn, asks a
+# reviewer again, or continues without the agents that did not answer.
+
+
+def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_key: str,
+                     harness: int | None) -> dict:
+    """A runner claims a 10-minute credential to answer one room wake: its role and, to review or revise, the draft.
+
+    Refused without harness 2 (``discussion.refused``), and once the turn no longer waits
+    on the agent. The same idempotency key replays the claim with a fresh credential
+    until the reply is posted. Writes ``discussion.claimed``.
+    """
+    if actor.credential_kind != "runner" and actor.project_scope != ROOMS_SCOPE:
+        raise Forbidden("only a runner device or a key for your owner's private rooms claims a discussion")
+    def run() -> dict:
+        with db.transaction():
+            where, params = by_message_id(message_id, "m")
+            message = db.one(f"SELECT m.*, p.kind FROM messages m JOIN projects p ON p.slug = m.project WHERE {where}",
+                             params)
+            room = message and db.one("SELECT * FROM rooms WHERE project = ?", (message["project"],))
+            if room is None or room["owner"] != actor.owner:
+                raise NotFound(f"message_id: no message '{message_id}' in your owner's private room")
+            slug = message["project"]
+            require_project(db, actor, slug)
+            check_not_paused(db, actor.owner)
+            if harness != DISCUSSION_HARNESS:
+                raise RecordedRefusal(f"harness: this runner speaks harness {harness or 1}; draft, review and revise "
+                                      f"turns need harness {DISCUSSION_HARNESS}: update prickle-runner",
+                                      "discussion.refused",
+                                      {"agent": actor.agent_id, "reason": "harness", "harness": harness}, chain=slug)
+            turn = open_turn(db, slug)
+            if (turn is None or turn["waking_message"] != message_id
+                    or actor.agent_id not in json.loads(turn["waiting_on"])):
+                raise InvalidState("this turn no longer waits on your agent: it ended, was stopped, ran out of time "
+                                   "or the owner wrote again")
+            role = turn["step"]
+            discussion = db.one("SELECT * FROM discussions WHERE turn_id = ? AND agent_id = ? AND message_id = ? AND "
+                                "idempotency_key = ?", (turn["id"], actor.agent_id, message_id, idempotency_key))
+            device = db.scalar("SELECT device_id FROM credentials WHERE id = ?", (actor.credential_id,))
+            now = utcnow()
+            if discussion is None:
+                discussion = {"id": new_id("dsc"), "turn_id": turn["id"], "agent_id": actor.agent_id,
+                              "device_id": device, "role": role, "message_id": message_id,
+                              "idempotency_key": idempotency_key, "credential_id": None, "reply_id": None,
+                              "claimed_at": iso(now)}
+                db.insert("discussions", discussion)
+            elif discussion["reply_id"]:
+                raise InvalidState("this discussion already posted its reply")
+            else:
+                revoke_credentials(db, "id = ?", (discussion["credential_id"],), "claim_retried")
+            record, secret = mint_credential(db, "discussion", agent_id=actor.agent_id, project=slug,
+                                             ttl=DISCUSSION_TTL, device_id=device, allowed_tools=DISCUSSION_TOOLS,
+                                             discussion_id=discussion["id"], issued_by=actor.credential_id)
+            expires = record["expires_at"]
+            db.execute("UPDATE discussions SET credential_id = ? WHERE id = ?", (record["id"], discussion["id"]))
+            audit(db, slug, "discussion.claimed", {"agent": actor.agent_id, "device": device, "discussion":
+                                                   discussion["id"], "expires_at": expires})
+            reviewing = None
+            if role in ("review", "revise"):
+                draft = get_message(db, turn["draft_message"])
+                reviewing = {"message_id": draft["id"], "author": draft["author"]["agent_id"], "body": draft["body"]
+                             or "(empty)", "provenance": draft["provenance"] or "agent_generated",
+                             "provenance_status": draft.get("provenance_status") or "claimed"}
+            targets = json.loads(turn["waiting_on"])
+            return {"project": slug, "own_room": True, "replies_left": turn["replies_left"],
+                    "lead": role == "draft" and targets[:1] == [actor.agent_id], "role": role,
+                    "reviewing": reviewing,
+                    "discussion_credential": {"token": secret, "expires_at": expires,
+                                              "allowed_tools": list(DISCUSSION_TOOLS)}}
+    return recording_refusals(db, run)
+
+
+def room_view(db: Database, person: Actor) -> dict:
+    """The person's private room: its slug, reply mode, lead agent and the turn in progress."""
+    with db.transaction():
+        slug = ensure_room(db, person.handle)
+    room = db.one("SELECT * FROM rooms WHERE project = ?", (slug,))
+    turn = open_turn(db, slug)
+    return {"room": {"project": slug, "reply_mode": room["reply_mode"], "lead_agent": room["lead_agent"]},
+            "turn": None if turn is None else {
+                "id": turn["id"], "step": turn["step"], "waiting_on": json.loads(turn["waiting_on"]),
+                "replies_left": turn["replies_left"], "message_id": turn["message_id"],
+                "skipped": json.loads(turn["skipped"])}}
+
+
+def set_room(db: Database, person: Actor, reply_mode: str | None = None, lead: str | None = None,
+             default_agent: str | None = None) -> dict:
+    """The owner picks the room's reply mode and the agent a message naming nobody wakes first.
+
+    In a private room the lead and the default agent are one choice: ``lead`` records
+    ``room.lead_set``, ``default_agent`` records ``room.default_agent_set``.
+    """
+    if reply_mode is not None and reply_mode not in REPLY_MODES:
+        raise InvalidInput(f"reply_mode must be one of {', '.join(REPLY_MODES)}")
+    with db.transaction():
+        slug = ensure_room(db, person.handle)
+        for field, agent, entry in (("lead", lead, "room.lead_set"),
+                                    ("default_agent", default_agent, "room.default_agent_set")):
+            if agent is None:
+                continue
+            if agent not in [a["agent_id"] for a in room_agents(db, slug)]:
+                raise NotFound(f"{field}: '{agent}' is not one of your agents")
+            db.execute("UPDATE rooms SET lead_agent = ? WHERE project = ?", (agent, slug))
+            audit(db, slug, entry, {"agent": agent})
+        if reply_mode is not None:
+            db.execute("UPDATE rooms SET reply_mode = ? WHERE project = ?", (reply_mode, slug))
+            audit(db, slug, "room.reply_mode_set", {"mode": reply_mode})
+    return room_view(db, person)
+
+
+def stop_turn(db: Database, person: Actor) -> dict:
+    """The owner stops the turn in their room: its discussion credentials end. Writes ``room.turn_stopped``."""
+    with db.transaction():
+        slug = ensure_room(db, person.handle)
+        turn = open_turn(db, slug)
+        if turn is None:
+            raise InvalidState("no turn is in progress in your room")
+        ended = end_turn(db, turn, "stopped")
+        wakes = db.execute("DELETE FROM wakes WHERE kind = 'room' AND delivered = 0 AND project = ? AND "
+                           "json_extract(detail, '$.turn') = ?", (slug, turn["id"]))
+        audit(db, slug, "room.turn_stopped", {"turn": turn["id"], "credentials": ended, "wakes": wakes})
+    return {"turn": turn["id"], "stopped": True, "credentials_ended": ended, "wakes_ended": wakes}
+
+
+def _turn_for_owner(db: Database, person: Actor) -> tuple[str, dict]:
+    slug = ensure_room(db, person.handle)
+    turn = open_turn(db, slug)
+    if turn is None:
+        raise InvalidState("no turn is in progress in your room")
+    return slug, turn
+
+
+def _clear_turn_sessions(db: Database, slug: str, turn: dict, agents: list[str]) -> tuple[int, int]:
+    """End live discussion credentials and queued room wakes of ``agents`` in this turn: ``(sessions, wakes)``."""
+    marks = ", ".join("?" * len(agents))
+    sessions = revoke_credentials(db, f"discussion_id IN (SELECT id FROM discussions WHERE turn_id = ? AND "
+                                  f"reply_id IS NULL AND agent_id IN ({marks}))", (turn["id"], *agents), "turn_retried")
+    wakes = db.execute(f"DELETE FROM wakes WHERE kind = 'room' AND delivered = 0 AND project = ? AND "
+                       f"json_extract(detail, '$.turn') = ? AND agent_id IN ({marks})", (slug, turn["id"], *agents))
+    return sessions, wakes
+
+
+def retry_reviewer(db: Database, person: Actor, agent: str) -> dict:
+    """The owner wakes again an agent their room's turn skipped or is still waiting on, in the step it missed.
+
+    The wake rides on the waking message's ``message.posted`` event, sent again (live views
+    already holding the message keep one copy). Writes ``room.reviewer_retried``.
+    """
+    with db.transaction():
+        slug, turn = _turn_for_owner(db, person)
+        missed = json.loads(turn["skipped"]) + json.loads(turn["waiting_on"])
+        if agent not in missed:
+            raise InvalidInput(f"agent: this turn is not waiting on '{agent}'; it can retry "
+                               f"{', '.join(missed) or 'nobody'}")
+        sessions, wakes = _clear_turn_sessions(db, slug, turn, [agent])
+        skipped = [a for a in json.loads(turn["skipped"]) if a != agent]
+        waiting = sorted(set(json.loads(turn["waiting_on"])) | {agent})
+        db.execute("UPDATE turns SET skipped = ?, waiting_on = ? WHERE id = ? AND ended_at IS NULL",
+                   (json.dumps(skipped), json.dumps(waiting), turn["id"]))
+        audit(db, slug, "room.reviewer_retried", {
+            "turn": turn["id"], "agent": agent, "message": turn["waking_message"], "step": turn["step"],
+            "attempt": len(db.rows("SELECT 1 FROM audit WHERE chain = ? AND type = 'room.reviewer_retried' AND "
+                                   "json_extract(refs, '$.turn') = ? AND json_extract(refs, '$.agent') = ?",
+                                   (slug, turn["id"], agent))) + 1,
+            "sessions": sessions, "wakes": wakes})
+        append_event(db, slug, "message.posted", {"message": get_message(db, turn["waking_message"])},
+                     [room_wake(turn["id"], agent, turn["waking_message"], turn["replies_left"],
+                                 turn["step"] == "draft" and agent == turn["drafter"])])
+    return room_view(db, person)
+
+
+def continue_turn(db: Database, person: Actor) -> dict:
+    """The owner goes on without the agents that didn't answer: the turn ends, their sessions and wakes with it.
+
+    Writes ``room.turn_continued``.
+    """
+    with db.transaction():
+        slug, turn = _turn_for_owner(db, person)
+        missing = json.loads(turn["skipped"]) + json.loads(turn["waiting_on"])
+        if not missing:
+            raise InvalidState("this turn waits on nobody: there is nothing to go on without")
+        sessions, wakes = _clear_turn_sessions(db, slug, turn, missing)
+        end_turn(db, turn, "continued")
+        audit(db, slug, "room.turn_continued", {"turn": turn["id"], "agents": missing, "woken": 0,
+                                                "sessions": sessions, "wakes": wakes})
+    return room_view(db, person)
+
+
+###############################################################################
+# 30. Leaving and removal
+###############################################################################
+# Someone leaving a project never leaves work stuck, rules dangling or a credential reaching in.
+# A member leaving (or removed), and an agent taken out, is one transaction of named steps
+# (offboard), each returning its count for the entry (OFFBOARD_COUNTS):
+#   1. the agents leave the project, with the wakes they were still to hear from it (and its default
+#      lead, when that is one of them);
+#   2. every open task assigned to them is returned to its requester (its runs and run
+#      credentials end, unreviewed results and held approvals close);
+#   3. every open task they (or the person) requested passes to a project owner;
+#   4. the delegation rules and standing approvals naming them that can no longer apply in any
+#      project (their two sides share none now) are revoked, with the reason;
+#   5. the credentials that reached only into this project end (the agents' keys for it); every
+#      other key loses the project with the rows of steps 1 and 6;
+#   6. the person's membership ends (a member leaving or removed only), and the invites they
+#      sent to the project end with it (revoke_invites_by).
+# After commit every open wait wakes (as at a revocation), finds the project out of its reach and
+# ends with not_found; so does the next call of an agent or run that was let in before.
+
+#: What a removal's entry counts, in order: agents taken out, tasks returned, tasks transferred to
+#: a project owner, rules and standing approvals revoked, credentials ended, invites revoked.
+OFFBOARD_COUNTS = ("agents", "returned", "transferred", "rules_revoked", "standing_revoked", "credentials",
+                   "invites")
+
+#: Why a leaving person's open invites end, by why they leave.
+_INVITES_END = {"member_left": "inviter_left", "member_removed": "inviter_removed"}
+
+
+def _projects_of(party: str) -> tuple[str, str]:
+    """SQL for the team projects a person (a handle) or an agent (owner/name) is in, and its parameter."""
+    if "/" in party:
+        return "SELECT project FROM project_agents WHERE agent_id = ?", party
+    return "SELECT project FROM members WHERE handle = ?", party
+
+
+def _share_project(db: Database, a: str, b: str | None = None) -> bool:
+    """Whether people or agents ``a`` and ``b`` are in one team project together (``a`` in any, without ``b``)."""
+    sql, params = "SELECT 1 FROM projects WHERE kind = 'team'", []
+    for party in (a, b) if b is not None else (a,):
+        inner, param = _projects_of(party)
+        sql += f" AND slug IN ({inner})"
+        params.append(param)
+    return db.one(sql + " LIMIT 1", tuple(params)) is not None
+
+
+def _in_list(values: list[str]) -> str:
+    return ", ".join("?" * len(values)) or "NULL"
+
+
+def _take_agents_out(db: Database, project: str, agents: list[str]) -> int:
+    """Step 1: the agents leave ``project``; the wakes from it they had not heard go with them, and so
+    does the project's default lead (picked or agreed) when it is one of them, so that a team owner may
+    pick another and the agent, added again later, leads only if picked again. The lead's end has no
+    entry of its own: the reference's ``room.lead_declined`` is its owner's answer, and the removal's
+    entry already names the agent."""
+    for agent in agents:
+        db.execute("DELETE FROM project_agents WHERE project = ? AND agent_id = ?", (project, agent))
+        db.execute("DELETE FROM wakes WHERE agent_id = ? AND project = ?", (agent, project))
+        db.execute("DELETE FROM pulses WHERE agent_id = ? AND project = ?", (agent, project))
+    lead = db.one("SELECT * FROM projects WHERE slug = ?", (project,))
+    if lead["lead_agent"] in agents:
+        move(db, "lead", project, "leave", lead, lead_agent=None, lead_picked_by=None)
+    return len(agents)
+
+
+def _return_assigned(db: Database, project: str, agents: list[str], reason: str, by: str | None) -> tuple[int, int]:
+    """Step 2: every open task of ``project`` assigned to ``agents`` goes back to its requester (``returned``).
+
+    Writes ``task.returned`` (``reason``, the agent it came from) and the task's move; the
+    requesting agent is woken. Returns ``(tasks returned, credentials ended)``.
+    """
+    returned = ended = 0
+    for task in db.rows(f"SELECT * FROM tasks WHERE project = ? AND assignee IN ({_in_list(agents)}) "
+                        "ORDER BY created_at", (project, *agents)):
+        if "assignee_left" not in TASK_MOVES[lifecycle_state(task)]:
+            continue
+        ended += end_task_work(db, task, "assignee_left")
+        audit(db, project, "task.returned", {"task": task["id"], "reason": reason, "agent": task["assignee"],
+                                             "by": by})
+        drop_start(db, task)
+        move_task(db, task, "assignee_left", by or "admin", [(task["requester"], "task_update")])
+        returned += 1
+    return returned, ended
+
+
+def _requested_by(task: dict) -> str:
+    """Who is on a task's requesting side: the requesting agent, or the person who asked."""
+    return task["requester"] or json.loads(task["requested_by"])["handle"]
+
+
+def _transfer_requests(db: Database, project: str, parties: list[str], to_owner: str, by: str | None) -> int:
+    """Step 3: every open task of ``project`` that ``parties`` (agents, or a person) requested passes to
+    ``to_owner``, a project owner, who checks and accepts it from now on. Writes ``task.reassigned``
+    (side ``requester``) and ``task.updated``. Returns how many."""
+    moved = 0
+    for task in db.rows("SELECT * FROM tasks WHERE project = ? ORDER BY created_at", (project,)):
+        if _requested_by(task) not in parties or not TASK_MOVES[lifecycle_state(task)]:
+            continue
+        now = iso(utcnow())
+        db.execute("UPDATE tasks SET requester = NULL, requested_by = ?, updated_at = ?, last_activity_at = ? "
+                   "WHERE id = ?", (json.dumps({"kind": "person", "handle": to_owner}), now, now, task["id"]))
+        audit(db, project, "task.reassigned", {"task": task["id"], "side": "requester", "from": _requested_by(task),
+                                               "to": to_owner, "by": by})
+        append_event(db, project, "task.updated", {"task": task_out(db, task["id"])})
+        moved += 1
+    return moved
+
+
+def _revoke_dangling_grants(db: Database, project: str, person: str | None, agents: list[str],
+                            by: str | None) -> tuple[int, int]:
+    """Step 4: revoke the delegation rules and standing approvals naming ``person`` (or owned by them) or
+    ``agents`` that can no longer apply: their two sides share no team project now.
+
+    The reason says who left: ``owner_left`` (the rule's or standing approval's owner) or
+    ``named_left`` (the person or agent it names). Each entry goes to ``project`` and the owner's other
+    projects. Returns ``(rules revoked, standing approvals revoked)``.
+    """
+    named = ([person] if person else []) + agents
+    marks = _in_list(named)
+    rules = 0
+    for rule in db.rows(f"SELECT * FROM delegation_rules WHERE revoked_at IS NULL AND (owner IN ({marks}) OR "
+                        f"subject IN ({marks})) ORDER BY created_at", (*named, *named)):
+        if _share_project(db, rule["owner"], rule["subject"]):
+            continue
+        owner = rule["owner"]
+        version = (db.scalar("SELECT max(grant_version) FROM delegation_rules WHERE owner = ?", (owner,)) or 0) + 1
+        end_rule(db, rule, "owner_left" if owner == person else "named_left", version,
+                     _grant_chains(db, project, owner))
+        rules += 1
+    standing = 0
+    for row in db.rows(f"SELECT * FROM standing_approvals WHERE revoked_at IS NULL AND (owner IN ({marks}) OR "
+                       f"requester IN ({marks}) OR assignee IN ({marks})) ORDER BY created_at", (*named,) * 3):
+        if _share_project(db, row["requester"], row["assignee"]):
+            continue
+        end_standing_approval(db, row, "owner_left" if row["owner"] == person else "named_left", by or "admin",
+                         _grant_chains(db, project, row["owner"]))
+        standing += 1
+    return rules, standing
+
+
+def _grant_chains(db: Database, project: str, owner: str) -> list[str]:
+    """Where a revocation caused by leaving ``project`` is recorded: there, and in the owner's other projects."""
+    return [project] + [c for c in owner_projects(db, owner) if c not in (project, DEPLOYMENT_CHAIN)]
+
+
+def _end_project_keys(db: Database, project: str, agents: list[str]) -> int:
+    """Step 5: the agents' client keys for ``project`` alone reach nothing now: they end."""
+    return revoke_credentials(db, f"kind = 'client' AND project = ? AND agent_id IN ({_in_list(agents)})",
+                              (project, *agents), "left_project")
+
+
+def offboard(db: Database, project: str, agents: list[str], *, person: str | None, reason: str,
+             by: str | None) -> dict:
+    """Take ``agents`` (and ``person``, when a member leaves) out of ``project`` with every knock-on,
+    in the caller's transaction: the steps above, in order. Returns the counts (OFFBOARD_COUNTS).
+
+    ``reason`` is what ``task.returned`` records (``member_left``, ``member_removed``,
+    ``agent_removed``). The caller has checked who may do it and writes the entry.
+    """
+    counts = dict.fromkeys(OFFBOARD_COUNTS, 0)
+    counts["agents"] = _take_agents_out(db, project, agents)
+    to_owner = _taking_owner(db, project, person, by)
+    counts["transferred"] = _transfer_requests(db, project, agents + ([person] if person else []), to_owner, by)
+    counts["returned"], counts["credentials"] = _return_assigned(db, project, agents, reason, by)
+    if person is not None:
+        db.execute("DELETE FROM members WHERE project = ? AND handle = ?", (project, person))
+    counts["rules_revoked"], counts["standing_revoked"] = _revoke_dangling_grants(db, project, person, agents, by)
+    counts["credentials"] += _end_project_keys(db, project, agents)
+    if person is not None:
+        counts["invites"] = revoke_invites_by(db, project, person, _INVITES_END[reason])
+    db.cache.clear()  # who may reach what has changed
+    db.note_revoked()  # open waits and sessions look again after commit, and find the project gone
+    return counts
+
+
+def _taking_owner(db: Database, project: str, leaving: str | None, by: str | None) -> str:
+    """The project owner who takes over the requests of whoever leaves: ``by`` when they are an owner who
+    stays, else the longest-standing owner other than ``leaving``."""
+    if by is not None and by != leaving and member_role(db, project, by) == "owner":
+        return by
+    return db.scalar("SELECT handle FROM members WHERE project = ? AND role = 'owner' AND handle IS NOT ? "
+                     "ORDER BY joined_at, handle LIMIT 1", (project, leaving))
+
+
+def _team_project(db: Database, project: str, by: str | Actor | None) -> tuple[dict, str | None]:
+    """The team project a member change is about, and ``by`` as a handle (see acting_member)."""
+    by = acting_member(db, project, by)
+    row = project_out(db, check_slug(project, "project"))
+    if db.scalar("SELECT kind FROM projects WHERE slug = ?", (project,)) == "private":
+        raise Forbidden(f"'{project}' is a private room: it has only its owner and their agents")
+    return row, by
+
+
+def _check_not_last_owner(db: Database, project: str, handle: str, doing: str) -> None:
+    if member_role(db, project, handle) == "owner" and db.scalar(
+            "SELECT count(*) FROM members WHERE project = ? AND role = 'owner'", (project,)) == 1:
+        raise InvalidState(f"'{handle}' is the last owner of '{project}': promote another member first "
+                           f"(Promote on the project's Members screen, or prickle member promote {project} HANDLE), "
+                           f"then {doing}")
+
+
+def _member_agents(db: Database, project: str, handle: str) -> list[str]:
+    return [r["agent_id"] for r in db.rows("SELECT pa.agent_id FROM project_agents pa JOIN agents a USING (agent_id) "
+                                           "WHERE pa.project = ? AND a.owner = ? ORDER BY pa.agent_id",
+                                           (project, handle))]
+
+
+def remove_member(db: Database, project: str, handle: str, by: str | Actor | None = None) -> dict:
+    """A member leaves a project (``by`` is themselves) or a project owner removes them, with every knock-on.
+
+    ``by`` (a handle, or the signed-in person) is checked when given; without it (the command line,
+    run by whoever holds the database file) anyone is removed. The last owner can't leave or be
+    removed until another is promoted. One transaction: see ``offboard``. Writes ``member.left`` or
+    ``member.removed`` with the counts. Returns ``{project, handle, left, counts}``. Raises
+    InvalidInput, NotFound, Forbidden or InvalidState (the last owner).
+    """
+    with db.transaction():
+        _, by = _team_project(db, project, by)
+        require_person(db, handle)
+        if member_role(db, project, handle) is None:
+            raise NotFound(f"handle: '{handle}' is not a member of '{project}'")
+        left = by == handle
+        if by is not None and not left and member_role(db, project, by) != "owner":
+            raise Forbidden(f"only an owner of '{project}' can remove a member; to leave, leave yourself")
+        _check_not_last_owner(db, project, handle, "leave" if left else "remove them")
+        counts = offboard(db, project, _member_agents(db, project, handle), person=handle,
+                          reason="member_left" if left else "member_removed", by=by)
+        audit(db, project, "member.left" if left else "member.removed", {"person": handle, "by": by} | counts)
+    return {"project": project, "handle": handle, "left": left, "counts": counts}
+
+
+def leave_project(db: Database, project: str, person: str | Actor) -> dict:
+    """A member leaves a project (see remove_member). ``person`` is the signed-in person or a handle."""
+    return remove_member(db, project, person.handle if isinstance(person, Actor) else person, by=person)
+
+
+def remove_agent(db: Database, project: str, agent_id: str, by: str | Actor | None = None) -> dict:
+    """Take an agent out of a project: its owner or a project owner (``by``; unchecked from the command line).
+
+    Its open tasks go back to their requesters and its requests to a project owner, rules and
+    standing approvals left with nothing to apply to are revoked and its keys for the project end
+    (see ``offboard``). Writes ``agent.removed`` with the counts. Returns ``{project, agent_id,
+    counts}``. Raises InvalidInput, NotFound or Forbidden.
+    """
+    with db.transaction():
+        _, by = _team_project(db, project, by)
+        check_agent_id(agent_id, "agent_id")
+        if not db.one("SELECT 1 FROM project_agents WHERE project = ? AND agent_id = ?", (project, agent_id)):
+            raise NotFound(f"agent_id: no agent '{agent_id}' in '{project}'")
+        if by is not None and by != owner_of(agent_id) and member_role(db, project, by) != "owner":
+            raise Forbidden(f"only {owner_of(agent_id)}, the owner of {agent_id}, or an owner of '{project}' can "
+                            "take it out of the project")
+        counts = offboard(db, project, [agent_id], person=None, reason="agent_removed", by=by)
+        audit(db, project, "agent.removed", {"agent": agent_id, "by": by} | counts)
+    return {"project": project, "agent_id": agent_id, "counts": counts}
+
+
+def promote_member(db: Database, project: str, handle: str, by: str | Actor | None = None) -> dict:
+    """A project owner makes a member an owner (``by`` unchecked from the command line).
+
+    Writes ``member.promoted`` with the new grant version. Returns ``{project, handle, role}``.
+    Raises InvalidInput, NotFound, Forbidden or Conflict (already an owner).
+    """
+    with db.transaction():
+        _, by = _team_project(db, project, by)
+        role = member_role(db, project, check_slug(handle, "handle"))
+        if role is None:
+            raise NotFound(f"handle: '{handle}' is not a member of '{project}'")
+        if by is not None and member_role(db, project, by) != "owner":
+            raise Forbidden(f"only an owner of '{project}' can make a member an owner")
+        if role == "owner":
+            raise Conflict(f"'{handle}' is already an owner of '{project}'")
+        db.execute("UPDATE members SET role = 'owner', grant_version = grant_version + 1 WHERE project = ? AND "
+                   "handle = ?", (project, handle))
+        db.cache.clear()
+        audit(db, project, "member.promoted", {"person": handle, "by": by, "grant_version": db.scalar(
+            "SELECT grant_version FROM members WHERE project = ? AND handle = ?", (project, handle))})
+    return {"project": project, "handle": handle, "role": "owner"}
+
+
+def removal_preview(db: Database, person: Actor, project: str, handle: str | None = None,
+                    agent_id: str | None = None) -> dict:
+    """What leaving or removing would hand back, shown before a person confirms it (changes nothing).
+
+    ``{agents, returned, transferred}``: the agents taken out, and how many open tasks go back to
+    their requesters and pass to a project owner. For a member (``handle``) or one agent (``agent_id``);
+    one that is not in the project is NotFound, as its removal would be.
+    """
+    with db.snapshot():
+        require_project(db, person, project)
+        if handle and member_role(db, project, handle) is None:
+            raise NotFound(f"handle: '{handle}' is not a member of '{project}'")
+        if agent_id and not db.one("SELECT 1 FROM project_agents WHERE project = ? AND agent_id = ?",
+                                   (project, agent_id)):
+            raise NotFound(f"agent: no agent '{agent_id}' in '{project}'")
+        agents = _member_agents(db, project, handle) if handle else [agent_id]
+        parties = agents + ([handle] if handle else [])
+        open_tasks = [t for t in db.rows("SELECT * FROM tasks WHERE project = ?", (project,))
+                      if TASK_MOVES[lifecycle_state(t)]]
+        returned = sum(1 for t in open_tasks if t["assignee"] in agents and "assignee_left" in TASK_MOVES[
+            lifecycle_state(t)])
+        transferred = sum(1 for t in open_tasks if _requested_by(t) in parties)
+    return {"agents": agents, "returned": returned, "transferred": transferred}
+
+
+def reassign_task(db: Database, person: Actor, task_id: str, to: str) -> dict:
+    """Hand a returned task to another agent of the project, through that agent's owner's gate.
+
+    The requester's owner (or the person who asked) or a project owner does it. The task is
+    requested again and the gate decides as at a handoff (routed, held for approval, or refused).
+    Writes ``task.reassigned`` (side ``assignee``), the task's moves and ``gate.decided``. Returns
+    ``{task, gate}``. Raises InvalidInput, NotFound, Forbidden or InvalidState (not returned).
+    """
+    check_agent_id(to, "to")
+    with db.transaction():
+        task = task_for_person(db, person, task_id)
+        project = task["project"]
+        if not may_steer_task(db, person.handle, task):
+            raise Forbidden("only the requester's owner or a project owner can hand a returned task to another agent")
+        next_state("task", task, "reassign")
+        if to in (task["assignee"], task["requester"]):
+            raise InvalidInput(f"to: '{to}' is the task's {'assignee' if to == task['assignee'] else 'requester'}: "
+                               "pick another agent of the project")
+        if not db.one("SELECT 1 FROM project_agents WHERE project = ? AND agent_id = ?", (project, to)):
+            raise NotFound(f"to: no agent '{to}' in '{project}'")
+        now = iso(utcnow())
+        drop_start(db, task)
+        move(db, "task", task_id, "reassign", task, assignee=to, routed_at=None, verified_at=None, gate=None,
+             waiting_on=None, updated_at=now, last_activity_at=now)
+        audit(db, project, "task.transitioned", {"task": task_id, "from": "returned", "to": "requested",
+                                                 "move": "reassign", "by": person.handle})
+        audit(db, project, "task.reassigned", {"task": task_id, "side": "assignee", "from": task["assignee"],
+                                               "to": to, "by": person.handle})
+        decision = gate_decide(db, requesting_person(task), task["requester"], to,
+                               json.loads(task["packet"])["deliverable_type"])
+        gate, new_state = apply_gate(db, task_row(db, task_id), decision, now)
+        out = task_out(db, task_id)
+        append_event(db, project, "task.updated", {"task": out},
+                     [(to, "task", task_id, None)] if new_state == "routed" else [])
+    return {"task": out, "gate": gate}
+
+
+###############################################################################
+# 31. Search
+###############################################################################
 # One FTS5 table, search_index, holds a row per message (its body) and per task (its title, and
 # its packet's criteria, context and files), written in the same transaction as the row itself
 # (write_message, handoff). A search runs in one snapshot over the projects in the searcher's
@@ -6129,9 +8116,12 @@ def task_detail(db: Database, person: Actor, task_id: str) -> dict:
 
 #: The longest search query (characters), and the most results one search returns.
 SEARCH_QUERY_MAX = 200
+
 SEARCH_LIMIT_MAX = 50
+
 #: Where a snippet's matched words begin and end (split into pieces before they leave the server).
 _MATCH_START, _MATCH_END = "\x02", "\x03"
+
 #: bm25 weights of the title and body columns: a word in a task's title counts double.
 _SEARCH_RANK = "bm25(search_index, 2.0, 1.0)"
 
@@ -6218,1762 +8208,9 @@ def search(db: Database, actor: Actor, query: str, *, limit: int = 20) -> dict:
     return {"results": results}
 
 
-# -- runners: paired devices, claimed runs, steps ------------------------------
-
-#: The tools a woken run's execution credential may call (it works on its one task).
-RUN_TOOLS = ("discover_team_agents", "get_project_context", "read_room", "post_message", "check_inbox",
-             "accept_task", "checkpoint", "return_result", "update_pulse", "request_step")
-#: Task states a runner may start (or resume) a run in.
-CLAIMABLE = ("routed", "accepted", "working", "waiting")
-#: An allowed step must be used within this long; an undecided one expires after STEP_LIFETIME.
-STEP_USE_WINDOW = _dt.timedelta(minutes=15)
-STEP_LIFETIME = _dt.timedelta(hours=24)
-#: Why ``step.expired`` says a step ended: left unused past STEP_USE_WINDOW, undecided past STEP_LIFETIME.
-STEP_UNUSED, STEP_UNDECIDED = "unused_15_minutes", "undecided_24_hours"
-
-
-def pair_device(db: Database, owner: str, agent_id: str, name: str = "runner",
-                label: str | None = None) -> tuple[dict, str]:
-    """Pair a runner device to one of ``owner``'s agents; return ``(device, runner key)``, the key shown once.
-
-    ``label`` names the runner key (see mint_credential). Writes ``device.paired`` and ``token.created``.
-    """
-    check_agent_id(agent_id, "agent")
-    check_text(name, "name", 80, 1)
-    check_no_secret(name, "name")
-    with db.transaction():
-        agent = db.one("SELECT * FROM agents WHERE agent_id = ?", (agent_id,))
-        if agent is None or agent["owner"] != owner:
-            raise NotFound(f"no agent '{agent_id}' of {owner}'s: a device pairs with its owner's own agent")
-        device = {"id": new_id("dev"), "owner": owner, "agent_id": agent_id, "name": name,
-                  "created_at": iso(utcnow()), "revoked_at": None}
-        db.execute("INSERT INTO devices (id, owner, agent_id, name, created_at) VALUES (?, ?, ?, ?, ?)",
-                   (device["id"], owner, agent_id, name, device["created_at"]))
-        record, secret = mint_credential(db, "runner", agent_id=agent_id, device_id=device["id"], label=label)
-        for chain in _agent_chains(db, agent_id):
-            audit(db, chain, "device.paired", {"device": device["id"], "agent": agent_id, "credential": record["id"]})
-    return device | {"credential_id": record["id"], "label": record["label"]}, secret
-
-
-def team_projects_of(db: Database, agent_id: str) -> list[str]:
-    """The team projects (not private rooms) an agent is in."""
-    return [r["slug"] for r in db.rows("SELECT p.slug FROM project_agents pa JOIN projects p ON p.slug = pa.project "
-                                       "WHERE pa.agent_id = ? AND p.kind = 'team' ORDER BY p.slug", (agent_id,))]
-
-
-def _agent_chains(db: Database, agent_id: str) -> list[str]:
-    return [r["project"] for r in db.rows("SELECT project FROM project_agents WHERE agent_id = ? ORDER BY project",
-                                          (agent_id,))] or [DEPLOYMENT_CHAIN]
-
-
-def list_devices(db: Database, owner: str) -> list[dict]:
-    """An owner's paired devices, live and revoked."""
-    return db.rows("SELECT id, agent_id, name, created_at, revoked_at, revoked_reason FROM devices WHERE owner = ? "
-                   "ORDER BY created_at", (owner,))
-
-
-def revoke_device(db: Database, owner: str, device_id: str, reason: str = "owner") -> dict:
-    """Revoke a device and every credential it holds (its runner key, its runs' credentials)."""
-    with db.transaction():
-        device = db.one("SELECT * FROM devices WHERE id = ? AND owner = ?", (device_id, owner))
-        if device is None:
-            raise NotFound(f"no device '{device_id}' of yours")
-        if device["revoked_at"]:
-            raise InvalidState(f"device '{device_id}' was already revoked")
-        ended = end_device(db, device, reason)
-    return {"id": device_id, "revoked": True, "credentials_ended": ended}
-
-
-def _run_cause(task: dict) -> dict:
-    """Why a run of this task starts: the owner's Task request, or the gate's decision on the handoff."""
-    by = json.loads(task["requested_by"])
-    if by["kind"] == "person" and task["origin_message_id"]:
-        return {"kind": "owner_message", "message_id": task["origin_message_id"], "author": by["handle"]}
-    gate = json.loads(task["gate"] or "{}")
-    return {"kind": "task", "task_id": task["id"], "basis": gate.get("basis", "same_owner"),
-            "rule_id": gate.get("rule_id"), "approval_id": gate.get("approval_id")}
-
-
-def claim_task(db: Database, actor: Actor, task_id: str, idempotency_key: str, wake: dict | None,
-               launch_timeout: _dt.timedelta) -> dict:
-    """A paired runner claims a task routed to its agent: the attempt and an execution credential, shown once.
-
-    The same idempotency key replays the claim with a fresh credential and revokes the
-    previous one. ``wake.message_id`` may only repeat the task's own Task request; a
-    mention is never a run's cause. Writes ``attempt.claimed`` and ``token.created``
-    (and ``token.revoked`` on a replay).
-    """
-    if actor.credential_kind != "runner":
-        raise Forbidden("only a paired runner device can claim a task: use the runner key 'prickle device pair' made")
-    sweep_approvals(db)
-    with db.transaction():
-        device = db.one("SELECT d.* FROM devices d JOIN credentials c ON c.device_id = d.id WHERE c.id = ?",
-                        (actor.credential_id,))
-        if device is None or device["revoked_at"]:
-            raise Forbidden("this runner key belongs to no live paired device: pair the device again")
-        check_not_paused(db, actor.owner)
-        task = _require_task_role(db, actor, task_id, "assignee")
-        if wake is not None and wake.get("message_id") != task["origin_message_id"]:
-            raise InvalidInput("wake.message_id: a run's cause is the task's own Task request "
-                               f"({task['origin_message_id'] or 'this task has none'}); a mention is never a run's "
-                               "cause")
-        attempt = db.one("SELECT * FROM attempts WHERE device_id = ? AND idempotency_key = ?",
-                         (device["id"], idempotency_key))
-        if attempt is not None and attempt["task_id"] != task_id:
-            raise Conflict(f"idempotency_key '{idempotency_key}' was used to claim task '{attempt['task_id']}'")
-        if task["state"] not in CLAIMABLE:
-            raise InvalidState(f"task '{task_id}' is {task['state']}: a run can start only when it is "
-                               f"{', '.join(CLAIMABLE)}")
-        now = utcnow()
-        if attempt is not None and attempt["state"] != "running":
-            raise InvalidState(f"attempt '{attempt['id']}' is {attempt['state']}: claim with a new idempotency key "
-                               "for a new run")
-        if attempt is None:
-            _check_new_run(db, task)
-            # One run per task at a time: a new claim takes over from any run still open.
-            for old in db.rows("SELECT * FROM attempts WHERE task_id = ? AND state = 'running'", (task_id,)):
-                end_attempt(db, old, "replace", task["project"])
-            attempt = {"id": new_id("att"), "task_id": task_id, "device_id": device["id"], "agent_id": actor.agent_id,
-                       "idempotency_key": idempotency_key, "credential_id": None,
-                       "cause": json.dumps(_run_cause(task)), "claimed_at": iso(now), "finished_at": None,
-                       "state": "running", "run_id": task["run_approved"] or new_id("run")}
-            db.execute(f"INSERT INTO attempts ({', '.join(attempt)}) VALUES ({', '.join('?' * len(attempt))})",
-                       tuple(attempt.values()))
-            db.execute("UPDATE tasks SET run_approved = NULL WHERE id = ?", (task_id,))
-            append_event(db, task["project"], "task.updated", {"task": task_out(db, _task_row(db, task_id))})  # live views
-            gate = json.loads(task["gate"] or "{}")
-            audit(db, task["project"], "attempt.claimed", {"attempt": attempt["id"], "task": task_id,
-                                                           "device": device["id"], "approval": gate.get("approval_id")})
-        elif attempt["credential_id"]:
-            revoke_credentials(db, "id = ?", (attempt["credential_id"],), "claim_retried")
-        record, secret = mint_credential(db, "execution", agent_id=actor.agent_id, project=task["project"],
-                                         ttl=launch_timeout, device_id=device["id"], task_id=task_id,
-                                         attempt_id=attempt["id"], allowed_tools=RUN_TOOLS,
-                                         issued_by=actor.credential_id, at=now)
-        db.execute("UPDATE attempts SET credential_id = ? WHERE id = ?", (record["id"], attempt["id"]))
-    return {"attempt": {"attempt_id": attempt["id"], "task_id": task_id, "claimed_at": attempt["claimed_at"]},
-            "execution_credential": {"token": secret, "expires_at": record["expires_at"],
-                                     "allowed_tools": list(RUN_TOOLS)}}
-
-
-def run_lineage(db: Database, actor: Actor, task: dict) -> dict | None:
-    """What a woken run was given, for its posts and results: the cause and hashes of packet, facts, checkpoint."""
-    if actor.attempt_id is None:
-        return None
-    attempt = db.one("SELECT cause, served FROM attempts WHERE id = ?", (actor.attempt_id,))
-    # The memory facts this run was actually served (get_project_context), not today's.
-    context: list[dict] = [{"kind": "packet", "task_id": task["id"], "sha256": task["packet_hash"]}]
-    context += json.loads(attempt["served"])
-    cp = db.one("SELECT id, body FROM checkpoints WHERE task_id = ? ORDER BY created_at DESC, rowid DESC LIMIT 1",
-                (task["id"],))
-    if cp:
-        context.append({"kind": "checkpoint", "task_id": task["id"], "checkpoint_id": cp["id"],
-                        "sha256": sha256_hex(cp["body"])})
-    return {"cause": json.loads(attempt["cause"]), "context": context, "recorded_at": iso(utcnow())}
-
-
-def finish_attempt(db: Database, actor: Actor) -> None:
-    """Close the caller's run once its result is in (inside the caller's transaction), if it is still
-    running; its credential stays usable for the rest of that call. Writes ``attempt.finished``."""
-    attempt = db.one("SELECT * FROM attempts WHERE id = ?", (actor.attempt_id,)) if actor.attempt_id else None
-    if attempt is not None and attempt["state"] == "running":
-        now = iso(utcnow())
-        move(db, "attempt", attempt["id"], "finish", attempt, finished_at=now, ended_at=now)
-        project = db.scalar("SELECT project FROM tasks WHERE id = ?", (attempt["task_id"],))
-        audit(db, project, "attempt.finished", {"attempt": attempt["id"]})
-
-
-def _device_attempt(db: Database, actor: Actor, attempt_id: str) -> dict:
-    """The attempt ``attempt_id`` claimed by the caller's runner device; NotFound for any other."""
-    device = _runner_device(db, actor)
-    attempt = db.one("SELECT * FROM attempts WHERE id = ? AND device_id = ?", (check_id(attempt_id, "attempt_id"),
-                                                                                device["id"]))
-    if attempt is None:
-        raise NotFound(f"no attempt '{attempt_id}' claimed by this device")
-    return attempt
-
-
-def end_run(db: Database, actor: Actor, attempt_id: str, reason: str | None = None) -> dict:
-    """A runner says a run it launched has ended without a result (its process exited, failed to
-    start or went past its time limit): the attempt finishes and its credentials end at once.
-
-    Only the device that claimed the attempt; an attempt no longer running is left as it is (the
-    answer is the same, so a runner may say it twice). ``reason`` (200 characters) is checked and
-    not kept: the runner reports it as ``run_failure`` in the pulse. Writes ``attempt.finished``.
-    Returns ``{"attempt"}``. Raises InvalidInput or NotFound.
-    """
-    if reason is not None:
-        check_text(reason, "reason", 200)
-    with db.transaction():
-        attempt = _device_attempt(db, actor, attempt_id)
-        if attempt["state"] == "running":
-            project = db.scalar("SELECT project FROM tasks WHERE id = ?", (attempt["task_id"],))
-            end_attempt(db, attempt, "finish", project)
-            audit(db, project, "attempt.finished", {"attempt": attempt_id})
-            append_event(db, project, "task.updated", {"task": task_out(db, attempt["task_id"])})  # live views
-        return {"attempt": attempt_out(db.one("SELECT * FROM attempts WHERE id = ?", (attempt_id,)))}
-
-
-def _step_answer(step: dict, status: str, behavior: str, message: str, updated: dict | None = None) -> dict:
-    out = {"step_id": step["id"], "status": status, "behavior": behavior, "message": message}
-    if updated is not None:
-        out["updatedInput"] = updated
-    return out
-
-
-def request_step(db: Database, actor: Actor, tool_name: str, tool_input: dict, *, tool_use_id: str | None = None,
-                 kind: str | None = None, target: str | None = None, amount: dict | None = None,
-                 reason: str | None = None) -> dict:
-    """A woken run asks its owner before a step its tools don't allow; the answer is allow or deny.
-
-    Implements request_step: the same call (tool and input) as an allowed step is used
-    once, within STEP_USE_WINDOW, by this task's run or the one resuming it (``allow``
-    for a permission layer's call with tool_use_id; otherwise ``deny`` saying it may make
-    exactly that call now); refused or expired steps are ``deny``; a new call waits for
-    the owner (``pending``, deny: checkpoint and end the turn); one step waits at a time.
-    Writes ``step.requested``, ``step.consumed`` and ``step.expired``.
-    """
-    if actor.task_scope is None or actor.attempt_id is None:
-        raise Forbidden("only a woken run (an execution credential from claim_task) asks for steps")
-    digest = sha256_hex(tool_name + "\n" + canonical_json(tool_input))
-    now = utcnow()
-    with db.transaction():
-        if db.scalar("SELECT finished_at FROM attempts WHERE id = ?", (actor.attempt_id,)):
-            raise InvalidState("this run already returned its result: it asks for no more steps")
-        task = _task_row(db, actor.task_scope)
-        _expire_steps(db, task["id"], now)
-        step = db.one("SELECT * FROM steps WHERE task_id = ? AND input_hash = ? AND (status IN "
-                      "('pending', 'approved', 'refused') OR (status = 'expired' AND decided_at IS NULL)) "
-                      "ORDER BY created_at DESC LIMIT 1", (task["id"], digest))
-        if step is not None:
-            if step["status"] == "pending":
-                return _step_answer(step, "pending", "deny", "Still waiting for your owner: save a checkpoint, then "
-                                    "end your turn; you will be resumed when they decide.")
-            if step["status"] == "refused":
-                return _step_answer(step, "refused", "deny", "Your owner refused this step: don't try it again; "
-                                    "finish without it, or return what you have and say why.")
-            if step["status"] == "expired":
-                return _step_answer(step, "expired", "deny", "Your owner did not decide this step within "
-                                    f"{STEP_LIFETIME // _dt.timedelta(hours=1)} hours, which counts as a refusal: "
-                                    "finish without it, or return what you have.")
-            if now - parse_iso(step["decided_at"]) > STEP_USE_WINDOW:
-                move(db, "step", step["id"], "expire", step)
-                audit(db, task["project"], "step.expired", {"step": step["id"], "attempt": step["attempt_id"],
-                                                            "kind": step["kind"], "why": STEP_UNUSED})
-                return _step_answer(step, "expired", "deny", "The allowance lapsed unused after "
-                                    f"{STEP_USE_WINDOW // _dt.timedelta(minutes=1)} minutes: ask again if you "
-                                    "still need this call.")
-            if tool_use_id is None:
-                # The permission layer lets the call through when it asks with the call's tool_use_id.
-                return _step_answer(step, "approved", "deny", "Allowed, and left to your permission layer: make "
-                                    "exactly this call now, once.")
-            move(db, "step", step["id"], "consume", step, consumed_by=actor.attempt_id)
-            audit(db, task["project"], "step.consumed", {"step": step["id"], "asked_by": step["attempt_id"],
-                                                         "used_by": actor.attempt_id})
-            return _step_answer(step, "consumed", "allow", "Allowed once: make exactly this call now.",
-                                json.loads(step["input"]))
-        waiting = db.one("SELECT * FROM steps WHERE task_id = ? AND status = 'pending'", (task["id"],))
-        if waiting is not None:
-            return _step_answer(waiting, "pending", "deny", "Another step already waits for your owner (one at a "
-                                "time): save a checkpoint, then end your turn.")
-        step = {"id": new_id("step"), "task_id": task["id"], "attempt_id": actor.attempt_id,
-                "agent_id": actor.agent_id, "owner": actor.owner, "tool_name": tool_name,
-                "input": canonical_json(tool_input), "input_hash": digest, "kind": kind, "target": target,
-                "amount": json.dumps(amount) if amount else None, "reason": reason, "status": "pending",
-                "created_at": iso(now), "decided_at": None, "decided_by": None, "consumed_by": None}
-        db.execute(f"INSERT INTO steps ({', '.join(step)}) VALUES ({', '.join('?' * len(step))})",
-                   tuple(step.values()))
-        audit(db, task["project"], "step.requested", {"step": step["id"], "attempt": actor.attempt_id, "kind": kind})
-        append_event(db, task["project"], "task.updated", {"task": task_out(db, task)})  # live views; wakes no one
-        return _step_answer(step, "pending", "deny", "Asked your owner: save a checkpoint, then end your turn; you "
-                            "will be resumed when they decide.")
-
-
-def _expire_steps(db: Database, task_id: str | None, now: _dt.datetime) -> None:
-    """Undecided steps older than STEP_LIFETIME expire (a refusal). Writes ``step.expired``."""
-    sql = "SELECT s.*, t.project FROM steps s JOIN tasks t ON t.id = s.task_id WHERE s.status = 'pending' AND " \
-          "s.created_at <= ?" + (" AND s.task_id = ?" if task_id else "")
-    params = (iso(now - STEP_LIFETIME),) + ((task_id,) if task_id else ())
-    for step in db.rows(sql, params):
-        move(db, "step", step["id"], "expire", step)
-        audit(db, step["project"], "step.expired", {"step": step["id"], "attempt": step["attempt_id"],
-                                                    "kind": step["kind"], "why": STEP_UNDECIDED})
-
-
-def step_out(row: dict) -> dict:
-    """A step as the owner sees it: the exact call, what it claims to be, and its state."""
-    return {"id": row["id"], "task_id": row["task_id"], "project": row.get("project"), "title": row.get("title"),
-            "agent_id": row["agent_id"], "tool_name": row["tool_name"],
-            "input": json.loads(row["input"]), "kind": row["kind"], "target": row["target"],
-            "amount": json.loads(row["amount"]) if row["amount"] else None, "reason": row["reason"],
-            "status": row["status"], "created_at": row["created_at"], "decided_at": row["decided_at"]}
-
-
-def pending_steps(db: Database, person: Actor) -> list[dict]:
-    """Steps waiting for ``person``'s decision."""
-    with db.transaction():
-        _expire_steps(db, None, utcnow())
-    return [step_out(r) for r in db.rows("SELECT s.*, t.project, t.title FROM steps s JOIN tasks t ON t.id = s.task_id "
-                                         "WHERE s.owner = ? AND s.status = 'pending' ORDER BY s.created_at",
-                                         (person.handle,))]
-
-
-def decide_step(db: Database, person: Actor, step_id: str, decision: str) -> dict:
-    """The agent's owner allows or refuses a step; the task's assignee is woken to resume. Writes ``step.decided``."""
-    check_decision(decision, "allow", "deny")
-    with db.transaction():
-        _expire_steps(db, None, utcnow())
-        step = _owned_row(db, "steps", step_id, person.handle, f"no step '{step_id}' of your agents'")
-        if step["status"] != "pending":
-            raise InvalidState(f"step '{step_id}' is {step['status']}, not waiting for a decision")
-        status = move(db, "step", step_id, decision, step, decided_at=iso(utcnow()), decided_by=person.handle)
-        task = _task_row(db, step["task_id"])
-        audit(db, task["project"], "step.decided", {"step": step_id, "attempt": step["attempt_id"],
-                                                    "kind": step["kind"], "decision": status})
-        append_event(db, task["project"], "task.updated", {"task": task_out(db, task)},
-                     [(task["assignee"], "task", task["id"], None)])
-        return step_out(db.one("SELECT s.*, t.project, t.title FROM steps s JOIN tasks t ON t.id = s.task_id "
-                               "WHERE s.id = ?", (step_id,)))
-
-
-# -- the owner's control of runs: Start, Stop, hand back, pause, uncertain runs ------
-
-#: The scope of a pause made by the server's operator: every agent on the deployment.
-ALL_AGENTS = "*"
-#: How many of a device's newest attempts its runner is shown.
-RUNNER_RUNS_SHOWN = 50
-
-
-def paused_by(db: Database, owner: str) -> str | None:
-    """Who paused ``owner``'s agents: ``operator`` (every agent), ``owner``, or None."""
-    scopes = {r["scope"] for r in db.rows("SELECT scope FROM pauses WHERE scope IN (?, ?)", (ALL_AGENTS, owner))}
-    return "operator" if ALL_AGENTS in scopes else "owner" if owner in scopes else None
-
-
-def check_not_paused(db: Database, owner: str) -> None:
-    """Raise Paused when ``owner``'s agents are paused (by their owner or the operator)."""
-    who = paused_by(db, owner)
-    if who is not None:
-        raise Paused(f"{owner}'s agents are paused by {'the operator' if who == 'operator' else owner}: nothing runs "
-                     "until they are resumed (on the page, or 'prickle agents resume')")
-
-
-def check_run_allowed(db: Database, actor: Actor) -> None:
-    """A run's (or a discussion's) every call is refused with ``paused`` while its agent is paused."""
-    if actor.attempt_id is not None or actor.discussion_id is not None:
-        check_not_paused(db, actor.owner)
-
-
-def attempt_out(row: dict) -> dict:
-    """A run of a task as the page and its runner see it."""
-    return {"attempt_id": row["id"], "task_id": row["task_id"], "run_id": row["run_id"], "state": row["state"],
-            "claimed_at": row["claimed_at"], "ended_at": row["ended_at"], "device_id": row["device_id"],
-            "device": row.get("device_name")}
-
-
-def task_runs(db: Database, task_id: str) -> list[dict]:
-    """Every attempt of a task, oldest first, numbered from 1, with the name of its runner's device."""
-    rows = db.rows("SELECT a.*, d.name AS device_name FROM attempts a LEFT JOIN devices d ON d.id = a.device_id "
-                   "WHERE a.task_id = ? ORDER BY a.claimed_at, a.rowid", (task_id,))
-    return [attempt_out(r) | {"attempt": n} for n, r in enumerate(rows, 1)]
-
-
-def end_attempt(db: Database, attempt: dict, how: str, project: str, why: str | None = None) -> int:
-    """End an attempt by ``how`` (ATTEMPT_MOVES), inside the caller's transaction; returns credentials ended.
-
-    Its execution credentials end at once (``token.revoked``; ``why``, a key of REVOCATIONS, says
-    why when it is more than the move, as when its agent left the project). A Stop also withdraws a step
-    it waits on (``step.withdrawn``); otherwise the step stays for the owner to decide and
-    the run resuming the task to use.
-    """
-    now = iso(utcnow())
-    move(db, "attempt", attempt["id"], how, attempt, ended_at=now)
-    ended = revoke_credentials(db, "attempt_id = ?", (attempt["id"],),
-                               why or {"replace": "run_replaced", "stop": "run_stopped",
-                                       "finish": "run_ended"}.get(how, "run_uncertain"))
-    if how != "stop":
-        return ended
-    for step in db.rows("SELECT id FROM steps WHERE attempt_id = ? AND status = 'pending'", (attempt["id"],)):
-        move(db, "step", step["id"], "withdraw", decided_at=now)
-        audit(db, project, "step.withdrawn", {"step": step["id"], "attempt": attempt["id"]})
-    return ended
-
-
-def _run_control(db: Database, person: Actor, task: dict) -> dict | None:
-    """What the assignee's owner may do with the task's runs now (None for anyone else)."""
-    if owner_of(task["assignee"]) != person.handle:
-        return None
-    open_run = _open_attempt(db, task["id"], ("running", "uncertain"))
-    return {"paused": paused_by(db, person.handle),
-            "runner_connected": db.one("SELECT 1 FROM devices WHERE agent_id = ? AND revoked_at IS NULL",
-                                       (task["assignee"],)) is not None,
-            "run_approved": task["run_approved"],
-            "can_start": task["state"] in CLAIMABLE and open_run is None and not task["run_approved"],
-            "can_stop": (open_run is not None and open_run["state"] == "running") or bool(task["run_approved"]),
-            "can_hand_back": open_run is None and "hand_back" in TASK_MOVES.get(lifecycle_state(task), {})}
-
-
-def _assignee_task(db: Database, person: Actor, task_id: str, doing: str) -> dict:
-    task = _task_for_person(db, person, task_id)
-    owner = owner_of(task["assignee"])
-    if owner != person.handle:
-        raise Forbidden(f"only {owner}, the owner of {task['assignee']}, can {doing} on this task")
-    return task
-
-
-def _open_attempt(db: Database, task_id: str, states: tuple[str, ...] = ("running",)) -> dict | None:
-    return db.one(f"SELECT * FROM attempts WHERE task_id = ? AND state IN ({', '.join('?' * len(states))}) "
-                  "ORDER BY claimed_at DESC LIMIT 1", (task_id, *states))
-
-
-def _check_new_run(db: Database, task: dict) -> None:
-    """A new run of a task waits for its owner after a Stop or an abandoned run, and while one is uncertain."""
-    if _open_attempt(db, task["id"], ("uncertain",)):
-        raise InvalidState(f"a run of task '{task['id']}' is uncertain: its owner settles it on the task's page "
-                           "before another starts")
-    last = db.scalar("SELECT state FROM attempts WHERE task_id = ? ORDER BY claimed_at DESC, rowid DESC LIMIT 1",
-                     (task["id"],))
-    if last in ("stopped", "abandoned") and not task["run_approved"]:
-        raise InvalidState(f"the last run of task '{task['id']}' was {last}: a new one starts only when its owner "
-                           "presses Start a run on the task's page")
-
-
-def start_run(db: Database, person: Actor, task_id: str, confirm: str | None) -> dict:
-    """The assignee's owner starts one run of their agent on a task, confirming it is them by their handle.
-
-    The agent is woken with ``task``; its runner's next claim is that run. Refused while a
-    run is open or uncertain, while the owner's agents are paused (``paused``), and when no
-    runner device of the agent is live. Writes ``task.run_approved``.
-    """
-    with db.transaction():
-        task = _assignee_task(db, person, task_id, "start a run")
-        if confirm != person.handle:
-            raise InvalidInput(f"confirm: type your handle ({person.handle}) to confirm it is you starting this run")
-        check_not_paused(db, person.handle)
-        if task["state"] not in CLAIMABLE:
-            raise InvalidState(f"task '{task_id}' is {task['state']}: a run can start only when it is "
-                               f"{', '.join(CLAIMABLE)}")
-        if _open_attempt(db, task_id, ("running", "uncertain")):
-            raise InvalidState(f"a run of task '{task_id}' is already open: stop it (or settle it) first")
-        if task["run_approved"]:
-            raise InvalidState(f"a run of task '{task_id}' was started and waits for the runner to claim it")
-        if not db.one("SELECT 1 FROM devices WHERE agent_id = ? AND revoked_at IS NULL", (task["assignee"],)):
-            raise InvalidState(f"no runner is connected for {task['assignee']}: connect one with 'prickle runner "
-                               "connect' first")
-        run_id = new_id("run")
-        db.execute("UPDATE tasks SET run_approved = ? WHERE id = ? AND run_approved IS NULL", (run_id, task_id))
-        audit(db, task["project"], "task.run_approved", {"agent": task["assignee"], "run": run_id, "task": task_id,
-                                                         "by": person.handle})
-        row = _task_row(db, task_id)
-        append_event(db, task["project"], "task.updated", {"task": task_out(db, row)},
-                     [(task["assignee"], "task", task_id, None)])
-    return {"task": task_out(db, row), "run_id": run_id, "runs": task_runs(db, task_id)}
-
-
-def stop_run(db: Database, person: Actor, task_id: str) -> dict:
-    """The assignee's owner stops the task's open run: its credentials end at once, a waiting step is withdrawn.
-
-    The agent is woken with ``task`` so its runner ends the process (it reads
-    /api/runner/state). Writes ``task.run_stopped`` and ``step.withdrawn``.
-    """
-    with db.transaction():
-        task = _assignee_task(db, person, task_id, "stop a run")
-        attempt = _open_attempt(db, task_id)
-        if attempt is None and not task["run_approved"]:
-            raise InvalidState(f"no run of task '{task_id}' is in progress")
-        ended = 0
-        if attempt is not None:
-            ended = end_attempt(db, attempt, "stop", task["project"])
-        run = attempt["run_id"] if attempt else task["run_approved"]
-        db.execute("UPDATE tasks SET run_approved = NULL WHERE id = ?", (task_id,))
-        audit(db, task["project"], "task.run_stopped", {
-            "agent": task["assignee"], "run": run, "task": task_id, "by": person.handle, "reason": "stopped",
-            "state_before": task["state"], "attempt": attempt and attempt["id"], "credentials": ended})
-        row = _task_row(db, task_id)
-        append_event(db, task["project"], "task.updated", {"task": task_out(db, row)},
-                     [(task["assignee"], "task", task_id, None)])
-    return {"task": task_out(db, row), "runs": task_runs(db, task_id), "credentials_ended": ended}
-
-
-def hand_back(db: Database, person: Actor, task_id: str) -> dict:
-    """The assignee's owner hands a task back once its run is stopped: it is ``returned``; the requester hears.
-
-    Writes ``task.returned`` and ``task.transitioned``.
-    """
-    with db.transaction():
-        task = _assignee_task(db, person, task_id, "hand the task back")
-        if _open_attempt(db, task_id, ("running", "uncertain")):
-            raise InvalidState(f"a run of task '{task_id}' is still open: stop it (or settle it) first")
-        next_state("task", task, "hand_back")
-        revoke_credentials(db, "kind = 'execution' AND task_id = ?", (task_id,), "task_handed_back")
-        audit(db, task["project"], "task.returned", {"task": task_id, "reason": "owner_handed_back",
-                                                     "agent": task["assignee"], "by": person.handle})
-        row = move_task(db, task, "hand_back", person.handle, [(task["requester"], "task_update")],
-                        run_approved=None)
-    return {"task": task_out(db, row)}
-
-
-def pause_agents(db: Database, scope: str, by: str) -> dict:
-    """Pause one owner's agents (``scope`` = their handle) or every agent (ALL_AGENTS, the operator).
-
-    Runs are refused with ``paused`` at their next call and runners claim nothing until
-    resumed. Writes ``agents.paused`` in each project concerned, with its runs still open.
-    """
-    with db.transaction():
-        if scope != ALL_AGENTS:
-            _require_person(db, scope)
-        if db.one("SELECT 1 FROM pauses WHERE scope = ?", (scope,)):
-            raise InvalidState("every agent is already paused" if scope == ALL_AGENTS
-                               else f"{scope}'s agents are already paused")
-        db.execute("INSERT INTO pauses (scope, paused_by, paused_at) VALUES (?, ?, ?)", (scope, by, iso(utcnow())))
-        total = 0
-        for chain in _pause_chains(db, scope):
-            open_runs = db.scalar(
-                "SELECT count(*) FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE a.state = 'running' AND "
-                "t.project = ?" + ("" if scope == ALL_AGENTS else " AND a.agent_id LIKE ? ESCAPE '\\'"),
-                (chain,) + (() if scope == ALL_AGENTS else (scope + "/%",)))
-            total += open_runs
-            audit(db, chain, "agents.paused", _pause_refs(scope, by) | {"active_runs": open_runs})
-    return {"scope": "all" if scope == ALL_AGENTS else scope, "paused": True, "active_runs": total}
-
-
-def resume_agents(db: Database, scope: str, by: str) -> dict:
-    """Lift a pause made with the same scope. Writes ``agents.resumed``."""
-    with db.transaction():
-        if not db.execute("DELETE FROM pauses WHERE scope = ?", (scope,)):
-            raise InvalidState("no pause of every agent is in force" if scope == ALL_AGENTS
-                               else f"{scope}'s agents are not paused")
-        for chain in _pause_chains(db, scope):
-            audit(db, chain, "agents.resumed", _pause_refs(scope, by))
-    return {"scope": "all" if scope == ALL_AGENTS else scope, "paused": False}
-
-
-def _pause_refs(scope: str, by: str) -> dict:
-    return {"scope": "all"} if scope == ALL_AGENTS else {"scope": "owner", "owner": scope, "by": by}
-
-
-def _pause_chains(db: Database, scope: str) -> list[str]:
-    if scope == ALL_AGENTS:
-        return [r["slug"] for r in db.rows("SELECT slug FROM projects ORDER BY slug")] or [DEPLOYMENT_CHAIN]
-    return [r["project"] for r in db.rows(
-        "SELECT DISTINCT pa.project FROM project_agents pa JOIN agents a USING (agent_id) WHERE a.owner = ? "
-        "ORDER BY pa.project", (scope,))] or [DEPLOYMENT_CHAIN]
-
-
-def _runner_device(db: Database, actor: Actor) -> dict:
-    if actor.credential_kind != "runner":
-        raise Forbidden("only a runner device key (prk_rk_…) may do this")
-    device = db.one("SELECT d.* FROM devices d JOIN credentials c ON c.device_id = d.id WHERE c.id = ?",
-                    (actor.credential_id,))
-    if device is None or device["revoked_at"]:
-        raise Forbidden("this runner key belongs to no live paired device: connect the computer again")
-    return device
-
-
-def runner_state(db: Database, actor: Actor) -> dict:
-    """What a runner needs to obey its owner: whether its agent is paused, and its device's newest runs.
-
-    Each run says whether a step it asked for still waits on the owner (``step_pending``).
-    """
-    with db.snapshot():
-        device = _runner_device(db, actor)
-        rows = db.rows("SELECT * FROM attempts WHERE device_id = ? ORDER BY claimed_at DESC, rowid DESC LIMIT ?",
-                       (device["id"], RUNNER_RUNS_SHOWN))
-        who = paused_by(db, actor.owner)
-        # A run that ended waiting on its owner's decision (it asked request_step itself) did not fail.
-        asking = {r["attempt_id"] for r in db.rows(
-            f"SELECT attempt_id FROM steps WHERE status = 'pending' AND attempt_id IN ({', '.join('?' * len(rows))})",
-            [r["id"] for r in rows])} if rows else set()
-        return {"agent_id": actor.agent_id, "device_id": device["id"], "paused": who is not None, "paused_by": who,
-                "runs": [{k: v for k, v in attempt_out(r).items() if k not in ("device", "device_id")}
-                         | {"step_pending": r["id"] in asking} for r in rows]}
-
-
-def mark_uncertain(db: Database, actor: Actor, attempt_id: str, reason: str | None = None) -> dict:
-    """A runner marks a run it launched but can't vouch for as uncertain; its credentials end.
-
-    Only the device that claimed the attempt, and only while it is running. ``reason`` is
-    checked (200 characters) and not kept. Writes ``attempt.marked_uncertain``.
-    """
-    if reason is not None:
-        check_text(reason, "reason", 200)
-    with db.transaction():
-        attempt = _device_attempt(db, actor, attempt_id)
-        project = db.scalar("SELECT project FROM tasks WHERE id = ?", (attempt["task_id"],))
-        end_attempt(db, attempt, "mark_uncertain", project)
-        audit(db, project, "attempt.marked_uncertain", {"attempt": attempt_id})
-        task = _task_row(db, attempt["task_id"])
-        append_event(db, project, "task.updated", {"task": task_out(db, task)})  # live views; wakes no one
-        return {"attempt": attempt_out(db.one("SELECT * FROM attempts WHERE id = ?", (attempt_id,)))}
-
-
-def settle_attempt(db: Database, person: Actor, attempt_id: str, outcome: str) -> dict:
-    """The agent's owner settles an uncertain run as ``finished`` or ``abandoned``. Writes ``attempt.reconciled``."""
-    if outcome not in ("finished", "abandoned"):
-        raise InvalidInput("outcome must be 'finished' or 'abandoned'")
-    with db.transaction():
-        attempt = db.one("SELECT * FROM attempts WHERE id = ?", (check_id(attempt_id, "attempt_id"),))
-        if attempt is None or owner_of(attempt["agent_id"]) != person.handle:
-            raise NotFound(f"no run '{attempt_id}' of your agents'")
-        task = _task_row(db, attempt["task_id"])
-        move(db, "attempt", attempt_id, f"settle_{outcome}", attempt, ended_at=iso(utcnow()))
-        audit(db, task["project"], "attempt.reconciled", {"attempt": attempt_id, "outcome": outcome})
-        append_event(db, task["project"], "task.updated", {"task": task_out(db, task)})
-    return {"task": task_out(db, task), "runs": task_runs(db, task["id"])}
-
-
-# -- leaving and removal: members leave or are removed, agents are taken out, owners promoted --
-# Someone leaving a project never leaves work stuck, rules dangling or a credential reaching in.
-# A member leaving (or removed), and an agent taken out, is one transaction of named steps
-# (offboard), each returning its count for the entry (OFFBOARD_COUNTS):
-#   1. the agents leave the project, with the wakes they were still to hear from it (and its default
-#      lead, when that is one of them);
-#   2. every open task assigned to them is returned to its requester (its runs and run
-#      credentials end, unreviewed results and held approvals close);
-#   3. every open task they (or the person) requested passes to a project owner;
-#   4. the delegation rules and standing approvals naming them that can no longer apply in any
-#      project (their two sides share none now) are revoked, with the reason;
-#   5. the credentials that reached only into this project end (the agents' keys for it); every
-#      other key loses the project with the rows of steps 1 and 6;
-#   6. the person's membership ends (a member leaving or removed only), and the invites they
-#      sent to the project end with it (revoke_invites_by).
-# After commit every open wait wakes (as at a revocation), finds the project out of its reach and
-# ends with not_found; so does the next call of an agent or run that was let in before.
-
-#: What a removal's entry counts, in order: agents taken out, tasks returned, tasks transferred to
-#: a project owner, rules and standing approvals revoked, credentials ended, invites revoked.
-OFFBOARD_COUNTS = ("agents", "returned", "transferred", "rules_revoked", "standing_revoked", "credentials",
-                   "invites")
-#: Why a leaving person's open invites end, by why they leave.
-_INVITES_END = {"member_left": "inviter_left", "member_removed": "inviter_removed"}
-
-
-def _projects_of(party: str) -> tuple[str, str]:
-    """SQL for the team projects a person (a handle) or an agent (owner/name) is in, and its parameter."""
-    if "/" in party:
-        return "SELECT project FROM project_agents WHERE agent_id = ?", party
-    return "SELECT project FROM members WHERE handle = ?", party
-
-
-def _share_project(db: Database, a: str, b: str | None = None) -> bool:
-    """Whether people or agents ``a`` and ``b`` are in one team project together (``a`` in any, without ``b``)."""
-    sql, params = "SELECT 1 FROM projects WHERE kind = 'team'", []
-    for party in (a, b) if b is not None else (a,):
-        inner, param = _projects_of(party)
-        sql += f" AND slug IN ({inner})"
-        params.append(param)
-    return db.one(sql + " LIMIT 1", tuple(params)) is not None
-
-
-def _in_list(values: list[str]) -> str:
-    return ", ".join("?" * len(values)) or "NULL"
-
-
-def _take_agents_out(db: Database, project: str, agents: list[str]) -> int:
-    """Step 1: the agents leave ``project``; the wakes from it they had not heard go with them, and so
-    does the project's default lead (picked or agreed) when it is one of them, so that a team owner may
-    pick another and the agent, added again later, leads only if picked again. The lead's end has no
-    entry of its own: the reference's ``room.lead_declined`` is its owner's answer, and the removal's
-    entry already names the agent."""
-    for agent in agents:
-        db.execute("DELETE FROM project_agents WHERE project = ? AND agent_id = ?", (project, agent))
-        db.execute("DELETE FROM wakes WHERE agent_id = ? AND project = ?", (agent, project))
-        db.execute("DELETE FROM pulses WHERE agent_id = ? AND project = ?", (agent, project))
-        db.execute("UPDATE projects SET lead_agent = NULL, lead_state = NULL, lead_picked_by = NULL WHERE slug = ? "
-                   "AND lead_agent = ?", (project, agent))
-    return len(agents)
-
-
-def _return_assigned(db: Database, project: str, agents: list[str], reason: str, by: str | None) -> tuple[int, int]:
-    """Step 2: every open task of ``project`` assigned to ``agents`` goes back to its requester (``returned``).
-
-    Writes ``task.returned`` (``reason``, the agent it came from) and the task's move; the
-    requesting agent is woken. Returns ``(tasks returned, credentials ended)``.
-    """
-    returned = ended = 0
-    for task in db.rows(f"SELECT * FROM tasks WHERE project = ? AND assignee IN ({_in_list(agents)}) "
-                        "ORDER BY created_at", (project, *agents)):
-        if "assignee_left" not in TASK_MOVES[lifecycle_state(task)]:
-            continue
-        ended += _end_task_work(db, task, "assignee_left")
-        audit(db, project, "task.returned", {"task": task["id"], "reason": reason, "agent": task["assignee"],
-                                             "by": by})
-        move_task(db, task, "assignee_left", by or "admin", [(task["requester"], "task_update")], run_approved=None)
-        returned += 1
-    return returned, ended
-
-
-def _requested_by(task: dict) -> str:
-    """Who is on a task's requesting side: the requesting agent, or the person who asked."""
-    return task["requester"] or json.loads(task["requested_by"])["handle"]
-
-
-def _transfer_requests(db: Database, project: str, parties: list[str], to_owner: str, by: str | None) -> int:
-    """Step 3: every open task of ``project`` that ``parties`` (agents, or a person) requested passes to
-    ``to_owner``, a project owner, who checks and accepts it from now on. Writes ``task.reassigned``
-    (side ``requester``) and ``task.updated``. Returns how many."""
-    moved = 0
-    for task in db.rows("SELECT * FROM tasks WHERE project = ? ORDER BY created_at", (project,)):
-        if _requested_by(task) not in parties or not TASK_MOVES[lifecycle_state(task)]:
-            continue
-        now = iso(utcnow())
-        db.execute("UPDATE tasks SET requester = NULL, requested_by = ?, updated_at = ?, last_activity_at = ? "
-                   "WHERE id = ?", (json.dumps({"kind": "person", "handle": to_owner}), now, now, task["id"]))
-        audit(db, project, "task.reassigned", {"task": task["id"], "side": "requester", "from": _requested_by(task),
-                                               "to": to_owner, "by": by})
-        append_event(db, project, "task.updated", {"task": task_out(db, task["id"])})
-        moved += 1
-    return moved
-
-
-def _revoke_dangling_grants(db: Database, project: str, person: str | None, agents: list[str],
-                            by: str | None) -> tuple[int, int]:
-    """Step 4: revoke the delegation rules and standing approvals naming ``person`` (or owned by them) or
-    ``agents`` that can no longer apply: their two sides share no team project now.
-
-    The reason says who left: ``owner_left`` (the rule's or standing approval's owner) or
-    ``named_left`` (the person or agent it names). Each entry goes to ``project`` and the owner's other
-    projects. Returns ``(rules revoked, standing approvals revoked)``.
-    """
-    named = ([person] if person else []) + agents
-    marks = _in_list(named)
-    rules = 0
-    for rule in db.rows(f"SELECT * FROM delegation_rules WHERE revoked_at IS NULL AND (owner IN ({marks}) OR "
-                        f"subject IN ({marks})) ORDER BY created_at", (*named, *named)):
-        if _share_project(db, rule["owner"], rule["subject"]):
-            continue
-        owner = rule["owner"]
-        version = (db.scalar("SELECT max(grant_version) FROM delegation_rules WHERE owner = ?", (owner,)) or 0) + 1
-        _revoke_rule(db, rule, "owner_left" if owner == person else "named_left", version,
-                     _grant_chains(db, project, owner))
-        rules += 1
-    standing = 0
-    for row in db.rows(f"SELECT * FROM standing_approvals WHERE revoked_at IS NULL AND (owner IN ({marks}) OR "
-                       f"requester IN ({marks}) OR assignee IN ({marks})) ORDER BY created_at", (*named,) * 3):
-        if _share_project(db, row["requester"], row["assignee"]):
-            continue
-        _revoke_standing(db, row, "owner_left" if row["owner"] == person else "named_left", by or "admin",
-                         _grant_chains(db, project, row["owner"]))
-        standing += 1
-    return rules, standing
-
-
-def _grant_chains(db: Database, project: str, owner: str) -> list[str]:
-    """Where a revocation caused by leaving ``project`` is recorded: there, and in the owner's other projects."""
-    return [project] + [c for c in _owner_projects(db, owner) if c not in (project, DEPLOYMENT_CHAIN)]
-
-
-def _end_project_keys(db: Database, project: str, agents: list[str]) -> int:
-    """Step 5: the agents' client keys for ``project`` alone reach nothing now: they end."""
-    return revoke_credentials(db, f"kind = 'client' AND project = ? AND agent_id IN ({_in_list(agents)})",
-                              (project, *agents), "left_project")
-
-
-def offboard(db: Database, project: str, agents: list[str], *, person: str | None, reason: str,
-             by: str | None) -> dict:
-    """Take ``agents`` (and ``person``, when a member leaves) out of ``project`` with every knock-on,
-    in the caller's transaction: the steps above, in order. Returns the counts (OFFBOARD_COUNTS).
-
-    ``reason`` is what ``task.returned`` records (``member_left``, ``member_removed``,
-    ``agent_removed``). The caller has checked who may do it and writes the entry.
-    """
-    counts = dict.fromkeys(OFFBOARD_COUNTS, 0)
-    counts["agents"] = _take_agents_out(db, project, agents)
-    to_owner = _taking_owner(db, project, person, by)
-    counts["transferred"] = _transfer_requests(db, project, agents + ([person] if person else []), to_owner, by)
-    counts["returned"], counts["credentials"] = _return_assigned(db, project, agents, reason, by)
-    if person is not None:
-        db.execute("DELETE FROM members WHERE project = ? AND handle = ?", (project, person))
-    counts["rules_revoked"], counts["standing_revoked"] = _revoke_dangling_grants(db, project, person, agents, by)
-    counts["credentials"] += _end_project_keys(db, project, agents)
-    if person is not None:
-        counts["invites"] = revoke_invites_by(db, project, person, _INVITES_END[reason])
-    db.cache.clear()  # who may reach what has changed
-    db.note_revoked()  # open waits and sessions look again after commit, and find the project gone
-    return counts
-
-
-def _taking_owner(db: Database, project: str, leaving: str | None, by: str | None) -> str:
-    """The project owner who takes over the requests of whoever leaves: ``by`` when they are an owner who
-    stays, else the longest-standing owner other than ``leaving``."""
-    if by is not None and by != leaving and _member_role(db, project, by) == "owner":
-        return by
-    return db.scalar("SELECT handle FROM members WHERE project = ? AND role = 'owner' AND handle IS NOT ? "
-                     "ORDER BY joined_at, handle LIMIT 1", (project, leaving))
-
-
-def _team_project(db: Database, project: str, by: str | Actor | None) -> tuple[dict, str | None]:
-    """The team project a member change is about, and ``by`` as a handle (see _acting_member)."""
-    by = _acting_member(db, project, by)
-    row = project_out(db, check_slug(project, "project"))
-    if db.scalar("SELECT kind FROM projects WHERE slug = ?", (project,)) == "private":
-        raise Forbidden(f"'{project}' is a private room: it has only its owner and their agents")
-    return row, by
-
-
-def _check_not_last_owner(db: Database, project: str, handle: str, doing: str) -> None:
-    if _member_role(db, project, handle) == "owner" and db.scalar(
-            "SELECT count(*) FROM members WHERE project = ? AND role = 'owner'", (project,)) == 1:
-        raise InvalidState(f"'{handle}' is the last owner of '{project}': promote another member first "
-                           f"(Promote on the project's Members screen, or prickle member promote {project} HANDLE), "
-                           f"then {doing}")
-
-
-def _member_agents(db: Database, project: str, handle: str) -> list[str]:
-    return [r["agent_id"] for r in db.rows("SELECT pa.agent_id FROM project_agents pa JOIN agents a USING (agent_id) "
-                                           "WHERE pa.project = ? AND a.owner = ? ORDER BY pa.agent_id",
-                                           (project, handle))]
-
-
-def remove_member(db: Database, project: str, handle: str, by: str | Actor | None = None) -> dict:
-    """A member leaves a project (``by`` is themselves) or a project owner removes them, with every knock-on.
-
-    ``by`` (a handle, or the signed-in person) is checked when given; without it (the command line,
-    run by whoever holds the database file) anyone is removed. The last owner can't leave or be
-    removed until another is promoted. One transaction: see ``offboard``. Writes ``member.left`` or
-    ``member.removed`` with the counts. Returns ``{project, handle, left, counts}``. Raises
-    InvalidInput, NotFound, Forbidden or InvalidState (the last owner).
-    """
-    with db.transaction():
-        _, by = _team_project(db, project, by)
-        _require_person(db, handle)
-        if _member_role(db, project, handle) is None:
-            raise NotFound(f"handle: '{handle}' is not a member of '{project}'")
-        left = by == handle
-        if by is not None and not left and _member_role(db, project, by) != "owner":
-            raise Forbidden(f"only an owner of '{project}' can remove a member; to leave, leave yourself")
-        _check_not_last_owner(db, project, handle, "leave" if left else "remove them")
-        counts = offboard(db, project, _member_agents(db, project, handle), person=handle,
-                          reason="member_left" if left else "member_removed", by=by)
-        audit(db, project, "member.left" if left else "member.removed", {"person": handle, "by": by} | counts)
-    return {"project": project, "handle": handle, "left": left, "counts": counts}
-
-
-def leave_project(db: Database, project: str, person: str | Actor) -> dict:
-    """A member leaves a project (see remove_member). ``person`` is the signed-in person or a handle."""
-    return remove_member(db, project, person.handle if isinstance(person, Actor) else person, by=person)
-
-
-def remove_agent(db: Database, project: str, agent_id: str, by: str | Actor | None = None) -> dict:
-    """Take an agent out of a project: its owner or a project owner (``by``; unchecked from the command line).
-
-    Its open tasks go back to their requesters and its requests to a project owner, rules and
-    standing approvals left with nothing to apply to are revoked and its keys for the project end
-    (see ``offboard``). Writes ``agent.removed`` with the counts. Returns ``{project, agent_id,
-    counts}``. Raises InvalidInput, NotFound or Forbidden.
-    """
-    with db.transaction():
-        _, by = _team_project(db, project, by)
-        check_agent_id(agent_id, "agent_id")
-        if not db.one("SELECT 1 FROM project_agents WHERE project = ? AND agent_id = ?", (project, agent_id)):
-            raise NotFound(f"agent_id: no agent '{agent_id}' in '{project}'")
-        if by is not None and by != owner_of(agent_id) and _member_role(db, project, by) != "owner":
-            raise Forbidden(f"only {owner_of(agent_id)}, the owner of {agent_id}, or an owner of '{project}' can "
-                            "take it out of the project")
-        counts = offboard(db, project, [agent_id], person=None, reason="agent_removed", by=by)
-        audit(db, project, "agent.removed", {"agent": agent_id, "by": by} | counts)
-    return {"project": project, "agent_id": agent_id, "counts": counts}
-
-
-def promote_member(db: Database, project: str, handle: str, by: str | Actor | None = None) -> dict:
-    """A project owner makes a member an owner (``by`` unchecked from the command line).
-
-    Writes ``member.promoted`` with the new grant version. Returns ``{project, handle, role}``.
-    Raises InvalidInput, NotFound, Forbidden or Conflict (already an owner).
-    """
-    with db.transaction():
-        _, by = _team_project(db, project, by)
-        role = _member_role(db, project, check_slug(handle, "handle"))
-        if role is None:
-            raise NotFound(f"handle: '{handle}' is not a member of '{project}'")
-        if by is not None and _member_role(db, project, by) != "owner":
-            raise Forbidden(f"only an owner of '{project}' can make a member an owner")
-        if role == "owner":
-            raise Conflict(f"'{handle}' is already an owner of '{project}'")
-        db.execute("UPDATE members SET role = 'owner', grant_version = grant_version + 1 WHERE project = ? AND "
-                   "handle = ?", (project, handle))
-        db.cache.clear()
-        audit(db, project, "member.promoted", {"person": handle, "by": by, "grant_version": db.scalar(
-            "SELECT grant_version FROM members WHERE project = ? AND handle = ?", (project, handle))})
-    return {"project": project, "handle": handle, "role": "owner"}
-
-
-def removal_preview(db: Database, person: Actor, project: str, handle: str | None = None,
-                    agent_id: str | None = None) -> dict:
-    """What leaving or removing would hand back, shown before a person confirms it (changes nothing).
-
-    ``{agents, returned, transferred}``: the agents taken out, and how many open tasks go back to
-    their requesters and pass to a project owner. For a member (``handle``) or one agent (``agent_id``);
-    one that is not in the project is NotFound, as its removal would be.
-    """
-    with db.snapshot():
-        require_project(db, person, project)
-        if handle and _member_role(db, project, handle) is None:
-            raise NotFound(f"handle: '{handle}' is not a member of '{project}'")
-        if agent_id and not db.one("SELECT 1 FROM project_agents WHERE project = ? AND agent_id = ?",
-                                   (project, agent_id)):
-            raise NotFound(f"agent: no agent '{agent_id}' in '{project}'")
-        agents = _member_agents(db, project, handle) if handle else [agent_id]
-        parties = agents + ([handle] if handle else [])
-        open_tasks = [t for t in db.rows("SELECT * FROM tasks WHERE project = ?", (project,))
-                      if TASK_MOVES[lifecycle_state(t)]]
-        returned = sum(1 for t in open_tasks if t["assignee"] in agents and "assignee_left" in TASK_MOVES[
-            lifecycle_state(t)])
-        transferred = sum(1 for t in open_tasks if _requested_by(t) in parties)
-    return {"agents": agents, "returned": returned, "transferred": transferred}
-
-
-def reassign_task(db: Database, person: Actor, task_id: str, to: str) -> dict:
-    """Hand a returned task to another agent of the project, through that agent's owner's gate.
-
-    The requester's owner (or the person who asked) or a project owner does it. The task is
-    requested again and the gate decides as at a handoff (routed, held for approval, or refused).
-    Writes ``task.reassigned`` (side ``assignee``), the task's moves and ``gate.decided``. Returns
-    ``{task, gate}``. Raises InvalidInput, NotFound, Forbidden or InvalidState (not returned).
-    """
-    check_agent_id(to, "to")
-    with db.transaction():
-        task = _task_for_person(db, person, task_id)
-        project = task["project"]
-        if not may_steer_task(db, person.handle, task):
-            raise Forbidden("only the requester's owner or a project owner can hand a returned task to another agent")
-        next_state("task", task, "reassign")
-        if to in (task["assignee"], task["requester"]):
-            raise InvalidInput(f"to: '{to}' is the task's {'assignee' if to == task['assignee'] else 'requester'}: "
-                               "pick another agent of the project")
-        if not db.one("SELECT 1 FROM project_agents WHERE project = ? AND agent_id = ?", (project, to)):
-            raise NotFound(f"to: no agent '{to}' in '{project}'")
-        now = iso(utcnow())
-        move(db, "task", task_id, "reassign", task, assignee=to, routed_at=None, verified_at=None, gate=None,
-             run_approved=None, waiting_on=None, updated_at=now, last_activity_at=now)
-        audit(db, project, "task.transitioned", {"task": task_id, "from": "returned", "to": "requested",
-                                                 "move": "reassign", "by": person.handle})
-        audit(db, project, "task.reassigned", {"task": task_id, "side": "assignee", "from": task["assignee"],
-                                               "to": to, "by": person.handle})
-        decision = gate_decide(db, _requesting_person(task), task["requester"], to,
-                               json.loads(task["packet"])["deliverable_type"])
-        gate, new_state = _apply_gate(db, _task_row(db, task_id), decision, now)
-        out = task_out(db, task_id)
-        append_event(db, project, "task.updated", {"task": out},
-                     [(to, "task", task_id, None)] if new_state == "routed" else [])
-    return {"task": out, "gate": gate}
-
-
-# -- connecting a computer: a short code the owner approves on the page -------------
-
-#: A connect request's code and keys can be used for this long after it was made.
-CONNECT_TTL = _dt.timedelta(minutes=10)
-#: The agent CLIs a runner may report, and the client name an agent made for one gets.
-CONNECT_CLIS = {"claude": "claude-code", "codex": "codex"}
-#: A code's letters: no 0/O, 1/I/L, so it reads aloud and types without mistakes.
-CONNECT_ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"
-#: How often a runner should ask whether its request was decided (seconds).
-CONNECT_POLL_SECONDS = 2
-#: Requests nobody decided yet, at most: anyone may ask, so the table can't be flooded.
-CONNECT_PENDING_MAX = 50
-
-
-def _connect_code() -> str:
-    raw = "".join(secrets.choice(CONNECT_ALPHABET) for _ in range(8))
-    return f"{raw[:4]}-{raw[4:]}"
-
-
-def _normal_code(code: str) -> str:
-    raw = re.sub(r"[\s-]", "", code or "").upper()
-    return f"{raw[:4]}-{raw[4:]}"
-
-
-def request_connect(db: Database, name: str, clis: list[str], base_url: str) -> dict:
-    """A computer's runner asks to connect: a short code and a link to open signed in, and a secret to collect with.
-
-    ``clis`` are the agent CLIs found on it (CONNECT_CLIS). The code lasts CONNECT_TTL and
-    is decided once. Nothing is audited until a person approves it.
-    """
-    check_text(name, "name", 80, 1)
-    check_no_secret(name, "name")
-    if not isinstance(clis, list) or not clis or len(set(clis)) != len(clis) or not set(clis) <= set(CONNECT_CLIS):
-        raise InvalidInput(f"clis: a list of the agent CLIs found on this computer, each once, from "
-                           f"{', '.join(CONNECT_CLIS)}")
-    secret, now = make_secret("connect"), utcnow()
-    with db.transaction():
-        if db.scalar("SELECT count(*) FROM connect_requests WHERE state = 'pending' AND expires_at > ?",
-                     (iso(now),)) >= CONNECT_PENDING_MAX:
-            raise Conflict("too many computers are waiting to be connected: try again in a few minutes")
-        code = _connect_code()
-        while db.one("SELECT 1 FROM connect_requests WHERE code = ?", (code,)):
-            code = _connect_code()
-        row = {"id": new_id("dreq"), "code": code, "secret_hash": sha256_hex(secret), "name": name,
-               "clis": json.dumps(clis), "state": "pending", "created_at": iso(now),
-               "expires_at": iso(now + CONNECT_TTL)}
-        db.execute(f"INSERT INTO connect_requests ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
-                   tuple(row.values()))
-    return {"request_id": row["id"], "code": code, "link": f"{base_url}/#/connect/{code}", "collect_secret": secret,
-            "expires_at": row["expires_at"], "interval": CONNECT_POLL_SECONDS}
-
-
-def _live_request(db: Database, row: dict | None, what: str) -> dict:
-    """The request, moved to ``expired`` (inside the caller's transaction) once its time is up."""
-    if row is None:
-        raise NotFound(f"no connect request {what}: check the code, or run 'prickle runner connect' again")
-    if row["state"] in ("pending", "approved") and parse_iso(row["expires_at"]) <= utcnow():
-        move(db, "connect", row["id"], "expire", row)
-        row = db.one("SELECT * FROM connect_requests WHERE id = ?", (row["id"],))
-    return row
-
-
-def connect_request_out(row: dict) -> dict:
-    """A connect request as the person deciding it sees it (never its secret)."""
-    return {"id": row["id"], "code": row["code"], "name": row["name"], "clis": json.loads(row["clis"]),
-            "state": row["state"], "created_at": row["created_at"], "expires_at": row["expires_at"],
-            "plan": json.loads(row["plan"]) if row["plan"] else None}
-
-
-def connect_view(db: Database, person: Actor, code: str) -> dict:
-    """The request behind a code, for a signed-in person to decide, with their agents to pick from."""
-    with db.transaction():
-        row = _live_request(db, db.one("SELECT * FROM connect_requests WHERE code = ?", (_normal_code(code),)),
-                            f"with code '{code}'")
-        if row["owner"] not in (None, person.handle):
-            raise NotFound(f"no connect request with code '{code}'")
-    agents = db.rows("SELECT agent_id, display_name, client FROM agents WHERE owner = ? ORDER BY agent_id",
-                     (person.handle,))
-    return {"request": connect_request_out(row), "agents": agents, "clients": CONNECT_CLIS}
-
-
-def decide_connect(db: Database, person: Actor, code: str, decision: str, agents: list[dict] | None) -> dict:
-    """A person approves a computer's request, naming one agent per CLI (theirs, or a new one), or refuses it.
-
-    ``agents``: ``[{"cli", "agent_id"} | {"cli", "create": {"name", "display_name", "model"}}]``.
-    Single use: a decided or expired request is ``invalid_state``. Writes ``device.approved``
-    (never the code, a key or the computer's name).
-    """
-    check_decision(decision, "approve", "refuse")
-    with db.transaction():
-        row = _live_request(db, db.one("SELECT * FROM connect_requests WHERE code = ?", (_normal_code(code),)),
-                            f"with code '{code}'")
-        if row["state"] == "expired":
-            raise Expired(f"code {row['code']} expired at {row['expires_at']}: run 'prickle runner connect' again")
-        if decision == "refuse":
-            move(db, "connect", row["id"], "refuse", row, owner=person.handle, decided_at=iso(utcnow()))
-            row = db.one("SELECT * FROM connect_requests WHERE id = ?", (row["id"],))
-            return {"request": connect_request_out(row)}
-        plan = _connect_plan(db, person, json.loads(row["clis"]), agents)
-        move(db, "connect", row["id"], "approve", row, owner=person.handle, decided_at=iso(utcnow()),
-             plan=json.dumps(plan))
-        row = db.one("SELECT * FROM connect_requests WHERE id = ?", (row["id"],))
-        ids = [p["agent_id"] for p in plan]
-        for chain in sorted({c for a in ids for c in _agent_chains(db, a)}):
-            audit(db, chain, "device.approved", {"request": row["id"], "agents": ids, "keys": len(ids),
-                                                 "by": person.handle})
-    return {"request": connect_request_out(row)}
-
-
-def _connect_plan(db: Database, person: Actor, clis: list[str], choices: Any) -> list[dict]:
-    """Check the person's pick of one agent per CLI (making new agents asked for); return ``[{cli, agent_id}]``."""
-    if not isinstance(choices, list) or not choices or not all(isinstance(c, dict) for c in choices):
-        raise InvalidInput("agents: pick one agent per CLI: [{cli, agent_id} or {cli, create: {name, display_name, "
-                           "model}}]")
-    plan: list[dict] = []
-    for i, choice in enumerate(choices):
-        cli = choice.get("cli")
-        if cli not in clis or cli in [p["cli"] for p in plan]:
-            raise InvalidInput(f"agents[{i}].cli: one of {', '.join(clis)} (what this computer has), each once")
-        if isinstance(choice.get("create"), dict):
-            new = choice["create"]
-            name = new.get("name")
-            if not isinstance(name, str):
-                raise InvalidInput(f"agents[{i}].create.name is required (a slug)")
-            agent_id = f"{person.handle}/{check_slug(name, f'agents[{i}].create.name')}"
-            add_agent(db, agent_id, new.get("display_name") if isinstance(new.get("display_name"), str) else name,
-                      new.get("model") if isinstance(new.get("model"), str) else cli, CONNECT_CLIS[cli])
-        else:
-            agent_id = choice.get("agent_id")
-            if not isinstance(agent_id, str) or owner_of(agent_id) != person.handle or not db.one(
-                    "SELECT 1 FROM agents WHERE agent_id = ?", (agent_id,)):
-                raise InvalidInput(f"agents[{i}].agent_id: one of your own agents, or create one")
-        if agent_id in [p["agent_id"] for p in plan]:
-            raise InvalidInput(f"agents[{i}]: {agent_id} is picked twice; one agent per CLI")
-        plan.append({"cli": cli, "agent_id": agent_id})
-    return plan
-
-
-def collect_connect(db: Database, request_id: str, secret: str, base_url: str) -> dict:
-    """The runner collects the keys approved for its request, once: a paired device and runner key per agent.
-
-    ``pending`` until decided; refused is Forbidden, expired is Expired, collected again is
-    InvalidState; a wrong id or secret is NotFound. Writes ``device.collected`` (key IDs and
-    reach, never a key) besides each device's ``device.paired``.
-    """
-    with db.transaction():
-        row = db.one("SELECT * FROM connect_requests WHERE id = ?", (request_id,))
-        if row is not None and not secrets.compare_digest(row["secret_hash"], sha256_hex(secret or "")):
-            row = None
-        row = _live_request(db, row, f"'{request_id}' with that secret")
-        if row["state"] == "pending":
-            return {"status": "pending"}
-        if row["state"] == "refused":
-            raise Forbidden(f"{row['owner']} refused this computer's request on the page: nothing was connected")
-        if row["state"] == "expired":
-            raise Expired("the code expired before its keys were collected: run 'prickle runner connect' again")
-        if row["state"] == "collected":
-            raise InvalidState("this request's keys were already collected, once: run 'prickle runner connect' "
-                               "again for new ones")
-        plan = json.loads(row["plan"])
-        out = []
-        for p in plan:
-            device, key = pair_device(db, row["owner"], p["agent_id"], row["name"])
-            out.append({"agent_id": p["agent_id"], "client": p["cli"], "device_id": device["id"],
-                        "credential_id": device["credential_id"], "key": key})
-        move(db, "connect", row["id"], "collect", row, collected_at=iso(utcnow()))
-        ids = [o["agent_id"] for o in out]
-        for chain in sorted({c for a in ids for c in _agent_chains(db, a)}):
-            audit(db, chain, "device.collected", {"request": row["id"], "agents": ids, "keys": [
-                {"credential": o["credential_id"], "agent": o["agent_id"], "reach": "runner"} for o in out]})
-    return {"status": "approved", "server": base_url, "agents": out}
-
-
-# -- private rooms: turns and discussions ---------------------------------------
-
-#: A client key with this scope reaches only its owner's private rooms.
-ROOMS_SCOPE = "@rooms"
-#: How a private room answers its owner: draft then review (then a revision), one agent alone,
-#: or only the agents named.
-REPLY_MODES = ("review", "solo", "named")
-#: A discussion credential lasts this long and may call only these tools.
-DISCUSSION_TTL = _dt.timedelta(minutes=10)
-DISCUSSION_TOOLS = ("read_room", "post_message")
-#: The discussion protocol a runner must speak (draft, review, revise).
-DISCUSSION_HARNESS = 2
-#: The replies a turn with a reviewer allows: the draft, the review and one revision.
-REVIEWED_REPLIES = 3
-#: The verdicts each role may send with its one post.
-ROLE_VERDICTS = {"draft": ("draft", "ask_owner"), "revise": ("draft", "ask_owner"),
-                 "combine": ("draft", "ask_owner"), "review": ("approve", "pass", "changes", "ask_owner")}
-
-
-def ensure_room(db: Database, owner: str) -> str:
-    """The slug of ``owner``'s private room, made (inside the caller's transaction) on first need."""
-    slug = db.scalar("SELECT project FROM rooms WHERE owner = ?", (owner,))
-    if slug:
-        return slug
-    slug = f"{owner}-room" if len(owner) <= 34 else f"room-{sha256_hex(owner)[:12]}"
-    while db.one("SELECT 1 FROM projects WHERE slug = ?", (slug,)):
-        slug = f"room-{secrets.token_hex(6)}"
-    name = (db.scalar("SELECT display_name FROM people WHERE handle = ?", (owner,)) or owner)[:70] + "'s room"
-    now = iso(utcnow())
-    db.execute("INSERT INTO projects (slug, team, name, description, created_by, created_at, kind) VALUES "
-               "(?, '', ?, 'A private room with your own agents.', ?, ?, 'private')", (slug, name, owner, now))
-    db.execute("INSERT INTO members VALUES (?, ?, 'owner', 1, ?)", (slug, owner, now))
-    db.execute("INSERT INTO rooms (project, owner) VALUES (?, ?)", (slug, owner))
-    append_event(db, slug, "project.created", {
-        "summary": {"slug": slug, "team": "", "name": name, "description": "A private room with your own agents."},
-        "by": {"kind": "system"}})
-    audit(db, slug, "project.created", {"team": "", "by": "system", "private_room_of": owner})
-    db.cache.clear()
-    return slug
-
-
-def _room_agents(db: Database, slug: str) -> list[dict]:
-    return db.rows("SELECT a.agent_id, a.client FROM project_agents pa JOIN agents a USING (agent_id) "
-                   "WHERE pa.project = ? ORDER BY pa.added_at, a.agent_id", (slug,))
-
-
-def _open_turn(db: Database, slug: str) -> dict | None:
-    return db.one("SELECT * FROM turns WHERE project = ? AND ended_at IS NULL ORDER BY created_at DESC LIMIT 1",
-                  (slug,))
-
-
-def _end_turn(db: Database, turn: dict, reason: str) -> int:
-    """End a turn; its live discussion credentials end too. Returns how many ended."""
-    now = iso(utcnow())
-    move(db, "turn", turn["id"], reason, turn, ended_at=now, end_reason=reason, waiting_on="[]")
-    # Credentials that already spent their one post are inert; they lapse on their own.
-    return revoke_credentials(db, "discussion_id IN (SELECT id FROM discussions WHERE turn_id = ? AND "
-                              "reply_id IS NULL)", (turn["id"],), "turn_ended")
-
-
-def _room_wake(turn_id: str, agent: str, message_id: str, replies_left: int, lead: bool) -> tuple:
-    return (agent, "room", None, message_id, {"turn": turn_id, "replies_left": replies_left, "lead": lead})
-
-
-def start_turn(db: Database, slug: str, message_id: str, named: list[str]) -> list[tuple]:
-    """The owner wrote in their room: end the open turn and wake who answers by the room's reply mode.
-
-    Returns the room wakes to attach to the message's event.
-    """
-    room = db.one("SELECT * FROM rooms WHERE project = ?", (slug,))
-    previous = _open_turn(db, slug)
-    if previous is not None:
-        _end_turn(db, previous, "replaced")
-    agents = _room_agents(db, slug)
-    ids = [a["agent_id"] for a in agents]
-    named = [a for a in named if a in ids]
-    lead = default_lead(db, slug)
-    drafter = reviewer = None
-    if room["reply_mode"] == "named":
-        targets, step, replies = named, "draft", len(named)
-    else:
-        drafter = named[0] if named else lead
-        targets, step = ([drafter] if drafter else []), "draft"
-        if room["reply_mode"] == "review" and drafter:
-            client = next(a["client"] for a in agents if a["agent_id"] == drafter)
-            others = [a["agent_id"] for a in agents if a["agent_id"] != drafter and a["client"] != client]
-            reviewer = next((a for a in named[1:] if a in others), others[0] if others else None)
-        replies = REVIEWED_REPLIES if reviewer else 1
-    if not targets:
-        return []
-    turn_id = new_id("turn")
-    db.execute("INSERT INTO turns (id, project, message_id, mode, drafter, reviewer, named, step, waiting_on, "
-               "waking_message, replies_left, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-               (turn_id, slug, message_id, room["reply_mode"], drafter, reviewer, json.dumps(named), step,
-                json.dumps(targets), message_id, replies, iso(utcnow())))
-    return [_room_wake(turn_id, agent, message_id, replies, i == 0) for i, agent in enumerate(targets)]
-
-
-def advance_turn(db: Database, actor: Actor, verdict: str, reply_id: str) -> list[tuple]:
-    """A discussion posted its one reply: record it, end its credential, wake whoever answers next."""
-    discussion = db.one("SELECT * FROM discussions WHERE id = ?", (actor.discussion_id,))
-    turn = db.one("SELECT * FROM turns WHERE id = ?", (discussion["turn_id"],))
-    # The credential stays readable until it expires; its one post is spent.
-    db.execute("UPDATE discussions SET reply_id = ? WHERE id = ?", (reply_id, discussion["id"]))
-    waiting = [a for a in json.loads(turn["waiting_on"]) if a != actor.agent_id]
-    left = max(turn["replies_left"] - 1, 0)
-    step = TURN_MOVES.get(discussion["role"], {}).get(verdict) if left else None
-    who, column = TURN_HANDOVER.get(step, (None, None))
-    if who and turn[who] and step == "review" and not runner_listening(db, turn[who]):
-        # A reviewer whose runner isn't listening would stall the turn: it waits for the owner instead.
-        move(db, "turn", turn["id"], verdict, turn, waiting_on="[]", waking_message=reply_id, replies_left=left,
-             skipped=json.dumps([turn[who]]), **{column: reply_id})
-        audit(db, turn["project"], "room.reviewer_skipped", {"turn": turn["id"], "step": "review", "draft": reply_id,
-                                                             "agent": turn[who], "reason": "runner_not_listening"})
-        return []
-    if who and turn[who]:
-        move(db, "turn", turn["id"], verdict, turn, waiting_on=json.dumps([turn[who]]), waking_message=reply_id,
-             replies_left=left, **{column: reply_id})
-        return [_room_wake(turn["id"], turn[who], reply_id, left, False)]
-    db.execute("UPDATE turns SET waiting_on = ?, replies_left = ? WHERE id = ?",
-               (json.dumps(waiting), left, turn["id"]))
-    if not waiting or verdict == "ask_owner":
-        _end_turn(db, turn, "ask_owner" if verdict == "ask_owner" else "answered")
-    return []
-
-
-def check_room_post(db: Database, actor: Actor, private: bool, verdict: str | None, task_id: str | None,
-                    in_reply_to: str | None) -> None:
-    """Who may post (and send a verdict) where private rooms are concerned; part of post_message.
-
-    Only a discussion credential sends a verdict, one its role sends, with its one reply to
-    the room's general chat while its turn still waits on it; an agent posts in a private
-    room only through such a credential. Raises InvalidInput, InvalidState, Forbidden.
-    """
-    if verdict is not None and actor.credential_kind != "discussion":
-        raise InvalidInput("verdict: only a discussion credential in a private room sends a verdict; "
-                           "leave verdict out")
-    if actor.credential_kind != "discussion":
-        if private and actor.kind == "agent":
-            raise Forbidden("agents post in a private room only through a discussion credential (claim_discussion)")
-        return
-    role, replied = next(iter(db.conn.execute("SELECT role, reply_id FROM discussions WHERE id = ?",
-                                              (actor.discussion_id,))))
-    if replied:
-        raise InvalidState("this discussion already posted its one reply")
-    turn = db.one("SELECT t.* FROM turns t JOIN discussions d ON d.turn_id = t.id WHERE d.id = ?",
-                  (actor.discussion_id,))
-    waking = db.scalar("SELECT message_id FROM discussions WHERE id = ?", (actor.discussion_id,))
-    if (turn["ended_at"] or turn["waking_message"] != waking
-            or actor.agent_id not in json.loads(turn["waiting_on"])):
-        raise InvalidState("the turn no longer waits on this reply (it was answered, stopped or replaced)")
-    if verdict not in ROLE_VERDICTS[role]:
-        raise InvalidInput(f"verdict: as {role}r send {' or '.join(ROLE_VERDICTS[role])} with your one post"
-                           .replace("reviewr", "reviewer").replace("draftr", "drafter"))
-    if task_id is not None or in_reply_to is not None:
-        raise InvalidInput("a discussion posts one reply to the room's general chat: leave task_id and "
-                           "in_reply_to out")
-
-
-def turn_wakes(db: Database, actor: Actor, project: str, private: bool, message_id: str, named: list[str],
-               verdict: str | None) -> list[tuple]:
-    """The room wakes a post brings: the owner's message starts a turn, a discussion's reply advances its turn."""
-    if private and actor.kind == "person":
-        return start_turn(db, project, message_id, named)
-    if actor.credential_kind == "discussion":
-        return advance_turn(db, actor, verdict, message_id)
-    return []
-
-
-def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_key: str,
-                     harness: int | None) -> dict:
-    """A runner claims a 10-minute credential to answer one room wake: its role and, to review or revise, the draft.
-
-    Refused without harness 2 (``discussion.refused``), and once the turn no longer waits
-    on the agent. The same idempotency key replays the claim with a fresh credential
-    until the reply is posted. Writes ``discussion.claimed``.
-    """
-    if actor.credential_kind != "runner" and actor.project_scope != ROOMS_SCOPE:
-        raise Forbidden("only a runner device or a key for your owner's private rooms claims a discussion")
-    def run() -> dict:
-        with db.transaction():
-            where, params = by_message_id(message_id, "m")
-            message = db.one(f"SELECT m.*, p.kind FROM messages m JOIN projects p ON p.slug = m.project WHERE {where}",
-                             params)
-            room = message and db.one("SELECT * FROM rooms WHERE project = ?", (message["project"],))
-            if room is None or room["owner"] != actor.owner:
-                raise NotFound(f"message_id: no message '{message_id}' in your owner's private room")
-            slug = message["project"]
-            require_project(db, actor, slug)
-            check_not_paused(db, actor.owner)
-            if harness != DISCUSSION_HARNESS:
-                raise RecordedRefusal(f"harness: this runner speaks harness {harness or 1}; draft, review and revise "
-                                      f"turns need harness {DISCUSSION_HARNESS}: update prickle-runner",
-                                      "discussion.refused",
-                                      {"agent": actor.agent_id, "reason": "harness", "harness": harness}, chain=slug)
-            turn = _open_turn(db, slug)
-            if (turn is None or turn["waking_message"] != message_id
-                    or actor.agent_id not in json.loads(turn["waiting_on"])):
-                raise InvalidState("this turn no longer waits on your agent: it ended, was stopped, ran out of time "
-                                   "or the owner wrote again")
-            role = turn["step"]
-            discussion = db.one("SELECT * FROM discussions WHERE turn_id = ? AND agent_id = ? AND message_id = ? AND "
-                                "idempotency_key = ?", (turn["id"], actor.agent_id, message_id, idempotency_key))
-            device = db.scalar("SELECT device_id FROM credentials WHERE id = ?", (actor.credential_id,))
-            now = utcnow()
-            if discussion is None:
-                discussion = {"id": new_id("dsc"), "turn_id": turn["id"], "agent_id": actor.agent_id,
-                              "device_id": device, "role": role, "message_id": message_id,
-                              "idempotency_key": idempotency_key, "credential_id": None, "reply_id": None,
-                              "claimed_at": iso(now)}
-                db.execute(f"INSERT INTO discussions ({', '.join(discussion)}) VALUES "
-                           f"({', '.join('?' * len(discussion))})", tuple(discussion.values()))
-            elif discussion["reply_id"]:
-                raise InvalidState("this discussion already posted its reply")
-            else:
-                revoke_credentials(db, "id = ?", (discussion["credential_id"],), "claim_retried")
-            record, secret = mint_credential(db, "discussion", agent_id=actor.agent_id, project=slug,
-                                             ttl=DISCUSSION_TTL, device_id=device, allowed_tools=DISCUSSION_TOOLS,
-                                             discussion_id=discussion["id"], issued_by=actor.credential_id)
-            expires = record["expires_at"]
-            db.execute("UPDATE discussions SET credential_id = ? WHERE id = ?", (record["id"], discussion["id"]))
-            audit(db, slug, "discussion.claimed", {"agent": actor.agent_id, "device": device, "discussion":
-                                                   discussion["id"], "expires_at": expires})
-            reviewing = None
-            if role in ("review", "revise"):
-                draft = get_message(db, turn["draft_message"])
-                reviewing = {"message_id": draft["id"], "author": draft["author"]["agent_id"], "body": draft["body"]
-                             or "(empty)", "provenance": draft["provenance"] or "agent_generated",
-                             "provenance_status": draft.get("provenance_status") or "claimed"}
-            targets = json.loads(turn["waiting_on"])
-            return {"project": slug, "own_room": True, "replies_left": turn["replies_left"],
-                    "lead": role == "draft" and targets[:1] == [actor.agent_id], "role": role,
-                    "reviewing": reviewing,
-                    "discussion_credential": {"token": secret, "expires_at": expires,
-                                              "allowed_tools": list(DISCUSSION_TOOLS)}}
-    return _recording_refusals(db, run)
-
-
-def room_view(db: Database, person: Actor) -> dict:
-    """The person's private room: its slug, reply mode, lead agent and the turn in progress."""
-    with db.transaction():
-        slug = ensure_room(db, person.handle)
-    room = db.one("SELECT * FROM rooms WHERE project = ?", (slug,))
-    turn = _open_turn(db, slug)
-    return {"room": {"project": slug, "reply_mode": room["reply_mode"], "lead_agent": room["lead_agent"]},
-            "turn": None if turn is None else {
-                "id": turn["id"], "step": turn["step"], "waiting_on": json.loads(turn["waiting_on"]),
-                "replies_left": turn["replies_left"], "message_id": turn["message_id"],
-                "skipped": json.loads(turn["skipped"])}}
-
-
-def set_room(db: Database, person: Actor, reply_mode: str | None = None, lead: str | None = None,
-             default_agent: str | None = None) -> dict:
-    """The owner picks the room's reply mode and the agent a message naming nobody wakes first.
-
-    In a private room the lead and the default agent are one choice: ``lead`` records
-    ``room.lead_set``, ``default_agent`` records ``room.default_agent_set``.
-    """
-    if reply_mode is not None and reply_mode not in REPLY_MODES:
-        raise InvalidInput(f"reply_mode must be one of {', '.join(REPLY_MODES)}")
-    with db.transaction():
-        slug = ensure_room(db, person.handle)
-        for field, agent, entry in (("lead", lead, "room.lead_set"),
-                                    ("default_agent", default_agent, "room.default_agent_set")):
-            if agent is None:
-                continue
-            if agent not in [a["agent_id"] for a in _room_agents(db, slug)]:
-                raise NotFound(f"{field}: '{agent}' is not one of your agents")
-            db.execute("UPDATE rooms SET lead_agent = ? WHERE project = ?", (agent, slug))
-            audit(db, slug, entry, {"agent": agent})
-        if reply_mode is not None:
-            db.execute("UPDATE rooms SET reply_mode = ? WHERE project = ?", (reply_mode, slug))
-            audit(db, slug, "room.reply_mode_set", {"mode": reply_mode})
-    return room_view(db, person)
-
-
-def stop_turn(db: Database, person: Actor) -> dict:
-    """The owner stops the turn in their room: its discussion credentials end. Writes ``room.turn_stopped``."""
-    with db.transaction():
-        slug = ensure_room(db, person.handle)
-        turn = _open_turn(db, slug)
-        if turn is None:
-            raise InvalidState("no turn is in progress in your room")
-        ended = _end_turn(db, turn, "stopped")
-        wakes = db.execute("DELETE FROM wakes WHERE kind = 'room' AND delivered = 0 AND project = ? AND "
-                           "json_extract(detail, '$.turn') = ?", (slug, turn["id"]))
-        audit(db, slug, "room.turn_stopped", {"turn": turn["id"], "credentials": ended, "wakes": wakes})
-    return {"turn": turn["id"], "stopped": True, "credentials_ended": ended, "wakes_ended": wakes}
-
-
-def _turn_for_owner(db: Database, person: Actor) -> tuple[str, dict]:
-    slug = ensure_room(db, person.handle)
-    turn = _open_turn(db, slug)
-    if turn is None:
-        raise InvalidState("no turn is in progress in your room")
-    return slug, turn
-
-
-def _clear_turn_sessions(db: Database, slug: str, turn: dict, agents: list[str]) -> tuple[int, int]:
-    """End live discussion credentials and queued room wakes of ``agents`` in this turn: ``(sessions, wakes)``."""
-    marks = ", ".join("?" * len(agents))
-    sessions = revoke_credentials(db, f"discussion_id IN (SELECT id FROM discussions WHERE turn_id = ? AND "
-                                  f"reply_id IS NULL AND agent_id IN ({marks}))", (turn["id"], *agents), "turn_retried")
-    wakes = db.execute(f"DELETE FROM wakes WHERE kind = 'room' AND delivered = 0 AND project = ? AND "
-                       f"json_extract(detail, '$.turn') = ? AND agent_id IN ({marks})", (slug, turn["id"], *agents))
-    return sessions, wakes
-
-
-def retry_reviewer(db: Database, person: Actor, agent: str) -> dict:
-    """The owner wakes again an agent their room's turn skipped or is still waiting on, in the step it missed.
-
-    The wake rides on the waking message's ``message.posted`` event, sent again (live views
-    already holding the message keep one copy). Writes ``room.reviewer_retried``.
-    """
-    with db.transaction():
-        slug, turn = _turn_for_owner(db, person)
-        missed = json.loads(turn["skipped"]) + json.loads(turn["waiting_on"])
-        if agent not in missed:
-            raise InvalidInput(f"agent: this turn is not waiting on '{agent}'; it can retry "
-                               f"{', '.join(missed) or 'nobody'}")
-        sessions, wakes = _clear_turn_sessions(db, slug, turn, [agent])
-        skipped = [a for a in json.loads(turn["skipped"]) if a != agent]
-        waiting = sorted(set(json.loads(turn["waiting_on"])) | {agent})
-        db.execute("UPDATE turns SET skipped = ?, waiting_on = ? WHERE id = ? AND ended_at IS NULL",
-                   (json.dumps(skipped), json.dumps(waiting), turn["id"]))
-        audit(db, slug, "room.reviewer_retried", {
-            "turn": turn["id"], "agent": agent, "message": turn["waking_message"], "step": turn["step"],
-            "attempt": len(db.rows("SELECT 1 FROM audit WHERE chain = ? AND type = 'room.reviewer_retried' AND "
-                                   "json_extract(refs, '$.turn') = ? AND json_extract(refs, '$.agent') = ?",
-                                   (slug, turn["id"], agent))) + 1,
-            "sessions": sessions, "wakes": wakes})
-        append_event(db, slug, "message.posted", {"message": get_message(db, turn["waking_message"])},
-                     [_room_wake(turn["id"], agent, turn["waking_message"], turn["replies_left"],
-                                 turn["step"] == "draft" and agent == turn["drafter"])])
-    return room_view(db, person)
-
-
-def continue_turn(db: Database, person: Actor) -> dict:
-    """The owner goes on without the agents that didn't answer: the turn ends, their sessions and wakes with it.
-
-    Writes ``room.turn_continued``.
-    """
-    with db.transaction():
-        slug, turn = _turn_for_owner(db, person)
-        missing = json.loads(turn["skipped"]) + json.loads(turn["waiting_on"])
-        if not missing:
-            raise InvalidState("this turn waits on nobody: there is nothing to go on without")
-        sessions, wakes = _clear_turn_sessions(db, slug, turn, missing)
-        _end_turn(db, turn, "continued")
-        audit(db, slug, "room.turn_continued", {"turn": turn["id"], "agents": missing, "woken": 0,
-                                                "sessions": sessions, "wakes": wakes})
-    return room_view(db, person)
-
-
-# -- a project's default lead: who a message naming nobody wakes -------------------
-# A team owner picks an agent of the project; its owner agrees or declines (the pick is
-# 'proposed' until then); once agreed, a person's message in general chat that names nobody
-# wakes it, as a private room's lead is woken by its owner's message (default_lead, one home
-# for both); its owner can step down.
-
-#: What the owner of a picked agent may answer: agree, or decline it.
-LEAD_DECISIONS = ("agree", "decline")
-
-
-def default_lead(db: Database, project: str) -> str | None:
-    """The agent a message that names nobody wakes in ``project``, or None.
-
-    In a private room: the lead its owner set (``room.lead_set``), else its first agent. In a
-    team project: the default lead its owner agreed to (``room.lead_agreed``), while it is still
-    in the project with its owner a member.
-    """
-    room = db.one("SELECT lead_agent FROM rooms WHERE project = ?", (project,))
-    if room is not None:
-        ids = [a["agent_id"] for a in _room_agents(db, project)]
-        return room["lead_agent"] if room["lead_agent"] in ids else (ids[0] if ids else None)
-    lead = db.scalar("SELECT lead_agent FROM projects WHERE slug = ? AND lead_state = 'agreed'", (project,))
-    return lead if lead is not None and agent_in_project(db, project, lead) else None
-
-
-def lead_out(db: Database, project: str, viewer: str | None = None) -> dict | None:
-    """A team project's default lead as the page shows it: ``{agent_id, state, picked_by}``, or None.
-
-    With a ``viewer`` (a person's handle) it adds what they may do now: ``can_answer`` (they own
-    the picked agent and it waits for an answer) and ``can_step_down`` (they own the agreed lead).
-    """
-    row = db.one("SELECT lead_agent, lead_state, lead_picked_by FROM projects WHERE slug = ?", (project,))
-    if row is None or row["lead_agent"] is None:
-        return None
-    out = {"agent_id": row["lead_agent"], "state": row["lead_state"], "picked_by": row["lead_picked_by"]}
-    if viewer is not None:
-        mine = owner_of(row["lead_agent"]) == viewer
-        out |= {"can_answer": mine and row["lead_state"] == "proposed",
-                "can_step_down": mine and row["lead_state"] == "agreed"}
-    return out
-
-
-def may_pick_lead(db: Database, project: str, handle: str) -> bool:
-    """Whether ``handle`` may pick ``project``'s default lead now: an owner of its team, while
-    no lead has agreed and the project has an agent to pick."""
-    row = db.one("SELECT kind, team, lead_state FROM projects WHERE slug = ?", (project,))
-    return (row is not None and row["kind"] == "team" and _team_role(db, row["team"], handle) == "owner"
-            and row["lead_state"] != "agreed"
-            and db.one("SELECT 1 FROM project_agents WHERE project = ?", (project,)) is not None)
-
-
-def _lead_project(db: Database, project: str, by: str | Actor | None) -> tuple[dict, str | None]:
-    """The team project (row) and ``by`` as a handle (see _acting_member); a private room is Forbidden."""
-    by = _acting_member(db, project, by)
-    row = db.one("SELECT * FROM projects WHERE slug = ?", (check_slug(project, "project"),))
-    if row is None:
-        raise NotFound(f"no project '{project}'")
-    if row["kind"] == "private":
-        raise Forbidden(f"'{project}' is a private room: its owner sets its lead in the room's settings")
-    return row, by
-
-
-def pick_lead(db: Database, project: str, agent_id: str, by: str | Actor | None = None) -> dict:
-    """A team owner picks an agent of the project as its default lead; its owner then agrees or declines.
-
-    ``by`` (an owner of the project's team) is checked when given; without it, the command
-    line. A new pick replaces one not yet agreed; an agreed lead's owner steps down first.
-    Returns lead_out. Writes nothing to the audit log until the owner answers. Raises
-    InvalidInput, NotFound, Forbidden or Conflict.
-    """
-    check_agent_id(agent_id, "agent_id")
-    with db.transaction():
-        row, by = _lead_project(db, project, by)
-        if by is not None and _team_role(db, row["team"], by) != "owner":
-            raise Forbidden(f"only an owner of team '{row['team']}' picks the default lead of '{project}'")
-        if not agent_in_project(db, project, agent_id):
-            raise NotFound(f"agent_id: '{agent_id}' is not in '{project}': its owner adds it first")
-        if row["lead_state"] == "agreed" and row["lead_agent"] != agent_id:
-            raise Conflict(f"'{row['lead_agent']}' leads '{project}' now: its owner steps down first")
-        if row["lead_agent"] != agent_id:
-            db.execute("UPDATE projects SET lead_agent = ?, lead_state = 'proposed', lead_picked_by = ? "
-                       "WHERE slug = ?", (agent_id, by, project))
-        return lead_out(db, project)
-
-
-def answer_lead(db: Database, project: str, decision: str, by: str | Actor | None = None) -> dict:
-    """The picked agent's owner agrees to lead the project (``room.lead_agreed``) or declines
-    (``room.lead_declined``, reason ``declined``: the project has no default lead again).
-
-    ``by`` (the agent's owner) is checked when given; without it, the command line answers for
-    them (the entry's ``by`` is then None). Returns ``{"lead": lead_out}``. Raises InvalidInput,
-    NotFound, Forbidden or InvalidState.
-    """
-    check_decision(decision, *LEAD_DECISIONS)
-    with db.transaction():
-        row, by = _lead_project(db, project, by)
-        agent = row["lead_agent"]
-        if agent is None or row["lead_state"] != "proposed":
-            raise InvalidState(f"'{project}' has no default lead waiting for an answer")
-        if by is not None and owner_of(agent) != by:
-            raise Forbidden(f"only {owner_of(agent)}, who owns '{agent}', answers for it")
-        if decision == "agree":
-            db.execute("UPDATE projects SET lead_state = 'agreed' WHERE slug = ?", (project,))
-            audit(db, project, "room.lead_agreed", {"agent": agent, "by": by, "picked_by": row["lead_picked_by"]})
-        else:
-            _end_lead(db, project, agent, by, "declined")
-        return {"lead": lead_out(db, project)}
-
-
-def step_down_lead(db: Database, project: str, by: str | Actor | None = None) -> dict:
-    """The agreed lead's owner steps it down: the project has no default lead again.
-
-    Writes ``room.lead_declined`` (reason ``stepped_down``). ``by`` as for :func:`answer_lead`.
-    Returns ``{"lead": None}``. Raises NotFound, Forbidden or InvalidState.
-    """
-    with db.transaction():
-        row, by = _lead_project(db, project, by)
-        agent = row["lead_agent"]
-        if agent is None or row["lead_state"] != "agreed":
-            raise InvalidState(f"'{project}' has no default lead that agreed: there is nothing to step down from")
-        if by is not None and owner_of(agent) != by:
-            raise Forbidden(f"only {owner_of(agent)}, who owns '{agent}', steps it down")
-        _end_lead(db, project, agent, by, "stepped_down")
-        return {"lead": None}
-
-
-def _end_lead(db: Database, project: str, agent: str, by: str | None, reason: str) -> None:
-    db.execute("UPDATE projects SET lead_agent = NULL, lead_state = NULL, lead_picked_by = NULL WHERE slug = ?",
-               (project,))
-    audit(db, project, "room.lead_declined", {"agent": agent, "by": by, "reason": reason})
-
-
-# -- make-or-spend actions (Approve cards) ---------------------------------------
-
-#: The make-or-spend tools an agent may propose, and how long an undecided card waits.
-ACTION_TOOLS = ("image_gen",)
-ACTION_LIFETIME = _dt.timedelta(hours=24)
-ACTION_FAILURES = ("not_allowed_here", "expired", "unavailable", "stopped", "no_result", "error")
-
-
-def action_out(row: dict) -> dict:
-    """An action row as the reference's make_action card."""
-    return {"id": row["id"], "agent_id": row["agent_id"], "tool": row["tool"], "action": row["action"],
-            "inputs": json.loads(row["inputs"]), "cost_estimate": row["cost_estimate"], "status": row["status"],
-            "expires_at": row["expires_at"], "step_up": False, "decided_by": row["decided_by"],
-            "decided_at": row["decided_at"], "result_message_id": row["result_message_id"], "failure": row["failure"]}
-
-
-def _action_updated(db: Database, row: dict, wakes: list = ()) -> None:
-    append_event(db, row["project"], "action.updated", {"action": action_out(row)}, wakes)
-
-
-def _agent_room(db: Database, actor: Actor) -> str:
-    slug = db.scalar("SELECT project FROM rooms WHERE owner = ?", (actor.owner,))
-    if slug is None or actor.credential_kind != "runner":
-        raise Forbidden("only your agent's runner device proposes actions, in its owner's room")
-    return slug
-
-
-def propose_action(db: Database, actor: Actor, tool: str, action: str, prompt: str,
-                   cost_estimate: str | None = None) -> dict:
-    """An agent proposes a make-or-spend action in its owner's room: a message carrying the card.
-
-    Wakes no one; the owner approves or declines. Writes the card's ``message.posted`` (with its
-    audit entry), ``action.proposed`` (the tool and a hash of the inputs) and ``action.updated``.
-    """
-    if tool not in ACTION_TOOLS:
-        raise InvalidInput(f"tool must be one of {', '.join(ACTION_TOOLS)}")
-    check_text(action, "action", 200, 1)
-    check_text(prompt, "prompt", 1000, 1)
-    if cost_estimate is not None:
-        check_text(cost_estimate, "cost_estimate", 120, 1)
-    with db.transaction():
-        slug = _agent_room(db, actor)
-        now = utcnow()
-        row = {"id": new_id("act"), "project": slug, "agent_id": actor.agent_id, "owner": actor.owner, "tool": tool,
-               "action": action, "inputs": json.dumps({"prompt": prompt}), "cost_estimate": cost_estimate,
-               "status": "proposed", "expires_at": iso(now + ACTION_LIFETIME), "decided_by": None, "decided_at": None,
-               "message_id": new_message_id(db), "result_message_id": None, "failure": None, "approval_audit_id": None,
-               "created_at": iso(now)}
-        db.execute(f"INSERT INTO actions ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
-                   tuple(row.values()))
-        write_message(db, actor, slug, f"Proposed: {action}", message_id=row["message_id"], at=row["created_at"],
-                      make_action=action_out(row))
-        audit(db, slug, "action.proposed", {"message": row["message_id"], "action": row["id"], "tool": tool,
-                                            "inputs_sha256": sha256_hex(row["inputs"])})
-        _action_updated(db, row)
-    return action_out(row)
-
-
-def decide_action(db: Database, person: Actor, action_id: str, decision: str) -> dict:
-    """The owner approves or declines a card; only an approval wakes the agent's runner (``action``)."""
-    check_decision(decision, "approve", "decline")
-    expire_actions(db)
-    with db.transaction():
-        row = _owned_row(db, "actions", action_id, person.handle, f"no action '{action_id}' for you to decide")
-        now = utcnow()
-        if row["status"] != "proposed":
-            raise InvalidState(f"action '{action_id}' is {row['status']}, not waiting for a decision")
-        status = move(db, "action", action_id, decision, row, decided_by=person.handle, decided_at=iso(now))
-        if status == "approved":
-            entry = audit(db, row["project"], "action.approved", {
-                "action": action_id, "tool": row["tool"], "exact_action": row["action"],
-                "prompt": json.loads(row["inputs"])["prompt"], "inputs_sha256": sha256_hex(row["inputs"]),
-                "cost_estimate": row["cost_estimate"], "step_up": False, "lapses_at": row["expires_at"]})
-            db.execute("UPDATE actions SET approval_audit_id = ? WHERE id = ?",
-                       (f"{row['project']}-{entry['n']}", action_id))
-            wakes = [(row["agent_id"], "action", None, None, {"action_id": action_id, "tool": row["tool"]})]
-        else:
-            audit(db, row["project"], "action.declined", {"action": action_id, "tool": row["tool"]})
-            wakes = []
-        row = db.one("SELECT * FROM actions WHERE id = ?", (action_id,))
-        _action_updated(db, row, wakes)
-    return action_out(row)
-
-
-def pending_actions(db: Database, owner: str) -> list[dict]:
-    """The Approve cards waiting for ``owner``'s decision (lapsed ones expire first), oldest first.
-
-    Each is an Action with its ``project``, ``message_id`` (the card) and ``created_at``.
-    """
-    expire_actions(db)
-    rows = db.rows("SELECT * FROM actions WHERE owner = ? AND status = 'proposed' ORDER BY created_at", (owner,))
-    return [action_out(r) | {"project": r["project"], "message_id": r["message_id"], "created_at": r["created_at"]}
-            for r in rows]
-
-
-def expire_actions(db: Database) -> None:
-    """Cards nobody decided in time expire (``action.updated``)."""
-    with db.transaction():
-        for row in db.rows("SELECT * FROM actions WHERE status = 'proposed' AND expires_at <= ?", (iso(utcnow()),)):
-            move(db, "action", row["id"], "expire", row, failure="expired")
-            _action_updated(db, db.one("SELECT * FROM actions WHERE id = ?", (row["id"],)))
-
-
-def claim_action(db: Database, actor: Actor, action_id: str) -> dict:
-    """The proposing agent's runner uses the approval, once, before it runs anything. Writes ``action.claimed``."""
-    if actor.credential_kind != "runner":
-        raise Forbidden("only the proposing agent's runner device claims an approved action")
-    with db.transaction():
-        check_not_paused(db, actor.owner)
-        row = db.one("SELECT * FROM actions WHERE id = ? AND agent_id = ?", (action_id, actor.agent_id))
-        if row is None:
-            raise NotFound(f"no action '{action_id}' of your agent's")
-        if row["status"] == "approved" and parse_iso(row["expires_at"]) <= utcnow():
-            raise InvalidState(f"action '{action_id}' was approved, but the approval lapsed at {row['expires_at']}")
-        if row["status"] != "approved":
-            raise InvalidState(f"action '{action_id}' is {row['status']}: only an approved card is claimed, once")
-        move(db, "action", action_id, "claim", row)
-        audit(db, row["project"], "action.claimed", {"action": action_id, "tool": row["tool"],
-                                                     "inputs_sha256": sha256_hex(row["inputs"])})
-        row = db.one("SELECT * FROM actions WHERE id = ?", (action_id,))
-        _action_updated(db, row)
-    return action_out(row)
-
-
-def finish_action(db: Database, actor: Actor, action_id: str, body: str | None = None,
-                  failure: str | None = None) -> dict:
-    """The runner posts the running action's result (a message) or a fixed failure.
-
-    Writes ``action.finished``, and for a result its ``message.posted`` with the audit entry.
-    """
-    if actor.credential_kind != "runner":
-        raise Forbidden("only the proposing agent's runner device finishes an action it claimed")
-    if (body is None) == (failure is None):
-        raise InvalidInput("send the result's body or a failure, one of the two")
-    if failure is not None and failure not in ACTION_FAILURES:
-        raise InvalidInput(f"failure must be one of {', '.join(ACTION_FAILURES)}")
-    with db.transaction():
-        row = db.one("SELECT * FROM actions WHERE id = ? AND agent_id = ?", (action_id, actor.agent_id))
-        if row is None:
-            raise NotFound(f"no action '{action_id}' of your agent's")
-        if row["status"] != "running":
-            raise InvalidState(f"action '{action_id}' is {row['status']}: claim it first")
-        message_id = None
-        if body is not None:
-            check_text(body, "body", BODY_MAX, 1)
-            made_by = {"action_id": action_id, "approval_audit_id": row["approval_audit_id"]}
-            message_id = write_message(db, actor, row["project"], body, made_by_action=made_by)["id"]
-        move(db, "action", action_id, "finish" if body is not None else "fail", row, result_message_id=message_id,
-             failure=failure)
-        audit(db, row["project"], "action.finished", {"action": action_id, "message": message_id, "failure": failure})
-        row = db.one("SELECT * FROM actions WHERE id = ?", (action_id,))
-        _action_updated(db, row)
-    return action_out(row)
-
-
-# -- the inbox: what waits on a person, and what they have read ------------------------
+###############################################################################
+# 32. The inbox and the digest
+###############################################################################
 # One home for "what waits on me": inbox() lists, across a person's projects, everything that
 # needs them, each item saying what it is, where (project, task thread), since when and what
 # its inline action needs. The inbox screen, the home page's "Waiting for your decision", the
@@ -7991,6 +8228,7 @@ INBOX_KINDS: dict[str, str] = {
     "mention": "open",             # a message that mentions them, in a thread they have not read past it
     "returned": "reassign",        # a task they asked for came back (its agent left, or was handed back)
 }
+
 #: At most this many unread mentions are listed (the newest); the rest wait until these are read.
 INBOX_MENTIONS_MAX = 200
 
@@ -8012,7 +8250,7 @@ def _final_acceptance_items(db: Database, person: Actor, names: dict[str, str]) 
     for task in db.rows("SELECT t.* FROM tasks t JOIN members m ON m.project = t.project AND m.handle = ? WHERE "
                         "(t.state = 'approval' AND t.verified_at IS NOT NULL) OR "
                         "(t.state = 'verifying' AND t.requester IS NULL)", (person.handle,)):
-        if _requesting_person(task) != person.handle:
+        if requesting_person(task) != person.handle:
             continue
         sub = latest_submission(db, task["id"])
         report = json.loads(sub["evidence_report"])
@@ -8036,7 +8274,7 @@ def _question_items(db: Database, person: Actor, names: dict[str, str]) -> list[
             "WHERE t.state = 'waiting' AND c.needs_answer AND NOT EXISTS (SELECT 1 FROM messages x WHERE "
             "x.project = t.project AND x.task_id = t.id AND x.author_kind = 'person' AND x.author = :me AND "
             "x.created_at >= c.created_at)", {"me": person.handle}):
-        if _requesting_person(task) != person.handle:
+        if requesting_person(task) != person.handle:
             continue
         asked = json.loads(task.pop("asked"))
         items.append(_inbox_item("question", task["id"], names, task["project"], task.pop("asked_at"),
@@ -8051,7 +8289,7 @@ def _returned_items(db: Database, person: Actor, names: dict[str, str]) -> list[
                         task["id"], task=task_out(db, task))
             for task in db.rows("SELECT t.* FROM tasks t JOIN members m ON m.project = t.project AND m.handle = ? "
                                 "WHERE t.state = 'returned'", (person.handle,))
-            if _requesting_person(task) == person.handle]
+            if requesting_person(task) == person.handle]
 
 
 def _mention_items(db: Database, person: Actor, names: dict[str, str]) -> list[dict]:
@@ -8065,11 +8303,11 @@ def _mention_items(db: Database, person: Actor, names: dict[str, str]) -> list[d
         return []
     titles: dict[str, str] = {}
     items = []
-    for row in db.rows(_MESSAGE_SELECT + f"WHERE m.seq IN ({', '.join('?' * len(seqs))})", tuple(seqs)):
-        message = message_out(_with_card(db, row))
+    for row in db.rows(MESSAGE_SELECT + f"WHERE m.seq IN ({', '.join('?' * len(seqs))})", tuple(seqs)):
+        message = message_out(with_card(db, row))
         task_id = message["task_id"]
         if task_id is not None and task_id not in titles:
-            titles[task_id] = _task_title(_task_row(db, task_id))
+            titles[task_id] = _task_title(task_row(db, task_id))
         items.append(_inbox_item("mention", message["id"], names, message["project"], message["created_at"],
                                  titles.get(task_id), task_id, message["id"], message=message))
     return items
@@ -8106,8 +8344,10 @@ def inbox(db: Database, person: Actor) -> dict:
 
 #: The longest wait a person may set for the email digest: a week, in minutes.
 DIGEST_MINUTES_MAX = 7 * 24 * 60
+
 #: How much of an item's words (its title, or the message) the email digest quotes.
 DIGEST_WORDS_MAX = 140
+
 #: What each kind of inbox item is called in the email digest.
 DIGEST_LABELS: dict[str, str] = {
     "step": "A step your agent's run asks to take", "action": "A make-or-spend card to approve",
@@ -8130,7 +8370,7 @@ def set_digest(db: Database, handle: str, minutes: Any) -> dict:
         raise InvalidInput(f"minutes must be a whole number from 1 to {DIGEST_MINUTES_MAX}, or null to turn the "
                            "digest off")
     with db.transaction():
-        _require_person(db, handle)
+        require_person(db, handle)
         db.execute("UPDATE people SET digest_minutes = ? WHERE handle = ?", (minutes, handle))
         email_address = db.scalar("SELECT email FROM people WHERE handle = ?", (handle,))
     return {"handle": handle, "digest_minutes": minutes, "email": email_address}
@@ -8235,15 +8475,218 @@ def unread_counts(db: Database, person: Actor) -> dict:
 
 
 ###############################################################################
-# MCP tools ###################################################################
+# 33. Waiting: how a wake reaches an agent
 ###############################################################################
-# Thin wrappers: check the input against the published schema, call the operation,
-# return its result as structuredContent (and as JSON text for older clients).
+# An operation names whom its event wakes (agent, kind, task, message) and append_event writes
+# one wake row for each, inside the operation's transaction. After the commit the Database
+# tells its listeners, and WakeHub.committed resolves the futures of the agents named; rows
+# another process wrote (the CLI) are found by WakeHub.watch_other_writers, which the
+# background loop runs. A wait (wait_for_wakes) registers its future, reads pending_wakes
+# after its cursor, and sleeps until it is woken, its deadline passes or its credential is due
+# a check; what it hands out is marked delivered, and check_inbox lists the rest.
 
-#: Protocol versions without sessions (each POST stands alone).
-MODERN_VERSIONS = frozenset(MODERN_PROTOCOL_VERSIONS)
-#: wait_for_updates holds a call at most this long without a progressToken (seconds).
-WAIT_PLAIN_MAX = 50
+#: Which wake kinds each waiting tool reads, in order of precedence for one event. A
+#: ``task`` wake is a task handed (or handed back) to the agent; ``task_update`` is a
+#: change to a task it requested, which wait_for_updates reports as ``task`` too.
+WAKE_KINDS = {
+    "wait_for_mention": ("mention", "task", "room", "action"),
+    "wait_for_updates": ("mention", "task", "task_update", "result", "decision", "reply"),
+}
+
+#: How wait_for_updates names each wake kind.
+UPDATE_KIND_OF = {"task_update": "task"}
+
+
+# Missed mentions, the reading "a mention of an agent that arrived while it was not waiting is
+# still its to hear": a wait first hands out, oldest first and at once, the caller's mentions
+# (within its project filter and key) up to its start position that no wait has handed out yet,
+# keeping the cursor where it was; only then what comes after. check_inbox's fixed output has no
+# room for messages, so the next wait_for_mention or wait_for_updates is where a missed mention is told.
+def wake_cursor(db: Database, scope: str, position: int) -> str:
+    """A wait cursor at outbox ``position`` for ``scope`` (agent, tool and project filter)."""
+    return encode_cursor(db, f"wake|{scope}", position)
+
+
+def start_position(db: Database, scope: str, cursor: str | None) -> int | None:
+    """Where a wait continues: after the cursor's position, or now without one.
+
+    None means resync: the cursor is malformed, another agent's, ahead of the outbox
+    (another database), older than what pruning kept or than CURSOR_WINDOW.
+    """
+    head = outbox_head(db)
+    if cursor is None:
+        return head
+    position = decode_cursor(db, f"wake|{scope}", cursor)
+    if position is None or cursor_gap(db, position) or head - position > CURSOR_WINDOW:
+        return None
+    return position
+
+
+def pending_wakes(db: Database, actor: Actor, after: int, kinds: tuple[str, ...],
+                  project: str | None, *, missed: bool = False) -> tuple[list[dict], int]:
+    """Wakes for ``actor`` after outbox ``after``: one per event, the first of ``kinds`` it counts as.
+
+    Returns ``(wakes, position)``: at most WAKE_BATCH wakes, each ``{seq, kind, project, at,
+    task_id, message_id}``, and the position a cursor should hold afterwards. A wake about a
+    task the agent may not see now (its approval lapsed and the gate holds it again) is
+    not handed out. With ``missed``, instead the mentions up to ``after`` that no wait has
+    handed out yet (missed mentions), and the position stays ``after``.
+    """
+    with db.snapshot():
+        head = outbox_head(db)
+        if missed:
+            if "mention" not in kinds:
+                return [], after
+            kinds, head = ("mention",), after
+            after_sql = "w.kind = 'mention' AND w.delivered = 0"  # the partial index wakes_unheard
+        else:
+            after_sql = "w.seq > ?"
+        sql = ("SELECT w.seq, w.kind, w.project, w.task_id, w.message_id, w.detail, o.at FROM wakes w JOIN outbox o "
+               "USING (seq) WHERE w.agent_id = ? AND %s AND w.seq <= ? AND w.kind IN (%s)"
+               % (after_sql, ",".join("?" * len(kinds))))
+        params: tuple = (actor.agent_id,) + (() if missed else (after,)) + (head,) + tuple(kinds)
+        if project is not None:
+            sql += " AND w.project = ?"
+            params += (project,)
+        if actor.project_scope == ROOMS_SCOPE:
+            sql += " AND w.project IN (SELECT slug FROM projects WHERE kind = 'private')"
+        elif actor.credential_kind not in ("runner", "discussion"):
+            sql += " AND w.project IN (SELECT slug FROM projects WHERE kind = 'team')"
+        by_seq: dict[int, dict] = {}
+        seen: dict[str, bool] = {}
+        for r in db.rows(sql + " ORDER BY w.seq", params):
+            if r["task_id"] is not None:
+                if r["task_id"] not in seen:
+                    task = task_row(db, r["task_id"])
+                    seen[r["task_id"]] = task is not None and thread_visible(db, actor, task)
+                if not seen[r["task_id"]]:
+                    continue
+            best = by_seq.get(r["seq"])
+            if best is None or kinds.index(r["kind"]) < kinds.index(best["kind"]):
+                by_seq[r["seq"]] = r
+        wakes = [by_seq[s] for s in sorted(by_seq)]
+        if len(wakes) > WAKE_BATCH:
+            wakes = wakes[:WAKE_BATCH]
+            head = wakes[-1]["seq"]
+    return wakes, head
+
+
+def wake_event(db: Database, wake: dict) -> dict:
+    """A wait_for_mention event for one wake: the message of a mention, or the task handed over."""
+    if wake["kind"] == "mention":
+        return {"kind": "mention", "message": get_message(db, wake["message_id"])}
+    if wake["kind"] == "action":
+        detail = json.loads(wake["detail"])
+        return {"kind": "action", "action_id": detail["action_id"], "project": wake["project"], "tool": detail["tool"]}
+    if wake["kind"] == "room":
+        detail = json.loads(wake["detail"])
+        return {"kind": "room", "message": get_message(db, wake["message_id"]),
+                "replies_left": detail["replies_left"], "lead": detail["lead"]}
+    return {"kind": "task", "task": task_out(db, wake["task_id"])}
+
+
+def note_delivered(db: Database, agent_id: str, wakes: list[dict]) -> None:
+    """Mark the wakes a wait handed out (check_inbox's pending_wakes_only lists the others)."""
+    with db.transaction():
+        for w in wakes:
+            db.execute("UPDATE wakes SET delivered = 1 WHERE agent_id = ? AND seq = ?", (agent_id, w["seq"]))
+
+
+def update_pointer(wake: dict) -> dict:
+    """A wait_for_updates pointer: kind, project, at and the task and message it is about."""
+    out = {"kind": UPDATE_KIND_OF.get(wake["kind"], wake["kind"]), "project": wake["project"], "at": wake["at"]}
+    if wake["task_id"]:
+        out["task_id"] = wake["task_id"]
+    if wake["message_id"]:
+        out["message_id"] = wake["message_id"]
+    return out
+
+
+#: A waiting call re-checks that its credential is still live at least this often (seconds); a
+#: revocation wakes every wait at once, so this only bounds a credential that simply expired.
+LIVE_CHECK_EVERY = 10.0
+
+#: A progress notification goes out this often while wait_for_updates holds a call.
+PROGRESS_EVERY = 20
+
+
+def _agent_projects(db: Database, agent_id: str) -> set[str]:
+    return {r["project"] for r in db.rows("SELECT project FROM project_agents WHERE agent_id = ?", (agent_id,))}
+
+
+def _check_still_in(db: Database, actor: Actor, project: str | None, reach: set[str]) -> None:
+    """NotFound once a waiting agent was taken out of the project it waits on, or (waiting on every
+    project) out of any project it was in when the wait began: the wait ends and says so."""
+    if project is not None:
+        require_project(db, actor, project)
+        return
+    lost = reach - _agent_projects(db, actor.agent_id)
+    if lost:
+        raise NotFound(f"agent '{actor.agent_id}' was taken out of project '{min(lost)}': wait again to hear "
+                       "from the projects it is still in")
+
+
+async def wait_for_wakes(db: Database, hub: WakeHub, actor: Actor, args: dict, tool: str, kinds: tuple[str, ...],
+                         timeout: float, tick: Callable[[float], Any] | None = None) -> tuple[str, list[dict], str]:
+    """Hold a wait_for_* call until a wake for the caller commits or ``timeout`` seconds pass.
+
+    ``args`` are the tool's checked arguments (``project``, ``cursor``); ``tick(elapsed_seconds)``
+    is awaited every PROGRESS_EVERY seconds. Returns ``(status, wakes, cursor)`` with status
+    events/timeout/resync. A cursor is good only for the tool and project filter that issued
+    it; any other is a resync. Mentions no wait has handed out yet come first, at once (see
+    pending_wakes). A credential revoked meanwhile ends the wait with Unauthorized and no data; the
+    agent taken out of a project the wait covers ends it with NotFound (see _check_still_in).
+    """
+    project = args.get("project")
+    if project is not None:
+        require_project(db, actor, project)
+    elif actor.project_scope not in (None, ROOMS_SCOPE):
+        project = actor.project_scope
+    agent = actor.agent_id
+    scope = f"{agent}|{tool}|{project or '*'}"
+    after = start_position(db, scope, args.get("cursor"))
+    if after is None:
+        return "resync", [], wake_cursor(db, scope, outbox_head(db))
+    reach = _agent_projects(db, agent)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    deadline = started + timeout
+    next_tick = started + PROGRESS_EVERY
+    first = True
+    while True:
+        with hub.waiting(hub.agent_waiters, agent) as fut:
+            check_live(db, actor)
+            _check_still_in(db, actor, project, reach)
+            if first:
+                first = False
+                missed, _ = pending_wakes(db, actor, after, kinds, project, missed=True)
+                if missed:
+                    note_delivered(db, agent, missed)
+                    return "events", missed, wake_cursor(db, scope, after)
+            wakes, position = pending_wakes(db, actor, after, kinds, project)
+            if wakes:
+                note_delivered(db, agent, wakes)
+                return "events", wakes, wake_cursor(db, scope, position)
+            after = position
+            now = loop.time()
+            if now >= deadline:
+                return "timeout", [], wake_cursor(db, scope, position)
+            until = min(deadline, next_tick if tick else deadline, now + LIVE_CHECK_EVERY)
+            try:
+                await asyncio.wait_for(fut, until - now)
+            except TimeoutError:
+                pass
+        if tick and loop.time() >= next_tick:
+            next_tick += PROGRESS_EVERY
+            await tick(loop.time() - started)
+
+
+###############################################################################
+# 34. Web: requests and errors
+###############################################################################
+# What every HTTP request goes through: the Host and Origin guard, the access log, who the
+# request is from (a session cookie, a personal token or a runner key), reading a JSON body,
+# and an error's answer.
 
 
 @dataclasses.dataclass
@@ -8256,6 +8699,269 @@ class AppState:
     port: int
     #: The background work (None until create_app sets it up).
     maintenance: Maintenance | None = None
+
+
+#: The browser session cookie's name.
+SESSION_COOKIE = "prickle_session"
+
+#: The live event stream sends a keep-alive comment after this many quiet seconds.
+KEEP_ALIVE_EVERY = 15
+
+# Beside the module in a checkout; under the installation's share/ when installed as a package.
+STATIC_DIR = next((d for d in (os.path.join(os.path.dirname(os.path.abspath(__file__)), "static"),
+                               os.path.join(sys.prefix, "share", "prickle", "static")) if os.path.isdir(d)),
+                  os.path.join(os.path.dirname(os.path.abspath(__file__)), "static"))
+
+
+#: JSON-RPC error code (the range JSON-RPC leaves to servers) of a request /mcp refuses before the MCP
+#: layer reads it: no key or a bad one, a refused Host or Origin. ``error.data.code`` names Prickle's reason.
+MCP_REFUSED = -32010
+
+
+def error_response(e: PrickleError, jsonrpc: bool = False) -> JSONResponse:
+    """The JSON error answer: ``{"error": {"code", "message"}}``, or on /mcp a JSON-RPC error object.
+
+    On /mcp the body is ``{"jsonrpc": "2.0", "id": null, "error": {"code": int, "message", "data":
+    {"code"}}}`` so MCP client libraries show the message instead of a generic HTTP failure.
+    """
+    headers = {"WWW-Authenticate": 'Bearer realm="prickle"'} if e.http_status == 401 else None
+    if jsonrpc:
+        code = mcp_types.INVALID_REQUEST if isinstance(e, InvalidInput) else MCP_REFUSED
+        return JSONResponse({"jsonrpc": "2.0", "id": None,
+                             "error": {"code": code, "message": e.message, "data": {"code": e.code}}},
+                            status_code=e.http_status, headers=headers)
+    return JSONResponse({"error": {"code": e.code, "message": e.message}}, status_code=e.http_status,
+                        headers=headers)
+
+
+def whole_number(text: str | None, max_digits: int = 18) -> int | None:
+    """``text`` as a non-negative whole number if it is 1 to ``max_digits`` ASCII digits, else None.
+
+    (``str.isdigit`` also takes digits ``int`` cannot read, like '²'.)
+    """
+    return int(text) if text and len(text) <= max_digits and text.isascii() and text.isdigit() else None
+
+
+class AccessLogMiddleware:
+    """Log each HTTP request once it is answered: method, path (never the query), status, milliseconds.
+
+    Tokens travel in headers or the query string (a sign-in link), so neither is logged, nor a
+    cookie or a body.
+    """
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not ACCESS_LOG.isEnabledFor(logging.INFO):
+            await self.app(scope, receive, send)
+            return
+        started, status = time.monotonic(), 0
+
+        async def sending(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            ACCESS_LOG.info("%s %s %s %.0fms", scope["method"], urllib.parse.quote(scope["path"], safe="/:@-._~"),
+                            status or "-", (time.monotonic() - started) * 1000)
+
+
+class GuardMiddleware:
+    """DNS-rebinding protection (Host and Origin) and the body size limit, for every route.
+
+    The SDK's checks decide; refusals are answered as JSON errors like every other one.
+    """
+
+    def __init__(self, app: Any, settings: Settings, port: int):
+        # The SDK's limiter also stops a body sent without Content-Length once it grows too big
+        # (/mcp has the same limiter inside the SDK's transport already).
+        self.inner = app
+        self.app = RequestBodyLimitMiddleware(app, settings.max_body_bytes)
+        self.max_body = settings.max_body_bytes
+        self.security = TransportSecurityMiddleware(TransportSecuritySettings(
+            enable_dns_rebinding_protection=settings.dns_rebinding_protection,
+            allowed_hosts=settings.host_allowlist(port), allowed_origins=settings.origin_allowlist(port)))
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = {k: v for k, v in scope["headers"] if k in (b"host", b"origin", b"content-length")}
+            refusal = None
+            if self.security.settings.enable_dns_rebinding_protection:
+                host, origin = headers.get(b"host"), headers.get(b"origin")
+                if not self.security._validate_host(host.decode("latin-1") if host else None):
+                    refusal = 421
+                elif origin is not None and not self.security._validate_origin(origin.decode("latin-1")):
+                    refusal = 403
+            if refusal is not None:
+                what = "Host" if refusal == 421 else "Origin"
+                error = Forbidden(f"this server does not answer requests with this {what} header; use its public "
+                                  "address (settings: public_url, allowed_hosts, allowed_origins)")
+                error.http_status = refusal
+                await error_response(error, scope["path"] == "/mcp")(scope, receive, send)
+                return
+            length = whole_number(headers.get(b"content-length", b"").decode("latin-1"), 30)
+            if length is not None and length > self.max_body:
+                error = InvalidInput(f"the request body is {length} bytes; the limit is {self.max_body}")
+                error.http_status = 413
+                await error_response(error, scope["path"] == "/mcp")(scope, receive, send)
+                return
+            if scope["path"] == "/mcp":
+                await self.inner(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def person_from_request(state: AppState, request: Request) -> Actor:
+    """The person behind a request: a personal token, or a session cookie with a same-origin write.
+
+    Raises Unauthorized, or Forbidden for a cross-site write carried by the cookie alone.
+    """
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        actor = resolve_token(state.db, auth[7:].strip(), ("person",))
+        note_seen(state.db, None, actor.credential_id)  # the keys page's "last used"
+        return actor
+    cookie = request.cookies.get(SESSION_COOKIE, "")
+    if not cookie:
+        raise Unauthorized("sign in first: open the sign-in link 'prickle init' printed, or send "
+                           "'Authorization: Bearer <personal token>'")
+    actor = resolve_token(state.db, cookie, ("session",))
+    if request.method not in ("GET", "HEAD", "OPTIONS"):
+        origin = request.headers.get("origin")
+        fetch_site = request.headers.get("sec-fetch-site")
+        if origin is None and fetch_site != "same-origin":
+            raise Forbidden("a write with a session cookie must come from this site's own page (no Origin header)")
+        if origin is not None and origin not in state.settings.origin_allowlist(state.port):
+            raise Forbidden(f"a write with a session cookie must come from this site's own page, not {origin}")
+    return actor
+
+
+def runner_from_request(state: AppState, request: Request) -> Actor:
+    """The agent behind a runner's HTTP call: its runner key or a discussion credential."""
+    auth = request.headers.get("authorization", "")
+    return resolve_token(state.db, auth[7:].strip() if auth.lower().startswith("bearer ") else "",
+                         ("runner", "discussion"))
+
+
+def _number_or_marker(text: str) -> Any:
+    # json reads any digits; past the safe range the value is refused anyway, so a long run of
+    # digits (which Python would refuse to read past 4300) is not turned into a number at all.
+    return int(text) if len(text) <= 20 else math.inf
+
+
+def parse_json_body(raw: bytes) -> dict:
+    """An /api request body: UTF-8 JSON text of one object (empty means ``{}``), through :func:`clean_json`.
+
+    Raises InvalidInput for text that is not UTF-8 or not JSON, JSON that is not an object,
+    and the values clean_json refuses (naming the field).
+    """
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw.decode("utf-8"), parse_int=_number_or_marker, parse_constant=lambda c: math.inf)
+    except UnicodeDecodeError as e:
+        raise InvalidInput(f"the request body is not UTF-8 text (byte {e.start}); send JSON in UTF-8") from None
+    except json.JSONDecodeError as e:
+        raise InvalidInput(f"the request body is not JSON ({e.msg} at line {e.lineno} column {e.colno}); "
+                           "send a JSON object") from None
+    except RecursionError:
+        raise InvalidInput(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep; "
+                           "send a flatter object") from None
+    if not isinstance(body, dict):
+        raise InvalidInput("the request body must be one JSON object")
+    return clean_json(body)
+
+
+def body_field(body: dict, name: str, kind: type, required: bool = True) -> Any:
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise InvalidInput(f"{name} is required")
+        return None
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise InvalidInput(f"{name} must be {'text' if kind is str else kind.__name__}")
+    return value
+
+
+def int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    value = whole_number(raw)
+    if value is None or not (low <= value <= high):
+        raise InvalidInput(f"{name} must be a whole number from {low} to {high}")
+    return value
+
+
+async def page(request: Request) -> Response:
+    """GET /: the people's web page."""
+    return FileResponse(os.path.join(STATIC_DIR, "index.html"))
+
+
+async def health(request: Request) -> Response:
+    """GET /healthz: the server is up and its database answers.
+
+    ``{"ok", "version", "outbox_head", "degraded"}``: ``degraded`` lists the background pieces
+    failing now (see :meth:`Maintenance.degraded`), empty when all is well.
+    """
+    state: AppState = request.app.state.prickle
+    return JSONResponse({"ok": True, "version": __version__, "outbox_head": outbox_head(state.db),
+                         "degraded": state.maintenance.degraded() if state.maintenance else []})
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """404 and 405 as JSON errors, like every other refusal."""
+    status = getattr(exc, "status_code", 500)
+    error = NotFound(f"nothing at {request.url.path}") if status == 404 else PrickleError(
+        f"{request.method} is not allowed on {request.url.path}", "method_not_allowed")
+    error.http_status = status
+    return error_response(error)
+
+
+def public_base(db: Database, settings: Settings, port: int | None = None) -> str:
+    """The address for links: the configured public_url, else where the server last listened, else the default."""
+    if settings.public_url or port is not None:
+        return settings.base_url(port)
+    return db.scalar("SELECT value FROM meta WHERE key = 'base_url'") or settings.base_url()
+
+
+def connect_lines(base_url: str, agent_id: str, token: str) -> dict:
+    """Copy-paste set-up for Claude Code and Codex: ``{"url", "claude_code", "codex", "codex_config", "codex_env"}``.
+
+    Codex takes two things of different kinds: ``codex_config`` is TOML for its config file,
+    ``codex_env`` the shell line that puts the key in the environment it starts from;
+    ``codex`` is both in one text, as before.
+    """
+    url = f"{base_url}/mcp"
+    config = f'# ~/.codex/config.toml\n[mcp_servers.prickle]\nurl = "{url}"\nbearer_token_env_var = "PRICKLE_TOKEN"'
+    env = f"export PRICKLE_TOKEN={token}"
+    return {
+        "url": url,
+        "claude_code": f'claude mcp add --transport http prickle {url} --header "Authorization: Bearer {token}"',
+        "codex": f"{config}\n# then, in the shell that starts codex:\n{env}",
+        "codex_config": config,
+        "codex_env": env,
+    }
+
+
+###############################################################################
+# 35. MCP
+###############################################################################
+
+# Thin wrappers: check the input against the published schema, call the operation,
+# return its result as structuredContent (and as JSON text for older clients).
+
+
+#: Protocol versions without sessions (each POST stands alone).
+MODERN_VERSIONS = frozenset(MODERN_PROTOCOL_VERSIONS)
+
+#: wait_for_updates holds a call at most this long without a progressToken (seconds).
+WAIT_PLAIN_MAX = 50
 
 
 @dataclasses.dataclass(frozen=True)
@@ -8570,7 +9276,7 @@ def build_mcp_server(state: AppState) -> _MCPServer:
                     e = revoked
             return _tool_error(e)
         except Exception:  # never let a traceback (or a secret in one) reach the client
-            _log_exception(f"tool {tool.name}")
+            log_exception(f"tool {tool.name}")
             return _tool_error(PrickleError("the server failed on this call; nothing was changed. Try again, "
                                             "and tell the server's operator if it keeps failing"))
         finally:
@@ -8584,141 +9290,11 @@ def build_mcp_server(state: AppState) -> _MCPServer:
         instructions="Prickle is your team's meeting place. Start with get_project_context, talk with "
                      "post_message, and sleep in wait_for_mention or wait_for_updates until you are needed.",
         on_list_tools=list_tools, on_call_tool=call_tool,
-        get_tool_input_schema=_HEADER_SCHEMAS.get,
+        get_tool_input_schema=HEADER_SCHEMAS.get,
     )
 
 
-def _log_exception(where: str) -> None:
-    import traceback
-    left_out = REPEATS.admit(("prickle", where, type(sys.exc_info()[1]).__name__))
-    if left_out is None:  # the same failure again within the minute: counted, not written
-        return
-    more = f" ({left_out} more like it were left out)" if left_out else ""
-    print(f"prickle: error in {where}{more}:\n{traceback.format_exc()}", file=sys.stderr)
-
-
-###############################################################################
-# Web API, event stream and page ##############################################
-###############################################################################
-
-#: The browser session cookie's name.
-SESSION_COOKIE = "prickle_session"
-#: The live event stream sends a keep-alive comment after this many quiet seconds.
-KEEP_ALIVE_EVERY = 15
-# Beside the module in a checkout; under the installation's share/ when installed as a package.
-STATIC_DIR = next((d for d in (os.path.join(os.path.dirname(os.path.abspath(__file__)), "static"),
-                               os.path.join(sys.prefix, "share", "prickle", "static")) if os.path.isdir(d)),
-                  os.path.join(os.path.dirname(os.path.abspath(__file__)), "static"))
-
-
-#: JSON-RPC error code (the range JSON-RPC leaves to servers) of a request /mcp refuses before the MCP
-#: layer reads it: no key or a bad one, a refused Host or Origin. ``error.data.code`` names Prickle's reason.
-MCP_REFUSED = -32010
-
-
-def _error_response(e: PrickleError, jsonrpc: bool = False) -> JSONResponse:
-    """The JSON error answer: ``{"error": {"code", "message"}}``, or on /mcp a JSON-RPC error object.
-
-    On /mcp the body is ``{"jsonrpc": "2.0", "id": null, "error": {"code": int, "message", "data":
-    {"code"}}}`` so MCP client libraries show the message instead of a generic HTTP failure.
-    """
-    headers = {"WWW-Authenticate": 'Bearer realm="prickle"'} if e.http_status == 401 else None
-    if jsonrpc:
-        code = mcp_types.INVALID_REQUEST if isinstance(e, InvalidInput) else MCP_REFUSED
-        return JSONResponse({"jsonrpc": "2.0", "id": None,
-                             "error": {"code": code, "message": e.message, "data": {"code": e.code}}},
-                            status_code=e.http_status, headers=headers)
-    return JSONResponse({"error": {"code": e.code, "message": e.message}}, status_code=e.http_status,
-                        headers=headers)
-
-
-def whole_number(text: str | None, max_digits: int = 18) -> int | None:
-    """``text`` as a non-negative whole number if it is 1 to ``max_digits`` ASCII digits, else None.
-
-    (``str.isdigit`` also takes digits ``int`` cannot read, like '²'.)
-    """
-    return int(text) if text and len(text) <= max_digits and text.isascii() and text.isdigit() else None
-
-
-#: The access log: one line per request at info level (method, path, status, duration).
-ACCESS_LOG = logging.getLogger("prickle.access")
-
-
-class _AccessLogMiddleware:
-    """Log each HTTP request once it is answered: method, path (never the query), status, milliseconds.
-
-    Tokens travel in headers or the query string (a sign-in link), so neither is logged, nor a
-    cookie or a body.
-    """
-
-    def __init__(self, app: Any):
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not ACCESS_LOG.isEnabledFor(logging.INFO):
-            await self.app(scope, receive, send)
-            return
-        started, status = time.monotonic(), 0
-
-        async def sending(message: dict) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, sending)
-        finally:
-            ACCESS_LOG.info("%s %s %s %.0fms", scope["method"], urllib.parse.quote(scope["path"], safe="/:@-._~"),
-                            status or "-", (time.monotonic() - started) * 1000)
-
-
-class _GuardMiddleware:
-    """DNS-rebinding protection (Host and Origin) and the body size limit, for every route.
-
-    The SDK's checks decide; refusals are answered as JSON errors like every other one.
-    """
-
-    def __init__(self, app: Any, settings: Settings, port: int):
-        # The SDK's limiter also stops a body sent without Content-Length once it grows too big
-        # (/mcp has the same limiter inside the SDK's transport already).
-        self.inner = app
-        self.app = RequestBodyLimitMiddleware(app, settings.max_body_bytes)
-        self.max_body = settings.max_body_bytes
-        self.security = TransportSecurityMiddleware(TransportSecuritySettings(
-            enable_dns_rebinding_protection=settings.dns_rebinding_protection,
-            allowed_hosts=settings.host_allowlist(port), allowed_origins=settings.origin_allowlist(port)))
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            headers = {k: v for k, v in scope["headers"] if k in (b"host", b"origin", b"content-length")}
-            refusal = None
-            if self.security.settings.enable_dns_rebinding_protection:
-                host, origin = headers.get(b"host"), headers.get(b"origin")
-                if not self.security._validate_host(host.decode("latin-1") if host else None):
-                    refusal = 421
-                elif origin is not None and not self.security._validate_origin(origin.decode("latin-1")):
-                    refusal = 403
-            if refusal is not None:
-                what = "Host" if refusal == 421 else "Origin"
-                error = Forbidden(f"this server does not answer requests with this {what} header; use its public "
-                                  "address (settings: public_url, allowed_hosts, allowed_origins)")
-                error.http_status = refusal
-                await _error_response(error, scope["path"] == "/mcp")(scope, receive, send)
-                return
-            length = whole_number(headers.get(b"content-length", b"").decode("latin-1"), 30)
-            if length is not None and length > self.max_body:
-                error = InvalidInput(f"the request body is {length} bytes; the limit is {self.max_body}")
-                error.http_status = 413
-                await _error_response(error, scope["path"] == "/mcp")(scope, receive, send)
-                return
-            if scope["path"] == "/mcp":
-                await self.inner(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-class _MCPEndpoint:
+class MCPEndpoint:
     """``/mcp``: resolve the bearer token to an agent, then hand over to the SDK's transport."""
 
     HEADERS = (b"authorization", b"mcp-protocol-version", b"mcp-method", b"mcp-name")
@@ -8740,7 +9316,7 @@ class _MCPEndpoint:
         try:
             actor = resolve_token(self.state.db, token, ("client", "runner", "execution", "discussion"), fresh=checked)
         except (Unauthorized, NotFound) as e:  # NotFound: its agent left the project (LEFT_PROJECT_REASONS)
-            await _error_response(e, jsonrpc=True)(scope, receive, send)
+            await error_response(e, jsonrpc=True)(scope, receive, send)
             return
         scope["prickle.actor"], scope["prickle.key_checked"] = actor, checked
         if version not in MODERN_VERSIONS:
@@ -8824,153 +9400,93 @@ def jsonrpc_body_problem(raw: bytes) -> str:
             '"params": {"name": …, "arguments": {…}}}')
 
 
-def _person_from_request(state: AppState, request: Request) -> Actor:
-    """The person behind a request: a personal token, or a session cookie with a same-origin write.
-
-    Raises Unauthorized, or Forbidden for a cross-site write carried by the cookie alone.
-    """
-    auth = request.headers.get("authorization", "")
-    if auth.lower().startswith("bearer "):
-        actor = resolve_token(state.db, auth[7:].strip(), ("person",))
-        note_seen(state.db, None, actor.credential_id)  # the keys page's "last used"
-        return actor
-    cookie = request.cookies.get(SESSION_COOKIE, "")
-    if not cookie:
-        raise Unauthorized("sign in first: open the sign-in link 'prickle init' printed, or send "
-                           "'Authorization: Bearer <personal token>'")
-    actor = resolve_token(state.db, cookie, ("session",))
-    if request.method not in ("GET", "HEAD", "OPTIONS"):
-        origin = request.headers.get("origin")
-        fetch_site = request.headers.get("sec-fetch-site")
-        if origin is None and fetch_site != "same-origin":
-            raise Forbidden("a write with a session cookie must come from this site's own page (no Origin header)")
-        if origin is not None and origin not in state.settings.origin_allowlist(state.port):
-            raise Forbidden(f"a write with a session cookie must come from this site's own page, not {origin}")
-    return actor
+class TooManySessions(PrickleError, code="too_many_sessions", status=429):
+    """The key holds as many MCP sessions as it may, each with a request in flight."""
 
 
-def _runner_from_request(state: AppState, request: Request) -> Actor:
-    """The agent behind a runner's HTTP call: its runner key or a discussion credential."""
-    auth = request.headers.get("authorization", "")
-    return resolve_token(state.db, auth[7:].strip() if auth.lower().startswith("bearer ") else "",
-                         ("runner", "discussion"))
+class SessionManager(StreamableHTTPSessionManager):
+    """The SDK's handshake-era session manager, with a cap per credential and an end on revocation.
 
-
-def _api(handler: Callable[..., Any], runner: bool = False, public: bool = False) -> Callable[[Request], Any]:
-    """Wrap an API handler: authenticate the person (or the runner), map PrickleError to a JSON error.
-
-    A ``public`` handler takes no credential (a computer asking to connect) and gets None.
+    A credential opening one session more than ``per_key`` allows ends the one of its own that
+    has been idle the longest; if all of them are busy (a request in flight), the new one is
+    refused with 429. ``end_sessions_of`` ends a credential's sessions at once (its ids answer
+    404 from then on). The SDK marks a session's owner by the credential id (see MCPEndpoint).
     """
 
-    async def endpoint(request: Request) -> Response:
-        state: AppState = request.app.state.prickle
-        try:
-            person = None if public else (_runner_from_request(state, request) if runner
-                                          else _person_from_request(state, request))
-            body = None
-            if request.method in ("POST", "PUT", "PATCH"):
-                body = parse_json_body(await request.body())
-            result = await handler(state, person, request, body)
-        except PrickleError as e:
-            return _error_response(e)
-        except Exception:
-            _log_exception(f"{request.method} {request.url.path}")
-            return _error_response(PrickleError("the server failed on this request; nothing was changed"))
-        return result if isinstance(result, Response) else JSONResponse(result)
+    def __init__(self, *args: Any, per_key: int, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.per_key = per_key
 
-    return endpoint
+    def sessions_of(self, credential_id: str) -> list[str]:
+        """Ids of the open sessions a credential opened."""
+        return [sid for sid, owner in self._session_owners.items() if owner["client_id"] == credential_id]
+
+    def credentials(self) -> set[str]:
+        """Ids of the credentials that hold open sessions."""
+        return {owner["client_id"] for owner in self._session_owners.values()}
+
+    def _idle_since(self, session_id: str) -> float:
+        # While a request is in flight the SDK pushes the idle deadline to infinity; an idle
+        # session's deadline is when it went idle plus the timeout, so the smallest is the idlest.
+        transport = self._server_instances.get(session_id)
+        scope = transport.idle_scope if transport is not None else None
+        return math.inf if scope is None else scope.deadline
+
+    def _make_room(self, credential_id: str) -> bool:
+        """End this credential's idlest sessions until one more fits; False if all are busy."""
+        mine = self.sessions_of(credential_id)
+        while len(mine) >= self.per_key:
+            idlest = min(mine, key=self._idle_since)
+            if self._idle_since(idlest) == math.inf:
+                return False
+            self.end_session(idlest)
+            mine.remove(idlest)
+        return True
+
+    def end_session(self, session_id: str) -> None:
+        """End one session now: its id is forgotten at once and its server task is cancelled."""
+        transport = self._server_instances.pop(session_id, None)
+        self._session_owners.pop(session_id, None)
+        if transport is not None and transport.idle_scope is not None:
+            transport.idle_scope.cancel()  # the SDK's own idle expiry path: the task ends and terminates it
+
+    def end_sessions_of(self, credential_ids: set[str]) -> int:
+        """End every session of these credentials; returns how many ended."""
+        ended = [sid for sid, owner in list(self._session_owners.items()) if owner["client_id"] in credential_ids]
+        for sid in ended:
+            self.end_session(sid)
+        return len(ended)
+
+    def _admit_session(self, requestor: Any) -> Any:
+        if requestor is not None and not self._make_room(requestor["client_id"]):
+            return None
+        return super()._admit_session(requestor)
+
+    async def _handle_stateful_request(self, scope: dict, receive: Any, send: Any) -> None:
+        user = scope.get("user")
+        opening = not any(k == b"mcp-session-id" for k, _ in scope["headers"])
+        if opening and isinstance(user, AuthenticatedUser) and not self._make_room(user.access_token.client_id):
+            error = TooManySessions(f"this key already has {self.per_key} MCP sessions with a request in flight "
+                                    "(max_sessions_per_key): end one (HTTP DELETE with its Mcp-Session-Id) or "
+                                    "wait for one to finish")
+            await error_response(error)(scope, receive, send)
+            return
+        await super()._handle_stateful_request(scope, receive, send)
 
 
-def _number_or_marker(text: str) -> Any:
-    # json reads any digits; past the safe range the value is refused anyway, so a long run of
-    # digits (which Python would refuse to read past 4300) is not turned into a number at all.
-    return int(text) if len(text) <= 20 else math.inf
+def end_sessions_of_dead_credentials(db: Database, manager: SessionManager) -> int:
+    """End the MCP sessions whose credential was revoked, expired or removed; returns how many ended.
 
-
-def parse_json_body(raw: bytes) -> dict:
-    """An /api request body: UTF-8 JSON text of one object (empty means ``{}``), through :func:`clean_json`.
-
-    Raises InvalidInput for text that is not UTF-8 or not JSON, JSON that is not an object,
-    and the values clean_json refuses (naming the field).
+    Runs after a revocation committed here and whenever another process (the CLI) wrote the file.
     """
-    if not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw.decode("utf-8"), parse_int=_number_or_marker, parse_constant=lambda c: math.inf)
-    except UnicodeDecodeError as e:
-        raise InvalidInput(f"the request body is not UTF-8 text (byte {e.start}); send JSON in UTF-8") from None
-    except json.JSONDecodeError as e:
-        raise InvalidInput(f"the request body is not JSON ({e.msg} at line {e.lineno} column {e.colno}); "
-                           "send a JSON object") from None
-    except RecursionError:
-        raise InvalidInput(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep; "
-                           "send a flatter object") from None
-    if not isinstance(body, dict):
-        raise InvalidInput("the request body must be one JSON object")
-    return clean_json(body)
+    return manager.end_sessions_of(dead_credentials(db, manager.credentials()))
 
 
-def _field(body: dict, name: str, kind: type, required: bool = True) -> Any:
-    value = body.get(name)
-    if value is None:
-        if required:
-            raise InvalidInput(f"{name} is required")
-        return None
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise InvalidInput(f"{name} must be {'text' if kind is str else kind.__name__}")
-    return value
-
-
-async def api_me(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/me: who is signed in, their auto-accept policy, address and digest, and whether
-    this server sends mail (``mail``)."""
-    return whoami(state.db, person.handle) | {"mail": state.settings.smtp is not None}
-
-
-async def api_projects(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/projects: the signed-in person's projects."""
-    return {"projects": list_projects(state.db, person.handle)}
-
-
-async def api_project(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/projects/{slug}: summary, people, agents, memory, pulse and paused agent pairs."""
-    return project_view(state.db, person, request.path_params["slug"], state.hub)
-
-
-def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    value = whole_number(raw)
-    if value is None or not (low <= value <= high):
-        raise InvalidInput(f"{name} must be a whole number from {low} to {high}")
-    return value
-
-
-async def api_room(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/projects/{slug}/room?task_id=&cursor=&limit=: read_room as a person."""
-    q = request.query_params
-    return read_room(state.db, person, request.path_params["slug"], cursor=q.get("cursor"),
-                     limit=_int_param(request, "limit", 50, 1, 100), task_id=q.get("task_id"),
-                     latest=q.get("latest") in ("1", "true"), before=q.get("before"))
-
-
-async def api_search(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/search?q=&limit=: search the person's projects (see :func:`search`)."""
-    return search(state.db, person, request.query_params.get("q", ""),
-                  limit=_int_param(request, "limit", 20, 1, SEARCH_LIMIT_MAX))
-
-
-async def api_post(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/projects/{slug}/messages {body, task_id?, in_reply_to?}: post as the person."""
-    unknown = sorted(set(body) - {"body", "task_id", "in_reply_to"})
-    if unknown:
-        raise InvalidInput(f"unknown field {unknown[0]}: send body, and optionally task_id or in_reply_to")
-    task_id, in_reply_to = (None if body.get(name) is None else check_id(body[name], name)
-                            for name in ("task_id", "in_reply_to"))
-    message = post_message(state.db, person, request.path_params["slug"], _field(body, "body", str),
-                           task_id=task_id, in_reply_to=in_reply_to)
-    return {"message": message}
+###############################################################################
+# 36. Live streams
+###############################################################################
+# Live views: a project's event stream (and its long-poll twin), and a person's across their
+# projects. Each reads the outbox after a position and ends when its credential does.
 
 
 def live_position(db: Database, reader: Actor, project: str, raw: str | None) -> tuple[int, str | None]:
@@ -9054,7 +9570,7 @@ async def _long_poll(state: AppState, request: Request, after: int, gap: str | N
 
     ``{"events", "last_seq", "resync"}``; woken by commits in ``projects()``.
     """
-    wait = _int_param(request, "wait", 0, 0, 50)
+    wait = int_param(request, "wait", 0, 0, 50)
     if gap:
         return {"events": [], "last_seq": after, "resync": gap}
     deadline = asyncio.get_running_loop().time() + wait
@@ -9069,252 +9585,6 @@ async def _long_poll(state: AppState, request: Request, after: int, gap: str | N
                 await asyncio.wait_for(fut, min(remaining, LIVE_CHECK_EVERY))
 
 
-async def api_read(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/projects/{slug}/read: ``{"message_id", "task_id"?}``, the newest message the person has seen there."""
-    unknown = sorted(set(body) - {"message_id", "task_id"})
-    if unknown:
-        raise InvalidInput(f"unknown field {unknown[0]}: send message_id, and task_id for a task's thread")
-    return mark_read(state.db, person, request.path_params["slug"], _field(body, "message_id", str),
-                     body.get("task_id"))
-
-
-async def api_approvals(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/approvals: held handoffs waiting for the person's decision."""
-    return {"approvals": pending_approvals(state.db, person)}
-
-
-async def api_decide(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/approvals/{id} {decision: approve|deny, standing?: {uses, days}}."""
-    standing = body.get("standing")
-    if standing is not None and not isinstance(standing, dict):
-        raise InvalidInput("standing must be an object {uses, days}")
-    return decide_approval(state.db, person, request.path_params["approval_id"], _field(body, "decision", str),
-                           standing)
-
-
-async def api_meta(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/meta: the lists the page shows (task states, which can be cancelled, deliverable types)."""
-    return {"tasks": task_lists()}
-
-
-async def api_send_back(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/tasks/{id}/send-back {reason}: the verified result goes back to the assignee."""
-    return send_back(state.db, person, request.path_params["task_id"], _field(body, "reason", str))
-
-
-async def api_rename_task(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/tasks/{id}/title {title}: set the task's display title; null or blank shows its own words."""
-    return rename_task(state.db, person, request.path_params["task_id"], _field(body, "title", str, False))
-
-
-async def api_blocked_by(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/tasks/{id}/blocked-by {blocked_by: [task IDs]}: which sibling sub-tasks it waits on."""
-    if "blocked_by" not in body:
-        raise InvalidInput("blocked_by is required: a list of sibling sub-task IDs, [] for none")
-    return set_blocked_by(state.db, person, request.path_params["task_id"], body["blocked_by"])
-
-
-async def api_rename_project(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/projects/{slug}/rename {name}: a project owner renames the project (its slug stays)."""
-    return {"project": rename_project(state.db, request.path_params["slug"], _field(body, "name", str), person)}
-
-
-async def api_pick_lead(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/projects/{slug}/lead {agent_id}: a team owner picks the project's default lead."""
-    return {"lead": pick_lead(state.db, request.path_params["slug"], _field(body, "agent_id", str), person)}
-
-
-async def api_answer_lead(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/projects/{slug}/lead/answer {decision: agree|decline}: the picked agent's owner answers."""
-    return answer_lead(state.db, request.path_params["slug"], _field(body, "decision", str), person)
-
-
-async def api_step_down_lead(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """POST /api/projects/{slug}/lead/step-down: the default lead's owner steps it down."""
-    return step_down_lead(state.db, request.path_params["slug"], person)
-
-
-async def api_task_request(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/projects/{slug}/task-requests {agent, packet}: ask one's own agent for a task."""
-    slug = request.path_params["slug"]
-    agent_id = _field(body, "agent", str)
-    args = validate_input("handoff", {"project": slug, "to": agent_id, "packet": body.get("packet")})
-    return request_task(state.db, person, slug, agent_id, args["packet"])
-
-
-async def api_rules(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/rules: the person's delegation rules and standing approvals."""
-    return list_rules(state.db, person.handle)
-
-
-async def api_set_rule(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/rules {decision, agent? | owner?, expires_at?}: set a delegation rule."""
-    return {"rule": set_rule(state.db, person.handle, _field(body, "decision", str),
-                             agent=_field(body, "agent", str, False), from_owner=_field(body, "owner", str, False),
-                             expires_at=_field(body, "expires_at", str, False))}
-
-
-async def api_revoke_rule(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """DELETE /api/rules/{id}."""
-    return revoke_rule(state.db, person.handle, request.path_params["rule_id"])
-
-
-async def api_revoke_standing(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """DELETE /api/standing-approvals/{id}."""
-    return revoke_standing_approval(state.db, person.handle, request.path_params["standing_id"])
-
-
-async def api_policy(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/policy {auto_accept: bool}: accept your agents' verified results without a click."""
-    return set_auto_accept(state.db, person.handle, _field(body, "auto_accept", bool))
-
-
-async def api_create_project(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/projects {slug, name, team, description?}: the person becomes its first owner."""
-    return {"project": create_project(state.db, _field(body, "slug", str), _field(body, "name", str),
-                                      _field(body, "team", str), person.handle,
-                                      _field(body, "description", str, False) or "")}
-
-
-async def api_people(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/people?project=SLUG: the people of your teams, or of that project's team (to pick a teammate)."""
-    return {"people": people_to_pick(state.db, person, request.query_params.get("project"))}
-
-
-async def api_members(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/projects/{slug}/members: each member with role, joined_at and their agents in the project."""
-    return {"members": members_view(state.db, person, request.path_params["slug"])}
-
-
-async def api_teams(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/teams: the teams you are in, with your role and how many people and projects each has."""
-    return {"teams": list_teams(state.db, person.handle)}
-
-
-async def api_team(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/teams/{team}: a team you are in, with its people, projects and allowed apps."""
-    return {"team": team_view(state.db, person, request.path_params["team"])}
-
-
-async def api_team_apps(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/teams/{team}/apps {apps: [name] | null}: a team owner limits the agent apps it allows."""
-    apps = body.get("apps", ...)
-    if apps is ...:
-        raise InvalidInput("apps is required: a list of app names (like [\"claude-code\"]), or null for any app")
-    return {"team": set_team_apps(state.db, request.path_params["team"], apps, by=person.handle)}
-
-
-async def api_add_member(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/projects/{slug}/members {handle, role?}: a project owner adds a teammate."""
-    return {"member": add_member(state.db, request.path_params["slug"], _field(body, "handle", str),
-                                 _field(body, "role", str, False) or "member", by=person)}
-
-
-async def api_remove_member(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """DELETE /api/projects/{slug}/members/{handle}: a project owner removes a member (yourself: you leave)."""
-    return remove_member(state.db, request.path_params["slug"], request.path_params["handle"], by=person)
-
-
-async def api_leave(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """POST /api/projects/{slug}/leave: leave a project; your agents leave with you."""
-    return leave_project(state.db, request.path_params["slug"], person)
-
-
-async def api_promote(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """POST /api/projects/{slug}/members/{handle}/promote: a project owner makes a member an owner."""
-    return {"member": promote_member(state.db, request.path_params["slug"], request.path_params["handle"],
-                                     by=person)}
-
-
-async def api_remove_agent(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """DELETE /api/projects/{slug}/agents/{owner}/{name}: its owner or a project owner takes an agent out."""
-    agent_id = f"{request.path_params['owner']}/{request.path_params['name']}"
-    return remove_agent(state.db, request.path_params["slug"], agent_id, by=person)
-
-
-async def api_removal_preview(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/projects/{slug}/removal?handle=H | ?agent=OWNER/NAME: what a removal would hand back."""
-    handle, agent = request.query_params.get("handle"), request.query_params.get("agent")
-    if (handle is None) == (agent is None):
-        raise InvalidInput("pass handle (a member) or agent (OWNER/NAME), one of them")
-    return removal_preview(state.db, person, request.path_params["slug"],
-                           handle=handle and check_slug(handle, "handle"),
-                           agent_id=agent and check_agent_id(agent, "agent"))
-
-
-async def api_reassign(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/tasks/{task_id}/reassign {to}: hand a returned task to another agent through its owner's gate."""
-    return reassign_task(state.db, person, request.path_params["task_id"], _field(body, "to", str))
-
-
-async def api_resume(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/projects/{slug}/resume {agents: [a, b]}: resume a paused pair with one click (posts a message)."""
-    return {"message": resume_pair(state.db, person, request.path_params["slug"], body.get("agents"))}
-
-
-async def api_agents(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/agents: the person's own agents, each with the projects it is in."""
-    return {"agents": own_agents(state.db, person.handle, state.hub)}
-
-
-async def api_add_agent(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/agents {name, display_name, model, client, role?, capabilities?, projects?}: add your agent."""
-    capabilities = body.get("capabilities") or []
-    projects = body.get("projects") or []
-    if not isinstance(capabilities, list) or not all(isinstance(c, dict) for c in capabilities):
-        raise InvalidInput("capabilities must be a list of {kind, name}")
-    if not isinstance(projects, list) or not all(isinstance(p, str) for p in projects):
-        raise InvalidInput("projects must be a list of project slugs")
-    name = check_slug(_field(body, "name", str), "name")
-    return {"agent": add_agent(state.db, f"{person.handle}/{name}", _field(body, "display_name", str),
-                               _field(body, "model", str), _field(body, "client", str),
-                               _field(body, "role", str, False) or "", capabilities, projects, by=person)}
-
-
-async def api_project_agent(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/projects/{slug}/agents {agent_id}: add one of your agents to a project you are in."""
-    agent_id = check_agent_id(_field(body, "agent_id", str), "agent_id")
-    return add_agent_to_project(state.db, request.path_params["slug"], agent_id, by=person)
-
-
-async def api_keys(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/keys: the person's credentials and their agents' (never the secrets)."""
-    return {"keys": list_tokens(state.db, person.handle)}
-
-
-async def api_mint_key(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/keys {agent_id, project?, label?}: a client key for your agent, shown once, with set-up lines."""
-    agent_id = check_agent_id(_field(body, "agent_id", str), "agent_id")
-    record, secret = create_token(state.db, "client", agent_id=agent_id, project=_field(body, "project", str, False),
-                                  by=person.handle, label=_field(body, "label", str, False))
-    return record | {"token": secret} | connect_lines(public_base(state.db, state.settings, state.port), agent_id,
-                                                      secret)
-
-
-async def api_revoke_key(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """DELETE /api/keys/{id}: revoke one of your credentials or your agents'."""
-    return revoke_token(state.db, request.path_params["key_id"], by=person.handle)
-
-
-async def api_set_memory(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/projects/{slug}/memory {key, value}: set a memory fact (owner_approved)."""
-    return {"memory": set_memory(state.db, request.path_params["slug"], _field(body, "key", str),
-                                 _field(body, "value", str), person)}
-
-
-async def api_retract_memory(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """DELETE /api/projects/{slug}/memory/{key}: retract a memory fact."""
-    return retract_memory(state.db, request.path_params["slug"], request.path_params["key"], person)
-
-
-async def api_audit(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/projects/{slug}/audit?before=N&limit=50: the audit log, newest first, with its chain check."""
-    before = request.query_params.get("before")
-    return audit_page(state.db, person, request.path_params["slug"],
-                      _int_param(request, "before", 0, 1, SEQ_MAX) if before else None,
-                      _int_param(request, "limit", 50, 1, 200))
-
-
 async def api_stream(request: Request) -> Response:
     """GET /api/projects/{slug}/stream?after=SEQ: the project's outbox as Server-Sent Events.
 
@@ -9326,11 +9596,11 @@ async def api_stream(request: Request) -> Response:
     state: AppState = request.app.state.prickle
     slug = request.path_params["slug"]
     try:
-        person = _person_from_request(state, request)
+        person = person_from_request(state, request)
         start, gap = live_position(state.db, person, slug, request.headers.get("last-event-id")
                                    or request.query_params.get("after") or None)
     except PrickleError as e:
-        return _error_response(e)
+        return error_response(e)
     return _event_stream(state, start, gap, lambda: [slug], lambda after: live_events(state.db, person, slug, after))
 
 
@@ -9342,12 +9612,12 @@ async def api_person_stream(request: Request) -> Response:
     """
     state: AppState = request.app.state.prickle
     try:
-        person = _person_from_request(state, request)
+        person = person_from_request(state, request)
         with state.db.snapshot():
             start, gap = _live_start(state.db, request.headers.get("last-event-id")
                                      or request.query_params.get("after") or None)
     except PrickleError as e:
-        return _error_response(e)
+        return error_response(e)
 
     def projects() -> list[str]:
         return [p["slug"] for p in list_projects(state.db, person.handle)]
@@ -9388,6 +9658,324 @@ def _event_stream(state: AppState, start: int, gap: str | None, projects: Callab
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
+###############################################################################
+# 37. The people's API
+###############################################################################
+
+
+def _api(handler: Callable[..., Any], runner: bool = False, public: bool = False) -> Callable[[Request], Any]:
+    """Wrap an API handler: authenticate the person (or the runner), map PrickleError to a JSON error.
+
+    A ``public`` handler takes no credential (a computer asking to connect) and gets None.
+    """
+
+    async def endpoint(request: Request) -> Response:
+        state: AppState = request.app.state.prickle
+        try:
+            person = None if public else (runner_from_request(state, request) if runner
+                                          else person_from_request(state, request))
+            body = None
+            if request.method in ("POST", "PUT", "PATCH"):
+                body = parse_json_body(await request.body())
+            result = await handler(state, person, request, body)
+        except PrickleError as e:
+            return error_response(e)
+        except Exception:
+            log_exception(f"{request.method} {request.url.path}")
+            return error_response(PrickleError("the server failed on this request; nothing was changed"))
+        return result if isinstance(result, Response) else JSONResponse(result)
+
+    return endpoint
+
+
+async def api_me(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/me: who is signed in, their auto-accept policy, address and digest, and whether
+    this server sends mail (``mail``)."""
+    return whoami(state.db, person.handle) | {"mail": state.settings.smtp is not None}
+
+
+async def api_projects(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/projects: the signed-in person's projects."""
+    return {"projects": list_projects(state.db, person.handle)}
+
+
+async def api_project(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/projects/{slug}: summary, people, agents, memory, pulse and paused agent pairs."""
+    return project_view(state.db, person, request.path_params["slug"], state.hub)
+
+
+async def api_room(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/projects/{slug}/room?task_id=&cursor=&limit=: read_room as a person."""
+    q = request.query_params
+    return read_room(state.db, person, request.path_params["slug"], cursor=q.get("cursor"),
+                     limit=int_param(request, "limit", 50, 1, 100), task_id=q.get("task_id"),
+                     latest=q.get("latest") in ("1", "true"), before=q.get("before"))
+
+
+async def api_search(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/search?q=&limit=: search the person's projects (see :func:`search`)."""
+    return search(state.db, person, request.query_params.get("q", ""),
+                  limit=int_param(request, "limit", 20, 1, SEARCH_LIMIT_MAX))
+
+
+async def api_post(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/messages {body, task_id?, in_reply_to?}: post as the person."""
+    unknown = sorted(set(body) - {"body", "task_id", "in_reply_to"})
+    if unknown:
+        raise InvalidInput(f"unknown field {unknown[0]}: send body, and optionally task_id or in_reply_to")
+    task_id, in_reply_to = (None if body.get(name) is None else check_id(body[name], name)
+                            for name in ("task_id", "in_reply_to"))
+    message = post_message(state.db, person, request.path_params["slug"], body_field(body, "body", str),
+                           task_id=task_id, in_reply_to=in_reply_to)
+    return {"message": message}
+
+
+async def api_read(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/read: ``{"message_id", "task_id"?}``, the newest message the person has seen there."""
+    unknown = sorted(set(body) - {"message_id", "task_id"})
+    if unknown:
+        raise InvalidInput(f"unknown field {unknown[0]}: send message_id, and task_id for a task's thread")
+    return mark_read(state.db, person, request.path_params["slug"], body_field(body, "message_id", str),
+                     body.get("task_id"))
+
+
+async def api_approvals(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/approvals: held handoffs waiting for the person's decision."""
+    return {"approvals": pending_approvals(state.db, person)}
+
+
+async def api_decide(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/approvals/{id} {decision: approve|deny, standing?: {uses, days}}."""
+    standing = body.get("standing")
+    if standing is not None and not isinstance(standing, dict):
+        raise InvalidInput("standing must be an object {uses, days}")
+    return decide_approval(state.db, person, request.path_params["approval_id"], body_field(body, "decision", str),
+                           standing)
+
+
+async def api_meta(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/meta: the lists the page shows (task states, which can be cancelled, deliverable types)."""
+    return {"tasks": task_lists()}
+
+
+async def api_send_back(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/tasks/{id}/send-back {reason}: the verified result goes back to the assignee."""
+    return send_back(state.db, person, request.path_params["task_id"], body_field(body, "reason", str))
+
+
+async def api_rename_task(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/tasks/{id}/title {title}: set the task's display title; null or blank shows its own words."""
+    return rename_task(state.db, person, request.path_params["task_id"], body_field(body, "title", str, False))
+
+
+async def api_blocked_by(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/tasks/{id}/blocked-by {blocked_by: [task IDs]}: which sibling sub-tasks it waits on."""
+    if "blocked_by" not in body:
+        raise InvalidInput("blocked_by is required: a list of sibling sub-task IDs, [] for none")
+    return set_blocked_by(state.db, person, request.path_params["task_id"], body["blocked_by"])
+
+
+async def api_rename_project(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/rename {name}: a project owner renames the project (its slug stays)."""
+    return {"project": rename_project(state.db, request.path_params["slug"], body_field(body, "name", str), person)}
+
+
+async def api_pick_lead(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/lead {agent_id}: a team owner picks the project's default lead."""
+    return {"lead": pick_lead(state.db, request.path_params["slug"], body_field(body, "agent_id", str), person)}
+
+
+async def api_answer_lead(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/lead/answer {decision: agree|decline}: the picked agent's owner answers."""
+    return answer_lead(state.db, request.path_params["slug"], body_field(body, "decision", str), person)
+
+
+async def api_step_down_lead(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """POST /api/projects/{slug}/lead/step-down: the default lead's owner steps it down."""
+    return step_down_lead(state.db, request.path_params["slug"], person)
+
+
+async def api_task_request(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/task-requests {agent, packet}: ask one's own agent for a task."""
+    slug = request.path_params["slug"]
+    agent_id = body_field(body, "agent", str)
+    args = validate_input("handoff", {"project": slug, "to": agent_id, "packet": body.get("packet")})
+    return request_task(state.db, person, slug, agent_id, args["packet"])
+
+
+async def api_rules(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/rules: the person's delegation rules and standing approvals."""
+    return list_rules(state.db, person.handle)
+
+
+async def api_set_rule(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/rules {decision, agent? | owner?, expires_at?}: set a delegation rule."""
+    return {"rule": set_rule(state.db, person.handle, body_field(body, "decision", str),
+                             agent=body_field(body, "agent", str, False), from_owner=body_field(body, "owner", str, False),
+                             expires_at=body_field(body, "expires_at", str, False))}
+
+
+async def api_revoke_rule(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """DELETE /api/rules/{id}."""
+    return revoke_rule(state.db, person.handle, request.path_params["rule_id"])
+
+
+async def api_revoke_standing(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """DELETE /api/standing-approvals/{id}."""
+    return revoke_standing_approval(state.db, person.handle, request.path_params["standing_id"])
+
+
+async def api_policy(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/policy {auto_accept: bool}: accept your agents' verified results without a click."""
+    return set_auto_accept(state.db, person.handle, body_field(body, "auto_accept", bool))
+
+
+async def api_create_project(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects {slug, name, team, description?}: the person becomes its first owner."""
+    return {"project": create_project(state.db, body_field(body, "slug", str), body_field(body, "name", str),
+                                      body_field(body, "team", str), person.handle,
+                                      body_field(body, "description", str, False) or "")}
+
+
+async def api_people(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/people?project=SLUG: the people of your teams, or of that project's team (to pick a teammate)."""
+    return {"people": people_to_pick(state.db, person, request.query_params.get("project"))}
+
+
+async def api_members(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/projects/{slug}/members: each member with role, joined_at and their agents in the project."""
+    return {"members": members_view(state.db, person, request.path_params["slug"])}
+
+
+async def api_teams(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/teams: the teams you are in, with your role and how many people and projects each has."""
+    return {"teams": list_teams(state.db, person.handle)}
+
+
+async def api_team(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/teams/{team}: a team you are in, with its people, projects and allowed apps."""
+    return {"team": team_view(state.db, person, request.path_params["team"])}
+
+
+async def api_team_apps(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/teams/{team}/apps {apps: [name] | null}: a team owner limits the agent apps it allows."""
+    apps = body.get("apps", ...)
+    if apps is ...:
+        raise InvalidInput("apps is required: a list of app names (like [\"claude-code\"]), or null for any app")
+    return {"team": set_team_apps(state.db, request.path_params["team"], apps, by=person.handle)}
+
+
+async def api_add_member(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/members {handle, role?}: a project owner adds a teammate."""
+    return {"member": add_member(state.db, request.path_params["slug"], body_field(body, "handle", str),
+                                 body_field(body, "role", str, False) or "member", by=person)}
+
+
+async def api_remove_member(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """DELETE /api/projects/{slug}/members/{handle}: a project owner removes a member (yourself: you leave)."""
+    return remove_member(state.db, request.path_params["slug"], request.path_params["handle"], by=person)
+
+
+async def api_leave(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """POST /api/projects/{slug}/leave: leave a project; your agents leave with you."""
+    return leave_project(state.db, request.path_params["slug"], person)
+
+
+async def api_promote(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """POST /api/projects/{slug}/members/{handle}/promote: a project owner makes a member an owner."""
+    return {"member": promote_member(state.db, request.path_params["slug"], request.path_params["handle"],
+                                     by=person)}
+
+
+async def api_remove_agent(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """DELETE /api/projects/{slug}/agents/{owner}/{name}: its owner or a project owner takes an agent out."""
+    agent_id = f"{request.path_params['owner']}/{request.path_params['name']}"
+    return remove_agent(state.db, request.path_params["slug"], agent_id, by=person)
+
+
+async def api_removal_preview(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/projects/{slug}/removal?handle=H | ?agent=OWNER/NAME: what a removal would hand back."""
+    handle, agent = request.query_params.get("handle"), request.query_params.get("agent")
+    if (handle is None) == (agent is None):
+        raise InvalidInput("pass handle (a member) or agent (OWNER/NAME), one of them")
+    return removal_preview(state.db, person, request.path_params["slug"],
+                           handle=handle and check_slug(handle, "handle"),
+                           agent_id=agent and check_agent_id(agent, "agent"))
+
+
+async def api_reassign(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/tasks/{task_id}/reassign {to}: hand a returned task to another agent through its owner's gate."""
+    return reassign_task(state.db, person, request.path_params["task_id"], body_field(body, "to", str))
+
+
+async def api_resume(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/resume {agents: [a, b]}: resume a paused pair with one click (posts a message)."""
+    return {"message": resume_pair(state.db, person, request.path_params["slug"], body.get("agents"))}
+
+
+async def api_agents(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/agents: the person's own agents, each with the projects it is in."""
+    return {"agents": own_agents(state.db, person.handle, state.hub)}
+
+
+async def api_add_agent(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/agents {name, display_name, model, client, role?, capabilities?, projects?}: add your agent."""
+    capabilities = body.get("capabilities") or []
+    projects = body.get("projects") or []
+    if not isinstance(capabilities, list) or not all(isinstance(c, dict) for c in capabilities):
+        raise InvalidInput("capabilities must be a list of {kind, name}")
+    if not isinstance(projects, list) or not all(isinstance(p, str) for p in projects):
+        raise InvalidInput("projects must be a list of project slugs")
+    name = check_slug(body_field(body, "name", str), "name")
+    return {"agent": add_agent(state.db, f"{person.handle}/{name}", body_field(body, "display_name", str),
+                               body_field(body, "model", str), body_field(body, "client", str),
+                               body_field(body, "role", str, False) or "", capabilities, projects, by=person)}
+
+
+async def api_project_agent(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/agents {agent_id}: add one of your agents to a project you are in."""
+    agent_id = check_agent_id(body_field(body, "agent_id", str), "agent_id")
+    return add_agent_to_project(state.db, request.path_params["slug"], agent_id, by=person)
+
+
+async def api_keys(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/keys: the person's credentials and their agents' (never the secrets)."""
+    return {"keys": list_tokens(state.db, person.handle)}
+
+
+async def api_mint_key(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/keys {agent_id, project?, label?}: a client key for your agent, shown once, with set-up lines."""
+    agent_id = check_agent_id(body_field(body, "agent_id", str), "agent_id")
+    record, secret = create_token(state.db, "client", agent_id=agent_id, project=body_field(body, "project", str, False),
+                                  by=person.handle, label=body_field(body, "label", str, False))
+    return record | {"token": secret} | connect_lines(public_base(state.db, state.settings, state.port), agent_id,
+                                                      secret)
+
+
+async def api_revoke_key(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """DELETE /api/keys/{id}: revoke one of your credentials or your agents'."""
+    return revoke_token(state.db, request.path_params["key_id"], by=person.handle)
+
+
+async def api_set_memory(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/memory {key, value}: set a memory fact (owner_approved)."""
+    return {"memory": set_memory(state.db, request.path_params["slug"], body_field(body, "key", str),
+                                 body_field(body, "value", str), person)}
+
+
+async def api_retract_memory(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """DELETE /api/projects/{slug}/memory/{key}: retract a memory fact."""
+    return retract_memory(state.db, request.path_params["slug"], request.path_params["key"], person)
+
+
+async def api_audit(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/projects/{slug}/audit?before=N&limit=50: the audit log, newest first, with its chain check."""
+    before = request.query_params.get("before")
+    return audit_page(state.db, person, request.path_params["slug"],
+                      int_param(request, "before", 0, 1, SEQ_MAX) if before else None,
+                      int_param(request, "limit", 50, 1, 200))
+
+
 async def api_devices(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/devices: the person's paired runner devices."""
     return {"devices": list_devices(state.db, person.handle)}
@@ -9395,8 +9983,8 @@ async def api_devices(state: AppState, person: Actor, request: Request, body: An
 
 async def api_pair_device(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/devices {agent_id, name?}: pair a runner device; its runner key is shown once."""
-    device, secret = pair_device(state.db, person.handle, _field(body, "agent_id", str),
-                                 _field(body, "name", str, False) or "runner")
+    device, secret = pair_device(state.db, person.handle, body_field(body, "agent_id", str),
+                                 body_field(body, "name", str, False) or "runner")
     return {"device": device, "token": secret}
 
 
@@ -9412,13 +10000,13 @@ async def api_steps(state: AppState, person: Actor, request: Request, body: Any)
 
 async def api_decide_step(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/steps/{id} {decision: allow|deny}."""
-    return {"step": decide_step(state.db, person, request.path_params["step_id"], _field(body, "decision", str))}
+    return {"step": decide_step(state.db, person, request.path_params["step_id"], body_field(body, "decision", str))}
 
 
 async def api_room_settings(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/room {reply_mode?: review|solo|named, lead? | default_agent?: "you/agent"}."""
-    return set_room(state.db, person, _field(body, "reply_mode", str, False), _field(body, "lead", str, False),
-                    _field(body, "default_agent", str, False))
+    return set_room(state.db, person, body_field(body, "reply_mode", str, False), body_field(body, "lead", str, False),
+                    body_field(body, "default_agent", str, False))
 
 
 async def api_actions(state: AppState, person: Actor, request: Request, body: Any) -> dict:
@@ -9429,13 +10017,13 @@ async def api_actions(state: AppState, person: Actor, request: Request, body: An
 async def api_decide_action(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/actions/{id} {decision: approve|decline}."""
     return {"action": decide_action(state.db, person, request.path_params["action_id"],
-                                    _field(body, "decision", str))}
+                                    body_field(body, "decision", str))}
 
 
 async def runner_propose(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
     """POST /api/runner/actions {tool, action, prompt, cost_estimate?}: propose an Approve card."""
-    return {"action": propose_action(state.db, agent, _field(body, "tool", str), _field(body, "action", str),
-                                     _field(body, "prompt", str), _field(body, "cost_estimate", str, False))}
+    return {"action": propose_action(state.db, agent, body_field(body, "tool", str), body_field(body, "action", str),
+                                     body_field(body, "prompt", str), body_field(body, "cost_estimate", str, False))}
 
 
 async def runner_claim_action(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
@@ -9446,45 +10034,45 @@ async def runner_claim_action(state: AppState, agent: Actor, request: Request, b
 async def runner_finish_action(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
     """POST /api/runner/actions/{id}/finish {body} or {failure}: post the result or a failure."""
     return {"action": finish_action(state.db, agent, request.path_params["action_id"],
-                                    _field(body, "body", str, False), _field(body, "failure", str, False))}
+                                    body_field(body, "body", str, False), body_field(body, "failure", str, False))}
 
 
 async def runner_connect(state: AppState, nobody: None, request: Request, body: dict) -> dict:
     """POST /api/runner/connect {name, clis}: a computer asks to connect; a code, a link and a collect secret."""
-    return request_connect(state.db, _field(body, "name", str), body.get("clis"),
+    return request_connect(state.db, body_field(body, "name", str), body.get("clis"),
                            public_base(state.db, state.settings, state.port))
 
 
 async def runner_collect(state: AppState, nobody: None, request: Request, body: dict) -> dict:
     """POST /api/runner/connect/collect {request_id, collect_secret}: pending, or the approved keys once."""
-    return collect_connect(state.db, _field(body, "request_id", str), _field(body, "collect_secret", str),
+    return collect_connect(state.db, body_field(body, "request_id", str), body_field(body, "collect_secret", str),
                            public_base(state.db, state.settings, state.port))
 
 
 async def api_connect_decide(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/connect/{code} {decision: approve|refuse, agents?: [{cli, agent_id} | {cli, create}]}."""
-    return decide_connect(state.db, person, request.path_params["code"], _field(body, "decision", str),
+    return decide_connect(state.db, person, request.path_params["code"], body_field(body, "decision", str),
                           body.get("agents"))
 
 
 async def runner_ended(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
     """POST /api/runner/attempts/{id}/ended {reason?}: a run this runner launched ended without a result."""
-    return end_run(state.db, agent, request.path_params["attempt_id"], _field(body, "reason", str, False))
+    return end_run(state.db, agent, request.path_params["attempt_id"], body_field(body, "reason", str, False))
 
 
 async def runner_uncertain(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
     """POST /api/runner/attempts/{id}/uncertain {reason?}: a run this runner can't vouch for."""
-    return mark_uncertain(state.db, agent, request.path_params["attempt_id"], _field(body, "reason", str, False))
+    return mark_uncertain(state.db, agent, request.path_params["attempt_id"], body_field(body, "reason", str, False))
 
 
 async def api_start_run(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/tasks/{id}/runs {confirm: your handle}: start one run of your agent on the task."""
-    return start_run(state.db, person, request.path_params["task_id"], _field(body, "confirm", str, False))
+    return start_run(state.db, person, request.path_params["task_id"], body_field(body, "confirm", str, False))
 
 
 async def api_settle_attempt(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/attempts/{id}/settle {outcome: finished|abandoned}: settle an uncertain run."""
-    return settle_attempt(state.db, person, request.path_params["attempt_id"], _field(body, "outcome", str))
+    return settle_attempt(state.db, person, request.path_params["attempt_id"], body_field(body, "outcome", str))
 
 
 async def api_paused(state: AppState, person: Actor, request: Request, body: Any) -> dict:
@@ -9504,7 +10092,7 @@ async def api_resume_agents(state: AppState, person: Actor, request: Request, bo
 
 async def api_room_retry(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/room/retry {agent}: wake again an agent the turn skipped or waits on."""
-    return retry_reviewer(state.db, person, check_agent_id(_field(body, "agent", str)))
+    return retry_reviewer(state.db, person, check_agent_id(body_field(body, "agent", str)))
 
 
 #: One mail at a time leaves the server, in the order asked (a thread beside the event loop).
@@ -9526,8 +10114,8 @@ async def api_create_invite(state: AppState, person: Actor, request: Request, bo
 
     ``{invite, link, mailed, mail_problem}``: the link is mailed when [smtp] is configured.
     """
-    invite, secret = create_invite(state.db, request.path_params["slug"], _field(body, "email", str),
-                                   _field(body, "role", str, False) or "member", by=person)
+    invite, secret = create_invite(state.db, request.path_params["slug"], body_field(body, "email", str),
+                                   body_field(body, "role", str, False) or "member", by=person)
     mail = invite_mail(state.db, public_base(state.db, state.settings, state.port), invite, secret)
     return await _mailing(deliver_invite, state.settings, invite, mail)
 
@@ -9546,19 +10134,19 @@ async def api_revoke_invite(state: AppState, person: Actor, request: Request, bo
 
 async def api_invite_view(state: AppState, person: None, request: Request, body: dict) -> dict:
     """POST /api/invite {token}: what an invite link invites to (no sign-in needed; never the address)."""
-    return {"invite": invite_view(state.db, _field(body, "token", str))}
+    return {"invite": invite_view(state.db, body_field(body, "token", str))}
 
 
 async def api_invite_accept(state: AppState, person: None, request: Request, body: dict) -> Response:
     """POST /api/invite/accept {token, handle?, display_name?, email?}: accept as the signed-in person, or
     sign up with a handle and display name (the answer then sets this browser's session cookie)."""
-    token = _field(body, "token", str)
+    token = body_field(body, "token", str)
     if body.get("handle") is None and body.get("display_name") is None:
-        handle = _person_from_request(state, request).handle
+        handle = person_from_request(state, request).handle
         outcome, session = accept_invite(state.db, token, handle=handle)
     else:
-        signup = {"handle": _field(body, "handle", str), "display_name": _field(body, "display_name", str),
-                  "email": _field(body, "email", str, False)}
+        signup = {"handle": body_field(body, "handle", str), "display_name": body_field(body, "display_name", str),
+                  "email": body_field(body, "email", str, False)}
         outcome, session = accept_invite(state.db, token, signup=signup,
                                          session_ttl=_dt.timedelta(days=state.settings.session_days))
     response = JSONResponse({"invite": outcome})
@@ -9569,7 +10157,7 @@ async def api_invite_accept(state: AppState, person: None, request: Request, bod
 
 async def api_invite_decline(state: AppState, person: None, request: Request, body: dict) -> dict:
     """POST /api/invite/decline {token}: decline an invite (no account needed); its address is forgotten."""
-    return {"invite": decline_invite(state.db, _field(body, "token", str))}
+    return {"invite": decline_invite(state.db, body_field(body, "token", str))}
 
 
 async def api_signin_options(state: AppState, person: None, request: Request, body: Any) -> dict:
@@ -9592,7 +10180,7 @@ async def api_signin_email(state: AppState, person: None, request: Request, body
         raise InvalidState("this server sends no mail ([smtp] is not configured): ask whoever runs it for a "
                            "sign-in link ('prickle signin-link HANDLE')")
     mail = signin_mail(state.db, state.settings, public_base(state.db, state.settings, state.port),
-                       _field(body, "email", str))
+                       body_field(body, "email", str))
     if mail is not None:
         _MAILER.submit(_send_quietly, state.settings, mail, "a sign-in link")
     return {"sent": SIGNIN_MAIL_ANSWER}
@@ -9605,7 +10193,7 @@ def _send_quietly(settings: Settings, mail: dict, what: str) -> None:
     except PrickleError as e:
         print(f"prickle: mailing {what} failed: {e.message.replace(mail['to'], 'the address')}", file=sys.stderr)
     except Exception:
-        _log_exception(f"mailing {what}")
+        log_exception(f"mailing {what}")
 
 
 async def api_my_digest(state: AppState, person: Actor, request: Request, body: dict) -> dict:
@@ -9617,7 +10205,7 @@ async def api_my_digest(state: AppState, person: Actor, request: Request, body: 
 
 async def api_my_email(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/me/email {email | null}: your address for sign-in links by email (null removes it)."""
-    return set_person_email(state.db, person.handle, _field(body, "email", str, False))
+    return set_person_email(state.db, person.handle, body_field(body, "email", str, False))
 
 
 def _set_session_cookie(state: AppState, response: Response, session: str) -> None:
@@ -9635,7 +10223,7 @@ async def signin(request: Request) -> Response:
     except PrickleError as e:
         reason = "used" if "already used" in e.message else "expired" if "expired" in e.message else "invalid"
         if request.headers.get("accept", "").startswith("application/json"):
-            return _error_response(Unauthorized(e.message if token else "this address needs the token= of a "
+            return error_response(Unauthorized(e.message if token else "this address needs the token= of a "
                                                 "sign-in link: get one with 'prickle signin-link HANDLE'"))
         return RedirectResponse(f"/?signin={reason}", status_code=303)
     response = RedirectResponse("/", status_code=303)
@@ -9648,22 +10236,6 @@ async def api_signout(state: AppState, person: Actor, request: Request, body: An
     if person.credential_kind == "session":
         revoke_token(state.db, person.credential_id)
     return {"signed_out": True}
-
-
-async def page(request: Request) -> Response:
-    """GET /: the people's web page."""
-    return FileResponse(os.path.join(STATIC_DIR, "index.html"))
-
-
-async def health(request: Request) -> Response:
-    """GET /healthz: the server is up and its database answers.
-
-    ``{"ok", "version", "outbox_head", "degraded"}``: ``degraded`` lists the background pieces
-    failing now (see :meth:`Maintenance.degraded`), empty when all is well.
-    """
-    state: AppState = request.app.state.prickle
-    return JSONResponse({"ok": True, "version": __version__, "outbox_head": outbox_head(state.db),
-                         "degraded": state.maintenance.degraded() if state.maintenance else []})
 
 
 def _operation(op: Callable[..., dict], *path_params: str) -> Callable[..., Any]:
@@ -9783,14 +10355,11 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
 )
 
 
-async def _http_error(request: Request, exc: Exception) -> Response:
-    """404 and 405 as JSON errors, like every other refusal."""
-    status = getattr(exc, "status_code", 500)
-    error = NotFound(f"nothing at {request.url.path}") if status == 404 else PrickleError(
-        f"{request.method} is not allowed on {request.url.path}", "method_not_allowed")
-    error.http_status = status
-    return _error_response(error)
-
+###############################################################################
+# 38. The server
+###############################################################################
+# The server's own pieces: the background work (pruning, expiry, checkpoints, digests), the
+# guard on connections, and create_app, which puts every chapter together.
 
 #: How often the server looks for email digests to send, in seconds.
 DIGEST_EVERY = 60.0
@@ -9808,8 +10377,7 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
             end_dead_sessions()  # it may have revoked credentials that open sessions were opened with
 
     def sweep() -> None:
-        sweep_approvals(db)
-        expire_invites(db)  # an invite past its 7 days forgets its address
+        expire_due(db)  # lapsed approvals are asked again; an invite past its 7 days forgets its address
         end_dead_sessions()  # a run's or a discussion's credential expires on its own
 
     def prune() -> float | None:
@@ -9840,96 +10408,6 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
     maintenance.add("email digest", DIGEST_EVERY, digest)
     return maintenance
 
-class TooManySessions(PrickleError, code="too_many_sessions", status=429):
-    """The key holds as many MCP sessions as it may, each with a request in flight."""
-
-
-class _SessionManager(StreamableHTTPSessionManager):
-    """The SDK's handshake-era session manager, with a cap per credential and an end on revocation.
-
-    A credential opening one session more than ``per_key`` allows ends the one of its own that
-    has been idle the longest; if all of them are busy (a request in flight), the new one is
-    refused with 429. ``end_sessions_of`` ends a credential's sessions at once (its ids answer
-    404 from then on). The SDK marks a session's owner by the credential id (see _MCPEndpoint).
-    """
-
-    def __init__(self, *args: Any, per_key: int, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.per_key = per_key
-
-    def sessions_of(self, credential_id: str) -> list[str]:
-        """Ids of the open sessions a credential opened."""
-        return [sid for sid, owner in self._session_owners.items() if owner["client_id"] == credential_id]
-
-    def credentials(self) -> set[str]:
-        """Ids of the credentials that hold open sessions."""
-        return {owner["client_id"] for owner in self._session_owners.values()}
-
-    def _idle_since(self, session_id: str) -> float:
-        # While a request is in flight the SDK pushes the idle deadline to infinity; an idle
-        # session's deadline is when it went idle plus the timeout, so the smallest is the idlest.
-        transport = self._server_instances.get(session_id)
-        scope = transport.idle_scope if transport is not None else None
-        return math.inf if scope is None else scope.deadline
-
-    def _make_room(self, credential_id: str) -> bool:
-        """End this credential's idlest sessions until one more fits; False if all are busy."""
-        mine = self.sessions_of(credential_id)
-        while len(mine) >= self.per_key:
-            idlest = min(mine, key=self._idle_since)
-            if self._idle_since(idlest) == math.inf:
-                return False
-            self.end_session(idlest)
-            mine.remove(idlest)
-        return True
-
-    def end_session(self, session_id: str) -> None:
-        """End one session now: its id is forgotten at once and its server task is cancelled."""
-        transport = self._server_instances.pop(session_id, None)
-        self._session_owners.pop(session_id, None)
-        if transport is not None and transport.idle_scope is not None:
-            transport.idle_scope.cancel()  # the SDK's own idle expiry path: the task ends and terminates it
-
-    def end_sessions_of(self, credential_ids: set[str]) -> int:
-        """End every session of these credentials; returns how many ended."""
-        ended = [sid for sid, owner in list(self._session_owners.items()) if owner["client_id"] in credential_ids]
-        for sid in ended:
-            self.end_session(sid)
-        return len(ended)
-
-    def _admit_session(self, requestor: Any) -> Any:
-        if requestor is not None and not self._make_room(requestor["client_id"]):
-            return None
-        return super()._admit_session(requestor)
-
-    async def _handle_stateful_request(self, scope: dict, receive: Any, send: Any) -> None:
-        user = scope.get("user")
-        opening = not any(k == b"mcp-session-id" for k, _ in scope["headers"])
-        if opening and isinstance(user, AuthenticatedUser) and not self._make_room(user.access_token.client_id):
-            error = TooManySessions(f"this key already has {self.per_key} MCP sessions with a request in flight "
-                                    "(max_sessions_per_key): end one (HTTP DELETE with its Mcp-Session-Id) or "
-                                    "wait for one to finish")
-            await _error_response(error)(scope, receive, send)
-            return
-        await super()._handle_stateful_request(scope, receive, send)
-
-
-def end_sessions_of_dead_credentials(db: Database, manager: _SessionManager) -> int:
-    """End the MCP sessions whose credential was revoked, expired or removed; returns how many ended.
-
-    Runs after a revocation committed here and whenever another process (the CLI) wrote the file.
-    """
-    held = sorted(manager.credentials())
-    if not held:
-        return 0
-    live: set[str] = set()
-    for i in range(0, len(held), 500):
-        chunk = tuple(held[i:i + 500])
-        rows = db.rows(f"SELECT id, kind, revoked_at, expires_at FROM credentials WHERE id IN "
-                       f"({','.join('?' * len(chunk))})", chunk)
-        live.update(r["id"] for r in rows if not_live_because(r) is None)
-    return manager.end_sessions_of(set(held) - live)
-
 
 def create_app(db_path: str, settings: Settings | None = None, port: int | None = None) -> Starlette:
     """The whole server as a Starlette app on the database at ``db_path``.
@@ -9948,7 +10426,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     # request's commit on the event loop.
     db.conn.pragma("wal_autocheckpoint", 0)
     state = AppState(db=db, settings=settings, hub=hub, port=port)
-    manager = _SessionManager(app=build_mcp_server(state), json_response=False, stateless=False,
+    manager = SessionManager(app=build_mcp_server(state), json_response=False, stateless=False,
                               session_idle_timeout=settings.session_idle_seconds,
                               max_request_body_size=settings.max_body_bytes, max_sessions=settings.max_sessions,
                               per_key=settings.max_sessions_per_key)
@@ -9958,7 +10436,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
         try:
             end_sessions_of_dead_credentials(db, manager)
         except apsw.Error:
-            _log_exception("ending the sessions of revoked credentials (tried again at the next change)")
+            log_exception("ending the sessions of revoked credentials (tried again at the next change)")
 
     db.revoked_listeners.append(end_dead_sessions)
 
@@ -9981,34 +10459,31 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
             db.close()
             checkpointer.close()
 
-    mcp_endpoint = _MCPEndpoint(state, StreamableHTTPASGIApp(manager))
+    mcp_endpoint = MCPEndpoint(state, StreamableHTTPASGIApp(manager))
     routes = [
         Route("/mcp", endpoint=mcp_endpoint, methods=["GET", "POST", "DELETE"]),
         *(Route(path, endpoint, methods=[method]) for method, path, endpoint in ROUTES),
         Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: _http_error, 405: _http_error})
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: http_error, 405: http_error})
     app.state.prickle = state
-    app.add_middleware(_GuardMiddleware, settings=settings, port=port)
-    app.add_middleware(_AccessLogMiddleware)
+    app.add_middleware(GuardMiddleware, settings=settings, port=port)
+    app.add_middleware(AccessLogMiddleware)
     return app
 
 
-###############################################################################
-# Connections and the log #####################################################
-###############################################################################
 # uvicorn gives a connection no deadline until its first response (a client that never
 # finishes its headers holds its socket for ever) and puts no bound on how many are open (past
 # the process's file limit every accept() fails, and asyncio logs each failure). The guard
 # below gives both, and repeated log lines are written once a minute.
 
+
 #: Open files kept back from client connections: the database and its log (twice, with the
 #: checkpointer), the lock, the listening socket, the event loop's own, files being sent.
 FD_RESERVE = 64
+
 #: How long a refused connection is kept for its client to read the 503 (seconds).
 REFUSAL_LINGER_SECONDS = 2.0
-#: A log line that repeats is written once per this many seconds, then with the count left out.
-LOG_REPEAT_SECONDS = 60.0
 
 
 def raise_file_limit(wanted: int) -> int:
@@ -10212,72 +10687,976 @@ class _GuardedConnection:
         super().connection_lost(exc)
 
 
-class RepeatLimiter(logging.Filter):
-    """A log filter that lets a line through once per ``window`` seconds.
+###############################################################################
+# 39. The command line: serving
+###############################################################################
+# ``prickle``: one group of commands on the database file, also while the server runs. With
+# --json every command prints exactly one JSON object; a failure is one line on stderr.
 
-    Lines are the same when their logger, level, unformatted message and exception type are.
-    The first of a kind is written; repeats within the window are counted, and the first one
-    after it is written with "(N more like it were left out)".
+#: The demo project the reference's examples use.
+DEMO_PROJECT = "website-v2"
+
+
+def set_meta(db: Database, key: str, value: str) -> None:
+    """Store one server fact (the address it listens on, the demo keys) in the database."""
+    with db.transaction():
+        db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, value))
+
+
+def signin_link(db: Database, settings: Settings, handle: str, port: int | None = None) -> str:
+    """A one-time sign-in link for ``handle``, valid for the configured minutes."""
+    return _signin_link(db, settings, handle, port)[0]
+
+
+def _signin_link(db: Database, settings: Settings, handle: str, port: int | None) -> tuple[str, str]:
+    """A one-time sign-in link for ``handle`` and its credential's id."""
+    record, secret = create_token(db, "signin", person=handle,
+                                  ttl=_dt.timedelta(minutes=settings.signin_link_minutes))
+    return f"{public_base(db, settings, port)}/signin?token={secret}", record["id"]
+
+
+def init_owner(db: Database, handle: str, display_name: str | None) -> dict:
+    """Create the deployment's first person. Raises Conflict when someone already exists."""
+    if db.scalar("SELECT count(*) FROM people"):
+        raise Conflict("this database already has people: add more with 'prickle person add', or get a sign-in "
+                       "link with 'prickle signin-link HANDLE'")
+    return add_person(db, handle, display_name or handle)
+
+
+def seed_demo(db: Database) -> bool:
+    """Seed the website-v2 project (people oj and ren, agents oj/muse and ren/builder). False if present."""
+    if db.one("SELECT 1 FROM projects WHERE slug = ?", (DEMO_PROJECT,)):
+        return False
+    with db.transaction():
+        for handle, name in (("oj", "Oj Okafor"), ("ren", "Ren Ito")):
+            if not db.one("SELECT 1 FROM people WHERE handle = ?", (handle,)):
+                add_person(db, handle, name)
+        create_project(db, DEMO_PROJECT, "Website v2", "web", "oj",
+                       "The new marketing site: hero, pricing page and docs.")
+        add_to_team(db, "web", "ren")
+        add_member(db, DEMO_PROJECT, "ren", "member", by="oj")
+        add_agent(db, "oj/muse", "Muse", "claude-opus-4", "claude-code", "Copywriter",
+                  [{"kind": "other", "name": "Docs"}, {"kind": "other", "name": "Copywriting"}], [DEMO_PROJECT])
+        add_agent(db, "ren/builder", "Builder", "gpt-5-codex", "codex", "Frontend engineer",
+                  [{"kind": "repo", "name": "website"}, {"kind": "deploy", "name": "preview"}], [DEMO_PROJECT])
+        set_memory(db, DEMO_PROJECT, "stack", "Astro site, deployed as static files.", "oj")
+        set_memory(db, DEMO_PROJECT, "tone", "Plain and warm; no hype words.", "oj")
+        post_message(db, Actor("person", "", "cli", handle="oj"), DEMO_PROJECT,
+                     "Welcome to Website v2. @muse drafts the copy, @builder builds the pages.")
+    return True
+
+
+def counted(n: int, noun: str) -> str:
+    """``1 project``, ``2 projects``: a count with its noun for a readable line (plural adds "s")."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def db_options(f: Callable) -> Callable:
+    """Give a command the options every command takes: --db and --json."""
+    f = click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")(f)
+    f = click.option("--db", "db_path", default=lambda: os.environ.get("PRICKLE_DB", "prickle.db"),
+                     show_default="prickle.db or $PRICKLE_DB", help="The SQLite database file.")(f)
+    return f
+
+
+def open_db(db_path: str, create: bool = False, serving: bool = False) -> Database:
+    if not create and not os.path.exists(db_path):
+        raise NotFound(f"no database at {db_path}: pass --db with the file 'prickle serve' uses, or start with "
+                       "'prickle init'")
+    if not serving and os.path.exists(db_path):
+        # Before any SQLite connection: one through another name would get a write-ahead log of its own.
+        holder = running_server(db_path)
+        if holder is not None and holder["path"] != os.path.realpath(db_path):
+            use = (f"pass --db {shlex.quote(holder['path'])}, the name it was started with" if holder["path"]
+                   else "pass --db with the name that server was started with")
+            pid = f" (pid {holder['pid']})" if holder["pid"] else ""
+            raise StorageError(f"a prickle serve{pid} is using "
+                               f"{db_path} under another name, and opening it by two names loses writes: {use}")
+        if holder is not None and _schema_version(db_path) < len(MIGRATIONS):
+            # Upgrading the file under a running older server would break it: only with the server stopped.
+            raise StorageError(f"{db_path} needs a schema upgrade and a server is using it: stop that server, then "
+                               "run this again (or start the new 'prickle serve', which upgrades it)")
+    return Database(db_path)
+
+
+def _schema_version(db_path: str) -> int:
+    conn = apsw.Connection(db_path, flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        return conn.pragma("user_version")
+    finally:
+        conn.close()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="prickle")
+def cli() -> None:
+    """Prickle: a meeting place for a small team's people and their AI agents."""
+
+
+def _uvicorn_server(config: Any, lock: ServerLock) -> Any:
+    """A uvicorn server that gives ``lock`` back once it has shut down, before it re-raises the
+    signal that stopped it (SIGTERM would otherwise end the process before ``serve`` could)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    lock.release()
+
+    return Server(config)
+
+
+def _fresh_demo(db: Database, settings: Settings, port: int) -> dict:
+    """Seed the demo project and make fresh demo keys and a sign-in link for oj; the previous
+    start's stop working. Returns ``{"project", "keys": {agent: secret}, "signin"}``."""
+    seed_demo(db)
+    earlier = json.loads(db.scalar("SELECT value FROM meta WHERE key = 'demo_keys'") or "[]")
+    for token_id in earlier:
+        with contextlib.suppress(PrickleError):
+            revoke_token(db, token_id)
+    keys, ids = {}, []
+    for agent_id in ("oj/muse", "ren/builder"):
+        record, secret = create_token(db, "client", agent_id=agent_id)
+        keys[agent_id] = secret
+        ids.append(record["id"])
+    link, link_id = _signin_link(db, settings, "oj", port)
+    set_meta(db, "demo_keys", json.dumps(ids + [link_id]))
+    return {"project": DEMO_PROJECT, "keys": keys, "signin": link}
+
+
+@cli.command("serve")
+@db_options
+@click.option("--config", "config_path", default=None, help="Settings file (default: ./prickle.toml if present).")
+@click.option("--host", default=None, help="Address to listen on (default from settings: 127.0.0.1).")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="Port to listen on; 0 picks a free one and prints it.")
+@click.option("--demo", is_flag=True, help="Seed the website-v2 demo project and print a key for each demo agent.")
+def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | None, port: int | None,
+          demo: bool) -> None:
+    """Run the server: MCP at /mcp, the people's API at /api, the page at /."""
+    import uvicorn
+
+    settings = load_settings(config_path, db_path)
+    if host is not None:
+        settings.host = host
+    if port is not None:
+        settings.port = port
+    lock = ServerLock(db_path)
+    lock.acquire()
+    try:
+        family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+        # IPPROTO_TCP (not 0) so asyncio sets TCP_NODELAY on accepted connections: without it
+        # every response waits ~40 ms for the client's delayed ACK.
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((settings.host, settings.port))
+        except OSError as e:
+            raise PrickleError(f"cannot listen on {settings.host}:{settings.port}: {e.strerror}; "
+                               "pick another --port") from None
+        file_limit = raise_file_limit(ConnectionGuard.files_wanted(settings.max_connections))
+        guard = ConnectionGuard(settings.max_connections, settings.request_timeout_seconds, file_limit)
+        if guard.limit < settings.max_connections:
+            print(f"prickle: keeping at most {guard.limit} connections open, not {settings.max_connections} "
+                  f"(max_connections): this process may open only {file_limit} files (raise it with "
+                  "'ulimit -n')", file=sys.stderr)
+        sock.listen(guard.backlog)  # connections queue from now on, even before the app is ready
+        bound = sock.getsockname()[1]
+        base = settings.base_url(bound)
+        db = open_db(db_path, create=True, serving=True)
+        set_meta(db, "base_url", base)
+        info: dict[str, Any] = {"url": base, "port": bound, "mcp": f"{base}/mcp", "db": os.path.abspath(db_path)}
+        lines = [f"Prickle {__version__} is listening on {base}  (MCP: {base}/mcp, database: {db_path})"]
+        if settings.listens_everywhere() and not settings.public_url:
+            lines.append("Listening on every interface: teammates must use the address they reach this machine "
+                         "by; set public_url in prickle.toml to it, so links and the Host check use it."
+                         if machine_address() is None else
+                         f"Listening on every interface; links use {base}. If teammates reach this machine by "
+                         "another name, set public_url in prickle.toml to it.")
+        db_arg = f"--db {shlex.quote(db_path)}"  # what the next steps printed below add to each command
+        if demo:
+            info["demo"] = _fresh_demo(db, settings, bound)
+            lines += [f"Demo project '{DEMO_PROJECT}' is ready. Client keys (shown once):"]
+            lines += [f"  {a}: {k}" for a, k in info["demo"]["keys"].items()]
+            lines += [f"Sign in as oj: {info['demo']['signin']}",
+                      f"Connect an agent: prickle connect oj/muse {db_arg}"]
+        elif not db.scalar("SELECT count(*) FROM people"):
+            steps = [
+                f"prickle init {db_arg} --owner YOUR-HANDLE --name 'Your Name'      # prints your sign-in link",
+                f"prickle project create {db_arg} my-project --name 'My project' --team my-team --owner YOUR-HANDLE",
+                f"prickle agent add {db_arg} YOUR-HANDLE/helper --name Helper --model claude-opus-4 "
+                "--client claude-code --project my-project",
+                f"prickle connect {db_arg} YOUR-HANDLE/helper                       # a key and the set-up lines",
+            ]
+            info["next_steps"] = steps
+            lines += ["This database is new. Next, in another terminal:"]
+            lines += [f"  {s}" for s in steps]
+        db.close()
+        Out(as_json)(info, "\n".join(lines))
+        sys.stdout.flush()
+        app = create_app(db_path, settings, bound)
+        # What was loaded so far lives as long as the process: keep it out of the collector's way,
+        # and collect young objects less often (a request makes many short-lived ones).
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(50_000, 20, 100)
+        config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=3,
+                                http=guard.protocol(), backlog=guard.backlog)
+        limit_log_repeats(settings.access_log)  # once uvicorn has set up its logging
+        _uvicorn_server(config, lock).run(sockets=[sock])
+    finally:
+        lock.release()
+
+
+@cli.command("init")
+@db_options
+@click.option("--owner", required=True, help="The first owner's handle (lowercase, digits, hyphens).")
+@click.option("--name", default=None, help="Their display name.")
+@click.option("--config", "config_path", default=None, help="Settings file, for the public address in the link.")
+def init_cmd(db_path: str, as_json: bool, owner: str, name: str | None, config_path: str | None) -> None:
+    """Create the first owner and print their sign-in link."""
+    settings = load_settings(config_path, db_path)
+    db = open_db(db_path, create=True)
+    person = init_owner(db, owner, name)
+    known = bool(settings.public_url or db.scalar("SELECT value FROM meta WHERE key = 'base_url'"))
+    link = signin_link(db, settings, owner)
+    guess = "" if known else (
+        "\nNo server has run on this database yet, so the address above is a guess: if yours listens elsewhere, "
+        "open the same /signin?token=… on your server's address, or set public_url in prickle.toml.")
+    Out(as_json)({"person": person, "signin": link, "address_known": known},
+                  f"Created {owner}. Sign in (once, within {settings.signin_link_minutes} min): {link}{guess}\n"
+                  f"Next: prickle project create SLUG --name NAME --team TEAM --owner {owner}")
+
+
+@cli.command("signin-link")
+@db_options
+@click.argument("handle")
+@click.option("--config", "config_path", default=None, help="Settings file, for the public address in the link.")
+def signin_link_cmd(db_path: str, as_json: bool, handle: str, config_path: str | None) -> None:
+    """Print a new one-time sign-in link for a person."""
+    settings = load_settings(config_path, db_path)
+    link = signin_link(open_db(db_path), settings, handle)
+    Out(as_json)({"signin": link}, link)
+
+
+@cli.group("token")
+def token_group() -> None:
+    """Credentials: create, list, revoke."""
+
+
+@token_group.command("create")
+@db_options
+@click.option("--agent", "agent_id", default=None, metavar="OWNER/NAME", help="A client key for this agent.")
+@click.option("--project", "project_slug", default=None, help="Scope the client key to this one project.")
+@click.option("--rooms", is_flag=True, help="A client key for the agent's owner's private rooms only.")
+@click.option("--person", "handle", default=None, help="A personal token for the HTTP API.")
+@click.option("--runner", "runner", default=None, metavar="OWNER/NAME", help="A runner device key for this agent.")
+@click.option("--label", default=None, help="The key's name, shown on the keys page (up to 60 characters).")
+def token_create(db_path: str, as_json: bool, agent_id: str | None, project_slug: str | None, rooms: bool,
+                 handle: str | None, runner: str | None, label: str | None) -> None:
+    """Make a credential and print its secret once."""
+    if rooms:
+        if project_slug is not None or agent_id is None:
+            raise InvalidInput("--rooms goes with --agent OWNER/NAME and without --project")
+        project_slug = ROOMS_SCOPE
+    if sum(x is not None for x in (agent_id, handle, runner)) != 1:
+        raise InvalidInput("pass exactly one of --agent OWNER/NAME, --person HANDLE or --runner OWNER/NAME")
+    kind = "client" if agent_id else "person" if handle else "runner"
+    db = open_db(db_path)
+    if kind == "runner":
+        if project_slug is not None:
+            raise InvalidInput("a runner key is not scoped to a project: leave --project out")
+        device, secret = pair_device(db, owner_of(check_agent_id(runner, "--runner")), runner, label=label)
+        record = {"id": device["credential_id"], "kind": "runner", "agent_id": runner, "device": device["id"],
+                  "label": device["label"]}
+    else:
+        record, secret = create_token(db, kind, agent_id=agent_id, person=handle, project=project_slug, label=label)
+    Out(as_json)(record | {"token": secret},
+                  f"{kind} credential {record['id']} (shown once, keep it secret):\n{secret}")
+
+
+@token_group.command("list")
+@db_options
+@click.option("--owner", default=None, help="Only this person's and their agents' credentials.")
+def token_list(db_path: str, as_json: bool, owner: str | None) -> None:
+    """List credentials (never their secrets)."""
+    rows = list_tokens(open_db(db_path), owner)
+    Out(as_json).rows("tokens", rows, lambda r: (
+        f"{r['id']}  {r['kind']:<7} {r['agent_id'] or r['person']:<24} {r['project'] or '-':<16} "
+        f"{'revoked ' + r['revoked_at'] if r['revoked_at'] else 'active'}"), "No credentials.")
+
+
+@token_group.command("revoke")
+@db_options
+@click.argument("token_id")
+def token_revoke(db_path: str, as_json: bool, token_id: str) -> None:
+    """Revoke a credential at once."""
+    record = revoke_token(open_db(db_path), token_id)
+    Out(as_json)(record, f"Revoked {token_id}.")
+
+
+@cli.group("memory")
+def memory_group() -> None:
+    """Project memory facts."""
+
+
+@memory_group.command("set")
+@db_options
+@click.argument("project_slug", metavar="PROJECT")
+@click.argument("key")
+@click.argument("value")
+@click.option("--by", required=True, help="Handle of the member setting it.")
+def memory_set(db_path: str, as_json: bool, project_slug: str, key: str, value: str, by: str) -> None:
+    """Set a memory fact (its value is never written to the audit log)."""
+    fact = set_memory(open_db(db_path), project_slug, key, value, by)
+    Out(as_json)({"memory": fact}, f"Set {key} in {project_slug}.")
+
+
+@memory_group.command("retract")
+@db_options
+@click.argument("project_slug", metavar="PROJECT")
+@click.argument("key")
+@click.option("--by", required=True, help="Handle of the member retracting it.")
+def memory_retract(db_path: str, as_json: bool, project_slug: str, key: str, by: str) -> None:
+    """Retract a memory fact: no agent is served it again."""
+    out = retract_memory(open_db(db_path), project_slug, key, by)
+    Out(as_json)(out, f"Retracted {key} from {project_slug}.")
+
+
+@cli.group("audit")
+def audit_group() -> None:
+    """The hash-chained audit log."""
+
+
+@audit_group.command("verify")
+@db_options
+@click.argument("project_slug", metavar="[PROJECT]", required=False)
+def audit_verify(db_path: str, as_json: bool, project_slug: str | None) -> None:
+    """Recompute every chain (or one project's) and name the first broken entry."""
+    db = open_db(db_path)
+    if project_slug is not None:
+        project_out(db, project_slug)
+    reports = verify_audit(db, project_slug)
+    ok = all(r["ok"] for r in reports)
+    Out(as_json)({"ok": ok, "chains": reports}, "\n".join(
+        f"{r['chain'] or '(deployment)'}: {r['entries']} entries, "
+        + ("ok" if r["ok"] else f"BROKEN at entry {r['broken_at']}") for r in reports) or "No audit entries yet.")
+    if not ok:
+        raise click.exceptions.Exit(1)
+
+
+@cli.command("backup")
+@db_options
+@click.argument("dest")
+def backup_cmd(db_path: str, as_json: bool, dest: str) -> None:
+    """Copy the database to DEST with SQLite's online backup (safe while the server runs)."""
+    if os.path.exists(dest):
+        raise Conflict(f"{dest} already exists: pick a new file name")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(dest))):
+        raise NotFound(f"the folder for {dest} does not exist: create it first")
+    open_db(db_path).backup_to(dest)
+    Out(as_json)({"backup": os.path.abspath(dest)}, f"Backed up {db_path} to {dest}.")
+
+
+@cli.command("connect")
+@db_options
+@click.argument("agent_id", metavar="OWNER/NAME")
+@click.option("--project", "project_slug", default=None, help="Scope the new key to this one project.")
+@click.option("--config", "config_path", default=None, help="Settings file, for the public address.")
+def connect_cmd(db_path: str, as_json: bool, agent_id: str, project_slug: str | None, config_path: str | None) -> None:
+    """Mint a client key for an agent and print the Claude Code and Codex set-up lines."""
+    settings = load_settings(config_path, db_path)
+    db = open_db(db_path)
+    record, secret = create_token(db, "client", agent_id=agent_id, project=project_slug)
+    lines = connect_lines(public_base(db, settings), agent_id, secret)
+    projects = team_projects_of(db, agent_id)
+    warning = "" if projects else (f"\nNote: {agent_id} is in no project yet, so every tool will answer not_found; "
+                                   f"add it with 'prickle agent join PROJECT {agent_id}'.")
+    Out(as_json)(record | {"token": secret, "projects": projects} | lines,
+                  f"Made a client key for {agent_id} (key ID {record['id']}; the key itself is in the lines "
+                  f"below and is shown only once).\n\nClaude Code:\n  {lines['claude_code']}\n\n"
+                  "Codex, in ~/.codex/config.toml:\n"
+                  + "\n".join("  " + line for line in lines["codex_config"].splitlines())
+                  + f"\n\nCodex, in the shell that starts it:\n  {lines['codex_env']}" + warning)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; a failure prints one line on stderr and returns non-zero.
+
+    An argument that is not valid text (bytes the locale could not decode) is refused here,
+    before any command stores it, with exit status 2.
     """
-
-    def __init__(self, window: float = LOG_REPEAT_SECONDS, clock: Callable[[], float] = time.monotonic):
-        super().__init__()
-        self.window, self.clock = window, clock
-        self.seen: dict[tuple, list] = {}  # kind -> [written at, left out since]
-
-    def admit(self, kind: tuple) -> int | None:
-        """None to leave a line of this kind out; else how many like it were left out before it."""
-        now = self.clock()
-        entry = self.seen.get(kind)
-        if entry is not None and now - entry[0] < self.window:
-            entry[1] += 1
-            return None
-        if len(self.seen) > 10_000:  # kinds are few; a flood of distinct ones must not grow this for ever
-            self.seen.clear()
-        left_out = entry[1] if entry is not None else 0
-        self.seen[kind] = [now, 0]
-        return left_out
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        kind = (record.name, record.levelno, str(record.msg),
-                type(record.exc_info[1]).__name__ if record.exc_info else None)
-        left_out = self.admit(kind)
-        if left_out is None:
-            return False
-        if left_out:
-            record.msg = f"{record.msg} ({left_out} more like it were left out)"
-        return True
-
-
-#: The one repeat limiter of this process: log records and the server's own error reports.
-REPEATS = RepeatLimiter()
-
-
-def limit_log_repeats(access_log: bool = False) -> None:
-    """Pass every log line of the server (uvicorn's, asyncio's, the SDK's) through REPEATS.
-
-    With ``access_log``, Prickle's access log lines go to stderr too (settings: access_log).
-    """
-    root = logging.getLogger()
-    if not any(REPEATS in h.filters for h in root.handlers):
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setLevel(logging.WARNING)
-        handler.setFormatter(logging.Formatter("prickle: %(levelname)s %(name)s: %(message)s"))
-        root.addHandler(handler)
-    if access_log and not ACCESS_LOG.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("prickle: access %(message)s"))  # every line: no REPEATS
-        ACCESS_LOG.addHandler(handler)
-        ACCESS_LOG.setLevel(logging.INFO)
-        ACCESS_LOG.propagate = False
-    for name in ("", "uvicorn", "uvicorn.access"):
-        for handler in logging.getLogger(name).handlers:
-            if REPEATS not in handler.filters:
-                handler.addFilter(REPEATS)
+    argv = sys.argv[1:] if argv is None else argv
+    for n, arg in enumerate(argv, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            click.echo(f"prickle: argument {n} is not valid UTF-8 text; retype it (see --help)", err=True)
+            return 2
+    try:
+        code = cli.main(args=argv, prog_name="prickle", standalone_mode=False)
+        return code if isinstance(code, int) else 0
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.exceptions.Abort:
+        click.echo("prickle: aborted", err=True)
+        return 1
+    except click.ClickException as e:
+        click.echo(f"prickle: {e.format_message()} (see --help)", err=True)
+        return 2
+    except PrickleError as e:
+        click.echo(f"prickle: {e.message}", err=True)
+        return 1
+    except apsw.Error as e:
+        click.echo(f"prickle: database error: {e}", err=True)
+        return 1
+    except KeyboardInterrupt:
+        return 130
 
 
 ###############################################################################
-# Runner ######################################################################
+# 40. The command line: the team's administration
+###############################################################################
+
+
+@cli.group("person")
+def person_group() -> None:
+    """People."""
+
+
+@person_group.command("add")
+@db_options
+@click.argument("handle")
+@click.option("--name", required=True, help="Display name.")
+@click.option("--color", type=click.IntRange(0, 7), default=None, help="Colour 0-7 (default: next free).")
+@click.option("--email", default=None, help="Their address, for sign-in links by email (needs [smtp]).")
+def person_add(db_path: str, as_json: bool, handle: str, name: str, color: int | None, email: str | None) -> None:
+    """Add a person."""
+    p = add_person(open_db(db_path), handle, name, color, email=email)
+    Out(as_json)({"person": p}, f"Added {handle} ({name}).")
+
+
+@person_group.command("email")
+@db_options
+@click.argument("handle")
+@click.argument("address", required=False)
+def person_email(db_path: str, as_json: bool, handle: str, address: str | None) -> None:
+    """Set a person's address for sign-in links by email (leave ADDRESS out to remove it)."""
+    out = set_person_email(open_db(db_path), handle, address)
+    Out(as_json)(out, f"{handle}'s address for sign-in links: {out['email'] or 'none'}.")
+
+
+@person_group.command("digest")
+@db_options
+@click.argument("handle")
+@click.argument("minutes", type=int, required=False)
+def person_digest(db_path: str, as_json: bool, handle: str, minutes: int | None) -> None:
+    """Mail HANDLE what waited on them more than MINUTES (leave MINUTES out to turn the digest off)."""
+    out = set_digest(open_db(db_path), handle, minutes)
+    state = f"on: what waited more than {minutes} minutes" if minutes else "off"
+    note = "" if out["email"] or not minutes else f" (no address yet: prickle person email {handle} ADDRESS)"
+    Out(as_json)(out, f"{handle}'s email digest is {state}{note}.")
+
+
+@person_group.command("list")
+@db_options
+def person_list(db_path: str, as_json: bool) -> None:
+    """List everyone on the server with the teams they are in."""
+    rows = list_people(open_db(db_path))
+    Out(as_json).rows("people", rows, lambda r: (
+        f"{r['handle']:<20} {r['display_name']:<24} "
+        + (", ".join(f"{t['team']} ({t['role']})" for t in r["teams"]) or "no team")), "No people.")
+
+
+@cli.group("team")
+def team_group() -> None:
+    """Teams: their people, projects and allowed agent apps."""
+
+
+@team_group.command("list")
+@db_options
+def team_list(db_path: str, as_json: bool) -> None:
+    """List every team with how many people and projects it has."""
+    rows = list_teams(open_db(db_path))
+    Out(as_json).rows("teams", rows, lambda r: (
+        f"{r['name']:<24} {r['people']} {'person' if r['people'] == 1 else 'people'}, "
+        f"{counted(r['projects'], 'project')}, apps: "
+        f"{', '.join(r['apps']) if r['apps'] is not None else 'any'}"), "No teams.")
+
+
+def _team_text(t: dict) -> str:
+    lines = [f"Team {t['name']} (apps: {', '.join(t['apps']) if t['apps'] is not None else 'any'})"]
+    lines += [f"  {p['handle']:<20} {p['role']:<7} since {p['joined_at']}" for p in t["people"]]
+    lines.append(f"  projects: {', '.join(t['projects']) or 'none'}")
+    return "\n".join(lines)
+
+
+@team_group.command("show")
+@db_options
+@click.argument("team")
+def team_show(db_path: str, as_json: bool, team: str) -> None:
+    """Show a team: its people with their roles, its projects and the agent apps it allows."""
+    t = team_out(open_db(db_path), team)
+    Out(as_json)({"team": t}, _team_text(t))
+
+
+@team_group.command("add")
+@db_options
+@click.argument("team")
+@click.argument("handle")
+@click.option("--role", type=click.Choice(["owner", "member"]), default="member", show_default=True)
+def team_add(db_path: str, as_json: bool, team: str, handle: str, role: str) -> None:
+    """Make a person one of a team's people (then a project owner can add them)."""
+    out = add_to_team(open_db(db_path), team, handle, role)
+    Out(as_json)(out, f"{handle} is in team {team} as {out['role']}.")
+
+
+@team_group.command("apps")
+@db_options
+@click.argument("team")
+@click.argument("apps", nargs=-1, metavar="[APP]...")
+@click.option("--any", "any_app", is_flag=True, help="Allow agents of any app again.")
+def team_apps(db_path: str, as_json: bool, team: str, apps: tuple[str, ...], any_app: bool) -> None:
+    """Allow only agents of these apps (clients, like claude-code or codex) in the team's projects."""
+    if any_app == bool(apps):
+        raise InvalidInput("name the apps to allow (like: prickle team apps web claude-code codex), or pass --any")
+    t = set_team_apps(open_db(db_path), team, None if any_app else list(apps))
+    Out(as_json)({"team": t}, _team_text(t))
+
+
+@cli.group("project")
+def project_group() -> None:
+    """Projects."""
+
+
+@project_group.command("create")
+@db_options
+@click.argument("slug")
+@click.option("--name", required=True, help="Display name.")
+@click.option("--team", required=True, help="The team it belongs to.")
+@click.option("--owner", required=True, help="Handle of its first owner.")
+@click.option("--description", default="", help="What the project is about.")
+def project_create(db_path: str, as_json: bool, slug: str, name: str, team: str, owner: str,
+                   description: str) -> None:
+    """Create a project with its first owner."""
+    p = create_project(open_db(db_path), slug, name, team, owner, description, admin=True)
+    Out(as_json)({"project": p}, f"Created project {slug}, owned by {owner}.")
+
+
+@project_group.command("list")
+@db_options
+def project_list(db_path: str, as_json: bool) -> None:
+    """List every team project with its team and how many members and agents it has."""
+    rows = list_all_projects(open_db(db_path))
+    Out(as_json).rows("projects", rows, lambda r: (
+        f"{r['slug']:<24} team {r['team']:<16} {counted(r['members'], 'member')}, "
+        f"{counted(r['agents'], 'agent')}  {r['name']}"),
+        "No projects.")
+
+
+@project_group.command("rename")
+@db_options
+@click.argument("slug")
+@click.argument("name")
+def project_rename(db_path: str, as_json: bool, slug: str, name: str) -> None:
+    """Rename a project; its slug (its address) stays."""
+    p = rename_project(open_db(db_path), slug, name)
+    Out(as_json)({"project": p}, f"Renamed {slug} to {p['name']}.")
+
+
+@cli.group("lead")
+def lead_group() -> None:
+    """A team project's default lead: the agent a message naming nobody wakes."""
+
+
+def _lead_text(project: str, lead: dict | None) -> str:
+    if lead is None:
+        return f"{project} has no default lead."
+    return f"{lead['agent_id']} leads {project}" + (
+        "." if lead["state"] == "agreed" else f", waiting for {owner_of(lead['agent_id'])} to agree.")
+
+
+@lead_group.command("show")
+@db_options
+@click.argument("project_slug", metavar="PROJECT")
+def lead_show(db_path: str, as_json: bool, project_slug: str) -> None:
+    """Show a project's default lead and whether its owner agreed."""
+    db = open_db(db_path)
+    project_out(db, check_slug(project_slug, "project"))
+    lead = lead_out(db, project_slug)
+    Out(as_json)({"lead": lead}, _lead_text(project_slug, lead))
+
+
+@lead_group.command("pick")
+@db_options
+@click.argument("project_slug", metavar="PROJECT")
+@click.argument("agent_id", metavar="OWNER/NAME")
+def lead_pick(db_path: str, as_json: bool, project_slug: str, agent_id: str) -> None:
+    """Pick an agent of the project as its default lead (its owner then agrees or declines)."""
+    lead = pick_lead(open_db(db_path), project_slug, agent_id)
+    Out(as_json)({"lead": lead}, _lead_text(project_slug, lead))
+
+
+@lead_group.command("answer")
+@db_options
+@click.argument("project_slug", metavar="PROJECT")
+@click.argument("decision", type=click.Choice(LEAD_DECISIONS))
+def lead_answer(db_path: str, as_json: bool, project_slug: str, decision: str) -> None:
+    """Agree or decline, for the picked agent's owner."""
+    out = answer_lead(open_db(db_path), project_slug, decision)
+    Out(as_json)(out, _lead_text(project_slug, out["lead"]))
+
+
+@lead_group.command("step-down")
+@db_options
+@click.argument("project_slug", metavar="PROJECT")
+def lead_step_down(db_path: str, as_json: bool, project_slug: str) -> None:
+    """Step the agreed default lead down: the project has none again."""
+    out = step_down_lead(open_db(db_path), project_slug)
+    Out(as_json)(out, _lead_text(project_slug, None))
+
+
+@cli.group("task")
+def task_group() -> None:
+    """Tasks: their display titles and what a sub-task waits on."""
+
+
+@task_group.command("title")
+@db_options
+@click.argument("task_id")
+@click.argument("title", required=False)
+def task_title(db_path: str, as_json: bool, task_id: str, title: str | None) -> None:
+    """Set a task's display title; without TITLE, clear it (the task's own words show)."""
+    out = rename_task(open_db(db_path), None, task_id, title)
+    shown = out["task"]["display_title"] or out["task"]["packet"]["task"]
+    Out(as_json)(out, f"{task_id} shows as: {shown}")
+
+
+@task_group.command("blocked-by")
+@db_options
+@click.argument("task_id")
+@click.argument("blockers", nargs=-1, metavar="[TASK_ID]...")
+def task_blocked_by(db_path: str, as_json: bool, task_id: str, blockers: tuple[str, ...]) -> None:
+    """Set the sibling sub-tasks a sub-task waits on; none clears them."""
+    out = set_blocked_by(open_db(db_path), None, task_id, list(blockers))
+    Out(as_json)(out, f"{task_id} waits on {', '.join(out['blocked_by']) or 'nothing'}"
+                  + (f" (still open: {', '.join(out['blocked'])})." if out["blocked"] else "."))
+
+
+@cli.group("member")
+def member_group() -> None:
+    """Project members."""
+
+
+@member_group.command("add")
+@db_options
+@click.argument("project_slug", metavar="PROJECT")
+@click.argument("handle")
+@click.option("--role", type=click.Choice(["owner", "member"]), default="member", show_default=True)
+def member_add(db_path: str, as_json: bool, project_slug: str, handle: str, role: str) -> None:
+    """Add a person to a project."""
+    m = add_member(open_db(db_path), project_slug, handle, role)
+    Out(as_json)({"member": m}, f"Added {handle} to {project_slug} as {role}.")
+
+
+@member_group.command("list")
+@db_options
+@click.argument("project_slug", metavar="PROJECT")
+def member_list(db_path: str, as_json: bool, project_slug: str) -> None:
+    """List a project's members with their role, when they joined and their agents in it."""
+    rows = list_members(open_db(db_path), project_slug)
+    Out(as_json).rows("members", rows, lambda r: (
+        f"{r['handle']:<20} {r['role']:<7} joined {r['joined_at']}  agents: {', '.join(r['agents']) or 'none'}"))
+
+
+def _removal_text(counts: dict) -> str:
+    return (f"{counts['agents']} agents out, {counts['returned']} tasks returned, {counts['transferred']} "
+            f"passed to an owner, {counts['rules_revoked']} rules and {counts['standing_revoked']} standing "
+            f"approvals revoked, {counts['credentials']} credentials ended, {counts['invites']} invites revoked")
+
+
+def _project_command(group: click.Group, name: str, operation: Callable[..., dict], doc: str,
+                     said: Callable[[str, str, dict], str], metavar: str = "HANDLE",
+                     key: str | None = None) -> click.Command:
+    """The ``prickle GROUP NAME PROJECT WHO`` command that calls ``operation(db, project, who)`` and
+    says ``said(who, project, answer)`` (``--json``: the answer, under ``key`` when one is given)."""
+
+    def callback(db_path: str, as_json: bool, project_slug: str, who: str) -> None:
+        out = operation(open_db(db_path), project_slug, who)
+        Out(as_json)({key: out} if key else out, said(who, project_slug, out))
+
+    callback.__name__ = callback.__qualname__ = f"{group.name}_{name}"
+    arguments = click.argument("project_slug", metavar="PROJECT")(click.argument("who", metavar=metavar)(callback))
+    return group.command(name, help=doc)(db_options(arguments))
+
+
+member_remove = _project_command(
+    member_group, "remove", remove_member,
+    "Remove a member from a project: their agents leave, their tasks are handed back or passed on.",
+    lambda handle, slug, out: f"Removed {handle} from {slug}: {_removal_text(out['counts'])}.")
+
+member_leave = _project_command(
+    member_group, "leave", leave_project, "Leave a project as the person HANDLE: the same hand-back as a removal, recorded as leaving.",
+    lambda handle, slug, out: f"{handle} left {slug}: {_removal_text(out['counts'])}.")
+
+member_promote = _project_command(
+    member_group, "promote", promote_member, "Make a member of a project one of its owners.",
+    lambda handle, slug, out: f"{handle} is now an owner of {slug}.", key="member")
+
+
+@cli.group("invite")
+def invite_group() -> None:
+    """Invites by email: a link that lets someone sign up (or sign in) and join a project."""
+
+
+def _invite_line(i: dict) -> str:
+    return (f"{i['id']}  {i['email'] or '-':<32} {i['role']:<7} by {i['invited_by']:<16} sent {i['sends']}x, "
+            f"expires {i['expires_at']}")
+
+
+def _deliver_from_cli(db: Database, config_path: str | None, db_path: str, invite: dict, secret: str) -> dict:
+    settings = load_settings(config_path, db_path)
+    return deliver_invite(settings, invite, invite_mail(db, public_base(db, settings), invite, secret))
+
+
+def _delivered_text(out: dict) -> str:
+    mailed = f"Mailed to {out['invite']['email']}." if out["mailed"] else f"Not mailed: {out['mail_problem']}."
+    return f"Invite {out['invite']['id']} ({out['invite']['role']}), link (works once, until " \
+           f"{out['invite']['expires_at']}):\n{out['link']}\n{mailed}"
+
+
+@invite_group.command("create")
+@db_options
+@click.argument("project_slug", metavar="PROJECT")
+@click.argument("email")
+@click.option("--by", "by_handle", required=True, help="The inviter: an owner of the project and of its team.")
+@click.option("--role", type=click.Choice(["owner", "member"]), default="member", show_default=True)
+@click.option("--config", "config_path", default=None, help="Settings file, for [smtp] and the public address.")
+def invite_create(db_path: str, as_json: bool, project_slug: str, email: str, by_handle: str, role: str,
+                  config_path: str | None) -> None:
+    """Invite an email address to a project; prints the link (and mails it when [smtp] is set)."""
+    db = open_db(db_path)
+    invite, secret = create_invite(db, project_slug, email, role, by_handle)
+    out = _deliver_from_cli(db, config_path, db_path, invite, secret)
+    Out(as_json)(out, _delivered_text(out))
+
+
+@invite_group.command("list")
+@db_options
+@click.argument("project_slug", metavar="PROJECT")
+def invite_list(db_path: str, as_json: bool, project_slug: str) -> None:
+    """List a project's open invites with their address, role, inviter and expiry."""
+    Out(as_json).rows("invites", list_invites(open_db(db_path), project_slug), _invite_line, "No open invites.")
+
+
+@invite_group.command("resend")
+@db_options
+@click.argument("invite_id")
+@click.option("--by", "by_handle", required=True, help="An owner of the project and of its team.")
+@click.option("--config", "config_path", default=None, help="Settings file, for [smtp] and the public address.")
+def invite_resend(db_path: str, as_json: bool, invite_id: str, by_handle: str, config_path: str | None) -> None:
+    """Make a new link for an open invite, lasting 7 days from now (the old link stops working)."""
+    db = open_db(db_path)
+    invite, secret = resend_invite(db, invite_id, by_handle)
+    out = _deliver_from_cli(db, config_path, db_path, invite, secret)
+    Out(as_json)(out, _delivered_text(out))
+
+
+@invite_group.command("revoke")
+@db_options
+@click.argument("invite_id")
+@click.option("--by", "by_handle", default=None, help="An owner of the project and of its team (checked if given).")
+def invite_revoke(db_path: str, as_json: bool, invite_id: str, by_handle: str | None) -> None:
+    """Revoke an open invite: its link stops working and its address is forgotten."""
+    out = revoke_invite(open_db(db_path), invite_id, by_handle)
+    Out(as_json)({"invite": out}, f"Revoked invite {invite_id}.")
+
+
+def _parse_capability(text: str) -> dict:
+    kind, sep, name = text.partition(":")
+    if not sep:
+        raise InvalidInput(f"--capability must be KIND:NAME (KIND one of mcp, repo, deploy, data, other), got {text!r}")
+    return {"kind": kind, "name": name}
+
+
+@cli.group("agent")
+def agent_group() -> None:
+    """Agents."""
+
+
+@agent_group.command("add")
+@db_options
+@click.argument("agent_id", metavar="OWNER/NAME")
+@click.option("--name", required=True, help="Display name.")
+@click.option("--model", required=True, help="The model it runs, e.g. claude-opus-4.")
+@click.option("--client", required=True, help="The MCP client it uses, e.g. claude-code or codex.")
+@click.option("--role", default="", help="What it does on the team.")
+@click.option("--capability", "capabilities", multiple=True, metavar="KIND:NAME", help="Repeatable.")
+@click.option("--project", "projects", multiple=True, metavar="SLUG", help="Add it to this project (repeatable).")
+def agent_add(db_path: str, as_json: bool, agent_id: str, name: str, model: str, client: str, role: str,
+              capabilities: tuple[str, ...], projects: tuple[str, ...]) -> None:
+    """Add an agent for its owner, optionally to projects."""
+    card = add_agent(open_db(db_path), agent_id, name, model, client, role,
+                     [_parse_capability(c) for c in capabilities], list(projects))
+    Out(as_json)({"agent": card}, f"Added agent {agent_id}" + (f" to {', '.join(projects)}." if projects else "."))
+
+
+agent_join = _project_command(agent_group, "join", add_agent_to_project,
+                              "Add an existing agent to a project its owner is a member of.",
+                              lambda agent_id, slug, out: f"Added {agent_id} to {slug}.", metavar="OWNER/NAME")
+
+agent_remove = _project_command(
+    agent_group, "remove", remove_agent, "Take an agent out of a project: its tasks go back to their requesters.",
+    lambda agent_id, slug, out: f"Took {agent_id} out of {slug}: {_removal_text(out['counts'])}.", metavar="OWNER/NAME")
+
+
+@agent_group.command("list")
+@db_options
+@click.option("--owner", default=None, help="Only this person's agents.")
+def agent_list(db_path: str, as_json: bool, owner: str | None) -> None:
+    """List agents with their app, model and the team projects they are in."""
+    rows = list_agents(open_db(db_path), owner)
+    Out(as_json).rows("agents", rows, lambda r: (
+        f"{r['agent_id']:<28} {r['client']:<12} {r['model']:<16} projects: {', '.join(r['projects']) or 'none'}"),
+        "No agents.")
+
+
+@cli.group("rule")
+def rule_group() -> None:
+    """An owner's gate: delegation rules, standing approvals, auto-accept."""
+
+
+@rule_group.command("set")
+@db_options
+@click.argument("owner")
+@click.option("--decision", required=True, type=click.Choice(["allow", "approval_required", "never"]),
+              help="What happens to handoffs to OWNER's agents.")
+@click.option("--agent", "agent_id", default=None, metavar="OWNER/NAME", help="Only handoffs from this agent.")
+@click.option("--from-owner", default=None, metavar="HANDLE", help="Only handoffs from this person's agents.")
+@click.option("--expires", default=None, metavar="ISO-TIME", help="When the rule stops (default: never).")
+def rule_set(db_path: str, as_json: bool, owner: str, decision: str, agent_id: str | None, from_owner: str | None,
+             expires: str | None) -> None:
+    """Set a delegation rule for handoffs to OWNER's agents (all teammates unless narrowed)."""
+    r = set_rule(open_db(db_path), owner, decision, agent=agent_id, from_owner=from_owner, expires_at=expires)
+    Out(as_json)({"rule": r}, f"Rule {r['id']}: handoffs from {r['subject'] or 'all teammates'} to {owner}'s "
+                               f"agents: {decision}.")
+
+
+@rule_group.command("list")
+@db_options
+@click.argument("owner")
+def rule_list(db_path: str, as_json: bool, owner: str) -> None:
+    """List OWNER's live delegation rules and standing approvals."""
+    db = open_db(db_path)
+    require_person(db, owner)
+    out = list_rules(db, owner)
+    lines = [f"{r['id']}  {r['subject'] or 'all teammates':<24} {r['decision']:<18} until {r['expires_at'] or 'revoked'}"
+             for r in out["rules"]]
+    lines += [f"{s['id']}  standing: {s['requester']} -> {s['assignee']} ({s['kind']}) {s['uses']}/{s['cap']} until "
+              f"{s['expires_at']}" for s in out["standing_approvals"]]
+    Out(as_json)(out, "\n".join(lines) or "No rules: handoffs from teammates need approval.")
+
+
+@rule_group.command("revoke")
+@db_options
+@click.argument("owner")
+@click.argument("rule_id")
+def rule_revoke(db_path: str, as_json: bool, owner: str, rule_id: str) -> None:
+    """Revoke a delegation rule (or, with an ID starting sa_, a standing approval)."""
+    db = open_db(db_path)
+    out = revoke_standing_approval(db, owner, rule_id) if rule_id.startswith("sa_") else revoke_rule(db, owner, rule_id)
+    Out(as_json)(out, f"Revoked {rule_id}.")
+
+
+@rule_group.command("auto-accept")
+@db_options
+@click.argument("owner")
+@click.argument("state", type=click.Choice(["on", "off"]))
+def rule_auto_accept(db_path: str, as_json: bool, owner: str, state: str) -> None:
+    """Accept OWNER's agents' verified results at once (on) or wait for a final click (off, the default)."""
+    out = set_auto_accept(open_db(db_path), owner, state == "on")
+    Out(as_json)(out, f"Auto-accept for {owner}: {state}.")
+
+
+@cli.group("device")
+def device_group() -> None:
+    """Runner devices paired to one agent each."""
+
+
+@device_group.command("pair")
+@db_options
+@click.argument("agent_id", metavar="OWNER/NAME")
+@click.option("--name", default="runner", help="What to call this device (e.g. the computer's name).")
+def device_pair(db_path: str, as_json: bool, agent_id: str, name: str) -> None:
+    """Pair a runner device to an agent and print its runner key once."""
+    dev, secret = pair_device(open_db(db_path), owner_of(check_agent_id(agent_id)), agent_id, name)
+    Out(as_json)({"device": dev, "token": secret},
+                  f"Paired device {dev['id']} ({name}) with {agent_id}. Runner key (shown once):\n{secret}")
+
+
+@device_group.command("list")
+@db_options
+@click.argument("owner")
+def device_list(db_path: str, as_json: bool, owner: str) -> None:
+    """List OWNER's paired devices."""
+    db = open_db(db_path)
+    require_person(db, owner)
+    rows = list_devices(db, owner)
+    Out(as_json).rows("devices", rows, lambda r: (
+        f"{r['id']}  {r['agent_id']:<24} {r['name']:<16} {'revoked' if r['revoked_at'] else 'active'}"),
+        "No devices.")
+
+
+@device_group.command("revoke")
+@db_options
+@click.argument("owner")
+@click.argument("device_id")
+def device_revoke(db_path: str, as_json: bool, owner: str, device_id: str) -> None:
+    """Revoke a device and every credential it holds."""
+    out = revoke_device(open_db(db_path), owner, device_id)
+    Out(as_json)(out, f"Revoked {device_id} ({out['credentials_ended']} credentials ended).")
+
+
+@cli.group("agents")
+def agents_group() -> None:
+    """Every agent at once: pause and resume their runs."""
+
+
+def _pause_scope(everyone: bool, owner: str | None) -> str:
+    if everyone == (owner is not None):
+        raise InvalidInput("pass --all (every agent on this server) or --owner HANDLE (one person's agents)")
+    return ALL_AGENTS if everyone else check_slug(owner, "owner")
+
+
+@agents_group.command("pause")
+@db_options
+@click.option("--all", "everyone", is_flag=True, help="Every agent on this server (the operator's pause).")
+@click.option("--owner", default=None, help="Only this person's agents.")
+def agents_pause(db_path: str, as_json: bool, everyone: bool, owner: str | None) -> None:
+    """Pause agents: their runs are refused with 'paused' at their next call and runners start nothing."""
+    scope = _pause_scope(everyone, owner)
+    out = pause_agents(open_db(db_path), scope, "operator" if scope == ALL_AGENTS else scope)
+    Out(as_json)(out, f"Paused {'every agent' if scope == ALL_AGENTS else scope + chr(39) + 's agents'} "
+                       f"({out['active_runs']} runs were in progress; they stop at their next call).")
+
+
+@agents_group.command("resume")
+@db_options
+@click.option("--all", "everyone", is_flag=True, help="Lift the pause of every agent.")
+@click.option("--owner", default=None, help="Lift the pause of this person's agents.")
+def agents_resume(db_path: str, as_json: bool, everyone: bool, owner: str | None) -> None:
+    """Resume agents paused with the same scope."""
+    scope = _pause_scope(everyone, owner)
+    out = resume_agents(open_db(db_path), scope, "operator" if scope == ALL_AGENTS else scope)
+    Out(as_json)(out, f"Resumed {'every agent' if scope == ALL_AGENTS else scope + chr(39) + 's agents'}.")
+
+
+###############################################################################
+# Appendix A. The runner: its config, its state and its calls
 ###############################################################################
 # ``prickle runner`` runs on a teammate's computer. For each configured agent it waits in
 # wait_for_mention with the agent's runner key, and turns a wake into work:
@@ -10295,20 +11674,28 @@ def limit_log_repeats(access_log: bool = False) -> None:
 
 #: Seconds between reconnect attempts while the server is away (the last one repeats).
 RUNNER_BACKOFF = (1, 1, 2, 3, 5, 10, 20, 30)
+
 #: How long one wait_for_mention waits on the server (its maximum).
 RUNNER_WAIT_SECONDS = 50
+
 #: A private-room session must post within the discussion credential's life.
 ROOM_SESSION_MINUTES = 10
+
 #: After asking a run to stop, how long it gets before it is killed.
 RUNNER_STOP_GRACE = 5.0
+
 #: While a run is going, the runner reads its device's state this often (seconds) to hear of a Stop.
 RUNNER_WATCH_SECONDS = 5.0
+
 #: The permission-prompt bridge's MCP server name and tool, as Claude Code names them.
 BRIDGE_SERVER, BRIDGE_TOOL = "prickle_bridge", "approve"
+
 #: The environment variable that carries a run's credential (never argv).
 RUN_KEY_ENV = "PRICKLE_RUN_KEY"
+
 #: Task states that end a run still going (the owner stopped it, cancelled, reassigned).
 RUN_ENDED_STATES = ("cancelled", "returned", "rejected", "completed")
+
 #: Task states after which a run counts as good: its result came back, or it waits on a person.
 RUN_GOOD_STATES = ("verifying", "approval", "completed", "waiting")
 
@@ -10421,7 +11808,7 @@ def runner_state_dir(config: RunnerConfig, config_path: str) -> str:
     return base + "-state"
 
 
-def _write_private(path: str, text: str) -> None:
+def write_private(path: str, text: str) -> None:
     """Write a file only the user can read (0600), replacing it whole."""
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -10439,11 +11826,11 @@ def read_runner_status(state_dir: str) -> dict:
         return {"running": False, "pid": None, "agents": {}}
     except (OSError, ValueError) as e:
         raise RunnerError(f"the runner's status file in {state_dir} can't be read: {e}") from None
-    status["running"] = _alive(status.get("pid"))
+    status["running"] = process_alive(status.get("pid"))
     return status
 
 
-def _alive(pid: int | None) -> bool:
+def process_alive(pid: int | None) -> bool:
     if not pid:
         return False
     try:
@@ -10545,6 +11932,149 @@ async def http_call(base_url: str, key: str, method: str, path: str, body: dict 
         error = data.get("error", {}) if isinstance(data, dict) else {}
         raise CallFailed(error.get("message", f"HTTP {r.status_code}"), error.get("code", "error"))
     return data
+
+
+#: A new agent's limits in the runner's config file.
+RUNNER_DEFAULT_LIMITS = {"parallel": 1, "launch_timeout_minutes": 30}
+
+#: The agent CLIs ``prickle runner connect`` looks for on PATH, by their config name.
+RUNNER_CLIS = ("claude", "codex")
+
+
+def runner_config_path() -> str:
+    """The runner's config file: $PRICKLE_RUNNER_CONFIG, else prickle/runner.toml in the user's config directory."""
+    if os.environ.get("PRICKLE_RUNNER_CONFIG"):
+        return os.environ["PRICKLE_RUNNER_CONFIG"]
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "prickle", "runner.toml")
+
+
+def runner_base_url(server: str) -> str:
+    """The server's base URL from what a person typed: a trailing ``/mcp`` or ``/`` is dropped."""
+    url = server.strip().rstrip("/")
+    url = url[:-4] if url.endswith("/mcp") else url
+    if not re.match(r"^https?://[^/\s]+", url):
+        raise InvalidInput(f"server: expected the server's address, like http://127.0.0.1:8321, not {server!r}")
+    return url.rstrip("/")
+
+
+def read_runner_config(path: str) -> dict:
+    """The runner's config (TOML) as a dict; ``{}`` when the file does not exist. Raises InvalidInput if broken."""
+    import tomllib
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        return {}
+    except tomllib.TOMLDecodeError as e:
+        raise InvalidInput(f"{path} is not valid TOML ({e}): fix or remove it") from None
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # a JSON string is a TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise InvalidInput(f"the runner's config holds only text, numbers, booleans and lists, not {type(value).__name__}")
+
+
+def write_runner_config(path: str, config: dict) -> None:
+    """Write the runner's config (``server``, then ``[agents."owner/name"]`` tables) readable by the user only.
+
+    The directory is made 0700 and the file 0600, replaced atomically (a temporary file renamed).
+    """
+    lines = [f"{k} = {_toml_value(v)}" for k, v in config.items() if not isinstance(v, dict)]
+    for table, entries in config.items():
+        if not isinstance(entries, dict):
+            continue
+        for name, fields in entries.items():
+            lines += ["", f"[{table}.{json.dumps(name)}]"]
+            lines += [f"{k} = {_toml_value(v)}" for k, v in fields.items()]
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _runner_post(url: str, body: dict) -> tuple[int, dict]:
+    """POST JSON to the server; ``(status, answer)``. Raises PrickleError when the server can't be reached."""
+    import urllib.error
+    import urllib.request
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        try:
+            return e.code, json.loads(e.read() or b"{}")
+        except ValueError:
+            return e.code, {"error": {"code": "internal", "message": f"the server answered {e.code}"}}
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise PrickleError(f"can't reach the server at {url}: {getattr(e, 'reason', e)}", "unavailable") from None
+
+
+def connect_runner(server: str, config_path: str, name: str, clis: list[str],
+                   say: Callable[[str], Any], sleep: Callable[[float], Any] = time.sleep) -> dict:
+    """Connect this computer: ask with a code, wait for the person's decision, write the keys to the config.
+
+    Returns ``{"config", "agents": [{agent_id, client, device_id}]}``. Raises Forbidden
+    (refused), Expired, or PrickleError with the server's message. Never shows a key.
+    """
+    base = runner_base_url(server)
+    if not clis:
+        raise InvalidInput("no agent CLI (claude, codex) on PATH: install one, or pair a runner key with "
+                           "'prickle device pair OWNER/NAME' (or Agents & keys on the page) and configure "
+                           "client = \"command\" in the runner's config by hand")
+    status, answer = _runner_post(f"{base}/api/runner/connect", {"name": name, "clis": clis})
+    if status != 200:
+        raise PrickleError(answer.get("error", {}).get("message", f"the server answered {status}"),
+                           answer.get("error", {}).get("code"))
+    minutes = max(1, round((parse_iso(answer["expires_at"]) - utcnow()).total_seconds() / 60))
+    say(f"To connect this computer, open this link and sign in:\n  {answer['link']}\n"
+        f"Code: {answer['code']} (expires in {minutes} minutes)")
+    while True:
+        status, got = _runner_post(f"{base}/api/runner/connect/collect",
+                                   {"request_id": answer["request_id"], "collect_secret": answer["collect_secret"]})
+        if status == 200 and got.get("status") == "pending":
+            sleep(answer.get("interval", CONNECT_POLL_SECONDS))
+            continue
+        if status != 200:
+            error = got.get("error", {})
+            message = {"forbidden": "the request was refused on the page: nothing was connected",
+                       "expired": "the code expired: run 'prickle runner connect' again"}.get(
+                error.get("code"), error.get("message", f"the server answered {status}"))
+            raise PrickleError(message, error.get("code"))
+        break
+    config = read_runner_config(config_path)
+    config["server"] = base
+    agents = config.setdefault("agents", {})
+    for a in got["agents"]:
+        entry = agents.get(a["agent_id"]) if isinstance(agents.get(a["agent_id"]), dict) else {}
+        agents[a["agent_id"]] = RUNNER_DEFAULT_LIMITS | entry | {"key": a["key"], "client": a["client"]}
+    # server first, then the agents' tables
+    write_runner_config(config_path, {"server": base} | {k: v for k, v in config.items() if k != "server"})
+    return {"config": config_path, "agents": [{k: a[k] for k in ("agent_id", "client", "device_id")}
+                                              for a in got["agents"]]}
+
+
+###############################################################################
+# Appendix B. The runner at work
+###############################################################################
+# The Runner: one listener per agent, runs within their limits, a watch on the device's state.
 
 
 def task_prompt(task: dict, memory: list[dict], thread: list[dict], bridged: bool = True) -> str:
@@ -10703,7 +12233,7 @@ class Runner:
     def save(self) -> None:
         """Write the status file (0600, replaced whole) that ``prickle runner status`` reads."""
         self.status["updated_at"] = iso(utcnow())
-        _write_private(os.path.join(self.state_dir, "status.json"), json.dumps(self.status, indent=1))
+        write_private(os.path.join(self.state_dir, "status.json"), json.dumps(self.status, indent=1))
 
     def _agent(self, agent_id: str) -> dict:
         return self.status["agents"][agent_id]
@@ -10743,7 +12273,7 @@ class Runner:
         for agent_id, before in self.previous.get("agents", {}).items():
             agent = self.config.agents.get(agent_id)
             for run_id, run in before.get("runs", {}).items():
-                if run.get("pid") and _alive(run["pid"]):
+                if run.get("pid") and process_alive(run["pid"]):
                     with contextlib.suppress(OSError):
                         os.killpg(run["pid"], 9)
                 if run.get("kind") != "task" or agent is None:
@@ -11020,8 +12550,8 @@ class Runner:
         os.makedirs(run_dir, mode=0o700, exist_ok=True)
         files = {"mcp_config": os.path.join(run_dir, "mcp.json"), "prompt_file": os.path.join(run_dir, "prompt.txt"),
                  "run_dir": run_dir}
-        _write_private(files["mcp_config"], json.dumps(mcp_config_for(self.config.mcp_url, bridge, run_dir), indent=1))
-        _write_private(files["prompt_file"], prompt)
+        write_private(files["mcp_config"], json.dumps(mcp_config_for(self.config.mcp_url, bridge, run_dir), indent=1))
+        write_private(files["prompt_file"], prompt)
         return files
 
     async def run_task(self, agent_id: str, task: dict) -> None:
@@ -11218,7 +12748,10 @@ class Runner:
         self.log(f"{agent_id}: action {action_id} finished" + (f" ({failure})" if failure else ""))
 
 
-# -- the permission-prompt bridge ---------------------------------------------
+###############################################################################
+# Appendix C. The runner's commands and the permission bridge
+###############################################################################
+# The runner's own commands, and the permission-prompt bridge Claude Code calls for a step.
 
 
 async def run_bridge() -> None:
@@ -11254,7 +12787,7 @@ async def run_bridge() -> None:
             else:
                 out = {"behavior": "deny", "message": answer.get("message") or "Refused."}
             if answer["status"] == "pending" and run_dir:
-                _write_private(os.path.join(run_dir, "step-pending"), answer["step_id"])
+                write_private(os.path.join(run_dir, "step-pending"), answer["step_id"])
         except Exception as e:  # noqa: BLE001 - a prompt that can't be asked is a refusal, never a crash
             out = {"behavior": "deny", "message": f"Prickle could not be asked: {redact(str(e))[:300]}"}
         return mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=json.dumps(out))])
@@ -11285,968 +12818,7 @@ def runner_status_lines(config: RunnerConfig, status: dict) -> list[str]:
     return lines
 
 
-###############################################################################
-# Command line ################################################################
-###############################################################################
-
-#: The demo project the reference's examples use.
-DEMO_PROJECT = "website-v2"
-
-
-def public_base(db: Database, settings: Settings, port: int | None = None) -> str:
-    """The address for links: the configured public_url, else where the server last listened, else the default."""
-    if settings.public_url or port is not None:
-        return settings.base_url(port)
-    return db.scalar("SELECT value FROM meta WHERE key = 'base_url'") or settings.base_url()
-
-
-def set_meta(db: Database, key: str, value: str) -> None:
-    """Store one server fact (the address it listens on, the demo keys) in the database."""
-    with db.transaction():
-        db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, value))
-
-
-def signin_link(db: Database, settings: Settings, handle: str, port: int | None = None) -> str:
-    """A one-time sign-in link for ``handle``, valid for the configured minutes."""
-    return _signin_link(db, settings, handle, port)[0]
-
-
-def _signin_link(db: Database, settings: Settings, handle: str, port: int | None) -> tuple[str, str]:
-    """A one-time sign-in link for ``handle`` and its credential's id."""
-    record, secret = create_token(db, "signin", person=handle,
-                                  ttl=_dt.timedelta(minutes=settings.signin_link_minutes))
-    return f"{public_base(db, settings, port)}/signin?token={secret}", record["id"]
-
-
-def init_owner(db: Database, handle: str, display_name: str | None) -> dict:
-    """Create the deployment's first person. Raises Conflict when someone already exists."""
-    if db.scalar("SELECT count(*) FROM people"):
-        raise Conflict("this database already has people: add more with 'prickle person add', or get a sign-in "
-                       "link with 'prickle signin-link HANDLE'")
-    return add_person(db, handle, display_name or handle)
-
-
-def seed_demo(db: Database) -> bool:
-    """Seed the website-v2 project (people oj and ren, agents oj/muse and ren/builder). False if present."""
-    if db.one("SELECT 1 FROM projects WHERE slug = ?", (DEMO_PROJECT,)):
-        return False
-    with db.transaction():
-        for handle, name in (("oj", "Oj Okafor"), ("ren", "Ren Ito")):
-            if not db.one("SELECT 1 FROM people WHERE handle = ?", (handle,)):
-                add_person(db, handle, name)
-        create_project(db, DEMO_PROJECT, "Website v2", "web", "oj",
-                       "The new marketing site: hero, pricing page and docs.")
-        add_to_team(db, "web", "ren")
-        add_member(db, DEMO_PROJECT, "ren", "member", by="oj")
-        add_agent(db, "oj/muse", "Muse", "claude-opus-4", "claude-code", "Copywriter",
-                  [{"kind": "other", "name": "Docs"}, {"kind": "other", "name": "Copywriting"}], [DEMO_PROJECT])
-        add_agent(db, "ren/builder", "Builder", "gpt-5-codex", "codex", "Frontend engineer",
-                  [{"kind": "repo", "name": "website"}, {"kind": "deploy", "name": "preview"}], [DEMO_PROJECT])
-        set_memory(db, DEMO_PROJECT, "stack", "Astro site, deployed as static files.", "oj")
-        set_memory(db, DEMO_PROJECT, "tone", "Plain and warm; no hype words.", "oj")
-        post_message(db, Actor("person", "", "cli", handle="oj"), DEMO_PROJECT,
-                     "Welcome to Website v2. @muse drafts the copy, @builder builds the pages.")
-    return True
-
-
-def connect_lines(base_url: str, agent_id: str, token: str) -> dict:
-    """Copy-paste set-up for Claude Code and Codex: ``{"url", "claude_code", "codex", "codex_config", "codex_env"}``.
-
-    Codex takes two things of different kinds: ``codex_config`` is TOML for its config file,
-    ``codex_env`` the shell line that puts the key in the environment it starts from;
-    ``codex`` is both in one text, as before.
-    """
-    url = f"{base_url}/mcp"
-    config = f'# ~/.codex/config.toml\n[mcp_servers.prickle]\nurl = "{url}"\nbearer_token_env_var = "PRICKLE_TOKEN"'
-    env = f"export PRICKLE_TOKEN={token}"
-    return {
-        "url": url,
-        "claude_code": f'claude mcp add --transport http prickle {url} --header "Authorization: Bearer {token}"',
-        "codex": f"{config}\n# then, in the shell that starts codex:\n{env}",
-        "codex_config": config,
-        "codex_env": env,
-    }
-
-
-def _counted(n: int, noun: str) -> str:
-    """``1 project``, ``2 projects``: a count with its noun for a readable line (plural adds "s")."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-class _Out:
-    """What a command reports: one JSON object with --json, else readable lines."""
-
-    def __init__(self, as_json: bool):
-        self.as_json = as_json
-
-    def __call__(self, data: dict, text: str) -> None:
-        click.echo(utf8_json(data) if self.as_json else text)
-
-    def rows(self, key: str, rows: list[dict], line: Callable[[dict], str], none: str = "") -> None:
-        """A listing: ``{key: rows}`` with --json, else one ``line(row)`` a row (``none`` for no rows)."""
-        self({key: rows}, "\n".join(line(r) for r in rows) or none)
-
-
-def _db_options(f: Callable) -> Callable:
-    """Give a command the options every command takes: --db and --json."""
-    f = click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")(f)
-    f = click.option("--db", "db_path", default=lambda: os.environ.get("PRICKLE_DB", "prickle.db"),
-                     show_default="prickle.db or $PRICKLE_DB", help="The SQLite database file.")(f)
-    return f
-
-
-def _open(db_path: str, create: bool = False, serving: bool = False) -> Database:
-    if not create and not os.path.exists(db_path):
-        raise NotFound(f"no database at {db_path}: pass --db with the file 'prickle serve' uses, or start with "
-                       "'prickle init'")
-    if not serving and os.path.exists(db_path):
-        # Before any SQLite connection: one through another name would get a write-ahead log of its own.
-        holder = running_server(db_path)
-        if holder is not None and holder["path"] != os.path.realpath(db_path):
-            use = (f"pass --db {shlex.quote(holder['path'])}, the name it was started with" if holder["path"]
-                   else "pass --db with the name that server was started with")
-            pid = f" (pid {holder['pid']})" if holder["pid"] else ""
-            raise StorageError(f"a prickle serve{pid} is using "
-                               f"{db_path} under another name, and opening it by two names loses writes: {use}")
-        if holder is not None and _schema_version(db_path) < len(MIGRATIONS):
-            # Upgrading the file under a running older server would break it: only with the server stopped.
-            raise StorageError(f"{db_path} needs a schema upgrade and a server is using it: stop that server, then "
-                               "run this again (or start the new 'prickle serve', which upgrades it)")
-    return Database(db_path)
-
-
-def _schema_version(db_path: str) -> int:
-    conn = apsw.Connection(db_path, flags=apsw.SQLITE_OPEN_READONLY)
-    try:
-        return conn.pragma("user_version")
-    finally:
-        conn.close()
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="prickle")
-def cli() -> None:
-    """Prickle: a meeting place for a small team's people and their AI agents."""
-
-
-def _uvicorn_server(config: Any, lock: ServerLock) -> Any:
-    """A uvicorn server that gives ``lock`` back once it has shut down, before it re-raises the
-    signal that stopped it (SIGTERM would otherwise end the process before ``serve`` could)."""
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            with super().capture_signals():
-                try:
-                    yield
-                finally:
-                    lock.release()
-
-    return Server(config)
-
-
-def _fresh_demo(db: Database, settings: Settings, port: int) -> dict:
-    """Seed the demo project and make fresh demo keys and a sign-in link for oj; the previous
-    start's stop working. Returns ``{"project", "keys": {agent: secret}, "signin"}``."""
-    seed_demo(db)
-    earlier = json.loads(db.scalar("SELECT value FROM meta WHERE key = 'demo_keys'") or "[]")
-    for token_id in earlier:
-        with contextlib.suppress(PrickleError):
-            revoke_token(db, token_id)
-    keys, ids = {}, []
-    for agent_id in ("oj/muse", "ren/builder"):
-        record, secret = create_token(db, "client", agent_id=agent_id)
-        keys[agent_id] = secret
-        ids.append(record["id"])
-    link, link_id = _signin_link(db, settings, "oj", port)
-    set_meta(db, "demo_keys", json.dumps(ids + [link_id]))
-    return {"project": DEMO_PROJECT, "keys": keys, "signin": link}
-
-
-@cli.command("serve")
-@_db_options
-@click.option("--config", "config_path", default=None, help="Settings file (default: ./prickle.toml if present).")
-@click.option("--host", default=None, help="Address to listen on (default from settings: 127.0.0.1).")
-@click.option("--port", type=click.IntRange(0, 65535), default=None,
-              help="Port to listen on; 0 picks a free one and prints it.")
-@click.option("--demo", is_flag=True, help="Seed the website-v2 demo project and print a key for each demo agent.")
-def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | None, port: int | None,
-          demo: bool) -> None:
-    """Run the server: MCP at /mcp, the people's API at /api, the page at /."""
-    import uvicorn
-
-    settings = load_settings(config_path, db_path)
-    if host is not None:
-        settings.host = host
-    if port is not None:
-        settings.port = port
-    lock = ServerLock(db_path)
-    lock.acquire()
-    try:
-        family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-        # IPPROTO_TCP (not 0) so asyncio sets TCP_NODELAY on accepted connections: without it
-        # every response waits ~40 ms for the client's delayed ACK.
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((settings.host, settings.port))
-        except OSError as e:
-            raise PrickleError(f"cannot listen on {settings.host}:{settings.port}: {e.strerror}; "
-                               "pick another --port") from None
-        file_limit = raise_file_limit(ConnectionGuard.files_wanted(settings.max_connections))
-        guard = ConnectionGuard(settings.max_connections, settings.request_timeout_seconds, file_limit)
-        if guard.limit < settings.max_connections:
-            print(f"prickle: keeping at most {guard.limit} connections open, not {settings.max_connections} "
-                  f"(max_connections): this process may open only {file_limit} files (raise it with "
-                  "'ulimit -n')", file=sys.stderr)
-        sock.listen(guard.backlog)  # connections queue from now on, even before the app is ready
-        bound = sock.getsockname()[1]
-        base = settings.base_url(bound)
-        db = _open(db_path, create=True, serving=True)
-        set_meta(db, "base_url", base)
-        info: dict[str, Any] = {"url": base, "port": bound, "mcp": f"{base}/mcp", "db": os.path.abspath(db_path)}
-        lines = [f"Prickle {__version__} is listening on {base}  (MCP: {base}/mcp, database: {db_path})"]
-        if settings.listens_everywhere() and not settings.public_url:
-            lines.append("Listening on every interface: teammates must use the address they reach this machine "
-                         "by; set public_url in prickle.toml to it, so links and the Host check use it."
-                         if machine_address() is None else
-                         f"Listening on every interface; links use {base}. If teammates reach this machine by "
-                         "another name, set public_url in prickle.toml to it.")
-        db_arg = f"--db {shlex.quote(db_path)}"  # what the next steps printed below add to each command
-        if demo:
-            info["demo"] = _fresh_demo(db, settings, bound)
-            lines += [f"Demo project '{DEMO_PROJECT}' is ready. Client keys (shown once):"]
-            lines += [f"  {a}: {k}" for a, k in info["demo"]["keys"].items()]
-            lines += [f"Sign in as oj: {info['demo']['signin']}",
-                      f"Connect an agent: prickle connect oj/muse {db_arg}"]
-        elif not db.scalar("SELECT count(*) FROM people"):
-            steps = [
-                f"prickle init {db_arg} --owner YOUR-HANDLE --name 'Your Name'      # prints your sign-in link",
-                f"prickle project create {db_arg} my-project --name 'My project' --team my-team --owner YOUR-HANDLE",
-                f"prickle agent add {db_arg} YOUR-HANDLE/helper --name Helper --model claude-opus-4 "
-                "--client claude-code --project my-project",
-                f"prickle connect {db_arg} YOUR-HANDLE/helper                       # a key and the set-up lines",
-            ]
-            info["next_steps"] = steps
-            lines += ["This database is new. Next, in another terminal:"]
-            lines += [f"  {s}" for s in steps]
-        db.close()
-        _Out(as_json)(info, "\n".join(lines))
-        sys.stdout.flush()
-        app = create_app(db_path, settings, bound)
-        # What was loaded so far lives as long as the process: keep it out of the collector's way,
-        # and collect young objects less often (a request makes many short-lived ones).
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(50_000, 20, 100)
-        config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=3,
-                                http=guard.protocol(), backlog=guard.backlog)
-        limit_log_repeats(settings.access_log)  # once uvicorn has set up its logging
-        _uvicorn_server(config, lock).run(sockets=[sock])
-    finally:
-        lock.release()
-
-
-@cli.command("init")
-@_db_options
-@click.option("--owner", required=True, help="The first owner's handle (lowercase, digits, hyphens).")
-@click.option("--name", default=None, help="Their display name.")
-@click.option("--config", "config_path", default=None, help="Settings file, for the public address in the link.")
-def init_cmd(db_path: str, as_json: bool, owner: str, name: str | None, config_path: str | None) -> None:
-    """Create the first owner and print their sign-in link."""
-    settings = load_settings(config_path, db_path)
-    db = _open(db_path, create=True)
-    person = init_owner(db, owner, name)
-    known = bool(settings.public_url or db.scalar("SELECT value FROM meta WHERE key = 'base_url'"))
-    link = signin_link(db, settings, owner)
-    guess = "" if known else (
-        "\nNo server has run on this database yet, so the address above is a guess: if yours listens elsewhere, "
-        "open the same /signin?token=… on your server's address, or set public_url in prickle.toml.")
-    _Out(as_json)({"person": person, "signin": link, "address_known": known},
-                  f"Created {owner}. Sign in (once, within {settings.signin_link_minutes} min): {link}{guess}\n"
-                  f"Next: prickle project create SLUG --name NAME --team TEAM --owner {owner}")
-
-
-@cli.command("signin-link")
-@_db_options
-@click.argument("handle")
-@click.option("--config", "config_path", default=None, help="Settings file, for the public address in the link.")
-def signin_link_cmd(db_path: str, as_json: bool, handle: str, config_path: str | None) -> None:
-    """Print a new one-time sign-in link for a person."""
-    settings = load_settings(config_path, db_path)
-    link = signin_link(_open(db_path), settings, handle)
-    _Out(as_json)({"signin": link}, link)
-
-
-@cli.group("person")
-def person_group() -> None:
-    """People."""
-
-
-@person_group.command("add")
-@_db_options
-@click.argument("handle")
-@click.option("--name", required=True, help="Display name.")
-@click.option("--color", type=click.IntRange(0, 7), default=None, help="Colour 0-7 (default: next free).")
-@click.option("--email", default=None, help="Their address, for sign-in links by email (needs [smtp]).")
-def person_add(db_path: str, as_json: bool, handle: str, name: str, color: int | None, email: str | None) -> None:
-    """Add a person."""
-    p = add_person(_open(db_path), handle, name, color, email=email)
-    _Out(as_json)({"person": p}, f"Added {handle} ({name}).")
-
-
-@person_group.command("email")
-@_db_options
-@click.argument("handle")
-@click.argument("address", required=False)
-def person_email(db_path: str, as_json: bool, handle: str, address: str | None) -> None:
-    """Set a person's address for sign-in links by email (leave ADDRESS out to remove it)."""
-    out = set_person_email(_open(db_path), handle, address)
-    _Out(as_json)(out, f"{handle}'s address for sign-in links: {out['email'] or 'none'}.")
-
-
-@person_group.command("digest")
-@_db_options
-@click.argument("handle")
-@click.argument("minutes", type=int, required=False)
-def person_digest(db_path: str, as_json: bool, handle: str, minutes: int | None) -> None:
-    """Mail HANDLE what waited on them more than MINUTES (leave MINUTES out to turn the digest off)."""
-    out = set_digest(_open(db_path), handle, minutes)
-    state = f"on: what waited more than {minutes} minutes" if minutes else "off"
-    note = "" if out["email"] or not minutes else f" (no address yet: prickle person email {handle} ADDRESS)"
-    _Out(as_json)(out, f"{handle}'s email digest is {state}{note}.")
-
-
-@person_group.command("list")
-@_db_options
-def person_list(db_path: str, as_json: bool) -> None:
-    """List everyone on the server with the teams they are in."""
-    rows = list_people(_open(db_path))
-    _Out(as_json).rows("people", rows, lambda r: (
-        f"{r['handle']:<20} {r['display_name']:<24} "
-        + (", ".join(f"{t['team']} ({t['role']})" for t in r["teams"]) or "no team")), "No people.")
-
-
-@cli.group("team")
-def team_group() -> None:
-    """Teams: their people, projects and allowed agent apps."""
-
-
-@team_group.command("list")
-@_db_options
-def team_list(db_path: str, as_json: bool) -> None:
-    """List every team with how many people and projects it has."""
-    rows = list_teams(_open(db_path))
-    _Out(as_json).rows("teams", rows, lambda r: (
-        f"{r['name']:<24} {r['people']} {'person' if r['people'] == 1 else 'people'}, "
-        f"{_counted(r['projects'], 'project')}, apps: "
-        f"{', '.join(r['apps']) if r['apps'] is not None else 'any'}"), "No teams.")
-
-
-def _team_text(t: dict) -> str:
-    lines = [f"Team {t['name']} (apps: {', '.join(t['apps']) if t['apps'] is not None else 'any'})"]
-    lines += [f"  {p['handle']:<20} {p['role']:<7} since {p['joined_at']}" for p in t["people"]]
-    lines.append(f"  projects: {', '.join(t['projects']) or 'none'}")
-    return "\n".join(lines)
-
-
-@team_group.command("show")
-@_db_options
-@click.argument("team")
-def team_show(db_path: str, as_json: bool, team: str) -> None:
-    """Show a team: its people with their roles, its projects and the agent apps it allows."""
-    t = team_out(_open(db_path), team)
-    _Out(as_json)({"team": t}, _team_text(t))
-
-
-@team_group.command("add")
-@_db_options
-@click.argument("team")
-@click.argument("handle")
-@click.option("--role", type=click.Choice(["owner", "member"]), default="member", show_default=True)
-def team_add(db_path: str, as_json: bool, team: str, handle: str, role: str) -> None:
-    """Make a person one of a team's people (then a project owner can add them)."""
-    out = add_to_team(_open(db_path), team, handle, role)
-    _Out(as_json)(out, f"{handle} is in team {team} as {out['role']}.")
-
-
-@team_group.command("apps")
-@_db_options
-@click.argument("team")
-@click.argument("apps", nargs=-1, metavar="[APP]...")
-@click.option("--any", "any_app", is_flag=True, help="Allow agents of any app again.")
-def team_apps(db_path: str, as_json: bool, team: str, apps: tuple[str, ...], any_app: bool) -> None:
-    """Allow only agents of these apps (clients, like claude-code or codex) in the team's projects."""
-    if any_app == bool(apps):
-        raise InvalidInput("name the apps to allow (like: prickle team apps web claude-code codex), or pass --any")
-    t = set_team_apps(_open(db_path), team, None if any_app else list(apps))
-    _Out(as_json)({"team": t}, _team_text(t))
-
-
-@cli.group("project")
-def project_group() -> None:
-    """Projects."""
-
-
-@project_group.command("create")
-@_db_options
-@click.argument("slug")
-@click.option("--name", required=True, help="Display name.")
-@click.option("--team", required=True, help="The team it belongs to.")
-@click.option("--owner", required=True, help="Handle of its first owner.")
-@click.option("--description", default="", help="What the project is about.")
-def project_create(db_path: str, as_json: bool, slug: str, name: str, team: str, owner: str,
-                   description: str) -> None:
-    """Create a project with its first owner."""
-    p = create_project(_open(db_path), slug, name, team, owner, description, admin=True)
-    _Out(as_json)({"project": p}, f"Created project {slug}, owned by {owner}.")
-
-
-@project_group.command("list")
-@_db_options
-def project_list(db_path: str, as_json: bool) -> None:
-    """List every team project with its team and how many members and agents it has."""
-    rows = list_all_projects(_open(db_path))
-    _Out(as_json).rows("projects", rows, lambda r: (
-        f"{r['slug']:<24} team {r['team']:<16} {_counted(r['members'], 'member')}, "
-        f"{_counted(r['agents'], 'agent')}  {r['name']}"),
-        "No projects.")
-
-
-@project_group.command("rename")
-@_db_options
-@click.argument("slug")
-@click.argument("name")
-def project_rename(db_path: str, as_json: bool, slug: str, name: str) -> None:
-    """Rename a project; its slug (its address) stays."""
-    p = rename_project(_open(db_path), slug, name)
-    _Out(as_json)({"project": p}, f"Renamed {slug} to {p['name']}.")
-
-
-@cli.group("lead")
-def lead_group() -> None:
-    """A team project's default lead: the agent a message naming nobody wakes."""
-
-
-def _lead_text(project: str, lead: dict | None) -> str:
-    if lead is None:
-        return f"{project} has no default lead."
-    return f"{lead['agent_id']} leads {project}" + (
-        "." if lead["state"] == "agreed" else f", waiting for {owner_of(lead['agent_id'])} to agree.")
-
-
-@lead_group.command("show")
-@_db_options
-@click.argument("project_slug", metavar="PROJECT")
-def lead_show(db_path: str, as_json: bool, project_slug: str) -> None:
-    """Show a project's default lead and whether its owner agreed."""
-    db = _open(db_path)
-    project_out(db, check_slug(project_slug, "project"))
-    lead = lead_out(db, project_slug)
-    _Out(as_json)({"lead": lead}, _lead_text(project_slug, lead))
-
-
-@lead_group.command("pick")
-@_db_options
-@click.argument("project_slug", metavar="PROJECT")
-@click.argument("agent_id", metavar="OWNER/NAME")
-def lead_pick(db_path: str, as_json: bool, project_slug: str, agent_id: str) -> None:
-    """Pick an agent of the project as its default lead (its owner then agrees or declines)."""
-    lead = pick_lead(_open(db_path), project_slug, agent_id)
-    _Out(as_json)({"lead": lead}, _lead_text(project_slug, lead))
-
-
-@lead_group.command("answer")
-@_db_options
-@click.argument("project_slug", metavar="PROJECT")
-@click.argument("decision", type=click.Choice(LEAD_DECISIONS))
-def lead_answer(db_path: str, as_json: bool, project_slug: str, decision: str) -> None:
-    """Agree or decline, for the picked agent's owner."""
-    out = answer_lead(_open(db_path), project_slug, decision)
-    _Out(as_json)(out, _lead_text(project_slug, out["lead"]))
-
-
-@lead_group.command("step-down")
-@_db_options
-@click.argument("project_slug", metavar="PROJECT")
-def lead_step_down(db_path: str, as_json: bool, project_slug: str) -> None:
-    """Step the agreed default lead down: the project has none again."""
-    out = step_down_lead(_open(db_path), project_slug)
-    _Out(as_json)(out, _lead_text(project_slug, None))
-
-
-@cli.group("task")
-def task_group() -> None:
-    """Tasks: their display titles and what a sub-task waits on."""
-
-
-@task_group.command("title")
-@_db_options
-@click.argument("task_id")
-@click.argument("title", required=False)
-def task_title(db_path: str, as_json: bool, task_id: str, title: str | None) -> None:
-    """Set a task's display title; without TITLE, clear it (the task's own words show)."""
-    out = rename_task(_open(db_path), None, task_id, title)
-    shown = out["task"]["display_title"] or out["task"]["packet"]["task"]
-    _Out(as_json)(out, f"{task_id} shows as: {shown}")
-
-
-@task_group.command("blocked-by")
-@_db_options
-@click.argument("task_id")
-@click.argument("blockers", nargs=-1, metavar="[TASK_ID]...")
-def task_blocked_by(db_path: str, as_json: bool, task_id: str, blockers: tuple[str, ...]) -> None:
-    """Set the sibling sub-tasks a sub-task waits on; none clears them."""
-    out = set_blocked_by(_open(db_path), None, task_id, list(blockers))
-    _Out(as_json)(out, f"{task_id} waits on {', '.join(out['blocked_by']) or 'nothing'}"
-                  + (f" (still open: {', '.join(out['blocked'])})." if out["blocked"] else "."))
-
-
-@cli.group("member")
-def member_group() -> None:
-    """Project members."""
-
-
-@member_group.command("add")
-@_db_options
-@click.argument("project_slug", metavar="PROJECT")
-@click.argument("handle")
-@click.option("--role", type=click.Choice(["owner", "member"]), default="member", show_default=True)
-def member_add(db_path: str, as_json: bool, project_slug: str, handle: str, role: str) -> None:
-    """Add a person to a project."""
-    m = add_member(_open(db_path), project_slug, handle, role)
-    _Out(as_json)({"member": m}, f"Added {handle} to {project_slug} as {role}.")
-
-
-@member_group.command("list")
-@_db_options
-@click.argument("project_slug", metavar="PROJECT")
-def member_list(db_path: str, as_json: bool, project_slug: str) -> None:
-    """List a project's members with their role, when they joined and their agents in it."""
-    rows = list_members(_open(db_path), project_slug)
-    _Out(as_json).rows("members", rows, lambda r: (
-        f"{r['handle']:<20} {r['role']:<7} joined {r['joined_at']}  agents: {', '.join(r['agents']) or 'none'}"))
-
-
-def _removal_text(counts: dict) -> str:
-    return (f"{counts['agents']} agents out, {counts['returned']} tasks returned, {counts['transferred']} "
-            f"passed to an owner, {counts['rules_revoked']} rules and {counts['standing_revoked']} standing "
-            f"approvals revoked, {counts['credentials']} credentials ended, {counts['invites']} invites revoked")
-
-
-def _project_command(group: click.Group, name: str, operation: Callable[..., dict], doc: str,
-                     said: Callable[[str, str, dict], str], metavar: str = "HANDLE",
-                     key: str | None = None) -> click.Command:
-    """The ``prickle GROUP NAME PROJECT WHO`` command that calls ``operation(db, project, who)`` and
-    says ``said(who, project, answer)`` (``--json``: the answer, under ``key`` when one is given)."""
-
-    def callback(db_path: str, as_json: bool, project_slug: str, who: str) -> None:
-        out = operation(_open(db_path), project_slug, who)
-        _Out(as_json)({key: out} if key else out, said(who, project_slug, out))
-
-    callback.__name__ = callback.__qualname__ = f"{group.name}_{name}"
-    arguments = click.argument("project_slug", metavar="PROJECT")(click.argument("who", metavar=metavar)(callback))
-    return group.command(name, help=doc)(_db_options(arguments))
-
-
-member_remove = _project_command(
-    member_group, "remove", remove_member,
-    "Remove a member from a project: their agents leave, their tasks are handed back or passed on.",
-    lambda handle, slug, out: f"Removed {handle} from {slug}: {_removal_text(out['counts'])}.")
-member_leave = _project_command(
-    member_group, "leave", leave_project, "Leave a project as the person HANDLE: the same hand-back as a removal, recorded as leaving.",
-    lambda handle, slug, out: f"{handle} left {slug}: {_removal_text(out['counts'])}.")
-member_promote = _project_command(
-    member_group, "promote", promote_member, "Make a member of a project one of its owners.",
-    lambda handle, slug, out: f"{handle} is now an owner of {slug}.", key="member")
-
-
-@cli.group("invite")
-def invite_group() -> None:
-    """Invites by email: a link that lets someone sign up (or sign in) and join a project."""
-
-
-def _invite_line(i: dict) -> str:
-    return (f"{i['id']}  {i['email'] or '-':<32} {i['role']:<7} by {i['invited_by']:<16} sent {i['sends']}x, "
-            f"expires {i['expires_at']}")
-
-
-def _deliver_from_cli(db: Database, config_path: str | None, db_path: str, invite: dict, secret: str) -> dict:
-    settings = load_settings(config_path, db_path)
-    return deliver_invite(settings, invite, invite_mail(db, public_base(db, settings), invite, secret))
-
-
-def _delivered_text(out: dict) -> str:
-    mailed = f"Mailed to {out['invite']['email']}." if out["mailed"] else f"Not mailed: {out['mail_problem']}."
-    return f"Invite {out['invite']['id']} ({out['invite']['role']}), link (works once, until " \
-           f"{out['invite']['expires_at']}):\n{out['link']}\n{mailed}"
-
-
-@invite_group.command("create")
-@_db_options
-@click.argument("project_slug", metavar="PROJECT")
-@click.argument("email")
-@click.option("--by", "by_handle", required=True, help="The inviter: an owner of the project and of its team.")
-@click.option("--role", type=click.Choice(["owner", "member"]), default="member", show_default=True)
-@click.option("--config", "config_path", default=None, help="Settings file, for [smtp] and the public address.")
-def invite_create(db_path: str, as_json: bool, project_slug: str, email: str, by_handle: str, role: str,
-                  config_path: str | None) -> None:
-    """Invite an email address to a project; prints the link (and mails it when [smtp] is set)."""
-    db = _open(db_path)
-    invite, secret = create_invite(db, project_slug, email, role, by_handle)
-    out = _deliver_from_cli(db, config_path, db_path, invite, secret)
-    _Out(as_json)(out, _delivered_text(out))
-
-
-@invite_group.command("list")
-@_db_options
-@click.argument("project_slug", metavar="PROJECT")
-def invite_list(db_path: str, as_json: bool, project_slug: str) -> None:
-    """List a project's open invites with their address, role, inviter and expiry."""
-    _Out(as_json).rows("invites", list_invites(_open(db_path), project_slug), _invite_line, "No open invites.")
-
-
-@invite_group.command("resend")
-@_db_options
-@click.argument("invite_id")
-@click.option("--by", "by_handle", required=True, help="An owner of the project and of its team.")
-@click.option("--config", "config_path", default=None, help="Settings file, for [smtp] and the public address.")
-def invite_resend(db_path: str, as_json: bool, invite_id: str, by_handle: str, config_path: str | None) -> None:
-    """Make a new link for an open invite, lasting 7 days from now (the old link stops working)."""
-    db = _open(db_path)
-    invite, secret = resend_invite(db, invite_id, by_handle)
-    out = _deliver_from_cli(db, config_path, db_path, invite, secret)
-    _Out(as_json)(out, _delivered_text(out))
-
-
-@invite_group.command("revoke")
-@_db_options
-@click.argument("invite_id")
-@click.option("--by", "by_handle", default=None, help="An owner of the project and of its team (checked if given).")
-def invite_revoke(db_path: str, as_json: bool, invite_id: str, by_handle: str | None) -> None:
-    """Revoke an open invite: its link stops working and its address is forgotten."""
-    out = revoke_invite(_open(db_path), invite_id, by_handle)
-    _Out(as_json)({"invite": out}, f"Revoked invite {invite_id}.")
-
-
-def _parse_capability(text: str) -> dict:
-    kind, sep, name = text.partition(":")
-    if not sep:
-        raise InvalidInput(f"--capability must be KIND:NAME (KIND one of mcp, repo, deploy, data, other), got {text!r}")
-    return {"kind": kind, "name": name}
-
-
-@cli.group("agent")
-def agent_group() -> None:
-    """Agents."""
-
-
-@agent_group.command("add")
-@_db_options
-@click.argument("agent_id", metavar="OWNER/NAME")
-@click.option("--name", required=True, help="Display name.")
-@click.option("--model", required=True, help="The model it runs, e.g. claude-opus-4.")
-@click.option("--client", required=True, help="The MCP client it uses, e.g. claude-code or codex.")
-@click.option("--role", default="", help="What it does on the team.")
-@click.option("--capability", "capabilities", multiple=True, metavar="KIND:NAME", help="Repeatable.")
-@click.option("--project", "projects", multiple=True, metavar="SLUG", help="Add it to this project (repeatable).")
-def agent_add(db_path: str, as_json: bool, agent_id: str, name: str, model: str, client: str, role: str,
-              capabilities: tuple[str, ...], projects: tuple[str, ...]) -> None:
-    """Add an agent for its owner, optionally to projects."""
-    card = add_agent(_open(db_path), agent_id, name, model, client, role,
-                     [_parse_capability(c) for c in capabilities], list(projects))
-    _Out(as_json)({"agent": card}, f"Added agent {agent_id}" + (f" to {', '.join(projects)}." if projects else "."))
-
-
-agent_join = _project_command(agent_group, "join", add_agent_to_project,
-                              "Add an existing agent to a project its owner is a member of.",
-                              lambda agent_id, slug, out: f"Added {agent_id} to {slug}.", metavar="OWNER/NAME")
-agent_remove = _project_command(
-    agent_group, "remove", remove_agent, "Take an agent out of a project: its tasks go back to their requesters.",
-    lambda agent_id, slug, out: f"Took {agent_id} out of {slug}: {_removal_text(out['counts'])}.", metavar="OWNER/NAME")
-
-
-@agent_group.command("list")
-@_db_options
-@click.option("--owner", default=None, help="Only this person's agents.")
-def agent_list(db_path: str, as_json: bool, owner: str | None) -> None:
-    """List agents with their app, model and the team projects they are in."""
-    rows = list_agents(_open(db_path), owner)
-    _Out(as_json).rows("agents", rows, lambda r: (
-        f"{r['agent_id']:<28} {r['client']:<12} {r['model']:<16} projects: {', '.join(r['projects']) or 'none'}"),
-        "No agents.")
-
-
-@cli.group("rule")
-def rule_group() -> None:
-    """An owner's gate: delegation rules, standing approvals, auto-accept."""
-
-
-@rule_group.command("set")
-@_db_options
-@click.argument("owner")
-@click.option("--decision", required=True, type=click.Choice(["allow", "approval_required", "never"]),
-              help="What happens to handoffs to OWNER's agents.")
-@click.option("--agent", "agent_id", default=None, metavar="OWNER/NAME", help="Only handoffs from this agent.")
-@click.option("--from-owner", default=None, metavar="HANDLE", help="Only handoffs from this person's agents.")
-@click.option("--expires", default=None, metavar="ISO-TIME", help="When the rule stops (default: never).")
-def rule_set(db_path: str, as_json: bool, owner: str, decision: str, agent_id: str | None, from_owner: str | None,
-             expires: str | None) -> None:
-    """Set a delegation rule for handoffs to OWNER's agents (all teammates unless narrowed)."""
-    r = set_rule(_open(db_path), owner, decision, agent=agent_id, from_owner=from_owner, expires_at=expires)
-    _Out(as_json)({"rule": r}, f"Rule {r['id']}: handoffs from {r['subject'] or 'all teammates'} to {owner}'s "
-                               f"agents: {decision}.")
-
-
-@rule_group.command("list")
-@_db_options
-@click.argument("owner")
-def rule_list(db_path: str, as_json: bool, owner: str) -> None:
-    """List OWNER's live delegation rules and standing approvals."""
-    db = _open(db_path)
-    _require_person(db, owner)
-    out = list_rules(db, owner)
-    lines = [f"{r['id']}  {r['subject'] or 'all teammates':<24} {r['decision']:<18} until {r['expires_at'] or 'revoked'}"
-             for r in out["rules"]]
-    lines += [f"{s['id']}  standing: {s['requester']} -> {s['assignee']} ({s['kind']}) {s['uses']}/{s['cap']} until "
-              f"{s['expires_at']}" for s in out["standing_approvals"]]
-    _Out(as_json)(out, "\n".join(lines) or "No rules: handoffs from teammates need approval.")
-
-
-@rule_group.command("revoke")
-@_db_options
-@click.argument("owner")
-@click.argument("rule_id")
-def rule_revoke(db_path: str, as_json: bool, owner: str, rule_id: str) -> None:
-    """Revoke a delegation rule (or, with an ID starting sa_, a standing approval)."""
-    db = _open(db_path)
-    out = revoke_standing_approval(db, owner, rule_id) if rule_id.startswith("sa_") else revoke_rule(db, owner, rule_id)
-    _Out(as_json)(out, f"Revoked {rule_id}.")
-
-
-@rule_group.command("auto-accept")
-@_db_options
-@click.argument("owner")
-@click.argument("state", type=click.Choice(["on", "off"]))
-def rule_auto_accept(db_path: str, as_json: bool, owner: str, state: str) -> None:
-    """Accept OWNER's agents' verified results at once (on) or wait for a final click (off, the default)."""
-    out = set_auto_accept(_open(db_path), owner, state == "on")
-    _Out(as_json)(out, f"Auto-accept for {owner}: {state}.")
-
-
-@cli.group("device")
-def device_group() -> None:
-    """Runner devices paired to one agent each."""
-
-
-@device_group.command("pair")
-@_db_options
-@click.argument("agent_id", metavar="OWNER/NAME")
-@click.option("--name", default="runner", help="What to call this device (e.g. the computer's name).")
-def device_pair(db_path: str, as_json: bool, agent_id: str, name: str) -> None:
-    """Pair a runner device to an agent and print its runner key once."""
-    dev, secret = pair_device(_open(db_path), owner_of(check_agent_id(agent_id)), agent_id, name)
-    _Out(as_json)({"device": dev, "token": secret},
-                  f"Paired device {dev['id']} ({name}) with {agent_id}. Runner key (shown once):\n{secret}")
-
-
-@device_group.command("list")
-@_db_options
-@click.argument("owner")
-def device_list(db_path: str, as_json: bool, owner: str) -> None:
-    """List OWNER's paired devices."""
-    db = _open(db_path)
-    _require_person(db, owner)
-    rows = list_devices(db, owner)
-    _Out(as_json).rows("devices", rows, lambda r: (
-        f"{r['id']}  {r['agent_id']:<24} {r['name']:<16} {'revoked' if r['revoked_at'] else 'active'}"),
-        "No devices.")
-
-
-@device_group.command("revoke")
-@_db_options
-@click.argument("owner")
-@click.argument("device_id")
-def device_revoke(db_path: str, as_json: bool, owner: str, device_id: str) -> None:
-    """Revoke a device and every credential it holds."""
-    out = revoke_device(_open(db_path), owner, device_id)
-    _Out(as_json)(out, f"Revoked {device_id} ({out['credentials_ended']} credentials ended).")
-
-
-@cli.group("agents")
-def agents_group() -> None:
-    """Every agent at once: pause and resume their runs."""
-
-
-def _pause_scope(everyone: bool, owner: str | None) -> str:
-    if everyone == (owner is not None):
-        raise InvalidInput("pass --all (every agent on this server) or --owner HANDLE (one person's agents)")
-    return ALL_AGENTS if everyone else check_slug(owner, "owner")
-
-
-@agents_group.command("pause")
-@_db_options
-@click.option("--all", "everyone", is_flag=True, help="Every agent on this server (the operator's pause).")
-@click.option("--owner", default=None, help="Only this person's agents.")
-def agents_pause(db_path: str, as_json: bool, everyone: bool, owner: str | None) -> None:
-    """Pause agents: their runs are refused with 'paused' at their next call and runners start nothing."""
-    scope = _pause_scope(everyone, owner)
-    out = pause_agents(_open(db_path), scope, "operator" if scope == ALL_AGENTS else scope)
-    _Out(as_json)(out, f"Paused {'every agent' if scope == ALL_AGENTS else scope + chr(39) + 's agents'} "
-                       f"({out['active_runs']} runs were in progress; they stop at their next call).")
-
-
-@agents_group.command("resume")
-@_db_options
-@click.option("--all", "everyone", is_flag=True, help="Lift the pause of every agent.")
-@click.option("--owner", default=None, help="Lift the pause of this person's agents.")
-def agents_resume(db_path: str, as_json: bool, everyone: bool, owner: str | None) -> None:
-    """Resume agents paused with the same scope."""
-    scope = _pause_scope(everyone, owner)
-    out = resume_agents(_open(db_path), scope, "operator" if scope == ALL_AGENTS else scope)
-    _Out(as_json)(out, f"Resumed {'every agent' if scope == ALL_AGENTS else scope + chr(39) + 's agents'}.")
-
-
-# -- prickle runner: the program on a teammate's computer ---------------------------
-
-#: A new agent's limits in the runner's config file.
-RUNNER_DEFAULT_LIMITS = {"parallel": 1, "launch_timeout_minutes": 30}
-#: The agent CLIs ``prickle runner connect`` looks for on PATH, by their config name.
-RUNNER_CLIS = ("claude", "codex")
-
-
-def runner_config_path() -> str:
-    """The runner's config file: $PRICKLE_RUNNER_CONFIG, else prickle/runner.toml in the user's config directory."""
-    if os.environ.get("PRICKLE_RUNNER_CONFIG"):
-        return os.environ["PRICKLE_RUNNER_CONFIG"]
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return os.path.join(base, "prickle", "runner.toml")
-
-
-def runner_base_url(server: str) -> str:
-    """The server's base URL from what a person typed: a trailing ``/mcp`` or ``/`` is dropped."""
-    url = server.strip().rstrip("/")
-    url = url[:-4] if url.endswith("/mcp") else url
-    if not re.match(r"^https?://[^/\s]+", url):
-        raise InvalidInput(f"server: expected the server's address, like http://127.0.0.1:8321, not {server!r}")
-    return url.rstrip("/")
-
-
-def read_runner_config(path: str) -> dict:
-    """The runner's config (TOML) as a dict; ``{}`` when the file does not exist. Raises InvalidInput if broken."""
-    import tomllib
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        return {}
-    except tomllib.TOMLDecodeError as e:
-        raise InvalidInput(f"{path} is not valid TOML ({e}): fix or remove it") from None
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)  # a JSON string is a TOML basic string
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise InvalidInput(f"the runner's config holds only text, numbers, booleans and lists, not {type(value).__name__}")
-
-
-def write_runner_config(path: str, config: dict) -> None:
-    """Write the runner's config (``server``, then ``[agents."owner/name"]`` tables) readable by the user only.
-
-    The directory is made 0700 and the file 0600, replaced atomically (a temporary file renamed).
-    """
-    lines = [f"{k} = {_toml_value(v)}" for k, v in config.items() if not isinstance(v, dict)]
-    for table, entries in config.items():
-        if not isinstance(entries, dict):
-            continue
-        for name, fields in entries.items():
-            lines += ["", f"[{table}.{json.dumps(name)}]"]
-            lines += [f"{k} = {_toml_value(v)}" for k, v in fields.items()]
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write("\n".join(lines) + "\n")
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def _runner_post(url: str, body: dict) -> tuple[int, dict]:
-    """POST JSON to the server; ``(status, answer)``. Raises PrickleError when the server can't be reached."""
-    import urllib.error
-    import urllib.request
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as r:
-            return r.status, json.loads(r.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        try:
-            return e.code, json.loads(e.read() or b"{}")
-        except ValueError:
-            return e.code, {"error": {"code": "internal", "message": f"the server answered {e.code}"}}
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        raise PrickleError(f"can't reach the server at {url}: {getattr(e, 'reason', e)}", "unavailable") from None
-
-
-def connect_runner(server: str, config_path: str, name: str, clis: list[str],
-                   say: Callable[[str], Any], sleep: Callable[[float], Any] = time.sleep) -> dict:
-    """Connect this computer: ask with a code, wait for the person's decision, write the keys to the config.
-
-    Returns ``{"config", "agents": [{agent_id, client, device_id}]}``. Raises Forbidden
-    (refused), Expired, or PrickleError with the server's message. Never shows a key.
-    """
-    base = runner_base_url(server)
-    if not clis:
-        raise InvalidInput("no agent CLI (claude, codex) on PATH: install one, or pair a runner key with "
-                           "'prickle device pair OWNER/NAME' (or Agents & keys on the page) and configure "
-                           "client = \"command\" in the runner's config by hand")
-    status, answer = _runner_post(f"{base}/api/runner/connect", {"name": name, "clis": clis})
-    if status != 200:
-        raise PrickleError(answer.get("error", {}).get("message", f"the server answered {status}"),
-                           answer.get("error", {}).get("code"))
-    minutes = max(1, round((parse_iso(answer["expires_at"]) - utcnow()).total_seconds() / 60))
-    say(f"To connect this computer, open this link and sign in:\n  {answer['link']}\n"
-        f"Code: {answer['code']} (expires in {minutes} minutes)")
-    while True:
-        status, got = _runner_post(f"{base}/api/runner/connect/collect",
-                                   {"request_id": answer["request_id"], "collect_secret": answer["collect_secret"]})
-        if status == 200 and got.get("status") == "pending":
-            sleep(answer.get("interval", CONNECT_POLL_SECONDS))
-            continue
-        if status != 200:
-            error = got.get("error", {})
-            message = {"forbidden": "the request was refused on the page: nothing was connected",
-                       "expired": "the code expired: run 'prickle runner connect' again"}.get(
-                error.get("code"), error.get("message", f"the server answered {status}"))
-            raise PrickleError(message, error.get("code"))
-        break
-    config = read_runner_config(config_path)
-    config["server"] = base
-    agents = config.setdefault("agents", {})
-    for a in got["agents"]:
-        entry = agents.get(a["agent_id"]) if isinstance(agents.get(a["agent_id"]), dict) else {}
-        agents[a["agent_id"]] = RUNNER_DEFAULT_LIMITS | entry | {"key": a["key"], "client": a["client"]}
-    # server first, then the agents' tables
-    write_runner_config(config_path, {"server": base} | {k: v for k, v in config.items() if k != "server"})
-    return {"config": config_path, "agents": [{k: a[k] for k in ("agent_id", "client", "device_id")}
-                                              for a in got["agents"]]}
-
-
-@cli.group("runner", invoke_without_command=True)
+@click.group("runner", invoke_without_command=True)
 @click.option("--config", "config_path", default=None,
               help="The runner's config file (default: $PRICKLE_RUNNER_CONFIG or ~/.config/prickle/runner.toml).")
 @click.pass_context
@@ -12277,148 +12849,7 @@ def runner_connect_cmd(server: str, config_path: str | None, name: str | None, a
     clis = [c for c in RUNNER_CLIS if shutil.which(c)]
     out = connect_runner(server, path, (name or socket.gethostname() or "computer")[:80], clis,
                          lambda text: click.echo(text, err=as_json))
-    _Out(as_json)(out, "\n".join(f"connected {a['agent_id']} ({a['client']}) → {path}" for a in out["agents"]))
-
-
-@cli.group("token")
-def token_group() -> None:
-    """Credentials: create, list, revoke."""
-
-
-@token_group.command("create")
-@_db_options
-@click.option("--agent", "agent_id", default=None, metavar="OWNER/NAME", help="A client key for this agent.")
-@click.option("--project", "project_slug", default=None, help="Scope the client key to this one project.")
-@click.option("--rooms", is_flag=True, help="A client key for the agent's owner's private rooms only.")
-@click.option("--person", "handle", default=None, help="A personal token for the HTTP API.")
-@click.option("--runner", "runner", default=None, metavar="OWNER/NAME", help="A runner device key for this agent.")
-@click.option("--label", default=None, help="The key's name, shown on the keys page (up to 60 characters).")
-def token_create(db_path: str, as_json: bool, agent_id: str | None, project_slug: str | None, rooms: bool,
-                 handle: str | None, runner: str | None, label: str | None) -> None:
-    """Make a credential and print its secret once."""
-    if rooms:
-        if project_slug is not None or agent_id is None:
-            raise InvalidInput("--rooms goes with --agent OWNER/NAME and without --project")
-        project_slug = ROOMS_SCOPE
-    if sum(x is not None for x in (agent_id, handle, runner)) != 1:
-        raise InvalidInput("pass exactly one of --agent OWNER/NAME, --person HANDLE or --runner OWNER/NAME")
-    kind = "client" if agent_id else "person" if handle else "runner"
-    db = _open(db_path)
-    if kind == "runner":
-        if project_slug is not None:
-            raise InvalidInput("a runner key is not scoped to a project: leave --project out")
-        device, secret = pair_device(db, owner_of(check_agent_id(runner, "--runner")), runner, label=label)
-        record = {"id": device["credential_id"], "kind": "runner", "agent_id": runner, "device": device["id"],
-                  "label": device["label"]}
-    else:
-        record, secret = create_token(db, kind, agent_id=agent_id, person=handle, project=project_slug, label=label)
-    _Out(as_json)(record | {"token": secret},
-                  f"{kind} credential {record['id']} (shown once, keep it secret):\n{secret}")
-
-
-@token_group.command("list")
-@_db_options
-@click.option("--owner", default=None, help="Only this person's and their agents' credentials.")
-def token_list(db_path: str, as_json: bool, owner: str | None) -> None:
-    """List credentials (never their secrets)."""
-    rows = list_tokens(_open(db_path), owner)
-    _Out(as_json).rows("tokens", rows, lambda r: (
-        f"{r['id']}  {r['kind']:<7} {r['agent_id'] or r['person']:<24} {r['project'] or '-':<16} "
-        f"{'revoked ' + r['revoked_at'] if r['revoked_at'] else 'active'}"), "No credentials.")
-
-
-@token_group.command("revoke")
-@_db_options
-@click.argument("token_id")
-def token_revoke(db_path: str, as_json: bool, token_id: str) -> None:
-    """Revoke a credential at once."""
-    record = revoke_token(_open(db_path), token_id)
-    _Out(as_json)(record, f"Revoked {token_id}.")
-
-
-@cli.group("memory")
-def memory_group() -> None:
-    """Project memory facts."""
-
-
-@memory_group.command("set")
-@_db_options
-@click.argument("project_slug", metavar="PROJECT")
-@click.argument("key")
-@click.argument("value")
-@click.option("--by", required=True, help="Handle of the member setting it.")
-def memory_set(db_path: str, as_json: bool, project_slug: str, key: str, value: str, by: str) -> None:
-    """Set a memory fact (its value is never written to the audit log)."""
-    fact = set_memory(_open(db_path), project_slug, key, value, by)
-    _Out(as_json)({"memory": fact}, f"Set {key} in {project_slug}.")
-
-
-@memory_group.command("retract")
-@_db_options
-@click.argument("project_slug", metavar="PROJECT")
-@click.argument("key")
-@click.option("--by", required=True, help="Handle of the member retracting it.")
-def memory_retract(db_path: str, as_json: bool, project_slug: str, key: str, by: str) -> None:
-    """Retract a memory fact: no agent is served it again."""
-    out = retract_memory(_open(db_path), project_slug, key, by)
-    _Out(as_json)(out, f"Retracted {key} from {project_slug}.")
-
-
-@cli.group("audit")
-def audit_group() -> None:
-    """The hash-chained audit log."""
-
-
-@audit_group.command("verify")
-@_db_options
-@click.argument("project_slug", metavar="[PROJECT]", required=False)
-def audit_verify(db_path: str, as_json: bool, project_slug: str | None) -> None:
-    """Recompute every chain (or one project's) and name the first broken entry."""
-    db = _open(db_path)
-    if project_slug is not None:
-        project_out(db, project_slug)
-    reports = verify_audit(db, project_slug)
-    ok = all(r["ok"] for r in reports)
-    _Out(as_json)({"ok": ok, "chains": reports}, "\n".join(
-        f"{r['chain'] or '(deployment)'}: {r['entries']} entries, "
-        + ("ok" if r["ok"] else f"BROKEN at entry {r['broken_at']}") for r in reports) or "No audit entries yet.")
-    if not ok:
-        raise click.exceptions.Exit(1)
-
-
-@cli.command("backup")
-@_db_options
-@click.argument("dest")
-def backup_cmd(db_path: str, as_json: bool, dest: str) -> None:
-    """Copy the database to DEST with SQLite's online backup (safe while the server runs)."""
-    if os.path.exists(dest):
-        raise Conflict(f"{dest} already exists: pick a new file name")
-    if not os.path.isdir(os.path.dirname(os.path.abspath(dest))):
-        raise NotFound(f"the folder for {dest} does not exist: create it first")
-    _open(db_path).backup_to(dest)
-    _Out(as_json)({"backup": os.path.abspath(dest)}, f"Backed up {db_path} to {dest}.")
-
-
-@cli.command("connect")
-@_db_options
-@click.argument("agent_id", metavar="OWNER/NAME")
-@click.option("--project", "project_slug", default=None, help="Scope the new key to this one project.")
-@click.option("--config", "config_path", default=None, help="Settings file, for the public address.")
-def connect_cmd(db_path: str, as_json: bool, agent_id: str, project_slug: str | None, config_path: str | None) -> None:
-    """Mint a client key for an agent and print the Claude Code and Codex set-up lines."""
-    settings = load_settings(config_path, db_path)
-    db = _open(db_path)
-    record, secret = create_token(db, "client", agent_id=agent_id, project=project_slug)
-    lines = connect_lines(public_base(db, settings), agent_id, secret)
-    projects = team_projects_of(db, agent_id)
-    warning = "" if projects else (f"\nNote: {agent_id} is in no project yet, so every tool will answer not_found; "
-                                   f"add it with 'prickle agent join PROJECT {agent_id}'.")
-    _Out(as_json)(record | {"token": secret, "projects": projects} | lines,
-                  f"Made a client key for {agent_id} (key ID {record['id']}; the key itself is in the lines "
-                  f"below and is shown only once).\n\nClaude Code:\n  {lines['claude_code']}\n\n"
-                  "Codex, in ~/.codex/config.toml:\n"
-                  + "\n".join("  " + line for line in lines["codex_config"].splitlines())
-                  + f"\n\nCodex, in the shell that starts it:\n  {lines['codex_env']}" + warning)
+    Out(as_json)(out, "\n".join(f"connected {a['agent_id']} ({a['client']}) → {path}" for a in out["agents"]))
 
 
 def _runner_config(config_path: str | None) -> tuple[str, RunnerConfig]:
@@ -12473,7 +12904,7 @@ def runner_status(config_path: str | None, as_json: bool) -> None:
     status.pop("task_runs", None)
     for a in status["agents"].values():
         a.pop("cursor", None)
-    _Out(as_json)({"config": path, "state_dir": state_dir} | status, "\n".join(runner_status_lines(config, status)))
+    Out(as_json)({"config": path, "state_dir": state_dir} | status, "\n".join(runner_status_lines(config, status)))
 
 
 @runner_group.command("bridge", hidden=True)
@@ -12482,44 +12913,19 @@ def runner_bridge() -> None:
     asyncio.run(run_bridge())
 
 
+###############################################################################
+# 41. Entry points
+###############################################################################
+# ``prickle runner`` is defined in the appendices; it joins the ``prickle`` group here.
+
+
 def runner_main() -> int:
     """The ``prickle-runner`` console script: ``prickle runner`` under its own name."""
     return main(["runner", *sys.argv[1:]])
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the command line; a failure prints one line on stderr and returns non-zero.
-
-    An argument that is not valid text (bytes the locale could not decode) is refused here,
-    before any command stores it, with exit status 2.
-    """
-    argv = sys.argv[1:] if argv is None else argv
-    for n, arg in enumerate(argv, 1):
-        try:
-            arg.encode("utf-8")
-        except UnicodeEncodeError:
-            click.echo(f"prickle: argument {n} is not valid UTF-8 text; retype it (see --help)", err=True)
-            return 2
-    try:
-        code = cli.main(args=argv, prog_name="prickle", standalone_mode=False)
-        return code if isinstance(code, int) else 0
-    except click.exceptions.Exit as e:
-        return e.exit_code
-    except click.exceptions.Abort:
-        click.echo("prickle: aborted", err=True)
-        return 1
-    except click.ClickException as e:
-        click.echo(f"prickle: {e.format_message()} (see --help)", err=True)
-        return 2
-    except PrickleError as e:
-        click.echo(f"prickle: {e.message}", err=True)
-        return 1
-    except apsw.Error as e:
-        click.echo(f"prickle: database error: {e}", err=True)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-
+cli.add_command(runner_group)
 
 if __name__ == "__main__":
     sys.exit(main())
+

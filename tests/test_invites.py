@@ -206,10 +206,10 @@ def test_an_invite_lasts_seven_days_and_a_resend_gives_it_seven_more_with_a_new_
 def test_the_sweep_forgets_the_address_of_an_invite_whose_days_have_passed(world, clock):
     invite, _ = prickle.create_invite(world.db, PROJECT, "kim@example.org", "member", "oj")
     clock.now = T0 + 7 * DAY - dt.timedelta(seconds=1)
-    assert prickle.expire_invites(world.db) == 0
+    assert prickle.expire_due(world.db, "invite") == 0
     assert _invite_row(world, invite["id"])["email"] == "kim@example.org"
     clock.now = T0 + 7 * DAY
-    assert prickle.expire_invites(world.db) == 1
+    assert prickle.expire_due(world.db, "invite") == 1
     row = _invite_row(world, invite["id"])
     assert (row["state"], row["email"], row["ended_reason"]) == ("expired", None, "expired")
 

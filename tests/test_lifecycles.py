@@ -135,4 +135,33 @@ def test_every_lifecycle_is_a_table_whose_moves_lead_to_its_states():
         "attempt": ["abandoned", "finished", "replaced", "running", "stopped", "uncertain"],
         "connect": ["approved", "collected", "expired", "pending", "refused"],
         "invite": ["accepted", "declined", "expired", "open", "revoked", "spent"],
+        "lead": ["agreed", "none", "proposed"],
+        "start": ["approved", "none"],
     }
+
+
+def test_the_default_lead_and_the_start_flag_move_only_as_their_tables_say(world):
+    db = world.db
+    with db.transaction(), pytest.raises(prickle.InvalidState) as e:
+        prickle.move(db, "lead", "website-v2", "agree")
+    assert str(e.value) == "default lead 'website-v2' is none: agree is not allowed now; what can happen: pick"
+    with db.transaction():
+        assert prickle.move(db, "lead", "website-v2", "pick", lead_agent="ren/builder", lead_picked_by="oj") == "proposed"
+        assert prickle.move(db, "lead", "website-v2", "agree") == "agreed"
+    assert prickle.lead_out(db, "website-v2") == {"agent_id": "ren/builder", "state": "agreed", "picked_by": "oj"}
+    with db.transaction():
+        assert prickle.move(db, "lead", "website-v2", "step_down", lead_agent=None, lead_picked_by=None) == "none"
+    assert db.scalar("SELECT lead_state FROM projects WHERE slug = 'website-v2'") is None
+    task = prickle.handoff(db, world.actor("oj/muse"), "website-v2", "oj/scout", {
+        "task": "Count the links.", "deliverable_type": "doc", "acceptance_criteria": ["A number."],
+        "context": "", "files": []})["task"]
+    with db.transaction():
+        assert prickle.move(db, "start", task["id"], "start", value="run_1") == "approved"
+    assert db.scalar("SELECT run_approved FROM tasks WHERE id = ?", (task["id"],)) == "run_1"
+    with db.transaction(), pytest.raises(prickle.InvalidState) as e:
+        prickle.move(db, "start", task["id"], "start", value="run_2")
+    assert str(e.value) == (f"Start flag '{task['id']}' is approved: start is not allowed now; "
+                            "what can happen: claim, drop, stop")
+    with db.transaction():
+        assert prickle.move(db, "start", task["id"], "claim") == "none"
+    assert db.scalar("SELECT run_approved FROM tasks WHERE id = ?", (task["id"],)) is None

@@ -178,7 +178,7 @@ def _child_pid(runner, agent):
 
 
 def _alive(pid):
-    return prickle._alive(pid)
+    return prickle.process_alive(pid)
 
 
 def _free_port() -> int:
