@@ -28,6 +28,7 @@ import * as agents from "./agents.js";
 import * as rules from "./rules.js";
 import * as connect from "./connect.js";
 import * as inbox from "./inbox.js";
+import * as inboxStore from "./inbox_store.js";
 import * as invite from "./invite.js";
 import * as search from "./search.js";
 import * as shortcuts from "./shortcuts.js";
@@ -74,7 +75,7 @@ async function start() {
     if (err.status === 401) return inviteSecret() ? showInvite(null) : showSignedOut(signinProblem());
     return showFatal(err);
   }
-  inbox.start(me);
+  inboxStore.start(me);
   renderShell();
   await route();
 }
@@ -224,7 +225,7 @@ function signinProblem() {
 function showSignedOut(reason) {
   teardown();
   project.leave();
-  inbox.stop();
+  inboxStore.stop();
   me = null;
   firstRoute = true;
   document.body.classList.add("signed-out");

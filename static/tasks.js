@@ -11,7 +11,7 @@ import { MessageList, provenanceBadges } from "./room.js";
 import { createComposer } from "./composer.js";
 import { stepCard, pendingSteps } from "./steps.js";
 import { runsSection } from "./runs.js";
-import { onChange as onInboxChange, items as inboxItems, reload as reloadInbox, tasksNeedingMe } from "./inbox.js";
+import { onChange as onInboxChange, items as inboxItems, reload as reloadInbox, tasksNeedingMe } from "./inbox_store.js";
 import { markdownWithRaw } from "./markdown.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, badge, stateBadge, timeEl, ago, words, safeUrl,
