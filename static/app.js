@@ -19,7 +19,8 @@ import * as project from "./project.js";
 import * as signin from "./signin.js";
 import * as projects from "./projects.js";
 import * as room from "./room.js";
-import * as tasks from "./tasks.js";
+import * as board from "./board.js";
+import * as task from "./task.js";
 import * as pulse from "./pulse.js";
 import * as people from "./people.js";
 import * as memory from "./memory.js";
@@ -36,7 +37,7 @@ import { h, avatar, fill, heading, errorSlot, act, link, loadFailed } from "./ui
 
 const PROJECT_VIEWS = {
   room: ["Room", room.mount],
-  tasks: ["Tasks", tasks.mount],
+  tasks: ["Tasks", (el, ctx) => (ctx.id ? task.mount(el, ctx) : board.mount(el, ctx))],
   pulse: ["Team Pulse", pulse.mount],
   people: ["Members", people.mount],
   memory: ["Memory", memory.mount],

@@ -6,7 +6,7 @@
 
 import { get, post, seg } from "./api.js";
 import { items, loaded, onChange, reload, notificationsOn, wantNotifications, LABEL } from "./inbox_store.js";
-import { approvalCard } from "./tasks.js";
+import { approvalCard } from "./decisions.js";
 import { stepCard } from "./steps.js";
 import { actionCard } from "./makeaction.js";
 import { markdown } from "./markdown.js";
