@@ -111,7 +111,7 @@ function renderTask(top, body, ctx, detail, approval, stepCards, reload, known) 
       detail.blocked?.length ? h("span", { class: "task-blocked" }, badge("blocked", "warn"), " waits on ",
         detail.blocked.map((id, i) => [i ? ", " : "", h("a", { href: `#/p/${ctx.slug}/tasks/${id}`, text: siblingTitle(detail, id) })]))
         : null),
-    renderActions(ctx, task, approval, stepCards, reload, known),
+    renderActions(ctx, task, approval, stepCards, reload),
     detail.can_rename ? namesBox(ctx, detail, reload, known) : null);
 
   const latest = task.result;
@@ -139,7 +139,7 @@ function renderTask(top, body, ctx, detail, approval, stepCards, reload, known) 
         : empty("No checkpoints yet.")));
 }
 
-function renderActions(ctx, task, approval, stepCards, reload, known) {
+function renderActions(ctx, task, approval, stepCards, reload) {
   const box = h("section", { class: "actions card", "aria-labelledby": "actions-heading" },
     h("h2", { id: "actions-heading", class: "sr-only", text: "Whose turn, and your decisions" }));
   const requester = requestingPerson(task);
@@ -156,11 +156,9 @@ function renderActions(ctx, task, approval, stepCards, reload, known) {
   if (approval) parts.push(approvalCard(approval, { onDecided: reload, embedded: true }));
   if (awaitingFinal(task) && requester === ctx.me.handle) parts.push(finalDecision(ctx, task, reload));
 
-  const isOwner = ctx.project.data()?.role === "owner";
-  if (known.cancellable.includes(task.state) && (requester === ctx.me.handle || isOwner)) {
-    parts.push(cancelRow(task, reload));
-  }
-  if (task.state === "returned" && (requester === ctx.me.handle || isOwner)) parts.push(reassignForm(ctx, task, reload));
+  // The server says whether you may cancel it or hand it on now (can_cancel, can_reassign).
+  if (task.can_cancel) parts.push(cancelRow(task, reload));
+  if (task.can_reassign) parts.push(reassignForm(ctx, task, reload));
   box.classList.toggle("done", task.state === "completed");
   box.append(...parts);
   return box;
