@@ -19,7 +19,8 @@ import * as project from "./project.js";
 import * as signin from "./signin.js";
 import * as projects from "./projects.js";
 import * as room from "./room.js";
-import * as tasks from "./tasks.js";
+import * as board from "./board.js";
+import * as task from "./task.js";
 import * as pulse from "./pulse.js";
 import * as people from "./people.js";
 import * as memory from "./memory.js";
@@ -28,6 +29,7 @@ import * as agents from "./agents.js";
 import * as rules from "./rules.js";
 import * as connect from "./connect.js";
 import * as inbox from "./inbox.js";
+import * as inboxStore from "./inbox_store.js";
 import * as invite from "./invite.js";
 import * as search from "./search.js";
 import * as shortcuts from "./shortcuts.js";
@@ -35,7 +37,7 @@ import { h, avatar, fill, heading, errorSlot, act, link, loadFailed } from "./ui
 
 const PROJECT_VIEWS = {
   room: ["Room", room.mount],
-  tasks: ["Tasks", tasks.mount],
+  tasks: ["Tasks", (el, ctx) => (ctx.id ? task.mount(el, ctx) : board.mount(el, ctx))],
   pulse: ["Team Pulse", pulse.mount],
   people: ["Members", people.mount],
   memory: ["Memory", memory.mount],
@@ -74,7 +76,7 @@ async function start() {
     if (err.status === 401) return inviteSecret() ? showInvite(null) : showSignedOut(signinProblem());
     return showFatal(err);
   }
-  inbox.start(me);
+  inboxStore.start(me);
   renderShell();
   await route();
 }
@@ -224,7 +226,7 @@ function signinProblem() {
 function showSignedOut(reason) {
   teardown();
   project.leave();
-  inbox.stop();
+  inboxStore.stop();
   me = null;
   firstRoute = true;
   document.body.classList.add("signed-out");

@@ -8,7 +8,7 @@
 import { get, post, del, seg } from "./api.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, availabilityBadge, ago, announce, timeEl,
-  copyButton, revokeButton, ownerOf, loadFailed,
+  copyButton, revokeButton, loadFailed,
 } from "./ui.js";
 
 // ---- lifecycle ------------------------------------------------------------------------------
@@ -125,8 +125,8 @@ function renderSettings(box, data, ctx) {
 }
 
 function leadBox(data, ctx, done) {
+  // What you may do with the lead comes from the server: can_answer, can_step_down, can_pick_lead.
   const lead = data.lead;
-  const mine = lead && ownerOf(lead.agent_id) === ctx.me.handle;
   const error = errorSlot();
   const button = (text, cls, run) => {
     const b = h("button", { type: "button", class: `small ${cls}`, text });
@@ -138,7 +138,7 @@ function leadBox(data, ctx, done) {
       ? " leads this project: a person's message that names nobody wakes it."
       : ` was picked to lead this project${lead.picked_by ? ` by @${lead.picked_by}` : ""}; waiting for its owner to agree.`]
     : "No default lead: a message that names nobody wakes nobody.")];
-  if (mine && lead.state === "proposed") {
+  if (lead?.can_answer) {
     parts.push(h("div", { class: "button-row" },
       button("Agree to lead", "primary", async () => {
         await post(`/api/projects/${seg(ctx.slug)}/lead/answer`, { decision: "agree" });
@@ -149,13 +149,13 @@ function leadBox(data, ctx, done) {
         await done("Declined: the project has no default lead");
       })));
   }
-  if (mine && lead.state === "agreed") {
+  if (lead?.can_step_down) {
     parts.push(h("div", { class: "button-row" }, button("Step down", "danger-quiet", async () => {
       await post(`/api/projects/${seg(ctx.slug)}/lead/step-down`, {});
       await done("Stepped down: the project has no default lead");
     })));
   }
-  if (data.team_role === "owner" && lead?.state !== "agreed" && data.agents.length) {
+  if (data.can_pick_lead) {
     const agent = select(data.agents.map((a) => [a.agent_id, `${a.name} (${a.agent_id})`]), { name: "lead", "aria-label": "Agent to lead the project" });
     if (lead) agent.value = lead.agent_id;
     const pick = h("button", { type: "submit", class: "small", text: "Pick as default lead" });

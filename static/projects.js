@@ -4,7 +4,7 @@
 
 import { get, post } from "./api.js";
 import { createWaiting } from "./waiting.js";
-import { paintUnread } from "./inbox.js";
+import { paintUnread } from "./inbox_store.js";
 import { h, heading, field, errorSlot, act, fill, empty, badge, loadFailed } from "./ui.js";
 
 // ---- lifecycle ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import * as stream from "./stream.js";
 import { createComposer } from "./composer.js";
 import { createRoomControls } from "./privateroom.js";
 import { actionCard } from "./makeaction.js";
-import { markSeen, paintUnread } from "./inbox.js";
+import { markSeen, paintUnread } from "./inbox_store.js";
 import { renderMarkdown, rawToggle } from "./markdown.js";
 import {
   h, tpl, slots, heading, avatar, badge, stateBadge, timeEl, errorSlot, showError, clearError, act, fill, empty, ago,

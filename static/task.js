@@ -1,0 +1,365 @@
+// task.js — one task's page: where it stands and whose turn it is, the decisions that are yours
+// (decisions.js) and the steps its run asks you to allow (steps.js), the packet with what the
+// latest evidence report and verdicts say of each criterion, its sub-tasks and runs, each result
+// (evidence, evidence report, artifacts), its checkpoints, renaming it and what a sub-task waits
+// on, and its thread.
+
+import { get, post, seg } from "./api.js";
+import * as stream from "./stream.js";
+import { MessageList, provenanceBadges } from "./room.js";
+import { createComposer } from "./composer.js";
+import { stepCard, pendingSteps } from "./steps.js";
+import { runsSection } from "./runs.js";
+import { approvalCard, finalDecision, cancelRow, reassignForm } from "./decisions.js";
+import { taskLists, requestingPerson, awaitingFinal, taskState, titleOf, requesterText, actorText } from "./task_common.js";
+import { markdownWithRaw } from "./markdown.js";
+import {
+  h, heading, field, errorSlot, act, fill, empty, badge, stateBadge, timeEl, words, safeUrl, debounce, announce,
+  ownerOf, loadFailed,
+} from "./ui.js";
+
+// ---- lifecycle --------------------------------------------------------------------------------
+
+/** #/p/SLUG/tasks/ID (and #/p/SLUG/tasks/ID/MSG_ID, at one message of its thread) */
+export function mount(el, ctx) {
+  const taskId = ctx.id;
+  const top = h("div", { class: "task-top" }, h("p", { class: "muted", text: "Loading the task…" }));
+  const body = h("div", { class: "task-body" });
+  const list = new MessageList(ctx, taskId);
+  const composer = createComposer({ taskId, onSending: (body) => list.sending(body),
+    onPosted: (m) => list.add(m, { scroll: true }) });
+  list.onReply = (m) => composer.replyTo(m);
+  const thread = h("section", { class: "section thread-section", "aria-labelledby": "thread-heading" },
+    h("h2", { id: "thread-heading", text: "Thread" }), list.el, composer.el);
+  el.append(h("p", { class: "back" }, h("a", { href: `#/p/${ctx.slug}/tasks`, text: "← All tasks" })), top, body, thread);
+
+  let shown = null; // what is on screen, so an unchanged answer does not redraw (and drop focus)
+  let first = true;
+  const decided = new Map(); // step id -> its card, decided here: it stays with its outcome
+  const load = async () => {
+    try {
+      const [detail, steps, known] = await Promise.all([
+        get(`/api/tasks/${seg(taskId)}`),
+        pendingSteps().catch(() => []),
+        taskLists(),
+      ]);
+      if (detail.task.project !== ctx.slug) {
+        ctx.go(`#/p/${detail.task.project}/tasks/${taskId}`);
+        return;
+      }
+      // The held handoff's approval, when it is this person's to decide.
+      const approval = detail.approval?.owner === ctx.me.handle ? { approval: detail.approval, task: detail.task } : null;
+      const mine = steps.filter((step) => step.task_id === taskId && !decided.has(step.id));
+      const key = JSON.stringify([detail, approval, mine, [...decided.keys()]]);
+      if (key === shown) return;
+      shown = key;
+      const stepCards = [...decided.values(), ...mine.map((step) => {
+        const card = stepCard(step, { embedded: true, onDecided: () => decided.set(step.id, card) });
+        return card;
+      })];
+      const focused = document.activeElement;
+      renderTask(top, body, ctx, detail, approval, stepCards, load, known);
+      if (focused !== document.activeElement && top.contains(focused)) focused.focus({ preventScroll: true });
+      if (first) {
+        first = false;
+        if (!ctx.sub) top.querySelector("h1")?.focus(); // a link to a message keeps the focus there
+      }
+    } catch (err) {
+      if (err.status !== 404) {
+        if (shown !== null) return; // the task on screen stays; the next event tries again
+        fill(top, heading(1, "This task could not be loaded"), loadFailed(err, load));
+        return;
+      }
+      fill(top, heading(1, "Task not found"),
+        h("p", { class: "error", role: "alert", text: err.message }),
+        h("a", { href: `#/p/${ctx.slug}/tasks`, text: "Back to the tasks" }));
+      thread.hidden = true;
+    }
+  };
+  const reload = debounce(load, 250);
+  const offTask = stream.on("task.updated", (e) => {
+    if (e.task?.id === taskId) reload();
+  });
+  const offApproval = stream.on("approval.updated", (e) => {
+    if (e.approval?.task_id === taskId) reload();
+  });
+  load();
+  list.load().then(() => { if (ctx.sub) list.revealDeep(ctx.sub); });
+  return () => {
+    offTask();
+    offApproval();
+    reload.cancel();
+    list.destroy();
+    composer.destroy();
+  };
+}
+
+// ---- rendering --------------------------------------------------------------------------------
+
+function renderTask(top, body, ctx, detail, approval, stepCards, reload, known) {
+  const { task, checkpoints, submissions } = detail;
+  fill(top,
+    heading(1, titleOf(task), { class: "task-title" }),
+    h("div", { class: "task-meta" },
+      taskState(task),
+      task.waiting_on ? badge(`waiting on ${words(task.waiting_on)}`, "muted") : null,
+      h("span", { text: `${requesterText(task)} → ${task.assignee}` }),
+      h("span", { class: "muted", text: words(task.packet.deliverable_type) }),
+      h("span", { class: "muted" }, "created ", timeEl(task.created_at)),
+      h("span", { class: "muted" }, "updated ", timeEl(task.updated_at, true)),
+      task.parent_task_id ? h("a", { href: `#/p/${ctx.slug}/tasks/${task.parent_task_id}`, text: "parent task" }) : null,
+      detail.blocked?.length ? h("span", { class: "task-blocked" }, badge("blocked", "warn"), " waits on ",
+        detail.blocked.map((id, i) => [i ? ", " : "", h("a", { href: `#/p/${ctx.slug}/tasks/${id}`, text: siblingTitle(detail, id) })]))
+        : null),
+    renderActions(ctx, task, approval, stepCards, reload),
+    detail.can_rename ? namesBox(ctx, detail, reload, known) : null);
+
+  const latest = task.result;
+  fill(body,
+    h("section", { class: "section", "aria-labelledby": "packet-heading" },
+      h("h2", { id: "packet-heading", text: "What was asked" }),
+      markdownWithRaw(task.packet.task, { class: "packet-task" }),
+      h("h3", { text: "Acceptance criteria" }),
+      criteriaList(task.packet.acceptance_criteria, latest),
+      task.packet.context ? [h("h3", { text: "Context" }), markdownWithRaw(task.packet.context)] : null,
+      task.packet.files?.length ? [h("h3", { text: "Files" }), codeList(task.packet.files)] : null,
+      task.packet.depends_on?.length ? [h("h3", { text: "Depends on" }), codeList(task.packet.depends_on)] : null),
+    detail.subtasks?.length ? subtasksSection(ctx, detail.subtasks) : null,
+    runsSection(ctx, detail, reload),
+    h("section", { class: "section", "aria-labelledby": "subs-heading" },
+      h("h2", { id: "subs-heading", text: submissions.length > 1 ? `Results (${submissions.length} revisions)` : "Result" }),
+      submissions.length
+        ? [...submissions].reverse().map((s, i) => (i === 0 ? renderSubmission(s, task)
+          : h("details", { class: "older" }, h("summary", { text: `Revision ${s.revision} · ${s.status}` }),
+            renderSubmission(s, task))))
+        : empty("No result yet.")),
+    h("section", { class: "section", "aria-labelledby": "cp-heading" },
+      h("h2", { id: "cp-heading", text: "Checkpoints" }),
+      checkpoints.length ? h("ol", { class: "timeline" }, [...checkpoints].reverse().map(renderCheckpoint))
+        : empty("No checkpoints yet.")));
+}
+
+function renderActions(ctx, task, approval, stepCards, reload) {
+  const box = h("section", { class: "actions card", "aria-labelledby": "actions-heading" },
+    h("h2", { id: "actions-heading", class: "sr-only", text: "Whose turn, and your decisions" }));
+  const requester = requestingPerson(task);
+  const owner = ownerOf(task.assignee);
+  const parts = [h("p", { class: "status-line", text: statusLine(task, requester, owner, ctx.me.handle) })];
+
+  const asking = stepCards.filter((card) => !card.classList.contains("decided")).length;
+  if (stepCards.length) {
+    parts.push(h("div", { class: "step-box" },
+      asking ? h("p", { class: "step-lead", text: `${task.assignee}'s run is waiting for you: allow or refuse ${asking === 1 ? "this step" : "these steps"}.` }) : null,
+      stepCards));
+  }
+
+  if (approval) parts.push(approvalCard(approval, { onDecided: reload, embedded: true }));
+  if (awaitingFinal(task) && requester === ctx.me.handle) parts.push(finalDecision(ctx, task, reload));
+
+  // The server says whether you may cancel it or hand it on now (can_cancel, can_reassign).
+  if (task.can_cancel) parts.push(cancelRow(task, reload));
+  if (task.can_reassign) parts.push(reassignForm(ctx, task, reload));
+  box.classList.toggle("done", task.state === "completed");
+  box.append(...parts);
+  return box;
+}
+
+/** Rename the task (its display title; the packet stays) and, for a sub-task, pick the siblings it waits on. */
+function namesBox(ctx, detail, reload, known) {
+  const { task } = detail;
+  const input = h("input", { id: "task-title-input", name: "title", maxlength: "500", autocomplete: "off",
+    value: task.display_title || "", placeholder: task.packet.task });
+  const save = h("button", { type: "submit", class: "small primary", text: "Rename" });
+  const error = errorSlot();
+  const setTitle = (title) => act(save, error, async () => {
+    await post(`/api/tasks/${seg(task.id)}/title`, { title });
+    announce(title ? `Renamed to ${title}` : "The task shows its own words again");
+    reload();
+  });
+  const form = h("form", { class: "row-form title-form" }, field("Display title", input, "Only the name people and agents see changes: the packet stays as it was."),
+    h("div", { class: "button-row" }, save,
+      task.display_title ? h("button", { type: "button", class: "small", text: "Use the task's own words", onclick: () => setTitle(null) }) : null),
+    error);
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    setTitle(input.value.trim() || null);
+  });
+  const open = !known.cancellable.includes(task.state) ? null : detail.siblings;
+  let waits = null;
+  if (task.parent_task_id && open?.length) {
+    const checks = open.map((s) => h("label", { class: "check" },
+      h("input", { type: "checkbox", value: s.id, checked: detail.blocked_by.includes(s.id) }),
+      ` ${s.title} `, stateBadge(s.state)));
+    const saveWaits = h("button", { type: "submit", class: "small", text: "Save what it waits on" });
+    const waitsError = errorSlot();
+    waits = h("form", { class: "waits-form" },
+      h("fieldset", { class: "checks" }, h("legend", { text: "Waits on (other sub-tasks of the same parent)" }), checks),
+      saveWaits, waitsError);
+    waits.addEventListener("submit", (e) => {
+      e.preventDefault();
+      const blocked_by = [...waits.querySelectorAll("input:checked")].map((i) => i.value);
+      act(saveWaits, waitsError, async () => {
+        await post(`/api/tasks/${seg(task.id)}/blocked-by`, { blocked_by });
+        announce(blocked_by.length ? `Waits on ${blocked_by.length} sub-task${blocked_by.length > 1 ? "s" : ""}` : "Waits on nothing");
+        reload();
+      });
+    });
+  }
+  return h("details", { class: "card names-box" }, h("summary", { text: task.parent_task_id ? "Rename the task, or set what it waits on" : "Rename the task" }),
+    form, waits);
+}
+
+/** The parent's own sub-tasks, each with its state and whether it is blocked. */
+function subtasksSection(ctx, subtasks) {
+  return h("section", { class: "section", "aria-labelledby": "subtasks-heading" },
+    h("h2", { id: "subtasks-heading", text: `Sub-tasks (${subtasks.length})` }),
+    h("ul", { class: "subtask-list" }, subtasks.map((s) => h("li", { dataset: { taskId: s.id } },
+      h("a", { href: `#/p/${ctx.slug}/tasks/${s.id}`, text: s.title }), " ", stateBadge(s.state),
+      s.blocked.length ? [" ", badge("blocked", "warn", `Waits on ${s.blocked.length} other sub-task${s.blocked.length > 1 ? "s" : ""}`)] : null,
+      h("span", { class: "muted small", text: ` → ${s.assignee}` })))));
+}
+
+function siblingTitle(detail, id) {
+  return detail.siblings?.find((s) => s.id === id)?.title || id;
+}
+
+/** One sentence: where the task stands and whose turn it is. */
+function statusLine(task, requester, owner, me) {
+  const you = (handle) => (handle === me ? "you" : handle);
+  switch (task.state) {
+    case "approval":
+      if (awaitingFinal(task)) {
+        return requester === me ? "The result was verified. Your final decision:"
+          : `The result was verified. Waiting for ${requester}'s final acceptance.`;
+      }
+      return owner === me ? "Your gate is holding this handoff. Approve or deny it:"
+        : `Held by the gate until ${owner} approves or denies it.`;
+    case "requested":
+    case "routed":
+      return `Handed to ${task.assignee}; it has not accepted the task yet.`;
+    case "accepted":
+    case "working":
+      return `${task.assignee} is working on it.`;
+    case "waiting":
+      return task.waiting_on === "human"
+        ? `${task.assignee} has a question for a person: answer it in the thread below.`
+        : `${task.assignee} is waiting on ${words(task.waiting_on || "something")}.`;
+    case "verifying":
+      if (task.requester) return `${task.requester} is checking the result.`;
+      return requester === me ? "The result is back. Your final decision:" : `Waiting for ${you(requester)} to check the result.`;
+    case "completed":
+      return "Completed: the result was accepted.";
+    case "returned":
+      return `Returned by ${task.assignee}: it waits for ${you(requester)} to hand it to another agent.`;
+    default:
+      return `This task is ${task.state}.`;
+  }
+}
+
+function codeList(items) {
+  return h("ul", { class: "code-list" }, items.map((f) => h("li", {}, h("code", { text: f }))));
+}
+
+/** Criteria with what the latest result's evidence report and verdicts say about each. */
+function criteriaList(criteria, result) {
+  const report = result?.evidence_report;
+  const staleSet = new Set((report?.stale || []).map((s) => s.evidence));
+  return h("ol", { class: "criteria" }, criteria.map((text, i) => {
+    const covering = report?.coverage?.find((c) => c.criterion === i)?.evidence || [];
+    const verdict = result?.verdicts?.find((v) => v.criterion === i);
+    let status = null;
+    if (report) {
+      if (!covering.length) status = badge("uncovered", "danger", "No evidence covers this criterion.");
+      else if (covering.every((n) => staleSet.has(n))) status = badge("stale evidence", "warn", "Only stale evidence covers it.");
+      else status = badge(`covered by ${covering.map((n) => `#${n + 1}`).join(", ")}`, "ok");
+    }
+    return h("li", { class: "criterion", dataset: { criterion: String(i) } },
+      h("span", { class: "criterion-text", text }),
+      h("span", { class: "criterion-status" }, status,
+        verdict ? badge(verdict.accepted ? "accepted" : "not accepted", verdict.accepted ? "ok" : "danger",
+          verdict.note || undefined) : null,
+        verdict?.note ? h("span", { class: "muted small", text: verdict.note }) : null));
+  }));
+}
+
+const SUBMISSION_KIND = { submitted: "info", accepted: "ok", rejected: "danger", superseded: "muted", cancelled: "muted" };
+
+function renderSubmission(sub, task) {
+  const report = sub.evidence_report || {};
+  const stale = new Map((report.stale || []).map((s) => [s.evidence, s.why]));
+  return h("article", { class: "submission", dataset: { revision: String(sub.revision) } },
+    h("div", { class: "submission-head" },
+      h("strong", { text: `Revision ${sub.revision}` }),
+      badge(sub.status, SUBMISSION_KIND[sub.status] || "muted"),
+      ...provenanceBadges(sub),
+      h("span", { class: "muted small" }, `returned by ${sub.returned_by} · `, timeEl(sub.returned_at))),
+    markdownWithRaw(sub.summary, { class: "submission-summary" }),
+    h("h3", { text: "Evidence" }),
+    h("ol", { class: "evidence" }, sub.evidence.map((ev, n) => {
+      const url = ev.url ? safeUrl(ev.url) : null;
+      return h("li", { class: "evidence-item" },
+        h("div", { class: "evidence-head" },
+          h("span", { class: "evidence-n", text: `#${n + 1}` }), badge(words(ev.kind), "muted"),
+          h("span", { text: ev.summary }),
+          stale.has(n) ? badge(`stale: ${words(stale.get(n))}`, "warn") : null),
+        ev.criteria?.length ? h("p", { class: "muted small",
+          text: `for criterion ${ev.criteria.map((c) => c + 1).join(", ")}` }) : null,
+        url ? h("a", { href: url, target: "_blank", rel: "noopener noreferrer nofollow", class: "small", text: ev.url })
+          : ev.url ? h("code", { class: "small", text: ev.url }) : null,
+        ev.content ? h("pre", { class: "code small", text: ev.content }) : null,
+        ev.artifact != null && sub.artifacts?.[ev.artifact]
+          ? h("p", { class: "muted small", text: `artifact: ${sub.artifacts[ev.artifact].ref}` }) : null,
+        ev.observed_at || ev.verifier ? h("p", { class: "muted small" },
+          ev.observed_at ? ["observed ", timeEl(ev.observed_at)] : null, ev.verifier ? ` · checked by ${ev.verifier}` : null)
+          : null);
+    })),
+    h("h3", { text: "Evidence report" }),
+    evidenceReport(report, task.packet.acceptance_criteria),
+    sub.artifacts?.length ? [h("h3", { text: "Artifacts" }), h("ul", { class: "artifacts" }, sub.artifacts.map((a) =>
+      h("li", {}, h("code", { text: a.ref }),
+        a.commit_sha ? h("span", { class: "muted small", title: a.commit_sha, text: ` commit ${a.commit_sha.slice(0, 12)}` }) : null,
+        a.sha256 ? h("span", { class: "muted small", title: a.sha256, text: ` sha256 ${a.sha256.slice(0, 12)}…` }) : null)))]
+      : null,
+    h("dl", { class: "facts" },
+      sub.verified_by ? [h("dt", { text: "Verified by" }), h("dd", { text: actorText(sub.verified_by) })] : null,
+      sub.decided_by ? [h("dt", { text: "Decided by" }), h("dd", { text: actorText(sub.decided_by) })] : null,
+      sub.decided_by_policy ? [h("dt", { text: "Policy" }), h("dd", { text: words(sub.decided_by_policy) })] : null,
+      sub.reason ? [h("dt", { text: "Reason" }), h("dd", { class: "pre", text: sub.reason })] : null));
+}
+
+function evidenceReport(report, criteria) {
+  if (!report.coverage) return empty("No report.");
+  const staleSet = new Set((report.stale || []).map((s) => s.evidence));
+  // Covered only by stale evidence is not covered: it gets its own mark.
+  const standing = (c) => (!c.evidence.length ? "uncovered" : c.evidence.every((n) => staleSet.has(n)) ? "stale" : "covered");
+  const MARK = { covered: "✓", stale: "!", uncovered: "✗" };
+  return h("div", { class: "report" },
+    report.complete ? badge("complete: every criterion covered, nothing stale", "ok")
+      : badge("incomplete", "warn"),
+    h("ul", { class: "report-list" },
+      report.coverage.map((c) => h("li", { class: standing(c) },
+        h("span", { class: "report-mark", "aria-hidden": "true", text: MARK[standing(c)] }),
+        h("span", { text: `Criterion ${c.criterion + 1}: ${criteria[c.criterion] ?? ""}` }),
+        h("span", { class: "muted small", text: {
+          covered: ` — evidence ${c.evidence.map((n) => `#${n + 1}`).join(", ")}`,
+          stale: ` — only stale evidence ${c.evidence.map((n) => `#${n + 1}`).join(", ")}`,
+          uncovered: " — uncovered" }[standing(c)] })))),
+    report.general?.length ? h("p", { class: "muted small",
+      text: `General evidence (covers no one criterion): ${report.general.map((n) => `#${n + 1}`).join(", ")}` }) : null,
+    report.stale?.length ? h("p", { class: "warn-text small",
+      text: `Stale: ${report.stale.map((s) => `#${s.evidence + 1} (${words(s.why)})`).join(", ")}` }) : null);
+}
+
+function renderCheckpoint(cp) {
+  const list = (title, items, cls) => (items?.length
+    ? [h("h4", { text: title }), h("ul", { class: cls }, items.map((x) => h("li", {}, cls === "code-list" ? h("code", { text: x }) : x)))]
+    : null);
+  return h("li", { class: `checkpoint${cp.needs_answer ? " needs-answer" : ""}` },
+    h("div", { class: "checkpoint-head" }, h("strong", { text: cp.agent }), " · ", timeEl(cp.created_at),
+      cp.needs_answer ? badge("needs a person's answer", "attention") : null),
+    markdownWithRaw(cp.progress || ""),
+    list("Decisions", cp.decisions),
+    list("Files touched", cp.files_touched, "code-list"),
+    list("Next steps", cp.next_steps),
+    list("Open questions", cp.open_questions));
+}
