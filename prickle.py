@@ -6409,6 +6409,13 @@ def end_task_work(db: Database, task: dict, reason: str) -> int:
     return ended + revoke_credentials(db, "kind = 'execution' AND task_id = ?", (task_id,), reason)
 
 
+def may_name_task(db: Database, handle: str, task: dict) -> bool:
+    """Whether ``handle`` may rename ``task`` (a row) or set what it waits on: its requester's owner
+    (or the person who asked), its assignee's owner or a project owner."""
+    return handle in (requesting_person(task), owner_of(task["assignee"])) \
+        or member_role(db, task["project"], handle) == "owner"
+
+
 def _task_namer(db: Database, person: Actor | None, task_id: str, what: str) -> dict:
     """The task ``person`` may rename or set waits on: its requester's owner (or the person who
     asked), its assignee's owner or a project owner; None is the command line. Raises NotFound or
@@ -6419,8 +6426,7 @@ def _task_namer(db: Database, person: Actor | None, task_id: str, what: str) -> 
             raise NotFound(f"no task '{task_id}'")
         return task
     task = task_for_person(db, person, task_id)
-    if person.handle not in (requesting_person(task), owner_of(task["assignee"])) and \
-            member_role(db, task["project"], person.handle) != "owner":
+    if not may_name_task(db, person.handle, task):
         raise Forbidden(f"only the requester's owner, the assignee's owner or a project owner {what}")
     return task
 
@@ -7193,15 +7199,17 @@ def task_for_page(db: Database, task: dict, viewer: str) -> dict:
 
     Adds ``lifecycle`` (the TASK_MOVES key it is in), ``final_by`` (the person who gives
     final acceptance), ``awaiting_final`` (a result is in and the lifecycle allows the
-    ``final_accept`` move now), ``can_cancel`` and ``can_reassign`` (the viewer may steer it,
+    ``final_accept`` move now), ``can_give_final`` (it awaits final acceptance and the viewer
+    gives it), ``can_cancel`` and ``can_reassign`` (the viewer may steer it,
     :func:`may_steer_task`, and its lifecycle allows the move now).
     """
     out = task_out(db, task)
     lifecycle = lifecycle_state(task)
     moves = TASK_MOVES[lifecycle]
     steers = may_steer_task(db, viewer, task)
-    return out | {"lifecycle": lifecycle, "final_by": requesting_person(task),
-                  "awaiting_final": out["result"] is not None and "final_accept" in moves,
+    awaiting_final = out["result"] is not None and "final_accept" in moves
+    return out | {"lifecycle": lifecycle, "final_by": requesting_person(task), "awaiting_final": awaiting_final,
+                  "can_give_final": awaiting_final and viewer == requesting_person(task),
                   "can_cancel": steers and "cancel" in moves, "can_reassign": steers and "reassign" in moves}
 
 
@@ -7235,8 +7243,9 @@ def task_detail(db: Database, person: Actor, task_id: str) -> dict:
                                              (task_id,))],
             "submissions": [result_out(s) for s in db.rows(
                 "SELECT * FROM submissions WHERE task_id = ? ORDER BY revision", (task_id,))],
-            "can_rename": person.handle in (requesting_person(task), owner_of(task["assignee"]))
-            or member_role(db, task["project"], person.handle) == "owner",
+            "can_rename": may_name_task(db, person.handle, task),
+            "can_set_waits": may_name_task(db, person.handle, task) and task["parent_task_id"] is not None
+            and task["state"] not in CLOSED_STATES,
             "siblings": [{"id": r["id"], "title": r["display_title"] or r["title"], "state": r["state"]}
                          for r in db.rows("SELECT * FROM tasks WHERE parent_task_id = ? AND id <> ? "
                                           "ORDER BY created_at, id", (task["parent_task_id"], task_id))]
@@ -11690,6 +11699,11 @@ RUNNER_WATCH_SECONDS = 5.0
 #: The permission-prompt bridge's MCP server name and tool, as Claude Code names them.
 BRIDGE_SERVER, BRIDGE_TOOL = "prickle_bridge", "approve"
 
+#: The settings a Claude Code run gets on top of the person's own: every shell command asks the
+#: owner through the bridge, the ones Claude Code calls read-only included (``ps aux`` shows every
+#: process's command line; ``env`` would show the run's key).
+RUN_SETTINGS = {"permissions": {"ask": ["Bash"]}}
+
 #: The environment variable that carries a run's credential (never argv).
 RUN_KEY_ENV = "PRICKLE_RUN_KEY"
 
@@ -12172,7 +12186,10 @@ def launch_argv(agent: RunnerAgent, files: dict[str, str], values: dict[str, str
     the workspace; a command: its template filled in.
     """
     if agent.client == "claude":
+        # Only the person's own settings and the runner's: a workspace's .claude/ (its hooks above all)
+        # is the repository's or the run's own writing, never the person's choice.
         return ([agent.cli_path or "claude", "-p", "--mcp-config", files["mcp_config"], "--strict-mcp-config",
+                 "--setting-sources", "user", "--settings", files["settings"],
                  "--allowedTools", "mcp__prickle", "--permission-prompt-tool",
                  f"mcp__{BRIDGE_SERVER}__{BRIDGE_TOOL}", "--output-format", "json"], True)
     if agent.client == "codex":
@@ -12549,8 +12566,9 @@ class Runner:
         run_dir = os.path.join(self.state_dir, "runs", run_id)
         os.makedirs(run_dir, mode=0o700, exist_ok=True)
         files = {"mcp_config": os.path.join(run_dir, "mcp.json"), "prompt_file": os.path.join(run_dir, "prompt.txt"),
-                 "run_dir": run_dir}
+                 "settings": os.path.join(run_dir, "settings.json"), "run_dir": run_dir}
         write_private(files["mcp_config"], json.dumps(mcp_config_for(self.config.mcp_url, bridge, run_dir), indent=1))
+        write_private(files["settings"], json.dumps(RUN_SETTINGS, indent=1))
         write_private(files["prompt_file"], prompt)
         return files
 
@@ -12782,8 +12800,12 @@ async def run_bridge() -> None:
             ask["tool_use_id"] = str(args["tool_use_id"])[:200]
         try:
             answer = await mcp_call(url, key, "request_step", ask)
-            if answer["behavior"] == "allow":
-                out = {"behavior": "allow", "updatedInput": answer.get("updatedInput", ask["input"])}
+            if answer["behavior"] == "allow" and answer.get("updatedInput", ask["input"]) != ask["input"]:
+                # Only the exact call the owner saw may run: an answer that would change it is refused.
+                out = {"behavior": "deny", "message": "Refused: the server's answer named a different call than the "
+                       "one asked for. Nothing ran."}
+            elif answer["behavior"] == "allow":
+                out = {"behavior": "allow", "updatedInput": ask["input"]}
             else:
                 out = {"behavior": "deny", "message": answer.get("message") or "Refused."}
             if answer["status"] == "pending" and run_dir:

@@ -11,7 +11,7 @@ import { createComposer } from "./composer.js";
 import { stepCard, pendingSteps } from "./steps.js";
 import { runsSection } from "./runs.js";
 import { approvalCard, finalDecision, cancelRow, reassignForm } from "./decisions.js";
-import { taskLists, requestingPerson, awaitingFinal, taskState, titleOf, requesterText, actorText } from "./task_common.js";
+import { requestingPerson, awaitingFinal, taskState, titleOf, requesterText, actorText } from "./task_common.js";
 import { markdownWithRaw } from "./markdown.js";
 import {
   h, heading, field, errorSlot, act, fill, empty, badge, stateBadge, timeEl, words, safeUrl, debounce, announce,
@@ -38,10 +38,9 @@ export function mount(el, ctx) {
   const decided = new Map(); // step id -> its card, decided here: it stays with its outcome
   const load = async () => {
     try {
-      const [detail, steps, known] = await Promise.all([
+      const [detail, steps] = await Promise.all([
         get(`/api/tasks/${seg(taskId)}`),
         pendingSteps().catch(() => []),
-        taskLists(),
       ]);
       if (detail.task.project !== ctx.slug) {
         ctx.go(`#/p/${detail.task.project}/tasks/${taskId}`);
@@ -58,7 +57,7 @@ export function mount(el, ctx) {
         return card;
       })];
       const focused = document.activeElement;
-      renderTask(top, body, ctx, detail, approval, stepCards, load, known);
+      renderTask(top, body, ctx, detail, approval, stepCards, load);
       if (focused !== document.activeElement && top.contains(focused)) focused.focus({ preventScroll: true });
       if (first) {
         first = false;
@@ -96,7 +95,7 @@ export function mount(el, ctx) {
 
 // ---- rendering --------------------------------------------------------------------------------
 
-function renderTask(top, body, ctx, detail, approval, stepCards, reload, known) {
+function renderTask(top, body, ctx, detail, approval, stepCards, reload) {
   const { task, checkpoints, submissions } = detail;
   fill(top,
     heading(1, titleOf(task), { class: "task-title" }),
@@ -112,7 +111,7 @@ function renderTask(top, body, ctx, detail, approval, stepCards, reload, known) 
         detail.blocked.map((id, i) => [i ? ", " : "", h("a", { href: `#/p/${ctx.slug}/tasks/${id}`, text: siblingTitle(detail, id) })]))
         : null),
     renderActions(ctx, task, approval, stepCards, reload),
-    detail.can_rename ? namesBox(ctx, detail, reload, known) : null);
+    detail.can_rename ? namesBox(ctx, detail, reload) : null);
 
   const latest = task.result;
   fill(body,
@@ -154,9 +153,8 @@ function renderActions(ctx, task, approval, stepCards, reload) {
   }
 
   if (approval) parts.push(approvalCard(approval, { onDecided: reload, embedded: true }));
-  if (awaitingFinal(task) && requester === ctx.me.handle) parts.push(finalDecision(ctx, task, reload));
-
-  // The server says whether you may cancel it or hand it on now (can_cancel, can_reassign).
+  // The server says what you may do now: give final acceptance, cancel it, hand it on (can_*).
+  if (task.can_give_final) parts.push(finalDecision(ctx, task, reload));
   if (task.can_cancel) parts.push(cancelRow(task, reload));
   if (task.can_reassign) parts.push(reassignForm(ctx, task, reload));
   box.classList.toggle("done", task.state === "completed");
@@ -165,7 +163,7 @@ function renderActions(ctx, task, approval, stepCards, reload) {
 }
 
 /** Rename the task (its display title; the packet stays) and, for a sub-task, pick the siblings it waits on. */
-function namesBox(ctx, detail, reload, known) {
+function namesBox(ctx, detail, reload) {
   const { task } = detail;
   const input = h("input", { id: "task-title-input", name: "title", maxlength: "500", autocomplete: "off",
     value: task.display_title || "", placeholder: task.packet.task });
@@ -184,9 +182,9 @@ function namesBox(ctx, detail, reload, known) {
     e.preventDefault();
     setTitle(input.value.trim() || null);
   });
-  const open = !known.cancellable.includes(task.state) ? null : detail.siblings;
+  const open = detail.can_set_waits ? detail.siblings : null;
   let waits = null;
-  if (task.parent_task_id && open?.length) {
+  if (open?.length) {
     const checks = open.map((s) => h("label", { class: "check" },
       h("input", { type: "checkbox", value: s.id, checked: detail.blocked_by.includes(s.id) }),
       ` ${s.title} `, stateBadge(s.state)));

@@ -51,3 +51,24 @@ def test_a_project_says_who_may_pick_answer_for_and_step_down_its_default_lead(s
     assert ren("POST", f"/api/projects/{PROJECT}/lead/answer", {"decision": "agree"}).status_code == 200
     assert (view(ren)["lead"]["can_answer"], view(ren)["lead"]["can_step_down"]) == (False, True)
     assert (view(oj)["can_pick_lead"], view(oj)["lead"]["can_step_down"]) == (False, False)
+
+
+def test_a_task_says_who_gives_final_acceptance_and_who_may_set_what_it_waits_on(mcp, server, world):
+    oj, ren = _api(server, world, "oj"), _api(server, world, "ren")
+    packet = {"task": "Count the words.", "deliverable_type": "doc", "acceptance_criteria": ["A number."],
+              "context": "", "files": []}
+    task = mcp.ok("oj/muse", "handoff", {"project": PROJECT, "to": "oj/scout", "packet": packet})["task"]
+    mcp.ok("oj/scout", "accept_task", {"task_id": task["id"]})
+    sub = mcp.ok("oj/scout", "return_result", {"task_id": task["id"], "summary": "42.", "evidence": [
+        {"kind": "test_output", "summary": "Counted.", "content": "42", "criteria": [0]}],
+        "artifacts": [{"ref": "count.txt", "sha256": "a" * 64}]})["submission"]
+    mcp.ok("oj/muse", "accept_result", {"task_id": task["id"], "submission_id": sub["submission_id"],
+                                        "revision": sub["revision"], "verdicts": [{"criterion": 0, "accepted": True}],
+                                        "artifacts": sub["artifacts"]})
+    given = {h: (_board(api)[task["id"]]["awaiting_final"], _board(api)[task["id"]]["can_give_final"])
+             for h, api in (("oj", oj), ("ren", ren))}
+    assert given == {"oj": (True, True), "ren": (True, False)}
+    detail = oj("GET", f"/api/tasks/{task['id']}").json()
+    assert (detail["can_rename"], detail["can_set_waits"]) == (True, False)  # not a sub-task
+    assert ren("GET", f"/api/tasks/{task['id']}").json()["can_rename"] is False
+    assert ren("POST", f"/api/tasks/{task['id']}/accept").status_code == 403
