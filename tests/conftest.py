@@ -18,6 +18,10 @@ from starlette.testclient import TestClient
 
 import prickle
 
+# The steps the tests share live in helpers.py, imported by name where used; its fixtures (a mail
+# server and a clock) reach every test as a plugin's.
+pytest_plugins = ["helpers"]
+
 FIXTURES = Path(__file__).parent / "fixtures"
 REFERENCE_TOOLS = json.loads((FIXTURES / "tools.json").read_text())
 REFERENCE_EVENTS = json.loads((FIXTURES / "events.json").read_text())

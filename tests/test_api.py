@@ -4,10 +4,7 @@ import datetime
 
 import prickle
 from conftest import PROJECT, in_thread
-
-
-def auth(world, handle):
-    return {"Authorization": f"Bearer {world.tokens[handle]}"}
+from helpers import auth
 
 
 def test_me_and_projects(server, world):
@@ -57,7 +54,7 @@ def test_non_member_gets_404_and_nothing_leaks(server, world):
 
 
 def test_person_posts_and_reads_the_room_with_threads(server, mcp, world):
-    from test_room import make_task
+    from helpers import make_task
     task = make_task(world)
     r = server.post(f"/api/projects/{PROJECT}/messages", json={"body": "Plan for today"}, headers=auth(world, "oj"))
     assert r.status_code == 200

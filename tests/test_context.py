@@ -2,9 +2,7 @@
 
 import prickle
 from conftest import PROJECT, all_events, audit_entries
-from test_room import make_task
-
-P = {"project": PROJECT}
+from helpers import P, make_task
 
 
 def test_discover_lists_people_and_agents_of_the_project_only(mcp, world):

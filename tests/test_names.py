@@ -1,23 +1,8 @@
 """Names change, addresses don't; keys that reach further say so; a project's default lead."""
 
-import hashlib
-
 import prickle
 from conftest import PROJECT, all_events, audit_entries
-from test_cli import jrun, run
-from test_tasks import PACKET, P, person, start
-
-
-def sha(text):
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def written(db):
-    return db.scalar("SELECT count(*) FROM outbox"), db.scalar("SELECT count(*) FROM audit")
-
-
-def audit_text(db):
-    return " ".join(r["refs"] for r in db.rows("SELECT refs FROM audit"))
+from helpers import PACKET, P, audit_text, jrun, person, run, sha, start, written
 
 
 # -- renaming projects and tasks -----------------------------------------------

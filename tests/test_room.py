@@ -6,23 +6,7 @@ import pytest
 
 import prickle
 from conftest import PROJECT, all_events, audit_entries
-
-P = {"project": PROJECT}
-
-
-def post(mcp, agent, body, **extra):
-    return mcp.ok(agent, "post_message", P | {"body": body} | extra)["message"]
-
-
-def make_task(world, requester="oj/muse", assignee="ren/builder", state="routed"):
-    """Hand off a one-criterion task; approve it at the gate when ``state`` is routed."""
-    out = prickle.handoff(world.db, world.actor(requester), PROJECT, assignee,
-                          {"task": "Draft the hero copy.", "deliverable_type": "doc",
-                           "acceptance_criteria": ["At most 8 words."]})
-    if out["gate"]["decision"] == "approval_required" and state == "routed":
-        prickle.decide_approval(world.db, world.person(assignee.split("/")[0]), out["gate"]["approval_id"], "approve")
-    assert prickle.visible_task(world.db, world.actor(requester), PROJECT, out["task"]["id"])["state"] == state
-    return out["task"]["id"]
+from helpers import P, make_task, post
 
 
 def test_post_message_returns_the_message_and_writes_event_and_audit(mcp, world):

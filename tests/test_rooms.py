@@ -2,35 +2,7 @@
 
 import prickle
 from conftest import all_events, audit_entries
-from test_tasks import person
-
-ROOM = "oj-room"
-
-
-def setup_room(world):
-    """oj's room with oj/muse and oj/scout (claude-code) and oj/critic (codex); runner keys for each."""
-    prickle.add_agent(world.db, "oj/critic", "Critic", "gpt-5", "codex", "Reviewer", [], [])
-    return {a: prickle.pair_device(world.db, "oj", a)[1] for a in ("oj/muse", "oj/scout", "oj/critic")}
-
-
-def say(server, world, body, handle="oj"):
-    r = person(server, world, handle).post(f"/api/projects/{ROOM}/messages", {"body": body})
-    assert r.status_code == 200, r.text
-    return r.json()["message"]
-
-
-def woke(mcp, agent, cursor, runner):
-    out = mcp.ok(agent, "wait_for_mention", {"cursor": cursor, "timeout_seconds": 1}, token=runner)
-    return out["events"]
-
-
-def start(mcp, agent, runner):
-    return mcp.ok(agent, "wait_for_mention", {"timeout_seconds": 1}, token=runner)["cursor"]
-
-
-def claim(mcp, agent, runner, message_id, key="k", harness=2):
-    args = {"message_id": message_id, "idempotency_key": key} | ({"harness": harness} if harness else {})
-    return mcp.ok(agent, "claim_discussion", args, token=runner)
+from helpers import ROOM, claim, listen, person, say, setup_room, woke
 
 
 def test_every_person_gets_a_private_room_with_their_agents(mcp, world):
@@ -47,7 +19,7 @@ def test_every_person_gets_a_private_room_with_their_agents(mcp, world):
 
 def test_draft_review_revise(mcp, server, world):
     runners = setup_room(world)
-    cursors = {a: start(mcp, a, k) for a, k in runners.items()}
+    cursors = {a: listen(mcp, a, k) for a, k in runners.items()}
     asked = say(server, world, "What should the hero headline say?")
     [event] = woke(mcp, "oj/muse", cursors["oj/muse"], runners["oj/muse"])
     assert (event["kind"], event["message"]["id"], event["replies_left"], event["lead"]) == (
@@ -92,7 +64,7 @@ def test_draft_review_revise(mcp, server, world):
 
 def test_an_approving_review_ends_the_turn(mcp, server, world):
     runners = setup_room(world)
-    start(mcp, "oj/critic", runners["oj/critic"])  # the reviewer's runner listens
+    listen(mcp, "oj/critic", runners["oj/critic"])  # the reviewer's runner listens
     asked = say(server, world, "Name for the beta?")
     d = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
     draft = mcp.ok("oj/muse", "post_message", {"project": ROOM, "body": "Early access", "verdict": "draft"},
@@ -135,12 +107,12 @@ def test_the_owner_stops_a_turn_and_sets_the_reply_mode_and_lead(mcp, server, wo
     assert oj.post("/api/room/stop").status_code == 409
     view = oj.post("/api/room", {"reply_mode": "solo", "lead": "oj/critic"}).json()
     assert view["room"] == {"project": ROOM, "reply_mode": "solo", "lead_agent": "oj/critic"}
-    cursor = start(mcp, "oj/critic", runners["oj/critic"])
+    cursor = listen(mcp, "oj/critic", runners["oj/critic"])
     asked = say(server, world, "Alone please")
     [event] = woke(mcp, "oj/critic", cursor, runners["oj/critic"])
     assert event["replies_left"] == 1
     oj.post("/api/room", {"reply_mode": "named"})
-    cursors = {a: start(mcp, a, k) for a, k in runners.items()}
+    cursors = {a: listen(mcp, a, k) for a, k in runners.items()}
     say(server, world, "@scout and @muse, both of you")
     assert [len(woke(mcp, a, cursors[a], runners[a])) for a in ("oj/muse", "oj/scout", "oj/critic")] == [1, 1, 0]
     say(server, world, "nobody named")
@@ -156,7 +128,7 @@ def test_the_owner_stops_a_turn_and_sets_the_reply_mode_and_lead(mcp, server, wo
 def test_make_or_spend_actions(mcp, server, world):
     runners = setup_room(world)
     runner = {"Authorization": f"Bearer {runners['oj/muse']}"}
-    cursor = start(mcp, "oj/muse", runners["oj/muse"])
+    cursor = listen(mcp, "oj/muse", runners["oj/muse"])
     r = server.post("/api/runner/actions", json={"tool": "image_gen", "action": "Draw the hero illustration",
                                                  "prompt": "A calm team of robots and people", "cost_estimate": "$0.04"},
                     headers=runner)
@@ -231,7 +203,7 @@ def test_an_actions_card_and_result_are_posted_with_their_audit_entries(server, 
 def test_revoking_a_rooms_key_ends_the_discussions_it_claimed(mcp, server, world):
     setup_room(world)
     record, rooms_key = prickle.create_token(world.db, "client", agent_id="oj/muse", project=prickle.ROOMS_SCOPE)
-    start(mcp, "oj/muse", rooms_key)
+    listen(mcp, "oj/muse", rooms_key)
     asked = say(server, world, "Which font for the headline?")
     cred = claim(mcp, "oj/muse", rooms_key, asked["id"])["discussion_credential"]["token"]
     assert mcp.ok("oj/muse", "read_room", {"project": ROOM}, token=cred)["messages"][-1]["id"] == asked["id"]

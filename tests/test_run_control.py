@@ -5,22 +5,12 @@ import pytest
 
 import prickle
 from conftest import PROJECT, audit_entries
-from test_rooms import ROOM, claim, say, setup_room, start
-from test_runners import claimed, paired
-from test_tasks import person, routed
-
-P = {"project": PROJECT}
+from helpers import P, ROOM, ask_connect, claim, claimed, listen, paired, person, routed, say, setup_room
 CALL = {"tool_name": "Bash", "input": {"command": "git push origin main"}}
 
 
 def runner_state(server, key):
     r = server.get("/api/runner/state", headers={"Authorization": f"Bearer {key}"})
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def ask_connect(server, clis=("claude", "codex")):
-    r = server.post("/api/runner/connect", json={"name": "ren-laptop", "clis": list(clis)})
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -284,7 +274,7 @@ def test_pausing_an_owners_agents_refuses_their_runs_at_the_next_call(mcp, serve
 
 
 def test_the_operator_pauses_every_agent_from_the_command_line(mcp, server, world, db_path):
-    from test_cli import jrun, run
+    from helpers import jrun, run
     task, device, runner, out = claimed(mcp, server, world)
     assert jrun(db_path, "agents", "pause", "--all") == {"scope": "all", "paused": True, "active_runs": 1}
     mcp.error("ren/builder", "checkpoint", {"task_id": task["id"], "checkpoint": {"progress": "x"}}, "paused",
@@ -353,7 +343,7 @@ def test_a_reviewer_whose_runner_isnt_listening_is_skipped_then_retried(mcp, ser
                                "reason": "runner_not_listening"}
     oj = person(server, world, "oj")
     assert oj.post("/api/room/retry", {"agent": "oj/muse"}).status_code == 400
-    cursor = start(mcp, "oj/critic", runners["oj/critic"])
+    cursor = listen(mcp, "oj/critic", runners["oj/critic"])
     retried = oj.post("/api/room/retry", {"agent": "oj/critic"})
     assert retried.status_code == 200, retried.text
     assert retried.json()["turn"]["waiting_on"] == ["oj/critic"]
@@ -387,7 +377,7 @@ def test_the_owner_continues_without_the_skipped_reviewer(mcp, server, world):
 
 def test_a_listening_reviewer_is_not_skipped_within_the_grace(mcp, server, world):
     runners = setup_room(world)
-    start(mcp, "oj/critic", runners["oj/critic"])
+    listen(mcp, "oj/critic", runners["oj/critic"])
     asked = say(server, world, "Name?")
     d = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
     mcp.ok("oj/muse", "post_message", {"project": ROOM, "body": "A", "verdict": "draft"},

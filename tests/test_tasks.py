@@ -6,77 +6,9 @@ import pytest
 
 import prickle
 from conftest import PROJECT, all_events, audit_entries
+from helpers import PACKET, SHA, P, evidence, handoff, person, routed, start, submit, wait_kinds, working
 
-P = {"project": PROJECT}
-PACKET = {"task": "Draft the hero copy.", "deliverable_type": "doc",
-          "acceptance_criteria": ["Headline has at most 8 words.", "Include a clear call to action."],
-          "context": "A collaboration tool for small teams.", "files": []}
-SHA = "a" * 64
 COMMIT = "b" * 40
-
-
-def person(server, world, handle):
-    """POST/GET helpers for the people's API as ``handle``."""
-    h = {"Authorization": f"Bearer {world.tokens[handle]}"}
-
-    class API:
-        @staticmethod
-        def get(path, **kw):
-            return server.get(path, headers=h, **kw)
-
-        @staticmethod
-        def post(path, body=None):
-            return server.post(path, json=body or {}, headers=h)
-
-        @staticmethod
-        def delete(path):
-            return server.delete(path, headers=h)
-    return API
-
-
-def handoff(mcp, requester="oj/muse", to="ren/builder", **extra):
-    return mcp.ok(requester, "handoff", P | {"to": to, "packet": PACKET} | extra)
-
-
-def routed(mcp, server, world, requester="oj/muse", to="ren/builder", **extra):
-    """A cross-owner handoff approved by the assignee's owner: the task, routed."""
-    out = handoff(mcp, requester, to, **extra)
-    if out["gate"]["decision"] == "approval_required":
-        r = person(server, world, to.split("/")[0]).post(f"/api/approvals/{out['gate']['approval_id']}",
-                                                         {"decision": "approve"})
-        assert r.status_code == 200, r.text
-        return r.json()["task"]
-    return out["task"]
-
-
-def working(mcp, server, world):
-    task = routed(mcp, server, world)
-    mcp.ok("ren/builder", "accept_task", {"task_id": task["id"]})
-    return task
-
-
-def evidence(criteria=None, **extra):
-    item = {"kind": "test_output", "summary": "Counted the words.", "content": "6 words"} | extra
-    if criteria is not None:
-        item["criteria"] = criteria
-    return item
-
-
-def submit(mcp, task_id, items=None, artifacts=None):
-    return mcp.ok("ren/builder", "return_result", {
-        "task_id": task_id, "summary": "Headline and CTA drafted.",
-        "evidence": items or [evidence([0]), evidence([1], kind="note", summary="CTA: try the demo.", content="")],
-        "artifacts": artifacts if artifacts is not None else [{"ref": "docs/hero.md", "sha256": SHA}]})
-
-
-def wait_kinds(mcp, agent, cursor, tool="wait_for_updates"):
-    out = mcp.ok(agent, tool, {"cursor": cursor, "timeout_seconds": 1})
-    return [(u["kind"], u.get("task_id")) for u in out.get("updates", [])] or [
-        (e["kind"], (e.get("task") or {}).get("id")) for e in out.get("events", [])]
-
-
-def start(mcp, agent, tool="wait_for_updates"):
-    return mcp.ok(agent, tool, {"timeout_seconds": 1})["cursor"]
 
 
 # -- handoff and the gate ----------------------------------------------------

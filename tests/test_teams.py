@@ -2,12 +2,7 @@
 
 import prickle
 from conftest import PROJECT, all_events, audit_entries
-from test_cli import jrun, run
-from test_storage import _database_at_version
-
-
-def auth(world, handle):
-    return {"Authorization": f"Bearer {world.tokens[handle]}"}
+from helpers import _database_at_version, auth, jrun, run
 
 
 def _counts(db):
