@@ -1,4 +1,4 @@
-"""discover_team_agents, get_project_context and update_pulse."""
+"""Memory and pulse: discover_team_agents, get_project_context (memory facts, pulse, members) and update_pulse."""
 
 import prickle
 from conftest import PROJECT, all_events, audit_entries
