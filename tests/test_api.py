@@ -168,19 +168,6 @@ def test_memory_and_audit_from_the_api(server, world):
     assert server.get(f"/api/projects/{PROJECT}/audit", headers=auth(world, "sam")).status_code == 404
 
 
-def test_one_click_resume_of_a_paused_pair(server, mcp, world):
-    for i in range(10):
-        sender, other = ("oj/muse", "ren/builder") if i % 2 == 0 else ("ren/builder", "oj/muse")
-        mcp.ok(sender, "post_message", {"project": PROJECT, "body": f"@{other} {i}"})
-    r = server.post(f"/api/projects/{PROJECT}/resume", json={"agents": ["ren/builder", "oj/muse"]},
-                    headers=auth(world, "ren"))
-    assert r.status_code == 200 and r.json()["message"]["author"]["handle"] == "ren"
-    assert server.get(f"/api/projects/{PROJECT}", headers=auth(world, "ren")).json()["paused"] == []
-    again = server.post(f"/api/projects/{PROJECT}/resume", json={"agents": ["ren/builder", "oj/muse"]},
-                        headers=auth(world, "ren"))
-    assert again.status_code == 409
-
-
 def test_static_files_and_unknown_paths(server):
     assert server.get("/").status_code == 200
     r = server.get("/api/nothing")

@@ -450,16 +450,6 @@ def test_a_person_asks_their_own_agent_for_a_task(mcp, server, world):
     assert ren.post(f"/api/tasks/{task['id']}/accept").json()["task"]["state"] == "completed"
 
 
-def test_read_room_lists_task_threads_with_state_and_parties(mcp, server, world):
-    task = working(mcp, server, world)
-    mcp.ok("ren/builder", "post_message", P | {"body": "Started", "task_id": task["id"]})
-    thread = mcp.ok("oj/muse", "read_room", P)["threads"][0]
-    assert (thread["task_id"], thread["state"], thread["requester"], thread["assignee"], thread["reply_count"]) == (
-        task["id"], "accepted", "oj/muse", "ren/builder", 1)
-    board = person(server, world, "oj").get(f"/api/projects/{PROJECT}/tasks").json()["tasks"]
-    assert [t["id"] for t in board] == [task["id"]]
-
-
 def test_times_with_any_zone_compare_as_times(mcp, server, world):
     ren = person(server, world, "ren")
     far_west = (prickle.utcnow() + dt.timedelta(hours=3)).astimezone(dt.timezone(dt.timedelta(hours=-12)))
