@@ -1,11 +1,10 @@
-"""The owner's control of runs: connecting a computer, Start and Stop, hand back, pause, uncertain runs,
-and a private room's skipped reviewer."""
+"""The owner's control of runs: connecting a computer, Start and Stop, hand back, pause, uncertain runs."""
 
 import pytest
 
 import prickle
 from conftest import PROJECT, audit_entries
-from helpers import P, ROOM, ask_connect, claim, claimed, listen, paired, person, routed, say, setup_room
+from helpers import P, ask_connect, claimed, paired, person, routed
 CALL = {"tool_name": "Bash", "input": {"command": "git push origin main"}}
 
 
@@ -326,70 +325,6 @@ def test_a_runner_marks_a_run_uncertain_and_the_owner_settles_it(mcp, server, wo
               token=runner)
     assert ren.post(f"/api/tasks/{task['id']}/runs", {"confirm": "ren"}).status_code == 200
     mcp.ok("ren/builder", "claim_task", {"task_id": task["id"], "idempotency_key": "k2"}, token=runner)
-
-
-# -- a private room's reviewer that isn't listening ---------------------------------------
-
-def test_a_reviewer_whose_runner_isnt_listening_is_skipped_then_retried(mcp, server, world):
-    runners = setup_room(world)
-    asked = say(server, world, "Name for the beta?")
-    d = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
-    draft = mcp.ok("oj/muse", "post_message", {"project": ROOM, "body": "Early access", "verdict": "draft"},
-                   token=d["discussion_credential"]["token"])["message"]
-    turn = prickle.room_view(world.db, world.person("oj"))["turn"]
-    assert (turn["waiting_on"], turn["skipped"]) == ([], ["oj/critic"])  # no stall, no wake
-    [skipped] = audit_entries(world.db, ROOM, "room.reviewer_skipped")
-    assert skipped["refs"] == {"turn": turn["id"], "step": "review", "draft": draft["id"], "agent": "oj/critic",
-                               "reason": "runner_not_listening"}
-    oj = person(server, world, "oj")
-    assert oj.post("/api/room/retry", {"agent": "oj/muse"}).status_code == 400
-    cursor = listen(mcp, "oj/critic", runners["oj/critic"])
-    retried = oj.post("/api/room/retry", {"agent": "oj/critic"})
-    assert retried.status_code == 200, retried.text
-    assert retried.json()["turn"]["waiting_on"] == ["oj/critic"]
-    woke = mcp.ok("oj/critic", "wait_for_mention", {"cursor": cursor, "timeout_seconds": 1},
-                  token=runners["oj/critic"])
-    assert [(e["kind"], e["message"]["id"]) for e in woke["events"]] == [("room", draft["id"])]
-    review = claim(mcp, "oj/critic", runners["oj/critic"], draft["id"])
-    assert review["role"] == "review" and review["reviewing"]["message_id"] == draft["id"]
-    [entry] = audit_entries(world.db, ROOM, "room.reviewer_retried")
-    assert entry["refs"] == {"turn": turn["id"], "agent": "oj/critic", "message": draft["id"], "step": "review",
-                             "attempt": 1, "sessions": 0, "wakes": 0}
-    mcp.ok("oj/critic", "post_message", {"project": ROOM, "body": "", "verdict": "approve"},
-           token=review["discussion_credential"]["token"])
-    assert prickle.room_view(world.db, world.person("oj"))["turn"] is None
-
-
-def test_the_owner_continues_without_the_skipped_reviewer(mcp, server, world):
-    runners = setup_room(world)
-    asked = say(server, world, "Name for the beta?")
-    d = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
-    mcp.ok("oj/muse", "post_message", {"project": ROOM, "body": "Early access", "verdict": "draft"},
-           token=d["discussion_credential"]["token"])
-    turn = prickle.room_view(world.db, world.person("oj"))["turn"]
-    oj = person(server, world, "oj")
-    done = oj.post("/api/room/continue")
-    assert done.status_code == 200 and done.json()["turn"] is None
-    assert oj.post("/api/room/continue").status_code == 409
-    [entry] = audit_entries(world.db, ROOM, "room.turn_continued")
-    assert entry["refs"] == {"turn": turn["id"], "agents": ["oj/critic"], "woken": 0, "sessions": 0, "wakes": 0}
-
-
-def test_a_listening_reviewer_is_not_skipped_within_the_grace(mcp, server, world):
-    runners = setup_room(world)
-    listen(mcp, "oj/critic", runners["oj/critic"])
-    asked = say(server, world, "Name?")
-    d = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
-    mcp.ok("oj/muse", "post_message", {"project": ROOM, "body": "A", "verdict": "draft"},
-           token=d["discussion_credential"]["token"])
-    assert prickle.room_view(world.db, world.person("oj"))["turn"]["waiting_on"] == ["oj/critic"]
-    assert audit_entries(world.db, ROOM, "room.reviewer_skipped") == []
-    # past the grace, a runner that stopped calling counts as gone
-    listening = server.state.db.listening
-    assert listening["oj/critic"][0] == 0 and prickle.runner_listening(server.state.db, "oj/critic")
-    listening["oj/critic"][1] -= prickle.LISTEN_GRACE + 1
-    assert not prickle.runner_listening(server.state.db, "oj/critic")
-    assert not prickle.runner_listening(server.state.db, "oj/scout")  # never waited
 
 
 def test_asking_to_connect_is_bounded_and_marking_uncertain_keeps_a_waiting_step(mcp, server, world, monkeypatch):
