@@ -1,4 +1,4 @@
-"""Runners: paired devices, claim_task, a woken run's limits, request_step."""
+"""Runs: devices, claims and steps: paired devices, claim_task, a woken run's limits, request_step."""
 
 import datetime as dt
 
