@@ -176,24 +176,6 @@ def test_static_files_and_unknown_paths(server):
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
 
 
-def test_meta_gives_the_page_its_task_lists_from_the_server(server, world):
-    r = server.get("/api/meta", headers=auth(world, "ren"))
-    assert r.json() == {"tasks": {
-        "states": ["requested", "routed", "accepted", "working", "waiting", "verifying", "approval",
-                   "completed", "rejected", "cancelled", "returned"],
-        "cancellable": ["routed", "accepted", "working", "waiting", "verifying", "approval"],
-        "deliverable_types": ["code", "doc", "answer", "screenshots", "reviewed_pr", "design", "data", "other"],
-        "board": [{"title": "Needs a person", "states": ["approval", "waiting", "returned"]},
-                  {"title": "Queued", "states": ["requested", "routed"]},
-                  {"title": "In progress", "states": ["accepted", "working"]},
-                  {"title": "Verifying", "states": ["verifying"]},
-                  {"title": "Done", "states": ["completed"]},
-                  {"title": "Closed", "states": ["rejected", "cancelled"]}]}}
-    assert r.json()["tasks"]["states"] == prickle.SCHEMAS["check_inbox"][1]["properties"]["assigned"]["items"][
-        "properties"]["state"]["enum"]
-    assert server.get("/api/meta").status_code == 401
-
-
 def test_events_after_a_position_it_cannot_continue_resync_from_the_head(server, world):
     url, h = f"/api/projects/{PROJECT}/events", auth(world, "oj")
     head = prickle.outbox_head(world.db)
