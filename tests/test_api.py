@@ -4,7 +4,7 @@ import datetime
 
 import prickle
 from conftest import PROJECT, in_thread
-from helpers import auth
+from helpers import auth, make_task
 
 
 def test_me_and_projects(server, world):
@@ -54,7 +54,6 @@ def test_non_member_gets_404_and_nothing_leaks(server, world):
 
 
 def test_person_posts_and_reads_the_room_with_threads(server, mcp, world):
-    from helpers import make_task
     task = make_task(world)
     r = server.post(f"/api/projects/{PROJECT}/messages", json={"body": "Plan for today"}, headers=auth(world, "oj"))
     assert r.status_code == 200
