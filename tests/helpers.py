@@ -32,7 +32,7 @@ from conftest import PRICKLE, PROJECT, check_tool_output
 P = {"project": PROJECT}
 
 
-# -- people on the HTTP API -----------------------------------------------------
+# -- people on the HTTP API ----------------------------------------------------
 
 
 def auth(world, handle):
@@ -58,7 +58,7 @@ def person(server, world, handle):
     return API
 
 
-# -- tasks: a packet handed off, approved, accepted, its result returned ----------
+# -- tasks: a packet handed off, approved, accepted, its result returned -------
 
 PACKET = {"task": "Draft the hero copy.", "deliverable_type": "doc",
           "acceptance_criteria": ["Headline has at most 8 words.", "Include a clear call to action."],
@@ -111,7 +111,7 @@ def start(mcp, agent, tool="wait_for_updates"):
     return mcp.ok(agent, tool, {"timeout_seconds": 1})["cursor"]
 
 
-# -- messages ---------------------------------------------------------------------
+# -- messages ------------------------------------------------------------------
 
 
 def post(mcp, agent, body, **extra):
@@ -129,7 +129,7 @@ def make_task(world, requester="oj/muse", assignee="ren/builder", state="routed"
     return out["task"]["id"]
 
 
-# -- what was written, and names kept as fingerprints --------------------------------
+# -- what was written, and names kept as fingerprints --------------------------
 
 
 def sha(text):
@@ -145,7 +145,7 @@ def audit_text(db):
     return " ".join(r["refs"] for r in db.rows("SELECT refs FROM audit"))
 
 
-# -- private rooms -------------------------------------------------------------------
+# -- private rooms -------------------------------------------------------------
 
 ROOM = "oj-room"
 
@@ -177,7 +177,7 @@ def claim(mcp, agent, runner, message_id, key="k", harness=2):
     return mcp.ok(agent, "claim_discussion", args, token=runner)
 
 
-# -- runners: paired devices, claimed runs, steps, connecting a computer ---------------
+# -- runners: paired devices, claimed runs, steps, connecting a computer -------
 
 
 def paired(world, agent="ren/builder"):
@@ -208,7 +208,7 @@ def ask_connect(server, clis=("claude", "codex")):
     return r.json()
 
 
-# -- the command line -----------------------------------------------------------------
+# -- the command line ----------------------------------------------------------
 
 
 def run(db_path, *args, ok=True):
@@ -234,7 +234,7 @@ def cli_json(db_path, *args):
     return json.loads(p.stdout)
 
 
-# -- MCP clients ----------------------------------------------------------------------
+# -- MCP clients ---------------------------------------------------------------
 
 
 @contextlib.asynccontextmanager
@@ -270,7 +270,7 @@ def _post(http, url, key, body, n):
     return result["structuredContent"]["message"]["id"]
 
 
-# -- a database as an older Prickle left it ----------------------------------------------
+# -- a database as an older Prickle left it ------------------------------------
 
 
 def _database_at_version(path, version):
@@ -285,7 +285,7 @@ def _database_at_version(path, version):
     return conn
 
 
-# -- mail: a real SMTP server (aiosmtpd) and a clock the test moves ----------------------
+# -- mail: a real SMTP server (aiosmtpd) and a clock the test moves ------------
 
 T0 = dt.datetime(2026, 12, 1, 10, 0, tzinfo=dt.timezone.utc)
 FROM = "Prickle <prickle@mail.prickle.example>"  # not the recipients' domain
