@@ -18,6 +18,11 @@ from starlette.testclient import TestClient
 
 import prickle
 
+# The steps the tests share live in helpers.py and the browser tests' in browser.py, imported by name
+# where used; their fixtures (a mail server and a clock; a served demo, one browser, people signed in)
+# reach every test as a plugin's.
+pytest_plugins = ["helpers", "browser"]
+
 FIXTURES = Path(__file__).parent / "fixtures"
 REFERENCE_TOOLS = json.loads((FIXTURES / "tools.json").read_text())
 REFERENCE_EVENTS = json.loads((FIXTURES / "events.json").read_text())

@@ -21,6 +21,7 @@ from mcp.shared.exceptions import MCPError
 
 import prickle
 from conftest import PRICKLE, PROJECT, Served, World
+from helpers import written
 
 #: Raw JSON text of each class of value no field can take, keyed by a name for failure messages.
 BAD_VALUES = {
@@ -88,11 +89,6 @@ API_NUMBERS = [
     ("/api/events", "wait"),
     ("/api/search", "limit"),
 ]
-
-
-def written(db: prickle.Database) -> tuple[int, int]:
-    """How many outbox events and audit entries the file holds."""
-    return db.scalar("SELECT count(*) FROM outbox"), db.scalar("SELECT count(*) FROM audit")
 
 
 @pytest.fixture

@@ -1,37 +1,15 @@
 """The command line: every command has help, takes --db and --json, and fails in one line."""
 
-import contextlib
-import io
-import json
 import os
 import subprocess
-import sys
 
 import click
 import click.testing
 import pytest
 
 import prickle
-from conftest import Served
-
-PRICKLE = [sys.executable, "-m", "prickle"]
-
-
-def run(db_path, *args, ok=True):
-    """Run ``prickle ARGS --db DB`` in-process; return (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = prickle.main(list(args) + ["--db", db_path])
-    if ok:
-        assert code == 0, err.getvalue()
-    return code, out.getvalue(), err.getvalue()
-
-
-def jrun(db_path, *args):
-    code, out, err = run(db_path, *args, "--json")
-    lines = out.strip().splitlines()
-    assert len(lines) == 1, out
-    return json.loads(lines[0])
+from conftest import PRICKLE, Served
+from helpers import jrun, run
 
 
 def leaf_commands(group=prickle.cli, path=()):

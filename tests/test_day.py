@@ -9,13 +9,8 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
+from browser import PROJECT, Page, cli_json, expect, goto, mcp, person_api, shot
 from conftest import Served
-from test_web import (  # noqa: F401  (the fixtures: a served demo, one browser, people signed in)
-    LAPTOP, PROJECT, browser, cli_json, goto, mcp, people, person_api, served, shot)
-
-from playwright.sync_api import Page, expect  # test_web skips the module without it
 
 PHONE = {"width": 390, "height": 844}
 

@@ -11,7 +11,7 @@ from aiosmtpd.controller import Controller
 
 import prickle
 from conftest import PROJECT
-from test_invites import T0, Inbox, _free_port, _settings, auth, clock, smtp  # noqa: F401  (fixtures)
+from helpers import T0, Inbox, _free_port, _settings, auth
 
 MINUTE = dt.timedelta(minutes=1)
 BASE = "http://prickle.example:8321"

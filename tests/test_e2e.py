@@ -5,7 +5,6 @@ speaks the 2026-07-28 protocol, agent B (ren/builder) the older initialize hands
 """
 
 import asyncio
-import contextlib
 import datetime
 import json
 import os
@@ -15,35 +14,11 @@ import time
 
 import httpx
 
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
-
 import prickle
-from conftest import PRICKLE, REFERENCE_TOOLS, Served, check_tool_output, in_thread
+from conftest import PRICKLE, REFERENCE_TOOLS, Served, in_thread
+from helpers import _post, call, cli_json, client
 
 PROJECT = "website-v2"
-
-
-def cli_json(db_path, *args):
-    p = subprocess.run(PRICKLE + list(args) + ["--db", db_path, "--json"], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    return json.loads(p.stdout)
-
-
-@contextlib.asynccontextmanager
-async def client(url, key, mode="auto"):
-    """An MCP SDK client for one agent key (the HTTP client it is given is ours to close)."""
-    async with create_mcp_http_client(headers={"Authorization": f"Bearer {key}"}) as http:
-        async with Client(streamable_http_client(url, http_client=http), mode=mode) as c:
-            yield c
-
-
-async def call(c, tool, args, **kw):
-    r = await c.call_tool(tool, args, **kw)
-    assert not r.is_error, r.content[0].text
-    check_tool_output(tool, r.structured_content)
-    return r.structured_content
 
 
 def test_two_real_clients_talk_and_wake_each_other(db_path):
@@ -100,24 +75,6 @@ def test_two_real_clients_talk_and_wake_each_other(db_path):
                 assert timeout["status"] == "timeout" and timeout["cursor"]
 
         asyncio.run(scenario())
-
-
-def _post(http, url, key, body, n):
-    """One post_message over plain HTTP (protocol 2026-07-28); the message ID, or None if the server died."""
-    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientInfo": {"name": "burst", "version": "1"},
-            "io.modelcontextprotocol/clientCapabilities": {}}
-    try:
-        r = http.post(url, headers={
-            "Authorization": f"Bearer {key}", "Accept": "application/json, text/event-stream",
-            "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call", "Mcp-Name": "post_message"},
-            json={"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {
-                "name": "post_message", "arguments": {"project": PROJECT, "body": body}, "_meta": meta}})
-    except httpx.TransportError:
-        return None
-    result = r.json()["result"]
-    check_tool_output("post_message", result["structuredContent"])
-    return result["structuredContent"]["message"]["id"]
 
 
 def test_kill_9_during_a_burst_loses_no_acknowledged_message(db_path):

@@ -12,7 +12,7 @@ import json
 import httpx
 
 from conftest import PRICKLE, REFERENCE_TOOLS, Served
-from test_e2e import call, cli_json, client
+from helpers import call, cli_json, client
 
 PROJECT = "website-v2"
 

@@ -2,11 +2,7 @@
 
 import prickle
 from conftest import PROJECT, audit_entries
-from test_rooms import ROOM, claim, say, setup_room, start, woke
-from test_runners import claimed, decided_step
-from test_tasks import PACKET, person
-
-P = {"project": PROJECT}
+from helpers import PACKET, P, ROOM, claim, claimed, decided_step, listen, person, say, setup_room, woke
 
 
 def test_what_one_credential_may_reach_is_not_lent_to_another(mcp, world):
@@ -103,7 +99,7 @@ def test_steps_the_permission_layer_and_undecided_expiry(mcp, server, world):
 
 def test_stopping_a_turn_ends_its_queued_wakes(mcp, server, world):
     runners = setup_room(world)
-    cursor = start(mcp, "oj/muse", runners["oj/muse"])
+    cursor = listen(mcp, "oj/muse", runners["oj/muse"])
     say(server, world, "Start")
     out = person(server, world, "oj").post("/api/room/stop").json()
     assert out["wakes_ended"] == 1

@@ -10,9 +10,7 @@ import httpx
 
 import prickle
 from conftest import PROJECT, Served, World
-from test_tasks import PACKET, evidence, handoff, person, submit, working
-
-P = {"project": PROJECT}
+from helpers import PACKET, P, _database_at_version, evidence, handoff, person, submit, working
 
 
 def items(server, world, handle):
@@ -246,8 +244,6 @@ def test_the_persons_events_endpoint_long_polls_every_project_of_theirs(mcp, ser
 
 
 def test_the_upgrade_indexes_the_mentions_of_people_already_written(db_path):
-    from test_storage import _database_at_version
-
     inbox_migration = next(i for i, m in enumerate(prickle.MIGRATIONS)
                            if any("CREATE TABLE read_positions" in s for s in m))
     conn = _database_at_version(db_path, inbox_migration)

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-import email
-import email.policy
-import queue
 import re
-import socket
 
 import httpx
 import pytest
@@ -17,64 +13,9 @@ from starlette.testclient import TestClient
 
 import prickle
 from conftest import PROJECT, Served, World, all_events, audit_entries
-from test_cli import jrun, run
+from helpers import FROM, T0, Inbox, _free_port, _settings, auth, jrun, run
 
-T0 = dt.datetime(2026, 12, 1, 10, 0, tzinfo=dt.timezone.utc)
 DAY = dt.timedelta(days=1)
-FROM = "Prickle <prickle@mail.prickle.example>"  # not the recipients' domain
-
-
-def auth(world, handle):
-    return {"Authorization": f"Bearer {world.tokens[handle]}"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Inbox:
-    """An aiosmtpd handler that keeps every message it is given, in order."""
-
-    def __init__(self):
-        self.mails: queue.Queue = queue.Queue()
-
-    async def handle_DATA(self, server, session, envelope):
-        message = email.message_from_bytes(envelope.content, policy=email.policy.default)
-        self.mails.put({"to": envelope.rcpt_tos, "message": message, "text": message.get_content()})
-        return "250 OK"
-
-    def next(self) -> dict:
-        return self.mails.get(timeout=15)
-
-
-@pytest.fixture
-def smtp():
-    inbox = Inbox()
-    controller = Controller(inbox, hostname="127.0.0.1", port=_free_port())
-    controller.start()
-    inbox.port = controller.port
-    yield inbox
-    controller.stop()
-    assert inbox.mails.empty(), "a mail arrived that no test read"
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    """Prickle's clock, held at T0 until a test moves it (``clock.now = …``)."""
-
-    class Clock:
-        now = T0
-
-    c = Clock()
-    monkeypatch.setattr(prickle, "utcnow", lambda: c.now)
-    return c
-
-
-def _settings(port: int, **smtp) -> prickle.Settings:
-    return prickle.Settings(smtp=prickle.SmtpSettings(host="127.0.0.1", port=port, tls="none", from_address=FROM,
-                                                      **smtp))
 
 
 @pytest.fixture

@@ -4,9 +4,7 @@ import pytest
 
 import prickle
 from conftest import PROJECT, audit_entries
-from test_rooms import say, setup_room
-from test_runners import decided_step
-from test_tasks import handoff, person, routed, submit, working
+from helpers import decided_step, handoff, person, routed, say, setup_room, submit, working
 
 
 def test_a_handoff_moves_out_of_requested_by_the_table(mcp, world):

@@ -14,7 +14,7 @@ import pytest
 
 import prickle
 from conftest import PRICKLE, Served
-from test_e2e import _post
+from helpers import _post
 
 
 def cli(db_path, *args, timeout=60):

@@ -14,11 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from browser import LAPTOP, PROJECT, Page, cli_json, expect, goto, mcp, person_api, shot
 from conftest import Served
-from test_web import (  # noqa: F401  (the fixtures: a served demo, one browser, people signed in)
-    LAPTOP, PROJECT, browser, cli_json, goto, mcp, people, person_api, served, shot)
-
-from playwright.sync_api import Page, expect  # test_web skips the module without it
 
 AXE = Path(__file__).resolve().parent.parent / ".cache" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
 PHONE = {"width": 390, "height": 844}

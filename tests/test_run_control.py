@@ -1,15 +1,9 @@
-"""The owner's control of runs: connecting a computer, Start and Stop, hand back, pause, uncertain runs,
-and a private room's skipped reviewer."""
-
-import pytest
+"""Run control: the owner's Start and Stop, hand back, pause, uncertain runs."""
 
 import prickle
 from conftest import PROJECT, audit_entries
-from test_rooms import ROOM, claim, say, setup_room, start
-from test_runners import claimed, paired
-from test_tasks import person, routed
+from helpers import P, ask_connect, claimed, paired, person, routed
 
-P = {"project": PROJECT}
 CALL = {"tool_name": "Bash", "input": {"command": "git push origin main"}}
 
 
@@ -17,164 +11,6 @@ def runner_state(server, key):
     r = server.get("/api/runner/state", headers={"Authorization": f"Bearer {key}"})
     assert r.status_code == 200, r.text
     return r.json()
-
-
-def ask_connect(server, clis=("claude", "codex")):
-    r = server.post("/api/runner/connect", json={"name": "ren-laptop", "clis": list(clis)})
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def collect(server, asked, secret=None):
-    return server.post("/api/runner/connect/collect", json={
-        "request_id": asked["request_id"], "collect_secret": secret or asked["collect_secret"]})
-
-
-# -- connecting a computer ----------------------------------------------------------------
-
-def test_connect_a_computer_with_a_code_the_owner_approves_once(server, world, mcp):
-    asked = ask_connect(server)
-    assert asked["link"] == f"http://127.0.0.1:8321/#/connect/{asked['code']}"
-    assert asked["collect_secret"].startswith("prk_dq_") and asked["interval"] == 2
-    assert len(asked["code"]) == 9 and asked["code"][4] == "-"
-    assert collect(server, asked).json() == {"status": "pending"}
-    assert collect(server, asked, "prk_dq_wrong").status_code == 404
-    ren = person(server, world, "ren")
-    view = ren.get(f"/api/connect/{asked['code'].lower().replace('-', '')}").json()  # typed loosely
-    assert (view["request"]["name"], view["request"]["clis"], view["request"]["state"]) == (
-        "ren-laptop", ["claude", "codex"], "pending")
-    assert [a["agent_id"] for a in view["agents"]] == ["ren/builder"]
-    bad = ren.post(f"/api/connect/{asked['code']}", {"decision": "approve", "agents": [
-        {"cli": "claude", "agent_id": "oj/muse"}]})
-    assert bad.status_code == 400 and "agents[0].agent_id" in bad.json()["error"]["message"]
-    ok = ren.post(f"/api/connect/{asked['code']}", {"decision": "approve", "agents": [
-        {"cli": "codex", "agent_id": "ren/builder"},
-        {"cli": "claude", "create": {"name": "scribe", "display_name": "Scribe", "model": "claude-sonnet"}}]})
-    assert ok.status_code == 200, ok.text
-    assert ok.json()["request"]["plan"] == [{"cli": "codex", "agent_id": "ren/builder"},
-                                            {"cli": "claude", "agent_id": "ren/scribe"}]
-    assert world.db.one("SELECT client FROM agents WHERE agent_id = 'ren/scribe'")["client"] == "claude-code"
-    again = ren.post(f"/api/connect/{asked['code']}", {"decision": "refuse"})
-    assert again.status_code == 409  # single use
-    got = collect(server, asked).json()
-    assert got["status"] == "approved" and got["server"] == "http://127.0.0.1:8321"
-    assert [(a["agent_id"], a["client"]) for a in got["agents"]] == [("ren/builder", "codex"), ("ren/scribe", "claude")]
-    key = got["agents"][0]["key"]
-    assert key.startswith("prk_rk_")
-    assert mcp.ok("ren/builder", "wait_for_mention", {"timeout_seconds": 1}, token=key)["status"] == "timeout"
-    assert collect(server, asked).status_code == 409  # keys are collected once
-    devices = person(server, world, "ren").get("/api/devices").json()["devices"]
-    assert sorted((d["agent_id"], d["name"]) for d in devices) == [("ren/builder", "ren-laptop"),
-                                                                   ("ren/scribe", "ren-laptop")]
-    [approved] = audit_entries(world.db, PROJECT, "device.approved")
-    assert approved["refs"] == {"request": asked["request_id"], "agents": ["ren/builder", "ren/scribe"], "keys": 2,
-                                "by": "ren"}
-    [collected] = audit_entries(world.db, PROJECT, "device.collected")
-    assert collected["refs"] == {"request": asked["request_id"], "agents": ["ren/builder", "ren/scribe"], "keys": [
-        {"credential": a["credential_id"], "agent": a["agent_id"], "reach": "runner"} for a in got["agents"]]}
-    log = str(audit_entries(world.db, PROJECT)) + str(audit_entries(world.db, "ren-room"))
-    assert asked["code"] not in log and "ren-laptop" not in log and key not in log
-
-
-def test_a_refused_or_expired_request_says_so_on_both_sides(server, world):
-    asked = ask_connect(server, ["codex"])
-    ren = person(server, world, "ren")
-    assert ren.post(f"/api/connect/{asked['code']}", {"decision": "refuse"}).json()["request"]["state"] == "refused"
-    r = collect(server, asked)
-    assert r.status_code == 403 and "refused" in r.json()["error"]["message"]
-    late = ask_connect(server, ["codex"])
-    world.db.execute("UPDATE connect_requests SET expires_at = '2020-01-01T00:00:00.000Z' WHERE id = ?",
-                     (late["request_id"],))
-    r = ren.post(f"/api/connect/{late['code']}", {"decision": "approve", "agents": [
-        {"cli": "codex", "agent_id": "ren/builder"}]})
-    assert r.status_code == 410 and r.json()["error"]["code"] == "expired"
-    r = collect(server, late)
-    assert r.status_code == 410 and "run 'prickle runner connect' again" in r.json()["error"]["message"]
-    assert server.post("/api/runner/connect", json={"name": "x", "clis": ["vim"]}).status_code == 400
-    assert world.db.scalar("SELECT count(*) FROM devices") == 0
-
-
-def test_prickle_runner_connect_writes_a_private_config(tmp_path, server, world):
-    config = tmp_path / "conf" / "runner.toml"
-    config.parent.mkdir()
-    config.write_text('server = "http://old"\n\n[agents."ren/builder"]\nkey = "prk_rk_old"\nclient = "codex"\n'
-                      'repo = "/src/site"\nparallel = 3\n')
-    shown: list[str] = []
-
-    def post(url, body):  # the real server, in-process, in place of the network
-        r = server.post(url.removeprefix("http://127.0.0.1:8321"), json=body)
-        return r.status_code, r.json()
-
-    def approve(_seconds):
-        code = shown[0].split("Code: ")[1].split(" ")[0]
-        r = person(server, world, "ren").post(f"/api/connect/{code}", {"decision": "approve", "agents": [
-            {"cli": "codex", "agent_id": "ren/builder"}]})
-        assert r.status_code == 200, r.text
-
-    real, prickle._runner_post = prickle._runner_post, post
-    try:
-        out = prickle.connect_runner("http://127.0.0.1:8321/mcp", str(config), "ren-laptop", ["codex"],
-                                     shown.append, approve)
-    finally:
-        prickle._runner_post = real
-    assert "/#/connect/" in shown[0] and "expires in 10 minutes" in shown[0] and "prk_" not in shown[0]
-    assert (config.stat().st_mode & 0o777) == 0o600
-    written = prickle.read_runner_config(str(config))
-    entry = written["agents"]["ren/builder"]
-    assert written["server"] == "http://127.0.0.1:8321"
-    assert entry["key"].startswith("prk_rk_") and entry["key"] != "prk_rk_old"
-    assert (entry["client"], entry["repo"], entry["parallel"], entry["launch_timeout_minutes"]) == (
-        "codex", "/src/site", 3, 30)
-    assert out == {"config": str(config), "agents": [{"agent_id": "ren/builder", "client": "codex",
-                                                      "device_id": out["agents"][0]["device_id"]}]}
-
-
-def test_connect_with_no_agent_cli_says_how_to_pair_a_command_client(tmp_path):
-    with pytest.raises(prickle.InvalidInput) as refused:
-        prickle.connect_runner("http://127.0.0.1:8321", str(tmp_path / "runner.toml"), "kim-laptop", [], print)
-    assert str(refused.value) == (
-        "no agent CLI (claude, codex) on PATH: install one, or pair a runner key with 'prickle device pair "
-        "OWNER/NAME' (or Agents & keys on the page) and configure client = \"command\" in the runner's config by hand")
-    assert not (tmp_path / "runner.toml").exists()
-
-
-def test_the_real_command_against_the_real_server(tmp_path, db_path, world):
-    """`prickle runner connect` against `prickle serve`: the code on stderr, the keys in the file, refusal exits 1."""
-    import json
-    import subprocess
-
-    import httpx
-    from conftest import PRICKLE, Served
-    with Served(db_path) as served:
-        base = f"http://127.0.0.1:{served.info['port']}"
-        config = tmp_path / "runner.toml"
-        env = {"PATH": str(tmp_path), "HOME": str(tmp_path)}
-        for cli in ("claude", "codex"):  # stand-ins on PATH, so the runner reports both
-            (tmp_path / cli).write_text("#!/bin/sh\n")
-            (tmp_path / cli).chmod(0o755)
-        for decision, expect in (("approve", 0), ("refuse", 1)):
-            proc = subprocess.Popen(PRICKLE + ["runner", "connect", "--server", base + "/mcp", "--config",
-                                               str(config), "--name", "ren-laptop", "--json"],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    env=env)
-            first = proc.stderr.readline() + proc.stderr.readline() + proc.stderr.readline()
-            code = first.split("Code: ")[1].split(" ")[0]
-            with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {world.tokens['ren']}"}) as ren:
-                view = ren.get(f"/api/connect/{code}").json()
-                assert view["request"]["clis"] == ["claude", "codex"]
-                body = {"decision": decision}
-                if decision == "approve":
-                    body["agents"] = [{"cli": "codex", "agent_id": "ren/builder"}]
-                assert ren.post(f"/api/connect/{code}", json=body).status_code == 200
-            out, err = proc.communicate(timeout=30)
-            assert proc.returncode == expect, err
-            if decision == "approve":
-                answer = json.loads(out)
-                assert answer["agents"][0]["agent_id"] == "ren/builder" and "prk_rk_" not in out + first + err
-                assert (config.stat().st_mode & 0o777) == 0o600
-                assert prickle.read_runner_config(str(config))["agents"]["ren/builder"]["client"] == "codex"
-            else:
-                assert out == "" and "refused on the page" in err
 
 
 # -- Start a run, Stop, hand back --------------------------------------------------------
@@ -259,6 +95,13 @@ def test_start_needs_a_connected_runner_and_a_task_that_can_run(mcp, server, wor
     assert audit_entries(world.db, PROJECT, "task.run_approved") == []
 
 
+def test_cancelling_a_task_stops_its_run(mcp, server, world):
+    task, device, runner, out = claimed(mcp, server, world)
+    assert person(server, world, "oj").post(f"/api/tasks/{task['id']}/cancel").status_code == 200
+    assert [r["state"] for r in runner_state(server, runner)["runs"]] == ["stopped"]
+    assert mcp.raw(out["execution_credential"]["token"], "tools/list").status_code == 401
+
+
 # -- pause -------------------------------------------------------------------------------
 
 def test_pausing_an_owners_agents_refuses_their_runs_at_the_next_call(mcp, server, world):
@@ -284,7 +127,7 @@ def test_pausing_an_owners_agents_refuses_their_runs_at_the_next_call(mcp, serve
 
 
 def test_the_operator_pauses_every_agent_from_the_command_line(mcp, server, world, db_path):
-    from test_cli import jrun, run
+    from helpers import jrun, run
     task, device, runner, out = claimed(mcp, server, world)
     assert jrun(db_path, "agents", "pause", "--all") == {"scope": "all", "paused": True, "active_runs": 1}
     mcp.error("ren/builder", "checkpoint", {"task_id": task["id"], "checkpoint": {"progress": "x"}}, "paused",
@@ -338,70 +181,6 @@ def test_a_runner_marks_a_run_uncertain_and_the_owner_settles_it(mcp, server, wo
     mcp.ok("ren/builder", "claim_task", {"task_id": task["id"], "idempotency_key": "k2"}, token=runner)
 
 
-# -- a private room's reviewer that isn't listening ---------------------------------------
-
-def test_a_reviewer_whose_runner_isnt_listening_is_skipped_then_retried(mcp, server, world):
-    runners = setup_room(world)
-    asked = say(server, world, "Name for the beta?")
-    d = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
-    draft = mcp.ok("oj/muse", "post_message", {"project": ROOM, "body": "Early access", "verdict": "draft"},
-                   token=d["discussion_credential"]["token"])["message"]
-    turn = prickle.room_view(world.db, world.person("oj"))["turn"]
-    assert (turn["waiting_on"], turn["skipped"]) == ([], ["oj/critic"])  # no stall, no wake
-    [skipped] = audit_entries(world.db, ROOM, "room.reviewer_skipped")
-    assert skipped["refs"] == {"turn": turn["id"], "step": "review", "draft": draft["id"], "agent": "oj/critic",
-                               "reason": "runner_not_listening"}
-    oj = person(server, world, "oj")
-    assert oj.post("/api/room/retry", {"agent": "oj/muse"}).status_code == 400
-    cursor = start(mcp, "oj/critic", runners["oj/critic"])
-    retried = oj.post("/api/room/retry", {"agent": "oj/critic"})
-    assert retried.status_code == 200, retried.text
-    assert retried.json()["turn"]["waiting_on"] == ["oj/critic"]
-    woke = mcp.ok("oj/critic", "wait_for_mention", {"cursor": cursor, "timeout_seconds": 1},
-                  token=runners["oj/critic"])
-    assert [(e["kind"], e["message"]["id"]) for e in woke["events"]] == [("room", draft["id"])]
-    review = claim(mcp, "oj/critic", runners["oj/critic"], draft["id"])
-    assert review["role"] == "review" and review["reviewing"]["message_id"] == draft["id"]
-    [entry] = audit_entries(world.db, ROOM, "room.reviewer_retried")
-    assert entry["refs"] == {"turn": turn["id"], "agent": "oj/critic", "message": draft["id"], "step": "review",
-                             "attempt": 1, "sessions": 0, "wakes": 0}
-    mcp.ok("oj/critic", "post_message", {"project": ROOM, "body": "", "verdict": "approve"},
-           token=review["discussion_credential"]["token"])
-    assert prickle.room_view(world.db, world.person("oj"))["turn"] is None
-
-
-def test_the_owner_continues_without_the_skipped_reviewer(mcp, server, world):
-    runners = setup_room(world)
-    asked = say(server, world, "Name for the beta?")
-    d = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
-    mcp.ok("oj/muse", "post_message", {"project": ROOM, "body": "Early access", "verdict": "draft"},
-           token=d["discussion_credential"]["token"])
-    turn = prickle.room_view(world.db, world.person("oj"))["turn"]
-    oj = person(server, world, "oj")
-    done = oj.post("/api/room/continue")
-    assert done.status_code == 200 and done.json()["turn"] is None
-    assert oj.post("/api/room/continue").status_code == 409
-    [entry] = audit_entries(world.db, ROOM, "room.turn_continued")
-    assert entry["refs"] == {"turn": turn["id"], "agents": ["oj/critic"], "woken": 0, "sessions": 0, "wakes": 0}
-
-
-def test_a_listening_reviewer_is_not_skipped_within_the_grace(mcp, server, world):
-    runners = setup_room(world)
-    start(mcp, "oj/critic", runners["oj/critic"])
-    asked = say(server, world, "Name?")
-    d = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
-    mcp.ok("oj/muse", "post_message", {"project": ROOM, "body": "A", "verdict": "draft"},
-           token=d["discussion_credential"]["token"])
-    assert prickle.room_view(world.db, world.person("oj"))["turn"]["waiting_on"] == ["oj/critic"]
-    assert audit_entries(world.db, ROOM, "room.reviewer_skipped") == []
-    # past the grace, a runner that stopped calling counts as gone
-    listening = server.state.db.listening
-    assert listening["oj/critic"][0] == 0 and prickle.runner_listening(server.state.db, "oj/critic")
-    listening["oj/critic"][1] -= prickle.LISTEN_GRACE + 1
-    assert not prickle.runner_listening(server.state.db, "oj/critic")
-    assert not prickle.runner_listening(server.state.db, "oj/scout")  # never waited
-
-
 def test_asking_to_connect_is_bounded_and_marking_uncertain_keeps_a_waiting_step(mcp, server, world, monkeypatch):
     monkeypatch.setattr(prickle, "CONNECT_PENDING_MAX", 2)
     ask_connect(server)
@@ -414,10 +193,3 @@ def test_asking_to_connect_is_bounded_and_marking_uncertain_keeps_a_waiting_step
                 headers={"Authorization": f"Bearer {runner}"})
     assert world.db.scalar("SELECT status FROM steps WHERE id = ?", (step["step_id"],)) == "pending"
     assert audit_entries(world.db, PROJECT, "step.withdrawn") == []
-
-
-def test_cancelling_a_task_stops_its_run(mcp, server, world):
-    task, device, runner, out = claimed(mcp, server, world)
-    assert person(server, world, "oj").post(f"/api/tasks/{task['id']}/cancel").status_code == 200
-    assert [r["state"] for r in runner_state(server, runner)["runs"]] == ["stopped"]
-    assert mcp.raw(out["execution_credential"]["token"], "tools/list").status_code == 401

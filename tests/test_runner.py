@@ -6,7 +6,6 @@ tests/test_runner_claude.py runs real Claude Code.
 
 import json
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import httpx
 from conftest import MCP, PRICKLE, REFERENCE_TOOLS, Served, audit_entries
 from runner_util import (SECRET_PREFIXES, STANDIN_AGENT, RunnerProcess, all_logs, person, pulse_of, task_state,
                          wait_until, write_config)
-from test_e2e import cli_json
+from helpers import _free_port, cli_json
 
 import prickle
 
@@ -179,12 +178,6 @@ def _child_pid(runner, agent):
 
 def _alive(pid):
     return prickle.process_alive(pid)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_refused_runner_key_is_logged_as_refused_with_what_to_do_not_as_the_server_away(db_path, tmp_path):

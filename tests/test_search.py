@@ -4,11 +4,7 @@ import pytest
 
 import prickle
 from conftest import PROJECT
-from test_storage import _database_at_version
-
-
-def auth(world, handle):
-    return {"Authorization": f"Bearer {world.tokens[handle]}"}
+from helpers import _database_at_version, auth
 
 
 PACKET = {"task": "Write the changelog for v2", "deliverable_type": "doc",

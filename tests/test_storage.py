@@ -12,7 +12,7 @@ import pytest
 import prickle
 from starlette.testclient import TestClient
 from conftest import PROJECT, audit_entries
-from test_room import make_task
+from helpers import _database_at_version, make_task
 
 
 def test_new_database_is_wal_with_current_schema(db_path):
@@ -32,18 +32,6 @@ def test_a_newer_schema_is_refused(db_path):
     conn.close()
     with pytest.raises(prickle.StorageError, match="newer than this Prickle knows"):
         prickle.Database(db_path)
-
-
-def _database_at_version(path, version):
-    """A database file with the first ``version`` schema upgrades applied, as an older Prickle left it."""
-    conn = apsw.Connection(path)
-    conn.pragma("journal_mode", "wal")
-    with conn:
-        for statements in prickle.MIGRATIONS[:version]:
-            for sql in statements:
-                conn.execute(sql)
-        conn.pragma("user_version", version)
-    return conn
 
 
 def test_upgrading_keeps_messages_and_events_and_drops_autoincrement(db_path):

@@ -7,9 +7,7 @@ import time
 
 import prickle
 from conftest import PROJECT, in_thread
-from test_room import make_task, post
-
-P = {"project": PROJECT}
+from helpers import make_task, post
 
 
 def wait(mcp, agent, tool="wait_for_mention", **args):

@@ -1,15 +1,13 @@
 """Browser tests of reading the page: search and its links, Markdown in messages and tasks, the board's filters.
 
-One ``prickle serve --demo`` and one Chromium for the module (the fixtures of test_web.py).
+One ``prickle serve --demo`` and one Chromium for the module (the fixtures of browser.py).
 """
 
 from __future__ import annotations
 
 import re
 
-from playwright.sync_api import expect
-
-from test_web import PROJECT, browser, cli_json, goto, mcp, people, person_api, served, shot  # noqa: F401
+from browser import PROJECT, cli_json, expect, goto, mcp, person_api, shot
 
 PHONE = {"width": 390, "height": 844}
 

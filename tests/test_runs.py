@@ -1,25 +1,10 @@
-"""Runners: paired devices, claim_task, a woken run's limits, request_step."""
+"""Runs: devices, claims and steps: paired devices, claim_task, a woken run's limits, request_step."""
 
 import datetime as dt
 
 import prickle
 from conftest import PROJECT, audit_entries
-from test_tasks import PACKET, evidence, person, routed
-
-P = {"project": PROJECT}
-
-
-def paired(world, agent="ren/builder"):
-    device, key = prickle.pair_device(world.db, agent.split("/")[0], agent, "laptop")
-    return device, key
-
-
-def claimed(mcp, server, world, key="k1"):
-    """A routed task for ren/builder, claimed by its runner: (task, device, claim answer)."""
-    task = routed(mcp, server, world)
-    device, runner = paired(world)
-    out = mcp.ok("ren/builder", "claim_task", {"task_id": task["id"], "idempotency_key": key}, token=runner)
-    return task, device, runner, out
+from helpers import PACKET, P, claimed, decided_step, evidence, paired, person, routed
 
 
 def test_pairing_a_device_gives_a_runner_key_once_and_is_audited(world, server):
@@ -159,15 +144,6 @@ def test_request_step_allow_once(mcp, server, world):
     refs = [e["type"] for e in audit_entries(world.db, PROJECT) if e["type"].startswith("step.")]
     assert refs == ["step.requested", "step.decided", "step.consumed", "step.requested"]
     assert "git push" not in str(audit_entries(world.db, PROJECT))
-
-
-def decided_step(mcp, server, world, call, decision):
-    """A claimed run asks ``call`` and ren decides it: (the run's credential, the step answer)."""
-    task, device, runner, out = claimed(mcp, server, world)
-    run = out["execution_credential"]["token"]
-    step = mcp.ok("ren/builder", "request_step", call, token=run)
-    person(server, world, "ren").post(f"/api/steps/{step['step_id']}", {"decision": decision})
-    return run, step
 
 
 def test_request_step_refused_and_expiries(mcp, server, world):

@@ -1,13 +1,9 @@
-"""Teams: people and owners, a project's team, adding teammates, allowed agent apps, and listing."""
+"""People, teams and projects: people and owners, a project's team, creating and renaming projects, adding
+teammates, allowed agent apps, and listing."""
 
 import prickle
 from conftest import PROJECT, all_events, audit_entries
-from test_cli import jrun, run
-from test_storage import _database_at_version
-
-
-def auth(world, handle):
-    return {"Authorization": f"Bearer {world.tokens[handle]}"}
+from helpers import P, _database_at_version, audit_text, auth, jrun, person, run, sha, written
 
 
 def _counts(db):
@@ -65,6 +61,50 @@ def test_creating_a_project_makes_its_team_with_the_creator_as_owner(server, wor
     jrun(world.db_path, "project", "create", "ops-two", "--name", "Ops 2", "--team", "ops", "--owner", "oj")
     assert [(p["handle"], p["role"]) for p in prickle.team_out(world.db, "ops")["people"]] == [
         ("kim", "owner"), ("oj", "member")]
+
+
+def test_people_create_projects_and_add_teammates(server, world):
+    oj = auth(world, "oj")
+    r = server.post("/api/projects", json={"slug": "docs-site", "name": "Docs site", "team": "web"}, headers=oj)
+    assert r.status_code == 200 and r.json()["project"]["slug"] == "docs-site"
+    assert server.post("/api/projects", json={"slug": "docs-site", "name": "X", "team": "web"},
+                       headers=oj).status_code == 409
+    assert server.post("/api/projects", json={"slug": "Bad Slug", "name": "X", "team": "web"},
+                       headers=oj).status_code == 400
+    assert [p["handle"] for p in server.get("/api/people", headers=oj).json()["people"]] == ["oj", "ren", "sam"]
+    r = server.post("/api/projects/docs-site/members", json={"handle": "sam"}, headers=oj)
+    assert r.json()["member"] == {"project": "docs-site", "handle": "sam", "role": "member"}
+    r = server.post("/api/projects/docs-site/members", json={"handle": "ren"}, headers=auth(world, "sam"))
+    assert r.status_code == 403  # only an owner adds teammates
+    assert server.post("/api/projects/docs-site/members", json={"handle": "ren"},
+                       headers=auth(world, "ren")).status_code == 404  # not a member at all
+
+
+def test_a_project_owner_renames_a_project_and_its_address_stays(server, mcp, world):
+    oj, ren = person(server, world, "oj"), person(server, world, "ren")
+    before = written(world.db)
+    r = ren.post(f"/api/projects/{PROJECT}/rename", {"name": "Marketing site"})
+    assert r.status_code == 403 and r.json()["error"] == {
+        "code": "forbidden", "message": "only an owner of 'website-v2' can rename it"}
+    r = oj.post(f"/api/projects/{PROJECT}/rename", {"name": ""})
+    assert r.status_code == 400 and r.json()["error"]["message"] == "name must be text of 1 to 80 characters"
+    assert written(world.db) == before
+    r = oj.post(f"/api/projects/{PROJECT}/rename", {"name": "  Marketing site "})
+    assert r.json() == {"project": {"slug": PROJECT, "team": "web", "name": "Marketing site",
+                                    "description": "The new site."}}
+    assert [e["refs"] for e in audit_entries(world.db, PROJECT, "project.renamed")] == [
+        {"from": sha("Website v2"), "to": sha("Marketing site"), "by": "oj"}]
+    assert "Marketing site" not in audit_text(world.db)
+    # The agents still reach it at the same address, and see the new name.
+    assert mcp.ok("oj/muse", "get_project_context", P)["project"]["name"] == "Marketing site"
+    assert oj.get(f"/api/projects/{PROJECT}").json()["project"]["name"] == "Marketing site"
+    # The command line, run by whoever holds the file, renames too; a private room is not renamed.
+    assert jrun(world.db_path, "project", "rename", PROJECT, "Site")["project"]["name"] == "Site"
+    assert audit_entries(world.db, PROJECT, "project.renamed")[-1]["refs"] == {
+        "from": sha("Marketing site"), "to": sha("Site"), "by": None}
+    room = world.db.scalar("SELECT project FROM rooms WHERE owner = 'oj'")
+    code, out, err = run(world.db_path, "project", "rename", room, "Mine", ok=False)
+    assert code != 0 and "is a private room" in err
 
 
 def test_a_team_that_limits_its_apps_refuses_other_agents_and_records_it(server, world):

@@ -6,9 +6,7 @@ import time
 
 import prickle
 from conftest import PROJECT, Served, audit_entries, in_thread
-from test_cli import jrun, run
-from test_e2e import call, client
-from test_tasks import P, PACKET, person, start
+from helpers import P, PACKET, call, claimed, client, jrun, person, run, start
 
 REMOVAL = {"agents": 1, "returned": 1, "transferred": 1, "rules_revoked": 2, "standing_revoked": 1, "credentials": 1, "invites": 0}
 
@@ -305,7 +303,6 @@ def test_after_ren_is_removed_a_real_server_ends_the_agents_wait_and_the_task_go
 
 
 def test_a_run_inside_a_call_when_its_agent_is_removed_finds_its_task_not_found(mcp, server, world):
-    from test_runners import claimed
     task, device, runner, out = claimed(mcp, server, world)
     run = out["execution_credential"]["token"]
     mcp.ok("ren/builder", "accept_task", {"task_id": task["id"]}, token=run)

@@ -1,10 +1,8 @@
-"""discover_team_agents, get_project_context and update_pulse."""
+"""Memory and pulse: discover_team_agents, get_project_context (memory facts, pulse, members) and update_pulse."""
 
 import prickle
 from conftest import PROJECT, all_events, audit_entries
-from test_room import make_task
-
-P = {"project": PROJECT}
+from helpers import P, make_task
 
 
 def test_discover_lists_people_and_agents_of_the_project_only(mcp, world):

@@ -1,0 +1,340 @@
+"""The team's steps the tests share: people on the HTTP API, agents handing work on and returning
+results, messages, private rooms, runners, the command line, MCP clients, older databases and a
+mail server.
+
+The fixtures here (``smtp``, ``clock``) reach every test through ``pytest_plugins`` in conftest.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import email
+import email.policy
+import hashlib
+import io
+import json
+import queue
+import socket
+import subprocess
+
+import apsw
+import httpx
+import pytest
+from aiosmtpd.controller import Controller
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+import prickle
+from conftest import PRICKLE, PROJECT, check_tool_output
+
+P = {"project": PROJECT}
+
+
+# -- people on the HTTP API ----------------------------------------------------
+
+
+def auth(world, handle):
+    return {"Authorization": f"Bearer {world.tokens[handle]}"}
+
+
+def person(server, world, handle):
+    """POST/GET helpers for the people's API as ``handle``."""
+    h = {"Authorization": f"Bearer {world.tokens[handle]}"}
+
+    class API:
+        @staticmethod
+        def get(path, **kw):
+            return server.get(path, headers=h, **kw)
+
+        @staticmethod
+        def post(path, body=None):
+            return server.post(path, json=body or {}, headers=h)
+
+        @staticmethod
+        def delete(path):
+            return server.delete(path, headers=h)
+    return API
+
+
+# -- tasks: a packet handed off, approved, accepted, its result returned -------
+
+PACKET = {"task": "Draft the hero copy.", "deliverable_type": "doc",
+          "acceptance_criteria": ["Headline has at most 8 words.", "Include a clear call to action."],
+          "context": "A collaboration tool for small teams.", "files": []}
+SHA = "a" * 64
+
+
+def handoff(mcp, requester="oj/muse", to="ren/builder", **extra):
+    return mcp.ok(requester, "handoff", P | {"to": to, "packet": PACKET} | extra)
+
+
+def routed(mcp, server, world, requester="oj/muse", to="ren/builder", **extra):
+    """A cross-owner handoff approved by the assignee's owner: the task, routed."""
+    out = handoff(mcp, requester, to, **extra)
+    if out["gate"]["decision"] == "approval_required":
+        r = person(server, world, to.split("/")[0]).post(f"/api/approvals/{out['gate']['approval_id']}",
+                                                         {"decision": "approve"})
+        assert r.status_code == 200, r.text
+        return r.json()["task"]
+    return out["task"]
+
+
+def working(mcp, server, world):
+    task = routed(mcp, server, world)
+    mcp.ok("ren/builder", "accept_task", {"task_id": task["id"]})
+    return task
+
+
+def evidence(criteria=None, **extra):
+    item = {"kind": "test_output", "summary": "Counted the words.", "content": "6 words"} | extra
+    if criteria is not None:
+        item["criteria"] = criteria
+    return item
+
+
+def submit(mcp, task_id, items=None, artifacts=None):
+    return mcp.ok("ren/builder", "return_result", {
+        "task_id": task_id, "summary": "Headline and CTA drafted.",
+        "evidence": items or [evidence([0]), evidence([1], kind="note", summary="CTA: try the demo.", content="")],
+        "artifacts": artifacts if artifacts is not None else [{"ref": "docs/hero.md", "sha256": SHA}]})
+
+
+def wait_kinds(mcp, agent, cursor, tool="wait_for_updates"):
+    out = mcp.ok(agent, tool, {"cursor": cursor, "timeout_seconds": 1})
+    return [(u["kind"], u.get("task_id")) for u in out.get("updates", [])] or [
+        (e["kind"], (e.get("task") or {}).get("id")) for e in out.get("events", [])]
+
+
+def start(mcp, agent, tool="wait_for_updates"):
+    return mcp.ok(agent, tool, {"timeout_seconds": 1})["cursor"]
+
+
+# -- messages ------------------------------------------------------------------
+
+
+def post(mcp, agent, body, **extra):
+    return mcp.ok(agent, "post_message", P | {"body": body} | extra)["message"]
+
+
+def make_task(world, requester="oj/muse", assignee="ren/builder", state="routed"):
+    """Hand off a one-criterion task; approve it at the gate when ``state`` is routed."""
+    out = prickle.handoff(world.db, world.actor(requester), PROJECT, assignee,
+                          {"task": "Draft the hero copy.", "deliverable_type": "doc",
+                           "acceptance_criteria": ["At most 8 words."]})
+    if out["gate"]["decision"] == "approval_required" and state == "routed":
+        prickle.decide_approval(world.db, world.person(assignee.split("/")[0]), out["gate"]["approval_id"], "approve")
+    assert prickle.visible_task(world.db, world.actor(requester), PROJECT, out["task"]["id"])["state"] == state
+    return out["task"]["id"]
+
+
+# -- what was written, and names kept as fingerprints --------------------------
+
+
+def sha(text):
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def written(db):
+    """How many outbox events and audit entries the file holds."""
+    return db.scalar("SELECT count(*) FROM outbox"), db.scalar("SELECT count(*) FROM audit")
+
+
+def audit_text(db):
+    return " ".join(r["refs"] for r in db.rows("SELECT refs FROM audit"))
+
+
+# -- private rooms -------------------------------------------------------------
+
+ROOM = "oj-room"
+
+
+def setup_room(world):
+    """oj's room with oj/muse and oj/scout (claude-code) and oj/critic (codex); runner keys for each."""
+    prickle.add_agent(world.db, "oj/critic", "Critic", "gpt-5", "codex", "Reviewer", [], [])
+    return {a: prickle.pair_device(world.db, "oj", a)[1] for a in ("oj/muse", "oj/scout", "oj/critic")}
+
+
+def say(server, world, body, handle="oj"):
+    r = person(server, world, handle).post(f"/api/projects/{ROOM}/messages", {"body": body})
+    assert r.status_code == 200, r.text
+    return r.json()["message"]
+
+
+def woke(mcp, agent, cursor, runner):
+    out = mcp.ok(agent, "wait_for_mention", {"cursor": cursor, "timeout_seconds": 1}, token=runner)
+    return out["events"]
+
+
+def listen(mcp, agent, runner):
+    """The agent's runner starts listening (one wait_for_mention with its key): the cursor to wait from."""
+    return mcp.ok(agent, "wait_for_mention", {"timeout_seconds": 1}, token=runner)["cursor"]
+
+
+def claim(mcp, agent, runner, message_id, key="k", harness=2):
+    args = {"message_id": message_id, "idempotency_key": key} | ({"harness": harness} if harness else {})
+    return mcp.ok(agent, "claim_discussion", args, token=runner)
+
+
+# -- runners: paired devices, claimed runs, steps, connecting a computer -------
+
+
+def paired(world, agent="ren/builder"):
+    device, key = prickle.pair_device(world.db, agent.split("/")[0], agent, "laptop")
+    return device, key
+
+
+def claimed(mcp, server, world, key="k1"):
+    """A routed task for ren/builder, claimed by its runner: (task, device, claim answer)."""
+    task = routed(mcp, server, world)
+    device, runner = paired(world)
+    out = mcp.ok("ren/builder", "claim_task", {"task_id": task["id"], "idempotency_key": key}, token=runner)
+    return task, device, runner, out
+
+
+def decided_step(mcp, server, world, call, decision):
+    """A claimed run asks ``call`` and ren decides it: (the run's credential, the step answer)."""
+    task, device, runner, out = claimed(mcp, server, world)
+    run = out["execution_credential"]["token"]
+    step = mcp.ok("ren/builder", "request_step", call, token=run)
+    person(server, world, "ren").post(f"/api/steps/{step['step_id']}", {"decision": decision})
+    return run, step
+
+
+def ask_connect(server, clis=("claude", "codex")):
+    r = server.post("/api/runner/connect", json={"name": "ren-laptop", "clis": list(clis)})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+# -- the command line ----------------------------------------------------------
+
+
+def run(db_path, *args, ok=True):
+    """Run ``prickle ARGS --db DB`` in-process; return (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = prickle.main(list(args) + ["--db", db_path])
+    if ok:
+        assert code == 0, err.getvalue()
+    return code, out.getvalue(), err.getvalue()
+
+
+def jrun(db_path, *args):
+    code, out, err = run(db_path, *args, "--json")
+    lines = out.strip().splitlines()
+    assert len(lines) == 1, out
+    return json.loads(lines[0])
+
+
+def cli_json(db_path, *args):
+    p = subprocess.run(PRICKLE + list(args) + ["--db", db_path, "--json"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+# -- MCP clients ---------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def client(url, key, mode="auto"):
+    """An MCP SDK client for one agent key (the HTTP client it is given is ours to close)."""
+    async with create_mcp_http_client(headers={"Authorization": f"Bearer {key}"}) as http:
+        async with Client(streamable_http_client(url, http_client=http), mode=mode) as c:
+            yield c
+
+
+async def call(c, tool, args, **kw):
+    r = await c.call_tool(tool, args, **kw)
+    assert not r.is_error, r.content[0].text
+    check_tool_output(tool, r.structured_content)
+    return r.structured_content
+
+
+def _post(http, url, key, body, n):
+    """One post_message over plain HTTP (protocol 2026-07-28); the message ID, or None if the server died."""
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "burst", "version": "1"},
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    try:
+        r = http.post(url, headers={
+            "Authorization": f"Bearer {key}", "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call", "Mcp-Name": "post_message"},
+            json={"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {
+                "name": "post_message", "arguments": {"project": PROJECT, "body": body}, "_meta": meta}})
+    except httpx.TransportError:
+        return None
+    result = r.json()["result"]
+    check_tool_output("post_message", result["structuredContent"])
+    return result["structuredContent"]["message"]["id"]
+
+
+# -- a database as an older Prickle left it ------------------------------------
+
+
+def _database_at_version(path, version):
+    """A database file with the first ``version`` schema upgrades applied, as an older Prickle left it."""
+    conn = apsw.Connection(path)
+    conn.pragma("journal_mode", "wal")
+    with conn:
+        for statements in prickle.MIGRATIONS[:version]:
+            for sql in statements:
+                conn.execute(sql)
+        conn.pragma("user_version", version)
+    return conn
+
+
+# -- mail: a real SMTP server (aiosmtpd) and a clock the test moves ------------
+
+T0 = dt.datetime(2026, 12, 1, 10, 0, tzinfo=dt.timezone.utc)
+FROM = "Prickle <prickle@mail.prickle.example>"  # not the recipients' domain
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Inbox:
+    """An aiosmtpd handler that keeps every message it is given, in order."""
+
+    def __init__(self):
+        self.mails: queue.Queue = queue.Queue()
+
+    async def handle_DATA(self, server, session, envelope):
+        message = email.message_from_bytes(envelope.content, policy=email.policy.default)
+        self.mails.put({"to": envelope.rcpt_tos, "message": message, "text": message.get_content()})
+        return "250 OK"
+
+    def next(self) -> dict:
+        return self.mails.get(timeout=15)
+
+
+@pytest.fixture
+def smtp():
+    inbox = Inbox()
+    controller = Controller(inbox, hostname="127.0.0.1", port=_free_port())
+    controller.start()
+    inbox.port = controller.port
+    yield inbox
+    controller.stop()
+    assert inbox.mails.empty(), "a mail arrived that no test read"
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """Prickle's clock, held at T0 until a test moves it (``clock.now = …``)."""
+
+    class Clock:
+        now = T0
+
+    c = Clock()
+    monkeypatch.setattr(prickle, "utcnow", lambda: c.now)
+    return c
+
+
+def _settings(port: int, **smtp) -> prickle.Settings:
+    return prickle.Settings(smtp=prickle.SmtpSettings(host="127.0.0.1", port=port, tls="none", from_address=FROM,
+                                                      **smtp))

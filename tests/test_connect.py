@@ -1,0 +1,158 @@
+"""Connecting a computer: ``prickle runner connect`` asks with a short code, the owner approves it once on the
+page, and the runner collects its keys once into a private config."""
+
+import pytest
+
+import prickle
+from conftest import PROJECT, audit_entries
+from helpers import ask_connect, person
+
+
+def collect(server, asked, secret=None):
+    return server.post("/api/runner/connect/collect", json={
+        "request_id": asked["request_id"], "collect_secret": secret or asked["collect_secret"]})
+
+
+def test_connect_a_computer_with_a_code_the_owner_approves_once(server, world, mcp):
+    asked = ask_connect(server)
+    assert asked["link"] == f"http://127.0.0.1:8321/#/connect/{asked['code']}"
+    assert asked["collect_secret"].startswith("prk_dq_") and asked["interval"] == 2
+    assert len(asked["code"]) == 9 and asked["code"][4] == "-"
+    assert collect(server, asked).json() == {"status": "pending"}
+    assert collect(server, asked, "prk_dq_wrong").status_code == 404
+    ren = person(server, world, "ren")
+    view = ren.get(f"/api/connect/{asked['code'].lower().replace('-', '')}").json()  # typed loosely
+    assert (view["request"]["name"], view["request"]["clis"], view["request"]["state"]) == (
+        "ren-laptop", ["claude", "codex"], "pending")
+    assert [a["agent_id"] for a in view["agents"]] == ["ren/builder"]
+    bad = ren.post(f"/api/connect/{asked['code']}", {"decision": "approve", "agents": [
+        {"cli": "claude", "agent_id": "oj/muse"}]})
+    assert bad.status_code == 400 and "agents[0].agent_id" in bad.json()["error"]["message"]
+    ok = ren.post(f"/api/connect/{asked['code']}", {"decision": "approve", "agents": [
+        {"cli": "codex", "agent_id": "ren/builder"},
+        {"cli": "claude", "create": {"name": "scribe", "display_name": "Scribe", "model": "claude-sonnet"}}]})
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["request"]["plan"] == [{"cli": "codex", "agent_id": "ren/builder"},
+                                            {"cli": "claude", "agent_id": "ren/scribe"}]
+    assert world.db.one("SELECT client FROM agents WHERE agent_id = 'ren/scribe'")["client"] == "claude-code"
+    again = ren.post(f"/api/connect/{asked['code']}", {"decision": "refuse"})
+    assert again.status_code == 409  # single use
+    got = collect(server, asked).json()
+    assert got["status"] == "approved" and got["server"] == "http://127.0.0.1:8321"
+    assert [(a["agent_id"], a["client"]) for a in got["agents"]] == [("ren/builder", "codex"), ("ren/scribe", "claude")]
+    key = got["agents"][0]["key"]
+    assert key.startswith("prk_rk_")
+    assert mcp.ok("ren/builder", "wait_for_mention", {"timeout_seconds": 1}, token=key)["status"] == "timeout"
+    assert collect(server, asked).status_code == 409  # keys are collected once
+    devices = person(server, world, "ren").get("/api/devices").json()["devices"]
+    assert sorted((d["agent_id"], d["name"]) for d in devices) == [("ren/builder", "ren-laptop"),
+                                                                   ("ren/scribe", "ren-laptop")]
+    [approved] = audit_entries(world.db, PROJECT, "device.approved")
+    assert approved["refs"] == {"request": asked["request_id"], "agents": ["ren/builder", "ren/scribe"], "keys": 2,
+                                "by": "ren"}
+    [collected] = audit_entries(world.db, PROJECT, "device.collected")
+    assert collected["refs"] == {"request": asked["request_id"], "agents": ["ren/builder", "ren/scribe"], "keys": [
+        {"credential": a["credential_id"], "agent": a["agent_id"], "reach": "runner"} for a in got["agents"]]}
+    log = str(audit_entries(world.db, PROJECT)) + str(audit_entries(world.db, "ren-room"))
+    assert asked["code"] not in log and "ren-laptop" not in log and key not in log
+
+
+def test_a_refused_or_expired_request_says_so_on_both_sides(server, world):
+    asked = ask_connect(server, ["codex"])
+    ren = person(server, world, "ren")
+    assert ren.post(f"/api/connect/{asked['code']}", {"decision": "refuse"}).json()["request"]["state"] == "refused"
+    r = collect(server, asked)
+    assert r.status_code == 403 and "refused" in r.json()["error"]["message"]
+    late = ask_connect(server, ["codex"])
+    world.db.execute("UPDATE connect_requests SET expires_at = '2020-01-01T00:00:00.000Z' WHERE id = ?",
+                     (late["request_id"],))
+    r = ren.post(f"/api/connect/{late['code']}", {"decision": "approve", "agents": [
+        {"cli": "codex", "agent_id": "ren/builder"}]})
+    assert r.status_code == 410 and r.json()["error"]["code"] == "expired"
+    r = collect(server, late)
+    assert r.status_code == 410 and "run 'prickle runner connect' again" in r.json()["error"]["message"]
+    assert server.post("/api/runner/connect", json={"name": "x", "clis": ["vim"]}).status_code == 400
+    assert world.db.scalar("SELECT count(*) FROM devices") == 0
+
+
+def test_prickle_runner_connect_writes_a_private_config(tmp_path, server, world):
+    config = tmp_path / "conf" / "runner.toml"
+    config.parent.mkdir()
+    config.write_text('server = "http://old"\n\n[agents."ren/builder"]\nkey = "prk_rk_old"\nclient = "codex"\n'
+                      'repo = "/src/site"\nparallel = 3\n')
+    shown: list[str] = []
+
+    def post(url, body):  # the real server, in-process, in place of the network
+        r = server.post(url.removeprefix("http://127.0.0.1:8321"), json=body)
+        return r.status_code, r.json()
+
+    def approve(_seconds):
+        code = shown[0].split("Code: ")[1].split(" ")[0]
+        r = person(server, world, "ren").post(f"/api/connect/{code}", {"decision": "approve", "agents": [
+            {"cli": "codex", "agent_id": "ren/builder"}]})
+        assert r.status_code == 200, r.text
+
+    real, prickle._runner_post = prickle._runner_post, post
+    try:
+        out = prickle.connect_runner("http://127.0.0.1:8321/mcp", str(config), "ren-laptop", ["codex"],
+                                     shown.append, approve)
+    finally:
+        prickle._runner_post = real
+    assert "/#/connect/" in shown[0] and "expires in 10 minutes" in shown[0] and "prk_" not in shown[0]
+    assert (config.stat().st_mode & 0o777) == 0o600
+    written = prickle.read_runner_config(str(config))
+    entry = written["agents"]["ren/builder"]
+    assert written["server"] == "http://127.0.0.1:8321"
+    assert entry["key"].startswith("prk_rk_") and entry["key"] != "prk_rk_old"
+    assert (entry["client"], entry["repo"], entry["parallel"], entry["launch_timeout_minutes"]) == (
+        "codex", "/src/site", 3, 30)
+    assert out == {"config": str(config), "agents": [{"agent_id": "ren/builder", "client": "codex",
+                                                      "device_id": out["agents"][0]["device_id"]}]}
+
+
+def test_connect_with_no_agent_cli_says_how_to_pair_a_command_client(tmp_path):
+    with pytest.raises(prickle.InvalidInput) as refused:
+        prickle.connect_runner("http://127.0.0.1:8321", str(tmp_path / "runner.toml"), "kim-laptop", [], print)
+    assert str(refused.value) == (
+        "no agent CLI (claude, codex) on PATH: install one, or pair a runner key with 'prickle device pair "
+        "OWNER/NAME' (or Agents & keys on the page) and configure client = \"command\" in the runner's config by hand")
+    assert not (tmp_path / "runner.toml").exists()
+
+
+def test_the_real_command_against_the_real_server(tmp_path, db_path, world):
+    """`prickle runner connect` against `prickle serve`: the code on stderr, the keys in the file, refusal exits 1."""
+    import json
+    import subprocess
+
+    import httpx
+    from conftest import PRICKLE, Served
+    with Served(db_path) as served:
+        base = f"http://127.0.0.1:{served.info['port']}"
+        config = tmp_path / "runner.toml"
+        env = {"PATH": str(tmp_path), "HOME": str(tmp_path)}
+        for cli in ("claude", "codex"):  # stand-ins on PATH, so the runner reports both
+            (tmp_path / cli).write_text("#!/bin/sh\n")
+            (tmp_path / cli).chmod(0o755)
+        for decision, expect in (("approve", 0), ("refuse", 1)):
+            proc = subprocess.Popen(PRICKLE + ["runner", "connect", "--server", base + "/mcp", "--config",
+                                               str(config), "--name", "ren-laptop", "--json"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=env)
+            first = proc.stderr.readline() + proc.stderr.readline() + proc.stderr.readline()
+            code = first.split("Code: ")[1].split(" ")[0]
+            with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {world.tokens['ren']}"}) as ren:
+                view = ren.get(f"/api/connect/{code}").json()
+                assert view["request"]["clis"] == ["claude", "codex"]
+                body = {"decision": decision}
+                if decision == "approve":
+                    body["agents"] = [{"cli": "codex", "agent_id": "ren/builder"}]
+                assert ren.post(f"/api/connect/{code}", json=body).status_code == 200
+            out, err = proc.communicate(timeout=30)
+            assert proc.returncode == expect, err
+            if decision == "approve":
+                answer = json.loads(out)
+                assert answer["agents"][0]["agent_id"] == "ren/builder" and "prk_rk_" not in out + first + err
+                assert (config.stat().st_mode & 0o777) == 0o600
+                assert prickle.read_runner_config(str(config))["agents"]["ren/builder"]["client"] == "codex"
+            else:
+                assert out == "" and "refused on the page" in err

@@ -1,0 +1,155 @@
+"""Private rooms: discussions: claim_discussion and its credential, the room's settings (reply mode, lead),
+the owner stopping or continuing a turn, and a reviewer whose runner isn't listening, skipped and retried."""
+
+import prickle
+from conftest import audit_entries
+from helpers import ROOM, claim, listen, person, say, setup_room, woke
+
+
+def test_claims_need_harness_2_and_a_turn_that_waits_on_the_agent(mcp, server, world):
+    runners = setup_room(world)
+    asked = say(server, world, "Hello agents")
+    text = mcp.error("oj/muse", "claim_discussion", {"message_id": asked["id"], "idempotency_key": "k"}, "forbidden",
+                     token=runners["oj/muse"])
+    assert "harness" in text
+    assert audit_entries(world.db, ROOM, "discussion.refused")[0]["refs"]["reason"] == "harness"
+    mcp.error("oj/scout", "claim_discussion", {"message_id": asked["id"], "idempotency_key": "k", "harness": 2},
+              "invalid_state", token=runners["oj/scout"])  # the turn waits on muse, not scout
+    first = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
+    again = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])  # replay: a fresh credential
+    assert again["discussion_credential"]["token"] != first["discussion_credential"]["token"]
+    assert mcp.raw(first["discussion_credential"]["token"], "tools/list").status_code == 401
+    say(server, world, "Never mind, new question")  # the owner's next message replaces the turn
+    mcp.error("oj/muse", "claim_discussion", {"message_id": asked["id"], "idempotency_key": "k", "harness": 2},
+              "invalid_state", token=runners["oj/muse"])
+    assert mcp.raw(again["discussion_credential"]["token"], "tools/list").status_code == 401
+    mcp.error("ren/builder", "claim_discussion", {"message_id": asked["id"], "idempotency_key": "k", "harness": 2},
+              "forbidden")  # a client key for team projects
+
+
+def test_the_owner_stops_a_turn_and_sets_the_reply_mode_and_lead(mcp, server, world):
+    runners = setup_room(world)
+    oj = person(server, world, "oj")
+    asked = say(server, world, "Start something")
+    live = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
+    stopped = oj.post("/api/room/stop").json()
+    assert stopped["stopped"] is True and stopped["credentials_ended"] == 1
+    assert mcp.raw(live["discussion_credential"]["token"], "tools/list").status_code == 401
+    assert oj.post("/api/room/stop").status_code == 409
+    view = oj.post("/api/room", {"reply_mode": "solo", "lead": "oj/critic"}).json()
+    assert view["room"] == {"project": ROOM, "reply_mode": "solo", "lead_agent": "oj/critic"}
+    cursor = listen(mcp, "oj/critic", runners["oj/critic"])
+    asked = say(server, world, "Alone please")
+    [event] = woke(mcp, "oj/critic", cursor, runners["oj/critic"])
+    assert event["replies_left"] == 1
+    oj.post("/api/room", {"reply_mode": "named"})
+    cursors = {a: listen(mcp, a, k) for a, k in runners.items()}
+    say(server, world, "@scout and @muse, both of you")
+    assert [len(woke(mcp, a, cursors[a], runners[a])) for a in ("oj/muse", "oj/scout", "oj/critic")] == [1, 1, 0]
+    say(server, world, "nobody named")
+    assert prickle.room_view(world.db, world.person("oj"))["turn"] is None
+    assert oj.post("/api/room", {"reply_mode": "chaos"}).status_code == 400
+    assert oj.post("/api/room", {"lead": "ren/builder"}).status_code == 404
+    assert oj.post("/api/room", {"default_agent": "oj/scout"}).json()["room"]["lead_agent"] == "oj/scout"
+    types = [e["type"] for e in audit_entries(world.db, ROOM) if e["type"].startswith("room.")]
+    assert types == ["room.turn_stopped", "room.lead_set", "room.reply_mode_set", "room.reply_mode_set",
+                     "room.default_agent_set"]
+
+
+def test_revoking_a_rooms_key_ends_the_discussions_it_claimed(mcp, server, world):
+    setup_room(world)
+    record, rooms_key = prickle.create_token(world.db, "client", agent_id="oj/muse", project=prickle.ROOMS_SCOPE)
+    listen(mcp, "oj/muse", rooms_key)
+    asked = say(server, world, "Which font for the headline?")
+    cred = claim(mcp, "oj/muse", rooms_key, asked["id"])["discussion_credential"]["token"]
+    assert mcp.ok("oj/muse", "read_room", {"project": ROOM}, token=cred)["messages"][-1]["id"] == asked["id"]
+    r = person(server, world, "oj").delete(f"/api/keys/{record['id']}")
+    assert r.status_code == 200 and r.json()["revoked"] is True
+    for token in (rooms_key, cred):
+        assert mcp.raw(token, "tools/list").status_code == 401
+    row = world.db.one("SELECT revoked_at, issued_by FROM credentials WHERE secret_hash = ?",
+                       (prickle.sha256_hex(cred),))
+    assert row["revoked_at"] is not None and row["issued_by"] == record["id"]
+
+
+def test_a_retried_discussion_claim_ends_the_old_credential_everywhere_and_records_it(mcp, server, world):
+    runners = setup_room(world)
+    asked = say(server, world, "Which colour for the button?")
+    runner = prickle.resolve_token(world.db, runners["oj/muse"], ("runner",))
+    first = prickle.claim_discussion(world.db, runner, asked["id"], "k", 2)
+    old = world.db.one("SELECT id, device_id FROM credentials WHERE secret_hash = ?",
+                       (prickle.sha256_hex(first["discussion_credential"]["token"]),))
+    told = []
+    world.db.revoked_listeners.append(lambda: told.append("revoked"))
+    again = prickle.claim_discussion(world.db, runner, asked["id"], "k", 2)
+    assert told == ["revoked"]  # open waits and MCP sessions of the old credential end at once
+    discussion = world.db.scalar("SELECT id FROM discussions WHERE message_id = ?", (asked["id"],))
+    assert [e["refs"] for e in audit_entries(world.db, ROOM, "token.revoked")] == [{
+        "credential": old["id"], "kind": "discussion", "agent": "oj/muse", "device": old["device_id"],
+        "discussion": discussion, "reason": "claim_retried"}]
+    assert mcp.raw(first["discussion_credential"]["token"], "tools/list").status_code == 401
+    assert mcp.ok("oj/muse", "read_room", {"project": ROOM}, token=again["discussion_credential"]["token"])
+
+
+# -- a private room's reviewer that isn't listening ---------------------------------------
+
+def test_a_reviewer_whose_runner_isnt_listening_is_skipped_then_retried(mcp, server, world):
+    runners = setup_room(world)
+    asked = say(server, world, "Name for the beta?")
+    d = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
+    draft = mcp.ok("oj/muse", "post_message", {"project": ROOM, "body": "Early access", "verdict": "draft"},
+                   token=d["discussion_credential"]["token"])["message"]
+    turn = prickle.room_view(world.db, world.person("oj"))["turn"]
+    assert (turn["waiting_on"], turn["skipped"]) == ([], ["oj/critic"])  # no stall, no wake
+    [skipped] = audit_entries(world.db, ROOM, "room.reviewer_skipped")
+    assert skipped["refs"] == {"turn": turn["id"], "step": "review", "draft": draft["id"], "agent": "oj/critic",
+                               "reason": "runner_not_listening"}
+    oj = person(server, world, "oj")
+    assert oj.post("/api/room/retry", {"agent": "oj/muse"}).status_code == 400
+    cursor = listen(mcp, "oj/critic", runners["oj/critic"])
+    retried = oj.post("/api/room/retry", {"agent": "oj/critic"})
+    assert retried.status_code == 200, retried.text
+    assert retried.json()["turn"]["waiting_on"] == ["oj/critic"]
+    woke = mcp.ok("oj/critic", "wait_for_mention", {"cursor": cursor, "timeout_seconds": 1},
+                  token=runners["oj/critic"])
+    assert [(e["kind"], e["message"]["id"]) for e in woke["events"]] == [("room", draft["id"])]
+    review = claim(mcp, "oj/critic", runners["oj/critic"], draft["id"])
+    assert review["role"] == "review" and review["reviewing"]["message_id"] == draft["id"]
+    [entry] = audit_entries(world.db, ROOM, "room.reviewer_retried")
+    assert entry["refs"] == {"turn": turn["id"], "agent": "oj/critic", "message": draft["id"], "step": "review",
+                             "attempt": 1, "sessions": 0, "wakes": 0}
+    mcp.ok("oj/critic", "post_message", {"project": ROOM, "body": "", "verdict": "approve"},
+           token=review["discussion_credential"]["token"])
+    assert prickle.room_view(world.db, world.person("oj"))["turn"] is None
+
+
+def test_the_owner_continues_without_the_skipped_reviewer(mcp, server, world):
+    runners = setup_room(world)
+    asked = say(server, world, "Name for the beta?")
+    d = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
+    mcp.ok("oj/muse", "post_message", {"project": ROOM, "body": "Early access", "verdict": "draft"},
+           token=d["discussion_credential"]["token"])
+    turn = prickle.room_view(world.db, world.person("oj"))["turn"]
+    oj = person(server, world, "oj")
+    done = oj.post("/api/room/continue")
+    assert done.status_code == 200 and done.json()["turn"] is None
+    assert oj.post("/api/room/continue").status_code == 409
+    [entry] = audit_entries(world.db, ROOM, "room.turn_continued")
+    assert entry["refs"] == {"turn": turn["id"], "agents": ["oj/critic"], "woken": 0, "sessions": 0, "wakes": 0}
+
+
+def test_a_listening_reviewer_is_not_skipped_within_the_grace(mcp, server, world):
+    runners = setup_room(world)
+    listen(mcp, "oj/critic", runners["oj/critic"])
+    asked = say(server, world, "Name?")
+    d = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
+    mcp.ok("oj/muse", "post_message", {"project": ROOM, "body": "A", "verdict": "draft"},
+           token=d["discussion_credential"]["token"])
+    assert prickle.room_view(world.db, world.person("oj"))["turn"]["waiting_on"] == ["oj/critic"]
+    assert audit_entries(world.db, ROOM, "room.reviewer_skipped") == []
+    # past the grace, a runner that stopped calling counts as gone
+    listening = server.state.db.listening
+    assert listening["oj/critic"][0] == 0 and prickle.runner_listening(server.state.db, "oj/critic")
+    listening["oj/critic"][1] -= prickle.LISTEN_GRACE + 1
+    assert not prickle.runner_listening(server.state.db, "oj/critic")
+    assert not prickle.runner_listening(server.state.db, "oj/scout")  # never waited
