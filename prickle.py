@@ -11720,6 +11720,24 @@ class RunnerError(PrickleError):
     code = "runner"
 
 
+def state_path(state_dir: str, folder: str, name: Any, suffix: str = "") -> str:
+    """The path of ``folder/name+suffix`` under the runner's state directory, for something the server
+    named (a task, an attempt, a discussion, an action).
+
+    ``name`` must be made of an id's characters (ID_RE's letters, digits, '_' and '-'), so no
+    answer of the server, or of anything in front of it, can place a file or a workspace outside
+    the state directory. Raises RunnerError (code ``bad_id``) and writes nothing otherwise.
+    """
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,200}", name):
+        raise RunnerError(f"the server sent the id {str(name)[:80]!r}, which is not an id (letters, digits, '_' "
+                          "and '-'): nothing was written for it", "bad_id")
+    path = os.path.join(state_dir, folder, name + suffix)
+    root = os.path.realpath(state_dir)
+    if os.path.commonpath([root, os.path.realpath(path)]) != root:
+        raise RunnerError(f"{path} is outside the runner's state directory: nothing was written", "bad_id")
+    return path
+
+
 def redact(text: str) -> str:
     """``text`` with every Prickle secret cut to its kind (``prk_ex_…``)."""
     return SECRET_RE.sub(lambda m: m.group(0)[:7] + "…", text)
@@ -12256,9 +12274,17 @@ class Runner:
         return self.status["agents"][agent_id]
 
     def _spawn(self, coro: Any) -> None:
+        """Run ``coro`` beside the listeners; if it ends with an error, the log says so (never silently)."""
         t = asyncio.ensure_future(coro)
         self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
+
+        def done(task: asyncio.Task) -> None:
+            self._tasks.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                e = task.exception()
+                self.log(f"{getattr(coro, '__qualname__', 'a task')} failed: {type(e).__name__}: "
+                         f"{redact(str(e))[:300]}")
+        t.add_done_callback(done)
 
     # -- the main loop -------------------------------------------------------
 
@@ -12370,8 +12396,16 @@ class Runner:
                 self.on_event(agent_id, {"kind": "task", "task": task})
 
     def on_event(self, agent_id: str, event: dict) -> None:
-        """Dispatch one wake: a task, a room message, an approved action; a mention is only logged."""
+        """Dispatch one wake: a task, a room message, an approved action; a mention is only logged.
+
+        An id the server sends that is not an id (it would name a path or a URL) is logged and the
+        wake ignored."""
         kind = event["kind"]
+        named = {"task": (event.get("task") or {}).get("id"), "room": (event.get("message") or {}).get("id"),
+                 "action": event.get("action_id")}.get(kind, "")
+        if named != "" and not (isinstance(named, str) and ID_RE.fullmatch(named)):
+            self.log(f"{agent_id}: ignored a {kind} wake whose id {str(named)[:80]!r} is not an id")
+            return
         if kind == "mention":
             m = event["message"]
             author = m["author"].get("agent_id") or m["author"].get("handle")
@@ -12482,7 +12516,7 @@ class Runner:
 
     def _workspace(self, agent: RunnerAgent, task_id: str) -> str:
         """The run's workspace: a git worktree on branch ``prickle/<task>`` with a repo, else a scratch dir."""
-        path = os.path.join(self.state_dir, "workspaces", task_id)
+        path = state_path(self.state_dir, "workspaces", task_id)
         if agent.repo is None:
             os.makedirs(path, mode=0o700, exist_ok=True)
             return path
@@ -12563,7 +12597,7 @@ class Runner:
         return env
 
     def _run_files(self, run_id: str, prompt: str, bridge: bool) -> dict[str, str]:
-        run_dir = os.path.join(self.state_dir, "runs", run_id)
+        run_dir = state_path(self.state_dir, "runs", run_id)
         os.makedirs(run_dir, mode=0o700, exist_ok=True)
         files = {"mcp_config": os.path.join(run_dir, "mcp.json"), "prompt_file": os.path.join(run_dir, "prompt.txt"),
                  "settings": os.path.join(run_dir, "settings.json"), "run_dir": run_dir}
@@ -12622,7 +12656,11 @@ class Runner:
         """One launch of a claimed attempt; return the run_failure to report (None: a good run; ``stopped``: none)."""
         agent, task_id = self.config.agents[agent_id], task["id"]
         attempt_id, secret = claim["attempt"]["attempt_id"], claim["execution_credential"]["token"]
-        log_path = os.path.join(self.state_dir, "logs", f"{attempt_id}.log")
+        try:
+            log_path = state_path(self.state_dir, "logs", attempt_id, ".log")
+        except RunnerError as e:
+            self.log(f"{agent_id}: task {task_id}: {e.message}")
+            return {"class": "other", "step": "see_runner_log"}
         record = {"kind": "task", "task_id": task_id, "project": task["project"], "attempt_id": attempt_id,
                   "started_at": iso(utcnow()), "log": log_path, "pid": None, "workspace": None}
         try:
@@ -12681,6 +12719,8 @@ class Runner:
 
     async def ended(self, agent_id: str, attempt_id: str, reason: str) -> None:
         """Tell the server a run ended without a result, so its attempt and credential end there too."""
+        if not ID_RE.fullmatch(attempt_id):
+            return  # not an id the server could have made: nothing to tell it, and never a path to call
         try:
             await http_call(self.config.base_url, self.config.agents[agent_id].key, "POST",
                             f"/api/runner/attempts/{attempt_id}/ended", {"reason": reason})
@@ -12706,13 +12746,13 @@ class Runner:
         session_id = f"room-{message['id']}-{agent_id.replace('/', '-')}"
         async with self.per_agent[agent_id], self.total:
             files = self._run_files(session_id, room_prompt(claim, message), agent.client == "claude")
-            workspace = os.path.join(self.state_dir, "workspaces", session_id)
+            workspace = state_path(self.state_dir, "workspaces", session_id)
             os.makedirs(workspace, mode=0o700, exist_ok=True)
             values = {"mcp_url": self.config.mcp_url, "task_id": "", "project": claim["project"],
                       "role": claim["role"], "workspace": workspace, "prompt_file": files["prompt_file"],
                       "mcp_config": files["mcp_config"]}
             argv, on_stdin = launch_argv(agent, files, values)
-            log_path = os.path.join(self.state_dir, "logs", f"{session_id}.log")
+            log_path = state_path(self.state_dir, "logs", session_id, ".log")
             record = {"kind": "room", "message_id": message["id"], "project": claim["project"], "role": claim["role"],
                       "started_at": iso(utcnow()), "log": log_path, "pid": None, "workspace": workspace}
             self.log(f"{agent_id}: room {claim['project']}: {claim['role']} session for message {message['id']}")
@@ -12743,9 +12783,9 @@ class Runner:
             return
         import subprocess
         prompt = card.get("inputs", {}).get("prompt", "")
-        workspace = os.path.join(self.state_dir, "workspaces", action_id)
+        workspace = state_path(self.state_dir, "workspaces", action_id)
         os.makedirs(workspace, mode=0o700, exist_ok=True)
-        log_path = os.path.join(self.state_dir, "logs", f"{action_id}.log")
+        log_path = state_path(self.state_dir, "logs", action_id, ".log")
         argv = _fill(template, {"prompt": prompt})
         self.log(f"{agent_id}: action {action_id}: running {argv[0]} for {tool}")
         env = {k: v for k, v in os.environ.items() if not k.startswith("PRICKLE_")} | {"PRICKLE_ACTION_PROMPT": prompt}

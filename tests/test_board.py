@@ -1,7 +1,9 @@
 """The board and the task page: the task lists the page builds them from come from the server (every state,
-the ones a task can be cancelled in, the deliverable types, and the board's columns)."""
+the ones a task can be cancelled in, the deliverable types, and the board's columns), and so does what a
+person may do to a task or a default lead (the ``can_*`` fields): the page decides nothing itself."""
 
 import prickle
+from conftest import PROJECT
 from helpers import auth
 
 
@@ -21,3 +23,74 @@ def test_meta_gives_the_page_its_task_lists_from_the_server(server, world):
     assert r.json()["tasks"]["states"] == prickle.SCHEMAS["check_inbox"][1]["properties"]["assigned"]["items"][
         "properties"]["state"]["enum"]
     assert server.get("/api/meta").status_code == 401
+
+
+def _api(server, world, handle):
+    h = {"Authorization": f"Bearer {world.tokens[handle]}"}
+    return lambda method, path, body=None: server.request(method, path, headers=h, json=body)
+
+
+def _board(api):
+    return {t["id"]: t for t in api("GET", f"/api/projects/{PROJECT}/tasks").json()["tasks"]}
+
+
+def test_a_task_says_who_may_cancel_it_and_hand_it_on_once_returned(mcp, server, world):
+    oj, ren = _api(server, world, "oj"), _api(server, world, "ren")
+    packet = {"task": "Draft the footer.", "deliverable_type": "doc", "acceptance_criteria": ["Two lines."],
+              "context": "", "files": []}
+    # ren's agent asks oj's: ren (the requester's person) and oj (a project owner) may cancel.
+    held = mcp.ok("ren/builder", "handoff", {"project": PROJECT, "to": "oj/muse", "packet": packet})
+    task_id = held["task"]["id"]
+    assert oj("POST", f"/api/approvals/{held['gate']['approval_id']}", {"decision": "approve"}).status_code == 200
+    steer = {k: _board(api)[task_id][k] for api in (oj, ren) for k in ("can_cancel", "can_reassign")}
+    assert steer == {"can_cancel": True, "can_reassign": False}
+    # oj's agent asks ren's: ren is only a member and the assignee's owner, so ren may not cancel.
+    mine = mcp.ok("oj/muse", "handoff", {"project": PROJECT, "to": "ren/builder", "packet": packet})["task"]
+    assert (_board(ren)[mine["id"]]["can_cancel"], _board(oj)[mine["id"]]["can_cancel"]) == (False, True)
+    detail = ren("GET", f"/api/tasks/{mine['id']}").json()["task"]
+    assert (detail["can_cancel"], detail["can_reassign"]) == (False, False)
+    # Handed back, it may be handed on by its requester's person only, and cancelled by nobody.
+    assert oj("POST", f"/api/tasks/{task_id}/hand-back").status_code == 200
+    back = {h: {k: _board(api)[task_id][k] for k in ("state", "can_cancel", "can_reassign")}
+            for h, api in (("oj", oj), ("ren", ren))}
+    assert back == {"oj": {"state": "returned", "can_cancel": False, "can_reassign": True},
+                    "ren": {"state": "returned", "can_cancel": False, "can_reassign": True}}
+    # What the page was told matches what the server does.
+    assert ren("POST", f"/api/tasks/{mine['id']}/cancel").status_code == 403
+    assert oj("POST", f"/api/tasks/{task_id}/cancel").status_code == 409
+
+
+def test_a_project_says_who_may_pick_answer_for_and_step_down_its_default_lead(server, world):
+    oj, ren = _api(server, world, "oj"), _api(server, world, "ren")
+    view = lambda api: api("GET", f"/api/projects/{PROJECT}").json()  # noqa: E731
+    assert (view(oj)["can_pick_lead"], view(ren)["can_pick_lead"], view(oj)["lead"]) == (True, False, None)
+    assert oj("POST", f"/api/projects/{PROJECT}/lead", {"agent_id": "ren/builder"}).status_code == 200
+    assert view(ren)["lead"] == {"agent_id": "ren/builder", "state": "proposed", "picked_by": "oj",
+                                 "can_answer": True, "can_step_down": False}
+    assert view(oj)["lead"] == {"agent_id": "ren/builder", "state": "proposed", "picked_by": "oj",
+                                     "can_answer": False, "can_step_down": False}
+    assert view(oj)["can_pick_lead"] is True  # a pick not yet agreed may be replaced
+    assert ren("POST", f"/api/projects/{PROJECT}/lead/answer", {"decision": "agree"}).status_code == 200
+    assert (view(ren)["lead"]["can_answer"], view(ren)["lead"]["can_step_down"]) == (False, True)
+    assert (view(oj)["can_pick_lead"], view(oj)["lead"]["can_step_down"]) == (False, False)
+
+
+def test_a_task_says_who_gives_final_acceptance_and_who_may_set_what_it_waits_on(mcp, server, world):
+    oj, ren = _api(server, world, "oj"), _api(server, world, "ren")
+    packet = {"task": "Count the words.", "deliverable_type": "doc", "acceptance_criteria": ["A number."],
+              "context": "", "files": []}
+    task = mcp.ok("oj/muse", "handoff", {"project": PROJECT, "to": "oj/scout", "packet": packet})["task"]
+    mcp.ok("oj/scout", "accept_task", {"task_id": task["id"]})
+    sub = mcp.ok("oj/scout", "return_result", {"task_id": task["id"], "summary": "42.", "evidence": [
+        {"kind": "test_output", "summary": "Counted.", "content": "42", "criteria": [0]}],
+        "artifacts": [{"ref": "count.txt", "sha256": "a" * 64}]})["submission"]
+    mcp.ok("oj/muse", "accept_result", {"task_id": task["id"], "submission_id": sub["submission_id"],
+                                        "revision": sub["revision"], "verdicts": [{"criterion": 0, "accepted": True}],
+                                        "artifacts": sub["artifacts"]})
+    given = {h: (_board(api)[task["id"]]["awaiting_final"], _board(api)[task["id"]]["can_give_final"])
+             for h, api in (("oj", oj), ("ren", ren))}
+    assert given == {"oj": (True, True), "ren": (True, False)}
+    detail = oj("GET", f"/api/tasks/{task['id']}").json()
+    assert (detail["can_rename"], detail["can_set_waits"]) == (True, False)  # not a sub-task
+    assert ren("GET", f"/api/tasks/{task['id']}").json()["can_rename"] is False
+    assert ren("POST", f"/api/tasks/{task['id']}/accept").status_code == 403

@@ -225,3 +225,44 @@ def test_a_lifecycle_state_is_written_only_by_its_move():
                 raw += [(call.lineno, "changes", k.arg) for k in call.keywords if k.arg in state_columns]
     assert raw == [], "a lifecycle's state column is written outside move(): make it a move of its table"
     assert {"lead", "start"} <= set(prickle.LIFECYCLES)
+
+
+#: Each chapter of Part II (the team's work) and the test file that holds its tests.
+PART_II_TESTS = {
+    "People and teams": "test_people.py",
+    "Projects, their members, agents and keys": "test_people.py",
+    "Invites": "test_invites.py",
+    "Memory and pulse": "test_memory_pulse.py",
+    "The default lead": "test_lead.py",
+    "Private rooms: turns": "test_turns.py",
+    "Messages: writing, mentions and the loop guard": "test_messages.py",
+    "The room: reading it": "test_room.py",
+    "Attempts: the record of a run": "test_runs.py",
+    "Tasks: handoff and the gate": "test_tasks.py",
+    "Results and evidence": "test_results.py",
+    "Approvals and the people's side of tasks": "test_approvals.py",
+    "The owner's gate rules": "test_rules.py",
+    "Runs: devices, claims and steps": "test_runs.py",
+    "Run control": "test_run_control.py",
+    "The board and the task page": "test_board.py",
+    "Connecting a computer": "test_connect.py",
+    "Make-or-spend actions": "test_actions.py",
+    "Private rooms: discussions": "test_discussions.py",
+    "Leaving and removal": "test_leaving.py",
+    "Search": "test_search.py",
+    "The inbox and the digest": "test_inbox.py",
+}
+
+
+def test_each_chapter_of_part_ii_has_its_test_file_and_no_test_file_imports_another():
+    doc = re.sub(r"\n {6}", " ", ast.get_docstring(TREE))
+    part_ii = doc[doc.index("\nPart II."):doc.index("\nPart III.")]
+    titles = re.findall(r"^  \d+\. (.+?) -- ", part_ii, re.M)
+    assert titles == list(PART_II_TESTS), "PART_II_TESTS names Part II's chapters, in order"
+    here = Path(__file__).parent
+    for title, name in PART_II_TESTS.items():
+        assert re.search(r"^def test_", (here / name).read_text(encoding="utf-8"), re.M), (title, name)
+    imports = sorted((path.name, line) for path in here.glob("test_*.py")
+                     for line in path.read_text(encoding="utf-8").splitlines()
+                     if re.match(r"\s*(from|import) test_\w+", line))
+    assert imports == [], "shared test steps live in helpers.py (the team's) or browser.py (the page's)"
