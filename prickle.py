@@ -364,6 +364,41 @@ def check_text(value: str, field: str, max_length: int, min_length: int = 0) -> 
     return value
 
 
+#: The deepest nesting of quotes and lists text may have: the page renders text as Markdown, and a
+#: renderer runs out of stack long before a body runs out of characters (a line of 8,000 '>').
+MARKDOWN_DEPTH_MAX = 32
+_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
+_NESTING = re.compile(r" {0,3}(?:>|[-*+](?=\s)|\d{1,9}[.)](?=\s))[ \t]?")
+
+
+def markdown_depth(text: str) -> int:
+    """How deep quotes and lists nest in ``text`` read as Markdown: per line, the quote and list
+    markers it opens with, plus its indentation in steps of two; the deepest line wins. Lines in
+    a fenced code block (``` or ~~~) are code, not nesting."""
+    deepest, fence = 0, None
+    for line in text.split("\n"):
+        if m := _FENCE.match(line):
+            fence = None if fence and m.group(1).startswith(fence) else (fence or m.group(1)[:3])
+            continue
+        if fence:
+            continue
+        pos = len(line) - len(line.lstrip(" "))
+        depth = pos // 2
+        while (m := _NESTING.match(line, pos)) and m.end() > pos:
+            pos, depth = m.end(), depth + 1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def check_markdown(value: str, field: str) -> str:
+    """Return ``value`` unless its quotes and lists nest deeper than MARKDOWN_DEPTH_MAX; then raise
+    InvalidInput naming ``field`` and what to do."""
+    if (depth := markdown_depth(value)) > MARKDOWN_DEPTH_MAX:
+        raise InvalidInput(f"{field} nests quotes or lists {depth} levels deep; at most {MARKDOWN_DEPTH_MAX} can be "
+                           "shown: flatten it, or put it in a code block")
+    return value
+
+
 #: Anything shaped like one of our secrets: hidden from failures' causes and the runner's logs,
 #: refused in names kept in the clear.
 SECRET_RE = re.compile(r"prk_[a-z]{2}_[A-Za-z0-9_-]+")
@@ -5110,7 +5145,7 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
     replied to) and its audit entry. Raises InvalidInput, NotFound, Forbidden, InvalidState,
     Paused.
     """
-    check_text(body, "body", BODY_MAX)
+    check_markdown(check_text(body, "body", BODY_MAX), "body")
     with db.transaction():
         private = require_project(db, actor, project)["kind"] == "private"
         check_room_post(db, actor, private, verdict, task_id, in_reply_to)
@@ -5502,7 +5537,9 @@ def _actor_ref(actor: Actor) -> dict:
 
 
 def _packet_full(packet: dict) -> dict:
-    """The packet with its defaults filled and unknown keys dropped (its stored, hashed form)."""
+    """The packet with its defaults filled and unknown keys dropped (its stored, hashed form); its task
+    and context may not nest deeper than the page can show (check_markdown)."""
+    check_markdown(packet["task"], "packet.task"), check_markdown(packet.get("context", ""), "packet.context")
     return {"task": packet["task"], "deliverable_type": packet["deliverable_type"],
             "acceptance_criteria": list(packet["acceptance_criteria"]), "context": packet.get("context", ""),
             "files": list(packet.get("files", [])), "depends_on": list(packet.get("depends_on", []))}
@@ -5863,6 +5900,7 @@ def save_checkpoint(db: Database, actor: Actor, task_id: str, checkpoint: dict) 
 
     Writes ``task.checkpointed`` (counts only).
     """
+    check_markdown(checkpoint["progress"], "checkpoint.progress")
     body = {"progress": checkpoint["progress"], "decisions": checkpoint.get("decisions", []),
             "files_touched": checkpoint.get("files_touched", []), "next_steps": checkpoint.get("next_steps", []),
             "open_questions": checkpoint.get("open_questions", [])}
@@ -6038,6 +6076,7 @@ def return_result(db: Database, actor: Actor, task_id: str, summary: str, eviden
     commit_sha and code needs a commit; a newer submission supersedes an unreviewed one.
     Writes ``result.returned`` (counts and kinds only).
     """
+    check_markdown(summary, "summary")
     artifacts = [artifact_out(a) for a in (artifacts or [])]
     items = [{k: e[k] for k in EVIDENCE_KEYS if k in e} for e in evidence]
     for n, a in enumerate(artifacts):
@@ -7569,7 +7608,7 @@ def finish_action(db: Database, actor: Actor, action_id: str, body: str | None =
             raise InvalidState(f"action '{action_id}' is {row['status']}: claim it first")
         message_id = None
         if body is not None:
-            check_text(body, "body", BODY_MAX, 1)
+            check_markdown(check_text(body, "body", BODY_MAX, 1), "body")
             made_by = {"action_id": action_id, "approval_audit_id": row["approval_audit_id"]}
             message_id = write_message(db, actor, row["project"], body, made_by_action=made_by)["id"]
         move(db, "action", action_id, "finish" if body is not None else "fail", row, result_message_id=message_id,

@@ -37,9 +37,18 @@ purify.addHook("afterSanitizeAttributes", (node) => {
 
 const MENTION = /@[A-Za-z0-9][A-Za-z0-9_-]*(?:\/[A-Za-z0-9][A-Za-z0-9_-]*)?/g;
 
-/** Markdown text as a sanitised DocumentFragment, @mentions marked outside code and links. */
+/** Markdown text as a sanitised DocumentFragment, @mentions marked outside code and links. Text the
+ * renderer can't take (nesting past its stack, say) comes back as plain text: one message never hides
+ * the others. */
 export function renderMarkdown(text) {
-  const fragment = purify.sanitize(marked.parse(String(text ?? "")), SANITIZE);
+  let fragment;
+  try {
+    fragment = purify.sanitize(marked.parse(String(text ?? "")), SANITIZE);
+  } catch {
+    fragment = document.createDocumentFragment();
+    fragment.append(h("span", { class: "md-plain", text: String(text ?? "") }));
+    return fragment;
+  }
   for (const a of fragment.querySelectorAll("a:not([href])")) a.replaceWith(...a.childNodes);
   const blocks = [...fragment.childNodes].filter((n) => n.nodeType !== Node.TEXT_NODE || n.data.trim());
   if (blocks.length === 1 && blocks[0].nodeName === "P") fragment.replaceChildren(...blocks[0].childNodes); // a one-line chat message

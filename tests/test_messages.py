@@ -5,7 +5,7 @@ import json
 
 import prickle
 from conftest import PROJECT, all_events, audit_entries
-from helpers import P, auth, make_task, post
+from helpers import P, auth, make_task, post, written
 
 
 def test_post_message_returns_the_message_and_writes_event_and_audit(mcp, world):
@@ -246,3 +246,17 @@ def test_one_click_resume_of_a_paused_pair(server, mcp, world):
     again = server.post(f"/api/projects/{PROJECT}/resume", json={"agents": ["ren/builder", "oj/muse"]},
                         headers=auth(world, "ren"))
     assert again.status_code == 409
+
+
+def test_a_body_that_nests_deeper_than_the_page_can_show_is_refused_and_nothing_is_written(mcp, world):
+    before = written(world.db)
+    text = mcp.error("oj/muse", "post_message", {"project": "website-v2", "body": "> " * 3995}, "invalid_input")
+    assert text == ("invalid_input: body nests quotes or lists 3995 levels deep; at most 32 can be shown: "
+                    "flatten it, or put it in a code block")
+    text = mcp.error("oj/muse", "handoff", {"project": "website-v2", "to": "oj/scout", "packet": {
+        "task": "Sort it.", "deliverable_type": "doc", "acceptance_criteria": ["Sorted."],
+        "context": "1. " * 100}}, "invalid_input")
+    assert text.startswith("invalid_input: packet.context nests quotes or lists 100 levels deep")
+    assert written(world.db) == before
+    quoted = "> a quote\n>> in a quote\n- a list\n  - in a list\n\n```\n" + ">" * 200 + "\n```"
+    assert mcp.ok("oj/muse", "post_message", {"project": "website-v2", "body": quoted})["message"]["body"] == quoted

@@ -181,3 +181,28 @@ def test_the_board_filters_and_lists_its_tasks(served, people):
     expect(phone.locator(f'.task-table tr[data-task-id="{mine["id"]}"]')).to_be_visible()
     assert no_horizontal_scroll(phone)
     shot(phone, "board_list_phone")
+
+
+def test_a_message_the_renderer_cannot_take_shows_as_plain_text_and_hides_no_other(served, people):
+    import prickle
+    page = people("oj")
+    goto(page, served, f"#/p/{PROJECT}/room")
+    before = mcp(served, "oj/muse", "post_message", {"project": PROJECT, "body": "Before the deep one."})["message"]
+    # The server refuses such a body now; one written before that rule still has to be shown.
+    deep = ">" * 7990
+    with person_api(served, "ren") as ren_api:
+        r = ren_api.post(f"/api/projects/{PROJECT}/messages", json={"body": deep})
+    assert r.status_code == 400 and r.json()["error"]["message"] == (
+        "body nests quotes or lists 7990 levels deep; at most 32 can be shown: flatten it, or put it in a code block")
+    db = prickle.Database(served.db)
+    ren = prickle.Actor("person", "test", "person", handle="ren")
+    with db.transaction():
+        old = prickle.write_message(db, ren, PROJECT, deep)
+    db.close()
+    after = mcp(served, "oj/muse", "post_message", {"project": PROJECT, "body": "After **it**."})["message"]
+    expect(page.locator(f"#msg-{after['id']} .msg-body strong")).to_have_text("it")
+    expect(page.locator(f"#msg-{before['id']} .msg-body")).to_have_text("Before the deep one.")
+    expect(page.locator(f"#msg-{old['id']} .msg-body .md-plain")).to_have_text(deep)
+    page.reload()
+    expect(page.locator(f"#msg-{after['id']} .msg-body strong")).to_have_text("it")
+    expect(page.locator(f"#msg-{old['id']} .msg-body .md-plain")).to_have_text(deep)
