@@ -514,6 +514,8 @@ class Settings(pydantic.BaseModel):
     outbox_keep_days: int = pydantic.Field(30, ge=1, le=3650)
     #: One line per request on stderr (method, path without query, status, duration).
     access_log: bool = True
+    #: A search stops after this many seconds and says to narrow it (it runs off the event loop).
+    search_seconds: float = pydantic.Field(2.0, gt=0, le=60)
     #: Where mail goes out (invites, sign-in links by email); None sends none.
     smtp: SmtpSettings | None = None
 
@@ -1600,6 +1602,11 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE people ADD COLUMN digest_minutes INTEGER",
         "ALTER TABLE people ADD COLUMN digest_through TEXT",
     ],
+    [
+        # A project's events through an index of their own: a stream or a person's feed reads only
+        # its projects' events, however busy the other teams on the server are.
+        "CREATE INDEX outbox_by_project ON outbox(project, seq)",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -2244,6 +2251,37 @@ class WalCheckpointer:
                 self.conn = None
 
 
+class Readers:
+    """Read-only work off the event loop: a few worker threads, each with its own connection to the file.
+
+    ``await readers.run(fn, *args)`` calls ``fn(db, *args)`` on a worker's Database, so a slow read
+    (a broad search) never holds up the requests the event loop serves meanwhile.
+    """
+
+    def __init__(self, path: str, workers: int = 2):
+        self.path, self.local, self.opened = path, threading.local(), []
+        self.lock = threading.Lock()
+        self.pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="prickle-read")
+
+    def _db(self) -> Database:
+        db = getattr(self.local, "db", None)
+        if db is None:
+            db = self.local.db = Database(self.path)
+            with self.lock:
+                self.opened.append(db)
+        return db
+
+    async def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(db, *args, **kwargs)`` on a worker thread's Database; its answer or its exception."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: fn(self._db(), *args, **kwargs))
+
+    def close(self) -> None:
+        """Let running reads finish, then close every worker's connection."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        for db in self.opened:
+            db.close()
+
+
 def log_exception(where: str) -> None:
     import traceback
     left_out = REPEATS.admit(("prickle", where, type(sys.exc_info()[1]).__name__))
@@ -2419,7 +2457,8 @@ def read_events(db: Database, project: str, after: int, limit: int = 200) -> lis
     return [
         {"id": r["id"], "seq": r["seq"], "project": r["project"], "at": r["at"], "type": r["type"]}
         | json.loads(r["payload"])
-        for r in db.rows("SELECT * FROM outbox WHERE project = ? AND seq > ? ORDER BY seq LIMIT ?",
+        for r in db.rows("SELECT * FROM outbox INDEXED BY outbox_by_project WHERE project = ? AND seq > ? "
+                         "ORDER BY seq LIMIT ?",
                          (project, after, limit))
     ]
 
@@ -8200,7 +8239,43 @@ def _snippet_pieces(text: str) -> list[dict]:
     return pieces
 
 
-def search(db: Database, actor: Actor, query: str, *, limit: int = 20) -> dict:
+#: What one search may ask for: terms (words, phrases, prefixes) in all, prefix terms (``word*``),
+#: and the letters a prefix needs before its ``*``. A broader query costs every other request.
+SEARCH_TERMS_MAX, SEARCH_PREFIXES_MAX, SEARCH_PREFIX_MIN = 12, 4, 2
+_SEARCH_TERM = re.compile(r'"[^"]*"?|[^\s()"]+')
+
+
+def check_search_cost(query: str) -> None:
+    """Refuse a query too broad to run beside other requests (InvalidInput naming ``q`` and what to change)."""
+    terms = [t for t in _SEARCH_TERM.findall(query) if t not in ("AND", "OR", "NOT", "NEAR")]
+    prefixes = [t for t in terms if t.endswith("*")]
+    short = [t for t in prefixes if len(t.strip('"^*').split(":")[-1]) < SEARCH_PREFIX_MIN]
+    if short:
+        raise InvalidInput(f"q: {short[0]} is too broad: a prefix needs at least {SEARCH_PREFIX_MIN} letters "
+                           "before its *")
+    if len(prefixes) > SEARCH_PREFIXES_MAX:
+        raise InvalidInput(f"q: {len(prefixes)} prefix* terms are too broad: use at most {SEARCH_PREFIXES_MAX}, "
+                           "or whole words")
+    if len(terms) > SEARCH_TERMS_MAX:
+        raise InvalidInput(f"q: {len(terms)} terms are too many: use at most {SEARCH_TERMS_MAX} words, phrases "
+                           "or prefixes")
+
+
+@contextlib.contextmanager
+def _time_limit(db: Database, seconds: float | None) -> Iterator[None]:
+    """Interrupt the statements run inside after ``seconds`` (apsw.InterruptError); None: no limit."""
+    if seconds is None:
+        yield
+        return
+    deadline = time.monotonic() + seconds
+    db.conn.set_progress_handler(lambda: time.monotonic() > deadline, 1000)
+    try:
+        yield
+    finally:
+        db.conn.set_progress_handler(None)
+
+
+def search(db: Database, actor: Actor, query: str, *, limit: int = 20, seconds: float | None = None) -> dict:
     """Full-text search over the messages, task titles and packets ``actor`` may see.
 
     ``query`` is SQLite FTS5 query text (words, ``"a phrase"``, ``prefix*``, ``OR``, ``NOT``,
@@ -8212,10 +8287,13 @@ def search(db: Database, actor: Actor, query: str, *, limit: int = 20) -> dict:
     thread's for a message in one. Only projects in the actor's reach count (require_project),
     and for an agent only the threads AGENT_SEES_TASK lets it see: a private room, a project
     the searcher is not in or a task the gate still holds from its assignee never shows.
+    A query broader than check_search_cost allows, or one still running after ``seconds``, is
+    InvalidInput saying how to narrow it.
     """
     if not isinstance(query, str) or not query.strip():
         raise InvalidInput("q: say what to search for, e.g. q=deploy or q=\"release notes\"")
     check_text(query, "q", SEARCH_QUERY_MAX)
+    check_search_cost(query)
     if not isinstance(limit, int) or not 1 <= limit <= SEARCH_LIMIT_MAX:
         raise InvalidInput(f"limit must be a whole number from 1 to {SEARCH_LIMIT_MAX}")
     with db.snapshot():
@@ -8231,7 +8309,11 @@ def search(db: Database, actor: Actor, query: str, *, limit: int = 20) -> dict:
                f"WHERE search_index MATCH :q AND s.project IN ({', '.join(':' + k for k in params if k[0] == 'p')}) "
                f"{hidden} ORDER BY score, s.at DESC LIMIT :limit")
         try:
-            rows = db.rows(sql, params)
+            with _time_limit(db, seconds):
+                rows = db.rows(sql, params)
+        except apsw.InterruptError:
+            raise InvalidInput(f"q: the search ran past its time limit of {seconds:g} seconds: narrow it (fewer "
+                               "OR, longer prefixes, a \"phrase\")") from None
         except apsw.SQLError as e:  # the statement is fixed: only the query text can be wrong
             raise InvalidInput(
                 f"q: the search \"{query}\" could not be read ({e.args[0] if e.args else e}): search for words, "
@@ -8747,6 +8829,8 @@ class AppState:
     port: int
     #: The background work (None until create_app sets it up).
     maintenance: Maintenance | None = None
+    #: Reads run off the event loop (None until create_app sets it up).
+    readers: Readers | None = None
 
 
 #: The browser session cookie's name.
@@ -9582,10 +9666,13 @@ def person_events(db: Database, person: Actor, after: int, limit: int = 200) -> 
     """
     with db.snapshot():
         check_live(db, person)
+        # Each project through its own index (outbox_by_project), so other teams' events are never read.
+        rows = sorted((r for p in db.rows("SELECT project FROM members WHERE handle = ?", (person.handle,))
+                       for r in db.rows("SELECT * FROM outbox INDEXED BY outbox_by_project WHERE project = ? "
+                                        "AND seq > ? ORDER BY seq LIMIT ?",
+                                        (p["project"], after, limit))), key=lambda r: r["seq"])[:limit]
         return [{"id": r["id"], "seq": r["seq"], "project": r["project"], "at": r["at"], "type": r["type"]}
-                | json.loads(r["payload"]) for r in db.rows(
-                    "SELECT * FROM outbox WHERE seq > ? AND project IN (SELECT project FROM members WHERE handle = ?) "
-                    "ORDER BY seq LIMIT ?", (after, person.handle, limit))]
+                | json.loads(r["payload"]) for r in rows]
 
 
 async def api_events(state: AppState, person: Actor, request: Request, body: Any) -> dict:
@@ -9761,9 +9848,11 @@ async def api_room(state: AppState, person: Actor, request: Request, body: Any) 
 
 
 async def api_search(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/search?q=&limit=: search the person's projects (see :func:`search`)."""
-    return search(state.db, person, request.query_params.get("q", ""),
-                  limit=int_param(request, "limit", 20, 1, SEARCH_LIMIT_MAX))
+    """GET /api/search?q=&limit=: search the person's projects (see :func:`search`), off the event loop and
+    within the ``search_seconds`` setting."""
+    return await state.readers.run(search, person, request.query_params.get("q", ""),
+                                   limit=int_param(request, "limit", 20, 1, SEARCH_LIMIT_MAX),
+                                   seconds=state.settings.search_seconds)
 
 
 async def api_post(state: AppState, person: Actor, request: Request, body: dict) -> dict:
@@ -10473,7 +10562,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     # Checkpoints (which fsync) run on a worker thread with their own connection, never inside a
     # request's commit on the event loop.
     db.conn.pragma("wal_autocheckpoint", 0)
-    state = AppState(db=db, settings=settings, hub=hub, port=port)
+    state = AppState(db=db, settings=settings, hub=hub, port=port, readers=Readers(db_path))
     manager = SessionManager(app=build_mcp_server(state), json_response=False, stateless=False,
                               session_idle_timeout=settings.session_idle_seconds,
                               max_request_body_size=settings.max_body_bytes, max_sessions=settings.max_sessions,
@@ -10504,6 +10593,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+            state.readers.close()
             db.close()
             checkpointer.close()
 

@@ -247,3 +247,22 @@ def test_a_live_reader_is_checked_on_every_turn(world):
     prickle.revoke_token(db, ren.credential_id)
     assert _refused(prickle.Unauthorized, prickle.live_events, db, ren, PROJECT, start) == (
         "this credential was revoked: ask its owner for a new one")
+
+
+def test_a_persons_feed_reads_only_their_projects_events_through_the_project_index(world):
+    db, sam = world.db, world.person("sam")
+    for n in range(30):
+        prickle.post_message(db, sam, "side", f"side note {n}")
+    mine = prickle.post_message(db, world.person("oj"), PROJECT, "for the website")
+    read = []
+    db.conn.exec_trace = lambda cursor, sql, bindings: read.append((sql, bindings)) or True
+    try:
+        events = prickle.person_events(db, world.person("oj"), 0, limit=5)
+    finally:
+        db.conn.exec_trace = None
+    assert {e["project"] for e in events} <= {PROJECT, "oj-room"} and len(events) == 5  # oj's projects only
+    assert [e["seq"] for e in events] == sorted(e["seq"] for e in events)
+    assert prickle.person_events(db, world.person("oj"), events[-1]["seq"], limit=500)[-1]["message"]["id"] == mine["id"]
+    plans = [" ".join(str(r["detail"]) for r in db.rows("EXPLAIN QUERY PLAN " + sql, bindings))
+             for sql, bindings in read if "FROM outbox" in sql]
+    assert plans and all("USING INDEX outbox_by_project" in p and "SCAN outbox" not in p for p in plans), plans

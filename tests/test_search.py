@@ -147,3 +147,44 @@ def test_the_upgrade_builds_the_index_for_existing_rows(db_path):
     oj = prickle.Actor(kind="person", credential_id="cred_x", credential_kind="person", handle="oj")
     assert found(prickle.search(db, oj, "otter*")) == [("task", "task_old"), ("message", "msg_old")]
     db.close()
+
+
+def test_a_query_too_broad_to_run_beside_other_requests_is_refused_saying_what_to_change(server, world):
+    every_letter = " OR ".join(f"{c}*" for c in "abcdefghijklmnopqrstuvwxyz")
+    asked = {every_letter: "q: a* is too broad: a prefix needs at least 2 letters before its *",
+             "dep* OR rel* OR doc* OR cha* OR fon*": "q: 5 prefix* terms are too broad: use at most 4, or whole words",
+             " ".join(f"word{n}" for n in range(13)): "q: 13 terms are too many: use at most 12 words, phrases or "
+                                                       "prefixes"}
+    for query, message in asked.items():
+        r = server.get("/api/search", params={"q": query}, headers=auth(world, "oj"))
+        assert (r.status_code, r.json()) == (400, {"error": {"code": "invalid_input", "message": message}})
+    assert server.get("/api/search", params={"q": "dep* OR rel* OR \"release notes\" OR deploy"},
+                      headers=auth(world, "oj")).status_code == 200
+
+
+def test_a_search_that_runs_past_its_time_limit_stops_and_says_to_narrow_it(world):
+    db, oj = world.db, world.person("oj")
+    for n in range(200):
+        prickle.post_message(db, oj, PROJECT, f"deploy notes number {n} about the release")
+    assert len(prickle.search(db, oj, "deploy", limit=50)["results"]) == 50
+    with pytest.raises(prickle.InvalidInput) as e:
+        prickle.search(db, oj, "deploy", limit=50, seconds=0)
+    assert str(e.value) == ("q: the search ran past its time limit of 0 seconds: narrow it (fewer OR, longer "
+                            "prefixes, a \"phrase\")")
+    assert len(prickle.search(db, oj, "deploy", limit=50)["results"]) == 50  # the limit is gone with the search
+
+
+def test_a_search_runs_off_the_event_loop_on_a_reader_of_its_own(server, world, monkeypatch):
+    import threading
+    ran = []
+    real = prickle.search
+
+    def spy(db, *args, **kwargs):
+        ran.append((threading.current_thread().name, db is server.app.state.prickle.db, kwargs["seconds"]))
+        return real(db, *args, **kwargs)
+    monkeypatch.setattr(prickle, "search", spy)
+    prickle.post_message(world.db, world.person("oj"), PROJECT, "release notes are ready")
+    r = server.get("/api/search", params={"q": "release"}, headers=auth(world, "oj"))
+    assert r.status_code == 200 and len(r.json()["results"]) == 1
+    (thread, same_db, seconds), = ran
+    assert thread.startswith("prickle-read") and not same_db and seconds == 2.0
