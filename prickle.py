@@ -121,6 +121,7 @@ __all__ = [
 
 import asyncio
 import base64
+import collections
 import concurrent.futures
 import contextlib
 import contextvars
@@ -1606,6 +1607,8 @@ MIGRATIONS: list[list[str]] = [
         # A project's events through an index of their own: a stream or a person's feed reads only
         # its projects' events, however busy the other teams on the server are.
         "CREATE INDEX outbox_by_project ON outbox(project, seq)",
+        # Where a computer's connect request came from, shown to the person deciding it.
+        "ALTER TABLE connect_requests ADD COLUMN address TEXT",
     ],
 ]
 
@@ -7344,8 +7347,12 @@ CONNECT_CLIS = {"claude": "claude-code", "codex": "codex"}
 #: A code's letters: no 0/O, 1/I/L, so it reads aloud and types without mistakes.
 CONNECT_ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"
 
-#: Requests nobody decided yet, at most: anyone may ask, so the table can't be flooded.
+#: Requests nobody decided yet, at most: anyone may ask, so the table can't be flooded. When it is
+#: full, a request from an address with none waiting ends the oldest of the address holding the
+#: most (no newcomer is ever refused because strangers asked first); one address holds at most
+#: CONNECT_PER_ADDRESS at once.
 CONNECT_PENDING_MAX = 50
+CONNECT_PER_ADDRESS = 3
 
 
 def _connect_code() -> str:
@@ -7358,11 +7365,13 @@ def _normal_code(code: str) -> str:
     return f"{raw[:4]}-{raw[4:]}"
 
 
-def request_connect(db: Database, name: str, clis: list[str], base_url: str) -> dict:
+def request_connect(db: Database, name: str, clis: list[str], base_url: str, address: str | None = None) -> dict:
     """A computer's runner asks to connect: a short code and a link to open signed in, and a secret to collect with.
 
-    ``clis`` are the agent CLIs found on it (CONNECT_CLIS). The code lasts CONNECT_TTL and
-    is decided once. Nothing is audited until a person approves it.
+    ``clis`` are the agent CLIs found on it (CONNECT_CLIS); ``address`` is where the request came
+    from (shown to the person deciding). The code lasts CONNECT_TTL and is decided once. An
+    address already holding CONNECT_PER_ADDRESS waiting requests is refused (Conflict); a full
+    table makes room as CONNECT_PENDING_MAX says. Nothing is audited until a person approves it.
     """
     check_text(name, "name", 80, 1)
     check_no_secret(name, "name")
@@ -7371,18 +7380,32 @@ def request_connect(db: Database, name: str, clis: list[str], base_url: str) -> 
                            f"{', '.join(CONNECT_CLIS)}")
     secret, now = make_secret("connect"), utcnow()
     with db.transaction():
-        if db.scalar("SELECT count(*) FROM connect_requests WHERE state = 'pending' AND expires_at > ?",
-                     (iso(now),)) >= CONNECT_PENDING_MAX:
-            raise Conflict("too many computers are waiting to be connected: try again in a few minutes")
+        _make_room_to_connect(db, address, now)
         code = _connect_code()
         while db.one("SELECT 1 FROM connect_requests WHERE code = ?", (code,)):
             code = _connect_code()
         row = {"id": new_id("dreq"), "code": code, "secret_hash": sha256_hex(secret), "name": name,
                "clis": json.dumps(clis), "state": "pending", "created_at": iso(now),
-               "expires_at": iso(now + CONNECT_TTL)}
+               "expires_at": iso(now + CONNECT_TTL), "address": address}
         db.insert("connect_requests", row)
     return {"request_id": row["id"], "code": code, "link": f"{base_url}/#/connect/{code}", "collect_secret": secret,
             "expires_at": row["expires_at"], "interval": CONNECT_POLL_SECONDS}
+
+
+def _make_room_to_connect(db: Database, address: str | None, now: _dt.datetime) -> None:
+    """Refuse a fourth waiting request from one address; in a full table, end the oldest request of the
+    address holding the most, so that a computer asking for the first time always gets a code."""
+    waiting = db.rows("SELECT * FROM connect_requests WHERE state = 'pending' AND expires_at > ? ORDER BY created_at",
+                      (iso(now),))
+    mine = [r for r in waiting if r["address"] == address]
+    if len(mine) >= CONNECT_PER_ADDRESS:
+        raise Conflict(f"{len(mine)} requests from this address already wait to be approved: approve or refuse "
+                       "them, or wait until they expire (10 minutes)")
+    if len(waiting) >= CONNECT_PENDING_MAX:
+        held = collections.Counter(r["address"] for r in waiting)  # in the order of each address's oldest
+        busiest = max(held, key=held.get)
+        oldest = next(r for r in waiting if r["address"] == busiest)
+        move(db, "connect", oldest["id"], "expire", oldest)
 
 
 def _live_request(db: Database, row: dict | None, what: str) -> dict:
@@ -7399,7 +7422,7 @@ def connect_request_out(row: dict) -> dict:
     """A connect request as the person deciding it sees it (never its secret)."""
     return {"id": row["id"], "code": row["code"], "name": row["name"], "clis": json.loads(row["clis"]),
             "state": row["state"], "created_at": row["created_at"], "expires_at": row["expires_at"],
-            "plan": json.loads(row["plan"]) if row["plan"] else None}
+            "address": row["address"], "plan": json.loads(row["plan"]) if row["plan"] else None}
 
 
 def connect_view(db: Database, person: Actor, code: str) -> dict:
@@ -7414,12 +7437,15 @@ def connect_view(db: Database, person: Actor, code: str) -> dict:
     return {"request": connect_request_out(row), "agents": agents, "clients": CONNECT_CLIS}
 
 
-def decide_connect(db: Database, person: Actor, code: str, decision: str, agents: list[dict] | None) -> dict:
+def decide_connect(db: Database, person: Actor, code: str, decision: str, agents: list[dict] | None,
+                   typed_code: str | None = None) -> dict:
     """A person approves a computer's request, naming one agent per CLI (theirs, or a new one), or refuses it.
 
     ``agents``: ``[{"cli", "agent_id"} | {"cli", "create": {"name", "display_name", "model"}}]``.
-    Single use: a decided or expired request is ``invalid_state``. Writes ``device.approved``
-    (never the code, a key or the computer's name).
+    To approve, ``typed_code`` must be the code the person read on their own computer: a link
+    someone else sent (whose code is in the link) is not enough. Single use: a decided or expired
+    request is ``invalid_state``. Writes ``device.approved`` (never the code, a key or the
+    computer's name).
     """
     check_decision(decision, "approve", "refuse")
     with db.transaction():
@@ -7431,6 +7457,9 @@ def decide_connect(db: Database, person: Actor, code: str, decision: str, agents
             move(db, "connect", row["id"], "refuse", row, owner=person.handle, decided_at=iso(utcnow()))
             row = db.one("SELECT * FROM connect_requests WHERE id = ?", (row["id"],))
             return {"request": connect_request_out(row)}
+        if not isinstance(typed_code, str) or _normal_code(typed_code) != row["code"]:
+            raise InvalidInput("typed_code: type the code your computer shows (prickle runner connect printed "
+                               "it): approve only a computer you are connecting yourself, now")
         plan = _connect_plan(db, person, json.loads(row["clis"]), agents)
         move(db, "connect", row["id"], "approve", row, owner=person.handle, decided_at=iso(utcnow()),
              plan=json.dumps(plan))
@@ -10177,7 +10206,8 @@ async def runner_finish_action(state: AppState, agent: Actor, request: Request, 
 async def runner_connect(state: AppState, nobody: None, request: Request, body: dict) -> dict:
     """POST /api/runner/connect {name, clis}: a computer asks to connect; a code, a link and a collect secret."""
     return request_connect(state.db, body_field(body, "name", str), body.get("clis"),
-                           public_base(state.db, state.settings, state.port))
+                           public_base(state.db, state.settings, state.port),
+                           request.client.host if request.client else None)
 
 
 async def runner_collect(state: AppState, nobody: None, request: Request, body: dict) -> dict:
@@ -10187,9 +10217,9 @@ async def runner_collect(state: AppState, nobody: None, request: Request, body: 
 
 
 async def api_connect_decide(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/connect/{code} {decision: approve|refuse, agents?: [{cli, agent_id} | {cli, create}]}."""
+    """POST /api/connect/{code} {decision: approve|refuse, typed_code?, agents?: [{cli, agent_id} | {cli, create}]}."""
     return decide_connect(state.db, person, request.path_params["code"], body_field(body, "decision", str),
-                          body.get("agents"))
+                          body.get("agents"), body.get("typed_code"))
 
 
 async def runner_ended(state: AppState, agent: Actor, request: Request, body: dict) -> dict:

@@ -1,6 +1,7 @@
 // connect.js — #/connect/CODE: a computer asks to connect its runner. The signed-in person sees
-// its name and the agent CLIs found on it, picks (or creates) one agent per CLI, and approves
-// or refuses. The runner then collects the keys itself: no key ever shows on this page.
+// its name, where and when it asked and the agent CLIs found on it, types the code their own
+// computer shows (a link someone else sent is not enough), picks (or creates) one agent per CLI,
+// and approves or refuses. The runner then collects the keys itself: no key ever shows on this page.
 
 import { get, post, seg } from "./api.js";
 import { h, heading, field, select, errorSlot, act, fill, announce, badge, timeEl, loadFailed } from "./ui.js";
@@ -30,8 +31,10 @@ export function mount(el, ctx) {
 
 function render(box, view, reload) {
   const { request, agents, clients } = view;
-  const head = h("p", { class: "connect-lead" }, "The computer ", h("strong", { text: request.name }),
-    ` asks to run your agents (code ${request.code}).`);
+  const head = h("div", { class: "connect-lead" },
+    h("p", {}, "A computer calling itself ", h("strong", { text: request.name }), " asks to run your agents."),
+    h("p", { class: "muted connect-origin" }, "It asked from ", h("strong", { text: request.address || "an unknown address" }),
+      " at ", timeEl(request.created_at), "."));
   if (request.state !== "pending") {
     fill(box, head, h("p", { class: `notice connect-state ${request.state}`, role: "status", text: {
       approved: "Approved: the runner on that computer is collecting its keys now. You can close this page.",
@@ -42,18 +45,25 @@ function render(box, view, reload) {
     return;
   }
   const picks = request.clis.map((cli) => pickRow(cli, agents, clients));
+  const typed = h("input", { name: "typed_code", id: "connect-typed-code", required: true, autocomplete: "off",
+    spellcheck: "false", maxlength: "12", placeholder: "XXXX-XXXX", class: "code-input" });
+  const check = h("div", { class: "banner banner-warn connect-check" },
+    h("p", { text: "Approve only a computer you are connecting yourself, right now. If someone sent you this link, refuse it." }),
+    field("The code your computer shows", typed, "prickle runner connect printed it in the terminal on that computer."));
   const error = errorSlot();
   const approve = h("button", { type: "submit", class: "primary", text: "Approve" });
   const refuse = h("button", { type: "button", class: "danger-quiet", text: "Refuse" });
   const form = h("form", { class: "connect-form" },
     h("p", { class: "muted" }, "Expires ", timeEl(request.expires_at, true),
       ". One agent per app found on it; each gets its own runner key, collected once by that computer."),
+    check,
     picks.map((p) => p.el),
     h("div", { class: "button-row" }, approve, refuse), error);
   form.addEventListener("submit", (e) => {
     e.preventDefault();
     act(approve, error, async () => {
-      await post(`/api/connect/${seg(request.code)}`, { decision: "approve", agents: picks.map((p) => p.value()) });
+      await post(`/api/connect/${seg(request.code)}`, { decision: "approve", typed_code: typed.value,
+        agents: picks.map((p) => p.value()) });
       announce("Approved: the computer collects its keys");
       reload();
     });

@@ -25,10 +25,10 @@ def test_connect_a_computer_with_a_code_the_owner_approves_once(server, world, m
     assert (view["request"]["name"], view["request"]["clis"], view["request"]["state"]) == (
         "ren-laptop", ["claude", "codex"], "pending")
     assert [a["agent_id"] for a in view["agents"]] == ["ren/builder"]
-    bad = ren.post(f"/api/connect/{asked['code']}", {"decision": "approve", "agents": [
+    bad = ren.post(f"/api/connect/{asked['code']}", {"decision": "approve", "typed_code": asked["code"], "agents": [
         {"cli": "claude", "agent_id": "oj/muse"}]})
     assert bad.status_code == 400 and "agents[0].agent_id" in bad.json()["error"]["message"]
-    ok = ren.post(f"/api/connect/{asked['code']}", {"decision": "approve", "agents": [
+    ok = ren.post(f"/api/connect/{asked['code']}", {"decision": "approve", "typed_code": asked["code"], "agents": [
         {"cli": "codex", "agent_id": "ren/builder"},
         {"cli": "claude", "create": {"name": "scribe", "display_name": "Scribe", "model": "claude-sonnet"}}]})
     assert ok.status_code == 200, ok.text
@@ -66,7 +66,7 @@ def test_a_refused_or_expired_request_says_so_on_both_sides(server, world):
     late = ask_connect(server, ["codex"])
     world.db.execute("UPDATE connect_requests SET expires_at = '2020-01-01T00:00:00.000Z' WHERE id = ?",
                      (late["request_id"],))
-    r = ren.post(f"/api/connect/{late['code']}", {"decision": "approve", "agents": [
+    r = ren.post(f"/api/connect/{late['code']}", {"decision": "approve", "typed_code": late["code"], "agents": [
         {"cli": "codex", "agent_id": "ren/builder"}]})
     assert r.status_code == 410 and r.json()["error"]["code"] == "expired"
     r = collect(server, late)
@@ -88,7 +88,8 @@ def test_prickle_runner_connect_writes_a_private_config(tmp_path, server, world)
 
     def approve(_seconds):
         code = shown[0].split("Code: ")[1].split(" ")[0]
-        r = person(server, world, "ren").post(f"/api/connect/{code}", {"decision": "approve", "agents": [
+        r = person(server, world, "ren").post(f"/api/connect/{code}", {"decision": "approve", "typed_code": code,
+                                                                       "agents": [
             {"cli": "codex", "agent_id": "ren/builder"}]})
         assert r.status_code == 200, r.text
 
@@ -145,7 +146,7 @@ def test_the_real_command_against_the_real_server(tmp_path, db_path, world):
                 assert view["request"]["clis"] == ["claude", "codex"]
                 body = {"decision": decision}
                 if decision == "approve":
-                    body["agents"] = [{"cli": "codex", "agent_id": "ren/builder"}]
+                    body |= {"typed_code": code, "agents": [{"cli": "codex", "agent_id": "ren/builder"}]}
                 assert ren.post(f"/api/connect/{code}", json=body).status_code == 200
             out, err = proc.communicate(timeout=30)
             assert proc.returncode == expect, err
@@ -156,3 +157,39 @@ def test_the_real_command_against_the_real_server(tmp_path, db_path, world):
                 assert prickle.read_runner_config(str(config))["agents"]["ren/builder"]["client"] == "codex"
             else:
                 assert out == "" and "refused on the page" in err
+
+
+def test_strangers_asking_first_never_lock_a_real_computer_out(world):
+    db, base = world.db, "http://127.0.0.1:8321"
+    for n in range(3):
+        prickle.request_connect(db, "noise", ["codex"], base, "203.0.113.7")
+    with pytest.raises(prickle.Conflict) as e:
+        prickle.request_connect(db, "noise", ["codex"], base, "203.0.113.7")
+    assert str(e.value) == ("3 requests from this address already wait to be approved: approve or refuse them, "
+                            "or wait until they expire (10 minutes)")
+    # Strangers fill every place (three each from many addresses, the first one holding three too) ...
+    for n in range(prickle.CONNECT_PENDING_MAX - 3):
+        prickle.request_connect(db, "noise", ["codex"], base, f"198.51.100.{n // 3}")
+    waiting = db.scalar("SELECT count(*) FROM connect_requests WHERE state = 'pending'")
+    assert waiting == prickle.CONNECT_PENDING_MAX
+    oldest = db.one("SELECT id FROM connect_requests ORDER BY created_at, rowid LIMIT 1")["id"]
+    # ... and a computer asking for the first time still gets its code: the oldest of the busiest goes.
+    mine = prickle.request_connect(db, "ren-laptop", ["claude"], base, "192.0.2.10")
+    assert mine["code"] and db.one("SELECT state FROM connect_requests WHERE id = ?", (oldest,))["state"] == "expired"
+    assert db.scalar("SELECT count(*) FROM connect_requests WHERE state = 'pending'") == prickle.CONNECT_PENDING_MAX
+    assert db.one("SELECT address FROM connect_requests WHERE id = ?", (mine["request_id"],))["address"] == "192.0.2.10"
+
+
+def test_approving_needs_the_code_typed_from_the_computer_not_just_a_link(server, world):
+    asked = ask_connect(server, ["codex"])
+    ren = person(server, world, "ren")
+    view = ren.get(f"/api/connect/{asked['code']}").json()["request"]
+    assert view["address"] == "testclient" and view["created_at"]
+    for typed in (None, "", "ABCD-EFGH"):
+        r = ren.post(f"/api/connect/{asked['code']}", {"decision": "approve", "typed_code": typed,
+                                                       "agents": [{"cli": "codex", "agent_id": "ren/builder"}]})
+        assert (r.status_code, r.json()["error"]["message"]) == (400, (
+            "typed_code: type the code your computer shows (prickle runner connect printed it): approve only a "
+            "computer you are connecting yourself, now"))
+    assert ren.get(f"/api/connect/{asked['code']}").json()["request"]["state"] == "pending"
+    assert world.db.scalar("SELECT count(*) FROM devices") == 0

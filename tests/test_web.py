@@ -788,7 +788,9 @@ def test_a_computer_is_connected_from_the_page_with_its_code(served, people):
     page = people("ren")
     page.goto(asked["link"])
     form = page.locator("form.connect-form")
-    expect(page.locator(".connect-lead")).to_have_text(f"The computer ren-desk asks to run your agents (code {asked['code']}).")
+    expect(page.locator(".connect-lead p").first).to_have_text("A computer calling itself ren-desk asks to run your agents.")
+    expect(page.locator(".connect-origin")).to_contain_text("It asked from 127.0.0.1")
+    assert asked["code"] not in page.locator(".connect").inner_text()  # the link's code is not shown to copy
     expect(form.get_by_label("Agent for codex")).to_have_value("ren/builder")  # the agent on that app comes first
     expect(form.get_by_label("Agent for claude")).to_have_value("__new__")
     form.locator('fieldset[data-cli="claude"]').get_by_label("New agent's name").fill("desk-claude")
@@ -797,6 +799,12 @@ def test_a_computer_is_connected_from_the_page_with_its_code(served, people):
     phone.goto(asked["link"])
     expect(phone.locator("form.connect-form").get_by_role("button", name="Approve")).to_be_visible()
     shot(phone, "connect_request_phone")
+    form.get_by_role("button", name="Approve").click()  # the code from the computer is not typed yet
+    expect(form.get_by_label("The code your computer shows")).to_be_focused()
+    form.get_by_label("The code your computer shows").fill("WXYZ-2345")
+    form.get_by_role("button", name="Approve").click()
+    expect(form.locator(".error")).to_contain_text("type the code your computer shows (prickle runner connect printed it)")
+    form.get_by_label("The code your computer shows").fill(asked["code"].lower())
     form.get_by_role("button", name="Approve").click()
     expect(page.locator(".connect-state")).to_have_text(
         "Approved: the runner on that computer is collecting its keys now. You can close this page.")
