@@ -121,6 +121,7 @@ __all__ = [
 
 import asyncio
 import base64
+import codecs
 import collections
 import concurrent.futures
 import contextlib
@@ -12376,6 +12377,37 @@ def launch_argv(agent: RunnerAgent, files: dict[str, str], values: dict[str, str
     return _fill(agent.command, values), False
 
 
+#: Output the runner holds while it waits for a line's end, at most (characters); past it, the text
+#: so far goes to the log (keeping a tail, so a secret cut in two is still redacted whole).
+OUTPUT_HOLD_MAX, OUTPUT_TAIL = 1 << 20, 256
+
+
+async def copy_output(stream: asyncio.StreamReader, log: Any) -> None:
+    """Copy a run's output to its log, secrets cut (redact), whatever its lines' length.
+
+    Reads in chunks, not lines: one line of megabytes (Claude Code's final JSON can carry a
+    denied Write's whole input) never loses the run.
+    """
+    decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+    held = ""
+    while chunk := await stream.read(65536):
+        held += decode(chunk)
+        if "\n" in held:
+            done, _, held = held.rpartition("\n")
+            log.write(redact(done + "\n"))
+        elif len(held) > OUTPUT_HOLD_MAX:
+            # Cut after the last character no secret has, so no secret is written in two parts.
+            word = re.search(r"[A-Za-z0-9_-]*$", held[:-OUTPUT_TAIL])
+            cut = word.start() or len(held) - OUTPUT_TAIL
+            log.write(redact(held[:cut]))
+            held = held[cut:]
+        log.flush()
+    held += decode(b"", final=True)
+    if held:
+        log.write(redact(held))
+        log.flush()
+
+
 _FAILURE_OF_LAUNCH = {"claude": ("runtime", "claude_code_not_found"), "codex": ("runtime", "codex_not_found"),
                       "command": ("runtime", "cli_not_found")}
 
@@ -12725,9 +12757,7 @@ class Runner:
                     proc.stdin.write(stdin_text.encode())
                     await proc.stdin.drain()
                     proc.stdin.close()
-            async for raw in proc.stdout:
-                log.write(redact(raw.decode("utf-8", "replace")))
-                log.flush()
+            await copy_output(proc.stdout, log)
 
         pumping = asyncio.ensure_future(pump())
         how = "exited"
@@ -12737,8 +12767,14 @@ class Runner:
             how = "time_limit"
             self.stop_run(run_id, f"past its time limit of {limit_seconds / 60:g} minutes")
             await proc.wait()
-        with contextlib.suppress(asyncio.TimeoutError):
+        try:
             await asyncio.wait_for(pumping, 5)
+        except asyncio.TimeoutError:
+            pass
+        except Exception as e:  # noqa: BLE001 - the process's own end still says how the run went
+            log.write(f"{iso(utcnow())} could not follow the output: {type(e).__name__}: {redact(str(e))[:300]}\n")
+            self.log(f"{agent_id}: {run_id}: could not follow its output ({type(e).__name__}); its end is still "
+                     "reported")
         if run_id in self.stopping and how == "exited":
             how = "stopped"
         log.write(f"{iso(utcnow())} end: {how}, exit status {proc.returncode}\n")

@@ -191,3 +191,35 @@ def test_the_bridge_runs_only_the_call_the_owner_saw_whatever_the_server_answers
         assert [c for c in model.calls if not isinstance(c, str)] == [
             ("mcp__prickle__accept_task", {"task_id": task_id}), ("Bash", asked)]
         builder.client.close(), db.close()
+
+
+@needs_claude
+def test_an_output_line_longer_than_64_kib_loses_nothing_of_the_run(db_path, tmp_path):
+    big = "line of the long file\n" * 6000  # a denied Write's whole input comes back in one JSON line
+    script = [
+        lambda seen: ("mcp__prickle__accept_task", {"task_id": seen.find(r"Prickle task (\S+) ")}),
+        lambda seen: ("Write", {"file_path": "big.txt", "content": big}),
+        lambda seen: "Waiting for the owner.",
+    ]
+    with Served(db_path, "--demo") as served, ModelStandIn(script) as model:
+        base, db = served.info["url"], prickle.Database(db_path)
+        _, key = prickle.pair_device(db, "oj", "oj/muse", "oj-laptop")
+        prickle.set_rule(db, "oj", "allow", from_owner="ren")
+        oj = person(base, prickle.create_token(db, "person", person="oj")[1])
+        builder = MCP(httpx.Client(base_url=base), {"ren/builder": served.info["demo"]["keys"]["ren/builder"]})
+        config = write_config(tmp_path / "runner.toml", base, {
+            "oj/muse": {"key": key, "client": "claude", "cli_path": CLAUDE, "launch_timeout_minutes": 5}})
+        with RunnerProcess(config, env=_claude_env(tmp_path / "home", model.url)) as runner:
+            runner.wait_connected("oj/muse")
+            task_id = builder.ok("ren/builder", "handoff", {"project": PROJECT, "to": "oj/muse", "packet": {
+                "task": "Write the file.", "deliverable_type": "doc", "acceptance_criteria": ["Written."]}})["task"]["id"]
+            said = wait_until("the run to end", lambda: "ended waiting on a step its owner has not decided yet"
+                              in runner.log() and runner.log(), timeout=60)
+            assert "could not follow" not in said and " failed: " not in said
+            [step] = oj.get("/api/steps").json()["steps"]
+            assert (step["tool_name"], len(step["input"]["content"])) == ("Write", len(big))
+            assert runner.runs("oj/muse") == {}  # the runner followed the run to its end
+            log = "".join(p.read_text() for p in (runner.state_dir / "logs").glob("*.log"))
+            assert max(len(line) for line in log.split("\n")) > 65536 and '"permission_denials"' in log
+            assert runner.proc.poll() is None  # the runner lives on
+        oj.close(), builder.client.close(), db.close()
