@@ -406,6 +406,19 @@ def check_markdown(value: str, field: str) -> str:
 SECRET_RE = re.compile(r"prk_[a-z]{2}_[A-Za-z0-9_-]+")
 
 
+_NOT_ONE_LINE = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+
+
+def check_line(value: Any, field: str, max_length: int, min_length: int = 0) -> str:
+    """Return ``value`` if it is text of ``min_length`` to ``max_length`` characters on one line (no
+    line break, tab or other control character); else raise InvalidInput naming ``field``. For names
+    shown in a line of their own and put in mail headers: a project's, a team's, a task's title."""
+    check_text(value, field, max_length, min_length)
+    if _NOT_ONE_LINE.search(value):
+        raise InvalidInput(f"{field}: write it on one line, without line breaks, tabs or control characters")
+    return value
+
+
 def check_no_secret(name: str | None, field: str) -> None:
     """Refuse a name kept and shown in the clear (a key's label, a device's or computer's name) that holds
     one of our secrets: InvalidInput naming ``field``, never echoing the secret."""
@@ -623,7 +636,8 @@ def send_mail(settings: Settings, to: str, subject: str, text: str) -> None:
                            "prickle.example.toml)")
     to = check_email(to, "to")
     message = email.message.EmailMessage()
-    message["From"], message["To"], message["Subject"] = smtp.from_address, to, subject
+    # A subject is one header line: a name written before line breaks were refused must not break it.
+    message["From"], message["To"], message["Subject"] = smtp.from_address, to, " ".join(subject.split())
     message["Date"] = email.utils.formatdate(localtime=False)
     # In the sender's domain: mail filters distrust an ID in the recipient's.
     sender = email.utils.parseaddr(smtp.from_address)[1].rpartition("@")[2]
@@ -2744,7 +2758,7 @@ def mint_credential(db: Database, kind: str, *, agent_id: str | None = None, per
     again. Writes ``token.created`` (see record_credential). Raises InvalidInput for a bad label.
     """
     if label is not None:
-        label = check_text(label, "label", LABEL_MAX).strip() or None
+        label = check_line(label, "label", LABEL_MAX).strip() or None
         check_no_secret(label, "label")
     secret, now = make_secret(kind), at or utcnow()
     record = {
@@ -3730,8 +3744,8 @@ def create_project(db: Database, slug: str, name: str, team: str, owner: str, de
     Raises InvalidInput, NotFound (owner), Forbidden (not in the team) or Conflict (slug taken).
     """
     check_slug(slug, "slug")
-    check_text(name, "name", 80, 1)
-    check_text(team, "team", 40, 1)
+    check_line(name, "name", 80, 1)
+    check_line(team, "team", 40, 1)
     check_text(description, "description", 2000)
     with db.transaction():
         require_person(db, owner)
@@ -3774,7 +3788,7 @@ def rename_project(db: Database, project: str, name: str, by: str | Actor | None
     Writes ``project.renamed`` with SHA-256 fingerprints of the old and the new name, never the
     words. Raises InvalidInput (name: 1 to 80 characters), NotFound or Forbidden.
     """
-    name = check_text(name.strip() if isinstance(name, str) else name, "name", 80, 1)
+    name = check_line(name.strip() if isinstance(name, str) else name, "name", 80, 1)
     with db.transaction():
         by = acting_member(db, project, by)
         row = db.one("SELECT * FROM projects WHERE slug = ?", (check_slug(project, "project"),))
@@ -3880,7 +3894,7 @@ def _check_capabilities(capabilities: list[dict]) -> list[dict]:
     for c in capabilities:
         if c.get("kind") not in ("mcp", "repo", "deploy", "data", "other"):
             raise InvalidInput(f"capability kind must be one of mcp, repo, deploy, data, other; got {c.get('kind')!r}")
-        out.append({"kind": c["kind"], "name": check_text(c.get("name", ""), "capability name", 80, 1)})
+        out.append({"kind": c["kind"], "name": check_line(c.get("name", ""), "capability name", 80, 1)})
     return out
 
 
@@ -3894,7 +3908,7 @@ def add_agent(db: Database, agent_id: str, display_name: str, model: str, client
     """
     check_agent_id(agent_id, "agent")
     owner, name = agent_id.split("/")
-    check_text(display_name, "name", 40, 1)
+    check_line(display_name, "name", 40, 1)
     check_text(model, "model", 40, 1)
     check_text(client, "client", 40, 1)
     check_text(role, "role", 80)
@@ -4435,9 +4449,9 @@ def deliver_invite(settings: Settings, invite: dict, mail: dict) -> dict:
         try:
             send_mail(settings, mail["to"], mail["subject"], mail["text"])
             mailed = True
-        except PrickleError as e:
-            problem = (f"the mail was not sent: {e.message.replace(mail['to'], 'the address')}; pass the link on "
-                       "yourself")
+        except Exception as e:  # noqa: BLE001 - the invite is written: its mail failing never fails the call
+            said = e.message if isinstance(e, PrickleError) else f"{type(e).__name__}: {e}"
+            problem = f"the mail was not sent: {said.replace(mail['to'], 'the address')}; pass the link on yourself"
             print(f"prickle: mailing invite {invite['id']} failed: {problem}", file=sys.stderr)
     return {"invite": invite, "link": mail["link"], "mailed": mailed, "mail_problem": problem}
 
@@ -6530,7 +6544,7 @@ def rename_task(db: Database, person: Actor | None, task_id: str, title: str | N
     ``{"task": Task}``. Raises InvalidInput, NotFound or Forbidden.
     """
     if title is not None:
-        title = check_text(title, "title", TASK_TEXT_MAX).strip() or None
+        title = check_line(title, "title", TASK_TEXT_MAX).strip() or None
     with db.transaction():
         task = _task_namer(db, person, task_id, "renames a task")
         if title == task["display_title"]:
@@ -6778,7 +6792,7 @@ def pair_device(db: Database, owner: str, agent_id: str, name: str = "runner",
     ``label`` names the runner key (see mint_credential). Writes ``device.paired`` and ``token.created``.
     """
     check_agent_id(agent_id, "agent")
-    check_text(name, "name", 80, 1)
+    check_line(name, "name", 80, 1)
     check_no_secret(name, "name")
     with db.transaction():
         agent = db.one("SELECT * FROM agents WHERE agent_id = ?", (agent_id,))
@@ -7374,7 +7388,7 @@ def request_connect(db: Database, name: str, clis: list[str], base_url: str, add
     address already holding CONNECT_PER_ADDRESS waiting requests is refused (Conflict); a full
     table makes room as CONNECT_PENDING_MAX says. Nothing is audited until a person approves it.
     """
-    check_text(name, "name", 80, 1)
+    check_line(name, "name", 80, 1)
     check_no_secret(name, "name")
     if not isinstance(clis, list) or not clis or len(set(clis)) != len(clis) or not set(clis) <= set(CONNECT_CLIS):
         raise InvalidInput(f"clis: a list of the agent CLIs found on this computer, each once, from "

@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 
 import prickle
 from conftest import PROJECT, Served, World, all_events, audit_entries
-from helpers import FROM, T0, Inbox, _free_port, _settings, auth, jrun, run
+from helpers import FROM, T0, Inbox, _free_port, _settings, auth, jrun, run, written
 
 DAY = dt.timedelta(days=1)
 
@@ -405,3 +405,20 @@ def test_a_mail_the_server_refuses_leaves_the_invite_open_with_its_link_and_logs
     logged = capfd.readouterr().err
     assert f"mailing invite {out['invite']['id']} failed" in logged
     assert "kim@" not in logged and _secret(out["link"]) not in logged
+
+
+def test_a_name_on_two_lines_is_refused_and_mail_never_fails_after_the_invite_is_written(mailing, world, smtp):
+    before = written(world.db)
+    r = mailing.post(f"/api/projects/{PROJECT}/rename", json={"name": "Website\nBcc: everyone@example.org"},
+                     headers=auth(world, "oj"))
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        400, "name: write it on one line, without line breaks, tabs or control characters")
+    with pytest.raises(prickle.InvalidInput):
+        prickle.create_project(world.db, "two-lines", "Two\nlines", "web", "oj")
+    assert written(world.db) == before
+    # A name written before the rule (or straight into the file) still mails: one header line.
+    world.db.execute("UPDATE projects SET name = 'Website\nBcc: everyone@example.org' WHERE slug = ?", (PROJECT,))
+    out = _invite(mailing, world, "kim@example.org")
+    assert out["mailed"] is True and out["mail_problem"] is None
+    message = smtp.next()["message"]
+    assert message["Subject"] == "Invite to Website Bcc: everyone@example.org on Prickle" and message["Bcc"] is None
