@@ -5610,19 +5610,36 @@ def artifact_out(a: dict) -> dict:
 EVIDENCE_KEYS = ("kind", "summary", "url", "content", "criteria", "artifact", "observed_at", "verifier")
 
 
+#: Deliverables made of words, where a person's or an agent's note about them is evidence. Evidence
+#: "should match the deliverable type": for code, a PR, screenshots, a design or data, a note is only
+#: a claim, and covers no criterion.
+NOTE_COUNTS_FOR = ("doc", "answer", "other")
+
+
+def counts_as_evidence(item: dict, deliverable_type: str) -> bool:
+    """Whether one evidence item can cover a criterion of a ``deliverable_type`` task: any kind but a
+    note does; a note does for NOTE_COUNTS_FOR when it says something (a word, not "." or "-")."""
+    if item["kind"] != "note":
+        return True
+    return deliverable_type in NOTE_COUNTS_FOR and re.search(r"[^\W\d_]", item.get("summary", "")) is not None
+
+
 def evidence_report(criteria_count: int, evidence: list[dict], returned_at: _dt.datetime,
-                    previous_returned_at: _dt.datetime | None) -> dict:
+                    previous_returned_at: _dt.datetime | None, deliverable_type: str = "other") -> dict:
     """Which evidence covers which criterion, what is uncovered, what is stale, and whether it is complete.
 
     Untagged evidence covers criterion 0 of a one-criterion task and nothing on a task
-    with more (it is listed as ``general``). Evidence observed before the previous
-    revision was returned, or more than EVIDENCE_FRESH before this one, is stale.
+    with more (it is listed as ``general``), and so does evidence that does not count for the
+    deliverable type (counts_as_evidence: a note on code, a bare "."). Evidence observed before
+    the previous revision was returned, or more than EVIDENCE_FRESH before this one, is stale.
     """
     coverage: dict[int, list[int]] = {i: [] for i in range(criteria_count)}
     general, stale = [], []
     for n, item in enumerate(evidence):
         tags = item.get("criteria")
-        if tags:
+        if not counts_as_evidence(item, deliverable_type):
+            general.append(n)
+        elif tags:
             for c in dict.fromkeys(tags):
                 coverage[c].append(n)
         elif criteria_count == 1:
@@ -6167,7 +6184,8 @@ def return_result(db: Database, actor: Actor, task_id: str, summary: str, eviden
         for old in db.rows("SELECT * FROM submissions WHERE task_id = ? AND status = 'submitted'", (task_id,)):
             move(db, "submission", old["id"], "supersede", old)
         revision = previous["revision"] + 1 if previous else 1
-        report = evidence_report(criteria, items, now, parse_iso(previous["returned_at"]) if previous else None)
+        report = evidence_report(criteria, items, now, parse_iso(previous["returned_at"]) if previous else None,
+                                 packet["deliverable_type"])
         submission_id = new_id("sub")
         lineage = run_lineage(db, actor, task)
         db.execute(
@@ -6265,7 +6283,9 @@ def accept_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
             if not report["complete"]:
                 raise _incomplete(sub, json.loads(sub["evidence"]), report, len(checked))
             verified_by = json.dumps({"kind": "agent", "agent_id": actor.agent_id})
-            auto = db.scalar("SELECT auto_accept FROM people WHERE handle = ?", (actor.owner,))
+            # A result whose evidence is only notes always waits for a person, whatever the policy.
+            auto = db.scalar("SELECT auto_accept FROM people WHERE handle = ?", (actor.owner,)) and any(
+                e["kind"] != "note" for e in json.loads(sub["evidence"]))
             audit(db, task["project"], "result.accepted", {"task": task_id, "submission": sub["id"],
                                                            "revision": sub["revision"], "step": "verified"})
             if auto:
@@ -12385,7 +12405,9 @@ def launch_argv(agent: RunnerAgent, files: dict[str, str], values: dict[str, str
                  "--allowedTools", "mcp__prickle", "--permission-prompt-tool",
                  f"mcp__{BRIDGE_SERVER}__{BRIDGE_TOOL}", "--output-format", "json"], True)
     if agent.client == "codex":
+        # --ignore-rules: a repository's own .rules could let commands out of the sandbox.
         return ([agent.cli_path or "codex", "exec", "--skip-git-repo-check", "--sandbox", "workspace-write",
+                 "--ignore-rules",
                  "-c", f"mcp_servers.prickle.url={json.dumps(values['mcp_url'])}",
                  "-c", f"mcp_servers.prickle.bearer_token_env_var={json.dumps(RUN_KEY_ENV)}", "-"], True)
     return _fill(agent.command, values), False

@@ -205,3 +205,30 @@ def test_a_result_with_uncovered_or_stale_criteria_cant_be_verified(mcp, server,
     assert out["state"] == ("completed" if auto_accept else "approval")
     assert [e["refs"]["step"] for e in audit_entries(world.db, PROJECT, "result.accepted")] == (
         ["verified", "policy"] if auto_accept else ["verified"])
+
+
+def test_a_note_is_no_evidence_where_the_deliverable_needs_more_and_never_auto_accepted(mcp, server, world):
+    # Code: notes tagged to every criterion cover none of them, so the result can't be verified.
+    code = mcp.ok("oj/muse", "handoff", P | {"to": "oj/scout", "packet": PACKET | {"deliverable_type": "code"}})["task"]
+    mcp.ok("oj/scout", "accept_task", {"task_id": code["id"]})
+    notes = [{"kind": "note", "summary": "Works on my machine.", "criteria": [0, 1]}]
+    out = mcp.ok("oj/scout", "return_result", {"task_id": code["id"], "summary": "Built.", "evidence": notes,
+                                               "artifacts": [{"ref": "a.py", "commit_sha": COMMIT}]})
+    assert out["task"]["result"]["evidence_report"] == {
+        "coverage": [{"criterion": 0, "evidence": []}, {"criterion": 1, "evidence": []}], "general": [0],
+        "uncovered": [0, 1], "stale": [], "complete": False}
+    # A doc: a bare "." says nothing, so it covers nothing either.
+    doc = working(mcp, server, world)
+    bare = submit(mcp, doc["id"], [{"kind": "note", "summary": ".", "criteria": [0, 1]}])["task"]["result"]
+    assert (bare["evidence_report"]["uncovered"], bare["evidence_report"]["complete"]) == ([0, 1], False)
+    # Notes in words cover a doc's criteria; with auto-accept on, a person still gives final acceptance.
+    assert person(server, world, "oj").post("/api/policy", {"auto_accept": True}).json()["auto_accept"] is True
+    sub = submit(mcp, doc["id"], [{"kind": "note", "summary": "Headline has six words.", "criteria": [0]},
+                                  {"kind": "note", "summary": "The CTA asks to try the demo.", "criteria": [1]}]
+                 )["submission"]
+    task = mcp.ok("oj/muse", "accept_result", {"task_id": doc["id"], "submission_id": sub["submission_id"],
+                                               "revision": sub["revision"], "artifacts": sub["artifacts"],
+                                               "verdicts": [{"criterion": 0, "accepted": True},
+                                                            {"criterion": 1, "accepted": True}]})["task"]
+    assert (task["state"], task["waiting_on"], task["result"]["decided_by_policy"]) == (
+        "approval", "owner_approval", None)

@@ -182,11 +182,11 @@ def test_a_runner_marks_a_run_uncertain_and_the_owner_settles_it(mcp, server, wo
 
 
 def test_asking_to_connect_is_bounded_and_marking_uncertain_keeps_a_waiting_step(mcp, server, world, monkeypatch):
-    monkeypatch.setattr(prickle, "CONNECT_PENDING_MAX", 2)
+    monkeypatch.setattr(prickle, "CONNECT_PER_ADDRESS", 2)
     ask_connect(server)
     ask_connect(server)
     r = server.post("/api/runner/connect", json={"name": "third", "clis": ["codex"]})
-    assert r.status_code == 409 and "try again in a few minutes" in r.json()["error"]["message"]
+    assert r.status_code == 409 and "2 requests from this address already wait" in r.json()["error"]["message"]
     task, device, runner, out = claimed(mcp, server, world)
     step = mcp.ok("ren/builder", "request_step", CALL, token=out["execution_credential"]["token"])
     server.post(f"/api/runner/attempts/{out['attempt']['attempt_id']}/uncertain", json={},

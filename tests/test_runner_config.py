@@ -69,14 +69,15 @@ def test_status_without_a_running_runner_shows_every_agent_idle(tmp_path):
 def test_each_client_is_launched_with_prickle_configured_and_no_secret_on_its_command_line(tmp_path):
     values = {"mcp_url": "http://127.0.0.1:8321/mcp", "task_id": "task_1", "project": "website-v2", "role": "task",
               "workspace": "/w", "prompt_file": "/r/prompt.txt", "mcp_config": "/r/mcp.json"}
-    files = {"mcp_config": "/r/mcp.json", "prompt_file": "/r/prompt.txt"}
+    files = {"mcp_config": "/r/mcp.json", "prompt_file": "/r/prompt.txt", "settings": "/r/settings.json"}
     claude = prickle.RunnerAgent(key=KEY, client="claude")
     assert prickle.launch_argv(claude, files, values) == ([
-        "claude", "-p", "--mcp-config", "/r/mcp.json", "--strict-mcp-config", "--allowedTools", "mcp__prickle",
+        "claude", "-p", "--mcp-config", "/r/mcp.json", "--strict-mcp-config",
+        "--setting-sources", "user", "--settings", "/r/settings.json", "--allowedTools", "mcp__prickle",
         "--permission-prompt-tool", "mcp__prickle_bridge__approve", "--output-format", "json"], True)
     codex = prickle.RunnerAgent(key=KEY, client="codex", cli_path="/opt/codex")
     assert prickle.launch_argv(codex, files, values) == ([
-        "/opt/codex", "exec", "--skip-git-repo-check", "--sandbox", "workspace-write",
+        "/opt/codex", "exec", "--skip-git-repo-check", "--sandbox", "workspace-write", "--ignore-rules",
         "-c", 'mcp_servers.prickle.url="http://127.0.0.1:8321/mcp"',
         "-c", 'mcp_servers.prickle.bearer_token_env_var="PRICKLE_RUN_KEY"', "-"], True)
     command = prickle.RunnerAgent(key=KEY, client="command", command=["agent", "--task", "{task_id}", "{prompt_file}"])
