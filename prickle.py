@@ -5514,6 +5514,14 @@ def finish_attempt(db: Database, actor: Actor) -> None:
         move(db, "attempt", attempt["id"], "finish", attempt, finished_at=now, ended_at=now)
         project = db.scalar("SELECT project FROM tasks WHERE id = ?", (attempt["task_id"],))
         audit(db, project, "attempt.finished", {"attempt": attempt["id"]})
+        run_stopped(db, project, attempt, "finished")
+
+
+def run_stopped(db: Database, project: str, attempt: dict, reason: str, by: str | None = None) -> None:
+    """``task.run_stopped`` for a run that ended without a Stop: its task ``finished`` (its result is in),
+    was ``cancelled``, or went back to its requester (``returned``). A Stop writes its own, fuller entry."""
+    audit(db, project, "task.run_stopped", {"agent": attempt["agent_id"], "run": attempt["run_id"],
+                                            "task": attempt["task_id"], "by": by, "reason": reason})
 
 
 #: The scope of a pause made by the server's operator: every agent on the deployment.
@@ -5554,6 +5562,11 @@ def task_runs(db: Database, task_id: str) -> list[dict]:
     return [attempt_out(r) | {"attempt": n} for n, r in enumerate(rows, 1)]
 
 
+#: Why a step expired undecided (``step.expired``): after 24 hours, or because its owner could no
+#: longer decide it (its agent left the project with the run that asked).
+STEP_UNDECIDED, STEP_OWNER_GONE = "undecided_24_hours", "owner_could_not_decide"
+
+
 def end_attempt(db: Database, attempt: dict, how: str, project: str, why: str | None = None) -> int:
     """End an attempt by ``how`` (ATTEMPT_MOVES), inside the caller's transaction; returns credentials ended.
 
@@ -5569,9 +5582,14 @@ def end_attempt(db: Database, attempt: dict, how: str, project: str, why: str | 
                                        "finish": "run_ended"}.get(how, "run_uncertain"))
     if how != "stop":
         return ended
-    for step in db.rows("SELECT id FROM steps WHERE attempt_id = ? AND status = 'pending'", (attempt["id"],)):
-        move(db, "step", step["id"], "withdraw", decided_at=now)
-        audit(db, project, "step.withdrawn", {"step": step["id"], "attempt": attempt["id"]})
+    for step in db.rows("SELECT id, kind FROM steps WHERE attempt_id = ? AND status = 'pending'", (attempt["id"],)):
+        if why in LEFT_PROJECT_REASONS:  # its agent left the project: its owner can no longer decide it
+            move(db, "step", step["id"], "expire")
+            audit(db, project, "step.expired", {"step": step["id"], "attempt": attempt["id"], "kind": step["kind"],
+                                                "why": STEP_OWNER_GONE})
+        else:
+            move(db, "step", step["id"], "withdraw", decided_at=now)
+            audit(db, project, "step.withdrawn", {"step": step["id"], "attempt": attempt["id"]})
     return ended
 
 
@@ -5708,7 +5726,10 @@ def task_out(db: Database, task: dict | str) -> dict:
         "result": result_out(sub) if sub else None,
         "latest_checkpoint": json.loads(cp["body"]) if cp else None,
         "parent_task_id": task["parent_task_id"], "created_at": task["created_at"], "updated_at": task["updated_at"],
-        "latest_checkpoint_by": {"agent": cp["agent"], "provenance": "agent_generated", "handed_back": False}
+        # handed_back: the checkpoint is from an agent the task was handed back from (returned, or
+        # handed on to another agent since), so whoever resumes it reads another agent's notes.
+        "latest_checkpoint_by": {"agent": cp["agent"], "provenance": "agent_generated",
+                                 "handed_back": task["state"] == "returned" or cp["agent"] != task["assignee"]}
         if cp else None,
         "requested_by": json.loads(task["requested_by"]),
         "origin_message_id": task["origin_message_id"],
@@ -6522,6 +6543,7 @@ def end_task_work(db: Database, task: dict, reason: str) -> int:
         # its runs stop with it; a caller whose agent left hears not_found (LEFT_PROJECT_REASONS)
         ended += end_attempt(db, attempt, "stop", task["project"],
                              why=reason if reason in LEFT_PROJECT_REASONS else None)
+        run_stopped(db, task["project"], attempt, "cancelled" if reason == "task_cancelled" else "returned")
     return ended + revoke_credentials(db, "kind = 'execution' AND task_id = ?", (task_id,), reason)
 
 
@@ -6802,7 +6824,6 @@ STEP_USE_WINDOW = _dt.timedelta(minutes=15)
 STEP_LIFETIME = _dt.timedelta(hours=24)
 
 #: Why ``step.expired`` says a step ended: left unused past STEP_USE_WINDOW, undecided past STEP_LIFETIME.
-STEP_UNUSED, STEP_UNDECIDED = "unused_15_minutes", "undecided_24_hours"
 
 
 def pair_device(db: Database, owner: str, agent_id: str, name: str = "runner",
@@ -6902,6 +6923,8 @@ def claim_task(db: Database, actor: Actor, task_id: str, idempotency_key: str, w
             db.insert("attempts", attempt)
             if task["run_approved"]:
                 move(db, "start", task_id, "claim", task)
+            if task["waiting_on"] == "stopped":  # a run goes on with it: it waits on its agent again
+                db.execute("UPDATE tasks SET waiting_on = ? WHERE id = ?", (WAITING_ON[lifecycle_state(task)], task_id))
             append_event(db, task["project"], "task.updated", {"task": task_out(db, task_row(db, task_id))})  # live views
             gate = json.loads(task["gate"] or "{}")
             audit(db, task["project"], "attempt.claimed", {"attempt": attempt["id"], "task": task_id,
@@ -6992,9 +7015,8 @@ def request_step(db: Database, actor: Actor, tool_name: str, tool_input: dict, *
                                     f"{STEP_LIFETIME // _dt.timedelta(hours=1)} hours, which counts as a refusal: "
                                     "finish without it, or return what you have.")
             if now - parse_iso(step["decided_at"]) > STEP_USE_WINDOW:
+                # Lapsed unused: it ends, but it was decided, so it is no step.expired (an undecided refusal).
                 move(db, "step", step["id"], "expire", step)
-                audit(db, task["project"], "step.expired", {"step": step["id"], "attempt": step["attempt_id"],
-                                                            "kind": step["kind"], "why": STEP_UNUSED})
                 return _step_answer(step, "expired", "deny", "The allowance lapsed unused after "
                                     f"{STEP_USE_WINDOW // _dt.timedelta(minutes=1)} minutes: ask again if you "
                                     "still need this call.")
@@ -7175,6 +7197,8 @@ def stop_run(db: Database, person: Actor, task_id: str) -> dict:
         run = attempt["run_id"] if attempt else task["run_approved"]
         if task["run_approved"]:
             move(db, "start", task_id, "stop", task)
+        if WAITING_ON[lifecycle_state(task)] == "agent":
+            db.execute("UPDATE tasks SET waiting_on = 'stopped' WHERE id = ?", (task_id,))  # until a run starts again
         audit(db, task["project"], "task.run_stopped", {
             "agent": task["assignee"], "run": run, "task": task_id, "by": person.handle, "reason": "stopped",
             "state_before": task["state"], "attempt": attempt and attempt["id"], "credentials": ended})

@@ -193,3 +193,55 @@ def test_asking_to_connect_is_bounded_and_marking_uncertain_keeps_a_waiting_step
                 headers={"Authorization": f"Bearer {runner}"})
     assert world.db.scalar("SELECT status FROM steps WHERE id = ?", (step["step_id"],)) == "pending"
     assert audit_entries(world.db, PROJECT, "step.withdrawn") == []
+
+
+def test_a_run_that_ends_with_its_task_says_so_and_a_stopped_task_waits_on_stopped(mcp, server, world):
+    ren, oj = person(server, world, "ren"), person(server, world, "oj")
+    # Stopped: the task waits on "stopped" until a run goes on with it.
+    task, device, runner, out = claimed(mcp, server, world)
+    run = out["execution_credential"]["token"]
+    mcp.ok("ren/builder", "accept_task", {"task_id": task["id"]}, token=run)
+    assert ren.post(f"/api/tasks/{task['id']}/stop").status_code == 200
+    assert mcp.ok("oj/muse", "check_inbox", {})["requested"][0]["waiting_on"] == "stopped"
+    assert ren.post(f"/api/tasks/{task['id']}/runs", {"confirm": "ren"}).status_code == 200  # Start a run
+    assert mcp.ok("oj/muse", "check_inbox", {})["requested"][0]["waiting_on"] == "stopped"
+    again = mcp.ok("ren/builder", "claim_task", {"task_id": task["id"], "idempotency_key": "k2"}, token=runner)
+    assert mcp.ok("oj/muse", "check_inbox", {})["requested"][0]["waiting_on"] == "agent"
+    # Finished: its result is in.
+    mcp.ok("ren/builder", "return_result", {"task_id": task["id"], "summary": "Done.", "evidence": [
+        {"kind": "test_output", "summary": "Counted.", "content": "6 words", "criteria": [0, 1]}],
+        "artifacts": [{"ref": "hero.md", "sha256": "a" * 64}]}, token=again["execution_credential"]["token"])
+    # Cancelled: a second task's run ends with it.
+    other = mcp.ok("oj/muse", "handoff", P | {"to": "ren/builder", "packet": {
+        "task": "Draft the footer.", "deliverable_type": "doc", "acceptance_criteria": ["Two lines."]}})
+    ren.post(f"/api/approvals/{other['gate']['approval_id']}", {"decision": "approve"})
+    third = mcp.ok("ren/builder", "claim_task", {"task_id": other["task"]["id"], "idempotency_key": "k3"},
+                   token=runner)
+    assert oj.post(f"/api/tasks/{other['task']['id']}/cancel").status_code == 200
+    entries = [e["refs"] for e in audit_entries(world.db, PROJECT, "task.run_stopped")]
+    runs = {r["attempt_id"]: r["run_id"] for r in world.db.rows("SELECT id AS attempt_id, run_id FROM attempts")}
+    assert [(e["reason"], e["run"], e.get("by")) for e in entries] == [
+        ("stopped", runs[out["attempt"]["attempt_id"]], "ren"),
+        ("finished", runs[again["attempt"]["attempt_id"]], None),
+        ("cancelled", runs[third["attempt"]["attempt_id"]], None)]
+    assert {e["agent"] for e in entries} == {"ren/builder"}
+
+
+def test_a_step_whose_agent_leaves_expires_as_its_owner_can_no_longer_decide_it(mcp, server, world):
+    task, device, runner, out = claimed(mcp, server, world)
+    run = out["execution_credential"]["token"]
+    mcp.ok("ren/builder", "accept_task", {"task_id": task["id"]}, token=run)
+    mcp.ok("ren/builder", "checkpoint", {"task_id": task["id"], "checkpoint": {"progress": "Half done."}}, token=run)
+    assert mcp.ok("oj/muse", "check_inbox", {})["requested"][0]["latest_checkpoint_by"]["handed_back"] is False
+    step = mcp.ok("ren/builder", "request_step", CALL, token=run)
+    assert person(server, world, "oj").delete(f"/api/projects/{PROJECT}/agents/ren/builder").status_code == 200
+    assert world.db.scalar("SELECT status FROM steps WHERE id = ?", (step["step_id"],)) == "expired"
+    assert [e["refs"] for e in audit_entries(world.db, PROJECT, "step.expired")] == [
+        {"step": step["step_id"], "attempt": out["attempt"]["attempt_id"], "kind": None,
+         "why": "owner_could_not_decide"}]
+    assert audit_entries(world.db, PROJECT, "step.withdrawn") == []
+    assert [e["refs"]["reason"] for e in audit_entries(world.db, PROJECT, "task.run_stopped")] == ["returned"]
+    # The checkpoint of an agent the task came back from says so.
+    back = mcp.ok("oj/muse", "check_inbox", {})["requested"][0]
+    assert (back["state"], back["latest_checkpoint_by"]) == (
+        "returned", {"agent": "ren/builder", "provenance": "agent_generated", "handed_back": True})

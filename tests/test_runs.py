@@ -163,8 +163,10 @@ def test_request_step_refused_and_expiries(mcp, server, world):
     step3 = mcp.ok("ren/builder", "request_step", call3, token=run)
     world.db.execute("UPDATE steps SET created_at = '2020-01-01T00:00:00.000Z' WHERE id = ?", (step3["step_id"],))
     assert person(server, world, "ren").get("/api/steps").json()["steps"] == []
+    # Only an undecided step expires in the reference's sense; an allowance that lapsed unused just ends.
     whys = [e["refs"]["why"] for e in audit_entries(world.db, PROJECT, "step.expired")]
-    assert whys == ["unused_15_minutes", "undecided_24_hours"]
+    assert whys == ["undecided_24_hours"]
+    assert world.db.scalar("SELECT status FROM steps WHERE id = ?", (step2["step_id"],)) == "expired"
 
 
 def test_revoking_a_device_ends_its_credentials(mcp, server, world):
