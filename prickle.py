@@ -3926,15 +3926,20 @@ def add_agent(db: Database, agent_id: str, display_name: str, model: str, client
                 raise Conflict(f"agent '{agent_id}' already exists")
             db.execute("INSERT INTO agents VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'owner_verified', NULL, ?)",
                        (agent_id, owner, name, display_name, model, client, role, json.dumps(caps), iso(utcnow())))
-            add_agent_to_project(db, ensure_room(db, owner), agent_id)
+            add_agent_to_project(db, ensure_room(db, owner), agent_id, with_owner=True)
             for project in projects:
-                add_agent_to_project(db, project, agent_id)
+                add_agent_to_project(db, project, agent_id, with_owner=True)
         return agent_card(db, agent_id)
     return recording_refusals(db, run)
 
 
-def add_agent_to_project(db: Database, project: str, agent_id: str, by: Actor | None = None) -> dict:
+def add_agent_to_project(db: Database, project: str, agent_id: str, by: Actor | None = None,
+                         with_owner: bool = False) -> dict:
     """Add an agent to a project its owner belongs to. Writes ``agent.added`` (outbox and audit).
+
+    ``with_owner``: the agent joins as its owner makes it (add_agent), not added by hand later.
+    The entry says so, and whether this add by hand ended a removal (``agent.removed`` was the
+    agent's last word in the project's record).
 
     ``by``, the signed-in person, must have the project in reach (else NotFound) and own the
     agent (else Forbidden).
@@ -3968,7 +3973,10 @@ def add_agent_to_project(db: Database, project: str, agent_id: str, by: Actor | 
             db.execute("INSERT INTO project_agents VALUES (?, ?, ?)", (project, agent_id, iso(utcnow())))
             db.cache.clear()  # who may reach what has changed
             append_event(db, project, "agent.added", {"agent_id": agent_id})
-            audit(db, project, "agent.added", {"agent": agent_id, "with_owner": False, "ended_removal": False})
+            last = db.scalar("SELECT type FROM audit WHERE chain = ? AND type IN ('agent.added', 'agent.removed') AND "
+                             "json_extract(refs, '$.agent') = ? ORDER BY n DESC LIMIT 1", (project, agent_id))
+            audit(db, project, "agent.added", {"agent": agent_id, "with_owner": with_owner,
+                                               "ended_removal": not with_owner and last == "agent.removed"})
             _record_reach_grown(db, project, agent_id, private=room_owner is not None)
         return {"project": project, "agent_id": agent_id}
     return recording_refusals(db, run)
@@ -5957,11 +5965,13 @@ def apply_gate(db: Database, task: dict, decision: dict, now: str) -> tuple[dict
     return gate, new_state
 
 
-def require_task_role(db: Database, actor: Actor, task_id: str, role: str, record: str | None = None) -> dict:
+def require_task_role(db: Database, actor: Actor, task_id: str, role: str, record: str | None = None,
+                      asked: dict | None = None) -> dict:
     """The task if ``actor`` (an agent) is its ``role`` (requester or assignee); not_found if out of reach.
 
     With ``record`` (accept or reject), a caller who sees the task but may not decide it is
-    refused as ``result.acceptance_refused``.
+    refused as ``result.acceptance_refused``, with the submission it ``asked`` for
+    (``{"submission", "revision"}``) and the latest one.
     """
     if actor.kind != "agent":
         raise Forbidden("only an agent can do this through MCP")
@@ -5975,8 +5985,10 @@ def require_task_role(db: Database, actor: Actor, task_id: str, role: str, recor
     if task[role] != actor.agent_id:
         message = f"only the task's {role} ({task[role] or 'a person'}) can do this"
         if record is not None:
-            raise RecordedRefusal(message, "result.acceptance_refused",
-                                  {"task": task_id, "action": record, "by": actor.agent_id, "reason": "not_yours"})
+            latest = latest_submission(db, task_id)
+            raise RecordedRefusal(message, "result.acceptance_refused", {
+                "task": task_id, "action": record, "by": actor.agent_id, "reason": "not_yours", "asked": asked,
+                "latest": {"submission": latest["id"], "revision": latest["revision"]} if latest else None})
         raise Forbidden(message)
     return task
 
@@ -6291,7 +6303,8 @@ def accept_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
     """
     def run() -> dict:
         with db.transaction():
-            task = require_task_role(db, actor, task_id, "requester", record="accept")
+            task = require_task_role(db, actor, task_id, "requester", record="accept",
+                                     asked={"submission": submission_id, "revision": revision})
             sub = _check_submission(db, task, submission_id, revision, "accept")
             next_state("task", task, "verify")
             checked = _check_verdicts(verdicts, len(json.loads(task["packet"])["acceptance_criteria"]), True)
@@ -6331,7 +6344,8 @@ def reject_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
     """
     def run() -> dict:
         with db.transaction():
-            task = require_task_role(db, actor, task_id, "requester", record="reject")
+            task = require_task_role(db, actor, task_id, "requester", record="reject",
+                                     asked={"submission": submission_id, "revision": revision})
             sub = _check_submission(db, task, submission_id, revision, "reject")
             next_state("task", task, "reject")
             checked = _check_verdicts(verdicts or [], len(json.loads(task["packet"])["acceptance_criteria"]), False)
@@ -6392,6 +6406,21 @@ def decide_approval(db: Database, person: Actor, approval_id: str, decision: str
         return {"approval": approval_out(row), "task": task_out(db, moved), "standing_approval_id": standing_id}
 
 
+#: How far a kind of work reaches, as the reference grades a request: what a handoff of each deliverable
+#: type may change (an answer changes nothing; code and data change what is there; "other" says nothing).
+GRADE_OF_DELIVERABLE = {"answer": "read_only", "screenshots": "read_only", "reviewed_pr": "read_only",
+                        "doc": "reversible", "design": "reversible", "code": "reversible", "data": "hard_to_undo",
+                        "other": "unrestricted"}
+
+
+def request_grade(task: dict) -> str:
+    """A request's grade (GRADE_OF_DELIVERABLE): a capability that deploys reaches out (``outbound``)."""
+    route = json.loads(task["route"] or "{}")
+    if (route.get("capability") or {}).get("kind") == "deploy":
+        return "outbound"
+    return GRADE_OF_DELIVERABLE[json.loads(task["packet"])["deliverable_type"]]
+
+
 def create_standing_approval(db: Database, person: Actor, task: dict, approval_id: str, standing: dict) -> str:
     """Record a standing approval from a decided card (inside the caller's transaction)."""
     uses, days = standing.get("uses"), standing.get("days")
@@ -6407,7 +6436,8 @@ def create_standing_approval(db: Database, person: Actor, task: dict, approval_i
                 iso(now + _dt.timedelta(days=days)), iso(now), approval_id))
     audit(db, task["project"], "standing_approval.created", {
         "standing_approval": standing_id, "approval": approval_id, "requester": task["requester"],
-        "assignee": task["assignee"], "kind": kind, "cap": uses, "expires_at": iso(now + _dt.timedelta(days=days))})
+        "assignee": task["assignee"], "kind": kind, "grade": request_grade(task), "cap": uses,
+        "expires_at": iso(now + _dt.timedelta(days=days))})
     return standing_id
 
 
@@ -7988,12 +8018,12 @@ def _in_list(values: list[str]) -> str:
     return ", ".join("?" * len(values)) or "NULL"
 
 
-def _take_agents_out(db: Database, project: str, agents: list[str]) -> int:
+def _take_agents_out(db: Database, project: str, agents: list[str]) -> tuple[int, str | None]:
     """Step 1: the agents leave ``project``; the wakes from it they had not heard go with them, and so
     does the project's default lead (picked or agreed) when it is one of them, so that a team owner may
     pick another and the agent, added again later, leads only if picked again. The lead's end has no
-    entry of its own: the reference's ``room.lead_declined`` is its owner's answer, and the removal's
-    entry already names the agent."""
+    entry of its own: the reference's ``room.lead_declined`` is its owner's answer; the removal's entry
+    names it (``lead``). Returns how many agents left and the lead that ended, if any."""
     for agent in agents:
         db.execute("DELETE FROM project_agents WHERE project = ? AND agent_id = ?", (project, agent))
         db.execute("DELETE FROM wakes WHERE agent_id = ? AND project = ?", (agent, project))
@@ -8001,7 +8031,8 @@ def _take_agents_out(db: Database, project: str, agents: list[str]) -> int:
     lead = db.one("SELECT * FROM projects WHERE slug = ?", (project,))
     if lead["lead_agent"] in agents:
         move(db, "lead", project, "leave", lead, lead_agent=None, lead_picked_by=None)
-    return len(agents)
+        return len(agents), lead["lead_agent"]
+    return len(agents), None
 
 
 def _return_assigned(db: Database, project: str, agents: list[str], reason: str, by: str | None) -> tuple[int, int]:
@@ -8099,7 +8130,9 @@ def offboard(db: Database, project: str, agents: list[str], *, person: str | Non
     ``agent_removed``). The caller has checked who may do it and writes the entry.
     """
     counts = dict.fromkeys(OFFBOARD_COUNTS, 0)
-    counts["agents"] = _take_agents_out(db, project, agents)
+    counts["agents"], lead = _take_agents_out(db, project, agents)
+    if lead is not None:
+        counts["lead"] = lead  # the default lead that leaves with them, named in the entry
     to_owner = _taking_owner(db, project, person, by)
     counts["transferred"] = _transfer_requests(db, project, agents + ([person] if person else []), to_owner, by)
     counts["returned"], counts["credentials"] = _return_assigned(db, project, agents, reason, by)

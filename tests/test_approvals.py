@@ -299,3 +299,18 @@ def test_a_sub_task_waits_on_its_siblings_and_the_parent_lists_them(server, mcp,
         {"task": c, "blocked_by": [], "count": 0, "by": None}]
     # The reference's task objects are unchanged: the parent is named as before, nothing more.
     assert mcp.ok("oj/muse", "check_inbox", P)["assigned"][0]["parent_task_id"] == parent["id"]
+
+
+def test_a_standing_approval_records_the_grade_of_the_work_it_lets_through(mcp, server, world):
+    first = handoff(mcp)
+    r = person(server, world, "ren").post(f"/api/approvals/{first['gate']['approval_id']}",
+                                          {"decision": "approve", "standing": {"uses": 3, "days": 2}})
+    [created] = audit_entries(world.db, PROJECT, "standing_approval.created")
+    assert created["refs"] == {
+        "standing_approval": r.json()["standing_approval_id"], "approval": first["gate"]["approval_id"],
+        "requester": "oj/muse", "assignee": "ren/builder", "kind": "doc", "grade": "reversible", "cap": 3,
+        "expires_at": created["refs"]["expires_at"]}
+    data = prickle.request_grade({"route": None, "packet": '{"deliverable_type": "data"}'})
+    deploy = prickle.request_grade({"route": '{"via": "request_capability", "capability": {"kind": "deploy", '
+                                             '"name": "prod"}}', "packet": '{"deliverable_type": "code"}'})
+    assert (data, deploy) == ("hard_to_undo", "outbound")

@@ -373,3 +373,16 @@ def test_a_removal_preview_of_someone_not_in_the_project_is_not_found(server, wo
         assert r.status_code == 404 and r.json()["error"] == {"code": "not_found", "message": message}
     assert ren.get(f"/api/projects/{PROJECT}/removal?agent=oj/scout").json() == {
         "agents": ["oj/scout"], "returned": 0, "transferred": 0}
+
+
+def test_a_member_leaving_with_the_default_lead_names_it_in_the_entry(mcp, server, world):
+    oj, ren = person(server, world, "oj"), person(server, world, "ren")
+    oj.post(f"/api/projects/{PROJECT}/lead", {"agent_id": "ren/builder"})
+    ren.post(f"/api/projects/{PROJECT}/lead/answer", {"decision": "agree"})
+    assert ren.post(f"/api/projects/{PROJECT}/leave").status_code == 200
+    [left] = audit_entries(world.db, PROJECT, "member.left")
+    assert (left["refs"]["person"], left["refs"]["lead"], left["refs"]["agents"]) == ("ren", "ren/builder", 1)
+    prickle.add_member(world.db, PROJECT, "sam", by="oj")
+    prickle.remove_member(world.db, PROJECT, "sam", by="oj")
+    [removed] = audit_entries(world.db, PROJECT, "member.removed")
+    assert "lead" not in removed["refs"]  # sam's leaving ended no lead

@@ -228,3 +228,19 @@ def test_the_upgrade_turns_team_names_into_teams(db_path):
         {"team": "ops", "handle": "sam", "role": "owner", "joined_at": "2026-01-03"},
         {"team": "web", "handle": "oj", "role": "owner", "joined_at": "2026-01-02"},
         {"team": "web", "handle": "ren", "role": "owner", "joined_at": "2026-01-01"}]
+
+
+def test_agent_added_says_whether_it_came_with_its_owner_and_whether_it_ended_a_removal(world):
+    db = world.db
+    prickle.add_agent(db, "oj/scribe", "Scribe", "claude-sonnet", "claude-code", "", [], [PROJECT])
+    prickle.remove_agent(db, PROJECT, "oj/scribe", by="oj")
+    prickle.add_agent_to_project(db, PROJECT, "oj/scribe", by=world.person("oj"))
+    prickle.remove_agent(db, PROJECT, "oj/scout", by="oj")
+    prickle.add_agent_to_project(db, PROJECT, "oj/scout")
+    refs = [e["refs"] for e in audit_entries(db, PROJECT, "agent.added") if e["refs"]["agent"] in ("oj/scribe",
+                                                                                                   "oj/scout")]
+    assert refs[-3:] == [{"agent": "oj/scribe", "with_owner": True, "ended_removal": False},
+                         {"agent": "oj/scribe", "with_owner": False, "ended_removal": True},
+                         {"agent": "oj/scout", "with_owner": False, "ended_removal": True}]
+    assert [e["refs"] for e in audit_entries(db, "oj-room", "agent.added")][-1] == {
+        "agent": "oj/scribe", "with_owner": True, "ended_removal": False}

@@ -232,3 +232,19 @@ def test_a_note_is_no_evidence_where_the_deliverable_needs_more_and_never_auto_a
                                                             {"criterion": 1, "accepted": True}]})["task"]
     assert (task["state"], task["waiting_on"], task["result"]["decided_by_policy"]) == (
         "approval", "owner_approval", None)
+
+
+def test_a_refusal_of_what_is_not_yours_records_the_submission_asked_for_and_the_latest(mcp, server, world):
+    task = working(mcp, server, world)
+    sub = submit(mcp, task["id"])["submission"]
+    mcp.error("oj/scout", "accept_result", {"task_id": task["id"], "submission_id": sub["submission_id"],
+                                            "revision": 1, "verdicts": [{"criterion": 0, "accepted": True},
+                                                                        {"criterion": 1, "accepted": True}],
+                                            "artifacts": sub["artifacts"]}, "not_found")
+    prickle.post_message(world.db, world.person("oj"), PROJECT, "@scout have a look", task_id=task["id"])
+    mcp.error("oj/scout", "reject_result", {"task_id": task["id"], "submission_id": sub["submission_id"],
+                                            "revision": 1, "reason": "Not mine to say."}, "forbidden")
+    [refused] = audit_entries(world.db, PROJECT, "result.acceptance_refused")
+    assert refused["refs"] == {"task": task["id"], "action": "reject", "by": "oj/scout", "reason": "not_yours",
+                               "asked": {"submission": sub["submission_id"], "revision": 1},
+                               "latest": {"submission": sub["submission_id"], "revision": 1}}

@@ -3,7 +3,7 @@
 import pytest
 
 import prickle
-from conftest import REFERENCE_TOOLS
+from conftest import REFERENCE_EVENTS, REFERENCE_TOOLS
 
 
 @pytest.mark.parametrize("tool", sorted(prickle.TOOLS))
@@ -74,7 +74,11 @@ def test_the_limits_and_labels_the_code_uses_are_the_references():
     hours = prickle._dt.timedelta(hours=1)
     assert prickle.APPROVAL_LAPSED == f"{prickle.APPROVAL_LIFETIME // hours}_hours" == "24_hours"
     assert prickle.STEP_UNDECIDED == f"undecided_{prickle.STEP_LIFETIME // hours}_hours"
-    assert prickle.STEP_UNUSED == f"unused_{prickle.STEP_USE_WINDOW // prickle._dt.timedelta(minutes=1)}_minutes"
+    # A request's grade is one the reference's approval object knows.
+    grades = {tuple(s["enum"]) for event in REFERENCE_EVENTS.values() for s in _under(event, "grade")}
+    assert grades == {("read_only", "reversible", "hard_to_undo", "spending", "outbound", "unrestricted")}
+    assert set(prickle.GRADE_OF_DELIVERABLE.values()) | {"outbound"} <= set(next(iter(grades)))
+    assert set(prickle.GRADE_OF_DELIVERABLE) == set(prickle.PACKET["properties"]["deliverable_type"]["enum"])
 
 
 def test_every_test_the_readme_names_as_a_promises_proof_exists():
