@@ -7853,12 +7853,18 @@ def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_ke
 
 
 def room_view(db: Database, person: Actor) -> dict:
-    """The person's private room: its slug, reply mode, lead agent and the turn in progress."""
+    """The person's private room: its slug, reply mode, lead agent, the turn in progress, and
+    ``agents``: each of the person's agents with whether it is in the room (``in_room``)."""
     with db.transaction():
         slug = ensure_room(db, person.handle)
     room = db.one("SELECT * FROM rooms WHERE project = ?", (slug,))
     turn = open_turn(db, slug)
+    here = {a["agent_id"] for a in room_agents(db, slug)}
+    agents = [{"agent_id": a["agent_id"], "name": a["display_name"], "in_room": a["agent_id"] in here}
+              for a in db.rows("SELECT agent_id, display_name FROM agents WHERE owner = ? ORDER BY agent_id",
+                               (person.handle,))]
     return {"room": {"project": slug, "reply_mode": room["reply_mode"], "lead_agent": room["lead_agent"]},
+            "agents": agents,
             "turn": None if turn is None else {
                 "id": turn["id"], "step": turn["step"], "waiting_on": json.loads(turn["waiting_on"]),
                 "replies_left": turn["replies_left"], "message_id": turn["message_id"],
@@ -8211,13 +8217,16 @@ def leave_project(db: Database, project: str, person: str | Actor) -> dict:
 def remove_agent(db: Database, project: str, agent_id: str, by: str | Actor | None = None) -> dict:
     """Take an agent out of a project: its owner or a project owner (``by``; unchecked from the command line).
 
-    Its open tasks go back to their requesters and its requests to a project owner, rules and
+    In a private room, its owner takes their own agent out (and may add it back later, when its
+    rooms key comes back into reach: ``credential.room_covered``). Its open tasks go back to their
+    requesters and its requests to a project owner, rules and
     standing approvals left with nothing to apply to are revoked and its keys for the project end
     (see ``offboard``). Writes ``agent.removed`` with the counts. Returns ``{project, agent_id,
     counts}``. Raises InvalidInput, NotFound or Forbidden.
     """
     with db.transaction():
-        _, by = _team_project(db, project, by)
+        by = acting_member(db, project, by)
+        project_out(db, check_slug(project, "project"))
         check_agent_id(agent_id, "agent_id")
         if not db.one("SELECT 1 FROM project_agents WHERE project = ? AND agent_id = ?", (project, agent_id)):
             raise NotFound(f"agent_id: no agent '{agent_id}' in '{project}'")

@@ -5,7 +5,7 @@
 // GET /api/room says where things stand; it is asked again when a message is posted in the
 // room (a message starts, advances or ends a turn) and after every change made here.
 
-import { get, post } from "./api.js";
+import { get, post, del, seg } from "./api.js";
 import * as stream from "./stream.js";
 import { h, field, select, errorSlot, act, fill, announce, debounce, loadFailed } from "./ui.js";
 
@@ -38,7 +38,9 @@ export function createRoomControls(ctx) {
     h("p", { class: "muted small", text: "Only you and your own agents are in this room. Your message starts a turn." }),
     form);
   const turn = h("div", { class: "turn-slot", role: "status" });
-  Object.assign(state, { mode, lead, hint, saved, settings, turn });
+  const members = h("div", { class: "room-agents" });
+  settings.append(members);
+  Object.assign(state, { mode, lead, hint, saved, settings, turn, members });
 
   mode.addEventListener("change", () => {
     hint.textContent = MODE_HINT[mode.value] || "";
@@ -113,7 +115,30 @@ function show(state, view) {
     state.hint.textContent = MODE_HINT[view.room.reply_mode] || "";
     drawLead(state);
   }
+  drawMembers(state);
   drawTurn(state, view.turn);
+}
+
+/** Which of your agents are in the room: take one out, or add it back. */
+function drawMembers(state) {
+  const error = errorSlot();
+  const rows = (state.view.agents || []).map((a) => {
+    const verb = a.in_room ? "Take out" : "Add back";
+    const button = h("button", { type: "button", class: "small", text: verb, "aria-label": `${verb} ${a.agent_id}` });
+    button.addEventListener("click", async () => {
+      const [owner, name] = a.agent_id.split("/");
+      const out = await act(button, error, () => (a.in_room
+        ? del(`/api/projects/${seg(state.ctx.slug)}/agents/${seg(owner)}/${seg(name)}`)
+        : post(`/api/projects/${seg(state.ctx.slug)}/agents`, { agent_id: a.agent_id })));
+      if (!out) return;
+      announce(a.in_room ? `${a.agent_id} left this room` : `${a.agent_id} is back in this room`);
+      await state.ctx.project.reload?.();
+      await load(state);
+    });
+    return h("li", { class: "room-agent" }, h("span", { text: `${a.name} (${a.agent_id})` }),
+      h("span", { class: "muted small", text: a.in_room ? " in this room " : " not in this room " }), button);
+  });
+  fill(state.members, rows.length ? [h("h3", { text: "Your agents here" }), h("ul", { class: "plain" }, rows), error] : []);
 }
 
 function drawLead(state) {

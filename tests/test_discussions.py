@@ -153,3 +153,21 @@ def test_a_listening_reviewer_is_not_skipped_within_the_grace(mcp, server, world
     listening["oj/critic"][1] -= prickle.LISTEN_GRACE + 1
     assert not prickle.runner_listening(server.state.db, "oj/critic")
     assert not prickle.runner_listening(server.state.db, "oj/scout")  # never waited
+
+
+def test_an_agent_taken_out_of_its_owners_room_and_added_back_brings_its_rooms_key_back_into_reach(
+        mcp, server, world):
+    oj = person(server, world, "oj")
+    rooms_key, secret = prickle.create_token(world.db, "client", agent_id="oj/scout", project=prickle.ROOMS_SCOPE)
+    assert {a["agent_id"]: a["in_room"] for a in oj.get("/api/room").json()["agents"]} == {
+        "oj/muse": True, "oj/scout": True}
+    assert oj.delete(f"/api/projects/{ROOM}/agents/oj/scout").status_code == 200
+    assert {a["agent_id"]: a["in_room"] for a in oj.get("/api/room").json()["agents"]}["oj/scout"] is False
+    mcp.error("oj/scout", "read_room", {"project": ROOM}, "not_found", token=secret)
+    assert person(server, world, "ren").delete(f"/api/projects/{ROOM}/agents/oj/scout").status_code == 404
+    assert oj.post(f"/api/projects/{ROOM}/agents", {"agent_id": "oj/scout"}).status_code == 200
+    assert mcp.ok("oj/scout", "read_room", {"project": ROOM}, token=secret)["messages"] == []
+    assert [e["refs"] for e in audit_entries(world.db, ROOM, "credential.room_covered")] == [
+        {"credential": rooms_key["id"], "agent": "oj/scout"}]
+    assert audit_entries(world.db, ROOM, "agent.added")[-1]["refs"] == {
+        "agent": "oj/scout", "with_owner": False, "ended_removal": True}

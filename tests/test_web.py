@@ -1104,3 +1104,19 @@ def test_an_owner_invites_a_teammate_who_signs_up_and_joins_in_another_browser(s
     row.get_by_role("button", name=f"Revoke the invite to lee-{tag}@example.org").click()
     row.get_by_role("button", name=re.compile("Click again to revoke")).click()
     expect(oj.locator(".invite-row", has_text=f"lee-{tag}@example.org")).to_have_count(0)
+
+
+def test_the_owner_takes_an_agent_out_of_their_private_room_and_adds_it_back(served, people):
+    page = people("oj")
+    goto(page, served, "#/p/oj-room/room")
+    members = page.locator(".room-settings .room-agents")
+    row = members.locator(".room-agent", has_text="oj/muse")
+    expect(row).to_contain_text("in this room")
+    row.get_by_role("button", name="Take out").click()
+    expect(row.get_by_role("button", name="Add back")).to_be_visible()
+    expect(row).to_contain_text("not in this room")
+    shot(page, "private_room_agent_taken_out", full_page=False)
+    row.get_by_role("button", name="Add back").click()
+    expect(row.get_by_role("button", name="Take out")).to_be_visible()
+    with person_api(served, "oj") as oj_api:
+        assert {a["agent_id"]: a["in_room"] for a in oj_api.get("/api/room").json()["agents"]}["oj/muse"] is True
