@@ -1624,6 +1624,8 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX outbox_by_project ON outbox(project, seq)",
         # Where a computer's connect request came from, shown to the person deciding it.
         "ALTER TABLE connect_requests ADD COLUMN address TEXT",
+        # When the loop guard paused a pair: both owners are told, in their inboxes, from then.
+        "ALTER TABLE loop_pairs ADD COLUMN paused_at TEXT",
     ],
 ]
 
@@ -5344,9 +5346,10 @@ def _count_loop(db: Database, project: str, author: str, reached: list[str]) -> 
         else:
             count = row["count"] + 1
         paused = count >= LOOP_LIMIT
-        db.execute("INSERT INTO loop_pairs VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (project, agent_a, agent_b) DO "
-                   "UPDATE SET last_from = excluded.last_from, count = excluded.count, paused = excluded.paused",
-                   (project, a, b, author, count, int(paused)))
+        db.execute("INSERT INTO loop_pairs VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (project, agent_a, agent_b) DO "
+                   "UPDATE SET last_from = excluded.last_from, count = excluded.count, paused = excluded.paused, "
+                   "paused_at = coalesce(loop_pairs.paused_at, excluded.paused_at)",
+                   (project, a, b, author, count, int(paused), iso(utcnow()) if paused else None))
         if paused:
             audit(db, project, "room.loop_paused", {"agents": [a, b], "count": count})
 
@@ -8487,6 +8490,7 @@ INBOX_KINDS: dict[str, str] = {
     "question": "answer",          # a checkpoint with needs_answer on a task they asked for
     "mention": "open",             # a message that mentions them, in a thread they have not read past it
     "returned": "reassign",        # a task they asked for came back (its agent left, or was handed back)
+    "paused_pair": "resume",       # the loop guard paused one of their agents with another (both owners are told)
 }
 
 #: At most this many unread mentions are listed (the newest); the rest wait until these are read.
@@ -8552,6 +8556,17 @@ def _returned_items(db: Database, person: Actor, names: dict[str, str]) -> list[
             if requesting_person(task) == person.handle]
 
 
+def _paused_pair_items(db: Database, person: Actor, names: dict[str, str]) -> list[dict]:
+    """Pairs the loop guard paused where one agent is ``person``'s: both owners are told, until a person posts."""
+    return [_inbox_item("paused_pair", f"{r['project']}:{r['agent_a']}:{r['agent_b']}", names, r["project"],
+                        r["paused_at"], f"{r['agent_a']} and {r['agent_b']} are paused", agents=[r["agent_a"],
+                        r["agent_b"]], count=r["count"])
+            for r in db.rows("SELECT l.project, l.agent_a, l.agent_b, l.count, coalesce(l.paused_at, ?) AS paused_at "
+                             "FROM loop_pairs l JOIN members m ON m.project = l.project AND m.handle = ? "
+                             "WHERE l.paused = 1", (iso(utcnow()), person.handle))
+            if person.handle in (owner_of(r["agent_a"]), owner_of(r["agent_b"]))]
+
+
 def _mention_items(db: Database, person: Actor, names: dict[str, str]) -> list[dict]:
     """Messages mentioning ``person`` after their read position in the message's room or thread."""
     seqs = [r["seq"] for r in db.rows(
@@ -8580,7 +8595,8 @@ def inbox(db: Database, person: Actor) -> dict:
     plus what its kind carries (INBOX_KINDS): ``step`` (the step, as GET /api/steps lists it),
     ``action`` (the card), ``approval`` (``approval`` and ``task``), ``final_acceptance``
     (``task`` and ``evidence``: complete, uncovered and stale criteria), ``question`` (``task``,
-    ``questions``, ``progress``), ``mention`` (``message``), ``returned`` (``task``). ``id`` is ``kind:ID`` and stays the
+    ``questions``, ``progress``), ``mention`` (``message``), ``returned`` (``task``), ``paused_pair``
+    (``agents``, ``count``). ``id`` is ``kind:ID`` and stays the
     same while the item waits. Lapsed approvals, steps and cards expire first. Acting on an item
     (deciding, accepting, answering in the thread, reading the thread) takes it out.
     """
@@ -8598,6 +8614,7 @@ def inbox(db: Database, person: Actor) -> dict:
         items += _question_items(db, person, names)
         items += _mention_items(db, person, names)
         items += _returned_items(db, person, names)
+        items += _paused_pair_items(db, person, names)
     items.sort(key=lambda item: item["since"], reverse=True)
     return {"items": items, "count": len(items)}
 
@@ -8614,6 +8631,7 @@ DIGEST_LABELS: dict[str, str] = {
     "approval": "A handoff your gate holds", "final_acceptance": "A result for your final acceptance",
     "question": "A question on a task you asked for", "mention": "A message that mentions you",
     "returned": "A task that came back to you, to hand to another agent",
+    "paused_pair": "Two agents, one of them yours, paused for answering each other",
 }
 
 

@@ -24,6 +24,8 @@ const KINDS = {
   returned: ["Tasks handed back to you",
     "Their agent left the project or handed them back. Hand each to another agent from its page."],
   mention: ["Messages that mention you", "They leave this list once you have read the room or thread they are in."],
+  paused_pair: ["Agents paused for answering each other",
+    "Two agents, one of them yours, went back and forth ten times with no person in between. Any person's message in the project resumes them."],
 };
 // ---- the list (the #/inbox screen and the home page's panel) -----------------------------------------
 
@@ -201,6 +203,7 @@ function itemCard(item, ctx) {
     question: () => questionCard(item),
     returned: () => returnedCard(item),
     mention: () => mentionCard(item),
+    paused_pair: () => pausedCard(item),
   }[item.kind]();
   return h("div", { class: `inbox-item inbox-${item.kind}`, dataset: { itemId: item.id, kind: item.kind } },
     h("div", { class: "inbox-item-head" }, badge(LABEL[item.kind], "attention"), where(item)), inner);
@@ -248,6 +251,20 @@ function returnedCard(item) {
     h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: item.title })),
     h("p", { class: "muted small", text: `Returned by ${item.task.assignee}.` }),
     h("a", { class: "button primary", href: `#/p/${item.project}/tasks/${item.task_id}`, text: "Hand it on" }));
+}
+
+function pausedCard(item) {
+  const error = errorSlot();
+  const resume = h("button", { type: "button", class: "primary", text: "Resume them" });
+  resume.addEventListener("click", () => act(resume, error, async () => {
+    await post(`/api/projects/${seg(item.project)}/resume`, { agents: item.agents });
+    announce(`${item.agents.join(" and ")} resumed`);
+    reload();
+  }));
+  return h("article", { class: "card inbox-paused" },
+    h("h3", {}, h("a", { href: `#/p/${item.project}/room`, text: item.title })),
+    h("p", { class: "muted small", text: `They answered each other ${item.count} times with no person in between.` }),
+    h("div", { class: "button-row" }, resume), error);
 }
 
 function questionCard(item) {

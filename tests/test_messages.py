@@ -260,3 +260,18 @@ def test_a_body_that_nests_deeper_than_the_page_can_show_is_refused_and_nothing_
     assert written(world.db) == before
     quoted = "> a quote\n>> in a quote\n- a list\n  - in a list\n\n```\n" + ">" * 200 + "\n```"
     assert mcp.ok("oj/muse", "post_message", {"project": "website-v2", "body": quoted})["message"]["body"] == quoted
+
+
+def test_both_owners_of_a_paused_pair_are_told_in_their_inboxes_until_a_person_posts(mcp, server, world):
+    _ping_pong(mcp, 10)
+    told = {h: [i for i in server.get("/api/inbox", headers=auth(world, h)).json()["items"]
+                if i["kind"] == "paused_pair"] for h in ("oj", "ren", "sam")}
+    assert {h: [(i["title"], i["agents"], i["count"], i["action"]) for i in items] for h, items in told.items()} == {
+        "oj": [("oj/muse and ren/builder are paused", ["oj/muse", "ren/builder"], 10, "resume")],
+        "ren": [("oj/muse and ren/builder are paused", ["oj/muse", "ren/builder"], 10, "resume")], "sam": []}
+    assert told["oj"][0]["id"] == f"paused_pair:{PROJECT}:oj/muse:ren/builder" and told["oj"][0]["since"]
+    r = server.post(f"/api/projects/{PROJECT}/resume", json={"agents": ["oj/muse", "ren/builder"]},
+                    headers=auth(world, "ren"))
+    assert r.status_code == 200, r.text
+    assert [i for h in ("oj", "ren") for i in server.get("/api/inbox", headers=auth(world, h)).json()["items"]
+            if i["kind"] == "paused_pair"] == []
