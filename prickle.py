@@ -1626,6 +1626,9 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE connect_requests ADD COLUMN address TEXT",
         # When the loop guard paused a pair: both owners are told, in their inboxes, from then.
         "ALTER TABLE loop_pairs ADD COLUMN paused_at TEXT",
+        # Wakes handed out again (delivered = -1): an owner's retry of a room's step wakes its agent on
+        # the event that first asked it, with no second event for an old message.
+        "CREATE INDEX wakes_again ON wakes(agent_id, seq) WHERE delivered = -1",
     ],
 ]
 
@@ -1675,6 +1678,8 @@ class Database:
         self.listeners: list[Callable[[int, int, set[str], set[str]], None]] = []
         #: Called after a commit that revoked credentials (open waits must check theirs again).
         self.revoked_listeners: list[Callable[[], None]] = []
+        #: Called after a commit that handed wakes out again (note_woken), with the agents they are for.
+        self.woken_listeners: list[Callable[[set[str]], None]] = []
         self._appended: list | None = None
         #: Facts read inside transactions (audit chain heads, who may reach a project), kept
         #: while no other connection writes the file (PRAGMA data_version says so).
@@ -1761,6 +1766,11 @@ class Database:
         self._appended[1] = seq
         self._appended[2].add(project)
         self._appended[3].update(agents)
+
+    def note_woken(self, agents: list[str]) -> None:
+        """Wakes of ``agents`` were handed out again in the current transaction; after commit the
+        woken_listeners wake their open waits."""
+        self.after_commit(lambda: [listener(set(agents)) for listener in self.woken_listeners])
 
     def note_revoked(self) -> None:
         """Credentials were revoked in the current transaction; tell the revoked_listeners after commit."""
@@ -2594,6 +2604,10 @@ class WakeHub:
         projects = {r["project"] for r in self.db.rows("SELECT project FROM outbox WHERE seq > ?", (self.seen,))}
         self.seen = head
         self._wake(projects, agents)
+
+    def wake_agents(self, agents: set[str]) -> None:
+        """Wake the open waits of ``agents`` (a wake of theirs was handed out again)."""
+        self._wake(set(), agents)
 
     def wake_everyone(self) -> None:
         """Wake every open wait, so each checks its credential (and its rows) again."""
@@ -4098,10 +4112,22 @@ def members_view(db: Database, person: Actor, project: str) -> list[dict]:
 
 
 def own_agents(db: Database, handle: str, hub: WakeHub | None = None) -> list[dict]:
-    """``handle``'s own agents as cards, each with the team projects it is in."""
+    """``handle``'s own agents as cards, each with the team projects it is in and ``needs_update``: its
+    runner was refused as too old for private-room turns (``discussion.refused``) and has not claimed
+    a discussion since."""
     with db.snapshot():
-        return [agent_card(db, r["agent_id"], hub) | {"projects": team_projects_of(db, r["agent_id"])}
+        room = db.scalar("SELECT project FROM rooms WHERE owner = ?", (handle,))
+        return [agent_card(db, r["agent_id"], hub) | {"projects": team_projects_of(db, r["agent_id"]),
+                                                      "needs_update": _runner_refused(db, room, r["agent_id"])}
                 for r in db.rows("SELECT agent_id FROM agents WHERE owner = ? ORDER BY agent_id", (handle,))]
+
+
+def _runner_refused(db: Database, room: str | None, agent_id: str) -> bool:
+    """Whether the agent's last word in its owner's room record is ``discussion.refused``."""
+    last = room and db.scalar("SELECT type FROM audit WHERE chain = ? AND type IN ('discussion.refused', "
+                              "'discussion.claimed') AND json_extract(refs, '$.agent') = ? ORDER BY n DESC LIMIT 1",
+                              (room, agent_id))
+    return last == "discussion.refused"
 
 
 def list_projects(db: Database, handle: str) -> list[dict]:
@@ -7934,8 +7960,8 @@ def _clear_turn_sessions(db: Database, slug: str, turn: dict, agents: list[str])
 def retry_reviewer(db: Database, person: Actor, agent: str) -> dict:
     """The owner wakes again an agent their room's turn skipped or is still waiting on, in the step it missed.
 
-    The wake rides on the waking message's ``message.posted`` event, sent again (live views
-    already holding the message keep one copy). Writes ``room.reviewer_retried``.
+    The wake rides again on the event that posted the waking message (handed out once more, so
+    no second ``message.posted`` is written for an old message). Writes ``room.reviewer_retried``.
     """
     with db.transaction():
         slug, turn = _turn_for_owner(db, person)
@@ -7954,9 +7980,18 @@ def retry_reviewer(db: Database, person: Actor, agent: str) -> dict:
                                    "json_extract(refs, '$.turn') = ? AND json_extract(refs, '$.agent') = ?",
                                    (slug, turn["id"], agent))) + 1,
             "sessions": sessions, "wakes": wakes})
-        append_event(db, slug, "message.posted", {"message": get_message(db, turn["waking_message"])},
-                     [room_wake(turn["id"], agent, turn["waking_message"], turn["replies_left"],
-                                 turn["step"] == "draft" and agent == turn["drafter"])])
+        posted = db.scalar("SELECT seq FROM outbox INDEXED BY outbox_by_project WHERE project = ? AND "
+                           "type = 'message.posted' AND json_extract(payload, '$.message.id') = ? ORDER BY seq LIMIT 1",
+                           (slug, turn["waking_message"]))
+        if posted is None:
+            raise InvalidState("the message this turn answers is older than the events kept: write again instead")
+        agent_, kind, task_id, message_id, detail = room_wake(turn["id"], agent, turn["waking_message"],
+                                                              turn["replies_left"],
+                                                              turn["step"] == "draft" and agent == turn["drafter"])
+        db.execute("INSERT INTO wakes (seq, agent_id, kind, project, task_id, message_id, detail, delivered) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?, -1) ON CONFLICT (agent_id, seq, kind) DO UPDATE SET delivered = -1, "
+                   "detail = excluded.detail", (posted, agent_, kind, slug, task_id, message_id, json.dumps(detail)))
+        db.note_woken([agent])
     return room_view(db, person)
 
 
@@ -8801,18 +8836,21 @@ def start_position(db: Database, scope: str, cursor: str | None) -> int | None:
 
 
 def pending_wakes(db: Database, actor: Actor, after: int, kinds: tuple[str, ...],
-                  project: str | None, *, missed: bool = False) -> tuple[list[dict], int]:
+                  project: str | None, *, missed: bool = False, again: bool = False) -> tuple[list[dict], int]:
     """Wakes for ``actor`` after outbox ``after``: one per event, the first of ``kinds`` it counts as.
 
     Returns ``(wakes, position)``: at most WAKE_BATCH wakes, each ``{seq, kind, project, at,
     task_id, message_id}``, and the position a cursor should hold afterwards. A wake about a
     task the agent may not see now (its approval lapsed and the gate holds it again) is
     not handed out. With ``missed``, instead the mentions up to ``after`` that no wait has
-    handed out yet (missed mentions), and the position stays ``after``.
+    handed out yet (missed mentions), and the position stays ``after``; with ``again``, the wakes
+    handed out once more (an owner's retry), wherever they are, and the position stays ``after``.
     """
     with db.snapshot():
         head = outbox_head(db)
-        if missed:
+        if again:
+            after_sql, head = "w.delivered = -1", head  # the partial index wakes_again
+        elif missed:
             if "mention" not in kinds:
                 return [], after
             kinds, head = ("mention",), after
@@ -8822,7 +8860,7 @@ def pending_wakes(db: Database, actor: Actor, after: int, kinds: tuple[str, ...]
         sql = ("SELECT w.seq, w.kind, w.project, w.task_id, w.message_id, w.detail, o.at FROM wakes w JOIN outbox o "
                "USING (seq) WHERE w.agent_id = ? AND %s AND w.seq <= ? AND w.kind IN (%s)"
                % (after_sql, ",".join("?" * len(kinds))))
-        params: tuple = (actor.agent_id,) + (() if missed else (after,)) + (head,) + tuple(kinds)
+        params: tuple = (actor.agent_id,) + (() if missed or again else (after,)) + (head,) + tuple(kinds)
         if project is not None:
             sql += " AND w.project = ?"
             params += (project,)
@@ -8846,7 +8884,7 @@ def pending_wakes(db: Database, actor: Actor, after: int, kinds: tuple[str, ...]
         if len(wakes) > WAKE_BATCH:
             wakes = wakes[:WAKE_BATCH]
             head = wakes[-1]["seq"]
-    return wakes, head
+    return wakes, (after if again else head)
 
 
 def wake_event(db: Database, wake: dict) -> dict:
@@ -8941,6 +8979,10 @@ async def wait_for_wakes(db: Database, hub: WakeHub, actor: Actor, args: dict, t
                 if missed:
                     note_delivered(db, agent, missed)
                     return "events", missed, wake_cursor(db, scope, after)
+            again, _ = pending_wakes(db, actor, after, kinds, project, again=True)
+            if again:
+                note_delivered(db, agent, again)
+                return "events", again, wake_cursor(db, scope, after)
             wakes, position = pending_wakes(db, actor, after, kinds, project)
             if wakes:
                 note_delivered(db, agent, wakes)
@@ -10708,6 +10750,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     db.listeners.append(hub.committed)
     db.refresh_hooks.append(check_caller)  # a call let in on a cached key is checked at its first read or write
     db.revoked_listeners.append(hub.wake_everyone)
+    db.woken_listeners.append(hub.wake_agents)
     # Checkpoints (which fsync) run on a worker thread with their own connection, never inside a
     # request's commit on the event loop.
     db.conn.pragma("wal_autocheckpoint", 0)
@@ -13057,6 +13100,9 @@ class Runner:
                                     "harness": 2})
         except Exception as e:  # noqa: BLE001 - a turn that moved on refuses; nothing to run
             self.log(f"{agent_id}: claim_discussion for {message['id']} refused: {e}")
+            if getattr(e, "message", "").startswith("harness:"):  # too old for turns: say so in status
+                self._agent(agent_id)["needs_update"] = e.message
+                self.save()
             return
         session_id = f"room-{message['id']}-{agent_id.replace('/', '-')}"
         async with self.per_agent[agent_id], self.total:
@@ -13192,6 +13238,8 @@ def runner_status_lines(config: RunnerConfig, status: dict) -> list[str]:
         failure = a.get("last_failure")
         lines.append(f"  last failure: {failure['class']}/{failure['step']} at {failure['at']}" if failure
                      else "  last failure: none")
+        if a.get("needs_update"):
+            lines.append(f"  needs an update: {a['needs_update']}")
     return lines
 
 

@@ -186,6 +186,8 @@ function renderAgents(box, state, ctx, shown, reload) {
       h("div", { class: "pulse-head" }, avatar(a.name, a.agent_id, "agent"),
         h("div", {}, h("strong", { text: a.name }), h("div", { class: "muted small", text: a.agent_id }))),
       a.role ? h("p", { text: a.role }) : null,
+      a.needs_update ? h("p", { class: "banner banner-warn needs-update", role: "status",
+        text: "Its runner needs an update: it is too old to answer in your private room. Update Prickle on that computer (pip install -U prickle) and start prickle runner again." }) : null,
       h("p", { class: "muted small", text: `${a.model} · ${a.client}` }),
       a.capabilities?.length ? h("p", { class: "chips" }, a.capabilities.map((c) => h("span", { class: "chip", text: `${c.kind}: ${c.name}` }))) : null,
       h("p", { class: "small" }, "In: ", (a.projects || []).length

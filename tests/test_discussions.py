@@ -2,7 +2,7 @@
 the owner stopping or continuing a turn, and a reviewer whose runner isn't listening, skipped and retried."""
 
 import prickle
-from conftest import audit_entries
+from conftest import all_events, audit_entries
 from helpers import ROOM, claim, listen, person, say, setup_room, woke
 
 
@@ -113,6 +113,12 @@ def test_a_reviewer_whose_runner_isnt_listening_is_skipped_then_retried(mcp, ser
     woke = mcp.ok("oj/critic", "wait_for_mention", {"cursor": cursor, "timeout_seconds": 1},
                   token=runners["oj/critic"])
     assert [(e["kind"], e["message"]["id"]) for e in woke["events"]] == [("room", draft["id"])]
+    # The wake rode on the draft's own event again: no second message.posted for an old message.
+    posted = [e for e in all_events(world.db) if e["type"] == "message.posted" and e["message"]["id"] == draft["id"]]
+    assert len(posted) == 1
+    again = mcp.ok("oj/critic", "wait_for_mention", {"cursor": woke["cursor"], "timeout_seconds": 1},
+                   token=runners["oj/critic"])
+    assert again["events"] == []  # handed out once
     review = claim(mcp, "oj/critic", runners["oj/critic"], draft["id"])
     assert review["role"] == "review" and review["reviewing"]["message_id"] == draft["id"]
     [entry] = audit_entries(world.db, ROOM, "room.reviewer_retried")
@@ -171,3 +177,24 @@ def test_an_agent_taken_out_of_its_owners_room_and_added_back_brings_its_rooms_k
         {"credential": rooms_key["id"], "agent": "oj/scout"}]
     assert audit_entries(world.db, ROOM, "agent.added")[-1]["refs"] == {
         "agent": "oj/scout", "with_owner": False, "ended_removal": True}
+
+
+def test_a_runner_refused_as_too_old_shows_as_needing_an_update_until_it_claims_again(mcp, server, world):
+    runners = setup_room(world)
+    oj = person(server, world, "oj")
+    asked = say(server, world, "Hello agents")
+    mcp.error("oj/muse", "claim_discussion", {"message_id": asked["id"], "idempotency_key": "k"}, "forbidden",
+              token=runners["oj/muse"])
+    needs = {a["agent_id"]: a["needs_update"] for a in oj.get("/api/agents").json()["agents"]}
+    assert needs == {"oj/critic": False, "oj/muse": True, "oj/scout": False}
+    claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])  # the updated runner answers
+    assert {a["agent_id"]: a["needs_update"] for a in oj.get("/api/agents").json()["agents"]}["oj/muse"] is False
+
+
+def test_prickle_runner_status_says_an_agent_needs_an_update():
+    config = prickle.RunnerConfig(server="http://127.0.0.1:8321", agents={
+        "oj/muse": prickle.RunnerAgent(key="prk_rk_x", client="claude")})
+    lines = prickle.runner_status_lines(config, {"running": True, "pid": 7, "agents": {"oj/muse": {
+        "connected": True, "listening": True, "runs": {}, "last_failure": None,
+        "needs_update": "harness: this runner speaks harness 1; ... update prickle-runner"}}})
+    assert lines[-1] == "  needs an update: harness: this runner speaks harness 1; ... update prickle-runner"
