@@ -1629,6 +1629,9 @@ MIGRATIONS: list[list[str]] = [
         # Wakes handed out again (delivered = -1): an owner's retry of a room's step wakes its agent on
         # the event that first asked it, with no second event for an old message.
         "CREATE INDEX wakes_again ON wakes(agent_id, seq) WHERE delivered = -1",
+        # Why a run failed (a run_failure step, e.g. claude_code_not_found): shown on the task page and
+        # in its owner's inbox, never a green "finished".
+        "ALTER TABLE attempts ADD COLUMN failure TEXT",
     ],
 ]
 
@@ -3377,13 +3380,15 @@ class Lifecycle:
     stored: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-#: An attempt's life: claimed (running) until its result is returned (finished), its owner
+#: An attempt's life: claimed (running) until its result is returned or it ends on its own
+#: (finished), its runner says it could not run or broke off (failed, with its reason), its owner
 #: presses Stop (stopped), a later claim of the task takes over (replaced), or its runner can't
 #: vouch for it (uncertain), which the owner settles as finished or abandoned.
 ATTEMPT_MOVES: dict[str, dict[str, str]] = {
-    "running": {"finish": "finished", "stop": "stopped", "replace": "replaced", "mark_uncertain": "uncertain"},
+    "running": {"finish": "finished", "fail": "failed", "stop": "stopped", "replace": "replaced",
+                "mark_uncertain": "uncertain"},
     "uncertain": {"settle_finished": "finished", "settle_abandoned": "abandoned"},
-    **closed("finished", "stopped", "replaced", "abandoned"),
+    **closed("finished", "failed", "stopped", "replaced", "abandoned"),
 }
 
 #: A computer's request to connect: its owner-to-be approves or refuses it on the page, then the
@@ -5586,17 +5591,19 @@ def check_run_allowed(db: Database, actor: Actor) -> None:
 
 
 def attempt_out(row: dict) -> dict:
-    """A run of a task as the page and its runner see it."""
+    """A run of a task as the page and its runner see it; ``failure`` says why a failed run failed."""
     return {"attempt_id": row["id"], "task_id": row["task_id"], "run_id": row["run_id"], "state": row["state"],
             "claimed_at": row["claimed_at"], "ended_at": row["ended_at"], "device_id": row["device_id"],
-            "device": row.get("device_name")}
+            "device": row.get("device_name"), "failure": row.get("failure")}
 
 
 def task_runs(db: Database, task_id: str) -> list[dict]:
-    """Every attempt of a task, oldest first, numbered from 1, with the name of its runner's device."""
-    rows = db.rows("SELECT a.*, d.name AS device_name FROM attempts a LEFT JOIN devices d ON d.id = a.device_id "
+    """Every attempt of a task, oldest first, numbered from 1, with the name of its runner's device and
+    ``waiting_on_step``: a step it asked for still waits on the owner (the run stopped to wait for it)."""
+    rows = db.rows("SELECT a.*, d.name AS device_name, EXISTS (SELECT 1 FROM steps s WHERE s.attempt_id = a.id AND "
+                   "s.status = 'pending') AS asking FROM attempts a LEFT JOIN devices d ON d.id = a.device_id "
                    "WHERE a.task_id = ? ORDER BY a.claimed_at, a.rowid", (task_id,))
-    return [attempt_out(r) | {"attempt": n} for n, r in enumerate(rows, 1)]
+    return [attempt_out(r) | {"attempt": n, "waiting_on_step": bool(r["asking"])} for n, r in enumerate(rows, 1)]
 
 
 #: Why a step expired undecided (``step.expired``): after 24 hours, or because its owner could no
@@ -5616,7 +5623,7 @@ def end_attempt(db: Database, attempt: dict, how: str, project: str, why: str | 
     move(db, "attempt", attempt["id"], how, attempt, ended_at=now)
     ended = revoke_credentials(db, "attempt_id = ?", (attempt["id"],),
                                why or {"replace": "run_replaced", "stop": "run_stopped",
-                                       "finish": "run_ended"}.get(how, "run_uncertain"))
+                                       "finish": "run_ended", "fail": "run_ended"}.get(how, "run_uncertain"))
     if how != "stop":
         return ended
     for step in db.rows("SELECT id, kind FROM steps WHERE attempt_id = ? AND status = 'pending'", (attempt["id"],)):
@@ -7010,14 +7017,20 @@ def device_attempt(db: Database, actor: Actor, attempt_id: str) -> dict:
     return attempt
 
 
+#: The reasons a runner gives for a run that failed (the reference's run_failure steps): such a run
+#: ends ``failed`` with its reason, shown on the task page and in its owner's inbox.
+RUN_FAILURE_STEPS = tuple(RUN_FAILURE["properties"]["step"]["enum"])
+
+
 def end_run(db: Database, actor: Actor, attempt_id: str, reason: str | None = None) -> dict:
-    """A runner says a run it launched has ended without a result (its process exited, failed to
-    start or went past its time limit): the attempt finishes and its credentials end at once.
+    """A runner says a run it launched has ended without a result: it failed (``reason`` is one of
+    RUN_FAILURE_STEPS: it could not start, crashed, ran out of time…) or it ended on its own, e.g.
+    waiting on a step its owner has not decided (``waiting_on_step``). Its credentials end at once.
 
     Only the device that claimed the attempt; an attempt no longer running is left as it is (the
-    answer is the same, so a runner may say it twice). ``reason`` (200 characters) is checked and
-    not kept: the runner reports it as ``run_failure`` in the pulse. Writes ``attempt.finished``.
-    Returns ``{"attempt"}``. Raises InvalidInput or NotFound.
+    answer is the same, so a runner may say it twice). ``reason`` (200 characters) is checked; a
+    failure's is kept on the attempt. Writes ``attempt.finished``. Returns ``{"attempt"}``. Raises
+    InvalidInput or NotFound.
     """
     if reason is not None:
         check_text(reason, "reason", 200)
@@ -7025,7 +7038,11 @@ def end_run(db: Database, actor: Actor, attempt_id: str, reason: str | None = No
         attempt = device_attempt(db, actor, attempt_id)
         if attempt["state"] == "running":
             project = db.scalar("SELECT project FROM tasks WHERE id = ?", (attempt["task_id"],))
-            end_attempt(db, attempt, "finish", project)
+            if reason in RUN_FAILURE_STEPS:
+                end_attempt(db, attempt, "fail", project)
+                db.execute("UPDATE attempts SET failure = ? WHERE id = ?", (reason, attempt_id))
+            else:
+                end_attempt(db, attempt, "finish", project)
             audit(db, project, "attempt.finished", {"attempt": attempt_id})
             append_event(db, project, "task.updated", {"task": task_out(db, attempt["task_id"])})  # live views
         return {"attempt": attempt_out(db.one("SELECT * FROM attempts WHERE id = ?", (attempt_id,)))}
@@ -8526,6 +8543,7 @@ INBOX_KINDS: dict[str, str] = {
     "mention": "open",             # a message that mentions them, in a thread they have not read past it
     "returned": "reassign",        # a task they asked for came back (its agent left, or was handed back)
     "paused_pair": "resume",       # the loop guard paused one of their agents with another (both owners are told)
+    "run_failed": "open",          # the last run of a task of one of their agents failed (it could not start, …)
 }
 
 #: At most this many unread mentions are listed (the newest); the rest wait until these are read.
@@ -8591,6 +8609,17 @@ def _returned_items(db: Database, person: Actor, names: dict[str, str]) -> list[
             if requesting_person(task) == person.handle]
 
 
+def _run_failed_items(db: Database, person: Actor, names: dict[str, str]) -> list[dict]:
+    """Open tasks of ``person``'s agents whose last run failed, with its reason, until another run starts."""
+    rows = db.rows(
+        "SELECT t.*, a.id AS attempt_id, a.failure, a.ended_at AS failed_at FROM tasks t JOIN attempts a ON "
+        "a.id = (SELECT id FROM attempts WHERE task_id = t.id ORDER BY claimed_at DESC, rowid DESC LIMIT 1) "
+        "WHERE a.state = 'failed' AND t.assignee IN (SELECT agent_id FROM agents WHERE owner = ?)", (person.handle,))
+    return [_inbox_item("run_failed", r["attempt_id"], names, r["project"], r["failed_at"], _task_title(r), r["id"],
+                        failure=r["failure"], agent=r["assignee"])
+            for r in rows if r["state"] in CLAIMABLE]
+
+
 def _paused_pair_items(db: Database, person: Actor, names: dict[str, str]) -> list[dict]:
     """Pairs the loop guard paused where one agent is ``person``'s: both owners are told, until a person posts."""
     return [_inbox_item("paused_pair", f"{r['project']}:{r['agent_a']}:{r['agent_b']}", names, r["project"],
@@ -8631,7 +8660,7 @@ def inbox(db: Database, person: Actor) -> dict:
     ``action`` (the card), ``approval`` (``approval`` and ``task``), ``final_acceptance``
     (``task`` and ``evidence``: complete, uncovered and stale criteria), ``question`` (``task``,
     ``questions``, ``progress``), ``mention`` (``message``), ``returned`` (``task``), ``paused_pair``
-    (``agents``, ``count``). ``id`` is ``kind:ID`` and stays the
+    (``agents``, ``count``), ``run_failed`` (``failure``, ``agent``). ``id`` is ``kind:ID`` and stays the
     same while the item waits. Lapsed approvals, steps and cards expire first. Acting on an item
     (deciding, accepting, answering in the thread, reading the thread) takes it out.
     """
@@ -8650,6 +8679,7 @@ def inbox(db: Database, person: Actor) -> dict:
         items += _mention_items(db, person, names)
         items += _returned_items(db, person, names)
         items += _paused_pair_items(db, person, names)
+        items += _run_failed_items(db, person, names)
     items.sort(key=lambda item: item["since"], reverse=True)
     return {"items": items, "count": len(items)}
 
@@ -8667,6 +8697,7 @@ DIGEST_LABELS: dict[str, str] = {
     "question": "A question on a task you asked for", "mention": "A message that mentions you",
     "returned": "A task that came back to you, to hand to another agent",
     "paused_pair": "Two agents, one of them yours, paused for answering each other",
+    "run_failed": "A run of your agent that failed",
 }
 
 
@@ -12287,6 +12318,11 @@ async def http_call(base_url: str, key: str, method: str, path: str, body: dict 
     return data
 
 
+#: What to do when an agent's CLI can't run, by client.
+CLI_INSTALL = {"claude": "install Claude Code (npm install -g @anthropic-ai/claude-code) or set cli_path in the "
+                         "runner's config",
+               "codex": "install Codex (npm install -g @openai/codex) or set cli_path in the runner's config"}
+
 #: A new agent's limits in the runner's config file.
 RUNNER_DEFAULT_LIMITS = {"parallel": 1, "launch_timeout_minutes": 30}
 
@@ -12593,7 +12629,9 @@ class Runner:
             raise RunnerError(f"a runner (pid {previous['pid']}) already uses {state_dir}: stop it first")
         self.previous = previous
         self.status: dict = {"pid": os.getpid(), "started_at": iso(utcnow()), "log": self.log_path,
-                             "server": config.base_url, "agents": {}, "task_runs": previous.get("task_runs", {})}
+                             "server": config.base_url, "agents": {}, "task_runs": previous.get("task_runs", {}),
+                             # Ends of runs the server has not heard of yet, kept across restarts (reconcile).
+                             "unsent": previous.get("unsent", [])}
         for agent_id in config.agents:
             before = previous.get("agents", {}).get(agent_id, {})
             self.status["agents"][agent_id] = {
@@ -12605,6 +12643,7 @@ class Runner:
         self.stopping: dict[str, str] = {}  # attempt or session id -> why it was stopped
         self.by_task: dict[str, str] = {}  # task id -> the attempt running it
         self._tasks: set[asyncio.Task] = set()
+        self.stopping_all = False
         self.waits = {a: McpSession(config.mcp_url, c.key) for a, c in config.agents.items()}
         self.calls = {a: McpSession(config.mcp_url, c.key) for a, c in config.agents.items()}
         self.save()
@@ -12645,13 +12684,16 @@ class Runner:
     async def run(self, until: asyncio.Event | None = None) -> None:
         """Recover what a previous runner left, then listen for every agent until ``until`` is set."""
         until = until or asyncio.Event()
+        await self.check_clis()
         await self.recover()
-        listeners = [asyncio.ensure_future(self.listen(a)) for a in self.config.agents]
-        listeners.append(asyncio.ensure_future(self.watch()))
+        listeners = [asyncio.ensure_future(self.supervise(f"{a}: the listener", functools.partial(self.listen, a),
+                                                          beat=a)) for a in self.config.agents]
+        listeners.append(asyncio.ensure_future(self.supervise("the run watcher", self.watch)))
         self.log(f"runner started (pid {os.getpid()}) for {', '.join(self.config.agents) or 'no agents'}")
         try:
             await until.wait()
         finally:
+            self.stopping_all = True
             for t in listeners:
                 t.cancel()
             for run_id in list(self.procs):
@@ -12665,6 +12707,70 @@ class Runner:
             self.save()
             self.log("runner stopped")
 
+    async def supervise(self, name: str, work: Callable[[], Any], beat: str | None = None) -> None:
+        """Keep ``work`` going until the runner stops: whatever ends it (an error, a cancellation from
+        inside the MCP client, a return) is logged and it starts again after a backoff. With ``beat``
+        (an agent), a listener that has not come back from a call for two waits' time is ended and
+        started again too: a call that hangs never leaves the runner deaf."""
+        failures = 0
+        while True:
+            job = asyncio.ensure_future(work())
+            why = None
+            try:
+                while not job.done():
+                    await asyncio.wait({job}, timeout=RUNNER_WATCH_SECONDS)
+                    last = self._agent(beat).get("beat") if beat else None
+                    if last is not None and time.monotonic() - last > 2 * RUNNER_WAIT_SECONDS + 30:
+                        why = "it stopped hearing from the server"
+                        job.cancel()
+                        await asyncio.wait({job}, timeout=RUNNER_STOP_GRACE)
+                        break
+                if why is None:
+                    job.result()
+                    why = "it returned"
+            except asyncio.CancelledError:
+                job.cancel()
+                current = asyncio.current_task()
+                if self.stopping_all or (current is not None and current.cancelling()):
+                    raise  # the runner itself is stopping
+                why = "it was cancelled"
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:  # noqa: BLE001 - an exception group from the SDK included
+                why = f"{type(e).__name__}: {redact(str(e))[:200]}"
+            if self.stopping_all:
+                return
+            failures += 1
+            self.log(f"{name} ended ({why}); starting it again")
+            if beat:
+                state = self._agent(beat)
+                state["connected"] = state["listening"] = False
+                state.pop("beat", None)
+                self.save()
+            await asyncio.sleep(RUNNER_BACKOFF[min(failures, len(RUNNER_BACKOFF)) - 1])
+
+    async def check_clis(self) -> None:
+        """Ask each agent's CLI for its version, so a runner that can't run says so at once (log and status)."""
+        for agent_id, agent in self.config.agents.items():
+            if agent.client == "command":
+                continue
+            cli = agent.cli_path or agent.client
+            problem = None
+            try:
+                proc = await asyncio.create_subprocess_exec(cli, "--version", stdout=asyncio.subprocess.PIPE,
+                                                            stderr=asyncio.subprocess.STDOUT)
+                out, _ = await asyncio.wait_for(proc.communicate(), 60)
+                if proc.returncode != 0:
+                    problem = f"'{cli} --version' failed (exit status {proc.returncode})"
+            except (FileNotFoundError, PermissionError):
+                problem = f"'{cli}' was not found"
+            except (OSError, asyncio.TimeoutError) as e:
+                problem = f"'{cli} --version' did not answer ({type(e).__name__})"
+            self._agent(agent_id)["cli_problem"] = problem and f"{problem}: {CLI_INSTALL[agent.client]}"
+            if problem:
+                self.log(f"{agent_id}: {self._agent(agent_id)['cli_problem']}")
+        self.save()
+
     async def recover(self) -> None:
         """Mark uncertain every run a previous runner launched and never saw end (its process is stopped)."""
         for agent_id, before in self.previous.get("agents", {}).items():
@@ -12677,11 +12783,7 @@ class Runner:
                     continue
                 self.log(f"{agent_id}: attempt {run_id} of task {run['task_id']} was running when the last runner "
                          "ended: its outcome is unknown, marking it uncertain")
-                try:
-                    await http_call(self.config.base_url, agent.key, "POST", f"/api/runner/attempts/{run_id}/uncertain",
-                                    {"reason": "runner_restarted"})
-                except (CallFailed, OSError, Exception) as e:  # noqa: BLE001 - reported, the runner goes on
-                    self.log(f"{agent_id}: could not mark attempt {run_id} uncertain: {e}")
+                await self.tell(agent_id, run_id, "uncertain", "runner_restarted")
 
     async def listen(self, agent_id: str) -> None:
         """Wait in wait_for_mention for one agent, resuming from its cursor, reconnecting with backoff."""
@@ -12702,8 +12804,10 @@ class Runner:
                     first = False
                     if not state["connected"]:
                         self.log(f"{agent_id}: connected to {self.config.base_url}")
+                        await self.reconcile(agent_id)
                     state["connected"] = True
                 state["listening"] = True
+                state["beat"] = time.monotonic()
                 self.save()
                 out = await self.waits[agent_id].call("wait_for_mention", args, timeout=RUNNER_WAIT_SECONDS)
             except asyncio.CancelledError:
@@ -12731,6 +12835,7 @@ class Runner:
                 continue
             if not state["connected"]:
                 self.log(f"{agent_id}: connected to {self.config.base_url}")
+                await self.reconcile(agent_id)
             failures = 0
             state["connected"] = True
             state["cursor"] = out["cursor"]
@@ -12848,6 +12953,15 @@ class Runner:
         asyncio.get_running_loop().call_later(RUNNER_STOP_GRACE, kill)
 
     # -- runs ----------------------------------------------------------------
+
+    async def working(self, agent_id: str, task: dict) -> None:
+        """Tell Team Pulse the agent is working on ``task`` while its run goes on (report() ends it)."""
+        title = (task.get("display_title") or task["packet"]["task"])[:180]
+        try:
+            await self.calls[agent_id].call("update_pulse", {"project": task["project"], "availability": "working",
+                                                             "doing": f"Working on {title}", "task_id": task["id"]})
+        except Exception as e:  # noqa: BLE001 - the report is best effort; the log keeps it
+            self.log(f"{agent_id}: could not report to Team Pulse: {e}")
 
     async def report(self, agent_id: str, project: str, failure: dict | None, task_id: str | None = None) -> None:
         """Set run_failure on the agent's Team Pulse, or clear it after a good run."""
@@ -13002,9 +13116,13 @@ class Runner:
                              "claiming again with the same idempotency key")
                 if failure is not None:
                     failure.pop("retry", None)
-                if failure is not None and not failure.get("stopped") and attempt_id is not None:
-                    await self.ended(agent_id, attempt_id, failure["step"])
-                if failure is None or not failure.get("stopped"):  # a stopped run is neither good nor failed
+                stopped = failure is not None and failure.get("stopped")
+                if attempt_id is not None and not stopped:
+                    # The server hears every end (a result already ended it: then this changes nothing).
+                    await self.ended(agent_id, attempt_id, failure["step"] if failure else "exited")
+                if failure is not None and failure.get("step") == "waiting_on_step":
+                    failure = None  # waiting for its owner is not a failure
+                if not stopped:  # a stopped run is neither good nor failed
                     await self.report(agent_id, project, failure, task_id)
         finally:
             self.by_task.pop(task_id, None)
@@ -13044,6 +13162,7 @@ class Runner:
                   "workspace": workspace, "prompt_file": files["prompt_file"], "mcp_config": files["mcp_config"]}
         argv, on_stdin = launch_argv(agent, files, values)
         self.log(f"{agent_id}: task {task_id}: attempt {attempt_id} launch {launch}: {argv[0]} in {workspace}")
+        await self.working(agent_id, task)
         code, how = await self._launch(attempt_id, argv, self._env(secret, values), workspace,
                                        prompt if on_stdin else None, log_path,
                                        agent.launch_timeout_minutes * 60, record, agent_id)
@@ -13069,7 +13188,7 @@ class Runner:
         if os.path.exists(os.path.join(files["run_dir"], "step-pending")) or await self._step_pending(agent_id,
                                                                                                      attempt_id):
             self.log(f"{agent_id}: {attempt_id} ended waiting on a step its owner has not decided yet")
-            return None
+            return {"class": "other", "step": "waiting_on_step"}
         self.log(f"{agent_id}: {attempt_id} ended (exit status {code}) without a result; the task is {state}")
         if code != 0:
             return {"class": "runtime", "step": "cli_crashed"}
@@ -13077,13 +13196,44 @@ class Runner:
 
     async def ended(self, agent_id: str, attempt_id: str, reason: str) -> None:
         """Tell the server a run ended without a result, so its attempt and credential end there too."""
+        await self.tell(agent_id, attempt_id, "ended", reason)
+
+    async def tell(self, agent_id: str, attempt_id: str, what: str, reason: str, queued: bool = False) -> bool:
+        """Tell the server a run ``ended`` or is ``uncertain``; what can't be told now is kept in the
+        status file (``unsent``) and told when the agent reconnects. Returns whether it was told."""
         if not ID_RE.fullmatch(attempt_id):
-            return  # not an id the server could have made: nothing to tell it, and never a path to call
+            return True  # not an id the server could have made: nothing to tell it, and never a path to call
         try:
             await http_call(self.config.base_url, self.config.agents[agent_id].key, "POST",
-                            f"/api/runner/attempts/{attempt_id}/ended", {"reason": reason})
-        except (CallFailed, OSError, Exception) as e:  # noqa: BLE001 - reported, the runner goes on
-            self.log(f"{agent_id}: could not tell the server that {attempt_id} ended: {e}")
+                            f"/api/runner/attempts/{attempt_id}/{what}", {"reason": reason})
+            return True
+        except CallFailed as e:  # the server answered: nothing to try again
+            self.log(f"{agent_id}: the server refused that {attempt_id} {what}: {e.message}")
+            return True
+        except Exception as e:  # noqa: BLE001 - the server is away: kept for the next connect
+            if not queued:
+                self.log(f"{agent_id}: could not tell the server that {attempt_id} {what} ({type(e).__name__}); "
+                         "it is told when the server is back")
+                self.status["unsent"].append({"agent": agent_id, "attempt": attempt_id, "what": what,
+                                              "reason": reason})
+                self.save()
+            return False
+
+    async def reconcile(self, agent_id: str) -> None:
+        """Back in touch with the server: tell it the ends it could not hear, and mark uncertain every run
+        it thinks is going on this device that has no process here (none stays 'running' on the page)."""
+        for item in [u for u in self.status["unsent"] if u["agent"] == agent_id]:
+            if await self.tell(agent_id, item["attempt"], item["what"], item["reason"], queued=True):
+                self.status["unsent"].remove(item)
+                self.log(f"{agent_id}: told the server that {item['attempt']} {item['what']}")
+        self.save()
+        state = await self.device_state(agent_id)
+        mine = set(self.procs) | set(self.by_task.values())
+        for run in (state or {}).get("runs", []):
+            if run["state"] == "running" and run["attempt_id"] not in mine:
+                self.log(f"{agent_id}: {run['attempt_id']} is running on the server but not here: marking it "
+                         "uncertain for its owner to settle")
+                await self.tell(agent_id, run["attempt_id"], "uncertain", "no_process")
 
     async def _step_pending(self, agent_id: str, attempt_id: str) -> bool:
         """Whether the server says a step this attempt asked for (with request_step itself) awaits the owner."""
@@ -13240,6 +13390,8 @@ def runner_status_lines(config: RunnerConfig, status: dict) -> list[str]:
                      else "  last failure: none")
         if a.get("needs_update"):
             lines.append(f"  needs an update: {a['needs_update']}")
+        if a.get("cli_problem"):
+            lines.append(f"  can't run: {a['cli_problem']}")
     return lines
 
 

@@ -24,6 +24,8 @@ const KINDS = {
   returned: ["Tasks handed back to you",
     "Their agent left the project or handed them back. Hand each to another agent from its page."],
   mention: ["Messages that mention you", "They leave this list once you have read the room or thread they are in."],
+  run_failed: ["Runs of your agents that failed",
+    "The last run of each task below failed before it could finish. Fix what it says, then start a run from the task's page."],
   paused_pair: ["Agents paused for answering each other",
     "Two agents, one of them yours, went back and forth ten times with no person in between. Any person's message in the project resumes them."],
 };
@@ -204,6 +206,7 @@ function itemCard(item, ctx) {
     returned: () => returnedCard(item),
     mention: () => mentionCard(item),
     paused_pair: () => pausedCard(item),
+    run_failed: () => failedCard(item),
   }[item.kind]();
   return h("div", { class: `inbox-item inbox-${item.kind}`, dataset: { itemId: item.id, kind: item.kind } },
     h("div", { class: "inbox-item-head" }, badge(LABEL[item.kind], "attention"), where(item)), inner);
@@ -251,6 +254,26 @@ function returnedCard(item) {
     h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: item.title })),
     h("p", { class: "muted small", text: `Returned by ${item.task.assignee}.` }),
     h("a", { class: "button primary", href: `#/p/${item.project}/tasks/${item.task_id}`, text: "Hand it on" }));
+}
+
+/** What a run failure's step means, for the person who can fix it. */
+const FAILURE_TEXT = {
+  claude_code_not_found: "Claude Code is not installed on the runner's computer (or cli_path is wrong).",
+  codex_not_found: "Codex is not installed on the runner's computer (or cli_path is wrong).",
+  cli_not_found: "The command the runner's config names was not found.",
+  cli_did_not_start: "The agent's program did not start.",
+  cli_crashed: "The agent's program stopped with an error.",
+  task_time_limit: "The run went past its time limit.",
+  worktree_failed: "The runner could not make a git worktree for the task.",
+  agent_error: "The agent ended without a result.",
+  see_runner_log: "Something went wrong: the runner's log says what.",
+};
+
+function failedCard(item) {
+  return h("article", { class: "card inbox-run-failed", dataset: { taskId: item.task_id } },
+    h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: item.title })),
+    h("p", { text: `${item.agent}: ${FAILURE_TEXT[item.failure] || item.failure}` }),
+    h("a", { class: "button primary", href: `#/p/${item.project}/tasks/${item.task_id}`, text: "Open the task" }));
 }
 
 function pausedCard(item) {

@@ -6,7 +6,14 @@ import { post, seg } from "./api.js";
 import { h, field, errorSlot, act, badge, timeEl, confirmButton, announce, empty } from "./ui.js";
 
 const RUN_KIND = { running: "work", finished: "ok", stopped: "warn", replaced: "muted", uncertain: "attention",
-  abandoned: "muted" };
+  abandoned: "muted", failed: "danger", waiting: "attention" };
+
+/** What a run's state is, in words: a run waiting on its owner's step says so, a failed one why. */
+function runState(run) {
+  if (run.waiting_on_step) return ["waiting for your step", "waiting"];
+  if (run.state === "failed") return [`failed: ${(run.failure || "see the runner's log").replaceAll("_", " ")}`, "failed"];
+  return [run.state, run.state];
+}
 
 // ---- rendering ---------------------------------------------------------------------------
 
@@ -28,7 +35,7 @@ function runRow(run, control, reload) {
   const settle = control && run.state === "uncertain" ? settleButtons(run, reload) : null;
   return h("tr", { dataset: { attemptId: run.attempt_id, state: run.state } },
     h("td", { "data-label": "Attempt", text: `#${run.attempt}` }),
-    h("td", { "data-label": "State" }, badge(run.state, RUN_KIND[run.state] || "muted")),
+    h("td", { "data-label": "State" }, (([text, kind]) => badge(text, RUN_KIND[kind] || "muted"))(runState(run))),
     h("td", { "data-label": "Started" }, timeEl(run.claimed_at, true)),
     h("td", { "data-label": "Device", text: run.device || "—" }),
     h("td", { "data-label": "" }, settle));

@@ -130,7 +130,7 @@ def test_every_lifecycle_is_a_table_whose_moves_lead_to_its_states():
         "step": ["approved", "consumed", "expired", "pending", "refused", "withdrawn"],
         "action": ["approved", "declined", "done", "expired", "failed", "proposed", "running"],
         "turn": ["draft", "ended", "review", "revise"],
-        "attempt": ["abandoned", "finished", "replaced", "running", "stopped", "uncertain"],
+        "attempt": ["abandoned", "failed", "finished", "replaced", "running", "stopped", "uncertain"],
         "connect": ["approved", "collected", "expired", "pending", "refused"],
         "invite": ["accepted", "declined", "expired", "open", "revoked", "spent"],
         "lead": ["agreed", "none", "proposed"],

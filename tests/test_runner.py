@@ -129,9 +129,10 @@ def test_failed_runs_set_run_failure_a_good_run_clears_it_and_a_mention_only_not
             assert wait_until("run_failure", lambda: failure("ren/builder")) == {
                 "class": "agent", "step": "agent_error"}
             assert task_state(ren, quiet)["state"] == "accepted"  # it accepted, then exited without a result
-            # The runner told the server the run ended: it shows as over, and its credential ended with it.
+            # The runner told the server the run failed: it shows as failed with why, never a green "finished",
+            # and its credential ended with it.
             [run] = ren.get(f"/api/tasks/{quiet}").json()["runs"]
-            assert run["state"] == "finished" and run["ended_at"] is not None
+            assert (run["state"], run["failure"]) == ("failed", "agent_error") and run["ended_at"] is not None
             assert db.scalar("SELECT revoked_reason FROM credentials WHERE attempt_id = ?", (run["attempt_id"],)) == \
                 "run_ended"
             assert [e["refs"] for e in audit_entries(db, PROJECT, "attempt.finished")
@@ -147,7 +148,8 @@ def test_failed_runs_set_run_failure_a_good_run_clears_it_and_a_mention_only_not
             ghost = ghost["task"]["id"]
             assert wait_until("the time limit", lambda: failure("ren/builder"), timeout=60) == {
                 "class": "timeout", "step": "task_time_limit"}
-            assert [r["state"] for r in ren.get(f"/api/tasks/{sleepy}").json()["runs"]] == ["finished"]
+            assert [(r["state"], r["failure"]) for r in ren.get(f"/api/tasks/{sleepy}").json()["runs"]] == [
+                ("failed", "task_time_limit")]
             assert wait_until("cli_not_found", lambda: failure("ren/ghost")) == {
                 "class": "runtime", "step": "cli_not_found"}
             status = runner.status()
@@ -347,8 +349,11 @@ def test_a_run_that_ends_waiting_on_a_step_it_asked_for_is_not_a_failure(db_path
                 ("Bash", {"command": "make publish"}, task_id)]
             assert "stand-in: step pending" in all_logs(runner.state_dir)
             state = httpx.get(served.info["url"] + "/api/runner/state", headers={"Authorization": f"Bearer {key}"})
+            # The run is over (no process behind it) and says it waits on its owner's step.
             assert [(r["task_id"], r["state"], r["step_pending"]) for r in state.json()["runs"]] == [
-                (task_id, "running", True)]
+                (task_id, "finished", True)]
+            [run] = ren.get(f"/api/tasks/{task_id}").json()["runs"]
+            assert (run["state"], run["waiting_on_step"]) == ("finished", True)
         # The runner has ended (its report sent): the run was a good one, no run_failure.
         assert runner.status()["agents"]["ren/builder"]["last_failure"] is None
         assert "run_failure" not in (pulse_of(ren, PROJECT, "ren/builder") or {})
