@@ -12658,6 +12658,10 @@ class Runner:
         if self._echo:
             self._echo(text)
 
+    def close(self) -> None:
+        """Close the runner's log (run() leaves it open for a caller that logs after it)."""
+        self._log_file.close()
+
     def save(self) -> None:
         """Write the status file (0600, replaced whole) that ``prickle runner status`` reads."""
         self.status["updated_at"] = iso(utcnow())

@@ -70,6 +70,13 @@ class RunnerProcess:
         assert p.returncode == 0, p.stderr
         return json.loads(p.stdout)
 
+    def status_text(self) -> str:
+        """What ``prickle runner status`` prints for this config."""
+        p = subprocess.run(PRICKLE + ["runner", "status", "--config", str(self.config)],
+                           capture_output=True, text=True, timeout=30, env=self.env, cwd=self.cwd)
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+
     def state(self) -> dict:
         """The status file the runner keeps (what ``status`` prints), read without a process."""
         try:

@@ -1,0 +1,152 @@
+"""The runner left alone: it keeps itself going, survives the server's restarts and says when it can't run.
+
+Real ``prickle serve`` and ``prickle runner`` processes; the agent CLI is the stand-in command
+(tests/runner_agent.py). Nothing here sleeps to win a race: each step waits for a state.
+"""
+
+import asyncio
+import contextlib
+import os
+import signal
+
+import httpx
+import pytest
+
+import prickle
+from conftest import MCP, REFERENCE_TOOLS, Served
+from helpers import _free_port, cli_json
+from runner_util import STANDIN_AGENT, RunnerProcess, person, pulse_of, task_state, wait_until, write_config
+
+PROJECT = "website-v2"
+
+
+def packet(mode: str, task: str = "Draft the hero copy.") -> dict:
+    return REFERENCE_TOOLS["handoff"]["example_input"]["packet"] | {"task": task, "context": f"standin: {mode}"}
+
+
+def hand(mcp, mode: str, task: str = "Draft the hero copy.") -> str:
+    out = mcp.ok("oj/muse", "handoff", {"project": PROJECT, "to": "ren/builder", "packet": packet(mode, task)})
+    assert out["task"]["state"] == "routed"
+    return out["task"]["id"]
+
+
+def runs_of(ren, task_id):
+    return ren.get(f"/api/tasks/{task_id}").json()["runs"]
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_a_server_restart_leaves_no_runner_deaf_and_no_run_running_without_a_process(db_path, tmp_path, how):
+    port = _free_port()
+    first = Served(db_path, "--demo", "--port", str(port))
+    base = first.info["url"]
+    key = cli_json(db_path, "device", "pair", "ren/builder", "--name", "ren-laptop")["token"]
+    cli_json(db_path, "rule", "set", "ren", "--decision", "allow", "--from-owner", "oj")
+    muse_key = first.info["demo"]["keys"]["oj/muse"]
+    ren_token = cli_json(db_path, "token", "create", "--person", "ren")["token"]
+    config = write_config(tmp_path / "runner.toml", base, {
+        "ren/builder": {"key": key, "client": "command", "command": STANDIN_AGENT}})
+    with RunnerProcess(config) as runner:
+        try:
+            runner.wait_connected("ren/builder")
+            with httpx.Client(base_url=base, timeout=60) as http, person(base, ren_token) as ren:
+                sleepy = hand(MCP(http, {"oj/muse": muse_key}), "sleep")
+                wait_until("the run to sleep", lambda: "Sleeping." in str(task_state(ren, sleepy)["latest_checkpoint"]))
+            [run] = list(runner.runs("ren/builder").values())
+            # The server goes away with the run in flight, and the run ends while it is away.
+            first.proc.send_signal(how)
+            first.proc.wait(30)
+            first.stop()
+            with contextlib.suppress(ProcessLookupError):  # it may have ended on its own with its server gone
+                os.killpg(run["pid"], signal.SIGKILL)
+            wait_until("the runner to see the server away", lambda: not runner.state()["agents"]["ren/builder"][
+                "connected"] and not runner.runs("ren/builder"))
+            assert [(u["attempt"], u["what"]) for u in runner.state()["unsent"]] == [(run["attempt_id"], "ended")]
+        finally:
+            first.stop()
+        with Served(db_path, "--port", str(port)) as again:
+            assert again.info["url"] == base
+            runner.wait_connected("ren/builder")
+            with person(base, ren_token) as ren, httpx.Client(base_url=base, timeout=60) as http:
+                # The end it could not tell is told; nothing shows running without a process behind it.
+                wait_until("the end told", lambda: runs_of(ren, sleepy)[0]["state"] == "failed")
+                assert runner.state()["unsent"] == []
+                assert f"told the server that {run['attempt_id']} ended" in runner.log()
+                # And it still hears: the next task is claimed, run and returned.
+                ok = hand(MCP(http, {"oj/muse": muse_key}), "ok", "Draft the footer.")
+                wait_until("the result", lambda: task_state(ren, ok)["state"] == "verifying", timeout=60)
+                assert [r["state"] for r in runs_of(ren, ok)] == ["finished"]
+
+
+def test_a_listener_that_ends_for_any_reason_is_logged_and_started_again(tmp_path):
+    config = prickle.RunnerConfig(server="http://127.0.0.1:9", agents={
+        "oj/muse": prickle.RunnerAgent(key="prk_rk_x", client="command", command=["true"])})
+    runner = prickle.Runner(config, str(tmp_path / "state"))
+    calls = []
+
+    async def work():
+        calls.append(len(calls))
+        if len(calls) == 1:  # what the MCP client raises when its own scope is cancelled
+            raise BaseExceptionGroup("unhandled errors in a TaskGroup", [asyncio.CancelledError()])
+        if len(calls) == 2:
+            raise asyncio.CancelledError()
+        if len(calls) == 3:
+            return
+        await asyncio.Event().wait()
+
+    async def main():
+        task = asyncio.ensure_future(runner.supervise("oj/muse: the listener", work))
+        while len(calls) < 4:
+            await asyncio.sleep(0.05)
+        runner.stopping_all = True
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    asyncio.run(main())
+    runner.close()
+    lines = [line.split(" ", 1)[1] for line in (tmp_path / "state" / "runner.log").read_text().splitlines()]
+    assert lines == [
+        "oj/muse: the listener ended (BaseExceptionGroup: unhandled errors in a TaskGroup (1 sub-exception)); "
+        "starting it again",
+        "oj/muse: the listener ended (it was cancelled); starting it again",
+        "oj/muse: the listener ended (it returned); starting it again"]
+
+
+def test_a_runner_whose_cli_cant_run_says_so_and_its_failed_launch_shows_failed_everywhere(db_path, tmp_path):
+    with Served(db_path, "--demo") as served:
+        base = served.info["url"]
+        key = cli_json(db_path, "device", "pair", "ren/builder", "--name", "ren-laptop")["token"]
+        cli_json(db_path, "rule", "set", "ren", "--decision", "allow", "--from-owner", "oj")
+        missing = str(tmp_path / "no-such-claude")
+        config = write_config(tmp_path / "runner.toml", base, {
+            "ren/builder": {"key": key, "client": "claude", "cli_path": missing}})
+        with RunnerProcess(config) as runner, person(base, cli_json(db_path, "token", "create", "--person", "ren")[
+                "token"]) as ren, httpx.Client(base_url=base, timeout=60) as http:
+            runner.wait_connected("ren/builder")
+            said = (f"'{missing}' was not found: install Claude Code (npm install -g @anthropic-ai/claude-code) or "
+                    "set cli_path in the runner's config")
+            assert said in runner.log()
+            assert f"  can't run: {said}" in runner.status_text()
+            task_id = hand(MCP(http, {"oj/muse": served.info["demo"]["keys"]["oj/muse"]}), "ok")
+            runs = wait_until("the failed run", lambda: [r for r in runs_of(ren, task_id) if r["state"] == "failed"])
+            assert [(r["state"], r["failure"]) for r in runs] == [("failed", "claude_code_not_found")]
+            assert pulse_of(ren, PROJECT, "ren/builder")["run_failure"] == {"class": "runtime",
+                                                                            "step": "claude_code_not_found"}
+            [item] = [i for i in ren.get("/api/inbox").json()["items"] if i["kind"] == "run_failed"]
+            assert (item["task_id"], item["failure"], item["agent"], item["action"]) == (
+                task_id, "claude_code_not_found", "ren/builder", "open")
+
+
+def test_team_pulse_says_the_agent_is_working_while_its_run_goes_on(db_path, tmp_path):
+    with Served(db_path, "--demo") as served:
+        base = served.info["url"]
+        key = cli_json(db_path, "device", "pair", "ren/builder", "--name", "ren-laptop")["token"]
+        cli_json(db_path, "rule", "set", "ren", "--decision", "allow", "--from-owner", "oj")
+        config = write_config(tmp_path / "runner.toml", base, {
+            "ren/builder": {"key": key, "client": "command", "command": STANDIN_AGENT}})
+        with RunnerProcess(config) as runner, person(base, cli_json(db_path, "token", "create", "--person", "ren")[
+                "token"]) as ren, httpx.Client(base_url=base, timeout=60) as http:
+            runner.wait_connected("ren/builder")
+            task_id = hand(MCP(http, {"oj/muse": served.info["demo"]["keys"]["oj/muse"]}), "sleep")
+            pulse = wait_until("the pulse", lambda: (p := pulse_of(ren, PROJECT, "ren/builder")) and p.get(
+                "availability") == "working" and p)
+            assert (pulse["task_id"], pulse["doing"]) == (task_id, "Working on Draft the hero copy.")
