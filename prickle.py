@@ -2590,6 +2590,14 @@ class WakeHub:
         self.seen_version = db.data_version()
         self.agent_waiters: dict[str, set[asyncio.Future]] = {}
         self.project_waiters: dict[str, set[asyncio.Future]] = {}
+        #: Set when the server is stopping: every wait answers at once and every stream ends.
+        self.closing = False
+
+    def close(self) -> None:
+        """The server is stopping: open waits answer now (a timeout, with their cursor) and streams end,
+        so a SIGTERM finishes in moments, every caller answered, nothing cut off mid-answer."""
+        self.closing = True
+        self.wake_everyone()
 
     def committed(self, first: int, last: int, projects: set[str], agents: set[str]) -> None:
         """This process committed outbox rows ``first..last``: wake whom they concern."""
@@ -9020,7 +9028,7 @@ async def wait_for_wakes(db: Database, hub: WakeHub, actor: Actor, args: dict, t
                 return "events", wakes, wake_cursor(db, scope, position)
             after = position
             now = loop.time()
-            if now >= deadline:
+            if now >= deadline or hub.closing:
                 return "timeout", [], wake_cursor(db, scope, position)
             until = min(deadline, next_tick if tick else deadline, now + LIVE_CHECK_EVERY)
             try:
@@ -9934,7 +9942,7 @@ async def _long_poll(state: AppState, request: Request, after: int, gap: str | N
         with state.hub.waiting_any(state.hub.project_waiters, projects()) as fut:
             events = batch_after(after)
             remaining = deadline - asyncio.get_running_loop().time()
-            if events or remaining <= 0:
+            if events or remaining <= 0 or state.hub.closing:
                 return {"events": events, "resync": None,
                         "last_seq": events[-1]["seq"] if events else min(after, outbox_head(state.db))}
             with contextlib.suppress(TimeoutError):
@@ -9994,7 +10002,7 @@ def _event_stream(state: AppState, start: int, gap: str | None, projects: Callab
         if gap:
             yield f"id: {start}\nevent: resync\ndata: {json.dumps({'seq': start, 'reason': gap})}\n\n"
         yield f"id: {start}\nevent: ready\ndata: {json.dumps({'seq': start})}\n\n"
-        while True:
+        while not state.hub.closing:
             with state.hub.waiting_any(state.hub.project_waiters, projects()) as fut:
                 try:
                     batch = batch_after(after)
@@ -11154,12 +11162,19 @@ def cli() -> None:
     """Prickle: a meeting place for a small team's people and their AI agents."""
 
 
-def _uvicorn_server(config: Any, lock: ServerLock) -> Any:
+def _uvicorn_server(config: Any, lock: ServerLock, hub: WakeHub | None = None) -> Any:
     """A uvicorn server that gives ``lock`` back once it has shut down, before it re-raises the
-    signal that stopped it (SIGTERM would otherwise end the process before ``serve`` could)."""
+    signal that stopped it (SIGTERM would otherwise end the process before ``serve`` could). On the
+    signal, ``hub`` answers every open wait and ends every stream first (WakeHub.close), so the
+    graceful shutdown finds nothing to cut off."""
     import uvicorn
 
     class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if hub is not None:
+                hub.close()
+            super().handle_exit(sig, frame)
+
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
             with super().capture_signals():
@@ -11268,7 +11283,7 @@ def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | 
         config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=3,
                                 http=guard.protocol(), backlog=guard.backlog)
         limit_log_repeats(settings.access_log)  # once uvicorn has set up its logging
-        _uvicorn_server(config, lock).run(sockets=[sock])
+        _uvicorn_server(config, lock, app.state.prickle.hub).run(sockets=[sock])
     finally:
         lock.release()
 

@@ -328,3 +328,44 @@ def test_the_access_log_has_one_line_per_request_and_no_secret(db_path):
     assert all(line.endswith("ms") for line in access)
     assert token not in err and key not in err and "x=1" not in err
     assert not any(v and v in err for v in signin.cookies.values())
+
+
+def test_sigterm_with_waits_and_streams_open_answers_them_and_exits_without_a_traceback(db_path):
+    served = Served(db_path, "--demo")
+    try:
+        url, base = served.info["mcp"], served.info["url"]
+        keys = served.info["demo"]["keys"]
+        signin = cli_json(db_path, "token", "create", "--person", "oj")["token"]
+        got: dict = {}
+
+        async def scenario():
+            async with client(url, keys["oj/muse"]) as a, client(url, keys["ren/builder"], mode="legacy") as b:
+                # The demo's mentions first (missed mentions come out at once), then the waits that hold.
+                ca = (await call(a, "wait_for_updates", {"timeout_seconds": 1}))["cursor"]
+                cb = (await call(b, "wait_for_mention", {"timeout_seconds": 1}))["cursor"]
+                modern = asyncio.ensure_future(call(a, "wait_for_updates", {"timeout_seconds": 50, "cursor": ca}))
+                legacy = asyncio.ensure_future(call(b, "wait_for_mention", {"timeout_seconds": 50, "cursor": cb}))
+                async with httpx.AsyncClient(base_url=base, timeout=60,
+                                             headers={"Authorization": f"Bearer {signin}"}) as http:
+                    head = (await http.get("/api/events")).json()["last_seq"]
+                    poll = asyncio.ensure_future(http.get("/api/events", params={"wait": 50, "after": head}))
+                    async with http.stream("GET", "/api/stream") as stream:
+                        lines = stream.aiter_lines()
+                        while "event: ready" not in await lines.__anext__():
+                            pass
+                        await asyncio.sleep(0.5)  # the waits are in (nothing to wait for: no race to win)
+                        served.proc.send_signal(signal.SIGTERM)
+                        got["stream_end"] = [line async for line in lines]
+                    got["poll"] = (await poll).json()
+                got["modern"], got["legacy"] = await modern, await legacy
+        started = time.monotonic()
+        asyncio.run(scenario())
+        assert served.proc.wait(15) == 0 or served.proc.returncode in (0, -signal.SIGTERM)
+        took = time.monotonic() - started
+        err = served.proc.stderr.read()
+    finally:
+        served.stop()
+    assert (got["modern"]["status"], got["legacy"]["status"]) == ("timeout", "timeout"), got
+    assert got["poll"]["events"] == [] and got["poll"]["resync"] is None
+    assert "Traceback" not in err and "Cancel" not in err, err
+    assert took < 15
