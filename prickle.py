@@ -9765,6 +9765,10 @@ class TooManySessions(PrickleError, code="too_many_sessions", status=429):
     """The key holds as many MCP sessions as it may, each with a request in flight."""
 
 
+#: How long a session whose credential ended keeps a request in flight, so it is answered (seconds).
+SESSION_END_GRACE = 5.0
+
+
 class SessionManager(StreamableHTTPSessionManager):
     """The SDK's handshake-era session manager, with a cap per credential and an end on revocation.
 
@@ -9777,6 +9781,7 @@ class SessionManager(StreamableHTTPSessionManager):
     def __init__(self, *args: Any, per_key: int, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.per_key = per_key
+        self._ending: set[asyncio.Task] = set()
 
     def sessions_of(self, credential_id: str) -> list[str]:
         """Ids of the open sessions a credential opened."""
@@ -9804,18 +9809,36 @@ class SessionManager(StreamableHTTPSessionManager):
             mine.remove(idlest)
         return True
 
-    def end_session(self, session_id: str) -> None:
-        """End one session now: its id is forgotten at once and its server task is cancelled."""
+    def end_session(self, session_id: str, answer_first: bool = False) -> None:
+        """End one session: its id is forgotten at once and its server task is cancelled.
+
+        With ``answer_first``, a request in flight (a wait its credential's end has just woken) is
+        answered before the session ends, within SESSION_END_GRACE seconds: the caller gets its
+        tool result (``unauthorized``, ``not_found``), not a cut stream.
+        """
         transport = self._server_instances.pop(session_id, None)
         self._session_owners.pop(session_id, None)
-        if transport is not None and transport.idle_scope is not None:
-            transport.idle_scope.cancel()  # the SDK's own idle expiry path: the task ends and terminates it
+        scope = transport.idle_scope if transport is not None else None
+        if scope is None:
+            return
+        if not answer_first or scope.deadline != math.inf:
+            scope.cancel()  # the SDK's own idle expiry path: the task ends and terminates it
+            return
+
+        async def after_the_answer() -> None:
+            deadline = time.monotonic() + SESSION_END_GRACE
+            while scope.deadline == math.inf and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            scope.cancel()
+        task = asyncio.get_running_loop().create_task(after_the_answer())
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)
 
     def end_sessions_of(self, credential_ids: set[str]) -> int:
-        """End every session of these credentials; returns how many ended."""
+        """End every session of these credentials, each request in flight answered first; returns how many."""
         ended = [sid for sid, owner in list(self._session_owners.items()) if owner["client_id"] in credential_ids]
         for sid in ended:
-            self.end_session(sid)
+            self.end_session(sid, answer_first=True)
         return len(ended)
 
     def _admit_session(self, requestor: Any) -> Any:
@@ -9835,12 +9858,17 @@ class SessionManager(StreamableHTTPSessionManager):
         await super()._handle_stateful_request(scope, receive, send)
 
 
-def end_sessions_of_dead_credentials(db: Database, manager: SessionManager) -> int:
+def end_sessions_of_dead_credentials(db: Database, manager: SessionManager, hub: WakeHub | None = None) -> int:
     """End the MCP sessions whose credential was revoked, expired or removed; returns how many ended.
 
     Runs after a revocation committed here and whenever another process (the CLI) wrote the file.
+    Their open waits are woken first (``hub``), so each answers with its tool result before its
+    session ends.
     """
-    return manager.end_sessions_of(dead_credentials(db, manager.credentials()))
+    dead = dead_credentials(db, manager.credentials())
+    if dead and hub is not None:
+        hub.wake_everyone()
+    return manager.end_sessions_of(dead)
 
 
 ###############################################################################
@@ -10802,7 +10830,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     def end_dead_sessions() -> None:
         # After a commit here: a failure must not fail the commit's other listeners.
         try:
-            end_sessions_of_dead_credentials(db, manager)
+            end_sessions_of_dead_credentials(db, manager, hub)
         except apsw.Error:
             log_exception("ending the sessions of revoked credentials (tried again at the next change)")
 
@@ -10812,7 +10840,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     checkpointer = WalCheckpointer(db_path)
     # The background pieces call it unwrapped, so a failure there shows in /healthz and is retried.
     maintenance = state.maintenance = server_maintenance(db, hub, checkpointer, settings,
-                                                         lambda: end_sessions_of_dead_credentials(db, manager))
+                                                         lambda: end_sessions_of_dead_credentials(db, manager, hub))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> Any:

@@ -369,3 +369,50 @@ def test_sigterm_with_waits_and_streams_open_answers_them_and_exits_without_a_tr
     assert got["poll"]["events"] == [] and got["poll"]["resync"] is None
     assert "Traceback" not in err and "Cancel" not in err, err
     assert took < 15
+
+
+def test_a_wait_whose_key_ends_gets_its_tool_result_in_both_protocol_eras(db_path):
+    """Revoked from the command line (another process), or its owner removed from the project on the page."""
+    with Served(db_path, "--demo") as served:
+        url, base = served.info["mcp"], served.info["url"]
+        muse = cli_json(db_path, "token", "create", "--agent", "oj/muse")
+        builder = served.info["demo"]["keys"]["ren/builder"]
+        oj = cli_json(db_path, "token", "create", "--person", "oj")["token"]
+        ren = cli_json(db_path, "token", "create", "--person", "ren")["token"]
+        answers = {}
+
+        async def wait_then(c, agent_key_end):
+            cursor = (await call(c, "wait_for_mention", {"timeout_seconds": 1}))["cursor"]
+            waiting = asyncio.ensure_future(c.call_tool("wait_for_mention", {"timeout_seconds": 50,
+                                                                             "cursor": cursor}))
+            await asyncio.sleep(0.5)  # in the wait (nothing to wait for)
+            await asyncio.to_thread(agent_key_end)
+            try:
+                r = await asyncio.wait_for(waiting, 20)
+            except BaseException as e:  # noqa: BLE001 - what a client saw, to compare below
+                return "cut", type(e).__name__
+            return r.is_error, r.content[0].text
+
+        async def scenario():
+            for mode in ("legacy", "auto"):
+                async with client(url, muse["token"], mode=mode) as c:
+                    fresh = cli_json(db_path, "token", "create", "--agent", "oj/muse")
+                    answers[mode, "revoked"] = await wait_then(
+                        c, lambda: cli_json(db_path, "token", "revoke", muse["id"]))
+                    muse.update(fresh)
+            for mode in ("legacy", "auto"):
+                async with client(url, builder, mode=mode) as c:
+                    def remove():
+                        with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {oj}"}) as http:
+                            assert http.delete("/api/projects/website-v2/members/ren").status_code == 200
+                    answers[mode, "removed"] = await wait_then(c, remove)
+                # ren and the agent come back for the next era's turn
+                with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {oj}"}) as http:
+                    assert http.post("/api/projects/website-v2/members", json={"handle": "ren"}).status_code == 200
+                with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {ren}"}) as http:
+                    assert http.post("/api/projects/website-v2/agents",
+                                     json={"agent_id": "ren/builder"}).status_code == 200
+        asyncio.run(scenario())
+    for mode in ("legacy", "auto"):
+        assert answers[mode, "revoked"][0] is True and answers[mode, "revoked"][1].startswith("unauthorized: "), answers
+        assert answers[mode, "removed"][0] is True and answers[mode, "removed"][1].startswith("not_found: "), answers
