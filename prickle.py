@@ -8552,6 +8552,7 @@ INBOX_KINDS: dict[str, str] = {
     "returned": "reassign",        # a task they asked for came back (its agent left, or was handed back)
     "paused_pair": "resume",       # the loop guard paused one of their agents with another (both owners are told)
     "run_failed": "open",          # the last run of a task of one of their agents failed (it could not start, …)
+    "agent_mention": "open",       # a message that mentions one of their agents, which the agent has not heard yet
 }
 
 #: At most this many unread mentions are listed (the newest); the rest wait until these are read.
@@ -8639,6 +8640,31 @@ def _paused_pair_items(db: Database, person: Actor, names: dict[str, str]) -> li
             if person.handle in (owner_of(r["agent_a"]), owner_of(r["agent_b"]))]
 
 
+def _agent_mention_items(db: Database, person: Actor, names: dict[str, str]) -> list[dict]:
+    """Messages mentioning one of ``person``'s agents that no session of the agent has heard yet (a runner
+    only notes them) and that ``person`` has not read past in the room or thread; not their own."""
+    rows = db.rows(
+        "SELECT w.agent_id, w.message_id FROM wakes w JOIN agents a ON a.agent_id = w.agent_id AND a.owner = :me "
+        "JOIN members mb ON mb.project = w.project AND mb.handle = :me WHERE w.kind = 'mention' AND w.delivered = 0 "
+        "ORDER BY w.seq DESC LIMIT :n", {"me": person.handle, "n": INBOX_MENTIONS_MAX})
+    heard: dict[str, list[str]] = {}
+    for r in rows:
+        heard.setdefault(r["message_id"], []).append(r["agent_id"])
+    items = []
+    for message_id, agents in heard.items():
+        row = db.one(MESSAGE_SELECT + "WHERE m.seq = ?", (message_seq(message_id),))
+        if row is None or (row["author_kind"] == "person" and row["author"] == person.handle):
+            continue
+        read = db.scalar("SELECT seq FROM read_positions WHERE handle = ? AND project = ? AND thread = ?",
+                         (person.handle, row["project"], row["task_id"] or "")) or 0
+        if row["seq"] > read:
+            message = message_out(with_card(db, row))
+            items.append(_inbox_item("agent_mention", message["id"], names, message["project"],
+                                     message["created_at"], None, message["task_id"], message["id"],
+                                     message=message, agents=sorted(agents)))
+    return items
+
+
 def _mention_items(db: Database, person: Actor, names: dict[str, str]) -> list[dict]:
     """Messages mentioning ``person`` after their read position in the message's room or thread."""
     seqs = [r["seq"] for r in db.rows(
@@ -8668,7 +8694,8 @@ def inbox(db: Database, person: Actor) -> dict:
     ``action`` (the card), ``approval`` (``approval`` and ``task``), ``final_acceptance``
     (``task`` and ``evidence``: complete, uncovered and stale criteria), ``question`` (``task``,
     ``questions``, ``progress``), ``mention`` (``message``), ``returned`` (``task``), ``paused_pair``
-    (``agents``, ``count``), ``run_failed`` (``failure``, ``agent``). ``id`` is ``kind:ID`` and stays the
+    (``agents``, ``count``), ``run_failed`` (``failure``, ``agent``), ``agent_mention`` (``message``,
+    ``agents``). ``id`` is ``kind:ID`` and stays the
     same while the item waits. Lapsed approvals, steps and cards expire first. Acting on an item
     (deciding, accepting, answering in the thread, reading the thread) takes it out.
     """
@@ -8688,6 +8715,7 @@ def inbox(db: Database, person: Actor) -> dict:
         items += _returned_items(db, person, names)
         items += _paused_pair_items(db, person, names)
         items += _run_failed_items(db, person, names)
+        items += _agent_mention_items(db, person, names)
     items.sort(key=lambda item: item["since"], reverse=True)
     return {"items": items, "count": len(items)}
 
@@ -8706,6 +8734,7 @@ DIGEST_LABELS: dict[str, str] = {
     "returned": "A task that came back to you, to hand to another agent",
     "paused_pair": "Two agents, one of them yours, paused for answering each other",
     "run_failed": "A run of your agent that failed",
+    "agent_mention": "A message that mentions your agent, not heard yet",
 }
 
 
@@ -8998,6 +9027,7 @@ async def wait_for_wakes(db: Database, hub: WakeHub, actor: Actor, args: dict, t
     elif actor.project_scope not in (None, ROOMS_SCOPE):
         project = actor.project_scope
     agent = actor.agent_id
+    runner = actor.credential_kind == "runner"
     scope = f"{agent}|{tool}|{project or '*'}"
     after = start_position(db, scope, args.get("cursor"))
     if after is None:
@@ -9014,7 +9044,8 @@ async def wait_for_wakes(db: Database, hub: WakeHub, actor: Actor, args: dict, t
             _check_still_in(db, actor, project, reach)
             if first:
                 first = False
-                missed, _ = pending_wakes(db, actor, after, kinds, project, missed=True)
+                # A runner only notes mentions (it never runs one): missed ones stay for the agent's sessions.
+                missed, _ = ([], after) if runner else pending_wakes(db, actor, after, kinds, project, missed=True)
                 if missed:
                     note_delivered(db, agent, missed)
                     return "events", missed, wake_cursor(db, scope, after)
@@ -9024,7 +9055,9 @@ async def wait_for_wakes(db: Database, hub: WakeHub, actor: Actor, args: dict, t
                 return "events", again, wake_cursor(db, scope, after)
             wakes, position = pending_wakes(db, actor, after, kinds, project)
             if wakes:
-                note_delivered(db, agent, wakes)
+                # A mention a runner heard is still the agent's to hear in its next session (and its owner's
+                # inbox shows it until then): only what the runner acts on counts as handed out.
+                note_delivered(db, agent, [w for w in wakes if not (runner and w["kind"] == "mention")])
                 return "events", wakes, wake_cursor(db, scope, position)
             after = position
             now = loop.time()

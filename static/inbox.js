@@ -24,6 +24,8 @@ const KINDS = {
   returned: ["Tasks handed back to you",
     "Their agent left the project or handed them back. Hand each to another agent from its page."],
   mention: ["Messages that mention you", "They leave this list once you have read the room or thread they are in."],
+  agent_mention: ["Messages that mention your agents",
+    "Your agents haven't heard these yet (a runner only notes a mention). Each stays here until the agent's next session hears it or you read it."],
   run_failed: ["Runs of your agents that failed",
     "The last run of each task below failed before it could finish. Fix what it says, then start a run from the task's page."],
   paused_pair: ["Agents paused for answering each other",
@@ -207,6 +209,7 @@ function itemCard(item, ctx) {
     mention: () => mentionCard(item),
     paused_pair: () => pausedCard(item),
     run_failed: () => failedCard(item),
+    agent_mention: () => mentionCard(item),
   }[item.kind]();
   return h("div", { class: `inbox-item inbox-${item.kind}`, dataset: { itemId: item.id, kind: item.kind } },
     h("div", { class: "inbox-item-head" }, badge(LABEL[item.kind], "attention"), where(item)), inner);
@@ -328,6 +331,7 @@ function mentionCard(item) {
     if (out) done(card, result, "Marked read.", [read]);
   });
   const card = h("article", { class: "card inbox-mention", dataset: { messageId: m.id } },
+    item.agents ? h("p", { class: "muted small", text: `For ${item.agents.join(" and ")}` }) : null,
     h("p", { class: "inbox-author" }, h("strong", { text: m.author.display_name }),
       h("span", { class: "muted small", text: ` ${m.author.kind === "agent" ? m.author.agent_id : `@${m.author.handle}`}` })),
     markdown(m.body, { class: "inbox-body" }),

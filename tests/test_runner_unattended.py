@@ -150,3 +150,39 @@ def test_team_pulse_says_the_agent_is_working_while_its_run_goes_on(db_path, tmp
             pulse = wait_until("the pulse", lambda: (p := pulse_of(ren, PROJECT, "ren/builder")) and p.get(
                 "availability") == "working" and p)
             assert (pulse["task_id"], pulse["doing"]) == (task_id, "Working on Draft the hero copy.")
+
+
+def test_a_mention_the_runner_heard_reaches_the_agents_next_session_and_its_owners_inbox(db_path, tmp_path):
+    with Served(db_path, "--demo") as served:
+        base = served.info["url"]
+        key = cli_json(db_path, "device", "pair", "ren/builder", "--name", "ren-laptop")["token"]
+        config = write_config(tmp_path / "runner.toml", base, {
+            "ren/builder": {"key": key, "client": "command", "command": STANDIN_AGENT}})
+        keys = {a: served.info["demo"]["keys"][a] for a in ("oj/muse", "ren/builder")}
+        with RunnerProcess(config) as runner, person(base, cli_json(db_path, "token", "create", "--person", "ren")[
+                "token"]) as ren, httpx.Client(base_url=base, timeout=60) as http:
+            runner.wait_connected("ren/builder")
+            mcp = MCP(http, keys)
+            builder = mcp.ok("ren/builder", "wait_for_mention", {"timeout_seconds": 1})  # drain the demo's
+            while builder["status"] == "events":
+                builder = mcp.ok("ren/builder", "wait_for_mention", {"timeout_seconds": 1, "cursor": builder["cursor"]})
+            posted = mcp.ok("oj/muse", "post_message", {"project": PROJECT, "body": "@builder can you check the nav?"})
+            message_id = posted["message"]["id"]
+            wait_until("the runner's note", lambda: f"(message {message_id}); a mention never starts a run"
+                       in runner.log())
+
+            def told():
+                return [i for i in ren.get("/api/inbox").json()["items"] if i["kind"] == "agent_mention"]
+            [item] = told()
+            assert (item["message_id"], item["agents"], item["action"]) == (message_id, ["ren/builder"], "open")
+            # The agent's own session hears it (the runner did not take it away), and then the owner's inbox is clear.
+            heard = mcp.ok("ren/builder", "wait_for_mention", {"timeout_seconds": 5, "cursor": builder["cursor"]})
+            assert [(e["kind"], e["message"]["id"]) for e in heard["events"]] == [("mention", message_id)]
+            assert told() == []
+            # Or the owner reads it: a second mention leaves the inbox when ren reads the room.
+            second = mcp.ok("oj/muse", "post_message", {"project": PROJECT, "body": "@builder and the footer?"})
+            wait_until("the runner's second note", lambda: second["message"]["id"] in runner.log())
+            assert [i["message_id"] for i in told()] == [second["message"]["id"]]
+            assert ren.post(f"/api/projects/{PROJECT}/read", json={"message_id": second["message"]["id"]}).status_code \
+                == 200
+            assert told() == []
