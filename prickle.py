@@ -128,6 +128,7 @@ import contextlib
 import contextvars
 import copy
 import dataclasses
+import difflib
 import datetime as _dt
 import fcntl
 import functools
@@ -7630,8 +7631,14 @@ def _connect_plan(db: Database, person: Actor, clis: list[str], choices: Any) ->
             if not isinstance(name, str):
                 raise InvalidInput(f"agents[{i}].create.name is required (a slug)")
             agent_id = f"{person.handle}/{check_slug(name, f'agents[{i}].create.name')}"
+            # It joins its owner's team projects at once, so teammates can hand it work (a new agent in no
+            # project would answer them not_found until someone found Agents & keys).
+            projects = [r["project"] for r in db.rows(
+                "SELECT m.project FROM members m JOIN projects p ON p.slug = m.project WHERE m.handle = ? AND "
+                "p.kind = 'team' ORDER BY m.project", (person.handle,))]
             add_agent(db, agent_id, new.get("display_name") if isinstance(new.get("display_name"), str) else name,
-                      new.get("model") if isinstance(new.get("model"), str) else cli, CONNECT_CLIS[cli])
+                      new.get("model") if isinstance(new.get("model"), str) else cli, CONNECT_CLIS[cli],
+                      projects=projects)
         else:
             agent_id = choice.get("agent_id")
             if not isinstance(agent_id, str) or owner_of(agent_id) != person.handle or not db.one(
@@ -12178,8 +12185,13 @@ class RunnerAgent(pydantic.BaseModel):
 
     #: The agent's runner key (``prk_rk_…``) from ``prickle runner connect`` or ``prickle device pair``.
     key: str = pydantic.Field(pattern=r"^prk_rk_[A-Za-z0-9_-]+$")
-    #: Which CLI runs the agent's work.
+    #: Which CLI runs the agent's work (``claude-code``, as an agent's client is named elsewhere, is ``claude``).
     client: str = pydantic.Field(pattern=r"^(claude|codex|command)$")
+
+    @pydantic.field_validator("client", mode="before")
+    @classmethod
+    def _client_name(cls, value: Any) -> Any:
+        return "claude" if value == "claude-code" else value
     #: ``client = "command"``: the argv template ({prompt_file}, {mcp_config}, {workspace}, {mcp_url},
     #: {task_id}, {project}, {role} are filled in).
     command: list[str] = []
@@ -12230,8 +12242,14 @@ def load_runner_config(path: str) -> RunnerConfig:
     try:
         config = RunnerConfig(**data)
     except pydantic.ValidationError as e:
-        first = e.errors()[0]
+        # A misspelt key is named by its own name (it would otherwise show as the field it left missing).
+        first = sorted(e.errors(), key=lambda err: err["type"] != "extra_forbidden")[0]
         where = ".".join(str(p) for p in first["loc"])
+        if first["type"] == "extra_forbidden":
+            model = RunnerAgent if first["loc"][0] == "agents" else RunnerConfig
+            like = difflib.get_close_matches(str(first["loc"][-1]), list(model.model_fields), 1)
+            raise RunnerError(f"runner config {path}: {where}: unknown key" + (
+                f" (did you mean {like[0]}?)" if like else "")) from None
         raise RunnerError(f"runner config {path}: {where}: {first['msg']}") from None
     # Relative paths are read from the config file's folder, never from wherever the runner was started.
     here = os.path.dirname(os.path.abspath(path))
@@ -12288,6 +12306,25 @@ def read_runner_status(state_dir: str) -> dict:
         raise RunnerError(f"the runner's status file in {state_dir} can't be read: {e}") from None
     status["running"] = process_alive(status.get("pid"))
     return status
+
+
+def process_started(pid: int | None) -> str | None:
+    """When process ``pid`` started, as the system counts it (Linux: its start tick; elsewhere ``ps``'s
+    start time), or None when it can't be told: what tells a run's process from a later one that
+    reused its pid after a reboot."""
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        pass
+    import subprocess
+    try:
+        out = subprocess.run(["ps", "-o", "lstart=", "-p", str(pid)], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
 
 
 def process_alive(pid: int | None) -> bool:
@@ -12549,8 +12586,10 @@ def task_prompt(task: dict, memory: list[dict], thread: list[dict], bridged: boo
     the run is told to ask with request_step itself before a destructive, spending or outbound step.
     """
     packet = task["packet"]
+    asker = task.get("requested_by") or {}
+    by = task["requester"] or (f"your owner, @{asker['handle']}" if asker.get("handle") else "a person")
     lines = [f"You are working on Prickle task {task['id']} in project {task['project']}, handed to you by "
-             f"{task['requester']}.", "", f"Task: {packet['task']}",
+             f"{by}.", "", f"Task: {packet['task']}",
              f"Deliverable type: {packet.get('deliverable_type', 'other')}", "", "Acceptance criteria:"]
     lines += [f"  [{i}] {c}" for i, c in enumerate(packet.get("acceptance_criteria", []))]
     if packet.get("context"):
@@ -12856,7 +12895,9 @@ class Runner:
         for agent_id, before in self.previous.get("agents", {}).items():
             agent = self.config.agents.get(agent_id)
             for run_id, run in before.get("runs", {}).items():
-                if run.get("pid") and process_alive(run["pid"]):
+                # Only the run's own process: after a reboot its pid may be another program's now.
+                if run.get("pid") and process_alive(run["pid"]) and run.get("pid_started") and \
+                        process_started(run["pid"]) == run["pid_started"]:
                     with contextlib.suppress(OSError):
                         os.killpg(run["pid"], 9)
                 if run.get("kind") != "task" or agent is None:
@@ -12885,6 +12926,8 @@ class Runner:
                     if not state["connected"]:
                         self.log(f"{agent_id}: connected to {self.config.base_url}")
                         await self.reconcile(agent_id)
+                    if state.get("wrong_key"):
+                        await asyncio.Event().wait()  # never run as an agent the key is not for
                     state["connected"] = True
                 state["listening"] = True
                 state["beat"] = time.monotonic()
@@ -13104,7 +13147,7 @@ class Runner:
             log.close()
             return None, "did_not_start"
         self.procs[run_id] = proc
-        record["pid"] = proc.pid
+        record["pid"], record["pid_started"] = proc.pid, process_started(proc.pid)
         self._agent(agent_id)["runs"][run_id] = record
         self.save()
 
@@ -13308,6 +13351,13 @@ class Runner:
                 self.log(f"{agent_id}: told the server that {item['attempt']} {item['what']}")
         self.save()
         state = await self.device_state(agent_id)
+        if state is not None and state.get("agent_id") not in (None, agent_id):
+            self._agent(agent_id)["wrong_key"] = state["agent_id"]
+            self.log(f"{agent_id}: this key is {state['agent_id']}'s runner key, not {agent_id}'s: fix "
+                     f"agents.\"{agent_id}\" in the runner's config (its name or its key); nothing runs for it "
+                     "until then")
+            self.save()
+            return
         mine = set(self.procs) | set(self.by_task.values())
         for run in (state or {}).get("runs", []):
             if run["state"] == "running" and run["attempt_id"] not in mine:
@@ -13472,6 +13522,8 @@ def runner_status_lines(config: RunnerConfig, status: dict) -> list[str]:
             lines.append(f"  needs an update: {a['needs_update']}")
         if a.get("cli_problem"):
             lines.append(f"  can't run: {a['cli_problem']}")
+        if a.get("wrong_key"):
+            lines.append(f"  can't run: its key is {a['wrong_key']}'s runner key; fix the config")
     return lines
 
 

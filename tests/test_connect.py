@@ -193,3 +193,17 @@ def test_approving_needs_the_code_typed_from_the_computer_not_just_a_link(server
             "computer you are connecting yourself, now"))
     assert ren.get(f"/api/connect/{asked['code']}").json()["request"]["state"] == "pending"
     assert world.db.scalar("SELECT count(*) FROM devices") == 0
+
+
+def test_an_agent_made_on_the_connect_page_joins_its_owners_team_projects(server, world, mcp):
+    asked = ask_connect(server, ["claude"])
+    ren = person(server, world, "ren")
+    ok = ren.post(f"/api/connect/{asked['code']}", {"decision": "approve", "typed_code": asked["code"], "agents": [
+        {"cli": "claude", "create": {"name": "scribe", "display_name": "Scribe", "model": "claude-sonnet"}}]})
+    assert ok.status_code == 200, ok.text
+    assert prickle.team_projects_of(world.db, "ren/scribe") == [PROJECT]
+    [added] = [e["refs"] for e in audit_entries(world.db, PROJECT, "agent.added") if e["refs"]["agent"] == "ren/scribe"]
+    assert added == {"agent": "ren/scribe", "with_owner": True, "ended_removal": False}
+    # so a teammate's agent can hand it work at once
+    assert "ren/scribe" in {a["agent_id"] for a in mcp.ok("oj/muse", "discover_team_agents",
+                                                           {"project": PROJECT})["agents"]}

@@ -1,6 +1,7 @@
 """The runner's config, the argv it launches and what ``prickle runner status`` says, without a server."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,7 @@ def test_a_config_reads_its_server_agents_and_limits(tmp_path):
     ({"key": KEY, "client": "command"}, "agents.oj/muse.command: client 'command' needs the argv"),
     ({"key": KEY, "client": "claude", "repo": "/nonexistent"}, "agents.oj/muse.repo: /nonexistent is not a git"),
     ({"key": KEY, "client": "claude", "parallel": 0}, "agents.oj/muse.parallel: Input should be greater than"),
-    ({"key": KEY, "client": "claude", "colour": "red"}, "agents.oj/muse.colour: Extra inputs are not permitted"),
+    ({"key": KEY, "client": "claude", "colour": "red"}, "agents.oj/muse.colour: unknown key"),
 ])
 def test_a_bad_config_is_refused_naming_the_field(tmp_path, agent, message):
     with pytest.raises(prickle.RunnerError) as e:
@@ -156,3 +157,33 @@ def test_a_run_without_the_bridge_is_told_to_ask_with_request_step():
                     "once they decided); while it is pending, checkpoint and end your turn (you will be resumed).")
     assert "just make the call: your owner is asked" in next(line for line in claude if line.startswith("3. "))
     assert [a for a, b in zip(claude, codex) if a != b] == [next(line for line in claude if line.startswith("3. "))]
+
+
+def test_a_config_says_claude_code_or_misspells_a_key_and_is_told_by_that_keys_name(tmp_path):
+    path = tmp_path / "runner.toml"
+    path.write_text('server = "http://127.0.0.1:8321"\n\n[agents."oj/muse"]\nkey = "prk_rk_x"\n'
+                    'client = "claude-code"\n')
+    assert prickle.load_runner_config(str(path)).agents["oj/muse"].client == "claude"
+    path.write_text('server = "http://127.0.0.1:8321"\n\n[agents."oj/muse"]\nkey = "prk_rk_x"\nclinet = "claude"\n')
+    with pytest.raises(prickle.RunnerError) as e:
+        prickle.load_runner_config(str(path))
+    assert str(e.value) == f"runner config {path}: agents.oj/muse.clinet: unknown key (did you mean client?)"
+    path.write_text('server = "http://127.0.0.1:8321"\nparalell = 2\n')
+    with pytest.raises(prickle.RunnerError) as e:
+        prickle.load_runner_config(str(path))
+    assert str(e.value) == f"runner config {path}: paralell: unknown key (did you mean parallel?)"
+
+
+def test_a_run_asked_for_by_a_person_says_so_in_its_prompt():
+    task = {"id": "task_1", "project": "website-v2", "requester": None,
+            "requested_by": {"kind": "person", "handle": "oj"},
+            "packet": {"task": "Draft it.", "deliverable_type": "doc", "acceptance_criteria": ["Short."]}}
+    assert prickle.task_prompt(task, [], []).splitlines()[0] == (
+        "You are working on Prickle task task_1 in project website-v2, handed to you by your owner, @oj.")
+    assert "handed to you by oj/muse." in prickle.task_prompt(task | {"requester": "oj/muse"}, [], [])
+
+
+def test_the_runner_knows_its_own_process_by_when_it_started():
+    started = prickle.process_started(os.getpid())
+    assert started is not None and started == prickle.process_started(os.getpid())
+    assert prickle.process_started(None) is None

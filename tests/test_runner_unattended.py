@@ -186,3 +186,24 @@ def test_a_mention_the_runner_heard_reaches_the_agents_next_session_and_its_owne
             assert ren.post(f"/api/projects/{PROJECT}/read", json={"message_id": second["message"]["id"]}).status_code \
                 == 200
             assert told() == []
+
+
+def test_a_config_that_names_the_wrong_agent_for_its_key_runs_nothing_and_says_so(db_path, tmp_path):
+    with Served(db_path, "--demo") as served:
+        base = served.info["url"]
+        key = cli_json(db_path, "device", "pair", "ren/builder", "--name", "ren-laptop")["token"]
+        cli_json(db_path, "rule", "set", "ren", "--decision", "allow", "--from-owner", "oj")
+        config = write_config(tmp_path / "runner.toml", base, {
+            "ren/build": {"key": key, "client": "command", "command": STANDIN_AGENT}})
+        with RunnerProcess(config) as runner:
+            said = wait_until("the refusal", lambda: (runner.state_dir / "runner.log").exists() and "runner key, not"
+                              in runner.log() and runner.log())
+            assert ("ren/build: this key is ren/builder's runner key, not ren/build's: fix agents.\"ren/build\" in "
+                    "the runner's config (its name or its key); nothing runs for it until then") in said
+            assert "  can't run: its key is ren/builder's runner key; fix the config" in runner.status_text()
+            with httpx.Client(base_url=base, timeout=60) as http, person(base, cli_json(
+                    db_path, "token", "create", "--person", "ren")["token"]) as ren:
+                # It never listens as ren/build, so nothing handed to ren/builder runs under the wrong name.
+                assert runner.state()["agents"]["ren/build"]["listening"] is False
+                task_id = hand(MCP(http, {"oj/muse": served.info["demo"]["keys"]["oj/muse"]}), "ok")
+                assert runs_of(ren, task_id) == [] and not runner.runs("ren/build")
