@@ -94,9 +94,11 @@ Part III. Serving: MCP, the web API, the live streams, the server and the comman
 Appendices: the runner: the program on a teammate's computer; it uses only chapter 1
   Appendix A. The runner: its config, its state and its calls -- the config file, the state
       directory, calling the server and connecting a computer
-  Appendix B. The runner at work -- listening per agent, claiming and running tasks in
-      workspaces, private-room sessions
-  Appendix C. The runner's commands and the permission bridge -- prickle runner
+  Appendix B. The runner's runs: prompts, launch lines and output -- what a run is told, the
+      command line that starts its agent's CLI, and copying what it prints
+  Appendix C. The runner at work -- listening per agent, claiming and running tasks in
+      workspaces, verifying results, private-room sessions
+  Appendix D. The runner's commands and the permission bridge -- prickle runner
       connect|start|status|bridge
 
 The end
@@ -1633,6 +1635,8 @@ MIGRATIONS: list[list[str]] = [
         # Why a run failed (a run_failure step, e.g. claude_code_not_found): shown on the task page and
         # in its owner's inbox, never a green "finished".
         "ALTER TABLE attempts ADD COLUMN failure TEXT",
+        # What a run is for: the task's work (its assignee's runner) or verifying its result (its requester's).
+        "ALTER TABLE attempts ADD COLUMN purpose TEXT NOT NULL DEFAULT 'work'",
     ],
 ]
 
@@ -5603,7 +5607,8 @@ def attempt_out(row: dict) -> dict:
     """A run of a task as the page and its runner see it; ``failure`` says why a failed run failed."""
     return {"attempt_id": row["id"], "task_id": row["task_id"], "run_id": row["run_id"], "state": row["state"],
             "claimed_at": row["claimed_at"], "ended_at": row["ended_at"], "device_id": row["device_id"],
-            "device": row.get("device_name"), "failure": row.get("failure")}
+            "device": row.get("device_name"), "failure": row.get("failure"), "purpose": row.get("purpose", "work"),
+            "agent_id": row.get("agent_id")}
 
 
 def task_runs(db: Database, task_id: str) -> list[dict]:
@@ -6377,6 +6382,7 @@ def accept_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
                 db.execute("UPDATE submissions SET verdicts = ?, verified_by = ? WHERE id = ?",
                            (json.dumps(checked), verified_by, sub["id"]))
                 row = move_task(db, task, "verify", actor.agent_id, verified_at=iso(utcnow()))
+            finish_attempt(db, actor)  # a verification run ends with its decision
             return {"task": task_out(db, row)}
     return recording_refusals(db, run)
 
@@ -6399,6 +6405,7 @@ def reject_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
             audit(db, task["project"], "result.rejected", {"task": task_id, "submission": sub["id"],
                                                            "revision": sub["revision"], "by": actor.agent_id})
             row = move_task(db, task, "reject", actor.agent_id, [(task["assignee"], "task")])
+            finish_attempt(db, actor)  # a verification run ends with its decision
             return {"task": task_out(db, row)}
     return recording_refusals(db, run)
 
@@ -6889,6 +6896,9 @@ def set_auto_accept(db: Database, owner: str, on: bool) -> dict:
 # execution credential); a woken run asks its owner before a step its tools don't allow
 # (request_step), and the owner allows or refuses it.
 
+#: The tools a verification run's credential may call: read its task and thread, and decide the result.
+VERIFY_TOOLS = ("get_project_context", "read_room", "check_inbox", "accept_result", "reject_result")
+
 #: The tools a woken run's execution credential may call (it works on its one task).
 RUN_TOOLS = ("discover_team_agents", "get_project_context", "read_room", "post_message", "check_inbox",
              "accept_task", "checkpoint", "return_result", "update_pulse", "request_step")
@@ -7014,6 +7024,94 @@ def claim_task(db: Database, actor: Actor, task_id: str, idempotency_key: str, w
     return {"attempt": {"attempt_id": attempt["id"], "task_id": task_id, "claimed_at": attempt["claimed_at"]},
             "execution_credential": {"token": secret, "expires_at": record["expires_at"],
                                      "allowed_tools": list(RUN_TOOLS)}}
+
+
+def claim_verification(db: Database, actor: Actor, task_id: str, idempotency_key: str,
+                       launch_timeout: _dt.timedelta) -> dict:
+    """A runner of a task's requesting agent claims a short run that verifies its result.
+
+    This extends the reference's claim_task, which claims a task's work for its assignee: a
+    result must never wait on a requesting agent whose session has ended, so that agent's runner
+    claims a verification run the same way (one at a time, the same idempotency key replays it
+    with a fresh credential). Its credential reaches only this task and calls only VERIFY_TOOLS
+    (read it and its thread, accept_result or reject_result); deciding the result ends the run.
+    Writes ``attempt.claimed`` (purpose ``verify``) and ``token.created``. Raises Forbidden,
+    NotFound, Conflict or InvalidState (nothing to verify, or a verification already running).
+    """
+    if actor.credential_kind != "runner":
+        raise Forbidden("only a paired runner device can claim a verification run")
+    with db.transaction():
+        device = db.one("SELECT d.* FROM devices d JOIN credentials c ON c.device_id = d.id WHERE c.id = ?",
+                        (actor.credential_id,))
+        if device is None or device["revoked_at"]:
+            raise Forbidden("this runner key belongs to no live paired device: pair the device again")
+        check_not_paused(db, actor.owner)
+        task = require_task_role(db, actor, task_id, "requester")
+        if lifecycle_state(task) != "verifying_by_agent":
+            raise InvalidState(f"task '{task_id}' is {task['state']}: there is no result waiting for "
+                               f"{actor.agent_id} to verify")
+        attempt = db.one("SELECT * FROM attempts WHERE device_id = ? AND idempotency_key = ?",
+                         (device["id"], idempotency_key))
+        if attempt is not None and (attempt["task_id"] != task_id or attempt["purpose"] != "verify"):
+            raise Conflict(f"idempotency_key '{idempotency_key}' was used for another run")
+        if attempt is not None and attempt["state"] != "running":
+            raise InvalidState(f"attempt '{attempt['id']}' is {attempt['state']}: claim with a new idempotency key")
+        now = utcnow()
+        if attempt is None:
+            if db.one("SELECT 1 FROM attempts WHERE task_id = ? AND purpose = 'verify' AND state = 'running'",
+                      (task_id,)):
+                raise InvalidState(f"a verification run of task '{task_id}' is already going")
+            attempt = {"id": new_id("att"), "task_id": task_id, "device_id": device["id"], "agent_id": actor.agent_id,
+                       "idempotency_key": idempotency_key, "credential_id": None, "cause": json.dumps(
+                           {"kind": "task", "task_id": task_id}), "claimed_at": iso(now), "finished_at": None,
+                       "state": "running", "run_id": new_id("run"), "purpose": "verify"}
+            db.insert("attempts", attempt)
+            audit(db, task["project"], "attempt.claimed", {"attempt": attempt["id"], "task": task_id,
+                                                           "device": device["id"], "approval": None,
+                                                           "purpose": "verify"})
+            append_event(db, task["project"], "task.updated", {"task": task_out(db, task)})  # live views
+        elif attempt["credential_id"]:
+            revoke_credentials(db, "id = ?", (attempt["credential_id"],), "claim_retried")
+        record, secret = mint_credential(db, "execution", agent_id=actor.agent_id, project=task["project"],
+                                         ttl=launch_timeout, device_id=device["id"], task_id=task_id,
+                                         attempt_id=attempt["id"], allowed_tools=VERIFY_TOOLS,
+                                         issued_by=actor.credential_id, at=now)
+        db.execute("UPDATE attempts SET credential_id = ? WHERE id = ?", (record["id"], attempt["id"]))
+    return {"attempt": {"attempt_id": attempt["id"], "task_id": task_id, "claimed_at": attempt["claimed_at"]},
+            "execution_credential": {"token": secret, "expires_at": record["expires_at"],
+                                     "allowed_tools": list(VERIFY_TOOLS)},
+            "task": task_out(db, task_id)}
+
+
+def verification_state(db: Database, task: dict) -> str | None:
+    """Who is verifying a result its requesting agent checks (None for any other task): ``running`` (a
+    verification run is going), ``listening`` (the agent's runner listens: it starts one) or ``nobody``."""
+    if lifecycle_state(task) != "verifying_by_agent":
+        return None
+    if db.one("SELECT 1 FROM attempts WHERE task_id = ? AND purpose = 'verify' AND state = 'running'", (task["id"],)):
+        return "running"
+    return "listening" if runner_listening(db, task["requester"]) else "nobody"
+
+
+def request_verification(db: Database, person: Actor, task_id: str) -> dict:
+    """The requesting agent's owner asks its runner to verify a result now (the task page's Verify button):
+    the runner is woken with ``result`` and claims a verification run. Raises NotFound, Forbidden or
+    InvalidState (nothing to verify, a run already going, or no runner listening)."""
+    with db.transaction():
+        task = task_for_person(db, person, task_id)
+        if requesting_person(task) != person.handle:
+            raise Forbidden(f"only {requesting_person(task)}, who owns {task['requester']}, starts its verification")
+        state = verification_state(db, task)
+        if state is None:
+            raise InvalidState(f"task '{task_id}' is {task['state']}: there is no result for an agent to verify")
+        if state == "running":
+            raise InvalidState(f"a verification run of task '{task_id}' is already going")
+        if state == "nobody":
+            raise InvalidState(f"no runner is listening for {task['requester']}: start prickle runner on its "
+                               "computer, or open a session of the agent and ask it to verify the result")
+        append_event(db, task["project"], "task.updated", {"task": task_out(db, task)},
+                     [(task["requester"], "result", task_id, None)])
+    return {"task": task_out(db, task_id)}
 
 
 def device_attempt(db: Database, actor: Actor, attempt_id: str) -> dict:
@@ -7433,7 +7531,10 @@ def task_for_page(db: Database, task: dict, viewer: str) -> dict:
     moves = TASK_MOVES[lifecycle]
     steers = may_steer_task(db, viewer, task)
     awaiting_final = out["result"] is not None and "final_accept" in moves
+    verification = verification_state(db, task)
     return out | {"lifecycle": lifecycle, "final_by": requesting_person(task), "awaiting_final": awaiting_final,
+                  "verification": verification,
+                  "can_verify": verification in ("listening",) and viewer == requesting_person(task),
                   "can_give_final": awaiting_final and viewer == requesting_person(task),
                   "can_cancel": steers and "cancel" in moves, "can_reassign": steers and "reassign" in moves}
 
@@ -8560,6 +8661,7 @@ INBOX_KINDS: dict[str, str] = {
     "paused_pair": "resume",       # the loop guard paused one of their agents with another (both owners are told)
     "run_failed": "open",          # the last run of a task of one of their agents failed (it could not start, …)
     "agent_mention": "open",       # a message that mentions one of their agents, which the agent has not heard yet
+    "verify": "verify",            # a result one of their agents asked for waits to be verified and nothing verifies it
 }
 
 #: At most this many unread mentions are listed (the newest); the rest wait until these are read.
@@ -8647,6 +8749,23 @@ def _paused_pair_items(db: Database, person: Actor, names: dict[str, str]) -> li
             if person.handle in (owner_of(r["agent_a"]), owner_of(r["agent_b"]))]
 
 
+def _verify_items(db: Database, person: Actor, names: dict[str, str]) -> list[dict]:
+    """Results ``person``'s agents asked for that wait to be verified while nothing verifies them: no runner
+    of the agent listens, or its last verification run failed."""
+    rows = db.rows("SELECT t.* FROM tasks t JOIN agents a ON a.agent_id = t.requester AND a.owner = ? "
+                   "WHERE t.state = 'verifying'", (person.handle,))
+    items = []
+    for task in rows:
+        state = verification_state(db, task)
+        last = db.one("SELECT state FROM attempts WHERE task_id = ? AND purpose = 'verify' ORDER BY claimed_at DESC, "
+                      "rowid DESC LIMIT 1", (task["id"],))
+        if state == "nobody" or (state == "listening" and last is not None and last["state"] == "failed"):
+            items.append(_inbox_item("verify", task["id"], names, task["project"], task["updated_at"],
+                                     _task_title(task), task["id"], task=task_out(db, task), agent=task["requester"],
+                                     listening=state == "listening"))
+    return items
+
+
 def _agent_mention_items(db: Database, person: Actor, names: dict[str, str]) -> list[dict]:
     """Messages mentioning one of ``person``'s agents that no session of the agent has heard yet (a runner
     only notes them) and that ``person`` has not read past in the room or thread; not their own."""
@@ -8723,6 +8842,7 @@ def inbox(db: Database, person: Actor) -> dict:
         items += _paused_pair_items(db, person, names)
         items += _run_failed_items(db, person, names)
         items += _agent_mention_items(db, person, names)
+        items += _verify_items(db, person, names)
     items.sort(key=lambda item: item["since"], reverse=True)
     return {"items": items, "count": len(items)}
 
@@ -8742,6 +8862,7 @@ DIGEST_LABELS: dict[str, str] = {
     "paused_pair": "Two agents, one of them yours, paused for answering each other",
     "run_failed": "A run of your agent that failed",
     "agent_mention": "A message that mentions your agent, not heard yet",
+    "verify": "A result your agent asked for, waiting to be verified",
 }
 
 
@@ -10500,6 +10621,13 @@ async def runner_uncertain(state: AppState, agent: Actor, request: Request, body
     return mark_uncertain(state.db, agent, request.path_params["attempt_id"], body_field(body, "reason", str, False))
 
 
+async def runner_verify(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
+    """POST /api/runner/tasks/{id}/verify {idempotency_key}: the requesting agent's runner claims a verification run."""
+    return claim_verification(state.db, agent, request.path_params["task_id"],
+                              body_field(body, "idempotency_key", str),
+                              _dt.timedelta(minutes=state.settings.launch_timeout_minutes))
+
+
 async def api_start_run(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/tasks/{id}/runs {confirm: your handle}: start one run of your agent on the task."""
     return start_run(state.db, person, request.path_params["task_id"], body_field(body, "confirm", str, False))
@@ -10769,6 +10897,8 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("GET", "/api/runner/state", _api(_operation(runner_state), runner=True)),
     ("POST", "/api/runner/attempts/{attempt_id}/uncertain", _api(runner_uncertain, runner=True)),
     ("POST", "/api/runner/attempts/{attempt_id}/ended", _api(runner_ended, runner=True)),
+    ("POST", "/api/runner/tasks/{task_id}/verify", _api(runner_verify, runner=True)),
+    ("POST", "/api/tasks/{task_id}/verify", _api(_operation(request_verification, "task_id"))),
     ("GET", "/api/connect/{code}", _api(_operation(connect_view, "code"))),
     ("POST", "/api/connect/{code}", _api(api_connect_decide)),
     ("POST", "/api/tasks/{task_id}/runs", _api(api_start_run)),
@@ -12574,9 +12704,9 @@ def connect_runner(server: str, config_path: str, name: str, clis: list[str],
 
 
 ###############################################################################
-# Appendix B. The runner at work
+# Appendix B. The runner's runs: prompts, launch lines and output
 ###############################################################################
-# The Runner: one listener per agent, runs within their limits, a watch on the device's state.
+# What a run is told (its prompt), the command line that starts its agent's CLI, and copying what it prints.
 
 
 def task_prompt(task: dict, memory: list[dict], thread: list[dict], bridged: bool = True) -> str:
@@ -12623,6 +12753,28 @@ def task_prompt(task: dict, memory: list[dict], thread: list[dict], bridged: boo
     return "\n".join(lines)
 
 
+def verify_prompt(task: dict, agent_id: str) -> str:
+    """What a verification run is told: the task it asked for, the result and how to decide it."""
+    packet, result = task["packet"], task["result"] or {}
+    lines = [f"You are {agent_id}. You handed Prickle task {task['id']} in project {task['project']} to "
+             f"{task['assignee']}, and its result is back: verify it.", "", f"Task: {packet['task']}",
+             "", "Acceptance criteria:"]
+    lines += [f"  [{i}] {c}" for i, c in enumerate(packet.get("acceptance_criteria", []))]
+    lines += ["", f"Result (submission {result.get('submission_id')}, revision {result.get('revision')}): "
+              f"{result.get('summary', '')}", "", "Evidence:"]
+    for n, e in enumerate(result.get("evidence", [])):
+        lines.append(f"  ({n}) {e.get('kind')} for criteria {e.get('criteria', [])}: {e.get('summary', '')}"
+                     + (f" [{e['url']}]" if e.get("url") else "") + (f"\n      {e['content']}" if e.get("content")
+                                                                      else ""))
+    lines += ["", f"Read the thread with read_room {{project: {task['project']}, task_id: {task['id']}}} if you need "
+              "more. Check each criterion against the evidence, then call exactly one of:",
+              f"  accept_result {{task_id: {task['id']}, submission_id, revision, verdicts: one per criterion, "
+              "artifacts: exactly as the result gives them}}",
+              f"  reject_result {{task_id: {task['id']}, submission_id, revision, reason: what is missing}}",
+              "Then stop: this run can only read the task and decide its result."]
+    return "\n".join(lines)
+
+
 def room_prompt(claim: dict, message: dict) -> str:
     """What a private-room session is told: its role, the owner's message or the draft, one reply."""
     role, room = claim["role"], claim["project"]
@@ -12639,7 +12791,7 @@ def room_prompt(claim: dict, message: dict) -> str:
     return "\n".join(lines)
 
 
-def _fill(template: list[str], values: dict[str, str]) -> list[str]:
+def fill_template(template: list[str], values: dict[str, str]) -> list[str]:
     """An argv template with ``{name}`` placeholders filled in; unknown names stay as written."""
     out = []
     for arg in template:
@@ -12688,7 +12840,7 @@ def launch_argv(agent: RunnerAgent, files: dict[str, str], values: dict[str, str
                  "--ignore-rules",
                  "-c", f"mcp_servers.prickle.url={json.dumps(values['mcp_url'])}",
                  "-c", f"mcp_servers.prickle.bearer_token_env_var={json.dumps(RUN_KEY_ENV)}", "-"], True)
-    return _fill(agent.command, values), False
+    return fill_template(agent.command, values), False
 
 
 #: Output the runner holds while it waits for a line's end, at most (characters); past it, the text
@@ -12722,8 +12874,14 @@ async def copy_output(stream: asyncio.StreamReader, log: Any) -> None:
         log.flush()
 
 
-_FAILURE_OF_LAUNCH = {"claude": ("runtime", "claude_code_not_found"), "codex": ("runtime", "codex_not_found"),
+FAILURE_OF_LAUNCH = {"claude": ("runtime", "claude_code_not_found"), "codex": ("runtime", "codex_not_found"),
                       "command": ("runtime", "cli_not_found")}
+
+
+###############################################################################
+# Appendix C. The runner at work
+###############################################################################
+# The Runner: one listener per agent, runs within their limits, a watch on the device's state.
 
 
 class Runner:
@@ -12760,6 +12918,8 @@ class Runner:
         self._tasks: set[asyncio.Task] = set()
         self.stopping_all = False
         self.waits = {a: McpSession(config.mcp_url, c.key) for a, c in config.agents.items()}
+        self.results = {a: McpSession(config.mcp_url, c.key) for a, c in config.agents.items()}
+        self.verifying: set[str] = set()  # tasks whose verification this runner runs now
         self.calls = {a: McpSession(config.mcp_url, c.key) for a, c in config.agents.items()}
         self.save()
 
@@ -12807,6 +12967,9 @@ class Runner:
         await self.recover()
         listeners = [asyncio.ensure_future(self.supervise(f"{a}: the listener", functools.partial(self.listen, a),
                                                           beat=a)) for a in self.config.agents]
+        listeners += [asyncio.ensure_future(self.supervise(f"{a}: the results listener",
+                                                           functools.partial(self.listen_results, a)))
+                      for a in self.config.agents]
         listeners.append(asyncio.ensure_future(self.supervise("the run watcher", self.watch)))
         self.log(f"runner started (pid {os.getpid()}) for {', '.join(self.config.agents) or 'no agents'}")
         try:
@@ -12819,7 +12982,7 @@ class Runner:
                 self.stop_run(run_id, "the runner stopped")
             if self._tasks:
                 await asyncio.wait(list(self._tasks), timeout=RUNNER_STOP_GRACE + 5)
-            for session in [*self.waits.values(), *self.calls.values()]:
+            for session in [*self.waits.values(), *self.calls.values(), *self.results.values()]:
                 await session.close()
             for a in self.status["agents"].values():
                 a["connected"] = a["listening"] = False
@@ -12968,6 +13131,82 @@ class Runner:
                 self._spawn(self.catch_up(agent_id))
             for event in out.get("events", []):
                 self.on_event(agent_id, event)
+
+    async def listen_results(self, agent_id: str) -> None:
+        """Wait in wait_for_updates for the results of tasks this agent asked for, and verify each: a result
+        never waits on an agent whose session has ended. (Errors end it; supervise starts it again.)"""
+        state = self._agent(agent_id)
+        if not state.get("updates_cursor"):
+            state["updates_cursor"] = (await self.results[agent_id].call("wait_for_updates",
+                                                                         {"timeout_seconds": 1}))["cursor"]
+        inbox = await self.calls[agent_id].call("check_inbox", {})
+        for task in inbox.get("requested", []):  # results that came back while no runner listened
+            if task["state"] == "verifying" and task["result"] and not task["result"].get("verdicts"):
+                self._spawn(self.verify(agent_id, task["id"]))
+        while True:
+            out = await self.results[agent_id].call("wait_for_updates", {
+                "timeout_seconds": RUNNER_WAIT_SECONDS, "cursor": state["updates_cursor"]},
+                timeout=RUNNER_WAIT_SECONDS)
+            state["updates_cursor"] = out["cursor"]
+            self.save()
+            for update in out.get("updates", []):
+                if update["kind"] == "result" and update.get("task_id") and ID_RE.fullmatch(update["task_id"]):
+                    self._spawn(self.verify(agent_id, update["task_id"]))
+
+    async def verify(self, agent_id: str, task_id: str) -> None:
+        """Claim a verification run of a task this agent asked for and run the agent's CLI to decide it."""
+        if task_id in self.verifying:
+            return
+        self.verifying.add(task_id)
+        agent = self.config.agents[agent_id]
+        try:
+            async with self.per_agent[agent_id], self.total:
+                await self.wait_unpaused(agent_id)
+                n = self.status["task_runs"].get(f"verify-{task_id}", 0) + 1
+                try:
+                    claim = await http_call(self.config.base_url, agent.key, "POST",
+                                            f"/api/runner/tasks/{task_id}/verify", {"idempotency_key": f"v-{task_id}.{n}"})
+                except CallFailed as e:
+                    self.log(f"{agent_id}: no verification of {task_id}: {e.message}")
+                    return
+                self.status["task_runs"][f"verify-{task_id}"] = n
+                attempt_id, task = claim["attempt"]["attempt_id"], claim["task"]
+                workspace = state_path(self.state_dir, "workspaces", f"verify-{task_id}")
+                os.makedirs(workspace, mode=0o700, exist_ok=True)
+                prompt = verify_prompt(task, agent_id)
+                files = self._run_files(attempt_id, prompt, agent.client == "claude")
+                values = {"mcp_url": self.config.mcp_url, "task_id": task_id, "project": task["project"],
+                          "role": "verify", "workspace": workspace, "prompt_file": files["prompt_file"],
+                          "mcp_config": files["mcp_config"]}
+                argv, on_stdin = launch_argv(agent, files, values)
+                log_path = state_path(self.state_dir, "logs", attempt_id, ".log")
+                record = {"kind": "verify", "task_id": task_id, "project": task["project"], "attempt_id": attempt_id,
+                          "started_at": iso(utcnow()), "log": log_path, "pid": None, "workspace": workspace}
+                self.log(f"{agent_id}: verifying the result of {task_id}: attempt {attempt_id}: {argv[0]}")
+                code, how = await self._launch(attempt_id, argv, self._env(claim["execution_credential"]["token"],
+                                                                          values), workspace,
+                                               prompt if on_stdin else None, log_path,
+                                               agent.launch_timeout_minutes * 60, record, agent_id)
+                self._agent(agent_id)["runs"].pop(attempt_id, None)
+                decided = await self._decided(agent_id, task_id)
+                if how in ("not_found", "did_not_start"):
+                    reason = FAILURE_OF_LAUNCH[agent.client][1] if how == "not_found" else "cli_did_not_start"
+                else:
+                    reason = "exited" if decided else ("task_time_limit" if how == "time_limit" else "agent_error")
+                self.log(f"{agent_id}: the verification of {task_id} ended ({how}, exit status {code}); "
+                         + ("the result is decided" if decided else "the result is still undecided"))
+                await self.ended(agent_id, attempt_id, reason)
+        finally:
+            self.verifying.discard(task_id)
+            self.save()
+
+    async def _decided(self, agent_id: str, task_id: str) -> bool:
+        """Whether the result of a task this agent asked for is decided (no longer waits in verifying)."""
+        try:
+            inbox = await self.calls[agent_id].call("check_inbox", {"include_closed": True})
+        except Exception:  # noqa: BLE001 - unknown: count it as undecided, the owner's inbox says so
+            return False
+        return any(t["id"] == task_id and t["state"] != "verifying" for t in inbox.get("requested", []))
 
     async def catch_up(self, agent_id: str) -> None:
         """Start runs for tasks routed to the agent that no wake will bring again (check_inbox)."""
@@ -13292,7 +13531,7 @@ class Runner:
         self._agent(agent_id)["runs"].pop(attempt_id, None)
         self.save()
         if how in ("not_found", "did_not_start"):
-            cls, step = _FAILURE_OF_LAUNCH[agent.client] if how == "not_found" else ("runtime", "cli_did_not_start")
+            cls, step = FAILURE_OF_LAUNCH[agent.client] if how == "not_found" else ("runtime", "cli_did_not_start")
             return {"class": cls, "step": step, "retry": True}
         if how == "time_limit":
             self.log(f"{agent_id}: {attempt_id} stopped past its time limit")
@@ -13427,7 +13666,7 @@ class Runner:
         workspace = state_path(self.state_dir, "workspaces", action_id)
         os.makedirs(workspace, mode=0o700, exist_ok=True)
         log_path = state_path(self.state_dir, "logs", action_id, ".log")
-        argv = _fill(template, {"prompt": prompt})
+        argv = fill_template(template, {"prompt": prompt})
         self.log(f"{agent_id}: action {action_id}: running {argv[0]} for {tool}")
         env = {k: v for k, v in os.environ.items() if not k.startswith("PRICKLE_")} | {"PRICKLE_ACTION_PROMPT": prompt}
         try:
@@ -13448,7 +13687,7 @@ class Runner:
 
 
 ###############################################################################
-# Appendix C. The runner's commands and the permission bridge
+# Appendix D. The runner's commands and the permission bridge
 ###############################################################################
 # The runner's own commands, and the permission-prompt bridge Claude Code calls for a step.
 

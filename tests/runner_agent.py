@@ -5,7 +5,8 @@ Prickle's address in ``PRICKLE_MCP_URL``. What it does is read from its task's p
 context (``standin: MODE``): ``ok`` (accept, checkpoint, return a result with evidence
 for each criterion), ``sleep`` (accept, then wait to be stopped), ``quiet`` (accept and
 exit without a result), ``step`` (accept, ask a step with request_step and exit while it waits for
-the owner), ``crash`` (exit 3). In a private room (``PRICKLE_ROLE`` draft,
+the owner), ``crash`` (exit 3). A verification run (``PRICKLE_ROLE`` verify) accepts the result of
+the task its agent asked for. In a private room (``PRICKLE_ROLE`` draft,
 review or revise) it posts its one reply with a verdict.
 """
 
@@ -34,6 +35,15 @@ async def main() -> None:
     print(f"stand-in: role {role}, argv {sys.argv[1:]}, cwd {os.getcwd()}", flush=True)
     async with create_mcp_http_client(headers={"Authorization": f"Bearer {key}"}) as http:
         async with Client(streamable_http_client(url, http_client=http), mode="2026-07-28") as c:
+            if role == "verify":  # a verification run: accept what came back, criterion by criterion
+                task = (await call(c, "check_inbox", {}))["requested"][0]
+                result = task["result"]
+                await call(c, "accept_result", {
+                    "task_id": task["id"], "submission_id": result["submission_id"], "revision": result["revision"],
+                    "artifacts": result["artifacts"], "verdicts": [
+                        {"criterion": i, "accepted": True} for i in range(len(task["packet"]["acceptance_criteria"]))]})
+                print(f"stand-in: verified {task['id']}", flush=True)
+                return
             if role != "task":
                 verdict = {"review": "approve"}.get(role, "draft")
                 body = {"draft": "Work, together.", "revise": "Prickle: work, together."}.get(role, "")

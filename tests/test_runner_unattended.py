@@ -207,3 +207,39 @@ def test_a_config_that_names_the_wrong_agent_for_its_key_runs_nothing_and_says_s
                 assert runner.state()["agents"]["ren/build"]["listening"] is False
                 task_id = hand(MCP(http, {"oj/muse": served.info["demo"]["keys"]["oj/muse"]}), "ok")
                 assert runs_of(ren, task_id) == [] and not runner.runs("ren/build")
+
+
+def test_a_result_is_verified_by_the_requesting_agents_runner_even_when_its_session_has_ended(db_path, tmp_path):
+    with Served(db_path, "--demo") as served:
+        base = served.info["url"]
+        ren_key = cli_json(db_path, "device", "pair", "ren/builder", "--name", "ren-laptop")["token"]
+        oj_key = cli_json(db_path, "device", "pair", "oj/muse", "--name", "oj-desk")["token"]
+        cli_json(db_path, "rule", "set", "ren", "--decision", "allow", "--from-owner", "oj")
+        (tmp_path / "ren").mkdir(), (tmp_path / "oj").mkdir()
+        ren_config = write_config(tmp_path / "ren" / "runner.toml", base, {
+            "ren/builder": {"key": ren_key, "client": "command", "command": STANDIN_AGENT}})
+        oj_config = write_config(tmp_path / "oj" / "runner.toml", base, {
+            "oj/muse": {"key": oj_key, "client": "command", "command": STANDIN_AGENT}})
+        oj_token = cli_json(db_path, "token", "create", "--person", "oj")["token"]
+        with RunnerProcess(ren_config) as ren_runner, person(base, oj_token) as oj, \
+                httpx.Client(base_url=base, timeout=60) as http:
+            ren_runner.wait_connected("ren/builder")
+            task_id = hand(MCP(http, {"oj/muse": served.info["demo"]["keys"]["oj/muse"]}), "ok")
+            wait_until("the result", lambda: task_state(oj, task_id)["state"] == "verifying")
+            # oj/muse's session is gone and no runner of it listens: its owner is told, and says so on the page.
+            [item] = [i for i in oj.get("/api/inbox").json()["items"] if i["kind"] == "verify"]
+            assert (item["task_id"], item["agent"], item["listening"], item["action"]) == (
+                task_id, "oj/muse", False, "verify")
+            assert oj.get(f"/api/tasks/{task_id}").json()["task"]["verification"] == "nobody"
+            r = oj.post(f"/api/tasks/{task_id}/verify", json={})
+            assert r.status_code == 409 and "no runner is listening for oj/muse" in r.json()["error"]["message"]
+            # Its runner starts: it finds the waiting result and verifies it in a short run.
+            with RunnerProcess(oj_config) as oj_runner:
+                oj_runner.wait_connected("oj/muse")
+                wait_until("the verification", lambda: task_state(oj, task_id)["state"] == "approval", timeout=60)
+                runs = oj.get(f"/api/tasks/{task_id}").json()["runs"]
+                assert [(r["purpose"], r["state"], r["agent_id"]) for r in runs] == [
+                    ("work", "finished", "ren/builder"), ("verify", "finished", "oj/muse")]
+                assert f"verifying the result of {task_id}" in oj_runner.log()
+                kinds = [i["kind"] for i in oj.get("/api/inbox").json()["items"]]
+                assert "verify" not in kinds and "final_acceptance" in kinds

@@ -218,3 +218,38 @@ def test_a_run_ends_when_its_tasks_approval_lapses_and_the_gate_holds_it_again(m
     attempt = world.db.one("SELECT state FROM attempts WHERE id = ?", (out["attempt"]["attempt_id"],))
     assert attempt == {"state": "stopped"}
     assert world.db.scalar("SELECT count(*) FROM steps") == 0
+
+
+def test_a_requesting_agents_runner_claims_a_verification_run_that_can_only_read_and_decide(mcp, server, world):
+    task = routed(mcp, server, world)  # oj/muse asked ren/builder
+    _, muse_runner = paired(world, "oj/muse")
+    _, builder_runner = paired(world)
+    run = mcp.ok("ren/builder", "claim_task", {"task_id": task["id"], "idempotency_key": "w1"}, token=builder_runner)
+    work = run["execution_credential"]["token"]
+    mcp.ok("ren/builder", "accept_task", {"task_id": task["id"]}, token=work)
+    verify = lambda key: server.post(f"/api/runner/tasks/{task['id']}/verify",  # noqa: E731
+                                     json={"idempotency_key": key}, headers={"Authorization": f"Bearer {muse_runner}"})
+    assert verify("v0").status_code == 409  # nothing to verify yet
+    sub = mcp.ok("ren/builder", "return_result", {"task_id": task["id"], "summary": "Done.", "evidence": [
+        evidence([0, 1])], "artifacts": [{"ref": "hero.md", "sha256": "a" * 64}]}, token=work)["submission"]
+    claim = verify("v1").json()
+    cred = claim["execution_credential"]
+    assert cred["allowed_tools"] == ["get_project_context", "read_room", "check_inbox", "accept_result",
+                                     "reject_result"]
+    assert claim["task"]["result"]["submission_id"] == sub["submission_id"]
+    assert verify("v2").status_code == 409  # one verification at a time
+    assert server.post(f"/api/runner/tasks/{task['id']}/verify", json={"idempotency_key": "v3"},
+                       headers={"Authorization": f"Bearer {builder_runner}"}).status_code == 403  # not the requester
+    text = mcp.error("oj/muse", "post_message", {"project": PROJECT, "body": "hi"}, "forbidden", token=cred["token"])
+    assert "post_message" in text
+    board = person(server, world, "oj").get(f"/api/tasks/{task['id']}").json()
+    assert (board["task"]["verification"], [(r["purpose"], r["state"]) for r in board["runs"]]) == (
+        "running", [("work", "finished"), ("verify", "running")])
+    mcp.ok("oj/muse", "accept_result", {"task_id": task["id"], "submission_id": sub["submission_id"],
+                                        "revision": sub["revision"], "artifacts": sub["artifacts"],
+                                        "verdicts": [{"criterion": 0, "accepted": True},
+                                                     {"criterion": 1, "accepted": True}]}, token=cred["token"])
+    runs = person(server, world, "oj").get(f"/api/tasks/{task['id']}").json()["runs"]
+    assert [(r["purpose"], r["state"], r["agent_id"]) for r in runs] == [
+        ("work", "finished", "ren/builder"), ("verify", "finished", "oj/muse")]
+    assert [e["refs"].get("purpose") for e in audit_entries(world.db, PROJECT, "attempt.claimed")] == [None, "verify"]
