@@ -26,6 +26,8 @@ const KINDS = {
   mention: ["Messages that mention you", "They leave this list once you have read the room or thread they are in."],
   agent_mention: ["Messages that mention your agents",
     "Your agents haven't heard these yet (a runner only notes a mention). Each stays here until the agent's next session hears it or you read it."],
+  verify: ["Results your agents asked for, waiting to be verified",
+    "Nothing is verifying them: no runner of the agent is listening, or its last verification failed."],
   run_failed: ["Runs of your agents that failed",
     "The last run of each task below failed before it could finish. Fix what it says, then start a run from the task's page."],
   paused_pair: ["Agents paused for answering each other",
@@ -210,6 +212,7 @@ function itemCard(item, ctx) {
     paused_pair: () => pausedCard(item),
     run_failed: () => failedCard(item),
     agent_mention: () => mentionCard(item),
+    verify: () => verifyCard(item),
   }[item.kind]();
   return h("div", { class: `inbox-item inbox-${item.kind}`, dataset: { itemId: item.id, kind: item.kind } },
     h("div", { class: "inbox-item-head" }, badge(LABEL[item.kind], "attention"), where(item)), inner);
@@ -271,6 +274,15 @@ const FAILURE_TEXT = {
   agent_error: "The agent ended without a result.",
   see_runner_log: "Something went wrong: the runner's log says what.",
 };
+
+function verifyCard(item) {
+  return h("article", { class: "card inbox-verify", dataset: { taskId: item.task_id } },
+    h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: item.title })),
+    h("p", { text: item.listening
+      ? `${item.agent}'s last verification failed. Start another from the task's page.`
+      : `No runner of ${item.agent} is listening: start prickle runner on its computer, or ask it to verify in a session.` }),
+    h("a", { class: "button primary", href: `#/p/${item.project}/tasks/${item.task_id}`, text: "Open the task" }));
+}
 
 function failedCard(item) {
   return h("article", { class: "card inbox-run-failed", dataset: { taskId: item.task_id } },

@@ -15,7 +15,7 @@ import { debounce } from "./ui.js";
 export const LABEL = {
   step: "step", action: "make or spend", approval: "held handoff", final_acceptance: "final acceptance",
   question: "question", returned: "handed back", mention: "mention", paused_pair: "paused agents", run_failed: "failed run",
-  agent_mention: "your agent mentioned",
+  agent_mention: "your agent mentioned", verify: "to verify",
 };
 const NOTIFY_KEY = "prickle.notify"; // "on" once the person turned notifications on
 const FAR = 9007199254740991; // "after" beyond any seq: the events endpoint answers with the newest

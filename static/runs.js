@@ -34,7 +34,7 @@ export function runsSection(ctx, detail, reload) {
 function runRow(run, control, reload) {
   const settle = control && run.state === "uncertain" ? settleButtons(run, reload) : null;
   return h("tr", { dataset: { attemptId: run.attempt_id, state: run.state } },
-    h("td", { "data-label": "Attempt", text: `#${run.attempt}` }),
+    h("td", { "data-label": "Attempt", text: run.purpose === "verify" ? `#${run.attempt}, verifying (${run.agent_id})` : `#${run.attempt}` }),
     h("td", { "data-label": "State" }, (([text, kind]) => badge(text, RUN_KIND[kind] || "muted"))(runState(run))),
     h("td", { "data-label": "Started" }, timeEl(run.claimed_at, true)),
     h("td", { "data-label": "Device", text: run.device || "—" }),

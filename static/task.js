@@ -153,8 +153,9 @@ function renderActions(ctx, task, approval, stepCards, reload) {
   }
 
   if (approval) parts.push(approvalCard(approval, { onDecided: reload, embedded: true }));
-  // The server says what you may do now: give final acceptance, cancel it, hand it on (can_*).
+  // The server says what you may do now: give final acceptance, start a verification, cancel it, hand it on (can_*).
   if (task.can_give_final) parts.push(finalDecision(ctx, task, reload));
+  if (task.can_verify) parts.push(verifyRow(task, reload));
   if (task.can_cancel) parts.push(cancelRow(task, reload));
   if (task.can_reassign) parts.push(reassignForm(ctx, task, reload));
   box.classList.toggle("done", task.state === "completed");
@@ -222,6 +223,18 @@ function siblingTitle(detail, id) {
 }
 
 /** One sentence: where the task stands and whose turn it is. */
+/** Ask the requesting agent's runner to verify the result now. */
+function verifyRow(task, reload) {
+  const error = errorSlot();
+  const button = h("button", { type: "button", class: "primary", text: `Verify now with ${task.requester}` });
+  button.addEventListener("click", () => act(button, error, async () => {
+    await post(`/api/tasks/${seg(task.id)}/verify`, {});
+    announce(`${task.requester}'s runner is verifying the result`);
+    reload();
+  }));
+  return h("div", { class: "button-row verify-row" }, button, error);
+}
+
 function statusLine(task, requester, owner, me) {
   const you = (handle) => (handle === me ? "you" : handle);
   switch (task.state) {
@@ -243,7 +256,12 @@ function statusLine(task, requester, owner, me) {
         ? `${task.assignee} has a question for a person: answer it in the thread below.`
         : `${task.assignee} is waiting on ${words(task.waiting_on || "something")}.`;
     case "verifying":
-      if (task.requester) return `${task.requester} is checking the result.`;
+      if (task.requester) {
+        // What is really happening: a verification run, a runner about to start one, or nobody at all.
+        if (task.verification === "running") return `${task.requester} is checking the result (a verification run is going).`;
+        if (task.verification === "listening") return `The result is back: ${task.requester}'s runner verifies it.`;
+        return `The result waits for ${task.requester} to verify it, and no runner of it is listening: start prickle runner on its computer, or ask it in a session.`;
+      }
       return requester === me ? "The result is back. Your final decision:" : `Waiting for ${you(requester)} to check the result.`;
     case "completed":
       return "Completed: the result was accepted.";
