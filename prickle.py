@@ -9138,6 +9138,36 @@ def _check_still_in(db: Database, actor: Actor, project: str | None, reach: set[
                        "from the projects it is still in")
 
 
+#: The connection the request being served arrived on (the server's connection guard sets it), so a wait
+#: that holds it can be ended early (a timeout, with its cursor) when the server needs the connection.
+ARRIVED_ON: contextvars.ContextVar[Any] = contextvars.ContextVar("prickle_connection", default=None)
+
+
+class _Shed:
+    """Ends a held wait early: it answers ``timeout`` at once, and its client waits again."""
+
+    def __init__(self) -> None:
+        self.asked, self.fut = False, None
+
+    def __call__(self) -> None:
+        self.asked = True
+        if self.fut is not None and not self.fut.done():
+            self.fut.set_result(None)
+
+
+@contextlib.contextmanager
+def _sheddable() -> Iterator[_Shed]:
+    """A wait's _Shed, offered to the connection guard for as long as the wait holds its connection."""
+    shed, connection = _Shed(), ARRIVED_ON.get()
+    if connection is not None:
+        connection.hold(shed)
+    try:
+        yield shed
+    finally:
+        if connection is not None:
+            connection.release(shed)
+
+
 async def wait_for_wakes(db: Database, hub: WakeHub, actor: Actor, args: dict, tool: str, kinds: tuple[str, ...],
                          timeout: float, tick: Callable[[float], Any] | None = None) -> tuple[str, list[dict], str]:
     """Hold a wait_for_* call until a wake for the caller commits or ``timeout`` seconds pass.
@@ -9155,7 +9185,6 @@ async def wait_for_wakes(db: Database, hub: WakeHub, actor: Actor, args: dict, t
     elif actor.project_scope not in (None, ROOMS_SCOPE):
         project = actor.project_scope
     agent = actor.agent_id
-    runner = actor.credential_kind == "runner"
     scope = f"{agent}|{tool}|{project or '*'}"
     after = start_position(db, scope, args.get("cursor"))
     if after is None:
@@ -9166,39 +9195,51 @@ async def wait_for_wakes(db: Database, hub: WakeHub, actor: Actor, args: dict, t
     deadline = started + timeout
     next_tick = started + PROGRESS_EVERY
     first = True
-    while True:
-        with hub.waiting(hub.agent_waiters, agent) as fut:
-            check_live(db, actor)
-            _check_still_in(db, actor, project, reach)
-            if first:
+    with _sheddable() as shed:
+        while True:
+            with hub.waiting(hub.agent_waiters, agent) as fut:
+                shed.fut = fut
+                check_live(db, actor)
+                _check_still_in(db, actor, project, reach)
+                found, position = _hand_out(db, actor, after, kinds, project, first, scope)
                 first = False
-                # A runner only notes mentions (it never runs one): missed ones stay for the agent's sessions.
-                missed, _ = ([], after) if runner else pending_wakes(db, actor, after, kinds, project, missed=True)
-                if missed:
-                    note_delivered(db, agent, missed)
-                    return "events", missed, wake_cursor(db, scope, after)
-            again, _ = pending_wakes(db, actor, after, kinds, project, again=True)
-            if again:
-                note_delivered(db, agent, again)
-                return "events", again, wake_cursor(db, scope, after)
-            wakes, position = pending_wakes(db, actor, after, kinds, project)
-            if wakes:
-                # A mention a runner heard is still the agent's to hear in its next session (and its owner's
-                # inbox shows it until then): only what the runner acts on counts as handed out.
-                note_delivered(db, agent, [w for w in wakes if not (runner and w["kind"] == "mention")])
-                return "events", wakes, wake_cursor(db, scope, position)
-            after = position
-            now = loop.time()
-            if now >= deadline or hub.closing:
-                return "timeout", [], wake_cursor(db, scope, position)
-            until = min(deadline, next_tick if tick else deadline, now + LIVE_CHECK_EVERY)
-            try:
-                await asyncio.wait_for(fut, until - now)
-            except TimeoutError:
-                pass
-        if tick and loop.time() >= next_tick:
-            next_tick += PROGRESS_EVERY
-            await tick(loop.time() - started)
+                if found is not None:
+                    return found
+                after = position
+                now = loop.time()
+                if now >= deadline or hub.closing or shed.asked:
+                    return "timeout", [], wake_cursor(db, scope, position)
+                until = min(deadline, next_tick if tick else deadline, now + LIVE_CHECK_EVERY)
+                try:
+                    await asyncio.wait_for(fut, until - now)
+                except TimeoutError:
+                    pass
+            if tick and loop.time() >= next_tick:
+                next_tick += PROGRESS_EVERY
+                await tick(loop.time() - started)
+
+
+def _hand_out(db: Database, actor: Actor, after: int, kinds: tuple[str, ...], project: str | None, first: bool,
+              scope: str) -> tuple[tuple[str, list[dict], str] | None, int]:
+    """What a wait hands out now, if anything (``(answer, position)``): on its first look the mentions no
+    wait handed out yet, then wakes handed out again (an owner's retry), then new wakes after ``after``."""
+    agent, runner = actor.agent_id, actor.credential_kind == "runner"
+    if first and not runner:  # a runner only notes mentions: missed ones stay for the agent's sessions
+        missed, _ = pending_wakes(db, actor, after, kinds, project, missed=True)
+        if missed:
+            note_delivered(db, agent, missed)
+            return ("events", missed, wake_cursor(db, scope, after)), after
+    again, _ = pending_wakes(db, actor, after, kinds, project, again=True)
+    if again:
+        note_delivered(db, agent, again)
+        return ("events", again, wake_cursor(db, scope, after)), after
+    wakes, position = pending_wakes(db, actor, after, kinds, project)
+    if wakes:
+        # A mention a runner heard is still the agent's to hear in its next session (and its owner's inbox
+        # shows it until then): only what the runner acts on counts as handed out.
+        note_delivered(db, agent, [w for w in wakes if not (runner and w["kind"] == "mention")])
+        return ("events", wakes, wake_cursor(db, scope, position)), position
+    return None, position
 
 
 ###############################################################################
@@ -9428,12 +9469,14 @@ async def page(request: Request) -> Response:
 async def health(request: Request) -> Response:
     """GET /healthz: the server is up and its database answers.
 
-    ``{"ok", "version", "outbox_head", "degraded"}``: ``degraded`` lists the background pieces
-    failing now (see :meth:`Maintenance.degraded`), empty when all is well.
+    ``{"ok", "version", "outbox_head", "degraded", "waits"}``: ``degraded`` lists the background
+    pieces failing now (see :meth:`Maintenance.degraded`), empty when all is well; ``waits`` is how
+    many agents' waits are open (each agent counted once per wait it holds).
     """
     state: AppState = request.app.state.prickle
     return JSONResponse({"ok": True, "version": __version__, "outbox_head": outbox_head(state.db),
-                         "degraded": state.maintenance.degraded() if state.maintenance else []})
+                         "degraded": state.maintenance.degraded() if state.maintenance else [],
+                         "waits": sum(len(w) for w in state.hub.agent_waiters.values())})
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
@@ -11095,8 +11138,11 @@ class ConnectionGuard:
     stream) is not, and no deadline applies to it, unless its client stops reading: one whose
     answer has not drained for ``request_seconds`` is closed too. A connection waiting longer than
     ``request_seconds`` is closed (with 408 when it had sent part of a request). With ``limit``
-    connections open, a newcomer closes the one that has waited longest; if none is waiting,
-    the newcomer is answered 503 and closed.
+    connections open, a newcomer closes the one that has waited longest; if none is waiting, the
+    oldest held wait (a wait_for_* call) is ended early, answered ``timeout`` (its client waits
+    again), and its connection closes after that answer; only if no wait is held either is the
+    newcomer answered 503 and closed. So a post that would wake a thousand waiters is never
+    refused because they hold every connection.
 
     Everything fits in ``file_limit`` open files: the event loop accepts up to ``backlog``
     connections in one turn before any is counted (and as many closed ones may not have let go
@@ -11115,6 +11161,8 @@ class ConnectionGuard:
         self.open: set[Any] = set()
         #: Waiting connections, the longest waiting first (a dict keeps insertion order).
         self.waiting: dict[Any, None] = {}
+        #: Connections whose request is a held wait, the oldest first, with what ends that wait early.
+        self.held: dict[Any, Callable[[], None]] = {}
         self.refusing = 0
         limit = self.limit
         self.timeout_answer = _http_answer(
@@ -11141,6 +11189,11 @@ class ConnectionGuard:
             return True
         for conn in self.waiting:
             conn.close_waiting(self.evicted_answer)
+            return True
+        for conn, shed in self.held.items():
+            del self.held[conn]
+            conn.close_after_answer()
+            shed()
             return True
         return False
 
@@ -11195,8 +11248,22 @@ class _GuardedConnection:
         super().eof_received()
 
     def handle_events(self) -> None:
+        ARRIVED_ON.set(self)  # the request's task copies it: a wait it holds can be shed (hold)
         super().handle_events()
         self._track()
+
+    def hold(self, shed: Callable[[], None]) -> None:
+        """A wait is held on this connection; ``shed`` ends it early if the server needs the connection."""
+        self.guard.held[self] = shed
+
+    def release(self, shed: Callable[[], None]) -> None:
+        if self.guard.held.get(self) is shed:
+            del self.guard.held[self]
+
+    def close_after_answer(self) -> None:
+        """Close this connection once its request is answered (no keep-alive)."""
+        if self.cycle is not None:
+            self.cycle.keep_alive = False
 
     def _track(self) -> None:
         import h11
@@ -11251,6 +11318,7 @@ class _GuardedConnection:
         if self._stalled is not None:
             self._stalled.cancel()
         self.guard.open.discard(self)
+        self.guard.held.pop(self, None)
         super().connection_lost(exc)
 
 

@@ -87,7 +87,8 @@ def test_a_returned_task_waits_on_its_requesters_owner_until_handed_on(mcp, serv
 def test_a_verified_result_waits_for_final_acceptance_until_accepted(mcp, server, world):
     task = working(mcp, server, world)
     sub = submit(mcp, task["id"])["submission"]
-    assert kinds(server, world, "oj") == []  # oj/muse verifies first
+    # oj/muse verifies first; no runner of it listens, so oj is told the result waits on it
+    assert kinds(server, world, "oj") == ["verify"]
     verdicts = [{"criterion": 0, "accepted": True}, {"criterion": 1, "accepted": True}]
     verified = mcp.ok("oj/muse", "accept_result", {"task_id": task["id"], "submission_id": sub["submission_id"],
                                                    "revision": sub["revision"], "verdicts": verdicts,

@@ -271,3 +271,33 @@ def test_revoking_a_key_on_the_page_ends_its_sessions_at_once(world, tmp_path):
             assert gone.status_code == 200, gone.text
             assert in_thread(_drain, streams[0])() == b""
         assert _ping(http, url, world.keys["ren/builder"], other) == 200
+
+
+def test_at_the_cap_a_newcomer_closes_an_idle_connection_then_sheds_the_oldest_held_wait_then_is_refused():
+    guard = prickle.ConnectionGuard(max_connections=16, request_seconds=5)
+    guard.limit = 3
+    closed, shed = [], []
+
+    class Connection:
+        def __init__(self, name):
+            self.name = name
+
+        def close_waiting(self, answer):
+            closed.append(self.name)
+            guard.open.discard(self)
+            guard.waiting.pop(self, None)
+
+        def close_after_answer(self):
+            closed.append(f"{self.name} after its answer")
+
+    idle, old_wait, new_wait = Connection("idle"), Connection("old wait"), Connection("new wait")
+    guard.open |= {idle, old_wait, new_wait}
+    guard.waiting[idle] = None
+    guard.held[old_wait] = lambda: shed.append("old wait")
+    guard.held[new_wait] = lambda: shed.append("new wait")
+    assert guard.make_room() is True and closed == ["idle"] and shed == []  # an idle one goes first
+    guard.open.add(Connection("newcomer"))
+    assert guard.make_room() is True and shed == ["old wait"] and closed[-1] == "old wait after its answer"
+    assert list(guard.held) == [new_wait]
+    assert guard.make_room() is True and shed == ["old wait", "new wait"]
+    assert guard.make_room() is False  # nothing idle and no wait held: the newcomer is refused
