@@ -88,7 +88,7 @@ def test_a_verified_result_waits_for_final_acceptance_until_accepted(mcp, server
     task = working(mcp, server, world)
     sub = submit(mcp, task["id"])["submission"]
     # oj/muse verifies first; no runner of it listens, so oj is told the result waits on it
-    assert kinds(server, world, "oj") == ["verify"]
+    assert kinds(server, world, "oj") == [("verify", f"verify:{task['id']}")]
     verdicts = [{"criterion": 0, "accepted": True}, {"criterion": 1, "accepted": True}]
     verified = mcp.ok("oj/muse", "accept_result", {"task_id": task["id"], "submission_id": sub["submission_id"],
                                                    "revision": sub["revision"], "verdicts": verdicts,
