@@ -313,6 +313,7 @@ async def _hold_waiters(url: str, keys: list[str], count: int, poster_key: str, 
         if command == "wake":
             cpu = time.process_time()
             async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as poster:
+                sent = time.monotonic()
                 response = await poster.post(url, content=call_body("post_message",
                                                                     {"project": PROJECT, "body": wake_body}),
                                              headers=call_headers("post_message", poster_key))
@@ -321,7 +322,7 @@ async def _hold_waiters(url: str, keys: list[str], count: int, poster_key: str, 
             finished, _ = await asyncio.wait(tasks, timeout=30.0)
             results = [t.result() for t in finished]
             woken = [(t, status) for t, status in results if status == "events"]
-            report.update(posted=posted, woken=len(woken), finished=len(finished),
+            report.update(posted=posted, post_ms=(posted - sent) * 1000, woken=len(woken), finished=len(finished),
                           last_ms=(max(t for t, _ in woken) - posted) * 1000 if woken else None,
                           p50_ms=(sorted(t for t, _ in woken)[len(woken) // 2] - posted) * 1000 if woken else None,
                           other=sorted({s for _, s in results if s != "events"})[:5],
