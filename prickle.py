@@ -7459,16 +7459,19 @@ def _pause_chains(db: Database, scope: str) -> list[str]:
 def runner_state(db: Database, actor: Actor) -> dict:
     """What a runner needs to obey its owner: whether its agent is paused, and its device's newest runs.
 
-    Each run says whether a step it asked for still waits on the owner (``step_pending``).
+    Each run says whether a step it asked for still waits on the owner, or was allowed and not yet
+    used (``step_pending``): such a run ended to wait for its owner, which is no failure.
     """
     with db.snapshot():
         device = runner_device(db, actor)
         rows = db.rows("SELECT * FROM attempts WHERE device_id = ? ORDER BY claimed_at DESC, rowid DESC LIMIT ?",
                        (device["id"], RUNNER_RUNS_SHOWN))
         who = paused_by(db, actor.owner)
-        # A run that ended waiting on its owner's decision (it asked request_step itself) did not fail.
+        # A run that ended waiting on its owner's decision (it asked request_step itself) did not fail,
+        # nor one whose step was allowed as it ended, before it could use it.
         asking = {r["attempt_id"] for r in db.rows(
-            f"SELECT attempt_id FROM steps WHERE status = 'pending' AND attempt_id IN ({', '.join('?' * len(rows))})",
+            "SELECT attempt_id FROM steps WHERE (status = 'pending' OR (status = 'approved' AND consumed_by IS NULL)) "
+            f"AND attempt_id IN ({', '.join('?' * len(rows))})",
             [r["id"] for r in rows])} if rows else set()
         return {"agent_id": actor.agent_id, "device_id": device["id"], "paused": who is not None, "paused_by": who,
                 "runs": [{k: v for k, v in attempt_out(r).items() if k not in ("device", "device_id")}
@@ -7524,7 +7527,9 @@ def task_for_page(db: Database, task: dict, viewer: str) -> dict:
     final acceptance), ``awaiting_final`` (a result is in and the lifecycle allows the
     ``final_accept`` move now), ``can_give_final`` (it awaits final acceptance and the viewer
     gives it), ``can_cancel`` and ``can_reassign`` (the viewer may steer it,
-    :func:`may_steer_task`, and its lifecycle allows the move now).
+    :func:`may_steer_task`, and its lifecycle allows the move now), ``verification``
+    (:func:`verification_state`), ``can_verify``, and ``step_waiting``: a step one of its runs
+    asked to take waits on the assignee's owner, so the task waits on them, not on the agent.
     """
     out = task_out(db, task)
     lifecycle = lifecycle_state(task)
@@ -7534,6 +7539,8 @@ def task_for_page(db: Database, task: dict, viewer: str) -> dict:
     verification = verification_state(db, task)
     return out | {"lifecycle": lifecycle, "final_by": requesting_person(task), "awaiting_final": awaiting_final,
                   "verification": verification,
+                  "step_waiting": db.one("SELECT 1 FROM steps WHERE task_id = ? AND status = 'pending'",
+                                         (task["id"],)) is not None,
                   "can_verify": verification in ("listening",) and viewer == requesting_person(task),
                   "can_give_final": awaiting_final and viewer == requesting_person(task),
                   "can_cancel": steers and "cancel" in moves, "can_reassign": steers and "reassign" in moves}
@@ -12983,6 +12990,7 @@ class Runner:
         self.procs: dict[str, asyncio.subprocess.Process] = {}  # attempt or session id -> its process
         self.stopping: dict[str, str] = {}  # attempt or session id -> why it was stopped
         self.by_task: dict[str, str] = {}  # task id -> the attempt running it
+        self.woken: dict[str, dict] = {}  # task id -> the task, woken again while its run went on
         self._tasks: set[asyncio.Task] = set()
         self.stopping_all = False
         self.waits = {a: McpSession(config.mcp_url, c.key) for a, c in config.agents.items()}
@@ -13307,6 +13315,8 @@ class Runner:
                 self.stop_run(running, f"the task is {task['state']}")
             elif running:
                 self.log(f"{agent_id}: task {task['id']} already has a run ({running}); one run per task")
+                if task["state"] in CLAIMABLE:  # e.g. its step was decided: if the run ends short of a result, again
+                    self.woken[task["id"]] = task
                 self._spawn(self.check_stops(agent_id))
             elif task["state"] in CLAIMABLE:
                 self.by_task[task["id"]] = "claiming"
@@ -13512,6 +13522,7 @@ class Runner:
         """Claim a routed task and run it once: workspace, launch (a failed launch is retried with the
         same idempotency key), time limit, then report the outcome to Team Pulse."""
         agent, task_id, project = self.config.agents[agent_id], task["id"], task["project"]
+        short = False  # the run ended short of a result (not stopped): a wake while it ran runs it again
         try:
             if self.per_agent[agent_id].locked() or self.total.locked():
                 self.log(f"{agent_id}: task {task_id} waits for a free run (at most {agent.parallel} at once for "
@@ -13547,6 +13558,7 @@ class Runner:
                 if failure is not None:
                     failure.pop("retry", None)
                 stopped = failure is not None and failure.get("stopped")
+                short = failure is not None and not stopped
                 if attempt_id is not None and not stopped:
                     # The server hears every end (a result already ended it: then this changes nothing).
                     await self.ended(agent_id, attempt_id, failure["step"] if failure else "exited")
@@ -13557,6 +13569,10 @@ class Runner:
         finally:
             self.by_task.pop(task_id, None)
             self.save()
+            again = self.woken.pop(task_id, None)
+            if again is not None and short:
+                self.log(f"{agent_id}: task {task_id} was woken while its run went on: running it again")
+                self.on_event(agent_id, {"kind": "task", "task": again})
 
     async def _run_attempt(self, agent_id: str, task: dict, claim: dict, launch: int) -> dict | None:
         """One launch of a claimed attempt; return the run_failure to report (None: a good run; ``stopped``: none)."""
@@ -13831,6 +13847,9 @@ def runner_status_lines(config: RunnerConfig, status: dict) -> list[str]:
             lines.append(f"  can't run: {a['cli_problem']}")
         if a.get("wrong_key"):
             lines.append(f"  can't run: its key is {a['wrong_key']}'s runner key; fix the config")
+        unsent = [u for u in status.get("unsent", []) if u["agent"] == agent_id]
+        if unsent:
+            lines.append(f"  to tell the server when it is back: {', '.join(u['attempt'] + ' ' + u['what'] for u in unsent)}")
     return lines
 
 

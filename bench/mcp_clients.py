@@ -281,7 +281,7 @@ def task_life_worker(url: str, keys: dict, to: str, concurrent: int, warmup: flo
 
 
 async def _one_wait(client: httpx.AsyncClient, url: str, key: str) -> tuple[float, str]:
-    body = call_body("wait_for_mention", {"project": PROJECT, "timeout_seconds": 50})
+    body = call_body("wait_for_mention", {"project": PROJECT, "timeout_seconds": WAIT_SECONDS})
     try:
         response = await client.post(url, content=body, headers=call_headers("wait_for_mention", key))
         out = tool_output(response)
@@ -290,41 +290,38 @@ async def _one_wait(client: httpx.AsyncClient, url: str, key: str) -> tuple[floa
         return time.monotonic(), f"error: {type(e).__name__}: {e}"[:160]
 
 
+#: How long each held wait asks to wait: long enough for every waiter to be in and the post made.
+WAIT_SECONDS = 150
+
+
 def _recv(conn: Any, timeout: float) -> Any:
     return conn.recv() if conn.poll(timeout) else None
 
 
-async def _hold_waiters(url: str, keys: list[str], count: int, poster_key: str, wake_body: str, conn: Any) -> None:
+async def _hold_waiters(url: str, keys: list[str], count: int, conn: Any) -> None:
     # Small pools: httpx's pool does work in proportion to its connections on every request
     # and answer, so one pool of 1,000 costs the client seconds of CPU when they all return.
     pools = [httpx.AsyncClient(limits=httpx.Limits(max_connections=POOL_SIZE + 5, max_keepalive_connections=POOL_SIZE),
-                               timeout=httpx.Timeout(70.0, connect=30.0, pool=30.0))
+                               timeout=httpx.Timeout(WAIT_SECONDS + 20.0, connect=60.0, pool=60.0))
              for _ in range(0, count, POOL_SIZE)]
     async with contextlib.AsyncExitStack() as stack:
         for pool in pools:
             await stack.enter_async_context(pool)
-        tasks = [asyncio.create_task(_one_wait(pools[i // POOL_SIZE], url, keys[i % len(keys)]))
-                 for i in range(count)]
+        tasks = []
+        for i in range(count):
+            tasks.append(asyncio.create_task(_one_wait(pools[i // POOL_SIZE], url, keys[i % len(keys)])))
+            if i % POOL_SIZE == POOL_SIZE - 1:
+                await asyncio.sleep(0)  # send what is started before starting more: no request waits half-sent
         conn.send(("launched", count))
-        command = await asyncio.to_thread(_recv, conn, 90.0)
+        command = await asyncio.to_thread(_recv, conn, WAIT_SECONDS - 10.0)
         in_flight = sum(not t.done() for t in tasks)
         early = [t.result()[1] for t in tasks if t.done()]
         report: dict[str, Any] = {"in_flight": in_flight, "early": early[:5], "early_count": len(early)}
-        if command == "wake":
+        if command == "collect":
             cpu = time.process_time()
-            async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as poster:
-                sent = time.monotonic()
-                response = await poster.post(url, content=call_body("post_message",
-                                                                    {"project": PROJECT, "body": wake_body}),
-                                             headers=call_headers("post_message", poster_key))
-                posted = time.monotonic()
-                tool_output(response)
             finished, _ = await asyncio.wait(tasks, timeout=30.0)
             results = [t.result() for t in finished]
-            woken = [(t, status) for t, status in results if status == "events"]
-            report.update(posted=posted, post_ms=(posted - sent) * 1000, woken=len(woken), finished=len(finished),
-                          last_ms=(max(t for t, _ in woken) - posted) * 1000 if woken else None,
-                          p50_ms=(sorted(t for t, _ in woken)[len(woken) // 2] - posted) * 1000 if woken else None,
+            report.update(times=[t for t, status in results if status == "events"], finished=len(finished),
                           other=sorted({s for _, s in results if s != "events"})[:5],
                           client_cpu_ms=(time.process_time() - cpu) * 1000)
         conn.send(("report", report))
@@ -333,13 +330,14 @@ async def _hold_waiters(url: str, keys: list[str], count: int, poster_key: str, 
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def hold_waiters(url: str, keys: list[str], count: int, poster_key: str, wake_body: str, conn: Any) -> None:
-    """Open ``count`` wait_for_mention calls at once over ``keys``; on "wake", post ``wake_body`` and time the returns.
+def hold_waiters(url: str, keys: list[str], count: int, conn: Any) -> None:
+    """Open ``count`` wait_for_mention calls over ``keys``; on "collect", time their returns (30 s at most).
 
-    Sends ``("launched", count)`` once every call is started, then waits (90 s at most) for a
-    command from the bench process, and answers ``("report", {...})``.
+    Sends ``("launched", count)`` once every call is started, then waits for a command from the
+    bench process, and answers ``("report", {...})``: ``times`` holds the ``time.monotonic()`` at
+    which each call returned with events (one clock for the whole machine).
     """
-    asyncio.run(_hold_waiters(url, keys, count, poster_key, wake_body, conn))
+    asyncio.run(_hold_waiters(url, keys, count, conn))
 
 
 # -- fallback load generator (no wrk) -----------------------------------------

@@ -222,7 +222,6 @@ function siblingTitle(detail, id) {
   return detail.siblings?.find((s) => s.id === id)?.title || id;
 }
 
-/** One sentence: where the task stands and whose turn it is. */
 /** Ask the requesting agent's runner to verify the result now. */
 function verifyRow(task, reload) {
   const error = errorSlot();
@@ -235,6 +234,7 @@ function verifyRow(task, reload) {
   return h("div", { class: "button-row verify-row" }, button, error);
 }
 
+/** One sentence: where the task stands and whose turn it is. */
 function statusLine(task, requester, owner, me) {
   const you = (handle) => (handle === me ? "you" : handle);
   switch (task.state) {
@@ -250,6 +250,10 @@ function statusLine(task, requester, owner, me) {
       return `Handed to ${task.assignee}; it has not accepted the task yet.`;
     case "accepted":
     case "working":
+      if (task.step_waiting) {
+        return owner === me ? `${task.assignee} waits for your decision on a step it asked to take (in your inbox).`
+          : `${task.assignee} waits for ${owner}'s decision on a step it asked to take.`;
+      }
       return `${task.assignee} is working on it.`;
     case "waiting":
       return task.waiting_on === "human"

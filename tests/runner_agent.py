@@ -55,7 +55,8 @@ async def main() -> None:
             mode = task["packet"].get("context", "").partition("standin: ")[2].split()[0] or "ok"
             if mode == "crash":
                 raise SystemExit(3)
-            await call(c, "accept_task", {"task_id": task_id})
+            if task["state"] == "routed":  # a run resumed after an earlier one finds it accepted
+                await call(c, "accept_task", {"task_id": task_id})
             with open("work.txt", "w") as f:  # in the workspace the runner made
                 f.write(prompt)
             print(f"stand-in: accepted {task_id}, mode {mode}", flush=True)
@@ -64,11 +65,16 @@ async def main() -> None:
                 time.sleep(600)
             if mode == "quiet":
                 return
-            if mode == "step":
+            if mode in ("step", "stepwait"):
                 asked = await call(c, "request_step", {"tool_name": "Bash", "input": {"command": "make publish"},
                                                        "reason": "Publish the copy.", "tool_use_id": "publish-1"})
                 print(f"stand-in: step {asked['status']}", flush=True)
-                return
+                if mode == "step" or asked["behavior"] != "allow":
+                    if mode == "stepwait":  # hold the run until the test says (a file it names appears)
+                        go = task["packet"]["context"].split()[2]
+                        while not os.path.exists(go):
+                            time.sleep(0.05)
+                    return
             await call(c, "checkpoint", {"task_id": task_id, "checkpoint": {"progress": "Drafted."}})
             criteria = task["packet"]["acceptance_criteria"]
             await call(c, "return_result", {"task_id": task_id, "summary": "Done by the stand-in.", "evidence": [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -15,6 +16,11 @@ from conftest import PRICKLE
 
 HERE = Path(__file__).resolve().parent
 STANDIN_AGENT = [sys.executable, str(HERE / "runner_agent.py"), "{prompt_file}"]
+#: Claude Code as .ci/run installs it (or $PRICKLE_TEST_CLAUDE, or on PATH); None when it is not installed.
+CLAUDE_CACHE = HERE.parent / ".cache" / "agent-clis" / "cli" / "bin" / "claude"
+CLAUDE = os.environ.get("PRICKLE_TEST_CLAUDE") or (str(CLAUDE_CACHE) if CLAUDE_CACHE.exists() else shutil.which("claude"))
+CLAUDE_MISSING = ("Claude Code is not installed: .ci/run installs it into .cache/agent-clis (or set PRICKLE_TEST_CLAUDE "
+                  "to a claude binary)")
 #: Every secret Prickle makes begins so; none may reach a runner's log.
 SECRET_PREFIXES = ("prk_rk_", "prk_ex_", "prk_dc_", "prk_ck_", "prk_pt_")
 
@@ -129,3 +135,10 @@ def task_state(http: httpx.Client, task_id: str) -> dict:
 def pulse_of(http: httpx.Client, project: str, agent_id: str) -> dict | None:
     pulses = http.get(f"/api/projects/{project}").json()["pulse"]
     return next((p for p in pulses if p["agent_id"] == agent_id), None)
+
+
+def claude_env(home: Path, model_url: str) -> dict:
+    """An environment for Claude Code runs: a HOME of its own, its model the stand-in at ``model_url``."""
+    home.mkdir()
+    return os.environ | {"HOME": str(home), "ANTHROPIC_BASE_URL": model_url, "ANTHROPIC_API_KEY": "stand-in",
+                         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "ENABLE_TOOL_SEARCH": "false"}

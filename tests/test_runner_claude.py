@@ -7,31 +7,20 @@ Skips when the Claude Code package is not installed (``.ci/run`` installs it).
 """
 
 import json
-import os
-import shutil
 import threading
-from pathlib import Path
 
 import httpx
 import pytest
 
 from conftest import MCP, Served, audit_entries
 from model_standin import ModelStandIn
-from runner_util import SECRET_PREFIXES, RunnerProcess, all_logs, person, task_state, wait_until, write_config
+from runner_util import (CLAUDE, CLAUDE_MISSING, SECRET_PREFIXES, RunnerProcess, all_logs, claude_env, person, task_state,
+                         wait_until, write_config)
 
 import prickle
 
 PROJECT = "website-v2"
-CACHE = Path(__file__).resolve().parent.parent / ".cache" / "agent-clis" / "cli" / "bin" / "claude"
-CLAUDE = os.environ.get("PRICKLE_TEST_CLAUDE") or (str(CACHE) if CACHE.exists() else shutil.which("claude"))
-pytestmark = pytest.mark.skipif(not CLAUDE, reason="Claude Code is not installed: .ci/run installs it into "
-                                ".cache/agent-clis (or set PRICKLE_TEST_CLAUDE to a claude binary)")
-
-
-def claude_env(home: Path, model_url: str) -> dict:
-    home.mkdir()
-    return os.environ | {"HOME": str(home), "ANTHROPIC_BASE_URL": model_url, "ANTHROPIC_API_KEY": "stand-in",
-                         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "ENABLE_TOOL_SEARCH": "false"}
+pytestmark = pytest.mark.skipif(not CLAUDE, reason=CLAUDE_MISSING)
 
 
 def test_claude_code_run_accepts_checkpoints_asks_a_step_the_owner_allows_and_returns(db_path, tmp_path):

@@ -8,6 +8,7 @@ not installed (``.ci/run`` installs both).
 """
 
 import os
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -158,3 +159,55 @@ def test_codex_run_accepts_checkpoints_asks_a_step_the_owner_allows_and_returns_
         codex_files = b"".join(p.read_bytes() for p in home.rglob("*") if p.is_file())
         assert not any(p.encode() in codex_files for p in SECRET_PREFIXES)
         ren.close(), oj.close(), builder.client.close(), db.close()
+
+
+def test_a_verification_run_through_codex_decides_a_result_its_agents_session_left(db_path, tmp_path):
+    """oj/critic handed a task on from a session that has ended; its runner verifies the result through Codex."""
+    def verify(seen):
+        task_id = seen.find(r"Prickle task (\S+) in project")
+        submission, revision = re.search(r"submission (\S+), revision (\d+)\)", seen.prompt).groups()
+        return ("mcp__prickle__accept_result", {
+            "task_id": task_id, "submission_id": submission, "revision": int(revision), "artifacts": [],
+            "verdicts": [{"criterion": 0, "accepted": True, "note": "Six words."},
+                         {"criterion": 1, "accepted": True}]})
+
+    script = [verify, lambda seen: "Verified: every criterion is covered."]
+    with Served(db_path, "--demo") as served, ModelStandIn(script) as model:
+        base, db = served.info["url"], prickle.Database(db_path)
+        prickle.add_agent(db, "oj/critic", "Critic", "gpt-5", "codex", "", [], [PROJECT])
+        prickle.set_rule(db, "ren", "allow", from_owner="oj")
+        _, key = prickle.pair_device(db, "oj", "oj/critic", "oj-laptop")
+        oj = person(base, prickle.create_token(db, "person", person="oj")[1])
+        critic_key = prickle.create_token(db, "client", agent_id="oj/critic")[1]
+        agents = MCP(httpx.Client(base_url=base), {"oj/critic": critic_key,
+                                                   "ren/builder": served.info["demo"]["keys"]["ren/builder"]})
+        # oj/critic's session hands the task on and ends; ren/builder's session does it and returns.
+        task_id = agents.ok("oj/critic", "handoff", {"project": PROJECT, "to": "ren/builder", "packet": {
+            "task": "Draft the hero copy.", "deliverable_type": "doc",
+            "acceptance_criteria": ["Headline has at most 8 words.", "Include a clear call to action."]}})["task"]["id"]
+        agents.ok("ren/builder", "accept_task", {"task_id": task_id})
+        agents.ok("ren/builder", "return_result", {"task_id": task_id, "summary": "Drafted the hero copy.",
+                  "evidence": [{"kind": "note", "summary": "Six words.", "criteria": [0]},
+                               {"kind": "note", "summary": "CTA: try the demo.", "criteria": [1]}]})
+        assert task_state(oj, task_id)["verification"] == "nobody"
+        config = write_config(tmp_path / "runner.toml", base, {
+            "oj/critic": {"key": key, "client": "codex", "cli_path": CODEX, "launch_timeout_minutes": 5}})
+        with RunnerProcess(config, env=codex_env(tmp_path / "home", model.url)) as runner:
+            runner.wait_connected("oj/critic")
+            task = wait_until("the verification", lambda: (t := task_state(oj, task_id))["state"] == "approval" and t,
+                              timeout=120)
+            wait_until("the run to end", lambda: not runner.runs("oj/critic"))
+        assert [a[0] for a in model.calls if not isinstance(a, str)] == ["mcp__prickle__accept_result"]
+        assert task["result"]["verified_by"]["agent_id"] == "oj/critic"
+        runs = oj.get(f"/api/tasks/{task_id}").json()["runs"]
+        assert [(r["purpose"], r["state"], r["agent_id"]) for r in runs] == [("verify", "finished", "oj/critic")]
+        [claimed] = [e for e in audit_entries(db, PROJECT, "attempt.claimed") if e["refs"]["task"] == task_id]
+        assert claimed["refs"]["purpose"] == "verify"
+        # The run's credential could only read the task and decide it: Codex reached accept_result through it.
+        assert [e["refs"]["step"] for e in audit_entries(db, PROJECT, "result.accepted")
+                if e["refs"]["task"] == task_id] == ["verified"]
+        assert [i["kind"] for i in oj.get("/api/inbox").json()["items"] if i["task_id"] == task_id] == [
+            "final_acceptance"]
+        logs = all_logs(runner.state_dir)
+        assert "Verified: every criterion is covered." in logs and not any(p in logs for p in SECRET_PREFIXES)
+        oj.close(), agents.client.close(), db.close()

@@ -7,8 +7,6 @@ Skips when the Claude Code package is not installed (``.ci/run`` installs it).
 """
 
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,21 +15,12 @@ import pytest
 
 from conftest import MCP, Served
 from model_standin import ModelStandIn
-from runner_util import RunnerProcess, person, wait_until, write_config
+from runner_util import CLAUDE, CLAUDE_MISSING, RunnerProcess, claude_env, person, wait_until, write_config
 
 import prickle
 
 PROJECT = "website-v2"
-CACHE = Path(__file__).resolve().parent.parent / ".cache" / "agent-clis" / "cli" / "bin" / "claude"
-CLAUDE = os.environ.get("PRICKLE_TEST_CLAUDE") or (str(CACHE) if CACHE.exists() else shutil.which("claude"))
-needs_claude = pytest.mark.skipif(not CLAUDE, reason="Claude Code is not installed: .ci/run installs it into "
-                                  ".cache/agent-clis (or set PRICKLE_TEST_CLAUDE to a claude binary)")
-
-
-def _claude_env(home: Path, model_url: str) -> dict:
-    home.mkdir()
-    return os.environ | {"HOME": str(home), "ANTHROPIC_BASE_URL": model_url, "ANTHROPIC_API_KEY": "stand-in",
-                         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "ENABLE_TOOL_SEARCH": "false"}
+needs_claude = pytest.mark.skipif(not CLAUDE, reason=CLAUDE_MISSING)
 
 
 def _hostile_repo(root: Path, marker: Path) -> Path:
@@ -70,7 +59,7 @@ def test_a_repositorys_claude_settings_run_nothing_and_every_shell_command_waits
         config = write_config(tmp_path / "runner.toml", base, {
             "oj/muse": {"key": key, "client": "claude", "cli_path": CLAUDE, "repo": str(repo),
                         "launch_timeout_minutes": 5}})
-        with RunnerProcess(config, env=_claude_env(tmp_path / "home", model.url)) as runner:
+        with RunnerProcess(config, env=claude_env(tmp_path / "home", model.url)) as runner:
             runner.wait_connected("oj/muse")
             task_id = builder.ok("ren/builder", "handoff", {"project": PROJECT, "to": "oj/muse", "packet": {
                 "task": "Check the site.", "deliverable_type": "answer",
@@ -178,7 +167,7 @@ def test_the_bridge_runs_only_the_call_the_owner_saw_whatever_the_server_answers
         builder = MCP(httpx.Client(base_url=base), {"ren/builder": served.info["demo"]["keys"]["ren/builder"]})
         config = write_config(tmp_path / "runner.toml", proxy.url, {
             "oj/muse": {"key": key, "client": "claude", "cli_path": CLAUDE, "launch_timeout_minutes": 5}})
-        with RunnerProcess(config, env=_claude_env(tmp_path / "home", model.url)) as runner:
+        with RunnerProcess(config, env=claude_env(tmp_path / "home", model.url)) as runner:
             runner.wait_connected("oj/muse")
             task_id = builder.ok("ren/builder", "handoff", {"project": PROJECT, "to": "oj/muse", "packet": {
                 "task": "Build it.", "deliverable_type": "answer", "acceptance_criteria": ["Built."]}})["task"]["id"]
@@ -209,7 +198,7 @@ def test_an_output_line_longer_than_64_kib_loses_nothing_of_the_run(db_path, tmp
         builder = MCP(httpx.Client(base_url=base), {"ren/builder": served.info["demo"]["keys"]["ren/builder"]})
         config = write_config(tmp_path / "runner.toml", base, {
             "oj/muse": {"key": key, "client": "claude", "cli_path": CLAUDE, "launch_timeout_minutes": 5}})
-        with RunnerProcess(config, env=_claude_env(tmp_path / "home", model.url)) as runner:
+        with RunnerProcess(config, env=claude_env(tmp_path / "home", model.url)) as runner:
             runner.wait_connected("oj/muse")
             task_id = builder.ok("ren/builder", "handoff", {"project": PROJECT, "to": "oj/muse", "packet": {
                 "task": "Write the file.", "deliverable_type": "doc", "acceptance_criteria": ["Written."]}})["task"]["id"]

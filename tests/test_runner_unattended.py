@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 import prickle
-from conftest import MCP, REFERENCE_TOOLS, Served
+from conftest import MCP, REFERENCE_TOOLS, Served, audit_entries
 from helpers import _free_port, cli_json
 from runner_util import STANDIN_AGENT, RunnerProcess, person, pulse_of, task_state, wait_until, write_config
 
@@ -243,3 +243,31 @@ def test_a_result_is_verified_by_the_requesting_agents_runner_even_when_its_sess
                 assert f"verifying the result of {task_id}" in oj_runner.log()
                 kinds = [i["kind"] for i in oj.get("/api/inbox").json()["items"]]
                 assert "verify" not in kinds and "final_acceptance" in kinds
+
+
+def test_a_step_decided_while_its_run_is_still_ending_runs_the_task_again(db_path, tmp_path):
+    """The owner allows a step while the run that asked for it is still on its way out: the wake that
+    decision sends meets a run still going, so once that run ends the runner runs the task again."""
+    go = tmp_path / "go"
+    with Served(db_path, "--demo") as served:
+        base = served.info["url"]
+        key = cli_json(db_path, "device", "pair", "ren/builder", "--name", "ren-laptop")["token"]
+        cli_json(db_path, "rule", "set", "ren", "--decision", "allow", "--from-owner", "oj")
+        config = write_config(tmp_path / "runner.toml", base, {
+            "ren/builder": {"key": key, "client": "command", "command": STANDIN_AGENT}})
+        with RunnerProcess(config) as runner, person(base, cli_json(db_path, "token", "create", "--person", "ren")[
+                "token"]) as ren, httpx.Client(base_url=base, timeout=60) as http:
+            runner.wait_connected("ren/builder")
+            task_id = hand(MCP(http, {"oj/muse": served.info["demo"]["keys"]["oj/muse"]}), f"stepwait {go}")
+            [step] = wait_until("the step", lambda: ren.get("/api/steps").json()["steps"])
+            assert ren.post(f"/api/steps/{step['id']}", json={"decision": "allow"}).status_code == 200
+            wait_until("the decision's wake to meet the run", lambda: f"task {task_id} already has a run" in runner.log())
+            go.touch()  # the first run ends now, its step decided
+            task = wait_until("the result", lambda: (t := task_state(ren, task_id))["state"] == "verifying" and t)
+            assert f"task {task_id} was woken while its run went on: running it again" in runner.log()
+            first, second = runs_of(ren, task_id)
+            assert (first["state"], second["state"]) == ("finished", "finished")
+            assert task["result"]["summary"] == "Done by the stand-in."
+            [consumed] = audit_entries(prickle.Database(db_path), PROJECT, "step.consumed")
+            assert (consumed["refs"]["asked_by"], consumed["refs"]["used_by"]) == (first["attempt_id"],
+                                                                                  second["attempt_id"])

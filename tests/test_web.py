@@ -617,12 +617,16 @@ def test_a_run_asks_a_step_and_its_owner_allows_it_on_the_page(served, people):
     expect(page).to_have_url(re.compile(f"#/p/{PROJECT}/tasks/{task_id}$"))
     card = page.locator(f".actions {step}")
     expect(page.locator(".step-lead")).to_have_text("ren/builder's run is waiting for you: allow or refuse this step.")
+    # The header agrees with the run: it waits on ren, not "working".
+    expect(page.locator(".status-line")).to_have_text(
+        "ren/builder waits for your decision on a step it asked to take (in your inbox).")
     expect(card.locator(".step-input")).to_contain_text('"command": "git push origin main"')
     shot(page, "step_on_the_task_page")
     card.get_by_role("button", name="Allow").click()
     expect(card.get_by_role("status")).to_have_text("Allowed: the run may make exactly this call once, within 15 minutes.")
     expect(card.get_by_role("button", name="Allow")).to_be_disabled()
     expect(page.locator(".step-lead")).to_have_count(0)  # the decision's task.updated redrew the page: nothing waits
+    expect(page.locator(".status-line")).to_have_text("ren/builder is working on it.")
 
     used = mcp(served, "ren/builder", "request_step", step_call | {"tool_use_id": "toolu_web"}, key=run)
     assert (used["status"], used["behavior"]) == ("consumed", "allow")
