@@ -75,20 +75,22 @@ Part II. The team's work: one chapter per capability; each operation is one func
   31. Search -- messages, task titles and packets
   32. The inbox and the digest -- what waits on a person, what they have read, and the email
       digest
+  33. Web Push: told when away -- a browser's push subscription, the server's VAPID keys, and a
+      notification for each new inbox item sent to the person's subscribed browsers
 
 Part III. Serving: MCP, the web API, the live streams, the server and the command line
-  33. Waiting: how a wake reaches an agent -- reading wakes after a cursor and the wait loop
+  34. Waiting: how a wake reaches an agent -- reading wakes after a cursor and the wait loop
       (wait_for_wakes)
-  34. Web: requests and errors -- the middleware, who a request is from, reading a body and the
+  35. Web: requests and errors -- the middleware, who a request is from, reading a body and the
       answer to an error
-  35. MCP -- the Tool table (TOOLS), waits with progress, the MCP server, the /mcp endpoint and
+  36. MCP -- the Tool table (TOOLS), waits with progress, the MCP server, the /mcp endpoint and
       its sessions
-  36. Live streams -- the event stream and long polls of a project and of a person
-  37. The people's API -- the /api handlers (parse, call the operation, shape the answer),
+  37. Live streams -- the event stream and long polls of a project and of a person
+  38. The people's API -- the /api handlers (parse, call the operation, shape the answer),
       signing in and the route table (ROUTES)
-  38. The server -- the background pieces, the connection guard and create_app
-  39. The command line: serving -- the prickle group (cli), serve, init, the demo and main
-  40. The command line: the team's administration -- person, team, project, member, invite,
+  39. The server -- the background pieces, the connection guard and create_app
+  40. The command line: serving -- the prickle group (cli), serve, init, the demo and main
+  41. The command line: the team's administration -- person, team, project, member, invite,
       agent, rule, device, token, memory, audit, backup and connect
 
 Appendices: the runner: the program on a teammate's computer; it uses only chapter 1
@@ -102,7 +104,7 @@ Appendices: the runner: the program on a teammate's computer; it uses only chapt
       connect|start|status|bridge
 
 The end
-  41. Entry points -- the runner's commands join prickle's
+  42. Entry points -- the runner's commands join prickle's
 """
 
 from __future__ import annotations
@@ -8991,7 +8993,15 @@ def unread_counts(db: Database, person: Actor) -> dict:
 
 
 ###############################################################################
-# 33. Waiting: how a wake reaches an agent
+# 33. Web Push: told when away
+###############################################################################
+# A person subscribes a browser from the inbox (the page's service worker hands the server its
+# push endpoint and keys); each new inbox item is then sent to every browser of theirs as a Web
+# Push message, encrypted and signed (VAPID) by pywebpush, so they are told with the page closed.
+
+
+###############################################################################
+# 34. Waiting: how a wake reaches an agent
 ###############################################################################
 # An operation names whom its event wakes (agent, kind, task, message) and append_event writes
 # one wake row for each, inside the operation's transaction. After the commit the Database
@@ -9250,7 +9260,7 @@ def _hand_out(db: Database, actor: Actor, after: int, kinds: tuple[str, ...], pr
 
 
 ###############################################################################
-# 34. Web: requests and errors
+# 35. Web: requests and errors
 ###############################################################################
 # What every HTTP request goes through: the Host and Origin guard, the access log, who the
 # request is from (a session cookie, a personal token or a runner key), reading a JSON body,
@@ -9522,7 +9532,7 @@ def connect_lines(base_url: str, agent_id: str, token: str) -> dict:
 
 
 ###############################################################################
-# 35. MCP
+# 36. MCP
 ###############################################################################
 
 # Thin wrappers: check the input against the published schema, call the operation,
@@ -10083,7 +10093,7 @@ def end_sessions_of_dead_credentials(db: Database, manager: SessionManager, hub:
 
 
 ###############################################################################
-# 36. Live streams
+# 37. Live streams
 ###############################################################################
 # Live views: a project's event stream (and its long-poll twin), and a person's across their
 # projects. Each reads the outbox after a position and ends when its credential does.
@@ -10262,7 +10272,7 @@ def _event_stream(state: AppState, start: int, gap: str | None, projects: Callab
 
 
 ###############################################################################
-# 37. The people's API
+# 38. The people's API
 ###############################################################################
 
 
@@ -10971,7 +10981,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
 
 
 ###############################################################################
-# 38. The server
+# 39. The server
 ###############################################################################
 # The server's own pieces: the background work (pruning, expiry, checkpoints, digests), the
 # guard on connections, and create_app, which puts every chapter together.
@@ -11330,7 +11340,7 @@ class _GuardedConnection:
 
 
 ###############################################################################
-# 39. The command line: serving
+# 40. The command line: serving
 ###############################################################################
 # ``prickle``: one group of commands on the database file, also while the server runs. With
 # --json every command prints exactly one JSON object; a failure is one line on stderr.
@@ -11768,7 +11778,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 ###############################################################################
-# 40. The command line: the team's administration
+# 41. The command line: the team's administration
 ###############################################################################
 
 
@@ -13949,7 +13959,7 @@ def runner_bridge() -> None:
 
 
 ###############################################################################
-# 41. Entry points
+# 42. Entry points
 ###############################################################################
 # ``prickle runner`` is defined in the appendices; it joins the ``prickle`` group here.
 

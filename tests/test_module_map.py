@@ -251,6 +251,7 @@ PART_II_TESTS = {
     "Leaving and removal": "test_leaving.py",
     "Search": "test_search.py",
     "The inbox and the digest": "test_inbox.py",
+    "Web Push: told when away": "test_push.py",
 }
 
 
