@@ -8941,30 +8941,70 @@ def digest_sent(db: Database, handle: str, through: str) -> None:
                    (through, handle))
 
 
-def mark_read(db: Database, person: Actor, project: str, message_id: Any, task_id: Any = None) -> dict:
-    """``person`` has read ``project``'s general chat (or the thread of ``task_id``) up to ``message_id``.
-
-    The read position only moves forward. Returns ``{"project", "task_id", "unread"}``: what is
-    still unread there. Raises InvalidInput for a malformed ID, NotFound for a project, thread
-    or message out of the person's reach or not in that room or thread.
-    """
+def _message_in(db: Database, person: Actor, project: str, message_id: Any, task_id: Any) -> dict:
+    """The seq of ``message_id`` in ``project``'s general chat (or the thread of ``task_id``), checked."""
     check_id(message_id, "message_id")
     if task_id is not None:
         check_id(task_id, "task_id")
+    require_project(db, person, project)
+    if task_id is not None:
+        visible_task(db, person, project, task_id)
+    where, params = by_message_id(message_id)
+    row = db.one(f"SELECT seq, project, task_id FROM messages WHERE {where}", params)
+    if row is None or row["project"] != project or row["task_id"] != task_id:
+        place = f"the thread of task '{task_id}'" if task_id else "general chat"
+        raise NotFound(f"message_id: no message '{message_id}' in {place} of '{project}'")
+    return row
+
+
+def mark_read(db: Database, person: Actor, project: str, message_id: Any, task_id: Any = None) -> dict:
+    """``person`` has seen ``project``'s general chat (or the thread of ``task_id``) up to ``message_id``.
+
+    The read position only moves forward (the page sends the newest message that was on screen).
+    Returns ``{"project", "task_id", "unread", "first_unread"}``: what is still unread there (see
+    :func:`read_marker`). Raises InvalidInput for a malformed ID, NotFound for a project, thread or
+    message out of the person's reach or not in that room or thread.
+    """
     with db.transaction():
-        require_project(db, person, project)
-        if task_id is not None:
-            visible_task(db, person, project, task_id)
-        where, params = by_message_id(message_id)
-        row = db.one(f"SELECT seq, project, task_id FROM messages WHERE {where}", params)
-        if row is None or row["project"] != project or row["task_id"] != task_id:
-            place = f"the thread of task '{task_id}'" if task_id else "general chat"
-            raise NotFound(f"message_id: no message '{message_id}' in {place} of '{project}'")
+        row = _message_in(db, person, project, message_id, task_id)
         db.execute("INSERT INTO read_positions VALUES (?, ?, ?, ?, ?) ON CONFLICT (handle, project, thread) DO "
                    "UPDATE SET seq = max(seq, excluded.seq), read_at = excluded.read_at",
                    (person.handle, project, task_id or "", row["seq"], iso(utcnow())))
-        unread = _unread_in(db, person, project).get(task_id or "", 0)
-    return {"project": project, "task_id": task_id, "unread": unread}
+        return {"project": project, "task_id": task_id} | read_marker(db, person, project, task_id)
+
+
+def mark_unread(db: Database, person: Actor, project: str, message_id: Any, task_id: Any = None) -> dict:
+    """``person`` marks ``message_id`` and everything after it in its room or thread unread again.
+
+    The one move that takes a read position back: it is set to just before the message, so the
+    message is the first unread one (and a mention in it is in the inbox again). Returns and
+    raises as :func:`mark_read`.
+    """
+    with db.transaction():
+        row = _message_in(db, person, project, message_id, task_id)
+        db.execute("INSERT INTO read_positions VALUES (?, ?, ?, ?, ?) ON CONFLICT (handle, project, thread) DO "
+                   "UPDATE SET seq = excluded.seq, read_at = excluded.read_at",
+                   (person.handle, project, task_id or "", row["seq"] - 1, iso(utcnow())))
+        return {"project": project, "task_id": task_id} | read_marker(db, person, project, task_id)
+
+
+def read_marker(db: Database, person: Actor, project: str, task_id: str | None = None) -> dict:
+    """Where unread starts for ``person`` in a room or thread: ``{"unread", "first_unread"}``.
+
+    ``first_unread`` is the ID of the oldest message after their read position that is not their
+    own (null when nothing is unread): the page draws its "New messages" line there. The caller
+    has checked the person's reach.
+    """
+    read = db.scalar("SELECT seq FROM read_positions WHERE handle = ? AND project = ? AND thread = ?",
+                     (person.handle, project, task_id or "")) or 0
+    where = "task_id = ?" if task_id is not None else "task_id IS NULL"
+    params = (project, read, person.handle) + ((task_id,) if task_id is not None else ())
+    mine = "NOT (author_kind = 'person' AND author = ?)"
+    first = db.scalar(f"SELECT id FROM messages WHERE project = ? AND seq > ? AND {mine} AND {where} "
+                      "ORDER BY seq LIMIT 1", params)
+    unread = db.scalar(f"SELECT count(*) FROM messages WHERE project = ? AND seq > ? AND {mine} AND {where}",
+                       params) if first else 0
+    return {"unread": unread, "first_unread": first}
 
 
 def _unread_in(db: Database, person: Actor, project: str) -> dict[str, int]:
@@ -10318,11 +10358,15 @@ async def api_project(state: AppState, person: Actor, request: Request, body: An
 
 
 async def api_room(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/projects/{slug}/room?task_id=&cursor=&limit=: read_room as a person."""
+    """GET /api/projects/{slug}/room?task_id=&cursor=&limit=: read_room as a person, with ``read``
+    (:func:`read_marker`: where their unread messages start)."""
     q = request.query_params
-    return read_room(state.db, person, request.path_params["slug"], cursor=q.get("cursor"),
-                     limit=int_param(request, "limit", 50, 1, 100), task_id=q.get("task_id"),
-                     latest=q.get("latest") in ("1", "true"), before=q.get("before"))
+    slug = request.path_params["slug"]
+    page = read_room(state.db, person, slug, cursor=q.get("cursor"), limit=int_param(request, "limit", 50, 1, 100),
+                     task_id=q.get("task_id"), latest=q.get("latest") in ("1", "true"), before=q.get("before"))
+    with state.db.snapshot():
+        page["read"] = read_marker(state.db, person, slug, q.get("task_id"))  # read_room checked the reach
+    return page
 
 
 async def api_search(state: AppState, person: Actor, request: Request, body: Any) -> dict:
@@ -10345,13 +10389,22 @@ async def api_post(state: AppState, person: Actor, request: Request, body: dict)
     return {"message": message}
 
 
-async def api_read(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/projects/{slug}/read: ``{"message_id", "task_id"?}``, the newest message the person has seen there."""
+def _message_ref(body: dict) -> tuple[str, Any]:
+    """``(message_id, task_id)`` of a read or unread request's body."""
     unknown = sorted(set(body) - {"message_id", "task_id"})
     if unknown:
         raise InvalidInput(f"unknown field {unknown[0]}: send message_id, and task_id for a task's thread")
-    return mark_read(state.db, person, request.path_params["slug"], body_field(body, "message_id", str),
-                     body.get("task_id"))
+    return body_field(body, "message_id", str), body.get("task_id")
+
+
+async def api_read(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/read: ``{"message_id", "task_id"?}``, the newest message the person has seen there."""
+    return mark_read(state.db, person, request.path_params["slug"], *_message_ref(body))
+
+
+async def api_mark_unread(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/unread: ``{"message_id", "task_id"?}``, unread again from that message on."""
+    return mark_unread(state.db, person, request.path_params["slug"], *_message_ref(body))
 
 
 async def api_approvals(state: AppState, person: Actor, request: Request, body: Any) -> dict:
@@ -10926,6 +10979,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("GET", "/api/inbox", _api(_operation(inbox))),
     ("GET", "/api/unread", _api(_operation(unread_counts))),
     ("POST", "/api/projects/{slug}/read", _api(api_read)),
+    ("POST", "/api/projects/{slug}/unread", _api(api_mark_unread)),
     ("GET", "/api/stream", api_person_stream),
     ("GET", "/api/events", _api(api_person_events)),
     ("POST", "/api/approvals/{approval_id}", _api(api_decide)),

@@ -167,10 +167,11 @@ def test_a_mention_waits_until_its_room_or_thread_is_read_past_it(mcp, server, w
     assert kinds(server, world, "ren") == []
     # Reading general chat takes out its mention only; the thread's waits until the thread is read.
     r = oj.post(f"/api/projects/{PROJECT}/read", {"message_id": general["id"]})
-    assert r.json() == {"project": PROJECT, "task_id": None, "unread": 0}  # oj's own later message never counts
+    # oj's own later message never counts
+    assert r.json() == {"project": PROJECT, "task_id": None, "unread": 0, "first_unread": None}
     assert kinds(server, world, "oj") == [("mention", f"mention:{threaded['id']}")]
     r = oj.post(f"/api/projects/{PROJECT}/read", {"message_id": threaded["id"], "task_id": task["id"]})
-    assert r.json() == {"project": PROJECT, "task_id": task["id"], "unread": 0}
+    assert r.json() == {"project": PROJECT, "task_id": task["id"], "unread": 0, "first_unread": None}
     assert kinds(server, world, "oj") == []
 
 
@@ -202,6 +203,38 @@ def test_unread_counts_per_project_and_thread_follow_the_read_position(mcp, serv
     r = oj.post(f"/api/projects/{PROJECT}/read", {"message_id": first["id"], "thread": "x"})
     assert r.status_code == 400 and "thread" in r.json()["error"]["message"]
     assert mine() == {"project": PROJECT, "unread": 2, "general": 1, "threads": {task["id"]: 1}}
+
+
+def test_marking_a_message_unread_takes_the_read_position_back_to_it(mcp, server, world):
+    task = working(mcp, server, world)
+    oj = person(server, world, "oj")
+    first = mcp.ok("ren/builder", "post_message", P | {"body": "One."})["message"]
+    mention = mcp.ok("ren/builder", "post_message", P | {"body": "@oj two."})["message"]
+    third = mcp.ok("ren/builder", "post_message", P | {"body": "Three."})["message"]
+    oj.post(f"/api/projects/{PROJECT}/messages", {"body": "Mine."})
+
+    def marker():
+        return oj.get(f"/api/projects/{PROJECT}/room?latest=1").json()["read"]
+
+    # The room's page says where the unread messages start.
+    assert marker() == {"unread": 3, "first_unread": first["id"]}
+    assert oj.post(f"/api/projects/{PROJECT}/read", {"message_id": third["id"]}).json() == {
+        "project": PROJECT, "task_id": None, "unread": 0, "first_unread": None}
+    assert marker() == {"unread": 0, "first_unread": None} and kinds(server, world, "oj") == []
+    # Unread again from the mention on: the mention is back in the inbox.
+    assert oj.post(f"/api/projects/{PROJECT}/unread", {"message_id": mention["id"]}).json() == {
+        "project": PROJECT, "task_id": None, "unread": 2, "first_unread": mention["id"]}
+    assert marker() == {"unread": 2, "first_unread": mention["id"]}
+    assert kinds(server, world, "oj") == [("mention", f"mention:{mention['id']}")]
+    # A thread keeps its own marker; a message of another room is refused and changes nothing.
+    thread = mcp.ok("ren/builder", "post_message", P | {"task_id": task["id"], "body": "In the thread."})["message"]
+    r = oj.get(f"/api/projects/{PROJECT}/room?latest=1&task_id={task['id']}")
+    assert r.json()["read"] == {"unread": 1, "first_unread": thread["id"]}
+    r = oj.post(f"/api/projects/{PROJECT}/unread", {"message_id": first["id"], "task_id": task["id"]})
+    assert r.status_code == 404 and "message_id" in r.json()["error"]["message"]
+    r = oj.post(f"/api/projects/{PROJECT}/unread", {"message": first["id"]})
+    assert r.status_code == 400 and "message" in r.json()["error"]["message"]
+    assert marker() == {"unread": 2, "first_unread": mention["id"]}
 
 
 def test_the_persons_stream_carries_events_of_every_project_of_theirs(db_path):
