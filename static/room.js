@@ -4,7 +4,14 @@
 // guard paused (with one click to resume them) and, in your private room, its controls.
 //
 // Bodies are Markdown (markdown.js), with a "Raw" toggle for the text as written; a day
-// separator stands before each day's first message; a message's time links to it.
+// separator stands before each day's first message; a message's time links to it; one
+// author's messages in a row share one header.
+//
+// Read = seen: your read position moves only over messages that were on screen while the tab was
+// in view (an IntersectionObserver); a "New messages" line stands where your unread messages
+// start, a bar above says how many when that line is out of view (Jump, Mark read), a "N new"
+// pill says so when messages arrive below while you read higher up, and "Mark unread" on a
+// message takes your read position back to it.
 //
 // MessageList is also used by the task page for a task's thread.
 
@@ -13,7 +20,7 @@ import * as stream from "./stream.js";
 import { createComposer } from "./composer.js";
 import { createRoomControls } from "./privateroom.js";
 import { actionCard } from "./makeaction.js";
-import { markSeen, paintUnread } from "./inbox_store.js";
+import { markSeen, paintUnread, reload as reloadInbox } from "./inbox_store.js";
 import { renderMarkdown, rawToggle } from "./markdown.js";
 import {
   h, tpl, slots, heading, avatar, badge, stateBadge, timeEl, errorSlot, showError, clearError, act, fill, empty, ago,
@@ -22,6 +29,7 @@ import {
 
 const PAGE = 50; // messages per page, newest page first
 const REVEAL_PAGES = 20; // how far back a link to a message pages to find it
+const GROUP_MS = 5 * 60 * 1000; // one author's messages this close together share one header
 const DAY_LABEL = new Intl.DateTimeFormat(undefined, { weekday: "long", day: "numeric", month: "long", year: "numeric" });
 
 // ---- lifecycle ---------------------------------------------------------------------------
@@ -60,8 +68,8 @@ export function mount(el, ctx) {
   list.load().then(() => {
     renderThreads(threads, ctx, list.threads || []);
     const settle = () => {
-      list.scrollToEnd();
-      requestAnimationFrame(() => list.scrollToEnd()); // once the side column and the foot are laid out
+      list.openAtUnread();
+      requestAnimationFrame(() => list.openAtUnread()); // once the side column and the foot are laid out
     };
     if (!ctx.id) settle();
     else list.revealDeep(ctx.id).then((shown) => { if (!shown) settle(); });
@@ -104,7 +112,29 @@ export class MessageList {
     this.foot = null; // a sticky element over the bottom of the view (the room's composer), if any
     this.sent = 0;
     this.inFlight = []; // [{el, body}] of your messages shown as "Sending…"
-    this.el = h("div", { class: "message-area" }, this.more, this.start, this.status, this.error, this.log);
+    this.read = null; // {unread, first_unread}: where your unread messages started when the page was read
+    this.holdRead = false; // after "Mark unread", nothing more is marked read until you open the room again
+    this.seenIndex = -1; // the newest message (index in messages) that was on screen
+    this.onScreen = new Set(); // message elements in view now
+    this.divider = h("li", { class: "unread-divider", role: "separator", "aria-label": "New messages" },
+      h("span", { text: "New messages" }));
+    this.jump = h("button", { type: "button", class: "link", text: "Jump" });
+    this.jump.addEventListener("click", () => this.jumpToUnread());
+    this.readAll = h("button", { type: "button", class: "link", text: "Mark read" });
+    this.readAll.addEventListener("click", () => this.markAllRead());
+    this.unreadCount = h("span");
+    this.unreadBar = h("div", { class: "unread-bar", role: "status", hidden: true }, this.unreadCount, this.jump,
+      this.readAll);
+    this.pill = h("button", { type: "button", class: "new-pill", hidden: true });
+    this.pill.addEventListener("click", () => this.scrollToEnd());
+    this.newBelow = 0;
+    this.watch = new IntersectionObserver((entries) => this.seeing(entries), { threshold: [0, 0.5, 1] });
+    this.onVisible = () => this.noteSeen();
+    document.addEventListener("visibilitychange", this.onVisible);
+    this.onScroll = () => this.placeBar();
+    window.addEventListener("scroll", this.onScroll, { passive: true });
+    this.el = h("div", { class: "message-area" }, this.unreadBar, this.more, this.start, this.status, this.error,
+      this.log, this.pill);
     this.offs = [
       stream.on("message.posted", (e) => this.receive(e.message)),
       stream.on("action.updated", (e) => this.updateAction(e.action)),
@@ -121,6 +151,7 @@ export class MessageList {
       const page = await get(`${this.base()}&latest=1`);
       for (const m of page.messages) this.remember(m);
       if (page.threads) this.threads = page.threads;
+      if (page.read) this.read = page.read;
       this.previous = page.previous_cursor ?? null;
       this.status.hidden = true;
     } catch (err) {
@@ -131,11 +162,13 @@ export class MessageList {
     this.loaded = true;
     for (const m of this.pending.splice(0)) this.remember(m);
     this.render();
-    this.seenNewest();
   }
 
   destroy() {
     for (const off of this.offs) off();
+    this.watch.disconnect();
+    document.removeEventListener("visibilitychange", this.onVisible);
+    window.removeEventListener("scroll", this.onScroll);
   }
 
   // actions
@@ -153,11 +186,20 @@ export class MessageList {
     const atEnd = scroll || this.nearEnd();
     this.landed(message);
     this.remember(message);
-    this.list.append(renderMessage(message, this));
+    const el = renderMessage(message, this);
+    this.list.append(el);
+    this.watch.observe(el);
+    const others = !mine(message, this.ctx);
+    if (others && !this.read?.first_unread && (!atEnd || document.visibilityState !== "visible")) {
+      this.read = { unread: 1, first_unread: message.id }; // arrived unseen: unread starts here
+    } else if (others && this.read?.first_unread) {
+      this.read.unread += 1;
+    }
     this.markDays();
     this.updateEmpty();
     if (atEnd) this.scrollToEnd();
-    this.seenNewest();
+    else if (others) this.newBelow += 1;
+    this.placeBar();
   }
 
   /** Fetch the page before the oldest message shown and put it on top, keeping the view still. */
@@ -175,12 +217,17 @@ export class MessageList {
       this.previous = page.previous_cursor ?? null;
       const anchor = this.list.querySelector(".msg");
       const top = anchor?.getBoundingClientRect().top;
-      this.list.prepend(...older.map((m) => renderMessage(m, this)));
+      const shown = older.map((m) => renderMessage(m, this));
+      this.list.prepend(...shown);
+      for (const el of shown) this.watch.observe(el);
+      this.seenIndex += older.length;
       // Replies whose parent just arrived can now quote it.
       const arrived = new Set(older.map((m) => m.id));
       for (const m of this.messages) {
         if (m.in_reply_to && arrived.has(m.in_reply_to) && !arrived.has(m.id)) {
-          document.getElementById(`msg-${m.id}`)?.replaceWith(renderMessage(m, this));
+          const again = renderMessage(m, this);
+          document.getElementById(`msg-${m.id}`)?.replaceWith(again);
+          this.watch.observe(again);
         }
       }
       this.markDays();
@@ -201,10 +248,104 @@ export class MessageList {
     }
   }
 
-  /** The newest message shown is read (your read position) once the tab is in view. */
-  seenNewest() {
+  // reading: what was on screen is read
+
+  /** The observer's news: which messages are in view now (half of one, or its end, counts). */
+  seeing(entries) {
+    for (const e of entries) {
+      const edge = this.foot ? this.foot.getBoundingClientRect().top : window.innerHeight;
+      const seen = e.isIntersecting && (e.intersectionRatio >= 0.5 || e.boundingClientRect.bottom <= edge);
+      if (seen) this.onScreen.add(e.target);
+      else this.onScreen.delete(e.target);
+    }
+    this.noteSeen();
+  }
+
+  /** Move your read position to the newest message on screen, while the tab is in view. */
+  noteSeen() {
+    if (document.visibilityState !== "visible" || this.holdRead || !this.onScreen.size) return;
+    let newest = -1;
+    for (const el of this.onScreen) {
+      if (el.isConnected) newest = Math.max(newest, this.messages.findIndex((m) => m.id === el.dataset.id));
+    }
+    if (newest <= this.seenIndex) return;
+    this.seenIndex = newest;
+    markSeen(this.ctx.slug, this.taskId, this.messages[newest].id);
+    if (newest === this.messages.length - 1) this.newBelow = 0;
+    this.placeBar();
+  }
+
+  /** Open at the "New messages" line when it is here and something is unread; else at the end. */
+  openAtUnread() {
+    this.placeDivider();
+    if (this.divider.isConnected && this.read?.unread) this.divider.scrollIntoView({ block: "start" });
+    else this.scrollToEnd();
+    this.placeBar();
+  }
+
+  /** The bar above (unread out of view above) and the pill below (new messages out of view below). */
+  placeBar() {
+    this.placeDivider();
+    const unread = this.read?.unread || 0;
+    const first = this.read?.first_unread ? this.messages.findIndex((m) => m.id === this.read.first_unread) : -1;
+    const seenSome = first >= 0 && this.seenIndex >= first; // you have read from the line on
+    const above = unread > 0 && !seenSome && (!this.divider.isConnected || this.divider.getBoundingClientRect().bottom < 0);
+    this.unreadBar.hidden = !above;
+    this.unreadCount.textContent = unread === 1 ? "1 unread message" : `${unread} unread messages`;
+    this.pill.hidden = !this.newBelow;
+    this.pill.textContent = `${this.newBelow} new ↓`;
+    this.pill.setAttribute("aria-label", this.newBelow === 1 ? "1 new message below" : `${this.newBelow} new messages below`);
+  }
+
+  /** The "New messages" line before the first unread message, when that message is on the page. */
+  placeDivider() {
+    const at = this.read?.first_unread && document.getElementById(`msg-${this.read.first_unread}`);
+    if (!at || !this.list.contains(at)) {
+      this.divider.remove();
+      return;
+    }
+    if (at.previousElementSibling !== this.divider) at.before(this.divider);
+  }
+
+  /** Scroll to where your unread messages start, paging back to it if needed. */
+  async jumpToUnread() {
+    const id = this.read?.first_unread;
+    if (!id) return;
+    await this.revealDeep(id);
+    this.placeDivider();
+    this.divider.scrollIntoView({ block: "start" });
+  }
+
+  /** "Mark read": everything here is read (the newest message), though not all of it was seen. */
+  async markAllRead() {
     const last = this.messages[this.messages.length - 1];
-    if (last) markSeen(this.ctx.slug, this.taskId, last.id);
+    if (!last) return;
+    try {
+      const body = this.taskId ? { message_id: last.id, task_id: this.taskId } : { message_id: last.id };
+      this.read = await post(`/api/projects/${seg(this.ctx.slug)}/read`, body);
+      this.seenIndex = this.messages.length - 1;
+      this.newBelow = 0;
+      this.placeBar();
+      reloadInbox();
+      announce("Marked read");
+    } catch (err) {
+      showError(this.error, err);
+    }
+  }
+
+  /** "Mark unread" on a message: unread from it on; nothing more is marked read during this visit. */
+  async markUnread(message) {
+    try {
+      const body = this.taskId ? { message_id: message.id, task_id: this.taskId } : { message_id: message.id };
+      this.read = await post(`/api/projects/${seg(this.ctx.slug)}/unread`, body);
+      this.holdRead = true;
+      this.seenIndex = this.messages.findIndex((m) => m.id === message.id) - 1;
+      this.placeBar();
+      reloadInbox();
+      announce("Marked unread from this message");
+    } catch (err) {
+      showError(this.error, err);
+    }
   }
 
   /** Your message on its way: shown at the end as "Sending…" until the server has it.
@@ -321,21 +462,31 @@ export class MessageList {
 
   render() {
     this.more.hidden = !this.previous;
-    this.list.replaceChildren(...this.messages.map((m) => renderMessage(m, this)));
+    const shown = this.messages.map((m) => renderMessage(m, this));
+    this.list.replaceChildren(...shown);
+    this.watch.disconnect();
+    this.onScreen.clear();
+    for (const el of shown) this.watch.observe(el);
     this.markDays();
     this.updateEmpty();
+    this.placeBar();
   }
 
   /** A separator before the first message of each day shown (the day in the reader's time zone). */
   markDays() {
     for (const sep of this.list.querySelectorAll(".day-sep")) sep.remove();
     let day = null;
+    let before = null; // the message shown just above
     for (const el of this.list.querySelectorAll(".msg")) {
-      const at = this.byId.get(el.dataset.id)?.created_at;
+      const m = this.byId.get(el.dataset.id);
+      const at = m?.created_at;
+      el.classList.toggle("msg-grouped", !!(at && before && follows(before, m)));
+      before = m || null;
       if (!at) continue;
       const d = new Date(at);
       if (d.toDateString() === day) continue;
       day = d.toDateString();
+      el.classList.remove("msg-grouped");
       el.before(h("li", { class: "day-sep", dataset: { day } },
         h("time", { datetime: at.slice(0, 10), text: dayLabel(d) })));
     }
@@ -447,7 +598,24 @@ export function renderMessage(m, owner) {
   s.reply.setAttribute("aria-label", `Reply to ${m.author.display_name}`);
   if (owner.onReply) s.reply.addEventListener("click", () => owner.onReply(m));
   else s.reply.hidden = true;
+  if (owner.markUnread && m.created_at) {
+    const unread = h("button", { type: "button", class: "link small msg-unread", text: "Mark unread" });
+    unread.addEventListener("click", () => owner.markUnread(m));
+    s.reply.after(unread);
+  }
   return el;
+}
+
+/** Whether message m, just below `before`, continues it: same author, no reply or card, minutes apart. */
+function follows(before, m) {
+  const who = (x) => (x.author.kind === "agent" ? x.author.agent_id : `@${x.author.handle}`);
+  return who(before) === who(m) && !m.in_reply_to && !m.make_action && !m.task_request && !!before.created_at
+    && new Date(m.created_at) - new Date(before.created_at) < GROUP_MS;
+}
+
+/** Whether a message is the signed-in person's own. */
+function mine(m, ctx) {
+  return m.author?.kind === "person" && m.author.handle === ctx.me.handle;
 }
 
 /** The body as Markdown, with @mentions marked (see markdown.js). */
