@@ -10,6 +10,7 @@ import { approvalCard } from "./decisions.js";
 import { stepCard } from "./steps.js";
 import { actionCard } from "./makeaction.js";
 import { markdown } from "./markdown.js";
+import { pushControl } from "./push.js";
 import { h, fill, heading, badge, timeEl, errorSlot, act, announce, empty, confirmButton, field, settle } from "./ui.js";
 
 // Each kind of item: the group's title and lead, in the order the page shows them.
@@ -66,7 +67,7 @@ export function mount(el, ctx) {
   });
   const digest = h("div", { class: "digest-setting" });
   el.append(
-    h("div", { class: "page-head" }, heading(1, "Inbox"), notifyToggle()),
+    h("div", { class: "page-head" }, heading(1, "Inbox"), notifyToggle(), pushControl()),
     digest, count, nothing, list.el);
   const drawDigest = (me) => fill(digest, digestForm(me, drawDigest));
   get("/api/me").then(drawDigest, () => { /* the setting shows on the next visit */ });
