@@ -91,7 +91,8 @@ function digestForm(me, redraw) {
   form.addEventListener("submit", (e) => {
     e.preventDefault();
     act(save, error, async () => {
-      const out = await post("/api/me/digest", { minutes: on.checked ? Number(minutes.value) : null });
+      const out = await post("/api/me/digest", { minutes: on.checked ? Number(minutes.value) : null,
+        timezone: Intl.DateTimeFormat().resolvedOptions().timeZone || null });
       announce(out.digest_minutes == null ? "Email digest off" : `Email digest on: after ${out.digest_minutes} minutes`);
     });
   });

@@ -31,7 +31,11 @@ async function openAt(url) {
   const tabs = await self.clients.matchAll({ type: "window", includeUncontrolled: true });
   const tab = tabs.find((c) => new URL(c.url).origin === self.location.origin);
   if (!tab) return self.clients.openWindow(target.href);
-  await tab.focus();
   tab.postMessage({ type: "open", url: target.href }); // the page moves there without loading again
+  try {
+    await tab.focus();
+  } catch {
+    // a browser lets a worker focus a tab only while it handles the click
+  }
   return tab;
 }
