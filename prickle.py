@@ -81,8 +81,8 @@ Part II. The team's work: one chapter per capability; each operation is one func
 Part III. Serving: MCP, the web API, the live streams, the server and the command line
   34. Waiting: how a wake reaches an agent -- reading wakes after a cursor and the wait loop
       (wait_for_wakes)
-  35. Web: requests and errors -- the middleware, who a request is from, reading a body and the
-      answer to an error
+  35. Web: requests and errors -- the middleware, who a request is from, reading a body, the
+      answer to an error, and the page's web app manifest, service worker and icons
   36. MCP -- the Tool table (TOOLS), waits with progress, the MCP server, the /mcp endpoint and
       its sessions
   37. Live streams -- the event stream and long polls of a project and of a person
@@ -9675,7 +9675,8 @@ def _hand_out(db: Database, actor: Actor, after: int, kinds: tuple[str, ...], pr
 ###############################################################################
 # What every HTTP request goes through: the Host and Origin guard, the access log, who the
 # request is from (a session cookie, a personal token or a runner key), reading a JSON body,
-# and an error's answer.
+# and an error's answer; and what makes the page installable: its manifest, its service worker
+# (served at the root, so its scope is the whole page) and its icons.
 
 
 @dataclasses.dataclass

@@ -99,6 +99,9 @@ def test_each_new_item_reaches_every_browser_of_the_person_once_even_across_a_re
                 "title": "Handoff to approve · Website v2", "body": summary,
                 "tag": f"approval:{out['gate']['approval_id']}", "data": {"url": f"/#/p/{PROJECT}/tasks/{out['task']['id']}"}}
         assert phone.nothing_more() and laptop.nothing_more()
+        # Each browser's answer is recorded as it comes (a server killed between the two sends it again).
+        until(lambda: world.db.scalar("SELECT count(*) FROM push_sent WHERE item = ?",
+                                      (f"approval:{out['gate']['approval_id']}",)) == 2)
 
     # While the server is down another mention comes: it is sent once the server is back, and nothing
     # sent before is sent again.
