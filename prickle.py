@@ -9298,7 +9298,7 @@ def push_message(item: dict) -> dict:
     elif kind == "action":
         words = f"{item['action_card']['agent_id']} asks to {item['action_card']['action']}"
     elif kind == "question":
-        words = f"{item['title']}: {' '.join(item['questions'])}"
+        words = f"{' '.join(item['questions'])} — {item['title']}"
     elif kind == "run_failed":
         words = f"{item['agent']}'s run stopped: {item['title']}"
     else:

@@ -257,7 +257,7 @@ def test_what_a_notification_says_for_each_kind_of_item():
         (base | {"id": "final_acceptance:t_1", "kind": "final_acceptance"},
          "Result to accept · Website v2", "Draft the hero copy.", "/#/p/website-v2/tasks/t_1"),
         (base | {"id": "question:t_1", "kind": "question", "questions": ["Formal", "or casual?"]},
-         "Question for you · Website v2", "Draft the hero copy.: Formal or casual?", "/#/p/website-v2/tasks/t_1"),
+         "Question for you · Website v2", "Formal or casual? — Draft the hero copy.", "/#/p/website-v2/tasks/t_1"),
         (base | {"id": "mention:m_2", "kind": "mention", "message_id": "m_2",
                  "message": {"author": {"display_name": "Ren Ito"}, "body": "> quoted\n\n| a | b |\n|---|---|\n| 1 | 2 |"}},
          "Mention · Website v2", "Ren Ito: quoted a b 1 2", "/#/p/website-v2/tasks/t_1/m_2"),
