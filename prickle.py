@@ -81,8 +81,8 @@ Part II. The team's work: one chapter per capability; each operation is one func
 Part III. Serving: MCP, the web API, the live streams, the server and the command line
   34. Waiting: how a wake reaches an agent -- reading wakes after a cursor and the wait loop
       (wait_for_wakes)
-  35. Web: requests and errors -- the middleware, who a request is from, reading a body and the
-      answer to an error
+  35. Web: requests and errors -- the middleware, who a request is from, reading a body, the
+      answer to an error, and the page's web app manifest, service worker and icons
   36. MCP -- the Tool table (TOOLS), waits with progress, the MCP server, the /mcp endpoint and
       its sessions
   37. Live streams -- the event stream and long polls of a project and of a person
@@ -157,9 +157,12 @@ import time
 import threading
 import tomllib
 import urllib.parse
+import zlib
+import zoneinfo
 import email.message
 import email.utils
 from collections.abc import Callable, Iterator, Mapping
+from html import escape as escape_html
 from typing import Any
 
 import apsw
@@ -538,6 +541,9 @@ class Settings(pydantic.BaseModel):
     search_seconds: float = pydantic.Field(2.0, gt=0, le=60)
     #: Where mail goes out (invites, sign-in links by email); None sends none.
     smtp: SmtpSettings | None = None
+    #: Whom push services may write to about this server's notifications (VAPID's ``sub``): a
+    #: ``mailto:`` or ``https://`` address. Empty: the public https address, else smtp's From address.
+    push_contact: str = pydantic.Field("", pattern=r"^((mailto:[^\s@]+@[^\s@]+)|(https://[^\s/]+))?$")
 
     def base_url(self, port: int | None = None) -> str:
         """The public address, or the bound one when none is configured."""
@@ -627,8 +633,9 @@ def check_email(value: Any, field: str = "email") -> str:
     return f"{local}@{domain.lower()}"
 
 
-def send_mail(settings: Settings, to: str, subject: str, text: str) -> None:
-    """Send one plain-text mail through the ``[smtp]`` server of ``settings``.
+def send_mail(settings: Settings, to: str, subject: str, text: str, html: str | None = None) -> None:
+    """Send one mail through the ``[smtp]`` server of ``settings``: plain text, and with ``html`` an HTML
+    part as its alternative (a mail reader shows the one it can).
 
     Blocking (seconds at most ``smtp.timeout_seconds`` per step): call it from a thread in the
     server. Raises InvalidState when no ``[smtp]`` is configured, InvalidInput for a bad ``to``,
@@ -648,6 +655,8 @@ def send_mail(settings: Settings, to: str, subject: str, text: str) -> None:
     sender = email.utils.parseaddr(smtp.from_address)[1].rpartition("@")[2]
     message["Message-ID"] = email.utils.make_msgid(domain=sender or to.rpartition("@")[2])
     message.set_content(text)
+    if html is not None:
+        message.add_alternative(html, subtype="html")
     password = os.environ.get(smtp.password_env, "") if smtp.password_env else ""
     if smtp.user and not password:
         raise MailFailed(f"smtp.user is set but the environment variable {smtp.password_env or '(smtp.password_env)'} "
@@ -1639,6 +1648,21 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE attempts ADD COLUMN failure TEXT",
         # What a run is for: the task's work (its assignee's runner) or verifying its result (its requester's).
         "ALTER TABLE attempts ADD COLUMN purpose TEXT NOT NULL DEFAULT 'work'",
+    ],
+    [
+        # Web Push: each browser a person subscribed (its push service's endpoint and the keys a
+        # message is encrypted to); one that keeps failing waits until retry_at. push_sent holds
+        # the inbox items each browser was already told of, so a restart sends nothing twice.
+        """CREATE TABLE push_subscriptions (
+            id TEXT PRIMARY KEY, handle TEXT NOT NULL REFERENCES people(handle), endpoint TEXT NOT NULL UNIQUE,
+            p256dh TEXT NOT NULL, auth TEXT NOT NULL, label TEXT, created_at TEXT NOT NULL, sent_at TEXT,
+            failures INTEGER NOT NULL DEFAULT 0, retry_at TEXT, last_error TEXT)""",
+        "CREATE INDEX push_by_person ON push_subscriptions(handle)",
+        """CREATE TABLE push_sent (
+            subscription TEXT NOT NULL, item TEXT NOT NULL, sent_at TEXT NOT NULL,
+            PRIMARY KEY (subscription, item)) WITHOUT ROWID""",
+        # The person's time zone (IANA name, from their browser), for the times the digest shows.
+        "ALTER TABLE people ADD COLUMN timezone TEXT",
     ],
 ]
 
@@ -8875,10 +8899,12 @@ DIGEST_LABELS: dict[str, str] = {
 }
 
 
-def set_digest(db: Database, handle: str, minutes: Any) -> dict:
+def set_digest(db: Database, handle: str, minutes: Any, timezone: Any = None) -> dict:
     """Turn a person's email digest on or off: with ``minutes`` (1 to DIGEST_MINUTES_MAX) they are
     mailed, once, each inbox item that has waited on them longer than that; None turns it off (the
-    default). Returns ``{"handle", "digest_minutes", "email"}``. Raises InvalidInput or NotFound.
+    default). ``timezone`` (an IANA name like ``Europe/Berlin``, from their browser) is kept for the
+    times the digest shows; None leaves it as it was. Returns ``{"handle", "digest_minutes", "email",
+    "timezone"}``. Raises InvalidInput (naming the field) or NotFound.
 
     The digest goes to the person's address (set_person_email) through ``[smtp]``; without either,
     nothing is sent and the setting waits.
@@ -8887,51 +8913,124 @@ def set_digest(db: Database, handle: str, minutes: Any) -> dict:
                                 or not 1 <= minutes <= DIGEST_MINUTES_MAX):
         raise InvalidInput(f"minutes must be a whole number from 1 to {DIGEST_MINUTES_MAX}, or null to turn the "
                            "digest off")
+    if timezone is not None and person_zone(timezone) is None:
+        raise InvalidInput("timezone must be a time zone's name like Europe/Berlin (as a browser names it)")
     with db.transaction():
         require_person(db, handle)
-        db.execute("UPDATE people SET digest_minutes = ? WHERE handle = ?", (minutes, handle))
-        email_address = db.scalar("SELECT email FROM people WHERE handle = ?", (handle,))
-    return {"handle": handle, "digest_minutes": minutes, "email": email_address}
+        db.execute("UPDATE people SET digest_minutes = ?, timezone = coalesce(?, timezone) WHERE handle = ?",
+                   (minutes, timezone, handle))
+        row = db.one("SELECT email, timezone FROM people WHERE handle = ?", (handle,))
+    return {"handle": handle, "digest_minutes": minutes, "email": row["email"], "timezone": row["timezone"]}
+
+
+#: Month names for the times mail shows (never the machine's locale).
+MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def person_zone(name: Any) -> _dt.tzinfo | None:
+    """The time zone called ``name`` (IANA, like ``Europe/Berlin``), or None when it is not one."""
+    if not isinstance(name, str) or not 1 <= len(name) <= 64 or not re.fullmatch(r"[A-Za-z0-9_+/-]+", name):
+        return None
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        return None
+
+
+def human_time(at: str, now: _dt.datetime, zone: _dt.tzinfo | None = None) -> str:
+    """When ``at`` (ISO) was, as a person reads it in ``zone``: ``today 14:05``, ``yesterday 09:12``,
+    ``3 Dec`` or ``3 Dec 2025`` (another year). Without a zone the clock times are UTC and say so."""
+    t, today = parse_iso(at).astimezone(zone or _dt.timezone.utc), now.astimezone(zone or _dt.timezone.utc).date()
+    clock = f"{t:%H:%M}" + ("" if zone else " UTC")
+    if t.date() == today:
+        return f"today {clock}"
+    if t.date() == today - _dt.timedelta(days=1):
+        return f"yesterday {clock}"
+    return f"{t.day} {MONTHS[t.month - 1]}" + ("" if t.year == today.year else f" {t.year}")
+
+
+_LINK_MD = re.compile(r"!?\[([^\]]*)\]\([^)\s]*\)")
+_LINE_MARKS = re.compile(r"(?m)^[ \t]{0,3}(?:#{1,6}[ \t]+|>[ \t]?|[-*+][ \t]+|\d{1,9}[.)][ \t]+)")
+_TABLE_RULE = re.compile(r"(?m)^[ \t]*\|?[ \t:|-]*-[ \t:|-]*\|?[ \t]*$")
+_EMPHASIS = re.compile(r"\*\*|__|~~|`+|(?<![\w*])\*(?=\S)|(?<=\S)\*(?![\w*])|(?<!\w)_(?=\S)|(?<=\S)_(?!\w)")
+
+
+def plain_words(text: str, limit: int) -> str:
+    """``text`` as plain words on one line, at most ``limit`` characters (cut with '…'): Markdown's
+    emphasis and code marks, headings, quotes, list marks and table rules dropped, a link shown by its
+    words, a table's cells apart."""
+    text = _LINK_MD.sub(r"\1", text)
+    text = _LINE_MARKS.sub("", _TABLE_RULE.sub("", text))
+    text = " ".join(_EMPHASIS.sub("", text).replace("|", " ").split())
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def item_link(item: dict) -> str:
+    """Where an inbox item is on the page (the task, the message in its room or thread, the room, or the
+    inbox): a hash route like ``#/p/SLUG/tasks/ID``."""
+    project = item["project"]
+    if item["task_id"]:
+        return f"#/p/{project}/tasks/{item['task_id']}" + (f"/{item['message_id']}" if item["message_id"] else "")
+    if item["message_id"]:
+        return f"#/p/{project}/room/{item['message_id']}"
+    return f"#/p/{project}/room" if item["kind"] == "paused_pair" else "#/inbox"
+
+
+def _digest_words(item: dict) -> str:
+    return plain_words(item["title"] or (item.get("message") or {}).get("body", ""), DIGEST_WORDS_MAX)
+
+
+def _digest_text(person: dict, items: list[dict], base_url: str, now: _dt.datetime) -> str:
+    zone = person_zone(person["timezone"])
+    lines = [f"Hello {person['display_name']},", "",
+             f"{len(items)} {'thing has' if len(items) == 1 else 'things have'} waited for you in Prickle for "
+             f"more than {person['digest_minutes']} minutes:", ""]
+    for item in items:
+        lines += [f"- {DIGEST_LABELS[item['kind']]} in {item['project_name']}: {_digest_words(item)}".rstrip(": "),
+                  f"  waiting since {human_time(item['since'], now, zone)}", f"  {base_url}/{item_link(item)}", ""]
+    return "\n".join(lines + [f"Your inbox: {base_url}/#/inbox",
+                              "You get this digest because you turned it on; turn it off on the inbox screen."])
+
+
+def _digest_html(person: dict, items: list[dict], base_url: str, now: _dt.datetime) -> str:
+    zone, e = person_zone(person["timezone"]), escape_html
+    rows = "\n".join(
+        f'<li style="margin:0 0 14px"><strong>{e(DIGEST_LABELS[item["kind"]])}</strong> in {e(item["project_name"])}'
+        f'<br><a href="{e(base_url + "/" + item_link(item))}" style="color:#1f5c8f">{e(_digest_words(item) or "Open it")}'
+        f'</a><br><span style="color:#5b6670">waiting since {e(human_time(item["since"], now, zone))}</span></li>'
+        for item in items)
+    count = f"{len(items)} {'thing has' if len(items) == 1 else 'things have'}"
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Prickle</title></head>'
+            f'<body style="font-family:system-ui,-apple-system,Segoe UI,sans-serif;font-size:15px;line-height:1.45;'
+            f'color:#1d2329;max-width:640px"><p>Hello {e(person["display_name"])},</p>'
+            f'<p>{count} waited for you in Prickle for more than {person["digest_minutes"]} minutes:</p>'
+            f'<ul style="padding-left:20px">\n{rows}\n</ul>'
+            f'<p><a href="{e(base_url)}/#/inbox" style="color:#1f5c8f">Open your inbox</a></p>'
+            f'<p style="color:#5b6670;font-size:13px">You get this digest because you turned it on; turn it off on '
+            f'the inbox screen.</p></body></html>')
 
 
 def digests_due(db: Database, base_url: str, now: _dt.datetime) -> list[dict]:
-    """The digests to mail now: ``[{"handle", "to", "subject", "text", "through"}]``.
+    """The digests to mail now: ``[{"handle", "to", "subject", "text", "html", "through"}]``.
 
     For each person with the digest on and an address: the inbox items (:func:`inbox`) that
     began waiting more than their ``digest_minutes`` before ``now`` and after the last digest's
-    ``through``, oldest first, each with a link to it. ``through`` is what :func:`digest_sent`
-    records once the mail is out, so no item is mailed twice.
+    ``through``, oldest first, each with a link to it and when it began waiting in words
+    (:func:`human_time`, in the person's time zone), as plain text and as HTML. ``through`` is
+    what :func:`digest_sent` records once the mail is out, so no item is mailed twice.
     """
     due = []
-    for row in db.rows("SELECT handle, display_name, email, digest_minutes, digest_through FROM people "
+    for row in db.rows("SELECT handle, display_name, email, digest_minutes, digest_through, timezone FROM people "
                        "WHERE digest_minutes IS NOT NULL AND email IS NOT NULL ORDER BY handle"):
         cutoff = iso(now - _dt.timedelta(minutes=row["digest_minutes"]))
         items = sorted((i for i in inbox(db, Actor("person", "", "digest", handle=row["handle"]))["items"]
                         if i["since"] <= cutoff and (row["digest_through"] is None or i["since"] > row["digest_through"])),
                        key=lambda i: i["since"])
-        if not items:
-            continue
-        lines = [f"Hello {row['display_name']},", "",
-                 f"{len(items)} {'thing has' if len(items) == 1 else 'things have'} waited for you in Prickle for "
-                 f"more than {row['digest_minutes']} minutes:", ""]
-        for item in items:
-            words = item["title"] or (item.get("message") or {}).get("body", "")
-            words = words if len(words) <= DIGEST_WORDS_MAX else words[:DIGEST_WORDS_MAX - 1] + "…"
-            lines += [f"- {DIGEST_LABELS[item['kind']]} in {item['project_name']}: {words}".rstrip(": "),
-                      f"  waiting since {item['since']}", f"  {base_url}/{_item_link(item)}", ""]
-        lines += [f"Your inbox: {base_url}/#/inbox",
-                  "You get this digest because you turned it on; turn it off on the inbox screen."]
-        due.append({"handle": row["handle"], "to": row["email"], "through": items[-1]["since"],
-                    "subject": f"Prickle: {len(items)} waiting for you", "text": "\n".join(lines)})
+        if items:
+            due.append({"handle": row["handle"], "to": row["email"], "through": items[-1]["since"],
+                        "subject": f"Prickle: {len(items)} waiting for you",
+                        "text": _digest_text(row, items, base_url, now), "html": _digest_html(row, items, base_url, now)})
     return due
-
-
-def _item_link(item: dict) -> str:
-    """Where an inbox item is on the page (the task, the message in its room or thread, or the inbox)."""
-    project = item["project"]
-    if item["task_id"]:
-        return f"#/p/{project}/tasks/{item['task_id']}" + (f"/{item['message_id']}" if item["message_id"] else "")
-    return f"#/p/{project}/room/{item['message_id']}" if item["message_id"] else "#/inbox"
 
 
 def digest_sent(db: Database, handle: str, through: str) -> None:
@@ -9038,6 +9137,318 @@ def unread_counts(db: Database, person: Actor) -> dict:
 # A person subscribes a browser from the inbox (the page's service worker hands the server its
 # push endpoint and keys); each new inbox item is then sent to every browser of theirs as a Web
 # Push message, encrypted and signed (VAPID) by pywebpush, so they are told with the page closed.
+# What each browser was told is kept (push_sent), so a restart sends nothing twice, and an item
+# that came while the server was down is sent when it is back. The server's keys are made once
+# per database and kept in it; the private one is never shown, logged or put in an error.
+
+
+class PushGone(PrickleError, code="push_gone", status=410):
+    """The push service no longer knows the browser (it answered 404 or 410): its subscription is dropped."""
+
+
+class PushFailed(PrickleError, code="push_failed", status=502):
+    """The push service could not be reached or refused the message; it is tried again later."""
+
+
+#: Browsers one person may subscribe at once.
+PUSH_SUBSCRIPTIONS_MAX = 20
+
+#: The longest push endpoint taken (a browser's is a few hundred characters).
+PUSH_ENDPOINT_MAX = 2048
+
+#: How long a push service keeps a message for a browser that is offline (seconds).
+PUSH_TTL_SECONDS = 24 * 3600
+
+#: A push service that has not answered by then is given up on, for this try (seconds).
+PUSH_TIMEOUT_SECONDS = 10
+
+#: More new items than this for one browser at once are told as one message ("N more…").
+PUSH_BURST_MAX = 4
+
+#: A browser whose push service keeps failing waits this long before the next try, doubling up to PUSH_RETRY_MAX.
+PUSH_RETRY_FIRST = _dt.timedelta(seconds=30)
+PUSH_RETRY_MAX = _dt.timedelta(hours=1)
+
+#: How much of an item's words the notification's body shows.
+PUSH_BODY_MAX = 160
+
+#: The meta key the server's VAPID private key is kept under (32 bytes, base64url).
+VAPID_KEY = "vapid_private_key"
+
+#: What each kind of inbox item is called in a notification's title ("Mention · Website v2").
+PUSH_LABELS: dict[str, str] = {
+    "step": "Step to allow", "action": "Card to approve", "approval": "Handoff to approve",
+    "final_acceptance": "Result to accept", "question": "Question for you", "mention": "Mention",
+    "returned": "Task handed back", "paused_pair": "Agents paused", "run_failed": "Run failed",
+    "agent_mention": "Your agent was mentioned", "verify": "Result to verify",
+}
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64url(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _vapid_private(db: Database) -> str:
+    """The server's VAPID private key (base64url), made on first use and kept in the database."""
+    raw = db.scalar("SELECT value FROM meta WHERE key = ?", (VAPID_KEY,))
+    if raw is None:
+        from cryptography.hazmat.primitives.asymmetric import ec
+        made = _b64url(ec.generate_private_key(ec.SECP256R1()).private_numbers().private_value.to_bytes(32, "big"))
+        with db.transaction():  # another process may have made one first: theirs is kept
+            db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO NOTHING", (VAPID_KEY, made))
+            raw = db.scalar("SELECT value FROM meta WHERE key = ?", (VAPID_KEY,))
+    return raw
+
+
+def vapid_signer(db: Database) -> Any:
+    """The server's VAPID key as pywebpush signs with it (a py_vapid ``Vapid``); made on first use."""
+    from py_vapid import Vapid
+    return Vapid.from_raw(_vapid_private(db).encode())
+
+
+def push_public_key(db: Database) -> str:
+    """The server's VAPID public key, base64url of its uncompressed P-256 point: what a browser's
+    ``pushManager.subscribe`` takes as ``applicationServerKey``. Made with the private key on first use."""
+    from cryptography.hazmat.primitives import serialization
+    point = vapid_signer(db).public_key.public_bytes(serialization.Encoding.X962,
+                                                     serialization.PublicFormat.UncompressedPoint)
+    return _b64url(point)
+
+
+def push_contact(settings: Settings, base_url: str) -> str:
+    """Whom a push service may write to about this server's messages (VAPID's ``sub``): the
+    ``push_contact`` setting, else the public https address, else the mail sender, else a local name."""
+    if settings.push_contact:
+        return settings.push_contact
+    parsed = urllib.parse.urlsplit(base_url)
+    if parsed.scheme == "https" and parsed.hostname and "." in parsed.hostname:
+        return f"https://{parsed.hostname}"
+    sender = email.utils.parseaddr(settings.smtp.from_address)[1] if settings.smtp else ""
+    return f"mailto:{sender}" if "@" in sender else "mailto:prickle@localhost"
+
+
+def _check_subscription(subscription: Any) -> tuple[str, str, str]:
+    """``(endpoint, p256dh, auth)`` of a browser's PushSubscription as JSON, or InvalidInput naming the field."""
+    if not isinstance(subscription, dict):
+        raise InvalidInput("subscription must be an object {endpoint, keys: {p256dh, auth}}, as the browser's "
+                           "PushSubscription.toJSON() gives")
+    endpoint, keys = subscription.get("endpoint"), subscription.get("keys")
+    parsed = urllib.parse.urlsplit(endpoint) if isinstance(endpoint, str) else None
+    if (parsed is None or len(endpoint) > PUSH_ENDPOINT_MAX or parsed.scheme != "https" or not parsed.hostname
+            or parsed.username or parsed.password or any(c.isspace() or not c.isprintable() for c in endpoint)):
+        raise InvalidInput(f"endpoint must be the https address of the browser's push service (at most "
+                           f"{PUSH_ENDPOINT_MAX} characters)")
+    if not isinstance(keys, dict):
+        raise InvalidInput("keys must be an object {p256dh, auth}")
+    from cryptography.hazmat.primitives.asymmetric import ec
+    try:
+        p256dh = keys.get("p256dh")
+        ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), _unb64url(p256dh))
+        if len(p256dh) > 100:
+            raise ValueError
+    except (ValueError, TypeError, AttributeError):
+        raise InvalidInput("keys.p256dh must be the browser's P-256 public key: its uncompressed point, base64url") \
+            from None
+    auth = keys.get("auth")
+    try:
+        if not isinstance(auth, str) or len(auth) > 30 or len(_unb64url(auth)) != 16:
+            raise ValueError
+    except ValueError:
+        raise InvalidInput("keys.auth must be the browser's 16-byte authentication secret, base64url") from None
+    return endpoint, p256dh, auth
+
+
+def _subscription_out(row: dict) -> dict:
+    parsed = urllib.parse.urlsplit(row["endpoint"])
+    return {"id": row["id"], "label": row["label"], "endpoint": row["endpoint"],
+            "service": f"{parsed.scheme}://{parsed.netloc}", "created_at": row["created_at"], "sent_at": row["sent_at"],
+            "failures": row["failures"], "last_error": row["last_error"]}
+
+
+def subscribe_push(db: Database, person: Actor, subscription: Any, label: Any = None) -> dict:
+    """Tell ``person`` of each new inbox item on one more browser: ``subscription`` is the browser's
+    PushSubscription as JSON (``{endpoint, keys: {p256dh, auth}}``), ``label`` a name for it (like
+    "Firefox on Android"). Items already waiting are not sent, only those that come after. The same
+    endpoint again is the same browser (a person signing in on it after another takes it over).
+    Returns ``{"subscription"}``. Raises InvalidInput naming the field, Conflict past
+    PUSH_SUBSCRIPTIONS_MAX browsers.
+    """
+    endpoint, p256dh, auth = _check_subscription(subscription)
+    if label is not None:
+        check_line(label, "label", 120)
+        check_no_secret(label, "label")
+    items = [i["id"] for i in inbox(db, person)["items"]]
+    with db.transaction():
+        old = db.one("SELECT id, handle FROM push_subscriptions WHERE endpoint = ?", (endpoint,))
+        if old is None and db.scalar("SELECT count(*) FROM push_subscriptions WHERE handle = ?",
+                                     (person.handle,)) >= PUSH_SUBSCRIPTIONS_MAX:
+            raise Conflict(f"you have {PUSH_SUBSCRIPTIONS_MAX} browsers subscribed: turn one off first")
+        sub_id, now = old["id"] if old else new_id("push"), iso(utcnow())
+        if old is None or old["handle"] != person.handle:
+            db.execute("DELETE FROM push_sent WHERE subscription = ?", (sub_id,))
+            for item in items:
+                db.execute("INSERT OR IGNORE INTO push_sent VALUES (?, ?, ?)", (sub_id, item, now))
+        db.execute("INSERT INTO push_subscriptions (id, handle, endpoint, p256dh, auth, label, created_at) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (endpoint) DO UPDATE SET handle = excluded.handle, "
+                   "p256dh = excluded.p256dh, auth = excluded.auth, label = excluded.label, failures = 0, "
+                   "retry_at = NULL, last_error = NULL", (sub_id, person.handle, endpoint, p256dh, auth, label, now))
+        row = db.one("SELECT * FROM push_subscriptions WHERE id = ?", (sub_id,))
+    return {"subscription": _subscription_out(row)}
+
+
+def push_subscriptions(db: Database, person: Actor) -> dict:
+    """The browsers ``person`` subscribed, newest first: ``{"subscriptions": [{id, label, endpoint,
+    service, created_at, sent_at, failures, last_error}]}`` (``service`` is the push service's origin)."""
+    return {"subscriptions": [_subscription_out(r) for r in db.rows(
+        "SELECT * FROM push_subscriptions WHERE handle = ? ORDER BY created_at DESC, id", (person.handle,))]}
+
+
+def unsubscribe_push(db: Database, person: Actor, endpoint: Any = None, subscription_id: Any = None) -> dict:
+    """Stop telling ``person`` on one browser, named by its ``endpoint`` (the browser turning itself
+    off) or by ``subscription_id`` (from the list). ``{"removed": true|false}``: false when it was not
+    subscribed (nothing to do). Raises InvalidInput for a malformed field."""
+    if subscription_id is not None:
+        check_id(subscription_id, "subscription_id")
+        where, value = "id = ?", subscription_id
+    else:
+        check_text(endpoint, "endpoint", PUSH_ENDPOINT_MAX, 1)
+        where, value = "endpoint = ?", endpoint
+    with db.transaction():
+        sub = db.scalar(f"SELECT id FROM push_subscriptions WHERE {where} AND handle = ?", (value, person.handle))
+        if sub is not None:
+            db.execute("DELETE FROM push_sent WHERE subscription = ?", (sub,))
+            db.execute("DELETE FROM push_subscriptions WHERE id = ?", (sub,))
+    return {"removed": sub is not None}
+
+
+def push_message(item: dict) -> dict:
+    """The notification for one inbox item: ``{"title", "body", "tag", "data": {"url"}}``. The title
+    names its kind and project ("Mention · Website v2"), the body says it in a line, ``url`` is the
+    item's own place on the page (:func:`item_link`) and ``tag`` its ID (a later one replaces it)."""
+    kind = item["kind"]
+    if kind in ("mention", "agent_mention"):
+        message = item["message"]
+        words = f"{message['author']['display_name']}: {plain_words(message['body'], PUSH_BODY_MAX)}"
+    elif kind == "step":
+        words = f"{item['step']['agent_id']} asks to run {item['step']['tool_name']}: {item['title'] or ''}"
+    elif kind == "action":
+        words = f"{item['action_card']['agent_id']} asks to {item['action_card']['action']}"
+    elif kind == "question":
+        words = f"{' '.join(item['questions'])} — {item['title']}"
+    elif kind == "run_failed":
+        words = f"{item['agent']}'s run stopped: {item['title']}"
+    else:
+        words = item["title"] or ""
+    return {"title": f"{PUSH_LABELS[kind]} · {item['project_name']}",
+            "body": plain_words(words.rstrip(": "), PUSH_BODY_MAX), "tag": item["id"],
+            "data": {"url": "/" + item_link(item)}}
+
+
+def _burst_message(count: int) -> dict:
+    return {"title": f"{count} more waiting for you", "body": "Open your inbox in Prickle to see them all.",
+            "tag": "inbox", "data": {"url": "/#/inbox"}}
+
+
+def _push_audience(db: Database, after: int | None, now: str) -> list[str]:
+    """The people with a browser ready to be told whose projects had an event after outbox seq ``after``
+    (everyone's when None)."""
+    return [r["handle"] for r in db.rows(
+        "SELECT DISTINCT s.handle FROM push_subscriptions s WHERE (s.retry_at IS NULL OR s.retry_at <= :now) AND "
+        "(:after IS NULL OR s.handle IN (SELECT m.handle FROM members m WHERE m.project IN "
+        "(SELECT DISTINCT o.project FROM outbox o WHERE o.seq > :after))) ORDER BY s.handle",
+        {"now": now, "after": after})]
+
+
+def pushes_due(db: Database, after: int | None = None) -> list[dict]:
+    """What to send now: ``[{"subscription": {id, endpoint, keys}, "items": [item IDs], "message"}]``.
+
+    For each person with a subscribed browser (one waiting after failures is left for later) whose
+    projects had an outbox event after seq ``after`` (None: everyone), each inbox item that browser
+    was not yet told of, newest first, one message each; past PUSH_BURST_MAX new items the rest go
+    as one "N more waiting" message. What a browser was told of and is no longer in the inbox is
+    forgotten (it is new again if it comes back). :func:`record_push` records the outcome.
+    """
+    now = iso(utcnow())
+    due = []
+    for handle in _push_audience(db, after, now):
+        items = inbox(db, Actor("person", "", "push", handle=handle))["items"]
+        waiting = {i["id"] for i in items}
+        for sub in db.rows("SELECT * FROM push_subscriptions WHERE handle = ? AND (retry_at IS NULL OR "
+                           "retry_at <= ?) ORDER BY id", (handle, now)):
+            told = {r["item"] for r in db.rows("SELECT item FROM push_sent WHERE subscription = ?", (sub["id"],))}
+            if told - waiting:
+                with db.transaction():
+                    for item in told - waiting:
+                        db.execute("DELETE FROM push_sent WHERE subscription = ? AND item = ?", (sub["id"], item))
+            new = [i for i in items if i["id"] not in told]
+            target = {"id": sub["id"], "endpoint": sub["endpoint"], "keys": {"p256dh": sub["p256dh"], "auth": sub["auth"]}}
+            alone = new if len(new) <= PUSH_BURST_MAX else new[:PUSH_BURST_MAX - 1]
+            due += [{"subscription": target, "items": [i["id"]], "message": push_message(i)} for i in alone]
+            if len(new) > len(alone):
+                rest = new[len(alone):]
+                due.append({"subscription": target, "items": [i["id"] for i in rest], "message": _burst_message(len(rest))})
+    return due
+
+
+def send_push(vapid: Any, contact: str, subscription: dict, message: dict) -> None:
+    """Send one notification (``message`` as JSON) to one browser through its push service, encrypted
+    (aes128gcm) and signed with ``vapid`` (:func:`vapid_signer`) by pywebpush. Blocking (at most
+    PUSH_TIMEOUT_SECONDS): call it off the event loop. Raises PushGone when the service answers 404
+    or 410, PushFailed for any other failure; neither names the endpoint's path or any key."""
+    import requests
+    from pywebpush import WebPushException, webpush
+    parsed = urllib.parse.urlsplit(subscription["endpoint"])
+    service = f"{parsed.scheme}://{parsed.netloc}"
+    with requests.Session() as session:
+        session.max_redirects = 0  # a push service answers; it never sends the message elsewhere
+        try:
+            webpush({"endpoint": subscription["endpoint"], "keys": subscription["keys"]}, data=utf8_json(message),
+                    vapid_private_key=vapid, vapid_claims={"sub": contact}, ttl=PUSH_TTL_SECONDS,
+                    timeout=PUSH_TIMEOUT_SECONDS, headers={"Urgency": "normal"}, requests_session=session)
+        except WebPushException as e:
+            status = e.status_code
+            if status in (404, 410):
+                raise PushGone(f"the push service {service} no longer knows this browser ({status})") from None
+            raise PushFailed(f"the push service {service} refused the message ({status})") from None
+        except requests.RequestException as e:
+            raise PushFailed(f"could not reach the push service {service}: {type(e).__name__}") from None
+
+
+def record_push(db: Database, subscription_id: str, items: list[str], error: PrickleError | None = None) -> None:
+    """Record how sending ``items`` to one browser went: told (``error`` None), gone (PushGone: the
+    subscription is dropped) or failed (it waits PUSH_RETRY_FIRST, doubling, up to PUSH_RETRY_MAX, and
+    the items are sent then)."""
+    now = utcnow()
+    with db.transaction():
+        sub = db.one("SELECT failures FROM push_subscriptions WHERE id = ?", (subscription_id,))
+        if sub is None:
+            return  # turned off meanwhile
+        if isinstance(error, PushGone):
+            db.execute("DELETE FROM push_sent WHERE subscription = ?", (subscription_id,))
+            db.execute("DELETE FROM push_subscriptions WHERE id = ?", (subscription_id,))
+        elif error is not None:
+            wait = min(PUSH_RETRY_FIRST * 2 ** min(sub["failures"], 16), PUSH_RETRY_MAX)
+            db.execute("UPDATE push_subscriptions SET failures = failures + 1, retry_at = ?, last_error = ? "
+                       "WHERE id = ?", (iso(now + wait), error.message[:CAUSE_MAX], subscription_id))
+        else:
+            for item in items:
+                db.execute("INSERT OR IGNORE INTO push_sent VALUES (?, ?, ?)", (subscription_id, item, iso(now)))
+            db.execute("UPDATE push_subscriptions SET sent_at = ?, failures = 0, retry_at = NULL, last_error = NULL "
+                       "WHERE id = ?", (iso(now), subscription_id))
+
+
+def browser_label(user_agent: str) -> str | None:
+    """A short name for the browser a User-Agent header names, like "Firefox on Android" (None if unknown)."""
+    browser = next((name for token, name in (("Edg/", "Edge"), ("OPR/", "Opera"), ("Firefox/", "Firefox"),
+                                             ("Chrome/", "Chrome"), ("Safari/", "Safari")) if token in user_agent), None)
+    system = next((name for token, name in (("Android", "Android"), ("iPhone", "iPhone"), ("iPad", "iPad"),
+                                            ("Windows", "Windows"), ("Mac OS X", "macOS"), ("CrOS", "ChromeOS"),
+                                            ("Linux", "Linux")) if token in user_agent), None)
+    return None if browser is None else f"{browser} on {system}" if system else browser
 
 
 ###############################################################################
@@ -9304,7 +9715,8 @@ def _hand_out(db: Database, actor: Actor, after: int, kinds: tuple[str, ...], pr
 ###############################################################################
 # What every HTTP request goes through: the Host and Origin guard, the access log, who the
 # request is from (a session cookie, a personal token or a runner key), reading a JSON body,
-# and an error's answer.
+# and an error's answer; and what makes the page installable: its manifest, its service worker
+# (served at the root, so its scope is the whole page) and its icons.
 
 
 @dataclasses.dataclass
@@ -9521,6 +9933,74 @@ def int_param(request: Request, name: str, default: int, low: int, high: int) ->
 async def page(request: Request) -> Response:
     """GET /: the people's web page."""
     return FileResponse(os.path.join(STATIC_DIR, "index.html"))
+
+
+#: The web app manifest: the page installs as an app of its own ("Add to home screen").
+MANIFEST = {
+    "id": "/", "name": "Prickle", "short_name": "Prickle", "start_url": "/", "scope": "/",
+    "description": "Where your team's people and their AI agents work together.",
+    "display": "standalone", "background_color": "#f6f5f1", "theme_color": "#2c6e5a",
+    "icons": [{"src": "/icon-192.png", "sizes": "192x192", "type": "image/png", "purpose": "any"},
+              {"src": "/icon-512.png", "sizes": "512x512", "type": "image/png", "purpose": "any"},
+              {"src": "/icon-maskable-512.png", "sizes": "512x512", "type": "image/png", "purpose": "maskable"}],
+}
+
+#: The app icon's colours: the page's accent green behind a white eight-spoked asterisk (its brand mark).
+ICON_GREEN, ICON_WHITE = (0x2C, 0x6E, 0x5A), (0xFF, 0xFF, 0xFF)
+
+
+async def manifest(request: Request) -> Response:
+    """GET /manifest.webmanifest: the web app manifest (MANIFEST)."""
+    return Response(json.dumps(MANIFEST), media_type="application/manifest+json",
+                    headers={"Cache-Control": "no-cache"})
+
+
+async def service_worker(request: Request) -> Response:
+    """GET /sw.js: the page's service worker (static/sw.js), at the root so its scope is the whole page.
+    Never cached, so a new version reaches browsers at their next visit."""
+    return FileResponse(os.path.join(STATIC_DIR, "sw.js"), media_type="text/javascript",
+                        headers={"Cache-Control": "no-cache", "Service-Worker-Allowed": "/"})
+
+
+@functools.cache
+def app_icon(size: int, maskable: bool) -> bytes:
+    """The app icon as a PNG of ``size`` (even) pixels square: rounded corners, or a full square
+    (``maskable``: the platform cuts its own shape, so the mark keeps to the middle)."""
+    half, radius = size // 2, size * 0.22
+    arm, thick = size * (0.25 if maskable else 0.3), size * 0.055
+    spokes = [(math.cos(math.pi * k / 4), math.sin(math.pi * k / 4)) for k in range(4)]
+    quarter = [[b""] * half for _ in range(half)]  # one corner: the icon is the same mirrored and turned
+    for j in range(half):
+        for i in range(j, half):
+            u, v = i + 0.5, j + 0.5
+            mark = 0.0  # how much of this pixel the asterisk covers: its nearest spoke, a bar with round ends
+            for cos, sin in spokes:
+                along, across = u * cos + v * sin, v * cos - u * sin
+                beyond = max(abs(along) - arm, 0.0)
+                mark = max(mark, min(max(thick - math.sqrt(beyond * beyond + across * across) + 0.5, 0.0), 1.0))
+            ex, ey = max(u - (half - radius), 0.0), max(v - (half - radius), 0.0)
+            alpha = 1.0 if maskable else min(max(radius - math.sqrt(ex * ex + ey * ey) + 0.5, 0.0), 1.0)
+            quarter[j][i] = quarter[i][j] = bytes(round(g + (w - g) * mark) for g, w in zip(ICON_GREEN, ICON_WHITE)) \
+                + bytes((round(255 * alpha),))
+    lower = [b"\0" + b"".join(reversed(row)) + b"".join(row) for row in quarter]  # b"\0": the row's filter, none
+    rows = list(reversed(lower)) + lower
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", size, size, 8, 6, 0, 0, 0)  # 8-bit RGBA, no interlace
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"".join(rows), 9))
+            + chunk(b"IEND", b""))
+
+
+def icon_route(size: int, maskable: bool = False) -> Callable[[Request], Any]:
+    """GET /icon-SIZE.png (or /icon-maskable-SIZE.png): the app icon, drawn once and cached by browsers a day."""
+
+    async def endpoint(request: Request) -> Response:
+        return Response(await asyncio.to_thread(app_icon, size, maskable), media_type="image/png",
+                        headers={"Cache-Control": "public, max-age=86400"})
+
+    return endpoint
 
 
 async def health(request: Request) -> Response:
@@ -10876,7 +11356,35 @@ async def api_my_digest(state: AppState, person: Actor, request: Request, body: 
     """POST /api/me/digest {minutes | null}: mail me what waited longer than ``minutes`` (null: off)."""
     if "minutes" not in body:
         raise InvalidInput("minutes is required: a whole number of minutes, or null to turn the digest off")
-    return set_digest(state.db, person.handle, body["minutes"]) | {"mail": state.settings.smtp is not None}
+    return set_digest(state.db, person.handle, body["minutes"], body.get("timezone")) | {
+        "mail": state.settings.smtp is not None}
+
+
+async def api_push_key(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/push/key: ``{"public_key"}``, the server's VAPID key a browser subscribes with."""
+    return {"public_key": push_public_key(state.db)}
+
+
+async def api_push_subscribe(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/push/subscriptions {endpoint, keys: {p256dh, auth}, expirationTime?, label?}: tell me of
+    new inbox items on this browser (the body is its PushSubscription.toJSON(); label defaults to the
+    browser's name from its User-Agent)."""
+    unknown = sorted(set(body) - {"endpoint", "keys", "expirationTime", "label"})
+    if unknown:
+        raise InvalidInput(f"unknown field {unknown[0]}: send the browser's subscription (endpoint, keys), and "
+                           "optionally label")
+    label = body["label"] if body.get("label") is not None else browser_label(request.headers.get("user-agent", ""))
+    return subscribe_push(state.db, person, body, label)
+
+
+async def api_push_unsubscribe(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/push/unsubscribe {endpoint}: this browser stops being told (``{"removed"}``)."""
+    return unsubscribe_push(state.db, person, body_field(body, "endpoint", str))
+
+
+async def api_push_remove(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """DELETE /api/push/subscriptions/{id}: one of my browsers stops being told (``{"removed"}``)."""
+    return unsubscribe_push(state.db, person, subscription_id=request.path_params["subscription_id"])
 
 
 async def api_my_email(state: AppState, person: Actor, request: Request, body: dict) -> dict:
@@ -10956,6 +11464,11 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("POST", "/api/signin/email", _api(api_signin_email, public=True)),
     ("POST", "/api/me/email", _api(api_my_email)),
     ("POST", "/api/me/digest", _api(api_my_digest)),
+    ("GET", "/api/push/key", _api(api_push_key)),
+    ("GET", "/api/push/subscriptions", _api(_operation(push_subscriptions))),
+    ("POST", "/api/push/subscriptions", _api(api_push_subscribe)),
+    ("POST", "/api/push/unsubscribe", _api(api_push_unsubscribe)),
+    ("DELETE", "/api/push/subscriptions/{subscription_id}", _api(api_push_remove)),
     ("GET", "/api/teams", _api(api_teams)),
     ("GET", "/api/teams/{team}", _api(api_team)),
     ("POST", "/api/teams/{team}/apps", _api(api_team_apps)),
@@ -11031,6 +11544,11 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("GET", "/signin", signin),
     ("GET", "/healthz", health),
     ("GET", "/", page),
+    ("GET", "/manifest.webmanifest", manifest),
+    ("GET", "/sw.js", service_worker),
+    ("GET", "/icon-192.png", icon_route(192)),
+    ("GET", "/icon-512.png", icon_route(512)),
+    ("GET", "/icon-maskable-512.png", icon_route(512, maskable=True)),
 )
 
 
@@ -11043,11 +11561,63 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
 #: How often the server looks for email digests to send, in seconds.
 DIGEST_EVERY = 60.0
 
+#: How often the server looks for new inbox items to push after an event, in seconds; every
+#: subscriber's inbox is looked at again each PUSH_FULL_EVERY (things that come with no event).
+PUSH_EVERY = 1.0
+PUSH_FULL_EVERY = 60.0
+
+#: Push messages on their way at once.
+PUSH_AT_ONCE = 8
+
+
+def push_piece(db: Database, settings: Settings) -> Callable[[], None]:
+    """The background piece that pushes new inbox items to people's browsers (see :func:`pushes_due`).
+
+    It looks after an outbox event in a subscriber's projects, and at everyone's each
+    PUSH_FULL_EVERY; what is due goes out on a task of its own (a slow push service never holds
+    up the other pieces) and each outcome is recorded (:func:`record_push`) as it comes.
+    """
+    seen: dict[str, Any] = {"head": None, "full": -PUSH_FULL_EVERY, "sending": None}
+
+    async def deliver(due: list[dict], vapid: Any, contact: str) -> None:
+        limit = asyncio.Semaphore(PUSH_AT_ONCE)
+
+        async def one(push: dict) -> None:
+            async with limit:
+                try:
+                    await asyncio.to_thread(send_push, vapid, contact, push["subscription"], push["message"])
+                except PrickleError as e:  # said without the endpoint's path; tried again after a wait
+                    print(f"prickle: a push notification was not sent: {e.message}", file=sys.stderr)
+                    record_push(db, push["subscription"]["id"], push["items"], e)
+                else:
+                    record_push(db, push["subscription"]["id"], push["items"])
+
+        try:
+            await asyncio.gather(*(one(push) for push in due))
+        except Exception:
+            log_exception("sending push notifications (tried again at the next look)")
+
+    def push() -> None:
+        if seen["sending"] is not None and not seen["sending"].done():
+            return
+        head, now = outbox_head(db), time.monotonic()
+        full = now - seen["full"] >= PUSH_FULL_EVERY or seen["head"] is None
+        if head == seen["head"] and not full:
+            return
+        due = pushes_due(db, None if full else seen["head"])
+        seen["head"], seen["full"] = head, now if full else seen["full"]
+        if due:
+            contact = push_contact(settings, public_base(db, settings))
+            seen["sending"] = asyncio.get_running_loop().create_task(deliver(due, vapid_signer(db), contact))
+
+    return push
+
 
 def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer, settings: Settings,
                        end_dead_sessions: Callable[[], None]) -> Maintenance:
     """The server's background pieces: the watch for other writers, the WAL checkpoint, the
-    approvals and invites sweep, outbox pruning and the email digest (see :class:`Maintenance`). ``end_dead_sessions`` ends
+    approvals and invites sweep, outbox pruning, the email digest and push notifications (see
+    :class:`Maintenance`). ``end_dead_sessions`` ends
     the MCP sessions of credentials another process revoked, or that expired on their own.
     """
 
@@ -11071,7 +11641,8 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
         for mail in digests_due(db, public_base(db, settings), utcnow()):
             # The mail goes out off the event loop; only a mail that went out is recorded.
             try:
-                await asyncio.to_thread(send_mail, settings, mail["to"], mail["subject"], mail["text"])
+                await asyncio.to_thread(send_mail, settings, mail["to"], mail["subject"], mail["text"],
+                                        mail["html"])
             except PrickleError as e:  # one refused address holds up nobody else's digest
                 failed.append(e.message.replace(mail["to"], "the address"))
                 continue
@@ -11085,6 +11656,7 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
     maintenance.add("approvals sweep", 60.0, sweep)
     maintenance.add("outbox pruning", 600.0, prune)
     maintenance.add("email digest", DIGEST_EVERY, digest)
+    maintenance.add("push notifications", PUSH_EVERY, push_piece(db, settings))
     return maintenance
 
 

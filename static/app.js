@@ -33,6 +33,7 @@ import * as inboxStore from "./inbox_store.js";
 import * as invite from "./invite.js";
 import * as search from "./search.js";
 import * as shortcuts from "./shortcuts.js";
+import * as push from "./push.js";
 import { h, avatar, fill, heading, errorSlot, act, link, loadFailed } from "./ui.js";
 
 const PROJECT_VIEWS = {
@@ -66,6 +67,7 @@ async function boot() {
   });
   window.addEventListener("hashchange", route);
   shortcuts.install(go);
+  push.registerWorker();
   await start();
 }
 
@@ -91,6 +93,7 @@ export function go(hash) {
 
 async function signOut(button, error) {
   await act(button, error, async () => {
+    await push.forgetDevice(); // a shared computer stops being told of your inbox
     if (!api.token()) await api.post("/api/signout", {});
     api.forgetToken();
     showSignedOut("You are signed out.");

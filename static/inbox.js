@@ -10,6 +10,7 @@ import { approvalCard } from "./decisions.js";
 import { stepCard } from "./steps.js";
 import { actionCard } from "./makeaction.js";
 import { markdown } from "./markdown.js";
+import { pushControl } from "./push.js";
 import { h, fill, heading, badge, timeEl, errorSlot, act, announce, empty, confirmButton, field, settle } from "./ui.js";
 
 // Each kind of item: the group's title and lead, in the order the page shows them.
@@ -66,7 +67,7 @@ export function mount(el, ctx) {
   });
   const digest = h("div", { class: "digest-setting" });
   el.append(
-    h("div", { class: "page-head" }, heading(1, "Inbox"), notifyToggle()),
+    h("div", { class: "page-head" }, heading(1, "Inbox"), notifyToggle(), pushControl()),
     digest, count, nothing, list.el);
   const drawDigest = (me) => fill(digest, digestForm(me, drawDigest));
   get("/api/me").then(drawDigest, () => { /* the setting shows on the next visit */ });
@@ -90,7 +91,8 @@ function digestForm(me, redraw) {
   form.addEventListener("submit", (e) => {
     e.preventDefault();
     act(save, error, async () => {
-      const out = await post("/api/me/digest", { minutes: on.checked ? Number(minutes.value) : null });
+      const out = await post("/api/me/digest", { minutes: on.checked ? Number(minutes.value) : null,
+        timezone: Intl.DateTimeFormat().resolvedOptions().timeZone || null });
       announce(out.digest_minutes == null ? "Email digest off" : `Email digest on: after ${out.digest_minutes} minutes`);
     });
   });

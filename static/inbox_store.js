@@ -191,7 +191,8 @@ function notify(fresh) {
         { body: summary(item), tag: item.id });
       n.onclick = () => {
         window.focus();
-        window.location.hash = "#/inbox";
+        window.location.hash = itemHref(item);
+        n.close();
       };
     } catch (err) {
       console.warn("notification not shown", err.message);
@@ -234,6 +235,15 @@ export function paintUnread(root) {
     el.setAttribute("aria-label", n === 1 ? "1 unread message" : `${n} unread messages`);
     el.title = el.getAttribute("aria-label");
   }
+}
+
+/** Where an item is on the page: its task (at the message, for one in a thread), the message in its
+ *  room, the room, or the inbox (as the server's push notifications and digest link it). */
+export function itemHref(item) {
+  const p = `#/p/${item.project}`;
+  if (item.task_id) return `${p}/tasks/${item.task_id}${item.message_id ? `/${item.message_id}` : ""}`;
+  if (item.message_id) return `${p}/room/${item.message_id}`;
+  return item.kind === "paused_pair" ? `${p}/room` : "#/inbox";
 }
 
 function summary(item) {

@@ -305,7 +305,9 @@ class Inbox:
 
     async def handle_DATA(self, server, session, envelope):
         message = email.message_from_bytes(envelope.content, policy=email.policy.default)
-        self.mails.put({"to": envelope.rcpt_tos, "message": message, "text": message.get_content()})
+        html = message.get_body(("html",))  # a digest has an HTML part beside its text
+        self.mails.put({"to": envelope.rcpt_tos, "message": message, "text": message.get_body(("plain",)).get_content(),
+                        "html": html.get_content() if html is not None else None})
         return "250 OK"
 
     def next(self) -> dict:

@@ -25,7 +25,8 @@ def ask(world, text):
 def test_what_waited_longer_than_the_chosen_minutes_is_mailed_once(world, smtp, clock):  # noqa: F811
     db = world.db
     prickle.set_person_email(db, "ren", "ren@example.org")
-    assert prickle.set_digest(db, "ren", 30) == {"handle": "ren", "digest_minutes": 30, "email": "ren@example.org"}
+    assert prickle.set_digest(db, "ren", 30) == {"handle": "ren", "digest_minutes": 30, "email": "ren@example.org",
+                                                 "timezone": None}
     first = ask(world, "@ren can you look at the pricing copy?")
     clock.now = T0 + 10 * MINUTE
     assert prickle.digests_due(db, BASE, clock.now) == []  # not waited long enough yet
@@ -37,7 +38,7 @@ def test_what_waited_longer_than_the_chosen_minutes_is_mailed_once(world, smtp, 
         "Hello Ren Ito,", "",
         "1 thing has waited for you in Prickle for more than 30 minutes:", "",
         "- A message that mentions you in Website v2: @ren can you look at the pricing copy?",
-        f"  waiting since {first['created_at']}", f"  {BASE}/#/p/{PROJECT}/room/{first['id']}", "",
+        "  waiting since today 10:00 UTC", f"  {BASE}/#/p/{PROJECT}/room/{first['id']}", "",
         f"Your inbox: {BASE}/#/inbox",
         "You get this digest because you turned it on; turn it off on the inbox screen."]
 
@@ -48,6 +49,12 @@ def test_what_waited_longer_than_the_chosen_minutes_is_mailed_once(world, smtp, 
     mail = smtp.next()
     assert mail["to"] == ["ren@example.org"] and mail["message"]["Subject"] == "Prickle: 1 waiting for you"
     assert f"{PROJECT}/room/{first['id']}" in mail["text"]
+    # Its HTML part says the same, each item a link to its place.
+    assert "waiting since today 10:00 UTC" in mail["html"] and f"{PROJECT}/room/{first['id']}" in mail["html"]
+    assert (f'<li style="margin:0 0 14px"><strong>A message that mentions you</strong> in Website v2<br><a href="{BASE}/'
+            f'#/p/{PROJECT}/room/{first["id"]}" style="color:#1f5c8f">@ren can you look at the pricing copy?</a><br>'
+            '<span style="color:#5b6670">waiting since today 10:00 UTC</span></li>') in due["html"]
+    assert f'<a href="{BASE}/#/inbox" style="color:#1f5c8f">Open your inbox</a>' in due["html"]
     assert prickle.digests_due(db, BASE, clock.now + 60 * MINUTE) == []
 
     # Something new waits: the next digest tells of it alone; reading the mention takes it out of the inbox.
@@ -79,12 +86,16 @@ def test_no_address_or_no_digest_means_no_mail_and_bad_minutes_change_nothing(wo
 
 def test_the_page_sets_the_digest_and_is_told_whether_mail_goes_out(server, world):
     h = auth(world, "ren")
-    r = server.post("/api/me/digest", json={"minutes": 45}, headers=h)
-    assert r.status_code == 200 and r.json() == {"handle": "ren", "digest_minutes": 45, "email": None, "mail": False}
+    r = server.post("/api/me/digest", json={"minutes": 45, "timezone": "Asia/Tokyo"}, headers=h)
+    assert r.status_code == 200 and r.json() == {"handle": "ren", "digest_minutes": 45, "email": None, "mail": False,
+                                                 "timezone": "Asia/Tokyo"}
     me = server.get("/api/me", headers=h).json()
     assert (me["digest_minutes"], me["email"], me["mail"]) == (45, None, False)
     r = server.post("/api/me/digest", json={"minutes": "soon"}, headers=h)
     assert r.status_code == 400 and r.json()["error"]["message"].startswith("minutes must be a whole number")
+    for zone in ("Mars/Olympus", "../etc/passwd", "", 3):
+        r = server.post("/api/me/digest", json={"minutes": 45, "timezone": zone}, headers=h)
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith("timezone must be a time zone's name")
     r = server.post("/api/me/digest", json={}, headers=h)
     assert r.status_code == 400 and r.json()["error"]["message"].startswith("minutes is required")
     assert server.post("/api/me/digest", json={"minutes": None}, headers=h).json()["digest_minutes"] is None
@@ -127,3 +138,23 @@ def test_an_address_the_mail_server_refuses_holds_up_nobody_elses_digest(world, 
     finally:
         controller.stop()
     assert inbox.mails.empty()
+
+
+def test_the_digest_says_when_in_words_in_the_persons_time_zone_and_quotes_words_not_markdown(world, clock):  # noqa: F811
+    db = world.db
+    prickle.set_person_email(db, "ren", "ren@example.org")
+    prickle.set_digest(db, "ren", 30, "Asia/Tokyo")  # 10:00 UTC is 19:00 in Tokyo
+    clock.now = T0 - dt.timedelta(days=3)
+    old = ask(world, "@ren **the** `old` one, see [the brief](https://example.org/brief)")
+    clock.now = T0 - dt.timedelta(days=1)
+    ask(world, "@ren yesterday's")
+    clock.now = T0
+    ask(world, "@ren <b>today</b> & now")
+    [due] = prickle.digests_due(db, BASE, T0 + 31 * MINUTE)
+    assert [line for line in due["text"].splitlines() if "waiting since" in line or line.startswith("- ")] == [
+        "- A message that mentions you in Website v2: @ren the old one, see the brief", "  waiting since 28 Nov",
+        "- A message that mentions you in Website v2: @ren yesterday's", "  waiting since yesterday 19:00",
+        "- A message that mentions you in Website v2: @ren <b>today</b> & now", "  waiting since today 19:00"]
+    assert "@ren &lt;b&gt;today&lt;/b&gt; &amp; now</a>" in due["html"] and "<b>today" not in due["html"]
+    assert old["id"] in due["html"]
+    assert prickle.human_time("2025-12-31T23:00:00.000Z", T0) == "31 Dec 2025"
