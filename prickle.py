@@ -50,47 +50,49 @@ Part II. The team's work: one chapter per capability; each operation is one func
   15. The default lead -- who a message that names nobody wakes
   16. Private rooms: turns -- who answers the owner's message in a private room, one step at a
       time
-  17. Messages: writing, mentions and the loop guard -- write_message, post_message, mentions,
+  17. Files: the store and attachments -- bytes kept once by their sha256 in the file (blobs), a
+      person's uploads and what they are read from their bytes, who may read them, and pruning
+  18. Messages: writing, mentions and the loop guard -- write_message, post_message, mentions,
       whom a post wakes and the loop guard
-  18. The room: reading it -- read_room, the project as the page shows it, and resuming a paused
+  19. The room: reading it -- read_room, the project as the page shows it, and resuming a paused
       pair
-  19. Attempts: the record of a run -- an attempt from its claim to its end, its credential, and
+  20. Attempts: the record of a run -- an attempt from its claim to its end, its credential, and
       pauses
-  20. Tasks: handoff and the gate -- the Task object, handoff, the gate, accept_task,
+  21. Tasks: handoff and the gate -- the Task object, handoff, the gate, accept_task,
       checkpoints, check_inbox and request_capability
-  21. Results and evidence -- return_result, accept_result and reject_result
-  22. Approvals and the people's side of tasks -- approvals, standing approvals, final
+  22. Results and evidence -- return_result, accept_result and reject_result
+  23. Approvals and the people's side of tasks -- approvals, standing approvals, final
       acceptance, send back, cancel, rename, blocked-by and asking for a task
-  23. The owner's gate rules -- delegation rules, standing approvals and the auto-accept policy
-  24. Runs: devices, claims and steps -- paired devices, claim_task, the end of a run and
+  24. The owner's gate rules -- delegation rules, standing approvals and the auto-accept policy
+  25. Runs: devices, claims and steps -- paired devices, claim_task, the end of a run and
       request_step
-  25. Run control -- the owner's Start, Stop, hand back, pause and settling an uncertain run
-  26. The board and the task page -- a task as the page shows it, the board and one task whole
-  27. Connecting a computer -- a short code the owner approves on the page
-  28. Make-or-spend actions -- Approve cards: propose, decide, claim and finish
-  29. Private rooms: discussions -- claim_discussion, the room settings, and the owner stopping,
+  26. Run control -- the owner's Start, Stop, hand back, pause and settling an uncertain run
+  27. The board and the task page -- a task as the page shows it, the board and one task whole
+  28. Connecting a computer -- a short code the owner approves on the page
+  29. Make-or-spend actions -- Approve cards: propose, decide, claim and finish
+  30. Private rooms: discussions -- claim_discussion, the room settings, and the owner stopping,
       retrying and continuing a turn
-  30. Leaving and removal -- members leave or are removed, agents are taken out, owners
+  31. Leaving and removal -- members leave or are removed, agents are taken out, owners
       promoted, a returned task handed on
-  31. Search -- messages, task titles and packets
-  32. The inbox and the digest -- what waits on a person, what they have read, and the email
+  32. Search -- messages, task titles and packets
+  33. The inbox and the digest -- what waits on a person, what they have read, and the email
       digest
-  33. Web Push: told when away -- a browser's push subscription, the server's VAPID keys, and a
+  34. Web Push: told when away -- a browser's push subscription, the server's VAPID keys, and a
       notification for each new inbox item sent to the person's subscribed browsers
 
 Part III. Serving: MCP, the web API, the live streams, the server and the command line
-  34. Waiting: how a wake reaches an agent -- reading wakes after a cursor and the wait loop
+  35. Waiting: how a wake reaches an agent -- reading wakes after a cursor and the wait loop
       (wait_for_wakes)
-  35. Web: requests and errors -- the middleware, who a request is from, reading a body, the
+  36. Web: requests and errors -- the middleware, who a request is from, reading a body, the
       answer to an error, and the page's web app manifest, service worker and icons
-  36. MCP -- the Tool table (TOOLS), waits with progress, the MCP server, the /mcp endpoint and
+  37. MCP -- the Tool table (TOOLS), waits with progress, the MCP server, the /mcp endpoint and
       its sessions
-  37. Live streams -- the event stream and long polls of a project and of a person
-  38. The people's API -- the /api handlers (parse, call the operation, shape the answer),
+  38. Live streams -- the event stream and long polls of a project and of a person
+  39. The people's API -- the /api handlers (parse, call the operation, shape the answer),
       signing in and the route table (ROUTES)
-  39. The server -- the background pieces, the connection guard and create_app
-  40. The command line: serving -- the prickle group (cli), serve, init, the demo and main
-  41. The command line: the team's administration -- person, team, project, member, invite,
+  40. The server -- the background pieces, the connection guard and create_app
+  41. The command line: serving -- the prickle group (cli), serve, init, the demo and main
+  42. The command line: the team's administration -- person, team, project, member, invite,
       agent, rule, device, token, memory, audit, backup and connect
 
 Appendices: the runner: the program on a teammate's computer; it uses only chapter 1
@@ -104,7 +106,7 @@ Appendices: the runner: the program on a teammate's computer; it uses only chapt
       connect|start|status|bridge
 
 The end
-  42. Entry points -- the runner's commands join prickle's
+  43. Entry points -- the runner's commands join prickle's
 """
 
 from __future__ import annotations
@@ -139,6 +141,7 @@ import functools
 import gc
 import hashlib
 import hmac
+import io
 import ipaddress
 import json
 import logging
@@ -519,6 +522,8 @@ class Settings(pydantic.BaseModel):
     request_timeout_seconds: int = pydantic.Field(20, ge=1, le=600)
     #: Largest request body accepted, in bytes, on /mcp and /api.
     max_body_bytes: int = pydantic.Field(262_144, ge=4096, le=4_194_304)
+    #: How many MiB of files (attachments and deliverables) one project may keep.
+    files_per_project_mb: int = pydantic.Field(1024, ge=1, le=1_048_576)
     #: Idle MCP sessions (handshake era) end after this many seconds.
     session_idle_seconds: int = pydantic.Field(1800, ge=30)
     #: Open MCP sessions (handshake era) at once, all keys together; beyond it a new one gets 503.
@@ -1663,6 +1668,28 @@ MIGRATIONS: list[list[str]] = [
             PRIMARY KEY (subscription, item)) WITHOUT ROWID""",
         # The person's time zone (IANA name, from their browser), for the times the digest shows.
         "ALTER TABLE people ADD COLUMN timezone TEXT",
+    ],
+    [
+        # Files: bytes kept once by their sha256 (blobs); a person's uploads, tied to their message
+        # once posted (attachments; message_seq NULL until then); the files a run's result
+        # delivers (deliverables). A message keeps its attachments' objects, which never change.
+        """CREATE TABLE blobs (
+            sha256 TEXT PRIMARY KEY, byte_size INTEGER NOT NULL, content_type TEXT NOT NULL,
+            bytes BLOB NOT NULL, created_at TEXT NOT NULL)""",
+        """CREATE TABLE attachments (
+            id TEXT PRIMARY KEY, project TEXT NOT NULL REFERENCES projects(slug), sha256 TEXT NOT NULL,
+            kind TEXT NOT NULL, content_type TEXT NOT NULL, byte_size INTEGER NOT NULL, width INTEGER,
+            height INTEGER, name TEXT, uploaded_by TEXT NOT NULL, created_at TEXT NOT NULL, message_seq INTEGER,
+            position INTEGER)""",
+        "CREATE INDEX attachments_by_blob ON attachments(sha256)",
+        "CREATE INDEX attachments_by_project ON attachments(project)",
+        """CREATE TABLE deliverables (
+            id TEXT PRIMARY KEY, project TEXT NOT NULL REFERENCES projects(slug), task_id TEXT NOT NULL,
+            ref TEXT NOT NULL, sha256 TEXT NOT NULL, content_type TEXT NOT NULL, byte_size INTEGER NOT NULL,
+            uploaded_by TEXT NOT NULL, created_at TEXT NOT NULL, UNIQUE (task_id, ref, sha256))""",
+        "CREATE INDEX deliverables_by_blob ON deliverables(sha256)",
+        "CREATE INDEX deliverables_by_project ON deliverables(project)",
+        "ALTER TABLE messages ADD COLUMN attachments TEXT",
     ],
 ]
 
@@ -4942,7 +4969,7 @@ def _end_lead(db: Database, project: dict, by: str | None, how: str) -> None:
 # A private room is a project of kind 'private': its owner and their agents. Each message of the
 # owner starts a turn (start_turn): its lead drafts, a reviewer may review, and a review asking
 # for changes goes back for a revision (advance_turn, moves of TURN_MOVES). Agents post in a
-# room only in their turn (check_room_post). Claiming a turn's step is chapter 29.
+# room only in their turn (check_room_post). Claiming a turn's step is chapter 30.
 
 #: How a private room answers its owner: draft then review (then a revision), one agent alone,
 #: or only the agents named.
@@ -5088,7 +5115,243 @@ def turn_wakes(db: Database, actor: Actor, project: str, private: bool, message_
 
 
 ###############################################################################
-# 17. Messages: writing, mentions and the loop guard
+# 17. Files: the store and attachments
+###############################################################################
+# Bytes live in the one SQLite file (blobs), kept once by their sha256 however many messages or
+# results use them, so a backup, a copy and an export carry them. A person's upload waits in
+# attachments (message_seq NULL) until they post it with a message in their private room; its
+# type is read from its bytes (an image's size by Pillow), never taken from the client's word.
+# A project may keep files up to a size its settings name (files_per_project_mb); a blob that
+# nothing uses any more, and an upload never posted, are removed by prune_files.
+
+#: The reference's attachment types: images carry their width and height, files their name.
+ATTACHMENT_IMAGE_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp"}
+ATTACHMENT_FILE_TYPES = {".pdf": "application/pdf", ".txt": "text/plain", ".md": "text/markdown",
+                         ".markdown": "text/markdown", ".csv": "text/csv"}
+#: The reference's limits: bytes per attachment, attachments per message, a file's name, an image's side.
+ATTACHMENT_MAX_BYTES = 4 * 1024 * 1024
+ATTACHMENTS_MAX = 4
+ATTACHMENT_NAME_MAX = 120
+IMAGE_SIDE_MAX = 16384
+#: An upload not posted with a message within this long is removed by prune_files (seconds).
+UPLOAD_KEEP_SECONDS = 24 * 3600
+#: The address agents read an attachment at (MCP resources/read).
+ATTACHMENT_URI = "prickle://attachments/{id}"
+
+_ALLOWED_WORDS = ("an image (PNG, JPEG or WebP) or a file (PDF, or text named .txt, .md or .csv), "
+                  f"at most {ATTACHMENT_MAX_BYTES // (1024 * 1024)} MiB")
+
+
+def _image_kind(data: bytes) -> tuple[str, int, int]:
+    """``(content_type, width, height)`` of image bytes, read and checked whole by Pillow."""
+    from PIL import Image, UnidentifiedImageError  # only uploads need it
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            kind, (width, height) = image.format, image.size
+            image.load()  # a truncated or corrupt image fails here, not in someone's browser
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        raise InvalidInput(f"file: the image could not be read whole ({str(e)[:80]}); send it again") from None
+    if kind not in ATTACHMENT_IMAGE_TYPES:
+        raise InvalidInput(f"file: {kind} images are not accepted; send {_ALLOWED_WORDS}")
+    if not (1 <= width <= IMAGE_SIDE_MAX and 1 <= height <= IMAGE_SIDE_MAX):
+        raise InvalidInput(f"file: the image is {width}x{height}; each side must be at most {IMAGE_SIDE_MAX}")
+    return ATTACHMENT_IMAGE_TYPES[kind], width, height
+
+
+def _file_kind(data: bytes, name: str) -> str:
+    """The content type of a file's bytes, which must agree with its name's extension."""
+    ext = os.path.splitext(name.lower())[1]
+    if ext not in ATTACHMENT_FILE_TYPES:
+        raise InvalidInput(f"name: '{ext or name}' files are not accepted; send {_ALLOWED_WORDS}")
+    if ext == ".pdf":
+        if not data.startswith(b"%PDF-"):
+            raise InvalidInput("file: the bytes are not a PDF (they do not start with %PDF-); send the PDF itself")
+        return ATTACHMENT_FILE_TYPES[ext]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidInput(f"file: a {ext} file must be UTF-8 text (byte {e.start} is not); "
+                           f"send {_ALLOWED_WORDS}") from None
+    head = text.lstrip("\ufeff \t\r\n")[:200].lower()
+    if "\x00" in text or head.startswith(("<svg", "<?xml", "<!doctype html", "<html")):
+        raise InvalidInput(f"file: markup (SVG, HTML or XML) and binary data are not accepted; send {_ALLOWED_WORDS}")
+    return ATTACHMENT_FILE_TYPES[ext]
+
+
+def sniff_attachment(data: bytes, name: str | None) -> dict:
+    """What ``data`` is, from its bytes: ``{kind, content_type, byte_size, width, height}`` for an image,
+    ``{kind, content_type, byte_size, name}`` for a file (``name`` required then).
+
+    Raises InvalidInput naming ``file`` (empty, too big, unreadable, a type outside the reference's
+    list, SVG) or ``name`` (missing, too long, an extension that is not a file type).
+    """
+    if not data:
+        raise InvalidInput("file: it is empty; send the bytes of the image or the file")
+    if len(data) > ATTACHMENT_MAX_BYTES:
+        raise InvalidInput(f"file: it is {len(data)} bytes; the limit is {ATTACHMENT_MAX_BYTES} (4 MiB)")
+    if name is not None:
+        name = check_text(name, "name", ATTACHMENT_NAME_MAX).strip()
+        if not name or "/" in name or "\\" in name or any(ord(c) < 32 for c in name):
+            raise InvalidInput("name: give the file's name alone (no folders, no control characters)")
+    if data.startswith((b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")) or (data[:4] == b"RIFF" and data[8:12] == b"WEBP"):
+        content_type, width, height = _image_kind(data)
+        return {"kind": "image", "content_type": content_type, "byte_size": len(data), "width": width,
+                "height": height}
+    if name is None:
+        raise InvalidInput(f"name: a file needs its name (report.pdf, notes.md); or send {_ALLOWED_WORDS}")
+    return {"kind": "file", "content_type": _file_kind(data, name), "byte_size": len(data), "name": name}
+
+
+def store_blob(db: Database, data: bytes, content_type: str) -> str:
+    """Keep ``data`` in the file once (inside the caller's transaction); return its sha256."""
+    digest = sha256_hex(data)
+    db.execute("INSERT OR IGNORE INTO blobs (sha256, byte_size, content_type, bytes, created_at) VALUES "
+               "(?, ?, ?, ?, ?)", (digest, len(data), content_type, data, iso(utcnow())))
+    return digest
+
+
+def project_files_bytes(db: Database, project: str) -> int:
+    """Bytes of the distinct blobs a project's attachments and deliverables use."""
+    return db.scalar("SELECT coalesce(sum(b.byte_size), 0) FROM blobs b WHERE b.sha256 IN "
+                     "(SELECT sha256 FROM attachments WHERE project = ? UNION "
+                     "SELECT sha256 FROM deliverables WHERE project = ?)", (project, project))
+
+
+def check_project_room(db: Database, project: str, data: bytes, limit_bytes: int) -> None:
+    """Refuse bytes that would take ``project`` over its files limit (the ``files_per_project_mb`` setting)."""
+    digest = sha256_hex(data)
+    known = db.scalar("SELECT 1 FROM attachments WHERE project = ? AND sha256 = ? UNION "
+                      "SELECT 1 FROM deliverables WHERE project = ? AND sha256 = ?", (project, digest, project, digest))
+    used = project_files_bytes(db, project)
+    if not known and used + len(data) > limit_bytes:
+        raise InvalidState(f"file: project '{project}' keeps {used} bytes of files and this would take it past "
+                           f"its limit of {limit_bytes} (setting files_per_project_mb); remove old files or raise it")
+
+
+def attachment_out(row: dict) -> dict:
+    """An attachments row as the reference's attachment object (image or file)."""
+    out = {"id": row["id"], "kind": row["kind"], "content_type": row["content_type"], "byte_size": row["byte_size"]}
+    if row["kind"] == "image":
+        return out | {"width": row["width"], "height": row["height"]}
+    return out | {"name": row["name"]}
+
+
+def upload_attachment(db: Database, person: Actor, project: str, data: bytes, name: str | None,
+                      limit_bytes: int) -> dict:
+    """A person's image or file, kept until they post it with a message in their private room.
+
+    Returns the attachment object (the reference's shape) whose ``id`` post_message takes in
+    ``attachments``. Only a person who may post in ``project``'s room, and only a private room,
+    take uploads. Raises InvalidInput (see :func:`sniff_attachment`), NotFound, Forbidden for a
+    room that is not private, InvalidState when the project's files limit is reached.
+    """
+    about = sniff_attachment(data, name)
+    with db.transaction():
+        if require_project(db, person, project)["kind"] != "private":
+            raise Forbidden(f"attachments go up in a private room only; '{project}' is a team project")
+        check_project_room(db, project, data, limit_bytes)
+        row = {"id": new_id("att"), "project": project, "sha256": store_blob(db, data, about["content_type"]),
+               "uploaded_by": person.handle, "created_at": iso(utcnow()), "name": None, "width": None,
+               "height": None} | about
+        db.insert("attachments", row)
+    return attachment_out(row)
+
+
+def take_attachments(db: Database, person: Actor, project: str, ids: Any) -> list[dict]:
+    """The uploads ``person`` posts with a message in ``project`` (inside post_message's transaction).
+
+    ``ids`` is a list of 1 to 4 attachment IDs this person uploaded to this room and has not
+    posted yet, no ID twice. Returns their rows in the order given. Raises InvalidInput, NotFound.
+    """
+    if not isinstance(ids, list) or not 1 <= len(ids) <= ATTACHMENTS_MAX:
+        raise InvalidInput(f"attachments: send a list of 1 to {ATTACHMENTS_MAX} attachment IDs from your uploads")
+    if len(set(map(str, ids))) != len(ids):
+        raise InvalidInput("attachments: an attachment ID is listed twice")
+    rows = []
+    for i, attachment_id in enumerate(ids):
+        check_id(attachment_id, f"attachments[{i}]")
+        row = db.one("SELECT * FROM attachments WHERE id = ?", (attachment_id,))
+        if row is None or row["project"] != project or row["uploaded_by"] != person.handle:
+            raise NotFound(f"attachments[{i}]: no upload '{attachment_id}' of yours in '{project}'; upload it first")
+        if row["message_seq"] is not None:
+            raise InvalidInput(f"attachments[{i}]: '{attachment_id}' went with another message already; upload it again")
+        rows.append(row)
+    return rows
+
+
+def attach_to_message(db: Database, project: str, message_id: str, seq: int, rows: list[dict]) -> None:
+    """Tie posted uploads to their message (``seq``) and write each one's ``attachment.uploaded`` (no name,
+    no bytes)."""
+    for position, row in enumerate(rows):
+        db.execute("UPDATE attachments SET message_seq = ?, position = ? WHERE id = ?", (seq, position, row["id"]))
+        audit(db, project, "attachment.uploaded", {"message": message_id, "attachment": row["id"],
+                                                   "content_type": row["content_type"], "byte_size": row["byte_size"],
+                                                   "position": position, "sha256": row["sha256"]})
+
+
+def read_attachment(db: Database, actor: Actor, attachment_id: Any) -> tuple[dict, bytes]:
+    """An attachment's row and bytes, for a person or an agent who may read its message.
+
+    An agent's read writes ``attachment.read`` (the message, the type and the size; never the
+    bytes or the file's name). Raises InvalidInput for a malformed ID, NotFound for an
+    attachment not posted or out of reach (the same answer, so an ID's existence never leaks).
+    """
+    check_id(attachment_id, "attachment")
+    with db.transaction() if actor.kind == "agent" else db.snapshot():
+        row = db.one("SELECT a.*, m.id AS message_id, m.task_id FROM attachments a JOIN messages m "
+                     "ON m.seq = a.message_seq WHERE a.id = ?", (attachment_id,))
+        gone = NotFound(f"attachment: no attachment '{attachment_id}' in a message you can read")
+        if row is None:
+            raise gone
+        if actor.task_scope is not None and row["task_id"] != actor.task_scope:
+            raise gone  # a woken run reads its own task's thread only
+        try:
+            require_project(db, actor, row["project"])
+            if row["task_id"] is not None:
+                visible_task(db, actor, row["project"], row["task_id"])
+        except (NotFound, Forbidden):
+            raise gone from None
+        data = db.scalar("SELECT bytes FROM blobs WHERE sha256 = ?", (row["sha256"],))
+        if actor.kind == "agent":
+            audit(db, row["project"], "attachment.read", {"message": row["message_id"], "attachment": row["id"],
+                                                          "agent": actor.agent_id, "content_type": row["content_type"],
+                                                          "byte_size": row["byte_size"]})
+    return row, data
+
+
+def readable_attachments(db: Database, actor: Actor, limit: int = 50) -> list[dict]:
+    """The newest posted attachments (rows, with ``message_id``) in general chats ``actor`` may read."""
+    if actor.kind == "agent":
+        where, who = "a.project IN (SELECT project FROM project_agents WHERE agent_id = ?)", actor.agent_id
+    else:
+        where, who = "a.project IN (SELECT project FROM members WHERE handle = ?)", actor.handle
+    if actor.task_scope is not None:
+        return []
+    rows = db.rows(f"SELECT a.*, m.id AS message_id FROM attachments a JOIN messages m ON m.seq = a.message_seq "
+                   f"WHERE {where} AND m.task_id IS NULL ORDER BY a.message_seq DESC, a.position LIMIT ?",
+                   (who, limit))
+    readable = []
+    for row in rows:
+        try:
+            require_project(db, actor, row["project"])
+        except (NotFound, Forbidden):
+            continue
+        readable.append(row)
+    return readable
+
+
+def prune_files(db: Database, now: _dt.datetime | None = None) -> int:
+    """Remove uploads never posted within UPLOAD_KEEP_SECONDS and blobs nothing uses; return blobs removed."""
+    cutoff = iso((now or utcnow()) - _dt.timedelta(seconds=UPLOAD_KEEP_SECONDS))
+    with db.transaction():
+        db.execute("DELETE FROM attachments WHERE message_seq IS NULL AND created_at < ?", (cutoff,))
+        db.execute("DELETE FROM blobs WHERE sha256 NOT IN (SELECT sha256 FROM attachments) AND "
+                   "sha256 NOT IN (SELECT sha256 FROM deliverables)")
+        return db.conn.changes()
+
+
+###############################################################################
+# 18. Messages: writing, mentions and the loop guard
 ###############################################################################
 # A message is written once (write_message: the row, its search entry, its event and its wakes);
 # post_message is the agents' and people's way in, with mentions resolved by the server, the
@@ -5170,6 +5433,8 @@ def message_out(row: dict) -> dict:
         out["made_by_action"] = json.loads(row["made_by_action"])
     if row.get("lineage"):
         out["lineage"] = json.loads(row["lineage"])
+    if row.get("attachments"):
+        out["attachments"] = json.loads(row["attachments"])
     return out
 
 
@@ -5222,7 +5487,7 @@ def _sorted_pair(a: str, b: str) -> tuple[str, str]:
 #: The columns write_message fills, in the order it gives their values.
 _MESSAGE_COLUMNS = ("seq", "id", "project", "author_kind", "author", "body", "mentions", "provenance",
                     "provenance_status", "in_reply_to", "task_id", "verdict", "created_at", "task_request", "lineage",
-                    "make_action", "made_by_action")
+                    "make_action", "made_by_action", "attachments")
 
 #: A message's row of the search index (see search): its body, found by its id.
 _INDEX_MESSAGE = ("INSERT INTO search_index (title, body, kind, ref, project, task_id, at) "
@@ -5233,11 +5498,12 @@ def write_message(db: Database, actor: Actor, project: str, body: str, *, messag
                   at: str | None = None, mentions: list[str] = (), provenance: str | None = None,
                   in_reply_to: str | None = None, task_id: str | None = None, verdict: str | None = None,
                   task_request: str | None = None, lineage: dict | None = None, make_action: dict | None = None,
-                  made_by_action: dict | None = None, wakes: list[tuple] = ()) -> dict:
+                  made_by_action: dict | None = None, attachments: list[dict] = (), wakes: list[tuple] = ()) -> dict:
     """Write one message by ``actor`` inside the caller's transaction; return the Message.
 
     The one writer of a message row, for posts, Approve cards (``make_action``, the card as
-    action_out gives it) and action results (``made_by_action``). It writes ``message.posted``
+    action_out gives it), action results (``made_by_action``) and a person's attachments (rows of
+    take_attachments, tied to the message here with their audit entries). It writes ``message.posted``
     to the outbox with ``wakes`` (as append_event takes them) and its audit entry (the
     author, how many mentions, the provenance and the task thread, never the text). An
     agent's message is ``agent_generated`` unless ``provenance`` says otherwise, and then its
@@ -5254,9 +5520,11 @@ def write_message(db: Database, actor: Actor, project: str, body: str, *, messag
         provenance, status, author = None, None, actor.handle
     row = (message_seq(message_id), message_id, project, actor.kind, author, body, utf8_json(mentions), provenance,
            status, in_reply_to, task_id, verdict, at, task_request, utf8_json(lineage) if lineage else None,
-           make_action["id"] if make_action else None, utf8_json(made_by_action) if made_by_action else None)
+           make_action["id"] if make_action else None, utf8_json(made_by_action) if made_by_action else None,
+           utf8_json([attachment_out(a) for a in attachments]) if attachments else None)
     db.insert("messages", dict(zip(_MESSAGE_COLUMNS, row)))
     seq = db.conn.last_insert_rowid()
+    attach_to_message(db, project, message_id, seq, list(attachments))
     for handle in mentions:  # people are mentioned by handle, agents as owner/name
         if "/" not in handle and handle != author:
             db.execute("INSERT OR IGNORE INTO person_mentions VALUES (?, ?, ?, ?)", (handle, seq, project, task_id))
@@ -5271,7 +5539,8 @@ def write_message(db: Database, actor: Actor, project: str, body: str, *, messag
 
 def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id: str | None = None,
                  in_reply_to: str | None = None, provenance: str | None = None, verdict: str | None = None,
-                 _message_id: str | None = None, _task_request: str | None = None) -> dict:
+                 attachments: list[str] | None = None, _message_id: str | None = None,
+                 _task_request: str | None = None) -> dict:
     """Post in a project room as ``actor``; return the Message.
 
     Implements post_message: mentions parsed into canonical addresses; a reply stays in
@@ -5279,14 +5548,21 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
     once the task was routed) post in it; who posts in a private room and who sends a
     verdict (check_room_post); agents' non-default provenance is marked ``claimed``; the
     loop guard. Writes ``message.posted`` (outbox, waking mentioned agents and the parties
-    replied to) and its audit entry. Raises InvalidInput, NotFound, Forbidden, InvalidState,
-    Paused.
+    replied to) and its audit entry. ``attachments`` (a person's, in their private room only: the
+    IDs of their uploads, see take_attachments) go with the message, each with its
+    ``attachment.uploaded`` entry; agents send none. Raises InvalidInput, NotFound, Forbidden,
+    InvalidState, Paused.
     """
     check_markdown(check_text(body, "body", BODY_MAX), "body")
     with db.transaction():
         private = require_project(db, actor, project)["kind"] == "private"
         check_room_post(db, actor, private, verdict, task_id, in_reply_to)
-        if not body.strip() and verdict not in ("approve", "pass"):
+        files = []
+        if attachments is not None:
+            if actor.kind != "person" or not private:
+                raise InvalidInput("attachments: only a person sends attachments, in their private room; leave it out")
+            files = take_attachments(db, actor, project, attachments)
+        if not body.strip() and verdict not in ("approve", "pass") and not files:
             raise InvalidInput("body: write the message; only a discussion verdict of approve or pass may be empty")
         if actor.task_scope is not None and (task_id or _reply_thread(db, in_reply_to)) != actor.task_scope:
             raise Forbidden(f"a woken run posts only in its own task's thread: pass task_id '{actor.task_scope}'")
@@ -5306,7 +5582,7 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
         lineage = run_lineage(db, actor, task_row(db, actor.task_scope)) if actor.attempt_id else None
         message = write_message(db, actor, project, body, message_id=message_id, at=now, mentions=mentions,
                                 provenance=provenance, in_reply_to=in_reply_to, task_id=task_id, verdict=verdict,
-                                task_request=_task_request, lineage=lineage, wakes=wakes)
+                                task_request=_task_request, lineage=lineage, attachments=files, wakes=wakes)
         if actor.kind == "agent":
             _count_loop(db, project, actor.agent_id, reached)
         else:
@@ -5441,7 +5717,7 @@ def action_out(row: dict) -> dict:
 
 
 ###############################################################################
-# 18. The room: reading it
+# 19. The room: reading it
 ###############################################################################
 # Reading the room: read_room pages through general chat and the task threads the reader may
 # see; the page's view of a project gathers its people, agents, memory, pulse and lead.
@@ -5572,9 +5848,9 @@ def _listed_threads(db: Database, actor: Actor, project: str) -> list[dict]:
 
 
 ###############################################################################
-# 19. Attempts: the record of a run
+# 20. Attempts: the record of a run
 ###############################################################################
-# An attempt is one run of a task: claimed by its agent's runner (claim_task, chapter 24), it
+# An attempt is one run of a task: claimed by its agent's runner (claim_task, chapter 25), it
 # runs until its result is returned (finish_attempt) or it is ended (end_attempt): stopped,
 # replaced, handed back, or its task closed; its execution credential ends with it. Tasks,
 # results and approvals end attempts, so the record of a run comes before them.
@@ -5683,7 +5959,7 @@ def open_attempt(db: Database, task_id: str, states: tuple[str, ...] = ("running
 
 
 ###############################################################################
-# 20. Tasks: handoff and the gate
+# 21. Tasks: handoff and the gate
 ###############################################################################
 # A handoff creates a task with its packet; the assignee owner's gate decides at once (allow:
 # routed; approval_required: held for the owner; never: rejected, returned as a result, not an
@@ -6221,11 +6497,11 @@ def requesting_person(task: dict) -> str:
 
 
 ###############################################################################
-# 21. Results and evidence
+# 22. Results and evidence
 ###############################################################################
 # The assignee returns a result with evidence (a new submission and revision); the requester
 # verifies it against every criterion (accept_result) or rejects it. Final acceptance is the
-# people's side (chapter 22).
+# people's side (chapter 23).
 
 
 def _submission_and_latest(db: Database, task: dict, submission_id: str, revision: int) -> tuple[dict, dict | None]:
@@ -6437,7 +6713,7 @@ def reject_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
 
 
 ###############################################################################
-# 22. Approvals and the people's side of tasks
+# 23. Approvals and the people's side of tasks
 ###############################################################################
 # What people decide about tasks: the gate's held handoffs (approve or deny; an approval lapses
 # after 24 hours and is asked again), standing approvals, final acceptance of a verified result,
@@ -6792,7 +7068,7 @@ def request_task(db: Database, person: Actor, project: str, agent_id: str, packe
 
 
 ###############################################################################
-# 23. The owner's gate rules
+# 24. The owner's gate rules
 ###############################################################################
 # An owner's gate: delegation rules (allow, approval_required or never, for one agent, one
 # owner's agents or every teammate), standing approvals and the auto-accept policy.
@@ -6916,7 +7192,7 @@ def set_auto_accept(db: Database, owner: str, on: bool) -> dict:
 
 
 ###############################################################################
-# 24. Runs: devices, claims and steps
+# 25. Runs: devices, claims and steps
 ###############################################################################
 # A runner is a paired device of one agent. A task wake becomes claim_task (an attempt and its
 # execution credential); a woken run asks its owner before a step its tools don't allow
@@ -7326,7 +7602,7 @@ def runner_device(db: Database, actor: Actor) -> dict:
 
 
 ###############################################################################
-# 25. Run control
+# 26. Run control
 ###############################################################################
 # The owner steers their agents' runs from the page: Start a run, Stop it, hand a task back,
 # pause their agents, and settle a run its runner could not vouch for.
@@ -7538,7 +7814,7 @@ def settle_attempt(db: Database, person: Actor, attempt_id: str, outcome: str) -
 
 
 ###############################################################################
-# 26. The board and the task page
+# 27. The board and the task page
 ###############################################################################
 # What the page shows of tasks, with what the viewer may do (the can_* fields), so the page
 # never works out a rule itself.
@@ -7613,7 +7889,7 @@ def task_detail(db: Database, person: Actor, task_id: str) -> dict:
 
 
 ###############################################################################
-# 27. Connecting a computer
+# 28. Connecting a computer
 ###############################################################################
 
 #: A connect request's code and keys can be used for this long after it was made.
@@ -7820,7 +8096,7 @@ def collect_connect(db: Database, request_id: str, secret: str, base_url: str) -
 
 
 ###############################################################################
-# 28. Make-or-spend actions
+# 29. Make-or-spend actions
 ###############################################################################
 
 #: The make-or-spend tools an agent may propose, and how long an undecided card waits.
@@ -7972,7 +8248,7 @@ def finish_action(db: Database, actor: Actor, action_id: str, body: str | None =
 
 
 ###############################################################################
-# 29. Private rooms: discussions
+# 30. Private rooms: discussions
 ###############################################################################
 # An agent claims its step of a private room's turn (claim_discussion): a discussion credential
 # for one reply in its role. The owner sets the room's reply mode and lead, stops a turn, asks a
@@ -8179,7 +8455,7 @@ def continue_turn(db: Database, person: Actor) -> dict:
 
 
 ###############################################################################
-# 30. Leaving and removal
+# 31. Leaving and removal
 ###############################################################################
 # Someone leaving a project never leaves work stuck, rules dangling or a credential reaching in.
 # A member leaving (or removed), and an agent taken out, is one transaction of named steps
@@ -8528,7 +8804,7 @@ def reassign_task(db: Database, person: Actor, task_id: str, to: str) -> dict:
 
 
 ###############################################################################
-# 31. Search
+# 32. Search
 ###############################################################################
 # One FTS5 table, search_index, holds a row per message (its body) and per task (its title, and
 # its packet's criteria, context and files), written in the same transaction as the row itself
@@ -8673,7 +8949,7 @@ def search(db: Database, actor: Actor, query: str, *, limit: int = 20, seconds: 
 
 
 ###############################################################################
-# 32. The inbox and the digest
+# 33. The inbox and the digest
 ###############################################################################
 # One home for "what waits on me": inbox() lists, across a person's projects, everything that
 # needs them, each item saying what it is, where (project, task thread), since when and what
@@ -9132,7 +9408,7 @@ def unread_counts(db: Database, person: Actor) -> dict:
 
 
 ###############################################################################
-# 33. Web Push: told when away
+# 34. Web Push: told when away
 ###############################################################################
 # A person subscribes a browser from the inbox (the page's service worker hands the server its
 # push endpoint and keys); each new inbox item is then sent to every browser of theirs as a Web
@@ -9452,7 +9728,7 @@ def browser_label(user_agent: str) -> str | None:
 
 
 ###############################################################################
-# 34. Waiting: how a wake reaches an agent
+# 35. Waiting: how a wake reaches an agent
 ###############################################################################
 # An operation names whom its event wakes (agent, kind, task, message) and append_event writes
 # one wake row for each, inside the operation's transaction. After the commit the Database
@@ -9711,7 +9987,7 @@ def _hand_out(db: Database, actor: Actor, after: int, kinds: tuple[str, ...], pr
 
 
 ###############################################################################
-# 35. Web: requests and errors
+# 36. Web: requests and errors
 ###############################################################################
 # What every HTTP request goes through: the Host and Origin guard, the access log, who the
 # request is from (a session cookie, a personal token or a runner key), reading a JSON body,
@@ -9803,6 +10079,11 @@ class AccessLogMiddleware:
                             status or "-", (time.monotonic() - started) * 1000)
 
 
+#: Requests whose body is one file's bytes, and how big that body may be.
+UPLOAD_PATH = re.compile(r"/api/projects/[^/]+/attachments")
+UPLOAD_BODY_MAX = ATTACHMENT_MAX_BYTES
+
+
 class GuardMiddleware:
     """DNS-rebinding protection (Host and Origin) and the body size limit, for every route.
 
@@ -9815,6 +10096,7 @@ class GuardMiddleware:
         self.inner = app
         self.app = RequestBodyLimitMiddleware(app, settings.max_body_bytes)
         self.max_body = settings.max_body_bytes
+        self.uploads = RequestBodyLimitMiddleware(app, UPLOAD_BODY_MAX)  # the bytes of one file
         self.security = TransportSecurityMiddleware(TransportSecuritySettings(
             enable_dns_rebinding_protection=settings.dns_rebinding_protection,
             allowed_hosts=settings.host_allowlist(port), allowed_origins=settings.origin_allowlist(port)))
@@ -9837,13 +10119,18 @@ class GuardMiddleware:
                 await error_response(error, scope["path"] == "/mcp")(scope, receive, send)
                 return
             length = whole_number(headers.get(b"content-length", b"").decode("latin-1"), 30)
-            if length is not None and length > self.max_body:
-                error = InvalidInput(f"the request body is {length} bytes; the limit is {self.max_body}")
+            upload = UPLOAD_PATH.fullmatch(scope["path"]) is not None
+            limit = UPLOAD_BODY_MAX if upload else self.max_body
+            if length is not None and length > limit:
+                error = InvalidInput(f"the request body is {length} bytes; the limit is {limit}")
                 error.http_status = 413
                 await error_response(error, scope["path"] == "/mcp")(scope, receive, send)
                 return
             if scope["path"] == "/mcp":
                 await self.inner(scope, receive, send)
+                return
+            if upload:
+                await self.uploads(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -10052,7 +10339,7 @@ def connect_lines(base_url: str, agent_id: str, token: str) -> dict:
 
 
 ###############################################################################
-# 36. MCP
+# 37. MCP
 ###############################################################################
 
 # Thin wrappers: check the input against the published schema, call the operation,
@@ -10343,8 +10630,63 @@ def _tool_error(e: PrickleError) -> mcp_types.CallToolResult:
         content=[mcp_types.TextContent(type="text", text=f"{e.code}: {e.message}")], is_error=True)
 
 
+#: The MCP error code of a resource that is not there (or not the caller's to read).
+RESOURCE_NOT_FOUND = -32002
+
+#: How agents find the attachments of messages they read (resources/templates/list).
+ATTACHMENT_TEMPLATES = mcp_types.ListResourceTemplatesResult(resource_templates=[mcp_types.ResourceTemplate(
+    name="attachment", uri_template=ATTACHMENT_URI, title="An image or a file from a message",
+    description="An attachment of a message you can read: its id is in the message's attachments.")])
+
+
+def _attachment_resource(row: dict) -> mcp_types.Resource:
+    """A posted attachment as resources/list shows it."""
+    name = row["name"] or f"image {row['position'] + 1} of message {row['message_id']}"
+    return mcp_types.Resource(uri=ATTACHMENT_URI.format(id=row["id"]), name=name, mime_type=row["content_type"],
+                              size=row["byte_size"])
+
+
+def _resource_handlers(state: AppState) -> dict:
+    """The MCP server's resources: the attachments of messages the caller may read."""
+
+    def caller(ctx: Any) -> Actor:
+        actor = ctx.request.scope.get("prickle.actor") if ctx.request is not None else None
+        if actor is None:
+            raise MCPError(mcp_types.INVALID_REQUEST, "no credential on this request", {"code": "unauthorized"})
+        return actor
+
+    async def list_resources(ctx: Any, params: Any) -> mcp_types.ListResourcesResult:
+        rows = readable_attachments(state.db, caller(ctx))
+        return mcp_types.ListResourcesResult(resources=[_attachment_resource(r) for r in rows])
+
+    async def list_templates(ctx: Any, params: Any) -> mcp_types.ListResourceTemplatesResult:
+        return ATTACHMENT_TEMPLATES
+
+    async def read_resource(ctx: Any, params: mcp_types.ReadResourceRequestParams) -> mcp_types.ReadResourceResult:
+        actor, uri = caller(ctx), str(params.uri)
+        found = re.fullmatch(r"prickle://attachments/([A-Za-z0-9_-]{1,64})", uri)
+        try:
+            if found is None:
+                raise NotFound(f"uri: no resource '{uri[:100]}'; read prickle://attachments/ID with the ID of an "
+                               "attachment in a message you can read")
+            check_run_allowed(state.db, actor)
+            row, data = await asyncio.to_thread(read_attachment, state.db, actor, found[1])
+        except PrickleError as e:
+            raise MCPError(RESOURCE_NOT_FOUND if isinstance(e, NotFound) else mcp_types.INVALID_PARAMS, e.message,
+                           {"code": e.code}) from None
+        if row["content_type"].startswith("text/"):
+            contents = mcp_types.TextResourceContents(uri=uri, mime_type=row["content_type"], text=data.decode())
+        else:
+            contents = mcp_types.BlobResourceContents(uri=uri, mime_type=row["content_type"],
+                                                      blob=base64.b64encode(data).decode())
+        return mcp_types.ReadResourceResult(contents=[contents])
+
+    return {"on_list_resources": list_resources, "on_list_resource_templates": list_templates,
+            "on_read_resource": read_resource}
+
+
 def build_mcp_server(state: AppState) -> _MCPServer:
-    """The low-level MCP server: tools/list and tools/call over TOOLS."""
+    """The low-level MCP server: tools/list and tools/call over TOOLS, and attachments as resources."""
     listed = mcp_types.ListToolsResult(tools=[t.to_mcp() for t in TOOLS.values()])
 
     async def list_tools(ctx: Any, params: Any) -> mcp_types.ListToolsResult:
@@ -10390,8 +10732,10 @@ def build_mcp_server(state: AppState) -> _MCPServer:
     return _MCPServer(
         "prickle", version=__version__,
         instructions="Prickle is your team's meeting place. Start with get_project_context, talk with "
-                     "post_message, and sleep in wait_for_mention or wait_for_updates until you are needed.",
-        on_list_tools=list_tools, on_call_tool=call_tool,
+                     "post_message, and sleep in wait_for_mention or wait_for_updates until you are needed. "
+                     "A message's attachments (images and files) are resources: read one with resources/read "
+                     "at prickle://attachments/ID.",
+        on_list_tools=list_tools, on_call_tool=call_tool, **_resource_handlers(state),
         get_tool_input_schema=HEADER_SCHEMAS.get,
     )
 
@@ -10613,7 +10957,7 @@ def end_sessions_of_dead_credentials(db: Database, manager: SessionManager, hub:
 
 
 ###############################################################################
-# 37. Live streams
+# 38. Live streams
 ###############################################################################
 # Live views: a project's event stream (and its long-poll twin), and a person's across their
 # projects. Each reads the outbox after a position and ends when its credential does.
@@ -10792,14 +11136,16 @@ def _event_stream(state: AppState, start: int, gap: str | None, projects: Callab
 
 
 ###############################################################################
-# 38. The people's API
+# 39. The people's API
 ###############################################################################
 
 
-def _api(handler: Callable[..., Any], runner: bool = False, public: bool = False) -> Callable[[Request], Any]:
+def _api(handler: Callable[..., Any], runner: bool = False, public: bool = False,
+         raw: bool = False) -> Callable[[Request], Any]:
     """Wrap an API handler: authenticate the person (or the runner), map PrickleError to a JSON error.
 
-    A ``public`` handler takes no credential (a computer asking to connect) and gets None.
+    A ``public`` handler takes no credential (a computer asking to connect) and gets None; a
+    ``raw`` one gets the body's bytes (an upload) instead of a JSON object.
     """
 
     async def endpoint(request: Request) -> Response:
@@ -10809,7 +11155,7 @@ def _api(handler: Callable[..., Any], runner: bool = False, public: bool = False
                                           else person_from_request(state, request))
             body = None
             if request.method in ("POST", "PUT", "PATCH"):
-                body = parse_json_body(await request.body())
+                body = await request.body() if raw else parse_json_body(await request.body())
             result = await handler(state, person, request, body)
         except PrickleError as e:
             return error_response(e)
@@ -10859,14 +11205,36 @@ async def api_search(state: AppState, person: Actor, request: Request, body: Any
 
 async def api_post(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/projects/{slug}/messages {body, task_id?, in_reply_to?}: post as the person."""
-    unknown = sorted(set(body) - {"body", "task_id", "in_reply_to"})
+    unknown = sorted(set(body) - {"body", "task_id", "in_reply_to", "attachments"})
     if unknown:
-        raise InvalidInput(f"unknown field {unknown[0]}: send body, and optionally task_id or in_reply_to")
+        raise InvalidInput(f"unknown field {unknown[0]}: send body, and optionally task_id, in_reply_to or "
+                           "attachments")
     task_id, in_reply_to = (None if body.get(name) is None else check_id(body[name], name)
                             for name in ("task_id", "in_reply_to"))
     message = post_message(state.db, person, request.path_params["slug"], body_field(body, "body", str),
-                           task_id=task_id, in_reply_to=in_reply_to)
+                           task_id=task_id, in_reply_to=in_reply_to, attachments=body.get("attachments"))
     return {"message": message}
+
+
+async def api_upload_attachment(state: AppState, person: Actor, request: Request, body: bytes) -> dict:
+    """POST /api/projects/{slug}/attachments?name=: the body is the image's or the file's bytes
+    (``name`` for a file); ``{"attachment"}`` whose ``id`` a message's ``attachments`` then takes."""
+    limit = state.settings.files_per_project_mb * 1024 * 1024
+    return {"attachment": upload_attachment(state.db, person, request.path_params["slug"], body,
+                                            request.query_params.get("name"), limit)}
+
+
+async def api_attachment(state: AppState, person: Actor, request: Request, body: Any) -> Response:
+    """GET /api/attachments/{id}: the bytes, for someone who may read the message they went with.
+
+    Never run by the browser: ``nosniff``, a Content-Security-Policy that allows nothing and
+    sandboxes, an image shown inline and a file always downloaded under its name."""
+    row, data = read_attachment(state.db, person, request.path_params["id"])
+    disposition = "inline" if row["kind"] == "image" else \
+        f"attachment; filename*=UTF-8''{urllib.parse.quote(row['name'], safe='')}"
+    return Response(data, media_type=row["content_type"], headers={
+        "X-Content-Type-Options": "nosniff", "Content-Security-Policy": "default-src 'none'; sandbox",
+        "Content-Disposition": disposition, "Cache-Control": "private, max-age=86400"})
 
 
 def _message_ref(body: dict) -> tuple[str, Any]:
@@ -11493,6 +11861,8 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("GET", "/api/unread", _api(_operation(unread_counts))),
     ("POST", "/api/projects/{slug}/read", _api(api_read)),
     ("POST", "/api/projects/{slug}/unread", _api(api_mark_unread)),
+    ("POST", "/api/projects/{slug}/attachments", _api(api_upload_attachment, raw=True)),
+    ("GET", "/api/attachments/{id}", _api(api_attachment)),
     ("GET", "/api/stream", api_person_stream),
     ("GET", "/api/events", _api(api_person_events)),
     ("POST", "/api/approvals/{approval_id}", _api(api_decide)),
@@ -11553,7 +11923,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
 
 
 ###############################################################################
-# 39. The server
+# 40. The server
 ###############################################################################
 # The server's own pieces: the background work (pruning, expiry, checkpoints, digests), the
 # guard on connections, and create_app, which puts every chapter together.
@@ -11616,7 +11986,7 @@ def push_piece(db: Database, settings: Settings) -> Callable[[], None]:
 def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer, settings: Settings,
                        end_dead_sessions: Callable[[], None]) -> Maintenance:
     """The server's background pieces: the watch for other writers, the WAL checkpoint, the
-    approvals and invites sweep, outbox pruning, the email digest and push notifications (see
+    approvals and invites sweep, outbox and files pruning, the email digest and push notifications (see
     :class:`Maintenance`). ``end_dead_sessions`` ends
     the MCP sessions of credentials another process revoked, or that expired on their own.
     """
@@ -11655,6 +12025,7 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
     maintenance.add("checkpoint", 1.0, lambda: asyncio.to_thread(checkpointer.run))
     maintenance.add("approvals sweep", 60.0, sweep)
     maintenance.add("outbox pruning", 600.0, prune)
+    maintenance.add("files pruning", 3600.0, lambda: prune_files(db))
     maintenance.add("email digest", DIGEST_EVERY, digest)
     maintenance.add("push notifications", PUSH_EVERY, push_piece(db, settings))
     return maintenance
@@ -11966,7 +12337,7 @@ class _GuardedConnection:
 
 
 ###############################################################################
-# 40. The command line: serving
+# 41. The command line: serving
 ###############################################################################
 # ``prickle``: one group of commands on the database file, also while the server runs. With
 # --json every command prints exactly one JSON object; a failure is one line on stderr.
@@ -12404,7 +12775,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 ###############################################################################
-# 41. The command line: the team's administration
+# 42. The command line: the team's administration
 ###############################################################################
 
 
@@ -14585,7 +14956,7 @@ def runner_bridge() -> None:
 
 
 ###############################################################################
-# 42. Entry points
+# 43. Entry points
 ###############################################################################
 # ``prickle runner`` is defined in the appendices; it joins the ``prickle`` group here.
 

@@ -235,6 +235,7 @@ PART_II_TESTS = {
     "Memory and pulse": "test_memory_pulse.py",
     "The default lead": "test_lead.py",
     "Private rooms: turns": "test_turns.py",
+    "Files: the store and attachments": "test_files.py",
     "Messages: writing, mentions and the loop guard": "test_messages.py",
     "The room: reading it": "test_room.py",
     "Attempts: the record of a run": "test_runs.py",
