@@ -8600,7 +8600,7 @@ def search(db: Database, actor: Actor, query: str, *, limit: int = 20, seconds: 
     ``query`` is SQLite FTS5 query text (words, ``"a phrase"``, ``prefix*``, ``OR``, ``NOT``,
     ``title:word``); text FTS5 cannot read is InvalidInput naming ``q``. Best matches first
     (bm25, a title word counting double; newest first among equals), at most ``limit``. Each
-    result is ``{"kind": "message"|"task", "project", "task_id", "at", "snippet": [{"text",
+    result is ``{"kind": "message"|"task", "project", "project_name", "task_id", "at", "snippet": [{"text",
     "match"}], "title"}`` plus ``"message"`` (the Message) for a message and ``"task"``
     (``{"id", "title", "state", "assignee"}``) for a task; ``title`` is the task's, or the
     thread's for a message in one. Only projects in the actor's reach count (require_project),
@@ -8642,10 +8642,13 @@ def search(db: Database, actor: Actor, query: str, *, limit: int = 20, seconds: 
         titles = {t["id"]: t for t in db.rows(
             f"SELECT id, title, display_title, state, assignee FROM tasks WHERE id IN ({', '.join('?' * len(task_ids))})",
             tuple(task_ids))} if task_ids else {}
+        names = {p["slug"]: p["name"] for p in db.rows(
+            f"SELECT slug, name FROM projects WHERE slug IN ({', '.join('?' * len(projects))})", tuple(projects))}
         results = []
         for r in rows:
             task = titles.get(r["task_id"])
-            out = {"kind": r["kind"], "project": r["project"], "task_id": r["task_id"], "at": r["at"],
+            out = {"kind": r["kind"], "project": r["project"], "project_name": names[r["project"]],
+                   "task_id": r["task_id"], "at": r["at"],
                    "snippet": _snippet_pieces(r["snippet"]),
                    "title": (task["display_title"] or task["title"]) if task else None}
             if r["kind"] == "message":
