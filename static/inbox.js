@@ -10,7 +10,7 @@ import { createTriage } from "./triage.js";
 import { approvalCard } from "./decisions.js";
 import { stepCard } from "./steps.js";
 import { actionCard } from "./makeaction.js";
-import { markdown } from "./markdown.js";
+import { markdown, plainText } from "./markdown.js";
 import { h, fill, heading, timeEl, errorSlot, act, announce, confirmButton, field, settle } from "./ui.js";
 
 // ---- the #/inbox screen --------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ function notifyToggle() {
 
 function where(item) {
   const thread = item.task_id
-    ? h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: item.title || "its task" })
+    ? h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: plainText(item.title || "") || "its task" })
     : item.kind === "mention" ? h("span", { text: "general chat" }) : null;
   return h("p", { class: "inbox-where muted small" },
     h("a", { href: `#/p/${item.project}/room`, text: item.project_name }),
@@ -138,7 +138,7 @@ export function itemCard(item, ctx, actions) {
     agent_mention: () => mentionCard(item, actions),
     verify: () => verifyCard(item),
   }[item.kind]();
-  return h("div", { class: `inbox-card inbox-${item.kind}` }, where(item), inner);
+  return h("div", { class: "inbox-card", dataset: { kind: item.kind } }, where(item), inner);
 }
 
 function done(card, result, text, buttons) {
@@ -166,7 +166,7 @@ function finalCard(item) {
     : confirmButton("Give final acceptance", "Accept with gaps? Click again", accept, { class: "primary" });
   const verifier = task.result?.verified_by?.agent_id;
   const card = h("article", { class: "card inbox-final", dataset: { taskId: task.id } },
-    h("h3", {}, h("a", { href: `#/p/${task.project}/tasks/${task.id}`, text: item.title })),
+    h("h3", {}, h("a", { href: `#/p/${task.project}/tasks/${task.id}`, text: plainText(item.title) })),
     h("p", { class: "muted", text: `${task.assignee} returned it${verifier ? ` and ${verifier} verified it` : ""}: ${task.result?.summary || ""}` }),
     h("p", { class: evidence.complete ? "muted small" : "warn-text small inbox-gaps",
       text: evidence.complete ? "Every criterion is covered by fresh evidence." : `Check first: ${gaps.join("; ")}.` }),
@@ -182,7 +182,7 @@ function finalCard(item) {
 /** A task handed back: its page has the picker that hands it to another agent. */
 function returnedCard(item) {
   return h("article", { class: "card inbox-returned", dataset: { taskId: item.task_id } },
-    h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: item.title })),
+    h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: plainText(item.title) })),
     h("p", { class: "muted small", text: `Returned by ${item.task.assignee}.` }),
     h("a", { class: "button primary", href: `#/p/${item.project}/tasks/${item.task_id}`, text: "Hand it on" }));
 }
@@ -202,7 +202,7 @@ const FAILURE_TEXT = {
 
 function verifyCard(item) {
   return h("article", { class: "card inbox-verify", dataset: { taskId: item.task_id } },
-    h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: item.title })),
+    h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: plainText(item.title) })),
     h("p", { text: item.listening
       ? `${item.agent}'s last verification failed. Start another from the task's page.`
       : `No runner of ${item.agent} is listening: start prickle runner on its computer, or ask it to verify in a session.` }),
@@ -211,7 +211,7 @@ function verifyCard(item) {
 
 function failedCard(item) {
   return h("article", { class: "card inbox-run-failed", dataset: { taskId: item.task_id } },
-    h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: item.title })),
+    h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: plainText(item.title) })),
     h("p", { text: `${item.agent}: ${FAILURE_TEXT[item.failure] || item.failure}` }),
     h("a", { class: "button primary", href: `#/p/${item.project}/tasks/${item.task_id}`, text: "Open the task" }));
 }
@@ -237,7 +237,7 @@ function questionCard(item) {
   const send = h("button", { type: "submit", class: "primary", text: "Send answer" });
   const form = h("form", { class: "inbox-answer" }, field(`Your answer to ${item.task.assignee}`, text), send, error);
   const card = h("article", { class: "card inbox-question", dataset: { taskId: item.task_id } },
-    h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: item.title })),
+    h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: plainText(item.title) })),
     h("ul", { class: "inbox-questions" }, item.questions.map((q) => h("li", { text: q }))),
     item.progress ? h("p", { class: "muted small", text: `Progress: ${item.progress}` }) : null,
     form, result);

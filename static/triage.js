@@ -41,9 +41,8 @@ export function createTriage(ctx, { card, query }) {
   };
   const snoozed = snoozedSection(view);
   const el = h("div", { class: "triage" },
-    h("div", { class: "inbox-filters" }, view.kinds, view.projects,
-      h("div", { class: "inbox-bulk" }, view.allMentions)),
-    view.count, view.error, view.nothing, view.list, snoozed.el, view.toast.el);
+    h("div", { class: "inbox-filters" }, view.kinds, view.projects),
+    h("div", { class: "inbox-status" }, view.count, view.allMentions), view.error, view.nothing, view.list, snoozed.el, view.toast.el);
 
   // ---- actions ----
   const act = {
@@ -338,8 +337,9 @@ function snoozedSection(view) {
     paint() {
       const n = snoozedCount();
       summaryEl.textContent = `Snoozed (${n})`;
-      el.hidden = !n && !el.open;
-      if (el.open) load();
+      el.hidden = !n;
+      if (!n) el.open = false;
+      else if (el.open) load();
     },
   };
 }
