@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import datetime
 import re
+from pathlib import Path
+
+import pytest
 
 from browser import PROJECT, LAPTOP, Page, cli_json, expect, goto, mcp, person_api, shot
 from conftest import Served
 
+AXE = Path(__file__).resolve().parent.parent / ".cache" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
 DESKTOP = {"width": 1366, "height": 900}
 PHONE = {"width": 390, "height": 844}
 
@@ -342,3 +346,51 @@ def test_summaries_and_search_snippets_read_as_words_not_markdown_state_codes_or
     for raw in ("**", "`", "|", "approval ", "routed", PROJECT):
         assert raw not in results, raw
     shot(page, "search_plain_words")
+
+
+@pytest.mark.skipif(not AXE.exists(), reason=f"axe-core is not installed at {AXE} (.ci/run installs it)")
+def test_axe_finds_no_serious_or_critical_violation_in_the_triage_list_and_on_home(served, people):
+    newcomer(served, "hal", "Hal Berg")
+    handoff = held(served, "hal", "Write the **release** notes.")
+    first, second = mention(served, "hal", "the `hero`"), mention(served, "hal", "the footer")
+    with person_api(served, "hal") as api:
+        later = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=1)).isoformat()
+        assert api.post("/api/inbox/mark", json={"item_id": f"mention:{second}", "mark": "snoozed",
+                                                  "until": later}).status_code == 200
+    found = {}
+    for viewport in (DESKTOP, PHONE):
+        for scheme in ("light", "dark"):
+            page = people("hal", viewport)
+            page.emulate_media(color_scheme=scheme)
+            where = f"{viewport['width']} {scheme}"
+            found[f"home {where}"] = axe(page)
+            goto(page, served, "#/inbox")
+            row(page, f"approval:{handoff['gate']['approval_id']}").locator(".inbox-row-head").click()
+            row(page, f"mention:{first}").locator(".inbox-row-head").click()
+            row(page, f"mention:{first}").get_by_role("button", name="Snooze").click()
+            page.locator(".inbox-snoozed summary").click()
+            expect(page.locator(".snoozed-item")).to_have_count(1)
+            page.keyboard.press("Escape")
+            found[f"inbox {where}"] = axe(page)
+            row(page, f"mention:{first}").locator(".inbox-row-head").click()
+            page.keyboard.press("e")
+            expect(page.locator(".toast")).to_be_visible()
+            found[f"inbox toast {where}"] = axe(page)
+            page.keyboard.press("u")
+            expect(row(page, f"mention:{first}")).to_have_count(1)
+            page.locator("#main").focus()
+            page.keyboard.press("?")
+            expect(page.get_by_role("dialog", name="Keyboard shortcuts")).to_be_visible()
+            found[f"shortcuts {where}"] = axe(page)
+            if (viewport, scheme) == (PHONE, "dark"):
+                shot(page, "inbox_shortcuts_phone_dark", full_page=False)
+            page.context.close()
+    assert found == {where: [] for where in found}, found
+
+
+def axe(page: Page) -> list[dict]:
+    """The serious and critical violations axe-core finds on the page as it is."""
+    page.add_script_tag(path=str(AXE))
+    result = page.evaluate("async () => (await axe.run(document, {resultTypes: ['violations']})).violations"
+                           ".map((v) => ({id: v.id, impact: v.impact, nodes: v.nodes.map((n) => n.target.join(' '))}))")
+    return [v for v in result if v["impact"] in ("serious", "critical")]
