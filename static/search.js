@@ -52,10 +52,14 @@ const STATE_WORDS = {
 const OPEN = "\uE000";
 const CLOSE = "\uE001";
 
+// Marks a snippet cut mid-way leaves unpaired (Markdown reads them as text): "**", "__", backticks, and the
+// pipes of a table cut from its header.
+const STRAY = /\*\*+|__+|`+|\|/g;
+
 /** A snippet's pieces with their Markdown taken out, the matches still marked. */
 export function plainSnippet(pieces) {
   const joined = pieces.map((p) => (p.match ? `${OPEN}${p.text}${CLOSE}` : p.text)).join("");
-  return plainText(joined).split(/(\uE000[^\uE001]*\uE001?)/).filter(Boolean)
+  return plainText(joined).replace(STRAY, " ").replace(/\s{2,}/g, " ").split(/(\uE000[^\uE001]*\uE001?)/).filter(Boolean)
     .map((text) => (text.startsWith(OPEN) ? { text: text.replace(/[\uE000\uE001]/g, ""), match: true }
       : { text: text.replace(/[\uE000\uE001]/g, ""), match: false }))
     .filter((p) => p.text);

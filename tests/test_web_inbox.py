@@ -261,6 +261,25 @@ def test_snooze_hides_an_item_until_its_time_with_undo_and_a_snoozed_list_to_bri
     shot(phone, "inbox_snoozed_phone", full_page=False)
 
 
+def test_the_page_brings_a_snoozed_item_back_by_itself_when_its_time_comes(served, people):
+    newcomer(served, "ivy", "Ivy Chen")
+    first = mention(served, "ivy", "back soon")
+    page = people("ivy", DESKTOP)
+    goto(page, served, "#/inbox")
+    expect(row(page, f"mention:{first}")).to_have_count(1)
+    with person_api(served, "ivy") as api:  # snoozed elsewhere (another tab), for three seconds
+        soon = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=3)).isoformat()
+        assert api.post("/api/inbox/mark", json={"item_id": f"mention:{first}", "mark": "snoozed",
+                                                  "until": soon}).status_code == 200
+    page.reload()
+    expect(page.locator(".inbox-snoozed summary")).to_have_text("Snoozed (1)")
+    expect(row(page, f"mention:{first}")).to_have_count(0)
+    # No event announces the return: the page reads the inbox again when the first snoozed item is due.
+    expect(row(page, f"mention:{first}")).to_have_count(1, timeout=15_000)
+    expect(page.locator(".inbox-snoozed")).to_be_hidden()
+    expect(page.locator(".inbox-badge")).to_have_text("1")
+
+
 def test_mark_read_on_one_mention_dismisses_that_one_only_and_mark_all_has_an_undo(served, people):
     newcomer(served, "eli", "Eli Sato")
     ids = [mention(served, "eli", f"item {n}") for n in range(12)]
@@ -346,6 +365,19 @@ def test_summaries_and_search_snippets_read_as_words_not_markdown_state_codes_or
     for raw in ("**", "`", "|", "approval ", "routed", PROJECT):
         assert raw not in results, raw
     shot(page, "search_plain_words")
+
+    # A snippet cut out of the middle of a long table keeps none of its pipes or marks.
+    rows = "\n".join(f"| fruit {n} | **{'quince' if n == 30 else 'apple'}** | `{n}` |" for n in range(60))
+    mcp(served, "ren/builder", "post_message", {"project": PROJECT, "body": f"| fruit | name | n |\n| --- | --- | --- |\n{rows}"})
+    page.locator("#search").fill("quince")
+    page.locator("#search").press("Enter")
+    snippet = page.locator(".search-result .search-snippet")
+    expect(snippet).to_have_count(1)
+    expect(snippet.locator("mark")).to_have_text("quince")
+    text = snippet.inner_text()
+    assert text.startswith("…") and "fruit 30 quince 30" in text, text
+    for raw in ("**", "`", "|"):
+        assert raw not in text, (raw, text)
 
 
 @pytest.mark.skipif(not AXE.exists(), reason=f"axe-core is not installed at {AXE} (.ci/run installs it)")
