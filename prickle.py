@@ -1691,6 +1691,15 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX deliverables_by_project ON deliverables(project)",
         "ALTER TABLE messages ADD COLUMN attachments TEXT",
     ],
+    [
+        # A person's marks on their inbox items (see mark_inbox_item): done, or snoozed until a UTC
+        # time. A mark holds while the item waits since the moment it waited from when marked (``since``).
+        """CREATE TABLE inbox_marks (
+            handle TEXT NOT NULL REFERENCES people(handle), item_id TEXT NOT NULL,
+            mark TEXT NOT NULL CHECK (mark IN ('done', 'snoozed')), until TEXT, since TEXT NOT NULL,
+            marked_at TEXT NOT NULL, PRIMARY KEY (handle, item_id),
+            CHECK ((mark = 'snoozed') = (until IS NOT NULL)))""",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -8891,7 +8900,7 @@ def search(db: Database, actor: Actor, query: str, *, limit: int = 20, seconds: 
     ``query`` is SQLite FTS5 query text (words, ``"a phrase"``, ``prefix*``, ``OR``, ``NOT``,
     ``title:word``); text FTS5 cannot read is InvalidInput naming ``q``. Best matches first
     (bm25, a title word counting double; newest first among equals), at most ``limit``. Each
-    result is ``{"kind": "message"|"task", "project", "task_id", "at", "snippet": [{"text",
+    result is ``{"kind": "message"|"task", "project", "project_name", "task_id", "at", "snippet": [{"text",
     "match"}], "title"}`` plus ``"message"`` (the Message) for a message and ``"task"``
     (``{"id", "title", "state", "assignee"}``) for a task; ``title`` is the task's, or the
     thread's for a message in one. Only projects in the actor's reach count (require_project),
@@ -8933,10 +8942,13 @@ def search(db: Database, actor: Actor, query: str, *, limit: int = 20, seconds: 
         titles = {t["id"]: t for t in db.rows(
             f"SELECT id, title, display_title, state, assignee FROM tasks WHERE id IN ({', '.join('?' * len(task_ids))})",
             tuple(task_ids))} if task_ids else {}
+        names = {p["slug"]: p["name"] for p in db.rows(
+            f"SELECT slug, name FROM projects WHERE slug IN ({', '.join('?' * len(projects))})", tuple(projects))}
         results = []
         for r in rows:
             task = titles.get(r["task_id"])
-            out = {"kind": r["kind"], "project": r["project"], "task_id": r["task_id"], "at": r["at"],
+            out = {"kind": r["kind"], "project": r["project"], "project_name": names[r["project"]],
+                   "task_id": r["task_id"], "at": r["at"],
                    "snippet": _snippet_pieces(r["snippet"]),
                    "title": (task["display_title"] or task["title"]) if task else None}
             if r["kind"] == "message":
@@ -8957,6 +8969,9 @@ def search(db: Database, actor: Actor, query: str, *, limit: int = 20, seconds: 
 # header's count, the tab title and the board's "needs you" marks all read this one list.
 # A person's read position per room and thread (read_positions) is set when they view it; a
 # mention is in the inbox until its thread is read past it, and it counts toward unread.
+# A person triages their own list with marks (inbox_marks): done, or snoozed until a time. A mark
+# hides one item ID for that person alone and moves no read position; a snoozed item comes back
+# when its time has come (inbox() compares with the clock, nothing runs in the background).
 
 #: Each kind of inbox item and the inline action it carries, in the order the page groups them.
 INBOX_KINDS: dict[str, str] = {
@@ -9101,11 +9116,14 @@ def _agent_mention_items(db: Database, person: Actor, names: dict[str, str]) -> 
 
 
 def _mention_items(db: Database, person: Actor, names: dict[str, str]) -> list[dict]:
-    """Messages mentioning ``person`` after their read position in the message's room or thread."""
+    """Messages mentioning ``person`` after their read position in the message's room or thread, but for those
+    they marked done (the newest INBOX_MENTIONS_MAX)."""
     seqs = [r["seq"] for r in db.rows(
         "SELECT pm.seq FROM person_mentions pm JOIN members mb ON mb.project = pm.project AND mb.handle = :me "
         "WHERE pm.handle = :me AND pm.seq > coalesce((SELECT r.seq FROM read_positions r WHERE r.handle = :me AND "
-        "r.project = pm.project AND r.thread = coalesce(pm.task_id, '')), 0) ORDER BY pm.seq DESC LIMIT :n",
+        "r.project = pm.project AND r.thread = coalesce(pm.task_id, '')), 0) AND NOT EXISTS (SELECT 1 FROM "
+        "inbox_marks k JOIN messages x ON k.item_id = 'mention:' || x.id WHERE k.handle = :me AND k.mark = 'done' "
+        "AND x.seq = pm.seq) ORDER BY pm.seq DESC LIMIT :n",
         {"me": person.handle, "n": INBOX_MENTIONS_MAX})]
     if not seqs:
         return []
@@ -9121,19 +9139,8 @@ def _mention_items(db: Database, person: Actor, names: dict[str, str]) -> list[d
     return items
 
 
-def inbox(db: Database, person: Actor) -> dict:
-    """Everything waiting on ``person`` across their projects, newest first: ``{"items", "count"}``.
-
-    Each item is ``{id, kind, action, project, project_name, task_id, message_id, title, since}``
-    plus what its kind carries (INBOX_KINDS): ``step`` (the step, as GET /api/steps lists it),
-    ``action`` (the card), ``approval`` (``approval`` and ``task``), ``final_acceptance``
-    (``task`` and ``evidence``: complete, uncovered and stale criteria), ``question`` (``task``,
-    ``questions``, ``progress``), ``mention`` (``message``), ``returned`` (``task``), ``paused_pair``
-    (``agents``, ``count``), ``run_failed`` (``failure``, ``agent``), ``agent_mention`` (``message``,
-    ``agents``). ``id`` is ``kind:ID`` and stays the
-    same while the item waits. Lapsed approvals, steps and cards expire first. Acting on an item
-    (deciding, accepting, answering in the thread, reading the thread) takes it out.
-    """
+def _waiting(db: Database, person: Actor) -> list[dict]:
+    """Every item waiting on ``person``, newest first, before their marks (done mentions left out)."""
     names = {p["slug"]: p["name"] for p in list_projects(db, person.handle)}
     items = [_inbox_item("step", s["id"], names, s["project"], s["created_at"], s["title"], s["task_id"], step=s)
              for s in pending_steps(db, person)]
@@ -9153,7 +9160,151 @@ def inbox(db: Database, person: Actor) -> dict:
         items += _agent_mention_items(db, person, names)
         items += _verify_items(db, person, names)
     items.sort(key=lambda item: item["since"], reverse=True)
-    return {"items": items, "count": len(items)}
+    return items
+
+
+def inbox(db: Database, person: Actor, snoozed: bool = False) -> dict:
+    """Everything waiting on ``person`` across their projects, newest first:
+    ``{"items", "count", "snoozed", "next_return"}``.
+
+    Each item is ``{id, kind, action, project, project_name, task_id, message_id, title, since}``
+    plus what its kind carries (INBOX_KINDS): ``step`` (the step, as GET /api/steps lists it),
+    ``action`` (the card), ``approval`` (``approval`` and ``task``), ``final_acceptance``
+    (``task`` and ``evidence``: complete, uncovered and stale criteria), ``question`` (``task``,
+    ``questions``, ``progress``), ``mention`` (``message``), ``returned`` (``task``), ``paused_pair``
+    (``agents``, ``count``), ``run_failed`` (``failure``, ``agent``), ``agent_mention`` (``message``,
+    ``agents``). ``id`` is ``kind:ID`` and stays the
+    same while the item waits. Lapsed approvals, steps and cards expire first. Acting on an item
+    (deciding, accepting, answering in the thread, reading the thread) takes it out.
+
+    The person's marks (:func:`mark_inbox_item`) leave out items marked done and items snoozed
+    until later: ``snoozed`` counts those, ``next_return`` is when the first comes back (None when
+    none is snoozed), and with ``snoozed=True`` they are listed too (``snoozed_items``, each with
+    its ``snoozed_until``, soonest back first).
+    """
+    waiting = _waiting(db, person)
+    marks = {r["item_id"]: r for r in db.rows("SELECT item_id, mark, until, since FROM inbox_marks WHERE handle = ?",
+                                             (person.handle,))}
+    now = iso(utcnow())
+    items, asleep = [], []
+    for item in waiting:
+        mark = marks.get(item["id"])
+        if mark is None or item["since"] > mark["since"]:  # unmarked, or waiting anew since it was marked
+            items.append(item)
+        elif mark["mark"] == "snoozed":
+            (asleep.append(item | {"snoozed_until": mark["until"]}) if mark["until"] > now else items.append(item))
+    asleep.sort(key=lambda item: item["snoozed_until"])
+    out = {"items": items, "count": len(items), "snoozed": len(asleep),
+           "next_return": asleep[0]["snoozed_until"] if asleep else None}
+    return out | {"snoozed_items": asleep} if snoozed else out
+
+
+#: The marks a person may put on one of their inbox items.
+INBOX_MARKS = ("done", "snoozed")
+
+#: The furthest ahead an item may be snoozed, in days.
+SNOOZE_DAYS_MAX = 366
+
+#: An inbox item's ID as the page sends it back: ``kind:ID``.
+INBOX_ITEM_ID_RE = re.compile(r"([a-z_]+):[A-Za-z0-9_:/-]{1,200}")
+
+
+def _check_item_id(item_id: Any) -> str:
+    match = INBOX_ITEM_ID_RE.fullmatch(item_id) if isinstance(item_id, str) else None
+    if match is None or match.group(1) not in INBOX_KINDS:
+        raise InvalidInput("item_id must be an inbox item's id, kind:ID as GET /api/inbox lists it, like "
+                           f"mention:msg-1-000000000001; got {str(item_id)[:80]!r}")
+    return item_id
+
+
+def mark_inbox_item(db: Database, person: Actor, item_id: Any, mark: Any, until: Any = None) -> dict:
+    """Mark one item of ``person``'s inbox: ``done`` (out of their list) or ``snoozed`` until ``until``
+    (an ISO 8601 time with its zone, after now and within SNOOZE_DAYS_MAX days), when it comes back.
+
+    A mark is the person's own: it changes nothing for anyone else, decides nothing and moves no read
+    position. It holds while the item waits since the same moment; when the same thing needs them
+    again (a new question on the task, a result returned again, the pair paused again) the item
+    waits anew and shows again. Marking an item again replaces its mark. Returns ``{"item_id",
+    "mark", "until"}``. Raises InvalidInput naming the field (item_id, mark, until), NotFound when
+    no such item waits on the person.
+    """
+    _check_item_id(item_id)
+    if mark not in INBOX_MARKS:
+        raise InvalidInput(f"mark must be one of {', '.join(INBOX_MARKS)}; got {str(mark)[:40]!r}")
+    if mark == "done" and until is not None:
+        raise InvalidInput("until is only for mark 'snoozed': leave it out to mark an item done")
+    if mark == "snoozed":
+        if until is None:
+            raise InvalidInput("until is required to snooze: the time the item comes back, like 2026-12-31T09:00:00Z")
+        when = parse_time(until, "until")
+        now = utcnow()
+        if when <= now:
+            raise InvalidInput(f"until must be a time after now ({iso(now)}); got {until[:40]!r}")
+        if when > now + _dt.timedelta(days=SNOOZE_DAYS_MAX):
+            raise InvalidInput(f"until must be within {SNOOZE_DAYS_MAX} days from now; got {until[:40]!r}")
+        until = iso(when)
+    with db.transaction():
+        waiting = {item["id"]: item for item in _waiting(db, person)}
+        if item_id not in waiting:
+            raise NotFound(f"item_id: nothing waits on you as '{item_id}' (acted on already, or not yours)")
+        db.execute("INSERT INTO inbox_marks VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (handle, item_id) DO UPDATE SET "
+                   "mark = excluded.mark, until = excluded.until, since = excluded.since, marked_at = excluded.marked_at",
+                   (person.handle, item_id, mark, until, waiting[item_id]["since"], iso(utcnow())))
+        _prune_marks(db, person, set(waiting))
+    return {"item_id": item_id, "mark": mark, "until": until}
+
+
+def _prune_marks(db: Database, person: Actor, waiting: set[str]) -> None:
+    """Forget the person's marks of items that no longer wait: a done mention until its room or thread is
+    read past it (the list leaves it out), every other mark once its item is gone."""
+    for row in db.rows("SELECT item_id FROM inbox_marks WHERE handle = ?", (person.handle,)):
+        item_id = row["item_id"]
+        if item_id in waiting:
+            continue
+        if item_id.startswith("mention:"):
+            where, params = by_message_id(item_id.partition(":")[2])
+            message = db.one(f"SELECT seq, project, task_id FROM messages WHERE {where}", params)
+            read = message and db.scalar("SELECT seq FROM read_positions WHERE handle = ? AND project = ? AND "
+                                         "thread = ?", (person.handle, message["project"], message["task_id"] or ""))
+            if message is not None and message["seq"] > (read or 0):
+                continue
+        db.execute("DELETE FROM inbox_marks WHERE handle = ? AND item_id = ?", (person.handle, item_id))
+
+
+def mark_mentions_done(db: Database, person: Actor) -> dict:
+    """Mark every mention in ``person``'s inbox done (``mention`` and ``agent_mention`` items, as listed
+    now); no read position moves. Returns ``{"item_ids"}``: what was marked, for an undo
+    (:func:`unmark_inbox_items`)."""
+    with db.transaction():
+        waiting = _waiting(db, person)
+        marks = {r["item_id"]: r for r in db.rows("SELECT item_id, since FROM inbox_marks WHERE handle = ? AND "
+                                                 "mark = 'done'", (person.handle,))}
+        done = [i for i in waiting if i["kind"] in ("mention", "agent_mention")
+                and not (i["id"] in marks and i["since"] <= marks[i["id"]]["since"])]
+        now = iso(utcnow())
+        for item in done:
+            db.execute("INSERT INTO inbox_marks VALUES (?, ?, 'done', NULL, ?, ?) ON CONFLICT (handle, item_id) DO "
+                       "UPDATE SET mark = 'done', until = NULL, since = excluded.since, marked_at = excluded.marked_at",
+                       (person.handle, item["id"], item["since"], now))
+    return {"item_ids": [item["id"] for item in done]}
+
+
+def unmark_inbox_items(db: Database, person: Actor, item_ids: Any) -> dict:
+    """Take ``person``'s marks off these items (an undo, or "unsnooze"): each shows again while it waits.
+
+    ``item_ids`` is a list of 1 to 500 item IDs, each marked by this person. Returns
+    ``{"item_ids"}``. Raises InvalidInput for a malformed list or ID, NotFound naming the first ID
+    the person has no mark on (and then takes off none).
+    """
+    if not isinstance(item_ids, list) or not 1 <= len(item_ids) <= 500:
+        raise InvalidInput("item_ids must be a list of 1 to 500 inbox item IDs")
+    for item_id in item_ids:
+        _check_item_id(item_id)
+    with db.transaction():
+        for item_id in item_ids:
+            if not db.execute("DELETE FROM inbox_marks WHERE handle = ? AND item_id = ?", (person.handle, item_id)):
+                raise NotFound(f"item_ids: you have no mark on '{item_id}' (it was never marked, or is gone)")
+    return {"item_ids": item_ids}
 
 
 #: The longest wait a person may set for the email digest: a week, in minutes.
@@ -11255,6 +11406,30 @@ async def api_mark_unread(state: AppState, person: Actor, request: Request, body
     return mark_unread(state.db, person, request.path_params["slug"], *_message_ref(body))
 
 
+async def api_inbox(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/inbox?snoozed=1: what waits on the person (:func:`inbox`); with snoozed=1 the snoozed items too."""
+    snoozed = request.query_params.get("snoozed", "0")
+    if snoozed not in ("0", "1"):
+        raise InvalidInput("snoozed must be 1 (list the snoozed items too) or 0")
+    return inbox(state.db, person, snoozed=snoozed == "1")
+
+
+async def api_inbox_mark(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/inbox/mark {item_id, mark: done|snoozed, until?}: the person's mark on one inbox item."""
+    unknown = sorted(set(body) - {"item_id", "mark", "until"})
+    if unknown:
+        raise InvalidInput(f"unknown field {unknown[0]}: send item_id, mark, and until to snooze")
+    return mark_inbox_item(state.db, person, body.get("item_id"), body.get("mark"), body.get("until"))
+
+
+async def api_inbox_unmark(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/inbox/unmark {item_ids}: take the person's marks off these items (undo, unsnooze)."""
+    unknown = sorted(set(body) - {"item_ids"})
+    if unknown:
+        raise InvalidInput(f"unknown field {unknown[0]}: send item_ids")
+    return unmark_inbox_items(state.db, person, body.get("item_ids"))
+
+
 async def api_approvals(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/approvals: held handoffs waiting for the person's decision."""
     return {"approvals": pending_approvals(state.db, person)}
@@ -11857,7 +12032,10 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("POST", "/api/signout", _api(api_signout)),
     ("GET", "/api/search", _api(api_search)),
     ("GET", "/api/approvals", _api(api_approvals)),
-    ("GET", "/api/inbox", _api(_operation(inbox))),
+    ("GET", "/api/inbox", _api(api_inbox)),
+    ("POST", "/api/inbox/mark", _api(api_inbox_mark)),
+    ("POST", "/api/inbox/unmark", _api(api_inbox_unmark)),
+    ("POST", "/api/inbox/mentions/done", _api(_operation(mark_mentions_done))),
     ("GET", "/api/unread", _api(_operation(unread_counts))),
     ("POST", "/api/projects/{slug}/read", _api(api_read)),
     ("POST", "/api/projects/{slug}/unread", _api(api_mark_unread)),

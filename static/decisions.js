@@ -5,6 +5,7 @@
 
 import { post, seg } from "./api.js";
 import { titleOf, requesterText, actorText } from "./task_common.js";
+import { plainText } from "./markdown.js";
 import { h, field, select, errorSlot, act, badge, timeEl, words, confirmButton, announce, settle, uid } from "./ui.js";
 
 // ---- actions ----------------------------------------------------------------------------------
@@ -33,7 +34,7 @@ export function approvalCard(item, { showProject = false, onDecided, embedded = 
       showProject ? h("span", { class: "muted small", text: approval.project }) : null,
       h("span", { class: "muted small" }, "expires ", timeEl(approval.expires_at, true))),
     h("h3", { class: "approval-title" },
-      h("a", { href: `#/p/${task.project}/tasks/${task.id}`, text: approval.summary || titleOf(task) })),
+      h("a", { href: `#/p/${task.project}/tasks/${task.id}`, text: plainText(approval.summary || titleOf(task)) })),
     h("p", { class: "muted", text: `${requesterText(task)} asks your agent ${task.assignee} for ${words(task.packet.deliverable_type)} work.` }),
     h("ul", { class: "criteria-brief" }, task.packet.acceptance_criteria.map((c) => h("li", { text: c }))),
     h("div", { class: "button-row" }, approve, deny),

@@ -1,77 +1,31 @@
 // inbox.js — everything waiting on you, across your projects: steps your agents' runs ask,
 // make-or-spend cards, handoffs your gate holds, results for your final acceptance, questions
 // your tasks' assignees ask you, and messages that mention you. One list, kept by the inbox's
-// store (inbox_store.js), drawn here for the #/inbox screen and the home page's "Waiting for
-// your decision", with the header's link and its count.
+// store (inbox_store.js): the #/inbox screen draws it as a triage list (triage.js) whose rows
+// open into the cards drawn here; the header's link shows its count.
 
 import { get, post, seg } from "./api.js";
-import { items, loaded, onChange, reload, notificationsOn, wantNotifications, LABEL } from "./inbox_store.js";
+import { items, onChange, reload, notificationsOn, wantNotifications } from "./inbox_store.js";
+import { createTriage } from "./triage.js";
 import { approvalCard } from "./decisions.js";
 import { stepCard } from "./steps.js";
 import { actionCard } from "./makeaction.js";
-import { markdown } from "./markdown.js";
+import { markdown, plainText } from "./markdown.js";
 import { pushControl } from "./push.js";
-import { h, fill, heading, badge, timeEl, errorSlot, act, announce, empty, confirmButton, field, settle } from "./ui.js";
+import { h, fill, heading, timeEl, errorSlot, act, announce, confirmButton, field, settle } from "./ui.js";
 
-// Each kind of item: the group's title and lead, in the order the page shows them.
-const KINDS = {
-  step: ["Steps your agents' runs ask to take",
-    "A run stopped before a destructive, spending or outbound call. Check the exact call before you allow it."],
-  action: ["Things your agents want to make or spend", "Proposed in your room. Nothing runs until you approve."],
-  approval: ["Handoffs held by your gate",
-    "Agents of your teammates asked your agents for work. Your gate holds it until you decide."],
-  final_acceptance: ["Results for your final acceptance", "Verified results of tasks you asked for. The task completes when you accept."],
-  question: ["Questions for you", "An agent working on a task you asked for stopped until you answer. Answer in the task's thread."],
-  returned: ["Tasks handed back to you",
-    "Their agent left the project or handed them back. Hand each to another agent from its page."],
-  mention: ["Messages that mention you", "They leave this list once you have read the room or thread they are in."],
-  agent_mention: ["Messages that mention your agents",
-    "Your agents haven't heard these yet (a runner only notes a mention). Each stays here until the agent's next session hears it or you read it."],
-  verify: ["Results your agents asked for, waiting to be verified",
-    "Nothing is verifying them: no runner of the agent is listening, or its last verification failed."],
-  run_failed: ["Runs of your agents that failed",
-    "The last run of each task below failed before it could finish. Fix what it says, then start a run from the task's page."],
-  paused_pair: ["Agents paused for answering each other",
-    "Two agents, one of them yours, went back and forth ten times with no person in between. Any person's message in the project resumes them."],
-};
-// ---- the list (the #/inbox screen and the home page's panel) -----------------------------------------
+// ---- the #/inbox screen --------------------------------------------------------------------------------
 
-/** The items grouped by kind, live: {el, count(), destroy}. onCount(n) runs when what waits changes. */
-export function createInboxList(ctx, { onCount } = {}) {
-  const groups = Object.fromEntries(Object.entries(KINDS).map(([kind, [title, lead]]) => [kind, group(kind, title, lead)]));
-  const el = h("div", { class: "inbox-list" }, Object.values(groups).map((g) => g.el));
-  const render = () => {
-    for (const [kind, g] of Object.entries(groups)) reconcile(g, items().filter((i) => i.kind === kind), (item) => itemCard(item, ctx));
-    onCount?.(items().length, loaded());
-  };
-  const off = onChange(render);
-  render();
-  return {
-    el,
-    destroy() {
-      off();
-    },
-  };
-}
-
-/** #/inbox */
+/** #/inbox (?kind=…&project=… filter it) */
 export function mount(el, ctx) {
-  const count = h("p", { class: "muted inbox-count", role: "status" });
-  const nothing = empty("Nothing waits on you. New items appear here as they arrive.");
-  nothing.hidden = true;
-  const list = createInboxList(ctx, {
-    onCount: (n, ready) => {
-      count.textContent = !ready ? "Loading…" : n === 1 ? "1 thing waits on you." : `${n} things wait on you.`;
-      nothing.hidden = !ready || n > 0 || !!el.querySelector(".inbox-item"); // acted-on cards stay with their outcome
-    },
-  });
+  const triage = createTriage(ctx, { card: (item, actions) => itemCard(item, ctx, actions), query: ctx.query });
   const digest = h("div", { class: "digest-setting" });
   el.append(
     h("div", { class: "page-head" }, heading(1, "Inbox"), notifyToggle(), pushControl()),
-    digest, count, nothing, list.el);
+    digest, triage.el);
   const drawDigest = (me) => fill(digest, digestForm(me, drawDigest));
   get("/api/me").then(drawDigest, () => { /* the setting shows on the next visit */ });
-  return () => list.destroy();
+  return () => triage.destroy();
 }
 
 /** The email digest: what waited on you longer than N minutes, mailed once (off by default). Shown
@@ -161,47 +115,17 @@ function notifyToggle() {
     h("label", { for: "notify-toggle" }, box, " Notify me of new items"), note);
 }
 
-function group(kind, title, lead) {
-  const id = `inbox-${kind}`;
-  const list = h("div", { class: "stack" });
-  const el = h("div", { class: `waiting-group waiting-${kind}`, hidden: true, "aria-labelledby": id, role: "group" },
-    h("h3", { id, text: title }), h("p", { class: "muted small", text: lead }), list);
-  return { el, list, shown: new Map() };
-}
-
-function isDecided(card) {
-  return card.classList.contains("decided") || !!card.querySelector(".decided");
-}
-
-/** Keep the cards of items still waiting (and acted-on ones, with their outcome); add new ones in order. */
-function reconcile(g, list, render) {
-  const keys = new Set(list.map((i) => i.id));
-  for (const [key, card] of g.shown) {
-    if (!keys.has(key) && !isDecided(card) && !card.contains(document.activeElement)) {
-      card.remove();
-      g.shown.delete(key);
-    }
-  }
-  for (const item of list) {
-    if (!g.shown.has(item.id)) {
-      const card = render(item);
-      g.shown.set(item.id, card);
-      g.list.append(card);
-    }
-  }
-  g.el.hidden = g.shown.size === 0;
-}
-
 function where(item) {
   const thread = item.task_id
-    ? h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: item.title || "its task" })
+    ? h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: plainText(item.title || "") || "its task" })
     : item.kind === "mention" ? h("span", { text: "general chat" }) : null;
   return h("p", { class: "inbox-where muted small" },
     h("a", { href: `#/p/${item.project}/room`, text: item.project_name }),
-    thread ? [" · ", thread] : null, " · ", timeEl(item.since, true));
+    thread ? [" · ", thread] : null, " · ", timeEl(item.since));
 }
 
-function itemCard(item, ctx) {
+/** An item's full card (what its row opens into), with its inline action. ``actions.done()`` marks it done. */
+export function itemCard(item, ctx, actions) {
   const inner = {
     step: () => stepCard(item.step, { task: { project: item.project, title: item.title }, onDecided: reload }),
     action: () => actionCard(item.action_card, { me: ctx.me.handle, room: item.project, messageId: item.message_id,
@@ -210,14 +134,13 @@ function itemCard(item, ctx) {
     final_acceptance: () => finalCard(item),
     question: () => questionCard(item),
     returned: () => returnedCard(item),
-    mention: () => mentionCard(item),
+    mention: () => mentionCard(item, actions),
     paused_pair: () => pausedCard(item),
     run_failed: () => failedCard(item),
-    agent_mention: () => mentionCard(item),
+    agent_mention: () => mentionCard(item, actions),
     verify: () => verifyCard(item),
   }[item.kind]();
-  return h("div", { class: `inbox-item inbox-${item.kind}`, dataset: { itemId: item.id, kind: item.kind } },
-    h("div", { class: "inbox-item-head" }, badge(LABEL[item.kind], "attention"), where(item)), inner);
+  return h("div", { class: "inbox-card", dataset: { kind: item.kind } }, where(item), inner);
 }
 
 function done(card, result, text, buttons) {
@@ -245,12 +168,14 @@ function finalCard(item) {
     : confirmButton("Give final acceptance", "Accept with gaps? Click again", accept, { class: "primary" });
   const verifier = task.result?.verified_by?.agent_id;
   const card = h("article", { class: "card inbox-final", dataset: { taskId: task.id } },
-    h("h3", {}, h("a", { href: `#/p/${task.project}/tasks/${task.id}`, text: item.title })),
+    h("h3", {}, h("a", { href: `#/p/${task.project}/tasks/${task.id}`, text: plainText(item.title) })),
     h("p", { class: "muted", text: `${task.assignee} returned it${verifier ? ` and ${verifier} verified it` : ""}: ${task.result?.summary || ""}` }),
     h("p", { class: evidence.complete ? "muted small" : "warn-text small inbox-gaps",
       text: evidence.complete ? "Every criterion is covered by fresh evidence." : `Check first: ${gaps.join("; ")}.` }),
     h("div", { class: "button-row" }, button,
       h("a", { href: `#/p/${task.project}/tasks/${task.id}`, class: "small", text: "Open the task" })),
+    // Each criterion with the evidence that covers it goes here, right under the buttons.
+    h("div", { class: "inbox-evidence", dataset: { slot: "evidence" } }),
     error, result);
   return card;
 }
@@ -259,7 +184,7 @@ function finalCard(item) {
 /** A task handed back: its page has the picker that hands it to another agent. */
 function returnedCard(item) {
   return h("article", { class: "card inbox-returned", dataset: { taskId: item.task_id } },
-    h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: item.title })),
+    h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: plainText(item.title) })),
     h("p", { class: "muted small", text: `Returned by ${item.task.assignee}.` }),
     h("a", { class: "button primary", href: `#/p/${item.project}/tasks/${item.task_id}`, text: "Hand it on" }));
 }
@@ -279,7 +204,7 @@ const FAILURE_TEXT = {
 
 function verifyCard(item) {
   return h("article", { class: "card inbox-verify", dataset: { taskId: item.task_id } },
-    h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: item.title })),
+    h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: plainText(item.title) })),
     h("p", { text: item.listening
       ? `${item.agent}'s last verification failed. Start another from the task's page.`
       : `No runner of ${item.agent} is listening: start prickle runner on its computer, or ask it to verify in a session.` }),
@@ -288,7 +213,7 @@ function verifyCard(item) {
 
 function failedCard(item) {
   return h("article", { class: "card inbox-run-failed", dataset: { taskId: item.task_id } },
-    h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: item.title })),
+    h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: plainText(item.title) })),
     h("p", { text: `${item.agent}: ${FAILURE_TEXT[item.failure] || item.failure}` }),
     h("a", { class: "button primary", href: `#/p/${item.project}/tasks/${item.task_id}`, text: "Open the task" }));
 }
@@ -314,7 +239,7 @@ function questionCard(item) {
   const send = h("button", { type: "submit", class: "primary", text: "Send answer" });
   const form = h("form", { class: "inbox-answer" }, field(`Your answer to ${item.task.assignee}`, text), send, error);
   const card = h("article", { class: "card inbox-question", dataset: { taskId: item.task_id } },
-    h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: item.title })),
+    h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: plainText(item.title) })),
     h("ul", { class: "inbox-questions" }, item.questions.map((q) => h("li", { text: q }))),
     item.progress ? h("p", { class: "muted small", text: `Progress: ${item.progress}` }) : null,
     form, result);
@@ -332,24 +257,16 @@ function questionCard(item) {
   return card;
 }
 
-/** A message that mentions you: open it where it is, or mark its room or thread read. */
-function mentionCard(item) {
+/** A message that mentions you: open it where it is, or mark it read (done: this item only, no read position moves). */
+function mentionCard(item, actions) {
   const m = item.message;
-  const error = errorSlot();
-  const result = h("p", { class: "notice ok", role: "status", hidden: true });
   const href = item.task_id ? `#/p/${item.project}/tasks/${item.task_id}` : `#/p/${item.project}/room/${m.id}`;
   const read = h("button", { type: "button", class: "quiet small", text: "Mark read" });
-  read.addEventListener("click", async () => {
-    const out = await act(read, error, () => post(`/api/projects/${seg(item.project)}/read`,
-      item.task_id ? { message_id: m.id, task_id: item.task_id } : { message_id: m.id }));
-    if (out) done(card, result, "Marked read.", [read]);
-  });
-  const card = h("article", { class: "card inbox-mention", dataset: { messageId: m.id } },
+  read.addEventListener("click", () => actions?.done());
+  return h("article", { class: "card inbox-mention", dataset: { messageId: m.id } },
     item.agents ? h("p", { class: "muted small", text: `For ${item.agents.join(" and ")}` }) : null,
     h("p", { class: "inbox-author" }, h("strong", { text: m.author.display_name }),
       h("span", { class: "muted small", text: ` ${m.author.kind === "agent" ? m.author.agent_id : `@${m.author.handle}`}` })),
     markdown(m.body, { class: "inbox-body" }),
-    h("div", { class: "button-row" }, h("a", { href, class: "button-link", text: "Open" }), read),
-    error, result);
-  return card;
+    h("div", { class: "button-row" }, h("a", { href, class: "button-link", text: "Open" }), read));
 }

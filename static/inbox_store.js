@@ -10,6 +10,7 @@
 
 import { get, post, seg, token } from "./api.js";
 import { debounce } from "./ui.js";
+import { plainText } from "./markdown.js";
 
 /** Each kind of item in a few words (the inbox's cards and the notifications name it). */
 export const LABEL = {
@@ -21,7 +22,8 @@ const NOTIFY_KEY = "prickle.notify"; // "on" once the person turned notification
 const FAR = 9007199254740991; // "after" beyond any seq: the events endpoint answers with the newest
 const EVENTS = ["message.posted", "task.updated", "approval.updated", "action.updated", "member.joined", "project.created"];
 
-const state = { items: [], unread: new Map(), loaded: false, me: null, source: null, offs: [], known: null };
+const state = { items: [], unread: new Map(), loaded: false, me: null, source: null, offs: [], known: null, snoozed: 0 };
+const LONGEST_TIMER = 2 ** 31 - 1; // setTimeout's limit (ms)
 const listeners = new Set();
 let serial = 0;
 let baseTitle = document.title;
@@ -57,6 +59,8 @@ export function stop() {
   state.items = [];
   state.unread = new Map();
   state.loaded = false;
+  state.snoozed = 0;
+  clearTimeout(returnTimer);
   serial += 1;
   changed();
 }
@@ -79,6 +83,32 @@ export function loaded() {
   return state.loaded;
 }
 
+/** How many items you snoozed are still away. */
+export function snoozedCount() {
+  return state.snoozed;
+}
+
+/** Mark one item ``done``, or ``snoozed`` until ``until`` (an ISO time): it leaves the list at once. */
+export async function markItem(itemId, mark, until) {
+  const out = await post("/api/inbox/mark", until ? { item_id: itemId, mark, until } : { item_id: itemId, mark });
+  drop([itemId]);
+  return out;
+}
+
+/** Mark every mention in your inbox done; returns the item IDs, for an undo. */
+export async function markMentionsDone() {
+  const out = await post("/api/inbox/mentions/done", {});
+  drop(out.item_ids);
+  return out.item_ids;
+}
+
+/** Take your marks off these items (undo, unsnooze): each is back while it waits. */
+export async function unmark(itemIds) {
+  const out = await post("/api/inbox/unmark", { item_ids: itemIds });
+  await reload();
+  return out;
+}
+
 /** Task IDs of one project that wait on you (a decision, an acceptance, a question, a step). */
 export function tasksNeedingMe(slug) {
   return new Set(state.items.filter((i) => i.project === slug && i.task_id && i.kind !== "mention").map((i) => i.task_id));
@@ -93,6 +123,8 @@ export async function reload() {
     const fresh = state.known ? inbox.items.filter((i) => !state.known.has(i.id)) : [];
     state.known = new Set(inbox.items.map((i) => i.id));
     state.items = inbox.items;
+    state.snoozed = inbox.snoozed;
+    wakeAt(inbox.next_return, reload);
     state.unread = new Map(unread.projects.map((p) => [p.project, p]));
     state.loaded = true;
     changed();
@@ -202,6 +234,24 @@ function notify(fresh) {
 
 // ---- internal ----------------------------------------------------------------------------------------
 
+let returnTimer = null;
+
+/** Read the inbox again when the first snoozed item comes back (nothing on the server announces it). */
+function wakeAt(iso, again) {
+  clearTimeout(returnTimer);
+  if (!iso) return;
+  const wait = Math.max(0, new Date(iso).getTime() - Date.now()) + 500;
+  returnTimer = setTimeout(again, Math.min(wait, LONGEST_TIMER));
+}
+
+/** Take items out of the list at once (the server has marked them; a reload follows). */
+function drop(itemIds) {
+  const gone = new Set(itemIds);
+  state.items = state.items.filter((i) => !gone.has(i.id));
+  changed();
+  reload();
+}
+
 /** Keep "(N) " in front of whatever title the view sets. */
 function watchTitle() {
   if (titleWatch) return;
@@ -246,12 +296,15 @@ export function itemHref(item) {
   return item.kind === "paused_pair" ? `${p}/room` : "#/inbox";
 }
 
-function summary(item) {
+/** An item in one line of plain words (no Markdown): what the inbox's rows and the notifications say. */
+export function summary(item) {
+  const title = plainText(item.title || "");
   switch (item.kind) {
-    case "mention": return `${item.message.author.display_name}: ${item.message.body.slice(0, 140)}`;
-    case "question": return item.questions.join(" ");
-    case "step": return `${item.step.agent_id} asks to run ${item.step.tool_name}`;
-    case "action": return `${item.action_card.agent_id}: ${item.action_card.action}`;
-    default: return item.title || "";
+    case "mention":
+    case "agent_mention": return `${item.message.author.display_name}: ${plainText(item.message.body).slice(0, 300)}`;
+    case "question": return `${title}: ${plainText(item.questions.join(" "))}`;
+    case "step": return `${item.step.agent_id} asks to run ${item.step.tool_name}${title ? ` for ${title}` : ""}`;
+    case "action": return `${item.action_card.agent_id}: ${plainText(item.action_card.action)}`;
+    default: return title;
   }
 }

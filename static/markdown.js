@@ -63,6 +63,28 @@ export function markdown(text, props = {}) {
   return el;
 }
 
+const BLOCKS = new Set(["P", "LI", "PRE", "BLOCKQUOTE", "TR", "TD", "TH", "H1", "H2", "H3", "H4", "H5", "H6", "HR"]);
+
+/** Markdown text as the plain words a reader sees, on one line: no `**`, backticks, table pipes or
+ * list marks; blocks and table cells are kept apart by a space. For summaries and snippets. */
+export function plainText(text) {
+  let fragment;
+  try {
+    fragment = purify.sanitize(marked.parse(String(text ?? "")), SANITIZE);
+  } catch {
+    return String(text ?? "").replace(/\s+/g, " ").trim();
+  }
+  const out = [];
+  const walk = (node) => {
+    if (node.nodeType === Node.TEXT_NODE) out.push(node.data);
+    else if (node.nodeName === "BR") out.push(" ");
+    for (const child of node.childNodes) walk(child);
+    if (BLOCKS.has(node.nodeName)) out.push(" ");
+  };
+  walk(fragment);
+  return out.join("").replace(/\s+/g, " ").trim();
+}
+
 /** Rendered text with a small "Raw" toggle that shows exactly what was written (and back). */
 export function markdownWithRaw(text, props = {}) {
   const shown = markdown(text, props);

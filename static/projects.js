@@ -1,6 +1,5 @@
-// projects.js — the home page: what waits for your decision (steps your agents' runs ask,
-// make-or-spend actions, held handoffs — in any of your projects), your projects and a new
-// project.
+// projects.js — the home page: one line about what waits for you (the inbox has the items), your
+// projects and a new project.
 
 import { get, post } from "./api.js";
 import { createWaiting } from "./waiting.js";
@@ -12,7 +11,7 @@ import { h, heading, field, errorSlot, act, fill, empty, badge, loadFailed } fro
 export function mount(el, ctx) {
   const list = h("div", { class: "project-list" }, h("p", { class: "muted", text: "Loading your projects…" }));
   const listError = errorSlot();
-  const waiting = createWaiting(ctx);
+  const waiting = createWaiting();
 
   el.append(
     h("div", { class: "page-head" }, heading(1, `Hello, ${ctx.me.display_name}`)),

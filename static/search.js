@@ -4,6 +4,7 @@
 
 import { get } from "./api.js";
 import { messageHref } from "./room.js";
+import { plainText } from "./markdown.js";
 import { h, heading, errorSlot, showError, fill, empty, badge, timeEl, announce } from "./ui.js";
 
 // ---- lifecycle ---------------------------------------------------------------------------------
@@ -40,17 +41,42 @@ export function mount(el, ctx) {
 
 // ---- rendering -----------------------------------------------------------------------------------
 
+// A task's state in the words a person reads (never the code the server keeps).
+const STATE_WORDS = {
+  requested: "asked for", routed: "with its agent", accepted: "taken on", working: "in progress",
+  waiting: "waiting for an answer", verifying: "being checked", approval: "waiting for a decision",
+  completed: "done", rejected: "turned down", cancelled: "cancelled", returned: "handed back",
+};
+
+// Where a snippet's matches begin and end while its Markdown is taken out (private-use characters).
+const OPEN = "\uE000";
+const CLOSE = "\uE001";
+
+// Marks a snippet cut mid-way leaves unpaired (Markdown reads them as text): "**", "__", backticks, and the
+// pipes of a table cut from its header.
+const STRAY = /\*\*+|__+|`+|\|/g;
+
+/** A snippet's pieces with their Markdown taken out, the matches still marked. */
+export function plainSnippet(pieces) {
+  const joined = pieces.map((p) => (p.match ? `${OPEN}${p.text}${CLOSE}` : p.text)).join("");
+  return plainText(joined).replace(STRAY, " ").replace(/\s{2,}/g, " ").split(/(\uE000[^\uE001]*\uE001?)/).filter(Boolean)
+    .map((text) => (text.startsWith(OPEN) ? { text: text.replace(/[\uE000\uE001]/g, ""), match: true }
+      : { text: text.replace(/[\uE000\uE001]/g, ""), match: false }))
+    .filter((p) => p.text);
+}
+
 function resultItem(r) {
   const isMessage = r.kind === "message";
   const href = isMessage ? messageHref(r.message) : `#/p/${r.project}/tasks/${r.task_id}`;
-  const where = isMessage ? (r.task_id ? `thread: ${r.title}` : "room") : `task · ${r.task.state}`;
+  const where = isMessage ? (r.task_id ? `in the task “${plainText(r.title)}”` : "in the room")
+    : `task, ${STATE_WORDS[r.task.state] || "open"}`;
   return h("li", { class: "search-result", dataset: { kind: r.kind } },
     h("a", { href, class: "search-hit" },
       h("span", { class: "search-head" },
         badge(isMessage ? "message" : "task", isMessage ? "info" : "violet"),
-        h("span", { class: "search-title", text: isMessage ? r.message.author.display_name : r.title }),
-        h("span", { class: "muted small", text: `${r.project} · ${where}` }),
+        h("span", { class: "search-title", text: isMessage ? r.message.author.display_name : plainText(r.title) }),
+        h("span", { class: "muted small search-where", text: `${r.project_name} · ${where}` }),
         h("span", { class: "muted small" }, timeEl(r.at))),
       h("span", { class: "search-snippet" },
-        r.snippet.map((piece) => (piece.match ? h("mark", { text: piece.text }) : piece.text)))));
+        plainSnippet(r.snippet).map((piece) => (piece.match ? h("mark", { text: piece.text }) : piece.text)))));
 }

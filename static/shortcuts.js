@@ -3,6 +3,7 @@
 //   /    the search box in the header (#search), when there is one
 //   c    the composer of the room or thread on screen
 //   g i  the inbox (#/inbox)
+//   ?    the list of shortcuts (with those of the screen on view: addHelp)
 // No shortcut fires while you type in a field or hold Ctrl, Alt or Meta.
 
 import { h } from "./ui.js";
@@ -10,6 +11,11 @@ import { h } from "./ui.js";
 const CHORD_MS = 1500; // how long after "g" its second key counts
 
 let chord = 0; // when "g" was pressed (ms), 0 when no chord is open
+
+// The keys every screen has, then those a screen on view adds (addHelp): [title, [[keys, what]]].
+const GLOBAL_HELP = ["Everywhere", [["/", "Search"], ["c", "Write a message (in a room or a task's thread)"],
+  ["g then i", "Go to the inbox"], ["?", "Show these shortcuts"]]];
+const screenHelp = new Set();
 
 // ---- lifecycle ------------------------------------------------------------------------------
 
@@ -24,6 +30,31 @@ export function install(go) {
   new MutationObserver(() => { toComposer.hidden = !composer(); })
     .observe(document.getElementById("main"), { childList: true, subtree: true });
   document.addEventListener("keydown", (e) => onKey(e, go));
+}
+
+/** List a screen's own keys in the shortcut list while it is on view; returns a function that takes them out. */
+export function addHelp(title, keys) {
+  const entry = [title, keys];
+  screenHelp.add(entry);
+  return () => screenHelp.delete(entry);
+}
+
+/** Show the list of shortcuts (the "?" key). */
+export function showHelp() {
+  document.querySelector("dialog.shortcut-help")?.remove();
+  const close = h("button", { type: "button", class: "small", text: "Close" });
+  const dialog = h("dialog", { class: "shortcut-help", "aria-labelledby": "shortcut-help-title" },
+    h("h2", { id: "shortcut-help-title", text: "Keyboard shortcuts" }),
+    [...screenHelp, GLOBAL_HELP].map(([title, keys]) => h("section", {},
+      h("h3", { text: title }),
+      h("dl", {}, keys.map(([key, what]) => [h("dt", {}, key.split(" then ").map((k, n) => [n ? " then " : null,
+        h("kbd", { text: k })])), h("dd", { text: what })])))),
+    h("div", { class: "button-row" }, close));
+  close.addEventListener("click", () => dialog.close());
+  dialog.addEventListener("close", () => dialog.remove());
+  document.body.append(dialog);
+  dialog.showModal();
+  close.focus();
 }
 
 // ---- callbacks ------------------------------------------------------------------------------
@@ -47,6 +78,9 @@ function onKey(e, go) {
     if (!search) return;
     e.preventDefault();
     search.focus();
+  } else if (e.key === "?") {
+    e.preventDefault();
+    showHelp();
   } else if (e.key === "c") {
     const box = composer();
     if (!box) return;
@@ -71,8 +105,9 @@ function composer() {
   return document.querySelector("#main .composer textarea");
 }
 
-/** Is the key meant for a field (typing, choosing, editing)? */
-function typing(target) {
+/** Is the key meant for a field (typing, choosing, editing), or a dialog on top? */
+export function typing(target) {
+  if (document.querySelector("dialog[open]")) return true;
   if (!(target instanceof Element)) return false;
   if (target.isContentEditable) return true;
   const tag = target.tagName;

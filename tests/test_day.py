@@ -44,6 +44,7 @@ def test_a_mention_waiting_in_the_inbox_reads_as_formatted_markdown(served, peop
     posted = mcp(served, "ren/builder", "post_message", {"project": PROJECT, "body": body})
     page = people("oj")
     goto(page, served, "#/inbox")
+    page.locator(f'.inbox-row[data-item-id="mention:{posted["message"]["id"]}"] .inbox-row-head').click()
     card = page.locator(f'.inbox-mention[data-message-id="{posted["message"]["id"]}"]')
     expect(card.locator(".inbox-body li")).to_have_text(["three plans", "one call to action each"])
     expect(card.locator(".inbox-body pre code")).to_have_text("npm run build -- --filter pricing")
@@ -100,6 +101,8 @@ def test_answering_and_accepting_in_the_inbox_by_keyboard_keeps_the_focus_on_the
         {"kind": "note", "summary": "One line.", "criteria": [0]}]})
     page = people("oj")
     goto(page, served, "#/inbox")
+    for item_id in (f"question:{ids[0]}", f"final_acceptance:{ids[1]}"):
+        page.locator(f'.inbox-row[data-item-id="{item_id}"] .inbox-row-head').click()
     question = page.locator(f'.inbox-question[data-task-id="{ids[0]}"]')
     question.get_by_label("Your answer to oj/muse").fill("Sans, please.")
     page.keyboard.press("Tab")
@@ -123,6 +126,7 @@ def test_approving_a_held_handoff_by_keyboard_keeps_the_focus_on_the_outcome(ser
     assert held["task"]["state"] == "approval"
     page = people("ren")
     goto(page, served, "#/inbox")
+    page.locator(f'.inbox-row[data-item-id="approval:{held["gate"]["approval_id"]}"] .inbox-row-head').click()
     card = page.locator(f'.approval[data-task-id="{held["task"]["id"]}"]')
     card.get_by_role("button", name="Approve", exact=True).focus()
     page.keyboard.press("Enter")
@@ -195,6 +199,7 @@ def test_a_link_beside_a_button_in_an_inbox_card_sits_on_the_buttons_middle(serv
         {"kind": "note", "summary": "One line.", "criteria": [0]}]})
     page = people("oj", PHONE)
     goto(page, served, "#/inbox")
+    page.locator(f'.inbox-row[data-item-id="final_acceptance:{task_id}"] .inbox-row-head').click()
     card = page.locator(f'.inbox-final[data-task-id="{task_id}"]')
     expect(card.get_by_role("link", name="Open the task")).to_be_visible()
     middles = page.evaluate("""(sel) => [sel + ' .button-row button', sel + ' .button-row a'].map((s) => {

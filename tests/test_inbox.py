@@ -300,3 +300,163 @@ def test_the_upgrade_indexes_the_mentions_of_people_already_written(db_path):
     oj = prickle.Actor("person", "", "cli", handle="oj")
     assert [i["id"] for i in prickle.inbox(db, oj)["items"]] == [f"mention:msg-1-{1:012x}"]
     db.close()
+
+
+# ---- triage: done, snooze, undo ------------------------------------------------------------------------
+
+
+def mark(server, world, handle, body):
+    return person(server, world, handle).post("/api/inbox/mark", body)
+
+
+def test_one_mark_read_on_a_mention_used_to_clear_every_earlier_one_and_done_clears_that_one_only(mcp, server, world):
+    oj = person(server, world, "oj")
+    posted = [mcp.ok("ren/builder", "post_message", P | {"body": f"@oj look at number {n}"})["message"]
+              for n in range(12)]
+    assert [i["id"] for i in items(server, world, "oj")] == [f"mention:{m['id']}" for m in reversed(posted)]
+    unread = oj.get("/api/unread").json()
+    # The page's old "Mark read" moved the room's read position to the message: all 12 went at once.
+    snapshot = world.db.rows("SELECT * FROM read_positions")
+    r = oj.post(f"/api/projects/{PROJECT}/read", {"message_id": posted[-1]["id"]})
+    assert (r.status_code, kinds(server, world, "oj")) == (200, [])
+    world.db.execute("DELETE FROM read_positions")
+    for row in snapshot:
+        world.db.insert("read_positions", row)
+    assert len(items(server, world, "oj")) == 12
+    # Done on one mention takes out that one alone, and moves no read position.
+    r = mark(server, world, "oj", {"item_id": f"mention:{posted[-1]['id']}", "mark": "done"})
+    assert r.json() == {"item_id": f"mention:{posted[-1]['id']}", "mark": "done", "until": None}
+    assert [i["id"] for i in items(server, world, "oj")] == [f"mention:{m['id']}" for m in reversed(posted[:-1])]
+    assert oj.get("/api/unread").json() == unread
+    assert world.db.rows("SELECT * FROM read_positions") == snapshot
+    assert items(server, world, "ren") == []  # and nobody else's list changes
+
+
+def test_done_hides_an_item_until_undone_and_a_decision_waiting_anew_shows_again(mcp, server, world):
+    task = working(mcp, server, world)
+    oj = person(server, world, "oj")
+
+    def ask(question):
+        mcp.ok("ren/builder", "checkpoint", {"task_id": task["id"], "checkpoint": {
+            "progress": "Drafting.", "open_questions": [question], "needs_answer": True}})
+
+    ask("Formal or casual?")
+    assert kinds(server, world, "oj") == [("question", f"question:{task['id']}")]
+    r = mark(server, world, "oj", {"item_id": f"question:{task['id']}", "mark": "done"})
+    assert r.status_code == 200, r.text
+    out = oj.get("/api/inbox").json()
+    assert (out["items"], out["count"], out["snoozed"], out["next_return"]) == ([], 0, 0, None)
+    # Undo: the mark comes off and the item is back as it was.
+    r = oj.post("/api/inbox/unmark", {"item_ids": [f"question:{task['id']}"]})
+    assert r.json() == {"item_ids": [f"question:{task['id']}"]}
+    assert [i["questions"] for i in items(server, world, "oj")] == [["Formal or casual?"]]
+    # Done again; then the agent asks again: the same item ID waits since a new moment and shows again.
+    assert mark(server, world, "oj", {"item_id": f"question:{task['id']}", "mark": "done"}).status_code == 200
+    assert kinds(server, world, "oj") == []
+    ask("Emoji too?")
+    assert [(i["id"], i["questions"]) for i in items(server, world, "oj")] == [(f"question:{task['id']}", ["Emoji too?"])]
+    # Done decides nothing: the task still waits on oj's answer.
+    assert oj.get(f"/api/tasks/{task['id']}").json()["task"]["state"] == "waiting"
+
+
+def test_a_snoozed_item_comes_back_when_its_time_comes(mcp, server, world, clock):
+    oj = person(server, world, "oj")
+    first = mcp.ok("ren/builder", "post_message", P | {"body": "@oj first"})["message"]
+    second = mcp.ok("ren/builder", "post_message", P | {"body": "@oj second"})["message"]
+    hour = prickle.iso(clock.now + prickle._dt.timedelta(hours=1))
+    r = mark(server, world, "oj", {"item_id": f"mention:{first['id']}", "mark": "snoozed",
+                                   "until": "2026-12-01T11:00:00+00:00"})
+    assert r.json() == {"item_id": f"mention:{first['id']}", "mark": "snoozed", "until": hour}
+    out = oj.get("/api/inbox").json()
+    assert ([i["id"] for i in out["items"]], out["count"], out["snoozed"], out["next_return"]) == (
+        [f"mention:{second['id']}"], 1, 1, hour)
+    assert "snoozed_items" not in out
+    listed = oj.get("/api/inbox?snoozed=1").json()
+    assert [(i["id"], i["snoozed_until"]) for i in listed["snoozed_items"]] == [(f"mention:{first['id']}", hour)]
+    assert listed == prickle.inbox(world.db, world.person("oj"), snoozed=True)
+    clock.now += prickle._dt.timedelta(minutes=59, seconds=59)
+    assert oj.get("/api/inbox").json()["count"] == 1
+    clock.now += prickle._dt.timedelta(seconds=1)
+    out = oj.get("/api/inbox").json()
+    assert (sorted(i["id"] for i in out["items"]), out["snoozed"], out["next_return"]) == (
+        sorted([f"mention:{second['id']}", f"mention:{first['id']}"]), 0, None)  # both posted at T0
+    # Snoozed again and unsnoozed from the list of snoozed items: back at once.
+    later = prickle.iso(clock.now + prickle._dt.timedelta(days=3))
+    assert mark(server, world, "oj", {"item_id": f"mention:{second['id']}", "mark": "snoozed",
+                                      "until": later}).status_code == 200
+    assert oj.get("/api/inbox").json()["snoozed"] == 1
+    assert oj.post("/api/inbox/unmark", {"item_ids": [f"mention:{second['id']}"]}).status_code == 200
+    assert oj.get("/api/inbox").json()["count"] == 2
+
+
+def test_mark_all_mentions_read_dismisses_every_mention_and_its_undo_brings_them_back(mcp, server, world):
+    task = working(mcp, server, world)
+    oj = person(server, world, "oj")
+    mcp.ok("ren/builder", "checkpoint", {"task_id": task["id"], "checkpoint": {
+        "progress": "Drafting.", "open_questions": ["Formal?"], "needs_answer": True}})
+    mentions = [mcp.ok("ren/builder", "post_message", P | {"body": f"@oj note {n}"})["message"]["id"] for n in range(3)]
+    mentions.append(mcp.ok("ren/builder", "post_message", P | {"task_id": task["id"], "body": "@oj here"})["message"]["id"])
+    unread = oj.get("/api/unread").json()
+    r = oj.post("/api/inbox/mentions/done")
+    assert sorted(r.json()["item_ids"]) == sorted(f"mention:{m}" for m in mentions)
+    assert kinds(server, world, "oj") == [("question", f"question:{task['id']}")]
+    assert oj.get("/api/unread").json() == unread  # no room or thread was read
+    assert oj.post("/api/inbox/mentions/done").json() == {"item_ids": []}  # nothing left to dismiss
+    assert oj.post("/api/inbox/unmark", {"item_ids": r.json()["item_ids"]}).status_code == 200
+    assert len(items(server, world, "oj")) == 5
+    # A mention that arrives after "mark all" waits as usual.
+    oj.post("/api/inbox/mentions/done")
+    later = mcp.ok("ren/builder", "post_message", P | {"body": "@oj one more"})["message"]["id"]
+    assert [i["id"] for i in items(server, world, "oj") if i["kind"] == "mention"] == [f"mention:{later}"]
+
+
+def test_a_done_mention_is_forgotten_once_its_room_is_read_past_it(mcp, server, world):
+    oj = person(server, world, "oj")
+    old = mcp.ok("ren/builder", "post_message", P | {"body": "@oj old"})["message"]["id"]
+    assert mark(server, world, "oj", {"item_id": f"mention:{old}", "mark": "done"}).status_code == 200
+    fresh = mcp.ok("ren/builder", "post_message", P | {"body": "@oj fresh"})["message"]["id"]
+    assert mark(server, world, "oj", {"item_id": f"mention:{fresh}", "mark": "done"}).status_code == 200
+    assert world.db.rows("SELECT item_id FROM inbox_marks ORDER BY item_id") == [
+        {"item_id": f"mention:{m}"} for m in sorted([old, fresh])]
+    oj.post(f"/api/projects/{PROJECT}/read", {"message_id": old})
+    newest = mcp.ok("ren/builder", "post_message", P | {"body": "@oj newest"})["message"]["id"]
+    assert mark(server, world, "oj", {"item_id": f"mention:{newest}", "mark": "done"}).status_code == 200
+    assert world.db.rows("SELECT item_id FROM inbox_marks ORDER BY item_id") == [
+        {"item_id": f"mention:{m}"} for m in sorted([fresh, newest])]
+
+
+def test_bad_marks_name_their_field_and_change_nothing(mcp, server, world, clock):
+    oj = person(server, world, "oj")
+    posted = mcp.ok("ren/builder", "post_message", P | {"body": "@oj hello"})["message"]["id"]
+    item_id = f"mention:{posted}"
+    cases = [
+        ({"item_id": item_id, "mark": "archived"}, 400, "mark must be one of done, snoozed"),
+        ({"item_id": item_id}, 400, "mark must be one of"),
+        ({"item_id": "nonsense", "mark": "done"}, 400, "item_id must be an inbox item's id"),
+        ({"item_id": "party:x1", "mark": "done"}, 400, "item_id must be"),
+        ({"item_id": 7, "mark": "done"}, 400, "item_id must be"),
+        ({"item_id": "mention:msg-9-000000000009", "mark": "done"}, 404, "item_id: nothing waits on you"),
+        ({"item_id": item_id, "mark": "snoozed"}, 400, "until is required"),
+        ({"item_id": item_id, "mark": "snoozed", "until": "tomorrow"}, 400, "until must be an ISO 8601 time"),
+        ({"item_id": item_id, "mark": "snoozed", "until": "2026-12-01T12:00:00"}, 400, "until must be an ISO 8601"),
+        ({"item_id": item_id, "mark": "snoozed", "until": "2026-12-01T09:59:59Z"}, 400, "until must be a time after now"),
+        ({"item_id": item_id, "mark": "snoozed", "until": "2026-12-01T10:00:00Z"}, 400, "until must be a time after now"),
+        ({"item_id": item_id, "mark": "snoozed", "until": "2028-01-01T00:00:00Z"}, 400, "until must be within 366 days"),
+        ({"item_id": item_id, "mark": "done", "until": "2026-12-02T00:00:00Z"}, 400, "until is only for mark 'snoozed'"),
+        ({"item_id": item_id, "mark": "done", "note": "x"}, 400, "unknown field note"),
+    ]
+    for body, status, words in cases:
+        r = oj.post("/api/inbox/mark", body)
+        assert (r.status_code, words in r.json()["error"]["message"]) == (status, True), (body, r.text)
+    # Someone else's item is not found for oj; nothing was marked.
+    assert person(server, world, "ren").post("/api/inbox/mark", {"item_id": item_id, "mark": "done"}).status_code == 404
+    assert world.db.rows("SELECT * FROM inbox_marks") == []
+    for body, status, words in [({"item_ids": []}, 400, "item_ids must be a list of 1 to 500"),
+                                ({"item_ids": item_id}, 400, "item_ids must be a list"),
+                                ({"item_ids": ["x"]}, 400, "item_id must be"),
+                                ({"item_ids": [item_id]}, 404, f"item_ids: you have no mark on '{item_id}'"),
+                                ({"item_id": item_id}, 400, "unknown field item_id")]:
+        r = oj.post("/api/inbox/unmark", body)
+        assert (r.status_code, words in r.json()["error"]["message"]) == (status, True), (body, r.text)
+    assert oj.get("/api/inbox?snoozed=yes").status_code == 400
+    assert len(items(server, world, "oj")) == 1

@@ -29,7 +29,8 @@ def test_messages_and_tasks_are_found_best_match_first(world):
     # the long message saying it once.
     assert found(out) == [("message", twice["id"]), ("task", task["id"]), ("message", once["id"])]
     first = out["results"][1]
-    assert first == {"kind": "task", "project": PROJECT, "task_id": task["id"], "at": task["created_at"],
+    assert first == {"kind": "task", "project": PROJECT, "project_name": "Website v2", "task_id": task["id"],
+                     "at": task["created_at"],
                      "title": "Write the changelog for v2",
                      "snippet": [{"text": "Write the ", "match": False}, {"text": "changelog", "match": True},
                                  {"text": " for v2", "match": False}],

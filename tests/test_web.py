@@ -105,8 +105,10 @@ def test_a_held_handoff_is_approved_verified_and_finally_accepted(served, people
     task_id = handoff["task"]["id"]
     assert handoff["task"]["state"] == "approval" and handoff["gate"]["decision"] == "approval_required"
 
-    # ren, the assignee's owner, approves the held handoff on the page.
+    # ren, the assignee's owner, approves the held handoff in the inbox, its row opened.
     ren = people("ren")
+    goto(ren, served, "#/inbox")
+    ren.locator(f'.inbox-row[data-item-id="approval:{handoff["gate"]["approval_id"]}"] .inbox-row-head').click()
     card = ren.locator(f'.approval[data-task-id="{task_id}"]')
     expect(card).to_contain_text("Build the pricing page.")
     expect(card).to_contain_text("oj/muse asks your agent ren/builder")
@@ -601,16 +603,19 @@ def test_a_run_asks_a_step_and_its_owner_allows_it_on_the_page(served, people):
     assert (pending["status"], pending["behavior"]) == ("pending", "deny")
     step = f'.step[data-step-id="{pending["step_id"]}"]'
 
-    # On ren's home page, first among what waits for a decision: the exact call.
+    # On ren's home page, one line says a decision waits; the inbox's row opens into the exact call.
     page = people("ren")
-    card = page.locator(f".waiting {step}")
+    expect(page.locator(".inbox-line")).to_contain_text(re.compile(r"\b[1-9]\d* decisions?\b"))
+    page.locator(".inbox-line").get_by_role("link", name="Open inbox").click()
+    page.locator(f'.inbox-row[data-item-id="step:{pending["step_id"]}"] .inbox-row-head').click()
+    card = page.locator(f".inbox-row {step}")
     expect(card.locator(".step-tool-name")).to_have_text("Bash")
     assert card.locator(".step-input").inner_text() == json.dumps(step_call["input"], indent=2)
     expect(card.locator(".step-facts")).to_contain_text("outbound")
     expect(card.locator(".step-facts")).to_contain_text("origin")
     expect(card.locator(".step-facts")).to_contain_text("Publish the reviewed branch.")
     expect(card).to_contain_text("ren/builder's run stopped before this call")
-    shot(page, "step_waiting_on_home")
+    shot(page, "step_waiting_in_the_inbox")
 
     # And on the task's page, where ren allows it.
     card.get_by_role("link", name="Publish the docs branch.").click()
@@ -707,15 +712,16 @@ def test_a_private_room_turn_a_live_draft_and_an_approved_action(served, people)
     with person_api(served, "oj") as oj_api:
         assert oj_api.get("/api/room").json()["turn"] is None
 
-    # A card waiting on the home page is decided there too.
+    # A card waiting in the inbox is decided there too, its row opened.
     second = runner_post("/api/runner/actions", {"tool": "image_gen", "action": "Draw a banner", "prompt": "a quiet sea",
                                                  "cost_estimate": "about $0.04"})
-    goto(page, served, "#/")
-    waiting = page.locator(f'.waiting .action-card[data-action-id="{second["id"]}"]')
+    goto(page, served, "#/inbox")
+    page.locator(f'.inbox-row[data-item-id="action:{second["id"]}"] .inbox-row-head').click()
+    waiting = page.locator(f'.inbox-row .action-card[data-action-id="{second["id"]}"]')
     expect(waiting).to_contain_text("about $0.04")
     expect(waiting.get_by_role("link", name="Open it in your room")).to_have_attribute(
         "href", re.compile(r"^#/p/oj-room/room/"))
-    shot(page, "action_waiting_on_home")
+    shot(page, "action_waiting_in_the_inbox")
     waiting.get_by_role("button", name="Decline").click()
     expect(waiting.locator(".action-status")).to_have_text("declined")
     expect(waiting.get_by_role("status")).to_have_text("Declined: nothing will run.")
@@ -902,6 +908,8 @@ def test_an_item_waiting_on_me_appears_in_the_inbox_live_and_is_acted_on_there(s
         "task": "Proofread the pricing page.", "deliverable_type": "doc", "acceptance_criteria": ["No typos."]}})
     item = page.locator(f'.inbox-item[data-item-id="approval:{held["gate"]["approval_id"]}"]')
     expect(item).to_contain_text("Proofread the pricing page.")
+    expect(item.locator(".inbox-project")).to_have_text("Website v2")
+    item.locator(".inbox-row-head").click()
     expect(item.locator(".inbox-where")).to_contain_text("Website v2")
     expect(page).to_have_title(f"({before + 1}) Inbox · Prickle")
     expect(page.locator(".inbox-badge")).to_have_text(str(before + 1))
@@ -919,6 +927,7 @@ def test_an_item_waiting_on_me_appears_in_the_inbox_live_and_is_acted_on_there(s
     mcp(served, "oj/muse", "return_result", {"task_id": asked["id"], "summary": "Drafted.", "evidence": [
         {"kind": "note", "summary": "82 words.", "criteria": [0]}]})
     final = page.locator(f'.inbox-item[data-item-id="final_acceptance:{asked["id"]}"]')
+    final.locator(".inbox-row-head").click()
     expect(final.locator(".inbox-gaps")).to_have_text("Check first: no evidence for criterion 2.")
     shot(page, "inbox_desktop")
     page.set_viewport_size({"width": 390, "height": 800})
@@ -938,6 +947,7 @@ def test_an_item_waiting_on_me_appears_in_the_inbox_live_and_is_acted_on_there(s
     page.get_by_role("button", name="Needs me").click()
     expect(page.locator(".task-card")).to_have_count(len(needing))
     goto(page, served, "#/inbox")
+    final.locator(".inbox-row-head").click()
     accept = final.locator(".button-row button")
     expect(accept).to_have_text("Give final acceptance")
     with person_api(served, "oj") as api:  # made first: the armed button disarms after 5 s
@@ -965,7 +975,8 @@ def test_unread_markers_and_the_title_count_follow_a_message_and_reading_it(serv
     mcp(served, "ren/builder", "post_message", {"project": "quiet-room", "body": "and the chart"})
     expect(marker).to_have_text("2")
     expect(page).to_have_title(f"({before + 1}) Prickle")  # the mention waits on oj; the other message is unread
-    expect(page.locator(".waiting .count-badge")).to_have_text(str(before + 1))  # the same count everywhere
+    expect(page.locator(".inbox-line")).to_contain_text(  # the same count everywhere
+        f"{before + 1} {'thing waits' if before == 0 else 'things wait'} for you")
     expect(page.locator(".inbox-badge")).to_have_text(str(before + 1))
     shot(page, "unread_on_home")
 
@@ -1015,6 +1026,7 @@ def test_an_owner_removes_a_member_and_their_task_comes_back_on_the_board(served
     expect(card).to_contain_text("needs you")
     shot(page, "returned_task_on_the_board")
     goto(page, served, "#/inbox")
+    page.locator(f'.inbox-row[data-item-id="returned:{task_id}"] .inbox-row-head').click()
     waiting = page.locator(f'.inbox-returned[data-task-id="{task_id}"]')
     expect(waiting).to_contain_text("Returned by kim/helper.")
     waiting.get_by_role("link", name="Hand it on").click()
