@@ -282,8 +282,8 @@ def test_each_criterion_comes_with_the_evidence_that_covers_it_and_pictures_to_p
         none | {"evidence": 2, "kind": "screenshot", "summary": "Home", "url": "https://img.example/shots/Home.PNG?v=2",
                 "criteria": [2], "observed_at": old, "stale": "older_than_7_days",
                 "preview": "https://img.example/shots/Home.PNG?v=2"},
-        none | {"evidence": 3, "kind": "screenshot", "summary": "Pinned", "content": "1280 by 800", "criteria": [1], "artifact": 0,
-                "artifact_ref": "https://img.example/a/b.webp", "preview": "https://img.example/a/b.webp"},
+        none | {"evidence": 3, "kind": "screenshot", "summary": "Pinned", "content": "1280 by 800", "criteria": [1],
+                "artifact": 0, "artifact_ref": "https://img.example/a/b.webp", "preview": "https://img.example/a/b.webp"},
         none | {"evidence": 4, "kind": "note", "summary": "A general remark."}]
     # Only an http(s) address of a picture is previewed.
     assert [prickle.image_url(u) for u in ("https://x.example/a.gif", "http://x.example/a.jpeg#top",
