@@ -1640,6 +1640,13 @@ MIGRATIONS: list[list[str]] = [
         # What a run is for: the task's work (its assignee's runner) or verifying its result (its requester's).
         "ALTER TABLE attempts ADD COLUMN purpose TEXT NOT NULL DEFAULT 'work'",
     ],
+    [
+        # The words a person gave for a move of a task (a cancel, a hand back), by the audit entry of
+        # the move (the audit holds no content): the task's page shows them with the move.
+        """CREATE TABLE task_reasons (
+            task_id TEXT NOT NULL REFERENCES tasks(id), audit_n INTEGER NOT NULL, reason TEXT NOT NULL,
+            PRIMARY KEY (task_id, audit_n)) WITHOUT ROWID""",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -5801,12 +5808,13 @@ def task_out(db: Database, task: dict | str) -> dict:
 
 
 def move_task(db: Database, task: dict, move_name: str, by: str, wakes: list[tuple[str, str]] = (),
-              **changes: Any) -> dict:
+              reason: str | None = None, **changes: Any) -> dict:
     """Apply one lifecycle move inside the caller's transaction; return the updated row.
 
     ``wakes`` is ``[(agent_id, kind)]``. Writes ``task.transitioned`` (when the state
     changes) and a ``task.updated`` event. ``changes`` sets other columns in the same
-    guarded UPDATE. Raises InvalidState for a move the state does not allow.
+    guarded UPDATE. ``reason`` (a person's words for the move) is kept in task_reasons by
+    the transition's audit entry. Raises InvalidState for a move the state does not allow.
     """
     new = next_state("task", task, move_name)
     if "verified_at" not in changes and new != "approval":
@@ -5816,8 +5824,10 @@ def move_task(db: Database, task: dict, move_name: str, by: str, wakes: list[tup
     move(db, "task", task["id"], move_name, task, waiting_on=waiting_on, updated_at=now, last_activity_at=now,
          **changes)
     if new != task["state"]:
-        audit(db, task["project"], "task.transitioned",
-              {"task": task["id"], "from": task["state"], "to": new, "move": move_name, "by": by})
+        entry = audit(db, task["project"], "task.transitioned",
+                      {"task": task["id"], "from": task["state"], "to": new, "move": move_name, "by": by})
+        if reason:
+            db.execute("INSERT INTO task_reasons VALUES (?, ?, ?)", (task["id"], entry["n"], reason))
     row = task_row(db, task["id"])
     append_event(db, task["project"], "task.updated", {"task": task_out(db, row)},
                  [(agent, kind, task["id"], None) for agent, kind in wakes if agent])
@@ -6643,8 +6653,11 @@ def may_steer_task(db: Database, handle: str, task: dict) -> bool:
     return handle == requesting_person(task) or member_role(db, task["project"], handle) == "owner"
 
 
-def cancel_task(db: Database, person: Actor, task_id: str) -> dict:
-    """Cancel an open task: its requester's owner or a project owner. The assignee is woken."""
+def cancel_task(db: Database, person: Actor, task_id: str, reason: str | None = None) -> dict:
+    """Cancel an open task: its requester's owner or a project owner. The assignee is woken.
+    ``reason`` (optional, up to 1000 characters) shows on the task's page with the move."""
+    if reason is not None:
+        check_text(reason, "reason", 1000, 1)
     with db.transaction():
         task = task_for_person(db, person, task_id)
         if not may_steer_task(db, person.handle, task):
@@ -6653,7 +6666,8 @@ def cancel_task(db: Database, person: Actor, task_id: str) -> dict:
         end_task_work(db, task, "task_cancelled")
         reached = task["routed_at"] is not None  # a task held at the gate never reached its assignee
         row = move_task(db, task, "cancel", person.handle,
-                        [(task["assignee"] if reached else None, "task"), (task["requester"], "task_update")])
+                        [(task["assignee"] if reached else None, "task"), (task["requester"], "task_update")],
+                        reason=reason)
         return {"task": task_out(db, row)}
 
 
@@ -7442,11 +7456,14 @@ def stop_run(db: Database, person: Actor, task_id: str) -> dict:
     return {"task": task_out(db, row), "runs": task_runs(db, task_id), "credentials_ended": ended}
 
 
-def hand_back(db: Database, person: Actor, task_id: str) -> dict:
+def hand_back(db: Database, person: Actor, task_id: str, reason: str | None = None) -> dict:
     """The assignee's owner hands a task back once its run is stopped: it is ``returned``; the requester hears.
 
+    ``reason`` (optional, up to 1000 characters) shows on the task's page with the move.
     Writes ``task.returned`` and ``task.transitioned``.
     """
+    if reason is not None:
+        check_text(reason, "reason", 1000, 1)
     with db.transaction():
         task = _assignee_task(db, person, task_id, "hand the task back")
         if open_attempt(db, task_id, ("running", "uncertain")):
@@ -7456,7 +7473,7 @@ def hand_back(db: Database, person: Actor, task_id: str) -> dict:
         audit(db, task["project"], "task.returned", {"task": task_id, "reason": "owner_handed_back",
                                                      "agent": task["assignee"], "by": person.handle})
         drop_start(db, task)
-        row = move_task(db, task, "hand_back", person.handle, [(task["requester"], "task_update")])
+        row = move_task(db, task, "hand_back", person.handle, [(task["requester"], "task_update")], reason=reason)
     return {"task": task_out(db, row)}
 
 
@@ -7637,18 +7654,20 @@ def _timeline_audit(db: Database, task: dict) -> list[tuple[str, str, int, dict]
     """The task's state changes and decisions from its project's audit log, as (at, rank, n, entry)."""
     subs = {s["id"]: s for s in db.rows("SELECT id, reason, verified_by FROM submissions WHERE task_id = ?",
                                         (task["id"],))}
-    out, returned_why = [], None
+    said = {r["audit_n"]: r["reason"] for r in db.rows("SELECT * FROM task_reasons WHERE task_id = ?", (task["id"],))}
+    # why (a code) and words: what the entries just before a move say of it, carried to its state entry
+    out, why, words = [], None, None
     types = ", ".join("?" * len(TIMELINE_AUDIT))
     for r in db.rows(f"SELECT n, at, type, refs FROM audit WHERE chain = ? AND type IN ({types}) AND "
                      "json_extract(refs, '$.task') = ? ORDER BY n", (task["project"], *TIMELINE_AUDIT, task["id"])):
         refs = json.loads(r["refs"])
-        if r["type"] == "task.returned":  # why: it rides on the move to returned written next
-            returned_why = refs["reason"]
+        if r["type"] == "task.returned":
+            why = refs["reason"]
             continue
         if r["type"] == "task.transitioned":
             entry = {"kind": "state", "from": refs["from"], "to": refs["to"], "move": refs["move"],
-                     "by": _timeline_actor(refs["by"]), "reason": returned_why if refs["to"] == "returned" else None}
-            returned_why = None
+                     "by": _timeline_actor(refs["by"]), "reason": said.get(r["n"], words), "why": why}
+            why = words = None
         elif r["type"] == "approval.decided":
             entry = {"kind": "decision", "decision": refs["decision"], "by": _timeline_actor(refs["by"]),
                      "revision": None, "reason": None}
@@ -7661,9 +7680,9 @@ def _timeline_audit(db: Database, task: dict) -> list[tuple[str, str, int, dict]
                 step, "accepted"), "by": _timeline_actor(by), "revision": refs["revision"], "reason": None}
         else:  # result.rejected: by the requesting agent, or sent back by a person
             by = refs.get("by")
+            words = (subs.get(refs["submission"]) or {}).get("reason")
             entry = {"kind": "decision", "decision": "rejected" if by and "/" in by else "sent_back",
-                     "by": _timeline_actor(by), "revision": refs["revision"],
-                     "reason": (subs.get(refs["submission"]) or {}).get("reason")}
+                     "by": _timeline_actor(by), "revision": refs["revision"], "reason": words}
         out.append((r["at"], _TIMELINE_RANK[entry["kind"]], r["n"], {"at": r["at"]} | entry))
     return out
 
@@ -7681,7 +7700,9 @@ def task_timeline(db: Database, task: dict) -> list[dict]:
     ``decision`` (``decision``: approved | denied (the handoff) | verified | accepted |
     accepted_by_policy | rejected (by the requesting agent) | sent_back (by a person),
     ``revision``, ``reason``: why it was sent back or rejected); ``state`` (``from``, ``to``,
-    ``move``, ``reason``: why it came back, e.g. owner_handed_back, agent_removed).
+    ``move``, ``reason``: the words it was made with (a result sent back or rejected, a cancel or
+    a hand back), or None; ``why``: the code of why it came back, e.g. owner_handed_back,
+    agent_removed, or None).
     Entries of one millisecond keep cause before effect (a result before the state it moved to).
     """
     rows = _timeline_audit(db, task)
@@ -10535,6 +10556,24 @@ async def api_send_back(state: AppState, person: Actor, request: Request, body: 
     return send_back(state.db, person, request.path_params["task_id"], body_field(body, "reason", str))
 
 
+def _optional_reason(body: dict) -> str | None:
+    """The body's optional ``reason`` (text), refusing any other field."""
+    unknown = sorted(set(body) - {"reason"})
+    if unknown:
+        raise InvalidInput(f"unknown field {unknown[0]}: send nothing, or a reason")
+    return body_field(body, "reason", str, False)
+
+
+async def api_cancel(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/tasks/{id}/cancel {reason?}: cancel the task; the reason shows on its page."""
+    return cancel_task(state.db, person, request.path_params["task_id"], _optional_reason(body))
+
+
+async def api_hand_back(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/tasks/{id}/hand-back {reason?}: the assignee's owner hands the task back; the reason shows."""
+    return hand_back(state.db, person, request.path_params["task_id"], _optional_reason(body))
+
+
 async def api_rename_task(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/tasks/{id}/title {title}: set the task's display title; null or blank shows its own words."""
     return rename_task(state.db, person, request.path_params["task_id"], body_field(body, "title", str, False))
@@ -11091,7 +11130,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("GET", "/api/tasks/{task_id}", _api(_operation(task_detail, "task_id"))),
     ("POST", "/api/tasks/{task_id}/accept", _api(_operation(final_accept, "task_id"))),
     ("POST", "/api/tasks/{task_id}/send-back", _api(api_send_back)),
-    ("POST", "/api/tasks/{task_id}/cancel", _api(_operation(cancel_task, "task_id"))),
+    ("POST", "/api/tasks/{task_id}/cancel", _api(api_cancel)),
     ("POST", "/api/tasks/{task_id}/title", _api(api_rename_task)),
     ("POST", "/api/tasks/{task_id}/blocked-by", _api(api_blocked_by)),
     ("GET", "/api/rules", _api(api_rules)),
@@ -11120,7 +11159,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("POST", "/api/connect/{code}", _api(api_connect_decide)),
     ("POST", "/api/tasks/{task_id}/runs", _api(api_start_run)),
     ("POST", "/api/tasks/{task_id}/stop", _api(_operation(stop_run, "task_id"))),
-    ("POST", "/api/tasks/{task_id}/hand-back", _api(_operation(hand_back, "task_id"))),
+    ("POST", "/api/tasks/{task_id}/hand-back", _api(api_hand_back)),
     ("POST", "/api/tasks/{task_id}/reassign", _api(api_reassign)),
     ("POST", "/api/attempts/{attempt_id}/settle", _api(api_settle_attempt)),
     ("GET", "/api/agents/paused", _api(api_paused)),

@@ -126,7 +126,12 @@ def test_a_task_page_has_one_timeline_in_time_order_with_whose_turn_and_why(mcp,
     clock.now = at(7)
     assert ren.post(f"/api/tasks/{task_id}/stop").status_code == 200
     clock.now = at(8)
-    assert ren.post(f"/api/tasks/{task_id}/hand-back").status_code == 200
+    assert ren.post(f"/api/tasks/{task_id}/hand-back", {"reason": 7}).json()["error"] == {
+        "code": "invalid_input", "message": "reason must be text"}
+    assert ren.post(f"/api/tasks/{task_id}/hand-back", {"why": "x"}).json()["error"]["message"] == (
+        "unknown field why: send nothing, or a reason")
+    assert ren.post(f"/api/tasks/{task_id}/hand-back",
+                    {"reason": "Wrong agent: it needs a copywriter."}).status_code == 200
     timeline = oj.get(f"/api/tasks/{task_id}").json()["timeline"]
     iso = lambda minutes: prickle.iso(at(minutes))  # noqa: E731
     muse, builder = {"kind": "agent", "agent_id": "oj/muse"}, {"kind": "agent", "agent_id": "ren/builder"}
@@ -134,30 +139,31 @@ def test_a_task_page_has_one_timeline_in_time_order_with_whose_turn_and_why(mcp,
     assert timeline == [
         {"at": iso(0), "kind": "created", "by": muse},
         {"at": iso(0), "kind": "state", "from": "requested", "to": "approval", "move": "approval_required",
-         "by": {"kind": "system"}, "reason": None},
+         "by": {"kind": "system"}, "reason": None, "why": None},
         {"at": iso(1), "kind": "decision", "decision": "approved", "by": {"kind": "person", "handle": "ren"},
          "revision": None, "reason": None},
         {"at": iso(1), "kind": "state", "from": "approval", "to": "routed", "move": "approve",
-         "by": {"kind": "person", "handle": "ren"}, "reason": None},
+         "by": {"kind": "person", "handle": "ren"}, "reason": None, "why": None},
         {"at": iso(2), "kind": "run", "by": builder, "run": attempt, "purpose": "work", "event": "started"},
         {"at": iso(2), "kind": "state", "from": "routed", "to": "accepted", "move": "accept", "by": builder,
-         "reason": None},
+         "reason": None, "why": None},
         {"at": iso(3), "kind": "message", "by": builder, "message_id": message["id"],
          "excerpt": "Starting on the headline."},
         {"at": iso(4), "kind": "checkpoint", "by": builder, "checkpoint_id": cp_id,
          "excerpt": "Two drafted.", "needs_answer": False},
         {"at": iso(4), "kind": "state", "from": "accepted", "to": "working", "move": "checkpoint", "by": builder,
-         "reason": None},
+         "reason": None, "why": None},
         {"at": iso(5), "kind": "submission", "by": builder, "revision": 1, "excerpt": "Headline and CTA drafted."},
         {"at": iso(5), "kind": "state", "from": "working", "to": "verifying", "move": "return",
-         "by": builder, "reason": None},
+         "by": builder, "reason": None, "why": None},
         {"at": iso(6), "kind": "decision", "decision": "rejected", "by": muse, "revision": 1,
          "reason": "Too long by one word."},
         {"at": iso(6), "kind": "state", "from": "verifying", "to": "working", "move": "reject", "by": muse,
-         "reason": None},
+         "reason": "Too long by one word.", "why": None},
         {"at": iso(7), "kind": "run", "by": builder, "run": attempt, "purpose": "work", "event": "ended",
          "state": "stopped", "failure": None},
         {"at": iso(8), "kind": "state", "from": "working", "to": "returned", "move": "hand_back",
-         "by": {"kind": "person", "handle": "ren"}, "reason": "owner_handed_back"}]
+         "by": {"kind": "person", "handle": "ren"}, "reason": "Wrong agent: it needs a copywriter.",
+         "why": "owner_handed_back"}]
     assert [e["at"] for e in timeline] == sorted(e["at"] for e in timeline)
     assert ren.get(f"/api/tasks/{task_id}").json()["timeline"] == timeline  # the same for everyone who sees it
