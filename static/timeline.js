@@ -1,11 +1,11 @@
 // timeline.js — one task's timeline, oldest first, as a code review page has it: its creation,
 // its thread's messages, checkpoints, results, runs, decisions and state changes, each in words
 // for people. The server gives the entries in order (the task detail's `timeline`); a state change
-// made by the same hand within a second of the entry before it rides on that entry's line.
+// made by the same hand within a second of the entry before it rides on that entry's line (one each).
 
 import { actorText } from "./task_common.js";
 import { anchorLink } from "./evidence.js";
-import { markdownWithRaw } from "./markdown.js";
+import { markdown, markdownWithRaw } from "./markdown.js";
 import { h, badge, timeEl, words, STATE_LABEL } from "./ui.js";
 
 // ---- words ----------------------------------------------------------------------------------------
@@ -30,6 +30,10 @@ const DECISION = {
 
 const GATE = { approval_required: "The gate held it for the assignee's owner to approve",
   allow: "The gate let it through", deny: "The gate refused it" };
+
+/** What a person's or an agent's own move is called; any other reads "moved it → state". */
+const MOVE = { cancel: "cancelled the task", hand_back: "handed the task back", accept: "took the task on",
+  reassign: "handed it to another agent" };
 
 const RUN_END = { finished: "ended", stopped: "was stopped", failed: "failed", abandoned: "was abandoned",
   replaced: "was replaced by a newer run", uncertain: "ended, and its runner can't vouch for it" };
@@ -56,9 +60,11 @@ export function timeline(detail, me, slug) {
   const items = [];
   let last = null; // the entry drawn last, and its <li>
   for (const entry of detail.timeline || []) {
-    if (entry.kind === "state" && last && rides(entry, last.entry)) {
+    if (entry.kind === "state" && last && !last.rode && rides(entry, last.entry)) {
+      last.rode = true; // one state change per entry
       last.li.querySelector(".tl-line").append(" ", stateChip(entry));
-      if (entry.reason || entry.why) last.li.append(reasonBlock(entry));
+      const told = entry.reason === last.entry.reason; // a send-back's words are on its decision already
+      if ((entry.reason && !told) || entry.why) last.li.append(reasonBlock({ ...entry, reason: told ? null : entry.reason }));
       continue;
     }
     const li = entryItem(entry, { me, slug, task: detail.task, checkpoints });
@@ -96,7 +102,7 @@ function entryItem(entry, { me, slug, task, checkpoints }) {
       break;
     case "message":
       line.append("wrote ", h("a", { href: `#/p/${slug}/tasks/${task.id}/${entry.message_id}`, text: "in the thread" }));
-      li.append(h("p", { class: "tl-excerpt", text: entry.excerpt }));
+      li.append(markdown(entry.excerpt, { class: "tl-excerpt" }));
       break;
     case "checkpoint": {
       line.append("noted progress", entry.needs_answer ? [" ", badge("needs a person's answer", "attention")] : "");
@@ -106,7 +112,7 @@ function entryItem(entry, { me, slug, task, checkpoints }) {
     }
     case "submission":
       line.append(`returned revision ${entry.revision}: `, anchorLink("subs-heading", "see the result"));
-      li.append(h("p", { class: "tl-excerpt", text: entry.excerpt }));
+      li.append(markdown(entry.excerpt, { class: "tl-excerpt" }));
       break;
     case "decision":
       line.append(DECISION[entry.decision]?.(entry) || words(entry.decision));
@@ -125,7 +131,7 @@ function entryItem(entry, { me, slug, task, checkpoints }) {
     case "state":
       if (entry.by?.kind === "system" || !entry.by) {
         line.replaceChildren(GATE[entry.move] || "It moved", " ");
-      } else line.append("moved it ");
+      } else line.append(MOVE[entry.move] ? `${MOVE[entry.move]} ` : "moved it ");
       line.append(stateChip(entry));
       if (entry.reason || entry.why) li.append(reasonBlock(entry));
       break;
