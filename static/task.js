@@ -16,6 +16,7 @@ import { approvalCard, finalDecision, cancelRow, reassignForm } from "./decision
 import { requestingPerson, awaitingFinal, taskState, titleOf, requesterText, actorText } from "./task_common.js";
 import { timeline, lastReason } from "./timeline.js";
 import { markdownWithRaw } from "./markdown.js";
+import { evidenceRefs } from "./evidence.js";
 import {
   h, heading, field, errorSlot, act, fill, empty, badge, stateBadge, timeEl, words, safeUrl, debounce, announce,
   ownerOf, loadFailed,
@@ -302,7 +303,11 @@ function criteriaList(criteria, result) {
     if (report) {
       if (!covering.length) status = badge("uncovered", "danger", "No evidence covers this criterion.");
       else if (covering.every((n) => staleSet.has(n))) status = badge("stale evidence", "warn", "Only stale evidence covers it.");
-      else status = badge(`covered by ${covering.map((n) => `#${n + 1}`).join(", ")}`, "ok");
+      else {
+        status = badge("covered by ", "ok"); // each #n links to the item in the result below
+        status.append(...evidenceRefs(covering, `r${result.revision}`).flat());
+        status.classList.add("ce-standing");
+      }
     }
     return h("li", { class: "criterion", dataset: { criterion: String(i) } },
       h("span", { class: "criterion-text", text }),
@@ -328,7 +333,7 @@ function renderSubmission(sub, task) {
     h("h3", { text: "Evidence" }),
     h("ol", { class: "evidence" }, sub.evidence.map((ev, n) => {
       const url = ev.url ? safeUrl(ev.url) : null;
-      return h("li", { class: "evidence-item" },
+      return h("li", { class: "evidence-item", id: `r${sub.revision}-e${n + 1}`, tabindex: "-1" },
         h("div", { class: "evidence-head" },
           h("span", { class: "evidence-n", text: `#${n + 1}` }), badge(words(ev.kind), "muted"),
           h("span", { text: ev.summary }),

@@ -112,6 +112,11 @@ def test_each_criterion_shows_its_evidence_under_the_buttons_and_its_refs_move_t
     expect(page.locator("#decide-e3")).to_be_focused()
     assert page.evaluate("location.hash") == route
     shot(page, f"{name}_anchor", full_page=False)
+    # So are the packet's: "covered by #2" under criterion 2 leads to #2 of the result.
+    page.locator(".criterion").nth(1).get_by_role("link", name="#2").click()
+    expect(page.locator("#r1-e2")).to_be_focused()
+    expect(page.locator("#r1-e2")).to_contain_text("collected 12 items")
+    assert page.evaluate("location.hash") == route
 
 
 # ---- the armed confirm -----------------------------------------------------------------------------------
