@@ -6,7 +6,7 @@
 
 import { post, seg } from "./api.js";
 import { titleOf, requesterText, actorText } from "./task_common.js";
-import { criteriaEvidence, anchorLink } from "./evidence.js";
+import { criteriaEvidence } from "./evidence.js";
 import { h, field, select, errorSlot, act, badge, timeEl, words, confirmButton, announce, settle, uid } from "./ui.js";
 
 // ---- actions ----------------------------------------------------------------------------------
@@ -69,7 +69,7 @@ export function approvalCard(item, { showProject = false, onDecided, embedded = 
 export function finalDecision(ctx, task, reload, { view = null, anchor = "decide", onDone } = {}) {
   const error = errorSlot();
   const accept = h("button", { type: "button", class: "primary", text: "Give final acceptance" });
-  const { lead, extra, gaps } = coverage(task.result, task.packet.acceptance_criteria, anchor);
+  const { lead, gaps } = coverage(task.result, task.packet.acceptance_criteria);
   const give = (button) => act(button, error, async () => {
     await post(`/api/tasks/${seg(task.id)}/accept`, {});
     announce("Accepted: the task is completed");
@@ -119,20 +119,19 @@ export function finalDecision(ctx, task, reload, { view = null, anchor = "decide
     h("div", { class: "button-row" }, accept), confirm, error,
     h("details", { class: "send-back-box" }, h("summary", { text: "Send it back with a reason" }), form),
     h("h3", { class: "decision-evidence-heading", text: "Each criterion and its evidence" }),
-    // the view lists evidence tagged to no criterion itself; without it, a line names it
-    criteriaEvidence(view, { anchor }) || [h("p", { class: "muted", text: "Read the result's evidence below." }), extra]);
+    criteriaEvidence(view, { anchor }) || h("p", { class: "muted", text: "Read the result's evidence below." }));
 }
 
 /**
  * What the final decision rests on: the lead names how many criteria fresh evidence covers (it
- * says every criterion is covered only when the evidence report is complete); `extra` names the
- * stale evidence tagged to no criterion, its `#n` linking to the item (ids `anchor`-e1…); `gaps`
- * holds one sentence per gap (uncovered criteria, stale evidence, no report), empty when complete.
+ * says every criterion is covered only when the evidence report is complete); `gaps` holds one
+ * sentence per gap (uncovered criteria, stale evidence, no report), empty when complete. Which
+ * evidence covers which criterion, the panel shows under its buttons (evidence.js).
  */
-function coverage(result, criteria, anchor) {
+function coverage(result, criteria) {
   if (!result?.evidence_report) {
     const none = "No evidence report came with this result: read the evidence yourself before you accept.";
-    return { lead: none, extra: null, gaps: ["There is no evidence report."] };
+    return { lead: none, gaps: ["There is no evidence report."] };
   }
   const report = result.evidence_report;
   const stale = new Map((report.stale || []).map((s) => [s.evidence, s.why]));
@@ -145,10 +144,6 @@ function coverage(result, criteria, anchor) {
       : `${fresh} of ${n} ${n === 1 ? "criterion is" : "criteria are"} covered by fresh evidence; check the gaps before you accept:`;
   const general = report.general || [];
   const staleGeneral = general.filter((g) => stale.has(g));
-  const extra = general.length ? h("p", { class: "decision-general muted small" }, "Evidence ",
-    general.map((g, i) => [i ? ", " : "", anchorLink(`${anchor}-e${g + 1}`, `#${g + 1}`),
-      stale.has(g) ? ` (stale: ${words(stale.get(g))})` : ""]),
-    " is tagged to no criterion, so it covers none.") : null;
   const label = (list) => list.map((c) => c + 1).join(", ");
   const uncovered = report.uncovered || [];
   const staleOnly = criteria.map((_, i) => i).filter((i) => {
@@ -164,7 +159,7 @@ function coverage(result, criteria, anchor) {
     gaps.push(`Evidence ${[...staleRest, ...staleGeneral].sort((a, b) => a - b).map((e) => `#${e + 1}`).join(", ")} is stale.`);
   }
   if (!report.complete && !gaps.length) gaps.push("The evidence report is not complete.");
-  return { lead, extra, gaps };
+  return { lead, gaps };
 }
 
 /**
