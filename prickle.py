@@ -7650,7 +7650,7 @@ def _excerpt(text: str) -> str:
     return text if len(text) <= TIMELINE_EXCERPT else text[:TIMELINE_EXCERPT - 1].rstrip() + "…"
 
 
-def _timeline_audit(db: Database, task: dict) -> list[tuple[str, str, int, dict]]:
+def _timeline_audit(db: Database, task: dict) -> list[tuple[str, int, int, dict]]:
     """The task's state changes and decisions from its project's audit log, as (at, rank, n, entry)."""
     subs = {s["id"]: s for s in db.rows("SELECT id, reason, verified_by FROM submissions WHERE task_id = ?",
                                         (task["id"],))}
