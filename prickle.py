@@ -1700,6 +1700,13 @@ MIGRATIONS: list[list[str]] = [
             marked_at TEXT NOT NULL, PRIMARY KEY (handle, item_id),
             CHECK ((mark = 'snoozed') = (until IS NOT NULL)))""",
     ],
+    [
+        # The words a person gave for a move of a task (a cancel, a hand back), by the audit entry of
+        # the move (the audit holds no content): the task's page shows them with the move.
+        """CREATE TABLE task_reasons (
+            task_id TEXT NOT NULL REFERENCES tasks(id), audit_n INTEGER NOT NULL, reason TEXT NOT NULL,
+            PRIMARY KEY (task_id, audit_n)) WITHOUT ROWID""",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -6110,12 +6117,13 @@ def task_out(db: Database, task: dict | str) -> dict:
 
 
 def move_task(db: Database, task: dict, move_name: str, by: str, wakes: list[tuple[str, str]] = (),
-              **changes: Any) -> dict:
+              reason: str | None = None, **changes: Any) -> dict:
     """Apply one lifecycle move inside the caller's transaction; return the updated row.
 
     ``wakes`` is ``[(agent_id, kind)]``. Writes ``task.transitioned`` (when the state
     changes) and a ``task.updated`` event. ``changes`` sets other columns in the same
-    guarded UPDATE. Raises InvalidState for a move the state does not allow.
+    guarded UPDATE. ``reason`` (a person's words for the move) is kept in task_reasons by
+    the transition's audit entry. Raises InvalidState for a move the state does not allow.
     """
     new = next_state("task", task, move_name)
     if "verified_at" not in changes and new != "approval":
@@ -6125,8 +6133,10 @@ def move_task(db: Database, task: dict, move_name: str, by: str, wakes: list[tup
     move(db, "task", task["id"], move_name, task, waiting_on=waiting_on, updated_at=now, last_activity_at=now,
          **changes)
     if new != task["state"]:
-        audit(db, task["project"], "task.transitioned",
-              {"task": task["id"], "from": task["state"], "to": new, "move": move_name, "by": by})
+        entry = audit(db, task["project"], "task.transitioned",
+                      {"task": task["id"], "from": task["state"], "to": new, "move": move_name, "by": by})
+        if reason:
+            db.execute("INSERT INTO task_reasons VALUES (?, ?, ?)", (task["id"], entry["n"], reason))
     row = task_row(db, task["id"])
     append_event(db, task["project"], "task.updated", {"task": task_out(db, row)},
                  [(agent, kind, task["id"], None) for agent, kind in wakes if agent])
@@ -6721,6 +6731,55 @@ def reject_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
     return recording_refusals(db, run)
 
 
+#: What a link's path ends with when it is a picture the page can preview (lower case).
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".avif")
+
+
+def image_url(value: str | None) -> str | None:
+    """``value`` when it is an http(s) URL of a picture (its path ends in one of IMAGE_SUFFIXES), else None."""
+    if not value:
+        return None
+    url = urllib.parse.urlsplit(value)
+    return value if url.scheme in ("http", "https") and url.netloc and \
+        url.path.lower().endswith(IMAGE_SUFFIXES) else None
+
+
+def criteria_evidence(task: dict, sub: dict | None) -> dict | None:
+    """Each acceptance criterion of ``task`` (a row) with the evidence of submission ``sub`` (a row; the
+    latest) that covers it, as a person deciding on the result reads it; None without a submission.
+
+    ``{"revision", "complete", "criteria": [{"criterion" (0-based), "text", "standing" (covered |
+    stale | uncovered: stale when only stale evidence covers it), "evidence" (indexes), "verdict"
+    ({accepted, note} or None)}], "evidence": [every item as returned, plus "evidence" (its index),
+    "stale" (why, or None), "artifact_ref" (the ref of the artifact it was seen on, or None) and
+    "preview" (a picture's URL to show: its url, or its artifact's ref, when that is a picture's
+    http(s) URL; else None)], "general" (indexes covering no one criterion)}``.
+    """
+    if sub is None:
+        return None
+    criteria = json.loads(task["packet"])["acceptance_criteria"]
+    report = json.loads(sub["evidence_report"])
+    artifacts = json.loads(sub["artifacts"])
+    stale = {s["evidence"]: s["why"] for s in report["stale"]}
+    verdicts = {v["criterion"]: v for v in json.loads(sub["verdicts"] or "[]")}
+    items = []
+    for n, item in enumerate(json.loads(sub["evidence"])):
+        ref = artifacts[item["artifact"]]["ref"] if item.get("artifact") is not None else None
+        items.append({key: item.get(key) for key in EVIDENCE_KEYS} | {
+            "evidence": n, "stale": stale.get(n), "artifact_ref": ref,
+            "preview": image_url(item.get("url")) or image_url(ref)})
+    rows = []
+    for cover in report["coverage"]:
+        covering = cover["evidence"]
+        standing = "uncovered" if not covering else "stale" if all(n in stale for n in covering) else "covered"
+        verdict = verdicts.get(cover["criterion"])
+        rows.append({"criterion": cover["criterion"], "text": criteria[cover["criterion"]], "standing": standing,
+                     "evidence": covering,
+                     "verdict": {"accepted": verdict["accepted"], "note": verdict.get("note")} if verdict else None})
+    return {"revision": sub["revision"], "complete": report["complete"], "criteria": rows, "evidence": items,
+            "general": report["general"]}
+
+
 ###############################################################################
 # 23. Approvals and the people's side of tasks
 ###############################################################################
@@ -6903,8 +6962,11 @@ def may_steer_task(db: Database, handle: str, task: dict) -> bool:
     return handle == requesting_person(task) or member_role(db, task["project"], handle) == "owner"
 
 
-def cancel_task(db: Database, person: Actor, task_id: str) -> dict:
-    """Cancel an open task: its requester's owner or a project owner. The assignee is woken."""
+def cancel_task(db: Database, person: Actor, task_id: str, reason: str | None = None) -> dict:
+    """Cancel an open task: its requester's owner or a project owner. The assignee is woken.
+    ``reason`` (optional, up to 1000 characters) shows on the task's page with the move."""
+    if reason is not None:
+        check_text(reason, "reason", 1000, 1)
     with db.transaction():
         task = task_for_person(db, person, task_id)
         if not may_steer_task(db, person.handle, task):
@@ -6913,7 +6975,8 @@ def cancel_task(db: Database, person: Actor, task_id: str) -> dict:
         end_task_work(db, task, "task_cancelled")
         reached = task["routed_at"] is not None  # a task held at the gate never reached its assignee
         row = move_task(db, task, "cancel", person.handle,
-                        [(task["assignee"] if reached else None, "task"), (task["requester"], "task_update")])
+                        [(task["assignee"] if reached else None, "task"), (task["requester"], "task_update")],
+                        reason=reason)
         return {"task": task_out(db, row)}
 
 
@@ -7702,11 +7765,14 @@ def stop_run(db: Database, person: Actor, task_id: str) -> dict:
     return {"task": task_out(db, row), "runs": task_runs(db, task_id), "credentials_ended": ended}
 
 
-def hand_back(db: Database, person: Actor, task_id: str) -> dict:
+def hand_back(db: Database, person: Actor, task_id: str, reason: str | None = None) -> dict:
     """The assignee's owner hands a task back once its run is stopped: it is ``returned``; the requester hears.
 
+    ``reason`` (optional, up to 1000 characters) shows on the task's page with the move.
     Writes ``task.returned`` and ``task.transitioned``.
     """
+    if reason is not None:
+        check_text(reason, "reason", 1000, 1)
     with db.transaction():
         task = _assignee_task(db, person, task_id, "hand the task back")
         if open_attempt(db, task_id, ("running", "uncertain")):
@@ -7716,7 +7782,7 @@ def hand_back(db: Database, person: Actor, task_id: str) -> dict:
         audit(db, task["project"], "task.returned", {"task": task_id, "reason": "owner_handed_back",
                                                      "agent": task["assignee"], "by": person.handle})
         drop_start(db, task)
-        row = move_task(db, task, "hand_back", person.handle, [(task["requester"], "task_update")])
+        row = move_task(db, task, "hand_back", person.handle, [(task["requester"], "task_update")], reason=reason)
     return {"task": task_out(db, row)}
 
 
@@ -7869,8 +7935,115 @@ def tasks_board(db: Database, person: Actor, project: str) -> dict:
         return {"tasks": [task_for_page(db, t, person.handle) for t in rows], "blocked": blocked}
 
 
+#: The audit entries of a task its timeline shows (state changes, decisions on its results and its
+#: handoff, why it came back), and how long a message's or a progress note's excerpt runs.
+TIMELINE_AUDIT = ("task.transitioned", "task.returned", "result.accepted", "result.rejected", "approval.decided")
+TIMELINE_EXCERPT = 280
+
+#: Where an entry goes among entries of the same millisecond: the cause before what it caused.
+_TIMELINE_RANK = {"created": 0, "message": 1, "checkpoint": 2, "submission": 3, "run_started": 4, "decision": 5,
+                  "state": 6, "run_ended": 7}
+
+
+def _timeline_actor(by: str | None) -> dict | None:
+    """Who an audit entry's ``by`` names: an agent (its ID has a slash), a person, or Prickle itself."""
+    if by is None:
+        return None
+    if "/" in by:
+        return {"kind": "agent", "agent_id": by}
+    return {"kind": "system"} if by in ("gate", "admin", "system") else {"kind": "person", "handle": by}
+
+
+def _excerpt(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= TIMELINE_EXCERPT else text[:TIMELINE_EXCERPT - 1].rstrip() + "…"
+
+
+def _timeline_audit(db: Database, task: dict) -> list[tuple[str, int, int, dict]]:
+    """The task's state changes and decisions from its project's audit log, as (at, rank, n, entry)."""
+    subs = {s["id"]: s for s in db.rows("SELECT id, reason, verified_by FROM submissions WHERE task_id = ?",
+                                        (task["id"],))}
+    said = {r["audit_n"]: r["reason"] for r in db.rows("SELECT * FROM task_reasons WHERE task_id = ?", (task["id"],))}
+    # why (a code) and words: what the entries just before a move say of it, carried to its state entry
+    out, why, words = [], None, None
+    types = ", ".join("?" * len(TIMELINE_AUDIT))
+    for r in db.rows(f"SELECT n, at, type, refs FROM audit WHERE chain = ? AND type IN ({types}) AND "
+                     "json_extract(refs, '$.task') = ? ORDER BY n", (task["project"], *TIMELINE_AUDIT, task["id"])):
+        refs = json.loads(r["refs"])
+        if r["type"] == "task.returned":
+            why = refs["reason"]
+            continue
+        if r["type"] == "task.transitioned":
+            entry = {"kind": "state", "from": refs["from"], "to": refs["to"], "move": refs["move"],
+                     "by": _timeline_actor(refs["by"]), "reason": said.get(r["n"], words), "why": why}
+            why = words = None
+        elif r["type"] == "approval.decided":
+            entry = {"kind": "decision", "decision": refs["decision"], "by": _timeline_actor(refs["by"]),
+                     "revision": None, "reason": None}
+        elif r["type"] == "result.accepted":
+            sub = subs.get(refs["submission"]) or {}
+            step = refs.get("step")
+            by = refs.get("by") if step == "owner_accepted" else \
+                (json.loads(sub["verified_by"])["agent_id"] if step == "verified" and sub.get("verified_by") else None)
+            entry = {"kind": "decision", "decision": {"verified": "verified", "policy": "accepted_by_policy"}.get(
+                step, "accepted"), "by": _timeline_actor(by), "revision": refs["revision"], "reason": None}
+        else:  # result.rejected: by the requesting agent, or sent back by a person
+            by = refs.get("by")
+            words = (subs.get(refs["submission"]) or {}).get("reason")
+            entry = {"kind": "decision", "decision": "rejected" if by and "/" in by else "sent_back",
+                     "by": _timeline_actor(by), "revision": refs["revision"], "reason": words}
+        out.append((r["at"], _TIMELINE_RANK[entry["kind"]], r["n"], {"at": r["at"]} | entry))
+    return out
+
+
+def task_timeline(db: Database, task: dict) -> list[dict]:
+    """Everything that happened on ``task`` (a row), oldest first, as a code review page lists it:
+    its creation, its thread's messages, checkpoints, results, runs starting and ending, decisions
+    on its handoff and results, and its state changes. Call inside a snapshot.
+
+    Each entry is ``{"at", "kind", "by" (an actor ref: person, agent or system; or None), …}``;
+    by kind: ``created``; ``message`` (``message_id``, ``excerpt``); ``checkpoint``
+    (``checkpoint_id``, ``excerpt`` of its progress, ``needs_answer``); ``submission``
+    (``revision``, ``excerpt`` of its summary); ``run`` (``run`` (the attempt's ID), ``event``:
+    started | ended, ``purpose``: work | verify, ``state`` and ``failure`` once ended);
+    ``decision`` (``decision``: approved | denied (the handoff) | verified | accepted |
+    accepted_by_policy | rejected (by the requesting agent) | sent_back (by a person),
+    ``revision``, ``reason``: why it was sent back or rejected); ``state`` (``from``, ``to``,
+    ``move``, ``reason``: the words it was made with (a result sent back or rejected, a cancel or
+    a hand back), or None; ``why``: the code of why it came back, e.g. owner_handed_back,
+    agent_removed, or None).
+    Entries of one millisecond keep cause before effect (a result before the state it moved to).
+    """
+    rows = _timeline_audit(db, task)
+
+    def add(at: str, kind: str, order: int, entry: dict) -> None:
+        rows.append((at, _TIMELINE_RANK[kind], order, {"at": at} | entry))
+
+    add(task["created_at"], "created", 0, {"kind": "created", "by": json.loads(task["requested_by"])})
+    for m in db.rows("SELECT seq, id, author_kind, author, body, created_at FROM messages WHERE project = ? AND "
+                     "task_id = ? ORDER BY seq", (task["project"], task["id"])):
+        by = {"kind": "person", "handle": m["author"]} if m["author_kind"] == "person" else _timeline_actor(m["author"])
+        add(m["created_at"], "message", m["seq"],
+            {"kind": "message", "by": by, "message_id": m["id"], "excerpt": _excerpt(m["body"])})
+    for c in db.rows("SELECT rowid, * FROM checkpoints WHERE task_id = ?", (task["id"],)):
+        add(c["created_at"], "checkpoint", c["rowid"], {
+            "kind": "checkpoint", "by": _timeline_actor(c["agent"]), "checkpoint_id": c["id"],
+            "excerpt": _excerpt(json.loads(c["body"]).get("progress") or ""), "needs_answer": bool(c["needs_answer"])})
+    for s in db.rows("SELECT * FROM submissions WHERE task_id = ?", (task["id"],)):
+        add(s["returned_at"], "submission", s["revision"], {"kind": "submission", "by": _timeline_actor(
+            s["returned_by"]), "revision": s["revision"], "excerpt": _excerpt(s["summary"])})
+    for a in db.rows("SELECT rowid, * FROM attempts WHERE task_id = ?", (task["id"],)):
+        run = {"kind": "run", "by": _timeline_actor(a["agent_id"]), "run": a["id"], "purpose": a["purpose"]}
+        add(a["claimed_at"], "run_started", a["rowid"], run | {"event": "started"})
+        if a["ended_at"]:
+            add(a["ended_at"], "run_ended", a["rowid"], run | {"event": "ended", "state": a["state"],
+                                                                "failure": a["failure"]})
+    return [entry for *_, entry in sorted(rows, key=lambda r: r[:3])]
+
+
 def task_detail(db: Database, person: Actor, task_id: str) -> dict:
-    """One task for a member: the task, every checkpoint and every submission."""
+    """One task for a member: the task, every checkpoint and every submission, ``criteria_evidence``
+    (:func:`criteria_evidence` of the latest result, or None) and ``timeline`` (:func:`task_timeline`)."""
     with db.snapshot():
         task = task_for_person(db, person, task_id)
         pending = db.one("SELECT * FROM approvals WHERE task_id = ? AND status = 'pending' AND invalidated_at IS NULL",
@@ -7887,6 +8060,8 @@ def task_detail(db: Database, person: Actor, task_id: str) -> dict:
                                              (task_id,))],
             "submissions": [result_out(s) for s in db.rows(
                 "SELECT * FROM submissions WHERE task_id = ? ORDER BY revision", (task_id,))],
+            "criteria_evidence": criteria_evidence(task, latest_submission(db, task_id)),
+            "timeline": task_timeline(db, task),
             "can_rename": may_name_task(db, person.handle, task),
             "can_set_waits": may_name_task(db, person.handle, task) and task["parent_task_id"] is not None
             and task["state"] not in CLOSED_STATES,
@@ -9004,7 +9179,8 @@ def _task_title(task: dict) -> str:
 
 
 def _final_acceptance_items(db: Database, person: Actor, names: dict[str, str]) -> list[dict]:
-    """Verified results waiting for ``person``'s final acceptance (the final-decision panel's tasks)."""
+    """Verified results waiting for ``person``'s final acceptance (the final-decision panel's tasks), each with
+    ``evidence`` (complete, uncovered and stale criteria) and ``criteria_evidence`` (:func:`criteria_evidence`)."""
     items = []
     for task in db.rows("SELECT t.* FROM tasks t JOIN members m ON m.project = t.project AND m.handle = ? WHERE "
                         "(t.state = 'approval' AND t.verified_at IS NOT NULL) OR "
@@ -9018,7 +9194,9 @@ def _final_acceptance_items(db: Database, person: Actor, names: dict[str, str]) 
             "final_acceptance", task["id"], names, task["project"], task["verified_at"] or sub["returned_at"],
             _task_title(task), task["id"], task=task_out(db, task),
             # The page asks for confirmation before accepting a result whose evidence report is not complete.
-            evidence={"complete": report["complete"], "uncovered": gaps["uncovered"], "stale": gaps["stale"]}))
+            evidence={"complete": report["complete"], "uncovered": gaps["uncovered"], "stale": gaps["stale"]},
+            # Each criterion with the evidence covering it, so the item is decided next to it (as on the task page).
+            criteria_evidence=criteria_evidence(task, sub)))
     return items
 
 
@@ -11454,6 +11632,24 @@ async def api_send_back(state: AppState, person: Actor, request: Request, body: 
     return send_back(state.db, person, request.path_params["task_id"], body_field(body, "reason", str))
 
 
+def _optional_reason(body: dict) -> str | None:
+    """The body's optional ``reason`` (text), refusing any other field."""
+    unknown = sorted(set(body) - {"reason"})
+    if unknown:
+        raise InvalidInput(f"unknown field {unknown[0]}: send nothing, or a reason")
+    return body_field(body, "reason", str, False)
+
+
+async def api_cancel(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/tasks/{id}/cancel {reason?}: cancel the task; the reason shows on its page."""
+    return cancel_task(state.db, person, request.path_params["task_id"], _optional_reason(body))
+
+
+async def api_hand_back(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/tasks/{id}/hand-back {reason?}: the assignee's owner hands the task back; the reason shows."""
+    return hand_back(state.db, person, request.path_params["task_id"], _optional_reason(body))
+
+
 async def api_rename_task(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/tasks/{id}/title {title}: set the task's display title; null or blank shows its own words."""
     return rename_task(state.db, person, request.path_params["task_id"], body_field(body, "title", str, False))
@@ -12049,7 +12245,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("GET", "/api/tasks/{task_id}", _api(_operation(task_detail, "task_id"))),
     ("POST", "/api/tasks/{task_id}/accept", _api(_operation(final_accept, "task_id"))),
     ("POST", "/api/tasks/{task_id}/send-back", _api(api_send_back)),
-    ("POST", "/api/tasks/{task_id}/cancel", _api(_operation(cancel_task, "task_id"))),
+    ("POST", "/api/tasks/{task_id}/cancel", _api(api_cancel)),
     ("POST", "/api/tasks/{task_id}/title", _api(api_rename_task)),
     ("POST", "/api/tasks/{task_id}/blocked-by", _api(api_blocked_by)),
     ("GET", "/api/rules", _api(api_rules)),
@@ -12078,7 +12274,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("POST", "/api/connect/{code}", _api(api_connect_decide)),
     ("POST", "/api/tasks/{task_id}/runs", _api(api_start_run)),
     ("POST", "/api/tasks/{task_id}/stop", _api(_operation(stop_run, "task_id"))),
-    ("POST", "/api/tasks/{task_id}/hand-back", _api(_operation(hand_back, "task_id"))),
+    ("POST", "/api/tasks/{task_id}/hand-back", _api(api_hand_back)),
     ("POST", "/api/tasks/{task_id}/reassign", _api(api_reassign)),
     ("POST", "/api/attempts/{attempt_id}/settle", _api(api_settle_attempt)),
     ("GET", "/api/agents/paused", _api(api_paused)),

@@ -1,11 +1,13 @@
 // decisions.js — the decisions a person makes on a task: approve or deny a handoff their gate
 // holds (or approve it and let more like it through), give final acceptance to a verified result
-// (with gaps in its evidence, an armed confirm names them first), send it back with a reason,
-// cancel it, and hand a returned task to another agent of the project.
+// next to each criterion's evidence (with gaps in it, an armed confirm names them first), send it
+// back with a reason, cancel it (with a reason if they like), and hand a returned task to another
+// agent of the project.
 
 import { post, seg } from "./api.js";
 import { titleOf, requesterText, actorText } from "./task_common.js";
 import { plainText } from "./markdown.js";
+import { criteriaEvidence } from "./evidence.js";
 import { h, field, select, errorSlot, act, badge, timeEl, words, confirmButton, announce, settle, uid } from "./ui.js";
 
 // ---- actions ----------------------------------------------------------------------------------
@@ -59,14 +61,20 @@ export function approvalCard(item, { showProject = false, onDecided, embedded = 
   return card;
 }
 
-/** Final acceptance of a verified result, or sending it back with a reason. */
-export function finalDecision(ctx, task, reload) {
+/**
+ * Final acceptance of a verified result, or sending it back with a reason; right under the buttons,
+ * each criterion with the evidence covering it (`view`: the task detail's criteria_evidence, drawn
+ * by evidence.js under the ids `anchor`-c1…, `anchor`-e1…). `onDone(text)` hears what was done, so
+ * the page can keep saying it once the panel is gone.
+ */
+export function finalDecision(ctx, task, reload, { view = null, anchor = "decide", onDone } = {}) {
   const error = errorSlot();
   const accept = h("button", { type: "button", class: "primary", text: "Give final acceptance" });
-  const { lead, items, extra, gaps } = coverage(task.result, task.packet.acceptance_criteria);
+  const { lead, gaps } = coverage(task.result, task.packet.acceptance_criteria);
   const give = (button) => act(button, error, async () => {
     await post(`/api/tasks/${seg(task.id)}/accept`, {});
     announce("Accepted: the task is completed");
+    onDone?.("You gave final acceptance: the task is completed.");
     reload();
   });
   // With anything uncovered or stale, accepting asks once more, naming the gaps.
@@ -101,49 +109,35 @@ export function finalDecision(ctx, task, reload) {
     act(back, backError, async () => {
       if (!reason.value.trim()) throw new Error("Say what needs to change before sending it back.");
       await post(`/api/tasks/${seg(task.id)}/send-back`, { reason: reason.value.trim() });
-      announce("Sent back to the assignee");
+      announce(`Sent back to ${task.assignee}`);
+      onDone?.(`Sent back to ${task.assignee} with your reason: it works on it again.`);
       reload();
     });
   });
   const verifier = task.result?.verified_by ? actorText(task.result.verified_by) : null;
   return h("div", { class: "decision" },
     h("p", { class: "decision-lead muted", text: `${verifier ? `${verifier} verified it. ` : ""}${lead}` }),
-    items.length ? h("ul", { class: "decision-coverage" }, items) : null,
-    extra,
     h("div", { class: "button-row" }, accept), confirm, error,
-    h("details", { class: "send-back-box" }, h("summary", { text: "Send it back with a reason" }), form));
+    h("details", { class: "send-back-box" }, h("summary", { text: "Send it back with a reason" }), form),
+    h("h3", { class: "decision-evidence-heading", text: "Each criterion and its evidence" }),
+    criteriaEvidence(view, { anchor }) || h("p", { class: "muted", text: "Read the result's evidence below." }));
 }
 
 /**
- * What the final decision rests on, criterion by criterion: which evidence covers each one
- * (kind and summary), which have none, and which only stale evidence covers. The lead names
- * the count; it says every criterion is covered only when the evidence report is complete.
- * `extra` names general and stale evidence no criterion line shows; `gaps` holds one
- * sentence per gap (uncovered criteria, stale evidence, no report), empty when complete.
+ * What the final decision rests on: the lead names how many criteria fresh evidence covers (it
+ * says every criterion is covered only when the evidence report is complete); `gaps` holds one
+ * sentence per gap (uncovered criteria, stale evidence, no report), empty when complete. Which
+ * evidence covers which criterion, the panel shows under its buttons (evidence.js).
  */
 function coverage(result, criteria) {
   if (!result?.evidence_report) {
     const none = "No evidence report came with this result: read the evidence yourself before you accept.";
-    return { lead: none, items: [], extra: null, gaps: ["There is no evidence report."] };
+    return { lead: none, gaps: ["There is no evidence report."] };
   }
   const report = result.evidence_report;
-  const evidence = result?.evidence || [];
   const stale = new Map((report.stale || []).map((s) => [s.evidence, s.why]));
-  let fresh = 0;
-  const items = criteria.map((text, i) => {
-    const covering = report.coverage?.find((c) => c.criterion === i)?.evidence || [];
-    const good = covering.filter((n) => !stale.has(n));
-    if (good.length) fresh += 1;
-    const kind = !covering.length ? "uncovered" : good.length ? "covered" : "stale";
-    const by = covering.map((n) => {
-      const ev = evidence[n] || {};
-      return `#${n + 1} ${words(ev.kind || "evidence")} “${ev.summary || ""}”${stale.has(n) ? ` (stale: ${words(stale.get(n))})` : ""}`;
-    });
-    const said = kind === "uncovered" ? "no evidence covers it"
-      : `${kind === "stale" ? "only stale evidence: " : "covered by "}${by.join("; ")}`;
-    return h("li", { class: `coverage-${kind}`, dataset: { criterion: String(i) } },
-      h("strong", { text: `Criterion ${i + 1}` }), ` (${text}): ${said}`);
-  });
+  const fresh = criteria.filter((_, i) => (report.coverage?.find((c) => c.criterion === i)?.evidence || [])
+    .some((e) => !stale.has(e))).length;
   const n = criteria.length;
   const lead = report.complete
     ? `Every criterion is covered by fresh evidence:`
@@ -151,9 +145,6 @@ function coverage(result, criteria) {
       : `${fresh} of ${n} ${n === 1 ? "criterion is" : "criteria are"} covered by fresh evidence; check the gaps before you accept:`;
   const general = report.general || [];
   const staleGeneral = general.filter((g) => stale.has(g));
-  const extra = general.length ? h("p", { class: "decision-general muted small",
-    text: `Evidence ${general.map((g) => `#${g + 1}${stale.has(g) ? ` (stale: ${words(stale.get(g))})` : ""}`).join(", ")} `
-      + "is tagged to no criterion, so it covers none." }) : null;
   const label = (list) => list.map((c) => c + 1).join(", ");
   const uncovered = report.uncovered || [];
   const staleOnly = criteria.map((_, i) => i).filter((i) => {
@@ -169,18 +160,32 @@ function coverage(result, criteria) {
     gaps.push(`Evidence ${[...staleRest, ...staleGeneral].sort((a, b) => a - b).map((e) => `#${e + 1}`).join(", ")} is stale.`);
   }
   if (!report.complete && !gaps.length) gaps.push("The evidence report is not complete.");
-  return { lead, items, extra, gaps };
+  return { lead, gaps };
 }
 
-/** Cancel the task; the button asks once more before it does. */
-export function cancelRow(task, reload) {
+/**
+ * A move made with an optional reason: under `summary`, a field for why (shown on the task's page
+ * with the move) and a button that asks once more. `run(reason)` posts it (reason: text or null).
+ */
+export function reasonedMove({ summary, label, confirmLabel, fieldLabel, run, className = "" }) {
   const error = errorSlot();
-  const cancel = confirmButton("Cancel task", "Click again to cancel the task", (button) => act(button, error, async () => {
-    await post(`/api/tasks/${seg(task.id)}/cancel`, {});
-    announce("Task cancelled");
-    reload();
-  }), { class: "danger-quiet" });
-  return h("div", { class: "cancel-row" }, cancel, error);
+  const reason = h("input", { type: "text", maxlength: "1000", autocomplete: "off" });
+  const button = confirmButton(label, confirmLabel, (b) => act(b, error, () => run(reason.value.trim() || null)),
+    { class: "danger-quiet" });
+  return h("details", { class: `reasoned-move ${className}`.trim() }, h("summary", { text: summary }),
+    field(fieldLabel, reason, "Optional. Everyone who sees the task reads it."), button, error);
+}
+
+/** Cancel the task, with a reason if you like; the button asks once more before it does. */
+export function cancelRow(task, reload, onDone) {
+  return reasonedMove({ summary: "Cancel the task…", label: "Cancel task", confirmLabel: "Click again to cancel the task",
+    fieldLabel: "Why it is cancelled", className: "cancel-row",
+    run: async (reason) => {
+      await post(`/api/tasks/${seg(task.id)}/cancel`, reason ? { reason } : {});
+      announce("Task cancelled");
+      onDone?.("You cancelled the task.");
+      reload();
+    } });
 }
 
 /** A returned task goes on to another agent of the project, through that agent's owner's gate. */

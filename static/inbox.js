@@ -12,6 +12,7 @@ import { stepCard } from "./steps.js";
 import { actionCard } from "./makeaction.js";
 import { markdown, plainText } from "./markdown.js";
 import { pushControl } from "./push.js";
+import { criteriaEvidence } from "./evidence.js";
 import { h, fill, heading, timeEl, errorSlot, act, announce, confirmButton, field, settle } from "./ui.js";
 
 // ---- the #/inbox screen --------------------------------------------------------------------------------
@@ -174,8 +175,8 @@ function finalCard(item) {
       text: evidence.complete ? "Every criterion is covered by fresh evidence." : `Check first: ${gaps.join("; ")}.` }),
     h("div", { class: "button-row" }, button,
       h("a", { href: `#/p/${task.project}/tasks/${task.id}`, class: "small", text: "Open the task" })),
-    // Each criterion with the evidence that covers it goes here, right under the buttons.
-    h("div", { class: "inbox-evidence", dataset: { slot: "evidence" } }),
+    // Each criterion with the evidence that covers it, right under the buttons.
+    h("div", { class: "inbox-evidence" }, criteriaEvidence(item.criteria_evidence, { anchor: `fa-${task.id}` })),
     error, result);
   return card;
 }

@@ -1,9 +1,10 @@
 // runs.js — a task's runs on its page: each attempt (state, started, the runner's device),
 // and for the assignee's owner Start a run (after typing their handle), Stop, hand the task
-// back, and settling a run its runner couldn't vouch for.
+// back (with a reason if they like), and settling a run its runner couldn't vouch for.
 
 import { post, seg } from "./api.js";
 import { h, field, errorSlot, act, badge, timeEl, confirmButton, announce, empty } from "./ui.js";
+import { reasonedMove } from "./decisions.js";
 
 const RUN_KIND = { running: "work", finished: "ok", stopped: "warn", replaced: "muted", uncertain: "attention",
   abandoned: "muted", failed: "danger", waiting: "attention" };
@@ -75,11 +76,13 @@ function controls(ctx, task, control, reload) {
   }
   if (control.can_start) parts.push(startForm(ctx, task, control, error, reload));
   if (control.can_hand_back && !control.can_stop) {
-    parts.push(confirmButton("Hand the task back", "Click again to hand it back", (button) => act(button, error, async () => {
-      await post(`/api/tasks/${seg(task.id)}/hand-back`, {});
-      announce("Task handed back");
-      reload();
-    }), { class: "danger-quiet" }));
+    parts.push(reasonedMove({ summary: "Hand the task back…", label: "Hand the task back",
+      confirmLabel: "Click again to hand it back", fieldLabel: "Why it goes back", className: "hand-back",
+      run: async (reason) => {
+        await post(`/api/tasks/${seg(task.id)}/hand-back`, reason ? { reason } : {});
+        announce("Task handed back");
+        reload();
+      } }));
   }
   return h("div", { class: "run-controls" }, parts, error);
 }

@@ -1,8 +1,10 @@
-// task.js — one task's page: where it stands and whose turn it is, the decisions that are yours
-// (decisions.js) and the steps its run asks you to allow (steps.js), the packet with what the
-// latest evidence report and verdicts say of each criterion, its sub-tasks and runs, each result
-// (evidence, evidence report, artifacts), its checkpoints, renaming it and what a sub-task waits
-// on, and its thread.
+// task.js — one task's page: first where it stands, whose turn it is and the decisions that are
+// yours (decisions.js: final acceptance next to each criterion's evidence, evidence.js) with the
+// steps its run asks you to allow (steps.js) and why it was last sent back, cancelled or handed
+// back; then the packet with what the latest evidence report and verdicts say of each criterion,
+// its timeline (timeline.js: messages, checkpoints, results, runs, decisions and state changes in
+// order), its sub-tasks and runs, each result (evidence, evidence report, artifacts), renaming it
+// and what a sub-task waits on, and its thread.
 
 import { get, post, seg } from "./api.js";
 import * as stream from "./stream.js";
@@ -12,7 +14,9 @@ import { stepCard, pendingSteps } from "./steps.js";
 import { runsSection } from "./runs.js";
 import { approvalCard, finalDecision, cancelRow, reassignForm } from "./decisions.js";
 import { requestingPerson, awaitingFinal, taskState, titleOf, requesterText, actorText } from "./task_common.js";
+import { timeline, lastReason } from "./timeline.js";
 import { markdownWithRaw } from "./markdown.js";
+import { evidenceRefs } from "./evidence.js";
 import {
   h, heading, field, errorSlot, act, fill, empty, badge, stateBadge, timeEl, words, safeUrl, debounce, announce,
   ownerOf, loadFailed,
@@ -35,6 +39,8 @@ export function mount(el, ctx) {
 
   let shown = null; // what is on screen, so an unchanged answer does not redraw (and drop focus)
   let first = true;
+  let said = null; // what the person just did here, said until they leave the page
+  const done = (text) => { said = text; };
   const decided = new Map(); // step id -> its card, decided here: it stays with its outcome
   const load = async () => {
     try {
@@ -49,7 +55,7 @@ export function mount(el, ctx) {
       // The held handoff's approval, when it is this person's to decide.
       const approval = detail.approval?.owner === ctx.me.handle ? { approval: detail.approval, task: detail.task } : null;
       const mine = steps.filter((step) => step.task_id === taskId && !decided.has(step.id));
-      const key = JSON.stringify([detail, approval, mine, [...decided.keys()]]);
+      const key = JSON.stringify([detail, approval, mine, [...decided.keys()], said]);
       if (key === shown) return;
       shown = key;
       const stepCards = [...decided.values(), ...mine.map((step) => {
@@ -57,7 +63,7 @@ export function mount(el, ctx) {
         return card;
       })];
       const focused = document.activeElement;
-      renderTask(top, body, ctx, detail, approval, stepCards, load);
+      renderTask(top, body, ctx, detail, approval, stepCards, load, { said, done });
       if (focused !== document.activeElement && top.contains(focused)) focused.focus({ preventScroll: true });
       if (first) {
         first = false;
@@ -82,11 +88,15 @@ export function mount(el, ctx) {
   const offApproval = stream.on("approval.updated", (e) => {
     if (e.approval?.task_id === taskId) reload();
   });
+  const offMessage = stream.on("message.posted", (e) => { // the timeline lists the thread's messages
+    if (e.message?.task_id === taskId) reload();
+  });
   load();
   list.load().then(() => { if (ctx.sub) list.revealDeep(ctx.sub); });
   return () => {
     offTask();
     offApproval();
+    offMessage();
     reload.cancel();
     list.destroy();
     composer.destroy();
@@ -95,13 +105,12 @@ export function mount(el, ctx) {
 
 // ---- rendering --------------------------------------------------------------------------------
 
-function renderTask(top, body, ctx, detail, approval, stepCards, reload) {
-  const { task, checkpoints, submissions } = detail;
+function renderTask(top, body, ctx, detail, approval, stepCards, reload, said) {
+  const { task, submissions } = detail;
   fill(top,
     heading(1, titleOf(task), { class: "task-title" }),
     h("div", { class: "task-meta" },
       taskState(task),
-      task.waiting_on ? badge(`waiting on ${words(task.waiting_on)}`, "muted") : null,
       h("span", { text: `${requesterText(task)} → ${task.assignee}` }),
       h("span", { class: "muted", text: words(task.packet.deliverable_type) }),
       h("span", { class: "muted" }, "created ", timeEl(task.created_at)),
@@ -110,7 +119,7 @@ function renderTask(top, body, ctx, detail, approval, stepCards, reload) {
       detail.blocked?.length ? h("span", { class: "task-blocked" }, badge("blocked", "warn"), " waits on ",
         detail.blocked.map((id, i) => [i ? ", " : "", h("a", { href: `#/p/${ctx.slug}/tasks/${id}`, text: siblingTitle(detail, id) })]))
         : null),
-    renderActions(ctx, task, approval, stepCards, reload),
+    renderActions(ctx, detail, approval, stepCards, reload, said),
     detail.can_rename ? namesBox(ctx, detail, reload) : null);
 
   const latest = task.result;
@@ -123,6 +132,9 @@ function renderTask(top, body, ctx, detail, approval, stepCards, reload) {
       task.packet.context ? [h("h3", { text: "Context" }), markdownWithRaw(task.packet.context)] : null,
       task.packet.files?.length ? [h("h3", { text: "Files" }), codeList(task.packet.files)] : null,
       task.packet.depends_on?.length ? [h("h3", { text: "Depends on" }), codeList(task.packet.depends_on)] : null),
+    h("section", { class: "section", "aria-labelledby": "timeline-heading" },
+      h("h2", { id: "timeline-heading", text: "Timeline" }),
+      timeline(detail, ctx.me.handle, ctx.slug)),
     detail.subtasks?.length ? subtasksSection(ctx, detail.subtasks) : null,
     runsSection(ctx, detail, reload),
     h("section", { class: "section", "aria-labelledby": "subs-heading" },
@@ -131,19 +143,19 @@ function renderTask(top, body, ctx, detail, approval, stepCards, reload) {
         ? [...submissions].reverse().map((s, i) => (i === 0 ? renderSubmission(s, task)
           : h("details", { class: "older" }, h("summary", { text: `Revision ${s.revision} · ${s.status}` }),
             renderSubmission(s, task))))
-        : empty("No result yet.")),
-    h("section", { class: "section", "aria-labelledby": "cp-heading" },
-      h("h2", { id: "cp-heading", text: "Checkpoints" }),
-      checkpoints.length ? h("ol", { class: "timeline" }, [...checkpoints].reverse().map(renderCheckpoint))
-        : empty("No checkpoints yet.")));
+        : empty("No result yet.")));
 }
 
-function renderActions(ctx, task, approval, stepCards, reload) {
+function renderActions(ctx, detail, approval, stepCards, reload, { said, done }) {
+  const { task } = detail;
   const box = h("section", { class: "actions card", "aria-labelledby": "actions-heading" },
     h("h2", { id: "actions-heading", class: "sr-only", text: "Whose turn, and your decisions" }));
   const requester = requestingPerson(task);
   const owner = ownerOf(task.assignee);
-  const parts = [h("p", { class: "status-line", text: statusLine(task, requester, owner, ctx.me.handle) })];
+  const parts = [
+    said ? h("p", { class: "notice ok decided-notice", role: "status", text: said }) : null,
+    h("p", { class: "status-line", text: statusLine(task, requester, owner, ctx.me.handle) }),
+    lastReason(detail, ctx.me.handle)];
 
   const asking = stepCards.filter((card) => !card.classList.contains("decided")).length;
   if (stepCards.length) {
@@ -154,12 +166,14 @@ function renderActions(ctx, task, approval, stepCards, reload) {
 
   if (approval) parts.push(approvalCard(approval, { onDecided: reload, embedded: true }));
   // The server says what you may do now: give final acceptance, start a verification, cancel it, hand it on (can_*).
-  if (task.can_give_final) parts.push(finalDecision(ctx, task, reload));
+  if (task.can_give_final) {
+    parts.push(finalDecision(ctx, task, reload, { view: detail.criteria_evidence, anchor: "decide", onDone: done }));
+  }
   if (task.can_verify) parts.push(verifyRow(task, reload));
-  if (task.can_cancel) parts.push(cancelRow(task, reload));
+  if (task.can_cancel) parts.push(cancelRow(task, reload, done));
   if (task.can_reassign) parts.push(reassignForm(ctx, task, reload));
   box.classList.toggle("done", task.state === "completed");
-  box.append(...parts);
+  box.append(...parts.filter(Boolean));
   return box;
 }
 
@@ -256,9 +270,7 @@ function statusLine(task, requester, owner, me) {
       }
       return `${task.assignee} is working on it.`;
     case "waiting":
-      return task.waiting_on === "human"
-        ? `${task.assignee} has a question for a person: answer it in the thread below.`
-        : `${task.assignee} is waiting on ${words(task.waiting_on || "something")}.`;
+      return `${task.assignee} has a question for ${you(requester)}: answer it in the thread below.`;
     case "verifying":
       if (task.requester) {
         // What is really happening: a verification run, a runner about to start one, or nobody at all.
@@ -291,7 +303,11 @@ function criteriaList(criteria, result) {
     if (report) {
       if (!covering.length) status = badge("uncovered", "danger", "No evidence covers this criterion.");
       else if (covering.every((n) => staleSet.has(n))) status = badge("stale evidence", "warn", "Only stale evidence covers it.");
-      else status = badge(`covered by ${covering.map((n) => `#${n + 1}`).join(", ")}`, "ok");
+      else {
+        status = badge("covered by ", "ok"); // each #n links to the item in the result below
+        status.append(...evidenceRefs(covering, `r${result.revision}`).flat());
+        status.classList.add("ce-standing");
+      }
     }
     return h("li", { class: "criterion", dataset: { criterion: String(i) } },
       h("span", { class: "criterion-text", text }),
@@ -317,7 +333,7 @@ function renderSubmission(sub, task) {
     h("h3", { text: "Evidence" }),
     h("ol", { class: "evidence" }, sub.evidence.map((ev, n) => {
       const url = ev.url ? safeUrl(ev.url) : null;
-      return h("li", { class: "evidence-item" },
+      return h("li", { class: "evidence-item", id: `r${sub.revision}-e${n + 1}`, tabindex: "-1" },
         h("div", { class: "evidence-head" },
           h("span", { class: "evidence-n", text: `#${n + 1}` }), badge(words(ev.kind), "muted"),
           h("span", { text: ev.summary }),
@@ -368,18 +384,4 @@ function evidenceReport(report, criteria) {
       text: `General evidence (covers no one criterion): ${report.general.map((n) => `#${n + 1}`).join(", ")}` }) : null,
     report.stale?.length ? h("p", { class: "warn-text small",
       text: `Stale: ${report.stale.map((s) => `#${s.evidence + 1} (${words(s.why)})`).join(", ")}` }) : null);
-}
-
-function renderCheckpoint(cp) {
-  const list = (title, items, cls) => (items?.length
-    ? [h("h4", { text: title }), h("ul", { class: cls }, items.map((x) => h("li", {}, cls === "code-list" ? h("code", { text: x }) : x)))]
-    : null);
-  return h("li", { class: `checkpoint${cp.needs_answer ? " needs-answer" : ""}` },
-    h("div", { class: "checkpoint-head" }, h("strong", { text: cp.agent }), " · ", timeEl(cp.created_at),
-      cp.needs_answer ? badge("needs a person's answer", "attention") : null),
-    markdownWithRaw(cp.progress || ""),
-    list("Decisions", cp.decisions),
-    list("Files touched", cp.files_touched, "code-list"),
-    list("Next steps", cp.next_steps),
-    list("Open questions", cp.open_questions));
 }

@@ -163,6 +163,23 @@ def test_cancel_by_the_requesters_owner_or_a_project_owner(mcp, server, world):
     assert wait_kinds(mcp, "ren/builder", builder, "wait_for_mention") == [("task", task["id"])]
 
 
+def test_a_cancel_keeps_the_words_it_was_given_for_the_task_page_and_never_in_the_audit(mcp, server, world):
+    task = routed(mcp, server, world)
+    oj = person(server, world, "oj")
+    for body, message in (({"reason": ""}, "reason must be text of 1 to 1000 characters"),
+                          ({"reason": "x" * 1001}, "reason must be text of 1 to 1000 characters"),
+                          ({"reason": ["no"]}, "reason must be text"),
+                          ({"note": "no"}, "unknown field note: send nothing, or a reason")):
+        r = oj.post(f"/api/tasks/{task['id']}/cancel", body)
+        assert (r.status_code, r.json()["error"]["message"]) == (400, message)
+    assert oj.get(f"/api/tasks/{task['id']}").json()["task"]["state"] == "routed"  # nothing changed
+    assert oj.post(f"/api/tasks/{task['id']}/cancel", {"reason": "Plans changed: no hero this month."}).status_code == 200
+    last = oj.get(f"/api/tasks/{task['id']}").json()["timeline"][-1]
+    assert (last["kind"], last["to"], last["by"], last["reason"], last["why"]) == (
+        "state", "cancelled", {"kind": "person", "handle": "oj"}, "Plans changed: no hero this month.", None)
+    assert "Plans changed" not in audit_text(world.db)
+
+
 def test_cancelling_a_held_handoff_wakes_nobody_and_ends_its_approval(mcp, server, world):
     out = handoff(mcp)
     builder = start(mcp, "ren/builder", "wait_for_mention")

@@ -2,9 +2,11 @@
 the ones a task can be cancelled in, the deliverable types, and the board's columns), and so does what a
 person may do to a task or a default lead (the ``can_*`` fields): the page decides nothing itself."""
 
+import datetime as dt
+
 import prickle
 from conftest import PROJECT
-from helpers import auth
+from helpers import T0, auth, paired, person, submit
 
 
 def test_meta_gives_the_page_its_task_lists_from_the_server(server, world):
@@ -94,3 +96,74 @@ def test_a_task_says_who_gives_final_acceptance_and_who_may_set_what_it_waits_on
     assert (detail["can_rename"], detail["can_set_waits"]) == (True, False)  # not a sub-task
     assert ren("GET", f"/api/tasks/{task['id']}").json()["can_rename"] is False
     assert ren("POST", f"/api/tasks/{task['id']}/accept").status_code == 403
+
+
+def test_a_task_page_has_one_timeline_in_time_order_with_whose_turn_and_why(mcp, server, world, clock):
+    at = lambda minutes: T0 + dt.timedelta(minutes=minutes)  # noqa: E731
+    oj, ren = person(server, world, "oj"), person(server, world, "ren")
+    packet = {"task": "Draft the hero copy.", "deliverable_type": "doc", "acceptance_criteria": ["Eight words."]}
+    held = mcp.ok("oj/muse", "handoff", {"project": PROJECT, "to": "ren/builder", "packet": packet})
+    task_id = held["task"]["id"]
+    clock.now = at(1)
+    assert ren.post(f"/api/approvals/{held['gate']['approval_id']}", {"decision": "approve"}).status_code == 200
+    clock.now = at(2)
+    runner = paired(world)[1]
+    run = mcp.ok("ren/builder", "claim_task", {"task_id": task_id, "idempotency_key": "k"}, token=runner)
+    mcp.ok("ren/builder", "accept_task", {"task_id": task_id}, token=run["execution_credential"]["token"])
+    clock.now = at(3)
+    message = mcp.ok("ren/builder", "post_message", {"project": PROJECT, "task_id": task_id,
+                                                     "body": "Starting   on the\nheadline."})["message"]
+    clock.now = at(4)
+    mcp.ok("ren/builder", "checkpoint", {"task_id": task_id, "checkpoint": {"progress": "Two drafted."}},
+           token=run["execution_credential"]["token"])
+    cp_id = world.db.scalar("SELECT id FROM checkpoints WHERE task_id = ?", (task_id,))
+    clock.now = at(5)
+    sub = submit(mcp, task_id, items=[{"kind": "note", "summary": "Seven words.", "criteria": [0]}],
+                 artifacts=[])["submission"]
+    clock.now = at(6)
+    mcp.ok("oj/muse", "reject_result", {"task_id": task_id, "submission_id": sub["submission_id"],
+                                        "revision": 1, "reason": "Too long by one word."})
+    clock.now = at(7)
+    assert ren.post(f"/api/tasks/{task_id}/stop").status_code == 200
+    clock.now = at(8)
+    assert ren.post(f"/api/tasks/{task_id}/hand-back", {"reason": 7}).json()["error"] == {
+        "code": "invalid_input", "message": "reason must be text"}
+    assert ren.post(f"/api/tasks/{task_id}/hand-back", {"why": "x"}).json()["error"]["message"] == (
+        "unknown field why: send nothing, or a reason")
+    assert ren.post(f"/api/tasks/{task_id}/hand-back",
+                    {"reason": "Wrong agent: it needs a copywriter."}).status_code == 200
+    timeline = oj.get(f"/api/tasks/{task_id}").json()["timeline"]
+    iso = lambda minutes: prickle.iso(at(minutes))  # noqa: E731
+    muse, builder = {"kind": "agent", "agent_id": "oj/muse"}, {"kind": "agent", "agent_id": "ren/builder"}
+    attempt = run["attempt"]["attempt_id"]
+    assert timeline == [
+        {"at": iso(0), "kind": "created", "by": muse},
+        {"at": iso(0), "kind": "state", "from": "requested", "to": "approval", "move": "approval_required",
+         "by": {"kind": "system"}, "reason": None, "why": None},
+        {"at": iso(1), "kind": "decision", "decision": "approved", "by": {"kind": "person", "handle": "ren"},
+         "revision": None, "reason": None},
+        {"at": iso(1), "kind": "state", "from": "approval", "to": "routed", "move": "approve",
+         "by": {"kind": "person", "handle": "ren"}, "reason": None, "why": None},
+        {"at": iso(2), "kind": "run", "by": builder, "run": attempt, "purpose": "work", "event": "started"},
+        {"at": iso(2), "kind": "state", "from": "routed", "to": "accepted", "move": "accept", "by": builder,
+         "reason": None, "why": None},
+        {"at": iso(3), "kind": "message", "by": builder, "message_id": message["id"],
+         "excerpt": "Starting on the headline."},
+        {"at": iso(4), "kind": "checkpoint", "by": builder, "checkpoint_id": cp_id,
+         "excerpt": "Two drafted.", "needs_answer": False},
+        {"at": iso(4), "kind": "state", "from": "accepted", "to": "working", "move": "checkpoint", "by": builder,
+         "reason": None, "why": None},
+        {"at": iso(5), "kind": "submission", "by": builder, "revision": 1, "excerpt": "Headline and CTA drafted."},
+        {"at": iso(5), "kind": "state", "from": "working", "to": "verifying", "move": "return",
+         "by": builder, "reason": None, "why": None},
+        {"at": iso(6), "kind": "decision", "decision": "rejected", "by": muse, "revision": 1,
+         "reason": "Too long by one word."},
+        {"at": iso(6), "kind": "state", "from": "verifying", "to": "working", "move": "reject", "by": muse,
+         "reason": "Too long by one word.", "why": None},
+        {"at": iso(7), "kind": "run", "by": builder, "run": attempt, "purpose": "work", "event": "ended",
+         "state": "stopped", "failure": None},
+        {"at": iso(8), "kind": "state", "from": "working", "to": "returned", "move": "hand_back",
+         "by": {"kind": "person", "handle": "ren"}, "reason": "Wrong agent: it needs a copywriter.",
+         "why": "owner_handed_back"}]
+    assert [e["at"] for e in timeline] == sorted(e["at"] for e in timeline)
+    assert ren.get(f"/api/tasks/{task_id}").json()["timeline"] == timeline  # the same for everyone who sees it

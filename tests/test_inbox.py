@@ -98,7 +98,18 @@ def test_a_verified_result_waits_for_final_acceptance_until_accepted(mcp, server
     assert item == {
         "id": f"final_acceptance:{task['id']}", "kind": "final_acceptance", "action": "accept", "project": PROJECT,
         "project_name": "Website v2", "task_id": task["id"], "message_id": None, "title": "Draft the hero copy.",
-        "since": verified_at, "task": verified, "evidence": {"complete": True, "uncovered": [], "stale": []}}
+        "since": verified_at, "task": verified, "evidence": {"complete": True, "uncovered": [], "stale": []},
+        "criteria_evidence": {"revision": 1, "complete": True, "general": [], "criteria": [
+            {"criterion": 0, "text": "Headline has at most 8 words.", "standing": "covered", "evidence": [0],
+             "verdict": {"accepted": True, "note": None}},
+            {"criterion": 1, "text": "Include a clear call to action.", "standing": "covered", "evidence": [1],
+             "verdict": {"accepted": True, "note": None}}], "evidence": [
+            {"evidence": 0, "kind": "test_output", "summary": "Counted the words.", "url": None, "content": "6 words",
+             "criteria": [0], "artifact": None, "observed_at": None, "verifier": None, "stale": None,
+             "artifact_ref": None, "preview": None},
+            {"evidence": 1, "kind": "note", "summary": "CTA: try the demo.", "url": None, "content": "",
+             "criteria": [1], "artifact": None, "observed_at": None, "verifier": None, "stale": None,
+             "artifact_ref": None, "preview": None}]}}
     assert kinds(server, world, "ren") == []
     assert person(server, world, "oj").post(f"/api/tasks/{task['id']}/accept").status_code == 200
     assert kinds(server, world, "oj") == []

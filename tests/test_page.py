@@ -128,13 +128,14 @@ def test_the_final_decision_states_the_gaps_and_asks_before_accepting(served, pe
     decision = page.locator(".decision")
     expect(decision.locator(".decision-lead")).to_have_text(
         "1 of 3 criteria are covered by fresh evidence; check the gaps before you accept:")
-    expect(decision.locator(".decision-coverage li")).to_have_text([
-        "Criterion 1 (Under 200 words.): covered by #1 note “182 words.”",
-        "Criterion 2 (Names the three plans.): only stale evidence: #2 note “Plans named in an old draft.” "
-        "(stale: older than 7 days)",
-        "Criterion 3 (Links the pricing page.): no evidence covers it"])
-    expect(decision.locator(".decision-general")).to_have_text(
-        "Evidence #3 is tagged to no criterion, so it covers none.")
+    expect(decision.locator(".ce-criterion .ce-head")).to_have_text([
+        "Criterion 1 Under 200 words. covered by #1",
+        "Criterion 2 Names the three plans. only stale evidence: #2",
+        "Criterion 3 Links the pricing page. no evidence"])
+    expect(decision.locator(".ce-criterion").nth(1).locator(".ce-item-head")).to_have_text(
+        "#2 note Plans named in an old draft. stale: older than 7 days")
+    expect(decision.locator(".ce-general")).to_contain_text("Evidence tagged to no one criterion (it covers none):")
+    expect(decision.locator(".ce-general .ce-item-head")).to_have_text("#3 link Build log")
     expect(page.locator(".report-list li")).to_have_text([  # the result's own report says the same
         "✓Criterion 1: Under 200 words. — evidence #1",
         "!Criterion 2: Names the three plans. — only stale evidence #2",

@@ -248,3 +248,45 @@ def test_a_refusal_of_what_is_not_yours_records_the_submission_asked_for_and_the
     assert refused["refs"] == {"task": task["id"], "action": "reject", "by": "oj/scout", "reason": "not_yours",
                                "asked": {"submission": sub["submission_id"], "revision": 1},
                                "latest": {"submission": sub["submission_id"], "revision": 1}}
+
+
+def test_each_criterion_comes_with_the_evidence_that_covers_it_and_pictures_to_preview(mcp, server, world):
+    packet = PACKET | {"acceptance_criteria": ["Builds.", "Looks right.", "Fast."]}
+    task = mcp.ok("oj/muse", "handoff", P | {"to": "oj/scout", "packet": packet})["task"]
+    mcp.ok("oj/scout", "accept_task", {"task_id": task["id"]})
+    old = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=9)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    oj = person(server, world, "oj")
+    assert oj.get(f"/api/tasks/{task['id']}").json()["criteria_evidence"] is None  # no result yet
+    mcp.ok("oj/scout", "return_result", {"task_id": task["id"], "summary": "Done.", "evidence": [
+        {"kind": "link", "summary": "The build", "url": "https://ci.example/build/7", "criteria": [0]},
+        {"kind": "test_output", "summary": "Tests", "content": "12 passed", "criteria": [0, 1]},
+        {"kind": "screenshot", "summary": "Home", "url": "https://img.example/shots/Home.PNG?v=2", "criteria": [2],
+         "observed_at": old},
+        {"kind": "screenshot", "summary": "Pinned", "content": "1280 by 800", "artifact": 0, "criteria": [1]},
+        {"kind": "note", "summary": "A general remark."}],
+        "artifacts": [{"ref": "https://img.example/a/b.webp", "sha256": SHA}]})
+    view = oj.get(f"/api/tasks/{task['id']}").json()["criteria_evidence"]
+    assert view == prickle.criteria_evidence(world.db.one("SELECT * FROM tasks WHERE id = ?", (task["id"],)),
+                                             prickle.latest_submission(world.db, task["id"]))
+    assert view["criteria"] == [
+        {"criterion": 0, "text": "Builds.", "standing": "covered", "evidence": [0, 1], "verdict": None},
+        {"criterion": 1, "text": "Looks right.", "standing": "covered", "evidence": [1, 3], "verdict": None},
+        {"criterion": 2, "text": "Fast.", "standing": "stale", "evidence": [2], "verdict": None}]
+    assert (view["revision"], view["complete"], view["general"]) == (1, False, [4])
+    none = {"url": None, "content": None, "criteria": None, "artifact": None, "observed_at": None, "verifier": None,
+            "stale": None, "artifact_ref": None, "preview": None}
+    assert view["evidence"] == [
+        none | {"evidence": 0, "kind": "link", "summary": "The build", "url": "https://ci.example/build/7",
+                "criteria": [0]},
+        none | {"evidence": 1, "kind": "test_output", "summary": "Tests", "content": "12 passed", "criteria": [0, 1]},
+        none | {"evidence": 2, "kind": "screenshot", "summary": "Home", "url": "https://img.example/shots/Home.PNG?v=2",
+                "criteria": [2], "observed_at": old, "stale": "older_than_7_days",
+                "preview": "https://img.example/shots/Home.PNG?v=2"},
+        none | {"evidence": 3, "kind": "screenshot", "summary": "Pinned", "content": "1280 by 800", "criteria": [1],
+                "artifact": 0, "artifact_ref": "https://img.example/a/b.webp", "preview": "https://img.example/a/b.webp"},
+        none | {"evidence": 4, "kind": "note", "summary": "A general remark."}]
+    # Only an http(s) address of a picture is previewed.
+    assert [prickle.image_url(u) for u in ("https://x.example/a.gif", "http://x.example/a.jpeg#top",
+                                           "javascript:alert(1)//a.png", "ftp://x.example/a.png", "/a.png",
+                                           "https://x.example/a.png.html", None)] == [
+        "https://x.example/a.gif", "http://x.example/a.jpeg#top", None, None, None, None, None]

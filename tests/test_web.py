@@ -142,17 +142,19 @@ def test_a_held_handoff_is_approved_verified_and_finally_accepted(served, people
     expect(criteria.nth(1)).to_contain_text("covered by #2")
     expect(criteria.nth(1)).to_contain_text("accepted")
     expect(oj.locator(".report")).to_contain_text("complete")
-    expect(oj.locator(".checkpoint")).to_contain_text("Layout done.")
-    expect(oj.get_by_role("link", name="https://preview.example/pricing")).to_be_visible()
+    expect(oj.locator(".tl-checkpoint-body")).to_contain_text("Layout done.")
+    expect(oj.locator(".submission").get_by_role("link", name="https://preview.example/pricing")).to_be_visible()
     note = mcp(served, "ren/builder", "post_message", {"project": PROJECT, "task_id": task_id,
                                                       "body": "@oj/muse The preview is up for review."})
     expect(oj.locator(f".thread-section #msg-{note['message']['id']}")).to_contain_text("The preview is up for review.")
     decision = oj.locator(".decision")
     expect(decision.locator(".decision-lead")).to_have_text(
         "oj/muse verified it. Every criterion is covered by fresh evidence:")
-    expect(decision.locator(".decision-coverage li")).to_have_text([
-        "Criterion 1 (Three plans side by side.): covered by #1 screenshot “Three plans in one row.”",
-        "Criterion 2 (A clear call to action on each plan.): covered by #2 note “Each plan ends with 'Start free'.”"])
+    expect(decision.locator(".ce-criterion .ce-head")).to_have_text([
+        "Criterion 1 Three plans side by side. covered by #1 verifier: met",
+        "Criterion 2 A clear call to action on each plan. covered by #2 verifier: met"])
+    expect(decision.locator(".ce-item-head")).to_have_text([
+        "#1 screenshot Three plans in one row.", "#2 note Each plan ends with 'Start free'."])
     shot(oj, "task_ready_for_final_acceptance")
     oj.get_by_role("button", name="Give final acceptance").click()
     expect(oj.locator(".task-meta .state")).to_have_text("completed")
@@ -191,10 +193,9 @@ def test_ask_your_own_agent_then_send_back_and_cancel(served, people):
     decision = page.locator(".decision")
     expect(decision.locator(".decision-lead")).to_have_text(
         "1 of 2 criteria are covered by fresh evidence; check the gaps before you accept:")
-    expect(decision.locator(".decision-coverage li")).to_have_text([
-        "Criterion 1 (Five questions.): covered by #1 note “Five questions.”",
-        "Criterion 2 (Plain words.): no evidence covers it"])
-    expect(decision.locator(".coverage-uncovered")).to_have_attribute("data-criterion", "1")
+    expect(decision.locator(".ce-criterion .ce-head")).to_have_text([
+        "Criterion 1 Five questions. covered by #1", "Criterion 2 Plain words. no evidence"])
+    expect(decision.locator(".ce-uncovered")).to_have_attribute("data-criterion", "1")
     expect(decision).not_to_contain_text("every criterion", ignore_case=True)
     shot(page, "final_decision_with_an_uncovered_criterion")
     page.get_by_text("Send it back with a reason").click()
@@ -205,6 +206,7 @@ def test_ask_your_own_agent_then_send_back_and_cancel(served, people):
     expect(page.locator(".facts")).to_contain_text("Criterion 2 has no evidence")
     shot(page, "task_sent_back")
 
+    page.get_by_text("Cancel the task…").click()
     cancel = page.get_by_role("button", name="Cancel task")
     cancel.click()
     page.get_by_role("button", name="Click again to cancel the task").click()

@@ -126,7 +126,7 @@ def test_markdown_renders_and_unsafe_links_and_html_do_not_run(served, people):
     expect(page.locator(".packet-task strong")).to_have_text("launch")
     expect(page.locator(".md-block .md code", has_text="docs/voice.md")).to_be_visible()
     expect(page.locator(".md-block .md ol li")).to_have_text(["short", "warm"])
-    expect(page.locator(".checkpoint .md strong")).to_have_text("intro")
+    expect(page.locator(".tl-checkpoint-body .md strong")).to_have_text("intro")
     phone = people("oj", viewport=PHONE)
     goto(phone, served, f"#/p/{PROJECT}/room/{message['id']}")
     expect(phone.locator(f"#msg-{message['id']} .msg-body pre code")).to_be_visible()
