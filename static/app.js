@@ -33,6 +33,7 @@ import * as inboxStore from "./inbox_store.js";
 import * as invite from "./invite.js";
 import * as search from "./search.js";
 import * as shortcuts from "./shortcuts.js";
+import * as pauses from "./pauses.js";
 import { h, avatar, fill, heading, errorSlot, act, link, loadFailed } from "./ui.js";
 
 const PROJECT_VIEWS = {
@@ -57,6 +58,7 @@ let me = null;
 let unmount = null;
 let routeSerial = 0;
 let firstRoute = true;
+let closeMenu = null; // the phone's top-bar menu closes when the page goes elsewhere
 
 // ---- lifecycle -----------------------------------------------------------------------
 
@@ -65,6 +67,7 @@ async function boot() {
     if (me) showSignedOut("Your session ended. Sign in again to continue.");
   });
   window.addEventListener("hashchange", route);
+  window.addEventListener("hashchange", () => closeMenu?.());
   shortcuts.install(go);
   await start();
 }
@@ -77,6 +80,8 @@ async function start() {
     return showFatal(err);
   }
   inboxStore.start(me);
+  inboxStore.onChange(() => pauses.changed()); // the person's stream said something changed
+  pauses.load();
   renderShell();
   await route();
 }
@@ -176,8 +181,8 @@ function renderShell() {
   const error = errorSlot();
   const out = h("button", { type: "button", class: "quiet", text: "Sign out" });
   out.addEventListener("click", () => signOut(out, error));
-  fill(document.getElementById("topbar"),
-    h("a", { class: "brand", href: "#/" }, h("span", { class: "brand-mark", "aria-hidden": "true", text: "✳" }), "Prickle"),
+  // On a phone the bar is one row: the menu button shows the links, search and you below it.
+  const menu = h("div", { class: "topbar-menu", id: "topbar-menu" },
     h("nav", { class: "global-nav", "aria-label": "Main" },
       h("a", { href: "#/", dataset: { nav: "" }, text: "Projects" }),
       inbox.headerLink(),
@@ -188,8 +193,24 @@ function renderShell() {
       avatar(me.display_name, me.color),
       h("span", { class: "me-name" }, h("span", { text: me.display_name }),
         h("span", { class: "muted", text: ` @${me.handle}` })),
-      out),
-    error);
+      out));
+  const toggle = h("button", { type: "button", class: "menu-toggle", "aria-expanded": "false",
+    "aria-controls": "topbar-menu", text: "Menu" });
+  const openMenu = (yes) => {
+    menu.classList.toggle("open", yes);
+    toggle.setAttribute("aria-expanded", String(yes));
+  };
+  toggle.addEventListener("click", () => openMenu(!menu.classList.contains("open")));
+  menu.addEventListener("keydown", (e) => {
+    if (e.key === "Escape" && menu.classList.contains("open")) {
+      openMenu(false);
+      toggle.focus();
+    }
+  });
+  closeMenu = () => openMenu(false);
+  fill(document.getElementById("topbar"),
+    h("a", { class: "brand", href: "#/" }, h("span", { class: "brand-mark", "aria-hidden": "true", text: "✳" }), "Prickle"),
+    menu, h("span", { class: "inbox-quick" }, inbox.headerLink()), pauses.chip(), toggle, error);
   document.body.classList.remove("signed-out");
 }
 
@@ -207,7 +228,7 @@ function searchBox() {
 }
 
 function markNav(key) {
-  for (const a of document.querySelectorAll(".global-nav a")) {
+  for (const a of document.querySelectorAll(".global-nav a, .inbox-quick a")) {
     if (a.dataset.nav === key) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");
   }

@@ -19,7 +19,8 @@ export const LABEL = {
 };
 const NOTIFY_KEY = "prickle.notify"; // "on" once the person turned notifications on
 const FAR = 9007199254740991; // "after" beyond any seq: the events endpoint answers with the newest
-const EVENTS = ["message.posted", "task.updated", "approval.updated", "action.updated", "member.joined", "project.created"];
+const EVENTS = ["message.posted", "task.updated", "approval.updated", "action.updated", "member.joined", "project.created",
+  "agent.paused", "agent.resumed"];
 
 const state = { items: [], unread: new Map(), loaded: false, me: null, source: null, offs: [], known: null };
 const listeners = new Set();

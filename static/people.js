@@ -1,11 +1,12 @@
 // people.js — the Members screen: a project's members with their role, their agents in it and
 // when they joined, adding a teammate from the project's team (owners), the project's agents,
 // and adding one of your own agents to it; owners of the project and its team invite people by
-// email and see the open invites (resend, revoke, the link to pass on). Leave, Remove, Promote and
-// Remove agent ask first, with what the server says would be handed back. Owners rename the
-// project, and its default lead is picked by a team owner (its owner agrees, declines or steps down).
+// email and see the open invites (resend, revoke, the link to pass on; one accepted leaves the list
+// at once). Leave, Remove, Promote and Remove agent ask first, with what the server says would be
+// handed back. Owners rename the project, and its default lead is picked by a team owner (its owner agrees, declines or steps down).
 
 import { get, post, del, seg } from "./api.js";
+import * as stream from "./stream.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, availabilityBadge, ago, announce, timeEl,
   copyButton, revokeButton, loadFailed,
@@ -45,8 +46,13 @@ export function mount(el, ctx) {
   };
   render();
   const off = ctx.project.onChange(redraw);
-  renderInvites(invites, ctx);
-  return off;
+  const reloadInvites = renderInvites(invites, ctx);
+  // An invite accepted is a member joined: the open invites follow without a reload.
+  const offJoined = stream.on("member.joined", () => reloadInvites.then((load) => load && load()));
+  return () => {
+    off();
+    offJoined();
+  };
 }
 
 // ---- callbacks / rendering -------------------------------------------------------------------------
@@ -333,9 +339,10 @@ async function renderAddAgent(box, ctx) {
   return draw;
 }
 
+/** The invite form and the open invites (owners); resolves to a function that reads the invites again. */
 async function renderInvites(box, ctx) {
   const data = ctx.project.data();
-  if (data.role !== "owner") return;
+  if (data.role !== "owner") return null;
   const shown = h("div", { class: "invite-made", "aria-live": "polite" });
   const list = h("ul", { class: "invite-list" });
   const email = h("input", { type: "email", name: "email", required: true, maxlength: 254, autocomplete: "off" });
@@ -373,7 +380,7 @@ async function renderInvites(box, ctx) {
     }
   });
   fill(box, form, h("h3", { text: "Open invites" }), list);
-  await load();
+  return (await load()) ? load : null;
 }
 
 function inviteRow(invite, ctx, shown, reload) {

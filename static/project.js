@@ -38,6 +38,8 @@ export async function enter(slug) {
     stream.on("pulse.updated", (event) => patchPulse(event.pulse)),
     stream.on("member.joined", reload),
     stream.on("agent.added", reload),
+    stream.on("agent.paused", (event) => patchPause(event)),
+    stream.on("agent.resumed", (event) => patchPause(event)),
     // Any message may pause a pair (agents) or resume one (people).
     stream.on("message.posted", reload),
     stream.on("resync", reload),
@@ -65,7 +67,8 @@ export function isPrivate() {
   return state?.data?.kind === "private";
 }
 
-/** The project view: {project, kind ("team" | "private"), role, people (with role), agents, memory, pulse, paused}. */
+/** The project view: {project, kind ("team" | "private"), role, people (with role), agents, memory, pulse, paused,
+ *  paused_agents ({agent_id: {by, scope, since}})}. */
 export function data() {
   return state?.data ?? null;
 }
@@ -126,6 +129,16 @@ export function header(view) {
 }
 
 // ---- callbacks -----------------------------------------------------------------------
+
+/** An agent paused or resumed: paused_agents ({agent_id: pause}) follows the event. */
+function patchPause(event) {
+  if (!state) return;
+  const paused = { ...(state.data.paused_agents || {}) };
+  if (event.pause) paused[event.agent_id] = event.pause;
+  else delete paused[event.agent_id];
+  state.data.paused_agents = paused;
+  notify();
+}
 
 function patchPulse(pulse) {
   if (!state || !pulse) return;

@@ -13,6 +13,7 @@ import { runsSection } from "./runs.js";
 import { approvalCard, finalDecision, cancelRow, reassignForm } from "./decisions.js";
 import { requestingPerson, awaitingFinal, taskState, titleOf, requesterText, actorText } from "./task_common.js";
 import { markdownWithRaw } from "./markdown.js";
+import { pausedSentence } from "./pauses.js";
 import {
   h, heading, field, errorSlot, act, fill, empty, badge, stateBadge, timeEl, words, safeUrl, debounce, announce,
   ownerOf, loadFailed,
@@ -110,7 +111,7 @@ function renderTask(top, body, ctx, detail, approval, stepCards, reload) {
       detail.blocked?.length ? h("span", { class: "task-blocked" }, badge("blocked", "warn"), " waits on ",
         detail.blocked.map((id, i) => [i ? ", " : "", h("a", { href: `#/p/${ctx.slug}/tasks/${id}`, text: siblingTitle(detail, id) })]))
         : null),
-    renderActions(ctx, task, approval, stepCards, reload),
+    renderActions(ctx, task, approval, stepCards, reload, detail.assignee_paused),
     detail.can_rename ? namesBox(ctx, detail, reload) : null);
 
   const latest = task.result;
@@ -138,12 +139,12 @@ function renderTask(top, body, ctx, detail, approval, stepCards, reload) {
         : empty("No checkpoints yet.")));
 }
 
-function renderActions(ctx, task, approval, stepCards, reload) {
+function renderActions(ctx, task, approval, stepCards, reload, paused) {
   const box = h("section", { class: "actions card", "aria-labelledby": "actions-heading" },
     h("h2", { id: "actions-heading", class: "sr-only", text: "Whose turn, and your decisions" }));
   const requester = requestingPerson(task);
   const owner = ownerOf(task.assignee);
-  const parts = [h("p", { class: "status-line", text: statusLine(task, requester, owner, ctx.me.handle) })];
+  const parts = [h("p", { class: "status-line", text: statusLine(task, requester, owner, ctx.me.handle, paused) })];
 
   const asking = stepCards.filter((card) => !card.classList.contains("decided")).length;
   if (stepCards.length) {
@@ -235,8 +236,10 @@ function verifyRow(task, reload) {
 }
 
 /** One sentence: where the task stands and whose turn it is. */
-function statusLine(task, requester, owner, me) {
+function statusLine(task, requester, owner, me, paused) {
   const you = (handle) => (handle === me ? "you" : handle);
+  // The task is with its agent, and its agent is paused: say so, never "working on it".
+  if (paused && ["requested", "routed", "accepted", "working"].includes(task.state)) return pausedSentence(task.assignee, paused);
   switch (task.state) {
     case "approval":
       if (awaitingFinal(task)) {
