@@ -118,6 +118,9 @@ export function chip() {
     button.setAttribute("aria-expanded", String(yes));
   };
   button.addEventListener("click", () => open(panel.hidden));
+  // It closes as a menu does: when the page goes elsewhere or a click lands outside it.
+  window.addEventListener("hashchange", () => open(false));
+  document.addEventListener("click", (e) => { if (!panel.hidden && !el.contains(e.target)) open(false); });
   el.addEventListener("keydown", (e) => {
     if (e.key === "Escape" && !panel.hidden) {
       open(false);

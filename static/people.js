@@ -90,7 +90,7 @@ function memberActions(p, ctx) {
         run: () => post(`${path}/leave`), after: () => { window.location.hash = "#/"; } }) }));
   } else if (owner) {
     if (p.role === "member") {
-      buttons.push(h("button", { type: "button", class: "small", text: "Promote", "aria-label": `Make ${p.display_name} an owner`,
+      buttons.push(h("button", { type: "button", class: "small", text: "Promote", "aria-label": `Promote ${p.display_name} to owner`,
         onclick: () => askPromotion(ctx, p) }));
     }
     buttons.push(h("button", { type: "button", class: "danger-quiet small", text: "Remove", "aria-label": `Remove ${p.display_name}`,
@@ -190,7 +190,7 @@ function renderAgents(box, data, ctx) {
     a.capabilities?.length ? h("p", { class: "chips" }, a.capabilities.map((c) => h("span", { class: "chip", text: `${c.kind}: ${c.name}` }))) : null,
     h("p", { class: "muted small", text: `${a.trust_level ? `trust ${a.trust_level} · ` : ""}${a.last_seen_at ? `seen ${ago(a.last_seen_at)}` : "never seen"}` }),
     owner || a.owner === ctx.me.handle ? h("p", { class: "agent-actions" }, h("button", {
-      type: "button", class: "danger-quiet small", text: "Remove agent", "aria-label": `Remove ${a.agent_id} from the project`,
+      type: "button", class: "danger-quiet small", text: "Remove agent", "aria-label": `Remove agent ${a.agent_id} from the project`,
       onclick: () => askRemoval(ctx, { agent: a.agent_id }, {
         title: `Take ${a.name} (${a.agent_id}) out of ${data.project.name}?`, who: a.agent_id, confirm: "Remove agent",
         run: () => del(`/api/projects/${seg(ctx.slug)}/agents/${a.agent_id.split("/").map(seg).join("/")}`) }) })) : null))

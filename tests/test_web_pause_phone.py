@@ -8,6 +8,7 @@ agents act over MCP with plain HTTP POSTs. Screenshots go to tests/screenshots/.
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from pathlib import Path
@@ -256,31 +257,56 @@ def test_the_open_invites_follow_an_accepted_invite_without_a_reload(served, peo
 # ---- axe-core -------------------------------------------------------------------------------------------
 
 
+def axe_violations(page: Page) -> list[dict]:
+    """The serious and critical axe-core violations on the page as it is now: ``[{id, impact, nodes}]``."""
+    page.add_script_tag(path=str(AXE))
+    result = page.evaluate(
+        "async () => (await axe.run(document, {resultTypes: ['violations']})).violations"
+        ".map((v) => ({id: v.id, impact: v.impact, nodes: v.nodes.map((n) => n.target.join(' '))}))")
+    return [v for v in result if v["impact"] in ("serious", "critical")]
+
+
 @pytest.mark.skipif(not AXE.exists(), reason=f"axe-core is not installed at {AXE} (.ci/run installs it)")
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 @pytest.mark.parametrize("width", ["desktop", "phone"])
 def test_axe_finds_no_serious_or_critical_violation_on_any_screen(served, browser, width, scheme):
     task_id, _ = running_task(served, f"Check the {scheme} {width} screens.")
+    with person_api(served, "oj") as oj_api:  # an owner's screens, with one of their agents paused
+        assert oj_api.post(f"/api/projects/{PROJECT}/invites", json={"email": f"{scheme}-{width}@example.org"}).status_code == 200
+        assert oj_api.post("/api/agents/oj/muse/pause").status_code == 200
     context = browser.new_context(viewport=DESKTOP if width == "desktop" else PHONE, color_scheme=scheme)
     try:
         page = context.new_page()
-        page.goto(cli_json(served.db, "signin-link", "ren")["signin"])
+        page.goto(cli_json(served.db, "signin-link", "oj")["signin"])
         expect(page.get_by_role("heading", name=re.compile(r"^Hello, "))).to_be_visible()
         screens = (("#/", "h1"), ("#/inbox", "h1"), (f"#/p/{PROJECT}/room", ".msg"),
                    (f"#/p/{PROJECT}/tasks/{task_id}", ".status-line"), (f"#/p/{PROJECT}/tasks", ".board, .task-table"),
-                   (f"#/p/{PROJECT}/people", ".person"), (f"#/p/{PROJECT}/pulse", ".pulse-card"),
-                   ("#/agents", "tr[data-device-id]"), ("#/rules", "h1"), ("#/p/ren-room/room", "h1"),
+                   (f"#/p/{PROJECT}/people", ".invite-row"), (f"#/p/{PROJECT}/pulse", ".paused-note"),
+                   ("#/agents", ".agent-pause .badge"), ("#/rules", "h1"), ("#/p/oj-room/room", "h1"),
                    ("#/search?q=footer", ".search-hit, .empty"))
         found = {}
         for hash_, ready in screens:
             goto(page, served, hash_)
             expect(page.locator(ready).first).to_be_visible()
-            page.add_script_tag(path=str(AXE))
-            result = page.evaluate(
-                "async () => (await axe.run(document, {resultTypes: ['violations']})).violations"
-                ".map((v) => ({id: v.id, impact: v.impact, nodes: v.nodes.map((n) => n.target.join(' '))}))")
-            found[hash_] = [v for v in result if v["impact"] in ("serious", "critical")]
-        shot(page, f"axe_last_screen_{width}_{scheme}", full_page=False)
-        assert found == {hash_: [] for hash_ in found}, found
+            found[hash_] = axe_violations(page)
+        # what opens over a screen: the phone's menu, the paused chip's list, the pause dialog
+        if width == "phone":
+            page.get_by_role("button", name="Menu").click()
+            found["menu"] = axe_violations(page)
+            page.get_by_role("button", name="Menu").click()
+        page.locator(".pause-chip").click()
+        expect(page.locator("#pause-panel")).to_be_visible()
+        found["chip"] = axe_violations(page)
+        page.locator(".pause-chip").click()
+        goto(page, served, "#/agents")
+        page.locator(".pause").get_by_role("button", name="Pause all my agents").click()
+        expect(page.get_by_role("dialog")).to_be_visible()
+        found["dialog"] = axe_violations(page)
+        shot(page, f"axe_pause_dialog_{width}_{scheme}", full_page=False)
+        page.get_by_role("dialog").get_by_role("button", name="Cancel").click()
+        bad = {k: v for k, v in found.items() if v}
+        assert not bad, json.dumps(bad, indent=1)
     finally:
         context.close()
+        with person_api(served, "oj") as oj_api:
+            oj_api.post("/api/agents/oj/muse/resume")
