@@ -68,6 +68,7 @@ async function boot() {
   });
   window.addEventListener("hashchange", route);
   window.addEventListener("hashchange", () => closeMenu?.());
+  document.addEventListener("keydown", (e) => { if (e.key === "Escape") closeMenu?.(); });
   shortcuts.install(go);
   await start();
 }
@@ -181,13 +182,14 @@ function renderShell() {
   const error = errorSlot();
   const out = h("button", { type: "button", class: "quiet", text: "Sign out" });
   out.addEventListener("click", () => signOut(out, error));
-  // On a phone the bar is one row: the menu button shows the links, search and you below it.
+  // On a phone the bar is one row: the inbox link stays, the menu button shows the other links, the
+  // search box and you below it.
+  const nav = h("nav", { class: "global-nav", id: "main-nav", "aria-label": "Main" },
+    h("a", { href: "#/", dataset: { nav: "" }, text: "Projects" }),
+    inbox.headerLink(),
+    h("a", { href: "#/agents", dataset: { nav: "agents" }, text: "Agents & keys" }),
+    h("a", { href: "#/rules", dataset: { nav: "rules" }, text: "Rules" }));
   const menu = h("div", { class: "topbar-menu", id: "topbar-menu" },
-    h("nav", { class: "global-nav", "aria-label": "Main" },
-      h("a", { href: "#/", dataset: { nav: "" }, text: "Projects" }),
-      inbox.headerLink(),
-      h("a", { href: "#/agents", dataset: { nav: "agents" }, text: "Agents & keys" }),
-      h("a", { href: "#/rules", dataset: { nav: "rules" }, text: "Rules" })),
     searchBox(),
     h("div", { class: "me" },
       avatar(me.display_name, me.color),
@@ -195,22 +197,17 @@ function renderShell() {
         h("span", { class: "muted", text: ` @${me.handle}` })),
       out));
   const toggle = h("button", { type: "button", class: "menu-toggle", "aria-expanded": "false",
-    "aria-controls": "topbar-menu", text: "Menu" });
+    "aria-controls": "main-nav topbar-menu", text: "Menu" });
+  const bar = document.getElementById("topbar");
   const openMenu = (yes) => {
-    menu.classList.toggle("open", yes);
+    bar.classList.toggle("menu-open", yes);
     toggle.setAttribute("aria-expanded", String(yes));
   };
-  toggle.addEventListener("click", () => openMenu(!menu.classList.contains("open")));
-  menu.addEventListener("keydown", (e) => {
-    if (e.key === "Escape" && menu.classList.contains("open")) {
-      openMenu(false);
-      toggle.focus();
-    }
-  });
+  toggle.addEventListener("click", () => openMenu(!bar.classList.contains("menu-open")));
   closeMenu = () => openMenu(false);
-  fill(document.getElementById("topbar"),
+  fill(bar,
     h("a", { class: "brand", href: "#/" }, h("span", { class: "brand-mark", "aria-hidden": "true", text: "✳" }), "Prickle"),
-    menu, h("span", { class: "inbox-quick" }, inbox.headerLink()), pauses.chip(), toggle, error);
+    nav, menu, pauses.chip(), toggle, error);
   document.body.classList.remove("signed-out");
 }
 
@@ -228,7 +225,7 @@ function searchBox() {
 }
 
 function markNav(key) {
-  for (const a of document.querySelectorAll(".global-nav a, .inbox-quick a")) {
+  for (const a of document.querySelectorAll(".global-nav a")) {
     if (a.dataset.nav === key) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");
   }
@@ -245,6 +242,7 @@ function signinProblem() {
 }
 
 function showSignedOut(reason) {
+  closeMenu?.();
   teardown();
   project.leave();
   inboxStore.stop();
