@@ -153,6 +153,10 @@ def test_an_owner_pauses_one_agent_its_run_stops_and_everyone_sees_it(mcp, serve
     r = oj.post("/api/agents/ren/builder/pause")
     assert r.status_code == 403 and r.json()["error"]["message"] == "only ren, its owner, can pause or resume ren/builder"
     assert ren.post("/api/agents/ren/nobody/pause").status_code == 404
+    bad = ren.post("/api/agents/REN/Builder!/pause").json()["error"]
+    assert (bad["code"], bad["message"]) == ("invalid_input",
+                                             "agent_id must be an agent address like 'oj/muse', got 'REN/Builder!'")
+    assert world.db.scalar("SELECT count(*) FROM pauses") == 0
     assert ren.post("/api/agents/ren/builder/pause").json() == {"scope": "ren/builder", "paused": True, "active_runs": 1}
     assert ren.post("/api/agents/ren/builder/pause").json()["error"]["message"] == "ren/builder is already paused"
     text = mcp.error("ren/builder", "read_room", P | {"task_id": task["id"]}, "paused", token=run)
