@@ -43,7 +43,7 @@ Part II. The team's work: one chapter per capability; each operation is one func
     transaction, called the same way by MCP, the people's API and the command line
   11. People and teams -- people, teams and who is in which
   12. Projects, their members, agents and keys -- projects, members, agents and their keys, and
-      what the page lists of them
+      what the page lists of them, and whether an agent is paused
   13. Invites -- asking someone by email to join a project
   14. Memory and pulse -- the project's memory, discover_team_agents, get_project_context and
       update_pulse
@@ -4130,6 +4130,38 @@ def agent_availability(db: Database, agent: dict, hub: WakeHub | None, project: 
     return "offline"
 
 
+#: The scope of a pause made by the server's operator: every agent on the deployment.
+ALL_AGENTS = "*"
+
+
+def agent_pause(db: Database, agent_id: str) -> dict | None:
+    """Whether ``agent_id`` is paused: None, or ``{"by": "operator"|"owner", "scope", "since"}``.
+
+    A pause (the ``pauses`` table) holds every agent (scope ``all``, the operator's), every agent
+    of one owner (``owner``: its key is the handle) or one agent (``agent``: its address). The
+    widest pause in force is the one named. While paused, an agent's runs are refused at their
+    next call and its runners start nothing; what wakes it waits until it is resumed.
+    """
+    owner = owner_of(agent_id)
+    rows = {r["scope"]: r["paused_at"] for r in db.rows(
+        "SELECT scope, paused_at FROM pauses WHERE scope IN (?, ?, ?)", (ALL_AGENTS, owner, agent_id))}
+    for key, scope in ((ALL_AGENTS, "all"), (owner, "owner"), (agent_id, "agent")):
+        if key in rows:
+            return {"by": "operator" if key == ALL_AGENTS else "owner", "scope": scope, "since": rows[key]}
+    return None
+
+
+def paused_by(db: Database, owner: str) -> str | None:
+    """Who paused all of ``owner``'s agents at once: ``operator`` (every agent), ``owner``, or None."""
+    scopes = {r["scope"] for r in db.rows("SELECT scope FROM pauses WHERE scope IN (?, ?)", (ALL_AGENTS, owner))}
+    return "operator" if ALL_AGENTS in scopes else "owner" if owner in scopes else None
+
+
+def paused_agents(db: Database, agent_ids: list[str]) -> dict[str, dict]:
+    """The paused ones among ``agent_ids``: ``{agent_id: agent_pause}``."""
+    return {a: p for a in agent_ids if (p := agent_pause(db, a)) is not None}
+
+
 def create_token(db: Database, kind: str, *, agent_id: str | None = None, person: str | None = None,
                  project: str | None = None, ttl: _dt.timedelta | None = None,
                  by: str | None = None, label: str | None = None) -> tuple[dict, str]:
@@ -5744,7 +5776,8 @@ ROOM_THREADS = 20
 
 def project_view(db: Database, person: Actor, project: str, hub: WakeHub | None = None) -> dict:
     """A project as the web page shows it: summary, kind, the person's role, people (with roles),
-    agents, memory, pulse and paused agent pairs. NotFound when it is out of ``person``'s reach.
+    agents, memory, pulse, paused agent pairs and paused agents (``{agent_id: agent_pause}``).
+    NotFound when it is out of ``person``'s reach.
     """
     with db.snapshot():
         kind = require_project(db, person, project)["kind"]
@@ -5756,7 +5789,8 @@ def project_view(db: Database, person: Actor, project: str, hub: WakeHub | None 
                 "team_role": team_role(db, summary["team"], person.handle) if kind == "team" else None,
                 "lead": lead_out(db, project, person.handle), "can_pick_lead": may_pick_lead(db, project, person.handle),
                 **team, "memory": memory_facts(db, project),
-                "pulse": project_pulse(db, project), "paused": paused_pairs(db, project)}
+                "pulse": project_pulse(db, project), "paused": paused_pairs(db, project),
+                "paused_agents": paused_agents(db, [a["agent_id"] for a in team["agents"]])}
 
 
 def paused_pairs(db: Database, project: str) -> list[dict]:
@@ -5897,28 +5931,21 @@ def run_stopped(db: Database, project: str, attempt: dict, reason: str, by: str 
                                             "task": attempt["task_id"], "by": by, "reason": reason})
 
 
-#: The scope of a pause made by the server's operator: every agent on the deployment.
-ALL_AGENTS = "*"
-
-
-def paused_by(db: Database, owner: str) -> str | None:
-    """Who paused ``owner``'s agents: ``operator`` (every agent), ``owner``, or None."""
-    scopes = {r["scope"] for r in db.rows("SELECT scope FROM pauses WHERE scope IN (?, ?)", (ALL_AGENTS, owner))}
-    return "operator" if ALL_AGENTS in scopes else "owner" if owner in scopes else None
-
-
-def check_not_paused(db: Database, owner: str) -> None:
-    """Raise Paused when ``owner``'s agents are paused (by their owner or the operator)."""
-    who = paused_by(db, owner)
-    if who is not None:
-        raise Paused(f"{owner}'s agents are paused by {'the operator' if who == 'operator' else owner}: nothing runs "
-                     "until they are resumed (on the page, or 'prickle agents resume')")
+def check_not_paused(db: Database, agent_id: str) -> None:
+    """Raise Paused when ``agent_id`` is paused (by its owner, alone or with all their agents, or the operator)."""
+    pause = agent_pause(db, agent_id)
+    if pause is not None:
+        who = "the operator" if pause["by"] == "operator" else owner_of(agent_id)
+        what = {"all": "every agent is", "owner": f"{owner_of(agent_id)}'s agents are"}.get(pause["scope"],
+                                                                                      f"{agent_id} is")
+        raise Paused(f"{what} paused by {who}: nothing of {agent_id} runs until it is resumed (on the page, "
+                     "or 'prickle agents resume')")
 
 
 def check_run_allowed(db: Database, actor: Actor) -> None:
     """A run's (or a discussion's) every call is refused with ``paused`` while its agent is paused."""
     if actor.attempt_id is not None or actor.discussion_id is not None:
-        check_not_paused(db, actor.owner)
+        check_not_paused(db, actor.agent_id)
 
 
 def attempt_out(row: dict) -> dict:
@@ -7353,7 +7380,7 @@ def claim_task(db: Database, actor: Actor, task_id: str, idempotency_key: str, w
                         (actor.credential_id,))
         if device is None or device["revoked_at"]:
             raise Forbidden("this runner key belongs to no live paired device: pair the device again")
-        check_not_paused(db, actor.owner)
+        check_not_paused(db, actor.agent_id)
         task = require_task_role(db, actor, task_id, "assignee")
         if wake is not None and wake.get("message_id") != task["origin_message_id"]:
             raise InvalidInput("wake.message_id: a run's cause is the task's own Task request "
@@ -7419,7 +7446,7 @@ def claim_verification(db: Database, actor: Actor, task_id: str, idempotency_key
                         (actor.credential_id,))
         if device is None or device["revoked_at"]:
             raise Forbidden("this runner key belongs to no live paired device: pair the device again")
-        check_not_paused(db, actor.owner)
+        check_not_paused(db, actor.agent_id)
         task = require_task_role(db, actor, task_id, "requester")
         if lifecycle_state(task) != "verifying_by_agent":
             raise InvalidState(f"task '{task_id}' is {task['state']}: there is no result waiting for "
@@ -7688,7 +7715,8 @@ def run_control(db: Database, person: Actor, task: dict) -> dict | None:
     if owner_of(task["assignee"]) != person.handle:
         return None
     open_run = open_attempt(db, task["id"], ("running", "uncertain"))
-    return {"paused": paused_by(db, person.handle),
+    pause = agent_pause(db, task["assignee"])
+    return {"paused": pause and pause["by"], "pause_scope": pause and pause["scope"],
             "runner_connected": db.one("SELECT 1 FROM devices WHERE agent_id = ? AND revoked_at IS NULL",
                                        (task["assignee"],)) is not None,
             "run_approved": task["run_approved"],
@@ -7716,7 +7744,7 @@ def start_run(db: Database, person: Actor, task_id: str, confirm: str | None) ->
         task = _assignee_task(db, person, task_id, "start a run")
         if confirm != person.handle:
             raise InvalidInput(f"confirm: type your handle ({person.handle}) to confirm it is you starting this run")
-        check_not_paused(db, person.handle)
+        check_not_paused(db, task["assignee"])
         if task["state"] not in CLAIMABLE:
             raise InvalidState(f"task '{task_id}' is {task['state']}: a run can start only when it is "
                                f"{', '.join(CLAIMABLE)}")
@@ -7787,50 +7815,125 @@ def hand_back(db: Database, person: Actor, task_id: str, reason: str | None = No
 
 
 def pause_agents(db: Database, scope: str, by: str) -> dict:
-    """Pause one owner's agents (``scope`` = their handle) or every agent (ALL_AGENTS, the operator).
+    """Pause one agent (``scope`` = its address), one owner's agents (their handle) or every agent (ALL_AGENTS).
 
     Runs are refused with ``paused`` at their next call and runners claim nothing until
-    resumed. Writes ``agents.paused`` in each project concerned, with its runs still open.
+    resumed; wakes wait. Writes ``agents.paused`` in each project concerned, with its runs still
+    open, and ``task.updated`` for each open task of a paused agent so live views show it (the
+    reference has no event of its own for a pause). ``{"scope", "paused": true, "active_runs"}``. InvalidState when already paused.
     """
     with db.transaction():
-        if scope != ALL_AGENTS:
+        if "/" in scope:
+            agent_card(db, scope)  # NotFound for no such agent
+        elif scope != ALL_AGENTS:
             require_person(db, scope)
-        if db.one("SELECT 1 FROM pauses WHERE scope = ?", (scope,)):
+        held = agent_pause(db, scope) if "/" in scope else None
+        if db.one("SELECT 1 FROM pauses WHERE scope = ?", (scope,)) or held:
             raise InvalidState("every agent is already paused" if scope == ALL_AGENTS
+                               else f"{scope} is already paused" if "/" in scope
                                else f"{scope}'s agents are already paused")
         db.execute("INSERT INTO pauses (scope, paused_by, paused_at) VALUES (?, ?, ?)", (scope, by, iso(utcnow())))
         total = 0
         for chain in _pause_chains(db, scope):
             open_runs = db.scalar(
                 "SELECT count(*) FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE a.state = 'running' AND "
-                "t.project = ?" + ("" if scope == ALL_AGENTS else " AND a.agent_id LIKE ? ESCAPE '\\'"),
-                (chain,) + (() if scope == ALL_AGENTS else (scope + "/%",)))
+                "t.project = ?" + _pause_where(scope), (chain,) + _pause_params(scope))
             total += open_runs
             audit(db, chain, "agents.paused", _pause_refs(scope, by) | {"active_runs": open_runs})
-    return {"scope": "all" if scope == ALL_AGENTS else scope, "paused": True, "active_runs": total}
+        _pause_events(db, scope)
+    return {"scope": _scope_out(scope), "paused": True, "active_runs": total}
 
 
 def resume_agents(db: Database, scope: str, by: str) -> dict:
-    """Lift a pause made with the same scope. Writes ``agents.resumed``."""
+    """Lift a pause made with the same scope. Writes ``agents.resumed`` and ``task.updated`` (each open task).
+
+    Resuming an owner's agents lifts their one-agent pauses too. Resuming one agent while all its
+    owner's agents are paused keeps the others paused, each on its own. ``{"scope", "paused"}``:
+    ``paused`` stays true for an agent the operator still holds. InvalidState when nothing was paused.
+    """
     with db.transaction():
-        if not db.execute("DELETE FROM pauses WHERE scope = ?", (scope,)):
+        if "/" in scope:
+            owner = owner_of(scope)
+            if db.execute("DELETE FROM pauses WHERE scope = ?", (owner,)):  # the rest of the owner's stay paused
+                since = iso(utcnow())
+                for r in db.rows("SELECT agent_id FROM agents WHERE owner = ? AND agent_id <> ?", (owner, scope)):
+                    db.execute("INSERT OR IGNORE INTO pauses (scope, paused_by, paused_at) VALUES (?, ?, ?)",
+                               (r["agent_id"], by, since))
+            elif not db.execute("DELETE FROM pauses WHERE scope = ?", (scope,)):
+                raise InvalidState(f"{scope} is not paused by its owner")
+            db.execute("DELETE FROM pauses WHERE scope = ?", (scope,))
+        elif not db.execute("DELETE FROM pauses WHERE scope = ?" + ("" if scope == ALL_AGENTS else
+                            " OR scope IN (SELECT agent_id FROM agents WHERE owner = ?)"),
+                            (scope,) + (() if scope == ALL_AGENTS else (scope,))):
             raise InvalidState("no pause of every agent is in force" if scope == ALL_AGENTS
                                else f"{scope}'s agents are not paused")
         for chain in _pause_chains(db, scope):
             audit(db, chain, "agents.resumed", _pause_refs(scope, by))
-    return {"scope": "all" if scope == ALL_AGENTS else scope, "paused": False}
+        _pause_events(db, scope)
+        still = "/" in scope and agent_pause(db, scope) is not None
+    return {"scope": _scope_out(scope), "paused": still}
+
+
+def pause_agent(db: Database, person: Actor, agent_id: str, pause: bool = True) -> dict:
+    """The owner pauses one of their agents (or resumes it, ``pause`` false); see :func:`pause_agents`.
+
+    Forbidden for another person's agent; NotFound for no such agent; InvalidState when it is
+    already paused (or, to resume, not paused by its owner).
+    """
+    with db.transaction():
+        agent_card(db, check_agent_id(agent_id, "agent_id"))  # NotFound for no such agent
+        if owner_of(agent_id) != person.handle:
+            raise Forbidden(f"only {owner_of(agent_id)}, its owner, can pause or resume {agent_id}")
+        return (pause_agents if pause else resume_agents)(db, agent_id, person.handle)
+
+
+def my_pauses(db: Database, person: Actor) -> dict:
+    """What of ``person``'s agents is paused: ``{"paused_by": who paused them all or null,
+    "agents": [{"agent_id", "name", "by", "scope", "since"}]}`` (the header's chip reads it)."""
+    with db.snapshot():
+        rows = db.rows("SELECT agent_id, display_name FROM agents WHERE owner = ? ORDER BY agent_id", (person.handle,))
+        held = paused_agents(db, [r["agent_id"] for r in rows])
+        return {"paused_by": paused_by(db, person.handle),
+                "agents": [{"agent_id": r["agent_id"], "name": r["display_name"]} | held[r["agent_id"]]
+                           for r in rows if r["agent_id"] in held]}
+
+
+def _scope_out(scope: str) -> str:
+    return "all" if scope == ALL_AGENTS else scope
+
+
+def _pause_where(scope: str) -> str:
+    return "" if scope == ALL_AGENTS else " AND a.agent_id = ?" if "/" in scope else " AND a.agent_id LIKE ? ESCAPE '\\'"
+
+
+def _pause_params(scope: str) -> tuple:
+    return () if scope == ALL_AGENTS else (scope,) if "/" in scope else (scope + "/%",)
 
 
 def _pause_refs(scope: str, by: str) -> dict:
-    return {"scope": "all"} if scope == ALL_AGENTS else {"scope": "owner", "owner": scope, "by": by}
+    if scope == ALL_AGENTS:
+        return {"scope": "all"}
+    if "/" in scope:
+        return {"scope": "agent", "agent": scope, "by": by}
+    return {"scope": "owner", "owner": scope, "by": by}
 
 
 def _pause_chains(db: Database, scope: str) -> list[str]:
     if scope == ALL_AGENTS:
         return [r["slug"] for r in db.rows("SELECT slug FROM projects ORDER BY slug")] or [DEPLOYMENT_CHAIN]
     return [r["project"] for r in db.rows(
-        "SELECT DISTINCT pa.project FROM project_agents pa JOIN agents a USING (agent_id) WHERE a.owner = ? "
-        "ORDER BY pa.project", (scope,))] or [DEPLOYMENT_CHAIN]
+        "SELECT DISTINCT pa.project FROM project_agents pa JOIN agents a USING (agent_id) WHERE 1 = 1"
+        + _pause_where(scope) + " ORDER BY pa.project", _pause_params(scope))] or [DEPLOYMENT_CHAIN]
+
+
+def _pause_events(db: Database, scope: str) -> None:
+    """Live views hear of it: ``task.updated`` for each open task of each agent concerned."""
+    agents = [r["agent_id"] for r in db.rows("SELECT agent_id FROM agents a WHERE 1 = 1" + _pause_where(scope),
+                                            _pause_params(scope))]
+    for agent_id in agents:
+        for task in db.rows(f"SELECT * FROM tasks WHERE assignee = ? AND state NOT IN "
+                            f"({', '.join('?' * len(CLOSED_STATES))})", (agent_id, *CLOSED_STATES)):
+            append_event(db, task["project"], "task.updated", {"task": task_out(db, task)})
 
 
 def runner_state(db: Database, actor: Actor) -> dict:
@@ -7843,7 +7946,8 @@ def runner_state(db: Database, actor: Actor) -> dict:
         device = runner_device(db, actor)
         rows = db.rows("SELECT * FROM attempts WHERE device_id = ? ORDER BY claimed_at DESC, rowid DESC LIMIT ?",
                        (device["id"], RUNNER_RUNS_SHOWN))
-        who = paused_by(db, actor.owner)
+        pause = agent_pause(db, actor.agent_id)
+        who = pause and pause["by"]
         # A run that ended waiting on its owner's decision (it asked request_step itself) did not fail,
         # nor one whose step was allowed as it ended, before it could use it.
         asking = {r["attempt_id"] for r in db.rows(
@@ -8055,6 +8159,7 @@ def task_detail(db: Database, person: Actor, task_id: str) -> dict:
                                                    (task_id,))],
             "runs": task_runs(db, task_id),
             "run_control": run_control(db, person, task),
+            "assignee_paused": agent_pause(db, task["assignee"]),
             "checkpoints": [json.loads(c["body"]) | {"id": c["id"], "agent": c["agent"], "created_at": c["created_at"]}
                             for c in db.rows("SELECT * FROM checkpoints WHERE task_id = ? ORDER BY created_at, rowid",
                                              (task_id,))],
@@ -8384,7 +8489,7 @@ def claim_action(db: Database, actor: Actor, action_id: str) -> dict:
     if actor.credential_kind != "runner":
         raise Forbidden("only the proposing agent's runner device claims an approved action")
     with db.transaction():
-        check_not_paused(db, actor.owner)
+        check_not_paused(db, actor.agent_id)
         row = db.one("SELECT * FROM actions WHERE id = ? AND agent_id = ?", (action_id, actor.agent_id))
         if row is None:
             raise NotFound(f"no action '{action_id}' of your agent's")
@@ -8459,7 +8564,7 @@ def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_ke
                 raise NotFound(f"message_id: no message '{message_id}' in your owner's private room")
             slug = message["project"]
             require_project(db, actor, slug)
-            check_not_paused(db, actor.owner)
+            check_not_paused(db, actor.agent_id)
             if harness != DISCUSSION_HARNESS:
                 raise RecordedRefusal(f"harness: this runner speaks harness {harness or 1}; draft, review and revise "
                                       f"turns need harness {DISCUSSION_HARNESS}: update prickle-runner",
@@ -11971,8 +12076,20 @@ async def api_settle_attempt(state: AppState, person: Actor, request: Request, b
 
 
 async def api_paused(state: AppState, person: Actor, request: Request, body: Any) -> dict:
-    """GET /api/agents/paused: who paused your agents (owner, operator) or null."""
-    return {"paused_by": paused_by(state.db, person.handle)}
+    """GET /api/agents/paused: who paused all your agents (owner, operator) or null, and each paused one."""
+    return my_pauses(state.db, person)
+
+
+async def api_pause_agent(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/agents/{owner}/{name}/pause: pause one of your agents."""
+    p = request.path_params
+    return pause_agent(state.db, person, f"{p['owner']}/{p['name']}")
+
+
+async def api_resume_agent(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/agents/{owner}/{name}/resume: resume one of your agents."""
+    p = request.path_params
+    return pause_agent(state.db, person, f"{p['owner']}/{p['name']}", pause=False)
 
 
 async def api_pause(state: AppState, person: Actor, request: Request, body: dict) -> dict:
@@ -11981,7 +12098,7 @@ async def api_pause(state: AppState, person: Actor, request: Request, body: dict
 
 
 async def api_resume_agents(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/agents/resume: lift the pause you made."""
+    """POST /api/agents/resume: resume all your agents (the pause of them all and each one's)."""
     return resume_agents(state.db, person.handle, person.handle)
 
 
@@ -12280,6 +12397,8 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("GET", "/api/agents/paused", _api(api_paused)),
     ("POST", "/api/agents/pause", _api(api_pause)),
     ("POST", "/api/agents/resume", _api(api_resume_agents)),
+    ("POST", "/api/agents/{owner}/{name}/pause", _api(api_pause_agent)),
+    ("POST", "/api/agents/{owner}/{name}/resume", _api(api_resume_agent)),
     ("GET", "/api/devices", _api(api_devices)),
     ("POST", "/api/devices", _api(api_pair_device)),
     ("DELETE", "/api/devices/{device_id}", _api(api_revoke_device)),
@@ -13653,36 +13772,45 @@ def device_revoke(db_path: str, as_json: bool, owner: str, device_id: str) -> No
 
 @cli.group("agents")
 def agents_group() -> None:
-    """Every agent at once: pause and resume their runs."""
+    """Pause and resume agents' runs: every agent, one person's, or one."""
 
 
-def _pause_scope(everyone: bool, owner: str | None) -> str:
-    if everyone == (owner is not None):
-        raise InvalidInput("pass --all (every agent on this server) or --owner HANDLE (one person's agents)")
+def _pause_scope(everyone: bool, owner: str | None, agent: str | None) -> str:
+    if [everyone, owner is not None, agent is not None].count(True) != 1:
+        raise InvalidInput("pass --all (every agent on this server), --owner HANDLE (one person's agents) "
+                           "or --agent OWNER/NAME (one agent)")
+    if agent is not None:
+        return check_agent_id(agent, "agent")
     return ALL_AGENTS if everyone else check_slug(owner, "owner")
+
+
+def _pause_words(scope: str) -> str:
+    return "every agent" if scope == ALL_AGENTS else scope if "/" in scope else f"{scope}'s agents"
 
 
 @agents_group.command("pause")
 @db_options
 @click.option("--all", "everyone", is_flag=True, help="Every agent on this server (the operator's pause).")
 @click.option("--owner", default=None, help="Only this person's agents.")
-def agents_pause(db_path: str, as_json: bool, everyone: bool, owner: str | None) -> None:
+@click.option("--agent", default=None, help="Only this agent (owner/name).")
+def agents_pause(db_path: str, as_json: bool, everyone: bool, owner: str | None, agent: str | None) -> None:
     """Pause agents: their runs are refused with 'paused' at their next call and runners start nothing."""
-    scope = _pause_scope(everyone, owner)
-    out = pause_agents(open_db(db_path), scope, "operator" if scope == ALL_AGENTS else scope)
-    Out(as_json)(out, f"Paused {'every agent' if scope == ALL_AGENTS else scope + chr(39) + 's agents'} "
-                       f"({out['active_runs']} runs were in progress; they stop at their next call).")
+    scope = _pause_scope(everyone, owner, agent)
+    out = pause_agents(open_db(db_path), scope, "operator" if scope == ALL_AGENTS else owner_of(scope))
+    Out(as_json)(out, f"Paused {_pause_words(scope)} ({out['active_runs']} runs were in progress; they stop at "
+                       "their next call).")
 
 
 @agents_group.command("resume")
 @db_options
 @click.option("--all", "everyone", is_flag=True, help="Lift the pause of every agent.")
-@click.option("--owner", default=None, help="Lift the pause of this person's agents.")
-def agents_resume(db_path: str, as_json: bool, everyone: bool, owner: str | None) -> None:
+@click.option("--owner", default=None, help="Resume this person's agents (each one's pause too).")
+@click.option("--agent", default=None, help="Resume this agent (owner/name).")
+def agents_resume(db_path: str, as_json: bool, everyone: bool, owner: str | None, agent: str | None) -> None:
     """Resume agents paused with the same scope."""
-    scope = _pause_scope(everyone, owner)
-    out = resume_agents(open_db(db_path), scope, "operator" if scope == ALL_AGENTS else scope)
-    Out(as_json)(out, f"Resumed {'every agent' if scope == ALL_AGENTS else scope + chr(39) + 's agents'}.")
+    scope = _pause_scope(everyone, owner, agent)
+    out = resume_agents(open_db(db_path), scope, "operator" if scope == ALL_AGENTS else owner_of(scope))
+    Out(as_json)(out, f"Resumed {_pause_words(scope)}.")
 
 
 ###############################################################################

@@ -5,6 +5,7 @@
 
 import { get, post, del, seg } from "./api.js";
 import { createDevices } from "./devices.js";
+import * as pauses from "./pauses.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, timeEl, revokeButton, copyButton,
   lines, announce, loadFailed, clearError,
@@ -38,6 +39,7 @@ export function mount(el, ctx) {
       const [a, k, p, d, paused] = await Promise.all([get("/api/agents"), get("/api/keys"), get("/api/projects"),
         get("/api/devices"), get("/api/agents/paused")]);
       renderPause(pauseBox, paused.paused_by, reload);
+      state.paused = Object.fromEntries(paused.agents.map((p) => [p.agent_id, p]));
       state.agents = a.agents;
       state.keys = k.keys;
       state.projects = p.projects;
@@ -54,7 +56,11 @@ export function mount(el, ctx) {
     state.loaded = true;
   };
   reload();
-  return () => fill(shown); // the secret leaves the page with the view
+  const offPauses = pauses.onChange(() => reload()); // paused or resumed from the header's chip
+  return () => {
+    offPauses();
+    fill(shown); // the secret leaves the page with the view
+  };
 }
 
 function showFailure(slot, err) {
@@ -64,16 +70,15 @@ function showFailure(slot, err) {
 
 // ---- actions ----------------------------------------------------------------------------------------------
 
-/** Pause all your agents' runs (refused with "paused" at their next call), or resume them. */
+/** Pause all your agents' runs (refused with "paused" at their next call), after a confirmation; or resume them. */
 function renderPause(box, pausedBy, reload) {
   const error = errorSlot();
   const button = h("button", { type: "button", class: pausedBy ? "primary" : "danger-quiet",
     text: pausedBy ? "Resume all my agents" : "Pause all my agents", disabled: pausedBy === "operator" });
-  button.addEventListener("click", () => act(button, error, async () => {
-    await post(pausedBy ? "/api/agents/resume" : "/api/agents/pause", {});
-    announce(pausedBy ? "Your agents are resumed" : "Your agents are paused");
-    reload();
-  }));
+  button.addEventListener("click", async () => {
+    if (pausedBy) await act(button, error, () => pauses.resume(null));
+    else await pauses.confirmPause(null, button);
+  });
   const text = pausedBy === "operator" ? "The server's operator paused every agent: nothing runs until they resume."
     : pausedBy ? "Your agents are paused: their runs are refused and their runners start nothing."
       : "Pausing stops every run of your agents at its next call; runners start nothing until you resume.";
@@ -182,9 +187,10 @@ function renderAgents(box, state, ctx, shown, reload) {
         reload();
       }
     });
-    return h("article", { class: "card agent-card", dataset: { agent: a.agent_id } },
+    return h("article", { class: `card agent-card${state.paused?.[a.agent_id] ? " paused-agent" : ""}`, dataset: { agent: a.agent_id } },
       h("div", { class: "pulse-head" }, avatar(a.name, a.agent_id, "agent"),
         h("div", {}, h("strong", { text: a.name }), h("div", { class: "muted small", text: a.agent_id }))),
+      agentPause(a, state.paused?.[a.agent_id]),
       a.role ? h("p", { text: a.role }) : null,
       a.needs_update ? h("p", { class: "banner banner-warn needs-update", role: "status",
         text: "Its runner needs an update: it is too old to answer in your private room. Update Prickle on that computer (pip install -U prickle) and start prickle runner again." }) : null,
@@ -195,6 +201,22 @@ function renderAgents(box, state, ctx, shown, reload) {
       addForm, addError,
       projectsIn.size ? [mintForm, mintError] : h("p", { class: "muted small", text: "Add it to a project to make a key." }));
   }) : empty("You have no agents yet. Add one below."));
+}
+
+/** One agent's pause: "Paused by …" with Resume, or Pause (asks first). The server says who may. */
+function agentPause(agent, pause) {
+  const error = errorSlot();
+  if (pause) {
+    const resume = pause.by === "owner" ? h("button", { type: "button", class: "small primary", text: "Resume",
+      "aria-label": `Resume ${agent.agent_id}` }) : null;
+    resume?.addEventListener("click", () => act(resume, error, () => pauses.resume(agent.agent_id)));
+    return h("div", { class: "agent-pause" }, badge("paused", "warn"),
+      h("span", { class: "small", text: pauses.pausedBy(agent.agent_id, pause) }), resume, error);
+  }
+  const button = h("button", { type: "button", class: "small danger-quiet", text: "Pause",
+    "aria-label": `Pause ${agent.agent_id}` });
+  button.addEventListener("click", () => pauses.confirmPause(agent, button));
+  return h("div", { class: "agent-pause" }, button, error);
 }
 
 function renderKeys(box, state, reload) {

@@ -34,6 +34,7 @@ import * as invite from "./invite.js";
 import * as search from "./search.js";
 import * as shortcuts from "./shortcuts.js";
 import * as push from "./push.js";
+import * as pauses from "./pauses.js";
 import { h, avatar, fill, heading, errorSlot, act, link, loadFailed } from "./ui.js";
 
 const PROJECT_VIEWS = {
@@ -58,6 +59,7 @@ let me = null;
 let unmount = null;
 let routeSerial = 0;
 let firstRoute = true;
+let closeMenu = null; // the phone's top-bar menu closes when the page goes elsewhere
 
 // ---- lifecycle -----------------------------------------------------------------------
 
@@ -66,6 +68,8 @@ async function boot() {
     if (me) showSignedOut("Your session ended. Sign in again to continue.");
   });
   window.addEventListener("hashchange", route);
+  window.addEventListener("hashchange", () => closeMenu?.());
+  document.addEventListener("keydown", (e) => { if (e.key === "Escape") closeMenu?.(); });
   shortcuts.install(go);
   push.registerWorker();
   await start();
@@ -79,6 +83,8 @@ async function start() {
     return showFatal(err);
   }
   inboxStore.start(me);
+  inboxStore.onChange(() => pauses.changed()); // the person's stream said something changed
+  pauses.load();
   renderShell();
   await route();
 }
@@ -179,20 +185,32 @@ function renderShell() {
   const error = errorSlot();
   const out = h("button", { type: "button", class: "quiet", text: "Sign out" });
   out.addEventListener("click", () => signOut(out, error));
-  fill(document.getElementById("topbar"),
-    h("a", { class: "brand", href: "#/" }, h("span", { class: "brand-mark", "aria-hidden": "true", text: "✳" }), "Prickle"),
-    h("nav", { class: "global-nav", "aria-label": "Main" },
-      h("a", { href: "#/", dataset: { nav: "" }, text: "Projects" }),
-      inbox.headerLink(),
-      h("a", { href: "#/agents", dataset: { nav: "agents" }, text: "Agents & keys" }),
-      h("a", { href: "#/rules", dataset: { nav: "rules" }, text: "Rules" })),
+  // On a phone the bar is one row: the inbox link stays, the menu button shows the other links, the
+  // search box and you below it.
+  const nav = h("nav", { class: "global-nav", id: "main-nav", "aria-label": "Main" },
+    h("a", { href: "#/", dataset: { nav: "" }, text: "Projects" }),
+    inbox.headerLink(),
+    h("a", { href: "#/agents", dataset: { nav: "agents" }, text: "Agents & keys" }),
+    h("a", { href: "#/rules", dataset: { nav: "rules" }, text: "Rules" }));
+  const menu = h("div", { class: "topbar-menu", id: "topbar-menu" },
     searchBox(),
     h("div", { class: "me" },
       avatar(me.display_name, me.color),
       h("span", { class: "me-name" }, h("span", { text: me.display_name }),
         h("span", { class: "muted", text: ` @${me.handle}` })),
-      out),
-    error);
+      out));
+  const toggle = h("button", { type: "button", class: "menu-toggle", "aria-expanded": "false",
+    "aria-controls": "main-nav topbar-menu", text: "Menu" });
+  const bar = document.getElementById("topbar");
+  const openMenu = (yes) => {
+    bar.classList.toggle("menu-open", yes);
+    toggle.setAttribute("aria-expanded", String(yes));
+  };
+  toggle.addEventListener("click", () => openMenu(!bar.classList.contains("menu-open")));
+  closeMenu = () => openMenu(false);
+  fill(bar,
+    h("a", { class: "brand", href: "#/" }, h("span", { class: "brand-mark", "aria-hidden": "true", text: "✳" }), "Prickle"),
+    nav, menu, pauses.chip(), toggle, error);
   document.body.classList.remove("signed-out");
 }
 
@@ -227,6 +245,7 @@ function signinProblem() {
 }
 
 function showSignedOut(reason) {
+  closeMenu?.();
   teardown();
   project.leave();
   inboxStore.stop();

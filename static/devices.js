@@ -81,14 +81,15 @@ function renderDevices(box, devices, notice, reload) {
         reload();
       });
       return h("tr", { dataset: { deviceId: d.id }, class: d.revoked_at ? "revoked" : "" },
-        h("td", {}, h("strong", { text: d.name }), h("div", { class: "muted small", text: d.id })),
-        h("td", { text: d.agent_id }),
-        h("td", {}, timeEl(d.created_at)),
-        h("td", {}, d.revoked_at
+        // data-label names each cell where a phone shows the row as a card.
+        h("td", { "data-label": "" }, h("strong", { text: d.name }), h("div", { class: "muted small", text: d.id })),
+        h("td", { "data-label": "Agent", text: d.agent_id }),
+        h("td", { "data-label": "Paired" }, timeEl(d.created_at)),
+        h("td", { "data-label": "Status" }, d.revoked_at
           ? [badge("revoked", "muted"), " ", timeEl(d.revoked_at),
             d.revoked_reason && d.revoked_reason !== "owner" ? h("div", { class: "muted small", text: words(d.revoked_reason) }) : null]
           : badge("active", "ok")),
-        h("td", {}, revoke, error));
+        h("td", { "data-label": "", class: "device-revoke" }, revoke, error));
     }))));
 }
 

@@ -1,11 +1,12 @@
 // people.js — the Members screen: a project's members with their role, their agents in it and
 // when they joined, adding a teammate from the project's team (owners), the project's agents,
 // and adding one of your own agents to it; owners of the project and its team invite people by
-// email and see the open invites (resend, revoke, the link to pass on). Leave, Remove, Promote and
-// Remove agent ask first, with what the server says would be handed back. Owners rename the
-// project, and its default lead is picked by a team owner (its owner agrees, declines or steps down).
+// email and see the open invites (resend, revoke, the link to pass on; one accepted leaves the list
+// at once). Leave, Remove, Promote and Remove agent ask first, with what the server says would be
+// handed back. Owners rename the project, and its default lead is picked by a team owner (its owner agrees, declines or steps down).
 
 import { get, post, del, seg } from "./api.js";
+import * as stream from "./stream.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, availabilityBadge, ago, announce, timeEl,
   copyButton, revokeButton, loadFailed,
@@ -45,8 +46,13 @@ export function mount(el, ctx) {
   };
   render();
   const off = ctx.project.onChange(redraw);
-  renderInvites(invites, ctx);
-  return off;
+  const reloadInvites = renderInvites(invites, ctx);
+  // An invite accepted is a member joined: the open invites follow without a reload.
+  const offJoined = stream.on("member.joined", () => reloadInvites.then((load) => load && load()));
+  return () => {
+    off();
+    offJoined();
+  };
 }
 
 // ---- callbacks / rendering -------------------------------------------------------------------------
@@ -84,7 +90,7 @@ function memberActions(p, ctx) {
         run: () => post(`${path}/leave`), after: () => { window.location.hash = "#/"; } }) }));
   } else if (owner) {
     if (p.role === "member") {
-      buttons.push(h("button", { type: "button", class: "small", text: "Promote", "aria-label": `Make ${p.display_name} an owner`,
+      buttons.push(h("button", { type: "button", class: "small", text: "Promote", "aria-label": `Promote ${p.display_name} to owner`,
         onclick: () => askPromotion(ctx, p) }));
     }
     buttons.push(h("button", { type: "button", class: "danger-quiet small", text: "Remove", "aria-label": `Remove ${p.display_name}`,
@@ -184,7 +190,7 @@ function renderAgents(box, data, ctx) {
     a.capabilities?.length ? h("p", { class: "chips" }, a.capabilities.map((c) => h("span", { class: "chip", text: `${c.kind}: ${c.name}` }))) : null,
     h("p", { class: "muted small", text: `${a.trust_level ? `trust ${a.trust_level} · ` : ""}${a.last_seen_at ? `seen ${ago(a.last_seen_at)}` : "never seen"}` }),
     owner || a.owner === ctx.me.handle ? h("p", { class: "agent-actions" }, h("button", {
-      type: "button", class: "danger-quiet small", text: "Remove agent", "aria-label": `Remove ${a.agent_id} from the project`,
+      type: "button", class: "danger-quiet small", text: "Remove agent", "aria-label": `Remove agent ${a.agent_id} from the project`,
       onclick: () => askRemoval(ctx, { agent: a.agent_id }, {
         title: `Take ${a.name} (${a.agent_id}) out of ${data.project.name}?`, who: a.agent_id, confirm: "Remove agent",
         run: () => del(`/api/projects/${seg(ctx.slug)}/agents/${a.agent_id.split("/").map(seg).join("/")}`) }) })) : null))
@@ -333,9 +339,10 @@ async function renderAddAgent(box, ctx) {
   return draw;
 }
 
+/** The invite form and the open invites (owners); resolves to a function that reads the invites again. */
 async function renderInvites(box, ctx) {
   const data = ctx.project.data();
-  if (data.role !== "owner") return;
+  if (data.role !== "owner") return null;
   const shown = h("div", { class: "invite-made", "aria-live": "polite" });
   const list = h("ul", { class: "invite-list" });
   const email = h("input", { type: "email", name: "email", required: true, maxlength: 254, autocomplete: "off" });
@@ -373,7 +380,7 @@ async function renderInvites(box, ctx) {
     }
   });
   fill(box, form, h("h3", { text: "Open invites" }), list);
-  await load();
+  return (await load()) ? load : null;
 }
 
 function inviteRow(invite, ctx, shown, reload) {

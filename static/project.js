@@ -38,6 +38,8 @@ export async function enter(slug) {
     stream.on("pulse.updated", (event) => patchPulse(event.pulse)),
     stream.on("member.joined", reload),
     stream.on("agent.added", reload),
+    // A pause or a resume of an agent with open tasks comes as their task.updated.
+    stream.on("task.updated", reload),
     // Any message may pause a pair (agents) or resume one (people).
     stream.on("message.posted", reload),
     stream.on("resync", reload),
@@ -65,7 +67,8 @@ export function isPrivate() {
   return state?.data?.kind === "private";
 }
 
-/** The project view: {project, kind ("team" | "private"), role, people (with role), agents, memory, pulse, paused}. */
+/** The project view: {project, kind ("team" | "private"), role, people (with role), agents, memory, pulse, paused,
+ *  paused_agents ({agent_id: {by, scope, since}})}. */
 export function data() {
   return state?.data ?? null;
 }

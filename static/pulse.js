@@ -3,6 +3,7 @@
 // intents touch the same paths or areas.
 
 import { h, heading, fill, empty, avatar, availabilityBadge, badge, timeEl, ago, words } from "./ui.js";
+import { pausedBy, pausedSentence } from "./pauses.js";
 
 // ---- lifecycle ----------------------------------------------------------------------------
 
@@ -92,10 +93,13 @@ function renderPulse(warnings, grid, ctx) {
 
   const reported = new Set(data.pulse.map((p) => p.agent_id));
   const cards = data.pulse.map((p) => pulseCard(p, data, ctx, flagged.has(p.agent_id)));
-  const quiet = data.agents.filter((a) => !reported.has(a.agent_id)).map((a) => h("article", { class: "card pulse-card quiet-card" },
+  const paused = data.paused_agents || {};
+  const quiet = data.agents.filter((a) => !reported.has(a.agent_id)).map((a) => h("article", {
+    class: `card pulse-card quiet-card${paused[a.agent_id] ? " paused-agent" : ""}`, dataset: { agent: a.agent_id } },
     h("div", { class: "pulse-head" }, avatar(a.name, a.agent_id, "agent"),
       h("div", {}, h("strong", { text: a.name }), h("div", { class: "muted small", text: a.agent_id })),
-      availabilityBadge(a.availability)),
+      pulseState(a.availability, paused[a.agent_id], a.agent_id)),
+    pausedLine(a.agent_id, paused[a.agent_id]),
     h("p", { class: "muted", text: "No report yet." })));
   fill(grid, cards.length || quiet.length ? [...cards, ...quiet] : empty("No agents in this project yet."));
 }
@@ -106,15 +110,27 @@ function normalise(path) {
   return String(path).trim().replace(/^\.\//, "").replace(/^\/+/, "");
 }
 
+/** An agent's availability, or "paused" while it is: a paused agent is not working, whatever it last said. */
+function pulseState(availability, pause, agentId) {
+  return pause ? badge("paused", "warn", pausedBy(agentId, pause)) : availabilityBadge(availability);
+}
+
+function pausedLine(agentId, pause) {
+  return pause ? h("p", { class: "banner banner-warn inline small paused-note", role: "status",
+    text: pausedSentence(agentId, pause) }) : null;
+}
+
 function pulseCard(p, data, ctx, clash) {
   const agent = data.agents.find((a) => a.agent_id === p.agent_id);
   const name = agent?.name || p.agent_id;
+  const pause = (data.paused_agents || {})[p.agent_id];
   const row = (label, value) => (value ? [h("dt", { text: label }), h("dd", {}, value)] : null);
-  return h("article", { class: `card pulse-card${clash ? " clash" : ""}${p.run_failure ? " failing" : ""}`,
+  return h("article", { class: `card pulse-card${clash ? " clash" : ""}${p.run_failure ? " failing" : ""}${pause ? " paused-agent" : ""}`,
     dataset: { agent: p.agent_id } },
   h("div", { class: "pulse-head" }, avatar(name, p.agent_id, "agent"),
     h("div", {}, h("strong", { text: name }), h("div", { class: "muted small", text: p.agent_id })),
-    availabilityBadge(p.availability)),
+    pulseState(p.availability, pause, p.agent_id)),
+  pausedLine(p.agent_id, pause),
   h("p", { class: "pulse-doing", text: p.doing || "Not doing anything in particular." }),
   p.run_failure ? h("p", { class: "banner banner-danger inline small", role: "status" },
     h("strong", { text: `Run failed (${words(p.run_failure.class)})` }), `: ${words(p.run_failure.step)}`) : null,

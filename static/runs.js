@@ -5,12 +5,14 @@
 import { post, seg } from "./api.js";
 import { h, field, errorSlot, act, badge, timeEl, confirmButton, announce, empty } from "./ui.js";
 import { reasonedMove } from "./decisions.js";
+import { pausedSentence } from "./pauses.js";
 
 const RUN_KIND = { running: "work", finished: "ok", stopped: "warn", replaced: "muted", uncertain: "attention",
   abandoned: "muted", failed: "danger", waiting: "attention" };
 
-/** What a run's state is, in words: a run waiting on its owner's step says so, a failed one why. */
-function runState(run) {
+/** What a run's state is, in words: a run waiting on its owner's step says so, a failed one why, a paused one that. */
+function runState(run, paused) {
+  if (paused && run.state === "running") return ["paused: stops at its next call", "waiting"];
   if (run.waiting_on_step) return ["waiting for your step", "waiting"];
   if (run.state === "failed") return [`failed: ${(run.failure || "see the runner's log").replaceAll("_", " ")}`, "failed"];
   return [run.state, run.state];
@@ -20,8 +22,8 @@ function runState(run) {
 
 /** The Runs section of a task's page. */
 export function runsSection(ctx, detail, reload) {
-  const { task, runs = [], run_control: control } = detail;
-  const rows = runs.map((run) => runRow(run, control, reload));
+  const { task, runs = [], run_control: control, assignee_paused: paused } = detail;
+  const rows = runs.map((run) => runRow(run, control, reload, run.agent_id && run.agent_id !== task.assignee ? null : paused));
   return h("section", { class: "section runs", "aria-labelledby": "runs-heading" },
     h("h2", { id: "runs-heading", text: "Runs" }),
     runs.length
@@ -29,14 +31,15 @@ export function runsSection(ctx, detail, reload) {
         h("thead", {}, h("tr", {}, ["Attempt", "State", "Started", "Device", ""].map((t) => h("th", { scope: "col", text: t })))),
         h("tbody", {}, rows))
       : empty("No run yet."),
+    paused && !control ? h("p", { class: "notice paused-note", text: pausedSentence(task.assignee, paused) }) : null,
     control ? controls(ctx, task, control, reload) : null);
 }
 
-function runRow(run, control, reload) {
+function runRow(run, control, reload, paused) {
   const settle = control && run.state === "uncertain" ? settleButtons(run, reload) : null;
   return h("tr", { dataset: { attemptId: run.attempt_id, state: run.state } },
     h("td", { "data-label": "Attempt", text: run.purpose === "verify" ? `#${run.attempt}, verifying (${run.agent_id})` : `#${run.attempt}` }),
-    h("td", { "data-label": "State" }, (([text, kind]) => badge(text, RUN_KIND[kind] || "muted"))(runState(run))),
+    h("td", { "data-label": "State" }, (([text, kind]) => badge(text, RUN_KIND[kind] || "muted"))(runState(run, paused))),
     h("td", { "data-label": "Started" }, timeEl(run.claimed_at, true)),
     h("td", { "data-label": "Device", text: run.device || "—" }),
     h("td", { "data-label": "" }, settle));
@@ -64,7 +67,8 @@ function controls(ctx, task, control, reload) {
   if (control.paused) {
     parts.push(h("p", { class: "notice", text: control.paused === "operator"
       ? "The server's operator paused every agent: nothing runs until they resume."
-      : "You paused all your agents: nothing runs until you resume them (Agents & keys)." }));
+      : control.pause_scope === "owner" ? "You paused all your agents: nothing runs until you resume them (Agents & keys)."
+        : `You paused ${task.assignee}: nothing of it runs until you resume it (Agents & keys, or the paused chip at the top).` }));
   }
   if (control.run_approved) parts.push(h("p", { class: "muted", text: "A run was started: waiting for the runner to pick it up." }));
   if (control.can_stop) {

@@ -77,6 +77,8 @@ function onKey(e, go) {
     const search = document.getElementById("search");
     if (!search) return;
     e.preventDefault();
+    const menu = document.querySelector(".menu-toggle[aria-expanded='false']");
+    if (!search.offsetParent && menu?.offsetParent) menu.click(); // on a phone it sits in the top bar's menu
     search.focus();
   } else if (e.key === "?") {
     e.preventDefault();

@@ -17,6 +17,7 @@ import { requestingPerson, awaitingFinal, taskState, titleOf, requesterText, act
 import { timeline, lastReason } from "./timeline.js";
 import { markdownWithRaw } from "./markdown.js";
 import { evidenceRefs } from "./evidence.js";
+import { pausedSentence } from "./pauses.js";
 import {
   h, heading, field, errorSlot, act, fill, empty, badge, stateBadge, timeEl, words, safeUrl, debounce, announce,
   ownerOf, loadFailed,
@@ -154,7 +155,7 @@ function renderActions(ctx, detail, approval, stepCards, reload, { said, done })
   const owner = ownerOf(task.assignee);
   const parts = [
     said ? h("p", { class: "notice ok decided-notice", role: "status", text: said }) : null,
-    h("p", { class: "status-line", text: statusLine(task, requester, owner, ctx.me.handle) }),
+    h("p", { class: "status-line", text: statusLine(task, requester, owner, ctx.me.handle, detail.assignee_paused) }),
     lastReason(detail, ctx.me.handle)];
 
   const asking = stepCards.filter((card) => !card.classList.contains("decided")).length;
@@ -249,8 +250,10 @@ function verifyRow(task, reload) {
 }
 
 /** One sentence: where the task stands and whose turn it is. */
-function statusLine(task, requester, owner, me) {
+function statusLine(task, requester, owner, me, paused) {
   const you = (handle) => (handle === me ? "you" : handle);
+  // The task is with its agent, and its agent is paused: say so, never "working on it".
+  if (paused && ["requested", "routed", "accepted", "working"].includes(task.state)) return pausedSentence(task.assignee, paused);
   switch (task.state) {
     case "approval":
       if (awaitingFinal(task)) {

@@ -68,6 +68,7 @@ def test_the_members_list_on_a_phone_keeps_each_name_and_its_agents_whole(served
 def test_on_a_phone_each_link_of_the_top_bar_is_one_line_with_its_count_and_all_in_view(served, people):
     mcp(served, "ren/builder", "post_message", {"project": PROJECT, "body": "@oj The hero image is in."})
     page = people("oj", PHONE)
+    page.get_by_role("button", name="Menu").click()  # on a phone the links sit in the top bar's menu
     inbox = page.get_by_role("navigation", name="Main").get_by_role("link", name=re.compile(r"^Inbox"))
     expect(inbox.locator(".inbox-badge")).to_have_text(re.compile(r"^[1-9]"))
     assert text_lines(page, ".global-nav a") == [1, 1, 1, 1]  # "Agents & keys" and "Inbox N" were two lines

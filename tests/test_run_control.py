@@ -1,7 +1,7 @@
 """Run control: the owner's Start and Stop, hand back, pause, uncertain runs."""
 
 import prickle
-from conftest import PROJECT, audit_entries
+from conftest import PROJECT, REFERENCE_EVENTS, all_events, audit_entries
 from helpers import P, ask_connect, claimed, paired, person, routed
 
 CALL = {"tool_name": "Bash", "input": {"command": "git push origin main"}}
@@ -89,7 +89,7 @@ def test_start_needs_a_connected_runner_and_a_task_that_can_run(mcp, server, wor
     assert r.status_code == 409 and "prickle runner connect" in r.json()["error"]["message"]
     assert person(server, world, "oj").post(f"/api/tasks/{task['id']}/runs", {"confirm": "oj"}).status_code == 403
     assert ren.get(f"/api/tasks/{task['id']}").json()["run_control"] == {
-        "paused": None, "runner_connected": False, "run_approved": None, "can_start": True, "can_stop": False,
+        "paused": None, "pause_scope": None, "runner_connected": False, "run_approved": None, "can_start": True, "can_stop": False,
         "can_hand_back": True}
     assert person(server, world, "oj").get(f"/api/tasks/{task['id']}").json()["run_control"] is None
     assert audit_entries(world.db, PROJECT, "task.run_approved") == []
@@ -111,7 +111,9 @@ def test_pausing_an_owners_agents_refuses_their_runs_at_the_next_call(mcp, serve
     paused = ren.post("/api/agents/pause")
     assert paused.json() == {"scope": "ren", "paused": True, "active_runs": 1}
     assert ren.post("/api/agents/pause").status_code == 409
-    assert ren.get("/api/agents/paused").json() == {"paused_by": "owner"}
+    paused = ren.get("/api/agents/paused").json()
+    assert paused == {"paused_by": "owner", "agents": [{"agent_id": "ren/builder", "name": "Builder", "by": "owner",
+                                                       "scope": "owner", "since": paused["agents"][0]["since"]}]}
     text = mcp.error("ren/builder", "read_room", P | {"task_id": task["id"]}, "paused", token=run)
     assert "resumed" in text
     mcp.error("ren/builder", "claim_task", {"task_id": task["id"], "idempotency_key": "k9"}, "paused", token=runner)
@@ -133,7 +135,7 @@ def test_the_operator_pauses_every_agent_from_the_command_line(mcp, server, worl
     mcp.error("ren/builder", "checkpoint", {"task_id": task["id"], "checkpoint": {"progress": "x"}}, "paused",
               token=out["execution_credential"]["token"])
     assert runner_state(server, runner)["paused_by"] == "operator"
-    assert person(server, world, "oj").get("/api/agents/paused").json() == {"paused_by": "operator"}
+    assert person(server, world, "oj").get("/api/agents/paused").json()["paused_by"] == "operator"
     assert person(server, world, "ren").post("/api/agents/resume").status_code == 409  # not theirs to lift
     [entry] = audit_entries(world.db, PROJECT, "agents.paused")
     assert entry["refs"] == {"scope": "all", "active_runs": 1}
@@ -142,6 +144,79 @@ def test_the_operator_pauses_every_agent_from_the_command_line(mcp, server, worl
     assert code == 1 and "--all" in err
     assert jrun(db_path, "agents", "resume", "--all") == {"scope": "all", "paused": False}
     assert runner_state(server, runner)["paused"] is False
+
+
+def test_an_owner_pauses_one_agent_its_run_stops_and_everyone_sees_it(mcp, server, world):
+    task, device, runner, out = claimed(mcp, server, world)
+    run = out["execution_credential"]["token"]
+    ren, oj = person(server, world, "ren"), person(server, world, "oj")
+    r = oj.post("/api/agents/ren/builder/pause")
+    assert r.status_code == 403 and r.json()["error"]["message"] == "only ren, its owner, can pause or resume ren/builder"
+    assert ren.post("/api/agents/ren/nobody/pause").status_code == 404
+    bad = ren.post("/api/agents/REN/Builder!/pause").json()["error"]
+    assert (bad["code"], bad["message"]) == ("invalid_input",
+                                             "agent_id must be an agent address like 'oj/muse', got 'REN/Builder!'")
+    assert world.db.scalar("SELECT count(*) FROM pauses") == 0
+    assert ren.post("/api/agents/ren/builder/pause").json() == {"scope": "ren/builder", "paused": True, "active_runs": 1}
+    assert ren.post("/api/agents/ren/builder/pause").json()["error"]["message"] == "ren/builder is already paused"
+    text = mcp.error("ren/builder", "read_room", P | {"task_id": task["id"]}, "paused", token=run)
+    assert text.startswith("paused: ren/builder is paused by ren: nothing of ren/builder runs until it is resumed")
+    state = runner_state(server, runner)
+    assert (state["paused"], state["paused_by"]) == (True, "owner")
+    mcp.ok("oj/muse", "read_room", P)
+    # every member sees it: the task page, the project (Pulse), the owner's own list
+    pause = oj.get(f"/api/tasks/{task['id']}").json()["assignee_paused"]
+    assert pause == {"by": "owner", "scope": "agent", "since": pause["since"]}
+    assert oj.get(f"/api/projects/{PROJECT}").json()["paused_agents"] == {"ren/builder": pause}
+    assert ren.get(f"/api/tasks/{task['id']}").json()["run_control"]["pause_scope"] == "agent"
+    assert ren.get("/api/agents/paused").json() == {"paused_by": None, "agents": [
+        {"agent_id": "ren/builder", "name": "Builder"} | pause]}
+    [entry] = audit_entries(world.db, PROJECT, "agents.paused")
+    assert entry["refs"] == {"scope": "agent", "agent": "ren/builder", "by": "ren", "active_runs": 1}
+    # Live views hear of it through its open task (the reference has no event for a pause).
+    last = all_events(world.db)[-1]
+    assert (last["type"], last["task"]["id"], last["task"]["assignee"]) == ("task.updated", task["id"], "ren/builder")
+    assert ren.post("/api/agents/ren/builder/resume").json() == {"scope": "ren/builder", "paused": False}
+    assert ren.post("/api/agents/ren/builder/resume").json()["error"]["message"] == "ren/builder is not paused by its owner"
+    assert mcp.ok("ren/builder", "read_room", P | {"task_id": task["id"]}, token=run)["messages"] == []
+    assert oj.get(f"/api/tasks/{task['id']}").json()["assignee_paused"] is None
+    rooms = [r["project"] for r in world.db.rows("SELECT project FROM project_agents WHERE agent_id = 'ren/builder' "
+                                                  "ORDER BY project")]
+    assert PROJECT in rooms and len(rooms) == 2  # the project and ren's private room
+    last = all_events(world.db)[-1]
+    assert (last["type"], last["task"]["id"]) == ("task.updated", task["id"])
+    assert {e["type"] for e in all_events(world.db)} <= set(REFERENCE_EVENTS)
+
+
+def test_resuming_one_agent_of_an_owner_who_paused_them_all_keeps_the_others_paused(server, world):
+    oj = person(server, world, "oj")
+    assert oj.post("/api/agents/pause").json() == {"scope": "oj", "paused": True, "active_runs": 0}
+    assert oj.post("/api/agents/oj/scout/pause").json()["error"]["code"] == "invalid_state"  # already, with all
+    assert oj.post("/api/agents/oj/scout/resume").json() == {"scope": "oj/scout", "paused": False}
+    paused = oj.get("/api/agents/paused").json()
+    assert paused["paused_by"] is None
+    assert [(a["agent_id"], a["scope"]) for a in paused["agents"]] == [("oj/muse", "agent")]
+    assert prickle.agent_pause(world.db, "oj/scout") is None
+    # "Resume all" lifts each one's pause too
+    assert oj.post("/api/agents/resume").json() == {"scope": "oj", "paused": False}
+    assert oj.get("/api/agents/paused").json() == {"paused_by": None, "agents": []}
+    assert oj.post("/api/agents/resume").status_code == 409
+
+
+def test_the_operator_holds_an_agent_its_owner_resumed_and_pauses_one_from_the_command_line(server, world, db_path):
+    from helpers import jrun, run
+    assert jrun(db_path, "agents", "pause", "--agent", "oj/muse") == {
+        "scope": "oj/muse", "paused": True, "active_runs": 0}
+    assert [(a["agent_id"], a["scope"]) for a in person(server, world, "oj").get("/api/agents/paused").json()["agents"]] \
+        == [("oj/muse", "agent")]
+    code, _, err = run(db_path, "agents", "pause", "--agent", "oj/muse", "--all", ok=False)
+    assert code == 1 and "--agent OWNER/NAME" in err
+    assert jrun(db_path, "agents", "pause", "--all")["scope"] == "all"
+    assert person(server, world, "oj").post("/api/agents/oj/muse/resume").json() == {"scope": "oj/muse",
+                                                                                  "paused": True}
+    assert prickle.agent_pause(world.db, "oj/muse")["by"] == "operator"
+    assert jrun(db_path, "agents", "resume", "--all") == {"scope": "all", "paused": False}
+    assert prickle.agent_pause(world.db, "oj/muse") is None
 
 
 # -- uncertain runs ----------------------------------------------------------------------

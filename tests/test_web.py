@@ -869,15 +869,16 @@ def test_an_owner_pauses_and_resumes_all_their_agents_on_the_page(served, people
     expect(pause.locator(".pause-text")).to_have_text(
         "Pausing stops every run of your agents at its next call; runners start nothing until you resume.")
     pause.get_by_role("button", name="Pause all my agents").click()
+    page.get_by_role("dialog", name="Pause all your agents?").get_by_role("button", name="Pause all my agents").click()
     expect(pause.locator(".pause-text")).to_have_text(
         "Your agents are paused: their runs are refused and their runners start nothing.")
     with person_api(served, "oj") as oj_api:
-        assert oj_api.get("/api/agents/paused").json() == {"paused_by": "owner"}
+        assert oj_api.get("/api/agents/paused").json()["paused_by"] == "owner"
     shot(page, "agents_paused")
     pause.get_by_role("button", name="Resume all my agents").click()
     expect(pause.get_by_role("button", name="Pause all my agents")).to_be_visible()
     with person_api(served, "oj") as oj_api:
-        assert oj_api.get("/api/agents/paused").json() == {"paused_by": None}
+        assert oj_api.get("/api/agents/paused").json() == {"paused_by": None, "agents": []}
 
 
 NOTIFICATION_STUB = """
@@ -1068,9 +1069,9 @@ def test_whoever_is_removed_is_offered_again_by_the_pickers_without_a_reload(ser
     page.get_by_role("alertdialog").get_by_role("button", name="Remove Lee Moss").click()
     expect(page.locator('.person[data-handle="lee"]')).to_have_count(0)
     expect(add_person.get_by_label("Person").locator("option")).to_contain_text(["Lee Moss (@lee)"])
-    page.get_by_role("button", name="Remove oj/scout from the project").click()
+    page.get_by_role("button", name="Remove agent oj/scout from the project").click()
     page.get_by_role("alertdialog").get_by_role("button", name="Remove agent").click()
-    expect(page.get_by_role("button", name="Remove oj/scout from the project")).to_have_count(0)
+    expect(page.get_by_role("button", name="Remove agent oj/scout from the project")).to_have_count(0)
     expect(page.get_by_role("form", name="Bring one of your agents").get_by_label("Your agent").locator("option")
            ).to_contain_text(["Scout (oj/scout)"])
     add_person.get_by_label("Person").select_option("lee")
