@@ -175,9 +175,9 @@ function finalCard(item) {
       text: evidence.complete ? "Every criterion is covered by fresh evidence." : `Check first: ${gaps.join("; ")}.` }),
     h("div", { class: "button-row" }, button,
       h("a", { href: `#/p/${task.project}/tasks/${task.id}`, class: "small", text: "Open the task" })),
-    // Each criterion with the evidence that covers it, right under the buttons.
-    h("div", { class: "inbox-evidence" }, criteriaEvidence(item.criteria_evidence, { anchor: `fa-${task.id}` })),
-    error, result);
+    error, result,
+    // Each criterion with the evidence that covers it, right under the buttons and their outcome.
+    h("div", { class: "inbox-evidence" }, criteriaEvidence(item.criteria_evidence, { anchor: `fa-${task.id}` })));
   return card;
 }
 

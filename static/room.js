@@ -116,7 +116,7 @@ export class MessageList {
     this.holdRead = false; // after "Mark unread", nothing more is marked read until you open the room again
     this.seenIndex = -1; // the newest message (index in messages) that was on screen
     this.onScreen = new Set(); // message elements in view now
-    this.divider = h("li", { class: "unread-divider", role: "separator", "aria-label": "New messages" },
+    this.divider = h("li", { class: "unread-divider" },
       h("span", { text: "New messages" }));
     this.jump = h("button", { type: "button", class: "link", text: "Jump" });
     this.jump.addEventListener("click", () => this.jumpToUnread());

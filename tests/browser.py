@@ -70,6 +70,12 @@ def person_api(served: Served, handle: str) -> httpx.Client:
     return httpx.Client(base_url=served.info["url"], timeout=30, headers={"Authorization": f"Bearer {token}"})
 
 
+def read_all(api: httpx.Client, project: str = PROJECT) -> None:
+    """Mark a project's general chat read up to its newest message, as the person ``api`` is signed in as."""
+    newest = api.get(f"/api/projects/{project}/room?latest=1&limit=1").json()["messages"][-1]
+    assert api.post(f"/api/projects/{project}/read", json={"message_id": newest["id"]}).status_code == 200
+
+
 def shot(page: Page, name: str, full_page: bool = True) -> None:
     """Save tests/screenshots/NAME.png: the whole page from the top, or (full_page=False) what is in view."""
     SHOTS.mkdir(exist_ok=True)

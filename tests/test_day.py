@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from browser import PROJECT, Page, cli_json, expect, goto, mcp, person_api, shot
+from browser import PROJECT, Page, cli_json, expect, goto, mcp, person_api, read_all, shot
 from conftest import Served
 
 PHONE = {"width": 390, "height": 844}
@@ -139,6 +139,7 @@ def test_on_a_phone_a_message_that_arrives_while_you_read_the_newest_shows_above
     with person_api(served, "oj") as oj:
         for n in range(25):
             assert oj.post(f"/api/projects/{PROJECT}/messages", json={"body": f"Morning note {n:02}"}).status_code == 200
+        read_all(oj)  # oj has read the room: it opens at its newest message, not at unread ones
     page = people("oj", PHONE)
     goto(page, served, f"#/p/{PROJECT}/room")
     expect(page.locator(".msg-body").last).to_have_text("Morning note 24")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import LAPTOP, PROJECT, Page, cli_json, expect, goto, mcp, person_api, shot
+from browser import LAPTOP, PROJECT, Page, cli_json, expect, goto, mcp, person_api, read_all, shot
 from conftest import Served
 
 AXE = Path(__file__).resolve().parent.parent / ".cache" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
@@ -94,6 +94,8 @@ def test_the_newest_message_sits_above_the_composer_on_load_after_sending_and_wh
 
 def test_a_phone_keeps_the_screen_for_messages_and_the_task_page_never_scrolls_sideways(served, people):
     task_id = a_task_with_gaps(served)
+    with person_api(served, "oj") as oj:
+        read_all(oj)  # oj has read the room: it opens at its newest message
     page = people("oj", viewport=PHONE_TYPING)
     goto(page, served, f"#/p/{PROJECT}/room")
     expect(page.locator(".msg").last).to_be_visible()
