@@ -14,6 +14,8 @@ from PIL import Image
 
 from browser import PROJECT, expect, goto, person_api, shot
 
+AXE = Path(__file__).resolve().parent.parent / ".cache" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
+
 LAPTOP = {"width": 1366, "height": 860}
 PHONE = {"width": 390, "height": 844}
 ROOM = "oj-room"
@@ -47,6 +49,16 @@ def dispatch_files(page, selector: str, kind: str, files: list[dict]) -> None:
 def room_messages(served) -> list[dict]:
     with person_api(served, "oj") as oj:
         return oj.get(f"/api/projects/{ROOM}/room?latest=1&limit=50").json()["messages"]
+
+
+def serious_axe_findings(page) -> list[dict]:
+    """axe-core's serious and critical findings on the page as it is (none when axe is not installed)."""
+    if not AXE.exists():
+        return []
+    page.add_script_tag(path=str(AXE))
+    found = page.evaluate("async () => (await axe.run(document, {resultTypes: ['violations']})).violations"
+                          ".map((v) => ({id: v.id, impact: v.impact, nodes: v.nodes.map((n) => n.target.join(' '))}))")
+    return [v for v in found if v["impact"] in ("serious", "critical")]
 
 
 def throttle(page, bytes_per_second: int) -> None:
@@ -219,10 +231,12 @@ def test_attachments_on_a_phone(served, people):
     assert shown.locator(".att-image img").evaluate("img => img.getBoundingClientRect().width") <= 192
     assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
     shot(page, "files_phone", full_page=False)
+    assert serious_axe_findings(page) == []  # the strip, the thumbnail and the file card
     shown.locator(".att-image").click()
     viewer = page.get_by_role("dialog", name="Image")
     expect(viewer).to_be_visible()
     assert viewer.locator("img").evaluate("img => img.getBoundingClientRect().width") <= PHONE["width"]
     shot(page, "files_phone_image_open", full_page=False)
+    assert serious_axe_findings(page) == []  # the image viewer
     viewer.get_by_role("button", name="Close").click()
     expect(viewer).to_have_count(0)
