@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 from pathlib import Path
 
 from PIL import Image
@@ -240,3 +241,25 @@ def test_attachments_on_a_phone(served, people):
     assert serious_axe_findings(page) == []  # the image viewer
     viewer.get_by_role("button", name="Close").click()
     expect(viewer).to_have_count(0)
+
+
+def test_signed_in_with_a_personal_token_the_images_and_downloads_carry_it(served, people):
+    from browser import cli_json
+
+    with person_api(served, "oj") as oj:
+        ids = [oj.post(f"/api/projects/{ROOM}/attachments", content=png(24, 12)).json()["attachment"]["id"],
+               oj.post(f"/api/projects/{ROOM}/attachments?name=token.txt", content=b"by token\n").json()["attachment"]["id"]]
+        oj.post(f"/api/projects/{ROOM}/messages", json={"body": "Seen with a token.", "attachments": ids})
+    page = people(None, viewport=LAPTOP)
+    page.get_by_label("Personal token", exact=True).fill(cli_json(served.db, "token", "create", "--person", "oj")["token"])
+    page.get_by_role("button", name="Sign in with this token").click()
+    expect(page.get_by_role("heading", name="Hello, Oj Okafor")).to_be_visible()
+    goto(page, served, f"#/p/{ROOM}/room")
+    shown = page.locator(".msg", has_text="Seen with a token.")
+    img = shown.locator(".att-image img")
+    expect(img).to_have_attribute("src", re.compile(r"^blob:"))  # fetched with the token: no cookie here
+    page.wait_for_function("(img) => img.complete && img.naturalWidth === 24", arg=img.element_handle())
+    with page.expect_download() as download:
+        shown.get_by_role("link", name="Download token.txt").click()
+    assert download.value.suggested_filename == "token.txt"
+    assert Path(download.value.path()).read_bytes() == b"by token\n"
