@@ -79,10 +79,14 @@ export function createAttachments({ slug, error, dropTarget, textarea }) {
     count: () => state.items.length,
     uploading: () => state.items.some((i) => !i.attachment),
     async ready() {
-      const waiting = [...state.items];
-      await Promise.all(waiting.map((i) => i.done));
-      if (waiting.some((i) => i.failed)) return null; // its reason is shown; nothing is sent
-      return state.items.map((i) => i.attachment.id);
+      let failed = false;
+      for (;;) { // files added while we wait are waited for too
+        const waiting = state.items.filter((i) => !i.attachment);
+        if (!waiting.length) break;
+        await Promise.all(waiting.map((i) => i.done));
+        failed ||= waiting.some((i) => i.failed && !i.takenOut);
+      }
+      return failed ? null : state.items.map((i) => i.attachment.id); // null: a reason is shown, nothing is sent
     },
     clear() {
       for (const item of [...state.items]) remove(state, item);
@@ -108,6 +112,7 @@ function add(state, files) {
     item.el = h("li", { class: "attach-item uploading", dataset: { name } }, thumb,
       h("span", { class: "attach-meta" }, h("span", { class: "attach-name", text: name }), size, progress), close);
     close.addEventListener("click", () => {
+      item.takenOut = true;
       remove(state, item);
       announce(`${name} removed`);
       document.querySelector(".room-foot .composer textarea")?.focus();
@@ -127,6 +132,7 @@ function add(state, files) {
       clearError(state.error);
     }, (err) => {
       item.failed = err;
+      if (item.takenOut) return; // taken out meanwhile: nothing to say
       remove(state, item);
       showError(state.error, `${name} was not attached: ${err.message}`);
     });
