@@ -14360,11 +14360,20 @@ def verify_prompt(task: dict, agent_id: str) -> str:
 
 
 def room_prompt(claim: dict, message: dict) -> str:
-    """What a private-room session is told: its role, the owner's message or the draft, one reply."""
+    """What a private-room session is told: its role, the owner's message (and how to read its attachments)
+    or the draft, one reply."""
     role, room = claim["role"], claim["project"]
     lines = [f"You are answering in your owner's private Prickle room {room} (role: {role})."]
     author = message["author"].get("handle") or message["author"].get("agent_id")
     lines += ["", f"The message that woke you, from {author}:", message["body"] or "(empty)"]
+    if message.get("attachments"):
+        lines += ["", "Attached to it (read each as the MCP resource at its address: resources/read on the server "
+                  "\"prickle\"; in Claude Code, ReadMcpResourceTool {server: \"prickle\", uri}, then Read the file "
+                  "an image or a PDF is saved to):"]
+        for a in message["attachments"]:
+            what = f"{a['width']}x{a['height']} image" if a["kind"] == "image" else f"file {a.get('name')}"
+            lines.append(f"  - {what} ({a['content_type']}, {a['byte_size']} bytes): "
+                         f"prickle://attachments/{a['id']}")
     if claim.get("reviewing"):
         lines += ["", f"The draft by {claim['reviewing']['author']}:", claim["reviewing"]["body"]]
     verdicts = {"draft": "draft (or ask_owner)", "revise": "draft (or ask_owner)",

@@ -79,6 +79,35 @@ export const get = (path, options) => request("GET", path, undefined, options);
 export const post = (path, body = {}, options) => request("POST", path, body, options);
 export const del = (path, options) => request("DELETE", path, undefined, options);
 
+/** Send one file's bytes as the request body (POST); onProgress(sent, total) as they go up. Resolves
+ *  to the JSON answer or rejects with ApiError. XMLHttpRequest, for its upload progress events. */
+export function upload(path, file, onProgress) {
+  return new Promise((resolve, reject) => {
+    const xhr = new XMLHttpRequest();
+    xhr.open("POST", path);
+    xhr.setRequestHeader("Accept", "application/json");
+    const personal = token();
+    if (personal) xhr.setRequestHeader("Authorization", `Bearer ${personal}`);
+    xhr.upload.addEventListener("progress", (e) => onProgress?.(e.loaded, e.lengthComputable ? e.total : file.size));
+    xhr.addEventListener("error", () => reject(new ApiError(0, "network",
+      "Could not reach the Prickle server. Check that it is running, then try again.")));
+    xhr.addEventListener("load", () => {
+      let data = null;
+      try {
+        data = JSON.parse(xhr.responseText);
+      } catch {
+        data = null;
+      }
+      if (xhr.status >= 200 && xhr.status < 300) return resolve(data ?? {});
+      const error = new ApiError(xhr.status, data?.error?.code || `http_${xhr.status}`,
+        plainWords(xhr.status, data?.error?.message));
+      if (xhr.status === 401) for (const fn of signedOutHandlers) fn(error);
+      return reject(error);
+    });
+    xhr.send(file);
+  });
+}
+
 /** Path segment escaping for IDs and slugs. */
 export function seg(value) {
   return encodeURIComponent(value);

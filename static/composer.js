@@ -1,5 +1,6 @@
 // composer.js — writing to the room or a task thread as yourself: @mention completion
-// from the project's people and agents, replies, and errors shown under the box.
+// from the project's people and agents, replies, and errors shown under the box. In your
+// private room it also attaches images and files (attachments.js): picked, pasted or dropped.
 //
 // Keyboard: Enter sends, Shift+Enter adds a line. While the mention list is open,
 // Up/Down choose, Enter or Tab insert, Escape closes it.
@@ -7,16 +8,18 @@
 import { post, seg } from "./api.js";
 import * as project from "./project.js";
 import * as stream from "./stream.js";
+import { createAttachments } from "./attachments.js";
 import { h, uid, errorSlot, clearError, showError, avatar } from "./ui.js";
 
 const MAX_OPTIONS = 8;
 
 // ---- lifecycle -------------------------------------------------------------------------
 
-/** A composer for the current project; taskId posts into that task's thread.
+/** A composer for the current project; taskId posts into that task's thread; attachments offers
+ *  images and files (your private room only: the server takes them nowhere else).
  *  onSending(body) may show the message on its way and return {done()}; onPosted(message)
  *  runs with the server's copy of each posted message. */
-export function createComposer({ taskId = null, onSending, onPosted, label = "Message" } = {}) {
+export function createComposer({ taskId = null, onSending, onPosted, label = "Message", attachments = false } = {}) {
   const listId = uid("mentions");
   const hintId = uid("hint");
   const input = h("textarea", {
@@ -31,15 +34,18 @@ export function createComposer({ taskId = null, onSending, onPosted, label = "Me
   const replyCancel = h("button", { type: "button", class: "link", text: "Cancel reply" });
   const reply = h("p", { class: "composer-reply", hidden: true }, replyText, " ", replyCancel);
   const error = errorSlot();
-  const form = h("form", { class: "composer", "aria-label": taskId ? "Post in this thread" : "Post to the room" },
-    reply,
+  const form = h("form", { class: "composer", "aria-label": taskId ? "Post in this thread" : "Post to the room" });
+  const files = attachments ? createAttachments({ slug: project.slug(), error, dropTarget: form, textarea: input }) : null;
+  form.append(reply, files?.strip || "",
     h("label", { for: input.id, class: "sr-only", text: label }),
-    h("div", { class: "composer-row" }, h("div", { class: "composer-input" }, input, list), send),
+    h("div", { class: "composer-row" }, files?.button || "", files?.input || "",
+      h("div", { class: "composer-input" }, input, list), send),
     error,
-    h("p", { class: "hint", id: hintId, text: "Enter sends · Shift+Enter for a new line · @ to mention someone" }));
+    h("p", { class: "hint", id: hintId, text: "Enter sends · Shift+Enter for a new line · @ to mention someone"
+      + (files ? " · attach, paste or drop images and files" : "") }));
 
   const state = { taskId, replyTo: null, options: [], active: -1, token: null, input, list, send, error, reply,
-    replyText, onSending, onPosted };
+    replyText, onSending, onPosted, files };
 
   form.addEventListener("submit", (e) => {
     e.preventDefault();
@@ -81,8 +87,9 @@ export function createComposer({ taskId = null, onSending, onPosted, label = "Me
 
 async function submit(state) {
   const body = state.input.value.trim();
-  if (!body) {
-    showError(state.error, "Write something first.");
+  const { files } = state;
+  if (!body && !files?.count()) {
+    showError(state.error, files ? "Write something or attach a file first." : "Write something first.");
     state.input.focus();
     return;
   }
@@ -92,10 +99,27 @@ async function submit(state) {
   const payload = { body };
   if (state.taskId) payload.task_id = state.taskId;
   if (state.replyTo) payload.in_reply_to = state.replyTo.id;
+  if (files?.count()) {
+    if (files.uploading()) state.send.textContent = "Uploading…";
+    const ids = await files.ready();
+    state.send.textContent = "Send";
+    if (!ids) { // an upload failed while we waited: its reason is shown, and nothing is sent
+      state.send.disabled = false;
+      state.send.removeAttribute("aria-busy");
+      return;
+    }
+    if (ids.length) payload.attachments = ids;
+    if (!body && !ids.length) { // every file was removed meanwhile
+      state.send.disabled = false;
+      state.send.removeAttribute("aria-busy");
+      return;
+    }
+  }
   const sending = state.onSending?.(body);
   try {
     const { message } = await post(`/api/projects/${seg(project.slug())}/messages`, payload);
     state.input.value = "";
+    files?.clear();
     setReply(state, null);
     closeMentions(state);
     sending?.done();

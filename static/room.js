@@ -1,7 +1,8 @@
 // room.js — the room: general chat opening at the newest page ("Show older messages"
 // pages back), new messages live from the stream, replies, provenance and verdict badges,
 // make-or-spend cards decided in place, the task threads, the pairs of agents the loop
-// guard paused (with one click to resume them) and, in your private room, its controls.
+// guard paused (with one click to resume them) and, in your private room, its controls and
+// images and files sent with your messages (attachments.js).
 //
 // Bodies are Markdown (markdown.js), with a "Raw" toggle for the text as written; a day
 // separator stands before each day's first message; a message's time links to it; one
@@ -22,6 +23,7 @@ import { createRoomControls } from "./privateroom.js";
 import { actionCard } from "./makeaction.js";
 import { markSeen, paintUnread, reload as reloadInbox } from "./inbox_store.js";
 import { renderMarkdown, rawToggle } from "./markdown.js";
+import { renderAttachments } from "./attachments.js";
 import {
   h, tpl, slots, heading, avatar, badge, stateBadge, timeEl, errorSlot, showError, clearError, act, fill, empty, ago,
   announce, debounce, loadFailed,
@@ -41,7 +43,8 @@ export function mount(el, ctx) {
   const own = ctx.project.isPrivate() ? createRoomControls(ctx) : null;
 
   const list = new MessageList(ctx, null);
-  const composer = createComposer({ onSending: (body) => list.sending(body), onPosted: (m) => list.add(m, { scroll: true }) });
+  const composer = createComposer({ onSending: (body) => list.sending(body), onPosted: (m) => list.add(m, { scroll: true }),
+    attachments: !!own });
   list.onReply = (m) => composer.replyTo(m);
   // beside the composer: on a phone the header with its "Live" marker has scrolled away
   const dropped = h("p", { class: "notice warn room-offline", role: "status", hidden: true,
@@ -559,7 +562,8 @@ export function renderMessage(m, owner) {
     owner.reveal(m.id);
   });
   s.time.append(permalink);
-  renderBody(s.body, m.body);
+  renderBody(s.body, m.body, !!m.attachments?.length);
+  if (m.attachments?.length) s.body.after(renderAttachments(m.attachments));
   if (m.body) {
     const raw = h("pre", { class: "raw", hidden: true, text: m.body });
     s.body.after(raw);
@@ -619,9 +623,10 @@ function mine(m, ctx) {
 }
 
 /** The body as Markdown, with @mentions marked (see markdown.js). */
-function renderBody(el, body) {
+function renderBody(el, body, attached = false) {
   el.classList.add("md");
   if (body) el.append(renderMarkdown(body));
+  else if (attached) el.hidden = true; // its attachments speak for it
   else el.append(h("span", { class: "muted", text: "(no text)" }));
 }
 

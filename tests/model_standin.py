@@ -71,11 +71,12 @@ def _is_run(tools: list[dict]) -> bool:
 class ModelStandIn:
     """The stand-in server; ``script`` steps answer a run's turns in order, ``calls`` keeps every answer.
 
-    ``paths`` keeps the path of every model request (``/v1/messages?beta=true``, ``/v1/responses``).
+    ``paths`` keeps the path of every model request (``/v1/messages?beta=true``, ``/v1/responses``), ``bodies``
+    every run's request as sent (to look at what a tool result really carried, an image block say).
     """
 
     def __init__(self, script: list):
-        self.script, self.calls, self.requests, self.paths = script, [], 0, []
+        self.script, self.calls, self.requests, self.paths, self.bodies = script, [], 0, [], []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -88,6 +89,7 @@ class ModelStandIn:
                 responses = self.path.split("?")[0].endswith("/responses")
                 answer: object = "ok"
                 if _is_run(body.get("tools", [])):
+                    outer.bodies.append(body)
                     seen = Seen.of_responses(body["input"]) if responses else Seen(body["messages"])
                     answer = outer.script[seen.turn](seen) if seen.turn < len(outer.script) else "Done."
                 outer.calls.append(answer)

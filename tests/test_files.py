@@ -177,3 +177,16 @@ def test_bytes_are_kept_once_the_project_limit_holds_and_pruning_removes_what_no
     with world.db.transaction():  # as if its message were gone: nothing uses the bytes
         world.db.execute("DELETE FROM attachments")
     assert prickle.prune_files(world.db) == 1 and stored(world) == (0, 0)
+
+
+def test_a_private_room_sessions_prompt_lists_the_attachments_and_how_to_read_them():
+    message = {"author": {"kind": "person", "handle": "oj"}, "body": "Look", "attachments": [
+        {"id": "att_1", "kind": "image", "content_type": "image/png", "byte_size": 120, "width": 40, "height": 30},
+        {"id": "att_2", "kind": "file", "content_type": "application/pdf", "byte_size": 900, "name": "brief.pdf"}]}
+    prompt = prickle.room_prompt({"role": "draft", "project": ROOM}, message)
+    assert ("Attached to it (read each as the MCP resource at its address: resources/read on the server \"prickle\"; "
+            "in Claude Code, ReadMcpResourceTool {server: \"prickle\", uri}, then Read the file an image or a PDF is "
+            "saved to):\n"
+            "  - 40x30 image (image/png, 120 bytes): prickle://attachments/att_1\n"
+            "  - file brief.pdf (application/pdf, 900 bytes): prickle://attachments/att_2\n") in prompt
+    assert "Attached" not in prickle.room_prompt({"role": "draft", "project": ROOM}, message | {"attachments": []})

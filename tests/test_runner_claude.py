@@ -6,11 +6,15 @@ the environment, through the MCP config file), and its permission prompt goes th
 Skips when the Claude Code package is not installed (``.ci/run`` installs it).
 """
 
+import base64
+import io
 import json
+import re
 import threading
 
 import httpx
 import pytest
+from PIL import Image
 
 from conftest import MCP, Served, audit_entries
 from model_standin import ModelStandIn
@@ -94,3 +98,73 @@ def test_claude_code_run_accepts_checkpoints_asks_a_step_the_owner_allows_and_re
         mcp_config = json.loads((runner.state_dir / "runs").glob("*/mcp.json").__next__().read_text())
         assert mcp_config["mcpServers"]["prickle_bridge"]["args"] == ["-P", "-m", "prickle", "runner", "bridge"]
         oj.close(), ren.close(), builder.client.close(), db.close()
+
+
+
+def png(width: int, height: int) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 30)).save(out, "PNG")
+    return out.getvalue()
+
+
+def test_claude_code_in_a_private_room_reads_the_owners_image_as_an_mcp_resource(db_path, tmp_path):
+    """The owner posts an image; the woken session reads it over MCP and the model is sent the image.
+
+    Claude Code's ReadMcpResourceTool does not hand a resource's blob to the model: it saves the bytes to a
+    file under its own folder and answers with that path (``blobSavedTo``). Its Read tool then sends the
+    file as an image block, so the image reaches the model in two calls, both Claude Code's own.
+    """
+    image = png(40, 30)
+    seen_by_model = {}
+
+    def read_resource(seen):
+        uri = re.search(r"(prickle://attachments/[A-Za-z0-9_-]+)", seen.prompt).group(1)
+        return ("ReadMcpResourceTool", {"server": "prickle", "uri": uri})
+
+    def read_saved_file(seen):
+        seen_by_model["resource"] = json.loads(seen.results[-1])
+        return ("Read", {"file_path": seen_by_model["resource"]["contents"][0]["blobSavedTo"]})
+
+    script = [
+        read_resource,
+        read_saved_file,
+        lambda seen: ("mcp__prickle__post_message", {"project": seen.find(r"private Prickle room (\S+) "),
+                                                     "body": "A red rectangle, 40 by 30.", "verdict": "draft"}),
+        lambda seen: "Posted.",
+    ]
+    with Served(db_path, "--demo") as served, ModelStandIn(script) as model:
+        base, db = served.info["url"], prickle.Database(db_path)
+        _, key = prickle.pair_device(db, "oj", "oj/muse", "oj-laptop")
+        oj = person(base, prickle.create_token(db, "person", person="oj")[1])
+        room = oj.get("/api/room").json()["room"]["project"]
+        assert oj.post("/api/room", json={"reply_mode": "solo", "lead": "oj/muse"}).status_code == 200
+        config = write_config(tmp_path / "runner.toml", base, {
+            "oj/muse": {"key": key, "client": "claude", "cli_path": CLAUDE, "launch_timeout_minutes": 5}})
+        with RunnerProcess(config, env=claude_env(tmp_path / "home", model.url)) as runner:
+            runner.wait_connected("oj/muse")
+            attachment = oj.post(f"/api/projects/{room}/attachments", content=image).json()["attachment"]
+            asked = oj.post(f"/api/projects/{room}/messages", json={
+                "body": "What is in this picture?", "attachments": [attachment["id"]]}).json()["message"]
+            reply = wait_until("the reply", lambda: (m := oj.get(f"/api/projects/{room}/room").json()["messages"])[1:]
+                               and m[1], timeout=120)
+            wait_until("the session to end", lambda: "ended: exited" in runner.log())
+        uri = f"prickle://attachments/{attachment['id']}"
+        # The runner's prompt names the attachment and how to read it.
+        prompt = "".join(b["text"] for b in model.bodies[0]["messages"][0]["content"] if b["type"] == "text")
+        assert f"  - 40x30 image (image/png, {len(image)} bytes): {uri}" in prompt
+        assert [c[0] for c in model.calls[:3]] == ["ReadMcpResourceTool", "Read", "mcp__prickle__post_message"]
+        # ReadMcpResourceTool answered with where it saved the bytes, not the image itself...
+        [saved] = seen_by_model["resource"]["contents"]
+        assert (saved["uri"], saved["mimeType"], saved["blobSavedTo"].endswith(".png")) == (uri, "image/png", True)
+        assert f"Binary content (image/png, {len(image)} bytes) saved to {saved['blobSavedTo']}" in saved["text"]
+        # ...and the next request, after Read, carries the uploaded bytes as an image block.
+        last = model.bodies[2]["messages"][-1]["content"]
+        [result] = [b for b in last if b.get("type") == "tool_result"]
+        assert result["content"] == [{"type": "image", "source": {
+            "type": "base64", "media_type": "image/png", "data": base64.b64encode(image).decode()}}]
+        assert (reply["author"]["agent_id"], reply["body"], reply["verdict"]) == (
+            "oj/muse", "A red rectangle, 40 by 30.", "draft")
+        [read] = audit_entries(db, room, "attachment.read")
+        assert read["refs"] == {"message": asked["id"], "attachment": attachment["id"], "agent": "oj/muse",
+                                "content_type": "image/png", "byte_size": len(image)}
+        oj.close(), db.close()
