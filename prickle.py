@@ -1691,6 +1691,11 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX deliverables_by_project ON deliverables(project)",
         "ALTER TABLE messages ADD COLUMN attachments TEXT",
     ],
+    [
+        # The workspace files a run's result names that its runner is asked to upload: a JSON list
+        # of {ref, sha256} and, once the runner could not, why (refused).
+        "ALTER TABLE attempts ADD COLUMN files_wanted TEXT",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -6533,6 +6538,7 @@ def return_result(db: Database, actor: Actor, task_id: str, summary: str, eviden
     Implements return_result's rules: evidence needs url or content unless it is a note;
     criteria and artifact indexes must exist; every artifact is pinned by sha256 or
     commit_sha and code needs a commit; a newer submission supersedes an unreviewed one.
+    A runner's run's workspace files must be in the store first (:func:`check_delivered`).
     Writes ``result.returned`` (counts and kinds only).
     """
     check_markdown(summary, "summary")
@@ -6555,6 +6561,7 @@ def return_result(db: Database, actor: Actor, task_id: str, summary: str, eviden
             raise InvalidInput(f"evidence[{n}].observed_at: {e['observed_at']} is in the future")
     with db.transaction():
         task = require_task_role(db, actor, task_id, "assignee")
+        check_delivered(db, actor, task_id, artifacts)  # a runner's run: the files it names are in the store
         packet = json.loads(task["packet"])
         criteria = len(packet["acceptance_criteria"])
         for n, e in enumerate(items):
@@ -6710,6 +6717,222 @@ def reject_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
             finish_attempt(db, actor)  # a verification run ends with its decision
             return {"task": task_out(db, row)}
     return recording_refusals(db, run)
+
+
+# -- Deliverables: the files a runner's run delivers with its result -----------------------------
+# A run launched by a runner (an execution credential) names the files it made in its result's
+# artifacts by their path in its workspace (``ref``, relative) and the sha256 of their bytes. Before
+# the result is recorded its runner uploads each one (upload_deliverable, with the run's credential);
+# return_result refuses a result whose named files are not in the store, saying why (a file missing,
+# outside the workspace, or whose bytes hash to something else), so the run can fix it and return again.
+# The people who may see the task, and agents who may read it, download them (read_deliverable).
+
+#: A deliverable's bytes at most: the limit of its upload's request body too.
+DELIVERABLE_MAX_BYTES = 32 * 1024 * 1024
+#: A deliverable's ref (its path in the workspace) at most this long, as the reference's artifact ref.
+DELIVERABLE_REF_MAX = 300
+#: How long return_result waits for a run's runner to upload the files its result names (seconds).
+FILES_WAIT_SECONDS = 30.0
+#: The types the page previews; every other deliverable is only downloaded.
+DELIVERABLE_PREVIEWS = ("image/png", "image/jpeg", "image/webp", "text/plain", "text/markdown", "text/csv",
+                        "application/pdf")
+
+
+def workspace_ref(artifact: dict, field: str) -> str | None:
+    """An artifact's ref as a file in a run's workspace, or None when it names no file there (it has
+    no sha256, or its ref is a URL or an absolute path of some other place).
+
+    Raises InvalidInput naming ``field`` for a relative ref that leaves the workspace (``..``),
+    names a folder, has a backslash or a control character, or lies inside ``.git``.
+    """
+    ref = artifact.get("ref") or ""
+    if not artifact.get("sha256") or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", ref) or ref.startswith(("/", "~")):
+        return None
+    parts = ref.split("/")
+    if "\\" in ref or any(ord(c) < 32 for c in ref) or any(p in ("", ".", "..") for p in parts) or \
+            parts[0] == ".git" or len(ref) > DELIVERABLE_REF_MAX:
+        raise InvalidInput(f"{field}: {ref[:80]!r} is not a file's path inside the workspace; name it relative "
+                           "to the workspace, like docs/refund-policy.md (no '..', no leading '/', no folder alone)")
+    return ref
+
+
+def deliverable_type(data: bytes, ref: str) -> str:
+    """The content type of a deliverable's bytes: an attachment's type where the bytes are one
+    (read from them, never from the name alone), else ``application/octet-stream``."""
+    if len(data) > ATTACHMENT_MAX_BYTES:
+        return "application/octet-stream"
+    try:
+        return sniff_attachment(data, os.path.basename(ref))["content_type"]
+    except InvalidInput:
+        return "application/octet-stream"
+
+
+def _wanted(db: Database, attempt_id: str) -> list[dict]:
+    return json.loads(db.scalar("SELECT files_wanted FROM attempts WHERE id = ?", (attempt_id,)) or "[]")
+
+
+def _run_attempt_for(db: Database, actor: Actor, task_id: str) -> dict:
+    """The running attempt of ``actor``'s run credential for ``task_id`` (its assignee's); NotFound otherwise."""
+    if actor.kind != "agent" or actor.attempt_id is None or actor.task_scope != task_id:
+        raise NotFound(f"task_id: no run of task '{task_id}' holds this credential; upload with the run's own")
+    task = require_task_role(db, actor, task_id, "assignee")
+    attempt = db.one("SELECT * FROM attempts WHERE id = ?", (actor.attempt_id,))
+    if attempt is None or attempt["state"] != "running":
+        raise InvalidState(f"the run of task '{task_id}' has ended; its files can no longer be uploaded")
+    return task | {"attempt": attempt}
+
+
+def want_files(db: Database, actor: Actor, task_id: str, artifacts: list[dict]) -> list[dict]:
+    """Ask a run's runner for the workspace files ``artifacts`` name that are not in the store yet.
+
+    Replaces the attempt's list (what an earlier return asked and why it was refused); returns the
+    files asked for, ``[{ref, sha256}]`` (empty when every one is in the store). The runner reads
+    them in GET /api/runner/state. Raises InvalidInput naming ``artifacts[n].ref``.
+    """
+    refs = [(workspace_ref(a, f"artifacts[{n}].ref"), a.get("sha256")) for n, a in enumerate(artifacts)]
+    with db.transaction():
+        _run_attempt_for(db, actor, task_id)
+        missing = [{"ref": ref, "sha256": digest} for ref, digest in refs if ref is not None and db.one(
+            "SELECT 1 FROM deliverables WHERE task_id = ? AND ref = ? AND sha256 = ?", (task_id, ref, digest)) is None]
+        db.execute("UPDATE attempts SET files_wanted = ? WHERE id = ?",
+                   (json.dumps(missing) if missing else None, actor.attempt_id))
+    return missing
+
+
+def files_asked(db: Database, attempt: dict) -> list[dict]:
+    """The files ``attempt`` (a row) asks of its runner still: ``[{ref, sha256}]`` neither in the store nor refused."""
+    return [{"ref": w["ref"], "sha256": w["sha256"]} for w in json.loads(attempt.get("files_wanted") or "[]")
+            if not w.get("refused") and db.one("SELECT 1 FROM deliverables WHERE task_id = ? AND ref = ? AND "
+                                               "sha256 = ?", (attempt["task_id"], w["ref"], w["sha256"])) is None]
+
+
+def files_settled(db: Database, attempt_id: str) -> bool:
+    """Whether every file asked of an attempt's runner is in the store or was refused (want_files)."""
+    with db.snapshot():
+        row = db.one("SELECT * FROM attempts WHERE id = ?", (attempt_id,))
+        return row is None or not files_asked(db, row)
+
+
+def check_delivered(db: Database, actor: Actor, task_id: str, artifacts: list[dict]) -> None:
+    """Inside return_result: every workspace file a runner's run names is in the store.
+
+    Raises InvalidInput naming ``artifacts[n]`` with why its runner refused it (missing, outside the
+    workspace, its bytes hash to something else), InvalidState when it never came.
+    """
+    if actor.attempt_id is None:
+        return  # an agent's own session: its refs are words, nothing to upload
+    refused = {(w["ref"], w["sha256"]): w["refused"] for w in _wanted(db, actor.attempt_id) if w.get("refused")}
+    for n, a in enumerate(artifacts):
+        ref = workspace_ref(a, f"artifacts[{n}].ref")
+        if ref is None or db.one("SELECT 1 FROM deliverables WHERE task_id = ? AND ref = ? AND sha256 = ?",
+                                 (task_id, ref, a["sha256"])):
+            continue
+        if (ref, a["sha256"]) in refused:
+            raise InvalidInput(f"artifacts[{n}]: {ref} was not delivered: {refused[(ref, a['sha256'])]}; fix it "
+                               "and call return_result again")
+        raise InvalidState(f"artifacts[{n}]: {ref} is not in the store: your runner did not upload it within "
+                           f"{FILES_WAIT_SECONDS:g} seconds (is it running?); call return_result again")
+
+
+def refuse_file(db: Database, actor: Actor, task_id: str, ref: Any, sha256: Any, reason: str) -> None:
+    """Note why a file asked of the run's runner can't be delivered, so return_result says it to the run."""
+    with db.transaction():
+        task = _run_attempt_for(db, actor, task_id)
+        wanted = _wanted(db, actor.attempt_id)
+        for w in wanted:
+            if w["ref"] == ref and w["sha256"] == sha256:
+                w["refused"] = reason[:300]
+        db.execute("UPDATE attempts SET files_wanted = ? WHERE id = ?", (json.dumps(wanted), task["attempt"]["id"]))
+
+
+def upload_deliverable(db: Database, actor: Actor, task_id: str, ref: Any, sha256: Any, data: bytes,
+                       limit_bytes: int) -> dict:
+    """A file a run delivers, uploaded by its runner with the run's own credential (only for its own task).
+
+    ``ref`` is its path in the workspace, ``sha256`` the hash the result names; the bytes must hash
+    to it (a truncated upload does not). Kept once (store_blob); the same file twice is one row.
+    Returns :func:`deliverable_out`. Raises InvalidInput naming ``ref``, ``sha256`` or ``file``
+    (a refused hash is also noted for return_result), NotFound for a credential that is not this
+    task's run, InvalidState for an ended run or a project past its files limit. Writes
+    ``deliverable.uploaded`` (the task, the type, the size and the hash; never the name or the bytes).
+    """
+    if not isinstance(sha256, str) or not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        raise InvalidInput("sha256: give the file's SHA-256 as 64 lowercase hex digits")
+    if not isinstance(ref, str) or workspace_ref({"ref": ref, "sha256": sha256}, "ref") is None:
+        raise InvalidInput("ref: give the file's path relative to the workspace, like docs/refund-policy.md")
+    if not data:
+        raise InvalidInput("file: it is empty; send the file's bytes")
+    if len(data) > DELIVERABLE_MAX_BYTES:
+        raise InvalidInput(f"file: it is {len(data)} bytes; the limit is {DELIVERABLE_MAX_BYTES}")
+    if (digest := sha256_hex(data)) != sha256:
+        reason = f"its {len(data)} bytes hash to {digest}, not the sha256 {sha256} the result names"
+        refuse_file(db, actor, task_id, ref, sha256, reason)
+        raise InvalidInput(f"sha256: {ref}: {reason} (a changed or truncated file); nothing was kept")
+    content_type = deliverable_type(data, ref)
+    with db.transaction():
+        task = _run_attempt_for(db, actor, task_id)
+        row = db.one("SELECT * FROM deliverables WHERE task_id = ? AND ref = ? AND sha256 = ?", (task_id, ref, sha256))
+        if row is None:
+            check_project_room(db, task["project"], data, limit_bytes)
+            store_blob(db, data, content_type)
+            row = {"id": new_id("dlv"), "project": task["project"], "task_id": task_id, "ref": ref, "sha256": sha256,
+                   "content_type": content_type, "byte_size": len(data),
+                   "uploaded_by": actor.agent_id, "created_at": iso(utcnow())}
+            db.insert("deliverables", row)
+            audit(db, task["project"], "deliverable.uploaded", {
+                "task": task_id, "deliverable": row["id"], "attempt": actor.attempt_id, "content_type": content_type,
+                "byte_size": len(data), "sha256": sha256})
+    return deliverable_out(row)
+
+
+def deliverable_out(row: dict) -> dict:
+    """A deliverables row as the page and the runner get it: where to download it and whether it previews."""
+    return {"id": row["id"], "task_id": row["task_id"], "ref": row["ref"], "sha256": row["sha256"],
+            "content_type": row["content_type"], "byte_size": row["byte_size"], "uploaded_by": row["uploaded_by"],
+            "created_at": row["created_at"], "url": f"/api/deliverables/{row['id']}",
+            "preview": row["content_type"] in DELIVERABLE_PREVIEWS}
+
+
+def task_deliverables(db: Database, task_id: str) -> list[dict]:
+    """Every file delivered for a task, newest first (inside the caller's reach check)."""
+    return [deliverable_out(r) for r in db.rows(
+        "SELECT * FROM deliverables WHERE task_id = ? ORDER BY created_at DESC, rowid DESC", (task_id,))]
+
+
+def read_deliverable(db: Database, actor: Actor, deliverable_id: Any) -> tuple[dict, bytes]:
+    """A deliverable's row and bytes, for a person who may see its task or an agent who may read it.
+
+    A woken run reads its own task's only. Raises InvalidInput for a malformed ID, NotFound for one
+    unknown or out of reach (the same answer). An agent's read writes ``deliverable.read``.
+    """
+    check_id(deliverable_id, "deliverable")
+    with db.transaction() if actor.kind == "agent" else db.snapshot():
+        row = db.one("SELECT * FROM deliverables WHERE id = ?", (deliverable_id,))
+        gone = NotFound(f"deliverable: no deliverable '{deliverable_id}' of a task you can see")
+        if row is None or actor.task_scope not in (None, row["task_id"]):
+            raise gone
+        try:
+            require_project(db, actor, row["project"])
+            visible_task(db, actor, row["project"], row["task_id"])
+        except (NotFound, Forbidden):
+            raise gone from None
+        data = db.scalar("SELECT bytes FROM blobs WHERE sha256 = ?", (row["sha256"],))
+        if actor.kind == "agent":
+            audit(db, row["project"], "deliverable.read", {"task": row["task_id"], "deliverable": row["id"],
+                                                           "agent": actor.agent_id, "byte_size": row["byte_size"]})
+    return row, data
+
+
+def task_files_for(db: Database, actor: Actor, task_id: str) -> list[dict]:
+    """The files delivered for a task ``actor`` may see (a verification run fetches them so)."""
+    check_id(task_id, "task_id")
+    with db.snapshot():
+        task = db.one("SELECT project FROM tasks WHERE id = ?", (task_id,))
+        if task is None or actor.task_scope not in (None, task_id):
+            raise NotFound(f"task_id: no task '{task_id}' that you can see")
+        require_project(db, actor, task["project"])
+        visible_task(db, actor, task["project"], task_id)
+        return task_deliverables(db, task_id)
 
 
 ###############################################################################
@@ -7762,7 +7985,8 @@ def runner_state(db: Database, actor: Actor) -> dict:
     """What a runner needs to obey its owner: whether its agent is paused, and its device's newest runs.
 
     Each run says whether a step it asked for still waits on the owner, or was allowed and not yet
-    used (``step_pending``): such a run ended to wait for its owner, which is no failure.
+    used (``step_pending``): such a run ended to wait for its owner, which is no failure. A running
+    one lists the workspace files its result names that the runner is to upload (``files_wanted``).
     """
     with db.snapshot():
         device = runner_device(db, actor)
@@ -7777,7 +8001,8 @@ def runner_state(db: Database, actor: Actor) -> dict:
             [r["id"] for r in rows])} if rows else set()
         return {"agent_id": actor.agent_id, "device_id": device["id"], "paused": who is not None, "paused_by": who,
                 "runs": [{k: v for k, v in attempt_out(r).items() if k not in ("device", "device_id")}
-                         | {"step_pending": r["id"] in asking} for r in rows]}
+                         | {"step_pending": r["id"] in asking}
+                         | ({"files_wanted": files_asked(db, r)} if r["state"] == "running" else {}) for r in rows]}
 
 
 def mark_uncertain(db: Database, actor: Actor, attempt_id: str, reason: str | None = None) -> dict:
@@ -7861,7 +8086,7 @@ def tasks_board(db: Database, person: Actor, project: str) -> dict:
 
 
 def task_detail(db: Database, person: Actor, task_id: str) -> dict:
-    """One task for a member: the task, every checkpoint and every submission."""
+    """One task for a member: the task, every checkpoint, every submission and the files delivered."""
     with db.snapshot():
         task = task_for_person(db, person, task_id)
         pending = db.one("SELECT * FROM approvals WHERE task_id = ? AND status = 'pending' AND invalidated_at IS NULL",
@@ -7878,6 +8103,7 @@ def task_detail(db: Database, person: Actor, task_id: str) -> dict:
                                              (task_id,))],
             "submissions": [result_out(s) for s in db.rows(
                 "SELECT * FROM submissions WHERE task_id = ? ORDER BY revision", (task_id,))],
+            "deliverables": task_deliverables(db, task_id),
             "can_rename": may_name_task(db, person.handle, task),
             "can_set_waits": may_name_task(db, person.handle, task) and task["parent_task_id"] is not None
             and task["state"] not in CLOSED_STATES,
@@ -10079,9 +10305,11 @@ class AccessLogMiddleware:
                             status or "-", (time.monotonic() - started) * 1000)
 
 
-#: Requests whose body is one file's bytes, and how big that body may be.
+#: Requests whose body is one file's bytes, and how big that body may be: a person's attachment, a run's
+#: deliverable (uploaded by its runner).
 UPLOAD_PATH = re.compile(r"/api/projects/[^/]+/attachments")
 UPLOAD_BODY_MAX = ATTACHMENT_MAX_BYTES
+DELIVERABLE_PATH = re.compile(r"/api/runner/tasks/[^/]+/files")
 
 
 class GuardMiddleware:
@@ -10097,6 +10325,7 @@ class GuardMiddleware:
         self.app = RequestBodyLimitMiddleware(app, settings.max_body_bytes)
         self.max_body = settings.max_body_bytes
         self.uploads = RequestBodyLimitMiddleware(app, UPLOAD_BODY_MAX)  # the bytes of one file
+        self.deliveries = RequestBodyLimitMiddleware(app, DELIVERABLE_MAX_BYTES)  # the bytes of one run's file
         self.security = TransportSecurityMiddleware(TransportSecuritySettings(
             enable_dns_rebinding_protection=settings.dns_rebinding_protection,
             allowed_hosts=settings.host_allowlist(port), allowed_origins=settings.origin_allowlist(port)))
@@ -10120,7 +10349,8 @@ class GuardMiddleware:
                 return
             length = whole_number(headers.get(b"content-length", b"").decode("latin-1"), 30)
             upload = UPLOAD_PATH.fullmatch(scope["path"]) is not None
-            limit = UPLOAD_BODY_MAX if upload else self.max_body
+            delivery = DELIVERABLE_PATH.fullmatch(scope["path"]) is not None and scope["method"] == "POST"
+            limit = UPLOAD_BODY_MAX if upload else DELIVERABLE_MAX_BYTES if delivery else self.max_body
             if length is not None and length > limit:
                 error = InvalidInput(f"the request body is {length} bytes; the limit is {limit}")
                 error.http_status = 413
@@ -10129,8 +10359,8 @@ class GuardMiddleware:
             if scope["path"] == "/mcp":
                 await self.inner(scope, receive, send)
                 return
-            if upload:
-                await self.uploads(scope, receive, send)
+            if upload or delivery:
+                await (self.uploads if upload else self.deliveries)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -10158,6 +10388,21 @@ def person_from_request(state: AppState, request: Request) -> Actor:
         if origin is not None and origin not in state.settings.origin_allowlist(state.port):
             raise Forbidden(f"a write with a session cookie must come from this site's own page, not {origin}")
     return actor
+
+
+def run_from_request(state: AppState, request: Request) -> Actor:
+    """The run behind a runner's upload of its files: the run's own execution credential."""
+    auth = request.headers.get("authorization", "")
+    return resolve_token(state.db, auth[7:].strip() if auth.lower().startswith("bearer ") else "", ("execution",))
+
+
+def reader_from_request(state: AppState, request: Request) -> Actor:
+    """Who downloads a file: an agent by its key (an MCP key, a runner key or a run's credential), else a person."""
+    auth = request.headers.get("authorization", "")
+    token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+    if token_kind(token) in ("client", "runner", "execution"):
+        return resolve_token(state.db, token, ("client", "runner", "execution"))
+    return person_from_request(state, request)
 
 
 def runner_from_request(state: AppState, request: Request) -> Actor:
@@ -10446,6 +10691,13 @@ async def _tool_checkpoint(state: AppState, actor: Actor, args: dict, ctx: Any) 
 
 
 async def _tool_return_result(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
+    if actor.attempt_id is not None and args.get("artifacts") and \
+            want_files(state.db, actor, args["task_id"], args["artifacts"]):
+        # A runner's run named files in its workspace: its runner uploads them (it reads the wish in its
+        # device's state), and the result is recorded once they are in, or refused with why.
+        deadline = time.monotonic() + FILES_WAIT_SECONDS
+        while not files_settled(state.db, actor.attempt_id) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
     return return_result(state.db, actor, args["task_id"], args["summary"], args["evidence"], args["provenance"],
                          args.get("artifacts"))
 
@@ -11141,18 +11393,19 @@ def _event_stream(state: AppState, start: int, gap: str | None, projects: Callab
 
 
 def _api(handler: Callable[..., Any], runner: bool = False, public: bool = False,
-         raw: bool = False) -> Callable[[Request], Any]:
+         raw: bool = False, who: Callable[[AppState, Request], Actor] | None = None) -> Callable[[Request], Any]:
     """Wrap an API handler: authenticate the person (or the runner), map PrickleError to a JSON error.
 
     A ``public`` handler takes no credential (a computer asking to connect) and gets None; a
-    ``raw`` one gets the body's bytes (an upload) instead of a JSON object.
+    ``raw`` one gets the body's bytes (an upload) instead of a JSON object; ``who`` names another
+    way to find the caller (run_from_request, reader_from_request).
     """
 
     async def endpoint(request: Request) -> Response:
         state: AppState = request.app.state.prickle
         try:
-            person = None if public else (runner_from_request(state, request) if runner
-                                          else person_from_request(state, request))
+            person = None if public else who(state, request) if who else (
+                runner_from_request(state, request) if runner else person_from_request(state, request))
             body = None
             if request.method in ("POST", "PUT", "PATCH"):
                 body = await request.body() if raw else parse_json_body(await request.body())
@@ -11589,6 +11842,46 @@ async def runner_verify(state: AppState, agent: Actor, request: Request, body: d
                               _dt.timedelta(minutes=state.settings.launch_timeout_minutes))
 
 
+async def runner_upload_file(state: AppState, run: Actor, request: Request, body: bytes) -> dict:
+    """POST /api/runner/tasks/{id}/files?ref=&sha256= (the run's credential): the body is one file of the run's
+    workspace its result names; ``{"deliverable"}``. See :func:`upload_deliverable`."""
+    q = request.query_params
+    return {"deliverable": upload_deliverable(state.db, run, request.path_params["task_id"], q.get("ref"),
+                                              q.get("sha256"), body, state.settings.files_per_project_mb << 20)}
+
+
+async def runner_refuse_file(state: AppState, run: Actor, request: Request, body: dict) -> dict:
+    """POST /api/runner/tasks/{id}/files/refused {ref, sha256, reason} (the run's credential): a file the result
+    names can't be delivered (missing, outside the workspace, too big); return_result tells the run why."""
+    unknown = sorted(set(body) - {"ref", "sha256", "reason"})
+    if unknown:
+        raise InvalidInput(f"unknown field {unknown[0]}: send ref, sha256 and reason")
+    refuse_file(state.db, run, request.path_params["task_id"], body_field(body, "ref", str),
+                body_field(body, "sha256", str), check_text(body_field(body, "reason", str), "reason", 300))
+    return {"ok": True}
+
+
+async def api_task_files(state: AppState, reader: Actor, request: Request, body: Any) -> dict:
+    """GET /api/tasks/{id}/files: the files delivered for a task (a person who sees it, an agent who may read it)."""
+    return {"deliverables": task_files_for(state.db, reader, request.path_params["task_id"])}
+
+
+async def api_deliverable(state: AppState, reader: Actor, request: Request, body: Any) -> Response:
+    """GET /api/deliverables/{id}[?download=1]: a delivered file's bytes, never run by the browser.
+
+    ``nosniff`` and a Content-Security-Policy that allows nothing and sandboxes; what the page
+    previews (DELIVERABLE_PREVIEWS) comes inline unless ``download``, everything else always as a
+    download under its file name, as ``application/octet-stream``. ``X-Content-SHA256`` carries the hash."""
+    row, data = read_deliverable(state.db, reader, request.path_params["id"])
+    inline = row["content_type"] in DELIVERABLE_PREVIEWS and request.query_params.get("download") is None
+    name = urllib.parse.quote(row["ref"].rsplit("/", 1)[-1], safe="")
+    media = row["content_type"] if row["content_type"] in DELIVERABLE_PREVIEWS else "application/octet-stream"
+    return Response(data, media_type=media, headers={
+        "X-Content-Type-Options": "nosniff", "Content-Security-Policy": "default-src 'none'; sandbox",
+        "Content-Disposition": "inline" if inline else f"attachment; filename*=UTF-8''{name}",
+        "X-Content-SHA256": row["sha256"], "Cache-Control": "private, max-age=86400"})
+
+
 async def api_start_run(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/tasks/{id}/runs {confirm: your handle}: start one run of your agent on the task."""
     return start_run(state.db, person, request.path_params["task_id"], body_field(body, "confirm", str, False))
@@ -11895,6 +12188,10 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("POST", "/api/runner/attempts/{attempt_id}/uncertain", _api(runner_uncertain, runner=True)),
     ("POST", "/api/runner/attempts/{attempt_id}/ended", _api(runner_ended, runner=True)),
     ("POST", "/api/runner/tasks/{task_id}/verify", _api(runner_verify, runner=True)),
+    ("POST", "/api/runner/tasks/{task_id}/files", _api(runner_upload_file, raw=True, who=run_from_request)),
+    ("POST", "/api/runner/tasks/{task_id}/files/refused", _api(runner_refuse_file, who=run_from_request)),
+    ("GET", "/api/tasks/{task_id}/files", _api(api_task_files, who=reader_from_request)),
+    ("GET", "/api/deliverables/{id}", _api(api_deliverable, who=reader_from_request)),
     ("POST", "/api/tasks/{task_id}/verify", _api(_operation(request_verification, "task_id"))),
     ("GET", "/api/connect/{code}", _api(_operation(connect_view, "code"))),
     ("POST", "/api/connect/{code}", _api(api_connect_decide)),
