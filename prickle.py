@@ -6782,67 +6782,114 @@ def _run_attempt_for(db: Database, actor: Actor, task_id: str) -> dict:
     return task | {"attempt": attempt}
 
 
-def want_files(db: Database, actor: Actor, task_id: str, artifacts: list[dict]) -> list[dict]:
-    """Ask a run's runner for the workspace files ``artifacts`` name that are not in the store yet.
+def commit_ref(artifact: dict) -> str | None:
+    """An artifact's ref when it names a commit the run's runner delivers (pinned by commit_sha alone, its ref
+    no URL: the agent did not push it somewhere itself), else None."""
+    ref = artifact.get("ref") or ""
+    if artifact.get("sha256") or not artifact.get("commit_sha") or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", ref):
+        return None
+    return ref
 
-    Replaces the attempt's list (what an earlier return asked and why it was refused); returns the
-    files asked for, ``[{ref, sha256}]`` (empty when every one is in the store). The runner reads
-    them in GET /api/runner/state. Raises InvalidInput naming ``artifacts[n].ref``.
+
+def _pin(entry: dict) -> tuple[str, str]:
+    return entry["ref"], entry.get("sha256") or entry["commit_sha"]
+
+
+def want_files(db: Database, actor: Actor, task_id: str, artifacts: list[dict]) -> list[dict]:
+    """Ask a run's runner for the workspace files and the commits ``artifacts`` name.
+
+    Replaces the attempt's list (what an earlier return asked and why it was refused); returns
+    what is asked: ``{ref, sha256}`` for each file not in the store yet, ``{ref, commit_sha}`` for
+    each commit (pushed or bundled by the runner). Empty: nothing to wait for. The runner reads it
+    in GET /api/runner/state. Raises InvalidInput naming ``artifacts[n].ref``.
     """
-    refs = [(workspace_ref(a, f"artifacts[{n}].ref"), a.get("sha256")) for n, a in enumerate(artifacts)]
+    asked = []
+    for n, a in enumerate(artifacts):
+        if (ref := workspace_ref(a, f"artifacts[{n}].ref")) is not None:
+            asked.append({"ref": ref, "sha256": a["sha256"]})
+        elif (ref := commit_ref(a)) is not None:
+            asked.append({"ref": ref, "commit_sha": a["commit_sha"]})
     with db.transaction():
         _run_attempt_for(db, actor, task_id)
-        missing = [{"ref": ref, "sha256": digest} for ref, digest in refs if ref is not None and db.one(
-            "SELECT 1 FROM deliverables WHERE task_id = ? AND ref = ? AND sha256 = ?", (task_id, ref, digest)) is None]
+        missing = [w for w in asked if "commit_sha" in w or db.one(
+            "SELECT 1 FROM deliverables WHERE task_id = ? AND ref = ? AND sha256 = ?",
+            (task_id, w["ref"], w["sha256"])) is None]
         db.execute("UPDATE attempts SET files_wanted = ? WHERE id = ?",
                    (json.dumps(missing) if missing else None, actor.attempt_id))
     return missing
 
 
 def files_asked(db: Database, attempt: dict) -> list[dict]:
-    """The files ``attempt`` (a row) asks of its runner still: ``[{ref, sha256}]`` neither in the store nor refused."""
-    return [{"ref": w["ref"], "sha256": w["sha256"]} for w in json.loads(attempt.get("files_wanted") or "[]")
-            if not w.get("refused") and db.one("SELECT 1 FROM deliverables WHERE task_id = ? AND ref = ? AND "
-                                               "sha256 = ?", (attempt["task_id"], w["ref"], w["sha256"])) is None]
+    """What ``attempt`` (a row) still asks of its runner: files neither in the store nor refused, commits
+    neither delivered nor refused (want_files's shapes)."""
+    return [{k: w[k] for k in ("ref", "sha256", "commit_sha") if k in w}
+            for w in json.loads(attempt.get("files_wanted") or "[]")
+            if not w.get("refused") and not w.get("delivered") and ("commit_sha" in w or db.one(
+                "SELECT 1 FROM deliverables WHERE task_id = ? AND ref = ? AND sha256 = ?",
+                (attempt["task_id"], w["ref"], w["sha256"])) is None)]
 
 
 def files_settled(db: Database, attempt_id: str) -> bool:
-    """Whether every file asked of an attempt's runner is in the store or was refused (want_files)."""
+    """Whether everything asked of an attempt's runner came or was refused (want_files)."""
     with db.snapshot():
         row = db.one("SELECT * FROM attempts WHERE id = ?", (attempt_id,))
         return row is None or not files_asked(db, row)
 
 
 def check_delivered(db: Database, actor: Actor, task_id: str, artifacts: list[dict]) -> None:
-    """Inside return_result: every workspace file a runner's run names is in the store.
+    """Inside return_result: every workspace file a runner's run names is in the store, every commit pushed
+    or bundled.
 
     Raises InvalidInput naming ``artifacts[n]`` with why its runner refused it (missing, outside the
-    workspace, its bytes hash to something else), InvalidState when it never came.
+    workspace, its bytes hash to something else, a commit not on the task's branch), InvalidState
+    when it never came.
     """
     if actor.attempt_id is None:
         return  # an agent's own session: its refs are words, nothing to upload
-    refused = {(w["ref"], w["sha256"]): w["refused"] for w in _wanted(db, actor.attempt_id) if w.get("refused")}
+    said = {_pin(w): w for w in _wanted(db, actor.attempt_id)}
     for n, a in enumerate(artifacts):
         ref = workspace_ref(a, f"artifacts[{n}].ref")
-        if ref is None or db.one("SELECT 1 FROM deliverables WHERE task_id = ? AND ref = ? AND sha256 = ?",
-                                 (task_id, ref, a["sha256"])):
+        if ref is not None and db.one("SELECT 1 FROM deliverables WHERE task_id = ? AND ref = ? AND sha256 = ?",
+                                      (task_id, ref, a["sha256"])):
             continue
-        if (ref, a["sha256"]) in refused:
-            raise InvalidInput(f"artifacts[{n}]: {ref} was not delivered: {refused[(ref, a['sha256'])]}; fix it "
-                               "and call return_result again")
-        raise InvalidState(f"artifacts[{n}]: {ref} is not in the store: your runner did not upload it within "
-                           f"{FILES_WAIT_SECONDS:g} seconds (is it running?); call return_result again")
+        if ref is None and (ref := commit_ref(a)) is None:
+            continue
+        entry = said.get((ref, a.get("sha256") or a["commit_sha"]), {})
+        if entry.get("refused"):
+            raise InvalidInput(f"artifacts[{n}]: {ref} was not delivered: {entry['refused']}; fix it and call "
+                               "return_result again")
+        if not entry.get("delivered"):
+            raise InvalidState(f"artifacts[{n}]: {ref} is not in the store: your runner did not deliver it within "
+                               f"{FILES_WAIT_SECONDS:g} seconds (is it running?); call return_result again")
 
 
-def refuse_file(db: Database, actor: Actor, task_id: str, ref: Any, sha256: Any, reason: str) -> None:
-    """Note why a file asked of the run's runner can't be delivered, so return_result says it to the run."""
+def _settle(db: Database, actor: Actor, task_id: str, ref: Any, pin: Any, what: str, why: str) -> None:
     with db.transaction():
         task = _run_attempt_for(db, actor, task_id)
         wanted = _wanted(db, actor.attempt_id)
+        if not any(_pin(w) == (ref, pin) for w in wanted):
+            raise NotFound(f"ref: {str(ref)[:80]!r} with that hash or commit is not asked of this run's runner")
         for w in wanted:
-            if w["ref"] == ref and w["sha256"] == sha256:
-                w["refused"] = reason[:300]
+            if _pin(w) == (ref, pin):
+                w[what] = why[:300]
         db.execute("UPDATE attempts SET files_wanted = ? WHERE id = ?", (json.dumps(wanted), task["attempt"]["id"]))
+        if what == "delivered":
+            audit(db, task["project"], "deliverable.commit", {"task": task_id, "commit_sha": pin,
+                                                              "attempt": actor.attempt_id})
+
+
+def refuse_file(db: Database, actor: Actor, task_id: str, ref: Any, pin: Any, reason: str) -> None:
+    """Note why a file (``pin`` its sha256) or a commit (its commit_sha) asked of the run's runner can't be
+    delivered, so return_result says it to the run. Raises NotFound for one not asked."""
+    _settle(db, actor, task_id, ref, pin, "refused", reason)
+
+
+def commit_delivered(db: Database, actor: Actor, task_id: str, ref: Any, commit_sha: Any, how: str) -> None:
+    """The run's runner delivered a commit its result names: ``how`` says where (pushed to a remote's branch,
+    or in a bundle among the task's deliverables). Writes ``deliverable.commit`` (the task and the commit)."""
+    if not isinstance(how, str) or not how.strip():
+        raise InvalidInput("how: say where the commit went (pushed to origin prickle/<task>, or a bundle)")
+    _settle(db, actor, task_id, ref, commit_sha, "delivered", how)
 
 
 def upload_deliverable(db: Database, actor: Actor, task_id: str, ref: Any, sha256: Any, data: bytes,
@@ -6866,7 +6913,8 @@ def upload_deliverable(db: Database, actor: Actor, task_id: str, ref: Any, sha25
         raise InvalidInput(f"file: it is {len(data)} bytes; the limit is {DELIVERABLE_MAX_BYTES}")
     if (digest := sha256_hex(data)) != sha256:
         reason = f"its {len(data)} bytes hash to {digest}, not the sha256 {sha256} the result names"
-        refuse_file(db, actor, task_id, ref, sha256, reason)
+        with contextlib.suppress(NotFound):  # a file the result does not name has nothing to be told
+            refuse_file(db, actor, task_id, ref, sha256, reason)
         raise InvalidInput(f"sha256: {ref}: {reason} (a changed or truncated file); nothing was kept")
     content_type = deliverable_type(data, ref)
     with db.transaction():
@@ -11851,13 +11899,26 @@ async def runner_upload_file(state: AppState, run: Actor, request: Request, body
 
 
 async def runner_refuse_file(state: AppState, run: Actor, request: Request, body: dict) -> dict:
-    """POST /api/runner/tasks/{id}/files/refused {ref, sha256, reason} (the run's credential): a file the result
-    names can't be delivered (missing, outside the workspace, too big); return_result tells the run why."""
-    unknown = sorted(set(body) - {"ref", "sha256", "reason"})
+    """POST /api/runner/tasks/{id}/files/refused {ref, sha256 or commit_sha, reason} (the run's credential): a
+    file or a commit the result names can't be delivered (missing, outside the workspace, too big, not on the
+    task's branch); return_result tells the run why."""
+    unknown = sorted(set(body) - {"ref", "sha256", "commit_sha", "reason"})
     if unknown:
-        raise InvalidInput(f"unknown field {unknown[0]}: send ref, sha256 and reason")
-    refuse_file(state.db, run, request.path_params["task_id"], body_field(body, "ref", str),
-                body_field(body, "sha256", str), check_text(body_field(body, "reason", str), "reason", 300))
+        raise InvalidInput(f"unknown field {unknown[0]}: send ref, sha256 (or commit_sha) and reason")
+    pin = body_field(body, "commit_sha" if "commit_sha" in body else "sha256", str)
+    refuse_file(state.db, run, request.path_params["task_id"], body_field(body, "ref", str), pin,
+                check_text(body_field(body, "reason", str), "reason", 300))
+    return {"ok": True}
+
+
+async def runner_commit_delivered(state: AppState, run: Actor, request: Request, body: dict) -> dict:
+    """POST /api/runner/tasks/{id}/commits {ref, commit_sha, how} (the run's credential): a commit the result names
+    was pushed to the repository's remote, or bundled among the task's deliverables."""
+    unknown = sorted(set(body) - {"ref", "commit_sha", "how"})
+    if unknown:
+        raise InvalidInput(f"unknown field {unknown[0]}: send ref, commit_sha and how")
+    commit_delivered(state.db, run, request.path_params["task_id"], body_field(body, "ref", str),
+                     body_field(body, "commit_sha", str), check_text(body_field(body, "how", str), "how", 300))
     return {"ok": True}
 
 
@@ -12190,6 +12251,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("POST", "/api/runner/tasks/{task_id}/verify", _api(runner_verify, runner=True)),
     ("POST", "/api/runner/tasks/{task_id}/files", _api(runner_upload_file, raw=True, who=run_from_request)),
     ("POST", "/api/runner/tasks/{task_id}/files/refused", _api(runner_refuse_file, who=run_from_request)),
+    ("POST", "/api/runner/tasks/{task_id}/commits", _api(runner_commit_delivered, who=run_from_request)),
     ("GET", "/api/tasks/{task_id}/files", _api(api_task_files, who=reader_from_request)),
     ("GET", "/api/deliverables/{id}", _api(api_deliverable, who=reader_from_request)),
     ("POST", "/api/tasks/{task_id}/verify", _api(_operation(request_verification, "task_id"))),

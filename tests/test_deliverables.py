@@ -157,7 +157,7 @@ def test_a_file_the_runner_cannot_find_is_said_and_one_never_sent_times_out(mcp,
                    "workspace; fix it and call return_result again")
     monkeypatch.setattr(prickle, "FILES_WAIT_SECONDS", 0.3)
     is_error, out = returning(mcp, task_id, run, [{"ref": "late.md", "sha256": DIGEST}])()
-    assert out == ("invalid_state: artifacts[0]: late.md is not in the store: your runner did not upload it within "
+    assert out == ("invalid_state: artifacts[0]: late.md is not in the store: your runner did not deliver it within "
                    "0.3 seconds (is it running?); call return_result again")
     assert stored(world) == (0, 0)
 
@@ -190,3 +190,32 @@ def test_bad_uploads_name_the_field_and_keep_nothing(mcp, server, world):
     assert is_error and out.startswith("invalid_input: artifacts[0].ref: '../../secrets.txt' is not a file's path")
     assert stored(world) == (0, 0)
     assert audit_entries(world.db, PROJECT, "deliverable.uploaded") == []
+
+
+def test_a_commit_the_result_names_is_delivered_by_its_runner_or_refused(mcp, server, world):
+    task_id, run, runner = running(mcp, server, world)
+    commit = "c" * 40
+    code = [{"ref": f"prickle/{task_id}", "commit_sha": commit}, {"ref": "https://example.com/pr/7", "commit_sha": "d" * 40}]
+    join = returning(mcp, task_id, run, code)
+    # Only the commit on the runner's branch is asked: a URL ref is somewhere the agent put it itself.
+    assert wanted(server, runner) == [{"ref": f"prickle/{task_id}", "commit_sha": commit}]
+    r = server.post(f"/api/runner/tasks/{task_id}/files/refused", json={
+        "ref": f"prickle/{task_id}", "commit_sha": commit, "reason": f"commit {commit} is not on the branch"},
+        headers=bearer(run))
+    assert r.status_code == 200, r.text
+    assert join()[1] == (f"invalid_input: artifacts[0]: prickle/{task_id} was not delivered: commit {commit} is not "
+                         "on the branch; fix it and call return_result again")
+    join = returning(mcp, task_id, run, code)
+    wanted(server, runner)
+    r = server.post(f"/api/runner/tasks/{task_id}/commits", json={
+        "ref": f"prickle/{task_id}", "commit_sha": commit, "how": f"pushed to origin prickle/{task_id}"},
+        headers=bearer(run))
+    assert r.status_code == 200, r.text
+    assert join()[1]["task"]["state"] == "verifying"
+    [entry] = audit_entries(world.db, PROJECT, "deliverable.commit")
+    assert entry["refs"] == {"task": task_id, "commit_sha": commit, "attempt": entry["refs"]["attempt"]}
+    # The run has ended: nothing more goes up with its credential.
+    r = server.post(f"/api/runner/tasks/{task_id}/commits", json={
+        "ref": f"prickle/{task_id}", "commit_sha": commit, "how": "again"}, headers=bearer(run))
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        409, f"the run of task '{task_id}' has ended; its files can no longer be uploaded")
