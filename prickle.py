@@ -100,9 +100,11 @@ Appendices: the runner: the program on a teammate's computer; it uses only chapt
       directory, calling the server and connecting a computer
   Appendix B. The runner's runs: prompts, launch lines and output -- what a run is told, the
       command line that starts its agent's CLI, and copying what it prints
-  Appendix C. The runner at work -- listening per agent, claiming and running tasks in
+  Appendix C. The runner's deliverables: files and commits with a result -- uploading the files a
+      result names, pushing or bundling its commits, and a verification run's copies
+  Appendix D. The runner at work -- listening per agent, claiming and running tasks in
       workspaces, verifying results, private-room sessions
-  Appendix D. The runner's commands and the permission bridge -- prickle runner
+  Appendix E. The runner's commands and the permission bridge -- prickle runner
       connect|start|status|bridge
 
 The end
@@ -13776,6 +13778,9 @@ class RunnerAgent(pydantic.BaseModel):
     actions: dict[str, list[str]] = {}
     #: The CLI's path when it is not ``claude``/``codex`` on PATH.
     cli_path: str | None = None
+    #: With ``repo``: push the task's branch to the repository's remote ``origin`` when a result names a
+    #: commit on it; otherwise the runner uploads a git bundle of the task's commits with the result.
+    push: bool = False
 
 
 class RunnerConfig(pydantic.BaseModel):
@@ -13986,12 +13991,22 @@ async def mcp_call(url: str, key: str, tool: str, args: dict, timeout: float = 3
         await session.close()
 
 
-async def http_call(base_url: str, key: str, method: str, path: str, body: dict | None = None) -> dict:
-    """One call of the HTTP API with a runner key; raise CallFailed with the error's code."""
+async def http_call(base_url: str, key: str, method: str, path: str, body: dict | None = None, *,
+                    params: dict | None = None, content: bytes | None = None, raw: bool = False) -> Any:
+    """One call of the HTTP API with a runner key (or a run's credential); raise CallFailed with the error's code.
+
+    ``content`` sends bytes as the body instead of ``body``'s JSON; ``raw`` returns the answer's
+    ``(bytes, headers)`` instead of its JSON.
+    """
     from mcp.shared._httpx_utils import create_mcp_http_client
 
     async with create_mcp_http_client(headers={"Authorization": f"Bearer {key}"}) as http:
-        r = await http.request(method, base_url + path, json=body)
+        if content is not None:
+            r = await http.request(method, base_url + path, params=params, content=content, timeout=300)
+        else:
+            r = await http.request(method, base_url + path, params=params, json=body)
+    if raw and r.status_code < 400:
+        return r.content, r.headers
     try:
         data = r.json()
     except ValueError:
@@ -14190,12 +14205,18 @@ def task_prompt(task: dict, memory: list[dict], thread: list[dict], bridged: boo
               f"4. Finish with return_result {{task_id: {task['id']}, summary, evidence}}: each piece of "
               "evidence says what shows a criterion and carries \"criteria\": [its indexes], so every "
               "criterion above is covered.",
+              "5. Deliver the files you made by naming each in return_result's artifacts as {ref: its path relative "
+              "to the current directory (like docs/refund-policy.md), sha256: the SHA-256 of its bytes, in hex} and "
+              "pointing evidence at it with \"artifact\": its index. Your runner uploads them before the result "
+              "is recorded; if their bytes do not match, return_result says why: fix it and return again. A "
+              f"commit goes as {{ref: \"prickle/{task['id']}\", commit_sha}}, committed on the current branch.",
               "Don't call wait_for_mention or wait_for_updates: this run ends when your result is returned."]
     return "\n".join(lines)
 
 
-def verify_prompt(task: dict, agent_id: str) -> str:
-    """What a verification run is told: the task it asked for, the result and how to decide it."""
+def verify_prompt(task: dict, agent_id: str, files: list[str] | tuple = ()) -> str:
+    """What a verification run is told: the task it asked for, the result, the delivered ``files`` in its
+    workspace (lines to show) and how to decide it."""
     packet, result = task["packet"], task["result"] or {}
     lines = [f"You are {agent_id}. You handed Prickle task {task['id']} in project {task['project']} to "
              f"{task['assignee']}, and its result is back: verify it.", "", f"Task: {packet['task']}",
@@ -14207,6 +14228,9 @@ def verify_prompt(task: dict, agent_id: str) -> str:
         lines.append(f"  ({n}) {e.get('kind')} for criteria {e.get('criteria', [])}: {e.get('summary', '')}"
                      + (f" [{e['url']}]" if e.get("url") else "") + (f"\n      {e['content']}" if e.get("content")
                                                                       else ""))
+    if files:
+        lines += ["", "The result's files are in the current directory, each checked against its sha256:"]
+        lines += [f"  {line}" for line in files]
     lines += ["", f"Read the thread with read_room {{project: {task['project']}, task_id: {task['id']}}} if you need "
               "more. Check each criterion against the evidence, then call exactly one of:",
               f"  accept_result {{task_id: {task['id']}, submission_id, revision, verdicts: one per criterion, "
@@ -14320,12 +14344,169 @@ FAILURE_OF_LAUNCH = {"claude": ("runtime", "claude_code_not_found"), "codex": ("
 
 
 ###############################################################################
-# Appendix C. The runner at work
+# Appendix C. The runner's deliverables: files and commits with a result
+###############################################################################
+# When a run's result names files of its workspace (a relative ref and their sha256) or a commit on its
+# branch, the server asks its runner (in the device's state) before it records the result: the runner
+# uploads each file with the run's own credential, pushes the task's branch (push = true) or uploads a
+# git bundle of its commits, or says why it can't. A verification run gets the files in its workspace.
+
+#: The biggest file the runner uploads for a run (the server's limit for a deliverable).
+RUNNER_FILE_MAX_BYTES = 32 * 1024 * 1024
+
+
+def workspace_file(workspace: str, ref: Any) -> tuple[str | None, str | None]:
+    """``(path, None)`` of the regular file ``ref`` names inside ``workspace``, or ``(None, why not)``.
+
+    Never a path outside the workspace: no absolute ref, no ``..``, no symlink (or symlinked
+    folder) that leads out, nothing inside ``.git``.
+    """
+    parts = ref.split("/") if isinstance(ref, str) else []
+    if not parts or ref.startswith("/") or "\\" in ref or any(p in ("", ".", "..") for p in parts) or parts[0] == ".git":
+        return None, f"{str(ref)[:80]!r} is not a path inside the workspace"
+    root = os.path.realpath(workspace)
+    path = os.path.join(root, *parts)
+    real = os.path.realpath(path)
+    if os.path.commonpath([root, real]) != root:
+        return None, f"{ref} leads outside the workspace (a symbolic link); deliver the file itself"
+    if not os.path.isfile(real):
+        return None, f"there is no file {ref} in the workspace"
+    size = os.path.getsize(real)
+    if size > RUNNER_FILE_MAX_BYTES:
+        return None, f"{ref} is {size} bytes; a deliverable is at most {RUNNER_FILE_MAX_BYTES}"
+    return real, None
+
+
+def git(cwd: str, *args: str, timeout: float = 120) -> tuple[bool, str]:
+    """Run ``git -C cwd ARGS`` without asking anything on a terminal; ``(ok, its output or error, cut)``."""
+    import subprocess
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    try:
+        done = subprocess.run(["git", "-C", cwd, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    except (OSError, subprocess.SubprocessError) as e:
+        return False, f"git {args[0]} did not run: {e}"[:300]
+    return done.returncode == 0, redact((done.stdout if done.returncode == 0 else done.stderr).strip())[:300]
+
+
+class RunnerDeliveries:
+    """The Runner's part in delivering a result's files and commits (a mixin: it uses the Runner's config,
+    state directory, log and ``task_runs``)."""
+
+    async def deliver(self, agent_id: str, attempt_id: str, wanted: list[dict]) -> None:
+        """Upload what a run's result names, with the run's own credential, before the server records it:
+        each file from the workspace (the server checks its sha256), each commit pushed or bundled."""
+        run = self.task_runs[attempt_id]
+        try:
+            for item in wanted:
+                if "commit_sha" in item:
+                    await self.deliver_commit(agent_id, run, item)
+                else:
+                    await self.deliver_file(agent_id, run, item)
+        finally:
+            self.delivering.discard(attempt_id)
+
+    async def _refuse(self, agent_id: str, run: dict, item: dict, reason: str) -> None:
+        self.log(f"{agent_id}: task {run['task_id']}: {item['ref']} not delivered: {reason}")
+        await http_call(self.config.base_url, run["secret"], "POST", f"/api/runner/tasks/{run['task_id']}/files/refused",
+                        {k: item[k] for k in ("ref", "sha256", "commit_sha") if k in item} | {"reason": reason})
+
+    async def _upload(self, run: dict, ref: str, data: bytes) -> dict:
+        return await http_call(self.config.base_url, run["secret"], "POST", f"/api/runner/tasks/{run['task_id']}/files",
+                               params={"ref": ref, "sha256": hashlib.sha256(data).hexdigest()}, content=data)
+
+    async def deliver_file(self, agent_id: str, run: dict, item: dict) -> None:
+        """Upload one file the result names (the server refuses bytes that do not hash to its sha256)."""
+        path, why = workspace_file(run["workspace"], item["ref"])
+        if why:
+            await self._refuse(agent_id, run, item, why)
+            return
+        with open(path, "rb") as f:
+            data = f.read()
+        try:
+            await http_call(self.config.base_url, run["secret"], "POST", f"/api/runner/tasks/{run['task_id']}/files",
+                            params={"ref": item["ref"], "sha256": item["sha256"]}, content=data)
+        except CallFailed as e:  # the server noted why (a hash that does not match, a full project)
+            self.log(f"{agent_id}: task {run['task_id']}: {item['ref']} refused: {e.message}")
+            if not e.message.startswith("sha256:"):
+                await self._refuse(agent_id, run, item, e.message)
+            return
+        self.log(f"{agent_id}: task {run['task_id']}: uploaded {item['ref']} ({len(data)} bytes)")
+
+    async def deliver_commit(self, agent_id: str, run: dict, item: dict) -> None:
+        """Make a commit the result names fetchable: push the task's branch (``push = true``), or upload a git
+        bundle of the task's commits as a deliverable."""
+        agent, task_id, workspace = self.config.agents[agent_id], run["task_id"], run["workspace"]
+        branch, sha = f"prickle/{task_id}", item["commit_sha"]
+        if agent.repo is None:
+            await self._refuse(agent_id, run, item, "this runner's workspace is no git repository (no repo in its "
+                                                    "config): deliver files by sha256 instead")
+            return
+        known, _ = await asyncio.to_thread(git, workspace, "merge-base", "--is-ancestor", sha, branch)
+        if not known:
+            await self._refuse(agent_id, run, item, f"commit {sha} is not on branch {branch}: commit your work "
+                                                    "there and name the commit git rev-parse HEAD gives")
+            return
+        if agent.push:
+            ok, out = await asyncio.to_thread(git, workspace, "push", "origin", f"{branch}:{branch}")
+            how = f"pushed to origin {branch}"
+        else:
+            _, base = await asyncio.to_thread(git, agent.repo, "merge-base", "HEAD", branch)
+            _, tip = await asyncio.to_thread(git, workspace, "rev-parse", branch)
+            bundle = os.path.join(self.state_dir, "runs", f"{task_id}.bundle")
+            span = [branch] if not base or base == tip else [branch, f"^{base}"]
+            ok, out = await asyncio.to_thread(git, workspace, "bundle", "create", bundle, *span)
+            how = f"in the bundle prickle-{task_id}.bundle among the task's files (git fetch it {branch})"
+            if ok:
+                with open(bundle, "rb") as f:
+                    data = f.read()
+                os.unlink(bundle)
+                try:
+                    await self._upload(run, f"prickle-{task_id}.bundle", data)
+                except CallFailed as e:
+                    ok, out = False, e.message
+        if not ok:
+            await self._refuse(agent_id, run, item, f"the commit could not be delivered: {out}")
+            return
+        await http_call(self.config.base_url, run["secret"], "POST", f"/api/runner/tasks/{task_id}/commits",
+                        {"ref": item["ref"], "commit_sha": sha, "how": how})
+        self.log(f"{agent_id}: task {task_id}: commit {sha[:12]} {how}")
+
+    async def fetch_files(self, key: str, task: dict, workspace: str) -> list[str]:
+        """Download into a verification run's ``workspace`` the files the result names (and the task's bundle),
+        each checked against its sha256; returns a line for each, what the prompt shows."""
+        named = {(a["ref"], a["sha256"]) for a in (task.get("result") or {}).get("artifacts", []) if a.get("sha256")}
+        try:
+            listing = await http_call(self.config.base_url, key, "GET", f"/api/tasks/{task['id']}/files")
+        except Exception as e:  # noqa: BLE001 - the run can still read the evidence
+            self.log(f"verification of {task['id']}: the files could not be listed: {e}")
+            return []
+        lines = []
+        for d in listing.get("deliverables", []):
+            if (d["ref"], d["sha256"]) not in named and d["ref"] != f"prickle-{task['id']}.bundle":
+                continue
+            path, why = workspace_file(workspace, d["ref"])
+            if path is None and not why.startswith("there is no file"):
+                lines.append(f"{str(d['ref'])[:80]}: not written ({why})")
+                continue
+            data, _ = await http_call(self.config.base_url, key, "GET", f"/api/deliverables/{d['id']}", raw=True)
+            if hashlib.sha256(data).hexdigest() != d["sha256"]:
+                lines.append(f"{d['ref']}: not written (its bytes do not hash to {d['sha256']})")
+                continue
+            target = os.path.join(os.path.realpath(workspace), *d["ref"].split("/"))
+            os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+            with open(target, "wb") as f:
+                f.write(data)
+            lines.append(f"{d['ref']} ({len(data)} bytes, sha256 {d['sha256']})")
+        return lines
+
+
+###############################################################################
+# Appendix D. The runner at work
 ###############################################################################
 # The Runner: one listener per agent, runs within their limits, a watch on the device's state.
 
 
-class Runner:
+class Runner(RunnerDeliveries):
     """The ``prickle runner`` process: one listener per agent, runs within their limits.
 
     Methods are coroutines on one event loop, so the status they share needs no lock.
@@ -14362,6 +14543,8 @@ class Runner:
         self.waits = {a: McpSession(config.mcp_url, c.key) for a, c in config.agents.items()}
         self.results = {a: McpSession(config.mcp_url, c.key) for a, c in config.agents.items()}
         self.verifying: set[str] = set()  # tasks whose verification this runner runs now
+        self.task_runs: dict[str, dict] = {}  # attempt id -> {task_id, secret, workspace} while its run goes on
+        self.delivering: set[str] = set()  # attempts whose files the runner uploads now
         self.calls = {a: McpSession(config.mcp_url, c.key) for a, c in config.agents.items()}
         self.save()
 
@@ -14615,7 +14798,8 @@ class Runner:
                 attempt_id, task = claim["attempt"]["attempt_id"], claim["task"]
                 workspace = state_path(self.state_dir, "workspaces", f"verify-{task_id}")
                 os.makedirs(workspace, mode=0o700, exist_ok=True)
-                prompt = verify_prompt(task, agent_id)
+                files = await self.fetch_files(claim["execution_credential"]["token"], task, workspace)
+                prompt = verify_prompt(task, agent_id, files)
                 files = self._run_files(attempt_id, prompt, agent.client == "claude")
                 values = {"mcp_url": self.config.mcp_url, "task_id": task_id, "project": task["project"],
                           "role": "verify", "workspace": workspace, "prompt_file": files["prompt_file"],
@@ -14716,6 +14900,10 @@ class Runner:
         for attempt in state.get("runs", []):
             if attempt["state"] not in ("running", "finished") and attempt["attempt_id"] in self.procs:
                 self.stop_run(attempt["attempt_id"], f"the server says the attempt is {attempt['state']}")
+            elif attempt.get("files_wanted") and attempt["attempt_id"] in self.task_runs and \
+                    attempt["attempt_id"] not in self.delivering:
+                self.delivering.add(attempt["attempt_id"])
+                self._spawn(self.deliver(agent_id, attempt["attempt_id"], attempt["files_wanted"]))
 
     async def watch(self) -> None:
         """While any run is going, read each busy agent's device state every RUNNER_WATCH_SECONDS."""
@@ -14975,9 +15163,13 @@ class Runner:
         argv, on_stdin = launch_argv(agent, files, values)
         self.log(f"{agent_id}: task {task_id}: attempt {attempt_id} launch {launch}: {argv[0]} in {workspace}")
         await self.working(agent_id, task)
-        code, how = await self._launch(attempt_id, argv, self._env(secret, values), workspace,
-                                       prompt if on_stdin else None, log_path,
-                                       agent.launch_timeout_minutes * 60, record, agent_id)
+        self.task_runs[attempt_id] = {"task_id": task_id, "secret": secret, "workspace": workspace}
+        try:
+            code, how = await self._launch(attempt_id, argv, self._env(secret, values), workspace,
+                                           prompt if on_stdin else None, log_path,
+                                           agent.launch_timeout_minutes * 60, record, agent_id)
+        finally:
+            self.task_runs.pop(attempt_id, None)
         self._agent(agent_id)["runs"].pop(attempt_id, None)
         self.save()
         if how in ("not_found", "did_not_start"):
@@ -15137,7 +15329,7 @@ class Runner:
 
 
 ###############################################################################
-# Appendix D. The runner's commands and the permission bridge
+# Appendix E. The runner's commands and the permission bridge
 ###############################################################################
 # The runner's own commands, and the permission-prompt bridge Claude Code calls for a step.
 
