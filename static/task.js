@@ -1,7 +1,7 @@
 // task.js — one task's page: where it stands and whose turn it is, the decisions that are yours
 // (decisions.js) and the steps its run asks you to allow (steps.js), the packet with what the
 // latest evidence report and verdicts say of each criterion, its sub-tasks and runs, each result
-// (evidence, evidence report, artifacts), its checkpoints, renaming it and what a sub-task waits
+// (evidence, evidence report, artifacts), the files delivered with them (deliverables.js), its checkpoints, renaming it and what a sub-task waits
 // on, and its thread.
 
 import { get, post, seg } from "./api.js";
@@ -13,6 +13,7 @@ import { runsSection } from "./runs.js";
 import { approvalCard, finalDecision, cancelRow, reassignForm } from "./decisions.js";
 import { requestingPerson, awaitingFinal, taskState, titleOf, requesterText, actorText } from "./task_common.js";
 import { markdownWithRaw } from "./markdown.js";
+import { deliverablesSection } from "./deliverables.js";
 import {
   h, heading, field, errorSlot, act, fill, empty, badge, stateBadge, timeEl, words, safeUrl, debounce, announce,
   ownerOf, loadFailed,
@@ -132,6 +133,7 @@ function renderTask(top, body, ctx, detail, approval, stepCards, reload) {
           : h("details", { class: "older" }, h("summary", { text: `Revision ${s.revision} · ${s.status}` }),
             renderSubmission(s, task))))
         : empty("No result yet.")),
+    detail.deliverables?.length ? deliverablesSection(detail.deliverables) : null,
     h("section", { class: "section", "aria-labelledby": "cp-heading" },
       h("h2", { id: "cp-heading", text: "Checkpoints" }),
       checkpoints.length ? h("ol", { class: "timeline" }, [...checkpoints].reverse().map(renderCheckpoint))
