@@ -129,9 +129,9 @@ function renderTask(top, body, ctx, detail, approval, stepCards, reload) {
     h("section", { class: "section", "aria-labelledby": "subs-heading" },
       h("h2", { id: "subs-heading", text: submissions.length > 1 ? `Results (${submissions.length} revisions)` : "Result" }),
       submissions.length
-        ? [...submissions].reverse().map((s, i) => (i === 0 ? renderSubmission(s, task)
+        ? [...submissions].reverse().map((s, i) => (i === 0 ? renderSubmission(s, task, detail.deliverables)
           : h("details", { class: "older" }, h("summary", { text: `Revision ${s.revision} · ${s.status}` }),
-            renderSubmission(s, task))))
+            renderSubmission(s, task, detail.deliverables))))
         : empty("No result yet.")),
     detail.deliverables?.length ? deliverablesSection(detail.deliverables) : null,
     h("section", { class: "section", "aria-labelledby": "cp-heading" },
@@ -306,7 +306,7 @@ function criteriaList(criteria, result) {
 
 const SUBMISSION_KIND = { submitted: "info", accepted: "ok", rejected: "danger", superseded: "muted", cancelled: "muted" };
 
-function renderSubmission(sub, task) {
+function renderSubmission(sub, task, deliverables = []) {
   const report = sub.evidence_report || {};
   const stale = new Map((report.stale || []).map((s) => [s.evidence, s.why]));
   return h("article", { class: "submission", dataset: { revision: String(sub.revision) } },
@@ -339,6 +339,7 @@ function renderSubmission(sub, task) {
     evidenceReport(report, task.packet.acceptance_criteria),
     sub.artifacts?.length ? [h("h3", { text: "Artifacts" }), h("ul", { class: "artifacts" }, sub.artifacts.map((a) =>
       h("li", {}, h("code", { text: a.ref }),
+        deliveredLink(a, deliverables),
         a.commit_sha ? h("span", { class: "muted small", title: a.commit_sha, text: ` commit ${a.commit_sha.slice(0, 12)}` }) : null,
         a.sha256 ? h("span", { class: "muted small", title: a.sha256, text: ` sha256 ${a.sha256.slice(0, 12)}…` }) : null)))]
       : null,
@@ -347,6 +348,19 @@ function renderSubmission(sub, task) {
       sub.decided_by ? [h("dt", { text: "Decided by" }), h("dd", { text: actorText(sub.decided_by) })] : null,
       sub.decided_by_policy ? [h("dt", { text: "Policy" }), h("dd", { text: words(sub.decided_by_policy) })] : null,
       sub.reason ? [h("dt", { text: "Reason" }), h("dd", { class: "pre", text: sub.reason })] : null));
+}
+
+/** "open": to the delivered file an artifact names (the same ref and sha256), in "Delivered files" below. */
+function deliveredLink(artifact, deliverables) {
+  const d = artifact.sha256 && deliverables?.find((x) => x.ref === artifact.ref && x.sha256 === artifact.sha256);
+  if (!d) return null;
+  const button = h("button", { type: "button", class: "link small", "aria-label": `Open ${d.ref} below`, text: " open" });
+  button.addEventListener("click", () => {
+    const card = document.querySelector(`.deliverable[data-ref="${CSS.escape(d.ref)}"]`);
+    card?.scrollIntoView({ block: "center" });
+    card?.querySelector("a")?.focus();
+  });
+  return button;
 }
 
 function evidenceReport(report, criteria) {

@@ -90,6 +90,9 @@ def test_the_task_page_previews_delivered_files_and_offers_their_download(served
         expect(table.get_by_role("columnheader")).to_have_text(["month", "refunds", "note"])
         expect(table.get_by_role("row").nth(1).get_by_role("cell")).to_have_text(["January", "12", "calm, steady"])
         expect(table.get_by_role("row").nth(2).get_by_role("cell")).to_have_text(["February", "9", 'after the "fix"'])
+        # The result's artifact leads to its file.
+        page.get_by_role("button", name="Open data/refunds.csv below").click()
+        expect(section.get_by_role("link", name="Download data/refunds.csv")).to_be_focused()
         assert page.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth")
         shot(page, name)
         # The download saves exactly the bytes whose sha256 was checked.
