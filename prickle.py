@@ -6811,6 +6811,8 @@ def want_files(db: Database, actor: Actor, task_id: str, artifacts: list[dict]) 
             asked.append({"ref": ref, "sha256": a["sha256"]})
         elif (ref := commit_ref(a)) is not None:
             asked.append({"ref": ref, "commit_sha": a["commit_sha"]})
+    if not asked:
+        return []
     with db.transaction():
         _run_attempt_for(db, actor, task_id)
         missing = [w for w in asked if "commit_sha" in w or db.one(
@@ -6905,6 +6907,8 @@ def upload_deliverable(db: Database, actor: Actor, task_id: str, ref: Any, sha25
     task's run, InvalidState for an ended run or a project past its files limit. Writes
     ``deliverable.uploaded`` (the task, the type, the size and the hash; never the name or the bytes).
     """
+    with db.snapshot():
+        _run_attempt_for(db, actor, task_id)  # the credential first: someone else's upload learns nothing more
     if not isinstance(sha256, str) or not re.fullmatch(r"[0-9a-f]{64}", sha256):
         raise InvalidInput("sha256: give the file's SHA-256 as 64 lowercase hex digits")
     if not isinstance(ref, str) or workspace_ref({"ref": ref, "sha256": sha256}, "ref") is None:
