@@ -187,7 +187,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.staticfiles import StaticFiles
 from starlette.routing import Mount, Route
@@ -11466,6 +11466,8 @@ def _api(handler: Callable[..., Any], runner: bool = False, public: bool = False
             result = await handler(state, person, request, body)
         except PrickleError as e:
             return error_response(e)
+        except ClientDisconnect:  # a body cut short on the wire: nothing was read whole, nothing written
+            return error_response(InvalidInput("the request body ended before its Content-Length; send it whole"))
         except Exception:
             log_exception(f"{request.method} {request.url.path}")
             return error_response(PrickleError("the server failed on this request; nothing was changed"))

@@ -9,9 +9,13 @@ that is not this task's run: each refused naming the field, nothing kept.
 
 from __future__ import annotations
 
+import socket
+
+import httpx
+
 import prickle
-from conftest import audit_entries, in_thread
-from helpers import PROJECT, claimed, evidence, paired, person, routed
+from conftest import MCP, Served, audit_entries, in_thread
+from helpers import PROJECT, claimed, cli_json, evidence, paired, person, routed
 
 POLICY = b"# Refund policy\n\nRefunds within **30 days**, no questions asked.\n"
 DIGEST = prickle.sha256_hex(POLICY)
@@ -219,3 +223,27 @@ def test_a_commit_the_result_names_is_delivered_by_its_runner_or_refused(mcp, se
         "ref": f"prickle/{task_id}", "commit_sha": commit, "how": "again"}, headers=bearer(run))
     assert (r.status_code, r.json()["error"]["message"]) == (
         409, f"the run of task '{task_id}' has ended; its files can no longer be uploaded")
+
+
+def test_an_upload_cut_short_on_the_wire_is_refused_and_keeps_nothing(db_path):
+    """A body that ends before its Content-Length (the connection closed mid-file): refused, nothing kept."""
+    with Served(db_path, "--demo") as served:
+        runner = cli_json(db_path, "device", "pair", "ren/builder", "--name", "ren-laptop")["token"]
+        cli_json(db_path, "rule", "set", "ren", "--decision", "allow", "--from-owner", "oj")
+        with httpx.Client(base_url=served.info["url"], timeout=30) as http:
+            mcp = MCP(http, {"oj/muse": served.info["demo"]["keys"]["oj/muse"]})
+            task = mcp.ok("oj/muse", "handoff", {"project": PROJECT, "to": "ren/builder", "packet": {
+                "task": "Write the refund policy.", "deliverable_type": "doc", "acceptance_criteria": ["Clear."]}})
+            run = mcp.ok("ren/builder", "claim_task", {"task_id": task["task"]["id"], "idempotency_key": "k"},
+                         token=runner)["execution_credential"]["token"]
+        host, port = served.info["url"].removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall((f"POST /api/runner/tasks/{task['task']['id']}/files?ref=refund-policy.md&sha256={DIGEST} "
+                          f"HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {run}\r\n"
+                          f"Content-Length: {len(POLICY)}\r\n\r\n").encode() + POLICY[:20])
+            sock.shutdown(socket.SHUT_WR)
+            answer = sock.recv(65536).decode(errors="replace")
+        assert not answer.startswith("HTTP/1.1 500"), answer  # the server hangs up, or refuses it: never a failure
+        db = prickle.Database(db_path)
+        assert (db.scalar("SELECT count(*) FROM deliverables"), db.scalar("SELECT count(*) FROM blobs")) == (0, 0)
+        db.close()
