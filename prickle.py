@@ -14368,7 +14368,8 @@ def workspace_file(workspace: str, ref: Any) -> tuple[str | None, str | None]:
     folder) that leads out, nothing inside ``.git``.
     """
     parts = ref.split("/") if isinstance(ref, str) else []
-    if not parts or ref.startswith("/") or "\\" in ref or any(p in ("", ".", "..") for p in parts) or parts[0] == ".git":
+    if not parts or ref.startswith("/") or "\\" in ref or any(p in ("", ".", "..") for p in parts) or \
+            parts[0] == ".git":
         return None, f"{str(ref)[:80]!r} is not a path inside the workspace"
     root = os.path.realpath(workspace)
     path = os.path.join(root, *parts)
@@ -14413,7 +14414,8 @@ class RunnerDeliveries:
 
     async def _refuse(self, agent_id: str, run: dict, item: dict, reason: str) -> None:
         self.log(f"{agent_id}: task {run['task_id']}: {item['ref']} not delivered: {reason}")
-        await http_call(self.config.base_url, run["secret"], "POST", f"/api/runner/tasks/{run['task_id']}/files/refused",
+        await http_call(self.config.base_url, run["secret"], "POST",
+                        f"/api/runner/tasks/{run['task_id']}/files/refused",
                         {k: item[k] for k in ("ref", "sha256", "commit_sha") if k in item} | {"reason": reason})
 
     async def _upload(self, run: dict, ref: str, data: bytes) -> dict:

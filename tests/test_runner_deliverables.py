@@ -15,14 +15,22 @@ import subprocess
 import httpx
 
 import prickle
-from conftest import MCP, Served, audit_entries
+from conftest import MCP, REFERENCE_TOOLS, Served, audit_entries
 from helpers import cli_json
 from runner_util import STANDIN_AGENT, RunnerProcess, all_logs, person, task_state, wait_until, write_config
-from test_runner import hand
 
 PROJECT = "website-v2"
 POLICY = b"# Refund policy\n\nRefunds within **30 days**, no questions asked.\n"
 DIGEST = hashlib.sha256(POLICY).hexdigest()
+
+
+def hand(mcp, mode: str) -> str:
+    """oj/muse hands ren/builder a task the stand-in works in ``mode``."""
+    packet = REFERENCE_TOOLS["handoff"]["example_input"]["packet"] | {"task": "Write the refund policy.",
+                                                                       "context": f"standin: {mode}"}
+    out = mcp.ok("oj/muse", "handoff", {"project": PROJECT, "to": "ren/builder", "packet": packet})
+    assert out["task"]["state"] == "routed"
+    return out["task"]["id"]
 
 
 def runners(db_path, served, tmp_path, **ren_agent):
