@@ -354,7 +354,7 @@ function renderSubmission(sub, task, deliverables = []) {
 function deliveredLink(artifact, deliverables) {
   const d = artifact.sha256 && deliverables?.find((x) => x.ref === artifact.ref && x.sha256 === artifact.sha256);
   if (!d) return null;
-  const button = h("button", { type: "button", class: "link small", "aria-label": `Open ${d.ref} below`, text: " open" });
+  const button = h("button", { type: "button", class: "link small", "aria-label": `Open ${d.ref} below`, text: "open" });
   button.addEventListener("click", () => {
     const card = document.querySelector(`.deliverable[data-ref="${CSS.escape(d.ref)}"]`);
     card?.scrollIntoView({ block: "center" });
