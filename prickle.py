@@ -100,9 +100,11 @@ Appendices: the runner: the program on a teammate's computer; it uses only chapt
       directory, calling the server and connecting a computer
   Appendix B. The runner's runs: prompts, launch lines and output -- what a run is told, the
       command line that starts its agent's CLI, and copying what it prints
-  Appendix C. The runner at work -- listening per agent, claiming and running tasks in
+  Appendix C. The runner's deliverables: files and commits with a result -- uploading the files a
+      result names, pushing or bundling its commits, and a verification run's copies
+  Appendix D. The runner at work -- listening per agent, claiming and running tasks in
       workspaces, verifying results, private-room sessions
-  Appendix D. The runner's commands and the permission bridge -- prickle runner
+  Appendix E. The runner's commands and the permission bridge -- prickle runner
       connect|start|status|bridge
 
 The end
@@ -185,7 +187,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.staticfiles import StaticFiles
 from starlette.routing import Mount, Route
@@ -1706,6 +1708,11 @@ MIGRATIONS: list[list[str]] = [
         """CREATE TABLE task_reasons (
             task_id TEXT NOT NULL REFERENCES tasks(id), audit_n INTEGER NOT NULL, reason TEXT NOT NULL,
             PRIMARY KEY (task_id, audit_n)) WITHOUT ROWID""",
+    ],
+    [
+        # The workspace files a run's result names that its runner is asked to upload: a JSON list
+        # of {ref, sha256} and, once the runner could not, why (refused).
+        "ALTER TABLE attempts ADD COLUMN files_wanted TEXT",
     ],
 ]
 
@@ -5388,6 +5395,19 @@ def readable_attachments(db: Database, actor: Actor, limit: int = 50) -> list[di
     return readable
 
 
+def file_response(data: bytes, content_type: str, name: str | None, inline: bool,
+                  sha256: str | None = None) -> Response:
+    """Stored bytes as the page gets them, never run by the browser: ``nosniff``, a
+    Content-Security-Policy that allows nothing and sandboxes, shown inline or downloaded under
+    ``name``; ``X-Content-SHA256`` when ``sha256`` is given."""
+    disposition = "inline" if inline else f"attachment; filename*=UTF-8''{urllib.parse.quote(name or 'file', safe='')}"
+    headers = {"X-Content-Type-Options": "nosniff", "Content-Security-Policy": "default-src 'none'; sandbox",
+               "Content-Disposition": disposition, "Cache-Control": "private, max-age=86400"}
+    if sha256:
+        headers["X-Content-SHA256"] = sha256
+    return Response(data, media_type=content_type, headers=headers)
+
+
 def prune_files(db: Database, now: _dt.datetime | None = None) -> int:
     """Remove uploads never posted within UPLOAD_KEEP_SECONDS and blobs nothing uses; return blobs removed."""
     cutoff = iso((now or utcnow()) - _dt.timedelta(seconds=UPLOAD_KEEP_SECONDS))
@@ -6579,6 +6599,7 @@ def return_result(db: Database, actor: Actor, task_id: str, summary: str, eviden
     Implements return_result's rules: evidence needs url or content unless it is a note;
     criteria and artifact indexes must exist; every artifact is pinned by sha256 or
     commit_sha and code needs a commit; a newer submission supersedes an unreviewed one.
+    A runner's run's workspace files must be in the store first (:func:`check_delivered`).
     Writes ``result.returned`` (counts and kinds only).
     """
     check_markdown(summary, "summary")
@@ -6601,6 +6622,7 @@ def return_result(db: Database, actor: Actor, task_id: str, summary: str, eviden
             raise InvalidInput(f"evidence[{n}].observed_at: {e['observed_at']} is in the future")
     with db.transaction():
         task = require_task_role(db, actor, task_id, "assignee")
+        check_delivered(db, actor, task_id, artifacts)  # a runner's run: the files it names are in the store
         packet = json.loads(task["packet"])
         criteria = len(packet["acceptance_criteria"])
         for n, e in enumerate(items):
@@ -6805,6 +6827,274 @@ def criteria_evidence(task: dict, sub: dict | None) -> dict | None:
                      "verdict": {"accepted": verdict["accepted"], "note": verdict.get("note")} if verdict else None})
     return {"revision": sub["revision"], "complete": report["complete"], "criteria": rows, "evidence": items,
             "general": report["general"]}
+
+
+# -- Deliverables: the files a runner's run delivers with its result -----------------------------
+# A run launched by a runner (an execution credential) names the files it made in its result's
+# artifacts by their path in its workspace (``ref``, relative) and the sha256 of their bytes. Before
+# the result is recorded its runner uploads each one (upload_deliverable, with the run's credential);
+# return_result refuses a result whose named files are not in the store, saying why (a file missing,
+# outside the workspace, or whose bytes hash to something else), so the run can fix it and return again.
+# The people who may see the task, and agents who may read it, download them (read_deliverable).
+
+#: A deliverable's bytes at most: the limit of its upload's request body too.
+DELIVERABLE_MAX_BYTES = 32 * 1024 * 1024
+#: A deliverable's ref (its path in the workspace) at most this long, as the reference's artifact ref.
+DELIVERABLE_REF_MAX = 300
+#: How long return_result waits for a run's runner to upload the files its result names (seconds).
+FILES_WAIT_SECONDS = 30.0
+#: The types the page previews; every other deliverable is only downloaded.
+DELIVERABLE_PREVIEWS = ("image/png", "image/jpeg", "image/webp", "text/plain", "text/markdown", "text/csv",
+                        "application/pdf")
+
+
+def workspace_ref(artifact: dict, field: str) -> str | None:
+    """An artifact's ref as a file in a run's workspace, or None when it names no file there (it has
+    no sha256, or its ref is a URL or an absolute path of some other place).
+
+    Raises InvalidInput naming ``field`` for a relative ref that leaves the workspace (``..``),
+    names a folder, has a backslash or a control character, or lies inside ``.git``.
+    """
+    ref = artifact.get("ref") or ""
+    if not artifact.get("sha256") or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", ref) or ref.startswith(("/", "~")):
+        return None
+    parts = ref.split("/")
+    if "\\" in ref or any(ord(c) < 32 for c in ref) or any(p in ("", ".", "..") for p in parts) or \
+            parts[0] == ".git" or len(ref) > DELIVERABLE_REF_MAX:
+        raise InvalidInput(f"{field}: {ref[:80]!r} is not a file's path inside the workspace; name it relative "
+                           "to the workspace, like docs/refund-policy.md (no '..', no leading '/', no folder alone)")
+    return ref
+
+
+def deliverable_type(data: bytes, ref: str) -> str:
+    """The content type of a deliverable's bytes: an attachment's type where the bytes are one
+    (read from them, never from the name alone), else ``application/octet-stream``."""
+    if len(data) > ATTACHMENT_MAX_BYTES:
+        return "application/octet-stream"
+    try:
+        return sniff_attachment(data, os.path.basename(ref))["content_type"]
+    except InvalidInput:
+        return "application/octet-stream"
+
+
+def _wanted(db: Database, attempt_id: str) -> list[dict]:
+    return json.loads(db.scalar("SELECT files_wanted FROM attempts WHERE id = ?", (attempt_id,)) or "[]")
+
+
+def _run_attempt_for(db: Database, actor: Actor, task_id: str) -> dict:
+    """The running attempt of ``actor``'s run credential for ``task_id`` (its assignee's); NotFound otherwise."""
+    if actor.kind != "agent" or actor.attempt_id is None or actor.task_scope != task_id:
+        raise NotFound(f"task_id: no run of task '{task_id}' holds this credential; upload with the run's own")
+    task = require_task_role(db, actor, task_id, "assignee")
+    attempt = db.one("SELECT * FROM attempts WHERE id = ?", (actor.attempt_id,))
+    if attempt is None or attempt["state"] != "running":
+        raise InvalidState(f"the run of task '{task_id}' has ended; its files can no longer be uploaded")
+    return task | {"attempt": attempt}
+
+
+def commit_ref(artifact: dict) -> str | None:
+    """An artifact's ref when it names a commit the run's runner delivers (pinned by commit_sha alone, its ref
+    no URL: the agent did not push it somewhere itself), else None."""
+    ref = artifact.get("ref") or ""
+    if artifact.get("sha256") or not artifact.get("commit_sha") or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", ref):
+        return None
+    return ref
+
+
+def _pin(entry: dict) -> tuple[str, str]:
+    return entry["ref"], entry.get("sha256") or entry["commit_sha"]
+
+
+def want_files(db: Database, actor: Actor, task_id: str, artifacts: list[dict]) -> list[dict]:
+    """Ask a run's runner for the workspace files and the commits ``artifacts`` name.
+
+    Replaces the attempt's list (what an earlier return asked and why it was refused); returns
+    what is asked: ``{ref, sha256}`` for each file not in the store yet, ``{ref, commit_sha}`` for
+    each commit (pushed or bundled by the runner). Empty: nothing to wait for. The runner reads it
+    in GET /api/runner/state. Raises InvalidInput naming ``artifacts[n].ref``.
+    """
+    asked = []
+    for n, a in enumerate(artifacts):
+        if (ref := workspace_ref(a, f"artifacts[{n}].ref")) is not None:
+            asked.append({"ref": ref, "sha256": a["sha256"]})
+        elif (ref := commit_ref(a)) is not None:
+            asked.append({"ref": ref, "commit_sha": a["commit_sha"]})
+    if not asked:
+        return []
+    with db.transaction():
+        _run_attempt_for(db, actor, task_id)
+        missing = [w for w in asked if "commit_sha" in w or db.one(
+            "SELECT 1 FROM deliverables WHERE task_id = ? AND ref = ? AND sha256 = ?",
+            (task_id, w["ref"], w["sha256"])) is None]
+        db.execute("UPDATE attempts SET files_wanted = ? WHERE id = ?",
+                   (json.dumps(missing) if missing else None, actor.attempt_id))
+    return missing
+
+
+def files_asked(db: Database, attempt: dict) -> list[dict]:
+    """What ``attempt`` (a row) still asks of its runner: files neither in the store nor refused, commits
+    neither delivered nor refused (want_files's shapes)."""
+    return [{k: w[k] for k in ("ref", "sha256", "commit_sha") if k in w}
+            for w in json.loads(attempt.get("files_wanted") or "[]")
+            if not w.get("refused") and not w.get("delivered") and ("commit_sha" in w or db.one(
+                "SELECT 1 FROM deliverables WHERE task_id = ? AND ref = ? AND sha256 = ?",
+                (attempt["task_id"], w["ref"], w["sha256"])) is None)]
+
+
+def files_settled(db: Database, attempt_id: str) -> bool:
+    """Whether everything asked of an attempt's runner came or was refused (want_files)."""
+    with db.snapshot():
+        row = db.one("SELECT * FROM attempts WHERE id = ?", (attempt_id,))
+        return row is None or not files_asked(db, row)
+
+
+def check_delivered(db: Database, actor: Actor, task_id: str, artifacts: list[dict]) -> None:
+    """Inside return_result: every workspace file a runner's run names is in the store, every commit pushed
+    or bundled.
+
+    Raises InvalidInput naming ``artifacts[n]`` with why its runner refused it (missing, outside the
+    workspace, its bytes hash to something else, a commit not on the task's branch), InvalidState
+    when it never came.
+    """
+    if actor.attempt_id is None:
+        return  # an agent's own session: its refs are words, nothing to upload
+    said = {_pin(w): w for w in _wanted(db, actor.attempt_id)}
+    for n, a in enumerate(artifacts):
+        ref = workspace_ref(a, f"artifacts[{n}].ref")
+        if ref is not None and db.one("SELECT 1 FROM deliverables WHERE task_id = ? AND ref = ? AND sha256 = ?",
+                                      (task_id, ref, a["sha256"])):
+            continue
+        if ref is None and (ref := commit_ref(a)) is None:
+            continue
+        entry = said.get((ref, a.get("sha256") or a["commit_sha"]), {})
+        if entry.get("refused"):
+            raise InvalidInput(f"artifacts[{n}]: {ref} was not delivered: {entry['refused']}; fix it and call "
+                               "return_result again")
+        if not entry.get("delivered"):
+            raise InvalidState(f"artifacts[{n}]: {ref} is not in the store: your runner did not deliver it within "
+                               f"{FILES_WAIT_SECONDS:g} seconds (is it running?); call return_result again")
+
+
+def _settle(db: Database, actor: Actor, task_id: str, ref: Any, pin: Any, what: str, why: str) -> None:
+    with db.transaction():
+        task = _run_attempt_for(db, actor, task_id)
+        wanted = _wanted(db, actor.attempt_id)
+        if not any(_pin(w) == (ref, pin) for w in wanted):
+            raise NotFound(f"ref: {str(ref)[:80]!r} with that hash or commit is not asked of this run's runner")
+        for w in wanted:
+            if _pin(w) == (ref, pin):
+                w[what] = why[:300]
+        db.execute("UPDATE attempts SET files_wanted = ? WHERE id = ?", (json.dumps(wanted), task["attempt"]["id"]))
+        if what == "delivered":
+            audit(db, task["project"], "deliverable.commit", {"task": task_id, "commit_sha": pin,
+                                                              "attempt": actor.attempt_id})
+
+
+def refuse_file(db: Database, actor: Actor, task_id: str, ref: Any, pin: Any, reason: str) -> None:
+    """Note why a file (``pin`` its sha256) or a commit (its commit_sha) asked of the run's runner can't be
+    delivered, so return_result says it to the run. Raises NotFound for one not asked."""
+    _settle(db, actor, task_id, ref, pin, "refused", reason)
+
+
+def commit_delivered(db: Database, actor: Actor, task_id: str, ref: Any, commit_sha: Any, how: str) -> None:
+    """The run's runner delivered a commit its result names: ``how`` says where (pushed to a remote's branch,
+    or in a bundle among the task's deliverables). Writes ``deliverable.commit`` (the task and the commit)."""
+    if not isinstance(how, str) or not how.strip():
+        raise InvalidInput("how: say where the commit went (pushed to origin prickle/<task>, or a bundle)")
+    _settle(db, actor, task_id, ref, commit_sha, "delivered", how)
+
+
+def upload_deliverable(db: Database, actor: Actor, task_id: str, ref: Any, sha256: Any, data: bytes,
+                       limit_bytes: int) -> dict:
+    """A file a run delivers, uploaded by its runner with the run's own credential (only for its own task).
+
+    ``ref`` is its path in the workspace, ``sha256`` the hash the result names; the bytes must hash
+    to it (a truncated upload does not). Kept once (store_blob); the same file twice is one row.
+    Returns :func:`deliverable_out`. Raises InvalidInput naming ``ref``, ``sha256`` or ``file``
+    (a refused hash is also noted for return_result), NotFound for a credential that is not this
+    task's run, InvalidState for an ended run or a project past its files limit. Writes
+    ``deliverable.uploaded`` (the task, the type, the size and the hash; never the name or the bytes).
+    """
+    with db.snapshot():
+        _run_attempt_for(db, actor, task_id)  # the credential first: someone else's upload learns nothing more
+    if not isinstance(sha256, str) or not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        raise InvalidInput("sha256: give the file's SHA-256 as 64 lowercase hex digits")
+    if not isinstance(ref, str) or workspace_ref({"ref": ref, "sha256": sha256}, "ref") is None:
+        raise InvalidInput("ref: give the file's path relative to the workspace, like docs/refund-policy.md")
+    if not data:
+        raise InvalidInput("file: it is empty; send the file's bytes")
+    if len(data) > DELIVERABLE_MAX_BYTES:
+        raise InvalidInput(f"file: it is {len(data)} bytes; the limit is {DELIVERABLE_MAX_BYTES}")
+    if (digest := sha256_hex(data)) != sha256:
+        reason = f"its {len(data)} bytes hash to {digest}, not the sha256 {sha256} the result names"
+        with contextlib.suppress(NotFound):  # a file the result does not name has nothing to be told
+            refuse_file(db, actor, task_id, ref, sha256, reason)
+        raise InvalidInput(f"sha256: {ref}: {reason} (a changed or truncated file); nothing was kept")
+    content_type = deliverable_type(data, ref)
+    with db.transaction():
+        task = _run_attempt_for(db, actor, task_id)
+        row = db.one("SELECT * FROM deliverables WHERE task_id = ? AND ref = ? AND sha256 = ?", (task_id, ref, sha256))
+        if row is None:
+            check_project_room(db, task["project"], data, limit_bytes)
+            store_blob(db, data, content_type)
+            row = {"id": new_id("dlv"), "project": task["project"], "task_id": task_id, "ref": ref, "sha256": sha256,
+                   "content_type": content_type, "byte_size": len(data),
+                   "uploaded_by": actor.agent_id, "created_at": iso(utcnow())}
+            db.insert("deliverables", row)
+            audit(db, task["project"], "deliverable.uploaded", {
+                "task": task_id, "deliverable": row["id"], "attempt": actor.attempt_id, "content_type": content_type,
+                "byte_size": len(data), "sha256": sha256})
+    return deliverable_out(row)
+
+
+def deliverable_out(row: dict) -> dict:
+    """A deliverables row as the page and the runner get it: where to download it and whether it previews."""
+    return {"id": row["id"], "task_id": row["task_id"], "ref": row["ref"], "sha256": row["sha256"],
+            "content_type": row["content_type"], "byte_size": row["byte_size"], "uploaded_by": row["uploaded_by"],
+            "created_at": row["created_at"], "url": f"/api/deliverables/{row['id']}",
+            "preview": row["content_type"] in DELIVERABLE_PREVIEWS}
+
+
+def task_deliverables(db: Database, task_id: str) -> list[dict]:
+    """Every file delivered for a task, newest first (inside the caller's reach check)."""
+    return [deliverable_out(r) for r in db.rows(
+        "SELECT * FROM deliverables WHERE task_id = ? ORDER BY created_at DESC, rowid DESC", (task_id,))]
+
+
+def read_deliverable(db: Database, actor: Actor, deliverable_id: Any) -> tuple[dict, bytes]:
+    """A deliverable's row and bytes, for a person who may see its task or an agent who may read it.
+
+    A woken run reads its own task's only. Raises InvalidInput for a malformed ID, NotFound for one
+    unknown or out of reach (the same answer). An agent's read writes ``deliverable.read``.
+    """
+    check_id(deliverable_id, "deliverable")
+    with db.transaction() if actor.kind == "agent" else db.snapshot():
+        row = db.one("SELECT * FROM deliverables WHERE id = ?", (deliverable_id,))
+        gone = NotFound(f"deliverable: no deliverable '{deliverable_id}' of a task you can see")
+        if row is None or actor.task_scope not in (None, row["task_id"]):
+            raise gone
+        try:
+            require_project(db, actor, row["project"])
+            visible_task(db, actor, row["project"], row["task_id"])
+        except (NotFound, Forbidden):
+            raise gone from None
+        data = db.scalar("SELECT bytes FROM blobs WHERE sha256 = ?", (row["sha256"],))
+        if actor.kind == "agent":
+            audit(db, row["project"], "deliverable.read", {"task": row["task_id"], "deliverable": row["id"],
+                                                           "agent": actor.agent_id, "byte_size": row["byte_size"]})
+    return row, data
+
+
+def task_files_for(db: Database, actor: Actor, task_id: str) -> list[dict]:
+    """The files delivered for a task ``actor`` may see (a verification run fetches them so)."""
+    check_id(task_id, "task_id")
+    with db.snapshot():
+        task = db.one("SELECT project FROM tasks WHERE id = ?", (task_id,))
+        if task is None or actor.task_scope not in (None, task_id):
+            raise NotFound(f"task_id: no task '{task_id}' that you can see")
+        require_project(db, actor, task["project"])
+        visible_task(db, actor, task["project"], task_id)
+        return task_deliverables(db, task_id)
 
 
 ###############################################################################
@@ -7940,7 +8230,8 @@ def runner_state(db: Database, actor: Actor) -> dict:
     """What a runner needs to obey its owner: whether its agent is paused, and its device's newest runs.
 
     Each run says whether a step it asked for still waits on the owner, or was allowed and not yet
-    used (``step_pending``): such a run ended to wait for its owner, which is no failure.
+    used (``step_pending``): such a run ended to wait for its owner, which is no failure. A running
+    one lists the workspace files its result names that the runner is to upload (``files_wanted``).
     """
     with db.snapshot():
         device = runner_device(db, actor)
@@ -7956,7 +8247,8 @@ def runner_state(db: Database, actor: Actor) -> dict:
             [r["id"] for r in rows])} if rows else set()
         return {"agent_id": actor.agent_id, "device_id": device["id"], "paused": who is not None, "paused_by": who,
                 "runs": [{k: v for k, v in attempt_out(r).items() if k not in ("device", "device_id")}
-                         | {"step_pending": r["id"] in asking} for r in rows]}
+                         | {"step_pending": r["id"] in asking}
+                         | ({"files_wanted": files_asked(db, r)} if r["state"] == "running" else {}) for r in rows]}
 
 
 def mark_uncertain(db: Database, actor: Actor, attempt_id: str, reason: str | None = None) -> dict:
@@ -8147,7 +8439,8 @@ def task_timeline(db: Database, task: dict) -> list[dict]:
 
 def task_detail(db: Database, person: Actor, task_id: str) -> dict:
     """One task for a member: the task, every checkpoint and every submission, ``criteria_evidence``
-    (:func:`criteria_evidence` of the latest result, or None) and ``timeline`` (:func:`task_timeline`)."""
+    (:func:`criteria_evidence` of the latest result, or None), ``timeline`` (:func:`task_timeline`)
+    and ``deliverables`` (the files its runs delivered)."""
     with db.snapshot():
         task = task_for_person(db, person, task_id)
         pending = db.one("SELECT * FROM approvals WHERE task_id = ? AND status = 'pending' AND invalidated_at IS NULL",
@@ -8167,6 +8460,7 @@ def task_detail(db: Database, person: Actor, task_id: str) -> dict:
                 "SELECT * FROM submissions WHERE task_id = ? ORDER BY revision", (task_id,))],
             "criteria_evidence": criteria_evidence(task, latest_submission(db, task_id)),
             "timeline": task_timeline(db, task),
+            "deliverables": task_deliverables(db, task_id),
             "can_rename": may_name_task(db, person.handle, task),
             "can_set_waits": may_name_task(db, person.handle, task) and task["parent_task_id"] is not None
             and task["state"] not in CLOSED_STATES,
@@ -10513,9 +10807,11 @@ class AccessLogMiddleware:
                             status or "-", (time.monotonic() - started) * 1000)
 
 
-#: Requests whose body is one file's bytes, and how big that body may be.
+#: Requests whose body is one file's bytes, and how big that body may be: a person's attachment, a run's
+#: deliverable (uploaded by its runner).
 UPLOAD_PATH = re.compile(r"/api/projects/[^/]+/attachments")
 UPLOAD_BODY_MAX = ATTACHMENT_MAX_BYTES
+DELIVERABLE_PATH = re.compile(r"/api/runner/tasks/[^/]+/files")
 
 
 class GuardMiddleware:
@@ -10531,6 +10827,7 @@ class GuardMiddleware:
         self.app = RequestBodyLimitMiddleware(app, settings.max_body_bytes)
         self.max_body = settings.max_body_bytes
         self.uploads = RequestBodyLimitMiddleware(app, UPLOAD_BODY_MAX)  # the bytes of one file
+        self.deliveries = RequestBodyLimitMiddleware(app, DELIVERABLE_MAX_BYTES)  # the bytes of one run's file
         self.security = TransportSecurityMiddleware(TransportSecuritySettings(
             enable_dns_rebinding_protection=settings.dns_rebinding_protection,
             allowed_hosts=settings.host_allowlist(port), allowed_origins=settings.origin_allowlist(port)))
@@ -10554,7 +10851,8 @@ class GuardMiddleware:
                 return
             length = whole_number(headers.get(b"content-length", b"").decode("latin-1"), 30)
             upload = UPLOAD_PATH.fullmatch(scope["path"]) is not None
-            limit = UPLOAD_BODY_MAX if upload else self.max_body
+            delivery = DELIVERABLE_PATH.fullmatch(scope["path"]) is not None and scope["method"] == "POST"
+            limit = UPLOAD_BODY_MAX if upload else DELIVERABLE_MAX_BYTES if delivery else self.max_body
             if length is not None and length > limit:
                 error = InvalidInput(f"the request body is {length} bytes; the limit is {limit}")
                 error.http_status = 413
@@ -10563,8 +10861,8 @@ class GuardMiddleware:
             if scope["path"] == "/mcp":
                 await self.inner(scope, receive, send)
                 return
-            if upload:
-                await self.uploads(scope, receive, send)
+            if upload or delivery:
+                await (self.uploads if upload else self.deliveries)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -10592,6 +10890,21 @@ def person_from_request(state: AppState, request: Request) -> Actor:
         if origin is not None and origin not in state.settings.origin_allowlist(state.port):
             raise Forbidden(f"a write with a session cookie must come from this site's own page, not {origin}")
     return actor
+
+
+def run_from_request(state: AppState, request: Request) -> Actor:
+    """The run behind a runner's upload of its files: the run's own execution credential."""
+    auth = request.headers.get("authorization", "")
+    return resolve_token(state.db, auth[7:].strip() if auth.lower().startswith("bearer ") else "", ("execution",))
+
+
+def reader_from_request(state: AppState, request: Request) -> Actor:
+    """Who downloads a file: an agent by its key (an MCP key, a runner key or a run's credential), else a person."""
+    auth = request.headers.get("authorization", "")
+    token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+    if token_kind(token) in ("client", "runner", "execution"):
+        return resolve_token(state.db, token, ("client", "runner", "execution"))
+    return person_from_request(state, request)
 
 
 def runner_from_request(state: AppState, request: Request) -> Actor:
@@ -10880,6 +11193,13 @@ async def _tool_checkpoint(state: AppState, actor: Actor, args: dict, ctx: Any) 
 
 
 async def _tool_return_result(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
+    if actor.attempt_id is not None and args.get("artifacts") and \
+            want_files(state.db, actor, args["task_id"], args["artifacts"]):
+        # A runner's run named files in its workspace: its runner uploads them (it reads the wish in its
+        # device's state), and the result is recorded once they are in, or refused with why.
+        deadline = time.monotonic() + FILES_WAIT_SECONDS
+        while not files_settled(state.db, actor.attempt_id) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
     return return_result(state.db, actor, args["task_id"], args["summary"], args["evidence"], args["provenance"],
                          args.get("artifacts"))
 
@@ -11575,24 +11895,27 @@ def _event_stream(state: AppState, start: int, gap: str | None, projects: Callab
 
 
 def _api(handler: Callable[..., Any], runner: bool = False, public: bool = False,
-         raw: bool = False) -> Callable[[Request], Any]:
+         raw: bool = False, who: Callable[[AppState, Request], Actor] | None = None) -> Callable[[Request], Any]:
     """Wrap an API handler: authenticate the person (or the runner), map PrickleError to a JSON error.
 
     A ``public`` handler takes no credential (a computer asking to connect) and gets None; a
-    ``raw`` one gets the body's bytes (an upload) instead of a JSON object.
+    ``raw`` one gets the body's bytes (an upload) instead of a JSON object; ``who`` names another
+    way to find the caller (run_from_request, reader_from_request).
     """
 
     async def endpoint(request: Request) -> Response:
         state: AppState = request.app.state.prickle
         try:
-            person = None if public else (runner_from_request(state, request) if runner
-                                          else person_from_request(state, request))
+            person = None if public else who(state, request) if who else (
+                runner_from_request(state, request) if runner else person_from_request(state, request))
             body = None
             if request.method in ("POST", "PUT", "PATCH"):
                 body = await request.body() if raw else parse_json_body(await request.body())
             result = await handler(state, person, request, body)
         except PrickleError as e:
             return error_response(e)
+        except ClientDisconnect:  # a body cut short on the wire: nothing was read whole, nothing written
+            return error_response(InvalidInput("the request body ended before its Content-Length; send it whole"))
         except Exception:
             log_exception(f"{request.method} {request.url.path}")
             return error_response(PrickleError("the server failed on this request; nothing was changed"))
@@ -11659,16 +11982,10 @@ async def api_upload_attachment(state: AppState, person: Actor, request: Request
 
 
 async def api_attachment(state: AppState, person: Actor, request: Request, body: Any) -> Response:
-    """GET /api/attachments/{id}: the bytes, for someone who may read the message they went with.
-
-    Never run by the browser: ``nosniff``, a Content-Security-Policy that allows nothing and
-    sandboxes, an image shown inline and a file always downloaded under its name."""
+    """GET /api/attachments/{id}: the bytes, for someone who may read the message they went with (an image
+    inline, a file as a download under its name; see :func:`file_response`)."""
     row, data = read_attachment(state.db, person, request.path_params["id"])
-    disposition = "inline" if row["kind"] == "image" else \
-        f"attachment; filename*=UTF-8''{urllib.parse.quote(row['name'], safe='')}"
-    return Response(data, media_type=row["content_type"], headers={
-        "X-Content-Type-Options": "nosniff", "Content-Security-Policy": "default-src 'none'; sandbox",
-        "Content-Disposition": disposition, "Cache-Control": "private, max-age=86400"})
+    return file_response(data, row["content_type"], row["name"], row["kind"] == "image")
 
 
 def _message_ref(body: dict) -> tuple[str, Any]:
@@ -12065,6 +12382,55 @@ async def runner_verify(state: AppState, agent: Actor, request: Request, body: d
                               _dt.timedelta(minutes=state.settings.launch_timeout_minutes))
 
 
+async def runner_upload_file(state: AppState, run: Actor, request: Request, body: bytes) -> dict:
+    """POST /api/runner/tasks/{id}/files?ref=&sha256= (the run's credential): the body is one file of the run's
+    workspace its result names; ``{"deliverable"}``. See :func:`upload_deliverable`."""
+    q = request.query_params
+    return {"deliverable": upload_deliverable(state.db, run, request.path_params["task_id"], q.get("ref"),
+                                              q.get("sha256"), body, state.settings.files_per_project_mb << 20)}
+
+
+async def runner_refuse_file(state: AppState, run: Actor, request: Request, body: dict) -> dict:
+    """POST /api/runner/tasks/{id}/files/refused {ref, sha256 or commit_sha, reason} (the run's credential): a
+    file or a commit the result names can't be delivered (missing, outside the workspace, too big, not on the
+    task's branch); return_result tells the run why."""
+    unknown = sorted(set(body) - {"ref", "sha256", "commit_sha", "reason"})
+    if unknown:
+        raise InvalidInput(f"unknown field {unknown[0]}: send ref, sha256 (or commit_sha) and reason")
+    pin = body_field(body, "commit_sha" if "commit_sha" in body else "sha256", str)
+    refuse_file(state.db, run, request.path_params["task_id"], body_field(body, "ref", str), pin,
+                check_text(body_field(body, "reason", str), "reason", 300))
+    return {"ok": True}
+
+
+async def runner_commit_delivered(state: AppState, run: Actor, request: Request, body: dict) -> dict:
+    """POST /api/runner/tasks/{id}/commits {ref, commit_sha, how} (the run's credential): a commit the result names
+    was pushed to the repository's remote, or bundled among the task's deliverables."""
+    unknown = sorted(set(body) - {"ref", "commit_sha", "how"})
+    if unknown:
+        raise InvalidInput(f"unknown field {unknown[0]}: send ref, commit_sha and how")
+    commit_delivered(state.db, run, request.path_params["task_id"], body_field(body, "ref", str),
+                     body_field(body, "commit_sha", str), check_text(body_field(body, "how", str), "how", 300))
+    return {"ok": True}
+
+
+async def api_task_files(state: AppState, reader: Actor, request: Request, body: Any) -> dict:
+    """GET /api/tasks/{id}/files: the files delivered for a task (a person who sees it, an agent who may read it)."""
+    return {"deliverables": task_files_for(state.db, reader, request.path_params["task_id"])}
+
+
+async def api_deliverable(state: AppState, reader: Actor, request: Request, body: Any) -> Response:
+    """GET /api/deliverables/{id}[?download=1]: a delivered file's bytes, never run by the browser.
+
+    ``nosniff`` and a Content-Security-Policy that allows nothing and sandboxes; what the page
+    previews (DELIVERABLE_PREVIEWS) comes inline unless ``download``, everything else always as a
+    download under its file name, as ``application/octet-stream``. ``X-Content-SHA256`` carries the hash."""
+    row, data = read_deliverable(state.db, reader, request.path_params["id"])
+    inline = row["content_type"] in DELIVERABLE_PREVIEWS and request.query_params.get("download") is None
+    media = row["content_type"] if row["content_type"] in DELIVERABLE_PREVIEWS else "application/octet-stream"
+    return file_response(data, media, row["ref"].rsplit("/", 1)[-1], inline, row["sha256"])
+
+
 async def api_start_run(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/tasks/{id}/runs {confirm: your handle}: start one run of your agent on the task."""
     return start_run(state.db, person, request.path_params["task_id"], body_field(body, "confirm", str, False))
@@ -12386,6 +12752,11 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("POST", "/api/runner/attempts/{attempt_id}/uncertain", _api(runner_uncertain, runner=True)),
     ("POST", "/api/runner/attempts/{attempt_id}/ended", _api(runner_ended, runner=True)),
     ("POST", "/api/runner/tasks/{task_id}/verify", _api(runner_verify, runner=True)),
+    ("POST", "/api/runner/tasks/{task_id}/files", _api(runner_upload_file, raw=True, who=run_from_request)),
+    ("POST", "/api/runner/tasks/{task_id}/files/refused", _api(runner_refuse_file, who=run_from_request)),
+    ("POST", "/api/runner/tasks/{task_id}/commits", _api(runner_commit_delivered, who=run_from_request)),
+    ("GET", "/api/tasks/{task_id}/files", _api(api_task_files, who=reader_from_request)),
+    ("GET", "/api/deliverables/{id}", _api(api_deliverable, who=reader_from_request)),
     ("POST", "/api/tasks/{task_id}/verify", _api(_operation(request_verification, "task_id"))),
     ("GET", "/api/connect/{code}", _api(_operation(connect_view, "code"))),
     ("POST", "/api/connect/{code}", _api(api_connect_decide)),
@@ -13919,6 +14290,9 @@ class RunnerAgent(pydantic.BaseModel):
     actions: dict[str, list[str]] = {}
     #: The CLI's path when it is not ``claude``/``codex`` on PATH.
     cli_path: str | None = None
+    #: With ``repo``: push the task's branch to the repository's remote ``origin`` when a result names a
+    #: commit on it; otherwise the runner uploads a git bundle of the task's commits with the result.
+    push: bool = False
 
 
 class RunnerConfig(pydantic.BaseModel):
@@ -14129,12 +14503,22 @@ async def mcp_call(url: str, key: str, tool: str, args: dict, timeout: float = 3
         await session.close()
 
 
-async def http_call(base_url: str, key: str, method: str, path: str, body: dict | None = None) -> dict:
-    """One call of the HTTP API with a runner key; raise CallFailed with the error's code."""
+async def http_call(base_url: str, key: str, method: str, path: str, body: dict | None = None, *,
+                    params: dict | None = None, content: bytes | None = None, raw: bool = False) -> Any:
+    """One call of the HTTP API with a runner key (or a run's credential); raise CallFailed with the error's code.
+
+    ``content`` sends bytes as the body instead of ``body``'s JSON; ``raw`` returns the answer's
+    ``(bytes, headers)`` instead of its JSON.
+    """
     from mcp.shared._httpx_utils import create_mcp_http_client
 
     async with create_mcp_http_client(headers={"Authorization": f"Bearer {key}"}) as http:
-        r = await http.request(method, base_url + path, json=body)
+        if content is not None:
+            r = await http.request(method, base_url + path, params=params, content=content, timeout=300)
+        else:
+            r = await http.request(method, base_url + path, params=params, json=body)
+    if raw and r.status_code < 400:
+        return r.content, r.headers
     try:
         data = r.json()
     except ValueError:
@@ -14333,12 +14717,18 @@ def task_prompt(task: dict, memory: list[dict], thread: list[dict], bridged: boo
               f"4. Finish with return_result {{task_id: {task['id']}, summary, evidence}}: each piece of "
               "evidence says what shows a criterion and carries \"criteria\": [its indexes], so every "
               "criterion above is covered.",
+              "5. Deliver the files you made by naming each in return_result's artifacts as {ref: its path relative "
+              "to the current directory (like docs/refund-policy.md), sha256: the SHA-256 of its bytes, in hex} and "
+              "pointing evidence at it with \"artifact\": its index. Your runner uploads them before the result "
+              "is recorded; if their bytes do not match, return_result says why: fix it and return again. A "
+              f"commit goes as {{ref: \"prickle/{task['id']}\", commit_sha}}, committed on the current branch.",
               "Don't call wait_for_mention or wait_for_updates: this run ends when your result is returned."]
     return "\n".join(lines)
 
 
-def verify_prompt(task: dict, agent_id: str) -> str:
-    """What a verification run is told: the task it asked for, the result and how to decide it."""
+def verify_prompt(task: dict, agent_id: str, files: list[str] | tuple = ()) -> str:
+    """What a verification run is told: the task it asked for, the result, the delivered ``files`` in its
+    workspace (lines to show) and how to decide it."""
     packet, result = task["packet"], task["result"] or {}
     lines = [f"You are {agent_id}. You handed Prickle task {task['id']} in project {task['project']} to "
              f"{task['assignee']}, and its result is back: verify it.", "", f"Task: {packet['task']}",
@@ -14350,6 +14740,9 @@ def verify_prompt(task: dict, agent_id: str) -> str:
         lines.append(f"  ({n}) {e.get('kind')} for criteria {e.get('criteria', [])}: {e.get('summary', '')}"
                      + (f" [{e['url']}]" if e.get("url") else "") + (f"\n      {e['content']}" if e.get("content")
                                                                       else ""))
+    if files:
+        lines += ["", "The result's files are in the current directory, each checked against its sha256:"]
+        lines += [f"  {line}" for line in files]
     lines += ["", f"Read the thread with read_room {{project: {task['project']}, task_id: {task['id']}}} if you need "
               "more. Check each criterion against the evidence, then call exactly one of:",
               f"  accept_result {{task_id: {task['id']}, submission_id, revision, verdicts: one per criterion, "
@@ -14472,12 +14865,171 @@ FAILURE_OF_LAUNCH = {"claude": ("runtime", "claude_code_not_found"), "codex": ("
 
 
 ###############################################################################
-# Appendix C. The runner at work
+# Appendix C. The runner's deliverables: files and commits with a result
+###############################################################################
+# When a run's result names files of its workspace (a relative ref and their sha256) or a commit on its
+# branch, the server asks its runner (in the device's state) before it records the result: the runner
+# uploads each file with the run's own credential, pushes the task's branch (push = true) or uploads a
+# git bundle of its commits, or says why it can't. A verification run gets the files in its workspace.
+
+#: The biggest file the runner uploads for a run (the server's limit for a deliverable).
+RUNNER_FILE_MAX_BYTES = 32 * 1024 * 1024
+
+
+def workspace_file(workspace: str, ref: Any) -> tuple[str | None, str | None]:
+    """``(path, None)`` of the regular file ``ref`` names inside ``workspace``, or ``(None, why not)``.
+
+    Never a path outside the workspace: no absolute ref, no ``..``, no symlink (or symlinked
+    folder) that leads out, nothing inside ``.git``.
+    """
+    parts = ref.split("/") if isinstance(ref, str) else []
+    if not parts or ref.startswith("/") or "\\" in ref or any(p in ("", ".", "..") for p in parts) or \
+            parts[0] == ".git":
+        return None, f"{str(ref)[:80]!r} is not a path inside the workspace"
+    root = os.path.realpath(workspace)
+    path = os.path.join(root, *parts)
+    real = os.path.realpath(path)
+    if os.path.commonpath([root, real]) != root:
+        return None, f"{ref} leads outside the workspace (a symbolic link); deliver the file itself"
+    if not os.path.isfile(real):
+        return None, f"there is no file {ref} in the workspace"
+    size = os.path.getsize(real)
+    if size > RUNNER_FILE_MAX_BYTES:
+        return None, f"{ref} is {size} bytes; a deliverable is at most {RUNNER_FILE_MAX_BYTES}"
+    return real, None
+
+
+def git(cwd: str, *args: str, timeout: float = 120) -> tuple[bool, str]:
+    """Run ``git -C cwd ARGS`` without asking anything on a terminal; ``(ok, its output or error, cut)``."""
+    import subprocess
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    try:
+        done = subprocess.run(["git", "-C", cwd, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    except (OSError, subprocess.SubprocessError) as e:
+        return False, f"git {args[0]} did not run: {e}"[:300]
+    return done.returncode == 0, redact((done.stdout if done.returncode == 0 else done.stderr).strip())[:300]
+
+
+class RunnerDeliveries:
+    """The Runner's part in delivering a result's files and commits (a mixin: it uses the Runner's config,
+    state directory, log and ``task_runs``)."""
+
+    async def deliver(self, agent_id: str, attempt_id: str, wanted: list[dict]) -> None:
+        """Upload what a run's result names, with the run's own credential, before the server records it:
+        each file from the workspace (the server checks its sha256), each commit pushed or bundled."""
+        run = self.task_runs[attempt_id]
+        try:
+            for item in wanted:
+                if "commit_sha" in item:
+                    await self.deliver_commit(agent_id, run, item)
+                else:
+                    await self.deliver_file(agent_id, run, item)
+        finally:
+            self.delivering.discard(attempt_id)
+
+    async def _refuse(self, agent_id: str, run: dict, item: dict, reason: str) -> None:
+        self.log(f"{agent_id}: task {run['task_id']}: {item['ref']} not delivered: {reason}")
+        await http_call(self.config.base_url, run["secret"], "POST",
+                        f"/api/runner/tasks/{run['task_id']}/files/refused",
+                        {k: item[k] for k in ("ref", "sha256", "commit_sha") if k in item} | {"reason": reason})
+
+    async def _upload(self, run: dict, ref: str, data: bytes) -> dict:
+        return await http_call(self.config.base_url, run["secret"], "POST", f"/api/runner/tasks/{run['task_id']}/files",
+                               params={"ref": ref, "sha256": hashlib.sha256(data).hexdigest()}, content=data)
+
+    async def deliver_file(self, agent_id: str, run: dict, item: dict) -> None:
+        """Upload one file the result names (the server refuses bytes that do not hash to its sha256)."""
+        path, why = workspace_file(run["workspace"], item["ref"])
+        if why:
+            await self._refuse(agent_id, run, item, why)
+            return
+        with open(path, "rb") as f:
+            data = f.read()
+        try:
+            await http_call(self.config.base_url, run["secret"], "POST", f"/api/runner/tasks/{run['task_id']}/files",
+                            params={"ref": item["ref"], "sha256": item["sha256"]}, content=data)
+        except CallFailed as e:  # the server noted why (a hash that does not match, a full project)
+            self.log(f"{agent_id}: task {run['task_id']}: {item['ref']} refused: {e.message}")
+            if not e.message.startswith("sha256:"):
+                await self._refuse(agent_id, run, item, e.message)
+            return
+        self.log(f"{agent_id}: task {run['task_id']}: uploaded {item['ref']} ({len(data)} bytes)")
+
+    async def deliver_commit(self, agent_id: str, run: dict, item: dict) -> None:
+        """Make a commit the result names fetchable: push the task's branch (``push = true``), or upload a git
+        bundle of the task's commits as a deliverable."""
+        agent, task_id, workspace = self.config.agents[agent_id], run["task_id"], run["workspace"]
+        branch, sha = f"prickle/{task_id}", item["commit_sha"]
+        if agent.repo is None:
+            await self._refuse(agent_id, run, item, "this runner's workspace is no git repository (no repo in its "
+                                                    "config): deliver files by sha256 instead")
+            return
+        known, _ = await asyncio.to_thread(git, workspace, "merge-base", "--is-ancestor", sha, branch)
+        if not known:
+            await self._refuse(agent_id, run, item, f"commit {sha} is not on branch {branch}: commit your work "
+                                                    "there and name the commit git rev-parse HEAD gives")
+            return
+        if agent.push:
+            ok, out = await asyncio.to_thread(git, workspace, "push", "origin", f"{branch}:{branch}")
+            how = f"pushed to origin {branch}"
+        else:
+            _, base = await asyncio.to_thread(git, agent.repo, "merge-base", "HEAD", branch)
+            _, tip = await asyncio.to_thread(git, workspace, "rev-parse", branch)
+            bundle = os.path.join(self.state_dir, "runs", f"{task_id}.bundle")
+            span = [branch] if not base or base == tip else [branch, f"^{base}"]
+            ok, out = await asyncio.to_thread(git, workspace, "bundle", "create", bundle, *span)
+            how = f"in the bundle prickle-{task_id}.bundle among the task's files (git fetch it {branch})"
+            if ok:
+                with open(bundle, "rb") as f:
+                    data = f.read()
+                os.unlink(bundle)
+                try:
+                    await self._upload(run, f"prickle-{task_id}.bundle", data)
+                except CallFailed as e:
+                    ok, out = False, e.message
+        if not ok:
+            await self._refuse(agent_id, run, item, f"the commit could not be delivered: {out}")
+            return
+        await http_call(self.config.base_url, run["secret"], "POST", f"/api/runner/tasks/{task_id}/commits",
+                        {"ref": item["ref"], "commit_sha": sha, "how": how})
+        self.log(f"{agent_id}: task {task_id}: commit {sha[:12]} {how}")
+
+    async def fetch_files(self, key: str, task: dict, workspace: str) -> list[str]:
+        """Download into a verification run's ``workspace`` the files the result names (and the task's bundle),
+        each checked against its sha256; returns a line for each, what the prompt shows."""
+        named = {(a["ref"], a["sha256"]) for a in (task.get("result") or {}).get("artifacts", []) if a.get("sha256")}
+        try:
+            listing = await http_call(self.config.base_url, key, "GET", f"/api/tasks/{task['id']}/files")
+        except Exception as e:  # noqa: BLE001 - the run can still read the evidence
+            self.log(f"verification of {task['id']}: the files could not be listed: {e}")
+            return []
+        lines = []
+        for d in listing.get("deliverables", []):
+            if (d["ref"], d["sha256"]) not in named and d["ref"] != f"prickle-{task['id']}.bundle":
+                continue
+            path, why = workspace_file(workspace, d["ref"])
+            if path is None and not why.startswith("there is no file"):
+                lines.append(f"{str(d['ref'])[:80]}: not written ({why})")
+                continue
+            data, _ = await http_call(self.config.base_url, key, "GET", f"/api/deliverables/{d['id']}", raw=True)
+            if hashlib.sha256(data).hexdigest() != d["sha256"]:
+                lines.append(f"{d['ref']}: not written (its bytes do not hash to {d['sha256']})")
+                continue
+            target = os.path.join(os.path.realpath(workspace), *d["ref"].split("/"))
+            os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+            with open(target, "wb") as f:
+                f.write(data)
+            lines.append(f"{d['ref']} ({len(data)} bytes, sha256 {d['sha256']})")
+        return lines
+
+
+###############################################################################
+# Appendix D. The runner at work
 ###############################################################################
 # The Runner: one listener per agent, runs within their limits, a watch on the device's state.
 
 
-class Runner:
+class Runner(RunnerDeliveries):
     """The ``prickle runner`` process: one listener per agent, runs within their limits.
 
     Methods are coroutines on one event loop, so the status they share needs no lock.
@@ -14514,6 +15066,8 @@ class Runner:
         self.waits = {a: McpSession(config.mcp_url, c.key) for a, c in config.agents.items()}
         self.results = {a: McpSession(config.mcp_url, c.key) for a, c in config.agents.items()}
         self.verifying: set[str] = set()  # tasks whose verification this runner runs now
+        self.task_runs: dict[str, dict] = {}  # attempt id -> {task_id, secret, workspace} while its run goes on
+        self.delivering: set[str] = set()  # attempts whose files the runner uploads now
         self.calls = {a: McpSession(config.mcp_url, c.key) for a, c in config.agents.items()}
         self.save()
 
@@ -14767,7 +15321,8 @@ class Runner:
                 attempt_id, task = claim["attempt"]["attempt_id"], claim["task"]
                 workspace = state_path(self.state_dir, "workspaces", f"verify-{task_id}")
                 os.makedirs(workspace, mode=0o700, exist_ok=True)
-                prompt = verify_prompt(task, agent_id)
+                files = await self.fetch_files(claim["execution_credential"]["token"], task, workspace)
+                prompt = verify_prompt(task, agent_id, files)
                 files = self._run_files(attempt_id, prompt, agent.client == "claude")
                 values = {"mcp_url": self.config.mcp_url, "task_id": task_id, "project": task["project"],
                           "role": "verify", "workspace": workspace, "prompt_file": files["prompt_file"],
@@ -14868,6 +15423,10 @@ class Runner:
         for attempt in state.get("runs", []):
             if attempt["state"] not in ("running", "finished") and attempt["attempt_id"] in self.procs:
                 self.stop_run(attempt["attempt_id"], f"the server says the attempt is {attempt['state']}")
+            elif attempt.get("files_wanted") and attempt["attempt_id"] in self.task_runs and \
+                    attempt["attempt_id"] not in self.delivering:
+                self.delivering.add(attempt["attempt_id"])
+                self._spawn(self.deliver(agent_id, attempt["attempt_id"], attempt["files_wanted"]))
 
     async def watch(self) -> None:
         """While any run is going, read each busy agent's device state every RUNNER_WATCH_SECONDS."""
@@ -15127,9 +15686,13 @@ class Runner:
         argv, on_stdin = launch_argv(agent, files, values)
         self.log(f"{agent_id}: task {task_id}: attempt {attempt_id} launch {launch}: {argv[0]} in {workspace}")
         await self.working(agent_id, task)
-        code, how = await self._launch(attempt_id, argv, self._env(secret, values), workspace,
-                                       prompt if on_stdin else None, log_path,
-                                       agent.launch_timeout_minutes * 60, record, agent_id)
+        self.task_runs[attempt_id] = {"task_id": task_id, "secret": secret, "workspace": workspace}
+        try:
+            code, how = await self._launch(attempt_id, argv, self._env(secret, values), workspace,
+                                           prompt if on_stdin else None, log_path,
+                                           agent.launch_timeout_minutes * 60, record, agent_id)
+        finally:
+            self.task_runs.pop(attempt_id, None)
         self._agent(agent_id)["runs"].pop(attempt_id, None)
         self.save()
         if how in ("not_found", "did_not_start"):
@@ -15289,7 +15852,7 @@ class Runner:
 
 
 ###############################################################################
-# Appendix D. The runner's commands and the permission bridge
+# Appendix E. The runner's commands and the permission bridge
 ###############################################################################
 # The runner's own commands, and the permission-prompt bridge Claude Code calls for a step.
 

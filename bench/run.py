@@ -32,6 +32,11 @@ What it measures, against ``prickle serve --demo`` on a fresh database in a temp
    life. 4 Python processes run 2 lives at a time each (8 connections), 2 s warm-up then
    8 s; reported as lives/s and calls/s, with calls/s as a share of echo's at 16 connections
    measured in 1. Every answer must be a success; failures are counted.
+6. A 4 MiB attachment: oj uploads a 4 MiB CSV to their private room (``POST
+   /api/projects/{room}/attachments``), posts a message with it, and reads it back (``GET
+   /api/attachments/{id}``, its bytes compared), one after another over HTTP with a personal
+   token; each sample's bytes differ, so each is stored anew. 20 samples (5 with --quick);
+   the median of the upload plus the post, and of the read.
 
 Run it from the repository with the project's virtualenv active (``wrk`` from Debian's
 ``wrk`` package; without it the Python load generator is used)::
@@ -98,6 +103,7 @@ class Watchdog(BenchError):
 
 @dataclasses.dataclass
 class Settings:
+    attachment_samples: int = 20
     warmup: float = 2.0
     measure: float = 3.0
     rounds: int = 6
@@ -469,6 +475,40 @@ def measure_task_lives(cfg: Settings, prickle: Served, keys: dict[str, str], ass
             "steps": {s: (percentile(v, 50), percentile(v, 99), len(v)) for s, v in steps.items() if v}}
 
 
+# -- a 4 MiB attachment --------------------------------------------------------
+
+#: The reference's largest attachment.
+ATTACHMENT_BYTES = 4 * 1024 * 1024
+
+
+def measure_attachment(cfg: Settings, prickle: Served, person_token: str) -> dict:
+    """Upload a 4 MiB file to the person's private room, post it with a message, read it back; medians in ms."""
+    base = prickle.mcp.removesuffix("/mcp")
+    posting, reading = [], []
+    with httpx.Client(base_url=base, timeout=60, headers={"Authorization": f"Bearer {person_token}"}) as http:
+        rooms = [p["slug"] for p in http.get("/api/projects").json()["projects"] if p["kind"] == "private"]
+        if not rooms:
+            raise BenchError("the demo's person has no private room to attach a file in")
+        for n in range(cfg.attachment_samples):
+            head = f"sample,{n}\n".encode()
+            data = head + b"x" * (ATTACHMENT_BYTES - len(head) - 1) + b"\n"
+            started = time.monotonic()
+            r = http.post(f"/api/projects/{rooms[0]}/attachments", params={"name": "bench.csv"}, content=data)
+            if r.status_code != 200:
+                raise BenchError(f"the upload was refused: {r.status_code} {r.text[:200]}")
+            attachment = r.json()["attachment"]["id"]
+            r = http.post(f"/api/projects/{rooms[0]}/messages", json={"body": f"bench {n}", "attachments": [attachment]})
+            if r.status_code != 200:
+                raise BenchError(f"the message was refused: {r.status_code} {r.text[:200]}")
+            posted = time.monotonic()
+            r = http.get(f"/api/attachments/{attachment}")
+            if r.status_code != 200 or r.content != data:
+                raise BenchError(f"the attachment did not come back whole: {r.status_code}")
+            posting.append((posted - started) * 1000)
+            reading.append((time.monotonic() - posted) * 1000)
+    return {"samples": len(posting), "post_ms": statistics.median(posting), "read_ms": statistics.median(reading)}
+
+
 # -- 1,000 waiters ------------------------------------------------------------
 
 
@@ -585,7 +625,7 @@ def yes_no(ok: bool) -> str:
 
 
 def table(cfg: Settings, tput: dict, wake: dict, waiters: dict, echo_rss: float, prickle_idle: float,
-          handoff: dict, lives: dict) -> list[str]:
+          handoff: dict, lives: dict, attachment: dict) -> list[str]:
     rows = ["| measure | Prickle | echo baseline | target | ok |", "| --- | ---: | ---: | --- | --- |"]
     for agents in (1, AGENTS):
         p, e = tput[("prickle", agents)], tput[("echo", agents)]
@@ -618,6 +658,10 @@ def table(cfg: Settings, tput: dict, wake: dict, waiters: dict, echo_rss: float,
     rows.append(f"| task-life calls/s (5 MCP + 1 HTTP per life; vs echo at {AGENTS} connections) "
                 f"| {lives['calls_per_s']:.0f} ({ratio:.0%} of echo) | {echo:.0f} | no failures "
                 f"| {yes_no(lives['failures'] == 0 and lives['lives'] > 0)} |")
+    rows.append(f"| a message with a 4 MiB attachment: upload and post, median ({attachment['samples']} samples) "
+                f"| {attachment['post_ms']:.0f} ms | n/a | - | - |")
+    rows.append(f"| that attachment read back (GET /api/attachments/ID), median | {attachment['read_ms']:.0f} ms "
+                "| n/a | - | - |")
     return rows
 
 
@@ -719,7 +763,7 @@ def install_signals(budget: int) -> None:
 
 def parse_args(argv: list[str] | None) -> Settings:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 s warm-ups, 2 rounds of 2 s runs, 60 wake and 40 handoff samples")
+    parser.add_argument("--quick", action="store_true", help="1 s warm-ups, 2 rounds of 2 s runs, 60 wake, 40 handoff and 5 attachment samples")
     parser.add_argument("--load", choices=("wrk", "python"), default=None,
                         help="load generator (default: wrk if installed, else Python processes)")
     parser.add_argument("--waiters", type=int, default=WAITERS, help="waiters held at once (default 10,000; at most 20,000; 2,000 with --quick)")
@@ -730,6 +774,7 @@ def parse_args(argv: list[str] | None) -> Settings:
     cfg = Settings(waiters=max(1, min(args.waiters, 20_000)), budget=args.budget, prickle=args.prickle)
     if args.quick:
         cfg.warmup, cfg.measure, cfg.rounds, cfg.wake_samples, cfg.handoff_samples = 1.0, 2.0, 2, 60, 40
+        cfg.attachment_samples = 5
         cfg.waiters = min(cfg.waiters, 2000) if args.waiters == WAITERS else cfg.waiters
     cfg.load = args.load or ("wrk" if shutil.which("wrk") else "python")
     if cfg.load == "wrk" and not shutil.which("wrk"):
@@ -761,11 +806,14 @@ def run(cfg: Settings, tmp: Path, procs: Processes, started: float) -> list[str]
     lives = measure_task_lives(cfg, prickle, {"requester": demo_keys["oj/muse"], "assignee": task_agent["key"],
                                               "person": task_agent["person_token"]}, task_agent["agent"], procs)
     log(f"  {lives['lives_per_s']:.1f} lives/s, {lives['calls_per_s']:.0f} calls/s, {lives['failures']} failures")
+    log("a 4 MiB attachment ...")
+    attachment = measure_attachment(cfg, prickle, task_agent["person_token"])
+    log(f"  upload and post {attachment['post_ms']:.0f} ms, read {attachment['read_ms']:.0f} ms")
     if prickle.proc.poll() is not None:
         raise BenchError(f"prickle serve exited ({prickle.proc.returncode}) during the run")
     server_errors = [ln for ln in prickle.stderr.read_text().splitlines() if ln.strip()]
     took = [f"- the measurements took {time.monotonic() - started:.0f} s"]
-    return (header(cfg) + table(cfg, tput, wake, waiters, echo_rss, prickle_idle, handoff, lives)
+    return (header(cfg) + table(cfg, tput, wake, waiters, echo_rss, prickle_idle, handoff, lives, attachment)
             + details(tput, wake, waiters, server_errors, handoff, lives) + took + hints(tput, wake))
 
 

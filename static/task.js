@@ -3,7 +3,8 @@
 // steps its run asks you to allow (steps.js) and why it was last sent back, cancelled or handed
 // back; then the packet with what the latest evidence report and verdicts say of each criterion,
 // its timeline (timeline.js: messages, checkpoints, results, runs, decisions and state changes in
-// order), its sub-tasks and runs, each result (evidence, evidence report, artifacts), renaming it
+// order), its sub-tasks and runs, each result (evidence, evidence report, artifacts) with the files delivered
+// (deliverables.js), renaming it
 // and what a sub-task waits on, and its thread.
 
 import { get, post, seg } from "./api.js";
@@ -18,6 +19,7 @@ import { timeline, lastReason } from "./timeline.js";
 import { markdownWithRaw } from "./markdown.js";
 import { evidenceRefs } from "./evidence.js";
 import { pausedSentence } from "./pauses.js";
+import { deliverablesSection } from "./deliverables.js";
 import {
   h, heading, field, errorSlot, act, fill, empty, badge, stateBadge, timeEl, words, safeUrl, debounce, announce,
   ownerOf, loadFailed,
@@ -141,10 +143,11 @@ function renderTask(top, body, ctx, detail, approval, stepCards, reload, said) {
     h("section", { class: "section", "aria-labelledby": "subs-heading" },
       h("h2", { id: "subs-heading", text: submissions.length > 1 ? `Results (${submissions.length} revisions)` : "Result" }),
       submissions.length
-        ? [...submissions].reverse().map((s, i) => (i === 0 ? renderSubmission(s, task)
+        ? [...submissions].reverse().map((s, i) => (i === 0 ? renderSubmission(s, task, detail.deliverables)
           : h("details", { class: "older" }, h("summary", { text: `Revision ${s.revision} · ${s.status}` }),
-            renderSubmission(s, task))))
-        : empty("No result yet.")));
+            renderSubmission(s, task, detail.deliverables))))
+        : empty("No result yet.")),
+    detail.deliverables?.length ? deliverablesSection(detail.deliverables) : null);
 }
 
 function renderActions(ctx, detail, approval, stepCards, reload, { said, done }) {
@@ -323,7 +326,7 @@ function criteriaList(criteria, result) {
 
 const SUBMISSION_KIND = { submitted: "info", accepted: "ok", rejected: "danger", superseded: "muted", cancelled: "muted" };
 
-function renderSubmission(sub, task) {
+function renderSubmission(sub, task, deliverables = []) {
   const report = sub.evidence_report || {};
   const stale = new Map((report.stale || []).map((s) => [s.evidence, s.why]));
   return h("article", { class: "submission", dataset: { revision: String(sub.revision) } },
@@ -356,6 +359,7 @@ function renderSubmission(sub, task) {
     evidenceReport(report, task.packet.acceptance_criteria),
     sub.artifacts?.length ? [h("h3", { text: "Artifacts" }), h("ul", { class: "artifacts" }, sub.artifacts.map((a) =>
       h("li", {}, h("code", { text: a.ref }),
+        deliveredLink(a, deliverables),
         a.commit_sha ? h("span", { class: "muted small", title: a.commit_sha, text: ` commit ${a.commit_sha.slice(0, 12)}` }) : null,
         a.sha256 ? h("span", { class: "muted small", title: a.sha256, text: ` sha256 ${a.sha256.slice(0, 12)}…` }) : null)))]
       : null,
@@ -364,6 +368,19 @@ function renderSubmission(sub, task) {
       sub.decided_by ? [h("dt", { text: "Decided by" }), h("dd", { text: actorText(sub.decided_by) })] : null,
       sub.decided_by_policy ? [h("dt", { text: "Policy" }), h("dd", { text: words(sub.decided_by_policy) })] : null,
       sub.reason ? [h("dt", { text: "Reason" }), h("dd", { class: "pre", text: sub.reason })] : null));
+}
+
+/** "open": to the delivered file an artifact names (the same ref and sha256), in "Delivered files" below. */
+function deliveredLink(artifact, deliverables) {
+  const d = artifact.sha256 && deliverables?.find((x) => x.ref === artifact.ref && x.sha256 === artifact.sha256);
+  if (!d) return null;
+  const button = h("button", { type: "button", class: "link small", "aria-label": `Open ${d.ref} below`, text: "open" });
+  button.addEventListener("click", () => {
+    const card = document.querySelector(`.deliverable[data-ref="${CSS.escape(d.ref)}"]`);
+    card?.scrollIntoView({ block: "center" });
+    card?.querySelector("a")?.focus();
+  });
+  return button;
 }
 
 function evidenceReport(report, criteria) {

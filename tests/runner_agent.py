@@ -5,14 +5,18 @@ Prickle's address in ``PRICKLE_MCP_URL``. What it does is read from its task's p
 context (``standin: MODE``): ``ok`` (accept, checkpoint, return a result with evidence
 for each criterion), ``sleep`` (accept, then wait to be stopped), ``quiet`` (accept and
 exit without a result), ``step`` (accept, ask a step with request_step and exit while it waits for
-the owner), ``crash`` (exit 3). A verification run (``PRICKLE_ROLE`` verify) accepts the result of
-the task its agent asked for. In a private room (``PRICKLE_ROLE`` draft,
+the owner), ``crash`` (exit 3), ``deliver`` (write refund-policy.md, return it first under a wrong
+sha256, then fixed), ``commit`` (commit refund-policy.md on the task's branch and return the commit).
+A verification run (``PRICKLE_ROLE`` verify) checks every file its prompt says is in its workspace
+against the result's sha256, then accepts the result of the task its agent asked for. In a private room (``PRICKLE_ROLE`` draft,
 review or revise) it posts its one reply with a verdict.
 """
 
 import asyncio
+import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -38,6 +42,11 @@ async def main() -> None:
             if role == "verify":  # a verification run: accept what came back, criterion by criterion
                 task = (await call(c, "check_inbox", {}))["requested"][0]
                 result = task["result"]
+                for a in result["artifacts"]:
+                    if a.get("sha256") and "in the current directory" in prompt:
+                        with open(a["ref"], "rb") as f:
+                            same = hashlib.sha256(f.read()).hexdigest() == a["sha256"]
+                        print(f"stand-in: verified the file {a['ref']}: sha256 {'ok' if same else 'WRONG'}", flush=True)
                 await call(c, "accept_result", {
                     "task_id": task["id"], "submission_id": result["submission_id"], "revision": result["revision"],
                     "artifacts": result["artifacts"], "verdicts": [
@@ -77,6 +86,30 @@ async def main() -> None:
                     return
             await call(c, "checkpoint", {"task_id": task_id, "checkpoint": {"progress": "Drafted."}})
             criteria = task["packet"]["acceptance_criteria"]
+            if mode in ("deliver", "commit"):
+                policy = b"# Refund policy\n\nRefunds within **30 days**, no questions asked.\n"
+                with open("refund-policy.md", "wb") as f:
+                    f.write(policy)
+                digest = hashlib.sha256(policy).hexdigest()
+                if mode == "commit":
+                    git = ["git", "-c", "user.name=stand-in", "-c", "user.email=standin@example.org"]
+                    subprocess.run(git + ["add", "refund-policy.md"], check=True)
+                    subprocess.run(git + ["commit", "-q", "-m", "The refund policy"], check=True)
+                    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+                    artifacts = [{"ref": f"prickle/{task_id}", "commit_sha": head}]
+                else:
+                    artifacts = [{"ref": "refund-policy.md", "sha256": digest}]
+                    wrong = await c.call_tool("return_result", {
+                        "task_id": task_id, "summary": "The refund policy.", "artifacts": [
+                            {"ref": "refund-policy.md", "sha256": "0" * 64}], "evidence": [
+                            {"kind": "note", "summary": "The policy.", "criteria": list(range(len(criteria)))}]})
+                    print(f"stand-in: first return: {wrong.content[0].text}", flush=True)
+                out = await call(c, "return_result", {
+                    "task_id": task_id, "summary": "The refund policy, written.", "artifacts": artifacts,
+                    "evidence": [{"kind": "note", "summary": "The policy as delivered.", "artifact": 0,
+                                  "criteria": list(range(len(criteria)))}]})
+                print(json.dumps({"returned": task_id, "state": out["task"]["state"]}), flush=True)
+                return
             await call(c, "return_result", {"task_id": task_id, "summary": "Done by the stand-in.", "evidence": [
                 {"kind": "note", "summary": f"Shows: {text}", "criteria": [i]} for i, text in enumerate(criteria)]})
             print(json.dumps({"returned": task_id}), flush=True)

@@ -285,7 +285,8 @@ def test_a_run_that_ends_with_its_task_says_so_and_a_stopped_task_waits_on_stopp
     # Finished: its result is in.
     mcp.ok("ren/builder", "return_result", {"task_id": task["id"], "summary": "Done.", "evidence": [
         {"kind": "test_output", "summary": "Counted.", "content": "6 words", "criteria": [0, 1]}],
-        "artifacts": [{"ref": "hero.md", "sha256": "a" * 64}]}, token=again["execution_credential"]["token"])
+        "artifacts": [{"ref": "https://example.com/hero.md", "sha256": "a" * 64}]},
+        token=again["execution_credential"]["token"])
     # Cancelled: a second task's run ends with it.
     other = mcp.ok("oj/muse", "handoff", P | {"to": "ren/builder", "packet": {
         "task": "Draft the footer.", "deliverable_type": "doc", "acceptance_criteria": ["Two lines."]}})

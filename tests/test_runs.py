@@ -231,7 +231,8 @@ def test_a_requesting_agents_runner_claims_a_verification_run_that_can_only_read
                                      json={"idempotency_key": key}, headers={"Authorization": f"Bearer {muse_runner}"})
     assert verify("v0").status_code == 409  # nothing to verify yet
     sub = mcp.ok("ren/builder", "return_result", {"task_id": task["id"], "summary": "Done.", "evidence": [
-        evidence([0, 1])], "artifacts": [{"ref": "hero.md", "sha256": "a" * 64}]}, token=work)["submission"]
+        evidence([0, 1])], "artifacts": [{"ref": "https://example.com/hero.md", "sha256": "a" * 64}]},
+        token=work)["submission"]
     claim = verify("v1").json()
     cred = claim["execution_credential"]
     assert cred["allowed_tools"] == ["get_project_context", "read_room", "check_inbox", "accept_result",
