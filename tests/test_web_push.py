@@ -77,9 +77,9 @@ def test_a_push_shows_a_notification_and_its_click_opens_the_item_in_the_open_ta
                "data": {"url": url}}
     cdp.send("ServiceWorker.deliverPushMessage", {"origin": base, "registrationId": registrations[0],
                                                    "data": json.dumps(message)})
-    shown = page.evaluate("""async () => {  // waits (up to 10 s) for the worker to show it
+    shown = page.evaluate("""async () => {  // waits (up to 30 s, on a busy machine) for the worker to show it
         const reg = await navigator.serviceWorker.ready;
-        for (let tries = 0; tries < 200; tries++) {
+        for (let tries = 0; tries < 600; tries++) {
             const list = await reg.getNotifications();
             if (list.length) return list.map((n) => ({title: n.title, body: n.body, tag: n.tag, data: n.data}));
             await new Promise((resolve) => setTimeout(resolve, 50));
