@@ -7653,6 +7653,27 @@ def _run_cause(task: dict) -> dict:
             "rule_id": gate.get("rule_id"), "approval_id": gate.get("approval_id")}
 
 
+def _live_device(db: Database, actor: Actor) -> dict:
+    """The paired device of a runner key; Forbidden when the device was revoked (or is gone)."""
+    device = db.one("SELECT d.* FROM devices d JOIN credentials c ON c.device_id = d.id WHERE c.id = ?",
+                    (actor.credential_id,))
+    if device is None or device["revoked_at"]:
+        raise Forbidden("this runner key belongs to no live paired device: pair the device again")
+    return device
+
+
+def _run_credential(db: Database, actor: Actor, task: dict, device: dict, attempt: dict,
+                    launch_timeout: _dt.timedelta, tools: tuple, now: _dt.datetime) -> dict:
+    """Mint a claimed attempt's execution credential (inside the claim's transaction); the claim's answer."""
+    record, secret = mint_credential(db, "execution", agent_id=actor.agent_id, project=task["project"],
+                                     ttl=launch_timeout, device_id=device["id"], task_id=attempt["task_id"],
+                                     attempt_id=attempt["id"], allowed_tools=tools,
+                                     issued_by=actor.credential_id, at=now)
+    db.execute("UPDATE attempts SET credential_id = ? WHERE id = ?", (record["id"], attempt["id"]))
+    return {"attempt": {"attempt_id": attempt["id"], "task_id": attempt["task_id"], "claimed_at": attempt["claimed_at"]},
+            "execution_credential": {"token": secret, "expires_at": record["expires_at"], "allowed_tools": list(tools)}}
+
+
 def claim_task(db: Database, actor: Actor, task_id: str, idempotency_key: str, wake: dict | None,
                launch_timeout: _dt.timedelta) -> dict:
     """A paired runner claims a task routed to its agent: the attempt and an execution credential, shown once.
@@ -7666,10 +7687,7 @@ def claim_task(db: Database, actor: Actor, task_id: str, idempotency_key: str, w
         raise Forbidden("only a paired runner device can claim a task: use the runner key 'prickle device pair' made")
     expire_due(db, "approval")
     with db.transaction():
-        device = db.one("SELECT d.* FROM devices d JOIN credentials c ON c.device_id = d.id WHERE c.id = ?",
-                        (actor.credential_id,))
-        if device is None or device["revoked_at"]:
-            raise Forbidden("this runner key belongs to no live paired device: pair the device again")
+        device = _live_device(db, actor)
         check_not_paused(db, actor.agent_id)
         task = require_task_role(db, actor, task_id, "assignee")
         if wake is not None and wake.get("message_id") != task["origin_message_id"]:
@@ -7707,14 +7725,7 @@ def claim_task(db: Database, actor: Actor, task_id: str, idempotency_key: str, w
                                                            "device": device["id"], "approval": gate.get("approval_id")})
         elif attempt["credential_id"]:
             revoke_credentials(db, "id = ?", (attempt["credential_id"],), "claim_retried")
-        record, secret = mint_credential(db, "execution", agent_id=actor.agent_id, project=task["project"],
-                                         ttl=launch_timeout, device_id=device["id"], task_id=task_id,
-                                         attempt_id=attempt["id"], allowed_tools=RUN_TOOLS,
-                                         issued_by=actor.credential_id, at=now)
-        db.execute("UPDATE attempts SET credential_id = ? WHERE id = ?", (record["id"], attempt["id"]))
-    return {"attempt": {"attempt_id": attempt["id"], "task_id": task_id, "claimed_at": attempt["claimed_at"]},
-            "execution_credential": {"token": secret, "expires_at": record["expires_at"],
-                                     "allowed_tools": list(RUN_TOOLS)}}
+        return _run_credential(db, actor, task, device, attempt, launch_timeout, RUN_TOOLS, now)
 
 
 def claim_verification(db: Database, actor: Actor, task_id: str, idempotency_key: str,
@@ -7732,10 +7743,7 @@ def claim_verification(db: Database, actor: Actor, task_id: str, idempotency_key
     if actor.credential_kind != "runner":
         raise Forbidden("only a paired runner device can claim a verification run")
     with db.transaction():
-        device = db.one("SELECT d.* FROM devices d JOIN credentials c ON c.device_id = d.id WHERE c.id = ?",
-                        (actor.credential_id,))
-        if device is None or device["revoked_at"]:
-            raise Forbidden("this runner key belongs to no live paired device: pair the device again")
+        device = _live_device(db, actor)
         check_not_paused(db, actor.agent_id)
         task = require_task_role(db, actor, task_id, "requester")
         if lifecycle_state(task) != "verifying_by_agent":
@@ -7763,15 +7771,8 @@ def claim_verification(db: Database, actor: Actor, task_id: str, idempotency_key
             append_event(db, task["project"], "task.updated", {"task": task_out(db, task)})  # live views
         elif attempt["credential_id"]:
             revoke_credentials(db, "id = ?", (attempt["credential_id"],), "claim_retried")
-        record, secret = mint_credential(db, "execution", agent_id=actor.agent_id, project=task["project"],
-                                         ttl=launch_timeout, device_id=device["id"], task_id=task_id,
-                                         attempt_id=attempt["id"], allowed_tools=VERIFY_TOOLS,
-                                         issued_by=actor.credential_id, at=now)
-        db.execute("UPDATE attempts SET credential_id = ? WHERE id = ?", (record["id"], attempt["id"]))
-    return {"attempt": {"attempt_id": attempt["id"], "task_id": task_id, "claimed_at": attempt["claimed_at"]},
-            "execution_credential": {"token": secret, "expires_at": record["expires_at"],
-                                     "allowed_tools": list(VERIFY_TOOLS)},
-            "task": task_out(db, task_id)}
+        claimed = _run_credential(db, actor, task, device, attempt, launch_timeout, VERIFY_TOOLS, now)
+    return claimed | {"task": task_out(db, task_id)}
 
 
 def verification_state(db: Database, task: dict) -> str | None:
