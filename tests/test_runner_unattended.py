@@ -30,6 +30,14 @@ def hand(mcp, mode: str, task: str = "Draft the hero copy.") -> str:
     return out["task"]["id"]
 
 
+def standin_runner(db_path, tmp_path, base):
+    """ren/builder's runner config (a paired device, the stand-in agent), and ren's gate letting oj's handoffs in."""
+    key = cli_json(db_path, "device", "pair", "ren/builder", "--name", "ren-laptop")["token"]
+    cli_json(db_path, "rule", "set", "ren", "--decision", "allow", "--from-owner", "oj")
+    return write_config(tmp_path / "runner.toml", base, {
+        "ren/builder": {"key": key, "client": "command", "command": STANDIN_AGENT}})
+
+
 def runs_of(ren, task_id):
     return ren.get(f"/api/tasks/{task_id}").json()["runs"]
 
@@ -39,12 +47,9 @@ def test_a_server_restart_leaves_no_runner_deaf_and_no_run_running_without_a_pro
     port = _free_port()
     first = Served(db_path, "--demo", "--port", str(port))
     base = first.info["url"]
-    key = cli_json(db_path, "device", "pair", "ren/builder", "--name", "ren-laptop")["token"]
-    cli_json(db_path, "rule", "set", "ren", "--decision", "allow", "--from-owner", "oj")
+    config = standin_runner(db_path, tmp_path, base)
     muse_key = first.info["demo"]["keys"]["oj/muse"]
     ren_token = cli_json(db_path, "token", "create", "--person", "ren")["token"]
-    config = write_config(tmp_path / "runner.toml", base, {
-        "ren/builder": {"key": key, "client": "command", "command": STANDIN_AGENT}})
     with RunnerProcess(config) as runner:
         try:
             runner.wait_connected("ren/builder")
@@ -141,10 +146,7 @@ def test_a_runner_whose_cli_cant_run_says_so_and_its_failed_launch_shows_failed_
 def test_team_pulse_says_the_agent_is_working_while_its_run_goes_on(db_path, tmp_path):
     with Served(db_path, "--demo") as served:
         base = served.info["url"]
-        key = cli_json(db_path, "device", "pair", "ren/builder", "--name", "ren-laptop")["token"]
-        cli_json(db_path, "rule", "set", "ren", "--decision", "allow", "--from-owner", "oj")
-        config = write_config(tmp_path / "runner.toml", base, {
-            "ren/builder": {"key": key, "client": "command", "command": STANDIN_AGENT}})
+        config = standin_runner(db_path, tmp_path, base)
         with RunnerProcess(config) as runner, person(base, cli_json(db_path, "token", "create", "--person", "ren")[
                 "token"]) as ren, httpx.Client(base_url=base, timeout=60) as http:
             runner.wait_connected("ren/builder")
@@ -253,10 +255,7 @@ def test_a_step_decided_while_its_run_is_still_ending_runs_the_task_again(db_pat
     go = tmp_path / "go"
     with Served(db_path, "--demo") as served:
         base = served.info["url"]
-        key = cli_json(db_path, "device", "pair", "ren/builder", "--name", "ren-laptop")["token"]
-        cli_json(db_path, "rule", "set", "ren", "--decision", "allow", "--from-owner", "oj")
-        config = write_config(tmp_path / "runner.toml", base, {
-            "ren/builder": {"key": key, "client": "command", "command": STANDIN_AGENT}})
+        config = standin_runner(db_path, tmp_path, base)
         with RunnerProcess(config) as runner, person(base, cli_json(db_path, "token", "create", "--person", "ren")[
                 "token"]) as ren, httpx.Client(base_url=base, timeout=60) as http:
             runner.wait_connected("ren/builder")
