@@ -15225,9 +15225,7 @@ class Runner(RunnerDeliveries):
         first = True
         while True:
             # Back from an outage: a short wait first, so the status says connected at once.
-            args: dict = {"timeout_seconds": RUNNER_WAIT_SECONDS if state["connected"] else 1}
-            if state["cursor"]:
-                args["cursor"] = state["cursor"]
+            short = not state["connected"]
             try:
                 if first:
                     if not state["cursor"]:  # a cursor first, so nothing falls between the inbox and the wait
@@ -15244,6 +15242,10 @@ class Runner(RunnerDeliveries):
                 state["listening"] = True
                 state["beat"] = time.monotonic()
                 self.save()
+                # The cursor is read only now: one taken above covers what the inbox did not show yet.
+                args: dict = {"timeout_seconds": 1 if short else RUNNER_WAIT_SECONDS}
+                if state["cursor"]:
+                    args["cursor"] = state["cursor"]
                 out = await self.waits[agent_id].call("wait_for_mention", args, timeout=RUNNER_WAIT_SECONDS)
             except asyncio.CancelledError:
                 raise

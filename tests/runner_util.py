@@ -122,8 +122,11 @@ def all_logs(state_dir: Path) -> str:
     return "".join(p.read_text() for p in sorted(state_dir.rglob("*.log")))
 
 
-def person(base: str, token: str) -> httpx.Client:
-    return httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {token}"})
+def person(base: str, token: str, *, keep_alive: bool = True) -> httpx.Client:
+    """A people's-API client for ``token``. Across a server that gets killed, ask for no ``keep_alive``:
+    a pooled connection to the dead server would be dropped unclosed (a ResourceWarning)."""
+    limits = httpx.Limits() if keep_alive else httpx.Limits(max_keepalive_connections=0)
+    return httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {token}"}, limits=limits)
 
 
 def task_state(http: httpx.Client, task_id: str) -> dict:

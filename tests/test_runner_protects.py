@@ -127,8 +127,11 @@ def test_a_server_that_names_a_path_for_an_id_gets_nothing_written_outside_the_s
                     "task": "Draft the footer.", "deliverable_type": "doc", "acceptance_criteria": ["Two lines."]}})
                 assert ren.post(f"/api/approvals/{held['gate']['approval_id']}",
                                 json={"decision": "approve"}).status_code == 200
-                said = wait_until(f"the runner to refuse the id ({asked})", lambda: "is not an id" in runner.log()
-                                  and runner.log())
+                try:
+                    said = wait_until("the runner to refuse the id", lambda: "is not an id" in runner.log()
+                                      and runner.log())
+                except AssertionError:
+                    raise AssertionError(f"the proxy answered {asked}; the runner said:\n{runner.log()}") from None
             assert proxy.rewritten
         assert not any(p.name.startswith("outside") for p in tmp_path.rglob("*")), sorted(tmp_path.rglob("*"))
         assert not (runner.state_dir / "workspaces").exists() or all(

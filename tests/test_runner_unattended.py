@@ -272,3 +272,30 @@ def test_a_step_decided_while_its_run_is_still_ending_runs_the_task_again(db_pat
             [consumed] = audit_entries(prickle.Database(db_path), PROJECT, "step.consumed")
             assert (consumed["refs"]["asked_by"], consumed["refs"]["used_by"]) == (first["attempt_id"],
                                                                                   second["attempt_id"])
+
+
+def test_a_task_routed_while_the_runner_reads_its_inbox_on_connect_still_starts_a_run(db_path, tmp_path):
+    """The runner takes a cursor, reads its inbox, then waits: a task routed in between is in its first wait.
+
+    The proxy hands the task over just before the runner's first inbox read reaches it, so the inbox
+    answer does not have it and only the cursor taken before can bring it.
+    """
+    from hostile_proxy import HostileProxy
+    with Served(db_path, "--demo") as served, httpx.Client(base_url=served.info["url"], timeout=60) as http:
+        base = served.info["url"]
+        muse = MCP(http, {"oj/muse": served.info["demo"]["keys"]["oj/muse"]})
+        handed: list[str] = []
+
+        def hand_during_first_inbox(tool, out):
+            if tool == "check_inbox" and not handed:
+                assert not [t for t in out.get("assigned", []) if t["state"] == "routed"]
+                handed.append(hand(muse, "ok"))
+            return False
+
+        with HostileProxy(base, hand_during_first_inbox) as proxy, \
+                RunnerProcess(standin_runner(db_path, tmp_path, proxy.url)) as runner, \
+                person(base, cli_json(db_path, "token", "create", "--person", "ren")["token"]) as ren:
+            runner.wait_connected("ren/builder")
+            assert handed
+            wait_until("the task's result", lambda: task_state(ren, handed[0])["state"] == "verifying")
+            assert [r["state"] for r in runs_of(ren, handed[0])] == ["finished"]

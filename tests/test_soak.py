@@ -113,7 +113,8 @@ def test_twenty_tasks_complete_while_the_server_and_a_runner_are_killed_at_chose
             keys = server.info["demo"]["keys"]
             cli_json(db_path, "rule", "set", "ren", "--decision", "allow", "--from-owner", "oj")
             cli_json(db_path, "rule", "set", "oj", "--decision", "allow", "--from-owner", "ren")
-            people = {h: person(base, cli_json(db_path, "token", "create", "--person", h)["token"]) for h in ("oj", "ren")}
+            people = {h: person(base, cli_json(db_path, "token", "create", "--person", h)["token"], keep_alive=False)
+                      for h in ("oj", "ren")}
             configs = {}
             for handle, agent in (("oj", "oj/muse"), ("ren", "ren/builder")):
                 (tmp_path / handle).mkdir()
