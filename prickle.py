@@ -179,6 +179,12 @@ import mcp_types
 import pydantic
 import pydantic_core
 from mcp.server import Server as _MCPServer
+from mcp.server import _streamable_http_modern as sdk_http_modern
+from mcp.server.connection import Connection
+from mcp.server.runner import serve_one
+from mcp.shared.inbound import classify_inbound_request
+from mcp.shared.message import ServerMessageMetadata
+from mcp.shared.transport_context import TransportContext
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
@@ -10651,6 +10657,7 @@ async def wait_for_wakes(db: Database, hub: WakeHub, actor: Actor, args: dict, t
     it; any other is a resync. Mentions no wait has handed out yet come first, at once (see
     pending_wakes). A credential revoked meanwhile ends the wait with Unauthorized and no data; the
     agent taken out of a project the wait covers ends it with NotFound (see _check_still_in).
+    While a runner's wait_for_mention is held, its agent counts as listening (see listening).
     """
     project = args.get("project")
     if project is not None:
@@ -10668,7 +10675,8 @@ async def wait_for_wakes(db: Database, hub: WakeHub, actor: Actor, args: dict, t
     deadline = started + timeout
     next_tick = started + PROGRESS_EVERY
     first = True
-    with _sheddable() as shed:
+    heard = listening(db, actor) if tool == "wait_for_mention" else contextlib.nullcontext()
+    with heard, _sheddable() as shed:
         while True:
             with hub.waiting(hub.agent_waiters, agent) as fut:
                 shed.fut = fut
@@ -11151,24 +11159,51 @@ async def _tool_pulse(state: AppState, actor: Actor, args: dict, ctx: Any) -> di
     return update_pulse(state.db, actor, args["project"], args, ttl)
 
 
+#: What a wait_for_updates progress notification says.
+WAITING_NOTE = "still waiting for updates"
+
+
+async def _look_or_wait(state: AppState, actor: Actor, args: dict, ctx: Any, tool: str, kinds: tuple[str, ...],
+                        timeout: float, progress: Any = None) -> tuple[str, list[dict], str]:
+    """wait_for_wakes for a waiting tool, or, on a call MCPEndpoint holds itself, one look and a held wait.
+
+    ``progress`` is the progress token of a wait_for_updates call that asked for progress. On a held
+    call (``prickle.hold`` in the request's scope) the first pass only looks: what is there now is the
+    answer; with nothing there, the rest of the wait goes into the hold for MCPEndpoint to run, and the
+    second pass returns its outcome (or raises its error) to be shaped as any tool result is.
+    """
+    hold = ctx.request.scope.get("prickle.hold") if ctx is not None and ctx.request is not None else None
+    if hold is None:
+        async def tick(elapsed: float) -> None:
+            await ctx.session.report_progress(round(elapsed), timeout, WAITING_NOTE)
+        return await wait_for_wakes(state.db, state.hub, actor, args, tool, kinds, timeout,
+                                    tick if progress is not None else None)
+    if "outcome" in hold:
+        outcome = hold.pop("outcome")
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+    found = await wait_for_wakes(state.db, state.hub, actor, args, tool, kinds, 0)
+    if found[0] != "timeout":
+        return found
+    db, hub, rest = state.db, state.hub, dict(args, cursor=found[2])
+    hold["wait"] = lambda seconds, tick: wait_for_wakes(db, hub, actor, rest, tool, kinds, seconds, tick)
+    hold["timeout"], hold["progress"] = timeout, progress
+    return found
+
+
 async def _tool_wait_mention(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
-    with listening(state.db, actor):
-        status, wakes, cursor = await wait_for_wakes(state.db, state.hub, actor, args, "wait_for_mention",
-                                                     WAKE_KINDS["wait_for_mention"], args["timeout_seconds"])
+    status, wakes, cursor = await _look_or_wait(state, actor, args, ctx, "wait_for_mention",
+                                                WAKE_KINDS["wait_for_mention"], args["timeout_seconds"])
     return {"status": status, "events": [wake_event(state.db, w) for w in wakes], "cursor": cursor}
 
 
 async def _tool_wait_updates(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
     token = progress_token_from_params(ctx.params) if ctx is not None else None
     timeout = args["timeout_seconds"] if token is not None else min(args["timeout_seconds"], WAIT_PLAIN_MAX)
-
-    async def tick(elapsed: float) -> None:
-        await ctx.session.report_progress(round(elapsed), timeout, "still waiting for updates")
-
     wanted = args.get("kinds", WAKE_KINDS["wait_for_updates"])
     kinds = tuple(k for k in WAKE_KINDS["wait_for_updates"] if UPDATE_KIND_OF.get(k, k) in wanted)
-    status, wakes, cursor = await wait_for_wakes(state.db, state.hub, actor, args, "wait_for_updates", kinds,
-                                                 timeout, tick if token is not None else None)
+    status, wakes, cursor = await _look_or_wait(state, actor, args, ctx, "wait_for_updates", kinds, timeout, token)
     return {"status": "updates" if status == "events" else status,
             "updates": [update_pointer(w) for w in wakes], "cursor": cursor}
 
@@ -11495,13 +11530,96 @@ def build_mcp_server(state: AppState) -> _MCPServer:
     )
 
 
+#: The tools whose calls of the sessionless era MCPEndpoint holds itself while they wait (see _hold_wait).
+HELD_TOOLS = frozenset({"wait_for_mention", "wait_for_updates"})
+
+
+class _HeldWait:
+    """One held wait of MCPEndpoint._hold_wait: run it, frame it as the SDK would, shape its answer with the SDK.
+
+    It keeps the request's body, the hold the tool filled in (``wait``, ``timeout``, ``progress``) and
+    two tasks: the wait, and one that hears the client leave (then the wait ends unanswered, as in
+    the SDK). Progress notifications and pings go out as the SDK's own frames.
+    """
+
+    def __init__(self, manager: StreamableHTTPSessionManager, scope: dict, receive: Any, send: Any, body: bytes,
+                 hold: dict):
+        self.manager, self.scope, self.receive, self.send, self.body = manager, scope, receive, send, body
+        self.hold, self.frames, self.streaming = hold, [], False
+        self.poke: asyncio.Future | None = None
+
+    async def _tick(self, elapsed: float) -> None:
+        params = {"progressToken": self.hold["progress"], "progress": round(elapsed), "total": self.hold["timeout"],
+                  "message": WAITING_NOTE}
+        self.frames.append(sdk_http_modern._sse_event(mcp_types.JSONRPCNotification(
+            jsonrpc="2.0", method="notifications/progress", params=params)))
+        if self.poke is not None and not self.poke.done():
+            self.poke.set_result(None)
+
+    async def _flush(self) -> None:
+        if not self.streaming:
+            self.streaming = True
+            await self.send({"type": "http.response.start", "status": 200, "headers": sdk_http_modern._SSE_HEADERS})
+        body, self.frames = b"".join(self.frames) or b": ping\r\n\r\n", []
+        await self.send({"type": "http.response.body", "body": body, "more_body": True})
+
+    async def answer(self, started: float) -> None:
+        """Hold the wait until it ends, then send its answer; ``started`` is when the request came (loop time)."""
+        loop = asyncio.get_running_loop()
+        seconds = max(0.0, self.hold["timeout"] - (loop.time() - started))
+        tick = self._tick if self.hold["progress"] is not None else None
+        waiting = loop.create_task(self.hold.pop("wait")(seconds, tick))
+        gone = loop.create_task(self.receive())  # the body is read: what comes next is the client leaving
+        ping_at = started + sdk_http_modern._SSE_PING_INTERVAL
+        try:
+            while not waiting.done():
+                self.poke = loop.create_future()
+                await asyncio.wait({waiting, gone, self.poke}, timeout=max(0.0, ping_at - loop.time()),
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if gone.done():
+                    return
+                if not waiting.done() and (self.frames or loop.time() >= ping_at):
+                    await self._flush()
+                    ping_at = loop.time() + sdk_http_modern._SSE_PING_INTERVAL
+            if self.frames:
+                await self._flush()
+            try:
+                self.hold["outcome"] = waiting.result()
+            except Exception as e:  # noqa: BLE001 - the tool's error, shaped by the second pass
+                self.hold["outcome"] = e
+            await self._send_answer()
+        finally:
+            for task in (waiting, gone):
+                task.cancel()
+            await asyncio.gather(waiting, gone, return_exceptions=True)
+
+    async def _send_answer(self) -> None:
+        """Serve the call once more through the SDK (the tool returns the held outcome) and send its answer."""
+        request = Request(self.scope)
+        decoded = json.loads(self.body)
+        rpc = mcp_types.JSONRPCRequest.model_validate(decoded)
+        verdict = classify_inbound_request(decoded, headers=dict(request.headers))
+        connection = Connection.from_envelope(verdict.protocol_version, verdict.client_info,
+                                              verdict.client_capabilities)
+        dctx = sdk_http_modern._SingleExchangeDispatchContext(
+            transport=TransportContext(kind="streamable-http", can_send_request=False, headers=request.headers),
+            request_id=rpc.id, message_metadata=ServerMessageMetadata(request_context=request))
+        msg = await sdk_http_modern._to_jsonrpc_response(rpc.id, serve_one(
+            self.manager.app, dctx, rpc.method, rpc.params, connection=connection,
+            lifespan_state=self.manager._lifespan_state))
+        if self.streaming:
+            await self.send({"type": "http.response.body", "body": sdk_http_modern._sse_event(msg), "more_body": False})
+        else:
+            await sdk_http_modern._write(msg, self.scope, self.receive, self.send)
+
+
 class MCPEndpoint:
     """``/mcp``: resolve the bearer token to an agent, then hand over to the SDK's transport."""
 
     HEADERS = (b"authorization", b"mcp-protocol-version", b"mcp-method", b"mcp-name")
 
-    def __init__(self, state: AppState, transport: Any):
-        self.state, self.transport = state, transport
+    def __init__(self, state: AppState, manager: StreamableHTTPSessionManager):
+        self.state, self.manager, self.transport = state, manager, StreamableHTTPASGIApp(manager)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         headers = {k: v for k, v in scope["headers"] if k in self.HEADERS}
@@ -11527,7 +11645,43 @@ class MCPEndpoint:
         if scope["method"] != "POST":
             await self.transport(scope, receive, send)
             return
+        if version in MODERN_VERSIONS and name is not None and name.name in HELD_TOOLS:
+            await self._hold_wait(scope, receive, send)
+            return
         await self._answer_malformed_bodies_ourselves(scope, receive, send)
+
+    async def _hold_wait(self, scope: dict, receive: Any, send: Any) -> None:
+        """A waiting tool's call of the sessionless era, held here rather than in the SDK's pipeline.
+
+        The SDK serves the call as any other, so every check and refusal is its own, but the tool only
+        looks (see _look_or_wait). With nothing there yet, that answer is dropped and the wait is held
+        here: the SDK's per-request task group, streams and models are most of what a held call costs,
+        and a server holds thousands. The answer then goes through the SDK's result shaping and the
+        SDK's framing: JSON within 15 s, else an event stream with its pings and progress notifications.
+        """
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        body, more = b"", True
+        while more and len(body) <= self.state.settings.max_body_bytes:  # beyond: the SDK refuses it
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # gone before its body arrived
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        replay = [{"type": "http.request", "body": body, "more_body": more}]
+
+        async def again() -> dict:
+            return replay.pop() if replay else await receive()
+
+        hold: dict = {}
+        scope["prickle.hold"] = hold
+
+        async def unless_held(message: dict) -> None:
+            if "wait" not in hold:
+                await send(message)
+
+        await self._answer_malformed_bodies_ourselves(scope, again, unless_held)
+        if "wait" in hold:
+            await _HeldWait(self.manager, scope, receive, send, body, hold).answer(started)
 
     async def _answer_malformed_bodies_ourselves(self, scope: dict, receive: Any, send: Any) -> None:
         """Let the SDK answer; where it refuses a body it could not read, say what is wrong in our words.
@@ -12948,7 +13102,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
             db.close()
             checkpointer.close()
 
-    mcp_endpoint = MCPEndpoint(state, StreamableHTTPASGIApp(manager))
+    mcp_endpoint = MCPEndpoint(state, manager)
     routes = [
         Route("/mcp", endpoint=mcp_endpoint, methods=["GET", "POST", "DELETE"]),
         *(Route(path, endpoint, methods=[method]) for method, path, endpoint in ROUTES),

@@ -1,12 +1,17 @@
 """wait_for_mention and wait_for_updates: wakes, cursors, resync, progress, other writers."""
 
 import datetime
+import json
+import socket
 import subprocess
 import sys
 import time
 
+import httpx
+
 import prickle
-from conftest import PROJECT, in_thread
+from conftest import MCP, PROJECT, Served, in_thread
+from runner_util import wait_until
 from helpers import make_task, post
 
 
@@ -240,3 +245,83 @@ def test_a_cursor_older_than_what_pruning_kept_gets_resync_and_a_cursor_that_wor
                    "cursor": prickle.wake_cursor(world.db, scope, prickle.outbox_head(world.db))}
     m = post(mcp, "ren/builder", "@muse after the resync")
     assert wait(mcp, "oj/muse", cursor=out["cursor"])["events"] == [{"kind": "mention", "message": m}]
+
+
+def _wire(r) -> tuple[str, list[str], dict]:
+    """A tools/call answer as (media type, its SSE lines other than data, the JSON-RPC answer)."""
+    kind = r.headers["content-type"].split(";")[0]
+    if kind == "text/event-stream":
+        lines = [ln for ln in r.text.split("\r\n") if ln]
+        answers = [json.loads(ln[5:]) for ln in lines if ln.startswith("data:")]
+        return kind, [ln for ln in lines if not ln.startswith("data:")], answers[-1]
+    return kind, [], r.json()
+
+
+def test_a_held_wait_is_answered_as_the_sdk_answers_a_call_it_serves_at_once(mcp, world):
+    """A wait with something to hand out is the SDK's answer; one held until a post wakes it is shaped the same."""
+    token = world.keys["oj/muse"]
+    params = {"name": "wait_for_mention", "arguments": {"timeout_seconds": 5}}
+    post(mcp, "ren/builder", "@muse at once")
+    at_once = mcp.raw(token, "tools/call", params, "wait_for_mention")
+    cursor = at_once.json()["result"]["structuredContent"]["cursor"]
+    join = in_thread(mcp.raw, token, "tools/call",
+                     {"name": "wait_for_mention", "arguments": {"timeout_seconds": 5, "cursor": cursor}},
+                     "wait_for_mention")
+    wait_until_held(mcp, "oj/muse")
+    woken_by = post(mcp, "ren/builder", "@muse later")
+    held = join()
+    (kind_a, _, a), (kind_b, _, b) = _wire(at_once), _wire(held)
+    assert (at_once.status_code, held.status_code, kind_a, kind_b) == (200, 200, "application/json", "application/json")
+    assert sorted(a) == sorted(b) == ["id", "jsonrpc", "result"]
+    assert sorted(a["result"]) == sorted(b["result"])
+    assert a["result"]["_meta"] == b["result"]["_meta"] and a["result"]["isError"] is b["result"]["isError"] is False
+    assert b["result"]["structuredContent"]["events"] == [{"kind": "mention", "message": woken_by}]
+    assert json.loads(b["result"]["content"][0]["text"]) == b["result"]["structuredContent"]
+
+
+def wait_until_held(mcp, agent: str, deadline: float = 10.0) -> None:
+    """Until the server holds a wait of ``agent`` (its WakeHub has a waiter for it)."""
+    hub = mcp.client.app.state.prickle.hub
+    until = time.monotonic() + deadline
+    while not hub.agent_waiters.get(agent):
+        assert time.monotonic() < until, f"no wait of {agent} held"
+        time.sleep(0.01)
+
+
+def test_a_held_wait_past_the_switch_streams_pings_then_its_answer(mcp, world, monkeypatch):
+    """Silent past the SDK's switch (15 s; 0.2 s here) a held wait becomes an event stream of pings, then the answer."""
+    monkeypatch.setattr(prickle.sdk_http_modern, "_SSE_PING_INTERVAL", 0.2)
+    r = mcp.raw(world.keys["oj/muse"], "tools/call", {"name": "wait_for_mention", "arguments": {"timeout_seconds": 1}},
+                "wait_for_mention")
+    kind, others, answer = _wire(r)
+    assert (r.status_code, kind) == (200, "text/event-stream")
+    assert r.headers["cache-control"] == "no-cache, no-transform"
+    assert set(others) == {": ping", "event: message"} and others.count(": ping") >= 3
+    assert answer["result"]["structuredContent"]["status"] == "timeout"
+    assert answer["id"] == mcp._id
+
+
+def test_a_held_wait_whose_client_leaves_is_let_go(db_path):
+    """A real server: the wait of a client that closes its connection ends at once, as the SDK's would."""
+    with Served(db_path, "--demo") as served, httpx.Client(base_url=served.info["url"], timeout=30) as http:
+        key = served.info["demo"]["keys"]["oj/muse"]
+        mcp = MCP(http, {"oj/muse": key})
+
+        def waits() -> int:
+            return http.get("/healthz").json()["waits"]
+        mcp.ok("oj/muse", "wait_for_mention", {"timeout_seconds": 1})  # the demo's welcome, a missed mention
+        body = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+            "name": "wait_for_mention", "arguments": {"timeout_seconds": 50},
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                      "io.modelcontextprotocol/clientInfo": {"name": "tests", "version": "1"},
+                      "io.modelcontextprotocol/clientCapabilities": {}}}}).encode()
+        host, port = httpx.URL(served.info["url"]).host, httpx.URL(served.info["url"]).port
+        request = (f"POST /mcp HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                   "Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\n"
+                   f"Mcp-Method: tools/call\r\nMcp-Name: wait_for_mention\r\nAuthorization: Bearer {key}\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        with socket.create_connection((host, port)) as leaving:
+            leaving.sendall(request)
+            wait_until("the wait held", lambda: waits() == 1, timeout=10)
+        wait_until("the wait let go", lambda: waits() == 0, timeout=10)
+        assert mcp.ok("oj/muse", "wait_for_mention", {"timeout_seconds": 1})["status"] == "timeout"
