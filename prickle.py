@@ -88,11 +88,13 @@ Part III. Serving: MCP, the web API, the live streams, the server and the comman
   37. MCP -- the Tool table (TOOLS), waits with progress, the MCP server, the /mcp endpoint and
       its sessions
   38. Live streams -- the event stream and long polls of a project and of a person
-  39. The people's API -- the /api handlers (parse, call the operation, shape the answer),
+  39. The runner's API and files over HTTP -- the runner's and a run's HTTP calls, and the
+      files people and agents fetch (attachments, deliverables, a PDF's pages)
+  40. The people's API -- the /api handlers (parse, call the operation, shape the answer),
       signing in and the route table (ROUTES)
-  40. The server -- the background pieces, the connection guard and create_app
-  41. The command line: serving -- the prickle group (cli), serve, init, the demo and main
-  42. The command line: the team's administration -- person, team, project, member, invite,
+  41. The server -- the background pieces, the connection guard and create_app
+  42. The command line: serving -- the prickle group (cli), serve, init, the demo and main
+  43. The command line: the team's administration -- person, team, project, member, invite,
       agent, rule, device, token, memory, audit, backup and connect
 
 Appendices: the runner: the program on a teammate's computer; it uses only chapter 1
@@ -108,7 +110,7 @@ Appendices: the runner: the program on a teammate's computer; it uses only chapt
       connect|start|status|bridge
 
 The end
-  43. Entry points -- the runner's commands join prickle's
+  44. Entry points -- the runner's commands join prickle's
 """
 
 from __future__ import annotations
@@ -5412,6 +5414,47 @@ def file_response(data: bytes, content_type: str, name: str | None, inline: bool
     if sha256:
         headers["X-Content-SHA256"] = sha256
     return Response(data, media_type=content_type, headers=headers)
+
+
+#: A PDF's first pages the page shows as pictures; the rest are read in the download.
+PDF_PREVIEW_PAGES = 3
+
+#: The width a PDF page is drawn at for its picture (pixels, at most).
+PDF_PREVIEW_WIDTH = 1000
+
+#: pdfium is not thread-safe: one PDF is read at a time (which also keeps a burst of previews to one core).
+_PDFIUM = threading.Lock()
+
+
+def pdf_page_picture(data: bytes, page: Any) -> tuple[bytes, int]:
+    """Page ``page`` (1-based) of a PDF drawn as a PNG at most PDF_PREVIEW_WIDTH pixels wide (and
+    twice that high), with the PDF's page count: ``(png, pages)``. pdfium reads the PDF and draws it
+    without running its scripts or forms. Raises InvalidInput for bytes pdfium can't read (damaged,
+    or locked with a password) and NotFound for a page outside the preview's first
+    PDF_PREVIEW_PAGES."""
+    import pypdfium2
+    if isinstance(page, bool) or not isinstance(page, int):
+        raise InvalidInput("page: give a page number, 1 for the first")
+    with _PDFIUM:
+        try:
+            pdf = pypdfium2.PdfDocument(data)
+        except pypdfium2.PdfiumError:
+            raise InvalidInput("the PDF could not be read (damaged, or locked with a password): download it "
+                               "to open it") from None
+        try:
+            pages = len(pdf)
+            shown = min(pages, PDF_PREVIEW_PAGES)
+            if not 1 <= page <= shown:
+                raise NotFound(f"page: the preview shows page 1 to {shown} of {pages}; download the PDF for "
+                               "the rest")
+            sheet = pdf[page - 1]
+            width, height = sheet.get_size()
+            scale = min(2.0, PDF_PREVIEW_WIDTH / max(width, 1.0), 2 * PDF_PREVIEW_WIDTH / max(height, 1.0))
+            picture = io.BytesIO()
+            sheet.render(scale=scale).to_pil().save(picture, "PNG")
+            return picture.getvalue(), pages
+        finally:
+            pdf.close()
 
 
 def prune_files(db: Database, now: _dt.datetime | None = None) -> int:
@@ -12045,7 +12088,141 @@ def _event_stream(state: AppState, start: int, gap: str | None, projects: Callab
 
 
 ###############################################################################
-# 39. The people's API
+# 39. The runner's API and files over HTTP
+###############################################################################
+# What a runner (and a run's credential) calls over HTTP besides MCP: proposing and finishing
+# actions, connecting a computer, telling how a run ended, claiming a verification, and handing in
+# the files a result names; and the files themselves as people and agents fetch them (an
+# attachment, a task's deliverables, a PDF's pages as pictures).
+
+
+async def api_upload_attachment(state: AppState, person: Actor, request: Request, body: bytes) -> dict:
+    """POST /api/projects/{slug}/attachments?name=: the body is the image's or the file's bytes
+    (``name`` for a file); ``{"attachment"}`` whose ``id`` a message's ``attachments`` then takes."""
+    limit = state.settings.files_per_project_mb * 1024 * 1024
+    return {"attachment": upload_attachment(state.db, person, request.path_params["slug"], body,
+                                            request.query_params.get("name"), limit)}
+
+
+async def api_attachment(state: AppState, person: Actor, request: Request, body: Any) -> Response:
+    """GET /api/attachments/{id}: the bytes, for someone who may read the message they went with (an image
+    inline, a file as a download under its name; see :func:`file_response`)."""
+    row, data = read_attachment(state.db, person, request.path_params["id"])
+    return file_response(data, row["content_type"], row["name"], row["kind"] == "image")
+
+
+async def runner_propose(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
+    """POST /api/runner/actions {tool, action, prompt, cost_estimate?}: propose an Approve card."""
+    return {"action": propose_action(state.db, agent, body_field(body, "tool", str), body_field(body, "action", str),
+                                     body_field(body, "prompt", str), body_field(body, "cost_estimate", str, False))}
+
+
+async def runner_claim_action(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
+    """POST /api/runner/actions/{id}/claim: use the approval, once."""
+    return {"action": claim_action(state.db, agent, request.path_params["action_id"])}
+
+
+async def runner_finish_action(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
+    """POST /api/runner/actions/{id}/finish {body} or {failure}: post the result or a failure."""
+    return {"action": finish_action(state.db, agent, request.path_params["action_id"],
+                                    body_field(body, "body", str, False), body_field(body, "failure", str, False))}
+
+
+async def runner_connect(state: AppState, nobody: None, request: Request, body: dict) -> dict:
+    """POST /api/runner/connect {name, clis}: a computer asks to connect; a code, a link and a collect secret."""
+    return request_connect(state.db, body_field(body, "name", str), body.get("clis"),
+                           public_base(state.db, state.settings, state.port),
+                           request.client.host if request.client else None)
+
+
+async def runner_collect(state: AppState, nobody: None, request: Request, body: dict) -> dict:
+    """POST /api/runner/connect/collect {request_id, collect_secret}: pending, or the approved keys once."""
+    return collect_connect(state.db, body_field(body, "request_id", str), body_field(body, "collect_secret", str),
+                           public_base(state.db, state.settings, state.port))
+
+
+async def runner_ended(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
+    """POST /api/runner/attempts/{id}/ended {reason?}: a run this runner launched ended without a result."""
+    return end_run(state.db, agent, request.path_params["attempt_id"], body_field(body, "reason", str, False))
+
+
+async def runner_uncertain(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
+    """POST /api/runner/attempts/{id}/uncertain {reason?}: a run this runner can't vouch for."""
+    return mark_uncertain(state.db, agent, request.path_params["attempt_id"], body_field(body, "reason", str, False))
+
+
+async def runner_verify(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
+    """POST /api/runner/tasks/{id}/verify {idempotency_key}: the requesting agent's runner claims a verification run."""
+    return claim_verification(state.db, agent, request.path_params["task_id"],
+                              body_field(body, "idempotency_key", str),
+                              _dt.timedelta(minutes=state.settings.launch_timeout_minutes))
+
+
+async def runner_upload_file(state: AppState, run: Actor, request: Request, body: bytes) -> dict:
+    """POST /api/runner/tasks/{id}/files?ref=&sha256= (the run's credential): the body is one file of the run's
+    workspace its result names; ``{"deliverable"}``. See :func:`upload_deliverable`."""
+    q = request.query_params
+    return {"deliverable": upload_deliverable(state.db, run, request.path_params["task_id"], q.get("ref"),
+                                              q.get("sha256"), body, state.settings.files_per_project_mb << 20)}
+
+
+async def runner_refuse_file(state: AppState, run: Actor, request: Request, body: dict) -> dict:
+    """POST /api/runner/tasks/{id}/files/refused {ref, sha256 or commit_sha, reason} (the run's credential): a
+    file or a commit the result names can't be delivered (missing, outside the workspace, too big, not on the
+    task's branch); return_result tells the run why."""
+    unknown = sorted(set(body) - {"ref", "sha256", "commit_sha", "reason"})
+    if unknown:
+        raise InvalidInput(f"unknown field {unknown[0]}: send ref, sha256 (or commit_sha) and reason")
+    pin = body_field(body, "commit_sha" if "commit_sha" in body else "sha256", str)
+    refuse_file(state.db, run, request.path_params["task_id"], body_field(body, "ref", str), pin,
+                check_text(body_field(body, "reason", str), "reason", 300))
+    return {"ok": True}
+
+
+async def runner_commit_delivered(state: AppState, run: Actor, request: Request, body: dict) -> dict:
+    """POST /api/runner/tasks/{id}/commits {ref, commit_sha, how} (the run's credential): a commit the result names
+    was pushed to the repository's remote, or bundled among the task's deliverables."""
+    unknown = sorted(set(body) - {"ref", "commit_sha", "how"})
+    if unknown:
+        raise InvalidInput(f"unknown field {unknown[0]}: send ref, commit_sha and how")
+    commit_delivered(state.db, run, request.path_params["task_id"], body_field(body, "ref", str),
+                     body_field(body, "commit_sha", str), check_text(body_field(body, "how", str), "how", 300))
+    return {"ok": True}
+
+
+async def api_pdf_page(state: AppState, reader: Actor, request: Request, body: Any) -> Response:
+    """GET /api/attachments/{id}/pages/{page} and /api/deliverables/{id}/pages/{page}: one of a PDF's first
+    pages as a PNG (see pdf_page_picture), for whoever may read the file; ``X-Page-Count`` tells how many
+    pages the PDF has."""
+    read = read_deliverable if request.url.path.startswith("/api/deliverables/") else read_attachment
+    row, data = read(state.db, reader, request.path_params["id"])
+    if row["content_type"] != "application/pdf":
+        raise InvalidInput(f"this file is {row['content_type']}, not a PDF: open it as it is")
+    picture, pages = await asyncio.to_thread(pdf_page_picture, data, request.path_params["page"])
+    response = file_response(picture, "image/png", None, True)
+    response.headers["X-Page-Count"] = str(pages)
+    return response
+
+
+async def api_task_files(state: AppState, reader: Actor, request: Request, body: Any) -> dict:
+    """GET /api/tasks/{id}/files: the files delivered for a task (a person who sees it, an agent who may read it)."""
+    return {"deliverables": task_files_for(state.db, reader, request.path_params["task_id"])}
+
+
+async def api_deliverable(state: AppState, reader: Actor, request: Request, body: Any) -> Response:
+    """GET /api/deliverables/{id}[?download=1]: a delivered file's bytes, never run by the browser.
+
+    ``nosniff`` and a Content-Security-Policy that allows nothing and sandboxes; what the page
+    previews (DELIVERABLE_PREVIEWS) comes inline unless ``download``, everything else always as a
+    download under its file name, as ``application/octet-stream``. ``X-Content-SHA256`` carries the hash."""
+    row, data = read_deliverable(state.db, reader, request.path_params["id"])
+    inline = row["content_type"] in DELIVERABLE_PREVIEWS and request.query_params.get("download") is None
+    media = row["content_type"] if row["content_type"] in DELIVERABLE_PREVIEWS else "application/octet-stream"
+    return file_response(data, media, row["ref"].rsplit("/", 1)[-1], inline, row["sha256"])
+
+
+###############################################################################
+# 40. The people's API
 ###############################################################################
 
 
@@ -12126,21 +12303,6 @@ async def api_post(state: AppState, person: Actor, request: Request, body: dict)
     message = post_message(state.db, person, request.path_params["slug"], body_field(body, "body", str),
                            task_id=task_id, in_reply_to=in_reply_to, attachments=body.get("attachments"))
     return {"message": message}
-
-
-async def api_upload_attachment(state: AppState, person: Actor, request: Request, body: bytes) -> dict:
-    """POST /api/projects/{slug}/attachments?name=: the body is the image's or the file's bytes
-    (``name`` for a file); ``{"attachment"}`` whose ``id`` a message's ``attachments`` then takes."""
-    limit = state.settings.files_per_project_mb * 1024 * 1024
-    return {"attachment": upload_attachment(state.db, person, request.path_params["slug"], body,
-                                            request.query_params.get("name"), limit)}
-
-
-async def api_attachment(state: AppState, person: Actor, request: Request, body: Any) -> Response:
-    """GET /api/attachments/{id}: the bytes, for someone who may read the message they went with (an image
-    inline, a file as a download under its name; see :func:`file_response`)."""
-    row, data = read_attachment(state.db, person, request.path_params["id"])
-    return file_response(data, row["content_type"], row["name"], row["kind"] == "image")
 
 
 def _message_ref(body: dict) -> tuple[str, Any]:
@@ -12484,106 +12646,10 @@ async def api_decide_action(state: AppState, person: Actor, request: Request, bo
                                     body_field(body, "decision", str))}
 
 
-async def runner_propose(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
-    """POST /api/runner/actions {tool, action, prompt, cost_estimate?}: propose an Approve card."""
-    return {"action": propose_action(state.db, agent, body_field(body, "tool", str), body_field(body, "action", str),
-                                     body_field(body, "prompt", str), body_field(body, "cost_estimate", str, False))}
-
-
-async def runner_claim_action(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
-    """POST /api/runner/actions/{id}/claim: use the approval, once."""
-    return {"action": claim_action(state.db, agent, request.path_params["action_id"])}
-
-
-async def runner_finish_action(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
-    """POST /api/runner/actions/{id}/finish {body} or {failure}: post the result or a failure."""
-    return {"action": finish_action(state.db, agent, request.path_params["action_id"],
-                                    body_field(body, "body", str, False), body_field(body, "failure", str, False))}
-
-
-async def runner_connect(state: AppState, nobody: None, request: Request, body: dict) -> dict:
-    """POST /api/runner/connect {name, clis}: a computer asks to connect; a code, a link and a collect secret."""
-    return request_connect(state.db, body_field(body, "name", str), body.get("clis"),
-                           public_base(state.db, state.settings, state.port),
-                           request.client.host if request.client else None)
-
-
-async def runner_collect(state: AppState, nobody: None, request: Request, body: dict) -> dict:
-    """POST /api/runner/connect/collect {request_id, collect_secret}: pending, or the approved keys once."""
-    return collect_connect(state.db, body_field(body, "request_id", str), body_field(body, "collect_secret", str),
-                           public_base(state.db, state.settings, state.port))
-
-
 async def api_connect_decide(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/connect/{code} {decision: approve|refuse, typed_code?, agents?: [{cli, agent_id} | {cli, create}]}."""
     return decide_connect(state.db, person, request.path_params["code"], body_field(body, "decision", str),
                           body.get("agents"), body.get("typed_code"))
-
-
-async def runner_ended(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
-    """POST /api/runner/attempts/{id}/ended {reason?}: a run this runner launched ended without a result."""
-    return end_run(state.db, agent, request.path_params["attempt_id"], body_field(body, "reason", str, False))
-
-
-async def runner_uncertain(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
-    """POST /api/runner/attempts/{id}/uncertain {reason?}: a run this runner can't vouch for."""
-    return mark_uncertain(state.db, agent, request.path_params["attempt_id"], body_field(body, "reason", str, False))
-
-
-async def runner_verify(state: AppState, agent: Actor, request: Request, body: dict) -> dict:
-    """POST /api/runner/tasks/{id}/verify {idempotency_key}: the requesting agent's runner claims a verification run."""
-    return claim_verification(state.db, agent, request.path_params["task_id"],
-                              body_field(body, "idempotency_key", str),
-                              _dt.timedelta(minutes=state.settings.launch_timeout_minutes))
-
-
-async def runner_upload_file(state: AppState, run: Actor, request: Request, body: bytes) -> dict:
-    """POST /api/runner/tasks/{id}/files?ref=&sha256= (the run's credential): the body is one file of the run's
-    workspace its result names; ``{"deliverable"}``. See :func:`upload_deliverable`."""
-    q = request.query_params
-    return {"deliverable": upload_deliverable(state.db, run, request.path_params["task_id"], q.get("ref"),
-                                              q.get("sha256"), body, state.settings.files_per_project_mb << 20)}
-
-
-async def runner_refuse_file(state: AppState, run: Actor, request: Request, body: dict) -> dict:
-    """POST /api/runner/tasks/{id}/files/refused {ref, sha256 or commit_sha, reason} (the run's credential): a
-    file or a commit the result names can't be delivered (missing, outside the workspace, too big, not on the
-    task's branch); return_result tells the run why."""
-    unknown = sorted(set(body) - {"ref", "sha256", "commit_sha", "reason"})
-    if unknown:
-        raise InvalidInput(f"unknown field {unknown[0]}: send ref, sha256 (or commit_sha) and reason")
-    pin = body_field(body, "commit_sha" if "commit_sha" in body else "sha256", str)
-    refuse_file(state.db, run, request.path_params["task_id"], body_field(body, "ref", str), pin,
-                check_text(body_field(body, "reason", str), "reason", 300))
-    return {"ok": True}
-
-
-async def runner_commit_delivered(state: AppState, run: Actor, request: Request, body: dict) -> dict:
-    """POST /api/runner/tasks/{id}/commits {ref, commit_sha, how} (the run's credential): a commit the result names
-    was pushed to the repository's remote, or bundled among the task's deliverables."""
-    unknown = sorted(set(body) - {"ref", "commit_sha", "how"})
-    if unknown:
-        raise InvalidInput(f"unknown field {unknown[0]}: send ref, commit_sha and how")
-    commit_delivered(state.db, run, request.path_params["task_id"], body_field(body, "ref", str),
-                     body_field(body, "commit_sha", str), check_text(body_field(body, "how", str), "how", 300))
-    return {"ok": True}
-
-
-async def api_task_files(state: AppState, reader: Actor, request: Request, body: Any) -> dict:
-    """GET /api/tasks/{id}/files: the files delivered for a task (a person who sees it, an agent who may read it)."""
-    return {"deliverables": task_files_for(state.db, reader, request.path_params["task_id"])}
-
-
-async def api_deliverable(state: AppState, reader: Actor, request: Request, body: Any) -> Response:
-    """GET /api/deliverables/{id}[?download=1]: a delivered file's bytes, never run by the browser.
-
-    ``nosniff`` and a Content-Security-Policy that allows nothing and sandboxes; what the page
-    previews (DELIVERABLE_PREVIEWS) comes inline unless ``download``, everything else always as a
-    download under its file name, as ``application/octet-stream``. ``X-Content-SHA256`` carries the hash."""
-    row, data = read_deliverable(state.db, reader, request.path_params["id"])
-    inline = row["content_type"] in DELIVERABLE_PREVIEWS and request.query_params.get("download") is None
-    media = row["content_type"] if row["content_type"] in DELIVERABLE_PREVIEWS else "application/octet-stream"
-    return file_response(data, media, row["ref"].rsplit("/", 1)[-1], inline, row["sha256"])
 
 
 async def api_start_run(state: AppState, person: Actor, request: Request, body: dict) -> dict:
@@ -12875,6 +12941,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("POST", "/api/projects/{slug}/unread", _api(api_mark_unread)),
     ("POST", "/api/projects/{slug}/attachments", _api(api_upload_attachment, raw=True)),
     ("GET", "/api/attachments/{id}", _api(api_attachment)),
+    ("GET", "/api/attachments/{id}/pages/{page:int}", _api(api_pdf_page)),
     ("GET", "/api/stream", api_person_stream),
     ("GET", "/api/events", _api(api_person_events)),
     ("POST", "/api/approvals/{approval_id}", _api(api_decide)),
@@ -12912,6 +12979,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("POST", "/api/runner/tasks/{task_id}/commits", _api(runner_commit_delivered, who=run_from_request)),
     ("GET", "/api/tasks/{task_id}/files", _api(api_task_files, who=reader_from_request)),
     ("GET", "/api/deliverables/{id}", _api(api_deliverable, who=reader_from_request)),
+    ("GET", "/api/deliverables/{id}/pages/{page:int}", _api(api_pdf_page, who=reader_from_request)),
     ("POST", "/api/tasks/{task_id}/verify", _api(_operation(request_verification, "task_id"))),
     ("GET", "/api/connect/{code}", _api(_operation(connect_view, "code"))),
     ("POST", "/api/connect/{code}", _api(api_connect_decide)),
@@ -12942,7 +13010,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
 
 
 ###############################################################################
-# 40. The server
+# 41. The server
 ###############################################################################
 # The server's own pieces: the background work (pruning, expiry, checkpoints, digests), the
 # guard on connections, and create_app, which puts every chapter together.
@@ -13356,7 +13424,7 @@ class _GuardedConnection:
 
 
 ###############################################################################
-# 41. The command line: serving
+# 42. The command line: serving
 ###############################################################################
 # ``prickle``: one group of commands on the database file, also while the server runs. With
 # --json every command prints exactly one JSON object; a failure is one line on stderr.
@@ -13794,7 +13862,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 ###############################################################################
-# 42. The command line: the team's administration
+# 43. The command line: the team's administration
 ###############################################################################
 
 
@@ -16187,7 +16255,7 @@ def runner_bridge() -> None:
 
 
 ###############################################################################
-# 43. Entry points
+# 44. Entry points
 ###############################################################################
 # ``prickle runner`` is defined in the appendices; it joins the ``prickle`` group here.
 

@@ -1,6 +1,6 @@
 // deliverables.js — the files a task's runs delivered with their results, on the task page: each
 // with its name (its path in the run's workspace), size and sha256, a preview of what the page can
-// show safely (an image, Markdown, text, a CSV table) and a download. The bytes are fetched with the
+// show safely (an image, Markdown, text, a CSV table, a PDF's first pages) and a download. The bytes are fetched with the
 // page's own credentials and their sha256 is checked in the browser before anything is shown or
 // saved; a file whose bytes do not match says so and is neither previewed nor offered.
 
@@ -10,6 +10,7 @@ import { h, badge, empty, timeEl } from "./ui.js";
 
 const PREVIEW_ROWS = 50;
 const PREVIEW_TEXT = 20000;
+const PDF_PAGES = 3;  // the server draws a PDF's first three pages (PDF_PREVIEW_PAGES)
 
 /** The "Delivered files" section of a task page (detail.deliverables, newest first). */
 export function deliverablesSection(deliverables) {
@@ -65,13 +66,36 @@ function render(d, bytes, blob, name) {
   if (d.content_type.startsWith("image/")) {
     return h("img", { src: URL.createObjectURL(blob), alt: `Preview of ${name}`, class: "deliverable-image" });
   }
-  if (d.content_type === "application/pdf") {
-    return h("p", { class: "muted small", text: "A PDF: download it to open it." });
-  }
+  if (d.content_type === "application/pdf") return pdfPages(d.url, name);
   const text = new TextDecoder().decode(bytes).slice(0, PREVIEW_TEXT);
   if (d.content_type === "text/markdown") return markdown(text, { class: "deliverable-md" });
   if (d.content_type === "text/csv") return csvTable(text, name);
   return h("pre", { class: "code small deliverable-text", text });
+}
+
+/** A PDF's first pages as pictures the server draws (GET …/pages/N; X-Page-Count says how many there are). */
+function pdfPages(url, name) {
+  const box = h("div", { class: "deliverable-pdf" });
+  const note = h("p", { class: "muted small", text: "Drawing the first pages…" });
+  box.append(note);
+  (async () => {
+    const headers = token() ? { Authorization: `Bearer ${token()}` } : {};
+    let pages = 1;
+    for (let n = 1; n <= Math.min(pages, PDF_PAGES); n++) {
+      const response = await fetch(`${url}/pages/${n}`, { headers, credentials: "same-origin" });
+      if (!response.ok) {
+        const problem = await response.json().catch(() => ({}));
+        note.textContent = `No preview: ${problem.error?.message || `HTTP ${response.status}`}`;
+        return;
+      }
+      pages = Number(response.headers.get("X-Page-Count")) || 1;
+      const src = URL.createObjectURL(await response.blob());
+      box.insertBefore(h("img", { src, class: "deliverable-page", alt: `Page ${n} of ${pages} of ${name}` }), note);
+    }
+    note.textContent = pages > PDF_PAGES ? `The first ${PDF_PAGES} of ${pages} pages; download the PDF for the rest.`
+      : `${pages} ${pages === 1 ? "page" : "pages"}.`;
+  })().catch((err) => { note.textContent = `No preview: ${err.message || err}`; });
+  return box;
 }
 
 /** A CSV's first rows as a table (quoted fields with commas and doubled quotes read as CSV reads them). */

@@ -340,3 +340,23 @@ def clock(monkeypatch):
 def _settings(port: int, **smtp) -> prickle.Settings:
     return prickle.Settings(smtp=prickle.SmtpSettings(host="127.0.0.1", port=port, tls="none", from_address=FROM,
                                                       **smtp))
+
+
+def pdf_bytes(pages: int, rgb: tuple[float, float, float] = (1, 0, 0)) -> bytes:
+    """A valid PDF of ``pages`` US Letter pages (612 x 792 pt), each with a filled square of ``rgb``
+    (0..1 each) from (106, 196) to (506, 596) pt: its middle is the middle of the page."""
+    objects = ["<< /Type /Catalog /Pages 2 0 R >>",
+               "<< /Type /Pages /Kids [%s] /Count %d >>" % (" ".join(f"{3 + 2 * i} 0 R" for i in range(pages)), pages)]
+    stream = "%g %g %g rg 106 196 400 400 re f" % rgb
+    for i in range(pages):
+        objects.append(f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents {4 + 2 * i} 0 R >>")
+        objects.append(f"<< /Length {len(stream)} >>\nstream\n{stream}\nendstream")
+    out, offsets = b"%PDF-1.4\n", []
+    for n, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += f"{n} 0 obj\n{body}\nendobj\n".encode()
+    xref = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
+    out += "".join(f"{o:010d} 00000 n \n" for o in offsets).encode()
+    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    return out

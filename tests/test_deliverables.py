@@ -9,13 +9,14 @@ that is not this task's run: each refused naming the field, nothing kept.
 
 from __future__ import annotations
 
+import io
 import socket
 
 import httpx
 
 import prickle
 from conftest import MCP, Served, audit_entries, in_thread
-from helpers import PROJECT, claimed, cli_json, evidence, paired, person, routed
+from helpers import PROJECT, claimed, cli_json, evidence, paired, pdf_bytes, person, routed
 
 POLICY = b"# Refund policy\n\nRefunds within **30 days**, no questions asked.\n"
 DIGEST = prickle.sha256_hex(POLICY)
@@ -247,3 +248,54 @@ def test_an_upload_cut_short_on_the_wire_is_refused_and_keeps_nothing(db_path):
         db = prickle.Database(db_path)
         assert (db.scalar("SELECT count(*) FROM deliverables"), db.scalar("SELECT count(*) FROM blobs")) == (0, 0)
         db.close()
+
+
+def test_a_pdf_deliverable_shows_its_first_pages_as_pictures(mcp, server, world):
+    """The page previews a PDF by pictures the server draws of its first three pages; no more, nothing run."""
+    from PIL import Image
+    document = pdf_bytes(4)
+    digest = prickle.sha256_hex(document)
+    task_id, run, runner = running(mcp, server, world)
+    join = returning(mcp, task_id, run, [{"ref": "out/brief.pdf", "sha256": digest}])
+    wanted(server, runner)
+    delivered = upload(server, task_id, run, document, "out/brief.pdf", digest).json()["deliverable"]
+    assert (delivered["content_type"], delivered["preview"]) == ("application/pdf", True)
+    assert join()[1]["task"]["state"] == "verifying"
+    oj = person(server, world, "oj")
+    for n in (1, 2, 3):
+        r = oj.get(f"{delivered['url']}/pages/{n}")
+        assert r.status_code == 200, r.text
+        assert (r.headers["content-type"], r.headers["x-page-count"], r.headers["x-content-type-options"],
+                r.headers["content-security-policy"]) == ("image/png", "4", "nosniff", "default-src 'none'; sandbox")
+        picture = Image.open(io.BytesIO(r.content))
+        assert picture.size == (1000, 1295)  # 612 x 792 pt drawn 1000 px wide (pdfium rounds up)
+        assert picture.convert("RGB").getpixel((500, 647)) == (255, 0, 0)  # the square's middle
+        assert picture.convert("RGB").getpixel((20, 20)) == (255, 255, 255)
+    # The requesting agent may read them too, with its own key.
+    assert server.get(f"{delivered['url']}/pages/1", headers=bearer(world.keys["oj/muse"])).status_code == 200
+    for n in (0, 4):
+        r = oj.get(f"{delivered['url']}/pages/{n}")
+        assert (r.status_code, r.json()["error"]["message"]) == (
+            404, "page: the preview shows page 1 to 3 of 4; download the PDF for the rest")
+    r = server.get(f"{delivered['url']}/pages/1", headers=bearer(world.tokens["sam"]))
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        404, f"deliverable: no deliverable '{delivered['id']}' of a task you can see")
+
+
+def test_a_damaged_pdf_or_another_file_has_no_pages_to_show(mcp, server, world):
+    task_id, run, runner = running(mcp, server, world)
+    broken = b"%PDF-1.4\nnot really a PDF\n%%EOF\n"
+    files = {"broken.pdf": broken, "refund-policy.md": POLICY}
+    join = returning(mcp, task_id, run, [{"ref": ref, "sha256": prickle.sha256_hex(d)} for ref, d in files.items()])
+    wanted(server, runner)
+    urls = {ref: upload(server, task_id, run, data, ref, prickle.sha256_hex(data)).json()["deliverable"]["url"]
+            for ref, data in files.items()}
+    assert join()[1]["task"]["state"] == "verifying"
+    oj = person(server, world, "oj")
+    r = oj.get(urls["broken.pdf"] + "/pages/1")
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        400, "the PDF could not be read (damaged, or locked with a password): download it to open it")
+    r = oj.get(urls["refund-policy.md"] + "/pages/1")
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        400, "this file is text/markdown, not a PDF: open it as it is")
+    assert oj.get(urls["broken.pdf"]).content == broken  # the download is still there

@@ -15,7 +15,7 @@ import json
 
 import prickle
 from conftest import audit_entries
-from helpers import ROOM, T0, person
+from helpers import ROOM, T0, pdf_bytes, person
 
 from PIL import Image
 
@@ -190,3 +190,16 @@ def test_a_private_room_sessions_prompt_lists_the_attachments_and_how_to_read_th
             "  - 40x30 image (image/png, 120 bytes): prickle://attachments/att_1\n"
             "  - file brief.pdf (application/pdf, 900 bytes): prickle://attachments/att_2\n") in prompt
     assert "Attached" not in prickle.room_prompt({"role": "draft", "project": ROOM}, message | {"attachments": []})
+
+
+def test_a_pdf_attachment_shows_its_first_page_as_a_picture_to_those_who_may_read_it(mcp, server, world):
+    doc = upload(server, world, pdf_bytes(1, (0, 0, 1)), "brief.pdf").json()["attachment"]
+    person(server, world, "oj").post(f"/api/projects/{ROOM}/messages", {"body": "the brief",
+                                                                        "attachments": [doc["id"]]})
+    r = person(server, world, "oj").get(f"/api/attachments/{doc['id']}/pages/1")
+    assert (r.status_code, r.headers["content-type"], r.headers["x-page-count"]) == (200, "image/png", "1")
+    assert Image.open(io.BytesIO(r.content)).convert("RGB").getpixel((500, 647)) == (0, 0, 255)
+    r = person(server, world, "oj").get(f"/api/attachments/{doc['id']}/pages/2")
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        404, "page: the preview shows page 1 to 1 of 1; download the PDF for the rest")
+    assert person(server, world, "ren").get(f"/api/attachments/{doc['id']}/pages/1").status_code == 404

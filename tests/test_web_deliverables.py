@@ -1,4 +1,4 @@
-"""The task page shows the files a run delivered: a Markdown file, an image and a CSV previewed, each
+"""The task page shows the files a run delivered: a Markdown file, an image, a CSV and a PDF previewed, each
 with its sha256 checked in the browser and a download (Chromium, at a laptop's and a phone's width).
 
 The run is a runner's (a paired device claims the task); the files go up with the run's credential
@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 from browser import PROJECT, cli_json, expect, goto, mcp, shot
 
+from helpers import pdf_bytes
 from PIL import Image
 
 AXE = Path(__file__).resolve().parent.parent / ".cache" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
@@ -36,7 +37,7 @@ def chart() -> bytes:
 
 
 def delivered_task(served) -> tuple[str, dict[str, bytes]]:
-    """A task ren/builder's runner ran, whose result names three files its runner uploaded."""
+    """A task ren/builder's runner ran, whose result names four files its runner uploaded."""
     base = served.info["url"]
     runner = cli_json(served.db, "device", "pair", "ren/builder", "--name", "ren-laptop")["token"]
     cli_json(served.db, "rule", "set", "ren", "--decision", "allow", "--from-owner", "oj")
@@ -46,7 +47,8 @@ def delivered_task(served) -> tuple[str, dict[str, bytes]]:
     claim = mcp(served, "ren/builder", "claim_task", {"task_id": task["id"], "idempotency_key": "k1"}, key=runner)
     run = claim["execution_credential"]["token"]
     mcp(served, "ren/builder", "accept_task", {"task_id": task["id"]}, key=run)
-    files = {"refund-policy.md": POLICY, "charts/refunds.png": chart(), "data/refunds.csv": TABLE}
+    files = {"refund-policy.md": POLICY, "charts/refunds.png": chart(), "data/refunds.csv": TABLE,
+             "legal/terms.pdf": pdf_bytes(2, (0.2, 0.4, 0.8))}
     done: dict = {}
     returning = threading.Thread(target=lambda: done.update(out=mcp(served, "ren/builder", "return_result", {
         "task_id": task["id"], "summary": "The refund policy, its chart and its numbers.",
@@ -77,8 +79,8 @@ def test_the_task_page_previews_delivered_files_and_offers_their_download(served
         section = page.locator("section", has=page.get_by_role("heading", name="Delivered files"))
         expect(section).to_be_visible()
         cards = section.locator(".deliverable")
-        expect(cards).to_have_count(3)
-        expect(section.get_by_text("sha256 checked")).to_have_count(3)
+        expect(cards).to_have_count(4)
+        expect(section.get_by_text("sha256 checked")).to_have_count(4)
         # Markdown rendered (never as raw HTML), the image shown, the CSV as a table.
         md = section.locator(".deliverable", has_text="refund-policy.md")
         expect(md.get_by_role("heading", name="Refund policy")).to_be_visible()
@@ -90,6 +92,13 @@ def test_the_task_page_previews_delivered_files_and_offers_their_download(served
         expect(table.get_by_role("columnheader")).to_have_text(["month", "refunds", "note"])
         expect(table.get_by_role("row").nth(1).get_by_role("cell")).to_have_text(["January", "12", "calm, steady"])
         expect(table.get_by_role("row").nth(2).get_by_role("cell")).to_have_text(["February", "9", 'after the "fix"'])
+        # A PDF's pages, drawn by the server, one under the other.
+        pdf = section.locator(".deliverable", has_text="legal/terms.pdf")
+        for n in (1, 2):
+            drawn = pdf.get_by_role("img", name=f"Page {n} of 2 of terms.pdf")
+            expect(drawn).to_be_visible()
+            assert drawn.evaluate("(img) => img.naturalWidth") == 1000
+        expect(pdf.get_by_text("2 pages.")).to_be_visible()
         # The result's artifact leads to its file.
         page.get_by_role("button", name="Open data/refunds.csv below").click()
         expect(section.get_by_role("link", name="Download data/refunds.csv")).to_be_focused()
