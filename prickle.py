@@ -68,7 +68,8 @@ Part II. The team's work: one chapter per capability; each operation is one func
       request_step
   26. Run control -- the owner's Start, Stop, hand back, pause and settling an uncertain run
   27. The board and the task page -- a task as the page shows it, the board and one task whole
-  28. Connecting a computer -- a short code the owner approves on the page
+  28. Connecting a computer or an app -- a short code the owner approves on the page; an MCP
+      client's OAuth 2.1 registration, consent, codes and tokens
   29. Make-or-spend actions -- Approve cards: propose, decide, claim and finish
   30. Private rooms: discussions -- claim_discussion, the room settings, and the owner stopping,
       retrying and continuing a turn
@@ -188,7 +189,13 @@ from mcp.shared.inbound import classify_inbound_request
 from mcp.shared.message import ServerMessageMetadata
 from mcp.shared.transport_context import TransportContext
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
-from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.json_response import PydanticJSONResponse
+from mcp.server.auth.provider import (AccessToken, AuthorizationCode, AuthorizationParams, AuthorizeError,
+                                      RefreshToken, RegistrationError, TokenError)
+from mcp.server.auth.routes import create_auth_routes
+from mcp.server.auth.settings import ClientRegistrationOptions, RevocationOptions
+from mcp.shared.auth import OAuthClientInformationFull, OAuthMetadata, OAuthToken, ProtectedResourceMetadata
+from pydantic import AnyHttpUrl
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import RequestBodyLimitMiddleware, TransportSecurityMiddleware, TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
@@ -1722,6 +1729,23 @@ MIGRATIONS: list[list[str]] = [
         # of {ref, sha256} and, once the runner could not, why (refused).
         "ALTER TABLE attempts ADD COLUMN files_wanted TEXT",
     ],
+    [
+        # MCP clients connected with OAuth 2.1: their registrations, the authorization requests a
+        # person approves on the page, and the tokens (credentials rows of kind oauth and
+        # oauth_refresh, one family per approval).
+        """CREATE TABLE oauth_clients (
+            client_id TEXT PRIMARY KEY, info TEXT NOT NULL, name TEXT, address TEXT, created_at TEXT NOT NULL,
+            used_at TEXT)""",
+        "CREATE INDEX oauth_clients_by_address ON oauth_clients(address, created_at)",
+        """CREATE TABLE oauth_requests (
+            id TEXT PRIMARY KEY, client_id TEXT NOT NULL, params TEXT NOT NULL, state TEXT NOT NULL,
+            created_at TEXT NOT NULL, expires_at TEXT NOT NULL, person TEXT, agent_id TEXT, project TEXT,
+            code_hash TEXT UNIQUE, family TEXT, decided_at TEXT)""",
+        "ALTER TABLE credentials ADD COLUMN client_id TEXT",
+        "ALTER TABLE credentials ADD COLUMN resource TEXT",
+        "ALTER TABLE credentials ADD COLUMN family TEXT",
+        "CREATE INDEX credentials_by_family ON credentials(family)",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -2810,6 +2834,8 @@ TOKEN_PREFIX = {
     "discussion": "prk_dc_",  # one reply in a private room's turn, made by claim_discussion
     "connect": "prk_dq_",  # a computer's connect request, to collect its runner keys once (never a credential row)
     "invite": "prk_iv_",  # an invite's link, used once by the person invited (never a credential row)
+    "oauth": "prk_oa_",  # an MCP client's OAuth access token for one agent, short-lived (chapter 28)
+    "oauth_refresh": "prk_or_",  # its refresh token, rotated at each use
 }
 
 
@@ -2862,7 +2888,7 @@ def mint_credential(db: Database, kind: str, *, agent_id: str | None = None, per
                     task_id: str | None = None, attempt_id: str | None = None,
                     allowed_tools: tuple[str, ...] | None = None, discussion_id: str | None = None,
                     issued_by: str | None = None, at: _dt.datetime | None = None,
-                    label: str | None = None) -> tuple[dict, str]:
+                    label: str | None = None, oauth: dict | None = None, audited: bool = True) -> tuple[dict, str]:
     """Write a new credential inside the caller's transaction; return ``(record, secret)``.
 
     The one place a credential is made; the caller has already decided who may have it.
@@ -2871,7 +2897,9 @@ def mint_credential(db: Database, kind: str, *, agent_id: str | None = None, per
     None for no expiry; ``at`` is the moment it is made, the caller's when it records the same
     moment elsewhere). ``label`` is the key's name, up to LABEL_MAX characters (blank: none; never
     holding a secret), shown on the keys page and never in the audit log. The secret is never stored or shown
-    again. Writes ``token.created`` (see record_credential). Raises InvalidInput for a bad label.
+    again. Writes ``token.created`` (see record_credential) unless not ``audited`` (an app's
+    access token made again by a refresh: its first one was recorded). ``oauth`` holds an OAuth
+    token's ``client_id``, ``resource`` and ``family``. Raises InvalidInput for a bad label.
     """
     if label is not None:
         label = check_line(label, "label", LABEL_MAX).strip() or None
@@ -2885,9 +2913,10 @@ def mint_credential(db: Database, kind: str, *, agent_id: str | None = None, per
     row = record | {"project": None if rooms_only else project, "rooms_only": int(rooms_only),
                     "secret_hash": sha256_hex(secret), "device_id": device_id, "task_id": task_id,
                     "attempt_id": attempt_id, "allowed_tools": json.dumps(allowed_tools) if allowed_tools else None,
-                    "discussion_id": discussion_id, "issued_by": issued_by}
+                    "discussion_id": discussion_id, "issued_by": issued_by} | (oauth or {})
     db.insert("credentials", row)
-    record_credential(db, "token.created", record | {k: row[k] for k in _RUN_REFS})
+    if audited:
+        record_credential(db, "token.created", record | {k: row[k] for k in _RUN_REFS})
     return record, secret
 
 
@@ -2907,7 +2936,7 @@ def record_credential(db: Database, type_: str, row: dict, reason: str | None = 
     links and browser sessions are recorded nowhere.
     """
     kind = row["kind"]
-    if kind in ("signin", "session") or (kind == "discussion" and type_ == "token.created"):
+    if kind in ("signin", "session", "oauth_refresh") or (kind == "discussion" and type_ == "token.created"):
         return
     if kind not in ("execution", "discussion"):
         _audit_credential(db, type_, row)
@@ -2974,6 +3003,7 @@ _KIND_USE = {
     "discussion": "a discussion credential (for /mcp)",
     "connect": "a connect request's secret (for /api/runner/connect/collect)",
     "invite": "an invite's link (open it in a browser)",
+    "oauth": "an app's OAuth access token (for /mcp)", "oauth_refresh": "an app's refresh token (for /token)",
 }
 
 
@@ -3094,7 +3124,8 @@ def dead_credentials(db: Database, ids: set[str]) -> set[str]:
 REVOCATIONS = {"revoked": True, "claim_retried": True, "run_replaced": True, "run_stopped": True,
                "run_uncertain": True, "run_ended": True, "issuer_revoked": False, "device_revoked": False, "task_cancelled": False,
                "task_handed_back": False, "turn_ended": False, "turn_retried": False, "assignee_left": False,
-               "left_project": False}
+               "left_project": False, "rotated": False, "app_revoked": True, "refresh_replayed": True,
+               "code_replayed": True}
 
 #: Credentials ended because their agent left the project: their callers are told not_found.
 LEFT_PROJECT_REASONS = ("assignee_left", "left_project")
@@ -3496,6 +3527,14 @@ CONNECT_MOVES: dict[str, dict[str, str]] = {
     **closed("refused", "expired", "collected"),
 }
 
+#: An app's authorization request (OAuth): pending until the person approves or refuses it on the
+#: page or its time is up; an approved one holds a code until the app redeems it for tokens, once.
+OAUTH_MOVES: dict[str, dict[str, str]] = {
+    "pending": {"approve": "approved", "refuse": "refused", "expire": "expired"},
+    "approved": {"redeem": "redeemed", "expire": "expired"},
+    **closed("refused", "expired", "redeemed"),
+}
+
 #: An invite: open until the person invited accepts or declines it, someone already in the
 #: project uses it (spent), an owner revokes it or its inviter leaves (revoked), or its 7 days
 #: pass (expired). A resend keeps it open with a new link. Every end forgets the address.
@@ -3547,6 +3586,7 @@ LIFECYCLES: dict[str, Lifecycle] = {
     "turn": Lifecycle("turn", "turns", "step", TURN_MOVES, key=turn_state),
     "attempt": Lifecycle("attempt", "attempts", "state", ATTEMPT_MOVES),
     "connect": Lifecycle("connect request", "connect_requests", "state", CONNECT_MOVES),
+    "oauth": Lifecycle("authorization request", "oauth_requests", "state", OAUTH_MOVES),
     "invite": Lifecycle("invite", "invites", "state", INVITE_MOVES),
     "lead": Lifecycle("default lead", "projects", "lead_state", LEAD_MOVES, key=lead_state, id_column="slug",
                       stored={"none": None}),
@@ -8522,7 +8562,7 @@ def task_detail(db: Database, person: Actor, task_id: str) -> dict:
 
 
 ###############################################################################
-# 28. Connecting a computer
+# 28. Connecting a computer or an app
 ###############################################################################
 
 #: A connect request's code and keys can be used for this long after it was made.
@@ -8726,6 +8766,299 @@ def collect_connect(db: Database, request_id: str, secret: str, base_url: str) -
             audit(db, chain, "device.collected", {"request": row["id"], "agents": ids, "keys": [
                 {"credential": o["credential_id"], "agent": o["agent_id"], "reach": "runner"} for o in out]})
     return {"status": "approved", "server": base_url, "agents": out}
+
+
+# An app (an MCP client such as Claude Code or Claude Desktop) connects with OAuth 2.1: it
+# registers itself (register_oauth_client), sends its person to /authorize, which lands on the
+# page's "Connect an app" (begin_oauth, oauth_view); the person picks which of their agents the
+# app acts as and approves (decide_oauth, which hands the app a one-time code); the app redeems
+# the code for an access token and a refresh token (redeem_oauth_code) and refreshes them
+# (refresh_oauth), each refresh replacing both. Tokens are credentials of kinds oauth and
+# oauth_refresh, one family per approval: a refresh token used twice, or a code used twice,
+# ends the family. The MCP SDK's handlers speak the protocol; these operations decide.
+
+#: An access token lasts this long; a refresh token (replaced at each use) this long.
+OAUTH_ACCESS_TTL = _dt.timedelta(hours=1)
+OAUTH_REFRESH_TTL = _dt.timedelta(days=30)
+
+#: An authorization request waits this long for its person; its code must be redeemed within it too.
+OAUTH_REQUEST_TTL = _dt.timedelta(minutes=10)
+
+#: A registration no token was ever made for is forgotten after this long (pruning).
+OAUTH_UNUSED_CLIENT_TTL = _dt.timedelta(days=1)
+
+#: Registrations one address may make in an hour: anyone may register, so it can't be flooded.
+OAUTH_REGISTRATIONS_PER_HOUR = 20
+
+#: The one scope: acting as one agent through the MCP tools.
+OAUTH_SCOPE = "mcp"
+
+
+def is_loopback_redirect(uri: str) -> bool:
+    """Whether a redirect URI goes back to the app on the person's own computer (RFC 8252: http on a
+    loopback address, any port)."""
+    parts = urllib.parse.urlsplit(uri)
+    return parts.scheme == "http" and parts.hostname in ("127.0.0.1", "localhost", "::1")
+
+
+def oauth_issuer(settings: Settings) -> str | None:
+    """The OAuth issuer (public_url without a trailing slash), or None when OAuth is off: no public_url, or
+    one that is neither https nor a loopback address (RFC 8414 asks for https)."""
+    url = settings.public_url.rstrip("/")
+    parts = urllib.parse.urlsplit(url)
+    if not url or not (parts.scheme == "https" or (parts.scheme == "http" and parts.hostname in (
+            "127.0.0.1", "localhost", "::1"))):
+        return None
+    return url
+
+
+def register_oauth_client(db: Database, info: dict, address: str | None) -> None:
+    """Keep an app's registration (RFC 7591; ``info`` the client information as the SDK made it).
+
+    Each redirect URI must be https, or http on a loopback address (any port: RFC 8252). An
+    address that registered OAUTH_REGISTRATIONS_PER_HOUR apps in the last hour is refused
+    (TooManyRegistrations); a registration no token is made for is forgotten after
+    OAUTH_UNUSED_CLIENT_TTL. Raises InvalidInput naming the redirect URI that can't be used.
+    """
+    for uri in info.get("redirect_uris") or []:
+        parts = urllib.parse.urlsplit(str(uri))
+        if parts.fragment or not (parts.scheme == "https" or is_loopback_redirect(str(uri))):
+            raise InvalidInput(f"redirect_uris: {str(uri)[:100]} can't be used: an https address, or http on "
+                               "127.0.0.1, localhost or [::1] (any port), without a fragment")
+    name = info.get("client_name")
+    now = utcnow()
+    with db.transaction():
+        recent = db.scalar("SELECT count(*) FROM oauth_clients WHERE address IS ? AND created_at > ?",
+                           (address, iso(now - _dt.timedelta(hours=1))))
+        if recent >= OAUTH_REGISTRATIONS_PER_HOUR:
+            raise TooManyRegistrations(f"{recent} apps registered from this address in the last hour: try again "
+                                       "later")
+        db.insert("oauth_clients", {"client_id": info["client_id"], "info": json.dumps(info),
+                                    "name": name[:80] if isinstance(name, str) else None, "address": address,
+                                    "created_at": iso(now)})
+
+
+class TooManyRegistrations(PrickleError, code="too_many_requests", status=429):
+    """An address registered as many apps as OAUTH_REGISTRATIONS_PER_HOUR allows."""
+
+
+def oauth_client(db: Database, client_id: str) -> dict | None:
+    """An app's registration (its client information as registered), or None."""
+    row = db.one("SELECT info FROM oauth_clients WHERE client_id = ?", (client_id,))
+    return json.loads(row["info"]) if row else None
+
+
+def begin_oauth(db: Database, client_id: str, params: dict, resource: str) -> str:
+    """Keep an app's authorization request for its person to decide on the page; return its id.
+
+    ``params``: ``{redirect_uri, redirect_uri_provided_explicitly, state, scopes, code_challenge,
+    resource}`` as the SDK checked them (PKCE S256, a registered redirect). The request's
+    ``resource`` (RFC 8707) must be this server's MCP address, ``resource``, or absent (then it is
+    this one). Raises InvalidInput naming ``resource`` or ``scope`` otherwise.
+    """
+    asked = params.get("resource") or resource
+    if asked.rstrip("/") != resource.rstrip("/"):
+        raise InvalidInput(f"resource: this server's MCP address is {resource}; {asked[:100]} is not served here")
+    scopes = params.get("scopes") or [OAUTH_SCOPE]
+    if scopes != [OAUTH_SCOPE]:
+        raise InvalidInput(f"scope: the one scope here is '{OAUTH_SCOPE}'")
+    now = utcnow()
+    row = {"id": new_id("oar"), "client_id": client_id, "params": json.dumps(params | {"resource": resource}),
+           "state": "pending", "created_at": iso(now), "expires_at": iso(now + OAUTH_REQUEST_TTL)}
+    with db.transaction():
+        db.insert("oauth_requests", row)
+    return row["id"]
+
+
+def _live_oauth(db: Database, request_id: Any) -> dict:
+    """The request, moved to ``expired`` (inside the caller's transaction) once its time is up."""
+    row = db.one("SELECT * FROM oauth_requests WHERE id = ?", (request_id,)) if isinstance(request_id, str) else None
+    if row is None:
+        raise NotFound(f"no app is asking to connect with request '{str(request_id)[:40]}': start again from the app")
+    if row["state"] in ("pending", "approved") and parse_iso(row["expires_at"]) <= utcnow():
+        move(db, "oauth", row["id"], "expire", row)
+        row = db.one("SELECT * FROM oauth_requests WHERE id = ?", (row["id"],))
+    return row
+
+
+def oauth_view(db: Database, person: Actor, request_id: str) -> dict:
+    """An app's request as its person sees it on "Connect an app", with their agents and projects to pick.
+
+    ``{"request": {id, state, client_name (as the app says, not checked), on_this_computer (a
+    loopback redirect), redirect_host, expires_at}, "agents": [{agent_id, display_name, projects}]}``.
+    """
+    with db.transaction():
+        row = _live_oauth(db, request_id)
+        if row["person"] not in (None, person.handle):
+            raise NotFound(f"no app is asking to connect with request '{request_id}': start again from the app")
+    params = json.loads(row["params"])
+    client = oauth_client(db, row["client_id"]) or {}
+    agents = db.rows("SELECT agent_id, display_name FROM agents WHERE owner = ? ORDER BY agent_id", (person.handle,))
+    for a in agents:
+        a["projects"] = [r["project"] for r in db.rows(
+            "SELECT project FROM project_agents WHERE agent_id = ? ORDER BY project", (a["agent_id"],))]
+    return {"request": {"id": row["id"], "state": row["state"], "client_name": client.get("client_name"),
+                        "on_this_computer": is_loopback_redirect(params["redirect_uri"]),
+                        "redirect_host": urllib.parse.urlsplit(params["redirect_uri"]).netloc,
+                        "expires_at": row["expires_at"]}, "agents": agents}
+
+
+def decide_oauth(db: Database, person: Actor, request_id: str, decision: str, agent_id: Any = None,
+                 project: Any = None, issuer: str = "") -> dict:
+    """A person approves an app's request, as one of their agents (in one of its projects, or all), or refuses it.
+
+    Returns ``{"redirect": URL}``: back to the app with a one-time ``code`` (or ``error=access_denied``),
+    its ``state`` and ``iss`` (RFC 9207, byte for byte the metadata's ``issuer``). Single use: a
+    decided or expired request is ``invalid_state`` / ``expired``. Writes ``app.approved``-style
+    nothing: the app's tokens are recorded when they are made (``token.created``).
+    """
+    check_decision(decision, "approve", "refuse")
+    with db.transaction():
+        row = _live_oauth(db, request_id)
+        if row["person"] not in (None, person.handle):
+            raise NotFound(f"no app is asking to connect with request '{request_id}': start again from the app")
+        if row["state"] == "expired":
+            raise Expired("this request expired (10 minutes): start connecting again from the app")
+        params, now = json.loads(row["params"]), iso(utcnow())
+        answer = {"state": params.get("state"), "iss": issuer}
+        if decision == "refuse":
+            move(db, "oauth", row["id"], "refuse", row, person=person.handle, decided_at=now)
+            answer |= {"error": "access_denied", "error_description": f"{person.handle} refused it"}
+        else:
+            if not isinstance(agent_id, str) or owner_of(agent_id) != person.handle or not db.one(
+                    "SELECT 1 FROM agents WHERE agent_id = ?", (agent_id,)):
+                raise InvalidInput("agent_id: one of your own agents, which the app will act as")
+            if project is not None and not db.one("SELECT 1 FROM project_agents WHERE agent_id = ? AND project = ?",
+                                                  (agent_id, project)):
+                raise InvalidInput(f"project: one of {agent_id}'s projects, or none for all of them")
+            code = secrets.token_urlsafe(32)
+            move(db, "oauth", row["id"], "approve", row, person=person.handle, agent_id=agent_id, project=project,
+                 code_hash=sha256_hex(code), family=new_id("fam"), decided_at=now)
+            answer["code"] = code
+    query = urllib.parse.urlencode({k: v for k, v in answer.items() if v is not None})
+    sep = "&" if urllib.parse.urlsplit(params["redirect_uri"]).query else "?"
+    return {"redirect": f"{params['redirect_uri']}{sep}{query}"}
+
+
+def oauth_code(db: Database, client_id: str, code: str) -> dict | None:
+    """The approved request a code stands for, ``{client_id, params, expires_at, ...}``, or None.
+
+    A code used before ends every token it was redeemed for (``code_replayed``, RFC 6749 §4.1.2)
+    and is None, as an unknown or another app's code is.
+    """
+    with db.transaction():
+        row = db.one("SELECT * FROM oauth_requests WHERE code_hash = ?", (sha256_hex(code or ""),))
+        if row is None or row["client_id"] != client_id:
+            return None
+        row = _live_oauth(db, row["id"])
+        if row["state"] == "redeemed":
+            revoke_credentials(db, "family = ?", (row["family"],), "code_replayed")
+            return None
+    return row | {"params": json.loads(row["params"])} if row["state"] == "approved" else None
+
+
+def _oauth_tokens(db: Database, family: dict, first: bool) -> dict:
+    """Make an access token and a refresh token of one family (inside the caller's transaction)."""
+    keep = {"client_id": family["client_id"], "resource": family["resource"], "family": family["family"]}
+    name = db.scalar("SELECT name FROM oauth_clients WHERE client_id = ?", (family["client_id"],))
+    access, token = mint_credential(db, "oauth", agent_id=family["agent_id"], person=family["person"],
+                                    project=family["project"], ttl=OAUTH_ACCESS_TTL, label=(name or "an app")[:60],
+                                    oauth=keep, audited=first)
+    _, refresh = mint_credential(db, "oauth_refresh", agent_id=family["agent_id"], person=family["person"],
+                                 project=family["project"], ttl=OAUTH_REFRESH_TTL, oauth=keep)
+    db.execute("UPDATE oauth_clients SET used_at = ? WHERE client_id = ?", (iso(utcnow()), family["client_id"]))
+    return {"access_token": token, "token_type": "Bearer", "expires_in": int(OAUTH_ACCESS_TTL.total_seconds()),
+            "scope": OAUTH_SCOPE, "refresh_token": refresh, "credential_id": access["id"]}
+
+
+def redeem_oauth_code(db: Database, request_id: str) -> dict:
+    """Turn an approved request's code into tokens, once: ``{access_token, token_type, expires_in,
+    scope, refresh_token, credential_id}``. Writes ``token.created`` for the access token.
+    Raises InvalidState when the code was redeemed meanwhile."""
+    with db.transaction():
+        row = _live_oauth(db, request_id)
+        move(db, "oauth", row["id"], "redeem", row)
+        family = {"client_id": row["client_id"], "resource": json.loads(row["params"])["resource"],
+                  "family": row["family"], "agent_id": row["agent_id"], "person": row["person"],
+                  "project": row["project"]}
+        return _oauth_tokens(db, family, first=True)
+
+
+def oauth_refresh_token(db: Database, client_id: str, token: str) -> dict | None:
+    """The live refresh token ``token`` of app ``client_id`` (its credentials row), or None.
+
+    A refresh token already replaced, presented again, is a stolen copy or a replay: every token
+    of its family ends (``refresh_replayed``) and it is None.
+    """
+    if token_kind(token or "") != "oauth_refresh":
+        return None
+    with db.transaction():
+        row = db.one("SELECT * FROM credentials WHERE secret_hash = ?", (sha256_hex(token),))
+        if row is None or row["kind"] != "oauth_refresh" or row["client_id"] != client_id:
+            return None
+        if row["revoked_reason"] == "rotated":
+            revoke_credentials(db, "family = ?", (row["family"],), "refresh_replayed")
+            return None
+    return row if not_live_because(row) is None else None
+
+
+def refresh_oauth(db: Database, refresh: dict) -> dict:
+    """Replace a refresh token (its row, from oauth_refresh_token) and its access tokens with new ones.
+
+    The old refresh token ends (``rotated``); using it again ends the family. Raises
+    Unauthorized when it ended meanwhile.
+    """
+    with db.transaction():
+        if not revoke_credentials(db, "id = ?", (refresh["id"],), "rotated"):
+            raise Unauthorized("this refresh token was used already: connect the app again")
+        revoke_credentials(db, "family = ? AND kind = 'oauth'", (refresh["family"],), "rotated")
+        return _oauth_tokens(db, refresh, first=False)
+
+
+def oauth_resource_of(db: Database, credential_id: str) -> str | None:
+    """The MCP address (RFC 8707 resource) an OAuth credential was made for."""
+    return db.scalar("SELECT resource FROM credentials WHERE id = ?", (credential_id,))
+
+
+def revoke_oauth(db: Database, token: str, client_id: str) -> None:
+    """An app revokes one of its tokens (RFC 7009): its whole family ends (``app_revoked``)."""
+    with db.transaction():
+        row = db.one("SELECT family, client_id FROM credentials WHERE secret_hash = ?", (sha256_hex(token or ""),))
+        if row is not None and row["family"] and row["client_id"] == client_id:
+            revoke_credentials(db, "family = ?", (row["family"],), "app_revoked")
+
+
+def connected_apps(db: Database, person: Actor) -> list[dict]:
+    """The apps connected as the person's agents (one per approval still live), newest first:
+    ``[{family, client_name, agent_id, project, connected_at, last_used_at, expires_at}]``."""
+    rows = db.rows("SELECT c.family, c.agent_id, c.project, min(c.created_at) AS connected_at, max(c.used_at) AS "
+                   "last_used_at, max(c.expires_at) AS expires_at, o.name AS client_name FROM credentials c "
+                   "LEFT JOIN oauth_clients o ON o.client_id = c.client_id WHERE c.kind IN ('oauth', 'oauth_refresh') "
+                   "AND c.person = ? AND c.family IN (SELECT family FROM credentials WHERE kind = 'oauth_refresh' "
+                   "AND revoked_at IS NULL AND person = ?) GROUP BY c.family ORDER BY connected_at DESC",
+                   (person.handle, person.handle))
+    return [dict(r) for r in rows]
+
+
+def disconnect_app(db: Database, person: Actor, family: str) -> dict:
+    """A person ends an app's connection as one of their agents: its tokens end at once (``app_revoked``),
+    and with them its waits and MCP sessions. Raises NotFound for a connection not theirs."""
+    with db.transaction():
+        if not db.one("SELECT 1 FROM credentials WHERE family = ? AND person = ?", (family, person.handle)):
+            raise NotFound(f"no connected app '{str(family)[:40]}' of yours")
+        ended = revoke_credentials(db, "family = ?", (family,), "app_revoked")
+    return {"family": family, "ended": ended}
+
+
+def prune_oauth(db: Database, now: _dt.datetime | None = None) -> int:
+    """Forget registrations no token was made for within OAUTH_UNUSED_CLIENT_TTL and requests long over."""
+    now = now or utcnow()
+    with db.transaction():
+        db.execute("DELETE FROM oauth_clients WHERE used_at IS NULL AND created_at < ?",
+                   (iso(now - OAUTH_UNUSED_CLIENT_TTL),))
+        gone = db.conn.changes()
+        db.execute("DELETE FROM oauth_requests WHERE expires_at < ?", (iso(now - OAUTH_UNUSED_CLIENT_TTL),))
+        return gone
 
 
 ###############################################################################
@@ -11661,8 +11994,12 @@ class MCPEndpoint:
 
     HEADERS = (b"authorization", b"mcp-protocol-version", b"mcp-method", b"mcp-name")
 
-    def __init__(self, state: AppState, manager: StreamableHTTPSessionManager):
+    def __init__(self, state: AppState, manager: StreamableHTTPSessionManager, issuer: str | None = None):
         self.state, self.manager, self.transport = state, manager, StreamableHTTPASGIApp(manager)
+        # With OAuth on, a refusal says where the app learns how to get a token (RFC 9728 §5.1).
+        self.challenge = (f'Bearer resource_metadata="{issuer}/.well-known/oauth-protected-resource/mcp", '
+                          f'scope="{OAUTH_SCOPE}"') if issuer else None
+        self.resource = f"{issuer}/mcp" if issuer else None
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         headers = {k: v for k, v in scope["headers"] if k in self.HEADERS}
@@ -11676,9 +12013,16 @@ class MCPEndpoint:
         checked = not (version in MODERN_VERSIONS and headers.get(b"mcp-method") == b"tools/call"
                        and name is not None and name.key_checked_inside)
         try:
-            actor = resolve_token(self.state.db, token, ("client", "runner", "execution", "discussion"), fresh=checked)
+            actor = resolve_token(self.state.db, token, ("client", "runner", "execution", "discussion", "oauth"),
+                                  fresh=checked)
+            if actor.credential_kind == "oauth" and oauth_resource_of(self.state.db, actor.credential_id) != \
+                    self.resource:
+                raise Unauthorized("this app's token was made for another server address: connect the app again")
         except (Unauthorized, NotFound) as e:  # NotFound: its agent left the project (LEFT_PROJECT_REASONS)
-            await error_response(e, jsonrpc=True)(scope, receive, send)
+            answer = error_response(e, jsonrpc=True)
+            if self.challenge and answer.status_code == 401:
+                answer.headers["WWW-Authenticate"] = self.challenge
+            await answer(scope, receive, send)
             return
         scope["prickle.actor"], scope["prickle.key_checked"] = actor, checked
         if version not in MODERN_VERSIONS:
@@ -12652,6 +12996,17 @@ async def api_connect_decide(state: AppState, person: Actor, request: Request, b
                           body.get("agents"), body.get("typed_code"))
 
 
+async def api_oauth_decide(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/oauth/{id} {decision: approve|refuse, agent_id?, project?}: ``{"redirect"}`` back to the app."""
+    return decide_oauth(state.db, person, request.path_params["id"], body_field(body, "decision", str),
+                        body.get("agent_id"), body.get("project"), oauth_issuer(state.settings) or "")
+
+
+async def api_apps(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/apps: the apps connected as the person's agents (``{"apps": [...]}``, see connected_apps)."""
+    return {"apps": connected_apps(state.db, person)}
+
+
 async def api_start_run(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/tasks/{id}/runs {confirm: your handle}: start one run of your agent on the task."""
     return start_run(state.db, person, request.path_params["task_id"], body_field(body, "confirm", str, False))
@@ -12983,6 +13338,10 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("POST", "/api/tasks/{task_id}/verify", _api(_operation(request_verification, "task_id"))),
     ("GET", "/api/connect/{code}", _api(_operation(connect_view, "code"))),
     ("POST", "/api/connect/{code}", _api(api_connect_decide)),
+    ("GET", "/api/oauth/{id}", _api(_operation(oauth_view, "id"))),
+    ("POST", "/api/oauth/{id}", _api(api_oauth_decide)),
+    ("GET", "/api/apps", _api(api_apps)),
+    ("DELETE", "/api/apps/{family}", _api(_operation(disconnect_app, "family"))),
     ("POST", "/api/tasks/{task_id}/runs", _api(api_start_run)),
     ("POST", "/api/tasks/{task_id}/stop", _api(_operation(stop_run, "task_id"))),
     ("POST", "/api/tasks/{task_id}/hand-back", _api(api_hand_back)),
@@ -13113,9 +13472,215 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
     maintenance.add("approvals sweep", 60.0, sweep)
     maintenance.add("outbox pruning", 600.0, prune)
     maintenance.add("files pruning", 3600.0, lambda: prune_files(db))
+    maintenance.add("app registrations pruning", 3600.0, lambda: prune_oauth(db))
     maintenance.add("email digest", DIGEST_EVERY, digest)
     maintenance.add("push notifications", PUSH_EVERY, push_piece(db, settings))
     return maintenance
+
+
+# MCP authorization (OAuth 2.1) speaks through the MCP SDK's handlers: /authorize, /token,
+# /register, /revoke and both metadata documents. AppProvider answers them with chapter 28's
+# operations. It is on when public_url is an https address (or a loopback one, for trying it
+# out): the issuer is public_url exactly as written, the protected resource its /mcp.
+
+
+class _AppClient(OAuthClientInformationFull):
+    """A registered app: a loopback redirect matches whatever port it comes back on (RFC 8252 §7.3)."""
+
+    def validate_redirect_uri(self, redirect_uri: Any) -> Any:
+        if redirect_uri is not None and is_loopback_redirect(str(redirect_uri)):
+            asked = urllib.parse.urlsplit(str(redirect_uri))
+            for known in self.redirect_uris or []:
+                mine = urllib.parse.urlsplit(str(known))
+                if is_loopback_redirect(str(known)) and (mine.hostname, mine.path) == (asked.hostname, asked.path):
+                    return redirect_uri
+        return super().validate_redirect_uri(redirect_uri)
+
+
+class _Code(AuthorizationCode):
+    request_id: str
+
+
+class _Refresh(RefreshToken):
+    row: dict
+
+
+#: Where a registration came from, for its rate limit (set by the /register route's wrapper).
+REGISTERING_FROM: contextvars.ContextVar[str | None] = contextvars.ContextVar("prickle_registering", default=None)
+
+
+class AppProvider:
+    """The MCP SDK's OAuthAuthorizationServerProvider, answered by chapter 28's operations."""
+
+    def __init__(self, db: Database, issuer: str):
+        self.db, self.issuer, self.resource = db, issuer, f"{issuer}/mcp"
+
+    async def get_client(self, client_id: str) -> _AppClient | None:
+        info = oauth_client(self.db, client_id)
+        return _AppClient.model_validate(info) if info else None
+
+    async def register_client(self, client_info: OAuthClientInformationFull) -> None:
+        try:
+            register_oauth_client(self.db, client_info.model_dump(mode="json", exclude_none=True),
+                                  REGISTERING_FROM.get())
+        except InvalidInput as e:
+            raise RegistrationError("invalid_redirect_uri", e.message) from None
+
+    async def authorize(self, client: OAuthClientInformationFull, params: AuthorizationParams) -> str:
+        try:
+            request_id = begin_oauth(self.db, client.client_id, {
+                "redirect_uri": str(params.redirect_uri), "state": params.state, "scopes": params.scopes,
+                "redirect_uri_provided_explicitly": params.redirect_uri_provided_explicitly,
+                "code_challenge": params.code_challenge, "resource": params.resource}, self.resource)
+        except InvalidInput as e:
+            raise AuthorizeError("invalid_target" if e.message.startswith("resource") else "invalid_scope",
+                                 e.message) from None
+        return f"{self.issuer}/#/authorize/{request_id}"
+
+    async def load_authorization_code(self, client: OAuthClientInformationFull, authorization_code: str) -> Any:
+        row = oauth_code(self.db, client.client_id, authorization_code)
+        if row is None:
+            return None
+        p = row["params"]
+        return _Code(code=authorization_code, scopes=[OAUTH_SCOPE], expires_at=parse_iso(row["expires_at"]).timestamp(),
+                     client_id=row["client_id"], code_challenge=p["code_challenge"], redirect_uri=p["redirect_uri"],
+                     redirect_uri_provided_explicitly=p["redirect_uri_provided_explicitly"], resource=p["resource"],
+                     subject=row["person"], request_id=row["id"])
+
+    async def exchange_authorization_code(self, client: OAuthClientInformationFull, authorization_code: Any) -> Any:
+        try:
+            tokens = redeem_oauth_code(self.db, authorization_code.request_id)
+        except PrickleError as e:
+            raise TokenError("invalid_grant", e.message) from None
+        return OAuthToken(**{k: v for k, v in tokens.items() if k != "credential_id"})
+
+    async def load_refresh_token(self, client: OAuthClientInformationFull, refresh_token: str) -> Any:
+        row = oauth_refresh_token(self.db, client.client_id, refresh_token)
+        if row is None:
+            return None
+        return _Refresh(token=refresh_token, client_id=row["client_id"], scopes=[OAUTH_SCOPE],
+                        expires_at=int(parse_iso(row["expires_at"]).timestamp()), resource=row["resource"], row=row)
+
+    async def exchange_refresh_token(self, client: OAuthClientInformationFull, refresh_token: Any,
+                                     scopes: list[str]) -> Any:
+        try:
+            tokens = refresh_oauth(self.db, refresh_token.row)
+        except PrickleError as e:
+            raise TokenError("invalid_grant", e.message) from None
+        return OAuthToken(**{k: v for k, v in tokens.items() if k != "credential_id"})
+
+    async def load_access_token(self, token: str) -> AccessToken | None:
+        try:
+            actor = resolve_token(self.db, token, ("oauth",))
+        except (Unauthorized, NotFound):
+            return None
+        row = self.db.one("SELECT client_id, resource, expires_at FROM credentials WHERE id = ?",
+                          (actor.credential_id,))
+        return AccessToken(token=token, client_id=row["client_id"], scopes=[OAUTH_SCOPE], resource=row["resource"],
+                           expires_at=int(parse_iso(row["expires_at"]).timestamp()))
+
+    async def revoke_token(self, token: Any) -> None:
+        revoke_oauth(self.db, token.token, token.client_id)
+
+    async def exchange_identity_assertion(self, client: Any, params: Any) -> Any:
+        raise TokenError("unsupported_grant_type", "this server takes the authorization code and refresh token grants")
+
+
+class _Asgi:
+    """An ASGI function as a route's app (Starlette takes a bare function for a request handler)."""
+
+    def __init__(self, fn: Callable[..., Any]):
+        self.fn = fn
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        await self.fn(scope, receive, send)
+
+
+def _token_resource_checked(app: Any, resource: str) -> Any:
+    """/token: a ``resource`` (RFC 8707) other than this server's MCP address is ``invalid_target``
+    before the SDK's handler reads the request (the SDK leaves that check to the server)."""
+
+    async def checked(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more and len(body) < 65536:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        asked = urllib.parse.parse_qs(body.decode("latin-1")).get("resource", [None])[0]
+        if asked is not None and asked.rstrip("/") != resource.rstrip("/"):
+            answer = JSONResponse({"error": "invalid_target", "error_description": f"this server's MCP address is "
+                                   f"{resource}; tokens are made for it alone"}, status_code=400,
+                                  headers={"Cache-Control": "no-store"})
+            await answer(scope, receive, send)
+            return
+        replay = [{"type": "http.request", "body": body, "more_body": more}]
+
+        async def again() -> dict:
+            return replay.pop() if replay else await receive()
+        await app(scope, again, send)
+    return _Asgi(checked)
+
+
+def _registration_limited(app: Any) -> Any:
+    """/register: note where the request came from (its rate limit), and say 429 when the address is over it."""
+
+    async def limited(scope: dict, receive: Any, send: Any) -> None:
+        client = scope.get("client")
+        token = REGISTERING_FROM.set(client[0] if client else None)
+        try:
+            await app(scope, receive, send)
+        except TooManyRegistrations as e:
+            await JSONResponse({"error": "too_many_requests", "error_description": e.message}, status_code=429,
+                               headers={"Retry-After": "3600"})(scope, receive, send)
+        finally:
+            REGISTERING_FROM.reset(token)
+    return _Asgi(limited)
+
+
+def oauth_routes(db: Database, issuer: str) -> list[Route]:
+    """The OAuth routes (the SDK's handlers) and both metadata documents, for ``issuer``."""
+    provider = AppProvider(db, issuer)
+    routes = create_auth_routes(provider, issuer_url=AnyHttpUrl(issuer),
+                                client_registration_options=ClientRegistrationOptions(
+                                    enabled=True, valid_scopes=[OAUTH_SCOPE], default_scopes=[OAUTH_SCOPE]),
+                                revocation_options=RevocationOptions(enabled=True))
+    metadata = OAuthMetadata.model_validate({
+        "issuer": issuer, "authorization_endpoint": f"{issuer}/authorize", "token_endpoint": f"{issuer}/token",
+        "registration_endpoint": f"{issuer}/register", "revocation_endpoint": f"{issuer}/revoke",
+        "scopes_supported": [OAUTH_SCOPE], "response_types_supported": ["code"],
+        "grant_types_supported": ["authorization_code", "refresh_token"],
+        "token_endpoint_auth_methods_supported": ["none", "client_secret_post", "client_secret_basic"],
+        "revocation_endpoint_auth_methods_supported": ["none", "client_secret_post", "client_secret_basic"],
+        "code_challenge_methods_supported": ["S256"], "authorization_response_iss_parameter_supported": True,
+        "service_documentation": f"{issuer}/#/help"})
+    # Built from strings: a pydantic URL made from the issuer alone would gain a trailing slash, and
+    # clients compare the issuer byte for byte (RFC 8414 §3.3, RFC 9207).
+    resource_doc = ProtectedResourceMetadata.model_validate({
+        "resource": provider.resource, "authorization_servers": [issuer], "scopes_supported": [OAUTH_SCOPE],
+        "resource_name": "Prickle"})
+
+    def document(model: Any) -> Callable[[Request], Any]:
+        shown = PydanticJSONResponse(content=model).body
+
+        async def serve(request: Request) -> Response:
+            return Response(shown, media_type="application/json", headers={
+                "Cache-Control": "public, max-age=3600", "Access-Control-Allow-Origin": "*"})
+        return serve
+
+    kept = []
+    for route in routes:
+        if route.path == "/.well-known/oauth-authorization-server":
+            continue
+        if route.path == "/token":
+            route = Route("/token", _token_resource_checked(route.app, provider.resource), methods=["POST", "OPTIONS"])
+        elif route.path == "/register":
+            route = Route("/register", _registration_limited(route.app), methods=["POST", "OPTIONS"])
+        kept.append(route)
+    return [Route("/.well-known/oauth-authorization-server", document(metadata), methods=["GET"]), *kept,
+            Route("/.well-known/oauth-protected-resource/mcp", document(resource_doc), methods=["GET"]),
+            Route("/.well-known/oauth-protected-resource", document(resource_doc), methods=["GET"])]
 
 
 def create_app(db_path: str, settings: Settings | None = None, port: int | None = None) -> Starlette:
@@ -13170,8 +13735,10 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
             db.close()
             checkpointer.close()
 
-    mcp_endpoint = MCPEndpoint(state, manager)
+    issuer = oauth_issuer(settings)
+    mcp_endpoint = MCPEndpoint(state, manager, issuer)
     routes = [
+        *(oauth_routes(db, issuer) if issuer else []),
         Route("/mcp", endpoint=mcp_endpoint, methods=["GET", "POST", "DELETE"]),
         *(Route(path, endpoint, methods=[method]) for method, path, endpoint in ROUTES),
         Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
