@@ -4272,7 +4272,8 @@ def list_tokens(db: Database, owner: str | None = None) -> list[dict]:
     rows = db.rows("SELECT id, kind, agent_id, person, CASE WHEN rooms_only THEN '@rooms' ELSE project END AS project, "
                    "label, created_at, u.used_at AS last_used_at, expires_at, revoked_at FROM credentials "
                    "LEFT JOIN credential_uses u ON u.credential_id = credentials.id "
-                   "WHERE kind NOT IN ('signin', 'session', 'execution', 'discussion') ORDER BY created_at")
+                   "WHERE kind NOT IN ('signin', 'session', 'execution', 'discussion', 'oauth', 'oauth_refresh') "
+                   "ORDER BY created_at")
     if owner is not None:
         rows = [r for r in rows if r["person"] == owner or owner_of(r["agent_id"] or "") == owner]
     return rows
@@ -9030,9 +9031,11 @@ def revoke_oauth(db: Database, token: str, client_id: str) -> None:
 
 def connected_apps(db: Database, person: Actor) -> list[dict]:
     """The apps connected as the person's agents (one per approval still live), newest first:
-    ``[{family, client_name, agent_id, project, connected_at, last_used_at, expires_at}]``."""
-    rows = db.rows("SELECT c.family, c.agent_id, c.project, min(c.created_at) AS connected_at, max(c.used_at) AS "
+    ``[{family, client_name, agent_id, project, connected_at, last_used_at, expires_at}]``
+    (``expires_at``: when its refresh token does, unless the app refreshes before)."""
+    rows = db.rows("SELECT c.family, c.agent_id, c.project, min(c.created_at) AS connected_at, max(u.used_at) AS "
                    "last_used_at, max(c.expires_at) AS expires_at, o.name AS client_name FROM credentials c "
+                   "LEFT JOIN credential_uses u ON u.credential_id = c.id "
                    "LEFT JOIN oauth_clients o ON o.client_id = c.client_id WHERE c.kind IN ('oauth', 'oauth_refresh') "
                    "AND c.person = ? AND c.family IN (SELECT family FROM credentials WHERE kind = 'oauth_refresh' "
                    "AND revoked_at IS NULL AND person = ?) GROUP BY c.family ORDER BY connected_at DESC",
