@@ -8871,6 +8871,17 @@ def begin_oauth(db: Database, client_id: str, params: dict, resource: str) -> st
     return row["id"]
 
 
+@expires("oauth")
+def expire_oauth_requests(db: Database, now: _dt.datetime) -> int:
+    """End the authorization requests (and unredeemed codes) past their ten minutes; returns how many.
+    Inside the caller's transaction."""
+    rows = db.rows("SELECT * FROM oauth_requests WHERE state IN ('pending', 'approved') AND expires_at <= ?",
+                   (iso(now),))
+    for row in rows:
+        move(db, "oauth", row["id"], "expire", row)
+    return len(rows)
+
+
 def _live_oauth(db: Database, request_id: Any) -> dict:
     """The request, moved to ``expired`` (inside the caller's transaction) once its time is up."""
     row = db.one("SELECT * FROM oauth_requests WHERE id = ?", (request_id,)) if isinstance(request_id, str) else None
@@ -8910,8 +8921,8 @@ def decide_oauth(db: Database, person: Actor, request_id: str, decision: str, ag
 
     Returns ``{"redirect": URL}``: back to the app with a one-time ``code`` (or ``error=access_denied``),
     its ``state`` and ``iss`` (RFC 9207, byte for byte the metadata's ``issuer``). Single use: a
-    decided or expired request is ``invalid_state`` / ``expired``. Writes ``app.approved``-style
-    nothing: the app's tokens are recorded when they are made (``token.created``).
+    decided or expired request is ``invalid_state`` / ``expired``. Nothing is audited here: the
+    app's tokens are, when the code is redeemed (``token.created``).
     """
     check_decision(decision, "approve", "refuse")
     with db.transaction():

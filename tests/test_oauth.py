@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 
 import prickle
 from conftest import MCP, World, audit_entries
+from helpers import clock  # noqa: F401 (a fixture)
 
 ISSUER = "https://prickle.example"
 RESOURCE = f"{ISSUER}/mcp"
@@ -227,4 +228,24 @@ def test_a_refused_request_sends_the_app_back_with_access_denied(app, world):
     assert back == {"state": "st-1", "iss": ISSUER, "error": "access_denied", "error_description": "oj refused it"}
     r = app.post(f"/api/oauth/{request_id}", json={"decision": "approve", "agent_id": "oj/muse"},
                  headers={"Authorization": f"Bearer {world.tokens['oj']}"})
-    assert r.status_code == 409 or r.json()["error"]["code"] == "invalid_state"
+    assert (r.status_code, r.json()["error"]["code"]) == (409, "invalid_state")  # decided once
+
+
+def test_a_code_or_a_request_past_its_ten_minutes_is_refused(app, world, clock):
+    import datetime as dt
+    clock.now = dt.datetime.now(dt.timezone.utc)
+    client = register(app)
+    verifier, challenge = pkce()
+    back = approve(app, world, authorize(app, client["client_id"], challenge))
+    late = authorize(app, client["client_id"], challenge)
+    clock.now += dt.timedelta(minutes=11)
+    status, out = token(app, grant_type="authorization_code", code=back["code"], client_id=client["client_id"],
+                        redirect_uri="http://127.0.0.1:40001/callback", code_verifier=verifier, resource=RESOURCE)
+    assert (status, out["error"]) == (400, "invalid_grant")
+    r = app.post(f"/api/oauth/{late}", json={"decision": "approve", "agent_id": "oj/muse"},
+                 headers={"Authorization": f"Bearer {world.tokens['oj']}"})
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        410, "this request expired (10 minutes): start connecting again from the app")
+    assert prickle.expire_due(world.db, "oauth") == 1  # the one nobody touched since, as the server's timer does
+    assert sorted(r["state"] for r in world.db.rows("SELECT state FROM oauth_requests")) == ["expired", "expired"]
+    assert world.db.scalar("SELECT count(*) FROM credentials WHERE kind LIKE 'oauth%'") == 0
