@@ -16569,8 +16569,10 @@ class Runner(RunnerDeliveries):
             self.save()
             return
         mine = set(self.procs) | set(self.by_task.values())
+        # A task being claimed or verified here has a run on the server before this runner knows its id.
+        busy = set(self.by_task) | set(self.verifying)
         for run in (state or {}).get("runs", []):
-            if run["state"] == "running" and run["attempt_id"] not in mine:
+            if run["state"] == "running" and run["attempt_id"] not in mine and run["task_id"] not in busy:
                 self.log(f"{agent_id}: {run['attempt_id']} is running on the server but not here: marking it "
                          "uncertain for its owner to settle")
                 await self.tell(agent_id, run["attempt_id"], "uncertain", "no_process")
