@@ -172,7 +172,9 @@ def test_request_step_refused_and_expiries(mcp, server, world):
 def test_revoking_a_device_ends_its_credentials(mcp, server, world):
     task, device, runner, out = claimed(mcp, server, world)
     r = person(server, world, "ren").delete(f"/api/devices/{device['id']}")
-    assert r.json() == {"id": device["id"], "revoked": True, "credentials_ended": 2}
+    assert r.json() == {"id": device["id"], "revoked": True, "reason": "owner", "credentials_ended": 2,
+                        "runs_stopped": 1}
+    assert world.db.scalar("SELECT state FROM attempts WHERE device_id = ?", (device["id"],)) == "stopped"
     assert mcp.raw(runner, "tools/list").status_code == 401
     assert mcp.raw(out["execution_credential"]["token"], "tools/list").status_code == 401
     assert audit_entries(world.db, PROJECT, "device.revoked")[0]["refs"]["credentials"] == 2
