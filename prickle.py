@@ -64,8 +64,8 @@ Part II. The team's work: one chapter per capability; each operation is one func
   23. Approvals and the people's side of tasks -- approvals, standing approvals, final
       acceptance, send back, cancel, rename, blocked-by and asking for a task
   24. The owner's gate rules -- delegation rules, standing approvals and the auto-accept policy
-  25. Runs: devices, claims and steps -- paired devices, claim_task, the end of a run and
-      request_step
+  25. Runs: devices, claims and steps -- paired devices (revoked, stolen, expired when idle,
+      ended by signing out everywhere), claim_task, the end of a run and request_step
   26. Run control -- the owner's Start, Stop, hand back, pause and settling an uncertain run
   27. The board and the task page -- a task as the page shows it, the board and one task whole
   28. Connecting a computer -- a short code the owner approves on the page
@@ -7644,7 +7644,9 @@ def set_auto_accept(db: Database, owner: str, on: bool) -> dict:
 ###############################################################################
 # A runner is a paired device of one agent. A task wake becomes claim_task (an attempt and its
 # execution credential); a woken run asks its owner before a step its tools don't allow
-# (request_step), and the owner allows or refuses it.
+# (request_step), and the owner allows or refuses it. A device can be lost: its owner revokes it or
+# marks it stolen, signs out everywhere, or leaves it unused until it expires; each ends its keys,
+# its runs and its discussions at once (end_lost_device).
 
 #: The tools a verification run's credential may call: read its task and thread, and decide the result.
 VERIFY_TOOLS = ("get_project_context", "read_room", "check_inbox", "accept_result", "reject_result")
