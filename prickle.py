@@ -7749,12 +7749,16 @@ def end_lost_device(db: Database, device: dict, reason: str, by: str | None) -> 
 
 def sign_out_everywhere(db: Database, handle: str) -> dict:
     """End every browser session of ``handle`` (and each sign-in link not yet used) and every live device
-    paired to their agents (reason ``sessions_ended``), at once. Their personal tokens and agents' MCP
-    keys are left as they are. ``{"sessions_ended", "devices_ended", "credentials_ended", "runs_stopped"}``.
+    paired to their agents (reason ``sessions_ended``), at once; no browser is sent their push
+    notifications any more. Their personal tokens and agents' MCP keys are left as they are.
+    ``{"sessions_ended", "devices_ended", "credentials_ended", "runs_stopped", "push_ended"}``.
     Writes ``device.revoked`` for each device (a session is recorded nowhere)."""
     with db.transaction():
         require_person(db, handle)
         sessions = revoke_credentials(db, "kind IN ('session', 'signin') AND person = ?", (handle,), "revoked")
+        db.execute("DELETE FROM push_sent WHERE subscription IN (SELECT id FROM push_subscriptions WHERE handle = ?)",
+                   (handle,))
+        push = db.execute("DELETE FROM push_subscriptions WHERE handle = ?", (handle,))
         devices = db.rows("SELECT * FROM devices WHERE owner = ? AND revoked_at IS NULL ORDER BY created_at",
                           (handle,))
         ended = stopped = 0
@@ -7762,7 +7766,7 @@ def sign_out_everywhere(db: Database, handle: str) -> dict:
             n, runs = end_lost_device(db, device, "sessions_ended", handle)
             ended, stopped = ended + n, stopped + runs
     return {"sessions_ended": sessions, "devices_ended": len(devices), "credentials_ended": ended,
-            "runs_stopped": stopped}
+            "runs_stopped": stopped, "push_ended": push}
 
 
 #: A device none of whose keys was used for this many days expires, unless the server's settings

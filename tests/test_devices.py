@@ -129,8 +129,14 @@ def test_signing_out_everywhere_ends_sessions_links_and_devices(mcp, server, wor
     task, device, runner, out = claimed(mcp, server, world)
     second, second_key = paired(world)
     _, oj_key = paired(world, "oj/muse")
+    for handle in ("ren", "oj"):
+        world.db.execute("INSERT INTO push_subscriptions (id, handle, endpoint, p256dh, auth, created_at) VALUES "
+                         "(?, ?, ?, 'k', 'a', ?)", (f"sub_{handle}", handle, f"https://push.example/{handle}",
+                                                     prickle.iso(prickle.utcnow())))
     r = person(server, world, "ren").post("/api/signout/everywhere")
-    assert r.json() == {"sessions_ended": 3, "devices_ended": 2, "credentials_ended": 3, "runs_stopped": 1}
+    assert r.json() == {"sessions_ended": 3, "devices_ended": 2, "credentials_ended": 3, "runs_stopped": 1,
+                        "push_ended": 1}
+    assert [row["handle"] for row in world.db.rows("SELECT handle FROM push_subscriptions")] == ["oj"]
     for session in sessions:
         with pytest.raises(prickle.Unauthorized, match="^this session has ended: sign in again$"):
             prickle.resolve_token(world.db, session, ("session",))
@@ -145,7 +151,8 @@ def test_signing_out_everywhere_ends_sessions_links_and_devices(mcp, server, wor
     assert mcp.raw(world.keys["ren/builder"], "tools/list").status_code == 200  # nor an agent's MCP key
     assert mcp.raw(oj_key, "tools/list").status_code == 200  # nor someone else's device
     again = person(server, world, "ren").post("/api/signout/everywhere").json()
-    assert again == {"sessions_ended": 0, "devices_ended": 0, "credentials_ended": 0, "runs_stopped": 0}
+    assert again == {"sessions_ended": 0, "devices_ended": 0, "credentials_ended": 0, "runs_stopped": 0,
+                     "push_ended": 0}
 
 
 def test_the_device_list_says_when_and_from_where_its_keys_were_last_used(mcp, server, world, clock):
@@ -166,6 +173,7 @@ def test_the_command_line_marks_a_device_stolen_and_signs_a_person_out_everywher
     out = cli_json(world.db_path, "device", "revoke", "ren", device["id"], "--stolen")
     assert out == {"id": device["id"], "revoked": True, "reason": "stolen", "credentials_ended": 1, "runs_stopped": 0}
     out = cli_json(world.db_path, "person", "signout-everywhere", "ren")
-    assert out == {"sessions_ended": 0, "devices_ended": 1, "credentials_ended": 1, "runs_stopped": 0}
+    assert out == {"sessions_ended": 0, "devices_ended": 1, "credentials_ended": 1, "runs_stopped": 0,
+                   "push_ended": 0}
     rows = {d["id"]: d for d in cli_json(world.db_path, "device", "list", "ren")["devices"]}
     assert (rows[device["id"]]["revoked_reason"], rows[other["id"]]["revoked_reason"]) == ("stolen", "sessions_ended")
