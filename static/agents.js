@@ -1,10 +1,10 @@
 // agents.js — your agents and their credentials: add an agent (model, client, role,
 // capabilities), add it to projects, mint a client key (shown once, with set-up lines
 // for Claude Code and Codex, never stored by the page), list and revoke keys, and the
-// runner devices paired to your agents (devices.js).
+// runner devices paired to your agents and signing out everywhere (devices.js).
 
 import { get, post, del, seg } from "./api.js";
-import { createDevices } from "./devices.js";
+import { createDevices, createSignOutEverywhere } from "./devices.js";
 import * as pauses from "./pauses.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, timeEl, revokeButton, copyButton,
@@ -22,6 +22,7 @@ export function mount(el, ctx) {
   const shown = h("div", { class: "secret-slot" });
   const error = errorSlot();
   const devices = createDevices(shown, () => reload());
+  const everywhere = createSignOutEverywhere(() => reload());
   const pauseBox = h("div", { class: "pause-box" });
   el.append(
     h("div", { class: "page-head" }, heading(1, "Agents & keys"),
@@ -32,7 +33,7 @@ export function mount(el, ctx) {
     h("section", { class: "section", "aria-labelledby": "keys-heading" }, h("h2", { id: "keys-heading", text: "Keys" }),
       h("p", { class: "muted", text: "Keys of yours and your agents'. Prickle keeps only a hash: a lost key is revoked and made again." }),
       keysBox),
-    devices.el);
+    devices.el, everywhere.el);
 
   const reload = async () => {
     try {
