@@ -3134,10 +3134,16 @@ def revoke_credentials(db: Database, where: str, params: tuple, reason: str) -> 
     return len(rows)
 
 
+#: What else ends with a device, each ``fn(db, device, reason)`` in the caller's transaction after its
+#: credentials: its runs still going (registered where runs are, chapter 25).
+DEVICE_ENDINGS: list[Callable[[Database, dict, str], None]] = []
+
+
 def end_device(db: Database, device: dict, reason: str) -> int:
     """Revoke a device and every credential it still holds, in the caller's transaction; returns how many.
 
-    Writes ``device.revoked`` (with the count) in each of its agent's chains.
+    Writes ``device.revoked`` (with the count) in each of its agent's chains, then ends what
+    DEVICE_ENDINGS names.
     """
     db.execute("UPDATE devices SET revoked_at = ?, revoked_reason = ? WHERE id = ?",
                (iso(utcnow()), reason, device["id"]))
@@ -3145,6 +3151,8 @@ def end_device(db: Database, device: dict, reason: str) -> int:
     for chain in agent_chains(db, device["agent_id"]):
         audit(db, chain, "device.revoked", {"device": device["id"], "agent": device["agent_id"], "reason": reason,
                                             "credentials": ended})
+    for fn in DEVICE_ENDINGS:
+        fn(db, device, reason)
     return ended
 
 
@@ -7646,7 +7654,7 @@ def set_auto_accept(db: Database, owner: str, on: bool) -> dict:
 # execution credential); a woken run asks its owner before a step its tools don't allow
 # (request_step), and the owner allows or refuses it. A device can be lost: its owner revokes it or
 # marks it stolen, signs out everywhere, or leaves it unused until it expires; each ends its keys,
-# its runs and its discussions at once (end_lost_device).
+# its runs and its discussions at once (end_device, with _stop_device_runs).
 
 #: The tools a verification run's credential may call: read its task and thread, and decide the result.
 VERIFY_TOOLS = ("get_project_context", "read_room", "check_inbox", "accept_result", "reject_result")
@@ -7707,7 +7715,7 @@ OWNER_DEVICE_REASONS = ("owner", "stolen")
 def revoke_device(db: Database, owner: str, device_id: str, reason: str = "owner") -> dict:
     """Revoke one of ``owner``'s devices: ``reason`` ``owner``, or ``stolen``. Every credential it
     holds (its runner key, its runs' and discussions' credentials) ends at once, with their waits and
-    MCP sessions, and its runs still going are stopped (see end_lost_device).
+    MCP sessions, and its runs still going are stopped (see end_device).
 
     ``{"id", "revoked": true, "reason", "credentials_ended", "runs_stopped"}``. Raises InvalidInput
     (a bad id or reason), NotFound (no such device of ``owner``'s) or InvalidState (already revoked);
@@ -7723,28 +7731,32 @@ def revoke_device(db: Database, owner: str, device_id: str, reason: str = "owner
         if device["revoked_at"]:
             raise InvalidState(f"device '{device_id}' was already revoked ({device['revoked_reason']}) at "
                                f"{device['revoked_at']}")
-        ended, stopped = end_lost_device(db, device, reason, owner)
+        stopped = _running_on(db, device)
+        ended = end_device(db, device, reason)
     return {"id": device_id, "revoked": True, "reason": reason, "credentials_ended": ended, "runs_stopped": stopped}
 
 
-def end_lost_device(db: Database, device: dict, reason: str, by: str | None) -> tuple[int, int]:
-    """End a live device in the caller's transaction: its credentials (end_device), then its runs still
-    going, stopped as a Stop stops them (a new run waits for its owner's Start). ``by`` is the person who
-    ended it (None for an expiry). Returns ``(credentials ended, runs stopped)``."""
-    ended = end_device(db, device, reason)
-    runs = db.rows("SELECT * FROM attempts WHERE device_id = ? AND state = 'running'", (device["id"],))
-    for attempt in runs:
+def _running_on(db: Database, device: dict) -> int:
+    return db.scalar("SELECT count(*) FROM attempts WHERE device_id = ? AND state = 'running'", (device["id"],))
+
+
+def _stop_device_runs(db: Database, device: dict, reason: str) -> None:
+    """A device that ended (end_device) stops its runs still going, as a Stop stops them (a new run
+    waits for its owner's Start), by its owner (nobody, for an expiry). Writes ``task.run_stopped``."""
+    for attempt in db.rows("SELECT * FROM attempts WHERE device_id = ? AND state = 'running'", (device["id"],)):
         task = task_row(db, attempt["task_id"])
         end_attempt(db, attempt, "stop", task["project"], "device_revoked")
         if WAITING_ON[lifecycle_state(task)] == "agent":
             db.execute("UPDATE tasks SET waiting_on = 'stopped' WHERE id = ?", (task["id"],))  # until its Start
         audit(db, task["project"], "task.run_stopped", {
-            "agent": attempt["agent_id"], "run": attempt["run_id"], "task": task["id"], "by": by,
-            "reason": "device_revoked", "device": device["id"], "state_before": task["state"],
-            "attempt": attempt["id"]})
+            "agent": attempt["agent_id"], "run": attempt["run_id"], "task": task["id"],
+            "by": None if reason == "expired" else device["owner"], "reason": "device_revoked",
+            "device": device["id"], "state_before": task["state"], "attempt": attempt["id"]})
         append_event(db, task["project"], "task.updated", {"task": task_out(db, task_row(db, task["id"]))},
                      [(task["assignee"], "task", task["id"], None)])
-    return ended, len(runs)
+
+
+DEVICE_ENDINGS.append(_stop_device_runs)
 
 
 def sign_out_everywhere(db: Database, handle: str) -> dict:
@@ -7763,8 +7775,8 @@ def sign_out_everywhere(db: Database, handle: str) -> dict:
                           (handle,))
         ended = stopped = 0
         for device in devices:
-            n, runs = end_lost_device(db, device, "sessions_ended", handle)
-            ended, stopped = ended + n, stopped + runs
+            stopped += _running_on(db, device)
+            ended += end_device(db, device, "sessions_ended")
     return {"sessions_ended": sessions, "devices_ended": len(devices), "credentials_ended": ended,
             "runs_stopped": stopped, "push_ended": push}
 
@@ -7784,13 +7796,13 @@ def keep_device_idle_days(db: Database, days: int) -> None:
 @expires("device")
 def expire_idle_devices(db: Database, now: _dt.datetime) -> int:
     """End the live devices none of whose keys was used (nor the device paired) in its idle days:
-    reason ``expired``, their credentials and runs with them (end_lost_device). Returns how many."""
+    reason ``expired``, their credentials and runs with them (end_device). Returns how many."""
     days = int(db.scalar("SELECT value FROM meta WHERE key = 'device_idle_days'") or DEVICE_IDLE_DAYS)
     idle = db.rows("SELECT d.* FROM devices d WHERE d.revoked_at IS NULL AND max(d.created_at, coalesce((SELECT "
                    "max(u.used_at) FROM credential_uses u JOIN credentials c ON c.id = u.credential_id WHERE "
                    "c.device_id = d.id), '')) <= ?", (iso(now - _dt.timedelta(days=days)),))
     for device in idle:
-        end_lost_device(db, device, "expired", None)
+        end_device(db, device, "expired")
     return len(idle)
 
 
