@@ -7700,9 +7700,9 @@ def list_devices(db: Database, owner: str) -> list[dict]:
     (None if never), and ``can_revoke`` (it is live)."""
     rows = db.rows("SELECT d.id, d.agent_id, d.name, d.created_at, d.revoked_at, d.revoked_reason, u.used_at AS "
                    "last_used_at, u.address AS last_address FROM devices d LEFT JOIN credential_uses u ON "
-                   "u.credential_id = (SELECT u2.credential_id FROM credential_uses u2 JOIN credentials c ON c.id = u2.credential_id "
-                   "WHERE c.device_id = d.id ORDER BY u2.used_at DESC LIMIT 1) WHERE d.owner = ? "
-                   "ORDER BY d.created_at", (owner,))
+                   "u.credential_id = (SELECT u2.credential_id FROM credential_uses u2 JOIN credentials c ON "
+                   "c.id = u2.credential_id WHERE c.device_id = d.id ORDER BY u2.used_at DESC LIMIT 1) "
+                   "WHERE d.owner = ? ORDER BY d.created_at", (owner,))
     return [r | {"can_revoke": r["revoked_at"] is None} for r in rows]
 
 
