@@ -64,8 +64,8 @@ Part II. The team's work: one chapter per capability; each operation is one func
   23. Approvals and the people's side of tasks -- approvals, standing approvals, final
       acceptance, send back, cancel, rename, blocked-by and asking for a task
   24. The owner's gate rules -- delegation rules, standing approvals and the auto-accept policy
-  25. Runs: devices, claims and steps -- paired devices, claim_task, the end of a run and
-      request_step
+  25. Runs: devices, claims and steps -- paired devices (revoked, stolen, expired when idle,
+      ended by signing out everywhere), claim_task, the end of a run and request_step
   26. Run control -- the owner's Start, Stop, hand back, pause and settling an uncertain run
   27. The board and the task page -- a task as the page shows it, the board and one task whole
   28. Connecting a computer or an app -- a short code the owner approves on the page; an MCP
@@ -551,6 +551,8 @@ class Settings(pydantic.BaseModel):
     intent_ttl_minutes: int = pydantic.Field(240, ge=1, le=10080)
     #: A person's browser session lasts this many days.
     session_days: int = pydantic.Field(14, ge=1, le=365)
+    #: A runner device none of whose keys is used for this many days expires (its keys end).
+    device_idle_days: int = pydantic.Field(90, ge=1, le=3650)
     #: A sign-in link works once within this many minutes.
     signin_link_minutes: int = pydantic.Field(30, ge=1, le=1440)
     #: A run's execution credential (claim_task) expires after this many minutes.
@@ -1745,6 +1747,11 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE credentials ADD COLUMN resource TEXT",
         "ALTER TABLE credentials ADD COLUMN family TEXT",
         "CREATE INDEX credentials_by_family ON credentials(family)",
+    ],
+    [
+        # Where a credential was last used from (the client address of that call), beside when:
+        # the device list says which computer last used a device's keys.
+        "ALTER TABLE credential_uses ADD COLUMN address TEXT",
     ],
 ]
 
@@ -3158,10 +3165,16 @@ def revoke_credentials(db: Database, where: str, params: tuple, reason: str) -> 
     return len(rows)
 
 
+#: What else ends with a device, each ``fn(db, device, reason)`` in the caller's transaction after its
+#: credentials: its runs still going (registered where runs are, chapter 25).
+DEVICE_ENDINGS: list[Callable[[Database, dict, str], None]] = []
+
+
 def end_device(db: Database, device: dict, reason: str) -> int:
     """Revoke a device and every credential it still holds, in the caller's transaction; returns how many.
 
-    Writes ``device.revoked`` (with the count) in each of its agent's chains.
+    Writes ``device.revoked`` (with the count) in each of its agent's chains, then ends what
+    DEVICE_ENDINGS names.
     """
     db.execute("UPDATE devices SET revoked_at = ?, revoked_reason = ? WHERE id = ?",
                (iso(utcnow()), reason, device["id"]))
@@ -3169,6 +3182,8 @@ def end_device(db: Database, device: dict, reason: str) -> int:
     for chain in agent_chains(db, device["agent_id"]):
         audit(db, chain, "device.revoked", {"device": device["id"], "agent": device["agent_id"], "reason": reason,
                                             "credentials": ended})
+    for fn in DEVICE_ENDINGS:
+        fn(db, device, reason)
     return ended
 
 
@@ -3293,9 +3308,11 @@ def visible_task(db: Database, actor: Actor, project: str, task_id: str, field: 
     return task
 
 
-def note_seen(db: Database, agent_id: str | None, credential_id: str | None = None) -> None:
-    """Record that the agent (if any) was seen, and when its credential was last used (the keys
-    page's "last used"), at most once a minute per credential (saves a write per call)."""
+def note_seen(db: Database, agent_id: str | None, credential_id: str | None = None,
+              address: str | None = None) -> None:
+    """Record that the agent (if any) was seen, and when its credential was last used and from which
+    client ``address`` (the keys page's "last used", the device list's "from"), at most once a minute
+    per credential (saves a write per call)."""
     now, last = time.monotonic(), db.seen_at.get((agent_id, credential_id))
     if last is None or now - last >= 60.0:
         db.seen_at[(agent_id, credential_id)] = now
@@ -3304,8 +3321,9 @@ def note_seen(db: Database, agent_id: str | None, credential_id: str | None = No
             if agent_id is not None:
                 db.execute("UPDATE agents SET last_seen_at = ? WHERE agent_id = ?", (at, agent_id))
             if credential_id is not None:
-                db.execute("INSERT INTO credential_uses VALUES (?, ?) ON CONFLICT (credential_id) DO UPDATE SET "
-                           "used_at = excluded.used_at", (credential_id, at))
+                db.execute("INSERT INTO credential_uses VALUES (?, ?, ?) ON CONFLICT (credential_id) DO UPDATE SET "
+                           "used_at = excluded.used_at, address = excluded.address",
+                           (credential_id, at, address and address[:64]))
 
 
 #: A runner counts as listening this long (seconds) after its last wait_for_mention returned:
@@ -7675,7 +7693,9 @@ def set_auto_accept(db: Database, owner: str, on: bool) -> dict:
 ###############################################################################
 # A runner is a paired device of one agent. A task wake becomes claim_task (an attempt and its
 # execution credential); a woken run asks its owner before a step its tools don't allow
-# (request_step), and the owner allows or refuses it.
+# (request_step), and the owner allows or refuses it. A device can be lost: its owner revokes it or
+# marks it stolen, signs out everywhere, or leaves it unused until it expires; each ends its keys,
+# its runs and its discussions at once (end_device, with _stop_device_runs).
 
 #: The tools a verification run's credential may call: read its task and thread, and decide the result.
 VERIFY_TOOLS = ("get_project_context", "read_room", "check_inbox", "accept_result", "reject_result")
@@ -7716,21 +7736,119 @@ def pair_device(db: Database, owner: str, agent_id: str, name: str = "runner",
 
 
 def list_devices(db: Database, owner: str) -> list[dict]:
-    """An owner's paired devices, live and revoked."""
-    return db.rows("SELECT id, agent_id, name, created_at, revoked_at, revoked_reason FROM devices WHERE owner = ? "
-                   "ORDER BY created_at", (owner,))
+    """An owner's paired devices, live and revoked, each with when and from where its keys (its runner
+    key, its runs' and discussions' credentials) were last used: ``last_used_at`` and ``last_address``
+    (None if never), and ``can_revoke`` (it is live)."""
+    rows = db.rows("SELECT d.id, d.agent_id, d.name, d.created_at, d.revoked_at, d.revoked_reason, u.used_at AS "
+                   "last_used_at, u.address AS last_address FROM devices d LEFT JOIN credential_uses u ON "
+                   "u.credential_id = (SELECT u2.credential_id FROM credential_uses u2 JOIN credentials c ON "
+                   "c.id = u2.credential_id WHERE c.device_id = d.id ORDER BY u2.used_at DESC LIMIT 1) "
+                   "WHERE d.owner = ? ORDER BY d.created_at", (owner,))
+    return [r | {"can_revoke": r["revoked_at"] is None} for r in rows]
+
+
+#: Why an owner revokes a device by hand: it is no longer wanted (``owner``) or it was ``stolen``.
+#: A device also ends when its owner signs out everywhere (``sessions_ended``), when it is unused
+#: for its idle days (``expired``), or with its runner key (``key_revoked``).
+OWNER_DEVICE_REASONS = ("owner", "stolen")
 
 
 def revoke_device(db: Database, owner: str, device_id: str, reason: str = "owner") -> dict:
-    """Revoke a device and every credential it holds (its runner key, its runs' credentials)."""
+    """Revoke one of ``owner``'s devices: ``reason`` ``owner``, or ``stolen``. Every credential it
+    holds (its runner key, its runs' and discussions' credentials) ends at once, with their waits and
+    MCP sessions, and its runs still going are stopped (see end_device).
+
+    ``{"id", "revoked": true, "reason", "credentials_ended", "runs_stopped"}``. Raises InvalidInput
+    (a bad id or reason), NotFound (no such device of ``owner``'s) or InvalidState (already revoked);
+    nothing changes then. Writes ``device.revoked`` and ``task.run_stopped`` for each run stopped.
+    """
+    check_id(device_id, "device_id")
+    if reason not in OWNER_DEVICE_REASONS:
+        raise InvalidInput(f"reason must be one of {', '.join(OWNER_DEVICE_REASONS)}")
     with db.transaction():
         device = db.one("SELECT * FROM devices WHERE id = ? AND owner = ?", (device_id, owner))
         if device is None:
             raise NotFound(f"no device '{device_id}' of yours")
         if device["revoked_at"]:
-            raise InvalidState(f"device '{device_id}' was already revoked")
+            raise InvalidState(f"device '{device_id}' was already revoked ({device['revoked_reason']}) at "
+                               f"{device['revoked_at']}")
+        stopped = _running_on(db, device)
         ended = end_device(db, device, reason)
-    return {"id": device_id, "revoked": True, "credentials_ended": ended}
+    return {"id": device_id, "revoked": True, "reason": reason, "credentials_ended": ended, "runs_stopped": stopped}
+
+
+def _running_on(db: Database, device: dict) -> int:
+    return db.scalar("SELECT count(*) FROM attempts WHERE device_id = ? AND state = 'running'", (device["id"],))
+
+
+def _stop_device_runs(db: Database, device: dict, reason: str) -> None:
+    """A device that ended (end_device) stops its runs still going, as a Stop stops them (a new run
+    waits for its owner's Start), by its owner (nobody, for an expiry). Writes ``task.run_stopped``."""
+    for attempt in db.rows("SELECT * FROM attempts WHERE device_id = ? AND state = 'running'", (device["id"],)):
+        task = task_row(db, attempt["task_id"])
+        end_attempt(db, attempt, "stop", task["project"], "device_revoked")
+        if WAITING_ON[lifecycle_state(task)] == "agent":
+            db.execute("UPDATE tasks SET waiting_on = 'stopped' WHERE id = ?", (task["id"],))  # until its Start
+        audit(db, task["project"], "task.run_stopped", {
+            "agent": attempt["agent_id"], "run": attempt["run_id"], "task": task["id"],
+            "by": None if reason == "expired" else device["owner"], "reason": "device_revoked",
+            "device": device["id"], "state_before": task["state"], "attempt": attempt["id"]})
+        append_event(db, task["project"], "task.updated", {"task": task_out(db, task_row(db, task["id"]))},
+                     [(task["assignee"], "task", task["id"], None)])
+
+
+DEVICE_ENDINGS.append(_stop_device_runs)
+
+
+def sign_out_everywhere(db: Database, handle: str) -> dict:
+    """End every browser session of ``handle`` (and each sign-in link not yet used) and every live device
+    paired to their agents (reason ``sessions_ended``), and every app connected as one of their agents
+    (OAuth, chapter 28), at once; no browser is sent their push notifications any more. Their personal
+    tokens and agents' MCP keys are left as they are.
+    ``{"sessions_ended", "devices_ended", "credentials_ended", "runs_stopped", "push_ended", "apps_ended"}``.
+    Writes ``device.revoked`` for each device (a session is recorded nowhere)."""
+    with db.transaction():
+        require_person(db, handle)
+        sessions = revoke_credentials(db, "kind IN ('session', 'signin') AND person = ?", (handle,), "revoked")
+        db.execute("DELETE FROM push_sent WHERE subscription IN (SELECT id FROM push_subscriptions WHERE handle = ?)",
+                   (handle,))
+        push = db.execute("DELETE FROM push_subscriptions WHERE handle = ?", (handle,))
+        devices = db.rows("SELECT * FROM devices WHERE owner = ? AND revoked_at IS NULL ORDER BY created_at",
+                          (handle,))
+        ended = stopped = 0
+        for device in devices:
+            stopped += _running_on(db, device)
+            ended += end_device(db, device, "sessions_ended")
+        apps = len({r["family"] for r in db.rows("SELECT family FROM credentials WHERE kind = 'oauth_refresh' AND "
+                                                   "person = ? AND revoked_at IS NULL", (handle,))})
+        revoke_credentials(db, "kind IN ('oauth', 'oauth_refresh') AND person = ?", (handle,), "app_revoked")
+    return {"sessions_ended": sessions, "devices_ended": len(devices), "credentials_ended": ended,
+            "runs_stopped": stopped, "push_ended": push, "apps_ended": apps}
+
+
+#: A device none of whose keys was used for this many days expires, unless the server's settings
+#: say otherwise (``device_idle_days``, kept in the meta table where every process reads it).
+DEVICE_IDLE_DAYS = 90
+
+
+def keep_device_idle_days(db: Database, days: int) -> None:
+    """Record the server's ``device_idle_days`` for every process's expiry of idle devices."""
+    with db.transaction():
+        db.execute("INSERT INTO meta VALUES ('device_idle_days', ?) ON CONFLICT (key) DO UPDATE SET "
+                   "value = excluded.value", (str(days),))
+
+
+@expires("device")
+def expire_idle_devices(db: Database, now: _dt.datetime) -> int:
+    """End the live devices none of whose keys was used (nor the device paired) in its idle days:
+    reason ``expired``, their credentials and runs with them (end_device). Returns how many."""
+    days = int(db.scalar("SELECT value FROM meta WHERE key = 'device_idle_days'") or DEVICE_IDLE_DAYS)
+    idle = db.rows("SELECT d.* FROM devices d WHERE d.revoked_at IS NULL AND max(d.created_at, coalesce((SELECT "
+                   "max(u.used_at) FROM credential_uses u JOIN credentials c ON c.id = u.credential_id WHERE "
+                   "c.device_id = d.id), '')) <= ?", (iso(now - _dt.timedelta(days=days)),))
+    for device in idle:
+        end_device(db, device, "expired")
+    return len(idle)
 
 
 def _run_cause(task: dict) -> dict:
@@ -11266,6 +11384,12 @@ class GuardMiddleware:
         await self.app(scope, receive, send)
 
 
+def client_address(request: Request | None) -> str | None:
+    """The address a request came from (the last hop: a reverse proxy's own when behind one), or None."""
+    client = request.client if request is not None else None
+    return client.host if client else None
+
+
 def person_from_request(state: AppState, request: Request) -> Actor:
     """The person behind a request: a personal token, or a session cookie with a same-origin write.
 
@@ -11274,7 +11398,7 @@ def person_from_request(state: AppState, request: Request) -> Actor:
     auth = request.headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
         actor = resolve_token(state.db, auth[7:].strip(), ("person",))
-        note_seen(state.db, None, actor.credential_id)  # the keys page's "last used"
+        note_seen(state.db, None, actor.credential_id, client_address(request))  # the keys page's "last used"
         return actor
     cookie = request.cookies.get(SESSION_COOKIE, "")
     if not cookie:
@@ -11309,8 +11433,10 @@ def reader_from_request(state: AppState, request: Request) -> Actor:
 def runner_from_request(state: AppState, request: Request) -> Actor:
     """The agent behind a runner's HTTP call: its runner key or a discussion credential."""
     auth = request.headers.get("authorization", "")
-    return resolve_token(state.db, auth[7:].strip() if auth.lower().startswith("bearer ") else "",
-                         ("runner", "discussion"))
+    actor = resolve_token(state.db, auth[7:].strip() if auth.lower().startswith("bearer ") else "",
+                          ("runner", "discussion"))
+    note_seen(state.db, None, actor.credential_id, client_address(request))  # its device's "last used"
+    return actor
 
 
 def _number_or_marker(text: str) -> Any:
@@ -11890,7 +12016,7 @@ def build_mcp_server(state: AppState) -> _MCPServer:
                 check_live(state.db, actor)
             check_run_allowed(state.db, actor)
             args = validate_input(tool.name, params.arguments or {})
-            note_seen(state.db, actor.agent_id, actor.credential_id)
+            note_seen(state.db, actor.agent_id, actor.credential_id, client_address(ctx.request))
             result = await tool.run(state, actor, args, ctx)
         except PrickleError as e:
             if not key_checked and not isinstance(e, Unauthorized):
@@ -12977,6 +13103,18 @@ async def api_revoke_device(state: AppState, person: Actor, request: Request, bo
     return revoke_device(state.db, person.handle, request.path_params["device_id"])
 
 
+async def api_device_stolen(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """POST /api/devices/{id}/stolen: mark a device stolen; its keys, runs and discussions end at once."""
+    return revoke_device(state.db, person.handle, request.path_params["device_id"], "stolen")
+
+
+async def api_signout_everywhere(state: AppState, person: Actor, request: Request, body: Any) -> Response:
+    """POST /api/signout/everywhere: end every browser session of the person and every device of their agents."""
+    response = JSONResponse(sign_out_everywhere(state.db, person.handle))
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    return response
+
+
 async def api_steps(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/steps: steps your agents' runs are waiting on you to allow or refuse."""
     return {"steps": pending_steps(state.db, person)}
@@ -13299,6 +13437,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("POST", "/api/projects/{slug}/messages", _api(api_post)),
     ("GET", "/api/projects/{slug}/events", _api(api_events)),
     ("POST", "/api/signout", _api(api_signout)),
+    ("POST", "/api/signout/everywhere", _api(api_signout_everywhere)),
     ("GET", "/api/search", _api(api_search)),
     ("GET", "/api/approvals", _api(api_approvals)),
     ("GET", "/api/inbox", _api(api_inbox)),
@@ -13369,6 +13508,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("GET", "/api/devices", _api(api_devices)),
     ("POST", "/api/devices", _api(api_pair_device)),
     ("DELETE", "/api/devices/{device_id}", _api(api_revoke_device)),
+    ("POST", "/api/devices/{device_id}/stolen", _api(api_device_stolen)),
     ("GET", "/api/steps", _api(api_steps)),
     ("POST", "/api/steps/{step_id}", _api(api_decide_step)),
     ("GET", "/signin", signin),
@@ -13714,6 +13854,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     # Checkpoints (which fsync) run on a worker thread with their own connection, never inside a
     # request's commit on the event loop.
     db.conn.pragma("wal_autocheckpoint", 0)
+    keep_device_idle_days(db, settings.device_idle_days)
     state = AppState(db=db, settings=settings, hub=hub, port=port, readers=Readers(db_path))
     manager = SessionManager(app=build_mcp_server(state), json_response=False, stateless=False,
                               session_idle_timeout=settings.session_idle_seconds,
@@ -14931,18 +15072,32 @@ def device_list(db_path: str, as_json: bool, owner: str) -> None:
     require_person(db, owner)
     rows = list_devices(db, owner)
     Out(as_json).rows("devices", rows, lambda r: (
-        f"{r['id']}  {r['agent_id']:<24} {r['name']:<16} {'revoked' if r['revoked_at'] else 'active'}"),
+        f"{r['id']}  {r['agent_id']:<24} {r['name']:<16} "
+        f"{'revoked (' + r['revoked_reason'] + ')' if r['revoked_at'] else 'active':<24} "
+        f"last used {r['last_used_at'] + ' from ' + (r['last_address'] or '?') if r['last_used_at'] else 'never'}"),
         "No devices.")
 
 
 @device_group.command("revoke")
 @db_options
+@click.option("--stolen", is_flag=True, help="The device was stolen: say so in the audit log (reason 'stolen').")
 @click.argument("owner")
 @click.argument("device_id")
-def device_revoke(db_path: str, as_json: bool, owner: str, device_id: str) -> None:
-    """Revoke a device and every credential it holds."""
-    out = revoke_device(open_db(db_path), owner, device_id)
-    Out(as_json)(out, f"Revoked {device_id} ({out['credentials_ended']} credentials ended).")
+def device_revoke(db_path: str, as_json: bool, stolen: bool, owner: str, device_id: str) -> None:
+    """Revoke a device and every credential it holds; its runs still going are stopped."""
+    out = revoke_device(open_db(db_path), owner, device_id, "stolen" if stolen else "owner")
+    Out(as_json)(out, f"Revoked {device_id}{' as stolen' if stolen else ''} ({out['credentials_ended']} credentials "
+                      f"ended, {out['runs_stopped']} runs stopped).")
+
+
+@person_group.command("signout-everywhere")
+@db_options
+@click.argument("owner")
+def person_signout_everywhere(db_path: str, as_json: bool, owner: str) -> None:
+    """End every browser session of OWNER and every device paired to their agents."""
+    out = sign_out_everywhere(open_db(db_path), owner)
+    Out(as_json)(out, f"Signed {owner} out everywhere: {out['sessions_ended']} sessions and sign-in links and "
+                      f"{out['devices_ended']} devices ended ({out['credentials_ended']} device credentials).")
 
 
 @cli.group("agents")

@@ -67,8 +67,8 @@ let closeMenu = null; // the phone's top-bar menu closes when the page goes else
 // ---- lifecycle -----------------------------------------------------------------------
 
 async function boot() {
-  api.onSignedOut(() => {
-    if (me) showSignedOut("Your session ended. Sign in again to continue.");
+  api.onSignedOut((err) => {
+    if (me) showSignedOut(err?.code === "signed_out" ? err.message : "Your session ended. Sign in again to continue.");
   });
   window.addEventListener("hashchange", route);
   window.addEventListener("hashchange", () => closeMenu?.());

@@ -249,3 +249,13 @@ def test_a_code_or_a_request_past_its_ten_minutes_is_refused(app, world, clock):
     assert prickle.expire_due(world.db, "oauth") == 1  # the one nobody touched since, as the server's timer does
     assert sorted(r["state"] for r in world.db.rows("SELECT state FROM oauth_requests")) == ["expired", "expired"]
     assert world.db.scalar("SELECT count(*) FROM credentials WHERE kind LIKE 'oauth%'") == 0
+
+
+def test_signing_out_everywhere_disconnects_the_persons_apps(app, world):
+    client, tokens, _ = connected(app, world)
+    r = app.post("/api/signout/everywhere", headers={"Authorization": f"Bearer {world.tokens['oj']}"})
+    assert r.status_code == 200 and r.json()["apps_ended"] == 1
+    assert MCP(app, {}).raw(tokens["access_token"], "tools/list").status_code == 401
+    status, out = token(app, grant_type="refresh_token", refresh_token=tokens["refresh_token"],
+                        client_id=client["client_id"])
+    assert (status, out["error"]) == (400, "invalid_grant")
