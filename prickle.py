@@ -8817,6 +8817,30 @@ def decide_connect(db: Database, person: Actor, code: str, decision: str, agents
     return {"request": connect_request_out(row)}
 
 
+def pick_or_create_agent(db: Database, person: Actor, choice: dict, field: str, model: str, client: str) -> str:
+    """The agent a person picked to connect (``{"agent_id"}``, one of theirs) or the one they asked to make
+    (``{"create": {"name", "display_name"?, "model"?}}``, inside the caller's transaction; ``model`` and
+    ``client`` are its defaults). A new agent joins its owner's team projects at once, so teammates can
+    hand it work. Raises InvalidInput naming the field, after ``field`` (a prefix such as ``agents[0].``)."""
+    if isinstance(choice.get("create"), dict):
+        new = choice["create"]
+        name = new.get("name")
+        if not isinstance(name, str):
+            raise InvalidInput(f"{field}create.name is required (a slug)")
+        agent_id = f"{person.handle}/{check_slug(name, f'{field}create.name')}"
+        projects = [r["project"] for r in db.rows(
+            "SELECT m.project FROM members m JOIN projects p ON p.slug = m.project WHERE m.handle = ? AND "
+            "p.kind = 'team' ORDER BY m.project", (person.handle,))]
+        add_agent(db, agent_id, new.get("display_name") if isinstance(new.get("display_name"), str) else name,
+                  new.get("model") if isinstance(new.get("model"), str) else model, client, projects=projects)
+        return agent_id
+    agent_id = choice.get("agent_id")
+    if not isinstance(agent_id, str) or owner_of(agent_id) != person.handle or not db.one(
+            "SELECT 1 FROM agents WHERE agent_id = ?", (agent_id,)):
+        raise InvalidInput(f"{field}agent_id: one of your own agents, or create one")
+    return agent_id
+
+
 def _connect_plan(db: Database, person: Actor, clis: list[str], choices: Any) -> list[dict]:
     """Check the person's pick of one agent per CLI (making new agents asked for); return ``[{cli, agent_id}]``."""
     if not isinstance(choices, list) or not choices or not all(isinstance(c, dict) for c in choices):
@@ -8827,25 +8851,7 @@ def _connect_plan(db: Database, person: Actor, clis: list[str], choices: Any) ->
         cli = choice.get("cli")
         if cli not in clis or cli in [p["cli"] for p in plan]:
             raise InvalidInput(f"agents[{i}].cli: one of {', '.join(clis)} (what this computer has), each once")
-        if isinstance(choice.get("create"), dict):
-            new = choice["create"]
-            name = new.get("name")
-            if not isinstance(name, str):
-                raise InvalidInput(f"agents[{i}].create.name is required (a slug)")
-            agent_id = f"{person.handle}/{check_slug(name, f'agents[{i}].create.name')}"
-            # It joins its owner's team projects at once, so teammates can hand it work (a new agent in no
-            # project would answer them not_found until someone found Agents & keys).
-            projects = [r["project"] for r in db.rows(
-                "SELECT m.project FROM members m JOIN projects p ON p.slug = m.project WHERE m.handle = ? AND "
-                "p.kind = 'team' ORDER BY m.project", (person.handle,))]
-            add_agent(db, agent_id, new.get("display_name") if isinstance(new.get("display_name"), str) else name,
-                      new.get("model") if isinstance(new.get("model"), str) else cli, CONNECT_CLIS[cli],
-                      projects=projects)
-        else:
-            agent_id = choice.get("agent_id")
-            if not isinstance(agent_id, str) or owner_of(agent_id) != person.handle or not db.one(
-                    "SELECT 1 FROM agents WHERE agent_id = ?", (agent_id,)):
-                raise InvalidInput(f"agents[{i}].agent_id: one of your own agents, or create one")
+        agent_id = pick_or_create_agent(db, person, choice, f"agents[{i}].", cli, CONNECT_CLIS[cli])
         if agent_id in [p["agent_id"] for p in plan]:
             raise InvalidInput(f"agents[{i}]: {agent_id} is picked twice; one agent per CLI")
         plan.append({"cli": cli, "agent_id": agent_id})
@@ -9037,6 +9043,9 @@ def decide_oauth(db: Database, person: Actor, request_id: str, decision: str, ag
                  project: Any = None, issuer: str = "") -> dict:
     """A person approves an app's request, as one of their agents (in one of its projects, or all), or refuses it.
 
+    ``agent_id`` is one of the person's agents, or ``{"create": {"name", "display_name"?, "model"?}}``
+    for a new one (see pick_or_create_agent); ``project`` one of that agent's projects, or None.
+
     Returns ``{"redirect": URL}``: back to the app with a one-time ``code`` (or ``error=access_denied``),
     its ``state`` and ``iss`` (RFC 9207, byte for byte the metadata's ``issuer``). Single use: a
     decided or expired request is ``invalid_state`` / ``expired``. Nothing is audited here: the
@@ -9055,9 +9064,10 @@ def decide_oauth(db: Database, person: Actor, request_id: str, decision: str, ag
             move(db, "oauth", row["id"], "refuse", row, person=person.handle, decided_at=now)
             answer |= {"error": "access_denied", "error_description": f"{person.handle} refused it"}
         else:
-            if not isinstance(agent_id, str) or owner_of(agent_id) != person.handle or not db.one(
-                    "SELECT 1 FROM agents WHERE agent_id = ?", (agent_id,)):
-                raise InvalidInput("agent_id: one of your own agents, which the app will act as")
+            choice = {"create": agent_id["create"]} if isinstance(agent_id, dict) and "create" in agent_id else {
+                "agent_id": agent_id}
+            client = (oauth_client(db, row["client_id"]) or {}).get("client_name") or "an app"
+            agent_id = pick_or_create_agent(db, person, choice, "", "unknown", str(client)[:40])
             if project is not None and not db.one("SELECT 1 FROM project_agents WHERE agent_id = ? AND project = ?",
                                                   (agent_id, project)):
                 raise InvalidInput(f"project: one of {agent_id}'s projects, or none for all of them")
@@ -13149,9 +13159,11 @@ async def api_connect_decide(state: AppState, person: Actor, request: Request, b
 
 
 async def api_oauth_decide(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/oauth/{id} {decision: approve|refuse, agent_id?, project?}: ``{"redirect"}`` back to the app."""
+    """POST /api/oauth/{id} {decision: approve|refuse, agent_id? | create?: {name, display_name?}, project?}:
+    ``{"redirect"}`` back to the app."""
+    agent = {"create": body["create"]} if "create" in body else body.get("agent_id")
     return decide_oauth(state.db, person, request.path_params["id"], body_field(body, "decision", str),
-                        body.get("agent_id"), body.get("project"), oauth_issuer(state.settings) or "")
+                        agent, body.get("project"), oauth_issuer(state.settings) or "")
 
 
 async def api_apps(state: AppState, person: Actor, request: Request, body: Any) -> dict:

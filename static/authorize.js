@@ -8,6 +8,7 @@ import { get, post, seg } from "./api.js";
 import { h, heading, field, select, errorSlot, act, fill, badge, timeEl, loadFailed } from "./ui.js";
 
 const ALL = "__all__";
+const NEW = "__new__";
 
 export function mount(el, ctx) {
   const box = h("div", { class: "connect" }, h("p", { class: "muted", text: "Loading the request…" }));
@@ -40,15 +41,17 @@ function render(box, view) {
     }[request.state] || request.state }));
     return;
   }
-  if (!agents.length) {
-    fill(box, head, h("p", { text: "You have no agents yet: add one under Agents & keys, then start again from the app." }));
-    return;
-  }
-  const agent = select(agents.map((a) => [a.agent_id, `${a.display_name} (${a.agent_id})`]), { name: "agent" });
+  const agent = select(agents.map((a) => [a.agent_id, `${a.display_name} (${a.agent_id})`])
+    .concat([[NEW, "A new agent…"]]), { name: "agent" });
   const project = select([], { name: "project" });
+  const name = h("input", { name: "new-agent", pattern: "[a-z0-9]+(-[a-z0-9]+)*", maxlength: "39", autocomplete: "off",
+    spellcheck: "false", value: "app" });
+  const newBox = h("div", { class: "connect-new" }, field("New agent's name", name,
+    "Lowercase letters, digits and dashes. It joins your team projects."));
   const syncProjects = () => {
     const chosen = agents.find((a) => a.agent_id === agent.value);
-    fill(project, [[ALL, "All of its projects"], ...chosen.projects.map((p) => [p, p])]
+    newBox.hidden = Boolean(chosen);
+    fill(project, [[ALL, "All of its projects"], ...(chosen ? chosen.projects : []).map((p) => [p, p])]
       .map(([value, text]) => h("option", { value, text })));
   };
   agent.addEventListener("change", syncProjects);
@@ -57,8 +60,10 @@ function render(box, view) {
   const approve = h("button", { type: "submit", class: "primary", text: "Approve" });
   const refuse = h("button", { type: "button", class: "danger-quiet", text: "Refuse" });
   const back = async (decision) => {
+    const picked = agent.value === NEW ? { create: { name: name.value.trim(), display_name: name.value.trim() } }
+      : { agent_id: agent.value };
     const body = decision === "approve"
-      ? { decision, agent_id: agent.value, project: project.value === ALL ? null : project.value } : { decision };
+      ? { decision, ...picked, project: project.value === ALL ? null : project.value } : { decision };
     const { redirect } = await post(`/api/oauth/${seg(request.id)}`, body);
     window.location.assign(redirect);
   };
@@ -66,6 +71,7 @@ function render(box, view) {
     h("div", { class: "banner banner-warn connect-check" },
       h("p", { text: "Approve only an app you are connecting yourself, right now. It can do whatever the agent you pick may do." })),
     field("Acts as", agent, "It posts, hands off and takes tasks as this agent; you can disconnect it under Agents & keys."),
+    newBox,
     field("In", project),
     h("p", { class: "muted" }, "Expires ", timeEl(request.expires_at, true), "."),
     h("div", { class: "button-row" }, approve, refuse), error);

@@ -201,7 +201,7 @@ def test_bad_requests_get_the_rfcs_error_and_write_nothing(app, world):
     r = app.post(f"/api/oauth/{request_id}", json={"decision": "approve", "agent_id": "ren/builder"},
                  headers={"Authorization": f"Bearer {world.tokens['oj']}"})
     assert (r.status_code, r.json()["error"]["message"]) == (
-        400, "agent_id: one of your own agents, which the app will act as")
+        400, "agent_id: one of your own agents, or create one")
     # Registration: a redirect that is neither https nor loopback, and a flood from one address.
     r = app.post("/register", json={"client_name": "x", "redirect_uris": ["http://lan.example/cb"],
                                     "token_endpoint_auth_method": "none"})
@@ -259,3 +259,14 @@ def test_signing_out_everywhere_disconnects_the_persons_apps(app, world):
     status, out = token(app, grant_type="refresh_token", refresh_token=tokens["refresh_token"],
                         client_id=client["client_id"])
     assert (status, out["error"]) == (400, "invalid_grant")
+
+
+def test_an_app_may_act_as_a_new_agent_made_as_it_is_approved(app, world):
+    client = register(app)
+    _, challenge = pkce()
+    request_id = authorize(app, client["client_id"], challenge)
+    back = approve(app, world, request_id, agent_id=None, create={"name": "desk", "display_name": "Desk"})
+    assert back["code"]
+    made = world.db.one("SELECT * FROM agents WHERE agent_id = 'oj/desk'")
+    assert (made["display_name"], made["client"]) == ("Desk", "Claude Code (tests)")
+    assert world.db.one("SELECT agent_id FROM oauth_requests WHERE id = ?", (request_id,))["agent_id"] == "oj/desk"
