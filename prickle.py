@@ -525,6 +525,9 @@ class Settings(pydantic.BaseModel):
     port: int = pydantic.Field(8321, ge=0, le=65535)
     #: The address people and agents use to reach this server, e.g. behind a reverse proxy.
     public_url: str = ""
+    #: Let apps name themselves by an https address whose JSON says who they are (OAuth Client ID
+    #: Metadata Documents): the server then fetches such addresses. Off: apps register (/register).
+    oauth_client_metadata_documents: bool = False
     #: Extra Host header values to accept (DNS-rebinding protection); ``host:*`` allows any port.
     allowed_hosts: list[str] = []
     #: Extra Origin header values to accept for browser and MCP requests.
@@ -8967,6 +8970,69 @@ class TooManyRegistrations(PrickleError, code="too_many_requests", status=429):
     """An address registered as many apps as OAUTH_REGISTRATIONS_PER_HOUR allows."""
 
 
+#: A client metadata document is fetched at most this big (bytes), within this long (seconds), and kept
+#: this long before it is fetched again.
+CLIENT_DOCUMENT_MAX = 5120
+CLIENT_DOCUMENT_SECONDS = 5.0
+CLIENT_DOCUMENT_KEEP = _dt.timedelta(hours=1)
+
+
+def public_address_of(host: str) -> str:
+    """One address ``host`` resolves to, if every address it resolves to is public; raises InvalidInput
+    otherwise (a loopback, private, link-local or reserved address: the server must not be made to
+    fetch from its own network)."""
+    import ipaddress
+    try:
+        found = {info[4][0] for info in socket.getaddrinfo(host, 443, proto=socket.IPPROTO_TCP)}
+    except (OSError, UnicodeError):
+        raise InvalidInput(f"client_id: {host[:100]} does not resolve") from None
+    for address in found:
+        ip = ipaddress.ip_address(address.split("%")[0])
+        if not ip.is_global or ip.is_multicast:
+            raise InvalidInput(f"client_id: {host[:100]} resolves to an address that is not public")
+    return sorted(found)[0]
+
+
+def check_client_document(client_id: str, document: Any) -> dict:
+    """An app's client metadata document as the client information it stands for; raises InvalidInput
+    when it is not one: its ``client_id`` must be the address it was fetched from, its redirects
+    https or loopback (as a registration's), and it is a public client (no secret)."""
+    if not isinstance(document, dict) or document.get("client_id") != client_id:
+        raise InvalidInput("client_id: the document at that address must be JSON whose client_id is that address")
+    uris = document.get("redirect_uris")
+    if not isinstance(uris, list) or not uris or not all(isinstance(u, str) for u in uris):
+        raise InvalidInput("client_id: the document must list its redirect_uris")
+    for uri in uris:
+        parts = urllib.parse.urlsplit(uri)
+        if parts.fragment or not (parts.scheme == "https" or is_loopback_redirect(uri)):
+            raise InvalidInput(f"client_id: the document's redirect {uri[:100]} is neither https nor loopback")
+    if document.get("token_endpoint_auth_method", "none") != "none" or "client_secret" in document:
+        raise InvalidInput("client_id: a client named by a document is a public client: token_endpoint_auth_method "
+                           "none and no secret")
+    name = document.get("client_name")
+    return {"client_id": client_id, "redirect_uris": uris, "client_name": name if isinstance(name, str) else None,
+            "token_endpoint_auth_method": "none", "grant_types": ["authorization_code", "refresh_token"],
+            "response_types": ["code"], "scope": OAUTH_SCOPE}
+
+
+def keep_client_document(db: Database, info: dict) -> None:
+    """Keep a fetched client document's information as the app's registration (used_at: now)."""
+    now = iso(utcnow())
+    with db.transaction():
+        db.execute("INSERT INTO oauth_clients (client_id, info, name, address, created_at, used_at) VALUES "
+                   "(?, ?, ?, NULL, ?, ?) ON CONFLICT (client_id) DO UPDATE SET info = excluded.info, "
+                   "name = excluded.name, created_at = excluded.created_at",
+                   (info["client_id"], json.dumps(info), (info["client_name"] or "")[:80] or None, now, now))
+
+
+def kept_client_document(db: Database, client_id: str) -> dict | None:
+    """A client document fetched within CLIENT_DOCUMENT_KEEP, or None."""
+    row = db.one("SELECT info, created_at FROM oauth_clients WHERE client_id = ?", (client_id,))
+    if row is None or parse_iso(row["created_at"]) < utcnow() - CLIENT_DOCUMENT_KEEP:
+        return None
+    return json.loads(row["info"])
+
+
 def oauth_client(db: Database, client_id: str) -> dict | None:
     """An app's registration (its client information as registered), or None."""
     row = db.one("SELECT info FROM oauth_clients WHERE client_id = ?", (client_id,))
@@ -13675,13 +13741,60 @@ class _Refresh(RefreshToken):
 REGISTERING_FROM: contextvars.ContextVar[str | None] = contextvars.ContextVar("prickle_registering", default=None)
 
 
+#: The HTTP transport client metadata documents are fetched through (tests put a stand-in here).
+CLIENT_DOCUMENT_TRANSPORT: Any = None
+
+
+async def fetch_client_document(client_id: str) -> dict:
+    """Fetch and check the client metadata document an app names itself by (``client_id``, an https
+    address): only a public address, connected to as resolved (no second lookup), no redirect, at most
+    CLIENT_DOCUMENT_MAX bytes within CLIENT_DOCUMENT_SECONDS. Returns the client information
+    (check_client_document); raises InvalidInput saying what is wrong."""
+    parts = urllib.parse.urlsplit(client_id)
+    if parts.scheme != "https" or not parts.hostname or parts.username or parts.fragment or parts.path in ("", "/"):
+        raise InvalidInput("client_id: a document's address is an https URL with a path")
+    import httpx2  # the HTTP client the MCP SDK brings
+    address = await asyncio.to_thread(public_address_of, parts.hostname)
+    host = f"[{address}]" if ":" in address else address
+    pinned = parts._replace(netloc=f"{host}:{parts.port or 443}").geturl()
+    try:
+        async with httpx2.AsyncClient(transport=CLIENT_DOCUMENT_TRANSPORT, follow_redirects=False,
+                                     timeout=CLIENT_DOCUMENT_SECONDS) as http:
+            async with http.stream("GET", pinned, headers={"Host": parts.netloc, "Accept": "application/json"},
+                                   extensions={"sni_hostname": parts.hostname}) as r:
+                if r.status_code != 200:
+                    raise InvalidInput(f"client_id: the document's address answered {r.status_code}")
+                body = b""
+                async for chunk in r.aiter_bytes():
+                    body += chunk
+                    if len(body) > CLIENT_DOCUMENT_MAX:
+                        raise InvalidInput(f"client_id: the document is over {CLIENT_DOCUMENT_MAX} bytes")
+    except httpx2.HTTPError as e:
+        raise InvalidInput(f"client_id: the document could not be fetched ({type(e).__name__})") from None
+    try:
+        document = json.loads(body)
+    except ValueError:
+        raise InvalidInput("client_id: the document is not JSON") from None
+    return check_client_document(client_id, document)
+
+
 class AppProvider:
     """The MCP SDK's OAuthAuthorizationServerProvider, answered by chapter 28's operations."""
 
-    def __init__(self, db: Database, issuer: str):
-        self.db, self.issuer, self.resource = db, issuer, f"{issuer}/mcp"
+    def __init__(self, db: Database, issuer: str, documents: bool = False):
+        self.db, self.issuer, self.resource, self.documents = db, issuer, f"{issuer}/mcp", documents
 
     async def get_client(self, client_id: str) -> _AppClient | None:
+        if self.documents and client_id.startswith("https://"):
+            info = kept_client_document(self.db, client_id)
+            if info is None:
+                try:
+                    info = await fetch_client_document(client_id)
+                except InvalidInput as e:
+                    print(f"prickle: an app's client metadata document was refused: {e.message}", file=sys.stderr)
+                    return None
+                keep_client_document(self.db, info)
+            return _AppClient.model_validate(info)
         info = oauth_client(self.db, client_id)
         return _AppClient.model_validate(info) if info else None
 
@@ -13805,9 +13918,10 @@ def _registration_limited(app: Any) -> Any:
     return _Asgi(limited)
 
 
-def oauth_routes(db: Database, issuer: str) -> list[Route]:
-    """The OAuth routes (the SDK's handlers) and both metadata documents, for ``issuer``."""
-    provider = AppProvider(db, issuer)
+def oauth_routes(db: Database, issuer: str, documents: bool = False) -> list[Route]:
+    """The OAuth routes (the SDK's handlers) and both metadata documents, for ``issuer``; with
+    ``documents``, apps may name themselves by a client metadata document's address."""
+    provider = AppProvider(db, issuer, documents)
     routes = create_auth_routes(provider, issuer_url=AnyHttpUrl(issuer),
                                 client_registration_options=ClientRegistrationOptions(
                                     enabled=True, valid_scopes=[OAUTH_SCOPE], default_scopes=[OAUTH_SCOPE]),
@@ -13820,7 +13934,8 @@ def oauth_routes(db: Database, issuer: str) -> list[Route]:
         "token_endpoint_auth_methods_supported": ["none", "client_secret_post", "client_secret_basic"],
         "revocation_endpoint_auth_methods_supported": ["none", "client_secret_post", "client_secret_basic"],
         "code_challenge_methods_supported": ["S256"], "authorization_response_iss_parameter_supported": True,
-        "service_documentation": f"{issuer}/#/help"})
+        "service_documentation": f"{issuer}/#/help"} | ({"client_id_metadata_document_supported": True}
+                                                         if documents else {}))
     # Built from strings: a pydantic URL made from the issuer alone would gain a trailing slash, and
     # clients compare the issuer byte for byte (RFC 8414 §3.3, RFC 9207).
     resource_doc = ProtectedResourceMetadata.model_validate({
@@ -13905,7 +14020,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     issuer = oauth_issuer(settings)
     mcp_endpoint = MCPEndpoint(state, manager, issuer)
     routes = [
-        *(oauth_routes(db, issuer) if issuer else []),
+        *(oauth_routes(db, issuer, settings.oauth_client_metadata_documents) if issuer else []),
         Route("/mcp", endpoint=mcp_endpoint, methods=["GET", "POST", "DELETE"]),
         *(Route(path, endpoint, methods=[method]) for method, path, endpoint in ROUTES),
         Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),

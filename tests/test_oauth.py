@@ -270,3 +270,82 @@ def test_an_app_may_act_as_a_new_agent_made_as_it_is_approved(app, world):
     made = world.db.one("SELECT * FROM agents WHERE agent_id = 'oj/desk'")
     assert (made["display_name"], made["client"]) == ("Desk", "Claude Code (tests)")
     assert world.db.one("SELECT agent_id FROM oauth_requests WHERE id = ?", (request_id,))["agent_id"] == "oj/desk"
+
+
+DOCUMENT_URL = "https://app.example/oauth/client.json"
+
+
+@pytest.fixture
+def documents_app(world: World, monkeypatch):
+    """OAuth with client metadata documents on; the document's host resolves to a public address and
+    its https answers come from a stand-in transport (``served`` maps a URL to a response)."""
+    import httpx2
+    served: dict = {}
+    seen: list = []
+
+    def answer(request):
+        seen.append((str(request.url), request.headers["host"], request.extensions.get("sni_hostname")))
+        return served.get(str(request.url).replace("93.184.216.34", "app.example"),
+                          httpx2.Response(404))
+
+    monkeypatch.setattr(prickle, "CLIENT_DOCUMENT_TRANSPORT", httpx2.MockTransport(answer))
+    monkeypatch.setattr(prickle, "public_address_of", lambda host: "93.184.216.34")
+    application = prickle.create_app(world.db_path, prickle.Settings(
+        public_url=ISSUER, oauth_client_metadata_documents=True), port=8321)
+    with TestClient(application, base_url=ISSUER, follow_redirects=False) as client:
+        client.served, client.seen = served, seen
+        yield client
+
+
+def test_an_app_named_by_its_client_metadata_document_connects_when_that_is_on(documents_app, world):
+    import httpx2
+    app = documents_app
+    assert app.get("/.well-known/oauth-authorization-server").json()["client_id_metadata_document_supported"] is True
+    app.served[DOCUMENT_URL] = httpx2.Response(200, json={
+        "client_id": DOCUMENT_URL, "client_name": "Hosted app", "redirect_uris": [CALLBACK],
+        "token_endpoint_auth_method": "none"})
+    verifier, challenge = pkce()
+    request_id = authorize(app, DOCUMENT_URL, challenge)
+    # Fetched from the address it resolved to, named by its host for TLS and HTTP.
+    assert app.seen == [("https://93.184.216.34/oauth/client.json", "app.example", "app.example")]
+    view = app.get(f"/api/oauth/{request_id}", headers={"Authorization": f"Bearer {world.tokens['oj']}"}).json()
+    assert view["request"]["client_name"] == "Hosted app"
+    back = approve(app, world, request_id)
+    status, tokens = token(app, grant_type="authorization_code", code=back["code"], client_id=DOCUMENT_URL,
+                           redirect_uri="http://127.0.0.1:40001/callback", code_verifier=verifier, resource=RESOURCE)
+    assert status == 200 and tokens["access_token"].startswith("prk_oa_")
+    assert len(app.seen) == 1  # kept for an hour, not fetched at every step
+
+
+@pytest.mark.parametrize("document, why", [
+    ({"client_id": "https://other.example/c.json", "redirect_uris": [CALLBACK]}, "its client_id is another"),
+    ({"client_id": DOCUMENT_URL, "redirect_uris": ["http://lan.example/cb"]}, "a redirect neither https nor loopback"),
+    ({"client_id": DOCUMENT_URL, "redirect_uris": [CALLBACK], "token_endpoint_auth_method": "client_secret_post"},
+     "not a public client"),
+    ({"client_id": DOCUMENT_URL, "redirect_uris": [CALLBACK], "padding": "x" * 6000}, "too big"),
+])
+def test_a_client_document_that_is_wrong_names_no_app(documents_app, world, document, why):
+    import httpx2
+    documents_app.served[DOCUMENT_URL] = httpx2.Response(200, json=document)
+    _, challenge = pkce()
+    r = documents_app.get("/authorize", params={"response_type": "code", "client_id": DOCUMENT_URL,
+                                                "redirect_uri": CALLBACK, "code_challenge": challenge})
+    assert (r.status_code, r.json()["error"]) == (400, "invalid_request"), why
+    assert world.db.scalar("SELECT count(*) FROM oauth_clients") == 0
+
+
+def test_a_document_address_that_is_not_public_is_never_fetched(world, monkeypatch):
+    with pytest.raises(prickle.InvalidInput, match="not public"):
+        prickle.public_address_of("127.0.0.1")
+    with pytest.raises(prickle.InvalidInput, match="not public"):
+        prickle.public_address_of("10.1.2.3")
+    with pytest.raises(prickle.InvalidInput, match="an https URL with a path"):
+        import asyncio
+        asyncio.run(prickle.fetch_client_document("http://app.example/c.json"))
+    # Off (the default): a URL is just an unknown client id.
+    application = prickle.create_app(world.db_path, prickle.Settings(public_url=ISSUER), port=8321)
+    with TestClient(application, base_url=ISSUER) as app:
+        assert "client_id_metadata_document_supported" not in app.get("/.well-known/oauth-authorization-server").json()
+        r = app.get("/authorize", params={"response_type": "code", "client_id": DOCUMENT_URL,
+                                          "redirect_uri": CALLBACK, "code_challenge": "x" * 43})
+        assert r.json()["error_description"] == f"Client ID '{DOCUMENT_URL}' not found"
