@@ -132,6 +132,7 @@ def test_every_lifecycle_is_a_table_whose_moves_lead_to_its_states():
         "turn": ["draft", "ended", "review", "revise"],
         "attempt": ["abandoned", "failed", "finished", "replaced", "running", "stopped", "uncertain"],
         "connect": ["approved", "collected", "expired", "pending", "refused"],
+        "oauth": ["approved", "expired", "pending", "redeemed", "refused"],
         "invite": ["accepted", "declined", "expired", "open", "revoked", "spent"],
         "lead": ["agreed", "none", "proposed"],
         "start": ["approved", "none"],
