@@ -349,3 +349,28 @@ def test_a_document_address_that_is_not_public_is_never_fetched(world, monkeypat
         r = app.get("/authorize", params={"response_type": "code", "client_id": DOCUMENT_URL,
                                           "redirect_uri": CALLBACK, "code_challenge": "x" * 43})
         assert r.json()["error_description"] == f"Client ID '{DOCUMENT_URL}' not found"
+
+
+def test_disconnecting_ends_a_held_wait_and_a_token_for_another_address_is_refused(app, world):
+    from conftest import in_thread
+    client, tokens, _ = connected(app, world)
+    mcp = MCP(app, {"oj/muse": tokens["access_token"]})
+    mcp.ok("oj/muse", "wait_for_mention", {"timeout_seconds": 1})  # the demo's missed mentions
+    join = in_thread(mcp.call, "oj/muse", "wait_for_mention", {"timeout_seconds": 30})
+    hub = app.app.state.prickle.hub
+    import time
+    until = time.monotonic() + 10
+    while not hub.agent_waiters.get("oj/muse"):
+        assert time.monotonic() < until
+        time.sleep(0.01)
+    [listed] = app.get("/api/apps", headers={"Authorization": f"Bearer {world.tokens['oj']}"}).json()["apps"]
+    app.delete(f"/api/apps/{listed['family']}", headers={"Authorization": f"Bearer {world.tokens['oj']}"})
+    is_error, text = join()
+    assert is_error and text.startswith("unauthorized: "), text
+    # A token made when the server had another address is no good for this one (its audience).
+    _, other, _ = connected(app, world)
+    with world.db.transaction():
+        world.db.execute("UPDATE credentials SET resource = 'https://old.example/mcp' WHERE kind = 'oauth'")
+    r = MCP(app, {}).raw(other["access_token"], "tools/list")
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        401, "this app's token was made for another server address: connect the app again")
