@@ -4746,14 +4746,15 @@ def _confirmed_until(db: Database, person: Actor) -> _dt.datetime | None:
 
 def step_up_status(db: Database, person: Actor) -> dict:
     """What "confirm it's you" offers ``person`` now: ``{"confirmed", "until", "window_minutes",
-    "passkeys", "email_link"}`` (``until``: when this credential's step-up lapses, or null;
-    ``passkeys``: how many they have; ``email_link``: they have an address to mail a link to)."""
+    "passkeys", "email_link", "step_up_above_cost"}`` (``until``: when this credential's step-up
+    lapses, or null; ``passkeys``: how many they have; ``email_link``: they have an address to mail
+    a link to; ``step_up_above_cost``: see set_step_up_cost)."""
     until = _confirmed_until(db, person)
-    row = db.one("SELECT email, (SELECT count(*) FROM passkeys k WHERE k.person = p.handle) AS n FROM people p "
-                 "WHERE handle = ?", (person.handle,))
+    row = db.one("SELECT email, step_up_above_cost, (SELECT count(*) FROM passkeys k WHERE k.person = p.handle) AS n "
+                 "FROM people p WHERE handle = ?", (person.handle,))
     return {"confirmed": until is not None, "until": iso(until) if until else None,
             "window_minutes": int(STEP_UP_WINDOW.total_seconds() // 60), "passkeys": row["n"],
-            "email_link": row["email"] is not None}
+            "email_link": row["email"] is not None, "step_up_above_cost": row["step_up_above_cost"]}
 
 
 def require_step_up(db: Database, person: Actor, doing: str) -> None:
@@ -4776,6 +4777,11 @@ def webauthn_party(settings: Settings, origin: str) -> tuple[str, str]:
     parsed = urllib.parse.urlsplit(settings.public_url.rstrip("/") if settings.public_url else origin or "")
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise InvalidInput("origin: open the page at the server's address to use a passkey")
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(parsed.hostname)
+        # Browsers bind a passkey to a name, never to an IP address.
+        raise InvalidInput(f"a passkey needs the page opened at a name, not at {parsed.hostname} (e.g. localhost, or "
+                           "set public_url): until then, confirm with a sign-in link mailed to you")
     return parsed.hostname, f"{parsed.scheme}://{parsed.netloc}"
 
 

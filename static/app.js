@@ -28,6 +28,7 @@ import * as audit from "./audit.js";
 import * as agents from "./agents.js";
 import * as rules from "./rules.js";
 import * as connect from "./connect.js";
+import * as stepup from "./stepup.js";
 import * as inbox from "./inbox.js";
 import * as inboxStore from "./inbox_store.js";
 import * as invite from "./invite.js";
@@ -67,6 +68,7 @@ async function boot() {
   api.onSignedOut(() => {
     if (me) showSignedOut("Your session ended. Sign in again to continue.");
   });
+  api.onStepUp((refusal) => stepup.ask(refusal)); // the server asked: "Confirm it's you", then the act again
   window.addEventListener("hashchange", route);
   window.addEventListener("hashchange", () => closeMenu?.());
   document.addEventListener("keydown", (e) => { if (e.key === "Escape") closeMenu?.(); });

@@ -127,7 +127,35 @@ function renderSettings(box, data, ctx) {
     });
   }
   fill(box, h("section", { class: "section card", "aria-labelledby": "settings-heading" },
-    h("h2", { id: "settings-heading", text: "Name and default lead" }), rename, leadBox(data, ctx, done)));
+    h("h2", { id: "settings-heading", text: "Name and default lead" }), rename, leadBox(data, ctx, done)),
+  shareRule(ctx));
+}
+
+const SHARE_CHOICES = [["default", "Only what every project shares"],
+  ["threads", "Also their task threads: the other members' agents may read them"]];
+
+/** Your share rule here: what your agents share with the other members beyond the defaults. Sharing
+ *  more asks "Confirm it's you" (the server's rule); sharing less never does. */
+function shareRule(ctx) {
+  const choice = select(SHARE_CHOICES, { name: "share" });
+  const save = h("button", { type: "submit", class: "small", text: "Save" });
+  const error = errorSlot();
+  const form = h("form", { class: "row-form share-rule" },
+    field("What your agents share with the other members", choice,
+      "By default another member's agent sees a task's thread only when it asked, was given the task or was "
+      + "mentioned in it. Sharing threads lets it read them too (never post); asking more of you first."), save, error);
+  get(`/api/projects/${seg(ctx.slug)}/share-rule`).then((out) => { choice.value = out.decision; })
+    .catch((err) => { error.textContent = err.message; error.hidden = false; });
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    act(save, error, async () => {
+      const out = await post(`/api/projects/${seg(ctx.slug)}/share-rule`, { decision: choice.value });
+      choice.value = out.decision;
+      announce(out.decision === "threads" ? "Your agents' task threads are shared" : "Your agents share the defaults");
+    });
+  });
+  return h("section", { class: "section card", "aria-labelledby": "share-heading" },
+    h("h2", { id: "share-heading", text: "What your agents share" }), form);
 }
 
 function leadBox(data, ctx, done) {

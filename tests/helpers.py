@@ -49,8 +49,8 @@ def person(server, world, handle):
             return server.get(path, headers=h, **kw)
 
         @staticmethod
-        def post(path, body=None):
-            return server.post(path, json=body or {}, headers=h)
+        def post(path, body=None, headers=None):
+            return server.post(path, json=body or {}, headers=h | (headers or {}))
 
         @staticmethod
         def delete(path):
@@ -412,14 +412,17 @@ class SoftAuthenticator:
                              "signature": self.b64(signature)}}
 
 
-ORIGIN = "http://127.0.0.1:8321"  # the in-process server's address (conftest's ``server``)
+# The page's origin for passkeys: the in-process server (conftest's ``server``) by a name, as a browser
+# binds a passkey to a name, never to an IP address.
+ORIGIN = "http://localhost:8321"
+AT_ORIGIN = {"Origin": ORIGIN}
 
 
 def add_passkey(api, authenticator: SoftAuthenticator | None = None, label: str | None = None):
     """Register a passkey for the person ``api`` speaks for (registering confirms it's them);
     return ``(authenticator, response)``."""
     authenticator = authenticator or SoftAuthenticator()
-    options = api.post("/api/me/passkeys/options", {"purpose": "register"})
+    options = api.post("/api/me/passkeys/options", {"purpose": "register"}, AT_ORIGIN)
     assert options.status_code == 200, options.text
     body = {"credential": authenticator.create(options.json()["publicKey"], ORIGIN)}
     return authenticator, api.post("/api/me/passkeys", body | ({"label": label} if label else {}))
@@ -427,7 +430,7 @@ def add_passkey(api, authenticator: SoftAuthenticator | None = None, label: str 
 
 def confirm_with(api, authenticator: SoftAuthenticator):
     """Confirm it's them with the passkey ``authenticator`` holds; return the response."""
-    options = api.post("/api/me/passkeys/options", {"purpose": "confirm"})
+    options = api.post("/api/me/passkeys/options", {"purpose": "confirm"}, AT_ORIGIN)
     assert options.status_code == 200, options.text
     return api.post("/api/me/step-up/passkey", {"credential": authenticator.get(options.json()["publicKey"], ORIGIN)})
 

@@ -144,8 +144,10 @@ def test_the_real_command_against_the_real_server(tmp_path, db_path, world):
             with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {world.tokens['ren']}"}) as ren:
                 if decision == "approve":  # approving needs a step-up: ren adds a passkey (tests/test_step_up.py)
                     key = SoftAuthenticator()
-                    options = ren.post("/api/me/passkeys/options", json={"purpose": "register"}).json()["publicKey"]
-                    assert ren.post("/api/me/passkeys", json={"credential": key.create(options, base)}).status_code == 200
+                    at = base.replace("127.0.0.1", "localhost")
+                    options = ren.post("/api/me/passkeys/options", json={"purpose": "register"},
+                                       headers={"Origin": at}).json()["publicKey"]
+                    assert ren.post("/api/me/passkeys", json={"credential": key.create(options, at)}).status_code == 200
                 view = ren.get(f"/api/connect/{code}").json()
                 assert view["request"]["clis"] == ["claude", "codex"]
                 body = {"decision": decision}

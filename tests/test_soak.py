@@ -115,15 +115,17 @@ def test_twenty_tasks_complete_while_the_server_and_a_runner_are_killed_at_chose
             cli_json(db_path, "rule", "set", "oj", "--decision", "allow", "--from-owner", "ren")
             people = {h: person(base, cli_json(db_path, "token", "create", "--person", h)["token"], keep_alive=False)
                       for h in ("oj", "ren")}
-            passkeys = {h: SoftAuthenticator() for h in people}
+            passkeys, at = {h: SoftAuthenticator() for h in people}, base.replace("127.0.0.1", "localhost")
             for h, key in passkeys.items():
-                options = people[h].post("/api/me/passkeys/options", json={"purpose": "register"}).json()["publicKey"]
-                assert people[h].post("/api/me/passkeys", json={"credential": key.create(options, base)}).is_success
+                options = people[h].post("/api/me/passkeys/options", json={"purpose": "register"},
+                                         headers={"Origin": at}).json()["publicKey"]
+                assert people[h].post("/api/me/passkeys", json={"credential": key.create(options, at)}).is_success
 
             def confirm(handle):
-                options = people[handle].post("/api/me/passkeys/options", json={"purpose": "confirm"}).json()
+                options = people[handle].post("/api/me/passkeys/options", json={"purpose": "confirm"},
+                                              headers={"Origin": at}).json()
                 people[handle].post("/api/me/step-up/passkey",
-                                    json={"credential": passkeys[handle].get(options["publicKey"], base)})
+                                    json={"credential": passkeys[handle].get(options["publicKey"], at)})
             configs = {}
             for handle, agent in (("oj", "oj/muse"), ("ren", "ren/builder")):
                 (tmp_path / handle).mkdir()

@@ -8,7 +8,7 @@ from starlette.testclient import TestClient
 
 import prickle
 from conftest import PROJECT, audit_entries
-from helpers import (ORIGIN, T0, SoftAuthenticator, _settings, add_passkey, ask_connect, confirm_with, confirmed,
+from helpers import (AT_ORIGIN, ORIGIN, T0, SoftAuthenticator, _settings, add_passkey, ask_connect, confirm_with, confirmed,
                      paired, person, routed, setup_room)
 
 STEP_UP = "step_up_required"
@@ -24,13 +24,17 @@ def refused(r, doing):
 def test_a_passkey_registered_confirms_and_its_step_up_lapses_after_five_minutes(server, world, clock):
     ren = person(server, world, "ren")
     assert ren.get("/api/me/step-up").json() == {"confirmed": False, "until": None, "window_minutes": 5,
-                                                  "passkeys": 0, "email_link": False}
+                                                  "passkeys": 0, "email_link": False, "step_up_above_cost": None}
     # no passkey yet: confirming with one is refused; registering the first needs nothing (no address either)
-    r = ren.post("/api/me/passkeys/options", {"purpose": "confirm"})
+    r = ren.post("/api/me/passkeys/options", {"purpose": "confirm"}, AT_ORIGIN)
     assert (r.status_code, r.json()["error"]["code"]) == (409, "invalid_state")
-    options = ren.post("/api/me/passkeys/options", {"purpose": "register"}).json()["publicKey"]
+    r = ren.post("/api/me/passkeys/options", {"purpose": "register"})  # at 127.0.0.1: a browser would refuse it
+    assert (r.status_code, r.json()["error"]["message"]) == (400, (
+        "a passkey needs the page opened at a name, not at 127.0.0.1 (e.g. localhost, or set public_url): until "
+        "then, confirm with a sign-in link mailed to you"))
+    options = ren.post("/api/me/passkeys/options", {"purpose": "register"}, AT_ORIGIN).json()["publicKey"]
     assert (options["rp"], options["user"]["name"], options["attestation"]) == (
-        {"id": "127.0.0.1", "name": "Prickle"}, "ren", "none")
+        {"id": "localhost", "name": "Prickle"}, "ren", "none")
     authenticator = SoftAuthenticator()
     made = ren.post("/api/me/passkeys", {"credential": authenticator.create(options, ORIGIN), "label": "Laptop"})
     assert made.status_code == 200, made.text
@@ -38,14 +42,14 @@ def test_a_passkey_registered_confirms_and_its_step_up_lapses_after_five_minutes
                                                      "last_used_at": prickle.iso(T0)}
     until = prickle.iso(T0 + dt.timedelta(minutes=5))
     assert ren.get("/api/me/step-up").json() == {"confirmed": True, "until": until, "window_minutes": 5,
-                                                  "passkeys": 1, "email_link": False}
+                                                  "passkeys": 1, "email_link": False, "step_up_above_cost": None}
     # the step-up is this credential's alone: another of ren's credentials is not confirmed
     other = prickle.create_token(world.db, "person", person="ren")[1]
     assert server.get("/api/me/step-up", headers={"Authorization": f"Bearer {other}"}).json()["confirmed"] is False
     clock.now = T0 + dt.timedelta(minutes=5)
     assert ren.get("/api/me/step-up").json()["confirmed"] is False
     # a second passkey now needs a step-up first
-    refused(ren.post("/api/me/passkeys/options", {"purpose": "register"}), "add a passkey")
+    refused(ren.post("/api/me/passkeys/options", {"purpose": "register"}, AT_ORIGIN), "add a passkey")
     clock.now = T0 + dt.timedelta(minutes=7)
     confirmed_now = confirm_with(ren, authenticator)
     assert confirmed_now.status_code == 200, confirmed_now.text
@@ -57,20 +61,20 @@ def test_a_passkey_registered_confirms_and_its_step_up_lapses_after_five_minutes
 def test_a_passkey_answer_that_does_not_verify_confirms_nothing(server, world, clock):
     ren = confirmed(server, world, "ren")
     clock.now = T0 + dt.timedelta(minutes=6)
-    options = ren.post("/api/me/passkeys/options", {"purpose": "confirm"}).json()["publicKey"]
+    options = ren.post("/api/me/passkeys/options", {"purpose": "confirm"}, AT_ORIGIN).json()["publicKey"]
     answer = ren.authenticator.get(options, "http://evil.example")  # another origin
     r = ren.post("/api/me/step-up/passkey", {"credential": answer})
     assert r.status_code == 400 and r.json()["error"]["message"].startswith("credential: the passkey did not verify")
     assert ren.get("/api/me/step-up").json()["confirmed"] is False  # a refusal changes nothing
     stranger = SoftAuthenticator()
-    options = ren.post("/api/me/passkeys/options", {"purpose": "confirm"}).json()["publicKey"]
+    options = ren.post("/api/me/passkeys/options", {"purpose": "confirm"}, AT_ORIGIN).json()["publicKey"]
     r = ren.post("/api/me/step-up/passkey", {"credential": stranger.get(options, ORIGIN)})
     assert r.json()["error"]["message"] == "credential: not one of your passkeys for this address"
     assert ren.post("/api/me/step-up/passkey", {"credential": "x"}).status_code == 400
     assert ren.get("/api/me/step-up").json()["confirmed"] is False
     assert confirm_with(ren, ren.authenticator).json()["confirmed"] is True
     # a replayed answer (its ceremony spent, its counter not moving on) confirms nothing more
-    options = ren.post("/api/me/passkeys/options", {"purpose": "confirm"}).json()["publicKey"]
+    options = ren.post("/api/me/passkeys/options", {"purpose": "confirm"}, AT_ORIGIN).json()["publicKey"]
     answer = ren.authenticator.get(options, ORIGIN)
     assert ren.post("/api/me/step-up/passkey", {"credential": answer}).status_code == 200
     assert ren.post("/api/me/step-up/passkey", {"credential": answer}).status_code == 409
@@ -171,7 +175,7 @@ def test_without_a_passkey_a_sign_in_link_mailed_to_the_person_confirms_the_brow
         409, "you have no address to mail a link to: add one in Settings, or add a passkey")
     assert ren.post("/api/me/email", {"email": "ren@example.com"}).status_code == 200
     # an address now exists: the first passkey needs a step-up too (anyone at an open browser could add one)
-    refused(ren.post("/api/me/passkeys/options", {"purpose": "register"}), "add a passkey")
+    refused(ren.post("/api/me/passkeys/options", {"purpose": "register"}, AT_ORIGIN), "add a passkey")
     assert ren.post("/api/me/step-up/email").json() == {
         "sent": "a sign-in link is on its way to your address: open it in this browser, then try again"}
     mail = smtp.next()
@@ -184,7 +188,7 @@ def test_without_a_passkey_a_sign_in_link_mailed_to_the_person_confirms_the_brow
     browser = {"Cookie": f"{prickle.SESSION_COOKIE}={session}"}
     assert mailing.get("/api/me/step-up", headers=browser).json() == {
         "confirmed": True, "until": prickle.iso(T0 + dt.timedelta(minutes=5)), "window_minutes": 5, "passkeys": 0,
-        "email_link": True}
+        "email_link": True, "step_up_above_cost": None}
     assert world.db.scalar("SELECT confirmed_by FROM credentials WHERE kind = 'session'") == "email_link"
     # a link the operator made ('prickle signin-link') signs in but confirms nothing
     operator = prickle.signin_link(world.db, _settings(smtp.port), "ren", 8321)
