@@ -151,7 +151,7 @@ export function settings() {
           announce(`Passkey ${k.label} removed`);
           await reload();
         }), { class: "danger-quiet small", "aria-label": `Remove passkey ${k.label}` }))))
-      : h("p", { class: "muted", text: "No passkey yet: until you add one, a sign-in link mailed to you confirms it's you." }));
+      : h("p", { class: "muted", text: "No passkey yet: add one here, or confirm with a sign-in link mailed to your address." }));
   };
   const label = h("input", { name: "label", maxlength: "60", autocomplete: "off", placeholder: "e.g. Laptop" });
   const add = h("button", { type: "submit", class: "primary", text: "Add a passkey" });
@@ -178,8 +178,7 @@ function costForm() {
   const save = h("button", { type: "submit", class: "small", text: "Save" });
   const error = errorSlot();
   const form = h("form", { class: "row-form step-up-cost" },
-    field("Confirm before approving an action that costs more than", amount,
-      "In the currency your agents estimate in; empty: never ask. An action with no estimate asks too."), save, error);
+    field("Confirm before approving an action that costs more than", amount), save);
   get("/api/me/step-up").then((out) => { amount.value = out.step_up_above_cost ?? ""; }).catch(() => {});
   form.addEventListener("submit", (e) => {
     e.preventDefault();
@@ -188,5 +187,7 @@ function costForm() {
       announce(out.step_up_above_cost == null ? "Approving actions no longer asks" : `Saved: above ${out.step_up_above_cost}`);
     });
   });
-  return form;
+  return h("div", { class: "step-up-cost-box" }, form,
+    h("p", { class: "hint", text: "In the currency your agents estimate in; empty: never ask. An action with no "
+      + "estimate asks too, and raising the cost asks you to confirm it's you." }), error);
 }

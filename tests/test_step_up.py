@@ -17,8 +17,8 @@ STEP_UP = "step_up_required"
 def refused(r, doing):
     assert r.status_code == 403, r.text
     assert r.json()["error"] == {"code": STEP_UP, "message": (
-        f"confirm it's you to {doing}: use your passkey, or open the sign-in link mailed to you; it then holds 5 "
-        "minutes in this browser")}
+        f"confirm it's you to {doing} (with a passkey, or a sign-in link mailed to you); it then holds 5 minutes in "
+        "this browser")}
 
 
 def test_a_passkey_registered_confirms_and_its_step_up_lapses_after_five_minutes(server, world, clock):
