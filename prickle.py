@@ -4767,8 +4767,8 @@ def require_step_up(db: Database, person: Actor, doing: str) -> None:
         raise Forbidden(f"only a person can {doing}")
     if _confirmed_until(db, person) is None:
         minutes = int(STEP_UP_WINDOW.total_seconds() // 60)
-        raise StepUpRequired(f"confirm it's you to {doing}: use your passkey, or open the sign-in link mailed to "
-                             f"you; it then holds {minutes} minutes in this browser")
+        raise StepUpRequired(f"confirm it's you to {doing} (with a passkey, or a sign-in link mailed to you); it "
+                             f"then holds {minutes} minutes in this browser")
 
 
 def webauthn_party(settings: Settings, origin: str) -> tuple[str, str]:
