@@ -4,9 +4,10 @@ from that dialog, the next session confirms with it, and the Rules page lists it
 
 import re
 
+import httpx
 from playwright.sync_api import expect
 
-from browser import PROJECT, at_name, person_api, shot, signed_in_at_name, virtual_authenticator
+from browser import PROJECT, at_name, person_api, shot, signed_in_at_name, virtual_authenticator, with_passkey
 from helpers import cli_json
 
 SHARE = "What your agents share with the other members"
@@ -95,3 +96,32 @@ def test_on_a_phone_the_dialog_fits_and_cancelling_leaves_the_rule_as_it_was(ser
     expect(phone.get_by_role("region", name="Confirming it's you").locator(".passkey-list")).to_have_text(
         "No passkey yet: add one here, or confirm with a sign-in link mailed to your address.")
     shot(phone, "step_up_settings_phone")
+
+
+def test_an_action_above_the_owners_cost_says_so_on_its_card_and_asks_before_approving(served, people):
+    runner = cli_json(served.db, "device", "pair", "ren/builder", "--name", "ren-laptop")["token"]
+    with person_api(served, "ren") as ren:
+        assert ren.post("/api/me/step-up-cost", json={"amount": 1}).json() == {"step_up_above_cost": 1}
+    proposed = httpx.post(served.info["url"] + "/api/runner/actions", headers={"Authorization": f"Bearer {runner}"},
+                          json={"tool": "image_gen", "action": "Draw the launch poster", "prompt": "a bright launch",
+                                "cost_estimate": "$3.50"}, timeout=30)
+    assert proposed.status_code == 200, proposed.text
+    action = proposed.json()["action"]
+    assert action["step_up"] is True
+    page = signed_in_at_name(people, served, "ren")
+    with_passkey(page, served, "ren")
+    open_at(page, served, "#/p/ren-room/room")
+    card = page.locator(f'.action-card[data-action-id="{action["id"]}"]')
+    expect(card.locator(".step-up-note")).to_have_text(" · approving asks you to confirm it's you")
+    card.get_by_role("button", name="Approve").click()
+    dialog = page.get_by_role("dialog", name="Confirm it's you")
+    expect(dialog.locator(".stepup-why")).to_have_text(
+        "Confirm it's you to approve an action above the cost you set (with a passkey, or a sign-in link mailed to "
+        "you); it then holds 5 minutes in this browser.")
+    shot(page, "step_up_action_card_desktop", full_page=False)
+    dialog.get_by_role("button", name="Use my passkey").click()
+    expect(card.locator(".action-status")).to_have_text("approved")
+    with person_api(served, "ren") as ren:
+        [entry] = [e for e in ren.get("/api/projects/ren-room/audit").json()["entries"] if e["type"] == "action.approved"]
+    assert (entry["refs"]["action"], entry["refs"]["cost_estimate"], entry["refs"]["step_up"]) == (
+        action["id"], "$3.50", True)
