@@ -3,6 +3,7 @@ an act until the person confirms, the page asks in a dialog and sends the act ag
 from that dialog, the next session confirms with it, and the Rules page lists it. Desktop and phone widths."""
 
 import re
+from pathlib import Path
 
 import httpx
 from playwright.sync_api import expect
@@ -10,6 +11,7 @@ from playwright.sync_api import expect
 from browser import PROJECT, at_name, person_api, shot, signed_in_at_name, virtual_authenticator, with_passkey
 from helpers import cli_json
 
+AXE = Path(__file__).resolve().parent.parent / ".cache" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
 SHARE = "What your agents share with the other members"
 WHY = ("Confirm it's you to share more with this project (with a passkey, or a sign-in link mailed to you); it then "
        "holds 5 minutes in this browser.")
@@ -38,6 +40,12 @@ def test_a_first_passkey_is_added_from_the_dialog_and_confirms_the_next_session(
     add = dialog.get_by_role("button", name="Add a passkey and continue")
     expect(add).to_be_focused()
     shot(page, "step_up_first_passkey_desktop", full_page=False)
+    if AXE.exists():  # the dialog reads clearly and is named (axe-core: no serious or critical finding)
+        page.add_script_tag(path=str(AXE))
+        found = page.evaluate("async () => (await axe.run({include: [['.stepup-dialog']]}, {resultTypes: "
+                              "['violations']})).violations.filter((v) => ['serious', 'critical'].includes(v.impact))"
+                              ".map((v) => v.id)")
+        assert found == []
     add.click()
     expect(dialog).to_have_count(0)
     expect(page.locator("#live-region, [aria-live]").first).to_be_attached()
