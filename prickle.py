@@ -4982,6 +4982,8 @@ def set_share_rule(db: Database, person: Actor, project: str, decision: str) -> 
     check_decision(decision, *SHARE_DECISIONS)
     with db.transaction():
         require_project(db, person, project)
+        if db.one("SELECT 1 FROM rooms WHERE project = ?", (project,)):
+            raise InvalidInput("project: a private room has no other members to share with")
         previous = share_rule_of(db, project, person.handle)
         loosening = SHARE_DECISIONS.index(decision) > SHARE_DECISIONS.index(previous)
         if loosening:

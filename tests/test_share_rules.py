@@ -3,6 +3,8 @@
 
 import datetime as dt
 
+import prickle
+
 from conftest import PROJECT, audit_entries
 from helpers import P, T0, confirm_with, confirmed, person, routed
 
@@ -30,6 +32,11 @@ def test_loosening_a_share_rule_needs_a_step_up_and_tightening_does_not(server, 
     assert (bad.status_code, bad.json()["error"]["message"]) == (400, "decision must be 'default' or 'threads'")
     assert person(server, world, "sam").post(f"/api/projects/{PROJECT}/share-rule",
                                              {"decision": "default"}).status_code == 404
+    with world.db.transaction():
+        room = prickle.ensure_room(world.db, "ren")  # ren's private room
+    r = ren.post(f"/api/projects/{room}/share-rule", {"decision": "default"})
+    assert (r.status_code, r.json()["error"]["message"]) == (400, "project: a private room has no other members to "
+                                                                  "share with")
     assert confirm_with(ren, ren.authenticator).status_code == 200
 
 
