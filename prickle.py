@@ -4786,9 +4786,10 @@ def webauthn_party(settings: Settings, origin: str) -> tuple[str, str]:
 
 
 def _begin_ceremony(db: Database, person: Actor, purpose: str, party: tuple[str, str], options: Any) -> dict:
+    challenge = bytes_to_base64url(options.challenge)
     db.execute("INSERT OR REPLACE INTO passkey_ceremonies (credential, purpose, challenge, rp_id, origin, expires_at) "
-               "VALUES (?, ?, ?, ?, ?, ?)", (person.credential_id, purpose, bytes_to_base64url(options.challenge), party[0],
-                                             party[1], iso(utcnow() + PASSKEY_CEREMONY_TTL)))
+               "VALUES (?, ?, ?, ?, ?, ?)", (person.credential_id, purpose, challenge, party[0], party[1],
+                                             iso(utcnow() + PASSKEY_CEREMONY_TTL)))
     return json.loads(webauthn.options_to_json(options))
 
 
@@ -4818,8 +4819,8 @@ def passkey_options(db: Database, person: Actor, purpose: str, party: tuple[str,
             (person.handle, party[0]))]
         if purpose == "confirm":
             if not keys:
-                raise InvalidState("you have no passkey for this address: add one in Settings, or confirm with a "
-                                   "sign-in link mailed to you")
+                raise InvalidState("you have no passkey for this address: add one on the Rules page, or confirm with "
+                                   "a sign-in link mailed to you")
             return _begin_ceremony(db, person, purpose, party, webauthn.generate_authentication_options(
                 rp_id=party[0], allow_credentials=keys, user_verification=UserVerificationRequirement.PREFERRED))
         if status["passkeys"] >= PASSKEYS_MAX:
@@ -4924,8 +4925,24 @@ def step_up_mail(db: Database, settings: Settings, base_url: str, person: Actor)
     they have no address."""
     email = db.scalar("SELECT email FROM people WHERE handle = ?", (person.handle,))
     if email is None:
-        raise InvalidState("you have no address to mail a link to: add one in Settings, or add a passkey")
+        raise InvalidState("you have no address to mail a link to: add one on the Inbox page, or add a passkey")
     return signin_mail(db, settings, base_url, email)
+
+
+def set_my_email(db: Database, person: Actor, email: str | None) -> dict:
+    """A person sets their own address for sign-in links and the digest (None or "" removes it).
+
+    The address is a way to confirm it's them (step_up_mail), so once they have one, or a passkey,
+    changing it needs a step-up; a first one, for someone with neither, does not. Returns
+    set_person_email's answer. Raises InvalidInput (checked first) or StepUpRequired.
+    """
+    email = None if email in (None, "") else check_email(email)
+    with db.transaction():
+        status = step_up_status(db, person)
+        current = db.scalar("SELECT email FROM people WHERE handle = ?", (person.handle,))
+        if (status["email_link"] or status["passkeys"]) and email != current:
+            require_step_up(db, person, "change your address")
+        return set_person_email(db, person.handle, email)
 
 
 def set_step_up_cost(db: Database, person: Actor, amount: Any) -> dict:
@@ -13186,7 +13203,7 @@ async def api_push_remove(state: AppState, person: Actor, request: Request, body
 
 async def api_my_email(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/me/email {email | null}: your address for sign-in links by email (null removes it)."""
-    return set_person_email(state.db, person.handle, body_field(body, "email", str, False))
+    return set_my_email(state.db, person, body_field(body, "email", str, False))
 
 
 def _page_origin(request: Request) -> str:

@@ -172,7 +172,7 @@ def test_without_a_passkey_a_sign_in_link_mailed_to_the_person_confirms_the_brow
     ren = person(mailing, world, "ren")
     r = ren.post("/api/me/step-up/email")
     assert (r.status_code, r.json()["error"]["message"]) == (
-        409, "you have no address to mail a link to: add one in Settings, or add a passkey")
+        409, "you have no address to mail a link to: add one on the Inbox page, or add a passkey")
     assert ren.post("/api/me/email", {"email": "ren@example.com"}).status_code == 200
     # an address now exists: the first passkey needs a step-up too (anyone at an open browser could add one)
     refused(ren.post("/api/me/passkeys/options", {"purpose": "register"}, AT_ORIGIN), "add a passkey")
@@ -190,6 +190,10 @@ def test_without_a_passkey_a_sign_in_link_mailed_to_the_person_confirms_the_brow
         "confirmed": True, "until": prickle.iso(T0 + dt.timedelta(minutes=5)), "window_minutes": 5, "passkeys": 0,
         "email_link": True, "step_up_above_cost": None}
     assert world.db.scalar("SELECT confirmed_by FROM credentials WHERE kind = 'session'") == "email_link"
+    # the address is a way in: changing it asks a step-up, which this browser now has
+    refused(ren.post("/api/me/email", {"email": "someone@example.net"}), "change your address")
+    moved = mailing.post("/api/me/email", json={"email": "ren@example.org"}, headers=browser | {"Origin": ORIGIN})
+    assert moved.json() == {"handle": "ren", "email": "ren@example.org"}
     # a link the operator made ('prickle signin-link') signs in but confirms nothing
     operator = prickle.signin_link(world.db, _settings(smtp.port), "ren", 8321)
     opened = mailing.get(operator.removeprefix(ORIGIN), follow_redirects=False)
