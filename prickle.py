@@ -68,11 +68,12 @@ Part II. The team's work: one chapter per capability; each operation is one func
   25. Approvals and the people's side of tasks -- approvals, standing approvals, final
       acceptance, send back, cancel, rename, blocked-by and asking for a task
   26. The owner's gate rules -- delegation rules, standing approvals and the auto-accept policy
-  27. Runs: devices, claims and steps -- paired devices, claim_task, the end of a run and
-      request_step
+  27. Runs: devices, claims and steps -- paired devices (revoked, stolen, expired when idle,
+      ended by signing out everywhere), claim_task, the end of a run and request_step
   28. Run control -- the owner's Start, Stop, hand back, pause and settling an uncertain run
   29. The board and the task page -- a task as the page shows it, the board and one task whole
-  30. Connecting a computer -- a short code the owner approves on the page
+  30. Connecting a computer or an app -- a short code the owner approves on the page; an MCP
+      client's OAuth 2.1 registration, consent, codes and tokens
   31. Make-or-spend actions -- Approve cards: propose, decide, claim and finish
   32. Private rooms: discussions -- claim_discussion, the room settings, and the owner stopping,
       retrying and continuing a turn
@@ -197,7 +198,13 @@ from mcp.shared.inbound import classify_inbound_request
 from mcp.shared.message import ServerMessageMetadata
 from mcp.shared.transport_context import TransportContext
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
-from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.json_response import PydanticJSONResponse
+from mcp.server.auth.provider import (AccessToken, AuthorizationCode, AuthorizationParams, AuthorizeError,
+                                      RefreshToken, RegistrationError, TokenError)
+from mcp.server.auth.routes import create_auth_routes
+from mcp.server.auth.settings import ClientRegistrationOptions, RevocationOptions
+from mcp.shared.auth import OAuthClientInformationFull, OAuthMetadata, OAuthToken, ProtectedResourceMetadata
+from pydantic import AnyHttpUrl
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import RequestBodyLimitMiddleware, TransportSecurityMiddleware, TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
@@ -527,6 +534,9 @@ class Settings(pydantic.BaseModel):
     port: int = pydantic.Field(8321, ge=0, le=65535)
     #: The address people and agents use to reach this server, e.g. behind a reverse proxy.
     public_url: str = ""
+    #: Let apps name themselves by an https address whose JSON says who they are (OAuth Client ID
+    #: Metadata Documents): the server then fetches such addresses. Off: apps register (/register).
+    oauth_client_metadata_documents: bool = False
     #: Extra Host header values to accept (DNS-rebinding protection); ``host:*`` allows any port.
     allowed_hosts: list[str] = []
     #: Extra Origin header values to accept for browser and MCP requests.
@@ -553,6 +563,8 @@ class Settings(pydantic.BaseModel):
     intent_ttl_minutes: int = pydantic.Field(240, ge=1, le=10080)
     #: A person's browser session lasts this many days.
     session_days: int = pydantic.Field(14, ge=1, le=365)
+    #: A runner device none of whose keys is used for this many days expires (its keys end).
+    device_idle_days: int = pydantic.Field(90, ge=1, le=3650)
     #: A sign-in link works once within this many minutes.
     signin_link_minutes: int = pydantic.Field(30, ge=1, le=1440)
     #: A run's execution credential (claim_task) expires after this many minutes.
@@ -1732,6 +1744,28 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE attempts ADD COLUMN files_wanted TEXT",
     ],
     [
+        # MCP clients connected with OAuth 2.1: their registrations, the authorization requests a
+        # person approves on the page, and the tokens (credentials rows of kind oauth and
+        # oauth_refresh, one family per approval).
+        """CREATE TABLE oauth_clients (
+            client_id TEXT PRIMARY KEY, info TEXT NOT NULL, name TEXT, address TEXT, created_at TEXT NOT NULL,
+            used_at TEXT)""",
+        "CREATE INDEX oauth_clients_by_address ON oauth_clients(address, created_at)",
+        """CREATE TABLE oauth_requests (
+            id TEXT PRIMARY KEY, client_id TEXT NOT NULL, params TEXT NOT NULL, state TEXT NOT NULL,
+            created_at TEXT NOT NULL, expires_at TEXT NOT NULL, person TEXT, agent_id TEXT, project TEXT,
+            code_hash TEXT UNIQUE, family TEXT, decided_at TEXT)""",
+        "ALTER TABLE credentials ADD COLUMN client_id TEXT",
+        "ALTER TABLE credentials ADD COLUMN resource TEXT",
+        "ALTER TABLE credentials ADD COLUMN family TEXT",
+        "CREATE INDEX credentials_by_family ON credentials(family)",
+    ],
+    [
+        # Where a credential was last used from (the client address of that call), beside when:
+        # the device list says which computer last used a device's keys.
+        "ALTER TABLE credential_uses ADD COLUMN address TEXT",
+    ],
+    [
         # Confirming it's you (chapter 14): when a credential's holder last re-authenticated and how
         # (on a sign-in link: that spending it confirms, as a mailed link does), a person's passkeys,
         # the one ceremony a credential has under way, the cost above which approving an action
@@ -2842,6 +2876,8 @@ TOKEN_PREFIX = {
     "discussion": "prk_dc_",  # one reply in a private room's turn, made by claim_discussion
     "connect": "prk_dq_",  # a computer's connect request, to collect its runner keys once (never a credential row)
     "invite": "prk_iv_",  # an invite's link, used once by the person invited (never a credential row)
+    "oauth": "prk_oa_",  # an MCP client's OAuth access token for one agent, short-lived (chapter 30)
+    "oauth_refresh": "prk_or_",  # its refresh token, rotated at each use
 }
 
 
@@ -2894,7 +2930,7 @@ def mint_credential(db: Database, kind: str, *, agent_id: str | None = None, per
                     task_id: str | None = None, attempt_id: str | None = None,
                     allowed_tools: tuple[str, ...] | None = None, discussion_id: str | None = None,
                     issued_by: str | None = None, at: _dt.datetime | None = None,
-                    label: str | None = None) -> tuple[dict, str]:
+                    label: str | None = None, oauth: dict | None = None, audited: bool = True) -> tuple[dict, str]:
     """Write a new credential inside the caller's transaction; return ``(record, secret)``.
 
     The one place a credential is made; the caller has already decided who may have it.
@@ -2903,7 +2939,9 @@ def mint_credential(db: Database, kind: str, *, agent_id: str | None = None, per
     None for no expiry; ``at`` is the moment it is made, the caller's when it records the same
     moment elsewhere). ``label`` is the key's name, up to LABEL_MAX characters (blank: none; never
     holding a secret), shown on the keys page and never in the audit log. The secret is never stored or shown
-    again. Writes ``token.created`` (see record_credential). Raises InvalidInput for a bad label.
+    again. Writes ``token.created`` (see record_credential) unless not ``audited`` (an app's
+    access token made again by a refresh: its first one was recorded). ``oauth`` holds an OAuth
+    token's ``client_id``, ``resource`` and ``family``. Raises InvalidInput for a bad label.
     """
     if label is not None:
         label = check_line(label, "label", LABEL_MAX).strip() or None
@@ -2917,9 +2955,10 @@ def mint_credential(db: Database, kind: str, *, agent_id: str | None = None, per
     row = record | {"project": None if rooms_only else project, "rooms_only": int(rooms_only),
                     "secret_hash": sha256_hex(secret), "device_id": device_id, "task_id": task_id,
                     "attempt_id": attempt_id, "allowed_tools": json.dumps(allowed_tools) if allowed_tools else None,
-                    "discussion_id": discussion_id, "issued_by": issued_by}
+                    "discussion_id": discussion_id, "issued_by": issued_by} | (oauth or {})
     db.insert("credentials", row)
-    record_credential(db, "token.created", record | {k: row[k] for k in _RUN_REFS})
+    if audited:
+        record_credential(db, "token.created", record | {k: row[k] for k in _RUN_REFS})
     return record, secret
 
 
@@ -2939,7 +2978,7 @@ def record_credential(db: Database, type_: str, row: dict, reason: str | None = 
     links and browser sessions are recorded nowhere.
     """
     kind = row["kind"]
-    if kind in ("signin", "session") or (kind == "discussion" and type_ == "token.created"):
+    if kind in ("signin", "session", "oauth_refresh") or (kind == "discussion" and type_ == "token.created"):
         return
     if kind not in ("execution", "discussion"):
         _audit_credential(db, type_, row)
@@ -3006,6 +3045,7 @@ _KIND_USE = {
     "discussion": "a discussion credential (for /mcp)",
     "connect": "a connect request's secret (for /api/runner/connect/collect)",
     "invite": "an invite's link (open it in a browser)",
+    "oauth": "an app's OAuth access token (for /mcp)", "oauth_refresh": "an app's refresh token (for /token)",
 }
 
 
@@ -3126,7 +3166,8 @@ def dead_credentials(db: Database, ids: set[str]) -> set[str]:
 REVOCATIONS = {"revoked": True, "claim_retried": True, "run_replaced": True, "run_stopped": True,
                "run_uncertain": True, "run_ended": True, "issuer_revoked": False, "device_revoked": False, "task_cancelled": False,
                "task_handed_back": False, "turn_ended": False, "turn_retried": False, "assignee_left": False,
-               "left_project": False}
+               "left_project": False, "rotated": False, "app_revoked": True, "refresh_replayed": True,
+               "code_replayed": True}
 
 #: Credentials ended because their agent left the project: their callers are told not_found.
 LEFT_PROJECT_REASONS = ("assignee_left", "left_project")
@@ -3159,10 +3200,16 @@ def revoke_credentials(db: Database, where: str, params: tuple, reason: str) -> 
     return len(rows)
 
 
+#: What else ends with a device, each ``fn(db, device, reason)`` in the caller's transaction after its
+#: credentials: its runs still going (registered where runs are, chapter 27).
+DEVICE_ENDINGS: list[Callable[[Database, dict, str], None]] = []
+
+
 def end_device(db: Database, device: dict, reason: str) -> int:
     """Revoke a device and every credential it still holds, in the caller's transaction; returns how many.
 
-    Writes ``device.revoked`` (with the count) in each of its agent's chains.
+    Writes ``device.revoked`` (with the count) in each of its agent's chains, then ends what
+    DEVICE_ENDINGS names.
     """
     db.execute("UPDATE devices SET revoked_at = ?, revoked_reason = ? WHERE id = ?",
                (iso(utcnow()), reason, device["id"]))
@@ -3170,6 +3217,8 @@ def end_device(db: Database, device: dict, reason: str) -> int:
     for chain in agent_chains(db, device["agent_id"]):
         audit(db, chain, "device.revoked", {"device": device["id"], "agent": device["agent_id"], "reason": reason,
                                             "credentials": ended})
+    for fn in DEVICE_ENDINGS:
+        fn(db, device, reason)
     return ended
 
 
@@ -3294,9 +3343,11 @@ def visible_task(db: Database, actor: Actor, project: str, task_id: str, field: 
     return task
 
 
-def note_seen(db: Database, agent_id: str | None, credential_id: str | None = None) -> None:
-    """Record that the agent (if any) was seen, and when its credential was last used (the keys
-    page's "last used"), at most once a minute per credential (saves a write per call)."""
+def note_seen(db: Database, agent_id: str | None, credential_id: str | None = None,
+              address: str | None = None) -> None:
+    """Record that the agent (if any) was seen, and when its credential was last used and from which
+    client ``address`` (the keys page's "last used", the device list's "from"), at most once a minute
+    per credential (saves a write per call)."""
     now, last = time.monotonic(), db.seen_at.get((agent_id, credential_id))
     if last is None or now - last >= 60.0:
         db.seen_at[(agent_id, credential_id)] = now
@@ -3305,8 +3356,9 @@ def note_seen(db: Database, agent_id: str | None, credential_id: str | None = No
             if agent_id is not None:
                 db.execute("UPDATE agents SET last_seen_at = ? WHERE agent_id = ?", (at, agent_id))
             if credential_id is not None:
-                db.execute("INSERT INTO credential_uses VALUES (?, ?) ON CONFLICT (credential_id) DO UPDATE SET "
-                           "used_at = excluded.used_at", (credential_id, at))
+                db.execute("INSERT INTO credential_uses VALUES (?, ?, ?) ON CONFLICT (credential_id) DO UPDATE SET "
+                           "used_at = excluded.used_at, address = excluded.address",
+                           (credential_id, at, address and address[:64]))
 
 
 #: A runner counts as listening this long (seconds) after its last wait_for_mention returned:
@@ -3528,6 +3580,14 @@ CONNECT_MOVES: dict[str, dict[str, str]] = {
     **closed("refused", "expired", "collected"),
 }
 
+#: An app's authorization request (OAuth): pending until the person approves or refuses it on the
+#: page or its time is up; an approved one holds a code until the app redeems it for tokens, once.
+OAUTH_MOVES: dict[str, dict[str, str]] = {
+    "pending": {"approve": "approved", "refuse": "refused", "expire": "expired"},
+    "approved": {"redeem": "redeemed", "expire": "expired"},
+    **closed("refused", "expired", "redeemed"),
+}
+
 #: An invite: open until the person invited accepts or declines it, someone already in the
 #: project uses it (spent), an owner revokes it or its inviter leaves (revoked), or its 7 days
 #: pass (expired). A resend keeps it open with a new link. Every end forgets the address.
@@ -3579,6 +3639,7 @@ LIFECYCLES: dict[str, Lifecycle] = {
     "turn": Lifecycle("turn", "turns", "step", TURN_MOVES, key=turn_state),
     "attempt": Lifecycle("attempt", "attempts", "state", ATTEMPT_MOVES),
     "connect": Lifecycle("connect request", "connect_requests", "state", CONNECT_MOVES),
+    "oauth": Lifecycle("authorization request", "oauth_requests", "state", OAUTH_MOVES),
     "invite": Lifecycle("invite", "invites", "state", INVITE_MOVES),
     "lead": Lifecycle("default lead", "projects", "lead_state", LEAD_MOVES, key=lead_state, id_column="slug",
                       stored={"none": None}),
@@ -4264,7 +4325,8 @@ def list_tokens(db: Database, owner: str | None = None) -> list[dict]:
     rows = db.rows("SELECT id, kind, agent_id, person, CASE WHEN rooms_only THEN '@rooms' ELSE project END AS project, "
                    "label, created_at, u.used_at AS last_used_at, expires_at, revoked_at FROM credentials "
                    "LEFT JOIN credential_uses u ON u.credential_id = credentials.id "
-                   "WHERE kind NOT IN ('signin', 'session', 'execution', 'discussion') ORDER BY created_at")
+                   "WHERE kind NOT IN ('signin', 'session', 'execution', 'discussion', 'oauth', 'oauth_refresh') "
+                   "ORDER BY created_at")
     if owner is not None:
         rows = [r for r in rows if r["person"] == owner or owner_of(r["agent_id"] or "") == owner]
     return rows
@@ -7997,7 +8059,9 @@ def set_auto_accept(db: Database, owner: str, on: bool) -> dict:
 ###############################################################################
 # A runner is a paired device of one agent. A task wake becomes claim_task (an attempt and its
 # execution credential); a woken run asks its owner before a step its tools don't allow
-# (request_step), and the owner allows or refuses it.
+# (request_step), and the owner allows or refuses it. A device can be lost: its owner revokes it or
+# marks it stolen, signs out everywhere, or leaves it unused until it expires; each ends its keys,
+# its runs and its discussions at once (end_device, with _stop_device_runs).
 
 #: The tools a verification run's credential may call: read its task and thread, and decide the result.
 VERIFY_TOOLS = ("get_project_context", "read_room", "check_inbox", "accept_result", "reject_result")
@@ -8038,21 +8102,119 @@ def pair_device(db: Database, owner: str, agent_id: str, name: str = "runner",
 
 
 def list_devices(db: Database, owner: str) -> list[dict]:
-    """An owner's paired devices, live and revoked."""
-    return db.rows("SELECT id, agent_id, name, created_at, revoked_at, revoked_reason FROM devices WHERE owner = ? "
-                   "ORDER BY created_at", (owner,))
+    """An owner's paired devices, live and revoked, each with when and from where its keys (its runner
+    key, its runs' and discussions' credentials) were last used: ``last_used_at`` and ``last_address``
+    (None if never), and ``can_revoke`` (it is live)."""
+    rows = db.rows("SELECT d.id, d.agent_id, d.name, d.created_at, d.revoked_at, d.revoked_reason, u.used_at AS "
+                   "last_used_at, u.address AS last_address FROM devices d LEFT JOIN credential_uses u ON "
+                   "u.credential_id = (SELECT u2.credential_id FROM credential_uses u2 JOIN credentials c ON "
+                   "c.id = u2.credential_id WHERE c.device_id = d.id ORDER BY u2.used_at DESC LIMIT 1) "
+                   "WHERE d.owner = ? ORDER BY d.created_at", (owner,))
+    return [r | {"can_revoke": r["revoked_at"] is None} for r in rows]
+
+
+#: Why an owner revokes a device by hand: it is no longer wanted (``owner``) or it was ``stolen``.
+#: A device also ends when its owner signs out everywhere (``sessions_ended``), when it is unused
+#: for its idle days (``expired``), or with its runner key (``key_revoked``).
+OWNER_DEVICE_REASONS = ("owner", "stolen")
 
 
 def revoke_device(db: Database, owner: str, device_id: str, reason: str = "owner") -> dict:
-    """Revoke a device and every credential it holds (its runner key, its runs' credentials)."""
+    """Revoke one of ``owner``'s devices: ``reason`` ``owner``, or ``stolen``. Every credential it
+    holds (its runner key, its runs' and discussions' credentials) ends at once, with their waits and
+    MCP sessions, and its runs still going are stopped (see end_device).
+
+    ``{"id", "revoked": true, "reason", "credentials_ended", "runs_stopped"}``. Raises InvalidInput
+    (a bad id or reason), NotFound (no such device of ``owner``'s) or InvalidState (already revoked);
+    nothing changes then. Writes ``device.revoked`` and ``task.run_stopped`` for each run stopped.
+    """
+    check_id(device_id, "device_id")
+    if reason not in OWNER_DEVICE_REASONS:
+        raise InvalidInput(f"reason must be one of {', '.join(OWNER_DEVICE_REASONS)}")
     with db.transaction():
         device = db.one("SELECT * FROM devices WHERE id = ? AND owner = ?", (device_id, owner))
         if device is None:
             raise NotFound(f"no device '{device_id}' of yours")
         if device["revoked_at"]:
-            raise InvalidState(f"device '{device_id}' was already revoked")
+            raise InvalidState(f"device '{device_id}' was already revoked ({device['revoked_reason']}) at "
+                               f"{device['revoked_at']}")
+        stopped = _running_on(db, device)
         ended = end_device(db, device, reason)
-    return {"id": device_id, "revoked": True, "credentials_ended": ended}
+    return {"id": device_id, "revoked": True, "reason": reason, "credentials_ended": ended, "runs_stopped": stopped}
+
+
+def _running_on(db: Database, device: dict) -> int:
+    return db.scalar("SELECT count(*) FROM attempts WHERE device_id = ? AND state = 'running'", (device["id"],))
+
+
+def _stop_device_runs(db: Database, device: dict, reason: str) -> None:
+    """A device that ended (end_device) stops its runs still going, as a Stop stops them (a new run
+    waits for its owner's Start), by its owner (nobody, for an expiry). Writes ``task.run_stopped``."""
+    for attempt in db.rows("SELECT * FROM attempts WHERE device_id = ? AND state = 'running'", (device["id"],)):
+        task = task_row(db, attempt["task_id"])
+        end_attempt(db, attempt, "stop", task["project"], "device_revoked")
+        if WAITING_ON[lifecycle_state(task)] == "agent":
+            db.execute("UPDATE tasks SET waiting_on = 'stopped' WHERE id = ?", (task["id"],))  # until its Start
+        audit(db, task["project"], "task.run_stopped", {
+            "agent": attempt["agent_id"], "run": attempt["run_id"], "task": task["id"],
+            "by": None if reason == "expired" else device["owner"], "reason": "device_revoked",
+            "device": device["id"], "state_before": task["state"], "attempt": attempt["id"]})
+        append_event(db, task["project"], "task.updated", {"task": task_out(db, task_row(db, task["id"]))},
+                     [(task["assignee"], "task", task["id"], None)])
+
+
+DEVICE_ENDINGS.append(_stop_device_runs)
+
+
+def sign_out_everywhere(db: Database, handle: str) -> dict:
+    """End every browser session of ``handle`` (and each sign-in link not yet used) and every live device
+    paired to their agents (reason ``sessions_ended``), and every app connected as one of their agents
+    (OAuth, chapter 30), at once; no browser is sent their push notifications any more. Their personal
+    tokens and agents' MCP keys are left as they are.
+    ``{"sessions_ended", "devices_ended", "credentials_ended", "runs_stopped", "push_ended", "apps_ended"}``.
+    Writes ``device.revoked`` for each device (a session is recorded nowhere)."""
+    with db.transaction():
+        require_person(db, handle)
+        sessions = revoke_credentials(db, "kind IN ('session', 'signin') AND person = ?", (handle,), "revoked")
+        db.execute("DELETE FROM push_sent WHERE subscription IN (SELECT id FROM push_subscriptions WHERE handle = ?)",
+                   (handle,))
+        push = db.execute("DELETE FROM push_subscriptions WHERE handle = ?", (handle,))
+        devices = db.rows("SELECT * FROM devices WHERE owner = ? AND revoked_at IS NULL ORDER BY created_at",
+                          (handle,))
+        ended = stopped = 0
+        for device in devices:
+            stopped += _running_on(db, device)
+            ended += end_device(db, device, "sessions_ended")
+        apps = len({r["family"] for r in db.rows("SELECT family FROM credentials WHERE kind = 'oauth_refresh' AND "
+                                                   "person = ? AND revoked_at IS NULL", (handle,))})
+        revoke_credentials(db, "kind IN ('oauth', 'oauth_refresh') AND person = ?", (handle,), "app_revoked")
+    return {"sessions_ended": sessions, "devices_ended": len(devices), "credentials_ended": ended,
+            "runs_stopped": stopped, "push_ended": push, "apps_ended": apps}
+
+
+#: A device none of whose keys was used for this many days expires, unless the server's settings
+#: say otherwise (``device_idle_days``, kept in the meta table where every process reads it).
+DEVICE_IDLE_DAYS = 90
+
+
+def keep_device_idle_days(db: Database, days: int) -> None:
+    """Record the server's ``device_idle_days`` for every process's expiry of idle devices."""
+    with db.transaction():
+        db.execute("INSERT INTO meta VALUES ('device_idle_days', ?) ON CONFLICT (key) DO UPDATE SET "
+                   "value = excluded.value", (str(days),))
+
+
+@expires("device")
+def expire_idle_devices(db: Database, now: _dt.datetime) -> int:
+    """End the live devices none of whose keys was used (nor the device paired) in its idle days:
+    reason ``expired``, their credentials and runs with them (end_device). Returns how many."""
+    days = int(db.scalar("SELECT value FROM meta WHERE key = 'device_idle_days'") or DEVICE_IDLE_DAYS)
+    idle = db.rows("SELECT d.* FROM devices d WHERE d.revoked_at IS NULL AND max(d.created_at, coalesce((SELECT "
+                   "max(u.used_at) FROM credential_uses u JOIN credentials c ON c.id = u.credential_id WHERE "
+                   "c.device_id = d.id), '')) <= ?", (iso(now - _dt.timedelta(days=days)),))
+    for device in idle:
+        end_device(db, device, "expired")
+    return len(idle)
 
 
 def _run_cause(task: dict) -> dict:
@@ -8885,7 +9047,7 @@ def task_detail(db: Database, person: Actor, task_id: str) -> dict:
 
 
 ###############################################################################
-# 30. Connecting a computer
+# 30. Connecting a computer or an app
 ###############################################################################
 
 #: A connect request's code and keys can be used for this long after it was made.
@@ -9022,6 +9184,30 @@ def decide_connect(db: Database, person: Actor, code: str, decision: str, agents
     return {"request": connect_request_out(row)}
 
 
+def pick_or_create_agent(db: Database, person: Actor, choice: dict, field: str, model: str, client: str) -> str:
+    """The agent a person picked to connect (``{"agent_id"}``, one of theirs) or the one they asked to make
+    (``{"create": {"name", "display_name"?, "model"?}}``, inside the caller's transaction; ``model`` and
+    ``client`` are its defaults). A new agent joins its owner's team projects at once, so teammates can
+    hand it work. Raises InvalidInput naming the field, after ``field`` (a prefix such as ``agents[0].``)."""
+    if isinstance(choice.get("create"), dict):
+        new = choice["create"]
+        name = new.get("name")
+        if not isinstance(name, str):
+            raise InvalidInput(f"{field}create.name is required (a slug)")
+        agent_id = f"{person.handle}/{check_slug(name, f'{field}create.name')}"
+        projects = [r["project"] for r in db.rows(
+            "SELECT m.project FROM members m JOIN projects p ON p.slug = m.project WHERE m.handle = ? AND "
+            "p.kind = 'team' ORDER BY m.project", (person.handle,))]
+        add_agent(db, agent_id, new.get("display_name") if isinstance(new.get("display_name"), str) else name,
+                  new.get("model") if isinstance(new.get("model"), str) else model, client, projects=projects)
+        return agent_id
+    agent_id = choice.get("agent_id")
+    if not isinstance(agent_id, str) or owner_of(agent_id) != person.handle or not db.one(
+            "SELECT 1 FROM agents WHERE agent_id = ?", (agent_id,)):
+        raise InvalidInput(f"{field}agent_id: one of your own agents, or create one")
+    return agent_id
+
+
 def _connect_plan(db: Database, person: Actor, clis: list[str], choices: Any) -> list[dict]:
     """Check the person's pick of one agent per CLI (making new agents asked for); return ``[{cli, agent_id}]``."""
     if not isinstance(choices, list) or not choices or not all(isinstance(c, dict) for c in choices):
@@ -9032,25 +9218,7 @@ def _connect_plan(db: Database, person: Actor, clis: list[str], choices: Any) ->
         cli = choice.get("cli")
         if cli not in clis or cli in [p["cli"] for p in plan]:
             raise InvalidInput(f"agents[{i}].cli: one of {', '.join(clis)} (what this computer has), each once")
-        if isinstance(choice.get("create"), dict):
-            new = choice["create"]
-            name = new.get("name")
-            if not isinstance(name, str):
-                raise InvalidInput(f"agents[{i}].create.name is required (a slug)")
-            agent_id = f"{person.handle}/{check_slug(name, f'agents[{i}].create.name')}"
-            # It joins its owner's team projects at once, so teammates can hand it work (a new agent in no
-            # project would answer them not_found until someone found Agents & keys).
-            projects = [r["project"] for r in db.rows(
-                "SELECT m.project FROM members m JOIN projects p ON p.slug = m.project WHERE m.handle = ? AND "
-                "p.kind = 'team' ORDER BY m.project", (person.handle,))]
-            add_agent(db, agent_id, new.get("display_name") if isinstance(new.get("display_name"), str) else name,
-                      new.get("model") if isinstance(new.get("model"), str) else cli, CONNECT_CLIS[cli],
-                      projects=projects)
-        else:
-            agent_id = choice.get("agent_id")
-            if not isinstance(agent_id, str) or owner_of(agent_id) != person.handle or not db.one(
-                    "SELECT 1 FROM agents WHERE agent_id = ?", (agent_id,)):
-                raise InvalidInput(f"agents[{i}].agent_id: one of your own agents, or create one")
+        agent_id = pick_or_create_agent(db, person, choice, f"agents[{i}].", cli, CONNECT_CLIS[cli])
         if agent_id in [p["agent_id"] for p in plan]:
             raise InvalidInput(f"agents[{i}]: {agent_id} is picked twice; one agent per CLI")
         plan.append({"cli": cli, "agent_id": agent_id})
@@ -9090,6 +9258,379 @@ def collect_connect(db: Database, request_id: str, secret: str, base_url: str) -
             audit(db, chain, "device.collected", {"request": row["id"], "agents": ids, "keys": [
                 {"credential": o["credential_id"], "agent": o["agent_id"], "reach": "runner"} for o in out]})
     return {"status": "approved", "server": base_url, "agents": out}
+
+
+# An app (an MCP client such as Claude Code or Claude Desktop) connects with OAuth 2.1: it
+# registers itself (register_oauth_client), sends its person to /authorize, which lands on the
+# page's "Connect an app" (begin_oauth, oauth_view); the person picks which of their agents the
+# app acts as and approves (decide_oauth, which hands the app a one-time code); the app redeems
+# the code for an access token and a refresh token (redeem_oauth_code) and refreshes them
+# (refresh_oauth), each refresh replacing both. Tokens are credentials of kinds oauth and
+# oauth_refresh, one family per approval: a refresh token used twice, or a code used twice,
+# ends the family. The MCP SDK's handlers speak the protocol; these operations decide.
+
+#: An access token lasts this long; a refresh token (replaced at each use) this long.
+OAUTH_ACCESS_TTL = _dt.timedelta(hours=1)
+OAUTH_REFRESH_TTL = _dt.timedelta(days=30)
+
+#: An authorization request waits this long for its person; its code must be redeemed within it too.
+OAUTH_REQUEST_TTL = _dt.timedelta(minutes=10)
+
+#: A registration no token was ever made for is forgotten after this long (pruning).
+OAUTH_UNUSED_CLIENT_TTL = _dt.timedelta(days=1)
+
+#: Registrations one address may make in an hour: anyone may register, so it can't be flooded.
+OAUTH_REGISTRATIONS_PER_HOUR = 20
+
+#: The one scope: acting as one agent through the MCP tools.
+OAUTH_SCOPE = "mcp"
+
+
+def is_loopback_redirect(uri: str) -> bool:
+    """Whether a redirect URI goes back to the app on the person's own computer (RFC 8252: http on a
+    loopback address, any port)."""
+    parts = urllib.parse.urlsplit(uri)
+    return parts.scheme == "http" and parts.hostname in ("127.0.0.1", "localhost", "::1")
+
+
+def oauth_issuer(settings: Settings) -> str | None:
+    """The OAuth issuer (public_url without a trailing slash), or None when OAuth is off: no public_url, or
+    one that is neither https nor a loopback address (RFC 8414 asks for https)."""
+    url = settings.public_url.rstrip("/")
+    parts = urllib.parse.urlsplit(url)
+    if not url or not (parts.scheme == "https" or (parts.scheme == "http" and parts.hostname in (
+            "127.0.0.1", "localhost", "::1"))):
+        return None
+    return url
+
+
+def register_oauth_client(db: Database, info: dict, address: str | None) -> None:
+    """Keep an app's registration (RFC 7591; ``info`` the client information as the SDK made it).
+
+    Each redirect URI must be https, or http on a loopback address (any port: RFC 8252). An
+    address that registered OAUTH_REGISTRATIONS_PER_HOUR apps in the last hour is refused
+    (TooManyRegistrations); a registration no token is made for is forgotten after
+    OAUTH_UNUSED_CLIENT_TTL. Raises InvalidInput naming the redirect URI that can't be used.
+    """
+    for uri in info.get("redirect_uris") or []:
+        parts = urllib.parse.urlsplit(str(uri))
+        if parts.fragment or not (parts.scheme == "https" or is_loopback_redirect(str(uri))):
+            raise InvalidInput(f"redirect_uris: {str(uri)[:100]} can't be used: an https address, or http on "
+                               "127.0.0.1, localhost or [::1] (any port), without a fragment")
+    name = info.get("client_name")
+    now = utcnow()
+    with db.transaction():
+        recent = db.scalar("SELECT count(*) FROM oauth_clients WHERE address IS ? AND created_at > ?",
+                           (address, iso(now - _dt.timedelta(hours=1))))
+        if recent >= OAUTH_REGISTRATIONS_PER_HOUR:
+            raise TooManyRegistrations(f"{recent} apps registered from this address in the last hour: try again "
+                                       "later")
+        db.insert("oauth_clients", {"client_id": info["client_id"], "info": json.dumps(info),
+                                    "name": name[:80] if isinstance(name, str) else None, "address": address,
+                                    "created_at": iso(now)})
+
+
+class TooManyRegistrations(PrickleError, code="too_many_requests", status=429):
+    """An address registered as many apps as OAUTH_REGISTRATIONS_PER_HOUR allows."""
+
+
+#: A client metadata document is fetched at most this big (bytes), within this long (seconds), and kept
+#: this long before it is fetched again.
+CLIENT_DOCUMENT_MAX = 5120
+CLIENT_DOCUMENT_SECONDS = 5.0
+CLIENT_DOCUMENT_KEEP = _dt.timedelta(hours=1)
+
+
+def public_address_of(host: str) -> str:
+    """One address ``host`` resolves to, if every address it resolves to is public; raises InvalidInput
+    otherwise (a loopback, private, link-local or reserved address: the server must not be made to
+    fetch from its own network)."""
+    import ipaddress
+    try:
+        found = {info[4][0] for info in socket.getaddrinfo(host, 443, proto=socket.IPPROTO_TCP)}
+    except (OSError, UnicodeError):
+        raise InvalidInput(f"client_id: {host[:100]} does not resolve") from None
+    for address in found:
+        ip = ipaddress.ip_address(address.split("%")[0])
+        if not ip.is_global or ip.is_multicast:
+            raise InvalidInput(f"client_id: {host[:100]} resolves to an address that is not public")
+    return sorted(found)[0]
+
+
+def check_client_document(client_id: str, document: Any) -> dict:
+    """An app's client metadata document as the client information it stands for; raises InvalidInput
+    when it is not one: its ``client_id`` must be the address it was fetched from, its redirects
+    https or loopback (as a registration's), and it is a public client (no secret)."""
+    if not isinstance(document, dict) or document.get("client_id") != client_id:
+        raise InvalidInput("client_id: the document at that address must be JSON whose client_id is that address")
+    uris = document.get("redirect_uris")
+    if not isinstance(uris, list) or not uris or not all(isinstance(u, str) for u in uris):
+        raise InvalidInput("client_id: the document must list its redirect_uris")
+    for uri in uris:
+        parts = urllib.parse.urlsplit(uri)
+        if parts.fragment or not (parts.scheme == "https" or is_loopback_redirect(uri)):
+            raise InvalidInput(f"client_id: the document's redirect {uri[:100]} is neither https nor loopback")
+    if document.get("token_endpoint_auth_method", "none") != "none" or "client_secret" in document:
+        raise InvalidInput("client_id: a client named by a document is a public client: token_endpoint_auth_method "
+                           "none and no secret")
+    name = document.get("client_name")
+    return {"client_id": client_id, "redirect_uris": uris, "client_name": name if isinstance(name, str) else None,
+            "token_endpoint_auth_method": "none", "grant_types": ["authorization_code", "refresh_token"],
+            "response_types": ["code"], "scope": OAUTH_SCOPE}
+
+
+def keep_client_document(db: Database, info: dict) -> None:
+    """Keep a fetched client document's information as the app's registration (used_at: now)."""
+    now = iso(utcnow())
+    with db.transaction():
+        db.execute("INSERT INTO oauth_clients (client_id, info, name, address, created_at, used_at) VALUES "
+                   "(?, ?, ?, NULL, ?, ?) ON CONFLICT (client_id) DO UPDATE SET info = excluded.info, "
+                   "name = excluded.name, created_at = excluded.created_at",
+                   (info["client_id"], json.dumps(info), (info["client_name"] or "")[:80] or None, now, now))
+
+
+def kept_client_document(db: Database, client_id: str) -> dict | None:
+    """A client document fetched within CLIENT_DOCUMENT_KEEP, or None."""
+    row = db.one("SELECT info, created_at FROM oauth_clients WHERE client_id = ?", (client_id,))
+    if row is None or parse_iso(row["created_at"]) < utcnow() - CLIENT_DOCUMENT_KEEP:
+        return None
+    return json.loads(row["info"])
+
+
+def oauth_client(db: Database, client_id: str) -> dict | None:
+    """An app's registration (its client information as registered), or None."""
+    row = db.one("SELECT info FROM oauth_clients WHERE client_id = ?", (client_id,))
+    return json.loads(row["info"]) if row else None
+
+
+def begin_oauth(db: Database, client_id: str, params: dict, resource: str) -> str:
+    """Keep an app's authorization request for its person to decide on the page; return its id.
+
+    ``params``: ``{redirect_uri, redirect_uri_provided_explicitly, state, scopes, code_challenge,
+    resource}`` as the SDK checked them (PKCE S256, a registered redirect). The request's
+    ``resource`` (RFC 8707) must be this server's MCP address, ``resource``, or absent (then it is
+    this one). Raises InvalidInput naming ``resource`` or ``scope`` otherwise.
+    """
+    asked = params.get("resource") or resource
+    if asked.rstrip("/") != resource.rstrip("/"):
+        raise InvalidInput(f"resource: this server's MCP address is {resource}; {asked[:100]} is not served here")
+    scopes = params.get("scopes") or [OAUTH_SCOPE]
+    if scopes != [OAUTH_SCOPE]:
+        raise InvalidInput(f"scope: the one scope here is '{OAUTH_SCOPE}'")
+    now = utcnow()
+    row = {"id": new_id("oar"), "client_id": client_id, "params": json.dumps(params | {"resource": resource}),
+           "state": "pending", "created_at": iso(now), "expires_at": iso(now + OAUTH_REQUEST_TTL)}
+    with db.transaction():
+        db.insert("oauth_requests", row)
+    return row["id"]
+
+
+@expires("oauth")
+def expire_oauth_requests(db: Database, now: _dt.datetime) -> int:
+    """End the authorization requests (and unredeemed codes) past their ten minutes; returns how many.
+    Inside the caller's transaction."""
+    rows = db.rows("SELECT * FROM oauth_requests WHERE state IN ('pending', 'approved') AND expires_at <= ?",
+                   (iso(now),))
+    for row in rows:
+        move(db, "oauth", row["id"], "expire", row)
+    return len(rows)
+
+
+def _live_oauth(db: Database, request_id: Any) -> dict:
+    """The request, moved to ``expired`` (inside the caller's transaction) once its time is up."""
+    row = db.one("SELECT * FROM oauth_requests WHERE id = ?", (request_id,)) if isinstance(request_id, str) else None
+    if row is None:
+        raise NotFound(f"no app is asking to connect with request '{str(request_id)[:40]}': start again from the app")
+    if row["state"] in ("pending", "approved") and parse_iso(row["expires_at"]) <= utcnow():
+        move(db, "oauth", row["id"], "expire", row)
+        row = db.one("SELECT * FROM oauth_requests WHERE id = ?", (row["id"],))
+    return row
+
+
+def oauth_view(db: Database, person: Actor, request_id: str) -> dict:
+    """An app's request as its person sees it on "Connect an app", with their agents and projects to pick.
+
+    ``{"request": {id, state, client_name (as the app says, not checked), on_this_computer (a
+    loopback redirect), redirect_host, expires_at}, "agents": [{agent_id, display_name, projects}]}``.
+    """
+    with db.transaction():
+        row = _live_oauth(db, request_id)
+        if row["person"] not in (None, person.handle):
+            raise NotFound(f"no app is asking to connect with request '{request_id}': start again from the app")
+    params = json.loads(row["params"])
+    client = oauth_client(db, row["client_id"]) or {}
+    agents = db.rows("SELECT agent_id, display_name FROM agents WHERE owner = ? ORDER BY agent_id", (person.handle,))
+    for a in agents:
+        a["projects"] = [r["project"] for r in db.rows(
+            "SELECT project FROM project_agents WHERE agent_id = ? ORDER BY project", (a["agent_id"],))]
+    return {"request": {"id": row["id"], "state": row["state"], "client_name": client.get("client_name"),
+                        "on_this_computer": is_loopback_redirect(params["redirect_uri"]),
+                        "redirect_host": urllib.parse.urlsplit(params["redirect_uri"]).netloc,
+                        "expires_at": row["expires_at"]}, "agents": agents}
+
+
+def decide_oauth(db: Database, person: Actor, request_id: str, decision: str, agent_id: Any = None,
+                 project: Any = None, issuer: str = "") -> dict:
+    """A person approves an app's request, as one of their agents (in one of its projects, or all), or refuses it.
+
+    ``agent_id`` is one of the person's agents, or ``{"create": {"name", "display_name"?, "model"?}}``
+    for a new one (see pick_or_create_agent); ``project`` one of that agent's projects, or None.
+
+    Returns ``{"redirect": URL}``: back to the app with a one-time ``code`` (or ``error=access_denied``),
+    its ``state`` and ``iss`` (RFC 9207, byte for byte the metadata's ``issuer``). Single use: a
+    decided or expired request is ``invalid_state`` / ``expired``. Nothing is audited here: the
+    app's tokens are, when the code is redeemed (``token.created``).
+    """
+    check_decision(decision, "approve", "refuse")
+    with db.transaction():
+        row = _live_oauth(db, request_id)
+        if row["person"] not in (None, person.handle):
+            raise NotFound(f"no app is asking to connect with request '{request_id}': start again from the app")
+        if row["state"] == "expired":
+            raise Expired("this request expired (10 minutes): start connecting again from the app")
+        params, now = json.loads(row["params"]), iso(utcnow())
+        answer = {"state": params.get("state"), "iss": issuer}
+        if decision == "refuse":
+            move(db, "oauth", row["id"], "refuse", row, person=person.handle, decided_at=now)
+            answer |= {"error": "access_denied", "error_description": f"{person.handle} refused it"}
+        else:
+            choice = {"create": agent_id["create"]} if isinstance(agent_id, dict) and "create" in agent_id else {
+                "agent_id": agent_id}
+            client = (oauth_client(db, row["client_id"]) or {}).get("client_name") or "an app"
+            agent_id = pick_or_create_agent(db, person, choice, "", "unknown", str(client)[:40])
+            if project is not None and not db.one("SELECT 1 FROM project_agents WHERE agent_id = ? AND project = ?",
+                                                  (agent_id, project)):
+                raise InvalidInput(f"project: one of {agent_id}'s projects, or none for all of them")
+            code = secrets.token_urlsafe(32)
+            move(db, "oauth", row["id"], "approve", row, person=person.handle, agent_id=agent_id, project=project,
+                 code_hash=sha256_hex(code), family=new_id("fam"), decided_at=now)
+            answer["code"] = code
+    query = urllib.parse.urlencode({k: v for k, v in answer.items() if v is not None})
+    sep = "&" if urllib.parse.urlsplit(params["redirect_uri"]).query else "?"
+    return {"redirect": f"{params['redirect_uri']}{sep}{query}"}
+
+
+def oauth_code(db: Database, client_id: str, code: str) -> dict | None:
+    """The approved request a code stands for, ``{client_id, params, expires_at, ...}``, or None.
+
+    A code used before ends every token it was redeemed for (``code_replayed``, RFC 6749 §4.1.2)
+    and is None, as an unknown or another app's code is.
+    """
+    with db.transaction():
+        row = db.one("SELECT * FROM oauth_requests WHERE code_hash = ?", (sha256_hex(code or ""),))
+        if row is None or row["client_id"] != client_id:
+            return None
+        row = _live_oauth(db, row["id"])
+        if row["state"] == "redeemed":
+            revoke_credentials(db, "family = ?", (row["family"],), "code_replayed")
+            return None
+    return row | {"params": json.loads(row["params"])} if row["state"] == "approved" else None
+
+
+def _oauth_tokens(db: Database, family: dict, first: bool) -> dict:
+    """Make an access token and a refresh token of one family (inside the caller's transaction)."""
+    keep = {"client_id": family["client_id"], "resource": family["resource"], "family": family["family"]}
+    name = db.scalar("SELECT name FROM oauth_clients WHERE client_id = ?", (family["client_id"],))
+    access, token = mint_credential(db, "oauth", agent_id=family["agent_id"], person=family["person"],
+                                    project=family["project"], ttl=OAUTH_ACCESS_TTL, label=(name or "an app")[:60],
+                                    oauth=keep, audited=first)
+    _, refresh = mint_credential(db, "oauth_refresh", agent_id=family["agent_id"], person=family["person"],
+                                 project=family["project"], ttl=OAUTH_REFRESH_TTL, oauth=keep)
+    db.execute("UPDATE oauth_clients SET used_at = ? WHERE client_id = ?", (iso(utcnow()), family["client_id"]))
+    return {"access_token": token, "token_type": "Bearer", "expires_in": int(OAUTH_ACCESS_TTL.total_seconds()),
+            "scope": OAUTH_SCOPE, "refresh_token": refresh, "credential_id": access["id"]}
+
+
+def redeem_oauth_code(db: Database, request_id: str) -> dict:
+    """Turn an approved request's code into tokens, once: ``{access_token, token_type, expires_in,
+    scope, refresh_token, credential_id}``. Writes ``token.created`` for the access token.
+    Raises InvalidState when the code was redeemed meanwhile."""
+    with db.transaction():
+        row = _live_oauth(db, request_id)
+        move(db, "oauth", row["id"], "redeem", row)
+        family = {"client_id": row["client_id"], "resource": json.loads(row["params"])["resource"],
+                  "family": row["family"], "agent_id": row["agent_id"], "person": row["person"],
+                  "project": row["project"]}
+        return _oauth_tokens(db, family, first=True)
+
+
+def oauth_refresh_token(db: Database, client_id: str, token: str) -> dict | None:
+    """The live refresh token ``token`` of app ``client_id`` (its credentials row), or None.
+
+    A refresh token already replaced, presented again, is a stolen copy or a replay: every token
+    of its family ends (``refresh_replayed``) and it is None.
+    """
+    if token_kind(token or "") != "oauth_refresh":
+        return None
+    with db.transaction():
+        row = db.one("SELECT * FROM credentials WHERE secret_hash = ?", (sha256_hex(token),))
+        if row is None or row["kind"] != "oauth_refresh" or row["client_id"] != client_id:
+            return None
+        if row["revoked_reason"] == "rotated":
+            revoke_credentials(db, "family = ?", (row["family"],), "refresh_replayed")
+            return None
+    return row if not_live_because(row) is None else None
+
+
+def refresh_oauth(db: Database, refresh: dict) -> dict:
+    """Replace a refresh token (its row, from oauth_refresh_token) and its access tokens with new ones.
+
+    The old refresh token ends (``rotated``); using it again ends the family. Raises
+    Unauthorized when it ended meanwhile.
+    """
+    with db.transaction():
+        if not revoke_credentials(db, "id = ?", (refresh["id"],), "rotated"):
+            raise Unauthorized("this refresh token was used already: connect the app again")
+        revoke_credentials(db, "family = ? AND kind = 'oauth'", (refresh["family"],), "rotated")
+        return _oauth_tokens(db, refresh, first=False)
+
+
+def oauth_resource_of(db: Database, credential_id: str) -> str | None:
+    """The MCP address (RFC 8707 resource) an OAuth credential was made for."""
+    return db.scalar("SELECT resource FROM credentials WHERE id = ?", (credential_id,))
+
+
+def revoke_oauth(db: Database, token: str, client_id: str) -> None:
+    """An app revokes one of its tokens (RFC 7009): its whole family ends (``app_revoked``)."""
+    with db.transaction():
+        row = db.one("SELECT family, client_id FROM credentials WHERE secret_hash = ?", (sha256_hex(token or ""),))
+        if row is not None and row["family"] and row["client_id"] == client_id:
+            revoke_credentials(db, "family = ?", (row["family"],), "app_revoked")
+
+
+def connected_apps(db: Database, person: Actor) -> list[dict]:
+    """The apps connected as the person's agents (one per approval still live), newest first:
+    ``[{family, client_name, agent_id, project, connected_at, last_used_at, expires_at}]``
+    (``expires_at``: when its refresh token does, unless the app refreshes before)."""
+    rows = db.rows("SELECT c.family, c.agent_id, c.project, min(c.created_at) AS connected_at, max(u.used_at) AS "
+                   "last_used_at, max(c.expires_at) AS expires_at, o.name AS client_name FROM credentials c "
+                   "LEFT JOIN credential_uses u ON u.credential_id = c.id "
+                   "LEFT JOIN oauth_clients o ON o.client_id = c.client_id WHERE c.kind IN ('oauth', 'oauth_refresh') "
+                   "AND c.person = ? AND c.family IN (SELECT family FROM credentials WHERE kind = 'oauth_refresh' "
+                   "AND revoked_at IS NULL AND person = ?) GROUP BY c.family ORDER BY connected_at DESC",
+                   (person.handle, person.handle))
+    return [dict(r) for r in rows]
+
+
+def disconnect_app(db: Database, person: Actor, family: str) -> dict:
+    """A person ends an app's connection as one of their agents: its tokens end at once (``app_revoked``),
+    and with them its waits and MCP sessions. Raises NotFound for a connection not theirs."""
+    with db.transaction():
+        if not db.one("SELECT 1 FROM credentials WHERE family = ? AND person = ?", (family, person.handle)):
+            raise NotFound(f"no connected app '{str(family)[:40]}' of yours")
+        ended = revoke_credentials(db, "family = ?", (family,), "app_revoked")
+    return {"family": family, "ended": ended}
+
+
+def prune_oauth(db: Database, now: _dt.datetime | None = None) -> int:
+    """Forget registrations no token was made for within OAUTH_UNUSED_CLIENT_TTL and requests long over."""
+    now = now or utcnow()
+    with db.transaction():
+        db.execute("DELETE FROM oauth_clients WHERE used_at IS NULL AND created_at < ?",
+                   (iso(now - OAUTH_UNUSED_CLIENT_TTL),))
+        gone = db.conn.changes()
+        db.execute("DELETE FROM oauth_requests WHERE expires_at < ?", (iso(now - OAUTH_UNUSED_CLIENT_TTL),))
+        return gone
 
 
 ###############################################################################
@@ -11290,6 +11831,12 @@ class GuardMiddleware:
         await self.app(scope, receive, send)
 
 
+def client_address(request: Request | None) -> str | None:
+    """The address a request came from (the last hop: a reverse proxy's own when behind one), or None."""
+    client = request.client if request is not None else None
+    return client.host if client else None
+
+
 def person_from_request(state: AppState, request: Request) -> Actor:
     """The person behind a request: a personal token, or a session cookie with a same-origin write.
 
@@ -11298,7 +11845,7 @@ def person_from_request(state: AppState, request: Request) -> Actor:
     auth = request.headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
         actor = resolve_token(state.db, auth[7:].strip(), ("person",))
-        note_seen(state.db, None, actor.credential_id)  # the keys page's "last used"
+        note_seen(state.db, None, actor.credential_id, client_address(request))  # the keys page's "last used"
         return actor
     cookie = request.cookies.get(SESSION_COOKIE, "")
     if not cookie:
@@ -11333,8 +11880,10 @@ def reader_from_request(state: AppState, request: Request) -> Actor:
 def runner_from_request(state: AppState, request: Request) -> Actor:
     """The agent behind a runner's HTTP call: its runner key or a discussion credential."""
     auth = request.headers.get("authorization", "")
-    return resolve_token(state.db, auth[7:].strip() if auth.lower().startswith("bearer ") else "",
-                         ("runner", "discussion"))
+    actor = resolve_token(state.db, auth[7:].strip() if auth.lower().startswith("bearer ") else "",
+                          ("runner", "discussion"))
+    note_seen(state.db, None, actor.credential_id, client_address(request))  # its device's "last used"
+    return actor
 
 
 def _number_or_marker(text: str) -> Any:
@@ -11914,7 +12463,7 @@ def build_mcp_server(state: AppState) -> _MCPServer:
                 check_live(state.db, actor)
             check_run_allowed(state.db, actor)
             args = validate_input(tool.name, params.arguments or {})
-            note_seen(state.db, actor.agent_id, actor.credential_id)
+            note_seen(state.db, actor.agent_id, actor.credential_id, client_address(ctx.request))
             result = await tool.run(state, actor, args, ctx)
         except PrickleError as e:
             if not key_checked and not isinstance(e, Unauthorized):
@@ -12032,8 +12581,12 @@ class MCPEndpoint:
 
     HEADERS = (b"authorization", b"mcp-protocol-version", b"mcp-method", b"mcp-name")
 
-    def __init__(self, state: AppState, manager: StreamableHTTPSessionManager):
+    def __init__(self, state: AppState, manager: StreamableHTTPSessionManager, issuer: str | None = None):
         self.state, self.manager, self.transport = state, manager, StreamableHTTPASGIApp(manager)
+        # With OAuth on, a refusal says where the app learns how to get a token (RFC 9728 §5.1).
+        self.challenge = (f'Bearer resource_metadata="{issuer}/.well-known/oauth-protected-resource/mcp", '
+                          f'scope="{OAUTH_SCOPE}"') if issuer else None
+        self.resource = f"{issuer}/mcp" if issuer else None
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         headers = {k: v for k, v in scope["headers"] if k in self.HEADERS}
@@ -12047,9 +12600,16 @@ class MCPEndpoint:
         checked = not (version in MODERN_VERSIONS and headers.get(b"mcp-method") == b"tools/call"
                        and name is not None and name.key_checked_inside)
         try:
-            actor = resolve_token(self.state.db, token, ("client", "runner", "execution", "discussion"), fresh=checked)
+            actor = resolve_token(self.state.db, token, ("client", "runner", "execution", "discussion", "oauth"),
+                                  fresh=checked)
+            if actor.credential_kind == "oauth" and oauth_resource_of(self.state.db, actor.credential_id) != \
+                    self.resource:
+                raise Unauthorized("this app's token was made for another server address: connect the app again")
         except (Unauthorized, NotFound) as e:  # NotFound: its agent left the project (LEFT_PROJECT_REASONS)
-            await error_response(e, jsonrpc=True)(scope, receive, send)
+            answer = error_response(e, jsonrpc=True)
+            if self.challenge and answer.status_code == 401:
+                answer.headers["WWW-Authenticate"] = self.challenge
+            await answer(scope, receive, send)
             return
         scope["prickle.actor"], scope["prickle.key_checked"] = actor, checked
         if version not in MODERN_VERSIONS:
@@ -12990,6 +13550,18 @@ async def api_revoke_device(state: AppState, person: Actor, request: Request, bo
     return revoke_device(state.db, person.handle, request.path_params["device_id"])
 
 
+async def api_device_stolen(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """POST /api/devices/{id}/stolen: mark a device stolen; its keys, runs and discussions end at once."""
+    return revoke_device(state.db, person.handle, request.path_params["device_id"], "stolen")
+
+
+async def api_signout_everywhere(state: AppState, person: Actor, request: Request, body: Any) -> Response:
+    """POST /api/signout/everywhere: end every browser session of the person and every device of their agents."""
+    response = JSONResponse(sign_out_everywhere(state.db, person.handle))
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    return response
+
+
 async def api_steps(state: AppState, person: Actor, request: Request, body: Any) -> dict:
     """GET /api/steps: steps your agents' runs are waiting on you to allow or refuse."""
     return {"steps": pending_steps(state.db, person)}
@@ -13021,6 +13593,19 @@ async def api_connect_decide(state: AppState, person: Actor, request: Request, b
     """POST /api/connect/{code} {decision: approve|refuse, typed_code?, agents?: [{cli, agent_id} | {cli, create}]}."""
     return decide_connect(state.db, person, request.path_params["code"], body_field(body, "decision", str),
                           body.get("agents"), body.get("typed_code"))
+
+
+async def api_oauth_decide(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/oauth/{id} {decision: approve|refuse, agent_id? | create?: {name, display_name?}, project?}:
+    ``{"redirect"}`` back to the app."""
+    agent = {"create": body["create"]} if "create" in body else body.get("agent_id")
+    return decide_oauth(state.db, person, request.path_params["id"], body_field(body, "decision", str),
+                        agent, body.get("project"), oauth_issuer(state.settings) or "")
+
+
+async def api_apps(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/apps: the apps connected as the person's agents (``{"apps": [...]}``, see connected_apps)."""
+    return {"apps": connected_apps(state.db, person)}
 
 
 async def api_start_run(state: AppState, person: Actor, request: Request, body: dict) -> dict:
@@ -13355,6 +13940,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("POST", "/api/projects/{slug}/messages", _api(api_post)),
     ("GET", "/api/projects/{slug}/events", _api(api_events)),
     ("POST", "/api/signout", _api(api_signout)),
+    ("POST", "/api/signout/everywhere", _api(api_signout_everywhere)),
     ("GET", "/api/search", _api(api_search)),
     ("GET", "/api/approvals", _api(api_approvals)),
     ("GET", "/api/inbox", _api(api_inbox)),
@@ -13408,6 +13994,10 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("POST", "/api/tasks/{task_id}/verify", _api(_operation(request_verification, "task_id"))),
     ("GET", "/api/connect/{code}", _api(_operation(connect_view, "code"))),
     ("POST", "/api/connect/{code}", _api(api_connect_decide)),
+    ("GET", "/api/oauth/{id}", _api(_operation(oauth_view, "id"))),
+    ("POST", "/api/oauth/{id}", _api(api_oauth_decide)),
+    ("GET", "/api/apps", _api(api_apps)),
+    ("DELETE", "/api/apps/{family}", _api(_operation(disconnect_app, "family"))),
     ("POST", "/api/tasks/{task_id}/runs", _api(api_start_run)),
     ("POST", "/api/tasks/{task_id}/stop", _api(_operation(stop_run, "task_id"))),
     ("POST", "/api/tasks/{task_id}/hand-back", _api(api_hand_back)),
@@ -13421,6 +14011,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("GET", "/api/devices", _api(api_devices)),
     ("POST", "/api/devices", _api(api_pair_device)),
     ("DELETE", "/api/devices/{device_id}", _api(api_revoke_device)),
+    ("POST", "/api/devices/{device_id}/stolen", _api(api_device_stolen)),
     ("GET", "/api/steps", _api(api_steps)),
     ("POST", "/api/steps/{step_id}", _api(api_decide_step)),
     ("GET", "/signin", signin),
@@ -13538,9 +14129,264 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
     maintenance.add("approvals sweep", 60.0, sweep)
     maintenance.add("outbox pruning", 600.0, prune)
     maintenance.add("files pruning", 3600.0, lambda: prune_files(db))
+    maintenance.add("app registrations pruning", 3600.0, lambda: prune_oauth(db))
     maintenance.add("email digest", DIGEST_EVERY, digest)
     maintenance.add("push notifications", PUSH_EVERY, push_piece(db, settings))
     return maintenance
+
+
+# MCP authorization (OAuth 2.1) speaks through the MCP SDK's handlers: /authorize, /token,
+# /register, /revoke and both metadata documents. AppProvider answers them with chapter 30's
+# operations. It is on when public_url is an https address (or a loopback one, for trying it
+# out): the issuer is public_url exactly as written, the protected resource its /mcp.
+
+
+class _AppClient(OAuthClientInformationFull):
+    """A registered app: a loopback redirect matches whatever port it comes back on (RFC 8252 §7.3)."""
+
+    def validate_redirect_uri(self, redirect_uri: Any) -> Any:
+        if redirect_uri is not None and is_loopback_redirect(str(redirect_uri)):
+            asked = urllib.parse.urlsplit(str(redirect_uri))
+            for known in self.redirect_uris or []:
+                mine = urllib.parse.urlsplit(str(known))
+                if is_loopback_redirect(str(known)) and (mine.hostname, mine.path) == (asked.hostname, asked.path):
+                    return redirect_uri
+        return super().validate_redirect_uri(redirect_uri)
+
+
+class _Code(AuthorizationCode):
+    request_id: str
+
+
+class _Refresh(RefreshToken):
+    row: dict
+
+
+#: Where a registration came from, for its rate limit (set by the /register route's wrapper).
+REGISTERING_FROM: contextvars.ContextVar[str | None] = contextvars.ContextVar("prickle_registering", default=None)
+
+
+#: The HTTP transport client metadata documents are fetched through (tests put a stand-in here).
+CLIENT_DOCUMENT_TRANSPORT: Any = None
+
+
+async def fetch_client_document(client_id: str) -> dict:
+    """Fetch and check the client metadata document an app names itself by (``client_id``, an https
+    address): only a public address, connected to as resolved (no second lookup), no redirect, at most
+    CLIENT_DOCUMENT_MAX bytes within CLIENT_DOCUMENT_SECONDS. Returns the client information
+    (check_client_document); raises InvalidInput saying what is wrong."""
+    parts = urllib.parse.urlsplit(client_id)
+    if parts.scheme != "https" or not parts.hostname or parts.username or parts.fragment or parts.path in ("", "/"):
+        raise InvalidInput("client_id: a document's address is an https URL with a path")
+    import httpx2  # the HTTP client the MCP SDK brings
+    address = await asyncio.to_thread(public_address_of, parts.hostname)
+    host = f"[{address}]" if ":" in address else address
+    pinned = parts._replace(netloc=f"{host}:{parts.port or 443}").geturl()
+    try:
+        async with httpx2.AsyncClient(transport=CLIENT_DOCUMENT_TRANSPORT, follow_redirects=False,
+                                     timeout=CLIENT_DOCUMENT_SECONDS) as http:
+            async with http.stream("GET", pinned, headers={"Host": parts.netloc, "Accept": "application/json"},
+                                   extensions={"sni_hostname": parts.hostname}) as r:
+                if r.status_code != 200:
+                    raise InvalidInput(f"client_id: the document's address answered {r.status_code}")
+                body = b""
+                async for chunk in r.aiter_bytes():
+                    body += chunk
+                    if len(body) > CLIENT_DOCUMENT_MAX:
+                        raise InvalidInput(f"client_id: the document is over {CLIENT_DOCUMENT_MAX} bytes")
+    except httpx2.HTTPError as e:
+        raise InvalidInput(f"client_id: the document could not be fetched ({type(e).__name__})") from None
+    try:
+        document = json.loads(body)
+    except ValueError:
+        raise InvalidInput("client_id: the document is not JSON") from None
+    return check_client_document(client_id, document)
+
+
+class AppProvider:
+    """The MCP SDK's OAuthAuthorizationServerProvider, answered by chapter 30's operations."""
+
+    def __init__(self, db: Database, issuer: str, documents: bool = False):
+        self.db, self.issuer, self.resource, self.documents = db, issuer, f"{issuer}/mcp", documents
+
+    async def get_client(self, client_id: str) -> _AppClient | None:
+        if self.documents and client_id.startswith("https://"):
+            info = kept_client_document(self.db, client_id)
+            if info is None:
+                try:
+                    info = await fetch_client_document(client_id)
+                except InvalidInput as e:
+                    print(f"prickle: an app's client metadata document was refused: {e.message}", file=sys.stderr)
+                    return None
+                keep_client_document(self.db, info)
+            return _AppClient.model_validate(info)
+        info = oauth_client(self.db, client_id)
+        return _AppClient.model_validate(info) if info else None
+
+    async def register_client(self, client_info: OAuthClientInformationFull) -> None:
+        try:
+            register_oauth_client(self.db, client_info.model_dump(mode="json", exclude_none=True),
+                                  REGISTERING_FROM.get())
+        except InvalidInput as e:
+            raise RegistrationError("invalid_redirect_uri", e.message) from None
+
+    async def authorize(self, client: OAuthClientInformationFull, params: AuthorizationParams) -> str:
+        try:
+            request_id = begin_oauth(self.db, client.client_id, {
+                "redirect_uri": str(params.redirect_uri), "state": params.state, "scopes": params.scopes,
+                "redirect_uri_provided_explicitly": params.redirect_uri_provided_explicitly,
+                "code_challenge": params.code_challenge, "resource": params.resource}, self.resource)
+        except InvalidInput as e:
+            raise AuthorizeError("invalid_target" if e.message.startswith("resource") else "invalid_scope",
+                                 e.message) from None
+        return f"{self.issuer}/#/authorize/{request_id}"
+
+    async def load_authorization_code(self, client: OAuthClientInformationFull, authorization_code: str) -> Any:
+        row = oauth_code(self.db, client.client_id, authorization_code)
+        if row is None:
+            return None
+        p = row["params"]
+        return _Code(code=authorization_code, scopes=[OAUTH_SCOPE], expires_at=parse_iso(row["expires_at"]).timestamp(),
+                     client_id=row["client_id"], code_challenge=p["code_challenge"], redirect_uri=p["redirect_uri"],
+                     redirect_uri_provided_explicitly=p["redirect_uri_provided_explicitly"], resource=p["resource"],
+                     subject=row["person"], request_id=row["id"])
+
+    async def exchange_authorization_code(self, client: OAuthClientInformationFull, authorization_code: Any) -> Any:
+        try:
+            tokens = redeem_oauth_code(self.db, authorization_code.request_id)
+        except PrickleError as e:
+            raise TokenError("invalid_grant", e.message) from None
+        return OAuthToken(**{k: v for k, v in tokens.items() if k != "credential_id"})
+
+    async def load_refresh_token(self, client: OAuthClientInformationFull, refresh_token: str) -> Any:
+        row = oauth_refresh_token(self.db, client.client_id, refresh_token)
+        if row is None:
+            return None
+        return _Refresh(token=refresh_token, client_id=row["client_id"], scopes=[OAUTH_SCOPE],
+                        expires_at=int(parse_iso(row["expires_at"]).timestamp()), resource=row["resource"], row=row)
+
+    async def exchange_refresh_token(self, client: OAuthClientInformationFull, refresh_token: Any,
+                                     scopes: list[str]) -> Any:
+        try:
+            tokens = refresh_oauth(self.db, refresh_token.row)
+        except PrickleError as e:
+            raise TokenError("invalid_grant", e.message) from None
+        return OAuthToken(**{k: v for k, v in tokens.items() if k != "credential_id"})
+
+    async def load_access_token(self, token: str) -> AccessToken | None:
+        try:
+            actor = resolve_token(self.db, token, ("oauth",))
+        except (Unauthorized, NotFound):
+            return None
+        row = self.db.one("SELECT client_id, resource, expires_at FROM credentials WHERE id = ?",
+                          (actor.credential_id,))
+        return AccessToken(token=token, client_id=row["client_id"], scopes=[OAUTH_SCOPE], resource=row["resource"],
+                           expires_at=int(parse_iso(row["expires_at"]).timestamp()))
+
+    async def revoke_token(self, token: Any) -> None:
+        revoke_oauth(self.db, token.token, token.client_id)
+
+    async def exchange_identity_assertion(self, client: Any, params: Any) -> Any:
+        raise TokenError("unsupported_grant_type", "this server takes the authorization code and refresh token grants")
+
+
+class _Asgi:
+    """An ASGI function as a route's app (Starlette takes a bare function for a request handler)."""
+
+    def __init__(self, fn: Callable[..., Any]):
+        self.fn = fn
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        await self.fn(scope, receive, send)
+
+
+def _token_resource_checked(app: Any, resource: str) -> Any:
+    """/token: a ``resource`` (RFC 8707) other than this server's MCP address is ``invalid_target``
+    before the SDK's handler reads the request (the SDK leaves that check to the server)."""
+
+    async def checked(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more and len(body) < 65536:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        asked = urllib.parse.parse_qs(body.decode("latin-1")).get("resource", [None])[0]
+        if asked is not None and asked.rstrip("/") != resource.rstrip("/"):
+            answer = JSONResponse({"error": "invalid_target", "error_description": f"this server's MCP address is "
+                                   f"{resource}; tokens are made for it alone"}, status_code=400,
+                                  headers={"Cache-Control": "no-store"})
+            await answer(scope, receive, send)
+            return
+        replay = [{"type": "http.request", "body": body, "more_body": more}]
+
+        async def again() -> dict:
+            return replay.pop() if replay else await receive()
+        await app(scope, again, send)
+    return _Asgi(checked)
+
+
+def _registration_limited(app: Any) -> Any:
+    """/register: note where the request came from (its rate limit), and say 429 when the address is over it."""
+
+    async def limited(scope: dict, receive: Any, send: Any) -> None:
+        client = scope.get("client")
+        token = REGISTERING_FROM.set(client[0] if client else None)
+        try:
+            await app(scope, receive, send)
+        except TooManyRegistrations as e:
+            await JSONResponse({"error": "too_many_requests", "error_description": e.message}, status_code=429,
+                               headers={"Retry-After": "3600"})(scope, receive, send)
+        finally:
+            REGISTERING_FROM.reset(token)
+    return _Asgi(limited)
+
+
+def oauth_routes(db: Database, issuer: str, documents: bool = False) -> list[Route]:
+    """The OAuth routes (the SDK's handlers) and both metadata documents, for ``issuer``; with
+    ``documents``, apps may name themselves by a client metadata document's address."""
+    provider = AppProvider(db, issuer, documents)
+    routes = create_auth_routes(provider, issuer_url=AnyHttpUrl(issuer),
+                                client_registration_options=ClientRegistrationOptions(
+                                    enabled=True, valid_scopes=[OAUTH_SCOPE], default_scopes=[OAUTH_SCOPE]),
+                                revocation_options=RevocationOptions(enabled=True))
+    metadata = OAuthMetadata.model_validate({
+        "issuer": issuer, "authorization_endpoint": f"{issuer}/authorize", "token_endpoint": f"{issuer}/token",
+        "registration_endpoint": f"{issuer}/register", "revocation_endpoint": f"{issuer}/revoke",
+        "scopes_supported": [OAUTH_SCOPE], "response_types_supported": ["code"],
+        "grant_types_supported": ["authorization_code", "refresh_token"],
+        "token_endpoint_auth_methods_supported": ["none", "client_secret_post", "client_secret_basic"],
+        "revocation_endpoint_auth_methods_supported": ["none", "client_secret_post", "client_secret_basic"],
+        "code_challenge_methods_supported": ["S256"], "authorization_response_iss_parameter_supported": True,
+        "service_documentation": f"{issuer}/#/help"} | ({"client_id_metadata_document_supported": True}
+                                                         if documents else {}))
+    # Built from strings: a pydantic URL made from the issuer alone would gain a trailing slash, and
+    # clients compare the issuer byte for byte (RFC 8414 §3.3, RFC 9207).
+    resource_doc = ProtectedResourceMetadata.model_validate({
+        "resource": provider.resource, "authorization_servers": [issuer], "scopes_supported": [OAUTH_SCOPE],
+        "resource_name": "Prickle"})
+
+    def document(model: Any) -> Callable[[Request], Any]:
+        shown = PydanticJSONResponse(content=model).body
+
+        async def serve(request: Request) -> Response:
+            return Response(shown, media_type="application/json", headers={
+                "Cache-Control": "public, max-age=3600", "Access-Control-Allow-Origin": "*"})
+        return serve
+
+    kept = []
+    for route in routes:
+        if route.path == "/.well-known/oauth-authorization-server":
+            continue
+        if route.path == "/token":
+            route = Route("/token", _token_resource_checked(route.app, provider.resource), methods=["POST", "OPTIONS"])
+        elif route.path == "/register":
+            route = Route("/register", _registration_limited(route.app), methods=["POST", "OPTIONS"])
+        kept.append(route)
+    return [Route("/.well-known/oauth-authorization-server", document(metadata), methods=["GET"]), *kept,
+            Route("/.well-known/oauth-protected-resource/mcp", document(resource_doc), methods=["GET"]),
+            Route("/.well-known/oauth-protected-resource", document(resource_doc), methods=["GET"])]
 
 
 def create_app(db_path: str, settings: Settings | None = None, port: int | None = None) -> Starlette:
@@ -13560,6 +14406,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     # Checkpoints (which fsync) run on a worker thread with their own connection, never inside a
     # request's commit on the event loop.
     db.conn.pragma("wal_autocheckpoint", 0)
+    keep_device_idle_days(db, settings.device_idle_days)
     state = AppState(db=db, settings=settings, hub=hub, port=port, readers=Readers(db_path))
     manager = SessionManager(app=build_mcp_server(state), json_response=False, stateless=False,
                               session_idle_timeout=settings.session_idle_seconds,
@@ -13595,8 +14442,10 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
             db.close()
             checkpointer.close()
 
-    mcp_endpoint = MCPEndpoint(state, manager)
+    issuer = oauth_issuer(settings)
+    mcp_endpoint = MCPEndpoint(state, manager, issuer)
     routes = [
+        *(oauth_routes(db, issuer, settings.oauth_client_metadata_documents) if issuer else []),
         Route("/mcp", endpoint=mcp_endpoint, methods=["GET", "POST", "DELETE"]),
         *(Route(path, endpoint, methods=[method]) for method, path, endpoint in ROUTES),
         Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
@@ -14775,18 +15624,32 @@ def device_list(db_path: str, as_json: bool, owner: str) -> None:
     require_person(db, owner)
     rows = list_devices(db, owner)
     Out(as_json).rows("devices", rows, lambda r: (
-        f"{r['id']}  {r['agent_id']:<24} {r['name']:<16} {'revoked' if r['revoked_at'] else 'active'}"),
+        f"{r['id']}  {r['agent_id']:<24} {r['name']:<16} "
+        f"{'revoked (' + r['revoked_reason'] + ')' if r['revoked_at'] else 'active':<24} "
+        f"last used {r['last_used_at'] + ' from ' + (r['last_address'] or '?') if r['last_used_at'] else 'never'}"),
         "No devices.")
 
 
 @device_group.command("revoke")
 @db_options
+@click.option("--stolen", is_flag=True, help="The device was stolen: say so in the audit log (reason 'stolen').")
 @click.argument("owner")
 @click.argument("device_id")
-def device_revoke(db_path: str, as_json: bool, owner: str, device_id: str) -> None:
-    """Revoke a device and every credential it holds."""
-    out = revoke_device(open_db(db_path), owner, device_id)
-    Out(as_json)(out, f"Revoked {device_id} ({out['credentials_ended']} credentials ended).")
+def device_revoke(db_path: str, as_json: bool, stolen: bool, owner: str, device_id: str) -> None:
+    """Revoke a device and every credential it holds; its runs still going are stopped."""
+    out = revoke_device(open_db(db_path), owner, device_id, "stolen" if stolen else "owner")
+    Out(as_json)(out, f"Revoked {device_id}{' as stolen' if stolen else ''} ({out['credentials_ended']} credentials "
+                      f"ended, {out['runs_stopped']} runs stopped).")
+
+
+@person_group.command("signout-everywhere")
+@db_options
+@click.argument("owner")
+def person_signout_everywhere(db_path: str, as_json: bool, owner: str) -> None:
+    """End every browser session of OWNER and every device paired to their agents."""
+    out = sign_out_everywhere(open_db(db_path), owner)
+    Out(as_json)(out, f"Signed {owner} out everywhere: {out['sessions_ended']} sessions and sign-in links and "
+                      f"{out['devices_ended']} devices ended ({out['credentials_ended']} device credentials).")
 
 
 @cli.group("agents")
@@ -16413,8 +17276,10 @@ class Runner(RunnerDeliveries):
             self.save()
             return
         mine = set(self.procs) | set(self.by_task.values())
+        # A task being claimed or verified here has a run on the server before this runner knows its id.
+        busy = set(self.by_task) | set(self.verifying)
         for run in (state or {}).get("runs", []):
-            if run["state"] == "running" and run["attempt_id"] not in mine:
+            if run["state"] == "running" and run["attempt_id"] not in mine and run["task_id"] not in busy:
                 self.log(f"{agent_id}: {run['attempt_id']} is running on the server but not here: marking it "
                          "uncertain for its owner to settle")
                 await self.tell(agent_id, run["attempt_id"], "uncertain", "no_process")

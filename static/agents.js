@@ -1,13 +1,13 @@
 // agents.js — your agents and their credentials: add an agent (model, client, role,
 // capabilities), add it to projects, mint a client key (shown once, with set-up lines
 // for Claude Code and Codex, never stored by the page), list and revoke keys, and the
-// runner devices paired to your agents (devices.js).
+// runner devices paired to your agents and signing out everywhere (devices.js).
 
 import { get, post, del, seg } from "./api.js";
-import { createDevices } from "./devices.js";
+import { createDevices, createSignOutEverywhere } from "./devices.js";
 import * as pauses from "./pauses.js";
 import {
-  h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, timeEl, revokeButton, copyButton,
+  h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, timeEl, revokeButton, confirmButton, copyButton,
   lines, announce, loadFailed, clearError,
 } from "./ui.js";
 
@@ -22,6 +22,8 @@ export function mount(el, ctx) {
   const shown = h("div", { class: "secret-slot" });
   const error = errorSlot();
   const devices = createDevices(shown, () => reload());
+  const appsBox = h("div", { class: "table-wrap" });
+  const everywhere = createSignOutEverywhere(() => reload());
   const pauseBox = h("div", { class: "pause-box" });
   el.append(
     h("div", { class: "page-head" }, heading(1, "Agents & keys"),
@@ -32,12 +34,16 @@ export function mount(el, ctx) {
     h("section", { class: "section", "aria-labelledby": "keys-heading" }, h("h2", { id: "keys-heading", text: "Keys" }),
       h("p", { class: "muted", text: "Keys of yours and your agents'. Prickle keeps only a hash: a lost key is revoked and made again." }),
       keysBox),
-    devices.el);
+    h("section", { class: "section", "aria-labelledby": "apps-heading" }, h("h2", { id: "apps-heading", text: "Connected apps" }),
+      h("p", { class: "muted", text: "Apps you connected with a sign-in (OAuth), such as Claude Desktop or Claude Code, each acting as one of your agents." }),
+      appsBox),
+    devices.el, everywhere.el);
 
   const reload = async () => {
     try {
-      const [a, k, p, d, paused] = await Promise.all([get("/api/agents"), get("/api/keys"), get("/api/projects"),
-        get("/api/devices"), get("/api/agents/paused")]);
+      const [a, k, p, d, paused, apps] = await Promise.all([get("/api/agents"), get("/api/keys"), get("/api/projects"),
+        get("/api/devices"), get("/api/agents/paused"), get("/api/apps")]);
+      renderApps(appsBox, apps.apps, reload);
       renderPause(pauseBox, paused.paused_by, reload);
       state.paused = Object.fromEntries(paused.agents.map((p) => [p.agent_id, p]));
       state.agents = a.agents;
@@ -259,6 +265,33 @@ function renderKeys(box, state, reload) {
           : expired ? badge("expired", "muted") : badge("active", "ok")),
         h("td", { "data-label": "" }, revoke, error));
     }))) : empty("Every key here is revoked."));
+}
+
+/** The apps connected as your agents, each with Disconnect (its tokens end at once). */
+function renderApps(box, apps, reload) {
+  if (!apps.length) {
+    fill(box, empty("No apps connected. An MCP client that signs in (OAuth) shows here once you approve it."));
+    return;
+  }
+  fill(box, h("table", { class: "keys apps" },
+    h("caption", { class: "sr-only", text: "Connected apps" }),
+    h("thead", {}, h("tr", {}, ["App", "Acts as", "In", "Connected", "Last used", ""].map((t) => h("th", { scope: "col", text: t })))),
+    h("tbody", {}, apps.map((app) => {
+      const error = errorSlot();
+      const name = app.client_name || "an app with no name";
+      const off = confirmButton("Disconnect", "Click again to disconnect", (button) => act(button, error, async () => {
+        await del(`/api/apps/${seg(app.family)}`);
+        announce("Disconnected: the app's access ended at once");
+        reload();
+      }), { class: "danger-quiet small", "aria-label": `Disconnect ${name} (${app.agent_id})` });
+      return h("tr", { dataset: { family: app.family } },
+        h("td", { class: "key-name", "data-label": "", text: name }),
+        h("td", { "data-label": "Acts as", text: app.agent_id }),
+        h("td", { "data-label": "In", text: app.project || "all its projects" }),
+        h("td", { "data-label": "Connected" }, timeEl(app.connected_at)),
+        h("td", { "data-label": "Last used" }, app.last_used_at ? timeEl(app.last_used_at, true) : h("span", { class: "muted", text: "never" })),
+        h("td", { "data-label": "" }, off, error));
+    }))));
 }
 
 /** The new key, once: the secret with copy-paste set-up lines. Nothing is stored. */

@@ -49,6 +49,12 @@ export function onStepUp(fn) {
   stepUpHandler = fn;
 }
 
+/** This tab's session was ended on purpose (signed out everywhere): the page shows message. */
+export function endedHere(message) {
+  const error = new ApiError(401, "signed_out", message);
+  for (const fn of signedOutHandlers) fn(error);
+}
+
 // ---- actions --------------------------------------------------------------------
 
 /** One request; resolves to the JSON body or throws ApiError (after a "Confirm it's you" the page asked for). */

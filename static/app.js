@@ -6,6 +6,7 @@
 //   #/agents                your agents and their keys
 //   #/rules                 your gate rules, standing approvals, auto-accept
 //   #/connect/CODE          a computer asking to connect its runner
+//   #/authorize/ID          an app (an MCP client) asking to act as one of your agents (OAuth)
 //   #/invite/SECRET         an invite's landing page (signed in or not)
 //   #/p/SLUG/room           the room (general chat)
 //   #/search?q=WORDS        search your projects (the header's search box)
@@ -29,6 +30,7 @@ import * as agents from "./agents.js";
 import * as rules from "./rules.js";
 import * as connect from "./connect.js";
 import * as stepup from "./stepup.js";
+import * as authorize from "./authorize.js";
 import * as inbox from "./inbox.js";
 import * as inboxStore from "./inbox_store.js";
 import * as invite from "./invite.js";
@@ -53,6 +55,7 @@ const GLOBAL_VIEWS = {
   agents: ["Agents & keys", agents.mount],
   rules: ["Rules", rules.mount],
   connect: ["Connect a computer", connect.mount],
+  authorize: ["Connect an app", authorize.mount],
   search: ["Search", search.mount],
 };
 
@@ -65,8 +68,8 @@ let closeMenu = null; // the phone's top-bar menu closes when the page goes else
 // ---- lifecycle -----------------------------------------------------------------------
 
 async function boot() {
-  api.onSignedOut(() => {
-    if (me) showSignedOut("Your session ended. Sign in again to continue.");
+  api.onSignedOut((err) => {
+    if (me) showSignedOut(err?.code === "signed_out" ? err.message : "Your session ended. Sign in again to continue.");
   });
   api.onStepUp((refusal) => stepup.ask(refusal)); // the server asked: "Confirm it's you", then the act again
   window.addEventListener("hashchange", route);
@@ -88,7 +91,26 @@ async function start() {
   inboxStore.onChange(() => pauses.changed()); // the person's stream said something changed
   pauses.load();
   renderShell();
+  const back = returnTo();
+  if (back && back !== window.location.hash) return go(back);
   await route();
+}
+
+// A request that waits for a person (an app or a computer asking to connect) survives signing in
+// by an emailed link, which opens the page afresh: the page remembers it for RETURN_MINUTES.
+const RETURN_KEY = "prickle.returnTo";
+const RETURN_MINUTES = 15;
+
+function rememberReturn() {
+  if (/^#\/(authorize|connect)\/[A-Za-z0-9_-]+$/.test(window.location.hash)) {
+    localStorage.setItem(RETURN_KEY, JSON.stringify({ hash: window.location.hash, at: Date.now() }));
+  }
+}
+
+function returnTo() {
+  const kept = JSON.parse(localStorage.getItem(RETURN_KEY) || "null");
+  localStorage.removeItem(RETURN_KEY);
+  return kept && Date.now() - kept.at < RETURN_MINUTES * 60000 ? kept.hash : null;
 }
 
 // ---- actions ----------------------------------------------------------------------------
@@ -257,6 +279,7 @@ function showSignedOut(reason) {
   fill(document.getElementById("topbar"),
     h("span", { class: "brand" }, h("span", { class: "brand-mark", "aria-hidden": "true", text: "✳" }), "Prickle"));
   document.title = "Sign in · Prickle";
+  rememberReturn();
   signin.mount(document.getElementById("main"), {
     reason,
     onSignedIn: () => start(),

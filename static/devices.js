@@ -1,10 +1,11 @@
 // devices.js — runner devices, on "Agents & keys": pair a device for one of your agents
 // (its runner key is shown once, with the lines `prickle device pair` prints), list your
-// devices, and revoke one (which ends its key and every credential its runner was given).
+// devices with when and from where each was last used, revoke one or mark it stolen (which
+// ends its key, its runs and every credential its runner was given), and sign out everywhere.
 
-import { post, del, seg } from "./api.js";
+import { post, del, seg, token, endedHere } from "./api.js";
 import {
-  h, field, errorSlot, act, fill, empty, badge, timeEl, revokeButton, copyButton, announce, words,
+  h, field, errorSlot, act, fill, empty, badge, timeEl, revokeButton, confirmButton, copyButton, announce,
 } from "./ui.js";
 
 // ---- lifecycle ------------------------------------------------------------------------------------
@@ -58,6 +59,34 @@ export function createDevices(shown, reload) {
   };
 }
 
+/** The "Sign out everywhere" section: every browser session of yours and every device of your agents
+ *  end at once. reload(): fetch everything again (when this tab goes on with a personal token). */
+export function createSignOutEverywhere(reload) {
+  const error = errorSlot();
+  const notice = h("p", { class: "notice ok", role: "status", hidden: true });
+  const button = confirmButton("Sign out everywhere", "Click again: end every session and device",
+    (b) => signOutEverywhere(b), { class: "danger-quiet" });
+  const el = h("section", { class: "section", "aria-labelledby": "everywhere-heading" },
+    h("h2", { id: "everywhere-heading", text: "Sign out everywhere" }),
+    h("p", { class: "muted", text: "Lost a computer or a phone? This ends every browser session you have, here and "
+      + "elsewhere, and every runner device paired to your agents, with their runs. Your agents' keys and personal "
+      + "tokens keep working; revoke those above if they were on it too." }),
+    notice, h("div", { class: "form-actions" }, button), error);
+
+  async function signOutEverywhere(b) {
+    const out = await act(b, error, () => post("/api/signout/everywhere"));
+    if (!out) return;
+    const text = `Signed out everywhere: ${count(out.sessions_ended, "session")} and `
+      + `${count(out.devices_ended, "device")} ended.`;
+    if (!token()) return endedHere(`${text} Sign in again to continue.`); // this tab's session was one of them
+    notice.textContent = text;
+    notice.hidden = false;
+    announce(text);
+    reload();
+  }
+  return { el };
+}
+
 // ---- rendering -------------------------------------------------------------------------------------
 
 function renderDevices(box, devices, notice, reload) {
@@ -68,29 +97,55 @@ function renderDevices(box, devices, notice, reload) {
   const list = [...devices].sort((a, b) => (b.created_at || "").localeCompare(a.created_at || ""));
   fill(box, h("table", { class: "devices" },
     h("caption", { class: "sr-only", text: "Runner devices" }),
-    h("thead", {}, h("tr", {}, ["Device", "Agent", "Paired", "Status", ""].map((t) => h("th", { scope: "col", text: t })))),
+    h("thead", {}, h("tr", {}, ["Device", "Agent", "Paired", "Last used", "Status", ""]
+      .map((t) => h("th", { scope: "col", text: t })))),
     h("tbody", {}, list.map((d) => {
       const error = errorSlot();
-      const revoke = d.revoked_at ? null : revokeButton(error, `Revoke device ${d.name} (${d.agent_id})`, async () => {
-        const out = await del(`/api/devices/${seg(d.id)}`);
-        const n = out.credentials_ended ?? 0;
-        const text = `Revoked ${d.name}: ${n} ${n === 1 ? "credential" : "credentials"} ended at once.`;
+      const said = (text) => {
         notice.textContent = text;
         notice.hidden = false;
         announce(text);
         reload();
-      });
+      };
+      const revoke = d.can_revoke ? revokeButton(error, `Revoke device ${d.name} (${d.agent_id})`, async () => {
+        const out = await del(`/api/devices/${seg(d.id)}`);
+        said(`Revoked ${d.name}: ${count(out.credentials_ended, "credential")} ended at once.`);
+      }) : null;
+      const stolen = d.can_revoke ? confirmButton("Mark stolen", "Click again: it was stolen",
+        (b) => act(b, error, async () => {
+          const out = await post(`/api/devices/${seg(d.id)}/stolen`);
+          said(`Marked ${d.name} stolen: ${count(out.credentials_ended, "credential")} and `
+            + `${count(out.runs_stopped, "run")} ended at once.`);
+        }), { class: "danger-quiet small", "aria-label": `Mark stolen: ${d.name} (${d.agent_id})` }) : null;
       return h("tr", { dataset: { deviceId: d.id }, class: d.revoked_at ? "revoked" : "" },
         // data-label names each cell where a phone shows the row as a card.
         h("td", { "data-label": "" }, h("strong", { text: d.name }), h("div", { class: "muted small", text: d.id })),
         h("td", { "data-label": "Agent", text: d.agent_id }),
         h("td", { "data-label": "Paired" }, timeEl(d.created_at)),
+        h("td", { "data-label": "Last used", class: "device-used" }, d.last_used_at
+          ? [timeEl(d.last_used_at), d.last_address ? h("div", { class: "muted small", text: `from ${d.last_address}` }) : null]
+          : h("span", { class: "muted", text: "never" })),
         h("td", { "data-label": "Status" }, d.revoked_at
-          ? [badge("revoked", "muted"), " ", timeEl(d.revoked_at),
-            d.revoked_reason && d.revoked_reason !== "owner" ? h("div", { class: "muted small", text: words(d.revoked_reason) }) : null]
+          ? [badge(REVOKED_BADGE[d.revoked_reason] || "revoked", "muted"), " ", timeEl(d.revoked_at),
+            REVOKED_WHY[d.revoked_reason] ? h("div", { class: "muted small", text: REVOKED_WHY[d.revoked_reason] }) : null]
           : badge("active", "ok")),
-        h("td", { "data-label": "", class: "device-revoke" }, revoke, error));
+        h("td", { "data-label": "", class: "device-revoke" }, revoke, stolen, error));
     }))));
+}
+
+/** The badge of a device that ended, by why it ended (anything else says "revoked"). */
+const REVOKED_BADGE = { stolen: "stolen", expired: "expired" };
+
+/** Why a device ended, in words, when it was not simply revoked by its owner. */
+const REVOKED_WHY = {
+  sessions_ended: "ended when you signed out everywhere",
+  expired: "unused for too long",
+  key_revoked: "its runner key was revoked",
+};
+
+/** "1 credential", "2 credentials". */
+function count(n, noun) {
+  return `${n ?? 0} ${n === 1 ? noun : `${noun}s`}`;
 }
 
 /** The runner key, once, with what `prickle device pair` would have printed. Nothing is stored. */

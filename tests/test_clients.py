@@ -6,6 +6,7 @@ tests skip there. ``.ci/run`` runs them.
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +55,44 @@ def test_inspector_lists_and_calls_tools(served):
     assert p.returncode == 5  # an isError result
     p = sh(CLIENTS / "inspector-call.sh", url, "prk_ck_wrong", "--list")
     assert p.returncode == 3  # unauthorised
+
+
+def test_the_typescript_sdks_oauth_client_connects_end_to_end(tmp_path):
+    """The MCP TypeScript SDK's OAuth client, headless: 401 → both metadata documents → /register →
+    /authorize (a person approves it) → /token with PKCE → a tool call with the access token."""
+    import os
+    import urllib.parse
+
+    import httpx
+    from helpers import _free_port, cli_json
+    find = sh("-c", f'source "{CLIENTS}/common.sh" && ensure_node >&2 && ensure_conformance >&2 && '
+                    'echo "$NODE" && dirname "$(dirname "$CONFORMANCE_JS")"')
+    assert find.returncode == 0, find.stderr
+    node, conformance = find.stdout.split()[-2:]
+    sdk = os.path.join(os.path.dirname(conformance), "sdk")
+    port = _free_port()
+    (tmp_path / "prickle.toml").write_text(f'public_url = "http://127.0.0.1:{port}"\n')
+    db = str(tmp_path / "prickle.db")
+    callback = "http://127.0.0.1:40003/callback"
+    with Served(db, "--demo", "--port", str(port), "--config", str(tmp_path / "prickle.toml")) as served:
+        base = served.info["url"]
+        client = subprocess.Popen([node, str(Path(__file__).parent / "oauth_client.mjs"), sdk, f"{base}/mcp", callback],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            asked = json.loads(client.stdout.readline())["authorize"]
+            assert asked.startswith(f"{base}/authorize?")
+            query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(asked).query))
+            assert (query["code_challenge_method"], query["resource"]) == ("S256", f"{base}/mcp")
+            page = httpx.get(asked, follow_redirects=False).headers["location"]
+            oj = cli_json(db, "token", "create", "--person", "oj")["token"]
+            back = httpx.post(f"{base}/api/oauth/{page.rsplit('/', 1)[1]}", json={
+                "decision": "approve", "agent_id": "oj/muse"}, headers={"Authorization": f"Bearer {oj}"}).json()
+            returned = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(back["redirect"]).query))
+            assert (returned.get("state"), returned["iss"]) == (query.get("state"), base)
+            out, err = client.communicate(returned["code"] + "\n", timeout=120)
+        finally:
+            if client.poll() is None:
+                client.kill()
+        assert client.returncode == 0, out + err
+        said = json.loads(out.strip().splitlines()[-1])
+        assert (said["ok"], said["token_kind"], said["refresh"]) == ("website-v2", "prk_oa_", True)

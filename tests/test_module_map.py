@@ -248,7 +248,7 @@ PART_II_TESTS = {
     "Runs: devices, claims and steps": "test_runs.py",
     "Run control": "test_run_control.py",
     "The board and the task page": "test_board.py",
-    "Connecting a computer": "test_connect.py",
+    "Connecting a computer or an app": "test_connect.py",
     "Make-or-spend actions": "test_actions.py",
     "Private rooms: discussions": "test_discussions.py",
     "Leaving and removal": "test_leaving.py",

@@ -172,7 +172,9 @@ def test_request_step_refused_and_expiries(mcp, server, world):
 def test_revoking_a_device_ends_its_credentials(mcp, server, world):
     task, device, runner, out = claimed(mcp, server, world)
     r = person(server, world, "ren").delete(f"/api/devices/{device['id']}")
-    assert r.json() == {"id": device["id"], "revoked": True, "credentials_ended": 2}
+    assert r.json() == {"id": device["id"], "revoked": True, "reason": "owner", "credentials_ended": 2,
+                        "runs_stopped": 1}
+    assert world.db.scalar("SELECT state FROM attempts WHERE device_id = ?", (device["id"],)) == "stopped"
     assert mcp.raw(runner, "tools/list").status_code == 401
     assert mcp.raw(out["execution_credential"]["token"], "tools/list").status_code == 401
     assert audit_entries(world.db, PROJECT, "device.revoked")[0]["refs"]["credentials"] == 2
@@ -188,6 +190,8 @@ def test_revoking_a_runner_key_ends_its_device_and_the_runs_it_claimed(mcp, serv
         assert mcp.raw(token, "tools/list").status_code == 401
     [listed] = [d for d in person(server, world, "ren").get("/api/devices").json()["devices"] if d["id"] == device["id"]]
     assert listed["revoked_at"] is not None and listed["revoked_reason"] == "key_revoked"
+    assert world.db.scalar("SELECT state FROM attempts WHERE id = ?", (out["attempt"]["attempt_id"],)) == "stopped"
+    assert audit_entries(world.db, PROJECT, "task.run_stopped")[-1]["refs"]["reason"] == "device_revoked"
     assert audit_entries(world.db, PROJECT, "device.revoked")[-1]["refs"] == {
         "device": device["id"], "agent": "ren/builder", "reason": "key_revoked", "credentials": 1}
 

@@ -301,3 +301,17 @@ def test_at_the_cap_a_newcomer_closes_an_idle_connection_then_sheds_the_oldest_h
     assert list(guard.held) == [new_wait]
     assert guard.make_room() is True and shed == ["old wait", "new wait"]
     assert guard.make_room() is False  # nothing idle and no wait held: the newcomer is refused
+
+
+def test_marking_a_device_stolen_ends_its_keys_sessions_at_once(world, tmp_path):
+    device, key = prickle.pair_device(world.db, "oj", "oj/muse", "oj-laptop")
+    with Served(world.db_path) as served, httpx.Client(timeout=20) as http:
+        url = served.info["mcp"]
+        session = _initialize(http, url, key).headers["mcp-session-id"]
+        other = _initialize(http, url, world.keys["ren/builder"]).headers["mcp-session-id"]
+        with _Streams(http, url, key, [session]) as streams:
+            gone = http.post(f"{served.info['url']}/api/devices/{device['id']}/stolen",
+                             headers={"Authorization": f"Bearer {world.tokens['oj']}"})
+            assert gone.json()["reason"] == "stolen", gone.text
+            assert in_thread(_drain, streams[0])() == b""
+        assert _ping(http, url, world.keys["ren/builder"], other) == 200
