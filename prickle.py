@@ -45,57 +45,61 @@ Part II. The team's work: one chapter per capability; each operation is one func
   12. Projects, their members, agents and keys -- projects, members, agents and their keys, and
       what the page lists of them, and whether an agent is paused
   13. Invites -- asking someone by email to join a project
-  14. Memory and pulse -- the project's memory, discover_team_agents, get_project_context and
+  14. Confirming it's you -- a step-up: passkeys (WebAuthn) and the emailed sign-in link,
+      require_step_up, and the cost above which approving an action needs one
+  15. Share rules -- what an owner's agents share with the project's other members beyond the
+      reference's defaults
+  16. Memory and pulse -- the project's memory, discover_team_agents, get_project_context and
       update_pulse
-  15. The default lead -- who a message that names nobody wakes
-  16. Private rooms: turns -- who answers the owner's message in a private room, one step at a
+  17. The default lead -- who a message that names nobody wakes
+  18. Private rooms: turns -- who answers the owner's message in a private room, one step at a
       time
-  17. Files: the store and attachments -- bytes kept once by their sha256 in the file (blobs), a
+  19. Files: the store and attachments -- bytes kept once by their sha256 in the file (blobs), a
       person's uploads and what they are read from their bytes, who may read them, and pruning
-  18. Messages: writing, mentions and the loop guard -- write_message, post_message, mentions,
+  20. Messages: writing, mentions and the loop guard -- write_message, post_message, mentions,
       whom a post wakes and the loop guard
-  19. The room: reading it -- read_room, the project as the page shows it, and resuming a paused
+  21. The room: reading it -- read_room, the project as the page shows it, and resuming a paused
       pair
-  20. Attempts: the record of a run -- an attempt from its claim to its end, its credential, and
+  22. Attempts: the record of a run -- an attempt from its claim to its end, its credential, and
       pauses
-  21. Tasks: handoff and the gate -- the Task object, handoff, the gate, accept_task,
+  23. Tasks: handoff and the gate -- the Task object, handoff, the gate, accept_task,
       checkpoints, check_inbox and request_capability
-  22. Results and evidence -- return_result, accept_result and reject_result
-  23. Approvals and the people's side of tasks -- approvals, standing approvals, final
+  24. Results and evidence -- return_result, accept_result and reject_result
+  25. Approvals and the people's side of tasks -- approvals, standing approvals, final
       acceptance, send back, cancel, rename, blocked-by and asking for a task
-  24. The owner's gate rules -- delegation rules, standing approvals and the auto-accept policy
-  25. Runs: devices, claims and steps -- paired devices (revoked, stolen, expired when idle,
+  26. The owner's gate rules -- delegation rules, standing approvals and the auto-accept policy
+  27. Runs: devices, claims and steps -- paired devices (revoked, stolen, expired when idle,
       ended by signing out everywhere), claim_task, the end of a run and request_step
-  26. Run control -- the owner's Start, Stop, hand back, pause and settling an uncertain run
-  27. The board and the task page -- a task as the page shows it, the board and one task whole
-  28. Connecting a computer or an app -- a short code the owner approves on the page; an MCP
+  28. Run control -- the owner's Start, Stop, hand back, pause and settling an uncertain run
+  29. The board and the task page -- a task as the page shows it, the board and one task whole
+  30. Connecting a computer or an app -- a short code the owner approves on the page; an MCP
       client's OAuth 2.1 registration, consent, codes and tokens
-  29. Make-or-spend actions -- Approve cards: propose, decide, claim and finish
-  30. Private rooms: discussions -- claim_discussion, the room settings, and the owner stopping,
+  31. Make-or-spend actions -- Approve cards: propose, decide, claim and finish
+  32. Private rooms: discussions -- claim_discussion, the room settings, and the owner stopping,
       retrying and continuing a turn
-  31. Leaving and removal -- members leave or are removed, agents are taken out, owners
+  33. Leaving and removal -- members leave or are removed, agents are taken out, owners
       promoted, a returned task handed on
-  32. Search -- messages, task titles and packets
-  33. The inbox and the digest -- what waits on a person, what they have read, and the email
+  34. Search -- messages, task titles and packets
+  35. The inbox and the digest -- what waits on a person, what they have read, and the email
       digest
-  34. Web Push: told when away -- a browser's push subscription, the server's VAPID keys, and a
+  36. Web Push: told when away -- a browser's push subscription, the server's VAPID keys, and a
       notification for each new inbox item sent to the person's subscribed browsers
 
 Part III. Serving: MCP, the web API, the live streams, the server and the command line
-  35. Waiting: how a wake reaches an agent -- reading wakes after a cursor and the wait loop
+  37. Waiting: how a wake reaches an agent -- reading wakes after a cursor and the wait loop
       (wait_for_wakes)
-  36. Web: requests and errors -- the middleware, who a request is from, reading a body, the
+  38. Web: requests and errors -- the middleware, who a request is from, reading a body, the
       answer to an error, and the page's web app manifest, service worker and icons
-  37. MCP -- the Tool table (TOOLS), waits with progress, the MCP server, the /mcp endpoint and
+  39. MCP -- the Tool table (TOOLS), waits with progress, the MCP server, the /mcp endpoint and
       its sessions
-  38. Live streams -- the event stream and long polls of a project and of a person
-  39. The runner's API and files over HTTP -- the runner's and a run's HTTP calls, and the
+  40. Live streams -- the event stream and long polls of a project and of a person
+  41. The runner's API and files over HTTP -- the runner's and a run's HTTP calls, and the
       files people and agents fetch (attachments, deliverables, a PDF's pages)
-  40. The people's API -- the /api handlers (parse, call the operation, shape the answer),
+  42. The people's API -- the /api handlers (parse, call the operation, shape the answer),
       signing in and the route table (ROUTES)
-  41. The server -- the background pieces, the connection guard and create_app
-  42. The command line: serving -- the prickle group (cli), serve, init, the demo and main
-  43. The command line: the team's administration -- person, team, project, member, invite,
+  43. The server -- the background pieces, the connection guard and create_app
+  44. The command line: serving -- the prickle group (cli), serve, init, the demo and main
+  45. The command line: the team's administration -- person, team, project, member, invite,
       agent, rule, device, token, memory, audit, backup and connect
 
 Appendices: the runner: the program on a teammate's computer; it uses only chapter 1
@@ -111,7 +115,7 @@ Appendices: the runner: the program on a teammate's computer; it uses only chapt
       connect|start|status|bridge
 
 The end
-  44. Entry points -- the runner's commands join prickle's
+  46. Entry points -- the runner's commands join prickle's
 """
 
 from __future__ import annotations
@@ -181,6 +185,11 @@ import jsonschema_rs
 import mcp_types
 import pydantic
 import pydantic_core
+import webauthn
+from webauthn.helpers import base64url_to_bytes, bytes_to_base64url
+from webauthn.helpers.exceptions import WebAuthnException
+from webauthn.helpers.structs import (AuthenticatorSelectionCriteria, PublicKeyCredentialDescriptor,
+                                      ResidentKeyRequirement, UserVerificationRequirement)
 from mcp.server import Server as _MCPServer
 from mcp.server import _streamable_http_modern as sdk_http_modern
 from mcp.server.connection import Connection
@@ -1756,6 +1765,29 @@ MIGRATIONS: list[list[str]] = [
         # the device list says which computer last used a device's keys.
         "ALTER TABLE credential_uses ADD COLUMN address TEXT",
     ],
+    [
+        # Confirming it's you (chapter 14): when a credential's holder last re-authenticated and how
+        # (on a sign-in link: that spending it confirms, as a mailed link does), a person's passkeys,
+        # the one ceremony a credential has under way, the cost above which approving an action
+        # needs a step-up, and whether a card needed one.
+        "ALTER TABLE credentials ADD COLUMN confirmed_at TEXT",
+        "ALTER TABLE credentials ADD COLUMN confirmed_by TEXT",
+        """CREATE TABLE passkeys (
+            id TEXT PRIMARY KEY, person TEXT NOT NULL REFERENCES people(handle), credential_id TEXT NOT NULL UNIQUE,
+            public_key TEXT NOT NULL, sign_count INTEGER NOT NULL DEFAULT 0, rp_id TEXT NOT NULL,
+            label TEXT NOT NULL, created_at TEXT NOT NULL, last_used_at TEXT)""",
+        "CREATE INDEX passkeys_by_person ON passkeys(person)",
+        """CREATE TABLE passkey_ceremonies (
+            credential TEXT PRIMARY KEY REFERENCES credentials(id), purpose TEXT NOT NULL
+            CHECK (purpose IN ('register', 'confirm')), challenge TEXT NOT NULL, rp_id TEXT NOT NULL,
+            origin TEXT NOT NULL, expires_at TEXT NOT NULL)""",
+        "ALTER TABLE people ADD COLUMN step_up_above_cost REAL",
+        "ALTER TABLE actions ADD COLUMN step_up INTEGER NOT NULL DEFAULT 0",
+        # Share rules (chapter 15): an owner's decision per project; no row is the reference's default.
+        """CREATE TABLE share_rules (
+            project TEXT NOT NULL REFERENCES projects(slug), owner TEXT NOT NULL REFERENCES people(handle),
+            decision TEXT NOT NULL, set_at TEXT NOT NULL, PRIMARY KEY (project, owner))""",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -2844,7 +2876,7 @@ TOKEN_PREFIX = {
     "discussion": "prk_dc_",  # one reply in a private room's turn, made by claim_discussion
     "connect": "prk_dq_",  # a computer's connect request, to collect its runner keys once (never a credential row)
     "invite": "prk_iv_",  # an invite's link, used once by the person invited (never a credential row)
-    "oauth": "prk_oa_",  # an MCP client's OAuth access token for one agent, short-lived (chapter 28)
+    "oauth": "prk_oa_",  # an MCP client's OAuth access token for one agent, short-lived (chapter 30)
     "oauth_refresh": "prk_or_",  # its refresh token, rotated at each use
 }
 
@@ -3169,7 +3201,7 @@ def revoke_credentials(db: Database, where: str, params: tuple, reason: str) -> 
 
 
 #: What else ends with a device, each ``fn(db, device, reason)`` in the caller's transaction after its
-#: credentials: its runs still going (registered where runs are, chapter 25).
+#: credentials: its runs still going (registered where runs are, chapter 27).
 DEVICE_ENDINGS: list[Callable[[Database, dict, str], None]] = []
 
 
@@ -4391,12 +4423,19 @@ def spend_signin_link(db: Database, secret: str, session_ttl: _dt.timedelta) -> 
     """Spend a one-time sign-in link's ``secret`` and return a new session secret for its person.
 
     One transaction: the link is revoked and the session minted together, so a link opens
-    one session only. Raises Unauthorized (unknown, used, expired) or InvalidState.
+    one session only. A link that was mailed to the person (signin_mail) confirms it's them: the
+    new session starts with a step-up (chapter 14). Raises Unauthorized (unknown, used, expired)
+    or InvalidState.
     """
     with db.transaction():
         actor = resolve_token(db, secret, ("signin",))
         revoke_token(db, actor.credential_id)
-        return create_token(db, "session", person=actor.handle, ttl=session_ttl)[1]
+        record, session = create_token(db, "session", person=actor.handle, ttl=session_ttl)
+        if db.scalar("SELECT confirmed_by FROM credentials WHERE id = ?", (actor.credential_id,)) == "email_link":
+            # A link mailed to the person's own address is a fresh re-authentication (chapter 14).
+            db.execute("UPDATE credentials SET confirmed_at = ?, confirmed_by = 'email_link' WHERE id = ?",
+                       (iso(utcnow()), record["id"]))
+        return session
 
 
 #: An invite's link works this long after it is made, and this long again from each resend.
@@ -4723,8 +4762,12 @@ def signin_mail(db: Database, settings: Settings, base_url: str, email: str) -> 
         if not handles:
             return None
         ttl = _dt.timedelta(minutes=settings.signin_link_minutes)
-        links = [f"@{h}: {base_url}/signin?token={create_token(db, 'signin', person=h, ttl=ttl)[1]}"
-                 for h in handles]
+        links = []
+        for h in handles:
+            record, secret = create_token(db, "signin", person=h, ttl=ttl)
+            # Spending it confirms it's them: only the address's owner could open it.
+            db.execute("UPDATE credentials SET confirmed_by = 'email_link' WHERE id = ?", (record["id"],))
+            links.append(f"@{h}: {base_url}/signin?token={secret}")
     return {"to": email, "subject": "Your Prickle sign-in link",
             "text": "Someone asked for a sign-in link for this address on Prickle. Open it to sign in:\n\n"
                     + "\n".join(links) + f"\n\nA link works once, within {settings.signin_link_minutes} minutes. "
@@ -4732,7 +4775,325 @@ def signin_mail(db: Database, settings: Settings, base_url: str, email: str) -> 
 
 
 ###############################################################################
-# 14. Memory and pulse
+# 14. Confirming it's you
+###############################################################################
+# Some acts need more than a browser session that may sit open on an unlocked computer: the
+# person confirms it's them again (a step-up) with a passkey, or by opening a sign-in link mailed
+# to their own address (spend_signin_link starts that session confirmed). A step-up belongs to the
+# credential that made it (this browser's session) and holds STEP_UP_WINDOW. Guarded operations
+# call require_step_up; its StepUpRequired is what the page turns into "Confirm it's you".
+
+#: A step-up holds this long: long enough for the act it was asked for, short enough that a
+#: browser left open is soon back to needing one.
+STEP_UP_WINDOW = _dt.timedelta(minutes=5)
+
+#: A passkey ceremony (registering one, or confirming with one) must finish within this.
+PASSKEY_CEREMONY_TTL = _dt.timedelta(minutes=5)
+
+#: Passkeys one person may register.
+PASSKEYS_MAX = 10
+
+
+class StepUpRequired(PrickleError, code="step_up_required", status=403):
+    """The act needs a fresh "confirm it's you" first: a passkey, or a sign-in link mailed to the person."""
+
+
+def _confirmed_until(db: Database, person: Actor) -> _dt.datetime | None:
+    row = db.one("SELECT confirmed_at FROM credentials WHERE id = ?", (person.credential_id,))
+    if row is None or row["confirmed_at"] is None:
+        return None
+    until = parse_iso(row["confirmed_at"]) + STEP_UP_WINDOW
+    return until if until > utcnow() else None
+
+
+def step_up_status(db: Database, person: Actor) -> dict:
+    """What "confirm it's you" offers ``person`` now: ``{"confirmed", "until", "window_minutes",
+    "passkeys", "email_link", "step_up_above_cost"}`` (``until``: when this credential's step-up
+    lapses, or null; ``passkeys``: how many they have; ``email_link``: they have an address to mail
+    a link to; ``step_up_above_cost``: see set_step_up_cost)."""
+    until = _confirmed_until(db, person)
+    row = db.one("SELECT email, step_up_above_cost, (SELECT count(*) FROM passkeys k WHERE k.person = p.handle) AS n "
+                 "FROM people p WHERE handle = ?", (person.handle,))
+    return {"confirmed": until is not None, "until": iso(until) if until else None,
+            "window_minutes": int(STEP_UP_WINDOW.total_seconds() // 60), "passkeys": row["n"],
+            "email_link": row["email"] is not None, "step_up_above_cost": row["step_up_above_cost"]}
+
+
+def require_step_up(db: Database, person: Actor, doing: str) -> None:
+    """Raise StepUpRequired unless ``person``'s credential confirmed it's them within STEP_UP_WINDOW.
+
+    ``doing`` completes "confirm it's you to …" (e.g. "start a run"). Call it inside the guarded
+    operation's transaction, before anything is written; nothing is written when it raises.
+    """
+    if person.kind != "person":
+        raise Forbidden(f"only a person can {doing}")
+    if _confirmed_until(db, person) is None:
+        minutes = int(STEP_UP_WINDOW.total_seconds() // 60)
+        raise StepUpRequired(f"confirm it's you to {doing} (with a passkey, or a sign-in link mailed to you); it "
+                             f"then holds {minutes} minutes in this browser")
+
+
+def webauthn_party(settings: Settings, origin: str) -> tuple[str, str]:
+    """The relying party id and the origin a passkey is bound to: those of ``public_url`` when set,
+    else of ``origin``, the page the request came from (``scheme://host[:port]``). Raises InvalidInput."""
+    parsed = urllib.parse.urlsplit(settings.public_url.rstrip("/") if settings.public_url else origin or "")
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise InvalidInput("origin: open the page at the server's address to use a passkey")
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(parsed.hostname)
+        # Browsers bind a passkey to a name, never to an IP address.
+        raise InvalidInput(f"a passkey needs the page opened at a name, not at {parsed.hostname} (e.g. localhost, or "
+                           "set public_url): until then, confirm with a sign-in link mailed to you")
+    return parsed.hostname, f"{parsed.scheme}://{parsed.netloc}"
+
+
+def _begin_ceremony(db: Database, person: Actor, purpose: str, party: tuple[str, str], options: Any) -> dict:
+    challenge = bytes_to_base64url(options.challenge)
+    db.execute("INSERT OR REPLACE INTO passkey_ceremonies (credential, purpose, challenge, rp_id, origin, expires_at) "
+               "VALUES (?, ?, ?, ?, ?, ?)", (person.credential_id, purpose, challenge, party[0], party[1],
+                                             iso(utcnow() + PASSKEY_CEREMONY_TTL)))
+    return json.loads(webauthn.options_to_json(options))
+
+
+def _take_ceremony(db: Database, person: Actor, purpose: str) -> dict:
+    row = db.one("SELECT * FROM passkey_ceremonies WHERE credential = ? AND purpose = ?",
+                 (person.credential_id, purpose))
+    db.execute("DELETE FROM passkey_ceremonies WHERE credential = ?", (person.credential_id,))
+    if row is None or parse_iso(row["expires_at"]) <= utcnow():
+        raise InvalidState("this passkey request expired or was replaced: start again")
+    return row
+
+
+def passkey_options(db: Database, person: Actor, purpose: str, party: tuple[str, str]) -> dict:
+    """Begin a passkey ceremony for this credential: ``purpose`` ``register`` (add a passkey) or
+    ``confirm`` (step up with one). Returns the options for the browser's navigator.credentials
+    (``publicKey``, as JSON: byte strings in base64url). ``party`` is webauthn_party's answer.
+
+    Registering needs a step-up once the person has a passkey or an address to mail a link to
+    (else anyone at their open browser could add one); confirming needs a passkey. Raises
+    StepUpRequired, InvalidState or InvalidInput.
+    """
+    check_decision(purpose, "register", "confirm")
+    with db.transaction():
+        status = step_up_status(db, person)
+        keys = [PublicKeyCredentialDescriptor(id=base64url_to_bytes(r["credential_id"])) for r in db.rows(
+            "SELECT credential_id FROM passkeys WHERE person = ? AND rp_id = ? ORDER BY created_at",
+            (person.handle, party[0]))]
+        if purpose == "confirm":
+            if not keys:
+                raise InvalidState("you have no passkey for this address: add one on the Rules page, or confirm with "
+                                   "a sign-in link mailed to you")
+            return _begin_ceremony(db, person, purpose, party, webauthn.generate_authentication_options(
+                rp_id=party[0], allow_credentials=keys, user_verification=UserVerificationRequirement.PREFERRED))
+        if status["passkeys"] >= PASSKEYS_MAX:
+            raise InvalidState(f"you have {PASSKEYS_MAX} passkeys, the most one person may: remove one first")
+        if status["passkeys"] or status["email_link"]:
+            require_step_up(db, person, "add a passkey")
+        me = require_person(db, person.handle)
+        return _begin_ceremony(db, person, purpose, party, webauthn.generate_registration_options(
+            rp_id=party[0], rp_name="Prickle", user_name=person.handle, user_display_name=me["display_name"],
+            user_id=person.handle.encode(), exclude_credentials=keys,
+            authenticator_selection=AuthenticatorSelectionCriteria(
+                resident_key=ResidentKeyRequirement.PREFERRED,
+                user_verification=UserVerificationRequirement.PREFERRED)))
+
+
+def register_passkey(db: Database, person: Actor, credential: Any, label: str | None = None) -> dict:
+    """Finish registering a passkey: ``credential`` is the browser's PublicKeyCredential as JSON
+    (its toJSON()), checked against this credential's ``register`` ceremony. The act confirms it's
+    them too (a step-up). Returns the passkey (passkey_out). Raises InvalidInput (a response
+    that does not verify, changing nothing), InvalidState (no ceremony under way) or Conflict."""
+    label = check_text(label, "label", 60, 1) if label is not None else "Passkey"
+    if not isinstance(credential, dict):
+        raise InvalidInput("credential: send the browser's new passkey (PublicKeyCredential.toJSON())")
+    with db.transaction():
+        ceremony = _take_ceremony(db, person, "register")
+        try:
+            checked = webauthn.verify_registration_response(
+                credential=credential, expected_challenge=base64url_to_bytes(ceremony["challenge"]),
+                expected_rp_id=ceremony["rp_id"], expected_origin=ceremony["origin"])
+        except (WebAuthnException, ValueError, KeyError, TypeError) as e:
+            raise InvalidInput(f"credential: the passkey did not verify ({e}); try again") from None
+        key_id = bytes_to_base64url(checked.credential_id)
+        if db.one("SELECT 1 FROM passkeys WHERE credential_id = ?", (key_id,)):
+            raise Conflict("this passkey is registered already")
+        now = iso(utcnow())
+        row = {"id": new_id("pk"), "person": person.handle, "credential_id": key_id,
+               "public_key": bytes_to_base64url(checked.credential_public_key), "sign_count": checked.sign_count,
+               "rp_id": ceremony["rp_id"], "label": label, "created_at": now, "last_used_at": now}
+        db.insert("passkeys", row)
+        _confirm(db, person, "passkey", now)
+    return passkey_out(row)
+
+
+def _confirm(db: Database, person: Actor, method: str, at: str) -> None:
+    db.execute("UPDATE credentials SET confirmed_at = ?, confirmed_by = ? WHERE id = ?",
+               (at, method, person.credential_id))
+
+
+def confirm_with_passkey(db: Database, person: Actor, credential: Any) -> dict:
+    """Step up with a passkey: ``credential`` is the browser's assertion as JSON, checked against
+    this credential's ``confirm`` ceremony and one of the person's passkeys (its signature
+    counter must move on, when it counts). Returns step_up_status. Raises InvalidInput (the
+    assertion does not verify) or InvalidState (no ceremony under way)."""
+    if not isinstance(credential, dict) or not isinstance(credential.get("id"), str):
+        raise InvalidInput("credential: send the browser's answer (PublicKeyCredential.toJSON())")
+    with db.transaction():
+        ceremony = _take_ceremony(db, person, "confirm")
+        key = db.one("SELECT * FROM passkeys WHERE credential_id = ? AND person = ? AND rp_id = ?",
+                     (credential["id"], person.handle, ceremony["rp_id"]))
+        if key is None:
+            raise InvalidInput("credential: not one of your passkeys for this address")
+        try:
+            checked = webauthn.verify_authentication_response(
+                credential=credential, expected_challenge=base64url_to_bytes(ceremony["challenge"]),
+                expected_rp_id=ceremony["rp_id"], expected_origin=ceremony["origin"],
+                credential_public_key=base64url_to_bytes(key["public_key"]),
+                credential_current_sign_count=key["sign_count"])
+        except (WebAuthnException, ValueError, KeyError, TypeError) as e:
+            raise InvalidInput(f"credential: the passkey did not verify ({e}); try again") from None
+        now = iso(utcnow())
+        db.execute("UPDATE passkeys SET sign_count = ?, last_used_at = ? WHERE id = ?",
+                   (checked.new_sign_count, now, key["id"]))
+        _confirm(db, person, "passkey", now)
+        return step_up_status(db, person)
+
+
+def passkey_out(row: dict) -> dict:
+    """A passkey as its owner's settings list it: ``{id, label, created_at, last_used_at}``."""
+    return {k: row[k] for k in ("id", "label", "created_at", "last_used_at")}
+
+
+def list_passkeys(db: Database, person: Actor) -> dict:
+    """``person``'s passkeys, oldest first: ``{"passkeys": [passkey_out…]}``."""
+    return {"passkeys": [passkey_out(r) for r in db.rows(
+        "SELECT * FROM passkeys WHERE person = ? ORDER BY created_at, id", (person.handle,))]}
+
+
+def remove_passkey(db: Database, person: Actor, passkey_id: str) -> dict:
+    """Remove one of ``person``'s passkeys (needs a step-up). Returns ``{"removed": id}``. Raises NotFound."""
+    with db.transaction():
+        if not db.one("SELECT 1 FROM passkeys WHERE id = ? AND person = ?", (passkey_id, person.handle)):
+            raise NotFound(f"no passkey '{passkey_id}' of yours")
+        require_step_up(db, person, "remove a passkey")
+        db.execute("DELETE FROM passkeys WHERE id = ?", (passkey_id,))
+    return {"removed": passkey_id}
+
+
+def step_up_mail(db: Database, settings: Settings, base_url: str, person: Actor) -> dict | None:
+    """The fallback for a person without a passkey: a sign-in link mailed to their own address
+    (signin_mail; opening it signs that browser in confirmed). Returns the mail, or None when
+    they were sent SIGNIN_MAILS_MAX links within SIGNIN_MAIL_WINDOW. Raises InvalidState when
+    they have no address."""
+    email = db.scalar("SELECT email FROM people WHERE handle = ?", (person.handle,))
+    if email is None:
+        raise InvalidState("you have no address to mail a link to: add one on the Inbox page, or add a passkey")
+    return signin_mail(db, settings, base_url, email)
+
+
+def set_my_email(db: Database, person: Actor, email: str | None) -> dict:
+    """A person sets their own address for sign-in links and the digest (None or "" removes it).
+
+    The address is a way to confirm it's them (step_up_mail), so once they have one, or a passkey,
+    changing it needs a step-up; a first one, for someone with neither, does not. Returns
+    set_person_email's answer. Raises InvalidInput (checked first) or StepUpRequired.
+    """
+    email = None if email in (None, "") else check_email(email)
+    with db.transaction():
+        status = step_up_status(db, person)
+        current = db.scalar("SELECT email FROM people WHERE handle = ?", (person.handle,))
+        if (status["email_link"] or status["passkeys"]) and email != current:
+            require_step_up(db, person, "change your address")
+        return set_person_email(db, person.handle, email)
+
+
+def set_step_up_cost(db: Database, person: Actor, amount: Any) -> dict:
+    """Set the cost above which approving one of ``person``'s agents' make-or-spend actions needs a
+    step-up (``amount``: a number ≥ 0, or None: never). Raising it or turning it off loosens, so it
+    needs a step-up itself. Returns ``{"step_up_above_cost"}``. Raises InvalidInput, StepUpRequired."""
+    if amount is not None and (isinstance(amount, bool) or not isinstance(amount, (int, float))
+                               or not math.isfinite(amount) or amount < 0):
+        raise InvalidInput("amount: a cost of 0 or more (in the currency your agents estimate in), or null "
+                           "for never")
+    with db.transaction():
+        before = db.scalar("SELECT step_up_above_cost FROM people WHERE handle = ?", (person.handle,))
+        if before is not None and (amount is None or amount > before):
+            require_step_up(db, person, "raise the cost that needs confirming")
+        db.execute("UPDATE people SET step_up_above_cost = ? WHERE handle = ?", (amount, person.handle))
+    return {"step_up_above_cost": amount}
+
+
+def cost_needs_step_up(db: Database, owner: str, cost_estimate: str | None) -> bool:
+    """Whether approving an action with ``cost_estimate`` (an agent's words, e.g. "$0.40") needs
+    ``owner`` to step up: they set a cost and the estimate's first number is above it, or the
+    estimate names no number (an unknown cost is not taken to be small)."""
+    limit = db.scalar("SELECT step_up_above_cost FROM people WHERE handle = ?", (owner,))
+    if limit is None:
+        return False
+    number = re.search(r"\d+(?:[.,]\d+)?", (cost_estimate or "").replace(",", ""))
+    return number is None or float(number.group()) > limit
+
+
+###############################################################################
+# 15. Share rules
+###############################################################################
+# What an owner's agents share with the project's other members beyond the reference's defaults.
+# By default an agent sees a task's thread only as its requester, its assignee or an agent a
+# person mentioned in it (AGENT_SEES_TASK). An owner may share more in one project: with
+# ``threads``, the project's other members' agents may read the threads of the tasks this owner's
+# agents requested or were given (once routed). Reading only: they are not woken by them, do
+# not see them listed, and may not post in them. Loosening needs a step-up.
+
+#: The decisions, tightest first: ``default`` (the reference's), ``threads`` (read my agents' threads).
+SHARE_DECISIONS = ("default", "threads")
+
+
+def share_rule_of(db: Database, project: str, owner: str) -> str:
+    """``owner``'s share rule in ``project`` (``default`` when never set)."""
+    return db.scalar("SELECT decision FROM share_rules WHERE project = ? AND owner = ?", (project, owner)) or "default"
+
+
+def set_share_rule(db: Database, person: Actor, project: str, decision: str) -> dict:
+    """A member sets their share rule in ``project`` (SHARE_DECISIONS). Loosening it needs a
+    step-up (require_step_up). Writes ``share_rule.set`` with the new and the previous decision
+    and whether loosening needed a step-up (only when it changed). Returns ``{"project",
+    "decision", "previous", "step_up"}``. Raises InvalidInput, NotFound, StepUpRequired."""
+    check_decision(decision, *SHARE_DECISIONS)
+    with db.transaction():
+        require_project(db, person, project)
+        if db.one("SELECT 1 FROM rooms WHERE project = ?", (project,)):
+            raise InvalidInput("project: a private room has no other members to share with")
+        previous = share_rule_of(db, project, person.handle)
+        loosening = SHARE_DECISIONS.index(decision) > SHARE_DECISIONS.index(previous)
+        if loosening:
+            require_step_up(db, person, "share more with this project")
+        if decision != previous:
+            db.execute("INSERT OR REPLACE INTO share_rules (project, owner, decision, set_at) VALUES (?, ?, ?, ?)",
+                       (project, person.handle, decision, iso(utcnow())))
+            audit(db, project, "share_rule.set", {"owner": person.handle, "decision": decision,
+                                                  "previous": previous, "step_up": loosening})
+    return {"project": project, "decision": decision, "previous": previous, "step_up": loosening}
+
+
+def share_rule_view(db: Database, person: Actor, project: str) -> dict:
+    """``person``'s share rule in ``project``: ``{"project", "decision", "decisions"}``. Raises NotFound."""
+    with db.snapshot():
+        require_project(db, person, project)
+        return {"project": project, "decision": share_rule_of(db, project, person.handle),
+                "decisions": list(SHARE_DECISIONS)}
+
+
+def shared_thread(db: Database, actor: Actor, task: dict) -> bool:
+    """Whether agent ``actor`` may read ``task``'s thread because the owner of its requester or
+    assignee shares their agents' threads in its project (``threads``) and is not ``actor``'s owner."""
+    if actor.kind != "agent" or task["routed_at"] is None:
+        return False
+    owners = {owner_of(a) for a in (task["requester"], task["assignee"]) if a} - {actor.owner}
+    return any(share_rule_of(db, task["project"], o) == "threads" for o in owners)
+
+
+###############################################################################
+# 16. Memory and pulse
 ###############################################################################
 # A project's memory is a list of facts its members keep; Team Pulse is what each agent says it
 # is doing now. get_project_context serves both to an agent, with hashes a run's lineage names.
@@ -4955,7 +5316,7 @@ def update_pulse(db: Database, actor: Actor, project: str, args: dict, intent_tt
 
 
 ###############################################################################
-# 15. The default lead
+# 17. The default lead
 ###############################################################################
 # A team owner picks an agent of the project; its owner agrees or declines (the pick is
 # 'proposed' until then); once agreed, a person's message in general chat that names nobody
@@ -5089,12 +5450,12 @@ def _end_lead(db: Database, project: dict, by: str | None, how: str) -> None:
 
 
 ###############################################################################
-# 16. Private rooms: turns
+# 18. Private rooms: turns
 ###############################################################################
 # A private room is a project of kind 'private': its owner and their agents. Each message of the
 # owner starts a turn (start_turn): its lead drafts, a reviewer may review, and a review asking
 # for changes goes back for a revision (advance_turn, moves of TURN_MOVES). Agents post in a
-# room only in their turn (check_room_post). Claiming a turn's step is chapter 30.
+# room only in their turn (check_room_post). Claiming a turn's step is chapter 32.
 
 #: How a private room answers its owner: draft then review (then a revision), one agent alone,
 #: or only the agents named.
@@ -5240,7 +5601,7 @@ def turn_wakes(db: Database, actor: Actor, project: str, private: bool, message_
 
 
 ###############################################################################
-# 17. Files: the store and attachments
+# 19. Files: the store and attachments
 ###############################################################################
 # Bytes live in the one SQLite file (blobs), kept once by their sha256 however many messages or
 # results use them, so a backup, a copy and an export carry them. A person's upload waits in
@@ -5530,7 +5891,7 @@ def prune_files(db: Database, now: _dt.datetime | None = None) -> int:
 
 
 ###############################################################################
-# 18. Messages: writing, mentions and the loop guard
+# 20. Messages: writing, mentions and the loop guard
 ###############################################################################
 # A message is written once (write_message: the row, its search entry, its event and its wakes);
 # post_message is the agents' and people's way in, with mentions resolved by the server, the
@@ -5891,12 +6252,12 @@ def action_out(row: dict) -> dict:
     """An action row as the reference's make_action card."""
     return {"id": row["id"], "agent_id": row["agent_id"], "tool": row["tool"], "action": row["action"],
             "inputs": json.loads(row["inputs"]), "cost_estimate": row["cost_estimate"], "status": row["status"],
-            "expires_at": row["expires_at"], "step_up": False, "decided_by": row["decided_by"],
+            "expires_at": row["expires_at"], "step_up": bool(row.get("step_up")), "decided_by": row["decided_by"],
             "decided_at": row["decided_at"], "result_message_id": row["result_message_id"], "failure": row["failure"]}
 
 
 ###############################################################################
-# 19. The room: reading it
+# 21. The room: reading it
 ###############################################################################
 # Reading the room: read_room pages through general chat and the task threads the reader may
 # see; the page's view of a project gathers its people, agents, memory, pulse and lead.
@@ -5967,7 +6328,9 @@ def read_room(db: Database, actor: Actor, project: str, *, cursor: str | None = 
     with db.snapshot() if actor.task_scope is None else db.transaction():
         require_project(db, actor, project)
         if task_id is not None:
-            visible_task(db, actor, project, task_id)
+            shared = db.one("SELECT * FROM tasks WHERE id = ? AND project = ?", (task_id, project))
+            if shared is None or not shared_thread(db, actor, shared):
+                visible_task(db, actor, project, task_id)
         scope = f"room|{actor.address}|{project}|{task_id or ''}"
         after = 0
         if cursor is not None:
@@ -6029,9 +6392,9 @@ def _listed_threads(db: Database, actor: Actor, project: str) -> list[dict]:
 
 
 ###############################################################################
-# 20. Attempts: the record of a run
+# 22. Attempts: the record of a run
 ###############################################################################
-# An attempt is one run of a task: claimed by its agent's runner (claim_task, chapter 25), it
+# An attempt is one run of a task: claimed by its agent's runner (claim_task, chapter 27), it
 # runs until its result is returned (finish_attempt) or it is ended (end_attempt): stopped,
 # replaced, handed back, or its task closed; its execution credential ends with it. Tasks,
 # results and approvals end attempts, so the record of a run comes before them.
@@ -6133,7 +6496,7 @@ def open_attempt(db: Database, task_id: str, states: tuple[str, ...] = ("running
 
 
 ###############################################################################
-# 21. Tasks: handoff and the gate
+# 23. Tasks: handoff and the gate
 ###############################################################################
 # A handoff creates a task with its packet; the assignee owner's gate decides at once (allow:
 # routed; approval_required: held for the owner; never: rejected, returned as a result, not an
@@ -6674,11 +7037,11 @@ def requesting_person(task: dict) -> str:
 
 
 ###############################################################################
-# 22. Results and evidence
+# 24. Results and evidence
 ###############################################################################
 # The assignee returns a result with evidence (a new submission and revision); the requester
 # verifies it against every criterion (accept_result) or rejects it. Final acceptance is the
-# people's side (chapter 23).
+# people's side (chapter 25).
 
 
 def _submission_and_latest(db: Database, task: dict, submission_id: str, revision: int) -> tuple[dict, dict | None]:
@@ -7209,7 +7572,7 @@ def task_files_for(db: Database, actor: Actor, task_id: str) -> list[dict]:
 
 
 ###############################################################################
-# 23. Approvals and the people's side of tasks
+# 25. Approvals and the people's side of tasks
 ###############################################################################
 # What people decide about tasks: the gate's held handoffs (approve or deny; an approval lapses
 # after 24 hours and is asked again), standing approvals, final acceptance of a verified result,
@@ -7568,7 +7931,7 @@ def request_task(db: Database, person: Actor, project: str, agent_id: str, packe
 
 
 ###############################################################################
-# 24. The owner's gate rules
+# 26. The owner's gate rules
 ###############################################################################
 # An owner's gate: delegation rules (allow, approval_required or never, for one agent, one
 # owner's agents or every teammate), standing approvals and the auto-accept policy.
@@ -7692,7 +8055,7 @@ def set_auto_accept(db: Database, owner: str, on: bool) -> dict:
 
 
 ###############################################################################
-# 25. Runs: devices, claims and steps
+# 27. Runs: devices, claims and steps
 ###############################################################################
 # A runner is a paired device of one agent. A task wake becomes claim_task (an attempt and its
 # execution credential); a woken run asks its owner before a step its tools don't allow
@@ -7806,7 +8169,7 @@ DEVICE_ENDINGS.append(_stop_device_runs)
 def sign_out_everywhere(db: Database, handle: str) -> dict:
     """End every browser session of ``handle`` (and each sign-in link not yet used) and every live device
     paired to their agents (reason ``sessions_ended``), and every app connected as one of their agents
-    (OAuth, chapter 28), at once; no browser is sent their push notifications any more. Their personal
+    (OAuth, chapter 30), at once; no browser is sent their push notifications any more. Their personal
     tokens and agents' MCP keys are left as they are.
     ``{"sessions_ended", "devices_ended", "credentials_ended", "runs_stopped", "push_ended", "apps_ended"}``.
     Writes ``device.revoked`` for each device (a session is recorded nowhere)."""
@@ -8203,7 +8566,7 @@ def runner_device(db: Database, actor: Actor) -> dict:
 
 
 ###############################################################################
-# 26. Run control
+# 28. Run control
 ###############################################################################
 # The owner steers their agents' runs from the page: Start a run, Stop it, hand a task back,
 # pause their agents, and settle a run its runner could not vouch for.
@@ -8235,17 +8598,17 @@ def _assignee_task(db: Database, person: Actor, task_id: str, doing: str) -> dic
     return task
 
 
-def start_run(db: Database, person: Actor, task_id: str, confirm: str | None) -> dict:
-    """The assignee's owner starts one run of their agent on a task, confirming it is them by their handle.
+def start_run(db: Database, person: Actor, task_id: str) -> dict:
+    """The assignee's owner starts one run of their agent on a task, after confirming it's them (require_step_up).
 
     The agent is woken with ``task``; its runner's next claim is that run. Refused while a
     run is open or uncertain, while the owner's agents are paused (``paused``), and when no
-    runner device of the agent is live. Writes ``task.run_approved``.
+    runner device of the agent is live. Raises StepUpRequired without a fresh step-up. Writes
+    ``task.run_approved`` (with ``step_up``: true, it was asked).
     """
     with db.transaction():
         task = _assignee_task(db, person, task_id, "start a run")
-        if confirm != person.handle:
-            raise InvalidInput(f"confirm: type your handle ({person.handle}) to confirm it is you starting this run")
+        require_step_up(db, person, "start a run")
         check_not_paused(db, task["assignee"])
         if task["state"] not in CLAIMABLE:
             raise InvalidState(f"task '{task_id}' is {task['state']}: a run can start only when it is "
@@ -8260,7 +8623,7 @@ def start_run(db: Database, person: Actor, task_id: str, confirm: str | None) ->
         run_id = new_id("run")
         move(db, "start", task_id, "start", task, value=run_id)
         audit(db, task["project"], "task.run_approved", {"agent": task["assignee"], "run": run_id, "task": task_id,
-                                                         "by": person.handle})
+                                                         "by": person.handle, "step_up": True})
         row = task_row(db, task_id)
         append_event(db, task["project"], "task.updated", {"task": task_out(db, row)},
                      [(task["assignee"], "task", task_id, None)])
@@ -8497,7 +8860,7 @@ def settle_attempt(db: Database, person: Actor, attempt_id: str, outcome: str) -
 
 
 ###############################################################################
-# 27. The board and the task page
+# 29. The board and the task page
 ###############################################################################
 # What the page shows of tasks, with what the viewer may do (the can_* fields), so the page
 # never works out a rule itself.
@@ -8684,7 +9047,7 @@ def task_detail(db: Database, person: Actor, task_id: str) -> dict:
 
 
 ###############################################################################
-# 28. Connecting a computer or an app
+# 30. Connecting a computer or an app
 ###############################################################################
 
 #: A connect request's code and keys can be used for this long after it was made.
@@ -8793,8 +9156,8 @@ def decide_connect(db: Database, person: Actor, code: str, decision: str, agents
     ``agents``: ``[{"cli", "agent_id"} | {"cli", "create": {"name", "display_name", "model"}}]``.
     To approve, ``typed_code`` must be the code the person read on their own computer: a link
     someone else sent (whose code is in the link) is not enough. Single use: a decided or expired
-    request is ``invalid_state``. Writes ``device.approved`` (never the code, a key or the
-    computer's name).
+    request is ``invalid_state``. Approving needs a step-up (StepUpRequired). Writes
+    ``device.approved`` (never the code, a key or the computer's name; ``step_up``: true).
     """
     check_decision(decision, "approve", "refuse")
     with db.transaction():
@@ -8809,6 +9172,7 @@ def decide_connect(db: Database, person: Actor, code: str, decision: str, agents
         if not isinstance(typed_code, str) or _normal_code(typed_code) != row["code"]:
             raise InvalidInput("typed_code: type the code your computer shows (prickle runner connect printed "
                                "it): approve only a computer you are connecting yourself, now")
+        require_step_up(db, person, "connect a computer")
         plan = _connect_plan(db, person, json.loads(row["clis"]), agents)
         move(db, "connect", row["id"], "approve", row, owner=person.handle, decided_at=iso(utcnow()),
              plan=json.dumps(plan))
@@ -8816,7 +9180,7 @@ def decide_connect(db: Database, person: Actor, code: str, decision: str, agents
         ids = [p["agent_id"] for p in plan]
         for chain in sorted({c for a in ids for c in agent_chains(db, a)}):
             audit(db, chain, "device.approved", {"request": row["id"], "agents": ids, "keys": len(ids),
-                                                 "by": person.handle})
+                                                 "by": person.handle, "step_up": True})
     return {"request": connect_request_out(row)}
 
 
@@ -9270,7 +9634,7 @@ def prune_oauth(db: Database, now: _dt.datetime | None = None) -> int:
 
 
 ###############################################################################
-# 29. Make-or-spend actions
+# 31. Make-or-spend actions
 ###############################################################################
 
 #: The make-or-spend tools an agent may propose, and how long an undecided card waits.
@@ -9312,7 +9676,7 @@ def propose_action(db: Database, actor: Actor, tool: str, action: str, prompt: s
                "action": action, "inputs": json.dumps({"prompt": prompt}), "cost_estimate": cost_estimate,
                "status": "proposed", "expires_at": iso(now + ACTION_LIFETIME), "decided_by": None, "decided_at": None,
                "message_id": new_message_id(db), "result_message_id": None, "failure": None, "approval_audit_id": None,
-               "created_at": iso(now)}
+               "created_at": iso(now), "step_up": int(cost_needs_step_up(db, actor.owner, cost_estimate))}
         db.insert("actions", row)
         write_message(db, actor, slug, f"Proposed: {action}", message_id=row["message_id"], at=row["created_at"],
                       make_action=action_out(row))
@@ -9323,7 +9687,12 @@ def propose_action(db: Database, actor: Actor, tool: str, action: str, prompt: s
 
 
 def decide_action(db: Database, person: Actor, action_id: str, decision: str) -> dict:
-    """The owner approves or declines a card; only an approval wakes the agent's runner (``action``)."""
+    """The owner approves or declines a card; only an approval wakes the agent's runner (``action``).
+
+    Approving a card whose ``step_up`` is true (its cost estimate was above the owner's
+    step_up_above_cost when proposed, cost_needs_step_up) needs a step-up (StepUpRequired);
+    ``action.approved`` records whether one was asked.
+    """
     check_decision(decision, "approve", "decline")
     expire_due(db, "action")
     with db.transaction():
@@ -9331,12 +9700,14 @@ def decide_action(db: Database, person: Actor, action_id: str, decision: str) ->
         now = utcnow()
         if row["status"] != "proposed":
             raise InvalidState(f"action '{action_id}' is {row['status']}, not waiting for a decision")
+        if decision == "approve" and row["step_up"]:
+            require_step_up(db, person, "approve an action above the cost you set")
         status = move(db, "action", action_id, decision, row, decided_by=person.handle, decided_at=iso(now))
         if status == "approved":
             entry = audit(db, row["project"], "action.approved", {
                 "action": action_id, "tool": row["tool"], "exact_action": row["action"],
                 "prompt": json.loads(row["inputs"])["prompt"], "inputs_sha256": sha256_hex(row["inputs"]),
-                "cost_estimate": row["cost_estimate"], "step_up": False, "lapses_at": row["expires_at"]})
+                "cost_estimate": row["cost_estimate"], "step_up": bool(row["step_up"]), "lapses_at": row["expires_at"]})
             db.execute("UPDATE actions SET approval_audit_id = ? WHERE id = ?",
                        (f"{row['project']}-{entry['n']}", action_id))
             wakes = [(row["agent_id"], "action", None, None, {"action_id": action_id, "tool": row["tool"]})]
@@ -9422,7 +9793,7 @@ def finish_action(db: Database, actor: Actor, action_id: str, body: str | None =
 
 
 ###############################################################################
-# 30. Private rooms: discussions
+# 32. Private rooms: discussions
 ###############################################################################
 # An agent claims its step of a private room's turn (claim_discussion): a discussion credential
 # for one reply in its role. The owner sets the room's reply mode and lead, stops a turn, asks a
@@ -9629,7 +10000,7 @@ def continue_turn(db: Database, person: Actor) -> dict:
 
 
 ###############################################################################
-# 31. Leaving and removal
+# 33. Leaving and removal
 ###############################################################################
 # Someone leaving a project never leaves work stuck, rules dangling or a credential reaching in.
 # A member leaving (or removed), and an agent taken out, is one transaction of named steps
@@ -9978,7 +10349,7 @@ def reassign_task(db: Database, person: Actor, task_id: str, to: str) -> dict:
 
 
 ###############################################################################
-# 32. Search
+# 34. Search
 ###############################################################################
 # One FTS5 table, search_index, holds a row per message (its body) and per task (its title, and
 # its packet's criteria, context and files), written in the same transaction as the row itself
@@ -10126,7 +10497,7 @@ def search(db: Database, actor: Actor, query: str, *, limit: int = 20, seconds: 
 
 
 ###############################################################################
-# 33. The inbox and the digest
+# 35. The inbox and the digest
 ###############################################################################
 # One home for "what waits on me": inbox() lists, across a person's projects, everything that
 # needs them, each item saying what it is, where (project, task thread), since when and what
@@ -10727,7 +11098,7 @@ def unread_counts(db: Database, person: Actor) -> dict:
 
 
 ###############################################################################
-# 34. Web Push: told when away
+# 36. Web Push: told when away
 ###############################################################################
 # A person subscribes a browser from the inbox (the page's service worker hands the server its
 # push endpoint and keys); each new inbox item is then sent to every browser of theirs as a Web
@@ -11047,7 +11418,7 @@ def browser_label(user_agent: str) -> str | None:
 
 
 ###############################################################################
-# 35. Waiting: how a wake reaches an agent
+# 37. Waiting: how a wake reaches an agent
 ###############################################################################
 # An operation names whom its event wakes (agent, kind, task, message) and append_event writes
 # one wake row for each, inside the operation's transaction. After the commit the Database
@@ -11308,7 +11679,7 @@ def _hand_out(db: Database, actor: Actor, after: int, kinds: tuple[str, ...], pr
 
 
 ###############################################################################
-# 36. Web: requests and errors
+# 38. Web: requests and errors
 ###############################################################################
 # What every HTTP request goes through: the Host and Origin guard, the access log, who the
 # request is from (a session cookie, a personal token or a runner key), reading a JSON body,
@@ -11687,7 +12058,7 @@ def connect_lines(base_url: str, agent_id: str, token: str) -> dict:
 
 
 ###############################################################################
-# 37. MCP
+# 39. MCP
 ###############################################################################
 
 # Thin wrappers: check the input against the published schema, call the operation,
@@ -12469,7 +12840,7 @@ def end_sessions_of_dead_credentials(db: Database, manager: SessionManager, hub:
 
 
 ###############################################################################
-# 38. Live streams
+# 40. Live streams
 ###############################################################################
 # Live views: a project's event stream (and its long-poll twin), and a person's across their
 # projects. Each reads the outbox after a position and ends when its credential does.
@@ -12648,7 +13019,7 @@ def _event_stream(state: AppState, start: int, gap: str | None, projects: Callab
 
 
 ###############################################################################
-# 39. The runner's API and files over HTTP
+# 41. The runner's API and files over HTTP
 ###############################################################################
 # What a runner (and a run's credential) calls over HTTP besides MCP: proposing and finishing
 # actions, connecting a computer, telling how a run ended, claiming a verification, and handing in
@@ -12782,7 +13153,7 @@ async def api_deliverable(state: AppState, reader: Actor, request: Request, body
 
 
 ###############################################################################
-# 40. The people's API
+# 42. The people's API
 ###############################################################################
 
 
@@ -13238,8 +13609,8 @@ async def api_apps(state: AppState, person: Actor, request: Request, body: Any) 
 
 
 async def api_start_run(state: AppState, person: Actor, request: Request, body: dict) -> dict:
-    """POST /api/tasks/{id}/runs {confirm: your handle}: start one run of your agent on the task."""
-    return start_run(state.db, person, request.path_params["task_id"], body_field(body, "confirm", str, False))
+    """POST /api/tasks/{id}/runs: start one run of your agent on the task (after confirming it's you)."""
+    return start_run(state.db, person, request.path_params["task_id"])
 
 
 async def api_settle_attempt(state: AppState, person: Actor, request: Request, body: dict) -> dict:
@@ -13417,7 +13788,51 @@ async def api_push_remove(state: AppState, person: Actor, request: Request, body
 
 async def api_my_email(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/me/email {email | null}: your address for sign-in links by email (null removes it)."""
-    return set_person_email(state.db, person.handle, body_field(body, "email", str, False))
+    return set_my_email(state.db, person, body_field(body, "email", str, False))
+
+
+def _page_origin(request: Request) -> str:
+    """The origin the page was opened at: the browser's Origin header, else this request's own address."""
+    return request.headers.get("origin") or str(request.base_url).rstrip("/")
+
+
+async def api_passkey_options(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/me/passkeys/options {purpose: register | confirm}: begin a passkey ceremony (``publicKey``)."""
+    party = webauthn_party(state.settings, _page_origin(request))
+    return {"publicKey": passkey_options(state.db, person, body_field(body, "purpose", str), party)}
+
+
+async def api_passkey_register(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/me/passkeys {credential, label?}: finish registering a passkey (``{"passkey"}``)."""
+    return {"passkey": register_passkey(state.db, person, body.get("credential"),
+                                        body_field(body, "label", str, False))}
+
+
+async def api_step_up_passkey(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/me/step-up/passkey {credential}: confirm it's you with a passkey (step_up_status)."""
+    return confirm_with_passkey(state.db, person, body.get("credential"))
+
+
+async def api_step_up_email(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """POST /api/me/step-up/email: mail me a sign-in link that confirms it's me (``{"sent"}``)."""
+    if state.settings.smtp is None:
+        raise InvalidState("this server sends no mail ([smtp] is not configured): add a passkey to confirm it's you")
+    mail = step_up_mail(state.db, state.settings, public_base(state.db, state.settings, state.port), person)
+    if mail is not None:
+        _MAILER.submit(_send_quietly, state.settings, mail, "a sign-in link")
+    return {"sent": "a sign-in link is on its way to your address: open it in this browser, then try again"}
+
+
+async def api_step_up_cost(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/me/step-up-cost {amount | null}: approving an action estimated above it needs a step-up."""
+    if "amount" not in body:
+        raise InvalidInput("amount is required: a cost, or null for never")
+    return set_step_up_cost(state.db, person, body["amount"])
+
+
+async def api_share_rule(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/share-rule {decision}: set my share rule in the project."""
+    return set_share_rule(state.db, person, request.path_params["slug"], body_field(body, "decision", str))
 
 
 def _set_session_cookie(state: AppState, response: Response, session: str) -> None:
@@ -13491,6 +13906,16 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("GET", "/api/signin/options", _api(api_signin_options, public=True)),
     ("POST", "/api/signin/email", _api(api_signin_email, public=True)),
     ("POST", "/api/me/email", _api(api_my_email)),
+    ("GET", "/api/me/step-up", _api(_operation(step_up_status))),
+    ("POST", "/api/me/step-up/passkey", _api(api_step_up_passkey)),
+    ("POST", "/api/me/step-up/email", _api(api_step_up_email)),
+    ("POST", "/api/me/step-up-cost", _api(api_step_up_cost)),
+    ("GET", "/api/me/passkeys", _api(_operation(list_passkeys))),
+    ("POST", "/api/me/passkeys/options", _api(api_passkey_options)),
+    ("POST", "/api/me/passkeys", _api(api_passkey_register)),
+    ("DELETE", "/api/me/passkeys/{passkey_id}", _api(_operation(remove_passkey, "passkey_id"))),
+    ("GET", "/api/projects/{slug}/share-rule", _api(_operation(share_rule_view, "slug"))),
+    ("POST", "/api/projects/{slug}/share-rule", _api(api_share_rule)),
     ("POST", "/api/me/digest", _api(api_my_digest)),
     ("GET", "/api/push/key", _api(api_push_key)),
     ("GET", "/api/push/subscriptions", _api(_operation(push_subscriptions))),
@@ -13601,7 +14026,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
 
 
 ###############################################################################
-# 41. The server
+# 43. The server
 ###############################################################################
 # The server's own pieces: the background work (pruning, expiry, checkpoints, digests), the
 # guard on connections, and create_app, which puts every chapter together.
@@ -13711,7 +14136,7 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
 
 
 # MCP authorization (OAuth 2.1) speaks through the MCP SDK's handlers: /authorize, /token,
-# /register, /revoke and both metadata documents. AppProvider answers them with chapter 28's
+# /register, /revoke and both metadata documents. AppProvider answers them with chapter 30's
 # operations. It is on when public_url is an https address (or a loopback one, for trying it
 # out): the issuer is public_url exactly as written, the protected resource its /mcp.
 
@@ -13779,7 +14204,7 @@ async def fetch_client_document(client_id: str) -> dict:
 
 
 class AppProvider:
-    """The MCP SDK's OAuthAuthorizationServerProvider, answered by chapter 28's operations."""
+    """The MCP SDK's OAuthAuthorizationServerProvider, answered by chapter 30's operations."""
 
     def __init__(self, db: Database, issuer: str, documents: bool = False):
         self.db, self.issuer, self.resource, self.documents = db, issuer, f"{issuer}/mcp", documents
@@ -14273,7 +14698,7 @@ class _GuardedConnection:
 
 
 ###############################################################################
-# 42. The command line: serving
+# 44. The command line: serving
 ###############################################################################
 # ``prickle``: one group of commands on the database file, also while the server runs. With
 # --json every command prints exactly one JSON object; a failure is one line on stderr.
@@ -14711,7 +15136,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 ###############################################################################
-# 43. The command line: the team's administration
+# 45. The command line: the team's administration
 ###############################################################################
 
 
@@ -17120,7 +17545,7 @@ def runner_bridge() -> None:
 
 
 ###############################################################################
-# 44. Entry points
+# 46. Entry points
 ###############################################################################
 # ``prickle runner`` is defined in the appendices; it joins the ``prickle`` group here.
 

@@ -16,6 +16,7 @@ export class ApiError extends Error {
 }
 
 const signedOutHandlers = new Set();
+let stepUpHandler = null;
 
 // ---- lifecycle ----------------------------------------------------------------
 
@@ -42,6 +43,12 @@ export function onSignedOut(fn) {
   return () => signedOutHandlers.delete(fn);
 }
 
+/** fn(error) runs when the server asks this person to confirm it's them first (step_up_required, the
+ *  server's decision); it resolves true once they did, and the refused request is sent once more. */
+export function onStepUp(fn) {
+  stepUpHandler = fn;
+}
+
 /** This tab's session was ended on purpose (signed out everywhere): the page shows message. */
 export function endedHere(message) {
   const error = new ApiError(401, "signed_out", message);
@@ -50,8 +57,20 @@ export function endedHere(message) {
 
 // ---- actions --------------------------------------------------------------------
 
-/** One request; resolves to the JSON body or throws ApiError. */
-export async function request(method, path, body, { signal, quietAuth = false } = {}) {
+/** One request; resolves to the JSON body or throws ApiError (after a "Confirm it's you" the page asked for). */
+export async function request(method, path, body, options = {}) {
+  try {
+    return await send(method, path, body, options);
+  } catch (err) {
+    if (!(err instanceof ApiError) || err.code !== "step_up_required" || !stepUpHandler || options.stepUp === false) {
+      throw err;
+    }
+    if (!(await stepUpHandler(err))) throw err;
+    return send(method, path, body, options);
+  }
+}
+
+async function send(method, path, body, { signal, quietAuth = false } = {}) {
   const headers = { Accept: "application/json" };
   if (body !== undefined) headers["Content-Type"] = "application/json";
   const personal = token();

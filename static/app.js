@@ -29,6 +29,7 @@ import * as audit from "./audit.js";
 import * as agents from "./agents.js";
 import * as rules from "./rules.js";
 import * as connect from "./connect.js";
+import * as stepup from "./stepup.js";
 import * as authorize from "./authorize.js";
 import * as inbox from "./inbox.js";
 import * as inboxStore from "./inbox_store.js";
@@ -70,6 +71,7 @@ async function boot() {
   api.onSignedOut((err) => {
     if (me) showSignedOut(err?.code === "signed_out" ? err.message : "Your session ended. Sign in again to continue.");
   });
+  api.onStepUp((refusal) => stepup.ask(refusal)); // the server asked: "Confirm it's you", then the act again
   window.addEventListener("hashchange", route);
   window.addEventListener("hashchange", () => closeMenu?.());
   document.addEventListener("keydown", (e) => { if (e.key === "Escape") closeMenu?.(); });

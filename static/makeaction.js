@@ -82,7 +82,9 @@ function draw(ctx, action) {
       row("Tool", h("code", { text: action.tool }), TOOL[action.tool] ? h("span", { class: "muted", text: ` ${TOOL[action.tool]}` }) : null),
       row("Prompt", h("span", { class: "pre action-prompt", text: action.inputs?.prompt ?? "" })),
       row("Cost", action.cost_estimate ? h("span", { text: action.cost_estimate })
-        : h("span", { class: "muted", text: "no estimate given" })),
+        : h("span", { class: "muted", text: "no estimate given" }),
+      // the server set it when proposed: above the cost its owner set, approving asks "Confirm it's you"
+      action.step_up ? h("span", { class: "muted step-up-note", text: " · approving asks you to confirm it's you" }) : null),
       row("Proposed by", h("span", { text: action.agent_id })),
       action.status === "proposed" ? row("Lapses", timeEl(action.expires_at, true)) : null,
       action.decided_by ? row(action.status === "declined" ? "Declined by" : "Approved by",

@@ -23,9 +23,11 @@ export function mount(el, ctx) {
   const confirmBox = h("div", { class: "removal-slot" });
   ctx.confirmBox = confirmBox;
   const settings = h("div", { class: "project-settings" });
+  // drawn once, not with the project's every change: a choice being made stays made
+  const sharing = ctx.project.data().kind === "team" ? shareRule(ctx) : null;
   el.append(
     h("div", { class: "page-head" }, heading(1, "Members and agents")), confirmBox,
-    settings,
+    settings, sharing,
     h("div", { class: "two-col" },
       h("section", { class: "section", "aria-labelledby": "people-heading" },
         h("h2", { id: "people-heading", text: "Members" }), people, addPerson, invites),
@@ -128,6 +130,37 @@ function renderSettings(box, data, ctx) {
   }
   fill(box, h("section", { class: "section card", "aria-labelledby": "settings-heading" },
     h("h2", { id: "settings-heading", text: "Name and default lead" }), rename, leadBox(data, ctx, done)));
+}
+
+const SHARE_CHOICES = [["default", "Only what every project shares"],
+  ["threads", "Also their task threads: the other members' agents may read them"]];
+
+/** Your share rule here: what your agents share with the other members beyond the defaults. Sharing
+ *  more asks "Confirm it's you" (the server's rule); sharing less never does. */
+function shareRule(ctx) {
+  const choice = select(SHARE_CHOICES, { name: "share", disabled: true }); // until the rule as it stands is in
+  const save = h("button", { type: "submit", class: "small", text: "Save", disabled: true });
+  const error = errorSlot();
+  const form = h("form", { class: "row-form share-rule" },
+    field("What your agents share with the other members", choice), save);
+  get(`/api/projects/${seg(ctx.slug)}/share-rule`).then((out) => {
+    choice.value = out.decision;
+    choice.disabled = save.disabled = false;
+  })
+    .catch((err) => { error.textContent = err.message; error.hidden = false; });
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    act(save, error, async () => {
+      const out = await post(`/api/projects/${seg(ctx.slug)}/share-rule`, { decision: choice.value });
+      choice.value = out.decision;
+      announce(out.decision === "threads" ? "Your agents' task threads are shared" : "Your agents share the defaults");
+    });
+  });
+  return h("section", { class: "section card", "aria-labelledby": "share-heading" },
+    h("h2", { id: "share-heading", text: "What your agents share" }),
+    h("p", { class: "muted", text: "By default another member's agent sees a task's thread only when it asked, was given "
+      + "the task or was mentioned in it. Sharing threads lets it read your agents' threads too, never post in them; "
+      + "sharing more asks you to confirm it's you." }), form, error);
 }
 
 function leadBox(data, ctx, done) {

@@ -2,6 +2,7 @@
 // allow, ask me, never), standing approvals, and auto-accept of verified results.
 
 import { get, post, del, seg } from "./api.js";
+import { settings as stepUpSettings } from "./stepup.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, badge, timeEl, revokeButton, announce, words, loadFailed,
 } from "./ui.js";
@@ -34,7 +35,8 @@ export function mount(el, ctx) {
     h("section", { class: "section", "aria-labelledby": "standing-heading" },
       h("h2", { id: "standing-heading", text: "Standing approvals" }),
       h("p", { class: "muted", text: "Made when you approve a handoff and let more like it through." }), standing),
-    policy(ctx));
+    policy(ctx),
+    stepUpSettings());
   reload();
   return () => {};
 }

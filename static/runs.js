@@ -1,9 +1,9 @@
 // runs.js — a task's runs on its page: each attempt (state, started, the runner's device),
-// and for the assignee's owner Start a run (after typing their handle), Stop, hand the task
+// and for the assignee's owner Start a run (after confirming it's them), Stop, hand the task
 // back (with a reason if they like), and settling a run its runner couldn't vouch for.
 
 import { post, seg } from "./api.js";
-import { h, field, errorSlot, act, badge, timeEl, confirmButton, announce, empty } from "./ui.js";
+import { h, uid, errorSlot, act, badge, timeEl, confirmButton, announce, empty } from "./ui.js";
 import { reasonedMove } from "./decisions.js";
 import { pausedSentence } from "./pauses.js";
 
@@ -92,18 +92,20 @@ function controls(ctx, task, control, reload) {
 }
 
 function startForm(ctx, task, control, error, reload) {
-  const confirm = h("input", { type: "text", autocomplete: "off", spellcheck: "false", required: true,
-    placeholder: ctx.me.handle });
+  // The server asks "Confirm it's you" first when this browser has not lately (the dialog, stepup.js).
   const start = h("button", { type: "submit", class: "primary", text: "Start a run", disabled: !control.runner_connected });
+  const hintId = uid("start-hint");
+  start.setAttribute("aria-describedby", hintId);
   const form = h("form", { class: "start-run" },
-    field(`Type your handle (${ctx.me.handle}) to start one run of ${task.assignee}`, confirm,
-      control.runner_connected ? "Its runner claims the task and launches the agent on your computer."
-        : "No runner is connected for this agent: run prickle runner connect on the computer first."),
+    h("p", { class: "hint", id: hintId, text: control.runner_connected
+      ? `Starts one run of ${task.assignee}: its runner claims the task and launches the agent on your computer. `
+        + "You confirm it's you first."
+      : "No runner is connected for this agent: run prickle runner connect on the computer first." }),
     start);
   form.addEventListener("submit", (e) => {
     e.preventDefault();
     act(start, error, async () => {
-      await post(`/api/tasks/${seg(task.id)}/runs`, { confirm: confirm.value.trim() });
+      await post(`/api/tasks/${seg(task.id)}/runs`, {});
       announce("Run started");
       reload();
     });

@@ -87,6 +87,53 @@ def shot(page: Page, name: str, full_page: bool = True) -> None:
         page.screenshot(path=str(SHOTS / f"{name}.png"))
 
 
+def at_name(url: str) -> str:
+    """``url`` with the server's address by name (localhost): a browser binds a passkey to a name, never to an IP."""
+    return url.replace("//127.0.0.1:", "//localhost:")
+
+
+def signed_in_at_name(people, served: Served, handle: str, viewport: dict | None = None) -> Page:
+    """A fresh browser context signed in as ``handle`` at the server's name (see at_name)."""
+    return people(handle, viewport=viewport, link=at_name(cli_json(served.db, "signin-link", handle)["signin"]))
+
+
+def virtual_authenticator(page: Page) -> tuple:
+    """Chromium's virtual authenticator (CDP WebAuthn) for ``page``, which says yes by itself: (cdp, its id)."""
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("WebAuthn.enable")
+    made = cdp.send("WebAuthn.addVirtualAuthenticator", {"options": {
+        "protocol": "ctap2", "transport": "internal", "hasResidentKey": True, "hasUserVerification": True,
+        "isUserVerified": True, "automaticPresenceSimulation": True}})
+    return cdp, made["authenticatorId"]
+
+
+def with_passkey(page: Page, served: Served, handle: str) -> None:
+    """Give ``page`` a virtual authenticator holding ``handle``'s passkey: the first call registers one
+    through the API (with the tests' software authenticator), and each page gets a copy of its key."""
+    import base64
+
+    from cryptography.hazmat.primitives import serialization
+    from helpers import SoftAuthenticator
+    keys = served.__dict__.setdefault("passkeys", {})
+    origin = at_name(served.info["url"])
+    if handle not in keys:
+        soft = SoftAuthenticator()
+        with person_api(served, handle) as api:
+            options = api.post("/api/me/passkeys/options", json={"purpose": "register"},
+                               headers={"Origin": origin}).json()["publicKey"]
+            r = api.post("/api/me/passkeys", json={"credential": soft.create(options, origin), "label": "Test key"})
+            assert r.status_code == 200, r.text
+        keys[handle] = soft
+    soft = keys[handle]
+    soft.count += 1000  # each copy counts on from beyond what the server saw last
+    pkcs8 = soft.key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
+                                   serialization.NoEncryption())
+    cdp, authenticator = virtual_authenticator(page)
+    cdp.send("WebAuthn.addCredential", {"authenticatorId": authenticator, "credential": {
+        "credentialId": base64.b64encode(soft.credential_id).decode(), "isResidentCredential": False,
+        "rpId": "localhost", "privateKey": base64.b64encode(pkcs8).decode(), "signCount": soft.count}})
+
+
 # ---- fixtures --------------------------------------------------------------------------------------
 
 

@@ -49,8 +49,8 @@ def person(server, world, handle):
             return server.get(path, headers=h, **kw)
 
         @staticmethod
-        def post(path, body=None):
-            return server.post(path, json=body or {}, headers=h)
+        def post(path, body=None, headers=None):
+            return server.post(path, json=body or {}, headers=h | (headers or {}))
 
         @staticmethod
         def delete(path):
@@ -360,3 +360,85 @@ def pdf_bytes(pages: int, rgb: tuple[float, float, float] = (1, 0, 0)) -> bytes:
     out += "".join(f"{o:010d} 00000 n \n" for o in offsets).encode()
     out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
     return out
+
+
+# -- passkeys: a software authenticator (an EC P-256 key, "none" attestation) --------------------
+
+
+class SoftAuthenticator:
+    """Answers a Prickle passkey ceremony as a browser with one platform authenticator would:
+    ``create(options, origin)`` and ``get(options, origin)`` return PublicKeyCredential.toJSON()."""
+
+    def __init__(self):
+        import os as _os
+        from cryptography.hazmat.primitives.asymmetric import ec
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        self.credential_id = _os.urandom(16)
+        self.count = 0
+
+    @staticmethod
+    def b64(data: bytes) -> str:
+        import base64
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    def _client_data(self, kind: str, options: dict, origin: str) -> bytes:
+        return json.dumps({"type": kind, "challenge": options["challenge"], "origin": origin,
+                           "crossOrigin": False}).encode()
+
+    def _auth_data(self, rp_id: str, flags: int, attested: bytes = b"") -> bytes:
+        self.count += 1
+        return hashlib.sha256(rp_id.encode()).digest() + bytes([flags]) + self.count.to_bytes(4, "big") + attested
+
+    def create(self, options: dict, origin: str) -> dict:
+        import cbor2
+        numbers = self.key.public_key().public_numbers()
+        cose = cbor2.dumps({1: 2, 3: -7, -1: 1, -2: numbers.x.to_bytes(32, "big"), -3: numbers.y.to_bytes(32, "big")})
+        attested = bytes(16) + len(self.credential_id).to_bytes(2, "big") + self.credential_id + cose
+        auth = self._auth_data(options["rp"]["id"], 0x45, attested)  # user present, verified, attested data
+        client = self._client_data("webauthn.create", options, origin)
+        return {"id": self.b64(self.credential_id), "rawId": self.b64(self.credential_id), "type": "public-key",
+                "response": {"clientDataJSON": self.b64(client),
+                             "attestationObject": self.b64(cbor2.dumps({"fmt": "none", "attStmt": {},
+                                                                        "authData": auth}))}}
+
+    def get(self, options: dict, origin: str) -> dict:
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import ec
+        auth = self._auth_data(options["rpId"], 0x05)
+        client = self._client_data("webauthn.get", options, origin)
+        signature = self.key.sign(auth + hashlib.sha256(client).digest(), ec.ECDSA(hashes.SHA256()))
+        return {"id": self.b64(self.credential_id), "rawId": self.b64(self.credential_id), "type": "public-key",
+                "response": {"clientDataJSON": self.b64(client), "authenticatorData": self.b64(auth),
+                             "signature": self.b64(signature)}}
+
+
+# The page's origin for passkeys: the in-process server (conftest's ``server``) by a name, as a browser
+# binds a passkey to a name, never to an IP address.
+ORIGIN = "http://localhost:8321"
+AT_ORIGIN = {"Origin": ORIGIN}
+
+
+def add_passkey(api, authenticator: SoftAuthenticator | None = None, label: str | None = None):
+    """Register a passkey for the person ``api`` speaks for (registering confirms it's them);
+    return ``(authenticator, response)``."""
+    authenticator = authenticator or SoftAuthenticator()
+    options = api.post("/api/me/passkeys/options", {"purpose": "register"}, AT_ORIGIN)
+    assert options.status_code == 200, options.text
+    body = {"credential": authenticator.create(options.json()["publicKey"], ORIGIN)}
+    return authenticator, api.post("/api/me/passkeys", body | ({"label": label} if label else {}))
+
+
+def confirm_with(api, authenticator: SoftAuthenticator):
+    """Confirm it's them with the passkey ``authenticator`` holds; return the response."""
+    options = api.post("/api/me/passkeys/options", {"purpose": "confirm"}, AT_ORIGIN)
+    assert options.status_code == 200, options.text
+    return api.post("/api/me/step-up/passkey", {"credential": authenticator.get(options.json()["publicKey"], ORIGIN)})
+
+
+def confirmed(server, world, handle):
+    """The people's API as ``handle``, confirmed it's them (a fresh step-up) with a new passkey."""
+    api = person(server, world, handle)
+    authenticator, r = add_passkey(api)
+    assert r.status_code == 200, r.text
+    api.authenticator = authenticator
+    return api

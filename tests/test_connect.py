@@ -5,7 +5,7 @@ import pytest
 
 import prickle
 from conftest import PROJECT, audit_entries
-from helpers import ask_connect, person
+from helpers import SoftAuthenticator, ask_connect, confirmed, person
 
 
 def collect(server, asked, secret=None):
@@ -20,7 +20,7 @@ def test_connect_a_computer_with_a_code_the_owner_approves_once(server, world, m
     assert len(asked["code"]) == 9 and asked["code"][4] == "-"
     assert collect(server, asked).json() == {"status": "pending"}
     assert collect(server, asked, "prk_dq_wrong").status_code == 404
-    ren = person(server, world, "ren")
+    ren = confirmed(server, world, "ren")
     view = ren.get(f"/api/connect/{asked['code'].lower().replace('-', '')}").json()  # typed loosely
     assert (view["request"]["name"], view["request"]["clis"], view["request"]["state"]) == (
         "ren-laptop", ["claude", "codex"], "pending")
@@ -49,7 +49,7 @@ def test_connect_a_computer_with_a_code_the_owner_approves_once(server, world, m
                                                                    ("ren/scribe", "ren-laptop")]
     [approved] = audit_entries(world.db, PROJECT, "device.approved")
     assert approved["refs"] == {"request": asked["request_id"], "agents": ["ren/builder", "ren/scribe"], "keys": 2,
-                                "by": "ren"}
+                                "by": "ren", "step_up": True}
     [collected] = audit_entries(world.db, PROJECT, "device.collected")
     assert collected["refs"] == {"request": asked["request_id"], "agents": ["ren/builder", "ren/scribe"], "keys": [
         {"credential": a["credential_id"], "agent": a["agent_id"], "reach": "runner"} for a in got["agents"]]}
@@ -59,7 +59,7 @@ def test_connect_a_computer_with_a_code_the_owner_approves_once(server, world, m
 
 def test_a_refused_or_expired_request_says_so_on_both_sides(server, world):
     asked = ask_connect(server, ["codex"])
-    ren = person(server, world, "ren")
+    ren = confirmed(server, world, "ren")
     assert ren.post(f"/api/connect/{asked['code']}", {"decision": "refuse"}).json()["request"]["state"] == "refused"
     r = collect(server, asked)
     assert r.status_code == 403 and "refused" in r.json()["error"]["message"]
@@ -88,7 +88,7 @@ def test_prickle_runner_connect_writes_a_private_config(tmp_path, server, world)
 
     def approve(_seconds):
         code = shown[0].split("Code: ")[1].split(" ")[0]
-        r = person(server, world, "ren").post(f"/api/connect/{code}", {"decision": "approve", "typed_code": code,
+        r = confirmed(server, world, "ren").post(f"/api/connect/{code}", {"decision": "approve", "typed_code": code,
                                                                        "agents": [
             {"cli": "codex", "agent_id": "ren/builder"}]})
         assert r.status_code == 200, r.text
@@ -142,6 +142,12 @@ def test_the_real_command_against_the_real_server(tmp_path, db_path, world):
             first = proc.stderr.readline() + proc.stderr.readline() + proc.stderr.readline()
             code = first.split("Code: ")[1].split(" ")[0]
             with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {world.tokens['ren']}"}) as ren:
+                if decision == "approve":  # approving needs a step-up: ren adds a passkey (tests/test_step_up.py)
+                    key = SoftAuthenticator()
+                    at = base.replace("127.0.0.1", "localhost")
+                    options = ren.post("/api/me/passkeys/options", json={"purpose": "register"},
+                                       headers={"Origin": at}).json()["publicKey"]
+                    assert ren.post("/api/me/passkeys", json={"credential": key.create(options, at)}).status_code == 200
                 view = ren.get(f"/api/connect/{code}").json()
                 assert view["request"]["clis"] == ["claude", "codex"]
                 body = {"decision": decision}
@@ -182,7 +188,7 @@ def test_strangers_asking_first_never_lock_a_real_computer_out(world):
 
 def test_approving_needs_the_code_typed_from_the_computer_not_just_a_link(server, world):
     asked = ask_connect(server, ["codex"])
-    ren = person(server, world, "ren")
+    ren = confirmed(server, world, "ren")
     view = ren.get(f"/api/connect/{asked['code']}").json()["request"]
     assert view["address"] == "testclient" and view["created_at"]
     for typed in (None, "", "ABCD-EFGH"):
@@ -197,7 +203,7 @@ def test_approving_needs_the_code_typed_from_the_computer_not_just_a_link(server
 
 def test_an_agent_made_on_the_connect_page_joins_its_owners_team_projects(server, world, mcp):
     asked = ask_connect(server, ["claude"])
-    ren = person(server, world, "ren")
+    ren = confirmed(server, world, "ren")
     ok = ren.post(f"/api/connect/{asked['code']}", {"decision": "approve", "typed_code": asked["code"], "agents": [
         {"cli": "claude", "create": {"name": "scribe", "display_name": "Scribe", "model": "claude-sonnet"}}]})
     assert ok.status_code == 200, ok.text

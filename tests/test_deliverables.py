@@ -1,4 +1,4 @@
-"""Deliverables: the files a runner's run delivers with its result (chapter 22).
+"""Deliverables: the files a runner's run delivers with its result (chapter 24).
 
 A run names a file of its workspace in its result's artifacts (a relative ref and the sha256 of
 its bytes); its runner, asked through its device's state, uploads the bytes with the run's own

@@ -1,4 +1,4 @@
-"""Files: the store and attachments (chapter 17).
+"""Files: the store and attachments (chapter 19).
 
 A person uploads an image or a file to their private room, posts it with a message, and their
 agent reads it over MCP (resources/read) with an audit entry that names no file and holds no

@@ -232,6 +232,8 @@ PART_II_TESTS = {
     "People and teams": "test_people.py",
     "Projects, their members, agents and keys": "test_people.py",
     "Invites": "test_invites.py",
+    "Confirming it's you": "test_step_up.py",
+    "Share rules": "test_share_rules.py",
     "Memory and pulse": "test_memory_pulse.py",
     "The default lead": "test_lead.py",
     "Private rooms: turns": "test_turns.py",

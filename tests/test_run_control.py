@@ -2,7 +2,7 @@
 
 import prickle
 from conftest import PROJECT, REFERENCE_EVENTS, all_events, audit_entries
-from helpers import P, ask_connect, claimed, paired, person, routed
+from helpers import P, add_passkey, ask_connect, claimed, confirm_with, confirmed, paired, person, routed
 
 CALL = {"tool_name": "Bash", "input": {"command": "git push origin main"}}
 
@@ -44,21 +44,22 @@ def test_stop_ends_the_runs_credentials_withdraws_its_step_and_needs_a_new_start
     text = mcp.error("ren/builder", "claim_task", {"task_id": task["id"], "idempotency_key": "k2"}, "invalid_state",
                      token=runner)
     assert "Start a run" in text
-    r = ren.post(f"/api/tasks/{task['id']}/runs", {"confirm": "oj"})
-    assert r.status_code == 400 and "confirm" in r.json()["error"]["message"]
-    started = ren.post(f"/api/tasks/{task['id']}/runs", {"confirm": "ren"})
+    r = ren.post(f"/api/tasks/{task['id']}/runs")
+    assert r.status_code == 403 and r.json()["error"]["code"] == "step_up_required"  # tests/test_step_up.py
+    confirm_with(ren, add_passkey(ren)[0])
+    started = ren.post(f"/api/tasks/{task['id']}/runs")
     assert started.status_code == 200, started.text
     run_id = started.json()["run_id"]
-    assert ren.post(f"/api/tasks/{task['id']}/runs", {"confirm": "ren"}).status_code == 409  # one at a time
+    assert ren.post(f"/api/tasks/{task['id']}/runs").status_code == 409  # one at a time
     [approved] = audit_entries(world.db, PROJECT, "task.run_approved")
-    assert approved["refs"] == {"agent": "ren/builder", "run": run_id, "task": task["id"], "by": "ren"}
+    assert approved["refs"] == {"agent": "ren/builder", "run": run_id, "task": task["id"], "by": "ren", "step_up": True}
     second = mcp.ok("ren/builder", "claim_task", {"task_id": task["id"], "idempotency_key": "k2"}, token=runner)
     runs = ren.get(f"/api/tasks/{task['id']}").json()["runs"]
     assert [(r["attempt"], r["state"], r["run_id"]) for r in runs] == [
         (1, "stopped", runs[0]["run_id"]), (2, "running", run_id)]
     assert runs[1]["attempt_id"] == second["attempt"]["attempt_id"]
     # a run is open: no second Start, and no hand back before a Stop
-    assert ren.post(f"/api/tasks/{task['id']}/runs", {"confirm": "ren"}).status_code == 409
+    assert ren.post(f"/api/tasks/{task['id']}/runs").status_code == 409
     assert ren.post(f"/api/tasks/{task['id']}/hand-back").status_code == 409
     ren.post(f"/api/tasks/{task['id']}/stop")
     oj_wait = mcp.ok("oj/muse", "wait_for_updates", {"timeout_seconds": 1})["cursor"]
@@ -84,10 +85,10 @@ def test_a_new_claim_replaces_the_open_run_of_the_task(mcp, server, world):
 
 def test_start_needs_a_connected_runner_and_a_task_that_can_run(mcp, server, world):
     task = routed(mcp, server, world)
-    ren = person(server, world, "ren")
-    r = ren.post(f"/api/tasks/{task['id']}/runs", {"confirm": "ren"})
+    ren = confirmed(server, world, "ren")
+    r = ren.post(f"/api/tasks/{task['id']}/runs")
     assert r.status_code == 409 and "prickle runner connect" in r.json()["error"]["message"]
-    assert person(server, world, "oj").post(f"/api/tasks/{task['id']}/runs", {"confirm": "oj"}).status_code == 403
+    assert person(server, world, "oj").post(f"/api/tasks/{task['id']}/runs").json()["error"]["code"] == "forbidden"
     assert ren.get(f"/api/tasks/{task['id']}").json()["run_control"] == {
         "paused": None, "pause_scope": None, "runner_connected": False, "run_approved": None, "can_start": True, "can_stop": False,
         "can_hand_back": True}
@@ -107,7 +108,7 @@ def test_cancelling_a_task_stops_its_run(mcp, server, world):
 def test_pausing_an_owners_agents_refuses_their_runs_at_the_next_call(mcp, server, world):
     task, device, runner, out = claimed(mcp, server, world)
     run = out["execution_credential"]["token"]
-    ren = person(server, world, "ren")
+    ren = confirmed(server, world, "ren")
     paused = ren.post("/api/agents/pause")
     assert paused.json() == {"scope": "ren", "paused": True, "active_runs": 1}
     assert ren.post("/api/agents/pause").status_code == 409
@@ -118,7 +119,7 @@ def test_pausing_an_owners_agents_refuses_their_runs_at_the_next_call(mcp, serve
     assert "resumed" in text
     mcp.error("ren/builder", "claim_task", {"task_id": task["id"], "idempotency_key": "k9"}, "paused", token=runner)
     assert runner_state(server, runner)["paused_by"] == "owner"
-    assert ren.post(f"/api/tasks/{task['id']}/runs", {"confirm": "ren"}).json()["error"]["code"] == "paused"
+    assert ren.post(f"/api/tasks/{task['id']}/runs").json()["error"]["code"] == "paused"
     mcp.ok("oj/muse", "read_room", P)  # oj's agents run on
     [entry] = audit_entries(world.db, PROJECT, "agents.paused")
     assert entry["refs"] == {"scope": "owner", "owner": "ren", "by": "ren", "active_runs": 1}
@@ -239,7 +240,7 @@ def test_a_runner_marks_a_run_uncertain_and_the_owner_settles_it(mcp, server, wo
                      token=runner)
     assert "uncertain" in text
     assert audit_entries(world.db, PROJECT, "attempt.marked_uncertain")[0]["refs"] == {"attempt": attempt}
-    ren = person(server, world, "ren")
+    ren = confirmed(server, world, "ren")
     assert person(server, world, "oj").post(f"/api/attempts/{attempt}/settle",
                                             {"outcome": "abandoned"}).status_code == 404
     assert ren.post(f"/api/attempts/{attempt}/settle", {"outcome": "lost"}).status_code == 400
@@ -252,7 +253,7 @@ def test_a_runner_marks_a_run_uncertain_and_the_owner_settles_it(mcp, server, wo
     # after an abandoned run the owner starts the next one
     mcp.error("ren/builder", "claim_task", {"task_id": task["id"], "idempotency_key": "k2"}, "invalid_state",
               token=runner)
-    assert ren.post(f"/api/tasks/{task['id']}/runs", {"confirm": "ren"}).status_code == 200
+    assert ren.post(f"/api/tasks/{task['id']}/runs").status_code == 200
     mcp.ok("ren/builder", "claim_task", {"task_id": task["id"], "idempotency_key": "k2"}, token=runner)
 
 
@@ -271,14 +272,14 @@ def test_asking_to_connect_is_bounded_and_marking_uncertain_keeps_a_waiting_step
 
 
 def test_a_run_that_ends_with_its_task_says_so_and_a_stopped_task_waits_on_stopped(mcp, server, world):
-    ren, oj = person(server, world, "ren"), person(server, world, "oj")
+    ren, oj = confirmed(server, world, "ren"), person(server, world, "oj")
     # Stopped: the task waits on "stopped" until a run goes on with it.
     task, device, runner, out = claimed(mcp, server, world)
     run = out["execution_credential"]["token"]
     mcp.ok("ren/builder", "accept_task", {"task_id": task["id"]}, token=run)
     assert ren.post(f"/api/tasks/{task['id']}/stop").status_code == 200
     assert mcp.ok("oj/muse", "check_inbox", {})["requested"][0]["waiting_on"] == "stopped"
-    assert ren.post(f"/api/tasks/{task['id']}/runs", {"confirm": "ren"}).status_code == 200  # Start a run
+    assert ren.post(f"/api/tasks/{task['id']}/runs").status_code == 200  # Start a run
     assert mcp.ok("oj/muse", "check_inbox", {})["requested"][0]["waiting_on"] == "stopped"
     again = mcp.ok("ren/builder", "claim_task", {"task_id": task["id"], "idempotency_key": "k2"}, token=runner)
     assert mcp.ok("oj/muse", "check_inbox", {})["requested"][0]["waiting_on"] == "agent"

@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from conftest import MCP, Served, audit_entries
-from helpers import _free_port, cli_json
+from helpers import SoftAuthenticator, _free_port, cli_json
 from model_standin import ModelStandIn
 from runner_util import (CLAUDE, CLAUDE_MISSING, SECRET_PREFIXES, RunnerProcess, all_logs, claude_env, person,
                          wait_until, write_config)
@@ -115,6 +115,17 @@ def test_twenty_tasks_complete_while_the_server_and_a_runner_are_killed_at_chose
             cli_json(db_path, "rule", "set", "oj", "--decision", "allow", "--from-owner", "ren")
             people = {h: person(base, cli_json(db_path, "token", "create", "--person", h)["token"], keep_alive=False)
                       for h in ("oj", "ren")}
+            passkeys, at = {h: SoftAuthenticator() for h in people}, base.replace("127.0.0.1", "localhost")
+            for h, key in passkeys.items():
+                options = people[h].post("/api/me/passkeys/options", json={"purpose": "register"},
+                                         headers={"Origin": at}).json()["publicKey"]
+                assert people[h].post("/api/me/passkeys", json={"credential": key.create(options, at)}).is_success
+
+            def confirm(handle):
+                options = people[handle].post("/api/me/passkeys/options", json={"purpose": "confirm"},
+                                              headers={"Origin": at}).json()
+                people[handle].post("/api/me/step-up/passkey",
+                                    json={"credential": passkeys[handle].get(options["publicKey"], at)})
             configs = {}
             for handle, agent in (("oj", "oj/muse"), ("ren", "ren/builder")):
                 (tmp_path / handle).mkdir()
@@ -183,7 +194,8 @@ def test_twenty_tasks_complete_while_the_server_and_a_runner_are_killed_at_chose
                         owner.post(f"/api/attempts/{task_runs[-1]['attempt_id']}/settle", json={"outcome": "abandoned"})
                     elif (detail.get("run_control") or {}).get("can_start") and task_runs and \
                             task_runs[-1]["state"] in ("failed", "abandoned"):
-                        owner.post(f"/api/tasks/{task_id}/runs", json={"confirm": prickle.owner_of(runs_owner[n])})
+                        confirm(prickle.owner_of(runs_owner[n]))  # Start a run needs a fresh step-up
+                        owner.post(f"/api/tasks/{task_id}/runs")
                 for s in people["oj"].get("/api/steps").json()["steps"]:
                     people["oj"].post(f"/api/steps/{s['id']}", json={"decision": "allow"})
                 return done == TASKS

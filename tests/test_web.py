@@ -14,7 +14,8 @@ import uuid
 
 import httpx
 
-from browser import LAPTOP, PROJECT, cli_json, expect, goto, mcp, person_api, shot
+from browser import (LAPTOP, PROJECT, at_name, cli_json, expect, goto, mcp, person_api, shot, signed_in_at_name,
+                     with_passkey)
 from conftest import Served
 
 PHONE = {"width": 380, "height": 800}
@@ -797,8 +798,9 @@ def test_a_computer_is_connected_from_the_page_with_its_code(served, people):
     asked = httpx.post(served.info["url"] + "/api/runner/connect", json={"name": "ren-desk", "clis": ["claude", "codex"]})
     assert asked.status_code == 200, asked.text
     asked = asked.json()
-    page = people("ren")
-    page.goto(asked["link"])
+    page = signed_in_at_name(people, served, "ren")  # a passkey confirms it's ren (tests/test_web_step_up.py)
+    with_passkey(page, served, "ren")
+    page.goto(at_name(asked["link"]))
     form = page.locator("form.connect-form")
     expect(page.locator(".connect-lead p").first).to_have_text("A computer calling itself ren-desk asks to run your agents.")
     expect(page.locator(".connect-origin")).to_contain_text("It asked from 127.0.0.1")
@@ -818,6 +820,7 @@ def test_a_computer_is_connected_from_the_page_with_its_code(served, people):
     expect(form.locator(".error")).to_contain_text("type the code your computer shows (prickle runner connect printed it)")
     form.get_by_label("The code your computer shows").fill(asked["code"].lower())
     form.get_by_role("button", name="Approve").click()
+    page.get_by_role("dialog", name="Confirm it's you").get_by_role("button", name="Use my passkey").click()
     expect(page.locator(".connect-state")).to_have_text(
         "Approved: the runner on that computer is collecting its keys now. You can close this page.")
     got = httpx.post(served.info["url"] + "/api/runner/connect/collect",
@@ -833,8 +836,9 @@ def test_a_computer_is_connected_from_the_page_with_its_code(served, people):
 def test_the_owner_stops_and_starts_a_run_on_the_task_page(served, people):
     runner, task_id = ren_asks_builder(served, "Rebuild the sitemap.", "The sitemap lists every page.")
     first = mcp(served, "ren/builder", "claim_task", {"task_id": task_id, "idempotency_key": "web-stop-1"}, key=runner)
-    page = people("ren")
-    goto(page, served, f"#/p/{PROJECT}/tasks/{task_id}")
+    page = signed_in_at_name(people, served, "ren")  # a passkey confirms it's ren (tests/test_web_step_up.py)
+    with_passkey(page, served, "ren")
+    page.goto(at_name(f"{served.info['url']}/#/p/{PROJECT}/tasks/{task_id}"))
     row = page.locator(f'.runs-table tr[data-attempt-id="{first["attempt"]["attempt_id"]}"]')
     expect(row).to_contain_text("#1")
     expect(row).to_contain_text("ren-laptop")
@@ -847,8 +851,10 @@ def test_the_owner_stops_and_starts_a_run_on_the_task_page(served, people):
                    json={})
     assert r.status_code == 401  # its credentials ended at once
     start = page.locator("form.start-run")
-    start.get_by_label(re.compile("^Type your handle")).fill("ren")
+    expect(start.locator(".hint")).to_have_text("Starts one run of ren/builder: its runner claims the task and "
+                                                "launches the agent on your computer. You confirm it's you first.")
     start.get_by_role("button", name="Start a run").click()
+    page.get_by_role("dialog", name="Confirm it's you").get_by_role("button", name="Use my passkey").click()
     expect(page.locator(".run-controls")).to_contain_text("A run was started: waiting for the runner to pick it up.")
     second = mcp(served, "ren/builder", "claim_task", {"task_id": task_id, "idempotency_key": "web-stop-2"}, key=runner)
     row2 = page.locator(f'.runs-table tr[data-attempt-id="{second["attempt"]["attempt_id"]}"]')
