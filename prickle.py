@@ -9473,7 +9473,7 @@ def decide_oauth(db: Database, person: Actor, request_id: str, decision: str, ag
                  project: Any = None, issuer: str = "") -> dict:
     """A person approves an app's request, as one of their agents (in one of its projects, or all), or refuses it.
 
-    ``agent_id`` is one of the person's agents, or ``{"create": {"name", "display_name"?, "model"?}}``
+    Approving asks the person to have confirmed it's them (require_step_up). ``agent_id`` is one of the person's agents, or ``{"create": {"name", "display_name"?, "model"?}}``
     for a new one (see pick_or_create_agent); ``project`` one of that agent's projects, or None.
 
     Returns ``{"redirect": URL}``: back to the app with a one-time ``code`` (or ``error=access_denied``),
@@ -9494,6 +9494,8 @@ def decide_oauth(db: Database, person: Actor, request_id: str, decision: str, ag
             move(db, "oauth", row["id"], "refuse", row, person=person.handle, decided_at=now)
             answer |= {"error": "access_denied", "error_description": f"{person.handle} refused it"}
         else:
+            next_state("oauth", row, "approve")  # a request decided already says so before anything is asked
+            require_step_up(db, person, "connect an app")
             choice = {"create": agent_id["create"]} if isinstance(agent_id, dict) and "create" in agent_id else {
                 "agent_id": agent_id}
             client = (oauth_client(db, row["client_id"]) or {}).get("client_name") or "an app"

@@ -442,3 +442,18 @@ def confirmed(server, world, handle):
     assert r.status_code == 200, r.text
     api.authenticator = authenticator
     return api
+
+
+def confirmed_token(db_path: str, base: str, handle: str) -> str:
+    """A new personal token of ``handle`` that has just confirmed it's them, by registering a passkey at
+    ``base`` (the server's address by name, as a browser would hold it)."""
+    import httpx
+    token = cli_json(db_path, "token", "create", "--person", handle)["token"]
+    h = {"Authorization": f"Bearer {token}", "Origin": base}
+    options = httpx.post(f"{base}/api/me/passkeys/options", json={"purpose": "register"}, headers=h)
+    assert options.status_code == 200, options.text
+    soft = SoftAuthenticator()
+    r = httpx.post(f"{base}/api/me/passkeys", json={"credential": soft.create(options.json()["publicKey"], base)},
+                   headers=h)
+    assert r.status_code == 200, r.text
+    return token

@@ -64,14 +64,14 @@ def test_the_typescript_sdks_oauth_client_connects_end_to_end(tmp_path):
     import urllib.parse
 
     import httpx
-    from helpers import _free_port, cli_json
+    from helpers import _free_port, confirmed_token
     find = sh("-c", f'source "{CLIENTS}/common.sh" && ensure_node >&2 && ensure_conformance >&2 && '
                     'echo "$NODE" && dirname "$(dirname "$CONFORMANCE_JS")"')
     assert find.returncode == 0, find.stderr
     node, conformance = find.stdout.split()[-2:]
     sdk = os.path.join(os.path.dirname(conformance), "sdk")
     port = _free_port()
-    (tmp_path / "prickle.toml").write_text(f'public_url = "http://127.0.0.1:{port}"\n')
+    (tmp_path / "prickle.toml").write_text(f'public_url = "http://localhost:{port}"\n')
     db = str(tmp_path / "prickle.db")
     callback = "http://127.0.0.1:40003/callback"
     with Served(db, "--demo", "--port", str(port), "--config", str(tmp_path / "prickle.toml")) as served:
@@ -84,7 +84,7 @@ def test_the_typescript_sdks_oauth_client_connects_end_to_end(tmp_path):
             query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(asked).query))
             assert (query["code_challenge_method"], query["resource"]) == ("S256", f"{base}/mcp")
             page = httpx.get(asked, follow_redirects=False).headers["location"]
-            oj = cli_json(db, "token", "create", "--person", "oj")["token"]
+            oj = confirmed_token(db, base, "oj")
             back = httpx.post(f"{base}/api/oauth/{page.rsplit('/', 1)[1]}", json={
                 "decision": "approve", "agent_id": "oj/muse"}, headers={"Authorization": f"Bearer {oj}"}).json()
             returned = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(back["redirect"]).query))

@@ -56,7 +56,20 @@ def authorize(app, client_id: str, challenge: str, **extra) -> str:
     return location.rsplit("/", 1)[1]
 
 
+def confirm(app, world: World, handle="oj") -> None:
+    """``handle`` confirms it's them (a first passkey, registered at the public address, confirms)."""
+    from helpers import SoftAuthenticator
+    h = {"Authorization": f"Bearer {world.tokens[handle]}", "Origin": ISSUER}
+    options = app.post("/api/me/passkeys/options", json={"purpose": "register"}, headers=h)
+    if options.status_code != 200:  # a passkey already: confirm with it
+        return
+    soft = SoftAuthenticator()
+    r = app.post("/api/me/passkeys", json={"credential": soft.create(options.json()["publicKey"], ISSUER)}, headers=h)
+    assert r.status_code == 200, r.text
+
+
 def approve(app, world: World, request_id: str, handle="oj", **body) -> dict:
+    confirm(app, world, handle)
     r = app.post(f"/api/oauth/{request_id}", json={"decision": "approve", "agent_id": "oj/muse"} | body,
                  headers={"Authorization": f"Bearer {world.tokens[handle]}"})
     assert r.status_code == 200, r.text
@@ -198,6 +211,12 @@ def test_bad_requests_get_the_rfcs_error_and_write_nothing(app, world):
     # Consent needs a signed-in person; another person can't see someone's request once it is decided.
     request_id = authorize(app, client["client_id"], challenge)
     assert app.get(f"/api/oauth/{request_id}").status_code == 401
+    # Approving asks the person to confirm it's them first (a passkey or a mailed link).
+    r = app.post(f"/api/oauth/{request_id}", json={"decision": "approve", "agent_id": "oj/muse"},
+                 headers={"Authorization": f"Bearer {world.tokens['oj']}"})
+    assert (r.status_code, r.json()["error"]["code"]) == (403, "step_up_required")
+    assert world.db.one("SELECT state FROM oauth_requests WHERE id = ?", (request_id,))["state"] == "pending"
+    confirm(app, world)
     r = app.post(f"/api/oauth/{request_id}", json={"decision": "approve", "agent_id": "ren/builder"},
                  headers={"Authorization": f"Bearer {world.tokens['oj']}"})
     assert (r.status_code, r.json()["error"]["message"]) == (

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from conftest import Served
-from helpers import _free_port, cli_json
+from helpers import _free_port, cli_json, confirmed_token
 from runner_util import CLAUDE, CLAUDE_MISSING
 
 pytestmark = pytest.mark.skipif(not CLAUDE, reason=CLAUDE_MISSING)
@@ -27,7 +27,7 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 def test_claude_code_logs_in_with_oauth_and_connects(tmp_path):
     port = _free_port()
-    (tmp_path / "prickle.toml").write_text(f'public_url = "http://127.0.0.1:{port}"\n')
+    (tmp_path / "prickle.toml").write_text(f'public_url = "http://localhost:{port}"\n')
     db = str(tmp_path / "prickle.db")
     (tmp_path / "home").mkdir()
     env = os.environ | {"HOME": str(tmp_path / "home"), "DISABLE_AUTOUPDATER": "1",
@@ -52,12 +52,12 @@ def test_claude_code_logs_in_with_oauth_and_connects(tmp_path):
                 except OSError:
                     break
                 said += ANSI.sub("", chunk.decode(errors="replace"))
-                asked = re.search(rf"(http://127\.0\.0\.1:{port}/authorize\?\S+)", said)
+                asked = re.search(rf"(http://localhost:{port}/authorize\?\S+)", said)
                 if asked and pasted is None and "paste the redirect URL" in said:
                     query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(asked.group(1)).query))
                     assert (query["code_challenge_method"], query["resource"]) == ("S256", f"{base}/mcp")
                     page = httpx.get(asked.group(1), follow_redirects=False).headers["location"]
-                    oj = cli_json(db, "token", "create", "--person", "oj")["token"]
+                    oj = confirmed_token(db, base, "oj")
                     pasted = httpx.post(f"{base}/api/oauth/{page.rsplit('/', 1)[1]}", json={
                         "decision": "approve", "agent_id": "oj/muse"}, headers={"Authorization": f"Bearer {oj}"}
                     ).json()["redirect"]
@@ -67,7 +67,7 @@ def test_claude_code_logs_in_with_oauth_and_connects(tmp_path):
             os.close(fd)
         assert 'Authenticated with "prickle"' in said, said[-2000:]
         listed = subprocess.run([CLAUDE, "mcp", "list"], env=env, capture_output=True, text=True, timeout=90)
-        assert re.search(r"prickle: http://127\.0\.0\.1:\d+/mcp \(HTTP\) - ✔ Connected", listed.stdout), listed.stdout
+        assert re.search(r"prickle: http://localhost:\d+/mcp \(HTTP\) - ✔ Connected", listed.stdout), listed.stdout
         apps = httpx.get(f"{base}/api/apps", headers={"Authorization": "Bearer " + cli_json(
             db, "token", "create", "--person", "oj")["token"]}).json()["apps"]
         assert [(a["agent_id"], a["project"]) for a in apps] == [("oj/muse", None)]

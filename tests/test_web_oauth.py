@@ -14,7 +14,7 @@ import urllib.parse
 
 import httpx
 import pytest
-from browser import LAUNCH_ARGS, CHROMIUM, expect, shot, sync_playwright  # noqa: F401
+from browser import LAUNCH_ARGS, CHROMIUM, expect, shot, sync_playwright, with_passkey  # noqa: F401
 from conftest import Served
 from helpers import _free_port, cli_json
 
@@ -27,7 +27,7 @@ def oauth_served(tmp_path_factory):
     """A demo served at a fixed loopback address that is also its public_url (so OAuth is on)."""
     port = _free_port()
     root = tmp_path_factory.mktemp("oauth")
-    (root / "prickle.toml").write_text(f'public_url = "http://127.0.0.1:{port}"\n')
+    (root / "prickle.toml").write_text(f'public_url = "http://localhost:{port}"\n')  # a name: passkeys need one
     db = str(root / "prickle.db")
     with Served(db, "--demo", "--port", str(port), "--config", str(root / "prickle.toml")) as s:
         s.db = db
@@ -63,6 +63,7 @@ def test_a_person_approves_an_app_on_the_page_and_disconnects_it(oauth_served):
                 back.append(route.request.url), route.fulfill(status=200, body="You can close this tab.")))
             page.goto(cli_json(oauth_served.db, "signin-link", "oj")["signin"])
             expect(page.get_by_role("heading", name=re.compile(r"^Hello, "))).to_be_visible()
+            with_passkey(page, oauth_served, "oj")
             page.goto(page_url)
             expect(page.get_by_role("heading", name="Connect an app")).to_be_visible()
             expect(page.get_by_text("Claude Desktop")).to_be_visible()
@@ -72,6 +73,10 @@ def test_a_person_approves_an_app_on_the_page_and_disconnects_it(oauth_served):
             page.get_by_label("In", exact=True).select_option("website-v2")
             shot(page, f"oauth-consent-{width}")
             page.get_by_role("button", name="Approve").click()
+            # Approving asks "Confirm it's you" first; the passkey answers and the approval goes on.
+            dialog = page.get_by_role("dialog", name="Confirm it's you")
+            expect(dialog).to_contain_text("Confirm it's you to connect an app")
+            dialog.get_by_role("button", name="Use my passkey").click()
             expect(page.get_by_text("You can close this tab.")).to_be_visible()
             query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(back[0]).query))
             assert (query["state"], query["iss"]) == ("s1", base)
