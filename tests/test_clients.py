@@ -96,3 +96,53 @@ def test_the_typescript_sdks_oauth_client_connects_end_to_end(tmp_path):
         assert client.returncode == 0, out + err
         said = json.loads(out.strip().splitlines()[-1])
         assert (said["ok"], said["token_kind"], said["refresh"]) == ("website-v2", "prk_oa_", True)
+
+
+def test_the_conformance_suites_authorization_server_scenarios_pass(tmp_path, monkeypatch):
+    """The official conformance suite (0.2.0-alpha.12) against Prickle's authorization server: its
+    metadata, and the authorization code grant (PKCE, the resource indicator, iss, the token answer),
+    with a person approving the request on the API as the page would."""
+    import threading
+    import urllib.parse
+
+    import httpx
+    from helpers import _free_port, confirmed_token
+    monkeypatch.setenv("CONFORMANCE_VERSION", "0.2.0-alpha.12")
+    find = sh("-c", f'source "{CLIENTS}/common.sh" && ensure_node >&2 && ensure_conformance >&2 && '
+                    'echo "$NODE" && echo "$CONFORMANCE_JS"')
+    assert find.returncode == 0, find.stderr
+    node, suite = find.stdout.split()[-2:]
+    port, callback = _free_port(), _free_port()
+    (tmp_path / "prickle.toml").write_text(f'public_url = "http://localhost:{port}"\n')
+    db = str(tmp_path / "prickle.db")
+    with Served(db, "--demo", "--port", str(port), "--config", str(tmp_path / "prickle.toml")) as served:
+        base = served.info["url"]
+        client = httpx.post(f"{base}/register", json={
+            "client_name": "conformance", "redirect_uris": [f"http://127.0.0.1:{callback}/callback"],
+            "token_endpoint_auth_method": "none"}).json()
+        run = subprocess.Popen([node, suite, "authorization", "--url", base, "--client-id", client["client_id"],
+                                "--resource", f"{base}/mcp", "--port", str(callback), "-o", str(tmp_path / "out")],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        said = []
+        try:
+            for line in run.stdout:
+                said.append(line)
+                if line.startswith(f"{base}/authorize?"):
+                    page = httpx.get(line.strip(), follow_redirects=False).headers["location"]
+                    oj = confirmed_token(db, base, "oj")
+                    back = httpx.post(f"{base}/api/oauth/{page.rsplit('/', 1)[1]}", json={
+                        "decision": "approve", "agent_id": "oj/muse"}, headers={"Authorization": f"Bearer {oj}"}
+                    ).json()["redirect"]
+                    assert urllib.parse.urlsplit(back).port == callback
+                    threading.Thread(target=httpx.get, args=(back,), daemon=True).start()  # the browser's return
+            run.wait(120)
+        finally:
+            if run.poll() is None:
+                run.kill()
+            run.wait(30)
+            run.stdout.close()
+        text = "".join(said)
+        assert run.returncode == 0, text
+        assert "✓ authorization-server-metadata-endpoint: 1 passed, 0 failed" in text
+        assert "✓ authorization-code-grant: 1 passed, 0 failed" in text
+        assert text.strip().splitlines()[-1] == "Total: 2 passed, 0 failed"
