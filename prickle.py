@@ -9460,9 +9460,10 @@ def oauth_view(db: Database, person: Actor, request_id: str) -> dict:
     params = json.loads(row["params"])
     client = oauth_client(db, row["client_id"]) or {}
     agents = db.rows("SELECT agent_id, display_name FROM agents WHERE owner = ? ORDER BY agent_id", (person.handle,))
-    for a in agents:
+    for a in agents:  # an app reaches team projects, as a client key does: never a private room
         a["projects"] = [r["project"] for r in db.rows(
-            "SELECT project FROM project_agents WHERE agent_id = ? ORDER BY project", (a["agent_id"],))]
+            "SELECT pa.project FROM project_agents pa JOIN projects p ON p.slug = pa.project WHERE pa.agent_id = ? "
+            "AND p.kind = 'team' ORDER BY pa.project", (a["agent_id"],))]
     return {"request": {"id": row["id"], "state": row["state"], "client_name": client.get("client_name"),
                         "on_this_computer": is_loopback_redirect(params["redirect_uri"]),
                         "redirect_host": urllib.parse.urlsplit(params["redirect_uri"]).netloc,
@@ -9500,9 +9501,11 @@ def decide_oauth(db: Database, person: Actor, request_id: str, decision: str, ag
                 "agent_id": agent_id}
             client = (oauth_client(db, row["client_id"]) or {}).get("client_name") or "an app"
             agent_id = pick_or_create_agent(db, person, choice, "", "unknown", str(client)[:40])
-            if project is not None and not db.one("SELECT 1 FROM project_agents WHERE agent_id = ? AND project = ?",
-                                                  (agent_id, project)):
-                raise InvalidInput(f"project: one of {agent_id}'s projects, or none for all of them")
+            if project is not None and not db.one(
+                    "SELECT 1 FROM project_agents pa JOIN projects p ON p.slug = pa.project WHERE pa.agent_id = ? "
+                    "AND pa.project = ? AND p.kind = 'team'", (agent_id, project)):
+                raise InvalidInput(f"project: one of {agent_id}'s team projects, or none for all of them (an app "
+                                   "never reaches a private room)")
             code = secrets.token_urlsafe(32)
             move(db, "oauth", row["id"], "approve", row, person=person.handle, agent_id=agent_id, project=project,
                  code_hash=sha256_hex(code), family=new_id("fam"), decided_at=now)

@@ -393,3 +393,20 @@ def test_disconnecting_ends_a_held_wait_and_a_token_for_another_address_is_refus
     r = MCP(app, {}).raw(other["access_token"], "tools/list")
     assert (r.status_code, r.json()["error"]["message"]) == (
         401, "this app's token was made for another server address: connect the app again")
+
+
+def test_an_app_is_never_offered_or_given_a_private_room(app, world):
+    client = register(app)
+    _, challenge = pkce()
+    request_id = authorize(app, client["client_id"], challenge)
+    oj = {"Authorization": f"Bearer {world.tokens['oj']}"}
+    rooms = {r["slug"] for r in world.db.rows("SELECT slug FROM projects WHERE kind = 'private'")}
+    view = app.get(f"/api/oauth/{request_id}", headers=oj).json()
+    assert rooms and not rooms & {p for a in view["agents"] for p in a["projects"]}
+    confirm(app, world)
+    room = world.db.scalar("SELECT slug FROM projects WHERE kind = 'private' AND slug LIKE 'oj%'")
+    r = app.post(f"/api/oauth/{request_id}", json={"decision": "approve", "agent_id": "oj/muse", "project": room},
+                 headers=oj)
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        400, "project: one of oj/muse's team projects, or none for all of them (an app never reaches a private room)")
+    assert world.db.one("SELECT state FROM oauth_requests WHERE id = ?", (request_id,))["state"] == "pending"
