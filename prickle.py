@@ -9120,14 +9120,20 @@ def _make_room_to_connect(db: Database, address: str | None, now: _dt.datetime) 
         move(db, "connect", oldest["id"], "expire", oldest)
 
 
+def _lapsed(db: Database, kind: str, row: dict) -> dict:
+    """A connect or an authorization request (lifecycle ``kind``), moved to ``expired`` inside the
+    caller's transaction once its time is up: both wait (pending) and then hold what was approved."""
+    if row["state"] in ("pending", "approved") and parse_iso(row["expires_at"]) <= utcnow():
+        move(db, kind, row["id"], "expire", row)
+        return db.one(f"SELECT * FROM {LIFECYCLES[kind].table} WHERE id = ?", (row["id"],))
+    return row
+
+
 def _live_request(db: Database, row: dict | None, what: str) -> dict:
     """The request, moved to ``expired`` (inside the caller's transaction) once its time is up."""
     if row is None:
         raise NotFound(f"no connect request {what}: check the code, or run 'prickle runner connect' again")
-    if row["state"] in ("pending", "approved") and parse_iso(row["expires_at"]) <= utcnow():
-        move(db, "connect", row["id"], "expire", row)
-        row = db.one("SELECT * FROM connect_requests WHERE id = ?", (row["id"],))
-    return row
+    return _lapsed(db, "connect", row)
 
 
 def connect_request_out(row: dict) -> dict:
@@ -9441,10 +9447,7 @@ def _live_oauth(db: Database, request_id: Any) -> dict:
     row = db.one("SELECT * FROM oauth_requests WHERE id = ?", (request_id,)) if isinstance(request_id, str) else None
     if row is None:
         raise NotFound(f"no app is asking to connect with request '{str(request_id)[:40]}': start again from the app")
-    if row["state"] in ("pending", "approved") and parse_iso(row["expires_at"]) <= utcnow():
-        move(db, "oauth", row["id"], "expire", row)
-        row = db.one("SELECT * FROM oauth_requests WHERE id = ?", (row["id"],))
-    return row
+    return _lapsed(db, "oauth", row)
 
 
 def oauth_view(db: Database, person: Actor, request_id: str) -> dict:
@@ -12062,6 +12065,23 @@ def connect_lines(base_url: str, agent_id: str, token: str) -> dict:
     }
 
 
+async def read_body_for_replay(receive: Any, limit: int) -> tuple[bytes, Callable[[], Any]] | None:
+    """Read a request's body (until past ``limit`` bytes, where a later reader refuses it) so it can be
+    looked at, and a ``receive`` that gives the same body again, then the client's next message.
+    None when the client left before its body arrived."""
+    body, more = b"", True
+    while more and len(body) <= limit:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        body, more = body + message.get("body", b""), message.get("more_body", False)
+    replay = [{"type": "http.request", "body": body, "more_body": more}]
+
+    async def again() -> dict:
+        return replay.pop() if replay else await receive()
+    return body, again
+
+
 ###############################################################################
 # 39. MCP
 ###############################################################################
@@ -12640,17 +12660,10 @@ class MCPEndpoint:
         """
         loop = asyncio.get_running_loop()
         started = loop.time()
-        body, more = b"", True
-        while more and len(body) <= self.state.settings.max_body_bytes:  # beyond: the SDK refuses it
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # gone before its body arrived
-            body, more = body + message.get("body", b""), message.get("more_body", False)
-        replay = [{"type": "http.request", "body": body, "more_body": more}]
-
-        async def again() -> dict:
-            return replay.pop() if replay else await receive()
-
+        read = await read_body_for_replay(receive, self.state.settings.max_body_bytes)  # beyond: the SDK refuses it
+        if read is None:
+            return  # gone before its body arrived
+        body, again = read
         hold: dict = {}
         scope["prickle.hold"] = hold
 
@@ -14313,10 +14326,10 @@ def _token_resource_checked(app: Any, resource: str) -> Any:
         if scope["type"] != "http" or scope["method"] != "POST":
             await app(scope, receive, send)
             return
-        body, more = b"", True
-        while more and len(body) < 65536:
-            message = await receive()
-            body, more = body + message.get("body", b""), message.get("more_body", False)
+        read = await read_body_for_replay(receive, 65535)
+        if read is None:
+            return  # gone before its body arrived
+        body, again = read
         asked = urllib.parse.parse_qs(body.decode("latin-1")).get("resource", [None])[0]
         if asked is not None and asked.rstrip("/") != resource.rstrip("/"):
             answer = JSONResponse({"error": "invalid_target", "error_description": f"this server's MCP address is "
@@ -14324,10 +14337,6 @@ def _token_resource_checked(app: Any, resource: str) -> Any:
                                   headers={"Cache-Control": "no-store"})
             await answer(scope, receive, send)
             return
-        replay = [{"type": "http.request", "body": body, "more_body": more}]
-
-        async def again() -> dict:
-            return replay.pop() if replay else await receive()
         await app(scope, again, send)
     return _Asgi(checked)
 
