@@ -84,23 +84,36 @@ Part II. The team's work: one chapter per capability; each operation is one func
       digest
   36. Web Push: told when away -- a browser's push subscription, the server's VAPID keys, and a
       notification for each new inbox item sent to the person's subscribed browsers
+  37. Private rooms: schedules -- an owner's schedule for their own agent, and the task each
+      due time hands it
+  38. The project story -- moments marked by members, derived from the record and read from
+      GitHub, and what owners hide
+  39. Deleting, restoring and erasing a project -- the recovery window, restore, erasure and
+      the retention worker's purge
+  40. Closing an account -- a person erased from every project: their agents, keys, devices
+      and invites end
+  41. Exporting a project -- the audit log or the whole content as documented files
 
 Part III. Serving: MCP, the web API, the live streams, the server and the command line
-  37. Waiting: how a wake reaches an agent -- reading wakes after a cursor and the wait loop
+  42. Waiting: how a wake reaches an agent -- reading wakes after a cursor and the wait loop
       (wait_for_wakes)
-  38. Web: requests and errors -- the middleware, who a request is from, reading a body, the
+  43. Web: requests and errors -- the middleware, who a request is from, reading a body, the
       answer to an error, and the page's web app manifest, service worker and icons
-  39. MCP -- the Tool table (TOOLS), waits with progress, the MCP server, the /mcp endpoint and
+  44. MCP -- the Tool table (TOOLS), waits with progress, the MCP server, the /mcp endpoint and
       its sessions
-  40. Live streams -- the event stream and long polls of a project and of a person
-  41. The runner's API and files over HTTP -- the runner's and a run's HTTP calls, and the
+  45. Live streams -- the event stream and long polls of a project and of a person
+  46. The runner's API and files over HTTP -- the runner's and a run's HTTP calls, and the
       files people and agents fetch (attachments, deliverables, a PDF's pages)
-  42. The people's API -- the /api handlers (parse, call the operation, shape the answer),
-      signing in and the route table (ROUTES)
-  43. The server -- the background pieces, the connection guard and create_app
-  44. The command line: serving -- the prickle group (cli), serve, init, the demo and main
-  45. The command line: the team's administration -- person, team, project, member, invite,
+  47. The people's API -- the /api handlers of the team's work (parse, call the operation, shape
+      the answer), signing in and their route table (WORK_ROUTES)
+  48. The people's API: the team's data, schedules and the story -- their handlers, and every
+      route (ROUTES)
+  49. The server -- the background pieces, the connection guard and create_app
+  50. The command line: serving -- the prickle group (cli), serve, init, the demo and main
+  51. The command line: the team's administration -- person, team, project, member, invite,
       agent, rule, device, token, memory, audit, backup and connect
+  52. The command line: the team's data -- deleting, restoring, erasing and exporting a
+      project, closing an account, restoring the file and the audit chains
 
 Appendices: the runner: the program on a teammate's computer; it uses only chapter 1
   Appendix A. The runner: its config, its state and its calls -- the config file, the state
@@ -115,7 +128,7 @@ Appendices: the runner: the program on a teammate's computer; it uses only chapt
       connect|start|status|bridge
 
 The end
-  46. Entry points -- the runner's commands join prickle's
+  53. Entry points -- the runner's commands join prickle's
 """
 
 from __future__ import annotations
@@ -11426,7 +11439,47 @@ def browser_label(user_agent: str) -> str | None:
 
 
 ###############################################################################
-# 37. Waiting: how a wake reaches an agent
+# 37. Private rooms: schedules
+###############################################################################
+
+# An owner's schedule for one of their own agents: a text, a recurrence and a time zone; each time it
+# is due, a task from the owner to that agent (the lineage cause owner_schedule).
+
+
+###############################################################################
+# 38. The project story
+###############################################################################
+
+# The moments a team looks back on: marked by members, derived from the project's own record, and
+# read from its linked GitHub repository; owners curate what shows.
+
+
+###############################################################################
+# 39. Deleting, restoring and erasing a project
+###############################################################################
+
+# A project deleted with a recovery window, restored by a recorded owner, or erased; the retention
+# worker purges its content after the deadline.
+
+
+###############################################################################
+# 40. Closing an account
+###############################################################################
+
+# A person closes their account (or the operator closes it): in each project they become an
+# erased person, their agents leave, their keys, devices and invites end.
+
+
+###############################################################################
+# 41. Exporting a project
+###############################################################################
+
+# A project's audit log, or its whole content, as documented JSON Lines files in one archive; the
+# audit export carries every entry's hashes so it can be checked with no database.
+
+
+###############################################################################
+# 42. Waiting: how a wake reaches an agent
 ###############################################################################
 # An operation names whom its event wakes (agent, kind, task, message) and append_event writes
 # one wake row for each, inside the operation's transaction. After the commit the Database
@@ -11687,7 +11740,7 @@ def _hand_out(db: Database, actor: Actor, after: int, kinds: tuple[str, ...], pr
 
 
 ###############################################################################
-# 38. Web: requests and errors
+# 43. Web: requests and errors
 ###############################################################################
 # What every HTTP request goes through: the Host and Origin guard, the access log, who the
 # request is from (a session cookie, a personal token or a runner key), reading a JSON body,
@@ -12083,7 +12136,7 @@ async def read_body_for_replay(receive: Any, limit: int) -> tuple[bytes, Callabl
 
 
 ###############################################################################
-# 39. MCP
+# 44. MCP
 ###############################################################################
 
 # Thin wrappers: check the input against the published schema, call the operation,
@@ -12858,7 +12911,7 @@ def end_sessions_of_dead_credentials(db: Database, manager: SessionManager, hub:
 
 
 ###############################################################################
-# 40. Live streams
+# 45. Live streams
 ###############################################################################
 # Live views: a project's event stream (and its long-poll twin), and a person's across their
 # projects. Each reads the outbox after a position and ends when its credential does.
@@ -13037,7 +13090,7 @@ def _event_stream(state: AppState, start: int, gap: str | None, projects: Callab
 
 
 ###############################################################################
-# 41. The runner's API and files over HTTP
+# 46. The runner's API and files over HTTP
 ###############################################################################
 # What a runner (and a run's credential) calls over HTTP besides MCP: proposing and finishing
 # actions, connecting a computer, telling how a run ended, claiming a verification, and handing in
@@ -13171,11 +13224,11 @@ async def api_deliverable(state: AppState, reader: Actor, request: Request, body
 
 
 ###############################################################################
-# 42. The people's API
+# 47. The people's API
 ###############################################################################
 
 
-def _api(handler: Callable[..., Any], runner: bool = False, public: bool = False,
+def api_endpoint(handler: Callable[..., Any], runner: bool = False, public: bool = False,
          raw: bool = False, who: Callable[[AppState, Request], Actor] | None = None) -> Callable[[Request], Any]:
     """Wrap an API handler: authenticate the person (or the runner), map PrickleError to a JSON error.
 
@@ -13320,7 +13373,7 @@ async def api_send_back(state: AppState, person: Actor, request: Request, body: 
     return send_back(state.db, person, request.path_params["task_id"], body_field(body, "reason", str))
 
 
-def _optional_reason(body: dict) -> str | None:
+def optional_reason(body: dict) -> str | None:
     """The body's optional ``reason`` (text), refusing any other field."""
     unknown = sorted(set(body) - {"reason"})
     if unknown:
@@ -13330,12 +13383,12 @@ def _optional_reason(body: dict) -> str | None:
 
 async def api_cancel(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/tasks/{id}/cancel {reason?}: cancel the task; the reason shows on its page."""
-    return cancel_task(state.db, person, request.path_params["task_id"], _optional_reason(body))
+    return cancel_task(state.db, person, request.path_params["task_id"], optional_reason(body))
 
 
 async def api_hand_back(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/tasks/{id}/hand-back {reason?}: the assignee's owner hands the task back; the reason shows."""
-    return hand_back(state.db, person, request.path_params["task_id"], _optional_reason(body))
+    return hand_back(state.db, person, request.path_params["task_id"], optional_reason(body))
 
 
 async def api_rename_task(state: AppState, person: Actor, request: Request, body: dict) -> dict:
@@ -13883,7 +13936,7 @@ async def api_signout(state: AppState, person: Actor, request: Request, body: An
     return {"signed_out": True}
 
 
-def _operation(op: Callable[..., dict], *path_params: str) -> Callable[..., Any]:
+def api_operation(op: Callable[..., dict], *path_params: str) -> Callable[..., Any]:
     """A handler that only calls ``op(db, caller, *those path parameters)``: what a route
     whose request carries nothing else needs (its answer is the operation's)."""
 
@@ -13894,144 +13947,144 @@ def _operation(op: Callable[..., dict], *path_params: str) -> Callable[..., Any]
     return handler
 
 
-#: Every route but /mcp and /static: ``(method, path, endpoint)``. A path listed twice answers
+#: The routes of this chapter (ROUTES, chapter 48, is every route but /mcp and /static): ``(method, path, endpoint)``. A path listed twice answers
 #: each method with its own endpoint; HEAD follows GET.
-ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
-    ("GET", "/api/me", _api(api_me)),
-    ("GET", "/api/meta", _api(api_meta)),
-    ("GET", "/api/projects", _api(api_projects)),
-    ("POST", "/api/projects", _api(api_create_project)),
-    ("GET", "/api/people", _api(api_people)),
-    ("GET", "/api/agents", _api(api_agents)),
-    ("POST", "/api/agents", _api(api_add_agent)),
-    ("GET", "/api/keys", _api(api_keys)),
-    ("POST", "/api/keys", _api(api_mint_key)),
-    ("DELETE", "/api/keys/{key_id}", _api(api_revoke_key)),
-    ("GET", "/api/projects/{slug}/members", _api(api_members)),
-    ("POST", "/api/projects/{slug}/members", _api(api_add_member)),
-    ("DELETE", "/api/projects/{slug}/members/{handle}", _api(api_remove_member)),
-    ("POST", "/api/projects/{slug}/members/{handle}/promote", _api(api_promote)),
-    ("POST", "/api/projects/{slug}/leave", _api(api_leave)),
-    ("GET", "/api/projects/{slug}/removal", _api(api_removal_preview)),
-    ("DELETE", "/api/projects/{slug}/agents/{owner}/{name}", _api(api_remove_agent)),
-    ("GET", "/api/projects/{slug}/invites", _api(api_invites)),
-    ("POST", "/api/projects/{slug}/invites", _api(api_create_invite)),
-    ("POST", "/api/invites/{invite_id}/resend", _api(api_resend_invite)),
-    ("POST", "/api/invites/{invite_id}/revoke", _api(api_revoke_invite)),
-    ("POST", "/api/invite", _api(api_invite_view, public=True)),
-    ("POST", "/api/invite/accept", _api(api_invite_accept, public=True)),
-    ("POST", "/api/invite/decline", _api(api_invite_decline, public=True)),
-    ("GET", "/api/signin/options", _api(api_signin_options, public=True)),
-    ("POST", "/api/signin/email", _api(api_signin_email, public=True)),
-    ("POST", "/api/me/email", _api(api_my_email)),
-    ("GET", "/api/me/step-up", _api(_operation(step_up_status))),
-    ("POST", "/api/me/step-up/passkey", _api(api_step_up_passkey)),
-    ("POST", "/api/me/step-up/email", _api(api_step_up_email)),
-    ("POST", "/api/me/step-up-cost", _api(api_step_up_cost)),
-    ("GET", "/api/me/passkeys", _api(_operation(list_passkeys))),
-    ("POST", "/api/me/passkeys/options", _api(api_passkey_options)),
-    ("POST", "/api/me/passkeys", _api(api_passkey_register)),
-    ("DELETE", "/api/me/passkeys/{passkey_id}", _api(_operation(remove_passkey, "passkey_id"))),
-    ("GET", "/api/projects/{slug}/share-rule", _api(_operation(share_rule_view, "slug"))),
-    ("POST", "/api/projects/{slug}/share-rule", _api(api_share_rule)),
-    ("POST", "/api/me/digest", _api(api_my_digest)),
-    ("GET", "/api/push/key", _api(api_push_key)),
-    ("GET", "/api/push/subscriptions", _api(_operation(push_subscriptions))),
-    ("POST", "/api/push/subscriptions", _api(api_push_subscribe)),
-    ("POST", "/api/push/unsubscribe", _api(api_push_unsubscribe)),
-    ("DELETE", "/api/push/subscriptions/{subscription_id}", _api(api_push_remove)),
-    ("GET", "/api/teams", _api(api_teams)),
-    ("GET", "/api/teams/{team}", _api(api_team)),
-    ("POST", "/api/teams/{team}/apps", _api(api_team_apps)),
-    ("POST", "/api/projects/{slug}/agents", _api(api_project_agent)),
-    ("POST", "/api/projects/{slug}/resume", _api(api_resume)),
-    ("POST", "/api/projects/{slug}/rename", _api(api_rename_project)),
-    ("POST", "/api/projects/{slug}/lead", _api(api_pick_lead)),
-    ("POST", "/api/projects/{slug}/lead/answer", _api(api_answer_lead)),
-    ("POST", "/api/projects/{slug}/lead/step-down", _api(api_step_down_lead)),
-    ("POST", "/api/projects/{slug}/memory", _api(api_set_memory)),
-    ("DELETE", "/api/projects/{slug}/memory/{key:path}", _api(api_retract_memory)),
-    ("GET", "/api/projects/{slug}/audit", _api(api_audit)),
+WORK_ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
+    ("GET", "/api/me", api_endpoint(api_me)),
+    ("GET", "/api/meta", api_endpoint(api_meta)),
+    ("GET", "/api/projects", api_endpoint(api_projects)),
+    ("POST", "/api/projects", api_endpoint(api_create_project)),
+    ("GET", "/api/people", api_endpoint(api_people)),
+    ("GET", "/api/agents", api_endpoint(api_agents)),
+    ("POST", "/api/agents", api_endpoint(api_add_agent)),
+    ("GET", "/api/keys", api_endpoint(api_keys)),
+    ("POST", "/api/keys", api_endpoint(api_mint_key)),
+    ("DELETE", "/api/keys/{key_id}", api_endpoint(api_revoke_key)),
+    ("GET", "/api/projects/{slug}/members", api_endpoint(api_members)),
+    ("POST", "/api/projects/{slug}/members", api_endpoint(api_add_member)),
+    ("DELETE", "/api/projects/{slug}/members/{handle}", api_endpoint(api_remove_member)),
+    ("POST", "/api/projects/{slug}/members/{handle}/promote", api_endpoint(api_promote)),
+    ("POST", "/api/projects/{slug}/leave", api_endpoint(api_leave)),
+    ("GET", "/api/projects/{slug}/removal", api_endpoint(api_removal_preview)),
+    ("DELETE", "/api/projects/{slug}/agents/{owner}/{name}", api_endpoint(api_remove_agent)),
+    ("GET", "/api/projects/{slug}/invites", api_endpoint(api_invites)),
+    ("POST", "/api/projects/{slug}/invites", api_endpoint(api_create_invite)),
+    ("POST", "/api/invites/{invite_id}/resend", api_endpoint(api_resend_invite)),
+    ("POST", "/api/invites/{invite_id}/revoke", api_endpoint(api_revoke_invite)),
+    ("POST", "/api/invite", api_endpoint(api_invite_view, public=True)),
+    ("POST", "/api/invite/accept", api_endpoint(api_invite_accept, public=True)),
+    ("POST", "/api/invite/decline", api_endpoint(api_invite_decline, public=True)),
+    ("GET", "/api/signin/options", api_endpoint(api_signin_options, public=True)),
+    ("POST", "/api/signin/email", api_endpoint(api_signin_email, public=True)),
+    ("POST", "/api/me/email", api_endpoint(api_my_email)),
+    ("GET", "/api/me/step-up", api_endpoint(api_operation(step_up_status))),
+    ("POST", "/api/me/step-up/passkey", api_endpoint(api_step_up_passkey)),
+    ("POST", "/api/me/step-up/email", api_endpoint(api_step_up_email)),
+    ("POST", "/api/me/step-up-cost", api_endpoint(api_step_up_cost)),
+    ("GET", "/api/me/passkeys", api_endpoint(api_operation(list_passkeys))),
+    ("POST", "/api/me/passkeys/options", api_endpoint(api_passkey_options)),
+    ("POST", "/api/me/passkeys", api_endpoint(api_passkey_register)),
+    ("DELETE", "/api/me/passkeys/{passkey_id}", api_endpoint(api_operation(remove_passkey, "passkey_id"))),
+    ("GET", "/api/projects/{slug}/share-rule", api_endpoint(api_operation(share_rule_view, "slug"))),
+    ("POST", "/api/projects/{slug}/share-rule", api_endpoint(api_share_rule)),
+    ("POST", "/api/me/digest", api_endpoint(api_my_digest)),
+    ("GET", "/api/push/key", api_endpoint(api_push_key)),
+    ("GET", "/api/push/subscriptions", api_endpoint(api_operation(push_subscriptions))),
+    ("POST", "/api/push/subscriptions", api_endpoint(api_push_subscribe)),
+    ("POST", "/api/push/unsubscribe", api_endpoint(api_push_unsubscribe)),
+    ("DELETE", "/api/push/subscriptions/{subscription_id}", api_endpoint(api_push_remove)),
+    ("GET", "/api/teams", api_endpoint(api_teams)),
+    ("GET", "/api/teams/{team}", api_endpoint(api_team)),
+    ("POST", "/api/teams/{team}/apps", api_endpoint(api_team_apps)),
+    ("POST", "/api/projects/{slug}/agents", api_endpoint(api_project_agent)),
+    ("POST", "/api/projects/{slug}/resume", api_endpoint(api_resume)),
+    ("POST", "/api/projects/{slug}/rename", api_endpoint(api_rename_project)),
+    ("POST", "/api/projects/{slug}/lead", api_endpoint(api_pick_lead)),
+    ("POST", "/api/projects/{slug}/lead/answer", api_endpoint(api_answer_lead)),
+    ("POST", "/api/projects/{slug}/lead/step-down", api_endpoint(api_step_down_lead)),
+    ("POST", "/api/projects/{slug}/memory", api_endpoint(api_set_memory)),
+    ("DELETE", "/api/projects/{slug}/memory/{key:path}", api_endpoint(api_retract_memory)),
+    ("GET", "/api/projects/{slug}/audit", api_endpoint(api_audit)),
     ("GET", "/api/projects/{slug}/stream", api_stream),
-    ("GET", "/api/projects/{slug}", _api(api_project)),
-    ("GET", "/api/projects/{slug}/room", _api(api_room)),
-    ("POST", "/api/projects/{slug}/messages", _api(api_post)),
-    ("GET", "/api/projects/{slug}/events", _api(api_events)),
-    ("POST", "/api/signout", _api(api_signout)),
-    ("POST", "/api/signout/everywhere", _api(api_signout_everywhere)),
-    ("GET", "/api/search", _api(api_search)),
-    ("GET", "/api/approvals", _api(api_approvals)),
-    ("GET", "/api/inbox", _api(api_inbox)),
-    ("POST", "/api/inbox/mark", _api(api_inbox_mark)),
-    ("POST", "/api/inbox/unmark", _api(api_inbox_unmark)),
-    ("POST", "/api/inbox/mentions/done", _api(_operation(mark_mentions_done))),
-    ("GET", "/api/unread", _api(_operation(unread_counts))),
-    ("POST", "/api/projects/{slug}/read", _api(api_read)),
-    ("POST", "/api/projects/{slug}/unread", _api(api_mark_unread)),
-    ("POST", "/api/projects/{slug}/attachments", _api(api_upload_attachment, raw=True)),
-    ("GET", "/api/attachments/{id}", _api(api_attachment)),
-    ("GET", "/api/attachments/{id}/pages/{page:int}", _api(api_pdf_page)),
+    ("GET", "/api/projects/{slug}", api_endpoint(api_project)),
+    ("GET", "/api/projects/{slug}/room", api_endpoint(api_room)),
+    ("POST", "/api/projects/{slug}/messages", api_endpoint(api_post)),
+    ("GET", "/api/projects/{slug}/events", api_endpoint(api_events)),
+    ("POST", "/api/signout", api_endpoint(api_signout)),
+    ("POST", "/api/signout/everywhere", api_endpoint(api_signout_everywhere)),
+    ("GET", "/api/search", api_endpoint(api_search)),
+    ("GET", "/api/approvals", api_endpoint(api_approvals)),
+    ("GET", "/api/inbox", api_endpoint(api_inbox)),
+    ("POST", "/api/inbox/mark", api_endpoint(api_inbox_mark)),
+    ("POST", "/api/inbox/unmark", api_endpoint(api_inbox_unmark)),
+    ("POST", "/api/inbox/mentions/done", api_endpoint(api_operation(mark_mentions_done))),
+    ("GET", "/api/unread", api_endpoint(api_operation(unread_counts))),
+    ("POST", "/api/projects/{slug}/read", api_endpoint(api_read)),
+    ("POST", "/api/projects/{slug}/unread", api_endpoint(api_mark_unread)),
+    ("POST", "/api/projects/{slug}/attachments", api_endpoint(api_upload_attachment, raw=True)),
+    ("GET", "/api/attachments/{id}", api_endpoint(api_attachment)),
+    ("GET", "/api/attachments/{id}/pages/{page:int}", api_endpoint(api_pdf_page)),
     ("GET", "/api/stream", api_person_stream),
-    ("GET", "/api/events", _api(api_person_events)),
-    ("POST", "/api/approvals/{approval_id}", _api(api_decide)),
-    ("GET", "/api/projects/{slug}/tasks", _api(_operation(tasks_board, "slug"))),
-    ("POST", "/api/projects/{slug}/task-requests", _api(api_task_request)),
-    ("GET", "/api/tasks/{task_id}", _api(_operation(task_detail, "task_id"))),
-    ("POST", "/api/tasks/{task_id}/accept", _api(_operation(final_accept, "task_id"))),
-    ("POST", "/api/tasks/{task_id}/send-back", _api(api_send_back)),
-    ("POST", "/api/tasks/{task_id}/cancel", _api(api_cancel)),
-    ("POST", "/api/tasks/{task_id}/title", _api(api_rename_task)),
-    ("POST", "/api/tasks/{task_id}/blocked-by", _api(api_blocked_by)),
-    ("GET", "/api/rules", _api(api_rules)),
-    ("POST", "/api/rules", _api(api_set_rule)),
-    ("DELETE", "/api/rules/{rule_id}", _api(api_revoke_rule)),
-    ("DELETE", "/api/standing-approvals/{standing_id}", _api(api_revoke_standing)),
-    ("POST", "/api/policy", _api(api_policy)),
-    ("GET", "/api/actions", _api(api_actions)),
-    ("POST", "/api/actions/{action_id}", _api(api_decide_action)),
-    ("POST", "/api/runner/actions", _api(runner_propose, runner=True)),
-    ("POST", "/api/runner/actions/{action_id}/claim", _api(runner_claim_action, runner=True)),
-    ("POST", "/api/runner/actions/{action_id}/finish", _api(runner_finish_action, runner=True)),
-    ("GET", "/api/room", _api(_operation(room_view))),
-    ("POST", "/api/room", _api(api_room_settings)),
-    ("POST", "/api/room/stop", _api(_operation(stop_turn))),
-    ("POST", "/api/room/retry", _api(api_room_retry)),
-    ("POST", "/api/room/continue", _api(_operation(continue_turn))),
-    ("POST", "/api/runner/connect", _api(runner_connect, public=True)),
-    ("POST", "/api/runner/connect/collect", _api(runner_collect, public=True)),
-    ("GET", "/api/runner/state", _api(_operation(runner_state), runner=True)),
-    ("POST", "/api/runner/attempts/{attempt_id}/uncertain", _api(runner_uncertain, runner=True)),
-    ("POST", "/api/runner/attempts/{attempt_id}/ended", _api(runner_ended, runner=True)),
-    ("POST", "/api/runner/tasks/{task_id}/verify", _api(runner_verify, runner=True)),
-    ("POST", "/api/runner/tasks/{task_id}/files", _api(runner_upload_file, raw=True, who=run_from_request)),
-    ("POST", "/api/runner/tasks/{task_id}/files/refused", _api(runner_refuse_file, who=run_from_request)),
-    ("POST", "/api/runner/tasks/{task_id}/commits", _api(runner_commit_delivered, who=run_from_request)),
-    ("GET", "/api/tasks/{task_id}/files", _api(api_task_files, who=reader_from_request)),
-    ("GET", "/api/deliverables/{id}", _api(api_deliverable, who=reader_from_request)),
-    ("GET", "/api/deliverables/{id}/pages/{page:int}", _api(api_pdf_page, who=reader_from_request)),
-    ("POST", "/api/tasks/{task_id}/verify", _api(_operation(request_verification, "task_id"))),
-    ("GET", "/api/connect/{code}", _api(_operation(connect_view, "code"))),
-    ("POST", "/api/connect/{code}", _api(api_connect_decide)),
-    ("GET", "/api/oauth/{id}", _api(_operation(oauth_view, "id"))),
-    ("POST", "/api/oauth/{id}", _api(api_oauth_decide)),
-    ("GET", "/api/apps", _api(api_apps)),
-    ("DELETE", "/api/apps/{family}", _api(_operation(disconnect_app, "family"))),
-    ("POST", "/api/tasks/{task_id}/runs", _api(api_start_run)),
-    ("POST", "/api/tasks/{task_id}/stop", _api(_operation(stop_run, "task_id"))),
-    ("POST", "/api/tasks/{task_id}/hand-back", _api(api_hand_back)),
-    ("POST", "/api/tasks/{task_id}/reassign", _api(api_reassign)),
-    ("POST", "/api/attempts/{attempt_id}/settle", _api(api_settle_attempt)),
-    ("GET", "/api/agents/paused", _api(api_paused)),
-    ("POST", "/api/agents/pause", _api(api_pause)),
-    ("POST", "/api/agents/resume", _api(api_resume_agents)),
-    ("POST", "/api/agents/{owner}/{name}/pause", _api(api_pause_agent)),
-    ("POST", "/api/agents/{owner}/{name}/resume", _api(api_resume_agent)),
-    ("GET", "/api/devices", _api(api_devices)),
-    ("POST", "/api/devices", _api(api_pair_device)),
-    ("DELETE", "/api/devices/{device_id}", _api(api_revoke_device)),
-    ("POST", "/api/devices/{device_id}/stolen", _api(api_device_stolen)),
-    ("GET", "/api/steps", _api(api_steps)),
-    ("POST", "/api/steps/{step_id}", _api(api_decide_step)),
+    ("GET", "/api/events", api_endpoint(api_person_events)),
+    ("POST", "/api/approvals/{approval_id}", api_endpoint(api_decide)),
+    ("GET", "/api/projects/{slug}/tasks", api_endpoint(api_operation(tasks_board, "slug"))),
+    ("POST", "/api/projects/{slug}/task-requests", api_endpoint(api_task_request)),
+    ("GET", "/api/tasks/{task_id}", api_endpoint(api_operation(task_detail, "task_id"))),
+    ("POST", "/api/tasks/{task_id}/accept", api_endpoint(api_operation(final_accept, "task_id"))),
+    ("POST", "/api/tasks/{task_id}/send-back", api_endpoint(api_send_back)),
+    ("POST", "/api/tasks/{task_id}/cancel", api_endpoint(api_cancel)),
+    ("POST", "/api/tasks/{task_id}/title", api_endpoint(api_rename_task)),
+    ("POST", "/api/tasks/{task_id}/blocked-by", api_endpoint(api_blocked_by)),
+    ("GET", "/api/rules", api_endpoint(api_rules)),
+    ("POST", "/api/rules", api_endpoint(api_set_rule)),
+    ("DELETE", "/api/rules/{rule_id}", api_endpoint(api_revoke_rule)),
+    ("DELETE", "/api/standing-approvals/{standing_id}", api_endpoint(api_revoke_standing)),
+    ("POST", "/api/policy", api_endpoint(api_policy)),
+    ("GET", "/api/actions", api_endpoint(api_actions)),
+    ("POST", "/api/actions/{action_id}", api_endpoint(api_decide_action)),
+    ("POST", "/api/runner/actions", api_endpoint(runner_propose, runner=True)),
+    ("POST", "/api/runner/actions/{action_id}/claim", api_endpoint(runner_claim_action, runner=True)),
+    ("POST", "/api/runner/actions/{action_id}/finish", api_endpoint(runner_finish_action, runner=True)),
+    ("GET", "/api/room", api_endpoint(api_operation(room_view))),
+    ("POST", "/api/room", api_endpoint(api_room_settings)),
+    ("POST", "/api/room/stop", api_endpoint(api_operation(stop_turn))),
+    ("POST", "/api/room/retry", api_endpoint(api_room_retry)),
+    ("POST", "/api/room/continue", api_endpoint(api_operation(continue_turn))),
+    ("POST", "/api/runner/connect", api_endpoint(runner_connect, public=True)),
+    ("POST", "/api/runner/connect/collect", api_endpoint(runner_collect, public=True)),
+    ("GET", "/api/runner/state", api_endpoint(api_operation(runner_state), runner=True)),
+    ("POST", "/api/runner/attempts/{attempt_id}/uncertain", api_endpoint(runner_uncertain, runner=True)),
+    ("POST", "/api/runner/attempts/{attempt_id}/ended", api_endpoint(runner_ended, runner=True)),
+    ("POST", "/api/runner/tasks/{task_id}/verify", api_endpoint(runner_verify, runner=True)),
+    ("POST", "/api/runner/tasks/{task_id}/files", api_endpoint(runner_upload_file, raw=True, who=run_from_request)),
+    ("POST", "/api/runner/tasks/{task_id}/files/refused", api_endpoint(runner_refuse_file, who=run_from_request)),
+    ("POST", "/api/runner/tasks/{task_id}/commits", api_endpoint(runner_commit_delivered, who=run_from_request)),
+    ("GET", "/api/tasks/{task_id}/files", api_endpoint(api_task_files, who=reader_from_request)),
+    ("GET", "/api/deliverables/{id}", api_endpoint(api_deliverable, who=reader_from_request)),
+    ("GET", "/api/deliverables/{id}/pages/{page:int}", api_endpoint(api_pdf_page, who=reader_from_request)),
+    ("POST", "/api/tasks/{task_id}/verify", api_endpoint(api_operation(request_verification, "task_id"))),
+    ("GET", "/api/connect/{code}", api_endpoint(api_operation(connect_view, "code"))),
+    ("POST", "/api/connect/{code}", api_endpoint(api_connect_decide)),
+    ("GET", "/api/oauth/{id}", api_endpoint(api_operation(oauth_view, "id"))),
+    ("POST", "/api/oauth/{id}", api_endpoint(api_oauth_decide)),
+    ("GET", "/api/apps", api_endpoint(api_apps)),
+    ("DELETE", "/api/apps/{family}", api_endpoint(api_operation(disconnect_app, "family"))),
+    ("POST", "/api/tasks/{task_id}/runs", api_endpoint(api_start_run)),
+    ("POST", "/api/tasks/{task_id}/stop", api_endpoint(api_operation(stop_run, "task_id"))),
+    ("POST", "/api/tasks/{task_id}/hand-back", api_endpoint(api_hand_back)),
+    ("POST", "/api/tasks/{task_id}/reassign", api_endpoint(api_reassign)),
+    ("POST", "/api/attempts/{attempt_id}/settle", api_endpoint(api_settle_attempt)),
+    ("GET", "/api/agents/paused", api_endpoint(api_paused)),
+    ("POST", "/api/agents/pause", api_endpoint(api_pause)),
+    ("POST", "/api/agents/resume", api_endpoint(api_resume_agents)),
+    ("POST", "/api/agents/{owner}/{name}/pause", api_endpoint(api_pause_agent)),
+    ("POST", "/api/agents/{owner}/{name}/resume", api_endpoint(api_resume_agent)),
+    ("GET", "/api/devices", api_endpoint(api_devices)),
+    ("POST", "/api/devices", api_endpoint(api_pair_device)),
+    ("DELETE", "/api/devices/{device_id}", api_endpoint(api_revoke_device)),
+    ("POST", "/api/devices/{device_id}/stolen", api_endpoint(api_device_stolen)),
+    ("GET", "/api/steps", api_endpoint(api_steps)),
+    ("POST", "/api/steps/{step_id}", api_endpoint(api_decide_step)),
     ("GET", "/signin", signin),
     ("GET", "/healthz", health),
     ("GET", "/", page),
@@ -14044,7 +14097,17 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
 
 
 ###############################################################################
-# 43. The server
+# 48. The people's API: the team's data, schedules and the story
+###############################################################################
+
+# The handlers of what a team keeps, plans and looks back on, and the whole route table (ROUTES).
+
+
+ROUTES = WORK_ROUTES
+
+
+###############################################################################
+# 49. The server
 ###############################################################################
 # The server's own pieces: the background work (pruning, expiry, checkpoints, digests), the
 # guard on connections, and create_app, which puts every chapter together.
@@ -14712,7 +14775,7 @@ class _GuardedConnection:
 
 
 ###############################################################################
-# 44. The command line: serving
+# 50. The command line: serving
 ###############################################################################
 # ``prickle``: one group of commands on the database file, also while the server runs. With
 # --json every command prints exactly one JSON object; a failure is one line on stderr.
@@ -15150,7 +15213,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 ###############################################################################
-# 45. The command line: the team's administration
+# 51. The command line: the team's administration
 ###############################################################################
 
 
@@ -15707,6 +15770,14 @@ def agents_resume(db_path: str, as_json: bool, everyone: bool, owner: str | None
     scope = _pause_scope(everyone, owner, agent)
     out = resume_agents(open_db(db_path), scope, "operator" if scope == ALL_AGENTS else owner_of(scope))
     Out(as_json)(out, f"Resumed {_pause_words(scope)}.")
+
+
+###############################################################################
+# 52. The command line: the team's data
+###############################################################################
+
+# Deleting, restoring, erasing and exporting a project, closing an account, restoring the file,
+# and checking or rehashing the audit chains.
 
 
 ###############################################################################
@@ -17559,7 +17630,7 @@ def runner_bridge() -> None:
 
 
 ###############################################################################
-# 46. Entry points
+# 53. Entry points
 ###############################################################################
 # ``prickle runner`` is defined in the appendices; it joins the ``prickle`` group here.
 

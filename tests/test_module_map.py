@@ -255,6 +255,11 @@ PART_II_TESTS = {
     "Search": "test_search.py",
     "The inbox and the digest": "test_inbox.py",
     "Web Push: told when away": "test_push.py",
+    "Private rooms: schedules": "test_schedules.py",
+    "The project story": "test_story.py",
+    "Deleting, restoring and erasing a project": "test_deletion.py",
+    "Closing an account": "test_close_account.py",
+    "Exporting a project": "test_export.py",
 }
 
 
