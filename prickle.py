@@ -1902,10 +1902,14 @@ class Database:
         #: Agents whose runner listens in this process: open runner waits and when (time.monotonic())
         #: the last one ended (see runner_listening).
         self.listening: dict[str, list[float]] = {}
+        #: How many times this connection changed a row of each table (rowid tables: SQLite's update
+        #: hook skips WITHOUT ROWID ones), so an answer kept in the cache can tell it is still current.
+        self.changed: dict[str, int] = {}
         self._migrate()
         self.conn.set_update_hook(self._row_changed)
 
     def _row_changed(self, op: int, schema: str, table: str, rowid: int) -> None:
+        self.changed[table] = self.changed.get(table, 0) + 1
         # A credential issued, revoked or used here: the cached credential rows are out of date.
         if table == "credentials":
             self.cache.clear()
@@ -7199,11 +7203,19 @@ def _inbox_texts(db: Database, column: str, params: dict, pending: set[str] | No
     return texts
 
 
+#: The tables an answer of check_inbox is read from (pending_wakes_only's wakes aside): while this
+#: connection changed none of their rows and no other connection wrote the file (the cache is
+#: dropped then), the answer kept in the cache is the answer.
+INBOX_TABLES = ("tasks", "submissions", "checkpoints", "thread_access", "project_agents", "members", "projects",
+                "agents", "people")
+
+
 def check_inbox_text(db: Database, actor: Actor, *, project: str | None = None, include_closed: bool = False,
                      pending_wakes_only: bool = False, project_unchanged_since: str | None = None) -> str:
     """check_inbox's answer as compact JSON text: ``{"assigned": [Task], "requested": [Task]}``.
 
-    Every Task object in it is the one task_out makes. Raises what check_inbox raises.
+    Every Task object in it is the one task_out makes; the answer is kept in the database's cache
+    while none of INBOX_TABLES changed. Raises what check_inbox raises.
     """
     expire_due(db, "approval")
     if project_unchanged_since is not None:
@@ -7213,15 +7225,22 @@ def check_inbox_text(db: Database, actor: Actor, *, project: str | None = None, 
             require_project(db, actor, project)
         elif actor.project_scope is not None:
             project = actor.project_scope
-        pending = {r["task_id"] for r in db.rows(
-            "SELECT DISTINCT task_id FROM wakes WHERE agent_id = ? AND delivered = 0 AND task_id IS NOT NULL",
-            (actor.agent_id,))} if pending_wakes_only else None
         # A woken run sees only its own task.
         params = {"agent": actor.agent_id, "owner": actor.owner, "project": project, "task": actor.task_scope,
                   "closed": include_closed, "since": project_unchanged_since}
+        key, stamp = ("inbox", *params.values()), tuple(db.changed.get(t, 0) for t in INBOX_TABLES)
+        kept = db.cache.get(key)
+        if kept is not None and kept[0] == stamp and not pending_wakes_only:
+            return kept[1]
+        pending = {r["task_id"] for r in db.rows(
+            "SELECT DISTINCT task_id FROM wakes WHERE agent_id = ? AND delivered = 0 AND task_id IS NOT NULL",
+            (actor.agent_id,))} if pending_wakes_only else None
         assigned, requested = (",".join(_inbox_texts(db, column, params, pending))
                                for column in ("assignee", "requester"))
-    return f'{{"assigned":[{assigned}],"requested":[{requested}]}}'
+        text = f'{{"assigned":[{assigned}],"requested":[{requested}]}}'
+        if not pending_wakes_only:
+            db.cache[key] = (stamp, text)
+    return text
 
 
 def check_inbox(db: Database, actor: Actor, *, project: str | None = None, include_closed: bool = False,
@@ -13092,6 +13111,12 @@ KEPT_KEY = "prickle_kept_answer"
 KEPT_TOOLS = frozenset({"check_inbox"})
 
 
+@functools.lru_cache(maxsize=16)
+def _encoded(text: str) -> tuple[bytes, bytes]:
+    """A kept answer as UTF-8 and as a JSON string, made once while the same answer is asked for again."""
+    return text.encode(), pydantic_core.to_json(text)
+
+
 class KeptAnswers:
     """The ``send`` of one /mcp call, putting each KeptAnswer's text where its placeholder is in the body.
 
@@ -13116,12 +13141,12 @@ class KeptAnswers:
         # Only the SDK's own short pieces are searched for placeholders, never a text put in.
         parts = [(True, body)]
         for mark, text in self.texts.items():
-            for placeholder, put in ((b'{"%s":"%s"}' % (KEPT_KEY.encode(), mark.encode()), text.encode),
-                                     (b'"%s"' % mark.encode(), lambda: pydantic_core.to_json(text))):
+            as_object, as_string = _encoded(text)
+            for placeholder, value in ((b'{"%s":"%s"}' % (KEPT_KEY.encode(), mark.encode()), as_object),
+                                       (b'"%s"' % mark.encode(), as_string)):
                 cut = []
                 for searched, part in parts:
                     pieces = part.split(placeholder) if searched else [part]
-                    value = put() if len(pieces) > 1 else b""
                     for n, piece in enumerate(pieces):
                         cut += [(False, value), (searched, piece)] if n else [(searched, piece)]
                 parts = cut
