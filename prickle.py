@@ -186,7 +186,7 @@ import zlib
 import zoneinfo
 import email.message
 import email.utils
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from html import escape as escape_html
 from typing import Any
 
@@ -1802,6 +1802,11 @@ MIGRATIONS: list[list[str]] = [
             decision TEXT NOT NULL, set_at TEXT NOT NULL, PRIMARY KEY (project, owner))""",
     ],
     [
+        # Hash versions (chapter 6): each audit entry says how its hash was made; every entry
+        # written before is version 1.
+        "ALTER TABLE audit ADD COLUMN hash_version INTEGER NOT NULL DEFAULT 1",
+    ],
+    [
         # Closing an account (chapter 40): when the person was erased; NULL while the account is open.
         "ALTER TABLE people ADD COLUMN erased_at TEXT",
     ],
@@ -2574,7 +2579,8 @@ def limit_log_repeats(access_log: bool = False) -> None:
 # is for and the kind it counts as (mention, reply, task, result, decision). The audit
 # log is the lasting record: one hash chain per project, references and counts only.
 
-_GENESIS = "0" * 64
+#: The prev_hash of a chain's first entry.
+GENESIS = "0" * 64
 
 
 def append_event(db: Database, project: str, type_: str, payload: dict,
@@ -2668,22 +2674,31 @@ def read_events(db: Database, project: str, after: int, limit: int = 200) -> lis
     ]
 
 
+#: The hash versions this Prickle knows (see entry_hash); a new chain starts at the newest.
+AUDIT_HASH_VERSIONS = (1, 2)
+
+#: The hash version a new chain is written in; a chain keeps its version until ``prickle audit rehash``.
+AUDIT_HASH_VERSION = AUDIT_HASH_VERSIONS[-1]
+
+
 def audit(db: Database, chain: str, type_: str, refs: dict, at: str | None = None) -> dict:
     """Append one audit entry to ``chain`` (a project slug) inside the caller's transaction.
 
-    ``hash = sha256(prev_hash + canonical JSON of {chain, n, at, type, refs})``.
-    ``refs`` holds references and counts only, never content; ``at`` (ISO time) defaults to now.
+    The entry is hashed in its chain's hash version (a new chain's: AUDIT_HASH_VERSION; see
+    entry_hash). ``refs`` holds references and counts only, never content; ``at`` (ISO time)
+    defaults to now.
     """
     key = ("audit", chain)
     if key not in db.cache:
-        last = db.one("SELECT n, hash FROM audit WHERE chain = ? ORDER BY n DESC LIMIT 1", (chain,))
-        db.cache[key] = (last["n"], last["hash"]) if last else (0, _GENESIS)
-    last_n, prev = db.cache[key]
+        last = db.one("SELECT n, hash, hash_version FROM audit WHERE chain = ? ORDER BY n DESC LIMIT 1", (chain,))
+        db.cache[key] = (last["n"], last["hash"], last["hash_version"]) if last else (0, GENESIS, AUDIT_HASH_VERSION)
+    last_n, prev, version = db.cache[key]
     n = last_n + 1
     at, refs_json = at or iso(utcnow()), canonical_json(refs)
-    digest = sha256_hex(prev + _entry_json(chain, n, at, type_, refs_json))
-    db.execute("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?)", (chain, n, at, type_, refs_json, prev, digest))
-    db.cache[key] = (n, digest)
+    digest = sha256_hex(_hash_input(version, prev, chain, n, at, type_, refs_json))
+    db.execute("INSERT INTO audit (chain, n, at, type, refs, prev_hash, hash, hash_version) "
+               "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (chain, n, at, type_, refs_json, prev, digest, version))
+    db.cache[key] = (n, digest, version)
     return {"chain": chain, "n": n, "at": at, "type": type_, "refs": refs, "hash": digest}
 
 
@@ -2693,26 +2708,108 @@ def _entry_json(chain: str, n: int, at: str, type_: str, refs_json: str) -> str:
             f'"type":{canonical_json(type_)}}}')
 
 
+def _hash_input(version: int, prev: str, chain: str, n: int, at: str, type_: str, refs_json: str) -> str:
+    """The text hashed for one entry in hash ``version`` (entry_hash says which)."""
+    if version == 1:
+        return prev + _entry_json(chain, n, at, type_, refs_json)
+    return (f'{{"at":{canonical_json(at)},"chain":{canonical_json(chain)},"hash_version":{version},"n":{n},'
+            f'"prev_hash":{canonical_json(prev)},"refs":{refs_json},"type":{canonical_json(type_)}}}')
+
+
+def entry_hash(entry: dict, version: int) -> str:
+    """The hash of one audit entry ``{chain, n, at, type, refs, prev_hash}`` in hash ``version``.
+
+    Version 1: ``sha256(prev_hash + canonical_json({at, chain, n, refs, type}))``. Version 2:
+    ``sha256(canonical_json({at, chain, hash_version: 2, n, prev_hash, refs, type}))``: the link
+    and the version are inside the one object hashed, so an entry can't be passed off as another
+    version's. canonical_json: sorted keys, no spaces, UTF-8 kept. Hex digests throughout; the
+    first entry's prev_hash is GENESIS. Raises InvalidInput for a version this Prickle doesn't know.
+    """
+    if version not in AUDIT_HASH_VERSIONS:
+        raise InvalidInput(f"hash_version {version!r} is not one this Prickle knows ({AUDIT_HASH_VERSIONS}): "
+                           "upgrade Prickle to check it")
+    return sha256_hex(_hash_input(version, entry["prev_hash"], entry["chain"], entry["n"], entry["at"],
+                                  entry["type"], canonical_json(entry["refs"])))
+
+
+def check_chain(entries: Iterable[dict]) -> dict:
+    """Check one chain's entries, oldest first; return ``{"entries", "ok", "broken_at", "hash_version", "head"}``.
+
+    Each entry is ``{chain, n, at, type, refs, prev_hash, hash, hash_version}`` (refs decoded).
+    ``broken_at`` is the ``n`` (or, when ``n`` itself is wrong, the position) of the first entry
+    that is out of place (n not one more than the last, another chain, a version lower than the
+    last or unknown) or whose prev_hash or hash does not match; ``head`` the last entry's hash.
+    """
+    prev, version, chain, broken, count = GENESIS, 0, None, None, 0
+    for e in entries:
+        count += 1
+        chain = e.get("chain") if chain is None else chain
+        if broken is None:
+            good = (e.get("n") == count and e.get("chain") == chain and e.get("prev_hash") == prev
+                    and e.get("hash_version") in AUDIT_HASH_VERSIONS and e["hash_version"] >= version)
+            if not good or entry_hash(e, e["hash_version"]) != e.get("hash"):
+                broken = e["n"] if isinstance(e.get("n"), int) else count
+        prev, version = e.get("hash"), e.get("hash_version") or version
+    return {"entries": count, "ok": broken is None, "broken_at": broken,
+            "hash_version": version or None, "head": prev if count else None}
+
+
+def _chain_rows(db: Database, chain: str, batch: int = 2000) -> Iterator[dict]:
+    """A chain's entries oldest first, refs decoded, read in batches (a chain may be long)."""
+    after = 0
+    while rows := db.rows("SELECT * FROM audit WHERE chain = ? AND n > ? ORDER BY n LIMIT ?", (chain, after, batch)):
+        for r in rows:
+            yield r | {"refs": json.loads(r["refs"])}
+        after = rows[-1]["n"]
+
+
 def verify_audit(db: Database, chain: str | None = None) -> list[dict]:
     """Recompute every chain (or one); return one report per chain.
 
-    Each report is ``{"chain", "entries", "ok", "broken_at"}`` where ``broken_at`` is the
-    number of the first entry whose link or hash does not match, or None.
+    Each report is ``{"chain", "entries", "ok", "broken_at", "hash_version"}`` (see check_chain):
+    ``broken_at`` is the number of the first entry whose place, link or hash does not match, or
+    None; ``hash_version`` the chain's newest entry's. Refs are recomputed from the decoded
+    entry, so a stored refs text that is not canonical also fails.
     """
     chains = [chain] if chain is not None else [r["chain"] for r in db.rows("SELECT DISTINCT chain FROM audit")]
     reports = []
-    for c in chains:
-        prev, broken, count = _GENESIS, None, 0
-        for r in db.rows("SELECT * FROM audit WHERE chain = ? ORDER BY n", (c,)):
-            count += 1
-            entry = {"chain": c, "n": r["n"], "at": r["at"], "type": r["type"], "refs": json.loads(r["refs"])}
-            # Recomputed from the decoded entry, so a stored refs text that is not canonical also fails.
-            if broken is None and (r["prev_hash"] != prev or r["n"] != count
-                                   or sha256_hex(prev + canonical_json(entry)) != r["hash"]):
-                broken = r["n"]
-            prev = r["hash"]
-        reports.append({"chain": c, "entries": count, "ok": broken is None, "broken_at": broken})
+    with db.snapshot():
+        for c in chains:
+            report = check_chain(_chain_rows(db, c))
+            reports.append({"chain": c} | {k: report[k] for k in ("entries", "ok", "broken_at", "hash_version")})
     return reports
+
+
+def rehash_audit(db: Database, chain: str) -> dict:
+    """Rewrite ``chain`` to the next hash version and record ``chain.rehashed``; return that entry.
+
+    One transaction: every entry below the next version is rehashed in it (so are the links after
+    it), then ``chain.rehashed`` records the old and new heads and how many entries were rewritten
+    (the audit entry reference). Raises NotFound for a chain with no entries, InvalidState for a
+    chain already at the newest version or one that is broken (rehashing would hide where).
+    """
+    with db.transaction():
+        report = check_chain(_chain_rows(db, chain))
+        if not report["entries"]:
+            raise NotFound(f"the audit chain {chain!r} has no entries: check the project's slug")
+        if not report["ok"]:
+            raise InvalidState(f"the audit chain {chain!r} is broken at entry {report['broken_at']}: "
+                               "a broken chain is not rehashed (that would hide where); restore it from a backup")
+        if report["hash_version"] == AUDIT_HASH_VERSIONS[-1]:
+            raise InvalidState(f"the audit chain {chain!r} is already at hash version {report['hash_version']}, "
+                               "the newest: nothing to rewrite")
+        target = AUDIT_HASH_VERSIONS[AUDIT_HASH_VERSIONS.index(report["hash_version"]) + 1]
+        prev, rewritten = GENESIS, 0
+        for e in _chain_rows(db, chain):  # each batch is read whole before its rows are updated
+            version = max(e["hash_version"], target)
+            rewritten += version != e["hash_version"]
+            digest = entry_hash(e | {"prev_hash": prev}, version)
+            db.execute("UPDATE audit SET prev_hash = ?, hash = ?, hash_version = ? WHERE chain = ? AND n = ?",
+                       (prev, digest, version, chain, e["n"]))
+            prev = digest
+        db.cache[("audit", chain)] = (report["entries"], prev, target)
+        return audit(db, chain, "chain.rehashed", {"old_head": report["head"], "new_head": prev,
+                                                   "rewritten": rewritten, "hash_version": target})
 
 
 def _cursor_mac(secret: str, scope: str, position: int) -> str:
@@ -15399,7 +15496,8 @@ def audit_verify(db_path: str, as_json: bool, project_slug: str | None) -> None:
     ok = all(r["ok"] for r in reports)
     Out(as_json)({"ok": ok, "chains": reports}, "\n".join(
         f"{r['chain'] or '(deployment)'}: {r['entries']} entries, "
-        + ("ok" if r["ok"] else f"BROKEN at entry {r['broken_at']}") for r in reports) or "No audit entries yet.")
+        + ("ok" if r["ok"] else f"BROKEN at entry {r['broken_at']}") + f" (hash version {r['hash_version']})"
+        for r in reports) or "No audit entries yet.")
     if not ok:
         raise click.exceptions.Exit(1)
 
@@ -16039,6 +16137,24 @@ def agents_resume(db_path: str, as_json: bool, everyone: bool, owner: str | None
 
 # Deleting, restoring, erasing and exporting a project, closing an account, restoring the file,
 # and checking or rehashing the audit chains.
+
+
+@audit_group.command("rehash")
+@db_options
+@click.argument("project_slug", metavar="[PROJECT]", required=False)
+def audit_rehash(db_path: str, as_json: bool, project_slug: str | None) -> None:
+    """Rewrite a project's audit chain (or every older chain) to the next hash version, recording chain.rehashed."""
+    db = open_db(db_path)
+    if project_slug is not None:
+        project_out(db, project_slug)
+        chains = [project_slug]
+    else:
+        chains = [r["chain"] for r in verify_audit(db) if r["hash_version"] != AUDIT_HASH_VERSIONS[-1]]
+    done = [rehash_audit(db, chain) for chain in chains]
+    Out(as_json)({"rehashed": done}, "\n".join(
+        f"{e['chain'] or '(deployment)'}: {e['refs']['rewritten']} entries rewritten to hash version "
+        f"{e['refs']['hash_version']}; old head {e['refs']['old_head']}, new head {e['refs']['new_head']}"
+        for e in done) or f"Every audit chain is already at hash version {AUDIT_HASH_VERSIONS[-1]}.")
 
 
 @person_group.command("erase")
