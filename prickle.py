@@ -1862,6 +1862,10 @@ apsw.bestpractice.apply(tuple(f for f in apsw.bestpractice.recommended
                               if f is not apsw.bestpractice.library_logging))
 
 
+#: The meta key of a backup copy (Database.backup_to): when the copy's snapshot was taken.
+BACKUP_TAKEN_AT = "backup_taken_at"
+
+
 class Database:
     """One SQLite file opened through apsw in WAL mode.
 
@@ -2139,7 +2143,8 @@ class Database:
 
         SQLite's online backup in one step, inside one read snapshot: writers go on meanwhile
         (their commits go to the write-ahead log), and none of them restarts the copy, as they
-        did a copy made in small steps. The copy is made in a hidden file beside ``dest`` and
+        did a copy made in small steps. The copy records when it was taken (BACKUP_TAKEN_AT in its
+        meta). It is made in a hidden file beside ``dest`` and
         linked to that name once whole, so ``dest`` never holds part of a copy. Raises Conflict
         if ``dest`` exists by then, and StorageError if the copy cannot be written.
         """
@@ -2153,8 +2158,12 @@ class Database:
             target = apsw.Connection(tmp)
             try:
                 target.pragma("journal_mode", "off")  # a new file nobody reads until it is whole
+                taken_at = iso(utcnow())
                 with target.backup("main", self.conn, "main") as b:
                     b.step(-1)
+                # When the copy's snapshot was taken: a restore from it names this its restore point.
+                target.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                               (BACKUP_TAKEN_AT, taken_at))
             finally:
                 target.close()
             os.link(tmp, dest)
@@ -3000,6 +3009,73 @@ def recording_refusals(db: Database, fn: Callable[[], dict]) -> dict:
         with db.transaction():
             audit(db, project, e.type_, e.refs)
         raise
+
+
+# A restored file's chains end at the restore point: whatever was written after it is gone. The
+# restore (``prickle restore``) leaves a marker in the file saying where each chain stopped and
+# what is known to be missing; the first start after it writes chain.restored in every chain.
+
+#: The meta key holding a restore's marker until the first start records it (see record_restore).
+RESTORE_MARKER = "restore"
+
+
+def chain_heads(conn: apsw.Connection) -> dict[str, tuple[int, str]]:
+    """Every audit chain's newest entry in the file of ``conn``: ``{chain: (n, hash)}``."""
+    return {chain: (n, digest) for chain, n, digest in conn.execute(
+        "SELECT chain, n, hash FROM audit AS a WHERE n = (SELECT max(n) FROM audit WHERE chain = a.chain)")}
+
+
+def restore_marker(copy: apsw.Connection, replaced: apsw.Connection | None, source: str, point: str,
+                   restored_at: str) -> dict:
+    """What the first start after a restore needs to record it, worked out from the restored copy and
+    the file it replaces; the marker as stored under RESTORE_MARKER.
+
+    ``source`` is ``backup`` or ``replica``; ``point`` (ISO time) is the restore point. For each of
+    the copy's chains: ``through``, its last entry, and ``missing``, how many entries the replaced
+    file had after it (None when there is no replaced file, or its chain does not continue this
+    one). ``chains_missing``: the replaced file's chains the copy lacks (projects made after the
+    restore point), None without a replaced file.
+    """
+    heads = chain_heads(copy)
+    chains: dict[str, dict] = {}
+    for chain, (n, digest) in sorted(heads.items()):
+        missing = None
+        if replaced is not None:
+            same = replaced.execute("SELECT hash FROM audit WHERE chain = ? AND n = ?", (chain, n)).fetchall()
+            if same and same[0][0] == digest:
+                missing = replaced.execute("SELECT max(n) FROM audit WHERE chain = ?", (chain,)).fetchall()[0][0] - n
+        chains[chain] = {"through": n, "missing": missing}
+    lost = None if replaced is None else len(set(chain_heads(replaced)) - set(heads) - {DEPLOYMENT_CHAIN})
+    return {"source": source, "point": point, "restored_at": restored_at, "chains": chains, "chains_missing": lost}
+
+
+def record_restore(db: Database) -> list[dict]:
+    """Write ``chain.restored`` in every chain of a restored file, once: the first start after a restore.
+
+    Reads the marker ``prickle restore`` left (:func:`restore_marker`) and removes it in the same
+    transaction, so a second start writes nothing; without a marker it writes nothing. Each entry's
+    refs: ``source`` (``backup`` or ``replica``), ``point`` (the restore point: everything written
+    up to it is in the file), ``through`` (this chain's last entry from before the restore) and
+    ``gap``: ``from`` (the point), ``to`` (when the restore ran) and ``entries`` (how many of this
+    chain's entries the replaced file had after ``through``; None when unknown). The deployment
+    chain's gap adds ``chains``: the chains (projects) the replaced file had and the copy lacks.
+    Returns the entries written. Reference: audit entry ``chain.restored``.
+    """
+    with db.transaction():
+        raw = db.scalar("SELECT value FROM meta WHERE key = ?", (RESTORE_MARKER,))
+        if raw is None:
+            return []
+        marker = json.loads(raw)
+        entries = []
+        for chain in sorted(set(marker["chains"]) | {DEPLOYMENT_CHAIN}):
+            known = marker["chains"].get(chain, {"through": 0, "missing": None})
+            gap = {"from": marker["point"], "to": marker["restored_at"], "entries": known["missing"]}
+            if chain == DEPLOYMENT_CHAIN:
+                gap["chains"] = marker["chains_missing"]
+            entries.append(audit(db, chain, "chain.restored", {
+                "source": marker["source"], "point": marker["point"], "through": known["through"], "gap": gap}))
+        db.execute("DELETE FROM meta WHERE key = ?", (RESTORE_MARKER,))
+    return entries
 
 
 ###############################################################################
@@ -15560,6 +15636,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     settings = settings or Settings()
     port = settings.port if port is None else port
     db = Database(db_path)
+    record_restore(db)  # the first start after 'prickle restore': chain.restored in every chain
     hub = WakeHub(db)
     db.listeners.append(hub.committed)
     db.refresh_hooks.append(check_caller)  # a call let in on a cached key is checked at its first read or write
@@ -16864,6 +16941,241 @@ def agents_resume(db_path: str, as_json: bool, everyone: bool, owner: str | None
 
 # Deleting, restoring, erasing and exporting a project, closing an account, restoring the file,
 # and checking or rehashing the audit chains.
+
+
+# Restoring the file. ``prickle restore`` replaces the database with a backup or a Litestream
+# replica while no server runs: the copy is made and checked in a hidden folder beside the file,
+# marked for the first start (chain.restored in every chain, chapter 6), and only then takes the
+# file's name; the file it replaces is kept beside it, never deleted.
+
+#: The program ``prickle restore --from-replica`` runs when --litestream names none.
+LITESTREAM = "litestream"
+
+
+def find_litestream(path: str | None = None) -> str:
+    """The litestream program to run: ``path`` when given, else ``litestream`` on PATH.
+
+    Raises NotFound saying how to install it.
+    """
+    import shutil
+    found = shutil.which(path or LITESTREAM)
+    if found is not None:
+        return found
+    if path:
+        raise NotFound(f"--litestream {path}: no such program: name the litestream binary's path")
+    raise NotFound("Litestream is not installed (no 'litestream' on PATH): install it (https://litestream.io/install, "
+                   "or 'npm install @flydotio/litestream', whose package holds the binary), or pass --litestream PATH")
+
+
+def _copy_backup(backup: str, out: str) -> None:
+    try:
+        source = apsw.Connection(backup, flags=apsw.SQLITE_OPEN_READONLY)
+    except apsw.Error:
+        raise NotFound(f"cannot open {backup}: name a file 'prickle backup' wrote") from None
+    try:
+        target = apsw.Connection(out)
+        try:
+            with target.backup("main", source, "main") as b:
+                b.step(-1)
+        finally:
+            target.close()
+    except apsw.NotADBError:
+        raise InvalidInput(f"{backup} is not a database: name a file 'prickle backup' wrote") from None
+    finally:
+        source.close()
+
+
+def _litestream_restore(binary: str, out: str, replica: str | None, config: str | None, db_path: str,
+                        at: str | None) -> None:
+    import subprocess
+    command = [binary, "restore", "-o", out] + (["-timestamp", at] if at else [])
+    command += ["-config", config, os.path.abspath(db_path)] if config else [replica]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    except OSError as e:
+        raise StorageError(f"cannot run {binary} ({e.strerror}): check it is the litestream binary") from None
+    if done.returncode != 0 or not os.path.exists(out):
+        said = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+        where = replica or f"the replica {config} names for {db_path}"
+        hint = (" (a time before the replica's first snapshot finds nothing)" if at and said
+                and "no matching backups" in said[-1] else "")
+        raise StorageError(f"litestream could not restore {where}: {said[-1] if said else 'it said nothing'}{hint}; "
+                           "nothing was replaced")
+
+
+def _newest_write(conn: apsw.Connection) -> str | None:
+    return conn.execute("SELECT max(at) FROM (SELECT max(at) AS at FROM audit UNION ALL "
+                        "SELECT max(at) FROM outbox)").fetchall()[0][0]
+
+
+def _check_copy(out: str, what: str) -> str | None:
+    """Refuse a copy SQLite finds damaged, one newer than this Prickle or no Prickle file; when it was taken."""
+    conn = apsw.Connection(out)
+    try:
+        try:
+            problems = [r[0] for r in conn.execute("PRAGMA integrity_check")]
+        except apsw.NotADBError:
+            raise InvalidInput(f"{what} is not a database: name a file 'prickle backup' wrote") from None
+        if problems != ["ok"]:
+            raise StorageError(f"{what} fails SQLite's integrity check ({problems[0][:200]}): nothing was replaced; "
+                               "restore an earlier backup or time")
+        if conn.pragma("user_version") > len(MIGRATIONS):
+            raise StorageError(f"{what} was written by a newer Prickle (schema {conn.pragma('user_version')}): "
+                               "restore it with that version")
+        try:
+            conn.execute("SELECT value FROM meta WHERE key = 'secret'").fetchall()[0]
+            conn.execute("SELECT 1 FROM audit LIMIT 1").fetchall()
+        except (apsw.SQLError, IndexError):
+            raise InvalidInput(f"{what} is not a Prickle database: name a file 'prickle backup' wrote") from None
+        taken = conn.execute("SELECT value FROM meta WHERE key = ?", (BACKUP_TAKEN_AT,)).fetchall()
+        return taken[0][0] if taken else None
+    finally:
+        conn.close()
+
+
+def _open_replaced(db_path: str) -> apsw.Connection | None:
+    """The file a restore replaces, its log copied in (so it is whole alone); None if it is no database.
+
+    Raises StorageError when another program holds it open (Litestream replicating it, a command).
+    """
+    try:
+        conn = apsw.Connection(db_path)
+    except apsw.Error:
+        return None
+    try:
+        conn.setbusytimeout(2000)
+        conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+        conn.execute("SELECT chain FROM audit LIMIT 1").fetchall()
+        return conn
+    except apsw.BusyError:
+        conn.close()
+        raise StorageError(f"another program has {db_path} open (Litestream replicating it, or a prickle command): "
+                           "stop it, then run 'prickle restore' again") from None
+    except apsw.Error:
+        conn.close()
+        return None
+
+
+def _swap_in(db_path: str, out: str, replaced: bool, stamp: str) -> str | None:
+    """Give the copy the database's name; the name the replaced file is kept under (None if there was none)."""
+    aside = None
+    if replaced:
+        aside, n = f"{db_path}.replaced-{stamp}", 1
+        while os.path.exists(aside):
+            n += 1
+            aside = f"{db_path}.replaced-{stamp}-{n}"
+    # The log first: an old log left beside the new file would be replayed into it.
+    for suffix in ("-wal", "-shm", ""):
+        if os.path.exists(db_path + suffix):
+            if aside is not None:
+                os.rename(db_path + suffix, aside + suffix)
+            else:
+                os.unlink(db_path + suffix)
+    os.rename(out, db_path)
+    folder = os.open(os.path.dirname(os.path.abspath(db_path)), os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+    return aside
+
+
+def restore_file(db_path: str, source: str, fill: Callable[[str], None], what: str, point: str | None = None) -> dict:
+    """Replace the database at ``db_path`` with a restored copy that ``fill(out)`` writes to the new file ``out``.
+
+    ``source`` is ``backup`` or ``replica``; ``what`` names it in errors; ``point`` is the restore
+    point (a replica's --timestamp), else the time the backup was taken, else the copy's newest
+    write. The copy must pass SQLite's integrity check; it is upgraded to this Prickle's schema and
+    given the marker the first start records (``chain.restored``, :func:`record_restore`). The
+    replaced file (with its log) is kept as ``<db>.replaced-<time>``. Raises StorageError while a
+    server uses the file or another program has it open; nothing changes unless it all worked.
+    Returns ``{"db", "source", "point", "replaced", "chains"}``.
+    """
+    holder = running_server(db_path)
+    if holder is not None:
+        pid = f" (pid {holder['pid']})" if holder["pid"] else ""
+        raise StorageError(f"a prickle serve{pid} is using {db_path}: stop it first (Ctrl-C or SIGTERM), then run "
+                           "'prickle restore' again; a restore replaces the file, and what a running server writes "
+                           "after it would be lost")
+    existed = os.path.exists(db_path) and os.path.getsize(db_path) > 0
+    lock = ServerLock(db_path)  # no server starts on the file while the copy is made
+    lock.acquire()
+    work = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(db_path)), prefix=".prickle-restore-")
+    out, replaced, aside = os.path.join(work, "restored.db"), None, None
+    try:
+        fill(out)
+        taken = _check_copy(out, what)
+        restored_at = iso(utcnow())
+        replaced = _open_replaced(db_path) if existed else None
+        copy = Database(out)  # an older copy is upgraded here, before it replaces anything
+        try:
+            point = point or taken or _newest_write(copy.conn) or restored_at
+            marker = restore_marker(copy.conn, replaced, source, point, restored_at)
+            with copy.transaction():
+                copy.execute("DELETE FROM meta WHERE key = ?", (BACKUP_TAKEN_AT,))
+                copy.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                             (RESTORE_MARKER, json.dumps(marker)))
+            copy.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+        finally:
+            copy.close()
+        if replaced is not None:
+            replaced.close()
+            replaced = None
+        aside = _swap_in(db_path, out, existed, utcnow().strftime("%Y%m%dT%H%M%SZ"))
+    finally:
+        if replaced is not None:
+            replaced.close()
+        import shutil
+        shutil.rmtree(work, ignore_errors=True)
+        if not existed and aside is None and os.path.exists(db_path) and not os.path.getsize(db_path):
+            os.unlink(db_path)  # the empty file the lock made, when nothing took its place
+        lock.release()
+    return {"db": os.path.abspath(db_path), "source": source, "point": point,
+            "replaced": aside and os.path.abspath(aside), "chains": len(marker["chains"] | {DEPLOYMENT_CHAIN: 0})}
+
+
+@cli.command("restore")
+@db_options
+@click.argument("backup", required=False, metavar="[BACKUP]")
+@click.option("--from-replica", "replica", default=None, metavar="URL",
+              help="Restore from a Litestream replica, e.g. s3://BUCKET/prickle.db, instead of a backup file.")
+@click.option("--litestream-config", "config", default=None, metavar="FILE",
+              help="Restore from the replica Litestream's config file names for this database (for an S3-compatible "
+                   "service at an endpoint of your own).")
+@click.option("--timestamp", default=None, metavar="TIME",
+              help="With a replica: the database as it was at this time (ISO 8601 with its zone, like "
+                   "2026-12-02T07:30:00Z); without it, the latest.")
+@click.option("--litestream", "binary", default=None, metavar="PATH",
+              help="The litestream program (default: litestream on PATH).")
+def restore_cmd(db_path: str, as_json: bool, backup: str | None, replica: str | None, config: str | None,
+                timestamp: str | None, binary: str | None) -> None:
+    """Replace the database with a backup or a Litestream replica (stop the server first); the file it
+    replaces is kept beside it, and the server's next start records chain.restored in every audit chain."""
+    if sum(x is not None for x in (backup, replica, config)) != 1:
+        raise InvalidInput("name one thing to restore from: a BACKUP file 'prickle backup' wrote, or --from-replica URL "
+                           "(or --litestream-config FILE) for a Litestream replica")
+    at = normal_time(timestamp, "--timestamp") if timestamp is not None else None
+    if at is not None and backup is not None:
+        raise InvalidInput("--timestamp goes with --from-replica or --litestream-config: a backup holds one moment")
+    if at is not None and at > iso(utcnow()):
+        raise InvalidInput(f"--timestamp {timestamp} is in the future: leave it out to restore the latest")
+    if backup is not None:
+        if not os.path.isfile(backup):
+            raise NotFound(f"no backup at {backup}: name a file 'prickle backup' wrote")
+        if os.path.exists(db_path) and os.path.samefile(backup, db_path):
+            raise InvalidInput(f"{backup} is the database itself: name a backup of it")
+        what = backup
+        result = restore_file(db_path, "backup", lambda out: _copy_backup(backup, out), what)
+    else:
+        program = find_litestream(binary)
+        what = replica or f"the replica {config} names"
+        result = restore_file(db_path, "replica",
+                              lambda out: _litestream_restore(program, out, replica, config, db_path, at), what, at)
+    kept = (f" The file it replaced is kept as {result['replaced']}." if result["replaced"] else "")
+    Out(as_json)(result | {"from": backup or replica or config},
+                 f"Restored {db_path} from {what}, as it was at {result['point']}.{kept} The server's next start "
+                 f"records chain.restored in each of the {result['chains']} audit chains: prickle serve --db "
+                 f"{shlex.quote(db_path)}")
 
 
 @audit_group.command("rehash")
