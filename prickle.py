@@ -11901,6 +11901,46 @@ def runs_a_day(rec: dict) -> int:
     return len(rec["hour"])
 
 
+_DAY_NAMES = {"mo": "Monday", "tu": "Tuesday", "we": "Wednesday", "th": "Thursday", "fr": "Friday",
+              "sa": "Saturday", "su": "Sunday"}
+
+
+def _and(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _nth(n: int) -> str:
+    if n == -1:
+        return "last day"
+    if n < 0:
+        return f"{_nth(-n)} day from the end"
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def describe_recurrence(rec: dict) -> str:
+    """A recurrence (stored form) in a person's words: "every weekday at 09:00", "every 2 hours"."""
+    every = {"minutely": "minute", "hourly": "hour", "daily": "day", "weekly": "week", "monthly": "month",
+             "yearly": "year"}[rec["freq"]]
+    n = rec["interval"]
+    text = f"every {n} {every}s" if n > 1 else f"every {every}"
+    if rec["freq"] == "hourly" and rec["minute"]:
+        text += f" at :{rec['minute']:02d}"
+    if rec["freq"] not in _ELAPSED:
+        days = rec.get("byweekday")
+        if days == ["mo", "tu", "we", "th", "fr"] and n == 1 and rec["freq"] in ("daily", "weekly"):
+            text = "every weekday"
+        elif days:
+            text += " on " + _and([_DAY_NAMES[d] for d in days])
+        if rec.get("bymonthday"):
+            text += " on the " + _and([_nth(d) for d in rec["bymonthday"]])
+        if rec.get("bymonth"):
+            text += " in " + _and([_dt.date(2000, m, 1).strftime("%B") for m in rec["bymonth"]])
+        text += " at " + _and([f"{h:02d}:{rec['minute']:02d}" for h in rec["hour"]])
+    if rec.get("until"):
+        text += f" until {rec['until']}"
+    return text
+
+
 def check_timezone(name: Any) -> zoneinfo.ZoneInfo:
     """The time zone named ``name`` (IANA, e.g. ``Europe/Berlin``); InvalidInput naming ``timezone``."""
     try:
@@ -12162,7 +12202,8 @@ def schedule_out(db: Database, row: dict | str) -> dict:
                   "WHERE r.schedule_id = ? ORDER BY r.id DESC LIMIT 1", (row["id"],))
     moves = SCHEDULE_MOVES[row["state"]]
     return {"id": row["id"], "agent": row["agent"], "project": row["project"], "text": row["text"],
-            "recurrence": json.loads(row["recurrence"]), "timezone": row["timezone"], "kind": row["freq"],
+            "recurrence": json.loads(row["recurrence"]), "says": describe_recurrence(json.loads(row["recurrence"])),
+            "timezone": row["timezone"], "kind": row["freq"],
             "runs_a_day": row["runs_a_day"], "state": row["state"], "version": row["version"],
             "next_run_at": row["next_run_at"], "stop_reason": row["stop_reason"], "created_at": row["created_at"],
             "updated_at": row["updated_at"],
@@ -12174,15 +12215,20 @@ def schedule_out(db: Database, row: dict | str) -> dict:
 
 def list_schedules(db: Database, person: Actor, *, per_schedule: int = SCHEDULE_RUNS_PER_DAY,
                    per_owner: int = SCHEDULE_OWNER_RUNS_PER_DAY) -> dict:
-    """The person's schedules (newest first, deleted ones left out) and their limits:
-    ``{"room", "schedules": [schedule_out], "limits": {"runs_a_day_per_schedule", "runs_a_day_per_owner",
-    "runs_a_day_used", "schedules_max"}}``."""
+    """The person's schedules (newest first, deleted ones left out), what they may schedule and their limits:
+    ``{"room", "schedules": [schedule_out], "agents": [{agent_id, name, projects: [team projects it may be
+    asked in]}], "limits": {"runs_a_day_per_schedule", "runs_a_day_per_owner", "runs_a_day_used",
+    "schedules_max"}}``."""
     with db.transaction():
         slug = ensure_room(db, person.handle)
     rows = db.rows("SELECT * FROM schedules WHERE owner = ? AND state <> 'deleted' ORDER BY created_at DESC, id",
                    (person.handle,))
     used = sum(r["runs_a_day"] for r in rows if r["state"] == "active")
-    return {"room": slug, "schedules": [schedule_out(db, r) for r in rows],
+    agents = [{"agent_id": a["agent_id"], "name": a["display_name"],
+               "projects": [p for p in team_projects_of(db, a["agent_id"]) if member_role(db, p, person.handle)]}
+              for a in db.rows("SELECT agent_id, display_name FROM agents WHERE owner = ? ORDER BY agent_id",
+                               (person.handle,))]
+    return {"room": slug, "schedules": [schedule_out(db, r) for r in rows], "agents": agents,
             "limits": {"runs_a_day_per_schedule": per_schedule, "runs_a_day_per_owner": per_owner,
                        "runs_a_day_used": used, "schedules_max": SCHEDULES_MAX}}
 
