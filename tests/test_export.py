@@ -32,7 +32,8 @@ def hash_v2(e):
 
 def _older_file(db_path, entries=3):
     """A file as the Prickle before hash versions left it: project p with a version-1 chain."""
-    conn = _database_at_version(db_path, len(prickle.MIGRATIONS) - 1)
+    before = next(i for i, m in enumerate(prickle.MIGRATIONS) if any("hash_version" in sql for sql in m))
+    conn = _database_at_version(db_path, before)
     prev = GENESIS
     with conn:
         conn.execute("INSERT INTO people (handle, display_name, created_at) VALUES ('oj', 'OJ', 'x')")
