@@ -9,7 +9,7 @@ from pathlib import Path
 
 import prickle
 from conftest import PROJECT, audit_entries
-from helpers import _database_at_version, claimed, evidence, jrun, person, run
+from helpers import _database_at_version, claimed, confirmed, evidence, jrun, person, run
 
 GENESIS = "0" * 64
 
@@ -365,3 +365,21 @@ def test_who_may_export_and_bad_input(server, world, db_path, tmp_path):
     (tmp_path / "notes.txt").write_text("")
     code, _, err = run(db_path, "audit", "verify", "--file", str(tmp_path / "notes.txt"), ok=False)
     assert code == 1 and "neither an export (a zip) nor an audit.jsonl with entries" in err
+
+
+def test_a_person_who_closed_their_account_is_exported_in_the_erased_form(server, world, tmp_path):
+    ren = confirmed(server, world, "ren")
+    said = ren.post(f"/api/projects/{PROJECT}/messages", {"body": "Back on Monday."}).json()["message"]
+    assert ren.delete("/api/me").status_code == 200
+    r = person(server, world, "oj").post(f"/api/projects/{PROJECT}/export", {"part": "content"})
+    assert r.status_code == 200, r.text
+    path = tmp_path / "export.zip"
+    path.write_bytes(r.content)
+    with zipfile.ZipFile(path) as archive:
+        messages = _zip_lines(archive, "messages.jsonl")
+        everything = b"".join(archive.read(n) for n in archive.namelist())
+    [kept] = [m for m in messages if m["id"] == said["id"]]
+    assert kept["author"] == {"kind": "person", "handle": "ren", "display_name": "Erased person"}
+    assert kept["body"] == "Back on Monday."
+    assert b"Ren Ito" not in everything
+    assert prickle.check_export(str(path))["ok"]
