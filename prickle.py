@@ -1835,6 +1835,10 @@ MIGRATIONS: list[list[str]] = [
         # The story's round numbers find the project's nth message without sorting them all.
         "CREATE INDEX messages_by_project ON messages(project, seq)",
     ],
+    [
+        # Closing an account (chapter 40): when the person was erased; NULL while the account is open.
+        "ALTER TABLE people ADD COLUMN erased_at TEXT",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -1856,6 +1860,10 @@ BUSY_TIMEOUT_MS = 5000
 # The recommended connection settings; SQLite's own log stays out of our output.
 apsw.bestpractice.apply(tuple(f for f in apsw.bestpractice.recommended
                               if f is not apsw.bestpractice.library_logging))
+
+
+#: The meta key of a backup copy (Database.backup_to): when the copy's snapshot was taken.
+BACKUP_TAKEN_AT = "backup_taken_at"
 
 
 class Database:
@@ -2135,7 +2143,8 @@ class Database:
 
         SQLite's online backup in one step, inside one read snapshot: writers go on meanwhile
         (their commits go to the write-ahead log), and none of them restarts the copy, as they
-        did a copy made in small steps. The copy is made in a hidden file beside ``dest`` and
+        did a copy made in small steps. The copy records when it was taken (BACKUP_TAKEN_AT in its
+        meta). It is made in a hidden file beside ``dest`` and
         linked to that name once whole, so ``dest`` never holds part of a copy. Raises Conflict
         if ``dest`` exists by then, and StorageError if the copy cannot be written.
         """
@@ -2149,8 +2158,12 @@ class Database:
             target = apsw.Connection(tmp)
             try:
                 target.pragma("journal_mode", "off")  # a new file nobody reads until it is whole
+                taken_at = iso(utcnow())
                 with target.backup("main", self.conn, "main") as b:
                     b.step(-1)
+                # When the copy's snapshot was taken: a restore from it names this its restore point.
+                target.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                               (BACKUP_TAKEN_AT, taken_at))
             finally:
                 target.close()
             os.link(tmp, dest)
@@ -2998,6 +3011,73 @@ def recording_refusals(db: Database, fn: Callable[[], dict]) -> dict:
         raise
 
 
+# A restored file's chains end at the restore point: whatever was written after it is gone. The
+# restore (``prickle restore``) leaves a marker in the file saying where each chain stopped and
+# what is known to be missing; the first start after it writes chain.restored in every chain.
+
+#: The meta key holding a restore's marker until the first start records it (see record_restore).
+RESTORE_MARKER = "restore"
+
+
+def chain_heads(conn: apsw.Connection) -> dict[str, tuple[int, str]]:
+    """Every audit chain's newest entry in the file of ``conn``: ``{chain: (n, hash)}``."""
+    return {chain: (n, digest) for chain, n, digest in conn.execute(
+        "SELECT chain, n, hash FROM audit AS a WHERE n = (SELECT max(n) FROM audit WHERE chain = a.chain)")}
+
+
+def restore_marker(copy: apsw.Connection, replaced: apsw.Connection | None, source: str, point: str,
+                   restored_at: str) -> dict:
+    """What the first start after a restore needs to record it, worked out from the restored copy and
+    the file it replaces; the marker as stored under RESTORE_MARKER.
+
+    ``source`` is ``backup`` or ``replica``; ``point`` (ISO time) is the restore point. For each of
+    the copy's chains: ``through``, its last entry, and ``missing``, how many entries the replaced
+    file had after it (None when there is no replaced file, or its chain does not continue this
+    one). ``chains_missing``: the replaced file's chains the copy lacks (projects made after the
+    restore point), None without a replaced file.
+    """
+    heads = chain_heads(copy)
+    chains: dict[str, dict] = {}
+    for chain, (n, digest) in sorted(heads.items()):
+        missing = None
+        if replaced is not None:
+            same = replaced.execute("SELECT hash FROM audit WHERE chain = ? AND n = ?", (chain, n)).fetchall()
+            if same and same[0][0] == digest:
+                missing = replaced.execute("SELECT max(n) FROM audit WHERE chain = ?", (chain,)).fetchall()[0][0] - n
+        chains[chain] = {"through": n, "missing": missing}
+    lost = None if replaced is None else len(set(chain_heads(replaced)) - set(heads) - {DEPLOYMENT_CHAIN})
+    return {"source": source, "point": point, "restored_at": restored_at, "chains": chains, "chains_missing": lost}
+
+
+def record_restore(db: Database) -> list[dict]:
+    """Write ``chain.restored`` in every chain of a restored file, once: the first start after a restore.
+
+    Reads the marker ``prickle restore`` left (:func:`restore_marker`) and removes it in the same
+    transaction, so a second start writes nothing; without a marker it writes nothing. Each entry's
+    refs: ``source`` (``backup`` or ``replica``), ``point`` (the restore point: everything written
+    up to it is in the file), ``through`` (this chain's last entry from before the restore) and
+    ``gap``: ``from`` (the point), ``to`` (when the restore ran) and ``entries`` (how many of this
+    chain's entries the replaced file had after ``through``; None when unknown). The deployment
+    chain's gap adds ``chains``: the chains (projects) the replaced file had and the copy lacks.
+    Returns the entries written. Reference: audit entry ``chain.restored``.
+    """
+    with db.transaction():
+        raw = db.scalar("SELECT value FROM meta WHERE key = ?", (RESTORE_MARKER,))
+        if raw is None:
+            return []
+        marker = json.loads(raw)
+        entries = []
+        for chain in sorted(set(marker["chains"]) | {DEPLOYMENT_CHAIN}):
+            known = marker["chains"].get(chain, {"through": 0, "missing": None})
+            gap = {"from": marker["point"], "to": marker["restored_at"], "entries": known["missing"]}
+            if chain == DEPLOYMENT_CHAIN:
+                gap["chains"] = marker["chains_missing"]
+            entries.append(audit(db, chain, "chain.restored", {
+                "source": marker["source"], "point": marker["point"], "through": known["through"], "gap": gap}))
+        db.execute("DELETE FROM meta WHERE key = ?", (RESTORE_MARKER,))
+    return entries
+
+
 ###############################################################################
 # 7. Identity and credentials
 ###############################################################################
@@ -3306,7 +3386,7 @@ REVOCATIONS = {"revoked": True, "claim_retried": True, "run_replaced": True, "ru
                "run_uncertain": True, "run_ended": True, "issuer_revoked": False, "device_revoked": False, "task_cancelled": False,
                "task_handed_back": False, "turn_ended": False, "turn_retried": False, "assignee_left": False,
                "left_project": False, "rotated": False, "app_revoked": True, "refresh_replayed": True,
-               "code_replayed": True}
+               "code_replayed": True, "account_closed": False}
 
 #: Credentials ended because their agent left the project: their callers are told not_found.
 LEFT_PROJECT_REASONS = ("assignee_left", "left_project")
@@ -3766,6 +3846,20 @@ def start_state(task: dict) -> str:
     return "approved" if task["run_approved"] else "none"
 
 
+#: A person's account: open until they close it, or the operator closes it for them (erased: nothing
+#: of their name or address is left, and nothing is done as them again). Kept as the time it was
+#: erased in ``people.erased_at`` (NULL while open).
+ACCOUNT_MOVES: dict[str, dict[str, str]] = {
+    "open": {"erase": "erased"},
+    **closed("erased"),
+}
+
+
+def account_state(person: dict) -> str:
+    """The key of ACCOUNT_MOVES a people row is in."""
+    return "erased" if person["erased_at"] else "open"
+
+
 #: Every lifecycle, by the kind move() takes.
 LIFECYCLES: dict[str, Lifecycle] = {
     "task": Lifecycle("task", "tasks", "state", TASK_MOVES, MOVE_BY, lifecycle_state, {
@@ -3783,6 +3877,8 @@ LIFECYCLES: dict[str, Lifecycle] = {
     "lead": Lifecycle("default lead", "projects", "lead_state", LEAD_MOVES, key=lead_state, id_column="slug",
                       stored={"none": None}),
     "start": Lifecycle("Start flag", "tasks", "run_approved", START_MOVES, key=start_state, stored={"none": None}),
+    "account": Lifecycle("account", "people", "erased_at", ACCOUNT_MOVES, key=account_state, id_column="handle",
+                         stored={"open": None}),
 }
 
 
@@ -3923,16 +4019,56 @@ def add_person(db: Database, handle: str, display_name: str, color: int | None =
 
 
 def person_out(db: Database, handle: str) -> dict:
-    """A person as the reference shows one: handle, display_name, avatar_url, color, away."""
+    """A person as the reference shows one: handle, display_name, avatar_url, color, away; a person
+    whose account was closed also has ``erased: true`` (and ERASED_NAME for a name)."""
     row = db.one("SELECT * FROM people WHERE handle = ?", (handle,))
     if row is None:
         raise NotFound(f"no person with handle '{handle}': add them with 'prickle person add'")
-    return {"handle": row["handle"], "display_name": row["display_name"], "avatar_url": None,
-            "color": row["color"], "away": bool(row["away"])}
+    out = {"handle": row["handle"], "display_name": row["display_name"], "avatar_url": None,
+           "color": row["color"], "away": bool(row["away"])}
+    return out | {"erased": True} if row["erased_at"] else out
 
 
 def require_person(db: Database, handle: str) -> dict:
-    return person_out(db, check_slug(handle, "handle"))
+    """The person ``handle`` (person_out) for an act as them or for them. Raises InvalidInput, NotFound,
+    or InvalidState for a person whose account was closed (nothing is done as them again)."""
+    person = person_out(db, check_slug(handle, "handle"))
+    if person.get("erased"):
+        raise InvalidState(f"handle: '{handle}' closed their account: nothing can be done as them or for them "
+                           "any more")
+    return person
+
+
+#: The name shown for a person whose account was closed, wherever their name was (chapter 40).
+ERASED_NAME = "Erased person"
+
+
+def erased_people(db: Database) -> frozenset[str]:
+    """The handles of the people whose account was closed (cached until a write changes the file)."""
+    return db.cached(("erased", "people"), lambda: frozenset(
+        r["handle"] for r in db.rows("SELECT handle FROM people WHERE erased_at IS NOT NULL")))
+
+
+def person_ref(db: Database, handle: str) -> dict:
+    """The reference's person reference ``{kind: person, handle}``, with ``erased: true`` once the person
+    closed their account. The one place a person's reference is made, so that every answer, event and
+    page shows an erased person the same way."""
+    ref = {"kind": "person", "handle": handle}
+    return ref | {"erased": True} if handle in erased_people(db) else ref
+
+
+def agent_ref(db: Database, agent_id: str) -> dict:
+    """The reference's agent reference ``{kind: agent, agent_id}``, with ``erased: true`` once its owner
+    closed their account (their agents are erased with them)."""
+    ref = {"kind": "agent", "agent_id": agent_id}
+    return ref | {"erased": True} if agent_id.split("/")[0] in erased_people(db) else ref
+
+
+def actor_ref_out(db: Database, ref: dict | None) -> dict | None:
+    """A stored person or agent reference (or None) as it is shown now: see person_ref and agent_ref."""
+    if ref is None or ref.get("kind") not in ("person", "agent"):
+        return ref
+    return person_ref(db, ref["handle"]) if ref["kind"] == "person" else agent_ref(db, ref["agent_id"])
 
 
 #: How many agent apps a team's allow-list names at most.
@@ -4115,7 +4251,7 @@ def create_project(db: Database, slug: str, name: str, team: str, owner: str, de
         db.execute("INSERT INTO members VALUES (?, ?, 'owner', 1, ?)", (slug, owner, now))
         append_event(db, slug, "project.created", {
             "summary": {"slug": slug, "team": team, "name": name, "description": description},
-            "by": {"kind": "person", "handle": owner},
+            "by": person_ref(db, owner),
         })
         audit(db, slug, "project.created", {"team": team, "by": owner})
         audit(db, slug, "member.added", {"person": owner, "role": "owner", "grant_version": 1, "by": owner})
@@ -4504,7 +4640,9 @@ def list_projects(db: Database, handle: str) -> list[dict]:
 
 
 def audit_page(db: Database, actor: Actor, project: str, before: int | None, limit: int) -> dict:
-    """A project's audit entries newest first (``n < before``), with the whole chain's check.
+    """A project's audit entries newest first (``n < before``), with the whole chain's check, and
+    ``erased``: the handles and agent IDs the entries name of people who closed their account (and of
+    their agents), to show as erased (an entry is never rewritten).
 
     The project must be in ``actor``'s reach (NotFound otherwise).
     """
@@ -4513,8 +4651,11 @@ def audit_page(db: Database, actor: Actor, project: str, before: int | None, lim
         rows = db.rows("SELECT n, at, type, refs FROM audit WHERE chain = ? AND n < ? ORDER BY n DESC LIMIT ?",
                        (project, before if before is not None else SEQ_MAX, limit))
         report = verify_audit(db, project)[0]
-    return {"entries": [r | {"refs": json.loads(r["refs"])} for r in rows],
-            "chain": {k: report[k] for k in ("ok", "entries", "broken_at")}}
+        gone = erased_people(db)
+    entries = [r | {"refs": json.loads(r["refs"])} for r in rows]
+    named = {v for e in entries for v in e["refs"].values() if isinstance(v, str)}
+    return {"entries": entries, "chain": {k: report[k] for k in ("ok", "entries", "broken_at")},
+            "erased": sorted(v for v in named if v.split("/")[0] in gone and v.count("/") <= 1)}
 
 
 def team_projects_of(db: Database, agent_id: str) -> list[str]:
@@ -4733,6 +4874,20 @@ def revoke_invites_by(db: Database, project: str, handle: str, reason: str) -> i
     for row in rows:
         _end_invite(db, row, "revoke", reason)
         audit(db, project, "invite.revoked", {"invite": row["id"], "reason": reason, "by": None})
+    return len(rows)
+
+
+def revoke_invites_to(db: Database, email: str, reason: str) -> int:
+    """Revoke every open invite to ``email``, in any project, inside the caller's transaction (the person
+    invited closed their account: ``reason`` ``invitee_closed_account``). Writes one ``invite.revoked`` per
+    invite, naming nobody, and returns how many (expired ones end without an entry and are not counted)."""
+    if reason not in INVITE_REVOKE_REASONS:
+        raise InvalidInput(f"reason must be one of {', '.join(INVITE_REVOKE_REASONS)}")
+    expire_due(db, "invite", where="email = ?", params=(email,))
+    rows = db.rows("SELECT * FROM invites WHERE email = ? AND state = 'open' ORDER BY id", (email,))
+    for row in rows:
+        _end_invite(db, row, "revoke", reason)
+        audit(db, row["project"], "invite.revoked", {"invite": row["id"], "reason": reason, "by": None})
     return len(rows)
 
 
@@ -6767,7 +6922,7 @@ def task_out(db: Database, task: dict | str) -> dict:
         "latest_checkpoint_by": {"agent": cp["agent"], "provenance": "agent_generated",
                                  "handed_back": task["state"] == "returned" or cp["agent"] != task["assignee"]}
         if cp else None,
-        "requested_by": json.loads(task["requested_by"]),
+        "requested_by": actor_ref_out(db, json.loads(task["requested_by"])),
         "origin_message_id": task["origin_message_id"],
         "route": json.loads(task["route"]),
         "display_title": task["display_title"],
@@ -9055,13 +9210,13 @@ _TIMELINE_RANK = {"created": 0, "message": 1, "checkpoint": 2, "submission": 3, 
                   "state": 6, "run_ended": 7}
 
 
-def _timeline_actor(by: str | None) -> dict | None:
+def _timeline_actor(db: Database, by: str | None) -> dict | None:
     """Who an audit entry's ``by`` names: an agent (its ID has a slash), a person, or Prickle itself."""
     if by is None:
         return None
     if "/" in by:
-        return {"kind": "agent", "agent_id": by}
-    return {"kind": "system"} if by in ("gate", "admin", "system") else {"kind": "person", "handle": by}
+        return agent_ref(db, by)
+    return {"kind": "system"} if by in ("gate", "admin", "system") else person_ref(db, by)
 
 
 def _excerpt(text: str) -> str:
@@ -9085,10 +9240,10 @@ def _timeline_audit(db: Database, task: dict) -> list[tuple[str, int, int, dict]
             continue
         if r["type"] == "task.transitioned":
             entry = {"kind": "state", "from": refs["from"], "to": refs["to"], "move": refs["move"],
-                     "by": _timeline_actor(refs["by"]), "reason": said.get(r["n"], words), "why": why}
+                     "by": _timeline_actor(db, refs["by"]), "reason": said.get(r["n"], words), "why": why}
             why = words = None
         elif r["type"] == "approval.decided":
-            entry = {"kind": "decision", "decision": refs["decision"], "by": _timeline_actor(refs["by"]),
+            entry = {"kind": "decision", "decision": refs["decision"], "by": _timeline_actor(db, refs["by"]),
                      "revision": None, "reason": None}
         elif r["type"] == "result.accepted":
             sub = subs.get(refs["submission"]) or {}
@@ -9096,12 +9251,12 @@ def _timeline_audit(db: Database, task: dict) -> list[tuple[str, int, int, dict]
             by = refs.get("by") if step == "owner_accepted" else \
                 (json.loads(sub["verified_by"])["agent_id"] if step == "verified" and sub.get("verified_by") else None)
             entry = {"kind": "decision", "decision": {"verified": "verified", "policy": "accepted_by_policy"}.get(
-                step, "accepted"), "by": _timeline_actor(by), "revision": refs["revision"], "reason": None}
+                step, "accepted"), "by": _timeline_actor(db, by), "revision": refs["revision"], "reason": None}
         else:  # result.rejected: by the requesting agent, or sent back by a person
             by = refs.get("by")
             words = (subs.get(refs["submission"]) or {}).get("reason")
             entry = {"kind": "decision", "decision": "rejected" if by and "/" in by else "sent_back",
-                     "by": _timeline_actor(by), "revision": refs["revision"], "reason": words}
+                     "by": _timeline_actor(db, by), "revision": refs["revision"], "reason": words}
         out.append((r["at"], _TIMELINE_RANK[entry["kind"]], r["n"], {"at": r["at"]} | entry))
     return out
 
@@ -9129,21 +9284,21 @@ def task_timeline(db: Database, task: dict) -> list[dict]:
     def add(at: str, kind: str, order: int, entry: dict) -> None:
         rows.append((at, _TIMELINE_RANK[kind], order, {"at": at} | entry))
 
-    add(task["created_at"], "created", 0, {"kind": "created", "by": json.loads(task["requested_by"])})
+    add(task["created_at"], "created", 0, {"kind": "created", "by": actor_ref_out(db, json.loads(task["requested_by"]))})
     for m in db.rows("SELECT seq, id, author_kind, author, body, created_at FROM messages WHERE project = ? AND "
                      "task_id = ? ORDER BY seq", (task["project"], task["id"])):
-        by = {"kind": "person", "handle": m["author"]} if m["author_kind"] == "person" else _timeline_actor(m["author"])
+        by = person_ref(db, m["author"]) if m["author_kind"] == "person" else _timeline_actor(db, m["author"])
         add(m["created_at"], "message", m["seq"],
             {"kind": "message", "by": by, "message_id": m["id"], "excerpt": _excerpt(m["body"])})
     for c in db.rows("SELECT rowid, * FROM checkpoints WHERE task_id = ?", (task["id"],)):
         add(c["created_at"], "checkpoint", c["rowid"], {
-            "kind": "checkpoint", "by": _timeline_actor(c["agent"]), "checkpoint_id": c["id"],
+            "kind": "checkpoint", "by": _timeline_actor(db, c["agent"]), "checkpoint_id": c["id"],
             "excerpt": _excerpt(json.loads(c["body"]).get("progress") or ""), "needs_answer": bool(c["needs_answer"])})
     for s in db.rows("SELECT * FROM submissions WHERE task_id = ?", (task["id"],)):
-        add(s["returned_at"], "submission", s["revision"], {"kind": "submission", "by": _timeline_actor(
+        add(s["returned_at"], "submission", s["revision"], {"kind": "submission", "by": _timeline_actor(db, 
             s["returned_by"]), "revision": s["revision"], "excerpt": _excerpt(s["summary"])})
     for a in db.rows("SELECT rowid, * FROM attempts WHERE task_id = ?", (task["id"],)):
-        run = {"kind": "run", "by": _timeline_actor(a["agent_id"]), "run": a["id"], "purpose": a["purpose"]}
+        run = {"kind": "run", "by": _timeline_actor(db, a["agent_id"]), "run": a["id"], "purpose": a["purpose"]}
         add(a["claimed_at"], "run_started", a["rowid"], run | {"event": "started"})
         if a["ended_at"]:
             add(a["ended_at"], "run_ended", a["rowid"], run | {"event": "ended", "state": a["state"],
@@ -10172,7 +10327,8 @@ OFFBOARD_COUNTS = ("agents", "returned", "transferred", "rules_revoked", "standi
                    "invites")
 
 #: Why a leaving person's open invites end, by why they leave.
-_INVITES_END = {"member_left": "inviter_left", "member_removed": "inviter_removed"}
+_INVITES_END = {"member_left": "inviter_left", "member_removed": "inviter_removed",
+                "member_erased": "inviter_erased"}
 
 
 def _projects_of(party: str) -> tuple[str, str]:
@@ -12232,6 +12388,177 @@ def story(db: Database, person: Actor, project: str, before: str | None = None, 
 
 # A person closes their account (or the operator closes it): in each project they become an
 # erased person, their agents leave, their keys, devices and invites end.
+#
+# Closing is one transaction (close_account), in named steps:
+#   1. refusals first: an account already closed, a step-up not given, a project of which they are
+#      the last owner (someone must be left to run it: promote another member, or delete the project);
+#   2. every browser session, sign-in link, runner device and connected app ends (sign_out_everywhere);
+#   3. in each project they are in (their private room too): the handoffs waiting for their approval
+#      are denied, the open tasks they or their agents asked for are cancelled, their agents leave with
+#      every knock-on of a removal (offboard, chapter 33: tasks their agents held go back, rules and
+#      standing approvals end, the invites they sent end as ``inviter_erased``), and ``person.erased``
+#      records how many approvals were denied, tasks cancelled and runs closed;
+#   4. the invites sent to their address end (``invitee_closed_account``), and every key left of
+#      theirs or their agents' ends;
+#   5. their name, address and settings go from the file: the person row keeps only the handle (the
+#      audit chains name it, and a chain is never rewritten), every stored reference to them takes the
+#      erased form (person_ref), and the names in the outbox's events are replaced.
+# What they wrote (messages, tasks, results) stays the team's, shown as by an erased person.
+
+#: What ``person.erased`` counts, as the reference names it, before the knock-ons of their agents leaving.
+ERASED_COUNTS = ("approvals_denied", "tasks_cancelled", "runs_closed")
+
+
+def _running(db: Database, project: str) -> set[str]:
+    """The attempts running in ``project`` now."""
+    return {r["id"] for r in db.rows("SELECT a.id FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE "
+                                     "t.project = ? AND a.state = 'running'", (project,))}
+
+
+def _owned_alone(db: Database, handle: str) -> list[str]:
+    """The team projects ``handle`` is the only owner of."""
+    return [r["project"] for r in db.rows(
+        "SELECT m.project FROM members m JOIN projects p ON p.slug = m.project WHERE m.handle = ? AND "
+        "m.role = 'owner' AND p.kind = 'team' AND NOT EXISTS (SELECT 1 FROM members o WHERE o.project = m.project "
+        "AND o.role = 'owner' AND o.handle <> m.handle) ORDER BY m.project", (handle,))]
+
+
+def _deny_waiting(db: Database, me: Actor, project: str) -> int:
+    """Step 3: deny the handoffs of ``project`` held for ``me``'s approval (decide_approval); how many."""
+    expire_due(db, "approval")
+    rows = db.rows("SELECT id FROM approvals WHERE owner = ? AND project = ? AND status = 'pending' AND "
+                   "invalidated_at IS NULL ORDER BY created_at", (me.handle, project))
+    for row in rows:
+        decide_approval(db, me, row["id"], "deny")
+    return len(rows)
+
+
+def _cancel_requested(db: Database, project: str, handle: str, agents: list[str]) -> int:
+    """Step 3: cancel the open tasks of ``project`` that ``handle`` or their ``agents`` asked for, as a
+    cancel by them (cancel_task's move): nobody is left to check their results. Returns how many."""
+    cancelled = 0
+    for task in db.rows("SELECT * FROM tasks WHERE project = ? ORDER BY created_at", (project,)):
+        mine = task["requester"] in agents or (task["requester"] is None and requesting_person(task) == handle)
+        if not mine or "cancel" not in TASK_MOVES[lifecycle_state(task)]:
+            continue
+        end_task_work(db, task, "task_cancelled")
+        reached = task["routed_at"] is not None  # a task held at the gate never reached its assignee
+        move_task(db, task, "cancel", handle, [(task["assignee"] if reached else None, "task"),
+                                               (task["requester"], "task_update")])
+        cancelled += 1
+    return cancelled
+
+
+def _erase_in(db: Database, me: Actor, project: str, by: str | None, running: set[str]) -> dict:
+    """Step 3 in one project, whose runs were ``running`` before step 2: returns the refs of its
+    ``person.erased`` entry (written here)."""
+    handle = me.handle
+    agents = [r["agent_id"] for r in db.rows("SELECT pa.agent_id FROM project_agents pa JOIN agents a USING "
+                                             "(agent_id) WHERE pa.project = ? AND a.owner = ? ORDER BY pa.agent_id",
+                                             (project, handle))]
+    all_agents = [r["agent_id"] for r in db.rows("SELECT agent_id FROM agents WHERE owner = ?", (handle,))]
+    counts = {"approvals_denied": _deny_waiting(db, me, project),
+              "tasks_cancelled": _cancel_requested(db, project, handle, all_agents)}
+    left = offboard(db, project, agents, person=handle, reason="member_erased", by=by)
+    counts["runs_closed"] = len(running - _running(db, project))
+    refs = {"person": handle, "by": by} | counts | left
+    audit(db, project, "person.erased", refs)
+    return refs
+
+
+def _scrub(value: Any, names: dict[str, str]) -> Any:
+    """An event payload with an erased person's names gone: ``names`` maps their handle, their agents' IDs
+    and their private room's slug to what shows now; a reference to them or their agents takes the
+    erased form."""
+    if isinstance(value, list):
+        return [_scrub(v, names) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: _scrub(v, names) for k, v in value.items()}
+    who = out.get("agent_id") or out.get("handle") or out.get("slug")
+    if who not in names:
+        return out
+    if "kind" in out and set(out) <= {"kind", "handle", "agent_id", "erased"}:
+        out["erased"] = True  # a reference (PERSON_REF, AGENT_REF)
+    for field in ("display_name", "name"):
+        if field in out:
+            out[field] = names[who]
+    return out
+
+
+def _forget(db: Database, handle: str, now: str) -> None:
+    """Step 5: nothing of ``handle``'s name, address or settings is left in the file (see the banner)."""
+    agents = {r["agent_id"]: r["name"] for r in db.rows("SELECT agent_id, name FROM agents WHERE owner = ?", (handle,))}
+    rooms = {r["project"]: f"{ERASED_NAME}'s room" for r in db.rows("SELECT project FROM rooms WHERE owner = ?",
+                                                                       (handle,))}
+    move(db, "account", handle, "erase", value=now, display_name=ERASED_NAME, email=None, timezone=None,
+         digest_minutes=None, digest_through=None, step_up_above_cost=None, auto_accept=0, away=0)
+    db.execute("UPDATE agents SET display_name = name WHERE owner = ?", (handle,))
+    for room, name in rooms.items():
+        db.execute("UPDATE projects SET name = ? WHERE slug = ?", (name, room))
+    mine = "SELECT id FROM credentials WHERE person = ? OR agent_id IN (SELECT agent_id FROM agents WHERE owner = ?)"
+    db.execute(f"DELETE FROM credential_uses WHERE credential_id IN ({mine})", (handle, handle))
+    db.execute(f"DELETE FROM passkey_ceremonies WHERE credential IN ({mine})", (handle, handle))
+    for table, column in (("passkeys", "person"), ("team_people", "handle"), ("read_positions", "handle"),
+                          ("inbox_marks", "handle"), ("share_rules", "owner")):
+        db.execute(f"DELETE FROM {table} WHERE {column} = ?", (handle,))
+    db.cache.pop(("erased", "people"), None)
+    erased = json.dumps(person_ref(db, handle))
+    for table, column in (("tasks", "requested_by"), ("approvals", "requested_by"), ("submissions", "verified_by"),
+                          ("submissions", "decided_by")):
+        db.execute(f"UPDATE {table} SET {column} = ? WHERE json_extract({column}, '$.kind') = 'person' AND "
+                   f"json_extract({column}, '$.handle') = ?", (erased, handle))
+        for agent in agents:
+            db.execute(f"UPDATE {table} SET {column} = ? WHERE json_extract({column}, '$.agent_id') = ?",
+                       (json.dumps(agent_ref(db, agent)), agent))
+    names = {handle: ERASED_NAME} | agents | rooms
+    for row in db.rows("SELECT seq, payload FROM outbox WHERE instr(payload, ?) > 0", (f'"{handle}', )):
+        db.execute("UPDATE outbox SET payload = ? WHERE seq = ?",
+                   (canonical_json(_scrub(json.loads(row["payload"]), names)), row["seq"]))
+
+
+def close_account(db: Database, who: Actor | str) -> dict:
+    """Close a person's account: ``who`` is the signed-in person (who must have confirmed it's them:
+    require_step_up) or, from the command line, a handle. One transaction, in the steps above.
+
+    Writes ``person.erased`` in each project they were in (with ERASED_COUNTS and the counts of their
+    agents leaving, OFFBOARD_COUNTS), the entries of what ends with it (``approval.decided``,
+    ``task.transitioned``, ``task.returned``, ``device.revoked``, ``invite.revoked`` with
+    ``inviter_erased`` or ``invitee_closed_account``, ...). Returns ``{handle, erased_at, projects:
+    [{project} | refs], sessions_ended, devices_ended, apps_ended, credentials_ended, invites_revoked}``.
+    Raises InvalidInput, NotFound (no such person), InvalidState (closed already; the last owner of a
+    project), StepUpRequired.
+    """
+    handle = who.handle if isinstance(who, Actor) else check_slug(who, "handle")
+    with db.transaction():
+        row = db.one("SELECT * FROM people WHERE handle = ?", (handle,))
+        if row is None:
+            raise NotFound(f"handle: no person '{handle}': 'prickle person list' lists them")
+        if row["erased_at"]:
+            raise InvalidState(f"handle: '{handle}' closed their account already, at {row['erased_at']}")
+        if isinstance(who, Actor):
+            require_step_up(db, who, "close your account")
+        if alone := _owned_alone(db, handle):
+            raise InvalidState(
+                f"'{handle}' is the last owner of {', '.join(repr(p) for p in alone)}: make another member an owner "
+                f"(Promote on the project's Members screen, or prickle member promote {alone[0]} HANDLE) or delete "
+                "the project, then close the account")
+        by = handle if isinstance(who, Actor) else None
+        me = who if isinstance(who, Actor) else Actor("person", "", "person", handle=handle)
+        running = {r["project"]: _running(db, r["project"]) for r in db.rows(
+            "SELECT project FROM members WHERE handle = ? ORDER BY project", (handle,))}
+        ended = sign_out_everywhere(db, handle)
+        projects = [{"project": p} | _erase_in(db, me, p, by, was) for p, was in running.items()]
+        invites = revoke_invites_to(db, row["email"], "invitee_closed_account") if row["email"] else 0
+        keys = revoke_credentials(db, "person = ? OR agent_id IN (SELECT agent_id FROM agents WHERE owner = ?)",
+                                  (handle, handle), "account_closed")
+        now = iso(utcnow())
+        _forget(db, handle, now)
+        db.cache.clear()  # who may reach what, and every name, has changed
+        db.note_revoked()
+    return {"handle": handle, "erased_at": now, "projects": projects, "sessions_ended": ended["sessions_ended"],
+            "devices_ended": ended["devices_ended"], "apps_ended": ended["apps_ended"],
+            "credentials_ended": ended["credentials_ended"] + keys, "invites_revoked": invites}
 
 
 ###############################################################################
@@ -14917,6 +15244,14 @@ async def api_link_repo(state: AppState, person: Actor, request: Request, body: 
                                  body_field(body, "repository", str))
 
 
+async def api_close_account(state: AppState, person: Actor, request: Request, body: Any) -> Response:
+    """DELETE /api/me: close your account, after confirming it's you (close_account); this browser's
+    session ends with every other."""
+    response = JSONResponse(close_account(state.db, person))
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    return response
+
+
 #: Every route but /mcp and /static: chapter 47's and this chapter's.
 ROUTES = WORK_ROUTES + (
     ("GET", "/api/projects/{slug}/story", api_endpoint(api_story)),
@@ -14928,6 +15263,7 @@ ROUTES = WORK_ROUTES + (
     ("POST", "/api/projects/{slug}/story/round-numbers", api_endpoint(api_round_numbers)),
     ("POST", "/api/projects/{slug}/story/repo", api_endpoint(api_link_repo)),
     ("DELETE", "/api/projects/{slug}/story/repo", api_endpoint(api_operation(unlink_repository, "slug"))),
+    ("DELETE", "/api/me", api_endpoint(api_close_account)),
 )
 
 
@@ -15300,6 +15636,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     settings = settings or Settings()
     port = settings.port if port is None else port
     db = Database(db_path)
+    record_restore(db)  # the first start after 'prickle restore': chain.restored in every chain
     hub = WakeHub(db)
     db.listeners.append(hub.committed)
     db.refresh_hooks.append(check_caller)  # a call let in on a cached key is checked at its first read or write
@@ -16606,6 +16943,241 @@ def agents_resume(db_path: str, as_json: bool, everyone: bool, owner: str | None
 # and checking or rehashing the audit chains.
 
 
+# Restoring the file. ``prickle restore`` replaces the database with a backup or a Litestream
+# replica while no server runs: the copy is made and checked in a hidden folder beside the file,
+# marked for the first start (chain.restored in every chain, chapter 6), and only then takes the
+# file's name; the file it replaces is kept beside it, never deleted.
+
+#: The program ``prickle restore --from-replica`` runs when --litestream names none.
+LITESTREAM = "litestream"
+
+
+def find_litestream(path: str | None = None) -> str:
+    """The litestream program to run: ``path`` when given, else ``litestream`` on PATH.
+
+    Raises NotFound saying how to install it.
+    """
+    import shutil
+    found = shutil.which(path or LITESTREAM)
+    if found is not None:
+        return found
+    if path:
+        raise NotFound(f"--litestream {path}: no such program: name the litestream binary's path")
+    raise NotFound("Litestream is not installed (no 'litestream' on PATH): install it (https://litestream.io/install, "
+                   "or 'npm install @flydotio/litestream', whose package holds the binary), or pass --litestream PATH")
+
+
+def _copy_backup(backup: str, out: str) -> None:
+    try:
+        source = apsw.Connection(backup, flags=apsw.SQLITE_OPEN_READONLY)
+    except apsw.Error:
+        raise NotFound(f"cannot open {backup}: name a file 'prickle backup' wrote") from None
+    try:
+        target = apsw.Connection(out)
+        try:
+            with target.backup("main", source, "main") as b:
+                b.step(-1)
+        finally:
+            target.close()
+    except apsw.NotADBError:
+        raise InvalidInput(f"{backup} is not a database: name a file 'prickle backup' wrote") from None
+    finally:
+        source.close()
+
+
+def _litestream_restore(binary: str, out: str, replica: str | None, config: str | None, db_path: str,
+                        at: str | None) -> None:
+    import subprocess
+    command = [binary, "restore", "-o", out] + (["-timestamp", at] if at else [])
+    command += ["-config", config, os.path.abspath(db_path)] if config else [replica]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    except OSError as e:
+        raise StorageError(f"cannot run {binary} ({e.strerror}): check it is the litestream binary") from None
+    if done.returncode != 0 or not os.path.exists(out):
+        said = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+        where = replica or f"the replica {config} names for {db_path}"
+        hint = (" (a time before the replica's first snapshot finds nothing)" if at and said
+                and "no matching backups" in said[-1] else "")
+        raise StorageError(f"litestream could not restore {where}: {said[-1] if said else 'it said nothing'}{hint}; "
+                           "nothing was replaced")
+
+
+def _newest_write(conn: apsw.Connection) -> str | None:
+    return conn.execute("SELECT max(at) FROM (SELECT max(at) AS at FROM audit UNION ALL "
+                        "SELECT max(at) FROM outbox)").fetchall()[0][0]
+
+
+def _check_copy(out: str, what: str) -> str | None:
+    """Refuse a copy SQLite finds damaged, one newer than this Prickle or no Prickle file; when it was taken."""
+    conn = apsw.Connection(out)
+    try:
+        try:
+            problems = [r[0] for r in conn.execute("PRAGMA integrity_check")]
+        except apsw.NotADBError:
+            raise InvalidInput(f"{what} is not a database: name a file 'prickle backup' wrote") from None
+        if problems != ["ok"]:
+            raise StorageError(f"{what} fails SQLite's integrity check ({problems[0][:200]}): nothing was replaced; "
+                               "restore an earlier backup or time")
+        if conn.pragma("user_version") > len(MIGRATIONS):
+            raise StorageError(f"{what} was written by a newer Prickle (schema {conn.pragma('user_version')}): "
+                               "restore it with that version")
+        try:
+            conn.execute("SELECT value FROM meta WHERE key = 'secret'").fetchall()[0]
+            conn.execute("SELECT 1 FROM audit LIMIT 1").fetchall()
+        except (apsw.SQLError, IndexError):
+            raise InvalidInput(f"{what} is not a Prickle database: name a file 'prickle backup' wrote") from None
+        taken = conn.execute("SELECT value FROM meta WHERE key = ?", (BACKUP_TAKEN_AT,)).fetchall()
+        return taken[0][0] if taken else None
+    finally:
+        conn.close()
+
+
+def _open_replaced(db_path: str) -> apsw.Connection | None:
+    """The file a restore replaces, its log copied in (so it is whole alone); None if it is no database.
+
+    Raises StorageError when another program holds it open (Litestream replicating it, a command).
+    """
+    try:
+        conn = apsw.Connection(db_path)
+    except apsw.Error:
+        return None
+    try:
+        conn.setbusytimeout(2000)
+        conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+        conn.execute("SELECT chain FROM audit LIMIT 1").fetchall()
+        return conn
+    except apsw.BusyError:
+        conn.close()
+        raise StorageError(f"another program has {db_path} open (Litestream replicating it, or a prickle command): "
+                           "stop it, then run 'prickle restore' again") from None
+    except apsw.Error:
+        conn.close()
+        return None
+
+
+def _swap_in(db_path: str, out: str, replaced: bool, stamp: str) -> str | None:
+    """Give the copy the database's name; the name the replaced file is kept under (None if there was none)."""
+    aside = None
+    if replaced:
+        aside, n = f"{db_path}.replaced-{stamp}", 1
+        while os.path.exists(aside):
+            n += 1
+            aside = f"{db_path}.replaced-{stamp}-{n}"
+    # The log first: an old log left beside the new file would be replayed into it.
+    for suffix in ("-wal", "-shm", ""):
+        if os.path.exists(db_path + suffix):
+            if aside is not None:
+                os.rename(db_path + suffix, aside + suffix)
+            else:
+                os.unlink(db_path + suffix)
+    os.rename(out, db_path)
+    folder = os.open(os.path.dirname(os.path.abspath(db_path)), os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+    return aside
+
+
+def restore_file(db_path: str, source: str, fill: Callable[[str], None], what: str, point: str | None = None) -> dict:
+    """Replace the database at ``db_path`` with a restored copy that ``fill(out)`` writes to the new file ``out``.
+
+    ``source`` is ``backup`` or ``replica``; ``what`` names it in errors; ``point`` is the restore
+    point (a replica's --timestamp), else the time the backup was taken, else the copy's newest
+    write. The copy must pass SQLite's integrity check; it is upgraded to this Prickle's schema and
+    given the marker the first start records (``chain.restored``, :func:`record_restore`). The
+    replaced file (with its log) is kept as ``<db>.replaced-<time>``. Raises StorageError while a
+    server uses the file or another program has it open; nothing changes unless it all worked.
+    Returns ``{"db", "source", "point", "replaced", "chains"}``.
+    """
+    holder = running_server(db_path)
+    if holder is not None:
+        pid = f" (pid {holder['pid']})" if holder["pid"] else ""
+        raise StorageError(f"a prickle serve{pid} is using {db_path}: stop it first (Ctrl-C or SIGTERM), then run "
+                           "'prickle restore' again; a restore replaces the file, and what a running server writes "
+                           "after it would be lost")
+    existed = os.path.exists(db_path) and os.path.getsize(db_path) > 0
+    lock = ServerLock(db_path)  # no server starts on the file while the copy is made
+    lock.acquire()
+    work = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(db_path)), prefix=".prickle-restore-")
+    out, replaced, aside = os.path.join(work, "restored.db"), None, None
+    try:
+        fill(out)
+        taken = _check_copy(out, what)
+        restored_at = iso(utcnow())
+        replaced = _open_replaced(db_path) if existed else None
+        copy = Database(out)  # an older copy is upgraded here, before it replaces anything
+        try:
+            point = point or taken or _newest_write(copy.conn) or restored_at
+            marker = restore_marker(copy.conn, replaced, source, point, restored_at)
+            with copy.transaction():
+                copy.execute("DELETE FROM meta WHERE key = ?", (BACKUP_TAKEN_AT,))
+                copy.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                             (RESTORE_MARKER, json.dumps(marker)))
+            copy.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+        finally:
+            copy.close()
+        if replaced is not None:
+            replaced.close()
+            replaced = None
+        aside = _swap_in(db_path, out, existed, utcnow().strftime("%Y%m%dT%H%M%SZ"))
+    finally:
+        if replaced is not None:
+            replaced.close()
+        import shutil
+        shutil.rmtree(work, ignore_errors=True)
+        if not existed and aside is None and os.path.exists(db_path) and not os.path.getsize(db_path):
+            os.unlink(db_path)  # the empty file the lock made, when nothing took its place
+        lock.release()
+    return {"db": os.path.abspath(db_path), "source": source, "point": point,
+            "replaced": aside and os.path.abspath(aside), "chains": len(marker["chains"] | {DEPLOYMENT_CHAIN: 0})}
+
+
+@cli.command("restore")
+@db_options
+@click.argument("backup", required=False, metavar="[BACKUP]")
+@click.option("--from-replica", "replica", default=None, metavar="URL",
+              help="Restore from a Litestream replica, e.g. s3://BUCKET/prickle.db, instead of a backup file.")
+@click.option("--litestream-config", "config", default=None, metavar="FILE",
+              help="Restore from the replica Litestream's config file names for this database (for an S3-compatible "
+                   "service at an endpoint of your own).")
+@click.option("--timestamp", default=None, metavar="TIME",
+              help="With a replica: the database as it was at this time (ISO 8601 with its zone, like "
+                   "2026-12-02T07:30:00Z); without it, the latest.")
+@click.option("--litestream", "binary", default=None, metavar="PATH",
+              help="The litestream program (default: litestream on PATH).")
+def restore_cmd(db_path: str, as_json: bool, backup: str | None, replica: str | None, config: str | None,
+                timestamp: str | None, binary: str | None) -> None:
+    """Replace the database with a backup or a Litestream replica (stop the server first); the file it
+    replaces is kept beside it, and the server's next start records chain.restored in every audit chain."""
+    if sum(x is not None for x in (backup, replica, config)) != 1:
+        raise InvalidInput("name one thing to restore from: a BACKUP file 'prickle backup' wrote, or --from-replica URL "
+                           "(or --litestream-config FILE) for a Litestream replica")
+    at = normal_time(timestamp, "--timestamp") if timestamp is not None else None
+    if at is not None and backup is not None:
+        raise InvalidInput("--timestamp goes with --from-replica or --litestream-config: a backup holds one moment")
+    if at is not None and at > iso(utcnow()):
+        raise InvalidInput(f"--timestamp {timestamp} is in the future: leave it out to restore the latest")
+    if backup is not None:
+        if not os.path.isfile(backup):
+            raise NotFound(f"no backup at {backup}: name a file 'prickle backup' wrote")
+        if os.path.exists(db_path) and os.path.samefile(backup, db_path):
+            raise InvalidInput(f"{backup} is the database itself: name a backup of it")
+        what = backup
+        result = restore_file(db_path, "backup", lambda out: _copy_backup(backup, out), what)
+    else:
+        program = find_litestream(binary)
+        what = replica or f"the replica {config} names"
+        result = restore_file(db_path, "replica",
+                              lambda out: _litestream_restore(program, out, replica, config, db_path, at), what, at)
+    kept = (f" The file it replaced is kept as {result['replaced']}." if result["replaced"] else "")
+    Out(as_json)(result | {"from": backup or replica or config},
+                 f"Restored {db_path} from {what}, as it was at {result['point']}.{kept} The server's next start "
+                 f"records chain.restored in each of the {result['chains']} audit chains: prickle serve --db "
+                 f"{shlex.quote(db_path)}")
+
+
 @audit_group.command("rehash")
 @db_options
 @click.argument("project_slug", metavar="[PROJECT]", required=False)
@@ -16622,6 +17194,20 @@ def audit_rehash(db_path: str, as_json: bool, project_slug: str | None) -> None:
         f"{e['chain'] or '(deployment)'}: {e['refs']['rewritten']} entries rewritten to hash version "
         f"{e['refs']['hash_version']}; old head {e['refs']['old_head']}, new head {e['refs']['new_head']}"
         for e in done) or f"Every audit chain is already at hash version {AUDIT_HASH_VERSIONS[-1]}.")
+
+
+@person_group.command("erase")
+@db_options
+@click.argument("handle")
+def person_erase(db_path: str, as_json: bool, handle: str) -> None:
+    """Close HANDLE's account: they become an erased person everywhere (see the README)."""
+    out = close_account(open_db(db_path), handle)
+    lines = [f"Closed {handle}'s account: their name and address are gone; {out['credentials_ended']} credentials, "
+             f"{out['sessions_ended']} sessions and sign-in links, {out['devices_ended']} devices and "
+             f"{out['apps_ended']} apps ended; {out['invites_revoked']} invites to them revoked."]
+    lines += [f"  {p['project']}: {p['approvals_denied']} approvals denied, {p['tasks_cancelled']} tasks cancelled, "
+              f"{p['runs_closed']} runs closed, {p['agents']} agents left" for p in out["projects"]]
+    Out(as_json)(out, "\n".join(lines))
 
 
 ###############################################################################
