@@ -165,6 +165,7 @@ import hashlib
 import hmac
 import io
 import ipaddress
+import itertools
 import json
 import logging
 import math
@@ -198,6 +199,7 @@ import jsonschema_rs
 import mcp_types
 import pydantic
 import pydantic_core
+from dateutil import rrule as _rrule
 import webauthn
 from webauthn.helpers import base64url_to_bytes, bytes_to_base64url
 from webauthn.helpers.exceptions import WebAuthnException
@@ -591,6 +593,9 @@ class Settings(pydantic.BaseModel):
     access_log: bool = True
     #: A search stops after this many seconds and says to narrow it (it runs off the event loop).
     search_seconds: float = pydantic.Field(2.0, gt=0, le=60)
+    #: Runs a day one schedule may have, and all of one person's schedules together.
+    schedule_runs_per_day: int = pydantic.Field(24, ge=1, le=288)
+    schedule_runs_per_owner: int = pydantic.Field(96, ge=1, le=10_000)
     #: Where mail goes out (invites, sign-in links by email); None sends none.
     smtp: SmtpSettings | None = None
     #: Whom push services may write to about this server's notifications (VAPID's ``sub``): a
@@ -1838,6 +1843,30 @@ MIGRATIONS: list[list[str]] = [
         # The story's round numbers find the project's nth message without sorting them all.
         "CREATE INDEX messages_by_project ON messages(project, seq)",
     ],
+    [
+        # Closing an account (chapter 40): when the person was erased; NULL while the account is open.
+        "ALTER TABLE people ADD COLUMN erased_at TEXT",
+    ],
+    [
+        # Schedules (chapter 37): an owner's schedule for their agent, kept in their private room
+        # (``room``), asking in ``project``; each due time's outcome (schedule_runs); and the schedule
+        # (``{"schedule_id", "version"}``) a task was asked by, its runs' cause.
+        """CREATE TABLE schedules (
+            id TEXT PRIMARY KEY, owner TEXT NOT NULL, room TEXT NOT NULL, agent TEXT NOT NULL,
+            project TEXT NOT NULL, text TEXT NOT NULL, recurrence TEXT NOT NULL, timezone TEXT NOT NULL,
+            anchor TEXT NOT NULL, freq TEXT NOT NULL, runs_a_day INTEGER NOT NULL, state TEXT NOT NULL,
+            version INTEGER NOT NULL, next_run_at TEXT, stop_reason TEXT, created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL)""",
+        "CREATE INDEX schedules_due ON schedules (next_run_at) WHERE state = 'active'",
+        "CREATE INDEX schedules_by_owner ON schedules (owner, created_at)",
+        """CREATE TABLE schedule_runs (
+            id INTEGER PRIMARY KEY, schedule_id TEXT NOT NULL REFERENCES schedules(id), owner TEXT NOT NULL,
+            version INTEGER NOT NULL, due_at TEXT NOT NULL, at TEXT NOT NULL, task_id TEXT, outcome TEXT NOT NULL,
+            detail TEXT, missed INTEGER NOT NULL DEFAULT 0)""",
+        "CREATE INDEX schedule_runs_by_schedule ON schedule_runs (schedule_id, at)",
+        "CREATE INDEX schedule_runs_by_owner ON schedule_runs (owner, at)",
+        "ALTER TABLE tasks ADD COLUMN schedule TEXT",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -2392,6 +2421,17 @@ class Maintenance:
     def add(self, name: str, every: float, run: Callable[[], Any]) -> None:
         """Run ``run()`` every ``every`` seconds (from the first tick on) under ``name``."""
         self.pieces.append(_Piece(name, every, run))
+
+    def wake(self, name: str) -> None:
+        """Run the piece ``name`` at the next tick (what it waits for changed before its time)."""
+        for piece in self.pieces:
+            if piece.name == name:
+                piece.due = 0.0
+
+    def status(self) -> list[dict]:
+        """Every piece: ``[{"piece", "next_in"}]``, ``next_in`` the seconds until it runs again."""
+        now = time.monotonic()
+        return [{"piece": p.name, "next_in": round(max(p.due - now, 0.0), 3)} for p in self.pieces]
 
     def degraded(self) -> list[dict]:
         """The failing pieces: ``[{"piece", "cause", "since", "failures"}]``, in the order they were added."""
@@ -3386,7 +3426,7 @@ REVOCATIONS = {"revoked": True, "claim_retried": True, "run_replaced": True, "ru
                "run_uncertain": True, "run_ended": True, "issuer_revoked": False, "device_revoked": False, "task_cancelled": False,
                "task_handed_back": False, "turn_ended": False, "turn_retried": False, "assignee_left": False,
                "left_project": False, "rotated": False, "app_revoked": True, "refresh_replayed": True,
-               "code_replayed": True}
+               "code_replayed": True, "account_closed": False}
 
 #: Credentials ended because their agent left the project: their callers are told not_found.
 LEFT_PROJECT_REASONS = ("assignee_left", "left_project")
@@ -3846,7 +3886,32 @@ def start_state(task: dict) -> str:
     return "approved" if task["run_approved"] else "none"
 
 
+#: A person's account: open until they close it, or the operator closes it for them (erased: nothing
+#: of their name or address is left, and nothing is done as them again). Kept as the time it was
+#: erased in ``people.erased_at`` (NULL while open).
+ACCOUNT_MOVES: dict[str, dict[str, str]] = {
+    "open": {"erase": "erased"},
+    **closed("erased"),
+}
+
+
+def account_state(person: dict) -> str:
+    """The key of ACCOUNT_MOVES a people row is in."""
+    return "erased" if person["erased_at"] else "open"
+
+
 #: Every lifecycle, by the kind move() takes.
+# A schedule (chapter 37) asks its agent for a task at each due time while active. Its owner
+# edits it (a move to where it is), pauses and resumes it, or deletes it (its text is cleared);
+# it stops by itself when its agent left the project or its owner was removed, and its owner may
+# resume it once that is mended.
+SCHEDULE_MOVES: dict[str, dict[str, str]] = {
+    "active": {"edit": "active", "pause": "paused", "stop": "stopped", "delete": "deleted"},
+    "paused": {"edit": "paused", "resume": "active", "delete": "deleted"},
+    "stopped": {"edit": "stopped", "resume": "active", "delete": "deleted"},
+    **closed("deleted"),
+}
+
 LIFECYCLES: dict[str, Lifecycle] = {
     "task": Lifecycle("task", "tasks", "state", TASK_MOVES, MOVE_BY, lifecycle_state, {
         "approval_gate": "approval (a held handoff)", "approval_final": "approval (a verified result)",
@@ -3863,6 +3928,9 @@ LIFECYCLES: dict[str, Lifecycle] = {
     "lead": Lifecycle("default lead", "projects", "lead_state", LEAD_MOVES, key=lead_state, id_column="slug",
                       stored={"none": None}),
     "start": Lifecycle("Start flag", "tasks", "run_approved", START_MOVES, key=start_state, stored={"none": None}),
+    "account": Lifecycle("account", "people", "erased_at", ACCOUNT_MOVES, key=account_state, id_column="handle",
+                         stored={"open": None}),
+    "schedule": Lifecycle("schedule", "schedules", "state", SCHEDULE_MOVES),
 }
 
 
@@ -4003,16 +4071,56 @@ def add_person(db: Database, handle: str, display_name: str, color: int | None =
 
 
 def person_out(db: Database, handle: str) -> dict:
-    """A person as the reference shows one: handle, display_name, avatar_url, color, away."""
+    """A person as the reference shows one: handle, display_name, avatar_url, color, away; a person
+    whose account was closed also has ``erased: true`` (and ERASED_NAME for a name)."""
     row = db.one("SELECT * FROM people WHERE handle = ?", (handle,))
     if row is None:
         raise NotFound(f"no person with handle '{handle}': add them with 'prickle person add'")
-    return {"handle": row["handle"], "display_name": row["display_name"], "avatar_url": None,
-            "color": row["color"], "away": bool(row["away"])}
+    out = {"handle": row["handle"], "display_name": row["display_name"], "avatar_url": None,
+           "color": row["color"], "away": bool(row["away"])}
+    return out | {"erased": True} if row["erased_at"] else out
 
 
 def require_person(db: Database, handle: str) -> dict:
-    return person_out(db, check_slug(handle, "handle"))
+    """The person ``handle`` (person_out) for an act as them or for them. Raises InvalidInput, NotFound,
+    or InvalidState for a person whose account was closed (nothing is done as them again)."""
+    person = person_out(db, check_slug(handle, "handle"))
+    if person.get("erased"):
+        raise InvalidState(f"handle: '{handle}' closed their account: nothing can be done as them or for them "
+                           "any more")
+    return person
+
+
+#: The name shown for a person whose account was closed, wherever their name was (chapter 40).
+ERASED_NAME = "Erased person"
+
+
+def erased_people(db: Database) -> frozenset[str]:
+    """The handles of the people whose account was closed (cached until a write changes the file)."""
+    return db.cached(("erased", "people"), lambda: frozenset(
+        r["handle"] for r in db.rows("SELECT handle FROM people WHERE erased_at IS NOT NULL")))
+
+
+def person_ref(db: Database, handle: str) -> dict:
+    """The reference's person reference ``{kind: person, handle}``, with ``erased: true`` once the person
+    closed their account. The one place a person's reference is made, so that every answer, event and
+    page shows an erased person the same way."""
+    ref = {"kind": "person", "handle": handle}
+    return ref | {"erased": True} if handle in erased_people(db) else ref
+
+
+def agent_ref(db: Database, agent_id: str) -> dict:
+    """The reference's agent reference ``{kind: agent, agent_id}``, with ``erased: true`` once its owner
+    closed their account (their agents are erased with them)."""
+    ref = {"kind": "agent", "agent_id": agent_id}
+    return ref | {"erased": True} if agent_id.split("/")[0] in erased_people(db) else ref
+
+
+def actor_ref_out(db: Database, ref: dict | None) -> dict | None:
+    """A stored person or agent reference (or None) as it is shown now: see person_ref and agent_ref."""
+    if ref is None or ref.get("kind") not in ("person", "agent"):
+        return ref
+    return person_ref(db, ref["handle"]) if ref["kind"] == "person" else agent_ref(db, ref["agent_id"])
 
 
 #: How many agent apps a team's allow-list names at most.
@@ -4195,7 +4303,7 @@ def create_project(db: Database, slug: str, name: str, team: str, owner: str, de
         db.execute("INSERT INTO members VALUES (?, ?, 'owner', 1, ?)", (slug, owner, now))
         append_event(db, slug, "project.created", {
             "summary": {"slug": slug, "team": team, "name": name, "description": description},
-            "by": {"kind": "person", "handle": owner},
+            "by": person_ref(db, owner),
         })
         audit(db, slug, "project.created", {"team": team, "by": owner})
         audit(db, slug, "member.added", {"person": owner, "role": "owner", "grant_version": 1, "by": owner})
@@ -4584,7 +4692,9 @@ def list_projects(db: Database, handle: str) -> list[dict]:
 
 
 def audit_page(db: Database, actor: Actor, project: str, before: int | None, limit: int) -> dict:
-    """A project's audit entries newest first (``n < before``), with the whole chain's check.
+    """A project's audit entries newest first (``n < before``), with the whole chain's check, and
+    ``erased``: the handles and agent IDs the entries name of people who closed their account (and of
+    their agents), to show as erased (an entry is never rewritten).
 
     The project must be in ``actor``'s reach (NotFound otherwise).
     """
@@ -4593,8 +4703,11 @@ def audit_page(db: Database, actor: Actor, project: str, before: int | None, lim
         rows = db.rows("SELECT n, at, type, refs FROM audit WHERE chain = ? AND n < ? ORDER BY n DESC LIMIT ?",
                        (project, before if before is not None else SEQ_MAX, limit))
         report = verify_audit(db, project)[0]
-    return {"entries": [r | {"refs": json.loads(r["refs"])} for r in rows],
-            "chain": {k: report[k] for k in ("ok", "entries", "broken_at")}}
+        gone = erased_people(db)
+    entries = [r | {"refs": json.loads(r["refs"])} for r in rows]
+    named = {v for e in entries for v in e["refs"].values() if isinstance(v, str)}
+    return {"entries": entries, "chain": {k: report[k] for k in ("ok", "entries", "broken_at")},
+            "erased": sorted(v for v in named if v.split("/")[0] in gone and v.count("/") <= 1)}
 
 
 def team_projects_of(db: Database, agent_id: str) -> list[str]:
@@ -4813,6 +4926,20 @@ def revoke_invites_by(db: Database, project: str, handle: str, reason: str) -> i
     for row in rows:
         _end_invite(db, row, "revoke", reason)
         audit(db, project, "invite.revoked", {"invite": row["id"], "reason": reason, "by": None})
+    return len(rows)
+
+
+def revoke_invites_to(db: Database, email: str, reason: str) -> int:
+    """Revoke every open invite to ``email``, in any project, inside the caller's transaction (the person
+    invited closed their account: ``reason`` ``invitee_closed_account``). Writes one ``invite.revoked`` per
+    invite, naming nobody, and returns how many (expired ones end without an entry and are not counted)."""
+    if reason not in INVITE_REVOKE_REASONS:
+        raise InvalidInput(f"reason must be one of {', '.join(INVITE_REVOKE_REASONS)}")
+    expire_due(db, "invite", where="email = ?", params=(email,))
+    rows = db.rows("SELECT * FROM invites WHERE email = ? AND state = 'open' ORDER BY id", (email,))
+    for row in rows:
+        _end_invite(db, row, "revoke", reason)
+        audit(db, row["project"], "invite.revoked", {"invite": row["id"], "reason": reason, "by": None})
     return len(rows)
 
 
@@ -6847,7 +6974,7 @@ def task_out(db: Database, task: dict | str) -> dict:
         "latest_checkpoint_by": {"agent": cp["agent"], "provenance": "agent_generated",
                                  "handed_back": task["state"] == "returned" or cp["agent"] != task["assignee"]}
         if cp else None,
-        "requested_by": json.loads(task["requested_by"]),
+        "requested_by": actor_ref_out(db, json.loads(task["requested_by"])),
         "origin_message_id": task["origin_message_id"],
         "route": json.loads(task["route"]),
         "display_title": task["display_title"],
@@ -8437,8 +8564,12 @@ def expire_idle_devices(db: Database, now: _dt.datetime) -> int:
 
 
 def _run_cause(task: dict) -> dict:
-    """Why a run of this task starts: the owner's Task request, or the gate's decision on the handoff."""
+    """Why a run of this task starts: the owner's schedule or Task request, or the gate's decision on the handoff."""
     by = json.loads(task["requested_by"])
+    if task["schedule"]:
+        asked = json.loads(task["schedule"])
+        return {"kind": "owner_schedule", "schedule_id": asked["schedule_id"], "version": asked["version"],
+                "task_id": task["id"], "owner": by["handle"]}
     if by["kind"] == "person" and task["origin_message_id"]:
         return {"kind": "owner_message", "message_id": task["origin_message_id"], "author": by["handle"]}
     gate = json.loads(task["gate"] or "{}")
@@ -9135,13 +9266,13 @@ _TIMELINE_RANK = {"created": 0, "message": 1, "checkpoint": 2, "submission": 3, 
                   "state": 6, "run_ended": 7}
 
 
-def _timeline_actor(by: str | None) -> dict | None:
+def _timeline_actor(db: Database, by: str | None) -> dict | None:
     """Who an audit entry's ``by`` names: an agent (its ID has a slash), a person, or Prickle itself."""
     if by is None:
         return None
     if "/" in by:
-        return {"kind": "agent", "agent_id": by}
-    return {"kind": "system"} if by in ("gate", "admin", "system") else {"kind": "person", "handle": by}
+        return agent_ref(db, by)
+    return {"kind": "system"} if by in ("gate", "admin", "system") else person_ref(db, by)
 
 
 def _excerpt(text: str) -> str:
@@ -9165,10 +9296,10 @@ def _timeline_audit(db: Database, task: dict) -> list[tuple[str, int, int, dict]
             continue
         if r["type"] == "task.transitioned":
             entry = {"kind": "state", "from": refs["from"], "to": refs["to"], "move": refs["move"],
-                     "by": _timeline_actor(refs["by"]), "reason": said.get(r["n"], words), "why": why}
+                     "by": _timeline_actor(db, refs["by"]), "reason": said.get(r["n"], words), "why": why}
             why = words = None
         elif r["type"] == "approval.decided":
-            entry = {"kind": "decision", "decision": refs["decision"], "by": _timeline_actor(refs["by"]),
+            entry = {"kind": "decision", "decision": refs["decision"], "by": _timeline_actor(db, refs["by"]),
                      "revision": None, "reason": None}
         elif r["type"] == "result.accepted":
             sub = subs.get(refs["submission"]) or {}
@@ -9176,12 +9307,12 @@ def _timeline_audit(db: Database, task: dict) -> list[tuple[str, int, int, dict]
             by = refs.get("by") if step == "owner_accepted" else \
                 (json.loads(sub["verified_by"])["agent_id"] if step == "verified" and sub.get("verified_by") else None)
             entry = {"kind": "decision", "decision": {"verified": "verified", "policy": "accepted_by_policy"}.get(
-                step, "accepted"), "by": _timeline_actor(by), "revision": refs["revision"], "reason": None}
+                step, "accepted"), "by": _timeline_actor(db, by), "revision": refs["revision"], "reason": None}
         else:  # result.rejected: by the requesting agent, or sent back by a person
             by = refs.get("by")
             words = (subs.get(refs["submission"]) or {}).get("reason")
             entry = {"kind": "decision", "decision": "rejected" if by and "/" in by else "sent_back",
-                     "by": _timeline_actor(by), "revision": refs["revision"], "reason": words}
+                     "by": _timeline_actor(db, by), "revision": refs["revision"], "reason": words}
         out.append((r["at"], _TIMELINE_RANK[entry["kind"]], r["n"], {"at": r["at"]} | entry))
     return out
 
@@ -9209,21 +9340,21 @@ def task_timeline(db: Database, task: dict) -> list[dict]:
     def add(at: str, kind: str, order: int, entry: dict) -> None:
         rows.append((at, _TIMELINE_RANK[kind], order, {"at": at} | entry))
 
-    add(task["created_at"], "created", 0, {"kind": "created", "by": json.loads(task["requested_by"])})
+    add(task["created_at"], "created", 0, {"kind": "created", "by": actor_ref_out(db, json.loads(task["requested_by"]))})
     for m in db.rows("SELECT seq, id, author_kind, author, body, created_at FROM messages WHERE project = ? AND "
                      "task_id = ? ORDER BY seq", (task["project"], task["id"])):
-        by = {"kind": "person", "handle": m["author"]} if m["author_kind"] == "person" else _timeline_actor(m["author"])
+        by = person_ref(db, m["author"]) if m["author_kind"] == "person" else _timeline_actor(db, m["author"])
         add(m["created_at"], "message", m["seq"],
             {"kind": "message", "by": by, "message_id": m["id"], "excerpt": _excerpt(m["body"])})
     for c in db.rows("SELECT rowid, * FROM checkpoints WHERE task_id = ?", (task["id"],)):
         add(c["created_at"], "checkpoint", c["rowid"], {
-            "kind": "checkpoint", "by": _timeline_actor(c["agent"]), "checkpoint_id": c["id"],
+            "kind": "checkpoint", "by": _timeline_actor(db, c["agent"]), "checkpoint_id": c["id"],
             "excerpt": _excerpt(json.loads(c["body"]).get("progress") or ""), "needs_answer": bool(c["needs_answer"])})
     for s in db.rows("SELECT * FROM submissions WHERE task_id = ?", (task["id"],)):
-        add(s["returned_at"], "submission", s["revision"], {"kind": "submission", "by": _timeline_actor(
+        add(s["returned_at"], "submission", s["revision"], {"kind": "submission", "by": _timeline_actor(db, 
             s["returned_by"]), "revision": s["revision"], "excerpt": _excerpt(s["summary"])})
     for a in db.rows("SELECT rowid, * FROM attempts WHERE task_id = ?", (task["id"],)):
-        run = {"kind": "run", "by": _timeline_actor(a["agent_id"]), "run": a["id"], "purpose": a["purpose"]}
+        run = {"kind": "run", "by": _timeline_actor(db, a["agent_id"]), "run": a["id"], "purpose": a["purpose"]}
         add(a["claimed_at"], "run_started", a["rowid"], run | {"event": "started"})
         if a["ended_at"]:
             add(a["ended_at"], "run_ended", a["rowid"], run | {"event": "ended", "state": a["state"],
@@ -10252,7 +10383,8 @@ OFFBOARD_COUNTS = ("agents", "returned", "transferred", "rules_revoked", "standi
                    "invites")
 
 #: Why a leaving person's open invites end, by why they leave.
-_INVITES_END = {"member_left": "inviter_left", "member_removed": "inviter_removed"}
+_INVITES_END = {"member_left": "inviter_left", "member_removed": "inviter_removed",
+                "member_erased": "inviter_erased"}
 
 
 def _projects_of(party: str) -> tuple[str, str]:
@@ -11648,8 +11780,538 @@ def browser_label(user_agent: str) -> str | None:
 # 37. Private rooms: schedules
 ###############################################################################
 
-# An owner's schedule for one of their own agents: a text, a recurrence and a time zone; each time it
-# is due, a task from the owner to that agent (the lineage cause owner_schedule).
+# An owner's schedule for one of their own agents, kept in their private room: a text, a recurrence
+# and a time zone, asking in a team project where the agent works. Each due time the scheduler
+# (run_due_schedules, the server's "schedules" piece) posts a Task request from the owner to the
+# agent there, its runs' cause ``owner_schedule``; the owner's runner runs it like any other task.
+#
+# A recurrence is a small structured form mapped onto python-dateutil's rrule, never parsed by
+# hand: ``{"freq": "weekly", "byweekday": ["mo", "tu"], "hour": 9, "minute": 0}``. Daily and
+# longer recurrences keep wall-clock time in the schedule's zone (zoneinfo): 9:00 stays 9:00 across
+# a daylight-saving change, a time the change skips runs at the first moment after it, and a time
+# it repeats runs once. Minutely and hourly ones count elapsed time, so a change neither skips nor
+# doubles a run. Due times are kept in the file (``next_run_at``); after downtime the scheduler runs
+# a missed schedule once, saying how many due times that run stands for.
+
+#: The frequencies a recurrence may have, as rrule knows them.
+SCHEDULE_FREQS = {"minutely": _rrule.MINUTELY, "hourly": _rrule.HOURLY, "daily": _rrule.DAILY,
+                  "weekly": _rrule.WEEKLY, "monthly": _rrule.MONTHLY, "yearly": _rrule.YEARLY}
+
+#: Frequencies that count elapsed time (in UTC) rather than the zone's wall-clock time.
+_ELAPSED = ("minutely", "hourly")
+
+#: Weekday names of ``byweekday``, as rrule knows them.
+_WEEKDAYS = {"mo": _rrule.MO, "tu": _rrule.TU, "we": _rrule.WE, "th": _rrule.TH, "fr": _rrule.FR,
+             "sa": _rrule.SA, "su": _rrule.SU}
+
+#: The fields a recurrence may have.
+_RECURRENCE_KEYS = ("freq", "interval", "byweekday", "bymonthday", "bymonth", "hour", "minute", "until")
+
+#: A minutely recurrence runs at most this often (minutes).
+SCHEDULE_MINUTES_MIN = 5
+
+#: Runs a day one schedule, and all of one owner's schedules together, may have unless the
+#: server's settings say otherwise (``schedule_runs_per_day``, ``schedule_runs_per_owner``).
+SCHEDULE_RUNS_PER_DAY = 24
+SCHEDULE_OWNER_RUNS_PER_DAY = 96
+
+#: Schedules one owner may keep (not counting deleted ones).
+SCHEDULES_MAX = 50
+
+#: A due time the scheduler reaches later than this was missed (the server was down): its run
+#: says so, and stands for every due time missed since.
+SCHEDULE_LATE = _dt.timedelta(minutes=10)
+
+#: The scheduler sleeps at most this long (seconds) when nothing is due sooner (a clock that jumped).
+SCHEDULER_MAX_SLEEP = 3600.0
+
+#: What a scheduled task asks of its result (the schedule's text is the task).
+SCHEDULE_CRITERION = "Do what the schedule's text asks and say what was done."
+
+_FIELDS = ("agent", "project", "text", "recurrence", "timezone")
+
+
+def _int_list(rec: dict, key: str, low: int, high: int, zero: bool = True) -> list[int] | None:
+    value = rec.get(key)
+    if value is None:
+        return None
+    items = value if isinstance(value, list) else [value]
+    if not items or any(isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high or (v == 0 and not zero)
+                        for v in items):
+        raise InvalidInput(f"recurrence.{key} must be a whole number from {low} to {high}, or a list of them")
+    return sorted(set(items))
+
+
+def check_recurrence(rec: Any) -> dict:
+    """A recurrence in its stored form, defaults filled; InvalidInput naming the field that is wrong.
+
+    ``{"freq": minutely|hourly|daily|weekly|monthly|yearly, "interval": n (1), "byweekday": ["mo"…],
+    "bymonthday": [1…31 or -1…-31], "bymonth": [1…12], "hour": h or [h…] (daily and longer),
+    "minute": m (0), "until": "YYYY-MM-DD" (the last day it may run, in its zone)}``.
+    """
+    if not isinstance(rec, dict):
+        raise InvalidInput('recurrence must be an object such as {"freq": "weekly", "byweekday": ["mo"], "hour": 9}')
+    unknown = sorted(set(rec) - set(_RECURRENCE_KEYS))
+    if unknown:
+        raise InvalidInput(f"recurrence.{unknown[0]} is not a field of a recurrence: use {', '.join(_RECURRENCE_KEYS)}")
+    freq = rec.get("freq")
+    if freq not in SCHEDULE_FREQS:
+        raise InvalidInput(f"recurrence.freq must be one of {', '.join(SCHEDULE_FREQS)}")
+    out: dict[str, Any] = {"freq": freq, "interval": (_int_list(rec, "interval", 1, 1000) or [1])[0]}
+    if isinstance(rec.get("interval"), list):
+        raise InvalidInput("recurrence.interval must be one whole number")
+    if freq in _ELAPSED:
+        for key in ("byweekday", "bymonthday", "bymonth", "hour"):
+            if key in rec:
+                raise InvalidInput(f"recurrence.{key}: a {freq} recurrence counts elapsed time; leave {key} out "
+                                   "(or use daily, weekly or monthly)")
+        if freq == "minutely" and out["interval"] < SCHEDULE_MINUTES_MIN:
+            raise InvalidInput(f"recurrence.interval: a minutely schedule runs at most every {SCHEDULE_MINUTES_MIN} "
+                               "minutes")
+        if freq == "minutely" and "minute" in rec:
+            raise InvalidInput("recurrence.minute: a minutely recurrence has no minute of the hour; leave it out")
+    else:
+        out["hour"] = _int_list(rec, "hour", 0, 23)
+        if out["hour"] is None:
+            raise InvalidInput("recurrence.hour: say at which hour it runs (0 to 23, or a list of hours)")
+        days = rec.get("byweekday")
+        if days is not None:
+            if not isinstance(days, list) or not days or any(d not in _WEEKDAYS for d in days):
+                raise InvalidInput(f"recurrence.byweekday must be a list of {', '.join(_WEEKDAYS)}")
+            out["byweekday"] = sorted(set(days), key=list(_WEEKDAYS).index)
+        for key, low, high in (("bymonthday", -31, 31), ("bymonth", 1, 12)):
+            values = _int_list(rec, key, low, high, zero=False)
+            if values is not None:
+                out[key] = values
+    if freq != "minutely":
+        minute = _int_list(rec, "minute", 0, 59)
+        if minute is not None and len(minute) > 1:
+            raise InvalidInput("recurrence.minute must be one whole number from 0 to 59")
+        out["minute"] = (minute or [0])[0]
+    if rec.get("until") is not None:
+        try:
+            out["until"] = _dt.date.fromisoformat(rec["until"]).isoformat()
+        except (TypeError, ValueError):
+            raise InvalidInput("recurrence.until must be a date, YYYY-MM-DD") from None
+    return out
+
+
+def runs_a_day(rec: dict) -> int:
+    """The most runs a recurrence has in one day (its stored form)."""
+    if rec["freq"] == "minutely":
+        return math.ceil(1440 / rec["interval"])
+    if rec["freq"] == "hourly":
+        return math.ceil(24 / rec["interval"])
+    return len(rec["hour"])
+
+
+def check_timezone(name: Any) -> zoneinfo.ZoneInfo:
+    """The time zone named ``name`` (IANA, e.g. ``Europe/Berlin``); InvalidInput naming ``timezone``."""
+    try:
+        if not isinstance(name, str) or not name or len(name) > 64:
+            raise ValueError(name)
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise InvalidInput(f"timezone: unknown time zone {json.dumps(name)}: use an IANA name such as "
+                           "Europe/Berlin, America/New_York or UTC") from None
+
+
+def schedule_times(rec: dict, timezone: str, anchor: str, after: _dt.datetime) -> Iterator[_dt.datetime]:
+    """The due times (aware, UTC) of a recurrence strictly after ``after``, oldest first.
+
+    ``anchor`` (ISO) is when the recurrence was set: where its intervals count from.
+    """
+    tz, utc = zoneinfo.ZoneInfo(timezone), _dt.timezone.utc
+    start, freq = parse_iso(anchor), SCHEDULE_FREQS[rec["freq"]]
+    until = rec.get("until") and _dt.datetime.combine(_dt.date.fromisoformat(rec["until"]), _dt.time(23, 59, 59))
+    if rec["freq"] in _ELAPSED:
+        first = start.astimezone(utc).replace(tzinfo=None, second=0, microsecond=0)
+        if rec["freq"] == "hourly":
+            first = first.replace(minute=rec["minute"])
+        rule = _rrule.rrule(freq, interval=rec["interval"], dtstart=first,
+                            until=until and until.replace(tzinfo=tz).astimezone(utc).replace(tzinfo=None))
+        begin = max(after.astimezone(utc).replace(tzinfo=None), first - _dt.timedelta(seconds=1))
+        for t in rule.xafter(begin):
+            yield t.replace(tzinfo=utc)
+        return
+    first = start.astimezone(tz).replace(tzinfo=None, hour=0, minute=0, second=0, microsecond=0)
+    rule = _rrule.rrule(freq, interval=rec["interval"], dtstart=first, until=until, byhour=rec["hour"],
+                        byminute=rec["minute"], bysecond=0, bymonth=rec.get("bymonth"),
+                        bymonthday=rec.get("bymonthday"),
+                        byweekday=[_WEEKDAYS[d] for d in rec["byweekday"]] if rec.get("byweekday") else None)
+    # Wall-clock times near a daylight-saving change: look from a few hours back, keep what is after.
+    begin = max(after.astimezone(tz).replace(tzinfo=None) - _dt.timedelta(hours=3), first - _dt.timedelta(seconds=1))
+    for t in rule.xafter(begin):
+        # fold=0: a time the change skips runs at the first moment after it; one it repeats runs once.
+        due = t.replace(tzinfo=tz).astimezone(utc)
+        if due > after:
+            yield due
+
+
+def next_due(rec: dict, timezone: str, anchor: str, after: _dt.datetime) -> _dt.datetime | None:
+    """The first due time after ``after``, or None when the recurrence never fires again."""
+    return next(schedule_times(rec, timezone, anchor, after), None)
+
+
+def _own_schedule(db: Database, person: Actor, schedule_id: str) -> dict:
+    row = db.one("SELECT * FROM schedules WHERE id = ? AND owner = ? AND state <> 'deleted'",
+                 (schedule_id, person.handle))
+    if row is None:
+        raise NotFound(f"schedule_id: no schedule '{schedule_id}' of yours (it is someone else's, deleted or "
+                       "never was)")
+    return row
+
+
+def _check_version(row: dict, version: Any) -> None:
+    if version is None:
+        return
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise InvalidInput("version must be the schedule's version as you read it (a whole number)")
+    if version != row["version"]:
+        raise Conflict(f"version: schedule '{row['id']}' is at version {row['version']}, not {version}: it changed "
+                       "since you read it; read it again and make your change on that")
+
+
+def _check_target(db: Database, person: Actor, agent: Any, project: Any) -> None:
+    """``agent`` is the person's own and in ``project``, a team project of theirs; errors name the field."""
+    if not isinstance(agent, str) or db.one("SELECT 1 FROM agents WHERE agent_id = ?", (agent,)) is None:
+        raise NotFound(f"agent: no agent {json.dumps(agent)}: name one of your agents as owner/name")
+    if owner_of(agent) != person.handle:
+        raise Forbidden(f"agent: '{agent}' is not your agent: a schedule runs one of your own agents")
+    if not isinstance(project, str):
+        raise InvalidInput("project: name the team project (its slug) where the task is asked")
+    try:
+        row = require_project(db, person, project)
+    except NotFound:
+        raise NotFound(f"project: no project '{project}' of yours: name a team project you are a member of") from None
+    if row["kind"] == "private":
+        raise InvalidInput(f"project: '{project}' is a private room; a scheduled task is asked in a team project "
+                           "where your agent works")
+    if not agent_in_project(db, project, agent):
+        raise InvalidInput(f"project: your agent '{agent}' is not in '{project}': add it there first, or pick "
+                           "a project it is in")
+
+
+def _check_owner_runs(db: Database, person: Actor, runs: int, per_owner: int, besides: str | None = None) -> None:
+    used = db.scalar("SELECT coalesce(sum(runs_a_day), 0) FROM schedules WHERE owner = ? AND state = 'active' AND "
+                     "id IS NOT ?", (person.handle, besides))
+    if used + runs > per_owner:
+        raise InvalidInput(f"recurrence: your active schedules would run {used + runs} times a day, more than the "
+                           f"{per_owner} one person's schedules may; run this one less often, or pause another")
+
+
+def _checked_fields(db: Database, person: Actor, fields: dict, per_schedule: int) -> dict:
+    """The schedule's fields checked in order (text, time zone, agent and project, recurrence);
+    their stored form with ``kind`` and ``runs_a_day``. Raises InvalidInput, NotFound, Forbidden."""
+    check_markdown(check_text(fields["text"], "text", TASK_TEXT_MAX, 1), "text")
+    if not fields["text"].strip():
+        raise InvalidInput("text: say what the agent should do each time")
+    check_timezone(fields["timezone"])
+    _check_target(db, person, fields["agent"], fields["project"])
+    rec = check_recurrence(fields["recurrence"])
+    runs = runs_a_day(rec)
+    if runs > per_schedule:
+        raise InvalidInput(f"recurrence: {runs} runs a day is more than the {per_schedule} one schedule may have; "
+                           "run it less often")
+    return fields | {"recurrence": rec, "kind": rec["freq"], "runs_a_day": runs}
+
+
+def _changed(db: Database, room: str, row: dict, change: str, version: int) -> None:
+    append_event(db, room, "schedule.updated", {"schedule_id": row["id"], "change": change, "version": version})
+
+
+def create_schedule(db: Database, person: Actor, fields: dict, *, room: str | None = None,
+                    per_schedule: int = SCHEDULE_RUNS_PER_DAY, per_owner: int = SCHEDULE_OWNER_RUNS_PER_DAY) -> dict:
+    """The owner makes a schedule in their own private room, after confirming it's them.
+
+    ``fields``: ``{agent, project, text, recurrence, timezone}`` (see check_recurrence); ``room``, when
+    given, must be their own room. Writes ``schedule.updated`` (created, version 1) and the
+    ``schedule.created`` audit entry (agent, version, kind of recurrence, runs a day; never the text).
+    Returns the schedule as schedule_out gives it. Raises InvalidInput, NotFound, Forbidden,
+    StepUpRequired (nothing written).
+    """
+    missing = [f for f in _FIELDS if fields.get(f) is None]
+    if missing:
+        raise InvalidInput(f"{missing[0]}: a schedule needs {', '.join(_FIELDS)}")
+    with db.transaction():
+        slug = ensure_room(db, person.handle)
+        if room is not None and room != slug:
+            raise Forbidden(f"room: '{room}' is not your private room: make schedules in your own room ('{slug}')")
+        checked = _checked_fields(db, person, fields, per_schedule)
+        now = utcnow()
+        due = next_due(checked["recurrence"], checked["timezone"], iso(now), now)
+        if due is None:
+            raise InvalidInput("recurrence: it never fires from now on: check its until, bymonth and bymonthday")
+        _check_owner_runs(db, person, checked["runs_a_day"], per_owner)
+        if db.scalar("SELECT count(*) FROM schedules WHERE owner = ? AND state <> 'deleted'",
+                     (person.handle,)) >= SCHEDULES_MAX:
+            raise InvalidState(f"you have {SCHEDULES_MAX} schedules, as many as one person may: delete one first")
+        require_step_up(db, person, "make a schedule for your agent")
+        row = {"id": new_id("sched"), "owner": person.handle, "room": slug, "agent": checked["agent"],
+               "project": checked["project"], "text": checked["text"], "recurrence": json.dumps(checked["recurrence"]),
+               "timezone": checked["timezone"], "anchor": iso(now), "freq": checked["kind"],
+               "runs_a_day": checked["runs_a_day"], "state": "active", "version": 1, "next_run_at": iso(due),
+               "stop_reason": None, "created_at": iso(now), "updated_at": iso(now)}
+        db.insert("schedules", row)
+        _changed(db, slug, row, "created", 1)
+        audit(db, slug, "schedule.created", {"schedule": row["id"], "agent": row["agent"], "version": 1,
+                                             "kind": row["freq"], "runs_a_day": row["runs_a_day"]})
+        return schedule_out(db, row)
+
+
+def edit_schedule(db: Database, person: Actor, schedule_id: str, version: Any, changes: dict, *,
+                  per_schedule: int = SCHEDULE_RUNS_PER_DAY, per_owner: int = SCHEDULE_OWNER_RUNS_PER_DAY) -> dict:
+    """The owner edits their schedule of ``version`` (as they read it): any of ``agent, project, text,
+    recurrence, timezone``. An edit that adds runs a day, or changes the agent, project, text or time
+    zone, needs them to confirm it's them. Writes ``schedule.updated`` (updated) and its audit entry
+    (agent, version before and after, whether they confirmed, kind, runs a day). Raises InvalidInput,
+    NotFound, Forbidden, Conflict (a stale version), StepUpRequired.
+    """
+    unknown = sorted(set(changes) - set(_FIELDS))
+    if unknown:
+        raise InvalidInput(f"unknown field {unknown[0]}: a schedule's fields are {', '.join(_FIELDS)}")
+    if version is None:
+        raise InvalidInput("version: send the schedule's version as you read it")
+    with db.transaction():
+        row = _own_schedule(db, person, schedule_id)
+        _check_version(row, version)
+        current = {f: row[f] for f in _FIELDS} | {"recurrence": json.loads(row["recurrence"])}
+        checked = _checked_fields(db, person, current | changes, per_schedule)
+        if {f: checked[f] for f in _FIELDS} == current:
+            raise InvalidInput("nothing to change: send a new agent, project, text, recurrence or timezone")
+        guarded = any(checked[f] != current[f] for f in ("agent", "project", "text", "timezone"))
+        if guarded or checked["runs_a_day"] > row["runs_a_day"]:
+            require_step_up(db, person, "change what your schedule runs, or add runs to it")
+        now = utcnow()
+        anchor = iso(now) if checked["recurrence"] != current["recurrence"] else row["anchor"]
+        due = next_due(checked["recurrence"], checked["timezone"], anchor, now)
+        if due is None:
+            raise InvalidInput("recurrence: it never fires from now on: check its until, bymonth and bymonthday")
+        if row["state"] == "active":
+            _check_owner_runs(db, person, checked["runs_a_day"], per_owner, besides=row["id"])
+        confirmed = step_up_status(db, person)["confirmed"]
+        move(db, "schedule", row["id"], "edit", row, version=row["version"] + 1, agent=checked["agent"],
+             project=checked["project"], text=checked["text"], recurrence=json.dumps(checked["recurrence"]),
+             timezone=checked["timezone"], anchor=anchor, freq=checked["kind"], runs_a_day=checked["runs_a_day"],
+             next_run_at=iso(due) if row["state"] == "active" else None, updated_at=iso(now))
+        _changed(db, row["room"], row, "updated", row["version"] + 1)
+        audit(db, row["room"], "schedule.updated", {
+            "schedule": row["id"], "agent": checked["agent"], "version_before": row["version"],
+            "version": row["version"] + 1, "confirmed": confirmed, "kind": checked["kind"],
+            "runs_a_day": checked["runs_a_day"]})
+        return schedule_out(db, row["id"])
+
+
+def pause_schedule(db: Database, person: Actor, schedule_id: str, version: Any = None) -> dict:
+    """The owner pauses their schedule: nothing is due from it until they resume it. Writes
+    ``schedule.updated`` (paused) and ``schedule.paused`` (agent, version). Raises NotFound,
+    Conflict (a stale ``version``), InvalidState."""
+    with db.transaction():
+        row = _own_schedule(db, person, schedule_id)
+        _check_version(row, version)
+        move(db, "schedule", row["id"], "pause", row, version=row["version"] + 1, next_run_at=None,
+             updated_at=iso(utcnow()))
+        _changed(db, row["room"], row, "paused", row["version"] + 1)
+        audit(db, row["room"], "schedule.paused", {"schedule": row["id"], "agent": row["agent"],
+                                                   "version": row["version"] + 1})
+        return schedule_out(db, row["id"])
+
+
+def resume_schedule(db: Database, person: Actor, schedule_id: str, version: Any = None, *,
+                    per_owner: int = SCHEDULE_OWNER_RUNS_PER_DAY) -> dict:
+    """The owner resumes their paused (or stopped) schedule, after confirming it's them: its next due
+    time from now on (times while it was paused are not run). Writes ``schedule.updated`` (resumed) and
+    its audit entry. Raises NotFound, Conflict, InvalidInput (its agent or project no longer fit),
+    InvalidState, StepUpRequired."""
+    with db.transaction():
+        row = _own_schedule(db, person, schedule_id)
+        _check_version(row, version)
+        next_state("schedule", row, "resume")
+        _check_target(db, person, row["agent"], row["project"])
+        _check_owner_runs(db, person, row["runs_a_day"], per_owner, besides=row["id"])
+        require_step_up(db, person, "resume your schedule")
+        now = utcnow()
+        due = next_due(json.loads(row["recurrence"]), row["timezone"], row["anchor"], now)
+        if due is None:
+            raise InvalidInput("recurrence: it never fires from now on: edit its recurrence first")
+        move(db, "schedule", row["id"], "resume", row, version=row["version"] + 1, next_run_at=iso(due),
+             stop_reason=None, updated_at=iso(now))
+        _changed(db, row["room"], row, "resumed", row["version"] + 1)
+        audit(db, row["room"], "schedule.updated", {
+            "schedule": row["id"], "agent": row["agent"], "version_before": row["version"],
+            "version": row["version"] + 1, "confirmed": True, "kind": row["freq"], "runs_a_day": row["runs_a_day"]})
+        return schedule_out(db, row["id"])
+
+
+def delete_schedule(db: Database, person: Actor, schedule_id: str, version: Any = None) -> dict:
+    """The owner deletes their schedule: its text is cleared and nothing is due from it again. Writes
+    ``schedule.updated`` (deleted) and ``schedule.deleted`` (agent, version). Raises NotFound, Conflict."""
+    with db.transaction():
+        row = _own_schedule(db, person, schedule_id)
+        _check_version(row, version)
+        move(db, "schedule", row["id"], "delete", row, version=row["version"] + 1, text="", next_run_at=None,
+             updated_at=iso(utcnow()))
+        _changed(db, row["room"], row, "deleted", row["version"] + 1)
+        audit(db, row["room"], "schedule.deleted", {"schedule": row["id"], "agent": row["agent"],
+                                                    "version": row["version"] + 1})
+        return {"schedule_id": row["id"], "deleted": True, "version": row["version"] + 1}
+
+
+def schedule_out(db: Database, row: dict | str) -> dict:
+    """A schedule as its owner's room shows it: its fields, state, version, ``next_run_at``,
+    ``stop_reason`` and ``last_run`` (``{due_at, at, outcome, detail, missed, task_id, task_state}`` or
+    null), and what its owner may do now (``can``)."""
+    row = db.one("SELECT * FROM schedules WHERE id = ?", (row,)) if isinstance(row, str) else row
+    last = db.one("SELECT r.*, t.state AS task_state FROM schedule_runs r LEFT JOIN tasks t ON t.id = r.task_id "
+                  "WHERE r.schedule_id = ? ORDER BY r.id DESC LIMIT 1", (row["id"],))
+    moves = SCHEDULE_MOVES[row["state"]]
+    return {"id": row["id"], "agent": row["agent"], "project": row["project"], "text": row["text"],
+            "recurrence": json.loads(row["recurrence"]), "timezone": row["timezone"], "kind": row["freq"],
+            "runs_a_day": row["runs_a_day"], "state": row["state"], "version": row["version"],
+            "next_run_at": row["next_run_at"], "stop_reason": row["stop_reason"], "created_at": row["created_at"],
+            "updated_at": row["updated_at"],
+            "last_run": None if last is None else {
+                "due_at": last["due_at"], "at": last["at"], "outcome": last["outcome"], "detail": last["detail"],
+                "missed": last["missed"], "task_id": last["task_id"], "task_state": last["task_state"]},
+            "can": [m for m in ("edit", "pause", "resume", "delete") if m in moves]}
+
+
+def list_schedules(db: Database, person: Actor, *, per_schedule: int = SCHEDULE_RUNS_PER_DAY,
+                   per_owner: int = SCHEDULE_OWNER_RUNS_PER_DAY) -> dict:
+    """The person's schedules (newest first, deleted ones left out) and their limits:
+    ``{"room", "schedules": [schedule_out], "limits": {"runs_a_day_per_schedule", "runs_a_day_per_owner",
+    "runs_a_day_used", "schedules_max"}}``."""
+    with db.transaction():
+        slug = ensure_room(db, person.handle)
+    rows = db.rows("SELECT * FROM schedules WHERE owner = ? AND state <> 'deleted' ORDER BY created_at DESC, id",
+                   (person.handle,))
+    used = sum(r["runs_a_day"] for r in rows if r["state"] == "active")
+    return {"room": slug, "schedules": [schedule_out(db, r) for r in rows],
+            "limits": {"runs_a_day_per_schedule": per_schedule, "runs_a_day_per_owner": per_owner,
+                       "runs_a_day_used": used, "schedules_max": SCHEDULES_MAX}}
+
+
+def _due_note(row: dict, due: _dt.datetime, missed: int) -> str:
+    """What a scheduled task's context says of why it was asked (and of a run after downtime)."""
+    local = due.astimezone(zoneinfo.ZoneInfo(row["timezone"])).strftime("%Y-%m-%d %H:%M %Z")
+    note = f"Asked by {row['owner']}'s schedule {row['id']} (version {row['version']}), due {local}."
+    if missed:
+        note += (f" The server was not running when it was due: this one run stands for the {missed} due "
+                 f"time{'s' if missed > 1 else ''} missed.")
+    return note
+
+
+def _why_not(db: Database, row: dict, now: _dt.datetime, per_schedule: int, per_owner: int) -> tuple[str, str] | None:
+    """Why this due time asks nothing: ``(outcome, detail)``, or None when it may ask its agent."""
+    if agent_pause(db, row["agent"]) is not None:
+        return "agent_paused", f"{row['agent']} is paused: nothing is asked of it until it is resumed"
+    day_ago = iso(now - _dt.timedelta(days=1))
+    ran = db.scalar("SELECT count(*) FROM schedule_runs WHERE schedule_id = ? AND task_id IS NOT NULL AND at > ?",
+                    (row["id"], day_ago))
+    if ran >= per_schedule:
+        return "limit", f"this schedule already ran {ran} times in the last day, its limit"
+    ran = db.scalar("SELECT count(*) FROM schedule_runs WHERE owner = ? AND task_id IS NOT NULL AND at > ?",
+                    (row["owner"], day_ago))
+    if ran >= per_owner:
+        return "limit", f"your schedules already ran {ran} times in the last day, the limit for one person"
+    return None
+
+
+def _stop_reason(db: Database, row: dict) -> str | None:
+    if member_role(db, row["project"], row["owner"]) is None:
+        return "owner_removed"
+    if not agent_in_project(db, row["project"], row["agent"]):
+        return "agent_left"
+    return None
+
+
+#: What a stopped schedule's owner is told.
+STOP_REASONS = {"owner_removed": "you are no longer a member of its project",
+                "agent_left": "its agent is no longer in its project"}
+
+
+def _ask(db: Database, row: dict, due: _dt.datetime, missed: int) -> str:
+    """Post the Task request of one due time (inside the caller's transaction); the task's id."""
+    owner = Actor(kind="person", credential_id="", credential_kind="schedule", handle=row["owner"])
+    packet = {"task": row["text"], "deliverable_type": "answer", "acceptance_criteria": [SCHEDULE_CRITERION],
+              "context": _due_note(row, due, missed), "files": []}
+    task_id = request_task(db, owner, row["project"], row["agent"], packet)["task"]["id"]
+    db.execute("UPDATE tasks SET schedule = ? WHERE id = ?",
+               (json.dumps({"schedule_id": row["id"], "version": row["version"]}), task_id))
+    return task_id
+
+
+def _run_schedule(db: Database, schedule_id: str, now: _dt.datetime, per_schedule: int, per_owner: int) -> dict | None:
+    """One due schedule's turn: ask its agent (or say why not, or stop it), and set its next due time."""
+    with db.transaction():
+        row = db.one("SELECT * FROM schedules WHERE id = ? AND state = 'active' AND next_run_at <= ?",
+                     (schedule_id, iso(now)))
+        if row is None:
+            return None
+        rec, due = json.loads(row["recurrence"]), parse_iso(row["next_run_at"])
+        late = now - due > SCHEDULE_LATE
+        # The due times this one run stands for: every one from ``due`` to now (counted up to a bound).
+        missed = 1 + sum(1 for _ in itertools.takewhile(lambda t: t <= now, itertools.islice(
+            schedule_times(rec, row["timezone"], row["anchor"], due), 10_000))) if late else 0
+        task_id, detail = None, None
+        stop = _stop_reason(db, row)
+        if stop is not None:
+            outcome, detail = "stopped", STOP_REASONS[stop]
+            move(db, "schedule", row["id"], "stop", row, stop_reason=stop, next_run_at=None, updated_at=iso(now))
+        else:
+            refused = _why_not(db, row, now, per_schedule, per_owner)
+            if refused is None:
+                try:
+                    with db.transaction():
+                        task_id, outcome = _ask(db, row, due, missed), "asked"
+                except PrickleError as e:  # said to the owner; the schedule goes on to its next time
+                    outcome, detail = "failed", e.message
+            else:
+                outcome, detail = refused
+            following = next_due(rec, row["timezone"], row["anchor"], now)
+            db.execute("UPDATE schedules SET next_run_at = ? WHERE id = ?",
+                       (iso(following) if following else None, row["id"]))
+        db.execute("INSERT INTO schedule_runs (schedule_id, owner, version, due_at, at, task_id, outcome, detail, "
+                   "missed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   (row["id"], row["owner"], row["version"], row["next_run_at"], iso(now), task_id, outcome, detail,
+                    missed))
+        return {"schedule_id": row["id"], "outcome": outcome, "task_id": task_id, "missed": missed}
+
+
+def run_due_schedules(db: Database, now: _dt.datetime | None = None, *, per_schedule: int = SCHEDULE_RUNS_PER_DAY,
+                      per_owner: int = SCHEDULE_OWNER_RUNS_PER_DAY) -> dict:
+    """The scheduler's one look: every active schedule due by ``now`` (default: now) asks its agent once.
+
+    A schedule due again later gets its next due time after ``now``, so downtime runs a missed
+    schedule once (``missed`` says for how many due times). A paused agent or a reached limit asks
+    nothing (the outcome says why); a schedule whose agent left its project or whose owner was
+    removed from it stops with that reason. Returns ``{"runs": [{schedule_id, outcome, task_id,
+    missed}], "next_due": the earliest due time left (aware) or None}``.
+    """
+    now = now or utcnow()
+    due = [r["id"] for r in db.rows("SELECT id FROM schedules WHERE state = 'active' AND next_run_at <= ? "
+                                    "ORDER BY next_run_at, id", (iso(now),))]
+    runs = [run for run in (_run_schedule(db, i, now, per_schedule, per_owner) for i in due) if run]
+    return {"runs": runs, "next_due": schedule_next_due(db)}
+
+
+def schedule_next_due(db: Database) -> _dt.datetime | None:
+    """The earliest due time of any active schedule, or None."""
+    at = db.scalar("SELECT min(next_run_at) FROM schedules WHERE state = 'active'")
+    return parse_iso(at) if at else None
+
+
+def schedule_piece(db: Database, per_schedule: int, per_owner: int) -> Callable[[], float]:
+    """The server's scheduler: a background piece that runs what is due and sleeps until the next due
+    time (at most SCHEDULER_MAX_SLEEP); a change to a schedule wakes it early (Maintenance.wake)."""
+
+    def run() -> float:
+        left = run_due_schedules(db, per_schedule=per_schedule, per_owner=per_owner)["next_due"]
+        if left is None:
+            return SCHEDULER_MAX_SLEEP
+        return float(min(max((left - utcnow()).total_seconds(), 0.0), SCHEDULER_MAX_SLEEP))
+
+    return run
 
 
 ###############################################################################
@@ -12312,6 +12974,177 @@ def story(db: Database, person: Actor, project: str, before: str | None = None, 
 
 # A person closes their account (or the operator closes it): in each project they become an
 # erased person, their agents leave, their keys, devices and invites end.
+#
+# Closing is one transaction (close_account), in named steps:
+#   1. refusals first: an account already closed, a step-up not given, a project of which they are
+#      the last owner (someone must be left to run it: promote another member, or delete the project);
+#   2. every browser session, sign-in link, runner device and connected app ends (sign_out_everywhere);
+#   3. in each project they are in (their private room too): the handoffs waiting for their approval
+#      are denied, the open tasks they or their agents asked for are cancelled, their agents leave with
+#      every knock-on of a removal (offboard, chapter 33: tasks their agents held go back, rules and
+#      standing approvals end, the invites they sent end as ``inviter_erased``), and ``person.erased``
+#      records how many approvals were denied, tasks cancelled and runs closed;
+#   4. the invites sent to their address end (``invitee_closed_account``), and every key left of
+#      theirs or their agents' ends;
+#   5. their name, address and settings go from the file: the person row keeps only the handle (the
+#      audit chains name it, and a chain is never rewritten), every stored reference to them takes the
+#      erased form (person_ref), and the names in the outbox's events are replaced.
+# What they wrote (messages, tasks, results) stays the team's, shown as by an erased person.
+
+#: What ``person.erased`` counts, as the reference names it, before the knock-ons of their agents leaving.
+ERASED_COUNTS = ("approvals_denied", "tasks_cancelled", "runs_closed")
+
+
+def _running(db: Database, project: str) -> set[str]:
+    """The attempts running in ``project`` now."""
+    return {r["id"] for r in db.rows("SELECT a.id FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE "
+                                     "t.project = ? AND a.state = 'running'", (project,))}
+
+
+def _owned_alone(db: Database, handle: str) -> list[str]:
+    """The team projects ``handle`` is the only owner of."""
+    return [r["project"] for r in db.rows(
+        "SELECT m.project FROM members m JOIN projects p ON p.slug = m.project WHERE m.handle = ? AND "
+        "m.role = 'owner' AND p.kind = 'team' AND NOT EXISTS (SELECT 1 FROM members o WHERE o.project = m.project "
+        "AND o.role = 'owner' AND o.handle <> m.handle) ORDER BY m.project", (handle,))]
+
+
+def _deny_waiting(db: Database, me: Actor, project: str) -> int:
+    """Step 3: deny the handoffs of ``project`` held for ``me``'s approval (decide_approval); how many."""
+    expire_due(db, "approval")
+    rows = db.rows("SELECT id FROM approvals WHERE owner = ? AND project = ? AND status = 'pending' AND "
+                   "invalidated_at IS NULL ORDER BY created_at", (me.handle, project))
+    for row in rows:
+        decide_approval(db, me, row["id"], "deny")
+    return len(rows)
+
+
+def _cancel_requested(db: Database, project: str, handle: str, agents: list[str]) -> int:
+    """Step 3: cancel the open tasks of ``project`` that ``handle`` or their ``agents`` asked for, as a
+    cancel by them (cancel_task's move): nobody is left to check their results. Returns how many."""
+    cancelled = 0
+    for task in db.rows("SELECT * FROM tasks WHERE project = ? ORDER BY created_at", (project,)):
+        mine = task["requester"] in agents or (task["requester"] is None and requesting_person(task) == handle)
+        if not mine or "cancel" not in TASK_MOVES[lifecycle_state(task)]:
+            continue
+        end_task_work(db, task, "task_cancelled")
+        reached = task["routed_at"] is not None  # a task held at the gate never reached its assignee
+        move_task(db, task, "cancel", handle, [(task["assignee"] if reached else None, "task"),
+                                               (task["requester"], "task_update")])
+        cancelled += 1
+    return cancelled
+
+
+def _erase_in(db: Database, me: Actor, project: str, by: str | None, running: set[str]) -> dict:
+    """Step 3 in one project, whose runs were ``running`` before step 2: returns the refs of its
+    ``person.erased`` entry (written here)."""
+    handle = me.handle
+    agents = [r["agent_id"] for r in db.rows("SELECT pa.agent_id FROM project_agents pa JOIN agents a USING "
+                                             "(agent_id) WHERE pa.project = ? AND a.owner = ? ORDER BY pa.agent_id",
+                                             (project, handle))]
+    all_agents = [r["agent_id"] for r in db.rows("SELECT agent_id FROM agents WHERE owner = ?", (handle,))]
+    counts = {"approvals_denied": _deny_waiting(db, me, project),
+              "tasks_cancelled": _cancel_requested(db, project, handle, all_agents)}
+    left = offboard(db, project, agents, person=handle, reason="member_erased", by=by)
+    counts["runs_closed"] = len(running - _running(db, project))
+    refs = {"person": handle, "by": by} | counts | left
+    audit(db, project, "person.erased", refs)
+    return refs
+
+
+def _scrub(value: Any, names: dict[str, str]) -> Any:
+    """An event payload with an erased person's names gone: ``names`` maps their handle, their agents' IDs
+    and their private room's slug to what shows now; a reference to them or their agents takes the
+    erased form."""
+    if isinstance(value, list):
+        return [_scrub(v, names) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: _scrub(v, names) for k, v in value.items()}
+    who = out.get("agent_id") or out.get("handle") or out.get("slug")
+    if who not in names:
+        return out
+    if "kind" in out and set(out) <= {"kind", "handle", "agent_id", "erased"}:
+        out["erased"] = True  # a reference (PERSON_REF, AGENT_REF)
+    for field in ("display_name", "name"):
+        if field in out:
+            out[field] = names[who]
+    return out
+
+
+def _forget(db: Database, handle: str, now: str) -> None:
+    """Step 5: nothing of ``handle``'s name, address or settings is left in the file (see the banner)."""
+    agents = {r["agent_id"]: r["name"] for r in db.rows("SELECT agent_id, name FROM agents WHERE owner = ?", (handle,))}
+    rooms = {r["project"]: f"{ERASED_NAME}'s room" for r in db.rows("SELECT project FROM rooms WHERE owner = ?",
+                                                                       (handle,))}
+    move(db, "account", handle, "erase", value=now, display_name=ERASED_NAME, email=None, timezone=None,
+         digest_minutes=None, digest_through=None, step_up_above_cost=None, auto_accept=0, away=0)
+    db.execute("UPDATE agents SET display_name = name WHERE owner = ?", (handle,))
+    for room, name in rooms.items():
+        db.execute("UPDATE projects SET name = ? WHERE slug = ?", (name, room))
+    mine = "SELECT id FROM credentials WHERE person = ? OR agent_id IN (SELECT agent_id FROM agents WHERE owner = ?)"
+    db.execute(f"DELETE FROM credential_uses WHERE credential_id IN ({mine})", (handle, handle))
+    db.execute(f"DELETE FROM passkey_ceremonies WHERE credential IN ({mine})", (handle, handle))
+    for table, column in (("passkeys", "person"), ("team_people", "handle"), ("read_positions", "handle"),
+                          ("inbox_marks", "handle"), ("share_rules", "owner")):
+        db.execute(f"DELETE FROM {table} WHERE {column} = ?", (handle,))
+    db.cache.pop(("erased", "people"), None)
+    erased = json.dumps(person_ref(db, handle))
+    for table, column in (("tasks", "requested_by"), ("approvals", "requested_by"), ("submissions", "verified_by"),
+                          ("submissions", "decided_by")):
+        db.execute(f"UPDATE {table} SET {column} = ? WHERE json_extract({column}, '$.kind') = 'person' AND "
+                   f"json_extract({column}, '$.handle') = ?", (erased, handle))
+        for agent in agents:
+            db.execute(f"UPDATE {table} SET {column} = ? WHERE json_extract({column}, '$.agent_id') = ?",
+                       (json.dumps(agent_ref(db, agent)), agent))
+    names = {handle: ERASED_NAME} | agents | rooms
+    for row in db.rows("SELECT seq, payload FROM outbox WHERE instr(payload, ?) > 0", (f'"{handle}', )):
+        db.execute("UPDATE outbox SET payload = ? WHERE seq = ?",
+                   (canonical_json(_scrub(json.loads(row["payload"]), names)), row["seq"]))
+
+
+def close_account(db: Database, who: Actor | str) -> dict:
+    """Close a person's account: ``who`` is the signed-in person (who must have confirmed it's them:
+    require_step_up) or, from the command line, a handle. One transaction, in the steps above.
+
+    Writes ``person.erased`` in each project they were in (with ERASED_COUNTS and the counts of their
+    agents leaving, OFFBOARD_COUNTS), the entries of what ends with it (``approval.decided``,
+    ``task.transitioned``, ``task.returned``, ``device.revoked``, ``invite.revoked`` with
+    ``inviter_erased`` or ``invitee_closed_account``, ...). Returns ``{handle, erased_at, projects:
+    [{project} | refs], sessions_ended, devices_ended, apps_ended, credentials_ended, invites_revoked}``.
+    Raises InvalidInput, NotFound (no such person), InvalidState (closed already; the last owner of a
+    project), StepUpRequired.
+    """
+    handle = who.handle if isinstance(who, Actor) else check_slug(who, "handle")
+    with db.transaction():
+        row = db.one("SELECT * FROM people WHERE handle = ?", (handle,))
+        if row is None:
+            raise NotFound(f"handle: no person '{handle}': 'prickle person list' lists them")
+        if row["erased_at"]:
+            raise InvalidState(f"handle: '{handle}' closed their account already, at {row['erased_at']}")
+        if isinstance(who, Actor):
+            require_step_up(db, who, "close your account")
+        if alone := _owned_alone(db, handle):
+            raise InvalidState(
+                f"'{handle}' is the last owner of {', '.join(repr(p) for p in alone)}: make another member an owner "
+                f"(Promote on the project's Members screen, or prickle member promote {alone[0]} HANDLE) or delete "
+                "the project, then close the account")
+        by = handle if isinstance(who, Actor) else None
+        me = who if isinstance(who, Actor) else Actor("person", "", "person", handle=handle)
+        running = {r["project"]: _running(db, r["project"]) for r in db.rows(
+            "SELECT project FROM members WHERE handle = ? ORDER BY project", (handle,))}
+        ended = sign_out_everywhere(db, handle)
+        projects = [{"project": p} | _erase_in(db, me, p, by, was) for p, was in running.items()]
+        invites = revoke_invites_to(db, row["email"], "invitee_closed_account") if row["email"] else 0
+        keys = revoke_credentials(db, "person = ? OR agent_id IN (SELECT agent_id FROM agents WHERE owner = ?)",
+                                  (handle, handle), "account_closed")
+        now = iso(utcnow())
+        _forget(db, handle, now)
+        db.cache.clear()  # who may reach what, and every name, has changed
+        db.note_revoked()
+    return {"handle": handle, "erased_at": now, "projects": projects, "sessions_ended": ended["sessions_ended"],
+            "devices_ended": ended["devices_ended"], "apps_ended": ended["apps_ended"],
+            "credentials_ended": ended["credentials_ended"] + keys, "invites_revoked": invites}
 
 
 ###############################################################################
@@ -12917,13 +13750,15 @@ def icon_route(size: int, maskable: bool = False) -> Callable[[Request], Any]:
 async def health(request: Request) -> Response:
     """GET /healthz: the server is up and its database answers.
 
-    ``{"ok", "version", "outbox_head", "degraded", "waits"}``: ``degraded`` lists the background
-    pieces failing now (see :meth:`Maintenance.degraded`), empty when all is well; ``waits`` is how
-    many agents' waits are open (each agent counted once per wait it holds).
+    ``{"ok", "version", "outbox_head", "degraded", "pieces", "waits"}``: ``degraded`` lists the
+    background pieces failing now (see :meth:`Maintenance.degraded`), empty when all is well;
+    ``pieces`` names every background piece and when it runs next; ``waits`` is how many agents'
+    waits are open (each agent counted once per wait it holds).
     """
     state: AppState = request.app.state.prickle
     return JSONResponse({"ok": True, "version": __version__, "outbox_head": outbox_head(state.db),
                          "degraded": state.maintenance.degraded() if state.maintenance else [],
+                         "pieces": state.maintenance.status() if state.maintenance else [],
                          "waits": sum(len(w) for w in state.hub.agent_waiters.values())})
 
 
@@ -14997,6 +15832,72 @@ async def api_link_repo(state: AppState, person: Actor, request: Request, body: 
                                  body_field(body, "repository", str))
 
 
+async def api_close_account(state: AppState, person: Actor, request: Request, body: Any) -> Response:
+    """DELETE /api/me: close your account, after confirming it's you (close_account); this browser's
+    session ends with every other."""
+    response = JSONResponse(close_account(state.db, person))
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    return response
+
+
+def _schedule_limits(state: AppState) -> dict:
+    return {"per_schedule": state.settings.schedule_runs_per_day, "per_owner": state.settings.schedule_runs_per_owner}
+
+
+def _schedule_changed(state: AppState, out: dict) -> dict:
+    """After a change: the scheduler looks again now (its next due time may be sooner)."""
+    if state.maintenance is not None:
+        state.maintenance.wake("schedules")
+    return out
+
+
+async def api_schedules(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/room/schedules: the person's schedules with their next and last runs, and the limits."""
+    return list_schedules(state.db, person, **_schedule_limits(state))
+
+
+async def api_create_schedule(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/room/schedules {agent, project, text, recurrence, timezone, room?}: make a schedule
+    (after confirming it's you)."""
+    _only(body, "agent", "project", "text", "recurrence", "timezone", "room")
+    fields = {k: v for k, v in body.items() if k != "room"}
+    return _schedule_changed(state, {"schedule": create_schedule(state.db, person, fields, room=body.get("room"),
+                                                                 **_schedule_limits(state))})
+
+
+async def api_edit_schedule(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/room/schedules/{id} {version, agent?, project?, text?, recurrence?, timezone?}: edit it."""
+    _only(body, "version", "agent", "project", "text", "recurrence", "timezone")
+    changes = {k: v for k, v in body.items() if k != "version"}
+    return _schedule_changed(state, {"schedule": edit_schedule(
+        state.db, person, request.path_params["schedule_id"], body.get("version"), changes,
+        **_schedule_limits(state))})
+
+
+async def api_pause_schedule(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/room/schedules/{id}/pause {version?}: nothing is due from it until it is resumed."""
+    _only(body, "version")
+    return _schedule_changed(state, {"schedule": pause_schedule(
+        state.db, person, request.path_params["schedule_id"], body.get("version"))})
+
+
+async def api_resume_schedule(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/room/schedules/{id}/resume {version?}: resume it (after confirming it's you)."""
+    _only(body, "version")
+    return _schedule_changed(state, {"schedule": resume_schedule(
+        state.db, person, request.path_params["schedule_id"], body.get("version"),
+        per_owner=state.settings.schedule_runs_per_owner)})
+
+
+async def api_delete_schedule(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """DELETE /api/room/schedules/{id}?version=N: delete it; its text is cleared."""
+    version = request.query_params.get("version")
+    if version is not None and not version.isdigit():
+        raise InvalidInput("version must be the schedule's version as you read it (a whole number)")
+    return _schedule_changed(state, delete_schedule(state.db, person, request.path_params["schedule_id"],
+                                                    None if version is None else int(version)))
+
+
 #: Every route but /mcp and /static: chapter 47's and this chapter's.
 ROUTES = WORK_ROUTES + (
     ("GET", "/api/projects/{slug}/story", api_endpoint(api_story)),
@@ -15008,6 +15909,13 @@ ROUTES = WORK_ROUTES + (
     ("POST", "/api/projects/{slug}/story/round-numbers", api_endpoint(api_round_numbers)),
     ("POST", "/api/projects/{slug}/story/repo", api_endpoint(api_link_repo)),
     ("DELETE", "/api/projects/{slug}/story/repo", api_endpoint(api_operation(unlink_repository, "slug"))),
+    ("DELETE", "/api/me", api_endpoint(api_close_account)),
+    ("GET", "/api/room/schedules", api_endpoint(api_schedules)),
+    ("POST", "/api/room/schedules", api_endpoint(api_create_schedule)),
+    ("POST", "/api/room/schedules/{schedule_id}", api_endpoint(api_edit_schedule)),
+    ("DELETE", "/api/room/schedules/{schedule_id}", api_endpoint(api_delete_schedule)),
+    ("POST", "/api/room/schedules/{schedule_id}/pause", api_endpoint(api_pause_schedule)),
+    ("POST", "/api/room/schedules/{schedule_id}/resume", api_endpoint(api_resume_schedule)),
 )
 
 
@@ -15075,7 +15983,7 @@ def push_piece(db: Database, settings: Settings) -> Callable[[], None]:
 def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer, settings: Settings,
                        end_dead_sessions: Callable[[], None]) -> Maintenance:
     """The server's background pieces: the watch for other writers, the WAL checkpoint, the
-    approvals and invites sweep, outbox and files pruning, the email digest and push notifications (see
+    approvals and invites sweep, outbox and files pruning, the email digest, push notifications and the scheduler (see
     :class:`Maintenance`). ``end_dead_sessions`` ends
     the MCP sessions of credentials another process revoked, or that expired on their own.
     """
@@ -15118,6 +16026,8 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
     maintenance.add("app registrations pruning", 3600.0, lambda: prune_oauth(db))
     maintenance.add("email digest", DIGEST_EVERY, digest)
     maintenance.add("push notifications", PUSH_EVERY, push_piece(db, settings))
+    maintenance.add("schedules", SCHEDULER_MAX_SLEEP, schedule_piece(db, settings.schedule_runs_per_day,
+                                                                     settings.schedule_runs_per_owner))
     return maintenance
 
 
@@ -16940,6 +17850,20 @@ def audit_rehash(db_path: str, as_json: bool, project_slug: str | None) -> None:
         f"{e['chain'] or '(deployment)'}: {e['refs']['rewritten']} entries rewritten to hash version "
         f"{e['refs']['hash_version']}; old head {e['refs']['old_head']}, new head {e['refs']['new_head']}"
         for e in done) or f"Every audit chain is already at hash version {AUDIT_HASH_VERSIONS[-1]}.")
+
+
+@person_group.command("erase")
+@db_options
+@click.argument("handle")
+def person_erase(db_path: str, as_json: bool, handle: str) -> None:
+    """Close HANDLE's account: they become an erased person everywhere (see the README)."""
+    out = close_account(open_db(db_path), handle)
+    lines = [f"Closed {handle}'s account: their name and address are gone; {out['credentials_ended']} credentials, "
+             f"{out['sessions_ended']} sessions and sign-in links, {out['devices_ended']} devices and "
+             f"{out['apps_ended']} apps ended; {out['invites_revoked']} invites to them revoked."]
+    lines += [f"  {p['project']}: {p['approvals_denied']} approvals denied, {p['tasks_cancelled']} tasks cancelled, "
+              f"{p['runs_closed']} runs closed, {p['agents']} agents left" for p in out["projects"]]
+    Out(as_json)(out, "\n".join(lines))
 
 
 ###############################################################################
