@@ -183,13 +183,14 @@ import time
 import threading
 import tomllib
 import urllib.parse
+import zipfile
 import zlib
 import zoneinfo
 import email.message
 import email.utils
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from html import escape as escape_html
-from typing import Any
+from typing import Any, BinaryIO
 
 import apsw
 import apsw.bestpractice
@@ -226,6 +227,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.staticfiles import StaticFiles
@@ -2811,25 +2813,42 @@ def entry_hash(entry: dict, version: int) -> str:
 
 
 def check_chain(entries: Iterable[dict]) -> dict:
-    """Check one chain's entries, oldest first; return ``{"entries", "ok", "broken_at", "hash_version", "head"}``.
+    """Check one chain's entries, oldest first; return ``{"entries", "ok", "broken_at", "hash_version", "head",
+    "broken_type", "why"}``.
 
     Each entry is ``{chain, n, at, type, refs, prev_hash, hash, hash_version}`` (refs decoded).
     ``broken_at`` is the ``n`` (or, when ``n`` itself is wrong, the position) of the first entry
     that is out of place (n not one more than the last, another chain, a version lower than the
-    last or unknown) or whose prev_hash or hash does not match; ``head`` the last entry's hash.
+    last or unknown) or whose prev_hash or hash does not match; ``broken_type`` its type and
+    ``why`` which of those it is; ``head`` the last entry's hash.
     """
     prev, version, chain, broken, count = GENESIS, 0, None, None, 0
     for e in entries:
         count += 1
         chain = e.get("chain") if chain is None else chain
-        if broken is None:
-            good = (e.get("n") == count and e.get("chain") == chain and e.get("prev_hash") == prev
-                    and e.get("hash_version") in AUDIT_HASH_VERSIONS and e["hash_version"] >= version)
-            if not good or entry_hash(e, e["hash_version"]) != e.get("hash"):
-                broken = e["n"] if isinstance(e.get("n"), int) else count
+        if broken is None and (why := _out_of_place(e, count, chain, prev, version)):
+            broken = {"broken_at": e["n"] if type(e.get("n")) is int else count, "broken_type": e.get("type"),
+                      "why": why}
         prev, version = e.get("hash"), e.get("hash_version") or version
-    return {"entries": count, "ok": broken is None, "broken_at": broken,
-            "hash_version": version or None, "head": prev if count else None}
+    return {"entries": count, "ok": broken is None, "hash_version": version or None, "head": prev if count else None,
+            **(broken or {"broken_at": None, "broken_type": None, "why": None})}
+
+
+def _out_of_place(e: dict, count: int, chain: str, prev: str, version: int) -> str | None:
+    """Why entry number ``count`` of a chain breaks it, or None."""
+    if any(k not in e for k in ("chain", "n", "at", "type", "refs", "prev_hash", "hash", "hash_version")):
+        return "it is not a whole audit entry"
+    if e["n"] != count or e["chain"] != chain:
+        return f"it is out of place (expected entry {count} of chain {chain!r})"
+    if e["prev_hash"] != prev:
+        return "its prev_hash is not the hash of the entry before"
+    if e["hash_version"] not in AUDIT_HASH_VERSIONS:
+        return f"its hash_version {e['hash_version']!r} is not one this Prickle knows {AUDIT_HASH_VERSIONS}"
+    if e["hash_version"] < version:
+        return f"its hash_version {e['hash_version']} is lower than the entry before's ({version})"
+    if entry_hash(e, e["hash_version"]) != e["hash"]:
+        return "its hash does not match what it records"
+    return None
 
 
 def _chain_rows(db: Database, chain: str, batch: int = 2000) -> Iterator[dict]:
@@ -13153,6 +13172,231 @@ def close_account(db: Database, who: Actor | str) -> dict:
 
 # A project's audit log, or its whole content, as documented JSON Lines files in one archive; the
 # audit export carries every entry's hashes so it can be checked with no database.
+#
+# The archive is a zip holding manifest.json and one JSON Lines file per kind of record (one JSON
+# object a line, UTF-8, oldest first); the README documents every file and field, and the check
+# check_export makes. It is written in one read snapshot, file by file and a batch of rows at a
+# time, into a file the caller gives (the command line: a temporary file beside the destination;
+# the people's API: a temporary file it then streams), never built whole in memory.
+
+#: What an owner may export: the audit log alone, or the project's whole content (with its audit log).
+EXPORT_PARTS = ("audit_log", "content")
+
+#: The version of the export's layout, in its manifest (the README's "Exporting a project").
+EXPORT_FORMAT_VERSION = 1
+
+#: Rows read at a time while writing a file of the export.
+_EXPORT_BATCH = 1000
+
+
+def may_export(db: Database, project: str, handle: str) -> bool:
+    """Whether ``handle`` may export ``project``: its owners may."""
+    return member_role(db, project, handle) == "owner"
+
+
+def export_options(db: Database, person: Actor, project: str) -> dict:
+    """What the page offers: ``{"can_export", "parts"}``. Raises NotFound for a project out of reach."""
+    with db.snapshot():
+        require_project(db, person, check_slug(project, "project"))
+        return {"can_export": may_export(db, project, person.handle), "parts": list(EXPORT_PARTS)}
+
+
+def _batched(db: Database, sql: str, params: tuple, key: str = "rid") -> Iterator[dict]:
+    """Rows of ``sql`` (ending ``{key} > ? ORDER BY {key} LIMIT ?``) a batch at a time, from the start."""
+    after = -1
+    while rows := db.rows(sql, params + (after, _EXPORT_BATCH)):
+        yield from rows
+        after = rows[-1][key]
+
+
+def export_audit_lines(db: Database, project: str) -> Iterator[dict]:
+    """A project's audit entries as audit.jsonl holds them, oldest first: ``{chain, n, at, type, refs,
+    prev_hash, hash, hash_version}``."""
+    for r in _batched(db, "SELECT * FROM audit WHERE chain = ? AND n > ? ORDER BY n LIMIT ?", (project,), "n"):
+        yield {"chain": r["chain"], "n": r["n"], "at": r["at"], "type": r["type"], "refs": json.loads(r["refs"]),
+               "prev_hash": r["prev_hash"], "hash": r["hash"], "hash_version": r["hash_version"]}
+
+
+def _messages(db: Database, project: str) -> Iterator[dict]:
+    for r in _batched(db, MESSAGE_SELECT + "WHERE m.project = ? AND m.seq > ? ORDER BY m.seq LIMIT ?",
+                      (project,), "seq"):
+        yield message_out(with_card(db, r))
+
+
+def _tasks(db: Database, project: str) -> Iterator[dict]:
+    for r in _batched(db, "SELECT rowid AS rid, * FROM tasks WHERE project = ? AND rowid > ? ORDER BY rowid "
+                          "LIMIT ?", (project,)):
+        yield task_out(db, r)
+
+
+def _submission_rows(db: Database, project: str) -> Iterator[dict]:
+    return _batched(db, "SELECT s.rowid AS rid, s.* FROM submissions s JOIN tasks t ON t.id = s.task_id "
+                        "WHERE t.project = ? AND s.rowid > ? ORDER BY s.rowid LIMIT ?", (project,))
+
+
+def _submissions(db: Database, project: str) -> Iterator[dict]:
+    for r in _submission_rows(db, project):
+        yield {"task_id": r["task_id"]} | result_out(r)
+
+
+def _evidence(db: Database, project: str) -> Iterator[dict]:
+    for r in _submission_rows(db, project):
+        for index, item in enumerate(json.loads(r["evidence"])):
+            yield {"task_id": r["task_id"], "submission_id": r["id"], "revision": r["revision"], "index": index} | item
+
+
+def _files(db: Database, project: str) -> Iterator[dict]:
+    """Each posted attachment and each delivered file, naming its bytes' place in the archive."""
+    for r in _batched(db, "SELECT a.rowid AS rid, a.*, m.id AS message_id FROM attachments a JOIN messages m "
+                          "ON m.seq = a.message_seq WHERE a.project = ? AND a.rowid > ? ORDER BY a.rowid LIMIT ?",
+                      (project,)):
+        yield ({"kind": "attachment", "id": r["id"], "message_id": r["message_id"], "task_id": None, "ref": None,
+                "name": r["name"], "attachment_kind": r["kind"]}
+               | {k: r[k] for k in ("sha256", "content_type", "byte_size", "uploaded_by", "created_at")}
+               | {"path": f"files/{r['sha256']}"})
+    for r in _batched(db, "SELECT rowid AS rid, * FROM deliverables WHERE project = ? AND rowid > ? "
+                          "ORDER BY rowid LIMIT ?", (project,)):
+        yield ({"kind": "deliverable", "id": r["id"], "message_id": None, "task_id": r["task_id"], "ref": r["ref"],
+                "name": r["ref"].rsplit("/", 1)[-1], "attachment_kind": None}
+               | {k: r[k] for k in ("sha256", "content_type", "byte_size", "uploaded_by", "created_at")}
+               | {"path": f"files/{r['sha256']}"})
+
+
+#: The files of a content export in the order written, each with what writes its lines (audit.jsonl
+#: comes last, in every export).
+_CONTENT_FILES: tuple[tuple[str, Callable[[Database, str], Iterable[dict]]], ...] = (
+    ("members.jsonl", list_members), ("memory.jsonl", memory_facts), ("messages.jsonl", _messages),
+    ("tasks.jsonl", _tasks), ("submissions.jsonl", _submissions), ("evidence.jsonl", _evidence),
+    ("files.jsonl", _files),
+)
+
+
+def _member(name: str) -> zipfile.ZipInfo:
+    """A file of the archive, dated now (UTC) and compressed."""
+    info = zipfile.ZipInfo(name, time.gmtime()[:6])
+    info.compress_type = zipfile.ZIP_DEFLATED
+    return info
+
+
+def _write_lines(archive: zipfile.ZipFile, name: str, lines: Iterable[dict]) -> dict:
+    """Write one JSON Lines file; return its manifest row ``{name, lines, sha256}``."""
+    out, digest, count = archive.open(_member(name), "w", force_zip64=True), hashlib.sha256(), 0
+    with out:
+        for obj in lines:
+            line = (utf8_json(obj) + "\n").encode()
+            out.write(line)
+            digest.update(line)
+            count += 1
+    return {"name": name, "lines": count, "sha256": digest.hexdigest()}
+
+
+def export_project(db: Database, by: Actor | str | None, project: str, part: str, out: BinaryIO) -> dict:
+    """Export ``project``'s audit log (``part`` "audit_log") or its whole content ("content") into ``out``.
+
+    ``out`` is a binary file the zip is written to (seekable: a temporary file). ``by`` is the
+    signed-in person (the project must be in their reach), a handle (the command line's --by) or
+    None (the command line's operator); a person must be an owner. Writes ``project.exported``
+    with ``part`` and ``by`` first, so the export's audit log ends with it, then writes the
+    archive from one read snapshot. Returns the manifest. Raises InvalidInput for a bad part,
+    NotFound for a project out of reach or unknown, Forbidden for a member who is not an owner.
+    """
+    if part not in EXPORT_PARTS:
+        raise InvalidInput(f"part must be 'audit_log' (the audit log alone) or 'content' (messages, tasks, "
+                           f"submissions, evidence, memory, files, members and the audit log), not {part!r}")
+    with db.transaction():
+        handle = acting_member(db, check_slug(project, "project"), by)
+        summary = project_out(db, project)
+        if handle is not None and not may_export(db, project, handle):
+            raise Forbidden(f"only an owner of '{project}' exports it: ask one of its owners")
+        audit(db, project, "project.exported", {"part": part, "by": handle})
+    with db.snapshot(), zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        files = [_write_lines(archive, name, lines(db, project))
+                 for name, lines in (_CONTENT_FILES if part == "content" else ())]
+        if part == "content":  # each file's bytes once, however many records name them
+            for r in db.rows("SELECT a.sha256 FROM attachments a JOIN messages m ON m.seq = a.message_seq "
+                             "WHERE a.project = ? UNION SELECT sha256 FROM deliverables WHERE project = ? ORDER BY 1",
+                             (project, project)):
+                archive.writestr(_member(f"files/{r['sha256']}"),
+                                 db.scalar("SELECT bytes FROM blobs WHERE sha256 = ?", (r["sha256"],)))
+        files.append(_write_lines(archive, "audit.jsonl", export_audit_lines(db, project)))
+        chain = check_chain(export_audit_lines(db, project))
+        manifest = {
+            "format": "prickle-export", "format_version": EXPORT_FORMAT_VERSION, "prickle_version": __version__,
+            "project": summary, "part": part, "exported_at": iso(utcnow()), "exported_by": handle, "files": files,
+            "audit": {"chain": project, "entries": chain["entries"], "head": chain["head"],
+                      "hash_version": chain["hash_version"]},
+        }
+        archive.writestr(_member("manifest.json"), json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    return manifest
+
+
+def _read_entries(lines: Iterable[bytes]) -> Iterator[dict]:
+    """audit.jsonl's lines as entries; a line that is no JSON object is yielded as ``{}`` (it breaks the chain there)."""
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            entry = None
+        yield entry if isinstance(entry, dict) else {}
+
+
+def check_export(path: str) -> dict:
+    """Check an export (the zip, or its audit.jsonl alone) with no database: the chain, and the files against the manifest.
+
+    Returns ``{"file", "project", "part", "exported_at", "entries", "ok", "broken_at", "broken_type", "why",
+    "hash_version", "head", "problems"}`` (the chain's fields as check_chain gives them): ``ok`` when the
+    chain holds and ``problems`` (the archive against its manifest: a file's line count or sha256, the
+    audit head it names) is empty. Raises NotFound for no such file, InvalidInput for a file that is
+    neither a zip with audit.jsonl nor JSON Lines.
+    """
+    if not os.path.isfile(path):
+        raise NotFound(f"no file at {path}: pass the export's path")
+    problems: list[str] = []
+    manifest: dict = {}
+    if not zipfile.is_zipfile(path):
+        with open(path, "rb") as f:
+            chain = check_chain(_read_entries(f))
+        if not chain["entries"]:
+            raise InvalidInput(f"{path} is neither an export (a zip) nor an audit.jsonl with entries")
+    else:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+            if "audit.jsonl" not in names:
+                raise InvalidInput(f"{path} is a zip without audit.jsonl: not a Prickle export")
+            try:
+                manifest = json.loads(archive.read("manifest.json")) if "manifest.json" in names else {}
+            except ValueError:
+                manifest = {}
+            if not isinstance(manifest, dict) or manifest.get("format") != "prickle-export":
+                problems.append("manifest.json is missing or is not a Prickle export's manifest")
+                manifest = {}
+            for listed in manifest.get("files", ()):
+                problems += _file_problems(archive, listed, names)
+            with archive.open("audit.jsonl") as f:
+                chain = check_chain(_read_entries(f))
+        said = manifest.get("audit") or {}
+        if manifest and (said.get("entries"), said.get("head")) != (chain["entries"], chain["head"]):
+            problems.append(f"the manifest names {said.get('entries')} audit entries ending at {said.get('head')}; "
+                            f"audit.jsonl holds {chain['entries']} ending at {chain['head']}")
+    return {"file": path, "project": (manifest.get("project") or {}).get("slug"), "part": manifest.get("part"),
+            "exported_at": manifest.get("exported_at")} | chain | {"ok": chain["ok"] and not problems,
+                                                                     "problems": problems}
+
+
+def _file_problems(archive: zipfile.ZipFile, listed: Any, names: set[str]) -> list[str]:
+    """What is wrong with one file the manifest lists (its line count and sha256), if anything."""
+    name = listed.get("name") if isinstance(listed, dict) else None
+    if name not in names:
+        return [f"the manifest lists {name!r}, which the archive does not hold"]
+    digest, lines = hashlib.sha256(), 0
+    with archive.open(name) as f:
+        while chunk := f.read(1 << 16):
+            digest.update(chunk)
+            lines += chunk.count(b"\n")
+    if (lines, digest.hexdigest()) != (listed.get("lines"), listed.get("sha256")):
+        return [f"{name} holds {lines} lines with sha256 {digest.hexdigest()}; the manifest says "
+                f"{listed.get('lines')} lines with sha256 {listed.get('sha256')}"]
+    return []
 
 
 ###############################################################################
@@ -15832,6 +16076,29 @@ async def api_link_repo(state: AppState, person: Actor, request: Request, body: 
                                  body_field(body, "repository", str))
 
 
+async def api_export_options(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/projects/{slug}/export: whether the signed-in person may export the project, and its parts."""
+    return export_options(state.db, person, request.path_params["slug"])
+
+
+async def api_export(state: AppState, person: Actor, request: Request, body: dict) -> Response:
+    """POST /api/projects/{slug}/export {part: "audit_log" | "content"}: the export as a zip download.
+
+    Written off the event loop into a temporary file (see export_project), then sent from it and
+    removed; the file name says the project, the part and the day.
+    """
+    slug, part = request.path_params["slug"], body_field(body, "part", str)
+    fd, path = tempfile.mkstemp(prefix="prickle-export-", suffix=".zip")
+    try:
+        with os.fdopen(fd, "w+b") as out:
+            manifest = await state.readers.run(export_project, person, slug, part, out)
+    except BaseException:
+        os.unlink(path)
+        raise
+    name = f"{slug}-{part.replace('_', '-')}-{manifest['exported_at'][:10]}.zip"
+    return FileResponse(path, media_type="application/zip", filename=name, background=BackgroundTask(os.unlink, path))
+
+
 async def api_close_account(state: AppState, person: Actor, request: Request, body: Any) -> Response:
     """DELETE /api/me: close your account, after confirming it's you (close_account); this browser's
     session ends with every other."""
@@ -15909,6 +16176,8 @@ ROUTES = WORK_ROUTES + (
     ("POST", "/api/projects/{slug}/story/round-numbers", api_endpoint(api_round_numbers)),
     ("POST", "/api/projects/{slug}/story/repo", api_endpoint(api_link_repo)),
     ("DELETE", "/api/projects/{slug}/story/repo", api_endpoint(api_operation(unlink_repository, "slug"))),
+    ("GET", "/api/projects/{slug}/export", api_endpoint(api_export_options)),
+    ("POST", "/api/projects/{slug}/export", api_endpoint(api_export)),
     ("DELETE", "/api/me", api_endpoint(api_close_account)),
     ("GET", "/api/room/schedules", api_endpoint(api_schedules)),
     ("POST", "/api/room/schedules", api_endpoint(api_create_schedule)),
@@ -16946,8 +17215,13 @@ def audit_group() -> None:
 @audit_group.command("verify")
 @db_options
 @click.argument("project_slug", metavar="[PROJECT]", required=False)
-def audit_verify(db_path: str, as_json: bool, project_slug: str | None) -> None:
-    """Recompute every chain (or one project's) and name the first broken entry."""
+@click.option("--file", "export_path", default=None,
+              help="Check an export (its zip, or its audit.jsonl) instead, with no database.")
+def audit_verify(db_path: str, as_json: bool, project_slug: str | None, export_path: str | None) -> None:
+    """Recompute every chain (or one project's, or an export's) and name the first broken entry."""
+    if export_path is not None:
+        verify_export_file(export_path, as_json)
+        return
     db = open_db(db_path)
     if project_slug is not None:
         project_out(db, project_slug)
@@ -16958,6 +17232,19 @@ def audit_verify(db_path: str, as_json: bool, project_slug: str | None) -> None:
         + ("ok" if r["ok"] else f"BROKEN at entry {r['broken_at']}") + f" (hash version {r['hash_version']})"
         for r in reports) or "No audit entries yet.")
     if not ok:
+        raise click.exceptions.Exit(1)
+
+
+def verify_export_file(path: str, as_json: bool) -> None:
+    """``prickle audit verify --file``: check_export's report; exit status 1 when the export does not hold."""
+    r = check_export(path)
+    where = f"{r['project'] or 'audit.jsonl'}" + (f" (exported {r['exported_at']}, {r['part']})" if r["part"] else "")
+    if r["broken_at"] is None:
+        chain = f"{r['entries']} entries, ok (hash version {r['hash_version']}); head {r['head']}"
+    else:
+        chain = f"{r['entries']} entries, BROKEN at entry {r['broken_at']} ({r['broken_type']}): {r['why']}"
+    Out(as_json)(r, f"{where}: {chain}" + "".join(f"\n  {p}" for p in r["problems"]))
+    if not r["ok"]:
         raise click.exceptions.Exit(1)
 
 
@@ -17832,6 +18119,35 @@ def restore_cmd(db_path: str, as_json: bool, backup: str | None, replica: str | 
                  f"Restored {db_path} from {what}, as it was at {result['point']}.{kept} The server's next start "
                  f"records chain.restored in each of the {result['chains']} audit chains: prickle serve --db "
                  f"{shlex.quote(db_path)}")
+
+
+@project_group.command("export")
+@db_options
+@click.argument("slug")
+@click.option("--part", default="content", show_default=True,
+              help="audit_log (the audit log alone) or content (everything, the audit log too).")
+@click.option("--out", "dest", required=True, help="The zip file to write (it must not exist yet).")
+@click.option("--by", default=None, help="The owner exporting it (recorded); without it, the operator.")
+def project_export(db_path: str, as_json: bool, slug: str, part: str, dest: str, by: str | None) -> None:
+    """Export a project's audit log or its whole content as a zip of JSON Lines files (see the README)."""
+    if os.path.exists(dest):
+        raise Conflict(f"{dest} already exists: pick a new file name")
+    folder = os.path.dirname(os.path.abspath(dest))
+    if not os.path.isdir(folder):
+        raise NotFound(f"the folder for {dest} does not exist: create it first")
+    db = open_db(db_path)
+    fd, partial = tempfile.mkstemp(prefix=".prickle-export-", suffix=".zip", dir=folder)
+    try:
+        with os.fdopen(fd, "w+b") as out:
+            manifest = export_project(db, by, slug, part, out)
+        os.replace(partial, dest)  # whole or not at all: a failed export leaves no file behind
+    except BaseException:
+        os.unlink(partial)
+        raise
+    lines = {f["name"]: f["lines"] for f in manifest["files"]}
+    Out(as_json)({"export": os.path.abspath(dest), "manifest": manifest},
+                 f"Exported {slug} ({part}) to {dest}: " + ", ".join(f"{n} {k}" for k, n in lines.items())
+                 + f"; audit head {manifest['audit']['head']}.")
 
 
 @audit_group.command("rehash")
