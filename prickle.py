@@ -12412,9 +12412,10 @@ def story_settings(db: Database, project: str) -> dict:
 
 
 def _person(db: Database, handle: str) -> dict:
-    """A person as a moment names them: ``{"kind": "person", "handle", "display_name"}``."""
+    """A person as a moment names them: their reference (person_ref: ``erased`` once they closed their
+    account) and the name to show (ERASED_NAME by then)."""
     name = db.scalar("SELECT display_name FROM people WHERE handle = ?", (handle,))
-    return {"kind": "person", "handle": handle, "display_name": name or handle}
+    return person_ref(db, handle) | {"display_name": name or handle}
 
 
 def story_role(db: Database, person: Actor, project: str) -> str:
