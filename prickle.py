@@ -12563,6 +12563,20 @@ def remove_moment(db: Database, person: Actor, moment_id: str) -> dict:
     return {"removed": row["id"], "by": removed_by}
 
 
+def marked_moments(db: Database, project: str) -> Iterator[dict]:
+    """The moments members marked in ``project``, in the order they were marked, a thousand rows at a time
+    (the content export's moments.jsonl): ``{id, kind, day, title, message_id, task_id, marked_by (a
+    person reference), marked_at, edited_at}``. Derived and GitHub moments are not kept: they are read
+    again from the record and the repository."""
+    after = -1
+    while rows := db.rows("SELECT rowid AS rid, * FROM moments WHERE project = ? AND rowid > ? ORDER BY rowid "
+                          "LIMIT 1000", (project, after)):
+        for r in rows:
+            yield {k: r[k] for k in ("id", "kind", "day", "title", "message_id", "task_id")} | {
+                "marked_by": person_ref(db, r["marked_by"]), "marked_at": r["marked_at"], "edited_at": r["edited_at"]}
+        after = rows[-1]["rid"]
+
+
 def _marked_out(db: Database, row: dict, me: str, role: str) -> dict:
     mine = row["marked_by"] == me
     return {"id": row["id"], "source": "member", "kind": row["kind"], "day": row["day"], "at": row["marked_at"],
@@ -13268,7 +13282,7 @@ def _files(db: Database, project: str) -> Iterator[dict]:
 _CONTENT_FILES: tuple[tuple[str, Callable[[Database, str], Iterable[dict]]], ...] = (
     ("members.jsonl", list_members), ("memory.jsonl", memory_facts), ("messages.jsonl", _messages),
     ("tasks.jsonl", _tasks), ("submissions.jsonl", _submissions), ("evidence.jsonl", _evidence),
-    ("files.jsonl", _files),
+    ("moments.jsonl", marked_moments), ("files.jsonl", _files),
 )
 
 
