@@ -12530,6 +12530,15 @@ def close_account(db: Database, who: Actor | str) -> dict:
     project), StepUpRequired.
     """
     handle = who.handle if isinstance(who, Actor) else check_slug(who, "handle")
+    secure = db.scalar("PRAGMA secure_delete")
+    db.execute("PRAGMA secure_delete = ON")  # what this transaction overwrites is zeroed, not left in free space
+    try:
+        return _close(db, who, handle)
+    finally:
+        db.execute(f"PRAGMA secure_delete = {int(secure)}")
+
+
+def _close(db: Database, who: Actor | str, handle: str) -> dict:
     with db.transaction():
         row = db.one("SELECT * FROM people WHERE handle = ?", (handle,))
         if row is None:
@@ -12559,6 +12568,28 @@ def close_account(db: Database, who: Actor | str) -> dict:
     return {"handle": handle, "erased_at": now, "projects": projects, "sessions_ended": ended["sessions_ended"],
             "devices_ended": ended["devices_ended"], "apps_ended": ended["apps_ended"],
             "credentials_ended": ended["credentials_ended"] + keys, "invites_revoked": invites}
+
+
+#: How many times vacuum_file tries while other connections keep the file busy.
+VACUUM_TRIES = 5
+
+
+def vacuum_file(db: Database) -> dict:
+    """Rewrite the whole file (SQLite's VACUUM) and empty its write-ahead log, so that no earlier copy
+    of a row (a name from before it was erased, say) is left in the file's free space. Writers wait
+    while it runs. A running server reading at that moment makes it wait and try again, up to
+    VACUUM_TRIES times (then apsw.BusyError). Returns ``{bytes_before, bytes_after}`` (the file's size)."""
+    before = os.path.getsize(db.path)
+    for attempt in range(1, VACUUM_TRIES + 1):
+        try:
+            db.execute("VACUUM")
+            db.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+            break
+        except apsw.BusyError:
+            if attempt == VACUUM_TRIES:
+                raise
+            time.sleep(0.2 * attempt)  # the server's own reads are short: let one end
+    return {"bytes_before": before, "bytes_after": os.path.getsize(db.path)}
 
 
 ###############################################################################
@@ -17198,10 +17229,15 @@ def audit_rehash(db_path: str, as_json: bool, project_slug: str | None) -> None:
 
 @person_group.command("erase")
 @db_options
+@click.option("--vacuum", is_flag=True, help="Then rewrite the whole file, so that no earlier copy of their name "
+                                             "or address is left in its free space (writers wait meanwhile).")
 @click.argument("handle")
-def person_erase(db_path: str, as_json: bool, handle: str) -> None:
+def person_erase(db_path: str, as_json: bool, vacuum: bool, handle: str) -> None:
     """Close HANDLE's account: they become an erased person everywhere (see the README)."""
-    out = close_account(open_db(db_path), handle)
+    db = open_db(db_path)
+    out = close_account(db, handle)
+    if vacuum:
+        out["vacuum"] = vacuum_file(db)
     lines = [f"Closed {handle}'s account: their name and address are gone; {out['credentials_ended']} credentials, "
              f"{out['sessions_ended']} sessions and sign-in links, {out['devices_ended']} devices and "
              f"{out['apps_ended']} apps ended; {out['invites_revoked']} invites to them revoked."]
