@@ -12808,6 +12808,9 @@ async def _read_and_keep(db: Database, settings: Settings, project: str, repo: s
     except (InvalidInput, GitHubUnavailable) as e:
         retry_at = getattr(e, "retry_at", None)
         moments, state, message = None, "rate_limited" if retry_at else "failed", e.message
+    except Exception as e:  # an answer shaped unlike GitHub's: the story says so and stays up
+        moments, state, retry_at = None, "failed", None
+        message = f"GitHub's answer could not be read ({type(e).__name__}); the story tries again later"
     keep_github(db, project, repo, moments, state, message, retry_at)
 
 
