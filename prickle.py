@@ -12390,6 +12390,9 @@ GITHUB_PAGES = 3
 #: Seconds one request to GitHub may take.
 GITHUB_SECONDS = 10.0
 
+#: Seconds a reader of the story waits for GitHub; a slower read goes on without it and is shown next time.
+GITHUB_WAIT = 8.0
+
 #: ``owner/name`` of a GitHub repository (its address on github.com is taken too).
 GITHUB_REPO_RE = re.compile(r"(?:https?://(?:www\.)?github\.com/)?([A-Za-z0-9](?:[A-Za-z0-9-]{0,38}))/"
                             r"([A-Za-z0-9._-]{1,100}?)(?:\.git)?/?")
@@ -12786,8 +12789,9 @@ def _github_due(cache: dict | None, repo: str) -> bool:
 async def refresh_github(db: Database, settings: Settings, project: str, force: bool = False) -> None:
     """Ask GitHub for the moments of ``project``'s linked repository when they are due (see
     :func:`_github_due`; ``force``: now), and keep the answer, or the failure beside what was read
-    before (:func:`keep_github`). Readers that come meanwhile wait for the same read. Never raises for
-    GitHub's sake: a failure is shown on the story."""
+    before (:func:`keep_github`). Readers that come meanwhile wait for the same read, each at most
+    GITHUB_WAIT seconds (a slower read goes on and is shown to the next). Never raises for GitHub's
+    sake: a failure is shown on the story."""
     with db.snapshot():
         repo = story_settings(db, project)["repo"]
         cache = db.one("SELECT * FROM story_github WHERE project = ?", (project,))
@@ -12799,7 +12803,8 @@ async def refresh_github(db: Database, settings: Settings, project: str, force: 
     if task is None or task.done():
         task = _GITHUB_READS[key] = loop.create_task(_read_and_keep(db, settings, project, repo))
         task.add_done_callback(lambda t: _GITHUB_READS.pop(key) if _GITHUB_READS.get(key) is t else None)
-    await asyncio.shield(task)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(task), GITHUB_WAIT)
 
 
 async def _read_and_keep(db: Database, settings: Settings, project: str, repo: str) -> None:

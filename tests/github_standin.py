@@ -6,7 +6,7 @@ each page with a ``Link`` header naming the next and last, as GitHub's does. A r
 not hold answers 404 ``Not Found``. ``limited`` makes every answer a rate limit: ``"403"`` as GitHub's
 primary limit (``x-ratelimit-remaining: 0`` and ``x-ratelimit-reset``), ``"429"`` with
 ``retry-after``. With ``token`` set, a request without that bearer token gets 401 ``Bad credentials``;
-``garbled`` answers a list's pages with what GitHub never sends. ``requests`` keeps each request's path and ``Authorization`` header.
+``delay`` slows each page of a list; ``garbled`` answers a list's pages with what GitHub never sends. ``requests`` keeps each request's path and ``Authorization`` header.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -38,7 +39,8 @@ class GitHub:
         self.per_page = per_page
         self.limited: str | None = None
         self.token: str | None = None
-        self.garbled = False  # when set, any other Authorization is refused (401)
+        self.garbled = False
+        self.delay = 0.0  # seconds each page of a list takes  # when set, any other Authorization is refused (401)
         self.reset_at = 0
         self.requests: list[dict] = []
         standin = self
@@ -78,6 +80,7 @@ class GitHub:
                                       "private": False})
         if self.garbled:
             return self.send(h, 200, [{"number": 1, "merged_at": "2026-11-01T00:00:00Z", "user": "not an object"}])
+        time.sleep(self.delay)
         items = repo[path[2]]
         page = int(urllib.parse.parse_qs(parts.query).get("page", ["1"])[0])
         last = max(1, -(-len(items) // self.per_page))

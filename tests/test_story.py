@@ -3,6 +3,7 @@ stand-in, tests/github_standin.py), and what owners hide."""
 
 import datetime as dt
 import json
+import time
 
 import pytest
 from starlette.testclient import TestClient
@@ -431,3 +432,18 @@ def test_the_record_s_round_numbers_read_an_index_not_every_message(team):
     rounds = {m["title"] for m in moments(db, team.person("oj")) if m["kind"] == "round_number"}
     assert rounds == {"The 10,000th message", "The 5,000th message", "The 1,000th message", "The 500th message",
                       "The 100th message"}
+
+
+def test_a_slow_github_holds_no_reader_back(team, app, github, monkeypatch):
+    monkeypatch.setattr(prickle, "GITHUB_WAIT", 0.2)
+    github.delay = 0.3                                         # five pages: 1.5 s in all
+    r = person(app, team, "oj").post(f"/api/projects/{PROJECT}/story/repo", {"repository": "octo/site"})
+    assert r.json()["changed"] is True                         # answered before GitHub finished
+    out = read(app, team, "ren")
+    assert (out["github"]["state"], gh_titles(out)) == (None, [])   # not read yet: nothing to show
+    asked = len(github.requests)
+    deadline = time.monotonic() + 30
+    while out["github"]["state"] is None and time.monotonic() < deadline:
+        out = read(app, team, "ren")                           # each reader joins the one read under way
+    assert (out["github"]["state"], gh_titles(out)) == ("ok", GH_TITLES)
+    assert len(github.requests) <= asked + 5
