@@ -1838,6 +1838,10 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX messages_by_project ON messages(project, seq)",
     ],
     [
+        # Closing an account (chapter 40): when the person was erased; NULL while the account is open.
+        "ALTER TABLE people ADD COLUMN erased_at TEXT",
+    ],
+    [
         # Deleting a project (chapter 39): its state (PROJECT_MOVES) and its open deletion request; each
         # request keeps the members and agents set aside while the project is out of service, what its
         # purge removed (counts) and until when its audit log is kept (forget_after).
@@ -3398,7 +3402,7 @@ REVOCATIONS = {"revoked": True, "claim_retried": True, "run_replaced": True, "ru
                "run_uncertain": True, "run_ended": True, "issuer_revoked": False, "device_revoked": False, "task_cancelled": False,
                "task_handed_back": False, "turn_ended": False, "turn_retried": False, "assignee_left": False,
                "left_project": False, "rotated": False, "app_revoked": True, "refresh_replayed": True,
-               "code_replayed": True, "project_deleted": False}
+               "code_replayed": True, "account_closed": False, "project_deleted": False}
 
 #: Credentials ended because their agent left the project (or the project was deleted): their callers
 #: are told not_found.
@@ -3859,6 +3863,20 @@ def start_state(task: dict) -> str:
     return "approved" if task["run_approved"] else "none"
 
 
+#: A person's account: open until they close it, or the operator closes it for them (erased: nothing
+#: of their name or address is left, and nothing is done as them again). Kept as the time it was
+#: erased in ``people.erased_at`` (NULL while open).
+ACCOUNT_MOVES: dict[str, dict[str, str]] = {
+    "open": {"erase": "erased"},
+    **closed("erased"),
+}
+
+
+def account_state(person: dict) -> str:
+    """The key of ACCOUNT_MOVES a people row is in."""
+    return "erased" if person["erased_at"] else "open"
+
+
 #: A project's life (chapter 39): live until a project owner deletes it (deleted: a recorded owner may
 #: restore it within the recovery window) or asks to erase it (erasing: no restore); at its deadline
 #: the retention worker starts the purge (purging: no restore from then) and removes its content
@@ -3893,6 +3911,8 @@ LIFECYCLES: dict[str, Lifecycle] = {
     "lead": Lifecycle("default lead", "projects", "lead_state", LEAD_MOVES, key=lead_state, id_column="slug",
                       stored={"none": None}),
     "start": Lifecycle("Start flag", "tasks", "run_approved", START_MOVES, key=start_state, stored={"none": None}),
+    "account": Lifecycle("account", "people", "erased_at", ACCOUNT_MOVES, key=account_state, id_column="handle",
+                         stored={"open": None}),
     "project": Lifecycle("project", "projects", "state", PROJECT_MOVES, PROJECT_MOVE_BY, id_column="slug"),
 }
 
@@ -4034,16 +4054,56 @@ def add_person(db: Database, handle: str, display_name: str, color: int | None =
 
 
 def person_out(db: Database, handle: str) -> dict:
-    """A person as the reference shows one: handle, display_name, avatar_url, color, away."""
+    """A person as the reference shows one: handle, display_name, avatar_url, color, away; a person
+    whose account was closed also has ``erased: true`` (and ERASED_NAME for a name)."""
     row = db.one("SELECT * FROM people WHERE handle = ?", (handle,))
     if row is None:
         raise NotFound(f"no person with handle '{handle}': add them with 'prickle person add'")
-    return {"handle": row["handle"], "display_name": row["display_name"], "avatar_url": None,
-            "color": row["color"], "away": bool(row["away"])}
+    out = {"handle": row["handle"], "display_name": row["display_name"], "avatar_url": None,
+           "color": row["color"], "away": bool(row["away"])}
+    return out | {"erased": True} if row["erased_at"] else out
 
 
 def require_person(db: Database, handle: str) -> dict:
-    return person_out(db, check_slug(handle, "handle"))
+    """The person ``handle`` (person_out) for an act as them or for them. Raises InvalidInput, NotFound,
+    or InvalidState for a person whose account was closed (nothing is done as them again)."""
+    person = person_out(db, check_slug(handle, "handle"))
+    if person.get("erased"):
+        raise InvalidState(f"handle: '{handle}' closed their account: nothing can be done as them or for them "
+                           "any more")
+    return person
+
+
+#: The name shown for a person whose account was closed, wherever their name was (chapter 40).
+ERASED_NAME = "Erased person"
+
+
+def erased_people(db: Database) -> frozenset[str]:
+    """The handles of the people whose account was closed (cached until a write changes the file)."""
+    return db.cached(("erased", "people"), lambda: frozenset(
+        r["handle"] for r in db.rows("SELECT handle FROM people WHERE erased_at IS NOT NULL")))
+
+
+def person_ref(db: Database, handle: str) -> dict:
+    """The reference's person reference ``{kind: person, handle}``, with ``erased: true`` once the person
+    closed their account. The one place a person's reference is made, so that every answer, event and
+    page shows an erased person the same way."""
+    ref = {"kind": "person", "handle": handle}
+    return ref | {"erased": True} if handle in erased_people(db) else ref
+
+
+def agent_ref(db: Database, agent_id: str) -> dict:
+    """The reference's agent reference ``{kind: agent, agent_id}``, with ``erased: true`` once its owner
+    closed their account (their agents are erased with them)."""
+    ref = {"kind": "agent", "agent_id": agent_id}
+    return ref | {"erased": True} if agent_id.split("/")[0] in erased_people(db) else ref
+
+
+def actor_ref_out(db: Database, ref: dict | None) -> dict | None:
+    """A stored person or agent reference (or None) as it is shown now: see person_ref and agent_ref."""
+    if ref is None or ref.get("kind") not in ("person", "agent"):
+        return ref
+    return person_ref(db, ref["handle"]) if ref["kind"] == "person" else agent_ref(db, ref["agent_id"])
 
 
 #: How many agent apps a team's allow-list names at most.
@@ -4227,7 +4287,7 @@ def create_project(db: Database, slug: str, name: str, team: str, owner: str, de
         db.execute("INSERT INTO members VALUES (?, ?, 'owner', 1, ?)", (slug, owner, now))
         append_event(db, slug, "project.created", {
             "summary": {"slug": slug, "team": team, "name": name, "description": description},
-            "by": {"kind": "person", "handle": owner},
+            "by": person_ref(db, owner),
         })
         audit(db, slug, "project.created", {"team": team, "by": owner})
         audit(db, slug, "member.added", {"person": owner, "role": "owner", "grant_version": 1, "by": owner})
@@ -4616,7 +4676,9 @@ def list_projects(db: Database, handle: str) -> list[dict]:
 
 
 def audit_page(db: Database, actor: Actor, project: str, before: int | None, limit: int) -> dict:
-    """A project's audit entries newest first (``n < before``), with the whole chain's check.
+    """A project's audit entries newest first (``n < before``), with the whole chain's check, and
+    ``erased``: the handles and agent IDs the entries name of people who closed their account (and of
+    their agents), to show as erased (an entry is never rewritten).
 
     The project must be in ``actor``'s reach (NotFound otherwise).
     """
@@ -4625,8 +4687,11 @@ def audit_page(db: Database, actor: Actor, project: str, before: int | None, lim
         rows = db.rows("SELECT n, at, type, refs FROM audit WHERE chain = ? AND n < ? ORDER BY n DESC LIMIT ?",
                        (project, before if before is not None else SEQ_MAX, limit))
         report = verify_audit(db, project)[0]
-    return {"entries": [r | {"refs": json.loads(r["refs"])} for r in rows],
-            "chain": {k: report[k] for k in ("ok", "entries", "broken_at")}}
+        gone = erased_people(db)
+    entries = [r | {"refs": json.loads(r["refs"])} for r in rows]
+    named = {v for e in entries for v in e["refs"].values() if isinstance(v, str)}
+    return {"entries": entries, "chain": {k: report[k] for k in ("ok", "entries", "broken_at")},
+            "erased": sorted(v for v in named if v.split("/")[0] in gone and v.count("/") <= 1)}
 
 
 def team_projects_of(db: Database, agent_id: str) -> list[str]:
@@ -4845,6 +4910,20 @@ def revoke_invites_by(db: Database, project: str, handle: str, reason: str) -> i
     for row in rows:
         _end_invite(db, row, "revoke", reason)
         audit(db, project, "invite.revoked", {"invite": row["id"], "reason": reason, "by": None})
+    return len(rows)
+
+
+def revoke_invites_to(db: Database, email: str, reason: str) -> int:
+    """Revoke every open invite to ``email``, in any project, inside the caller's transaction (the person
+    invited closed their account: ``reason`` ``invitee_closed_account``). Writes one ``invite.revoked`` per
+    invite, naming nobody, and returns how many (expired ones end without an entry and are not counted)."""
+    if reason not in INVITE_REVOKE_REASONS:
+        raise InvalidInput(f"reason must be one of {', '.join(INVITE_REVOKE_REASONS)}")
+    expire_due(db, "invite", where="email = ?", params=(email,))
+    rows = db.rows("SELECT * FROM invites WHERE email = ? AND state = 'open' ORDER BY id", (email,))
+    for row in rows:
+        _end_invite(db, row, "revoke", reason)
+        audit(db, row["project"], "invite.revoked", {"invite": row["id"], "reason": reason, "by": None})
     return len(rows)
 
 
@@ -6881,7 +6960,7 @@ def task_out(db: Database, task: dict | str) -> dict:
         "latest_checkpoint_by": {"agent": cp["agent"], "provenance": "agent_generated",
                                  "handed_back": task["state"] == "returned" or cp["agent"] != task["assignee"]}
         if cp else None,
-        "requested_by": json.loads(task["requested_by"]),
+        "requested_by": actor_ref_out(db, json.loads(task["requested_by"])),
         "origin_message_id": task["origin_message_id"],
         "route": json.loads(task["route"]),
         "display_title": task["display_title"],
@@ -9170,13 +9249,13 @@ _TIMELINE_RANK = {"created": 0, "message": 1, "checkpoint": 2, "submission": 3, 
                   "state": 6, "run_ended": 7}
 
 
-def _timeline_actor(by: str | None) -> dict | None:
+def _timeline_actor(db: Database, by: str | None) -> dict | None:
     """Who an audit entry's ``by`` names: an agent (its ID has a slash), a person, or Prickle itself."""
     if by is None:
         return None
     if "/" in by:
-        return {"kind": "agent", "agent_id": by}
-    return {"kind": "system"} if by in ("gate", "admin", "system") else {"kind": "person", "handle": by}
+        return agent_ref(db, by)
+    return {"kind": "system"} if by in ("gate", "admin", "system") else person_ref(db, by)
 
 
 def _excerpt(text: str) -> str:
@@ -9200,10 +9279,10 @@ def _timeline_audit(db: Database, task: dict) -> list[tuple[str, int, int, dict]
             continue
         if r["type"] == "task.transitioned":
             entry = {"kind": "state", "from": refs["from"], "to": refs["to"], "move": refs["move"],
-                     "by": _timeline_actor(refs["by"]), "reason": said.get(r["n"], words), "why": why}
+                     "by": _timeline_actor(db, refs["by"]), "reason": said.get(r["n"], words), "why": why}
             why = words = None
         elif r["type"] == "approval.decided":
-            entry = {"kind": "decision", "decision": refs["decision"], "by": _timeline_actor(refs["by"]),
+            entry = {"kind": "decision", "decision": refs["decision"], "by": _timeline_actor(db, refs["by"]),
                      "revision": None, "reason": None}
         elif r["type"] == "result.accepted":
             sub = subs.get(refs["submission"]) or {}
@@ -9211,12 +9290,12 @@ def _timeline_audit(db: Database, task: dict) -> list[tuple[str, int, int, dict]
             by = refs.get("by") if step == "owner_accepted" else \
                 (json.loads(sub["verified_by"])["agent_id"] if step == "verified" and sub.get("verified_by") else None)
             entry = {"kind": "decision", "decision": {"verified": "verified", "policy": "accepted_by_policy"}.get(
-                step, "accepted"), "by": _timeline_actor(by), "revision": refs["revision"], "reason": None}
+                step, "accepted"), "by": _timeline_actor(db, by), "revision": refs["revision"], "reason": None}
         else:  # result.rejected: by the requesting agent, or sent back by a person
             by = refs.get("by")
             words = (subs.get(refs["submission"]) or {}).get("reason")
             entry = {"kind": "decision", "decision": "rejected" if by and "/" in by else "sent_back",
-                     "by": _timeline_actor(by), "revision": refs["revision"], "reason": words}
+                     "by": _timeline_actor(db, by), "revision": refs["revision"], "reason": words}
         out.append((r["at"], _TIMELINE_RANK[entry["kind"]], r["n"], {"at": r["at"]} | entry))
     return out
 
@@ -9244,21 +9323,21 @@ def task_timeline(db: Database, task: dict) -> list[dict]:
     def add(at: str, kind: str, order: int, entry: dict) -> None:
         rows.append((at, _TIMELINE_RANK[kind], order, {"at": at} | entry))
 
-    add(task["created_at"], "created", 0, {"kind": "created", "by": json.loads(task["requested_by"])})
+    add(task["created_at"], "created", 0, {"kind": "created", "by": actor_ref_out(db, json.loads(task["requested_by"]))})
     for m in db.rows("SELECT seq, id, author_kind, author, body, created_at FROM messages WHERE project = ? AND "
                      "task_id = ? ORDER BY seq", (task["project"], task["id"])):
-        by = {"kind": "person", "handle": m["author"]} if m["author_kind"] == "person" else _timeline_actor(m["author"])
+        by = person_ref(db, m["author"]) if m["author_kind"] == "person" else _timeline_actor(db, m["author"])
         add(m["created_at"], "message", m["seq"],
             {"kind": "message", "by": by, "message_id": m["id"], "excerpt": _excerpt(m["body"])})
     for c in db.rows("SELECT rowid, * FROM checkpoints WHERE task_id = ?", (task["id"],)):
         add(c["created_at"], "checkpoint", c["rowid"], {
-            "kind": "checkpoint", "by": _timeline_actor(c["agent"]), "checkpoint_id": c["id"],
+            "kind": "checkpoint", "by": _timeline_actor(db, c["agent"]), "checkpoint_id": c["id"],
             "excerpt": _excerpt(json.loads(c["body"]).get("progress") or ""), "needs_answer": bool(c["needs_answer"])})
     for s in db.rows("SELECT * FROM submissions WHERE task_id = ?", (task["id"],)):
-        add(s["returned_at"], "submission", s["revision"], {"kind": "submission", "by": _timeline_actor(
+        add(s["returned_at"], "submission", s["revision"], {"kind": "submission", "by": _timeline_actor(db, 
             s["returned_by"]), "revision": s["revision"], "excerpt": _excerpt(s["summary"])})
     for a in db.rows("SELECT rowid, * FROM attempts WHERE task_id = ?", (task["id"],)):
-        run = {"kind": "run", "by": _timeline_actor(a["agent_id"]), "run": a["id"], "purpose": a["purpose"]}
+        run = {"kind": "run", "by": _timeline_actor(db, a["agent_id"]), "run": a["id"], "purpose": a["purpose"]}
         add(a["claimed_at"], "run_started", a["rowid"], run | {"event": "started"})
         if a["ended_at"]:
             add(a["ended_at"], "run_ended", a["rowid"], run | {"event": "ended", "state": a["state"],
@@ -10287,7 +10366,8 @@ OFFBOARD_COUNTS = ("agents", "returned", "transferred", "rules_revoked", "standi
                    "invites")
 
 #: Why a leaving person's open invites end, by why they leave.
-_INVITES_END = {"member_left": "inviter_left", "member_removed": "inviter_removed"}
+_INVITES_END = {"member_left": "inviter_left", "member_removed": "inviter_removed",
+                "member_erased": "inviter_erased"}
 
 
 def _projects_of(party: str) -> tuple[str, str]:
@@ -12633,7 +12713,7 @@ def _purge_some(db: Database, row: dict, request: dict, batch: int) -> str:
     return f"{slug}: content purged (request {request['number']})"
 
 
-def _forget(db: Database, row: dict) -> str:
+def _drop_purged(db: Database, row: dict) -> str:
     """A purged project's audit log was kept AUDIT_KEPT: it goes, with the project's row, keys and requests."""
     slug = row["slug"]
     db.execute("DELETE FROM credential_uses WHERE credential_id IN (SELECT id FROM credentials WHERE project = ?)",
@@ -12666,7 +12746,7 @@ def retention_step(db: Database, batch: int = PURGE_BATCH) -> str | None:
             return _start_purge(db, row, open_request(db, row["slug"]))
         row = db.one(join + "p.state = 'purged' AND d.forget_after <= ? ORDER BY d.forget_after LIMIT 1", (now,))
         if row is not None:
-            return _forget(db, row)
+            return _drop_purged(db, row)
     return None
 
 
@@ -12684,6 +12764,177 @@ def run_retention(db: Database, batch: int = PURGE_BATCH) -> list[str]:
 
 # A person closes their account (or the operator closes it): in each project they become an
 # erased person, their agents leave, their keys, devices and invites end.
+#
+# Closing is one transaction (close_account), in named steps:
+#   1. refusals first: an account already closed, a step-up not given, a project of which they are
+#      the last owner (someone must be left to run it: promote another member, or delete the project);
+#   2. every browser session, sign-in link, runner device and connected app ends (sign_out_everywhere);
+#   3. in each project they are in (their private room too): the handoffs waiting for their approval
+#      are denied, the open tasks they or their agents asked for are cancelled, their agents leave with
+#      every knock-on of a removal (offboard, chapter 33: tasks their agents held go back, rules and
+#      standing approvals end, the invites they sent end as ``inviter_erased``), and ``person.erased``
+#      records how many approvals were denied, tasks cancelled and runs closed;
+#   4. the invites sent to their address end (``invitee_closed_account``), and every key left of
+#      theirs or their agents' ends;
+#   5. their name, address and settings go from the file: the person row keeps only the handle (the
+#      audit chains name it, and a chain is never rewritten), every stored reference to them takes the
+#      erased form (person_ref), and the names in the outbox's events are replaced.
+# What they wrote (messages, tasks, results) stays the team's, shown as by an erased person.
+
+#: What ``person.erased`` counts, as the reference names it, before the knock-ons of their agents leaving.
+ERASED_COUNTS = ("approvals_denied", "tasks_cancelled", "runs_closed")
+
+
+def _running(db: Database, project: str) -> set[str]:
+    """The attempts running in ``project`` now."""
+    return {r["id"] for r in db.rows("SELECT a.id FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE "
+                                     "t.project = ? AND a.state = 'running'", (project,))}
+
+
+def _owned_alone(db: Database, handle: str) -> list[str]:
+    """The team projects ``handle`` is the only owner of."""
+    return [r["project"] for r in db.rows(
+        "SELECT m.project FROM members m JOIN projects p ON p.slug = m.project WHERE m.handle = ? AND "
+        "m.role = 'owner' AND p.kind = 'team' AND NOT EXISTS (SELECT 1 FROM members o WHERE o.project = m.project "
+        "AND o.role = 'owner' AND o.handle <> m.handle) ORDER BY m.project", (handle,))]
+
+
+def _deny_waiting(db: Database, me: Actor, project: str) -> int:
+    """Step 3: deny the handoffs of ``project`` held for ``me``'s approval (decide_approval); how many."""
+    expire_due(db, "approval")
+    rows = db.rows("SELECT id FROM approvals WHERE owner = ? AND project = ? AND status = 'pending' AND "
+                   "invalidated_at IS NULL ORDER BY created_at", (me.handle, project))
+    for row in rows:
+        decide_approval(db, me, row["id"], "deny")
+    return len(rows)
+
+
+def _cancel_requested(db: Database, project: str, handle: str, agents: list[str]) -> int:
+    """Step 3: cancel the open tasks of ``project`` that ``handle`` or their ``agents`` asked for, as a
+    cancel by them (cancel_task's move): nobody is left to check their results. Returns how many."""
+    cancelled = 0
+    for task in db.rows("SELECT * FROM tasks WHERE project = ? ORDER BY created_at", (project,)):
+        mine = task["requester"] in agents or (task["requester"] is None and requesting_person(task) == handle)
+        if not mine or "cancel" not in TASK_MOVES[lifecycle_state(task)]:
+            continue
+        end_task_work(db, task, "task_cancelled")
+        reached = task["routed_at"] is not None  # a task held at the gate never reached its assignee
+        move_task(db, task, "cancel", handle, [(task["assignee"] if reached else None, "task"),
+                                               (task["requester"], "task_update")])
+        cancelled += 1
+    return cancelled
+
+
+def _erase_in(db: Database, me: Actor, project: str, by: str | None, running: set[str]) -> dict:
+    """Step 3 in one project, whose runs were ``running`` before step 2: returns the refs of its
+    ``person.erased`` entry (written here)."""
+    handle = me.handle
+    agents = [r["agent_id"] for r in db.rows("SELECT pa.agent_id FROM project_agents pa JOIN agents a USING "
+                                             "(agent_id) WHERE pa.project = ? AND a.owner = ? ORDER BY pa.agent_id",
+                                             (project, handle))]
+    all_agents = [r["agent_id"] for r in db.rows("SELECT agent_id FROM agents WHERE owner = ?", (handle,))]
+    counts = {"approvals_denied": _deny_waiting(db, me, project),
+              "tasks_cancelled": _cancel_requested(db, project, handle, all_agents)}
+    left = offboard(db, project, agents, person=handle, reason="member_erased", by=by)
+    counts["runs_closed"] = len(running - _running(db, project))
+    refs = {"person": handle, "by": by} | counts | left
+    audit(db, project, "person.erased", refs)
+    return refs
+
+
+def _scrub(value: Any, names: dict[str, str]) -> Any:
+    """An event payload with an erased person's names gone: ``names`` maps their handle, their agents' IDs
+    and their private room's slug to what shows now; a reference to them or their agents takes the
+    erased form."""
+    if isinstance(value, list):
+        return [_scrub(v, names) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: _scrub(v, names) for k, v in value.items()}
+    who = out.get("agent_id") or out.get("handle") or out.get("slug")
+    if who not in names:
+        return out
+    if "kind" in out and set(out) <= {"kind", "handle", "agent_id", "erased"}:
+        out["erased"] = True  # a reference (PERSON_REF, AGENT_REF)
+    for field in ("display_name", "name"):
+        if field in out:
+            out[field] = names[who]
+    return out
+
+
+def _forget(db: Database, handle: str, now: str) -> None:
+    """Step 5: nothing of ``handle``'s name, address or settings is left in the file (see the banner)."""
+    agents = {r["agent_id"]: r["name"] for r in db.rows("SELECT agent_id, name FROM agents WHERE owner = ?", (handle,))}
+    rooms = {r["project"]: f"{ERASED_NAME}'s room" for r in db.rows("SELECT project FROM rooms WHERE owner = ?",
+                                                                       (handle,))}
+    move(db, "account", handle, "erase", value=now, display_name=ERASED_NAME, email=None, timezone=None,
+         digest_minutes=None, digest_through=None, step_up_above_cost=None, auto_accept=0, away=0)
+    db.execute("UPDATE agents SET display_name = name WHERE owner = ?", (handle,))
+    for room, name in rooms.items():
+        db.execute("UPDATE projects SET name = ? WHERE slug = ?", (name, room))
+    mine = "SELECT id FROM credentials WHERE person = ? OR agent_id IN (SELECT agent_id FROM agents WHERE owner = ?)"
+    db.execute(f"DELETE FROM credential_uses WHERE credential_id IN ({mine})", (handle, handle))
+    db.execute(f"DELETE FROM passkey_ceremonies WHERE credential IN ({mine})", (handle, handle))
+    for table, column in (("passkeys", "person"), ("team_people", "handle"), ("read_positions", "handle"),
+                          ("inbox_marks", "handle"), ("share_rules", "owner")):
+        db.execute(f"DELETE FROM {table} WHERE {column} = ?", (handle,))
+    db.cache.pop(("erased", "people"), None)
+    erased = json.dumps(person_ref(db, handle))
+    for table, column in (("tasks", "requested_by"), ("approvals", "requested_by"), ("submissions", "verified_by"),
+                          ("submissions", "decided_by")):
+        db.execute(f"UPDATE {table} SET {column} = ? WHERE json_extract({column}, '$.kind') = 'person' AND "
+                   f"json_extract({column}, '$.handle') = ?", (erased, handle))
+        for agent in agents:
+            db.execute(f"UPDATE {table} SET {column} = ? WHERE json_extract({column}, '$.agent_id') = ?",
+                       (json.dumps(agent_ref(db, agent)), agent))
+    names = {handle: ERASED_NAME} | agents | rooms
+    for row in db.rows("SELECT seq, payload FROM outbox WHERE instr(payload, ?) > 0", (f'"{handle}', )):
+        db.execute("UPDATE outbox SET payload = ? WHERE seq = ?",
+                   (canonical_json(_scrub(json.loads(row["payload"]), names)), row["seq"]))
+
+
+def close_account(db: Database, who: Actor | str) -> dict:
+    """Close a person's account: ``who`` is the signed-in person (who must have confirmed it's them:
+    require_step_up) or, from the command line, a handle. One transaction, in the steps above.
+
+    Writes ``person.erased`` in each project they were in (with ERASED_COUNTS and the counts of their
+    agents leaving, OFFBOARD_COUNTS), the entries of what ends with it (``approval.decided``,
+    ``task.transitioned``, ``task.returned``, ``device.revoked``, ``invite.revoked`` with
+    ``inviter_erased`` or ``invitee_closed_account``, ...). Returns ``{handle, erased_at, projects:
+    [{project} | refs], sessions_ended, devices_ended, apps_ended, credentials_ended, invites_revoked}``.
+    Raises InvalidInput, NotFound (no such person), InvalidState (closed already; the last owner of a
+    project), StepUpRequired.
+    """
+    handle = who.handle if isinstance(who, Actor) else check_slug(who, "handle")
+    with db.transaction():
+        row = db.one("SELECT * FROM people WHERE handle = ?", (handle,))
+        if row is None:
+            raise NotFound(f"handle: no person '{handle}': 'prickle person list' lists them")
+        if row["erased_at"]:
+            raise InvalidState(f"handle: '{handle}' closed their account already, at {row['erased_at']}")
+        if isinstance(who, Actor):
+            require_step_up(db, who, "close your account")
+        if alone := _owned_alone(db, handle):
+            raise InvalidState(
+                f"'{handle}' is the last owner of {', '.join(repr(p) for p in alone)}: make another member an owner "
+                f"(Promote on the project's Members screen, or prickle member promote {alone[0]} HANDLE) or delete "
+                "the project, then close the account")
+        by = handle if isinstance(who, Actor) else None
+        me = who if isinstance(who, Actor) else Actor("person", "", "person", handle=handle)
+        running = {r["project"]: _running(db, r["project"]) for r in db.rows(
+            "SELECT project FROM members WHERE handle = ? ORDER BY project", (handle,))}
+        ended = sign_out_everywhere(db, handle)
+        projects = [{"project": p} | _erase_in(db, me, p, by, was) for p, was in running.items()]
+        invites = revoke_invites_to(db, row["email"], "invitee_closed_account") if row["email"] else 0
+        keys = revoke_credentials(db, "person = ? OR agent_id IN (SELECT agent_id FROM agents WHERE owner = ?)",
+                                  (handle, handle), "account_closed")
+        now = iso(utcnow())
+        _forget(db, handle, now)
+        db.cache.clear()  # who may reach what, and every name, has changed
+        db.note_revoked()
+    return {"handle": handle, "erased_at": now, "projects": projects, "sessions_ended": ended["sessions_ended"],
+            "devices_ended": ended["devices_ended"], "apps_ended": ended["apps_ended"],
+            "credentials_ended": ended["credentials_ended"] + keys, "invites_revoked": invites}
 
 
 ###############################################################################
@@ -15369,6 +15620,14 @@ async def api_link_repo(state: AppState, person: Actor, request: Request, body: 
                                  body_field(body, "repository", str))
 
 
+async def api_close_account(state: AppState, person: Actor, request: Request, body: Any) -> Response:
+    """DELETE /api/me: close your account, after confirming it's you (close_account); this browser's
+    session ends with every other."""
+    response = JSONResponse(close_account(state.db, person))
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    return response
+
+
 def _no_body(body: Any) -> None:
     if body:
         raise InvalidInput(f"unknown field {sorted(body)[0]}: send an empty body")
@@ -15410,6 +15669,7 @@ ROUTES = WORK_ROUTES + (
     ("POST", "/api/projects/{slug}/story/round-numbers", api_endpoint(api_round_numbers)),
     ("POST", "/api/projects/{slug}/story/repo", api_endpoint(api_link_repo)),
     ("DELETE", "/api/projects/{slug}/story/repo", api_endpoint(api_operation(unlink_repository, "slug"))),
+    ("DELETE", "/api/me", api_endpoint(api_close_account)),
     ("DELETE", "/api/projects/{slug}", api_endpoint(api_delete_project)),
     ("POST", "/api/projects/{slug}/erase", api_endpoint(api_erase_project)),
     ("POST", "/api/projects/{slug}/restore", api_endpoint(api_restore_project)),
@@ -17397,6 +17657,20 @@ def audit_rehash(db_path: str, as_json: bool, project_slug: str | None) -> None:
         f"{e['chain'] or '(deployment)'}: {e['refs']['rewritten']} entries rewritten to hash version "
         f"{e['refs']['hash_version']}; old head {e['refs']['old_head']}, new head {e['refs']['new_head']}"
         for e in done) or f"Every audit chain is already at hash version {AUDIT_HASH_VERSIONS[-1]}.")
+
+
+@person_group.command("erase")
+@db_options
+@click.argument("handle")
+def person_erase(db_path: str, as_json: bool, handle: str) -> None:
+    """Close HANDLE's account: they become an erased person everywhere (see the README)."""
+    out = close_account(open_db(db_path), handle)
+    lines = [f"Closed {handle}'s account: their name and address are gone; {out['credentials_ended']} credentials, "
+             f"{out['sessions_ended']} sessions and sign-in links, {out['devices_ended']} devices and "
+             f"{out['apps_ended']} apps ended; {out['invites_revoked']} invites to them revoked."]
+    lines += [f"  {p['project']}: {p['approvals_denied']} approvals denied, {p['tasks_cancelled']} tasks cancelled, "
+              f"{p['runs_closed']} runs closed, {p['agents']} agents left" for p in out["projects"]]
+    Out(as_json)(out, "\n".join(lines))
 
 
 ###############################################################################
