@@ -165,6 +165,7 @@ import hashlib
 import hmac
 import io
 import ipaddress
+import itertools
 import json
 import logging
 import math
@@ -182,13 +183,14 @@ import time
 import threading
 import tomllib
 import urllib.parse
+import zipfile
 import zlib
 import zoneinfo
 import email.message
 import email.utils
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from html import escape as escape_html
-from typing import Any
+from typing import Any, BinaryIO
 
 import apsw
 import apsw.bestpractice
@@ -198,6 +200,7 @@ import jsonschema_rs
 import mcp_types
 import pydantic
 import pydantic_core
+from dateutil import rrule as _rrule
 import webauthn
 from webauthn.helpers import base64url_to_bytes, bytes_to_base64url
 from webauthn.helpers.exceptions import WebAuthnException
@@ -224,6 +227,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.staticfiles import StaticFiles
@@ -582,12 +586,20 @@ class Settings(pydantic.BaseModel):
     signin_link_minutes: int = pydantic.Field(30, ge=1, le=1440)
     #: A run's execution credential (claim_task) expires after this many minutes.
     launch_timeout_minutes: int = pydantic.Field(60, ge=1, le=1440)
+    #: Who restarts the write-ahead log: ``prickle`` (its checkpointer, once the log is long) or
+    #: ``litestream`` (Prickle only copies the log into the file; Litestream, replicating it, restarts it).
+    checkpoints: str = pydantic.Field("prickle", pattern="^(prickle|litestream)$")
     #: Outbox events and delivered wakes are kept this many days, then pruned (the audit log stays).
     outbox_keep_days: int = pydantic.Field(30, ge=1, le=3650)
+    #: A deleted project can be restored by an owner for this many days; then its content is purged.
+    recovery_window_days: int = pydantic.Field(30, ge=1, le=365)
     #: One line per request on stderr (method, path without query, status, duration).
     access_log: bool = True
     #: A search stops after this many seconds and says to narrow it (it runs off the event loop).
     search_seconds: float = pydantic.Field(2.0, gt=0, le=60)
+    #: Runs a day one schedule may have, and all of one person's schedules together.
+    schedule_runs_per_day: int = pydantic.Field(24, ge=1, le=288)
+    schedule_runs_per_owner: int = pydantic.Field(96, ge=1, le=10_000)
     #: Where mail goes out (invites, sign-in links by email); None sends none.
     smtp: SmtpSettings | None = None
     #: Whom push services may write to about this server's notifications (VAPID's ``sub``): a
@@ -1835,6 +1847,44 @@ MIGRATIONS: list[list[str]] = [
         # The story's round numbers find the project's nth message without sorting them all.
         "CREATE INDEX messages_by_project ON messages(project, seq)",
     ],
+    [
+        # Closing an account (chapter 40): when the person was erased; NULL while the account is open.
+        "ALTER TABLE people ADD COLUMN erased_at TEXT",
+    ],
+    [
+        # Schedules (chapter 37): an owner's schedule for their agent, kept in their private room
+        # (``room``), asking in ``project``; each due time's outcome (schedule_runs); and the schedule
+        # (``{"schedule_id", "version"}``) a task was asked by, its runs' cause.
+        """CREATE TABLE schedules (
+            id TEXT PRIMARY KEY, owner TEXT NOT NULL, room TEXT NOT NULL, agent TEXT NOT NULL,
+            project TEXT NOT NULL, text TEXT NOT NULL, recurrence TEXT NOT NULL, timezone TEXT NOT NULL,
+            anchor TEXT NOT NULL, freq TEXT NOT NULL, runs_a_day INTEGER NOT NULL, state TEXT NOT NULL,
+            version INTEGER NOT NULL, next_run_at TEXT, stop_reason TEXT, created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL)""",
+        "CREATE INDEX schedules_due ON schedules (next_run_at) WHERE state = 'active'",
+        "CREATE INDEX schedules_by_owner ON schedules (owner, created_at)",
+        """CREATE TABLE schedule_runs (
+            id INTEGER PRIMARY KEY, schedule_id TEXT NOT NULL REFERENCES schedules(id), owner TEXT NOT NULL,
+            version INTEGER NOT NULL, due_at TEXT NOT NULL, at TEXT NOT NULL, task_id TEXT, outcome TEXT NOT NULL,
+            detail TEXT, missed INTEGER NOT NULL DEFAULT 0)""",
+        "CREATE INDEX schedule_runs_by_schedule ON schedule_runs (schedule_id, at)",
+        "CREATE INDEX schedule_runs_by_owner ON schedule_runs (owner, at)",
+        "ALTER TABLE tasks ADD COLUMN schedule TEXT",
+    ],
+    [
+        # Deleting a project (chapter 39): its state (PROJECT_MOVES) and its open deletion request; each
+        # request keeps the members and agents set aside while the project is out of service, what its
+        # purge removed (counts) and until when its audit log is kept (forget_after).
+        "ALTER TABLE projects ADD COLUMN state TEXT NOT NULL DEFAULT 'live'",
+        "ALTER TABLE projects ADD COLUMN deletion INTEGER",
+        """CREATE TABLE deletions (
+            number INTEGER PRIMARY KEY AUTOINCREMENT, project TEXT NOT NULL,
+            kind TEXT NOT NULL CHECK (kind IN ('delete', 'erase')), requested_by TEXT NOT NULL,
+            requested_at TEXT NOT NULL, purge_after TEXT NOT NULL, members TEXT NOT NULL, agents TEXT NOT NULL,
+            restored_by TEXT, restored_at TEXT, purge_started_at TEXT, counts TEXT, purged_at TEXT,
+            forget_after TEXT)""",
+        "CREATE INDEX deletions_by_project ON deletions(project)",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -2394,6 +2444,17 @@ class Maintenance:
         """Run ``run()`` every ``every`` seconds (from the first tick on) under ``name``."""
         self.pieces.append(_Piece(name, every, run))
 
+    def wake(self, name: str) -> None:
+        """Run the piece ``name`` at the next tick (what it waits for changed before its time)."""
+        for piece in self.pieces:
+            if piece.name == name:
+                piece.due = 0.0
+
+    def status(self) -> list[dict]:
+        """Every piece: ``[{"piece", "next_in"}]``, ``next_in`` the seconds until it runs again."""
+        now = time.monotonic()
+        return [{"piece": p.name, "next_in": round(max(p.due - now, 0.0), 3)} for p in self.pieces]
+
     def degraded(self) -> list[dict]:
         """The failing pieces: ``[{"piece", "cause", "since", "failures"}]``, in the order they were added."""
         return [{"piece": p.name, "cause": p.cause, "since": p.since, "failures": p.failures}
@@ -2451,21 +2512,22 @@ WAL_KEEP_BYTES = 64 * 1024 * 1024
 CHECKPOINT_WAIT_MS = 50
 
 
-def checkpoint_wal(conn: apsw.Connection, restart_frames: int = WAL_RESTART_FRAMES) -> str:
+def checkpoint_wal(conn: apsw.Connection, restart_frames: int | None = WAL_RESTART_FRAMES) -> str:
     """Copy the write-ahead log into the database file; returns "empty", "passive" or "restart".
 
     A write starts the log over only when every frame in it was copied. A PASSIVE checkpoint
     never waits for writers, so while posts keep coming there is always a newer frame and the
     log grows without end. Once it is ``restart_frames`` long, a RESTART copies what the
     PASSIVE pass left (little) while holding writers back, and the next write starts the log
-    from its beginning. Raises apsw.BusyError when a reader or a writer keeps it waiting past
+    from its beginning; with ``restart_frames`` None it never restarts the log (Litestream
+    does, settings: checkpoints). Raises apsw.BusyError when a reader or a writer keeps it waiting past
     the connection's busy timeout (the server gives its checkpointer CHECKPOINT_WAIT_MS, so
     writers are never held back longer than that).
     """
     log, _ = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
     if log <= 0:
         return "empty"
-    if log >= restart_frames:
+    if restart_frames is not None and log >= restart_frames:
         conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_RESTART)
         return "restart"
     return "passive"
@@ -2478,8 +2540,8 @@ class WalCheckpointer:
     request's commit on the event loop; :meth:`close` after the last run.
     """
 
-    def __init__(self, path: str):
-        self.path = path
+    def __init__(self, path: str, restart_frames: int | None = WAL_RESTART_FRAMES):
+        self.path, self.restart_frames = path, restart_frames
         self.conn: apsw.Connection | None = None
         self.lock = threading.Lock()  # the worker thread and shutdown never use the connection at once
 
@@ -2489,7 +2551,7 @@ class WalCheckpointer:
             if self.conn is None:
                 self.conn = apsw.Connection(self.path)
                 self.conn.setbusytimeout(CHECKPOINT_WAIT_MS)
-            checkpoint_wal(self.conn)
+            checkpoint_wal(self.conn, self.restart_frames)
 
     def close(self) -> None:
         """Close the connection, if one was opened."""
@@ -2771,25 +2833,42 @@ def entry_hash(entry: dict, version: int) -> str:
 
 
 def check_chain(entries: Iterable[dict]) -> dict:
-    """Check one chain's entries, oldest first; return ``{"entries", "ok", "broken_at", "hash_version", "head"}``.
+    """Check one chain's entries, oldest first; return ``{"entries", "ok", "broken_at", "hash_version", "head",
+    "broken_type", "why"}``.
 
     Each entry is ``{chain, n, at, type, refs, prev_hash, hash, hash_version}`` (refs decoded).
     ``broken_at`` is the ``n`` (or, when ``n`` itself is wrong, the position) of the first entry
     that is out of place (n not one more than the last, another chain, a version lower than the
-    last or unknown) or whose prev_hash or hash does not match; ``head`` the last entry's hash.
+    last or unknown) or whose prev_hash or hash does not match; ``broken_type`` its type and
+    ``why`` which of those it is; ``head`` the last entry's hash.
     """
     prev, version, chain, broken, count = GENESIS, 0, None, None, 0
     for e in entries:
         count += 1
         chain = e.get("chain") if chain is None else chain
-        if broken is None:
-            good = (e.get("n") == count and e.get("chain") == chain and e.get("prev_hash") == prev
-                    and e.get("hash_version") in AUDIT_HASH_VERSIONS and e["hash_version"] >= version)
-            if not good or entry_hash(e, e["hash_version"]) != e.get("hash"):
-                broken = e["n"] if isinstance(e.get("n"), int) else count
+        if broken is None and (why := _out_of_place(e, count, chain, prev, version)):
+            broken = {"broken_at": e["n"] if type(e.get("n")) is int else count, "broken_type": e.get("type"),
+                      "why": why}
         prev, version = e.get("hash"), e.get("hash_version") or version
-    return {"entries": count, "ok": broken is None, "broken_at": broken,
-            "hash_version": version or None, "head": prev if count else None}
+    return {"entries": count, "ok": broken is None, "hash_version": version or None, "head": prev if count else None,
+            **(broken or {"broken_at": None, "broken_type": None, "why": None})}
+
+
+def _out_of_place(e: dict, count: int, chain: str, prev: str, version: int) -> str | None:
+    """Why entry number ``count`` of a chain breaks it, or None."""
+    if any(k not in e for k in ("chain", "n", "at", "type", "refs", "prev_hash", "hash", "hash_version")):
+        return "it is not a whole audit entry"
+    if e["n"] != count or e["chain"] != chain:
+        return f"it is out of place (expected entry {count} of chain {chain!r})"
+    if e["prev_hash"] != prev:
+        return "its prev_hash is not the hash of the entry before"
+    if e["hash_version"] not in AUDIT_HASH_VERSIONS:
+        return f"its hash_version {e['hash_version']!r} is not one this Prickle knows {AUDIT_HASH_VERSIONS}"
+    if e["hash_version"] < version:
+        return f"its hash_version {e['hash_version']} is lower than the entry before's ({version})"
+    if entry_hash(e, e["hash_version"]) != e["hash"]:
+        return "its hash does not match what it records"
+    return None
 
 
 def _chain_rows(db: Database, chain: str, batch: int = 2000) -> Iterator[dict]:
@@ -3386,10 +3465,11 @@ REVOCATIONS = {"revoked": True, "claim_retried": True, "run_replaced": True, "ru
                "run_uncertain": True, "run_ended": True, "issuer_revoked": False, "device_revoked": False, "task_cancelled": False,
                "task_handed_back": False, "turn_ended": False, "turn_retried": False, "assignee_left": False,
                "left_project": False, "rotated": False, "app_revoked": True, "refresh_replayed": True,
-               "code_replayed": True}
+               "code_replayed": True, "account_closed": False, "project_deleted": False}
 
-#: Credentials ended because their agent left the project: their callers are told not_found.
-LEFT_PROJECT_REASONS = ("assignee_left", "left_project")
+#: Credentials ended because their agent left the project (or the project was deleted): their callers
+#: are told not_found.
+LEFT_PROJECT_REASONS = ("assignee_left", "left_project", "project_deleted")
 
 
 def revoke_credentials(db: Database, where: str, params: tuple, reason: str) -> int:
@@ -3846,7 +3926,49 @@ def start_state(task: dict) -> str:
     return "approved" if task["run_approved"] else "none"
 
 
+#: A person's account: open until they close it, or the operator closes it for them (erased: nothing
+#: of their name or address is left, and nothing is done as them again). Kept as the time it was
+#: erased in ``people.erased_at`` (NULL while open).
+ACCOUNT_MOVES: dict[str, dict[str, str]] = {
+    "open": {"erase": "erased"},
+    **closed("erased"),
+}
+
+
+def account_state(person: dict) -> str:
+    """The key of ACCOUNT_MOVES a people row is in."""
+    return "erased" if person["erased_at"] else "open"
+
+
+#: A project's life (chapter 39): live until a project owner deletes it (deleted: a recorded owner may
+#: restore it within the recovery window) or asks to erase it (erasing: no restore); at its deadline
+#: the retention worker starts the purge (purging: no restore from then) and removes its content
+#: (purged: only its audit log is left, which goes with the project's row a year later).
+PROJECT_MOVES: dict[str, dict[str, str]] = {
+    "live": {"delete": "deleted", "erase": "erasing"},
+    "deleted": {"restore": "live", "purge": "purging"},
+    "erasing": {"purge": "purging"},
+    "purging": {"finish": "purged"},
+    "purged": {},
+}
+
+#: How each move of a project is made by a person (the retention worker makes the others).
+PROJECT_MOVE_BY = {"delete": "delete (a project owner)", "erase": "erase (a project owner)",
+                   "restore": "restore (an owner when it was deleted, within its recovery window)"}
+
+
 #: Every lifecycle, by the kind move() takes.
+# A schedule (chapter 37) asks its agent for a task at each due time while active. Its owner
+# edits it (a move to where it is), pauses and resumes it, or deletes it (its text is cleared);
+# it stops by itself when its agent left the project or its owner was removed, and its owner may
+# resume it once that is mended.
+SCHEDULE_MOVES: dict[str, dict[str, str]] = {
+    "active": {"edit": "active", "pause": "paused", "stop": "stopped", "delete": "deleted"},
+    "paused": {"edit": "paused", "resume": "active", "delete": "deleted"},
+    "stopped": {"edit": "stopped", "resume": "active", "delete": "deleted"},
+    **closed("deleted"),
+}
+
 LIFECYCLES: dict[str, Lifecycle] = {
     "task": Lifecycle("task", "tasks", "state", TASK_MOVES, MOVE_BY, lifecycle_state, {
         "approval_gate": "approval (a held handoff)", "approval_final": "approval (a verified result)",
@@ -3863,6 +3985,10 @@ LIFECYCLES: dict[str, Lifecycle] = {
     "lead": Lifecycle("default lead", "projects", "lead_state", LEAD_MOVES, key=lead_state, id_column="slug",
                       stored={"none": None}),
     "start": Lifecycle("Start flag", "tasks", "run_approved", START_MOVES, key=start_state, stored={"none": None}),
+    "account": Lifecycle("account", "people", "erased_at", ACCOUNT_MOVES, key=account_state, id_column="handle",
+                         stored={"open": None}),
+    "schedule": Lifecycle("schedule", "schedules", "state", SCHEDULE_MOVES),
+    "project": Lifecycle("project", "projects", "state", PROJECT_MOVES, PROJECT_MOVE_BY, id_column="slug"),
 }
 
 
@@ -4003,16 +4129,56 @@ def add_person(db: Database, handle: str, display_name: str, color: int | None =
 
 
 def person_out(db: Database, handle: str) -> dict:
-    """A person as the reference shows one: handle, display_name, avatar_url, color, away."""
+    """A person as the reference shows one: handle, display_name, avatar_url, color, away; a person
+    whose account was closed also has ``erased: true`` (and ERASED_NAME for a name)."""
     row = db.one("SELECT * FROM people WHERE handle = ?", (handle,))
     if row is None:
         raise NotFound(f"no person with handle '{handle}': add them with 'prickle person add'")
-    return {"handle": row["handle"], "display_name": row["display_name"], "avatar_url": None,
-            "color": row["color"], "away": bool(row["away"])}
+    out = {"handle": row["handle"], "display_name": row["display_name"], "avatar_url": None,
+           "color": row["color"], "away": bool(row["away"])}
+    return out | {"erased": True} if row["erased_at"] else out
 
 
 def require_person(db: Database, handle: str) -> dict:
-    return person_out(db, check_slug(handle, "handle"))
+    """The person ``handle`` (person_out) for an act as them or for them. Raises InvalidInput, NotFound,
+    or InvalidState for a person whose account was closed (nothing is done as them again)."""
+    person = person_out(db, check_slug(handle, "handle"))
+    if person.get("erased"):
+        raise InvalidState(f"handle: '{handle}' closed their account: nothing can be done as them or for them "
+                           "any more")
+    return person
+
+
+#: The name shown for a person whose account was closed, wherever their name was (chapter 40).
+ERASED_NAME = "Erased person"
+
+
+def erased_people(db: Database) -> frozenset[str]:
+    """The handles of the people whose account was closed (cached until a write changes the file)."""
+    return db.cached(("erased", "people"), lambda: frozenset(
+        r["handle"] for r in db.rows("SELECT handle FROM people WHERE erased_at IS NOT NULL")))
+
+
+def person_ref(db: Database, handle: str) -> dict:
+    """The reference's person reference ``{kind: person, handle}``, with ``erased: true`` once the person
+    closed their account. The one place a person's reference is made, so that every answer, event and
+    page shows an erased person the same way."""
+    ref = {"kind": "person", "handle": handle}
+    return ref | {"erased": True} if handle in erased_people(db) else ref
+
+
+def agent_ref(db: Database, agent_id: str) -> dict:
+    """The reference's agent reference ``{kind: agent, agent_id}``, with ``erased: true`` once its owner
+    closed their account (their agents are erased with them)."""
+    ref = {"kind": "agent", "agent_id": agent_id}
+    return ref | {"erased": True} if agent_id.split("/")[0] in erased_people(db) else ref
+
+
+def actor_ref_out(db: Database, ref: dict | None) -> dict | None:
+    """A stored person or agent reference (or None) as it is shown now: see person_ref and agent_ref."""
+    if ref is None or ref.get("kind") not in ("person", "agent"):
+        return ref
+    return person_ref(db, ref["handle"]) if ref["kind"] == "person" else agent_ref(db, ref["agent_id"])
 
 
 #: How many agent apps a team's allow-list names at most.
@@ -4084,7 +4250,7 @@ def team_out(db: Database, team: str, viewer: str | None = None) -> dict:
     row = _require_team(db, team)
     people = [person_out(db, r["handle"]) | {"role": r["role"], "joined_at": r["joined_at"]} for r in db.rows(
         "SELECT handle, role, joined_at FROM team_people WHERE team = ? ORDER BY role DESC, handle", (team,))]
-    projects = [r["slug"] for r in db.rows("SELECT slug FROM projects WHERE team = ? AND kind = 'team' "
+    projects = [r["slug"] for r in db.rows("SELECT slug FROM projects WHERE team = ? AND kind = 'team' AND state = 'live' "
                                            "ORDER BY slug", (team,))]
     return {"name": row["name"], "apps": None if row["apps"] is None else json.loads(row["apps"]),
             "created_at": row["created_at"], "people": people, "projects": projects}
@@ -4096,7 +4262,8 @@ def list_teams(db: Database, handle: str | None = None) -> list[dict]:
     ``people`` and ``projects`` are counts.
     """
     rows = db.rows("SELECT t.name, t.apps, (SELECT count(*) FROM team_people tp WHERE tp.team = t.name) AS people, "
-                   "(SELECT count(*) FROM projects p WHERE p.team = t.name AND p.kind = 'team') AS projects, "
+                   "(SELECT count(*) FROM projects p WHERE p.team = t.name AND p.kind = 'team' AND p.state = 'live') "
+                   "AS projects, "
                    "(SELECT role FROM team_people tp WHERE tp.team = t.name AND tp.handle = ?) AS role "
                    "FROM teams t ORDER BY t.name", (handle,))
     out = []
@@ -4195,7 +4362,7 @@ def create_project(db: Database, slug: str, name: str, team: str, owner: str, de
         db.execute("INSERT INTO members VALUES (?, ?, 'owner', 1, ?)", (slug, owner, now))
         append_event(db, slug, "project.created", {
             "summary": {"slug": slug, "team": team, "name": name, "description": description},
-            "by": {"kind": "person", "handle": owner},
+            "by": person_ref(db, owner),
         })
         audit(db, slug, "project.created", {"team": team, "by": owner})
         audit(db, slug, "member.added", {"person": owner, "role": "owner", "grant_version": 1, "by": owner})
@@ -4203,8 +4370,8 @@ def create_project(db: Database, slug: str, name: str, team: str, owner: str, de
 
 
 def project_out(db: Database, slug: str) -> dict:
-    """The project summary: slug, team, name, description."""
-    row = db.one("SELECT slug, team, name, description FROM projects WHERE slug = ?", (slug,))
+    """The summary of a live project (not deleted, chapter 39): slug, team, name, description."""
+    row = db.one("SELECT slug, team, name, description FROM projects WHERE slug = ? AND state = 'live'", (slug,))
     if row is None:
         raise NotFound(f"no project '{slug}'")
     return row
@@ -4273,11 +4440,11 @@ def list_agents(db: Database, owner: str | None = None) -> list[dict]:
 
 
 def list_all_projects(db: Database) -> list[dict]:
-    """Every team project (administration): summary plus ``members`` and ``agents`` counts."""
+    """Every live team project (administration): summary plus ``members`` and ``agents`` counts."""
     return db.rows("SELECT p.slug, p.team, p.name, p.description, "
                    "(SELECT count(*) FROM members m WHERE m.project = p.slug) AS members, "
                    "(SELECT count(*) FROM project_agents pa WHERE pa.project = p.slug) AS agents "
-                   "FROM projects p WHERE p.kind = 'team' ORDER BY p.slug")
+                   "FROM projects p WHERE p.kind = 'team' AND p.state = 'live' ORDER BY p.slug")
 
 
 def add_member(db: Database, project: str, handle: str, role: str = "member",
@@ -4584,7 +4751,9 @@ def list_projects(db: Database, handle: str) -> list[dict]:
 
 
 def audit_page(db: Database, actor: Actor, project: str, before: int | None, limit: int) -> dict:
-    """A project's audit entries newest first (``n < before``), with the whole chain's check.
+    """A project's audit entries newest first (``n < before``), with the whole chain's check, and
+    ``erased``: the handles and agent IDs the entries name of people who closed their account (and of
+    their agents), to show as erased (an entry is never rewritten).
 
     The project must be in ``actor``'s reach (NotFound otherwise).
     """
@@ -4593,8 +4762,11 @@ def audit_page(db: Database, actor: Actor, project: str, before: int | None, lim
         rows = db.rows("SELECT n, at, type, refs FROM audit WHERE chain = ? AND n < ? ORDER BY n DESC LIMIT ?",
                        (project, before if before is not None else SEQ_MAX, limit))
         report = verify_audit(db, project)[0]
-    return {"entries": [r | {"refs": json.loads(r["refs"])} for r in rows],
-            "chain": {k: report[k] for k in ("ok", "entries", "broken_at")}}
+        gone = erased_people(db)
+    entries = [r | {"refs": json.loads(r["refs"])} for r in rows]
+    named = {v for e in entries for v in e["refs"].values() if isinstance(v, str)}
+    return {"entries": entries, "chain": {k: report[k] for k in ("ok", "entries", "broken_at")},
+            "erased": sorted(v for v in named if v.split("/")[0] in gone and v.count("/") <= 1)}
 
 
 def team_projects_of(db: Database, agent_id: str) -> list[str]:
@@ -4813,6 +4985,20 @@ def revoke_invites_by(db: Database, project: str, handle: str, reason: str) -> i
     for row in rows:
         _end_invite(db, row, "revoke", reason)
         audit(db, project, "invite.revoked", {"invite": row["id"], "reason": reason, "by": None})
+    return len(rows)
+
+
+def revoke_invites_to(db: Database, email: str, reason: str) -> int:
+    """Revoke every open invite to ``email``, in any project, inside the caller's transaction (the person
+    invited closed their account: ``reason`` ``invitee_closed_account``). Writes one ``invite.revoked`` per
+    invite, naming nobody, and returns how many (expired ones end without an entry and are not counted)."""
+    if reason not in INVITE_REVOKE_REASONS:
+        raise InvalidInput(f"reason must be one of {', '.join(INVITE_REVOKE_REASONS)}")
+    expire_due(db, "invite", where="email = ?", params=(email,))
+    rows = db.rows("SELECT * FROM invites WHERE email = ? AND state = 'open' ORDER BY id", (email,))
+    for row in rows:
+        _end_invite(db, row, "revoke", reason)
+        audit(db, row["project"], "invite.revoked", {"invite": row["id"], "reason": reason, "by": None})
     return len(rows)
 
 
@@ -6487,7 +6673,8 @@ ROOM_THREADS = 20
 
 def project_view(db: Database, person: Actor, project: str, hub: WakeHub | None = None) -> dict:
     """A project as the web page shows it: summary, kind, the person's role, people (with roles),
-    agents, memory, pulse, paused agent pairs and paused agents (``{agent_id: agent_pause}``).
+    agents, memory, pulse, paused agent pairs and paused agents (``{agent_id: agent_pause}``), and
+    ``can_delete`` (an owner of a team project may delete or erase it).
     NotFound when it is out of ``person``'s reach.
     """
     with db.snapshot():
@@ -6499,6 +6686,7 @@ def project_view(db: Database, person: Actor, project: str, hub: WakeHub | None 
         return {"project": summary, "kind": kind, "role": member_role(db, project, person.handle),
                 "team_role": team_role(db, summary["team"], person.handle) if kind == "team" else None,
                 "lead": lead_out(db, project, person.handle), "can_pick_lead": may_pick_lead(db, project, person.handle),
+                "can_delete": kind == "team" and member_role(db, project, person.handle) == "owner",
                 **team, "memory": memory_facts(db, project),
                 "pulse": project_pulse(db, project), "paused": paused_pairs(db, project),
                 "paused_agents": paused_agents(db, [a["agent_id"] for a in team["agents"]])}
@@ -6856,7 +7044,7 @@ def task_object(task: dict, sub: dict | None, cp: dict | None) -> dict:
         "latest_checkpoint_by": {"agent": cp["agent"], "provenance": "agent_generated",
                                  "handed_back": task["state"] == "returned" or cp["agent"] != task["assignee"]}
         if cp else None,
-        "requested_by": json.loads(task["requested_by"]),
+        "requested_by": actor_ref_out(db, json.loads(task["requested_by"])),
         "origin_message_id": task["origin_message_id"],
         "route": json.loads(task["route"]),
         "display_title": task["display_title"],
@@ -8511,8 +8699,12 @@ def expire_idle_devices(db: Database, now: _dt.datetime) -> int:
 
 
 def _run_cause(task: dict) -> dict:
-    """Why a run of this task starts: the owner's Task request, or the gate's decision on the handoff."""
+    """Why a run of this task starts: the owner's schedule or Task request, or the gate's decision on the handoff."""
     by = json.loads(task["requested_by"])
+    if task["schedule"]:
+        asked = json.loads(task["schedule"])
+        return {"kind": "owner_schedule", "schedule_id": asked["schedule_id"], "version": asked["version"],
+                "task_id": task["id"], "owner": by["handle"]}
     if by["kind"] == "person" and task["origin_message_id"]:
         return {"kind": "owner_message", "message_id": task["origin_message_id"], "author": by["handle"]}
     gate = json.loads(task["gate"] or "{}")
@@ -9078,7 +9270,8 @@ def _pause_refs(scope: str, by: str) -> dict:
 
 def _pause_chains(db: Database, scope: str) -> list[str]:
     if scope == ALL_AGENTS:
-        return [r["slug"] for r in db.rows("SELECT slug FROM projects ORDER BY slug")] or [DEPLOYMENT_CHAIN]
+        return [r["slug"] for r in db.rows("SELECT slug FROM projects WHERE state = 'live' ORDER BY slug")] \
+            or [DEPLOYMENT_CHAIN]
     return [r["project"] for r in db.rows(
         "SELECT DISTINCT pa.project FROM project_agents pa JOIN agents a USING (agent_id) WHERE 1 = 1"
         + _pause_where(scope) + " ORDER BY pa.project", _pause_params(scope))] or [DEPLOYMENT_CHAIN]
@@ -9209,13 +9402,13 @@ _TIMELINE_RANK = {"created": 0, "message": 1, "checkpoint": 2, "submission": 3, 
                   "state": 6, "run_ended": 7}
 
 
-def _timeline_actor(by: str | None) -> dict | None:
+def _timeline_actor(db: Database, by: str | None) -> dict | None:
     """Who an audit entry's ``by`` names: an agent (its ID has a slash), a person, or Prickle itself."""
     if by is None:
         return None
     if "/" in by:
-        return {"kind": "agent", "agent_id": by}
-    return {"kind": "system"} if by in ("gate", "admin", "system") else {"kind": "person", "handle": by}
+        return agent_ref(db, by)
+    return {"kind": "system"} if by in ("gate", "admin", "system") else person_ref(db, by)
 
 
 def _excerpt(text: str) -> str:
@@ -9239,10 +9432,10 @@ def _timeline_audit(db: Database, task: dict) -> list[tuple[str, int, int, dict]
             continue
         if r["type"] == "task.transitioned":
             entry = {"kind": "state", "from": refs["from"], "to": refs["to"], "move": refs["move"],
-                     "by": _timeline_actor(refs["by"]), "reason": said.get(r["n"], words), "why": why}
+                     "by": _timeline_actor(db, refs["by"]), "reason": said.get(r["n"], words), "why": why}
             why = words = None
         elif r["type"] == "approval.decided":
-            entry = {"kind": "decision", "decision": refs["decision"], "by": _timeline_actor(refs["by"]),
+            entry = {"kind": "decision", "decision": refs["decision"], "by": _timeline_actor(db, refs["by"]),
                      "revision": None, "reason": None}
         elif r["type"] == "result.accepted":
             sub = subs.get(refs["submission"]) or {}
@@ -9250,12 +9443,12 @@ def _timeline_audit(db: Database, task: dict) -> list[tuple[str, int, int, dict]
             by = refs.get("by") if step == "owner_accepted" else \
                 (json.loads(sub["verified_by"])["agent_id"] if step == "verified" and sub.get("verified_by") else None)
             entry = {"kind": "decision", "decision": {"verified": "verified", "policy": "accepted_by_policy"}.get(
-                step, "accepted"), "by": _timeline_actor(by), "revision": refs["revision"], "reason": None}
+                step, "accepted"), "by": _timeline_actor(db, by), "revision": refs["revision"], "reason": None}
         else:  # result.rejected: by the requesting agent, or sent back by a person
             by = refs.get("by")
             words = (subs.get(refs["submission"]) or {}).get("reason")
             entry = {"kind": "decision", "decision": "rejected" if by and "/" in by else "sent_back",
-                     "by": _timeline_actor(by), "revision": refs["revision"], "reason": words}
+                     "by": _timeline_actor(db, by), "revision": refs["revision"], "reason": words}
         out.append((r["at"], _TIMELINE_RANK[entry["kind"]], r["n"], {"at": r["at"]} | entry))
     return out
 
@@ -9283,21 +9476,21 @@ def task_timeline(db: Database, task: dict) -> list[dict]:
     def add(at: str, kind: str, order: int, entry: dict) -> None:
         rows.append((at, _TIMELINE_RANK[kind], order, {"at": at} | entry))
 
-    add(task["created_at"], "created", 0, {"kind": "created", "by": json.loads(task["requested_by"])})
+    add(task["created_at"], "created", 0, {"kind": "created", "by": actor_ref_out(db, json.loads(task["requested_by"]))})
     for m in db.rows("SELECT seq, id, author_kind, author, body, created_at FROM messages WHERE project = ? AND "
                      "task_id = ? ORDER BY seq", (task["project"], task["id"])):
-        by = {"kind": "person", "handle": m["author"]} if m["author_kind"] == "person" else _timeline_actor(m["author"])
+        by = person_ref(db, m["author"]) if m["author_kind"] == "person" else _timeline_actor(db, m["author"])
         add(m["created_at"], "message", m["seq"],
             {"kind": "message", "by": by, "message_id": m["id"], "excerpt": _excerpt(m["body"])})
     for c in db.rows("SELECT rowid, * FROM checkpoints WHERE task_id = ?", (task["id"],)):
         add(c["created_at"], "checkpoint", c["rowid"], {
-            "kind": "checkpoint", "by": _timeline_actor(c["agent"]), "checkpoint_id": c["id"],
+            "kind": "checkpoint", "by": _timeline_actor(db, c["agent"]), "checkpoint_id": c["id"],
             "excerpt": _excerpt(json.loads(c["body"]).get("progress") or ""), "needs_answer": bool(c["needs_answer"])})
     for s in db.rows("SELECT * FROM submissions WHERE task_id = ?", (task["id"],)):
-        add(s["returned_at"], "submission", s["revision"], {"kind": "submission", "by": _timeline_actor(
+        add(s["returned_at"], "submission", s["revision"], {"kind": "submission", "by": _timeline_actor(db, 
             s["returned_by"]), "revision": s["revision"], "excerpt": _excerpt(s["summary"])})
     for a in db.rows("SELECT rowid, * FROM attempts WHERE task_id = ?", (task["id"],)):
-        run = {"kind": "run", "by": _timeline_actor(a["agent_id"]), "run": a["id"], "purpose": a["purpose"]}
+        run = {"kind": "run", "by": _timeline_actor(db, a["agent_id"]), "run": a["id"], "purpose": a["purpose"]}
         add(a["claimed_at"], "run_started", a["rowid"], run | {"event": "started"})
         if a["ended_at"]:
             add(a["ended_at"], "run_ended", a["rowid"], run | {"event": "ended", "state": a["state"],
@@ -10326,7 +10519,8 @@ OFFBOARD_COUNTS = ("agents", "returned", "transferred", "rules_revoked", "standi
                    "invites")
 
 #: Why a leaving person's open invites end, by why they leave.
-_INVITES_END = {"member_left": "inviter_left", "member_removed": "inviter_removed"}
+_INVITES_END = {"member_left": "inviter_left", "member_removed": "inviter_removed",
+                "member_erased": "inviter_erased"}
 
 
 def _projects_of(party: str) -> tuple[str, str]:
@@ -11722,8 +11916,584 @@ def browser_label(user_agent: str) -> str | None:
 # 37. Private rooms: schedules
 ###############################################################################
 
-# An owner's schedule for one of their own agents: a text, a recurrence and a time zone; each time it
-# is due, a task from the owner to that agent (the lineage cause owner_schedule).
+# An owner's schedule for one of their own agents, kept in their private room: a text, a recurrence
+# and a time zone, asking in a team project where the agent works. Each due time the scheduler
+# (run_due_schedules, the server's "schedules" piece) posts a Task request from the owner to the
+# agent there, its runs' cause ``owner_schedule``; the owner's runner runs it like any other task.
+#
+# A recurrence is a small structured form mapped onto python-dateutil's rrule, never parsed by
+# hand: ``{"freq": "weekly", "byweekday": ["mo", "tu"], "hour": 9, "minute": 0}``. Daily and
+# longer recurrences keep wall-clock time in the schedule's zone (zoneinfo): 9:00 stays 9:00 across
+# a daylight-saving change, a time the change skips runs at the first moment after it, and a time
+# it repeats runs once. Minutely and hourly ones count elapsed time, so a change neither skips nor
+# doubles a run. Due times are kept in the file (``next_run_at``); after downtime the scheduler runs
+# a missed schedule once, saying how many due times that run stands for.
+
+#: The frequencies a recurrence may have, as rrule knows them.
+SCHEDULE_FREQS = {"minutely": _rrule.MINUTELY, "hourly": _rrule.HOURLY, "daily": _rrule.DAILY,
+                  "weekly": _rrule.WEEKLY, "monthly": _rrule.MONTHLY, "yearly": _rrule.YEARLY}
+
+#: Frequencies that count elapsed time (in UTC) rather than the zone's wall-clock time.
+_ELAPSED = ("minutely", "hourly")
+
+#: Weekday names of ``byweekday``, as rrule knows them.
+_WEEKDAYS = {"mo": _rrule.MO, "tu": _rrule.TU, "we": _rrule.WE, "th": _rrule.TH, "fr": _rrule.FR,
+             "sa": _rrule.SA, "su": _rrule.SU}
+
+#: The fields a recurrence may have.
+_RECURRENCE_KEYS = ("freq", "interval", "byweekday", "bymonthday", "bymonth", "hour", "minute", "until")
+
+#: A minutely recurrence runs at most this often (minutes).
+SCHEDULE_MINUTES_MIN = 5
+
+#: Runs a day one schedule, and all of one owner's schedules together, may have unless the
+#: server's settings say otherwise (``schedule_runs_per_day``, ``schedule_runs_per_owner``).
+SCHEDULE_RUNS_PER_DAY = 24
+SCHEDULE_OWNER_RUNS_PER_DAY = 96
+
+#: Schedules one owner may keep (not counting deleted ones).
+SCHEDULES_MAX = 50
+
+#: A due time the scheduler reaches later than this was missed (the server was down): its run
+#: says so, and stands for every due time missed since.
+SCHEDULE_LATE = _dt.timedelta(minutes=10)
+
+#: The scheduler sleeps at most this long (seconds) when nothing is due sooner (a clock that jumped).
+SCHEDULER_MAX_SLEEP = 3600.0
+
+#: What a scheduled task asks of its result (the schedule's text is the task).
+SCHEDULE_CRITERION = "Do what the schedule's text asks and say what was done."
+
+_FIELDS = ("agent", "project", "text", "recurrence", "timezone")
+
+
+def _int_list(rec: dict, key: str, low: int, high: int, zero: bool = True) -> list[int] | None:
+    value = rec.get(key)
+    if value is None:
+        return None
+    items = value if isinstance(value, list) else [value]
+    if not items or any(isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high or (v == 0 and not zero)
+                        for v in items):
+        raise InvalidInput(f"recurrence.{key} must be a whole number from {low} to {high}, or a list of them")
+    return sorted(set(items))
+
+
+def check_recurrence(rec: Any) -> dict:
+    """A recurrence in its stored form, defaults filled; InvalidInput naming the field that is wrong.
+
+    ``{"freq": minutely|hourly|daily|weekly|monthly|yearly, "interval": n (1), "byweekday": ["mo"…],
+    "bymonthday": [1…31 or -1…-31], "bymonth": [1…12], "hour": h or [h…] (daily and longer),
+    "minute": m (0), "until": "YYYY-MM-DD" (the last day it may run, in its zone)}``.
+    """
+    if not isinstance(rec, dict):
+        raise InvalidInput('recurrence must be an object such as {"freq": "weekly", "byweekday": ["mo"], "hour": 9}')
+    unknown = sorted(set(rec) - set(_RECURRENCE_KEYS))
+    if unknown:
+        raise InvalidInput(f"recurrence.{unknown[0]} is not a field of a recurrence: use {', '.join(_RECURRENCE_KEYS)}")
+    freq = rec.get("freq")
+    if freq not in SCHEDULE_FREQS:
+        raise InvalidInput(f"recurrence.freq must be one of {', '.join(SCHEDULE_FREQS)}")
+    out: dict[str, Any] = {"freq": freq, "interval": (_int_list(rec, "interval", 1, 1000) or [1])[0]}
+    if isinstance(rec.get("interval"), list):
+        raise InvalidInput("recurrence.interval must be one whole number")
+    if freq in _ELAPSED:
+        for key in ("byweekday", "bymonthday", "bymonth", "hour"):
+            if key in rec:
+                raise InvalidInput(f"recurrence.{key}: a {freq} recurrence counts elapsed time; leave {key} out "
+                                   "(or use daily, weekly or monthly)")
+        if freq == "minutely" and out["interval"] < SCHEDULE_MINUTES_MIN:
+            raise InvalidInput(f"recurrence.interval: a minutely schedule runs at most every {SCHEDULE_MINUTES_MIN} "
+                               "minutes")
+        if freq == "minutely" and "minute" in rec:
+            raise InvalidInput("recurrence.minute: a minutely recurrence has no minute of the hour; leave it out")
+    else:
+        out["hour"] = _int_list(rec, "hour", 0, 23)
+        if out["hour"] is None:
+            raise InvalidInput("recurrence.hour: say at which hour it runs (0 to 23, or a list of hours)")
+        days = rec.get("byweekday")
+        if days is not None:
+            if not isinstance(days, list) or not days or any(d not in _WEEKDAYS for d in days):
+                raise InvalidInput(f"recurrence.byweekday must be a list of {', '.join(_WEEKDAYS)}")
+            out["byweekday"] = sorted(set(days), key=list(_WEEKDAYS).index)
+        for key, low, high in (("bymonthday", -31, 31), ("bymonth", 1, 12)):
+            values = _int_list(rec, key, low, high, zero=False)
+            if values is not None:
+                out[key] = values
+    if freq != "minutely":
+        minute = _int_list(rec, "minute", 0, 59)
+        if minute is not None and len(minute) > 1:
+            raise InvalidInput("recurrence.minute must be one whole number from 0 to 59")
+        out["minute"] = (minute or [0])[0]
+    if rec.get("until") is not None:
+        try:
+            out["until"] = _dt.date.fromisoformat(rec["until"]).isoformat()
+        except (TypeError, ValueError):
+            raise InvalidInput("recurrence.until must be a date, YYYY-MM-DD") from None
+    return out
+
+
+def runs_a_day(rec: dict) -> int:
+    """The most runs a recurrence has in one day (its stored form)."""
+    if rec["freq"] == "minutely":
+        return math.ceil(1440 / rec["interval"])
+    if rec["freq"] == "hourly":
+        return math.ceil(24 / rec["interval"])
+    return len(rec["hour"])
+
+
+_DAY_NAMES = {"mo": "Monday", "tu": "Tuesday", "we": "Wednesday", "th": "Thursday", "fr": "Friday",
+              "sa": "Saturday", "su": "Sunday"}
+
+
+def _and(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _nth(n: int) -> str:
+    if n == -1:
+        return "last day"
+    if n < 0:
+        return f"{_nth(-n)} day from the end"
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def describe_recurrence(rec: dict) -> str:
+    """A recurrence (stored form) in a person's words: "every weekday at 09:00", "every 2 hours"."""
+    every = {"minutely": "minute", "hourly": "hour", "daily": "day", "weekly": "week", "monthly": "month",
+             "yearly": "year"}[rec["freq"]]
+    n = rec["interval"]
+    text = f"every {n} {every}s" if n > 1 else f"every {every}"
+    if rec["freq"] == "hourly" and rec["minute"]:
+        text += f" at :{rec['minute']:02d}"
+    if rec["freq"] not in _ELAPSED:
+        days = rec.get("byweekday")
+        if days == ["mo", "tu", "we", "th", "fr"] and n == 1 and rec["freq"] in ("daily", "weekly"):
+            text = "every weekday"
+        elif days:
+            text += " on " + _and([_DAY_NAMES[d] for d in days])
+        if rec.get("bymonthday"):
+            text += " on the " + _and([_nth(d) for d in rec["bymonthday"]])
+        if rec.get("bymonth"):
+            text += " in " + _and([_dt.date(2000, m, 1).strftime("%B") for m in rec["bymonth"]])
+        text += " at " + _and([f"{h:02d}:{rec['minute']:02d}" for h in rec["hour"]])
+    if rec.get("until"):
+        text += f" until {rec['until']}"
+    return text
+
+
+def check_timezone(name: Any) -> zoneinfo.ZoneInfo:
+    """The time zone named ``name`` (IANA, e.g. ``Europe/Berlin``); InvalidInput naming ``timezone``."""
+    try:
+        if not isinstance(name, str) or not name or len(name) > 64:
+            raise ValueError(name)
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise InvalidInput(f"timezone: unknown time zone {json.dumps(name)}: use an IANA name such as "
+                           "Europe/Berlin, America/New_York or UTC") from None
+
+
+def schedule_times(rec: dict, timezone: str, anchor: str, after: _dt.datetime) -> Iterator[_dt.datetime]:
+    """The due times (aware, UTC) of a recurrence strictly after ``after``, oldest first.
+
+    ``anchor`` (ISO) is when the recurrence was set: where its intervals count from.
+    """
+    tz, utc = zoneinfo.ZoneInfo(timezone), _dt.timezone.utc
+    start, freq = parse_iso(anchor), SCHEDULE_FREQS[rec["freq"]]
+    until = rec.get("until") and _dt.datetime.combine(_dt.date.fromisoformat(rec["until"]), _dt.time(23, 59, 59))
+    if rec["freq"] in _ELAPSED:
+        first = start.astimezone(utc).replace(tzinfo=None, second=0, microsecond=0)
+        if rec["freq"] == "hourly":
+            first = first.replace(minute=rec["minute"])
+        rule = _rrule.rrule(freq, interval=rec["interval"], dtstart=first,
+                            until=until and until.replace(tzinfo=tz).astimezone(utc).replace(tzinfo=None))
+        begin = max(after.astimezone(utc).replace(tzinfo=None), first - _dt.timedelta(seconds=1))
+        for t in rule.xafter(begin):
+            yield t.replace(tzinfo=utc)
+        return
+    first = start.astimezone(tz).replace(tzinfo=None, hour=0, minute=0, second=0, microsecond=0)
+    rule = _rrule.rrule(freq, interval=rec["interval"], dtstart=first, until=until, byhour=rec["hour"],
+                        byminute=rec["minute"], bysecond=0, bymonth=rec.get("bymonth"),
+                        bymonthday=rec.get("bymonthday"),
+                        byweekday=[_WEEKDAYS[d] for d in rec["byweekday"]] if rec.get("byweekday") else None)
+    # Wall-clock times near a daylight-saving change: look from a few hours back, keep what is after.
+    begin = max(after.astimezone(tz).replace(tzinfo=None) - _dt.timedelta(hours=3), first - _dt.timedelta(seconds=1))
+    for t in rule.xafter(begin):
+        # fold=0: a time the change skips runs at the first moment after it; one it repeats runs once.
+        due = t.replace(tzinfo=tz).astimezone(utc)
+        if due > after:
+            yield due
+
+
+def next_due(rec: dict, timezone: str, anchor: str, after: _dt.datetime) -> _dt.datetime | None:
+    """The first due time after ``after``, or None when the recurrence never fires again."""
+    return next(schedule_times(rec, timezone, anchor, after), None)
+
+
+def _own_schedule(db: Database, person: Actor, schedule_id: str) -> dict:
+    row = db.one("SELECT * FROM schedules WHERE id = ? AND owner = ? AND state <> 'deleted'",
+                 (schedule_id, person.handle))
+    if row is None:
+        raise NotFound(f"schedule_id: no schedule '{schedule_id}' of yours (it is someone else's, deleted or "
+                       "never was)")
+    return row
+
+
+def _check_version(row: dict, version: Any) -> None:
+    if version is None:
+        return
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise InvalidInput("version must be the schedule's version as you read it (a whole number)")
+    if version != row["version"]:
+        raise Conflict(f"version: schedule '{row['id']}' is at version {row['version']}, not {version}: it changed "
+                       "since you read it; read it again and make your change on that")
+
+
+def _check_target(db: Database, person: Actor, agent: Any, project: Any) -> None:
+    """``agent`` is the person's own and in ``project``, a team project of theirs; errors name the field."""
+    if not isinstance(agent, str) or db.one("SELECT 1 FROM agents WHERE agent_id = ?", (agent,)) is None:
+        raise NotFound(f"agent: no agent {json.dumps(agent)}: name one of your agents as owner/name")
+    if owner_of(agent) != person.handle:
+        raise Forbidden(f"agent: '{agent}' is not your agent: a schedule runs one of your own agents")
+    if not isinstance(project, str):
+        raise InvalidInput("project: name the team project (its slug) where the task is asked")
+    try:
+        row = require_project(db, person, project)
+    except NotFound:
+        raise NotFound(f"project: no project '{project}' of yours: name a team project you are a member of") from None
+    if row["kind"] == "private":
+        raise InvalidInput(f"project: '{project}' is a private room; a scheduled task is asked in a team project "
+                           "where your agent works")
+    if not agent_in_project(db, project, agent):
+        raise InvalidInput(f"project: your agent '{agent}' is not in '{project}': add it there first, or pick "
+                           "a project it is in")
+
+
+def _check_owner_runs(db: Database, person: Actor, runs: int, per_owner: int, besides: str | None = None) -> None:
+    used = db.scalar("SELECT coalesce(sum(runs_a_day), 0) FROM schedules WHERE owner = ? AND state = 'active' AND "
+                     "id IS NOT ?", (person.handle, besides))
+    if used + runs > per_owner:
+        raise InvalidInput(f"recurrence: your active schedules would run {used + runs} times a day, more than the "
+                           f"{per_owner} one person's schedules may; run this one less often, or pause another")
+
+
+def _checked_fields(db: Database, person: Actor, fields: dict, per_schedule: int) -> dict:
+    """The schedule's fields checked in order (text, time zone, agent and project, recurrence);
+    their stored form with ``kind`` and ``runs_a_day``. Raises InvalidInput, NotFound, Forbidden."""
+    check_markdown(check_text(fields["text"], "text", TASK_TEXT_MAX, 1), "text")
+    if not fields["text"].strip():
+        raise InvalidInput("text: say what the agent should do each time")
+    check_timezone(fields["timezone"])
+    _check_target(db, person, fields["agent"], fields["project"])
+    rec = check_recurrence(fields["recurrence"])
+    runs = runs_a_day(rec)
+    if runs > per_schedule:
+        raise InvalidInput(f"recurrence: {runs} runs a day is more than the {per_schedule} one schedule may have; "
+                           "run it less often")
+    return fields | {"recurrence": rec, "kind": rec["freq"], "runs_a_day": runs}
+
+
+def _changed(db: Database, room: str, row: dict, change: str, version: int) -> None:
+    append_event(db, room, "schedule.updated", {"schedule_id": row["id"], "change": change, "version": version})
+
+
+def create_schedule(db: Database, person: Actor, fields: dict, *, room: str | None = None,
+                    per_schedule: int = SCHEDULE_RUNS_PER_DAY, per_owner: int = SCHEDULE_OWNER_RUNS_PER_DAY) -> dict:
+    """The owner makes a schedule in their own private room, after confirming it's them.
+
+    ``fields``: ``{agent, project, text, recurrence, timezone}`` (see check_recurrence); ``room``, when
+    given, must be their own room. Writes ``schedule.updated`` (created, version 1) and the
+    ``schedule.created`` audit entry (agent, version, kind of recurrence, runs a day; never the text).
+    Returns the schedule as schedule_out gives it. Raises InvalidInput, NotFound, Forbidden,
+    StepUpRequired (nothing written).
+    """
+    missing = [f for f in _FIELDS if fields.get(f) is None]
+    if missing:
+        raise InvalidInput(f"{missing[0]}: a schedule needs {', '.join(_FIELDS)}")
+    with db.transaction():
+        slug = ensure_room(db, person.handle)
+        if room is not None and room != slug:
+            raise Forbidden(f"room: '{room}' is not your private room: make schedules in your own room ('{slug}')")
+        checked = _checked_fields(db, person, fields, per_schedule)
+        now = utcnow()
+        due = next_due(checked["recurrence"], checked["timezone"], iso(now), now)
+        if due is None:
+            raise InvalidInput("recurrence: it never fires from now on: check its until, bymonth and bymonthday")
+        _check_owner_runs(db, person, checked["runs_a_day"], per_owner)
+        if db.scalar("SELECT count(*) FROM schedules WHERE owner = ? AND state <> 'deleted'",
+                     (person.handle,)) >= SCHEDULES_MAX:
+            raise InvalidState(f"you have {SCHEDULES_MAX} schedules, as many as one person may: delete one first")
+        require_step_up(db, person, "make a schedule for your agent")
+        row = {"id": new_id("sched"), "owner": person.handle, "room": slug, "agent": checked["agent"],
+               "project": checked["project"], "text": checked["text"], "recurrence": json.dumps(checked["recurrence"]),
+               "timezone": checked["timezone"], "anchor": iso(now), "freq": checked["kind"],
+               "runs_a_day": checked["runs_a_day"], "state": "active", "version": 1, "next_run_at": iso(due),
+               "stop_reason": None, "created_at": iso(now), "updated_at": iso(now)}
+        db.insert("schedules", row)
+        _changed(db, slug, row, "created", 1)
+        audit(db, slug, "schedule.created", {"schedule": row["id"], "agent": row["agent"], "version": 1,
+                                             "kind": row["freq"], "runs_a_day": row["runs_a_day"]})
+        return schedule_out(db, row)
+
+
+def edit_schedule(db: Database, person: Actor, schedule_id: str, version: Any, changes: dict, *,
+                  per_schedule: int = SCHEDULE_RUNS_PER_DAY, per_owner: int = SCHEDULE_OWNER_RUNS_PER_DAY) -> dict:
+    """The owner edits their schedule of ``version`` (as they read it): any of ``agent, project, text,
+    recurrence, timezone``. An edit that adds runs a day, or changes the agent, project, text or time
+    zone, needs them to confirm it's them. Writes ``schedule.updated`` (updated) and its audit entry
+    (agent, version before and after, whether they confirmed, kind, runs a day). Raises InvalidInput,
+    NotFound, Forbidden, Conflict (a stale version), StepUpRequired.
+    """
+    unknown = sorted(set(changes) - set(_FIELDS))
+    if unknown:
+        raise InvalidInput(f"unknown field {unknown[0]}: a schedule's fields are {', '.join(_FIELDS)}")
+    if version is None:
+        raise InvalidInput("version: send the schedule's version as you read it")
+    with db.transaction():
+        row = _own_schedule(db, person, schedule_id)
+        _check_version(row, version)
+        current = {f: row[f] for f in _FIELDS} | {"recurrence": json.loads(row["recurrence"])}
+        checked = _checked_fields(db, person, current | changes, per_schedule)
+        if {f: checked[f] for f in _FIELDS} == current:
+            raise InvalidInput("nothing to change: send a new agent, project, text, recurrence or timezone")
+        guarded = any(checked[f] != current[f] for f in ("agent", "project", "text", "timezone"))
+        if guarded or checked["runs_a_day"] > row["runs_a_day"]:
+            require_step_up(db, person, "change what your schedule runs, or add runs to it")
+        now = utcnow()
+        anchor = iso(now) if checked["recurrence"] != current["recurrence"] else row["anchor"]
+        due = next_due(checked["recurrence"], checked["timezone"], anchor, now)
+        if due is None:
+            raise InvalidInput("recurrence: it never fires from now on: check its until, bymonth and bymonthday")
+        if row["state"] == "active":
+            _check_owner_runs(db, person, checked["runs_a_day"], per_owner, besides=row["id"])
+        confirmed = step_up_status(db, person)["confirmed"]
+        move(db, "schedule", row["id"], "edit", row, version=row["version"] + 1, agent=checked["agent"],
+             project=checked["project"], text=checked["text"], recurrence=json.dumps(checked["recurrence"]),
+             timezone=checked["timezone"], anchor=anchor, freq=checked["kind"], runs_a_day=checked["runs_a_day"],
+             next_run_at=iso(due) if row["state"] == "active" else None, updated_at=iso(now))
+        _changed(db, row["room"], row, "updated", row["version"] + 1)
+        audit(db, row["room"], "schedule.updated", {
+            "schedule": row["id"], "agent": checked["agent"], "version_before": row["version"],
+            "version": row["version"] + 1, "confirmed": confirmed, "kind": checked["kind"],
+            "runs_a_day": checked["runs_a_day"]})
+        return schedule_out(db, row["id"])
+
+
+def pause_schedule(db: Database, person: Actor, schedule_id: str, version: Any = None) -> dict:
+    """The owner pauses their schedule: nothing is due from it until they resume it. Writes
+    ``schedule.updated`` (paused) and ``schedule.paused`` (agent, version). Raises NotFound,
+    Conflict (a stale ``version``), InvalidState."""
+    with db.transaction():
+        row = _own_schedule(db, person, schedule_id)
+        _check_version(row, version)
+        move(db, "schedule", row["id"], "pause", row, version=row["version"] + 1, next_run_at=None,
+             updated_at=iso(utcnow()))
+        _changed(db, row["room"], row, "paused", row["version"] + 1)
+        audit(db, row["room"], "schedule.paused", {"schedule": row["id"], "agent": row["agent"],
+                                                   "version": row["version"] + 1})
+        return schedule_out(db, row["id"])
+
+
+def resume_schedule(db: Database, person: Actor, schedule_id: str, version: Any = None, *,
+                    per_owner: int = SCHEDULE_OWNER_RUNS_PER_DAY) -> dict:
+    """The owner resumes their paused (or stopped) schedule, after confirming it's them: its next due
+    time from now on (times while it was paused are not run). Writes ``schedule.updated`` (resumed) and
+    its audit entry. Raises NotFound, Conflict, InvalidInput (its agent or project no longer fit),
+    InvalidState, StepUpRequired."""
+    with db.transaction():
+        row = _own_schedule(db, person, schedule_id)
+        _check_version(row, version)
+        next_state("schedule", row, "resume")
+        _check_target(db, person, row["agent"], row["project"])
+        _check_owner_runs(db, person, row["runs_a_day"], per_owner, besides=row["id"])
+        require_step_up(db, person, "resume your schedule")
+        now = utcnow()
+        due = next_due(json.loads(row["recurrence"]), row["timezone"], row["anchor"], now)
+        if due is None:
+            raise InvalidInput("recurrence: it never fires from now on: edit its recurrence first")
+        move(db, "schedule", row["id"], "resume", row, version=row["version"] + 1, next_run_at=iso(due),
+             stop_reason=None, updated_at=iso(now))
+        _changed(db, row["room"], row, "resumed", row["version"] + 1)
+        audit(db, row["room"], "schedule.updated", {
+            "schedule": row["id"], "agent": row["agent"], "version_before": row["version"],
+            "version": row["version"] + 1, "confirmed": True, "kind": row["freq"], "runs_a_day": row["runs_a_day"]})
+        return schedule_out(db, row["id"])
+
+
+def delete_schedule(db: Database, person: Actor, schedule_id: str, version: Any = None) -> dict:
+    """The owner deletes their schedule: its text is cleared and nothing is due from it again. Writes
+    ``schedule.updated`` (deleted) and ``schedule.deleted`` (agent, version). Raises NotFound, Conflict."""
+    with db.transaction():
+        row = _own_schedule(db, person, schedule_id)
+        _check_version(row, version)
+        move(db, "schedule", row["id"], "delete", row, version=row["version"] + 1, text="", next_run_at=None,
+             updated_at=iso(utcnow()))
+        _changed(db, row["room"], row, "deleted", row["version"] + 1)
+        audit(db, row["room"], "schedule.deleted", {"schedule": row["id"], "agent": row["agent"],
+                                                    "version": row["version"] + 1})
+        return {"schedule_id": row["id"], "deleted": True, "version": row["version"] + 1}
+
+
+def schedule_out(db: Database, row: dict | str) -> dict:
+    """A schedule as its owner's room shows it: its fields, state, version, ``next_run_at``,
+    ``stop_reason`` and ``last_run`` (``{due_at, at, outcome, detail, missed, task_id, task_state}`` or
+    null), and what its owner may do now (``can``)."""
+    row = db.one("SELECT * FROM schedules WHERE id = ?", (row,)) if isinstance(row, str) else row
+    last = db.one("SELECT r.*, t.state AS task_state FROM schedule_runs r LEFT JOIN tasks t ON t.id = r.task_id "
+                  "WHERE r.schedule_id = ? ORDER BY r.id DESC LIMIT 1", (row["id"],))
+    moves = SCHEDULE_MOVES[row["state"]]
+    return {"id": row["id"], "agent": row["agent"], "project": row["project"], "text": row["text"],
+            "recurrence": json.loads(row["recurrence"]), "says": describe_recurrence(json.loads(row["recurrence"])),
+            "timezone": row["timezone"], "kind": row["freq"],
+            "runs_a_day": row["runs_a_day"], "state": row["state"], "version": row["version"],
+            "next_run_at": row["next_run_at"], "stop_reason": row["stop_reason"], "created_at": row["created_at"],
+            "updated_at": row["updated_at"],
+            "last_run": None if last is None else {
+                "due_at": last["due_at"], "at": last["at"], "outcome": last["outcome"], "detail": last["detail"],
+                "missed": last["missed"], "task_id": last["task_id"], "task_state": last["task_state"]},
+            "can": [m for m in ("edit", "pause", "resume", "delete") if m in moves]}
+
+
+def list_schedules(db: Database, person: Actor, *, per_schedule: int = SCHEDULE_RUNS_PER_DAY,
+                   per_owner: int = SCHEDULE_OWNER_RUNS_PER_DAY) -> dict:
+    """The person's schedules (newest first, deleted ones left out), what they may schedule and their limits:
+    ``{"room", "schedules": [schedule_out], "agents": [{agent_id, name, projects: [team projects it may be
+    asked in]}], "limits": {"runs_a_day_per_schedule", "runs_a_day_per_owner", "runs_a_day_used",
+    "schedules_max"}}``."""
+    with db.transaction():
+        slug = ensure_room(db, person.handle)
+    rows = db.rows("SELECT * FROM schedules WHERE owner = ? AND state <> 'deleted' ORDER BY created_at DESC, id",
+                   (person.handle,))
+    used = sum(r["runs_a_day"] for r in rows if r["state"] == "active")
+    agents = [{"agent_id": a["agent_id"], "name": a["display_name"],
+               "projects": [p for p in team_projects_of(db, a["agent_id"]) if member_role(db, p, person.handle)]}
+              for a in db.rows("SELECT agent_id, display_name FROM agents WHERE owner = ? ORDER BY agent_id",
+                               (person.handle,))]
+    return {"room": slug, "schedules": [schedule_out(db, r) for r in rows], "agents": agents,
+            "limits": {"runs_a_day_per_schedule": per_schedule, "runs_a_day_per_owner": per_owner,
+                       "runs_a_day_used": used, "schedules_max": SCHEDULES_MAX}}
+
+
+def _due_note(row: dict, due: _dt.datetime, missed: int) -> str:
+    """What a scheduled task's context says of why it was asked (and of a run after downtime)."""
+    local = due.astimezone(zoneinfo.ZoneInfo(row["timezone"])).strftime("%Y-%m-%d %H:%M %Z")
+    note = f"Asked by {row['owner']}'s schedule {row['id']} (version {row['version']}), due {local}."
+    if missed:
+        note += (f" The server was not running when it was due: this one run stands for the {missed} due "
+                 f"time{'s' if missed > 1 else ''} missed.")
+    return note
+
+
+def _why_not(db: Database, row: dict, now: _dt.datetime, per_schedule: int, per_owner: int) -> tuple[str, str] | None:
+    """Why this due time asks nothing: ``(outcome, detail)``, or None when it may ask its agent."""
+    if agent_pause(db, row["agent"]) is not None:
+        return "agent_paused", f"{row['agent']} is paused: nothing is asked of it until it is resumed"
+    day_ago = iso(now - _dt.timedelta(days=1))
+    ran = db.scalar("SELECT count(*) FROM schedule_runs WHERE schedule_id = ? AND task_id IS NOT NULL AND at > ?",
+                    (row["id"], day_ago))
+    if ran >= per_schedule:
+        return "limit", f"this schedule already ran {ran} times in the last day, its limit"
+    ran = db.scalar("SELECT count(*) FROM schedule_runs WHERE owner = ? AND task_id IS NOT NULL AND at > ?",
+                    (row["owner"], day_ago))
+    if ran >= per_owner:
+        return "limit", f"your schedules already ran {ran} times in the last day, the limit for one person"
+    return None
+
+
+def _stop_reason(db: Database, row: dict) -> str | None:
+    if member_role(db, row["project"], row["owner"]) is None:
+        return "owner_removed"
+    if not agent_in_project(db, row["project"], row["agent"]):
+        return "agent_left"
+    return None
+
+
+#: What a stopped schedule's owner is told.
+STOP_REASONS = {"owner_removed": "you are no longer a member of its project",
+                "agent_left": "its agent is no longer in its project"}
+
+
+def _ask(db: Database, row: dict, due: _dt.datetime, missed: int) -> str:
+    """Post the Task request of one due time (inside the caller's transaction); the task's id."""
+    owner = Actor(kind="person", credential_id="", credential_kind="schedule", handle=row["owner"])
+    packet = {"task": row["text"], "deliverable_type": "answer", "acceptance_criteria": [SCHEDULE_CRITERION],
+              "context": _due_note(row, due, missed), "files": []}
+    task_id = request_task(db, owner, row["project"], row["agent"], packet)["task"]["id"]
+    db.execute("UPDATE tasks SET schedule = ? WHERE id = ?",
+               (json.dumps({"schedule_id": row["id"], "version": row["version"]}), task_id))
+    return task_id
+
+
+def _run_schedule(db: Database, schedule_id: str, now: _dt.datetime, per_schedule: int, per_owner: int) -> dict | None:
+    """One due schedule's turn: ask its agent (or say why not, or stop it), and set its next due time."""
+    with db.transaction():
+        row = db.one("SELECT * FROM schedules WHERE id = ? AND state = 'active' AND next_run_at <= ?",
+                     (schedule_id, iso(now)))
+        if row is None:
+            return None
+        rec, due = json.loads(row["recurrence"]), parse_iso(row["next_run_at"])
+        late = now - due > SCHEDULE_LATE
+        # The due times this one run stands for: every one from ``due`` to now (counted up to a bound).
+        missed = 1 + sum(1 for _ in itertools.takewhile(lambda t: t <= now, itertools.islice(
+            schedule_times(rec, row["timezone"], row["anchor"], due), 10_000))) if late else 0
+        task_id, detail = None, None
+        stop = _stop_reason(db, row)
+        if stop is not None:
+            outcome, detail = "stopped", STOP_REASONS[stop]
+            move(db, "schedule", row["id"], "stop", row, stop_reason=stop, next_run_at=None, updated_at=iso(now))
+        else:
+            refused = _why_not(db, row, now, per_schedule, per_owner)
+            if refused is None:
+                try:
+                    with db.transaction():
+                        task_id, outcome = _ask(db, row, due, missed), "asked"
+                except PrickleError as e:  # said to the owner; the schedule goes on to its next time
+                    outcome, detail = "failed", e.message
+            else:
+                outcome, detail = refused
+            following = next_due(rec, row["timezone"], row["anchor"], now)
+            db.execute("UPDATE schedules SET next_run_at = ? WHERE id = ?",
+                       (iso(following) if following else None, row["id"]))
+        db.execute("INSERT INTO schedule_runs (schedule_id, owner, version, due_at, at, task_id, outcome, detail, "
+                   "missed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   (row["id"], row["owner"], row["version"], row["next_run_at"], iso(now), task_id, outcome, detail,
+                    missed))
+        return {"schedule_id": row["id"], "outcome": outcome, "task_id": task_id, "missed": missed}
+
+
+def run_due_schedules(db: Database, now: _dt.datetime | None = None, *, per_schedule: int = SCHEDULE_RUNS_PER_DAY,
+                      per_owner: int = SCHEDULE_OWNER_RUNS_PER_DAY) -> dict:
+    """The scheduler's one look: every active schedule due by ``now`` (default: now) asks its agent once.
+
+    A schedule due again later gets its next due time after ``now``, so downtime runs a missed
+    schedule once (``missed`` says for how many due times). A paused agent or a reached limit asks
+    nothing (the outcome says why); a schedule whose agent left its project or whose owner was
+    removed from it stops with that reason. Returns ``{"runs": [{schedule_id, outcome, task_id,
+    missed}], "next_due": the earliest due time left (aware) or None}``.
+    """
+    now = now or utcnow()
+    due = [r["id"] for r in db.rows("SELECT id FROM schedules WHERE state = 'active' AND next_run_at <= ? "
+                                    "ORDER BY next_run_at, id", (iso(now),))]
+    runs = [run for run in (_run_schedule(db, i, now, per_schedule, per_owner) for i in due) if run]
+    return {"runs": runs, "next_due": schedule_next_due(db)}
+
+
+def schedule_next_due(db: Database) -> _dt.datetime | None:
+    """The earliest due time of any active schedule, or None."""
+    at = db.scalar("SELECT min(next_run_at) FROM schedules WHERE state = 'active'")
+    return parse_iso(at) if at else None
+
+
+def schedule_piece(db: Database, per_schedule: int, per_owner: int) -> Callable[[], float]:
+    """The server's scheduler: a background piece that runs what is due and sleeps until the next due
+    time (at most SCHEDULER_MAX_SLEEP); a change to a schedule wakes it early (Maintenance.wake)."""
+
+    def run() -> float:
+        left = run_due_schedules(db, per_schedule=per_schedule, per_owner=per_owner)["next_due"]
+        if left is None:
+            return SCHEDULER_MAX_SLEEP
+        return float(min(max((left - utcnow()).total_seconds(), 0.0), SCHEDULER_MAX_SLEEP))
+
+    return run
 
 
 ###############################################################################
@@ -11783,6 +12553,9 @@ GITHUB_PAGES = 3
 #: Seconds one request to GitHub may take.
 GITHUB_SECONDS = 10.0
 
+#: Seconds a reader of the story waits for GitHub; a slower read goes on without it and is shown next time.
+GITHUB_WAIT = 8.0
+
 #: ``owner/name`` of a GitHub repository (its address on github.com is taken too).
 GITHUB_REPO_RE = re.compile(r"(?:https?://(?:www\.)?github\.com/)?([A-Za-z0-9](?:[A-Za-z0-9-]{0,38}))/"
                             r"([A-Za-z0-9._-]{1,100}?)(?:\.git)?/?")
@@ -11805,9 +12578,10 @@ def story_settings(db: Database, project: str) -> dict:
 
 
 def _person(db: Database, handle: str) -> dict:
-    """A person as a moment names them: ``{"kind": "person", "handle", "display_name"}``."""
+    """A person as a moment names them: their reference (person_ref: ``erased`` once they closed their
+    account) and the name to show (ERASED_NAME by then)."""
     name = db.scalar("SELECT display_name FROM people WHERE handle = ?", (handle,))
-    return {"kind": "person", "handle": handle, "display_name": name or handle}
+    return person_ref(db, handle) | {"display_name": name or handle}
 
 
 def story_role(db: Database, person: Actor, project: str) -> str:
@@ -11953,6 +12727,20 @@ def remove_moment(db: Database, person: Actor, moment_id: str) -> dict:
                                                      "by": person.handle})
         append_event(db, row["project"], "moment.updated", {"moment_id": row["id"], "change": "removed"})
     return {"removed": row["id"], "by": removed_by}
+
+
+def marked_moments(db: Database, project: str) -> Iterator[dict]:
+    """The moments members marked in ``project``, in the order they were marked, a thousand rows at a time
+    (the content export's moments.jsonl): ``{id, kind, day, title, message_id, task_id, marked_by (a
+    person reference), marked_at, edited_at}``. Derived and GitHub moments are not kept: they are read
+    again from the record and the repository."""
+    after = -1
+    while rows := db.rows("SELECT rowid AS rid, * FROM moments WHERE project = ? AND rowid > ? ORDER BY rowid "
+                          "LIMIT 1000", (project, after)):
+        for r in rows:
+            yield {k: r[k] for k in ("id", "kind", "day", "title", "message_id", "task_id")} | {
+                "marked_by": person_ref(db, r["marked_by"]), "marked_at": r["marked_at"], "edited_at": r["edited_at"]}
+        after = rows[-1]["rid"]
 
 
 def _marked_out(db: Database, row: dict, me: str, role: str) -> dict:
@@ -12164,8 +12952,9 @@ def _github_due(cache: dict | None, repo: str) -> bool:
 async def refresh_github(db: Database, settings: Settings, project: str, force: bool = False) -> None:
     """Ask GitHub for the moments of ``project``'s linked repository when they are due (see
     :func:`_github_due`; ``force``: now), and keep the answer, or the failure beside what was read
-    before (:func:`keep_github`). Readers that come meanwhile wait for the same read. Never raises for
-    GitHub's sake: a failure is shown on the story."""
+    before (:func:`keep_github`). Readers that come meanwhile wait for the same read, each at most
+    GITHUB_WAIT seconds (a slower read goes on and is shown to the next). Never raises for GitHub's
+    sake: a failure is shown on the story."""
     with db.snapshot():
         repo = story_settings(db, project)["repo"]
         cache = db.one("SELECT * FROM story_github WHERE project = ?", (project,))
@@ -12177,7 +12966,8 @@ async def refresh_github(db: Database, settings: Settings, project: str, force: 
     if task is None or task.done():
         task = _GITHUB_READS[key] = loop.create_task(_read_and_keep(db, settings, project, repo))
         task.add_done_callback(lambda t: _GITHUB_READS.pop(key) if _GITHUB_READS.get(key) is t else None)
-    await asyncio.shield(task)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(task), GITHUB_WAIT)
 
 
 async def _read_and_keep(db: Database, settings: Settings, project: str, repo: str) -> None:
@@ -12186,6 +12976,9 @@ async def _read_and_keep(db: Database, settings: Settings, project: str, repo: s
     except (InvalidInput, GitHubUnavailable) as e:
         retry_at = getattr(e, "retry_at", None)
         moments, state, message = None, "rate_limited" if retry_at else "failed", e.message
+    except Exception as e:  # an answer shaped unlike GitHub's: the story says so and stays up
+        moments, state, retry_at = None, "failed", None
+        message = f"GitHub's answer could not be read ({type(e).__name__}); the story tries again later"
     keep_github(db, project, repo, moments, state, message, retry_at)
 
 
@@ -12376,8 +13169,345 @@ def story(db: Database, person: Actor, project: str, before: str | None = None, 
 # 39. Deleting, restoring and erasing a project
 ###############################################################################
 
-# A project deleted with a recovery window, restored by a recorded owner, or erased; the retention
-# worker purges its content after the deadline.
+# A project owner deletes a project after confirming it's them: it gets a request number and is out
+# of service at once. Its members and agents are set aside in the request (``deletions``), so nothing
+# that asks who is in a project (reach, lists, the inbox, search, streams, waits) finds it any more;
+# its work stops (stop_project_work: runs end with their credentials, wakes go, open waits and streams
+# end with not_found). Within the recovery window (the ``recovery_window_days`` setting) an owner of
+# the project when it was deleted (a recorded owner) restores it: its people and agents are back, its
+# work stays stopped until someone starts it. An owner may instead ask to erase it: out of service the
+# same way, with no restore, its open invites revoked, its content gone ERASE_AFTER later.
+#
+# The retention worker (retention_step, the server's "retention" piece) takes over at a request's
+# deadline: ``project.purge_started`` (no restore from then on), the content removed a batch per
+# transaction, then ``project.content_purged``, the log's last entry; AUDIT_KEPT later the log and the
+# project's row go too. The project is out of service before its first row goes, so a purge broken off
+# (a crash, kill -9) leaves nothing readable, and the next step goes on where it stopped.
+
+#: A project an owner asked to erase is purged this long after the request, with no restore meanwhile.
+ERASE_AFTER = _dt.timedelta(days=30)
+
+#: A purged project's audit log is kept this long after its content went; then it goes with the project.
+AUDIT_KEPT = _dt.timedelta(days=365)
+
+#: Rows one purge step removes (one short write transaction).
+PURGE_BATCH = 500
+
+#: The recovery window when no setting says otherwise (``recovery_window_days``).
+RECOVERY_WINDOW = _dt.timedelta(days=Settings().recovery_window_days)
+
+_TASK_ROWS = "task_id IN (SELECT id FROM tasks WHERE project = :p)"
+
+#: What a purge removes, in order (a row goes before what it refers to): ``(table, which rows)``, ``:p``
+#: being the project's slug. The newest outbox event stays whoever's it is, so seq only grows. Another
+#: chapter's table with a ``project`` column goes first (see purge_plan).
+PURGED: tuple[tuple[str, str], ...] = (
+    ("wakes", "project = :p"), ("search_index", "project = :p"), ("person_mentions", "project = :p"),
+    ("read_positions", "project = :p"),
+    ("discussions", "turn_id IN (SELECT id FROM turns WHERE project = :p)"), ("turns", "project = :p"),
+    ("steps", _TASK_ROWS), ("attempts", _TASK_ROWS), ("checkpoints", _TASK_ROWS), ("submissions", _TASK_ROWS),
+    ("approvals", _TASK_ROWS), ("thread_access", _TASK_ROWS), ("task_reasons", _TASK_ROWS),
+    ("deliverables", "project = :p"), ("attachments", "project = :p"), ("actions", "project = :p"),
+    ("tasks", "project = :p"), ("messages", "project = :p"), ("memory", "project = :p"),
+    ("pulses", "project = :p"), ("loop_pairs", "project = :p"), ("share_rules", "project = :p"),
+    ("invites", "project = :p"), ("oauth_requests", "project = :p"), ("members", "project = :p"),
+    ("project_agents", "project = :p"), ("rooms", "project = :p"),
+    ("outbox", "project = :p AND seq < (SELECT max(seq) FROM outbox)"),
+)
+
+#: Tables whose rows of a project outlive its purge: its deletion requests and its keys (revoked when the
+#: purge starts), which go with the project's row.
+_KEPT = ("deletions", "credentials")
+
+
+def open_request(db: Database, project: str) -> dict | None:
+    """The deletion request a project is out of service by (a ``deletions`` row), or None for a live one."""
+    return db.one("SELECT d.* FROM deletions d JOIN projects p ON p.deletion = d.number WHERE p.slug = ?",
+                  (project,))
+
+
+def recorded_role(request: dict, handle: str) -> str | None:
+    """The role ``handle`` had in the project when the request took it out of service (None: not in it)."""
+    return next((m["role"] for m in json.loads(request["members"]) if m["handle"] == handle), None)
+
+
+def _out_of_service(row: dict, request: dict) -> str:
+    """What became of a project that is not live, in words for an error."""
+    n, deadline = request["number"], request["purge_after"]
+    return {"deleted": f"was deleted (request {n}, at {request['requested_at']}); an owner when it was deleted can "
+                       f"restore it until {deadline}",
+            "erasing": f"is being erased (request {n}): it can't be restored, and its content goes at {deadline}",
+            "purging": f"is being purged since {request['purge_started_at']} (request {n}): it can't be restored",
+            "purged": f"was purged at {request['purged_at']}: only its audit log is left"}[row["state"]]
+
+
+def _owned_live_project(db: Database, project: str, by: Actor | str, doing: str) -> tuple[dict, str]:
+    """The live team project ``by`` (a signed-in person, or a handle from the command line) owns, and the
+    handle. A project out of service is InvalidState for someone who was in it, NotFound for anyone else."""
+    slug = check_slug(project, "project")
+    handle = by.handle if isinstance(by, Actor) else require_person(db, by)["handle"]
+    row = db.one("SELECT * FROM projects WHERE slug = ?", (slug,))
+    request = row and open_request(db, slug)
+    if request is not None and recorded_role(request, handle) is not None:
+        raise InvalidState(f"project '{slug}' {_out_of_service(row, request)}")
+    if isinstance(by, Actor):
+        require_project(db, by, slug)
+    elif row is None or row["state"] != "live" or member_role(db, slug, handle) is None:
+        raise NotFound(f"'{handle}' is in no project '{slug}': check the slug with 'prickle project list'")
+    if row["kind"] == "private":
+        raise Forbidden(f"'{slug}' is a private room: it goes only with its owner's account")
+    if member_role(db, slug, handle) != "owner":
+        raise Forbidden(f"only an owner of '{slug}' can {doing} it")
+    return row, handle
+
+
+def stop_project_work(db: Database, project: str, reason: str = "project_deleted") -> dict:
+    """Stop every piece of work in ``project`` at once, inside the caller's transaction.
+
+    Its running runs are stopped (``task.run_stopped`` with ``reason``; a step they wait on expires,
+    its owner can no longer decide it) and every run credential of its tasks ends with ``reason`` (a
+    key of REVOCATIONS; a run calling again hears not_found); Start flags not yet claimed drop; a task
+    waiting on its agent waits on ``stopped`` until someone starts a run; the wakes it still had for
+    anyone go. After commit every open wait and MCP session looks again (see revoke_credentials).
+    Returns ``{"runs", "credentials", "wakes"}``. For deleting and erasing a project, and closing an account.
+    """
+    runs = credentials = 0
+    for attempt in db.rows("SELECT a.* FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE t.project = ? AND "
+                           "a.state = 'running' ORDER BY a.claimed_at, a.id", (project,)):
+        credentials += end_attempt(db, attempt, "stop", project, why=reason)
+        run_stopped(db, project, attempt, reason)
+        runs += 1
+    credentials += revoke_credentials(db, "kind = 'execution' AND task_id IN (SELECT id FROM tasks WHERE project = ?)",
+                                      (project,), reason)
+    for task in db.rows("SELECT * FROM tasks WHERE project = ? ORDER BY created_at, id", (project,)):
+        drop_start(db, task)
+        if WAITING_ON.get(lifecycle_state(task)) == "agent":
+            db.execute("UPDATE tasks SET waiting_on = 'stopped' WHERE id = ?", (task["id"],))
+    wakes = db.execute("DELETE FROM wakes WHERE project = ?", (project,))
+    db.cache.clear()  # who may reach what has changed
+    db.note_revoked()  # open waits and sessions look again after commit, and find the project gone
+    return {"runs": runs, "credentials": credentials, "wakes": wakes}
+
+
+def _take_out_of_service(db: Database, row: dict, kind: str, by: str, after: _dt.timedelta) -> dict:
+    """Delete or erase (``kind``) a live project inside the caller's transaction: the request, its work
+    stopped, its members and agents set aside in the request, ``project.deleted`` (the event). Returns
+    the request."""
+    slug, now = row["slug"], utcnow()
+    members = db.rows("SELECT handle, role, grant_version, joined_at FROM members WHERE project = ? "
+                      "ORDER BY joined_at, handle", (slug,))
+    agents = db.rows("SELECT agent_id, added_at FROM project_agents WHERE project = ? ORDER BY added_at, agent_id",
+                     (slug,))
+    db.execute("INSERT INTO deletions (project, kind, requested_by, requested_at, purge_after, members, agents) "
+               "VALUES (?, ?, ?, ?, ?, ?, ?)", (slug, kind, by, iso(now), iso(now + after), json.dumps(members),
+                                                json.dumps(agents)))
+    number = db.conn.last_insert_rowid()
+    move(db, "project", slug, kind, row, deletion=number)
+    stop_project_work(db, slug)
+    db.execute("DELETE FROM project_agents WHERE project = ?", (slug,))
+    db.execute("DELETE FROM members WHERE project = ?", (slug,))
+    append_event(db, slug, "project.deleted", {"request_number": number})
+    return db.one("SELECT * FROM deletions WHERE number = ?", (number,))
+
+
+def deletion_out(request: dict, state: str) -> dict:
+    """A deletion request as the page and the command line show it: ``{project, request_number, kind
+    (delete|erase), state (the project's), requested_at, requested_by, deadline, can_restore}``."""
+    return {"project": request["project"], "request_number": request["number"], "kind": request["kind"],
+            "state": state, "requested_at": request["requested_at"], "requested_by": request["requested_by"],
+            "deadline": request["purge_after"],
+            "can_restore": state == "deleted" and parse_iso(request["purge_after"]) > utcnow()}
+
+
+def delete_project(db: Database, project: str, by: Actor | str, window: _dt.timedelta = RECOVERY_WINDOW) -> dict:
+    """A project owner deletes a team project; a recorded owner may restore it for ``window``.
+
+    ``by`` is the signed-in person, who must have confirmed it's them (require_step_up), or a handle
+    from the command line (an owner of the project, run by whoever holds the database file). At once:
+    its work stops (stop_project_work), its members and agents are set aside, and nothing of it is
+    served. Writes ``project.deleted`` (event and entry, with the request number). Returns
+    deletion_out. Raises InvalidInput, NotFound, Forbidden (not an owner; a private room),
+    StepUpRequired, or InvalidState (deleted already: says until when it can be restored).
+    """
+    with db.transaction():
+        row, handle = _owned_live_project(db, project, by, "delete")
+        if isinstance(by, Actor):
+            require_step_up(db, by, f"delete the project '{row['slug']}'")
+        request = _take_out_of_service(db, row, "delete", handle, window)
+        audit(db, row["slug"], "project.deleted", {"owner": handle, "request_number": request["number"]})
+    return deletion_out(request, "deleted")
+
+
+def erase_project(db: Database, project: str, by: Actor | str) -> dict:
+    """A project owner asks to erase a team project: out of service at once as at a deletion, never
+    restored, its content purged ERASE_AFTER later by the retention worker.
+
+    ``by`` as for :func:`delete_project`. Its open invites are revoked (``invite.revoked``, reason
+    ``project_erased``). Writes ``project.deleted`` (the event) and ``project.erasure_requested`` (the
+    entry, with the owner and the request number). Returns deletion_out. Raises as delete_project.
+    """
+    with db.transaction():
+        row, handle = _owned_live_project(db, project, by, "erase")
+        if isinstance(by, Actor):
+            require_step_up(db, by, f"erase the project '{row['slug']}'")
+        request = _take_out_of_service(db, row, "erase", handle, ERASE_AFTER)
+        audit(db, row["slug"], "project.erasure_requested", {"owner": handle, "request_number": request["number"]})
+        for inviter in db.rows("SELECT DISTINCT invited_by FROM invites WHERE project = ? AND state = 'open' "
+                               "ORDER BY invited_by", (row["slug"],)):
+            revoke_invites_by(db, row["slug"], inviter["invited_by"], "project_erased")
+    return deletion_out(request, "erasing")
+
+
+def restore_project(db: Database, project: str, by: Actor | str) -> dict:
+    """A recorded owner (an owner when it was deleted) restores a deleted project within its recovery window.
+
+    ``by`` is the signed-in person or a handle from the command line. Its members and agents (those
+    still here) are back, and its keys reach it again; its work stays stopped until someone starts it.
+    Writes ``project.restored`` (event and entry, with the request number). Returns
+    ``{"project", "request_number", "state": "live"}``. Raises NotFound (no deleted project the
+    person was in), Forbidden (not an owner then), InvalidState (erased, purging, or past its deadline).
+    """
+    slug = check_slug(project, "project")
+    with db.transaction():
+        handle = by.handle if isinstance(by, Actor) else require_person(db, by)["handle"]
+        row = db.one("SELECT * FROM projects WHERE slug = ?", (slug,))
+        request = row and open_request(db, slug)
+        role = request and recorded_role(request, handle)
+        if not role:
+            raise NotFound(f"no deleted project '{slug}' that '{handle}' was in")
+        if role != "owner":
+            raise Forbidden(f"only an owner of '{slug}' when it was deleted can restore it")
+        if row["state"] != "deleted":
+            raise InvalidState(f"project '{slug}' {_out_of_service(row, request)}")
+        if parse_iso(request["purge_after"]) <= utcnow():
+            raise InvalidState(f"project '{slug}' can no longer be restored: its recovery window ended at "
+                               f"{request['purge_after']}")
+        move(db, "project", slug, "restore", row, deletion=None)
+        for m in json.loads(request["members"]):
+            db.execute("INSERT OR IGNORE INTO members SELECT ?, handle, ?, ?, ? FROM people WHERE handle = ?",
+                       (slug, m["role"], m["grant_version"], m["joined_at"], m["handle"]))
+        for a in json.loads(request["agents"]):
+            db.execute("INSERT OR IGNORE INTO project_agents SELECT ?, a.agent_id, ? FROM agents a JOIN members m "
+                       "ON m.project = ? AND m.handle = a.owner WHERE a.agent_id = ?",
+                       (slug, a["added_at"], slug, a["agent_id"]))
+        db.execute("UPDATE deletions SET restored_by = ?, restored_at = ? WHERE number = ?",
+                   (handle, iso(utcnow()), request["number"]))
+        db.cache.clear()  # who may reach what has changed
+        audit(db, slug, "project.restored", {"owner": handle, "request_number": request["number"]})
+        append_event(db, slug, "project.restored", {"request_number": request["number"]})
+    return {"project": project_out(db, slug), "request_number": request["number"], "state": "live"}
+
+
+def deleted_projects(db: Database, person: Actor | str) -> list[dict]:
+    """The projects out of service (deleted, being erased or purged) that ``person`` owned when they were
+    taken out, newest request first: deletion_out plus the project's ``name`` and ``team``."""
+    handle = person.handle if isinstance(person, Actor) else person
+    with db.snapshot():
+        rows = db.rows("SELECT p.name, p.team, p.state, d.* FROM projects p JOIN deletions d ON d.number = p.deletion "
+                       "WHERE p.state IN ('deleted', 'erasing', 'purging') ORDER BY d.number DESC")
+        return [deletion_out(r, r["state"]) | {"name": r["name"], "team": r["team"]}
+                for r in rows if recorded_role(r, handle) == "owner"]
+
+
+def purge_plan(db: Database) -> list[tuple[str, str]]:
+    """What a purge removes, in order: every table with a ``project`` column that PURGED does not name
+    (a newer chapter's) and _KEPT does not keep, then PURGED."""
+    named = {table for table, _ in PURGED}
+    others = [r["name"] for r in db.rows(
+        "SELECT name FROM sqlite_schema s WHERE type = 'table' AND EXISTS (SELECT 1 FROM pragma_table_info(s.name) c "
+        "WHERE c.name = 'project') ORDER BY name")]
+    return [(t, "project = :p") for t in others if t not in named and t not in _KEPT] + list(PURGED)
+
+
+def _delete_some(db: Database, table: str, where: str, slug: str, batch: int) -> int:
+    """Delete up to ``batch`` rows of ``table`` matching ``where`` (``:p`` = slug); how many went."""
+    sql = db.scalar("SELECT sql FROM sqlite_schema WHERE name = ?", (table,)) or ""
+    if "WITHOUT ROWID" in sql.upper():
+        key = ", ".join(r["name"] for r in db.rows("SELECT name FROM pragma_table_info(?) WHERE pk > 0 ORDER BY pk",
+                                                    (table,)))
+    else:
+        key = "rowid"
+    return db.execute(f"DELETE FROM {table} WHERE ({key}) IN (SELECT {key} FROM {table} WHERE {where} LIMIT {batch})",
+                      {"p": slug})
+
+
+def _start_purge(db: Database, row: dict, request: dict) -> str:
+    """A request's deadline passed: its purge starts (no restore from now on); the project's keys end."""
+    slug = row["slug"]
+    counts = {"messages": db.scalar("SELECT count(*) FROM messages WHERE project = ?", (slug,)),
+              "tasks": db.scalar("SELECT count(*) FROM tasks WHERE project = ?", (slug,)),
+              "files": db.scalar("SELECT (SELECT count(*) FROM attachments WHERE project = :p) + "
+                                 "(SELECT count(*) FROM deliverables WHERE project = :p)", {"p": slug})}
+    move(db, "project", slug, "purge", row)
+    revoke_credentials(db, "project = ?", (slug,), "project_deleted")
+    db.execute("UPDATE deletions SET purge_started_at = ?, counts = ? WHERE number = ?",
+               (iso(utcnow()), json.dumps(counts), request["number"]))
+    audit(db, slug, "project.purge_started", {"request_number": request["number"]})
+    return f"{slug}: purge started (request {request['number']})"
+
+
+def _purge_some(db: Database, row: dict, request: dict, batch: int) -> str:
+    """Remove the next batch of a purging project's content; once none is left, end the purge: the
+    project keeps only its slug, team and audit log, whose last entry is ``project.content_purged``."""
+    slug = row["slug"]
+    for table, where in purge_plan(db):
+        if gone := _delete_some(db, table, where, slug, batch):
+            return f"{slug}: {gone} rows of {table} removed"
+    # The newest event stays (seq only grows): if it is this project's, it keeps only the request number.
+    db.execute("UPDATE outbox SET type = 'project.deleted', payload = ? WHERE project = ? AND seq = "
+               "(SELECT max(seq) FROM outbox)", (json.dumps({"request_number": request["number"]}), slug))
+    now = utcnow()
+    move(db, "project", slug, "finish", row, name="", description="")
+    db.execute("UPDATE deletions SET members = '[]', agents = '[]', purged_at = ?, forget_after = ? WHERE number = ?",
+               (iso(now), iso(now + AUDIT_KEPT), request["number"]))
+    audit(db, slug, "project.content_purged", {"request_number": request["number"]} | json.loads(request["counts"]))
+    prune_files(db)
+    return f"{slug}: content purged (request {request['number']})"
+
+
+def _drop_purged(db: Database, row: dict) -> str:
+    """A purged project's audit log was kept AUDIT_KEPT: it goes, with the project's row, keys and requests."""
+    slug = row["slug"]
+    db.execute("DELETE FROM credential_uses WHERE credential_id IN (SELECT id FROM credentials WHERE project = ?)",
+               (slug,))
+    db.execute("DELETE FROM credentials WHERE project = ?", (slug,))
+    db.execute("DELETE FROM audit WHERE chain = ?", (slug,))
+    db.execute("DELETE FROM deletions WHERE project = ?", (slug,))
+    db.execute("DELETE FROM projects WHERE slug = ?", (slug,))
+    db.cache.clear()  # the chain's head is gone
+    return f"{slug}: audit log and project removed"
+
+
+def retention_step(db: Database, batch: int = PURGE_BATCH) -> str | None:
+    """One step of the retention worker, in one short transaction: what it did, or None when nothing is due.
+
+    First a purge under way goes on (a batch of rows, or its end); else the oldest request past its
+    deadline starts its purge; else a purged project whose log was kept AUDIT_KEPT goes. Time is
+    utcnow(), so a controlled clock drives it. The server's "retention" piece calls it until it
+    returns None.
+    """
+    now = iso(utcnow())
+    with db.transaction():
+        join = "SELECT p.*, d.number FROM projects p JOIN deletions d ON d.number = p.deletion WHERE "
+        row = db.one(join + "p.state = 'purging' ORDER BY d.number LIMIT 1")
+        if row is not None:
+            return _purge_some(db, row, open_request(db, row["slug"]), batch)
+        row = db.one(join + "p.state IN ('deleted', 'erasing') AND d.purge_after <= ? ORDER BY d.purge_after LIMIT 1",
+                     (now,))
+        if row is not None:
+            return _start_purge(db, row, open_request(db, row["slug"]))
+        row = db.one(join + "p.state = 'purged' AND d.forget_after <= ? ORDER BY d.forget_after LIMIT 1", (now,))
+        if row is not None:
+            return _drop_purged(db, row)
+    return None
+
+
+def run_retention(db: Database, batch: int = PURGE_BATCH) -> list[str]:
+    """Every retention step due now, one after another (what each did): the command line's, and tests'."""
+    done = []
+    while (step := retention_step(db, batch)) is not None:
+        done.append(step)
+    return done
 
 
 ###############################################################################
@@ -12386,6 +13516,208 @@ def story(db: Database, person: Actor, project: str, before: str | None = None, 
 
 # A person closes their account (or the operator closes it): in each project they become an
 # erased person, their agents leave, their keys, devices and invites end.
+#
+# Closing is one transaction (close_account), in named steps:
+#   1. refusals first: an account already closed, a step-up not given, a project of which they are
+#      the last owner (someone must be left to run it: promote another member, or delete the project);
+#   2. every browser session, sign-in link, runner device and connected app ends (sign_out_everywhere);
+#   3. in each project they are in (their private room too): the handoffs waiting for their approval
+#      are denied, the open tasks they or their agents asked for are cancelled, their agents leave with
+#      every knock-on of a removal (offboard, chapter 33: tasks their agents held go back, rules and
+#      standing approvals end, the invites they sent end as ``inviter_erased``), and ``person.erased``
+#      records how many approvals were denied, tasks cancelled and runs closed;
+#   4. the invites sent to their address end (``invitee_closed_account``), and every key left of
+#      theirs or their agents' ends;
+#   5. their name, address and settings go from the file: the person row keeps only the handle (the
+#      audit chains name it, and a chain is never rewritten), every stored reference to them takes the
+#      erased form (person_ref), and the names in the outbox's events are replaced.
+# What they wrote (messages, tasks, results) stays the team's, shown as by an erased person.
+
+#: What ``person.erased`` counts, as the reference names it, before the knock-ons of their agents leaving.
+ERASED_COUNTS = ("approvals_denied", "tasks_cancelled", "runs_closed")
+
+
+def _running(db: Database, project: str) -> set[str]:
+    """The attempts running in ``project`` now."""
+    return {r["id"] for r in db.rows("SELECT a.id FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE "
+                                     "t.project = ? AND a.state = 'running'", (project,))}
+
+
+def _owned_alone(db: Database, handle: str) -> list[str]:
+    """The team projects ``handle`` is the only owner of."""
+    return [r["project"] for r in db.rows(
+        "SELECT m.project FROM members m JOIN projects p ON p.slug = m.project WHERE m.handle = ? AND "
+        "m.role = 'owner' AND p.kind = 'team' AND NOT EXISTS (SELECT 1 FROM members o WHERE o.project = m.project "
+        "AND o.role = 'owner' AND o.handle <> m.handle) ORDER BY m.project", (handle,))]
+
+
+def _deny_waiting(db: Database, me: Actor, project: str) -> int:
+    """Step 3: deny the handoffs of ``project`` held for ``me``'s approval (decide_approval); how many."""
+    expire_due(db, "approval")
+    rows = db.rows("SELECT id FROM approvals WHERE owner = ? AND project = ? AND status = 'pending' AND "
+                   "invalidated_at IS NULL ORDER BY created_at", (me.handle, project))
+    for row in rows:
+        decide_approval(db, me, row["id"], "deny")
+    return len(rows)
+
+
+def _cancel_requested(db: Database, project: str, handle: str, agents: list[str]) -> int:
+    """Step 3: cancel the open tasks of ``project`` that ``handle`` or their ``agents`` asked for, as a
+    cancel by them (cancel_task's move): nobody is left to check their results. Returns how many."""
+    cancelled = 0
+    for task in db.rows("SELECT * FROM tasks WHERE project = ? ORDER BY created_at", (project,)):
+        mine = task["requester"] in agents or (task["requester"] is None and requesting_person(task) == handle)
+        if not mine or "cancel" not in TASK_MOVES[lifecycle_state(task)]:
+            continue
+        end_task_work(db, task, "task_cancelled")
+        reached = task["routed_at"] is not None  # a task held at the gate never reached its assignee
+        move_task(db, task, "cancel", handle, [(task["assignee"] if reached else None, "task"),
+                                               (task["requester"], "task_update")])
+        cancelled += 1
+    return cancelled
+
+
+def _erase_in(db: Database, me: Actor, project: str, by: str | None, running: set[str]) -> dict:
+    """Step 3 in one project, whose runs were ``running`` before step 2: returns the refs of its
+    ``person.erased`` entry (written here)."""
+    handle = me.handle
+    agents = [r["agent_id"] for r in db.rows("SELECT pa.agent_id FROM project_agents pa JOIN agents a USING "
+                                             "(agent_id) WHERE pa.project = ? AND a.owner = ? ORDER BY pa.agent_id",
+                                             (project, handle))]
+    all_agents = [r["agent_id"] for r in db.rows("SELECT agent_id FROM agents WHERE owner = ?", (handle,))]
+    counts = {"approvals_denied": _deny_waiting(db, me, project),
+              "tasks_cancelled": _cancel_requested(db, project, handle, all_agents)}
+    left = offboard(db, project, agents, person=handle, reason="member_erased", by=by)
+    counts["runs_closed"] = len(running - _running(db, project))
+    refs = {"person": handle, "by": by} | counts | left
+    audit(db, project, "person.erased", refs)
+    return refs
+
+
+def _scrub(value: Any, names: dict[str, str]) -> Any:
+    """An event payload with an erased person's names gone: ``names`` maps their handle, their agents' IDs
+    and their private room's slug to what shows now; a reference to them or their agents takes the
+    erased form."""
+    if isinstance(value, list):
+        return [_scrub(v, names) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: _scrub(v, names) for k, v in value.items()}
+    who = out.get("agent_id") or out.get("handle") or out.get("slug")
+    if who not in names:
+        return out
+    if "kind" in out and set(out) <= {"kind", "handle", "agent_id", "erased"}:
+        out["erased"] = True  # a reference (PERSON_REF, AGENT_REF)
+    for field in ("display_name", "name"):
+        if field in out:
+            out[field] = names[who]
+    return out
+
+
+def _forget(db: Database, handle: str, now: str) -> None:
+    """Step 5: nothing of ``handle``'s name, address or settings is left in the file (see the banner)."""
+    agents = {r["agent_id"]: r["name"] for r in db.rows("SELECT agent_id, name FROM agents WHERE owner = ?", (handle,))}
+    rooms = {r["project"]: f"{ERASED_NAME}'s room" for r in db.rows("SELECT project FROM rooms WHERE owner = ?",
+                                                                       (handle,))}
+    move(db, "account", handle, "erase", value=now, display_name=ERASED_NAME, email=None, timezone=None,
+         digest_minutes=None, digest_through=None, step_up_above_cost=None, auto_accept=0, away=0)
+    db.execute("UPDATE agents SET display_name = name WHERE owner = ?", (handle,))
+    for room, name in rooms.items():
+        db.execute("UPDATE projects SET name = ? WHERE slug = ?", (name, room))
+    mine = "SELECT id FROM credentials WHERE person = ? OR agent_id IN (SELECT agent_id FROM agents WHERE owner = ?)"
+    db.execute(f"DELETE FROM credential_uses WHERE credential_id IN ({mine})", (handle, handle))
+    db.execute(f"DELETE FROM passkey_ceremonies WHERE credential IN ({mine})", (handle, handle))
+    for table, column in (("passkeys", "person"), ("team_people", "handle"), ("read_positions", "handle"),
+                          ("inbox_marks", "handle"), ("share_rules", "owner")):
+        db.execute(f"DELETE FROM {table} WHERE {column} = ?", (handle,))
+    db.cache.pop(("erased", "people"), None)
+    erased = json.dumps(person_ref(db, handle))
+    for table, column in (("tasks", "requested_by"), ("approvals", "requested_by"), ("submissions", "verified_by"),
+                          ("submissions", "decided_by")):
+        db.execute(f"UPDATE {table} SET {column} = ? WHERE json_extract({column}, '$.kind') = 'person' AND "
+                   f"json_extract({column}, '$.handle') = ?", (erased, handle))
+        for agent in agents:
+            db.execute(f"UPDATE {table} SET {column} = ? WHERE json_extract({column}, '$.agent_id') = ?",
+                       (json.dumps(agent_ref(db, agent)), agent))
+    names = {handle: ERASED_NAME} | agents | rooms
+    for row in db.rows("SELECT seq, payload FROM outbox WHERE instr(payload, ?) > 0", (f'"{handle}', )):
+        db.execute("UPDATE outbox SET payload = ? WHERE seq = ?",
+                   (canonical_json(_scrub(json.loads(row["payload"]), names)), row["seq"]))
+
+
+def close_account(db: Database, who: Actor | str) -> dict:
+    """Close a person's account: ``who`` is the signed-in person (who must have confirmed it's them:
+    require_step_up) or, from the command line, a handle. One transaction, in the steps above.
+
+    Writes ``person.erased`` in each project they were in (with ERASED_COUNTS and the counts of their
+    agents leaving, OFFBOARD_COUNTS), the entries of what ends with it (``approval.decided``,
+    ``task.transitioned``, ``task.returned``, ``device.revoked``, ``invite.revoked`` with
+    ``inviter_erased`` or ``invitee_closed_account``, ...). Returns ``{handle, erased_at, projects:
+    [{project} | refs], sessions_ended, devices_ended, apps_ended, credentials_ended, invites_revoked}``.
+    Raises InvalidInput, NotFound (no such person), InvalidState (closed already; the last owner of a
+    project), StepUpRequired.
+    """
+    handle = who.handle if isinstance(who, Actor) else check_slug(who, "handle")
+    secure = db.scalar("PRAGMA secure_delete")
+    db.execute("PRAGMA secure_delete = ON")  # what this transaction overwrites is zeroed, not left in free space
+    try:
+        return _close(db, who, handle)
+    finally:
+        db.execute(f"PRAGMA secure_delete = {int(secure)}")
+
+
+def _close(db: Database, who: Actor | str, handle: str) -> dict:
+    with db.transaction():
+        row = db.one("SELECT * FROM people WHERE handle = ?", (handle,))
+        if row is None:
+            raise NotFound(f"handle: no person '{handle}': 'prickle person list' lists them")
+        if row["erased_at"]:
+            raise InvalidState(f"handle: '{handle}' closed their account already, at {row['erased_at']}")
+        if isinstance(who, Actor):
+            require_step_up(db, who, "close your account")
+        if alone := _owned_alone(db, handle):
+            raise InvalidState(
+                f"'{handle}' is the last owner of {', '.join(repr(p) for p in alone)}: make another member an owner "
+                f"(Promote on the project's Members screen, or prickle member promote {alone[0]} HANDLE) or delete "
+                "the project, then close the account")
+        by = handle if isinstance(who, Actor) else None
+        me = who if isinstance(who, Actor) else Actor("person", "", "person", handle=handle)
+        running = {r["project"]: _running(db, r["project"]) for r in db.rows(
+            "SELECT project FROM members WHERE handle = ? ORDER BY project", (handle,))}
+        ended = sign_out_everywhere(db, handle)
+        projects = [{"project": p} | _erase_in(db, me, p, by, was) for p, was in running.items()]
+        invites = revoke_invites_to(db, row["email"], "invitee_closed_account") if row["email"] else 0
+        keys = revoke_credentials(db, "person = ? OR agent_id IN (SELECT agent_id FROM agents WHERE owner = ?)",
+                                  (handle, handle), "account_closed")
+        now = iso(utcnow())
+        _forget(db, handle, now)
+        db.cache.clear()  # who may reach what, and every name, has changed
+        db.note_revoked()
+    return {"handle": handle, "erased_at": now, "projects": projects, "sessions_ended": ended["sessions_ended"],
+            "devices_ended": ended["devices_ended"], "apps_ended": ended["apps_ended"],
+            "credentials_ended": ended["credentials_ended"] + keys, "invites_revoked": invites}
+
+
+#: How many times vacuum_file tries while other connections keep the file busy.
+VACUUM_TRIES = 5
+
+
+def vacuum_file(db: Database) -> dict:
+    """Rewrite the whole file (SQLite's VACUUM) and empty its write-ahead log, so that no earlier copy
+    of a row (a name from before it was erased, say) is left in the file's free space. Writers wait
+    while it runs. A running server reading at that moment makes it wait and try again, up to
+    VACUUM_TRIES times (then apsw.BusyError). Returns ``{bytes_before, bytes_after}`` (the file's size)."""
+    before = os.path.getsize(db.path)
+    for attempt in range(1, VACUUM_TRIES + 1):
+        try:
+            db.execute("VACUUM")
+            db.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+            break
+        except apsw.BusyError:
+            if attempt == VACUUM_TRIES:
+                raise
+            time.sleep(0.2 * attempt)  # the server's own reads are short: let one end
+    return {"bytes_before": before, "bytes_after": os.path.getsize(db.path)}
 
 
 ###############################################################################
@@ -12394,6 +13726,231 @@ def story(db: Database, person: Actor, project: str, before: str | None = None, 
 
 # A project's audit log, or its whole content, as documented JSON Lines files in one archive; the
 # audit export carries every entry's hashes so it can be checked with no database.
+#
+# The archive is a zip holding manifest.json and one JSON Lines file per kind of record (one JSON
+# object a line, UTF-8, oldest first); the README documents every file and field, and the check
+# check_export makes. It is written in one read snapshot, file by file and a batch of rows at a
+# time, into a file the caller gives (the command line: a temporary file beside the destination;
+# the people's API: a temporary file it then streams), never built whole in memory.
+
+#: What an owner may export: the audit log alone, or the project's whole content (with its audit log).
+EXPORT_PARTS = ("audit_log", "content")
+
+#: The version of the export's layout, in its manifest (the README's "Exporting a project").
+EXPORT_FORMAT_VERSION = 1
+
+#: Rows read at a time while writing a file of the export.
+_EXPORT_BATCH = 1000
+
+
+def may_export(db: Database, project: str, handle: str) -> bool:
+    """Whether ``handle`` may export ``project``: its owners may."""
+    return member_role(db, project, handle) == "owner"
+
+
+def export_options(db: Database, person: Actor, project: str) -> dict:
+    """What the page offers: ``{"can_export", "parts"}``. Raises NotFound for a project out of reach."""
+    with db.snapshot():
+        require_project(db, person, check_slug(project, "project"))
+        return {"can_export": may_export(db, project, person.handle), "parts": list(EXPORT_PARTS)}
+
+
+def _batched(db: Database, sql: str, params: tuple, key: str = "rid") -> Iterator[dict]:
+    """Rows of ``sql`` (ending ``{key} > ? ORDER BY {key} LIMIT ?``) a batch at a time, from the start."""
+    after = -1
+    while rows := db.rows(sql, params + (after, _EXPORT_BATCH)):
+        yield from rows
+        after = rows[-1][key]
+
+
+def export_audit_lines(db: Database, project: str) -> Iterator[dict]:
+    """A project's audit entries as audit.jsonl holds them, oldest first: ``{chain, n, at, type, refs,
+    prev_hash, hash, hash_version}``."""
+    for r in _batched(db, "SELECT * FROM audit WHERE chain = ? AND n > ? ORDER BY n LIMIT ?", (project,), "n"):
+        yield {"chain": r["chain"], "n": r["n"], "at": r["at"], "type": r["type"], "refs": json.loads(r["refs"]),
+               "prev_hash": r["prev_hash"], "hash": r["hash"], "hash_version": r["hash_version"]}
+
+
+def _messages(db: Database, project: str) -> Iterator[dict]:
+    for r in _batched(db, MESSAGE_SELECT + "WHERE m.project = ? AND m.seq > ? ORDER BY m.seq LIMIT ?",
+                      (project,), "seq"):
+        yield message_out(with_card(db, r))
+
+
+def _tasks(db: Database, project: str) -> Iterator[dict]:
+    for r in _batched(db, "SELECT rowid AS rid, * FROM tasks WHERE project = ? AND rowid > ? ORDER BY rowid "
+                          "LIMIT ?", (project,)):
+        yield task_out(db, r)
+
+
+def _submission_rows(db: Database, project: str) -> Iterator[dict]:
+    return _batched(db, "SELECT s.rowid AS rid, s.* FROM submissions s JOIN tasks t ON t.id = s.task_id "
+                        "WHERE t.project = ? AND s.rowid > ? ORDER BY s.rowid LIMIT ?", (project,))
+
+
+def _submissions(db: Database, project: str) -> Iterator[dict]:
+    for r in _submission_rows(db, project):
+        yield {"task_id": r["task_id"]} | result_out(r)
+
+
+def _evidence(db: Database, project: str) -> Iterator[dict]:
+    for r in _submission_rows(db, project):
+        for index, item in enumerate(json.loads(r["evidence"])):
+            yield {"task_id": r["task_id"], "submission_id": r["id"], "revision": r["revision"], "index": index} | item
+
+
+def _files(db: Database, project: str) -> Iterator[dict]:
+    """Each posted attachment and each delivered file, naming its bytes' place in the archive."""
+    for r in _batched(db, "SELECT a.rowid AS rid, a.*, m.id AS message_id FROM attachments a JOIN messages m "
+                          "ON m.seq = a.message_seq WHERE a.project = ? AND a.rowid > ? ORDER BY a.rowid LIMIT ?",
+                      (project,)):
+        yield ({"kind": "attachment", "id": r["id"], "message_id": r["message_id"], "task_id": None, "ref": None,
+                "name": r["name"], "attachment_kind": r["kind"]}
+               | {k: r[k] for k in ("sha256", "content_type", "byte_size", "uploaded_by", "created_at")}
+               | {"path": f"files/{r['sha256']}"})
+    for r in _batched(db, "SELECT rowid AS rid, * FROM deliverables WHERE project = ? AND rowid > ? "
+                          "ORDER BY rowid LIMIT ?", (project,)):
+        yield ({"kind": "deliverable", "id": r["id"], "message_id": None, "task_id": r["task_id"], "ref": r["ref"],
+                "name": r["ref"].rsplit("/", 1)[-1], "attachment_kind": None}
+               | {k: r[k] for k in ("sha256", "content_type", "byte_size", "uploaded_by", "created_at")}
+               | {"path": f"files/{r['sha256']}"})
+
+
+#: The files of a content export in the order written, each with what writes its lines (audit.jsonl
+#: comes last, in every export).
+_CONTENT_FILES: tuple[tuple[str, Callable[[Database, str], Iterable[dict]]], ...] = (
+    ("members.jsonl", list_members), ("memory.jsonl", memory_facts), ("messages.jsonl", _messages),
+    ("tasks.jsonl", _tasks), ("submissions.jsonl", _submissions), ("evidence.jsonl", _evidence),
+    ("moments.jsonl", marked_moments), ("files.jsonl", _files),
+)
+
+
+def _member(name: str) -> zipfile.ZipInfo:
+    """A file of the archive, dated now (UTC) and compressed."""
+    info = zipfile.ZipInfo(name, time.gmtime()[:6])
+    info.compress_type = zipfile.ZIP_DEFLATED
+    return info
+
+
+def _write_lines(archive: zipfile.ZipFile, name: str, lines: Iterable[dict]) -> dict:
+    """Write one JSON Lines file; return its manifest row ``{name, lines, sha256}``."""
+    out, digest, count = archive.open(_member(name), "w", force_zip64=True), hashlib.sha256(), 0
+    with out:
+        for obj in lines:
+            line = (utf8_json(obj) + "\n").encode()
+            out.write(line)
+            digest.update(line)
+            count += 1
+    return {"name": name, "lines": count, "sha256": digest.hexdigest()}
+
+
+def export_project(db: Database, by: Actor | str | None, project: str, part: str, out: BinaryIO) -> dict:
+    """Export ``project``'s audit log (``part`` "audit_log") or its whole content ("content") into ``out``.
+
+    ``out`` is a binary file the zip is written to (seekable: a temporary file). ``by`` is the
+    signed-in person (the project must be in their reach), a handle (the command line's --by) or
+    None (the command line's operator); a person must be an owner. Writes ``project.exported``
+    with ``part`` and ``by`` first, so the export's audit log ends with it, then writes the
+    archive from one read snapshot. Returns the manifest. Raises InvalidInput for a bad part,
+    NotFound for a project out of reach or unknown, Forbidden for a member who is not an owner.
+    """
+    if part not in EXPORT_PARTS:
+        raise InvalidInput(f"part must be 'audit_log' (the audit log alone) or 'content' (messages, tasks, "
+                           f"submissions, evidence, memory, files, members and the audit log), not {part!r}")
+    with db.transaction():
+        handle = acting_member(db, check_slug(project, "project"), by)
+        summary = project_out(db, project)
+        if handle is not None and not may_export(db, project, handle):
+            raise Forbidden(f"only an owner of '{project}' exports it: ask one of its owners")
+        audit(db, project, "project.exported", {"part": part, "by": handle})
+    with db.snapshot(), zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        files = [_write_lines(archive, name, lines(db, project))
+                 for name, lines in (_CONTENT_FILES if part == "content" else ())]
+        if part == "content":  # each file's bytes once, however many records name them
+            for r in db.rows("SELECT a.sha256 FROM attachments a JOIN messages m ON m.seq = a.message_seq "
+                             "WHERE a.project = ? UNION SELECT sha256 FROM deliverables WHERE project = ? ORDER BY 1",
+                             (project, project)):
+                archive.writestr(_member(f"files/{r['sha256']}"),
+                                 db.scalar("SELECT bytes FROM blobs WHERE sha256 = ?", (r["sha256"],)))
+        files.append(_write_lines(archive, "audit.jsonl", export_audit_lines(db, project)))
+        chain = check_chain(export_audit_lines(db, project))
+        manifest = {
+            "format": "prickle-export", "format_version": EXPORT_FORMAT_VERSION, "prickle_version": __version__,
+            "project": summary, "part": part, "exported_at": iso(utcnow()), "exported_by": handle, "files": files,
+            "audit": {"chain": project, "entries": chain["entries"], "head": chain["head"],
+                      "hash_version": chain["hash_version"]},
+        }
+        archive.writestr(_member("manifest.json"), json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    return manifest
+
+
+def _read_entries(lines: Iterable[bytes]) -> Iterator[dict]:
+    """audit.jsonl's lines as entries; a line that is no JSON object is yielded as ``{}`` (it breaks the chain there)."""
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            entry = None
+        yield entry if isinstance(entry, dict) else {}
+
+
+def check_export(path: str) -> dict:
+    """Check an export (the zip, or its audit.jsonl alone) with no database: the chain, and the files against the manifest.
+
+    Returns ``{"file", "project", "part", "exported_at", "entries", "ok", "broken_at", "broken_type", "why",
+    "hash_version", "head", "problems"}`` (the chain's fields as check_chain gives them): ``ok`` when the
+    chain holds and ``problems`` (the archive against its manifest: a file's line count or sha256, the
+    audit head it names) is empty. Raises NotFound for no such file, InvalidInput for a file that is
+    neither a zip with audit.jsonl nor JSON Lines.
+    """
+    if not os.path.isfile(path):
+        raise NotFound(f"no file at {path}: pass the export's path")
+    problems: list[str] = []
+    manifest: dict = {}
+    if not zipfile.is_zipfile(path):
+        with open(path, "rb") as f:
+            chain = check_chain(_read_entries(f))
+        if not chain["entries"]:
+            raise InvalidInput(f"{path} is neither an export (a zip) nor an audit.jsonl with entries")
+    else:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+            if "audit.jsonl" not in names:
+                raise InvalidInput(f"{path} is a zip without audit.jsonl: not a Prickle export")
+            try:
+                manifest = json.loads(archive.read("manifest.json")) if "manifest.json" in names else {}
+            except ValueError:
+                manifest = {}
+            if not isinstance(manifest, dict) or manifest.get("format") != "prickle-export":
+                problems.append("manifest.json is missing or is not a Prickle export's manifest")
+                manifest = {}
+            for listed in manifest.get("files", ()):
+                problems += _file_problems(archive, listed, names)
+            with archive.open("audit.jsonl") as f:
+                chain = check_chain(_read_entries(f))
+        said = manifest.get("audit") or {}
+        if manifest and (said.get("entries"), said.get("head")) != (chain["entries"], chain["head"]):
+            problems.append(f"the manifest names {said.get('entries')} audit entries ending at {said.get('head')}; "
+                            f"audit.jsonl holds {chain['entries']} ending at {chain['head']}")
+    return {"file": path, "project": (manifest.get("project") or {}).get("slug"), "part": manifest.get("part"),
+            "exported_at": manifest.get("exported_at")} | chain | {"ok": chain["ok"] and not problems,
+                                                                     "problems": problems}
+
+
+def _file_problems(archive: zipfile.ZipFile, listed: Any, names: set[str]) -> list[str]:
+    """What is wrong with one file the manifest lists (its line count and sha256), if anything."""
+    name = listed.get("name") if isinstance(listed, dict) else None
+    if name not in names:
+        return [f"the manifest lists {name!r}, which the archive does not hold"]
+    digest, lines = hashlib.sha256(), 0
+    with archive.open(name) as f:
+        while chunk := f.read(1 << 16):
+            digest.update(chunk)
+            lines += chunk.count(b"\n")
+    if (lines, digest.hexdigest()) != (listed.get("lines"), listed.get("sha256")):
+        return [f"{name} holds {lines} lines with sha256 {digest.hexdigest()}; the manifest says "
+                f"{listed.get('lines')} lines with sha256 {listed.get('sha256')}"]
+    return []
 
 
 ###############################################################################
@@ -12991,13 +14548,15 @@ def icon_route(size: int, maskable: bool = False) -> Callable[[Request], Any]:
 async def health(request: Request) -> Response:
     """GET /healthz: the server is up and its database answers.
 
-    ``{"ok", "version", "outbox_head", "degraded", "waits"}``: ``degraded`` lists the background
-    pieces failing now (see :meth:`Maintenance.degraded`), empty when all is well; ``waits`` is how
-    many agents' waits are open (each agent counted once per wait it holds).
+    ``{"ok", "version", "outbox_head", "degraded", "pieces", "waits"}``: ``degraded`` lists the
+    background pieces failing now (see :meth:`Maintenance.degraded`), empty when all is well;
+    ``pieces`` names every background piece and when it runs next; ``waits`` is how many agents'
+    waits are open (each agent counted once per wait it holds).
     """
     state: AppState = request.app.state.prickle
     return JSONResponse({"ok": True, "version": __version__, "outbox_head": outbox_head(state.db),
                          "degraded": state.maintenance.degraded() if state.maintenance else [],
+                         "pieces": state.maintenance.status() if state.maintenance else [],
                          "waits": sum(len(w) for w in state.hub.agent_waiters.values())})
 
 
@@ -15158,6 +16717,125 @@ async def api_link_repo(state: AppState, person: Actor, request: Request, body: 
                                  body_field(body, "repository", str))
 
 
+async def api_export_options(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/projects/{slug}/export: whether the signed-in person may export the project, and its parts."""
+    return export_options(state.db, person, request.path_params["slug"])
+
+
+async def api_export(state: AppState, person: Actor, request: Request, body: dict) -> Response:
+    """POST /api/projects/{slug}/export {part: "audit_log" | "content"}: the export as a zip download.
+
+    Written off the event loop into a temporary file (see export_project), then sent from it and
+    removed; the file name says the project, the part and the day.
+    """
+    slug, part = request.path_params["slug"], body_field(body, "part", str)
+    fd, path = tempfile.mkstemp(prefix="prickle-export-", suffix=".zip")
+    try:
+        with os.fdopen(fd, "w+b") as out:
+            manifest = await state.readers.run(export_project, person, slug, part, out)
+    except BaseException:
+        os.unlink(path)
+        raise
+    name = f"{slug}-{part.replace('_', '-')}-{manifest['exported_at'][:10]}.zip"
+    return FileResponse(path, media_type="application/zip", filename=name, background=BackgroundTask(os.unlink, path))
+
+
+async def api_close_account(state: AppState, person: Actor, request: Request, body: Any) -> Response:
+    """DELETE /api/me: close your account, after confirming it's you (close_account); this browser's
+    session ends with every other."""
+    response = JSONResponse(close_account(state.db, person))
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    return response
+
+
+def _schedule_limits(state: AppState) -> dict:
+    return {"per_schedule": state.settings.schedule_runs_per_day, "per_owner": state.settings.schedule_runs_per_owner}
+
+
+def _schedule_changed(state: AppState, out: dict) -> dict:
+    """After a change: the scheduler looks again now (its next due time may be sooner)."""
+    if state.maintenance is not None:
+        state.maintenance.wake("schedules")
+    return out
+
+
+async def api_schedules(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/room/schedules: the person's schedules with their next and last runs, and the limits."""
+    return list_schedules(state.db, person, **_schedule_limits(state))
+
+
+async def api_create_schedule(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/room/schedules {agent, project, text, recurrence, timezone, room?}: make a schedule
+    (after confirming it's you)."""
+    _only(body, "agent", "project", "text", "recurrence", "timezone", "room")
+    fields = {k: v for k, v in body.items() if k != "room"}
+    return _schedule_changed(state, {"schedule": create_schedule(state.db, person, fields, room=body.get("room"),
+                                                                 **_schedule_limits(state))})
+
+
+async def api_edit_schedule(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/room/schedules/{id} {version, agent?, project?, text?, recurrence?, timezone?}: edit it."""
+    _only(body, "version", "agent", "project", "text", "recurrence", "timezone")
+    changes = {k: v for k, v in body.items() if k != "version"}
+    return _schedule_changed(state, {"schedule": edit_schedule(
+        state.db, person, request.path_params["schedule_id"], body.get("version"), changes,
+        **_schedule_limits(state))})
+
+
+async def api_pause_schedule(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/room/schedules/{id}/pause {version?}: nothing is due from it until it is resumed."""
+    _only(body, "version")
+    return _schedule_changed(state, {"schedule": pause_schedule(
+        state.db, person, request.path_params["schedule_id"], body.get("version"))})
+
+
+async def api_resume_schedule(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/room/schedules/{id}/resume {version?}: resume it (after confirming it's you)."""
+    _only(body, "version")
+    return _schedule_changed(state, {"schedule": resume_schedule(
+        state.db, person, request.path_params["schedule_id"], body.get("version"),
+        per_owner=state.settings.schedule_runs_per_owner)})
+
+
+async def api_delete_schedule(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """DELETE /api/room/schedules/{id}?version=N: delete it; its text is cleared."""
+    version = request.query_params.get("version")
+    if version is not None and not version.isdigit():
+        raise InvalidInput("version must be the schedule's version as you read it (a whole number)")
+    return _schedule_changed(state, delete_schedule(state.db, person, request.path_params["schedule_id"],
+                                                    None if version is None else int(version)))
+
+
+def _no_body(body: Any) -> None:
+    if body:
+        raise InvalidInput(f"unknown field {sorted(body)[0]}: send an empty body")
+
+
+async def api_delete_project(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """DELETE /api/projects/{slug}: a project owner deletes the project (confirming it's them first); its
+    recovery window is the ``recovery_window_days`` setting. ``{"deletion": deletion_out}``."""
+    window = _dt.timedelta(days=state.settings.recovery_window_days)
+    return {"deletion": delete_project(state.db, request.path_params["slug"], person, window)}
+
+
+async def api_erase_project(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """POST /api/projects/{slug}/erase {}: a project owner asks to erase the project (confirming it's them
+    first). ``{"deletion": deletion_out}``."""
+    _no_body(body)
+    return {"deletion": erase_project(state.db, request.path_params["slug"], person)}
+
+
+async def api_restore_project(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """POST /api/projects/{slug}/restore {}: a recorded owner restores a deleted project within its window."""
+    _no_body(body)
+    return restore_project(state.db, request.path_params["slug"], person)
+
+
+async def api_deleted_projects(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/deleted-projects: the projects out of service the person owned (see deleted_projects)."""
+    return {"projects": deleted_projects(state.db, person)}
+
+
 #: Every route but /mcp and /static: chapter 47's and this chapter's.
 ROUTES = WORK_ROUTES + (
     ("GET", "/api/projects/{slug}/story", api_endpoint(api_story)),
@@ -15169,6 +16847,19 @@ ROUTES = WORK_ROUTES + (
     ("POST", "/api/projects/{slug}/story/round-numbers", api_endpoint(api_round_numbers)),
     ("POST", "/api/projects/{slug}/story/repo", api_endpoint(api_link_repo)),
     ("DELETE", "/api/projects/{slug}/story/repo", api_endpoint(api_operation(unlink_repository, "slug"))),
+    ("GET", "/api/projects/{slug}/export", api_endpoint(api_export_options)),
+    ("POST", "/api/projects/{slug}/export", api_endpoint(api_export)),
+    ("DELETE", "/api/me", api_endpoint(api_close_account)),
+    ("GET", "/api/room/schedules", api_endpoint(api_schedules)),
+    ("POST", "/api/room/schedules", api_endpoint(api_create_schedule)),
+    ("POST", "/api/room/schedules/{schedule_id}", api_endpoint(api_edit_schedule)),
+    ("DELETE", "/api/room/schedules/{schedule_id}", api_endpoint(api_delete_schedule)),
+    ("POST", "/api/room/schedules/{schedule_id}/pause", api_endpoint(api_pause_schedule)),
+    ("POST", "/api/room/schedules/{schedule_id}/resume", api_endpoint(api_resume_schedule)),
+    ("DELETE", "/api/projects/{slug}", api_endpoint(api_delete_project)),
+    ("POST", "/api/projects/{slug}/erase", api_endpoint(api_erase_project)),
+    ("POST", "/api/projects/{slug}/restore", api_endpoint(api_restore_project)),
+    ("GET", "/api/deleted-projects", api_endpoint(api_deleted_projects)),
 )
 
 
@@ -15188,6 +16879,9 @@ PUSH_FULL_EVERY = 60.0
 
 #: Push messages on their way at once.
 PUSH_AT_ONCE = 8
+
+#: How often the retention worker looks for a deleted project past its deadline, in seconds.
+RETENTION_EVERY = 60.0
 
 
 def push_piece(db: Database, settings: Settings) -> Callable[[], None]:
@@ -15236,8 +16930,9 @@ def push_piece(db: Database, settings: Settings) -> Callable[[], None]:
 def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer, settings: Settings,
                        end_dead_sessions: Callable[[], None]) -> Maintenance:
     """The server's background pieces: the watch for other writers, the WAL checkpoint, the
-    approvals and invites sweep, outbox and files pruning, the email digest and push notifications (see
-    :class:`Maintenance`). ``end_dead_sessions`` ends
+    approvals and invites sweep, outbox and files pruning, the email digest, push notifications, the
+    scheduler and the retention worker (deleted projects' purges); see :class:`Maintenance`.
+    ``end_dead_sessions`` ends
     the MCP sessions of credentials another process revoked, or that expired on their own.
     """
 
@@ -15279,6 +16974,10 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
     maintenance.add("app registrations pruning", 3600.0, lambda: prune_oauth(db))
     maintenance.add("email digest", DIGEST_EVERY, digest)
     maintenance.add("push notifications", PUSH_EVERY, push_piece(db, settings))
+    maintenance.add("schedules", SCHEDULER_MAX_SLEEP, schedule_piece(db, settings.schedule_runs_per_day,
+                                                                     settings.schedule_runs_per_owner))
+    # A purge goes on in short steps, one after another, until nothing is due (chapter 39).
+    maintenance.add("retention", RETENTION_EVERY, lambda: 0.05 if retention_step(db) else None)
     return maintenance
 
 
@@ -15567,7 +17266,8 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     db.revoked_listeners.append(end_dead_sessions)
 
     db.conn.pragma("journal_size_limit", WAL_KEEP_BYTES)
-    checkpointer = WalCheckpointer(db_path)
+    # Beside Litestream, whose read lock refuses a restart of the log, Litestream restarts it.
+    checkpointer = WalCheckpointer(db_path, None if settings.checkpoints == "litestream" else WAL_RESTART_FRAMES)
     # The background pieces call it unwrapped, so a failure there shows in /healthz and is retried.
     maintenance = state.maintenance = server_maintenance(db, hub, checkpointer, settings,
                                                          lambda: end_sessions_of_dead_credentials(db, manager, hub))
@@ -16196,8 +17896,13 @@ def audit_group() -> None:
 @audit_group.command("verify")
 @db_options
 @click.argument("project_slug", metavar="[PROJECT]", required=False)
-def audit_verify(db_path: str, as_json: bool, project_slug: str | None) -> None:
-    """Recompute every chain (or one project's) and name the first broken entry."""
+@click.option("--file", "export_path", default=None,
+              help="Check an export (its zip, or its audit.jsonl) instead, with no database.")
+def audit_verify(db_path: str, as_json: bool, project_slug: str | None, export_path: str | None) -> None:
+    """Recompute every chain (or one project's, or an export's) and name the first broken entry."""
+    if export_path is not None:
+        verify_export_file(export_path, as_json)
+        return
     db = open_db(db_path)
     if project_slug is not None:
         project_out(db, project_slug)
@@ -16208,6 +17913,19 @@ def audit_verify(db_path: str, as_json: bool, project_slug: str | None) -> None:
         + ("ok" if r["ok"] else f"BROKEN at entry {r['broken_at']}") + f" (hash version {r['hash_version']})"
         for r in reports) or "No audit entries yet.")
     if not ok:
+        raise click.exceptions.Exit(1)
+
+
+def verify_export_file(path: str, as_json: bool) -> None:
+    """``prickle audit verify --file``: check_export's report; exit status 1 when the export does not hold."""
+    r = check_export(path)
+    where = f"{r['project'] or 'audit.jsonl'}" + (f" (exported {r['exported_at']}, {r['part']})" if r["part"] else "")
+    if r["broken_at"] is None:
+        chain = f"{r['entries']} entries, ok (hash version {r['hash_version']}); head {r['head']}"
+    else:
+        chain = f"{r['entries']} entries, BROKEN at entry {r['broken_at']} ({r['broken_type']}): {r['why']}"
+    Out(as_json)(r, f"{where}: {chain}" + "".join(f"\n  {p}" for p in r["problems"]))
+    if not r["ok"]:
         raise click.exceptions.Exit(1)
 
 
@@ -16848,6 +18566,54 @@ def agents_resume(db_path: str, as_json: bool, everyone: bool, owner: str | None
 # and checking or rehashing the audit chains.
 
 
+def _deletion_text(d: dict) -> str:
+    what = "deleted" if d["kind"] == "delete" else "to be erased"
+    until = (f"an owner can restore it until {d['deadline']}" if d["can_restore"]
+             else f"its content goes at {d['deadline']}" if d["state"] in ("deleted", "erasing") else d["state"])
+    return f"{d['project']} is {what} (request {d['request_number']}): {until}."
+
+
+@project_group.command("delete")
+@db_options
+@click.argument("slug")
+@click.option("--by", "by", required=True, help="The handle of the project owner who deletes it.")
+def project_delete(db_path: str, as_json: bool, slug: str, by: str) -> None:
+    """Delete a project: out of service at once; an owner can restore it within the recovery window."""
+    window = _dt.timedelta(days=load_settings(None, db_path).recovery_window_days)
+    d = delete_project(open_db(db_path), slug, by, window)
+    Out(as_json)({"deletion": d}, _deletion_text(d))
+
+
+@project_group.command("erase")
+@db_options
+@click.argument("slug")
+@click.option("--by", "by", required=True, help="The handle of the project owner who asks for it.")
+def project_erase(db_path: str, as_json: bool, slug: str, by: str) -> None:
+    """Erase a project: out of service at once, never restored, its content gone 30 days later."""
+    d = erase_project(open_db(db_path), slug, by)
+    Out(as_json)({"deletion": d}, _deletion_text(d))
+
+
+@project_group.command("restore")
+@db_options
+@click.argument("slug")
+@click.option("--by", "by", required=True, help="The handle of an owner of the project when it was deleted.")
+def project_restore(db_path: str, as_json: bool, slug: str, by: str) -> None:
+    """Restore a deleted project within its recovery window; its work stays stopped until someone starts it."""
+    out = restore_project(open_db(db_path), slug, by)
+    Out(as_json)(out, f"Restored {slug} (request {out['request_number']}); its runs stay stopped until started.")
+
+
+@project_group.command("deleted")
+@db_options
+@click.option("--by", "by", required=True, help="The handle of the owner whose deleted projects to list.")
+def project_deleted(db_path: str, as_json: bool, by: str) -> None:
+    """List the projects out of service that a person owned, with their deadlines."""
+    db = open_db(db_path)
+    require_person(db, by)
+    Out(as_json).rows("projects", deleted_projects(db, by), _deletion_text, "No deleted projects.")
+
+
 # Restoring the file. ``prickle restore`` replaces the database with a backup or a Litestream
 # replica while no server runs: the copy is made and checked in a hidden folder beside the file,
 # marked for the first start (chain.restored in every chain, chapter 6), and only then takes the
@@ -16900,12 +18666,13 @@ def _litestream_restore(binary: str, out: str, replica: str | None, config: str 
     except OSError as e:
         raise StorageError(f"cannot run {binary} ({e.strerror}): check it is the litestream binary") from None
     if done.returncode != 0 or not os.path.exists(out):
-        said = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+        lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()] or ["it said nothing"]
+        said = m[1] if (m := re.search(r'error="((?:[^"\\]|\\.)*)"', lines[-1])) else lines[-1]
+        if "no matching backups" in said:
+            said += (" at that time: pick one between the replica's first snapshot and its last change" if at
+                     else " there: check the address")
         where = replica or f"the replica {config} names for {db_path}"
-        hint = (" (a time before the replica's first snapshot finds nothing)" if at and said
-                and "no matching backups" in said[-1] else "")
-        raise StorageError(f"litestream could not restore {where}: {said[-1] if said else 'it said nothing'}{hint}; "
-                           "nothing was replaced")
+        raise StorageError(f"litestream could not restore {where}: {said[:300]}; nothing was replaced")
 
 
 def _newest_write(conn: apsw.Connection) -> str | None:
@@ -17083,6 +18850,35 @@ def restore_cmd(db_path: str, as_json: bool, backup: str | None, replica: str | 
                  f"{shlex.quote(db_path)}")
 
 
+@project_group.command("export")
+@db_options
+@click.argument("slug")
+@click.option("--part", default="content", show_default=True,
+              help="audit_log (the audit log alone) or content (everything, the audit log too).")
+@click.option("--out", "dest", required=True, help="The zip file to write (it must not exist yet).")
+@click.option("--by", default=None, help="The owner exporting it (recorded); without it, the operator.")
+def project_export(db_path: str, as_json: bool, slug: str, part: str, dest: str, by: str | None) -> None:
+    """Export a project's audit log or its whole content as a zip of JSON Lines files (see the README)."""
+    if os.path.exists(dest):
+        raise Conflict(f"{dest} already exists: pick a new file name")
+    folder = os.path.dirname(os.path.abspath(dest))
+    if not os.path.isdir(folder):
+        raise NotFound(f"the folder for {dest} does not exist: create it first")
+    db = open_db(db_path)
+    fd, partial = tempfile.mkstemp(prefix=".prickle-export-", suffix=".zip", dir=folder)
+    try:
+        with os.fdopen(fd, "w+b") as out:
+            manifest = export_project(db, by, slug, part, out)
+        os.replace(partial, dest)  # whole or not at all: a failed export leaves no file behind
+    except BaseException:
+        os.unlink(partial)
+        raise
+    lines = {f["name"]: f["lines"] for f in manifest["files"]}
+    Out(as_json)({"export": os.path.abspath(dest), "manifest": manifest},
+                 f"Exported {slug} ({part}) to {dest}: " + ", ".join(f"{n} {k}" for k, n in lines.items())
+                 + f"; audit head {manifest['audit']['head']}.")
+
+
 @audit_group.command("rehash")
 @db_options
 @click.argument("project_slug", metavar="[PROJECT]", required=False)
@@ -17099,6 +18895,25 @@ def audit_rehash(db_path: str, as_json: bool, project_slug: str | None) -> None:
         f"{e['chain'] or '(deployment)'}: {e['refs']['rewritten']} entries rewritten to hash version "
         f"{e['refs']['hash_version']}; old head {e['refs']['old_head']}, new head {e['refs']['new_head']}"
         for e in done) or f"Every audit chain is already at hash version {AUDIT_HASH_VERSIONS[-1]}.")
+
+
+@person_group.command("erase")
+@db_options
+@click.option("--vacuum", is_flag=True, help="Then rewrite the whole file, so that no earlier copy of their name "
+                                             "or address is left in its free space (writers wait meanwhile).")
+@click.argument("handle")
+def person_erase(db_path: str, as_json: bool, vacuum: bool, handle: str) -> None:
+    """Close HANDLE's account: they become an erased person everywhere (see the README)."""
+    db = open_db(db_path)
+    out = close_account(db, handle)
+    if vacuum:
+        out["vacuum"] = vacuum_file(db)
+    lines = [f"Closed {handle}'s account: their name and address are gone; {out['credentials_ended']} credentials, "
+             f"{out['sessions_ended']} sessions and sign-in links, {out['devices_ended']} devices and "
+             f"{out['apps_ended']} apps ended; {out['invites_revoked']} invites to them revoked."]
+    lines += [f"  {p['project']}: {p['approvals_denied']} approvals denied, {p['tasks_cancelled']} tasks cancelled, "
+              f"{p['runs_closed']} runs closed, {p['agents']} agents left" for p in out["projects"]]
+    Out(as_json)(out, "\n".join(lines))
 
 
 ###############################################################################

@@ -20,10 +20,12 @@ import { get, post, seg } from "./api.js";
 import * as stream from "./stream.js";
 import { createComposer } from "./composer.js";
 import { createRoomControls } from "./privateroom.js";
+import { createSchedules } from "./schedules.js";
 import { actionCard } from "./makeaction.js";
 import { markSeen, paintUnread, reload as reloadInbox } from "./inbox_store.js";
 import { renderMarkdown, rawToggle } from "./markdown.js";
 import { renderAttachments } from "./attachments.js";
+import { markDialog, localDay } from "./story.js";
 import {
   h, tpl, slots, heading, avatar, badge, stateBadge, timeEl, errorSlot, showError, clearError, act, fill, empty, ago,
   announce, debounce, loadFailed,
@@ -41,6 +43,7 @@ export function mount(el, ctx) {
   const threads = h("nav", { class: "threads", "aria-labelledby": "threads-heading" },
     h("h2", { id: "threads-heading", text: "Task threads" }), h("p", { class: "muted", text: "Loading…" }));
   const own = ctx.project.isPrivate() ? createRoomControls(ctx) : null;
+  const schedules = own ? createSchedules(ctx) : null;
 
   const list = new MessageList(ctx, null);
   const composer = createComposer({ onSending: (body) => list.sending(body), onPosted: (m) => list.add(m, { scroll: true }),
@@ -58,7 +61,7 @@ export function mount(el, ctx) {
       list.el,
       // the pause and the turn stay in view, beside where one speaks
       foot),
-    h("div", { class: "room-side" }, own?.settings, threads)));
+    h("div", { class: "room-side" }, own?.settings, schedules?.el, threads)));
 
   const renderPaused = () => renderPausedPairs(paused, ctx);
   renderPaused();
@@ -81,6 +84,7 @@ export function mount(el, ctx) {
     list.destroy();
     composer.destroy();
     own?.destroy();
+    schedules?.destroy();
     offProject();
     offTask();
     offMsg();
@@ -334,6 +338,13 @@ export class MessageList {
     } catch (err) {
       showError(this.error, err);
     }
+  }
+
+  /** "Mark as a moment" on a message: the story's dialog, its day and first line filled in, linked to it. */
+  markMoment(message, opener) {
+    const first = (message.body || "").split("\n").map((line) => line.replace(/^[#>*\-\s]+/, "").trim()).find(Boolean) || "";
+    return markDialog(this.ctx, { message_id: message.id, day: localDay(new Date(message.created_at)),
+      title: first.length > 140 ? `${first.slice(0, 139)}…` : first }, opener);
   }
 
   /** "Mark unread" on a message: unread from it on; nothing more is marked read during this visit. */
@@ -602,6 +613,12 @@ export function renderMessage(m, owner) {
   s.reply.setAttribute("aria-label", `Reply to ${m.author.display_name}`);
   if (owner.onReply) s.reply.addEventListener("click", () => owner.onReply(m));
   else s.reply.hidden = true;
+  if (owner.markMoment && m.created_at && !String(m.id).startsWith("sending-")) {
+    const mark = h("button", { type: "button", class: "link small msg-moment", text: "Mark as a moment",
+      "aria-label": `Mark ${m.author.display_name}'s message as a moment in the story` });
+    mark.addEventListener("click", () => owner.markMoment(m, mark));
+    s.reply.after(mark);
+  }
   if (owner.markUnread && m.created_at) {
     const unread = h("button", { type: "button", class: "link small msg-unread", text: "Mark unread" });
     unread.addEventListener("click", () => owner.markUnread(m));
