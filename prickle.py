@@ -7028,11 +7028,13 @@ def task_out(db: Database, task: dict | str) -> dict:
     sub = latest_submission(db, task["id"])
     cp = db.one(f"SELECT * FROM checkpoints WHERE task_id = ? ORDER BY {LATEST_CHECKPOINT_ORDER} LIMIT 1",
                 (task["id"],))
-    return task_object(task, sub, cp)
+    return task_object(db, task, sub, cp)
 
 
-def task_object(task: dict, sub: dict | None, cp: dict | None) -> dict:
-    """The reference's Task object made from its rows: the task, its latest submission and latest checkpoint."""
+def task_object(db: Database, task: dict, sub: dict | None, cp: dict | None) -> dict:
+    """The reference's Task object made from its rows: the task, its latest submission and latest checkpoint.
+
+    Besides them it reads only who is erased (erased_people), for ``requested_by``."""
     out = {
         "id": task["id"], "project": task["project"], "state": task["state"], "waiting_on": task["waiting_on"],
         "requester": task["requester"], "assignee": task["assignee"], "packet": json.loads(task["packet"]),
@@ -7339,10 +7341,11 @@ def save_checkpoint(db: Database, actor: Actor, task_id: str, checkpoint: dict) 
 
 
 #: The Task objects check_inbox made, as JSON text by task id, each with the row it was made from (the
-#: task's columns, its latest submission's and latest checkpoint's): a task whose row is unchanged is not
+#: task's columns, its latest submission's and latest checkpoint's) and who was erased then (the
+#: people a requested_by may name): a task whose row and erased people are unchanged is not
 #: made and encoded again. With 2,000 open tasks, making them, and two queries per task for the latest
 #: submission and checkpoint, were most of a call.
-_INBOX_KEPT: dict[str, tuple[tuple, str]] = {}
+_INBOX_KEPT: dict[str, tuple[tuple, frozenset, str]] = {}
 #: At most this many tasks are kept; one more starts the store over.
 INBOX_KEPT_MAX = 20_000
 
@@ -7372,12 +7375,12 @@ def _inbox_texts(db: Database, column: str, params: dict, pending: set[str] | No
     closed = ", ".join(f"'{state}'" for state in CLOSED_STATES)
     cur = db.conn.execute(_INBOX_ROWS.format(task=", ".join(f"t.{c}" for c in TASK_OBJECT_COLUMNS), column=column,
                                              sees=AGENT_SEES_TASK, closed=closed), params)
-    texts, names = [], None
+    texts, names, erased = [], None, erased_people(db)
     for row in cur:
         if pending is not None and row[0] not in pending:
             continue
         kept = _INBOX_KEPT.get(row[0])
-        if kept is None or kept[0] != row:
+        if kept is None or kept[0] != row or kept[1] != erased:
             if names is None:
                 names = [d[0] for d in cur.getdescription()]
                 sub_at, cp_at = names.index("kept_sub"), names.index("kept_cp")
@@ -7386,8 +7389,8 @@ def _inbox_texts(db: Database, column: str, params: dict, pending: set[str] | No
             cp = dict(zip(names[cp_at + 1:], row[cp_at + 1:])) if row[cp_at + 1] is not None else None
             if len(_INBOX_KEPT) >= INBOX_KEPT_MAX:
                 _INBOX_KEPT.clear()
-            kept = _INBOX_KEPT[row[0]] = (row, utf8_json(task_object(task, sub, cp)))
-        texts.append(kept[1])
+            kept = _INBOX_KEPT[row[0]] = (row, erased, utf8_json(task_object(db, task, sub, cp)))
+        texts.append(kept[2])
     return texts
 
 
