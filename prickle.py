@@ -3113,11 +3113,12 @@ def restore_marker(copy: apsw.Connection, replaced: apsw.Connection | None, sour
     """
     heads = chain_heads(copy)
     chains: dict[str, dict] = {}
-    for chain, (n, digest) in sorted(heads.items()):
+    entry = "SELECT at, type, refs FROM audit WHERE chain = ? AND n = ?"  # the same entry under any hash version
+    for chain, (n, _) in sorted(heads.items()):
         missing = None
         if replaced is not None:
-            same = replaced.execute("SELECT hash FROM audit WHERE chain = ? AND n = ?", (chain, n)).fetchall()
-            if same and same[0][0] == digest:
+            same = replaced.execute(entry, (chain, n)).fetchall()
+            if same and same == copy.execute(entry, (chain, n)).fetchall():
                 missing = replaced.execute("SELECT max(n) FROM audit WHERE chain = ?", (chain,)).fetchall()[0][0] - n
         chains[chain] = {"through": n, "missing": missing}
     lost = None if replaced is None else len(set(chain_heads(replaced)) - set(heads) - {DEPLOYMENT_CHAIN})
