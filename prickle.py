@@ -18605,6 +18605,7 @@ def restore_file(db_path: str, source: str, fill: Callable[[str], None], what: s
         raise StorageError(f"a prickle serve{pid} is using {db_path}: stop it first (Ctrl-C or SIGTERM), then run "
                            "'prickle restore' again; a restore replaces the file, and what a running server writes "
                            "after it would be lost")
+    db_path = os.path.realpath(db_path)  # the file itself takes the copy's place, not a link to it
     existed = os.path.exists(db_path) and os.path.getsize(db_path) > 0
     lock = ServerLock(db_path)  # no server starts on the file while the copy is made
     lock.acquire()

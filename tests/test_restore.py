@@ -218,3 +218,14 @@ def test_a_replaced_file_whose_chain_does_not_continue_the_backups_claims_no_kno
     restored.close()
     assert {chain: known["missing"] for chain, known in marker["chains"].items()} == dict.fromkeys(heads(backup))
     assert marker["chains_missing"] == 0
+
+
+def test_a_restore_through_a_symlink_replaces_the_file_it_names(world, db_path, tmp_path):
+    backup = str(tmp_path / "b.db")
+    world.db.backup_to(backup)
+    link = str(tmp_path / "link.db")
+    os.symlink(db_path, link)
+    out = jrun(link, "restore", backup)
+    assert out["db"] == db_path and out["replaced"].startswith(db_path + ".replaced-")
+    assert os.path.islink(link) and os.path.realpath(link) == db_path
+    assert heads(link) == heads(backup)
