@@ -13280,6 +13280,20 @@ def erase_project(db: Database, project: str, by: Actor | str) -> dict:
     return deletion_out(request, "erasing")
 
 
+def erase_private_room(db: Database, owner: str) -> dict | None:
+    """Take ``owner``'s private room out of service as an erasure, inside the caller's transaction: its
+    content is purged ERASE_AFTER later, like an erased project's. Only closing their account does it
+    (chapter 40): a private room goes with its owner's account. Writes ``project.deleted`` (the event)
+    and ``project.erasure_requested`` (the entry). Returns deletion_out, or None for no room in service."""
+    row = db.one("SELECT p.* FROM projects p JOIN rooms r ON r.project = p.slug WHERE r.owner = ? AND "
+                 "p.state = 'live'", (owner,))
+    if row is None:
+        return None
+    request = _take_out_of_service(db, row, "erase", owner, ERASE_AFTER)
+    audit(db, row["slug"], "project.erasure_requested", {"owner": owner, "request_number": request["number"]})
+    return deletion_out(request, "erasing")
+
+
 def restore_project(db: Database, project: str, by: Actor | str) -> dict:
     """A recorded owner (an owner when it was deleted) restores a deleted project within its recovery window.
 
@@ -13306,7 +13320,9 @@ def restore_project(db: Database, project: str, by: Actor | str) -> dict:
                                f"{request['purge_after']}")
         move(db, "project", slug, "restore", row, deletion=None)
         for m in json.loads(request["members"]):
-            db.execute("INSERT OR IGNORE INTO members SELECT ?, handle, ?, ?, ? FROM people WHERE handle = ?",
+            # A person who closed their account meanwhile is not brought back.
+            db.execute("INSERT OR IGNORE INTO members SELECT ?, handle, ?, ?, ? FROM people WHERE handle = ? AND "
+                       "erased_at IS NULL",
                        (slug, m["role"], m["grant_version"], m["joined_at"], m["handle"]))
         for a in json.loads(request["agents"]):
             db.execute("INSERT OR IGNORE INTO project_agents SELECT ?, a.agent_id, ? FROM agents a JOIN members m "
@@ -13450,6 +13466,8 @@ def run_retention(db: Database, batch: int = PURGE_BATCH) -> list[str]:
 #      records how many approvals were denied, tasks cancelled and runs closed;
 #   4. the invites sent to their address end (``invitee_closed_account``), and every key left of
 #      theirs or their agents' ends;
+#      Their private room goes with their account: erased like a project (erase_private_room, chapter
+#      39), its content purged 30 days later by the retention worker.
 #   5. their name, address and settings go from the file: the person row keeps only the handle (the
 #      audit chains name it, and a chain is never rewritten), every stored reference to them takes the
 #      erased form (person_ref), and the names in the outbox's events are replaced.
@@ -13574,8 +13592,9 @@ def close_account(db: Database, who: Actor | str) -> dict:
     Writes ``person.erased`` in each project they were in (with ERASED_COUNTS and the counts of their
     agents leaving, OFFBOARD_COUNTS), the entries of what ends with it (``approval.decided``,
     ``task.transitioned``, ``task.returned``, ``device.revoked``, ``invite.revoked`` with
-    ``inviter_erased`` or ``invitee_closed_account``, ...). Returns ``{handle, erased_at, projects:
-    [{project} | refs], sessions_ended, devices_ended, apps_ended, credentials_ended, invites_revoked}``.
+    ``inviter_erased`` or ``invitee_closed_account``, ``project.erasure_requested`` in their private
+    room...). Returns ``{handle, erased_at, projects: [{project} | refs], private_room (deletion_out or
+    None), sessions_ended, devices_ended, apps_ended, credentials_ended, invites_revoked}``.
     Raises InvalidInput, NotFound (no such person), InvalidState (closed already; the last owner of a
     project), StepUpRequired.
     """
@@ -13608,6 +13627,7 @@ def _close(db: Database, who: Actor | str, handle: str) -> dict:
             "SELECT project FROM members WHERE handle = ? ORDER BY project", (handle,))}
         ended = sign_out_everywhere(db, handle)
         projects = [{"project": p} | _erase_in(db, me, p, by, was) for p, was in running.items()]
+        room = erase_private_room(db, handle)
         invites = revoke_invites_to(db, row["email"], "invitee_closed_account") if row["email"] else 0
         keys = revoke_credentials(db, "person = ? OR agent_id IN (SELECT agent_id FROM agents WHERE owner = ?)",
                                   (handle, handle), "account_closed")
@@ -13615,7 +13635,8 @@ def _close(db: Database, who: Actor | str, handle: str) -> dict:
         _forget(db, handle, now)
         db.cache.clear()  # who may reach what, and every name, has changed
         db.note_revoked()
-    return {"handle": handle, "erased_at": now, "projects": projects, "sessions_ended": ended["sessions_ended"],
+    return {"handle": handle, "erased_at": now, "projects": projects, "private_room": room,
+            "sessions_ended": ended["sessions_ended"],
             "devices_ended": ended["devices_ended"], "apps_ended": ended["apps_ended"],
             "credentials_ended": ended["credentials_ended"] + keys, "invites_revoked": invites}
 
