@@ -16549,9 +16549,9 @@ def verify_prompt(task: dict, agent_id: str, files: list[str] | tuple = ()) -> s
     return "\n".join(lines)
 
 
-def room_prompt(claim: dict, message: dict) -> str:
-    """What a private-room session is told: its role, the owner's message (and how to read its attachments)
-    or the draft, one reply."""
+def room_prompt(claim: dict, message: dict, drafts: list[dict] | None = None) -> str:
+    """What a private-room session is told: its role, the owner's message (and how to read its attachments),
+    the draft to review or revise or the ``drafts`` (Messages) to combine, one reply."""
     role, room = claim["role"], claim["project"]
     lines = [f"You are answering in your owner's private Prickle room {room} (role: {role})."]
     author = message["author"].get("handle") or message["author"].get("agent_id")
@@ -16566,8 +16566,13 @@ def room_prompt(claim: dict, message: dict) -> str:
                          f"prickle://attachments/{a['id']}")
     if claim.get("reviewing"):
         lines += ["", f"The draft by {claim['reviewing']['author']}:", claim["reviewing"]["body"]]
+    if role == "combine":
+        lines += ["", f"Your agents drafted {len(drafts or [])} answers to your owner's message. Combine them into "
+                  "one answer: keep what is right in each, drop what repeats, settle where they disagree."]
+        for i, d in enumerate(drafts or [], 1):
+            lines += ["", f"Draft {i} of {len(drafts or [])}, by {d['author'].get('agent_id')}:", d["body"] or "(empty)"]
     verdicts = {"draft": "draft (or ask_owner)", "revise": "draft (or ask_owner)",
-                "combine": "draft (or ask_owner)",
+                "combine": "draft (your combined answer; or ask_owner)",
                 "review": "approve, pass, changes (say what to change) or ask_owner"}[role]
     lines += ["", f"Post exactly one reply with post_message {{project: {room}, body, verdict}} where verdict is "
               f"{verdicts}. Then stop: you may post only once."]
@@ -16824,6 +16829,25 @@ class RunnerDeliveries:
 # Appendix D. The runner at work
 ###############################################################################
 # The Runner: one listener per agent, runs within their limits, a watch on the device's state.
+
+
+async def room_drafts(mcp_url: str, secret: str, project: str) -> list[dict]:
+    """The drafts a combine session merges: the agents' messages with verdict ``draft`` in the room's
+    general chat since its owner's latest message (the turn's drafts), read with the session's own
+    discussion credential (which may read that room)."""
+    session, messages, cursor = McpSession(mcp_url, secret), [], None
+    try:
+        while True:
+            page = await session.call("read_room", {"project": project, "limit": 100} | ({"cursor": cursor} if cursor
+                                                                                       else {}))
+            messages += page["messages"]
+            cursor = page.get("next_cursor")
+            if not cursor or len(page["messages"]) < 100:
+                break
+    finally:
+        await session.close()
+    since = max((i for i, m in enumerate(messages) if m["author"].get("kind") == "person"), default=-1)
+    return [m for m in messages[since + 1:] if m.get("verdict") == "draft" and not m.get("task_id")]
 
 
 class Runner(RunnerDeliveries):
@@ -17590,8 +17614,12 @@ class Runner(RunnerDeliveries):
                 self.save()
             return
         session_id = f"room-{message['id']}-{agent_id.replace('/', '-')}"
+        drafts = None
+        if claim["role"] == "combine":  # the drafts it merges, read with its own credential
+            drafts = await room_drafts(self.config.mcp_url, claim["discussion_credential"]["token"], claim["project"])
+        prompt = room_prompt(claim, message, drafts)
         async with self.per_agent[agent_id], self.total:
-            files = self._run_files(session_id, room_prompt(claim, message), agent.client == "claude")
+            files = self._run_files(session_id, prompt, agent.client == "claude")
             workspace = state_path(self.state_dir, "workspaces", session_id)
             os.makedirs(workspace, mode=0o700, exist_ok=True)
             values = {"mcp_url": self.config.mcp_url, "task_id": "", "project": claim["project"],
@@ -17605,7 +17633,7 @@ class Runner(RunnerDeliveries):
             secret = claim["discussion_credential"]["token"]
             limit = min(agent.launch_timeout_minutes, ROOM_SESSION_MINUTES) * 60
             code, how = await self._launch(session_id, argv, self._env(secret, values), workspace,
-                                           room_prompt(claim, message) if on_stdin else None, log_path, limit,
+                                           prompt if on_stdin else None, log_path, limit,
                                            record, agent_id)
             self._agent(agent_id)["runs"].pop(session_id, None)
             self.save()
