@@ -186,7 +186,7 @@ import zlib
 import zoneinfo
 import email.message
 import email.utils
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from html import escape as escape_html
 from typing import Any
 
@@ -596,6 +596,12 @@ class Settings(pydantic.BaseModel):
     #: Whom push services may write to about this server's notifications (VAPID's ``sub``): a
     #: ``mailto:`` or ``https://`` address. Empty: the public https address, else smtp's From address.
     push_contact: str = pydantic.Field("", pattern=r"^((mailto:[^\s@]+@[^\s@]+)|(https://[^\s/]+))?$")
+    #: Where the project story reads a linked repository's releases and merged pull requests: GitHub's
+    #: REST API (GitHub Enterprise Server: ``https://HOST/api/v3``).
+    github_api_url: str = pydantic.Field("https://api.github.com", pattern=r"^https?://[^\s]+$")
+    #: The name of the environment variable holding a GitHub token (never the token itself): needed to
+    #: read a private repository, and it raises GitHub's rate limit. Empty: read without one.
+    github_token_env: str = pydantic.Field("", pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")
 
     def base_url(self, port: int | None = None) -> str:
         """The public address, or the bound one when none is configured."""
@@ -1805,6 +1811,38 @@ MIGRATIONS: list[list[str]] = [
             decision TEXT NOT NULL, set_at TEXT NOT NULL, PRIMARY KEY (project, owner))""",
     ],
     [
+        # Hash versions (chapter 6): each audit entry says how its hash was made; every entry
+        # written before is version 1.
+        "ALTER TABLE audit ADD COLUMN hash_version INTEGER NOT NULL DEFAULT 1",
+    ],
+    [
+        # The project story (chapter 38): the moments members mark; each project's story settings
+        # (round numbers, the linked GitHub repository); which derived or GitHub moments owners hid
+        # (by the moment's opaque id); and what GitHub last answered for the linked repository.
+        """CREATE TABLE moments (
+            id TEXT PRIMARY KEY, project TEXT NOT NULL REFERENCES projects(slug), kind TEXT NOT NULL,
+            day TEXT NOT NULL, title TEXT NOT NULL, message_id TEXT, task_id TEXT, marked_by TEXT NOT NULL,
+            marked_at TEXT NOT NULL, edited_at TEXT)""",
+        "CREATE INDEX moments_by_project ON moments(project, day)",
+        """CREATE TABLE stories (
+            project TEXT PRIMARY KEY REFERENCES projects(slug), round_numbers INTEGER NOT NULL DEFAULT 1,
+            repo TEXT, repo_url TEXT, repo_linked_at TEXT)""",
+        """CREATE TABLE story_hidden (
+            project TEXT NOT NULL REFERENCES projects(slug), moment_id TEXT NOT NULL, source TEXT NOT NULL
+            CHECK (source IN ('record', 'github')), hidden_at TEXT NOT NULL,
+            PRIMARY KEY (project, moment_id)) WITHOUT ROWID""",
+        """CREATE TABLE story_github (
+            project TEXT PRIMARY KEY REFERENCES projects(slug), repo TEXT NOT NULL, moments TEXT NOT NULL,
+            fetched_at TEXT, state TEXT NOT NULL CHECK (state IN ('ok', 'failed', 'rate_limited')),
+            message TEXT, tried_at TEXT NOT NULL, retry_at TEXT)""",
+        # The story's round numbers find the project's nth message without sorting them all.
+        "CREATE INDEX messages_by_project ON messages(project, seq)",
+    ],
+    [
+        # Closing an account (chapter 40): when the person was erased; NULL while the account is open.
+        "ALTER TABLE people ADD COLUMN erased_at TEXT",
+    ],
+    [
         # Turns that finish (chapter 18): a turn's time limit and its combiner; a private room's
         # rounds (one per message of its owner) and whether the owner stopped the current one.
         "ALTER TABLE turns ADD COLUMN expires_at TEXT",
@@ -1836,6 +1874,10 @@ BUSY_TIMEOUT_MS = 5000
 # The recommended connection settings; SQLite's own log stays out of our output.
 apsw.bestpractice.apply(tuple(f for f in apsw.bestpractice.recommended
                               if f is not apsw.bestpractice.library_logging))
+
+
+#: The meta key of a backup copy (Database.backup_to): when the copy's snapshot was taken.
+BACKUP_TAKEN_AT = "backup_taken_at"
 
 
 class Database:
@@ -2115,7 +2157,8 @@ class Database:
 
         SQLite's online backup in one step, inside one read snapshot: writers go on meanwhile
         (their commits go to the write-ahead log), and none of them restarts the copy, as they
-        did a copy made in small steps. The copy is made in a hidden file beside ``dest`` and
+        did a copy made in small steps. The copy records when it was taken (BACKUP_TAKEN_AT in its
+        meta). It is made in a hidden file beside ``dest`` and
         linked to that name once whole, so ``dest`` never holds part of a copy. Raises Conflict
         if ``dest`` exists by then, and StorageError if the copy cannot be written.
         """
@@ -2129,8 +2172,12 @@ class Database:
             target = apsw.Connection(tmp)
             try:
                 target.pragma("journal_mode", "off")  # a new file nobody reads until it is whole
+                taken_at = iso(utcnow())
                 with target.backup("main", self.conn, "main") as b:
                     b.step(-1)
+                # When the copy's snapshot was taken: a restore from it names this its restore point.
+                target.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                               (BACKUP_TAKEN_AT, taken_at))
             finally:
                 target.close()
             os.link(tmp, dest)
@@ -2584,7 +2631,8 @@ def limit_log_repeats(access_log: bool = False) -> None:
 # is for and the kind it counts as (mention, reply, task, result, decision). The audit
 # log is the lasting record: one hash chain per project, references and counts only.
 
-_GENESIS = "0" * 64
+#: The prev_hash of a chain's first entry.
+GENESIS = "0" * 64
 
 
 def append_event(db: Database, project: str, type_: str, payload: dict,
@@ -2678,22 +2726,31 @@ def read_events(db: Database, project: str, after: int, limit: int = 200) -> lis
     ]
 
 
+#: The hash versions this Prickle knows (see entry_hash); a new chain starts at the newest.
+AUDIT_HASH_VERSIONS = (1, 2)
+
+#: The hash version a new chain is written in; a chain keeps its version until ``prickle audit rehash``.
+AUDIT_HASH_VERSION = AUDIT_HASH_VERSIONS[-1]
+
+
 def audit(db: Database, chain: str, type_: str, refs: dict, at: str | None = None) -> dict:
     """Append one audit entry to ``chain`` (a project slug) inside the caller's transaction.
 
-    ``hash = sha256(prev_hash + canonical JSON of {chain, n, at, type, refs})``.
-    ``refs`` holds references and counts only, never content; ``at`` (ISO time) defaults to now.
+    The entry is hashed in its chain's hash version (a new chain's: AUDIT_HASH_VERSION; see
+    entry_hash). ``refs`` holds references and counts only, never content; ``at`` (ISO time)
+    defaults to now.
     """
     key = ("audit", chain)
     if key not in db.cache:
-        last = db.one("SELECT n, hash FROM audit WHERE chain = ? ORDER BY n DESC LIMIT 1", (chain,))
-        db.cache[key] = (last["n"], last["hash"]) if last else (0, _GENESIS)
-    last_n, prev = db.cache[key]
+        last = db.one("SELECT n, hash, hash_version FROM audit WHERE chain = ? ORDER BY n DESC LIMIT 1", (chain,))
+        db.cache[key] = (last["n"], last["hash"], last["hash_version"]) if last else (0, GENESIS, AUDIT_HASH_VERSION)
+    last_n, prev, version = db.cache[key]
     n = last_n + 1
     at, refs_json = at or iso(utcnow()), canonical_json(refs)
-    digest = sha256_hex(prev + _entry_json(chain, n, at, type_, refs_json))
-    db.execute("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?)", (chain, n, at, type_, refs_json, prev, digest))
-    db.cache[key] = (n, digest)
+    digest = sha256_hex(_hash_input(version, prev, chain, n, at, type_, refs_json))
+    db.execute("INSERT INTO audit (chain, n, at, type, refs, prev_hash, hash, hash_version) "
+               "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (chain, n, at, type_, refs_json, prev, digest, version))
+    db.cache[key] = (n, digest, version)
     return {"chain": chain, "n": n, "at": at, "type": type_, "refs": refs, "hash": digest}
 
 
@@ -2703,26 +2760,108 @@ def _entry_json(chain: str, n: int, at: str, type_: str, refs_json: str) -> str:
             f'"type":{canonical_json(type_)}}}')
 
 
+def _hash_input(version: int, prev: str, chain: str, n: int, at: str, type_: str, refs_json: str) -> str:
+    """The text hashed for one entry in hash ``version`` (entry_hash says which)."""
+    if version == 1:
+        return prev + _entry_json(chain, n, at, type_, refs_json)
+    return (f'{{"at":{canonical_json(at)},"chain":{canonical_json(chain)},"hash_version":{version},"n":{n},'
+            f'"prev_hash":{canonical_json(prev)},"refs":{refs_json},"type":{canonical_json(type_)}}}')
+
+
+def entry_hash(entry: dict, version: int) -> str:
+    """The hash of one audit entry ``{chain, n, at, type, refs, prev_hash}`` in hash ``version``.
+
+    Version 1: ``sha256(prev_hash + canonical_json({at, chain, n, refs, type}))``. Version 2:
+    ``sha256(canonical_json({at, chain, hash_version: 2, n, prev_hash, refs, type}))``: the link
+    and the version are inside the one object hashed, so an entry can't be passed off as another
+    version's. canonical_json: sorted keys, no spaces, UTF-8 kept. Hex digests throughout; the
+    first entry's prev_hash is GENESIS. Raises InvalidInput for a version this Prickle doesn't know.
+    """
+    if version not in AUDIT_HASH_VERSIONS:
+        raise InvalidInput(f"hash_version {version!r} is not one this Prickle knows ({AUDIT_HASH_VERSIONS}): "
+                           "upgrade Prickle to check it")
+    return sha256_hex(_hash_input(version, entry["prev_hash"], entry["chain"], entry["n"], entry["at"],
+                                  entry["type"], canonical_json(entry["refs"])))
+
+
+def check_chain(entries: Iterable[dict]) -> dict:
+    """Check one chain's entries, oldest first; return ``{"entries", "ok", "broken_at", "hash_version", "head"}``.
+
+    Each entry is ``{chain, n, at, type, refs, prev_hash, hash, hash_version}`` (refs decoded).
+    ``broken_at`` is the ``n`` (or, when ``n`` itself is wrong, the position) of the first entry
+    that is out of place (n not one more than the last, another chain, a version lower than the
+    last or unknown) or whose prev_hash or hash does not match; ``head`` the last entry's hash.
+    """
+    prev, version, chain, broken, count = GENESIS, 0, None, None, 0
+    for e in entries:
+        count += 1
+        chain = e.get("chain") if chain is None else chain
+        if broken is None:
+            good = (e.get("n") == count and e.get("chain") == chain and e.get("prev_hash") == prev
+                    and e.get("hash_version") in AUDIT_HASH_VERSIONS and e["hash_version"] >= version)
+            if not good or entry_hash(e, e["hash_version"]) != e.get("hash"):
+                broken = e["n"] if isinstance(e.get("n"), int) else count
+        prev, version = e.get("hash"), e.get("hash_version") or version
+    return {"entries": count, "ok": broken is None, "broken_at": broken,
+            "hash_version": version or None, "head": prev if count else None}
+
+
+def _chain_rows(db: Database, chain: str, batch: int = 2000) -> Iterator[dict]:
+    """A chain's entries oldest first, refs decoded, read in batches (a chain may be long)."""
+    after = 0
+    while rows := db.rows("SELECT * FROM audit WHERE chain = ? AND n > ? ORDER BY n LIMIT ?", (chain, after, batch)):
+        for r in rows:
+            yield r | {"refs": json.loads(r["refs"])}
+        after = rows[-1]["n"]
+
+
 def verify_audit(db: Database, chain: str | None = None) -> list[dict]:
     """Recompute every chain (or one); return one report per chain.
 
-    Each report is ``{"chain", "entries", "ok", "broken_at"}`` where ``broken_at`` is the
-    number of the first entry whose link or hash does not match, or None.
+    Each report is ``{"chain", "entries", "ok", "broken_at", "hash_version"}`` (see check_chain):
+    ``broken_at`` is the number of the first entry whose place, link or hash does not match, or
+    None; ``hash_version`` the chain's newest entry's. Refs are recomputed from the decoded
+    entry, so a stored refs text that is not canonical also fails.
     """
     chains = [chain] if chain is not None else [r["chain"] for r in db.rows("SELECT DISTINCT chain FROM audit")]
     reports = []
-    for c in chains:
-        prev, broken, count = _GENESIS, None, 0
-        for r in db.rows("SELECT * FROM audit WHERE chain = ? ORDER BY n", (c,)):
-            count += 1
-            entry = {"chain": c, "n": r["n"], "at": r["at"], "type": r["type"], "refs": json.loads(r["refs"])}
-            # Recomputed from the decoded entry, so a stored refs text that is not canonical also fails.
-            if broken is None and (r["prev_hash"] != prev or r["n"] != count
-                                   or sha256_hex(prev + canonical_json(entry)) != r["hash"]):
-                broken = r["n"]
-            prev = r["hash"]
-        reports.append({"chain": c, "entries": count, "ok": broken is None, "broken_at": broken})
+    with db.snapshot():
+        for c in chains:
+            report = check_chain(_chain_rows(db, c))
+            reports.append({"chain": c} | {k: report[k] for k in ("entries", "ok", "broken_at", "hash_version")})
     return reports
+
+
+def rehash_audit(db: Database, chain: str) -> dict:
+    """Rewrite ``chain`` to the next hash version and record ``chain.rehashed``; return that entry.
+
+    One transaction: every entry below the next version is rehashed in it (so are the links after
+    it), then ``chain.rehashed`` records the old and new heads and how many entries were rewritten
+    (the audit entry reference). Raises NotFound for a chain with no entries, InvalidState for a
+    chain already at the newest version or one that is broken (rehashing would hide where).
+    """
+    with db.transaction():
+        report = check_chain(_chain_rows(db, chain))
+        if not report["entries"]:
+            raise NotFound(f"the audit chain {chain!r} has no entries: check the project's slug")
+        if not report["ok"]:
+            raise InvalidState(f"the audit chain {chain!r} is broken at entry {report['broken_at']}: "
+                               "a broken chain is not rehashed (that would hide where); restore it from a backup")
+        if report["hash_version"] == AUDIT_HASH_VERSIONS[-1]:
+            raise InvalidState(f"the audit chain {chain!r} is already at hash version {report['hash_version']}, "
+                               "the newest: nothing to rewrite")
+        target = AUDIT_HASH_VERSIONS[AUDIT_HASH_VERSIONS.index(report["hash_version"]) + 1]
+        prev, rewritten = GENESIS, 0
+        for e in _chain_rows(db, chain):  # each batch is read whole before its rows are updated
+            version = max(e["hash_version"], target)
+            rewritten += version != e["hash_version"]
+            digest = entry_hash(e | {"prev_hash": prev}, version)
+            db.execute("UPDATE audit SET prev_hash = ?, hash = ?, hash_version = ? WHERE chain = ? AND n = ?",
+                       (prev, digest, version, chain, e["n"]))
+            prev = digest
+        db.cache[("audit", chain)] = (report["entries"], prev, target)
+        return audit(db, chain, "chain.rehashed", {"old_head": report["head"], "new_head": prev,
+                                                   "rewritten": rewritten, "hash_version": target})
 
 
 def _cursor_mac(secret: str, scope: str, position: int) -> str:
@@ -2884,6 +3023,73 @@ def recording_refusals(db: Database, fn: Callable[[], dict]) -> dict:
         with db.transaction():
             audit(db, project, e.type_, e.refs)
         raise
+
+
+# A restored file's chains end at the restore point: whatever was written after it is gone. The
+# restore (``prickle restore``) leaves a marker in the file saying where each chain stopped and
+# what is known to be missing; the first start after it writes chain.restored in every chain.
+
+#: The meta key holding a restore's marker until the first start records it (see record_restore).
+RESTORE_MARKER = "restore"
+
+
+def chain_heads(conn: apsw.Connection) -> dict[str, tuple[int, str]]:
+    """Every audit chain's newest entry in the file of ``conn``: ``{chain: (n, hash)}``."""
+    return {chain: (n, digest) for chain, n, digest in conn.execute(
+        "SELECT chain, n, hash FROM audit AS a WHERE n = (SELECT max(n) FROM audit WHERE chain = a.chain)")}
+
+
+def restore_marker(copy: apsw.Connection, replaced: apsw.Connection | None, source: str, point: str,
+                   restored_at: str) -> dict:
+    """What the first start after a restore needs to record it, worked out from the restored copy and
+    the file it replaces; the marker as stored under RESTORE_MARKER.
+
+    ``source`` is ``backup`` or ``replica``; ``point`` (ISO time) is the restore point. For each of
+    the copy's chains: ``through``, its last entry, and ``missing``, how many entries the replaced
+    file had after it (None when there is no replaced file, or its chain does not continue this
+    one). ``chains_missing``: the replaced file's chains the copy lacks (projects made after the
+    restore point), None without a replaced file.
+    """
+    heads = chain_heads(copy)
+    chains: dict[str, dict] = {}
+    for chain, (n, digest) in sorted(heads.items()):
+        missing = None
+        if replaced is not None:
+            same = replaced.execute("SELECT hash FROM audit WHERE chain = ? AND n = ?", (chain, n)).fetchall()
+            if same and same[0][0] == digest:
+                missing = replaced.execute("SELECT max(n) FROM audit WHERE chain = ?", (chain,)).fetchall()[0][0] - n
+        chains[chain] = {"through": n, "missing": missing}
+    lost = None if replaced is None else len(set(chain_heads(replaced)) - set(heads) - {DEPLOYMENT_CHAIN})
+    return {"source": source, "point": point, "restored_at": restored_at, "chains": chains, "chains_missing": lost}
+
+
+def record_restore(db: Database) -> list[dict]:
+    """Write ``chain.restored`` in every chain of a restored file, once: the first start after a restore.
+
+    Reads the marker ``prickle restore`` left (:func:`restore_marker`) and removes it in the same
+    transaction, so a second start writes nothing; without a marker it writes nothing. Each entry's
+    refs: ``source`` (``backup`` or ``replica``), ``point`` (the restore point: everything written
+    up to it is in the file), ``through`` (this chain's last entry from before the restore) and
+    ``gap``: ``from`` (the point), ``to`` (when the restore ran) and ``entries`` (how many of this
+    chain's entries the replaced file had after ``through``; None when unknown). The deployment
+    chain's gap adds ``chains``: the chains (projects) the replaced file had and the copy lacks.
+    Returns the entries written. Reference: audit entry ``chain.restored``.
+    """
+    with db.transaction():
+        raw = db.scalar("SELECT value FROM meta WHERE key = ?", (RESTORE_MARKER,))
+        if raw is None:
+            return []
+        marker = json.loads(raw)
+        entries = []
+        for chain in sorted(set(marker["chains"]) | {DEPLOYMENT_CHAIN}):
+            known = marker["chains"].get(chain, {"through": 0, "missing": None})
+            gap = {"from": marker["point"], "to": marker["restored_at"], "entries": known["missing"]}
+            if chain == DEPLOYMENT_CHAIN:
+                gap["chains"] = marker["chains_missing"]
+            entries.append(audit(db, chain, "chain.restored", {
+                "source": marker["source"], "point": marker["point"], "through": known["through"], "gap": gap}))
+        db.execute("DELETE FROM meta WHERE key = ?", (RESTORE_MARKER,))
+    return entries
 
 
 ###############################################################################
@@ -3194,7 +3400,7 @@ REVOCATIONS = {"revoked": True, "claim_retried": True, "run_replaced": True, "ru
                "run_uncertain": True, "run_ended": True, "issuer_revoked": False, "device_revoked": False, "task_cancelled": False,
                "task_handed_back": False, "turn_ended": False, "turn_retried": False, "assignee_left": False,
                "left_project": False, "rotated": False, "app_revoked": True, "refresh_replayed": True,
-               "code_replayed": True}
+               "code_replayed": True, "account_closed": False}
 
 #: Credentials ended because their agent left the project: their callers are told not_found.
 LEFT_PROJECT_REASONS = ("assignee_left", "left_project")
@@ -3666,6 +3872,20 @@ def start_state(task: dict) -> str:
     return "approved" if task["run_approved"] else "none"
 
 
+#: A person's account: open until they close it, or the operator closes it for them (erased: nothing
+#: of their name or address is left, and nothing is done as them again). Kept as the time it was
+#: erased in ``people.erased_at`` (NULL while open).
+ACCOUNT_MOVES: dict[str, dict[str, str]] = {
+    "open": {"erase": "erased"},
+    **closed("erased"),
+}
+
+
+def account_state(person: dict) -> str:
+    """The key of ACCOUNT_MOVES a people row is in."""
+    return "erased" if person["erased_at"] else "open"
+
+
 #: Every lifecycle, by the kind move() takes.
 LIFECYCLES: dict[str, Lifecycle] = {
     "task": Lifecycle("task", "tasks", "state", TASK_MOVES, MOVE_BY, lifecycle_state, {
@@ -3684,6 +3904,8 @@ LIFECYCLES: dict[str, Lifecycle] = {
     "lead": Lifecycle("default lead", "projects", "lead_state", LEAD_MOVES, key=lead_state, id_column="slug",
                       stored={"none": None}),
     "start": Lifecycle("Start flag", "tasks", "run_approved", START_MOVES, key=start_state, stored={"none": None}),
+    "account": Lifecycle("account", "people", "erased_at", ACCOUNT_MOVES, key=account_state, id_column="handle",
+                         stored={"open": None}),
 }
 
 
@@ -3824,16 +4046,56 @@ def add_person(db: Database, handle: str, display_name: str, color: int | None =
 
 
 def person_out(db: Database, handle: str) -> dict:
-    """A person as the reference shows one: handle, display_name, avatar_url, color, away."""
+    """A person as the reference shows one: handle, display_name, avatar_url, color, away; a person
+    whose account was closed also has ``erased: true`` (and ERASED_NAME for a name)."""
     row = db.one("SELECT * FROM people WHERE handle = ?", (handle,))
     if row is None:
         raise NotFound(f"no person with handle '{handle}': add them with 'prickle person add'")
-    return {"handle": row["handle"], "display_name": row["display_name"], "avatar_url": None,
-            "color": row["color"], "away": bool(row["away"])}
+    out = {"handle": row["handle"], "display_name": row["display_name"], "avatar_url": None,
+           "color": row["color"], "away": bool(row["away"])}
+    return out | {"erased": True} if row["erased_at"] else out
 
 
 def require_person(db: Database, handle: str) -> dict:
-    return person_out(db, check_slug(handle, "handle"))
+    """The person ``handle`` (person_out) for an act as them or for them. Raises InvalidInput, NotFound,
+    or InvalidState for a person whose account was closed (nothing is done as them again)."""
+    person = person_out(db, check_slug(handle, "handle"))
+    if person.get("erased"):
+        raise InvalidState(f"handle: '{handle}' closed their account: nothing can be done as them or for them "
+                           "any more")
+    return person
+
+
+#: The name shown for a person whose account was closed, wherever their name was (chapter 40).
+ERASED_NAME = "Erased person"
+
+
+def erased_people(db: Database) -> frozenset[str]:
+    """The handles of the people whose account was closed (cached until a write changes the file)."""
+    return db.cached(("erased", "people"), lambda: frozenset(
+        r["handle"] for r in db.rows("SELECT handle FROM people WHERE erased_at IS NOT NULL")))
+
+
+def person_ref(db: Database, handle: str) -> dict:
+    """The reference's person reference ``{kind: person, handle}``, with ``erased: true`` once the person
+    closed their account. The one place a person's reference is made, so that every answer, event and
+    page shows an erased person the same way."""
+    ref = {"kind": "person", "handle": handle}
+    return ref | {"erased": True} if handle in erased_people(db) else ref
+
+
+def agent_ref(db: Database, agent_id: str) -> dict:
+    """The reference's agent reference ``{kind: agent, agent_id}``, with ``erased: true`` once its owner
+    closed their account (their agents are erased with them)."""
+    ref = {"kind": "agent", "agent_id": agent_id}
+    return ref | {"erased": True} if agent_id.split("/")[0] in erased_people(db) else ref
+
+
+def actor_ref_out(db: Database, ref: dict | None) -> dict | None:
+    """A stored person or agent reference (or None) as it is shown now: see person_ref and agent_ref."""
+    if ref is None or ref.get("kind") not in ("person", "agent"):
+        return ref
+    return person_ref(db, ref["handle"]) if ref["kind"] == "person" else agent_ref(db, ref["agent_id"])
 
 
 #: How many agent apps a team's allow-list names at most.
@@ -4016,7 +4278,7 @@ def create_project(db: Database, slug: str, name: str, team: str, owner: str, de
         db.execute("INSERT INTO members VALUES (?, ?, 'owner', 1, ?)", (slug, owner, now))
         append_event(db, slug, "project.created", {
             "summary": {"slug": slug, "team": team, "name": name, "description": description},
-            "by": {"kind": "person", "handle": owner},
+            "by": person_ref(db, owner),
         })
         audit(db, slug, "project.created", {"team": team, "by": owner})
         audit(db, slug, "member.added", {"person": owner, "role": "owner", "grant_version": 1, "by": owner})
@@ -4405,7 +4667,9 @@ def list_projects(db: Database, handle: str) -> list[dict]:
 
 
 def audit_page(db: Database, actor: Actor, project: str, before: int | None, limit: int) -> dict:
-    """A project's audit entries newest first (``n < before``), with the whole chain's check.
+    """A project's audit entries newest first (``n < before``), with the whole chain's check, and
+    ``erased``: the handles and agent IDs the entries name of people who closed their account (and of
+    their agents), to show as erased (an entry is never rewritten).
 
     The project must be in ``actor``'s reach (NotFound otherwise).
     """
@@ -4414,8 +4678,11 @@ def audit_page(db: Database, actor: Actor, project: str, before: int | None, lim
         rows = db.rows("SELECT n, at, type, refs FROM audit WHERE chain = ? AND n < ? ORDER BY n DESC LIMIT ?",
                        (project, before if before is not None else SEQ_MAX, limit))
         report = verify_audit(db, project)[0]
-    return {"entries": [r | {"refs": json.loads(r["refs"])} for r in rows],
-            "chain": {k: report[k] for k in ("ok", "entries", "broken_at")}}
+        gone = erased_people(db)
+    entries = [r | {"refs": json.loads(r["refs"])} for r in rows]
+    named = {v for e in entries for v in e["refs"].values() if isinstance(v, str)}
+    return {"entries": entries, "chain": {k: report[k] for k in ("ok", "entries", "broken_at")},
+            "erased": sorted(v for v in named if v.split("/")[0] in gone and v.count("/") <= 1)}
 
 
 def team_projects_of(db: Database, agent_id: str) -> list[str]:
@@ -4634,6 +4901,20 @@ def revoke_invites_by(db: Database, project: str, handle: str, reason: str) -> i
     for row in rows:
         _end_invite(db, row, "revoke", reason)
         audit(db, project, "invite.revoked", {"invite": row["id"], "reason": reason, "by": None})
+    return len(rows)
+
+
+def revoke_invites_to(db: Database, email: str, reason: str) -> int:
+    """Revoke every open invite to ``email``, in any project, inside the caller's transaction (the person
+    invited closed their account: ``reason`` ``invitee_closed_account``). Writes one ``invite.revoked`` per
+    invite, naming nobody, and returns how many (expired ones end without an entry and are not counted)."""
+    if reason not in INVITE_REVOKE_REASONS:
+        raise InvalidInput(f"reason must be one of {', '.join(INVITE_REVOKE_REASONS)}")
+    expire_due(db, "invite", where="email = ?", params=(email,))
+    rows = db.rows("SELECT * FROM invites WHERE email = ? AND state = 'open' ORDER BY id", (email,))
+    for row in rows:
+        _end_invite(db, row, "revoke", reason)
+        audit(db, row["project"], "invite.revoked", {"invite": row["id"], "reason": reason, "by": None})
     return len(rows)
 
 
@@ -6755,7 +7036,7 @@ def task_out(db: Database, task: dict | str) -> dict:
         "latest_checkpoint_by": {"agent": cp["agent"], "provenance": "agent_generated",
                                  "handed_back": task["state"] == "returned" or cp["agent"] != task["assignee"]}
         if cp else None,
-        "requested_by": json.loads(task["requested_by"]),
+        "requested_by": actor_ref_out(db, json.loads(task["requested_by"])),
         "origin_message_id": task["origin_message_id"],
         "route": json.loads(task["route"]),
         "display_title": task["display_title"],
@@ -9043,13 +9324,13 @@ _TIMELINE_RANK = {"created": 0, "message": 1, "checkpoint": 2, "submission": 3, 
                   "state": 6, "run_ended": 7}
 
 
-def _timeline_actor(by: str | None) -> dict | None:
+def _timeline_actor(db: Database, by: str | None) -> dict | None:
     """Who an audit entry's ``by`` names: an agent (its ID has a slash), a person, or Prickle itself."""
     if by is None:
         return None
     if "/" in by:
-        return {"kind": "agent", "agent_id": by}
-    return {"kind": "system"} if by in ("gate", "admin", "system") else {"kind": "person", "handle": by}
+        return agent_ref(db, by)
+    return {"kind": "system"} if by in ("gate", "admin", "system") else person_ref(db, by)
 
 
 def _excerpt(text: str) -> str:
@@ -9073,10 +9354,10 @@ def _timeline_audit(db: Database, task: dict) -> list[tuple[str, int, int, dict]
             continue
         if r["type"] == "task.transitioned":
             entry = {"kind": "state", "from": refs["from"], "to": refs["to"], "move": refs["move"],
-                     "by": _timeline_actor(refs["by"]), "reason": said.get(r["n"], words), "why": why}
+                     "by": _timeline_actor(db, refs["by"]), "reason": said.get(r["n"], words), "why": why}
             why = words = None
         elif r["type"] == "approval.decided":
-            entry = {"kind": "decision", "decision": refs["decision"], "by": _timeline_actor(refs["by"]),
+            entry = {"kind": "decision", "decision": refs["decision"], "by": _timeline_actor(db, refs["by"]),
                      "revision": None, "reason": None}
         elif r["type"] == "result.accepted":
             sub = subs.get(refs["submission"]) or {}
@@ -9084,12 +9365,12 @@ def _timeline_audit(db: Database, task: dict) -> list[tuple[str, int, int, dict]
             by = refs.get("by") if step == "owner_accepted" else \
                 (json.loads(sub["verified_by"])["agent_id"] if step == "verified" and sub.get("verified_by") else None)
             entry = {"kind": "decision", "decision": {"verified": "verified", "policy": "accepted_by_policy"}.get(
-                step, "accepted"), "by": _timeline_actor(by), "revision": refs["revision"], "reason": None}
+                step, "accepted"), "by": _timeline_actor(db, by), "revision": refs["revision"], "reason": None}
         else:  # result.rejected: by the requesting agent, or sent back by a person
             by = refs.get("by")
             words = (subs.get(refs["submission"]) or {}).get("reason")
             entry = {"kind": "decision", "decision": "rejected" if by and "/" in by else "sent_back",
-                     "by": _timeline_actor(by), "revision": refs["revision"], "reason": words}
+                     "by": _timeline_actor(db, by), "revision": refs["revision"], "reason": words}
         out.append((r["at"], _TIMELINE_RANK[entry["kind"]], r["n"], {"at": r["at"]} | entry))
     return out
 
@@ -9117,21 +9398,21 @@ def task_timeline(db: Database, task: dict) -> list[dict]:
     def add(at: str, kind: str, order: int, entry: dict) -> None:
         rows.append((at, _TIMELINE_RANK[kind], order, {"at": at} | entry))
 
-    add(task["created_at"], "created", 0, {"kind": "created", "by": json.loads(task["requested_by"])})
+    add(task["created_at"], "created", 0, {"kind": "created", "by": actor_ref_out(db, json.loads(task["requested_by"]))})
     for m in db.rows("SELECT seq, id, author_kind, author, body, created_at FROM messages WHERE project = ? AND "
                      "task_id = ? ORDER BY seq", (task["project"], task["id"])):
-        by = {"kind": "person", "handle": m["author"]} if m["author_kind"] == "person" else _timeline_actor(m["author"])
+        by = person_ref(db, m["author"]) if m["author_kind"] == "person" else _timeline_actor(db, m["author"])
         add(m["created_at"], "message", m["seq"],
             {"kind": "message", "by": by, "message_id": m["id"], "excerpt": _excerpt(m["body"])})
     for c in db.rows("SELECT rowid, * FROM checkpoints WHERE task_id = ?", (task["id"],)):
         add(c["created_at"], "checkpoint", c["rowid"], {
-            "kind": "checkpoint", "by": _timeline_actor(c["agent"]), "checkpoint_id": c["id"],
+            "kind": "checkpoint", "by": _timeline_actor(db, c["agent"]), "checkpoint_id": c["id"],
             "excerpt": _excerpt(json.loads(c["body"]).get("progress") or ""), "needs_answer": bool(c["needs_answer"])})
     for s in db.rows("SELECT * FROM submissions WHERE task_id = ?", (task["id"],)):
-        add(s["returned_at"], "submission", s["revision"], {"kind": "submission", "by": _timeline_actor(
+        add(s["returned_at"], "submission", s["revision"], {"kind": "submission", "by": _timeline_actor(db, 
             s["returned_by"]), "revision": s["revision"], "excerpt": _excerpt(s["summary"])})
     for a in db.rows("SELECT rowid, * FROM attempts WHERE task_id = ?", (task["id"],)):
-        run = {"kind": "run", "by": _timeline_actor(a["agent_id"]), "run": a["id"], "purpose": a["purpose"]}
+        run = {"kind": "run", "by": _timeline_actor(db, a["agent_id"]), "run": a["id"], "purpose": a["purpose"]}
         add(a["claimed_at"], "run_started", a["rowid"], run | {"event": "started"})
         if a["ended_at"]:
             add(a["ended_at"], "run_ended", a["rowid"], run | {"event": "ended", "state": a["state"],
@@ -10244,7 +10525,8 @@ OFFBOARD_COUNTS = ("agents", "returned", "transferred", "rules_revoked", "standi
                    "invites")
 
 #: Why a leaving person's open invites end, by why they leave.
-_INVITES_END = {"member_left": "inviter_left", "member_removed": "inviter_removed"}
+_INVITES_END = {"member_left": "inviter_left", "member_removed": "inviter_removed",
+                "member_erased": "inviter_erased"}
 
 
 def _projects_of(party: str) -> tuple[str, str]:
@@ -11650,6 +11932,644 @@ def browser_label(user_agent: str) -> str | None:
 
 # The moments a team looks back on: marked by members, derived from the project's own record, and
 # read from its linked GitHub repository; owners curate what shows.
+#
+# Three sources make one timeline, newest first, grouped by day (a moment's ``day`` is a date; the
+# derived and GitHub ones take the UTC date of their time):
+# - ``member``: a kind, a day, a title and an optional link to a message or a task, kept in
+#   ``moments``. The member who marked it edits or removes it; a project owner may remove it.
+# - ``record``: derived on every read from what the project holds (members, tasks, submissions,
+#   messages), each by a few indexed queries, so a big project reads it as fast as a small one.
+#   Nothing is stored but which ones an owner hid.
+# - ``github``: the linked repository's releases and merged pull requests, read through GitHub's
+#   REST API (the ``github_api_url`` setting) at most every GITHUB_FRESH, a few pages of each,
+#   kept in ``story_github`` with what GitHub last answered. A rate limit is waited out (until
+#   GitHub's reset time); a failure shows on the story beside what was read before.
+# An owner hides a record or GitHub moment by its opaque id (a join's names a person: the audit
+# entry records only its source and kind), brings every hidden one back, turns round numbers on or
+# off, and links, replaces or unlinks the repository (which brings the hidden GitHub ones back).
+
+#: What a member may mark a moment as. The audit log keeps the kind, never the title.
+MOMENT_KINDS = ("milestone", "launch", "release", "decision", "incident", "thanks", "other")
+
+#: The kinds of moment derived from the project's record.
+RECORD_KINDS = ("joined", "first_task", "long_run", "first_result", "round_number")
+
+#: The kinds of moment read from GitHub.
+GITHUB_KINDS = ("release", "pull_merged")
+
+#: The longest title of a marked moment, in characters.
+MOMENT_TITLE_MAX = 140
+
+#: A task completed at least this long after it was handed off is a moment (``long_run``).
+LONG_RUN = _dt.timedelta(days=3)
+
+#: Round numbers: the project's nth message and nth completed task.
+ROUND_MESSAGES = (100, 500, 1000, 5000, 10_000, 50_000, 100_000, 500_000, 1_000_000)
+ROUND_TASKS = (10, 50, 100, 500, 1000, 5000, 10_000)
+
+#: A day may be marked up to today in the world's latest time zone (UTC+14).
+_LATEST_ZONE = _dt.timedelta(hours=14)
+
+#: How many moments one read of the story returns at most (whole days: it may end a little past).
+STORY_LIMIT_MAX = 500
+
+#: GitHub is asked again this long after an answer, or after a failure (seconds).
+GITHUB_FRESH = 600.0
+GITHUB_RETRY = 120.0
+
+#: Pages of 100 read of each list (releases, closed pull requests) at most, per refresh.
+GITHUB_PAGES = 3
+
+#: Seconds one request to GitHub may take.
+GITHUB_SECONDS = 10.0
+
+#: ``owner/name`` of a GitHub repository (its address on github.com is taken too).
+GITHUB_REPO_RE = re.compile(r"(?:https?://(?:www\.)?github\.com/)?([A-Za-z0-9](?:[A-Za-z0-9-]{0,38}))/"
+                            r"([A-Za-z0-9._-]{1,100}?)(?:\.git)?/?")
+
+
+class GitHubUnavailable(PrickleError, code="github_unavailable", status=503):
+    """GitHub could not be asked now: it was out of reach, answered with an error, or its rate limit is
+    used up (``retry_at`` then says until when)."""
+
+    def __init__(self, message: str, retry_at: _dt.datetime | None = None):
+        super().__init__(message)
+        self.retry_at = retry_at
+
+
+def story_settings(db: Database, project: str) -> dict:
+    """The project's story settings: ``{"round_numbers": bool, "repo", "repo_url"}`` (defaults without a row)."""
+    row = db.one("SELECT round_numbers, repo, repo_url FROM stories WHERE project = ?", (project,))
+    return {"round_numbers": bool(row["round_numbers"]), "repo": row["repo"], "repo_url": row["repo_url"]} \
+        if row else {"round_numbers": True, "repo": None, "repo_url": None}
+
+
+def _person(db: Database, handle: str) -> dict:
+    """A person as a moment names them: ``{"kind": "person", "handle", "display_name"}``."""
+    name = db.scalar("SELECT display_name FROM people WHERE handle = ?", (handle,))
+    return {"kind": "person", "handle": handle, "display_name": name or handle}
+
+
+def story_role(db: Database, person: Actor, project: str) -> str:
+    """``person``'s role in ``project``; NotFound if it is out of their reach (a person only: the story is
+    the people's)."""
+    if person.kind != "person":
+        raise Forbidden("the project story is for people: sign in on the web page or use a personal token")
+    require_project(db, person, project)
+    return member_role(db, project, person.handle)
+
+
+def _owner_only(db: Database, person: Actor, project: str, what: str) -> None:
+    if story_role(db, person, project) != "owner":
+        raise Forbidden(f"only a project owner may {what}: ask one of the project's owners")
+
+
+def _check_day(value: Any) -> str:
+    """A moment's day (``YYYY-MM-DD``), not after today anywhere on Earth; InvalidInput naming ``day``."""
+    try:
+        day = _dt.date.fromisoformat(value) if isinstance(value, str) and len(value) == 10 else None
+    except ValueError:
+        day = None
+    if day is None:
+        raise InvalidInput(f"day must be a date like 2026-12-01, got {str(value)[:40]!r}")
+    if day > (utcnow() + _LATEST_ZONE).date():
+        raise InvalidInput(f"day {value} is in the future: a moment marks what happened, today at the latest")
+    return value
+
+
+def _check_title(value: Any) -> str:
+    if isinstance(value, str):
+        value = value.strip()
+    if isinstance(value, str) and not value:
+        raise InvalidInput("title is empty: say in a few words what happened")
+    if isinstance(value, str) and len(value) > MOMENT_TITLE_MAX:
+        raise InvalidInput(f"title is {len(value)} characters long; at most {MOMENT_TITLE_MAX}: shorten it")
+    return check_line(value, "title", MOMENT_TITLE_MAX, 1)
+
+
+def _check_kind(value: Any) -> str:
+    if value not in MOMENT_KINDS:
+        raise InvalidInput(f"kind must be one of {', '.join(MOMENT_KINDS)}; got {str(value)[:40]!r}")
+    return value
+
+
+def _moment_link(db: Database, project: str, message_id: Any, task_id: Any) -> tuple[str | None, str | None]:
+    """``(message_id, task_id)`` a moment links to: a message of the project (with its thread's task) or a
+    task of it; InvalidInput for both at once, NotFound for one not in the project."""
+    if message_id is not None and task_id is not None:
+        raise InvalidInput("link a moment to a message or to a task, not both: send message_id or task_id")
+    if message_id is not None:
+        row = db.one("SELECT task_id FROM messages WHERE id = ? AND project = ?",
+                     (check_id(message_id, "message_id"), project))
+        if row is None:
+            raise NotFound(f"message_id: no message '{message_id}' in '{project}'")
+        return message_id, row["task_id"]
+    if task_id is not None and db.one("SELECT 1 FROM tasks WHERE id = ? AND project = ?",
+                                      (check_id(task_id, "task_id"), project)) is None:
+        raise NotFound(f"task_id: no task '{task_id}' in '{project}'")
+    return None, task_id
+
+
+def mark_moment(db: Database, person: Actor, project: str, kind: str, day: str, title: str,
+                message_id: str | None = None, task_id: str | None = None) -> dict:
+    """A member marks a moment in the project story: ``kind`` (MOMENT_KINDS), ``day`` (a date, not in
+    the future), ``title`` (one line, 1 to MOMENT_TITLE_MAX) and optionally the message or task it
+    links to. Writes ``moment.marked`` (kind, day, role; never the title) and ``moment.updated``
+    (change ``marked``). Returns ``{"moment"}`` as the story shows it. Raises InvalidInput, NotFound."""
+    kind, day, title = _check_kind(kind), _check_day(day), _check_title(title)
+    with db.transaction():
+        role = story_role(db, person, project)
+        message_id, task_id = _moment_link(db, project, message_id, task_id)
+        moment_id, now = new_id("mo"), iso(utcnow())
+        db.insert("moments", {"id": moment_id, "project": project, "kind": kind, "day": day, "title": title,
+                              "message_id": message_id, "task_id": task_id, "marked_by": person.handle,
+                              "marked_at": now})
+        audit(db, project, "moment.marked", {"moment": moment_id, "kind": kind, "day": day, "role": role,
+                                             "by": person.handle})
+        append_event(db, project, "moment.updated", {"moment_id": moment_id, "change": "marked"})
+        row = db.one("SELECT * FROM moments WHERE id = ?", (moment_id,))
+        return {"moment": _marked_out(db, row, person.handle, role)}
+
+
+def _moment_row(db: Database, person: Actor, moment_id: Any) -> tuple[dict, str]:
+    """The marked moment ``moment_id`` and ``person``'s role in its project; NotFound if there is none in
+    their reach."""
+    row = db.one("SELECT * FROM moments WHERE id = ?", (check_id(moment_id, "moment_id"),))
+    try:
+        role = story_role(db, person, row["project"]) if row else None
+    except NotFound:
+        role = None
+    if role is None:
+        raise NotFound(f"no moment '{moment_id}' in a project of yours")
+    return row, role
+
+
+def edit_moment(db: Database, person: Actor, moment_id: str, changes: dict) -> dict:
+    """The member who marked a moment changes it: any of ``kind``, ``day``, ``title`` and its link
+    (``message_id`` or ``task_id``, null for none). Writes ``moment.edited`` (which fields changed,
+    never the title) and ``moment.updated`` (``edited``) when something changed. Returns
+    ``{"moment", "changed"}``. Raises InvalidInput, NotFound, Forbidden (someone else's moment)."""
+    unknown = sorted(set(changes) - {"kind", "day", "title", "message_id", "task_id"})
+    if unknown or not changes:
+        raise InvalidInput(f"unknown field {unknown[0]}: send kind, day, title, message_id or task_id" if unknown
+                           else "send what changes: kind, day, title, message_id or task_id")
+    new = {}
+    if "kind" in changes:
+        new["kind"] = _check_kind(changes["kind"])
+    if "day" in changes:
+        new["day"] = _check_day(changes["day"])
+    if "title" in changes:
+        new["title"] = _check_title(changes["title"])
+    with db.transaction():
+        row, role = _moment_row(db, person, moment_id)
+        if row["marked_by"] != person.handle:
+            raise Forbidden("only the member who marked this moment may edit it; a project owner may remove it")
+        if "message_id" in changes or "task_id" in changes:
+            new["message_id"], new["task_id"] = _moment_link(db, row["project"], changes.get("message_id"),
+                                                             changes.get("task_id"))
+        changed = sorted(k for k, v in new.items() if row[k] != v)
+        if changed:
+            now = iso(utcnow())
+            db.execute(f"UPDATE moments SET {', '.join(f'{k} = ?' for k in changed)}, edited_at = ? WHERE id = ?",
+                       (*(new[k] for k in changed), now, row["id"]))
+            fields = sorted({"link" if k in ("message_id", "task_id") else k for k in changed})
+            audit(db, row["project"], "moment.edited", {"moment": row["id"], "fields": fields, "by": person.handle})
+            append_event(db, row["project"], "moment.updated", {"moment_id": row["id"], "change": "edited"})
+        row = db.one("SELECT * FROM moments WHERE id = ?", (row["id"],))
+        return {"moment": _marked_out(db, row, person.handle, role), "changed": bool(changed)}
+
+
+def remove_moment(db: Database, person: Actor, moment_id: str) -> dict:
+    """A marked moment leaves the story: removed by the member who marked it or by a project owner.
+    Writes ``moment.removed`` (which of the two, never the title) and ``moment.updated``
+    (``removed``). Returns ``{"removed", "by"}``. Raises NotFound, Forbidden."""
+    with db.transaction():
+        row, role = _moment_row(db, person, moment_id)
+        removed_by = "marker" if row["marked_by"] == person.handle else "owner" if role == "owner" else None
+        if removed_by is None:
+            raise Forbidden("only the member who marked this moment, or a project owner, may remove it")
+        db.execute("DELETE FROM moments WHERE id = ?", (row["id"],))
+        audit(db, row["project"], "moment.removed", {"moment": row["id"], "removed_by": removed_by,
+                                                     "by": person.handle})
+        append_event(db, row["project"], "moment.updated", {"moment_id": row["id"], "change": "removed"})
+    return {"removed": row["id"], "by": removed_by}
+
+
+def _marked_out(db: Database, row: dict, me: str, role: str) -> dict:
+    mine = row["marked_by"] == me
+    return {"id": row["id"], "source": "member", "kind": row["kind"], "day": row["day"], "at": row["marked_at"],
+            "title": row["title"], "message_id": row["message_id"], "task_id": row["task_id"], "url": None,
+            "by": _person(db, row["marked_by"]), "edited_at": row["edited_at"], "can_edit": mine,
+            "can_remove": mine or role == "owner", "can_hide": False}
+
+
+def _derived(project: str, kind: str, key: str, at: str, title: str, **extra: Any) -> dict:
+    """A moment from the record: its id is opaque (a join's must not name the person) and stable."""
+    return {"id": f"rec-{kind}-{sha256_hex(f'{project}|{kind}|{key}')[:20]}", "source": "record", "kind": kind,
+            "day": at[:10], "at": at, "title": title, "message_id": None, "task_id": None, "url": None} | extra
+
+
+def _task_words(title: str) -> str:
+    return title if len(title) <= 80 else title[:79] + "…"
+
+
+def record_moments(db: Database, project: str, round_numbers: bool) -> list[dict]:
+    """The moments derived from ``project``'s record (RECORD_KINDS), inside the caller's snapshot: who
+    joined, the first task, tasks completed after a LONG_RUN, each agent's first accepted result and,
+    with ``round_numbers``, the ROUND_MESSAGES-th message and ROUND_TASKS-th completed task. Each is a
+    few indexed queries, whatever the project's size."""
+    created_by = db.scalar("SELECT created_by FROM projects WHERE slug = ?", (project,))
+    out = [_derived(project, "joined", m["handle"], m["joined_at"],
+                    f"{who['display_name']} {'started the project' if m['handle'] == created_by else 'joined'}",
+                    person=who)
+           for m in db.rows("SELECT handle, joined_at FROM members WHERE project = ?", (project,))
+           for who in [_person(db, m["handle"])]]
+    task = "coalesce(display_title, title)"
+    first = db.one(f"SELECT id, {task} AS title, created_at FROM tasks WHERE project = ? ORDER BY created_at, id "
+                   "LIMIT 1", (project,))
+    if first:
+        out.append(_derived(project, "first_task", first["id"], first["created_at"],
+                            f"The first task: {_task_words(first['title'])}", task_id=first["id"]))
+    for t in db.rows(f"SELECT id, {task} AS title, created_at, updated_at FROM tasks WHERE project = ? AND "
+                     "state = 'completed' AND julianday(updated_at) - julianday(created_at) >= ?",
+                     (project, LONG_RUN / _dt.timedelta(days=1))):
+        days = (parse_iso(t["updated_at"]) - parse_iso(t["created_at"])).days
+        out.append(_derived(project, "long_run", t["id"], t["updated_at"],
+                            f"{_task_words(t['title'])} — completed after {days} days", task_id=t["id"]))
+    # SQLite gives the other columns of the row min() picked: each agent's first completed task.
+    for r in db.rows(f"SELECT s.returned_by AS agent, t.id, {task.replace('display_title', 't.display_title')} "
+                     "AS title, min(t.updated_at) AS at, a.display_name FROM submissions s JOIN tasks t ON "
+                     "t.id = s.task_id LEFT JOIN agents a ON a.agent_id = s.returned_by WHERE t.project = ? AND "
+                     "s.status = 'accepted' AND t.state = 'completed' GROUP BY s.returned_by", (project,)):
+        out.append(_derived(project, "first_result", r["agent"], r["at"],
+                            f"{r['display_name'] or r['agent']}'s first accepted result: {_task_words(r['title'])}",
+                            task_id=r["id"], agent=r["agent"]))
+    return out + (_round_moments(db, project) if round_numbers else [])
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n:,}{suffix}"
+
+
+def _round_moments(db: Database, project: str) -> list[dict]:
+    out = []
+    for n in ROUND_MESSAGES:
+        m = db.one("SELECT id, task_id, created_at FROM messages INDEXED BY messages_by_project WHERE project = ? "
+                   "ORDER BY seq LIMIT 1 OFFSET ?", (project, n - 1))
+        if m is None:
+            break
+        out.append(_derived(project, "round_number", f"message|{n}", m["created_at"], f"The {_ordinal(n)} message",
+                            message_id=m["id"], task_id=m["task_id"]))
+    for n in ROUND_TASKS:
+        t = db.one("SELECT id, coalesce(display_title, title) AS title, updated_at FROM tasks WHERE project = ? AND "
+                   "state = 'completed' ORDER BY updated_at, id LIMIT 1 OFFSET ?", (project, n - 1))
+        if t is None:
+            break
+        out.append(_derived(project, "round_number", f"task|{n}", t["updated_at"],
+                            f"The {_ordinal(n)} completed task: {_task_words(t['title'])}", task_id=t["id"]))
+    return out
+
+
+def check_repo(value: Any) -> str:
+    """A GitHub repository as ``owner/name`` (its github.com address is taken too); InvalidInput naming
+    ``repository`` otherwise."""
+    m = GITHUB_REPO_RE.fullmatch(value.strip()) if isinstance(value, str) else None
+    if m is None or m[2] in (".", ".."):
+        raise InvalidInput("repository must be a GitHub repository like 'octo-org/website' (or its github.com "
+                           f"address), got {str(value)[:80]!r}")
+    return f"{m[1]}/{m[2]}"
+
+
+def _github_headers(settings: Settings) -> dict:
+    headers = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": "2022-11-28",
+               "User-Agent": f"prickle/{__version__}"}
+    token = os.environ.get(settings.github_token_env, "") if settings.github_token_env else ""
+    return headers | ({"Authorization": f"Bearer {token}"} if token else {})
+
+
+def _rate_limit_end(r: Any) -> _dt.datetime | None:
+    """Until when GitHub's answer ``r`` (403 or 429) says its rate limit holds; None if it is no rate limit."""
+    now, h = utcnow(), r.headers
+    if h.get("retry-after", "").isdigit():
+        wait = _dt.timedelta(seconds=int(h["retry-after"]))
+    elif h.get("x-ratelimit-remaining") == "0" and h.get("x-ratelimit-reset", "").isdigit():
+        wait = _dt.datetime.fromtimestamp(int(h["x-ratelimit-reset"]), _dt.timezone.utc) - now
+    elif r.status_code == 429:
+        wait = _dt.timedelta(seconds=60)
+    else:
+        return None
+    return now + min(max(wait, _dt.timedelta(seconds=1)), _dt.timedelta(hours=1))
+
+
+async def _github_get(http: Any, url: str, repo: str) -> tuple[Any, str | None]:
+    """One answer of GitHub's: ``(its JSON, the next page's address or None)``. Raises InvalidInput for a
+    repository GitHub does not let this server read, GitHubUnavailable otherwise."""
+    import httpx2  # the HTTP client the MCP SDK brings
+    try:
+        r = await http.get(url)
+    except httpx2.HTTPError as e:
+        raise GitHubUnavailable(f"GitHub could not be reached ({type(e).__name__}); the story tries again "
+                                "later") from None
+    if r.status_code in (403, 429) and (until := _rate_limit_end(r)):
+        raise GitHubUnavailable(f"GitHub's rate limit for this server is used up until {iso(until)[11:16]} UTC; "
+                                "the story shows what it read before and asks again then", until)
+    if r.status_code == 404:
+        raise InvalidInput(f"repository: GitHub has no repository '{repo}' this server can read: check its name "
+                           "(a private one needs the server's github_token_env setting)")
+    if r.status_code in (401, 403):
+        raise InvalidInput(f"repository: GitHub refused to let this server read '{repo}' ({r.status_code}): the "
+                           "server's GitHub token (github_token_env) is missing, wrong or lacks access")
+    if r.status_code in (301, 302, 307, 308):
+        raise InvalidInput(f"repository: GitHub says '{repo}' moved: link it by its new name")
+    if r.status_code != 200:
+        raise GitHubUnavailable(f"GitHub answered {r.status_code}; the story tries again later")
+    try:
+        data = r.json()
+    except ValueError:
+        raise GitHubUnavailable("GitHub's answer was not JSON; the story tries again later") from None
+    return data, r.links.get("next", {}).get("url")
+
+
+async def _github_list(http: Any, base: str, path: str, repo: str) -> list[dict]:
+    """Up to GITHUB_PAGES pages of a GitHub list, following its Link headers (only within ``base``)."""
+    items, url = [], f"{base}{path}"
+    for _ in range(GITHUB_PAGES):
+        page, url = await _github_get(http, url, repo)
+        items += [i for i in page if isinstance(i, dict)] if isinstance(page, list) else []
+        if not url or not url.startswith(base + "/"):
+            break
+    return items
+
+
+async def read_github(settings: Settings, repo: str) -> list[dict]:
+    """The moments of GitHub repository ``repo`` (``owner/name``): its published releases and merged pull
+    requests, newest pages first (GITHUB_PAGES of each), through the ``github_api_url`` setting with the
+    token ``github_token_env`` names. Raises InvalidInput (a repository it cannot read) or
+    GitHubUnavailable (out of reach, an error, a rate limit)."""
+    import httpx2
+    base = settings.github_api_url.rstrip("/")
+    async with httpx2.AsyncClient(headers=_github_headers(settings), timeout=GITHUB_SECONDS,
+                                  follow_redirects=False) as http:
+        releases = await _github_list(http, base, f"/repos/{repo}/releases?per_page=100", repo)
+        pulls = await _github_list(http, base, f"/repos/{repo}/pulls?state=closed&sort=updated&direction=desc"
+                                   "&per_page=100", repo)
+    out = []
+    for r in releases:
+        at = _github_time(r.get("published_at") or r.get("created_at"))
+        if r.get("draft") or at is None or not isinstance(r.get("id"), int):
+            continue
+        name = str(r.get("name") or r.get("tag_name") or "")[:MOMENT_TITLE_MAX]
+        out.append({"id": f"gh-release-{r['id']}", "kind": "release", "at": at,
+                    "title": f"Released {name}", "url": _web_url(r.get("html_url"))})
+    for p in pulls:
+        at = _github_time(p.get("merged_at"))
+        if at is None or not isinstance(p.get("number"), int):
+            continue
+        title = str(p.get("title") or "")[:MOMENT_TITLE_MAX]
+        out.append({"id": f"gh-pull-{p['number']}", "kind": "pull_merged", "at": at,
+                    "title": f"Merged #{p['number']}: {title}", "url": _web_url(p.get("html_url")),
+                    "author": str((p.get("user") or {}).get("login") or "")[:39] or None})
+    return out
+
+
+def _web_url(value: Any) -> str | None:
+    return value if isinstance(value, str) and re.fullmatch(r"https?://[^\s]{1,500}", value) else None
+
+
+def _github_time(value: Any) -> str | None:
+    """A time GitHub sent, in the form iso() gives; None for none or a malformed one (that item is skipped)."""
+    try:
+        return normal_time(value, "time") if isinstance(value, str) else None
+    except InvalidInput:
+        return None
+
+
+#: GitHub reads under way, one per project (and event loop): readers of the same story share it.
+_GITHUB_READS: dict[tuple, asyncio.Task] = {}
+
+
+def _github_due(cache: dict | None, repo: str) -> bool:
+    """Whether GitHub is to be asked again for ``repo``: never asked, after GITHUB_FRESH (GITHUB_RETRY after a
+    failure), and never before a rate limit's end."""
+    if cache is None or cache["repo"] != repo:
+        return True
+    now = utcnow()
+    if cache["retry_at"] and now < parse_iso(cache["retry_at"]):
+        return False
+    wait = GITHUB_FRESH if cache["state"] == "ok" else GITHUB_RETRY
+    return cache["state"] == "rate_limited" or now >= parse_iso(cache["tried_at"]) + _dt.timedelta(seconds=wait)
+
+
+async def refresh_github(db: Database, settings: Settings, project: str, force: bool = False) -> None:
+    """Ask GitHub for the moments of ``project``'s linked repository when they are due (see
+    :func:`_github_due`; ``force``: now), and keep the answer, or the failure beside what was read
+    before (:func:`keep_github`). Readers that come meanwhile wait for the same read. Never raises for
+    GitHub's sake: a failure is shown on the story."""
+    with db.snapshot():
+        repo = story_settings(db, project)["repo"]
+        cache = db.one("SELECT * FROM story_github WHERE project = ?", (project,))
+    if repo is None or not (force or _github_due(cache, repo)):
+        return
+    loop = asyncio.get_running_loop()
+    key = (db.path, project, id(loop))
+    task = _GITHUB_READS.get(key)
+    if task is None or task.done():
+        task = _GITHUB_READS[key] = loop.create_task(_read_and_keep(db, settings, project, repo))
+        task.add_done_callback(lambda t: _GITHUB_READS.pop(key) if _GITHUB_READS.get(key) is t else None)
+    await asyncio.shield(task)
+
+
+async def _read_and_keep(db: Database, settings: Settings, project: str, repo: str) -> None:
+    try:
+        moments, state, message, retry_at = await read_github(settings, repo), "ok", None, None
+    except (InvalidInput, GitHubUnavailable) as e:
+        retry_at = getattr(e, "retry_at", None)
+        moments, state, message = None, "rate_limited" if retry_at else "failed", e.message
+    keep_github(db, project, repo, moments, state, message, retry_at)
+
+
+def keep_github(db: Database, project: str, repo: str, moments: list[dict] | None, state: str,
+                message: str | None = None, retry_at: _dt.datetime | None = None) -> None:
+    """Keep what GitHub answered for ``project``'s repository ``repo``: its moments (None after a failure:
+    the ones read before stay), ``state`` (ok, failed, rate_limited), why it failed and until when to
+    wait. Nothing is kept if the project links another repository by now."""
+    with db.transaction():
+        if story_settings(db, project)["repo"] != repo:
+            return
+        old = db.one("SELECT moments, fetched_at, repo FROM story_github WHERE project = ?", (project,))
+        kept = old if old and old["repo"] == repo else {"moments": "[]", "fetched_at": None}
+        now = iso(utcnow())
+        db.execute("INSERT OR REPLACE INTO story_github VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (
+            project, repo, kept["moments"] if moments is None else utf8_json(moments),
+            kept["fetched_at"] if moments is None else now, state, message, now, retry_at and iso(retry_at)))
+
+
+async def _github_repository(settings: Settings, repo: str) -> tuple[str, str | None]:
+    """``(owner/name as GitHub spells it, its web address)``; raises as :func:`_github_get` does."""
+    import httpx2
+    async with httpx2.AsyncClient(headers=_github_headers(settings), timeout=GITHUB_SECONDS,
+                                  follow_redirects=False) as http:
+        info, _ = await _github_get(http, f"{settings.github_api_url.rstrip('/')}/repos/{repo}", repo)
+    name = info.get("full_name") if isinstance(info, dict) else None
+    if not isinstance(name, str) or check_repo(name).lower() != repo.lower():
+        raise GitHubUnavailable(f"GitHub's answer about '{repo}' did not name it; try again later")
+    return name, _web_url(info.get("html_url"))
+
+
+async def link_repository(db: Database, settings: Settings, person: Actor, project: str, repo: str) -> dict:
+    """A project owner links the story to GitHub repository ``repo`` (``owner/name``), or replaces the one
+    linked: GitHub must let this server read it. The hidden GitHub moments come back. Writes
+    ``story.repo_linked`` (whether it replaced one, how many hidden came back; never the repository)
+    and ``story.updated`` (``repo``), then reads its moments. Returns ``{"repo", "replaced",
+    "github_restored", "changed"}``. Raises InvalidInput (a repository GitHub has not or won't show),
+    GitHubUnavailable, NotFound, Forbidden."""
+    repo = check_repo(repo)
+    with db.snapshot():
+        _owner_only(db, person, project, "link the story to a GitHub repository")
+    name, url = await _github_repository(settings, repo)
+    with db.transaction():
+        _owner_only(db, person, project, "link the story to a GitHub repository")
+        before = story_settings(db, project)["repo"]
+        if before == name:
+            return {"repo": name, "replaced": False, "github_restored": 0, "changed": False}
+        restored = db.execute("DELETE FROM story_hidden WHERE project = ? AND source = 'github'", (project,))
+        db.execute("INSERT INTO stories (project, repo, repo_url, repo_linked_at) VALUES (?, ?, ?, ?) ON CONFLICT "
+                   "(project) DO UPDATE SET repo = excluded.repo, repo_url = excluded.repo_url, "
+                   "repo_linked_at = excluded.repo_linked_at", (project, name, url, iso(utcnow())))
+        db.execute("DELETE FROM story_github WHERE project = ?", (project,))
+        audit(db, project, "story.repo_linked", {"replaced": before is not None, "github_restored": restored,
+                                                 "by": person.handle})
+        append_event(db, project, "story.updated", {"change": "repo"})
+    await refresh_github(db, settings, project, force=True)
+    return {"repo": name, "replaced": before is not None, "github_restored": restored, "changed": True}
+
+
+def unlink_repository(db: Database, person: Actor, project: str) -> dict:
+    """A project owner unlinks the story's GitHub repository; its moments leave the story and the hidden
+    ones come back. Writes ``story.repo_unlinked`` (how many came back) and ``story.updated``
+    (``repo``). Returns ``{"unlinked", "github_restored"}``. Raises InvalidState (none linked), NotFound,
+    Forbidden."""
+    with db.transaction():
+        _owner_only(db, person, project, "unlink the story's GitHub repository")
+        if story_settings(db, project)["repo"] is None:
+            raise InvalidState("no GitHub repository is linked to this project's story")
+        restored = db.execute("DELETE FROM story_hidden WHERE project = ? AND source = 'github'", (project,))
+        db.execute("UPDATE stories SET repo = NULL, repo_url = NULL, repo_linked_at = NULL WHERE project = ?",
+                   (project,))
+        db.execute("DELETE FROM story_github WHERE project = ?", (project,))
+        audit(db, project, "story.repo_unlinked", {"github_restored": restored, "by": person.handle})
+        append_event(db, project, "story.updated", {"change": "repo"})
+    return {"unlinked": True, "github_restored": restored}
+
+
+def set_round_numbers(db: Database, person: Actor, project: str, on: Any) -> dict:
+    """A project owner turns round-number moments on or off. Writes ``story.round_numbers_set`` and
+    ``story.updated`` (``round_numbers``) when it changed. Returns ``{"round_numbers", "changed"}``.
+    Raises InvalidInput, NotFound, Forbidden."""
+    if not isinstance(on, bool):
+        raise InvalidInput("round_numbers must be true (show the 100th message, the 10th completed task, …) or false")
+    with db.transaction():
+        _owner_only(db, person, project, "turn round numbers on or off")
+        changed = story_settings(db, project)["round_numbers"] != on
+        if changed:
+            db.execute("INSERT INTO stories (project, round_numbers) VALUES (?, ?) ON CONFLICT (project) DO UPDATE "
+                       "SET round_numbers = excluded.round_numbers", (project, int(on)))
+            audit(db, project, "story.round_numbers_set", {"on": on, "by": person.handle})
+            append_event(db, project, "story.updated", {"change": "round_numbers"})
+    return {"round_numbers": on, "changed": changed}
+
+
+def _github_moments(db: Database, project: str, repo: str | None) -> list[dict]:
+    cache = db.one("SELECT repo, moments FROM story_github WHERE project = ?", (project,))
+    if repo is None or cache is None or cache["repo"] != repo:
+        return []
+    return [m | {"source": "github", "day": m["at"][:10], "message_id": None, "task_id": None}
+            for m in json.loads(cache["moments"])]
+
+
+def hide_moment(db: Database, person: Actor, project: str, moment_id: str) -> dict:
+    """A project owner hides a moment from Prickle's record or GitHub from the story. Writes
+    ``moment.hidden`` (its source and kind, never which: a join's names a person) and ``story.updated``
+    (``hidden``). Returns ``{"hidden": True, "source", "kind"}``. Raises InvalidInput (a member's moment:
+    removed, not hidden), NotFound, Forbidden, InvalidState (hidden already)."""
+    check_id(moment_id, "moment_id")
+    with db.transaction():
+        _owner_only(db, person, project, "hide a moment from the story")
+        if db.one("SELECT 1 FROM moments WHERE id = ? AND project = ?", (moment_id, project)):
+            raise InvalidInput("moment_id: that moment was marked by a member: remove it instead of hiding it")
+        settings = story_settings(db, project)
+        found = next((m for m in record_moments(db, project, settings["round_numbers"])
+                      + _github_moments(db, project, settings["repo"]) if m["id"] == moment_id), None)
+        if found is None:
+            raise NotFound(f"moment_id: no moment '{moment_id}' in the story of '{project}'")
+        if db.one("SELECT 1 FROM story_hidden WHERE project = ? AND moment_id = ?", (project, moment_id)):
+            raise InvalidState("that moment is hidden already")
+        db.insert("story_hidden", {"project": project, "moment_id": moment_id, "source": found["source"],
+                                   "hidden_at": iso(utcnow())})
+        audit(db, project, "moment.hidden", {"source": found["source"], "kind": found["kind"], "by": person.handle})
+        append_event(db, project, "story.updated", {"change": "hidden"})
+    return {"hidden": True, "source": found["source"], "kind": found["kind"]}
+
+
+def restore_hidden(db: Database, person: Actor, project: str) -> dict:
+    """A project owner brings every hidden moment back to the story. Writes ``moment.restored`` (how many)
+    and ``story.updated`` (``restored``) when any were hidden. Returns ``{"restored"}``. Raises NotFound,
+    Forbidden."""
+    with db.transaction():
+        _owner_only(db, person, project, "bring hidden moments back")
+        count = db.execute("DELETE FROM story_hidden WHERE project = ?", (project,))
+        if count:
+            audit(db, project, "moment.restored", {"count": count, "by": person.handle})
+            append_event(db, project, "story.updated", {"change": "restored"})
+    return {"restored": count}
+
+
+#: The fields every moment of the story has (null where its source has none).
+_MOMENT_FIELDS = {"message_id": None, "task_id": None, "url": None, "by": None, "person": None, "agent": None,
+                  "author": None, "edited_at": None, "can_edit": False, "can_remove": False, "can_hide": False}
+
+
+def story(db: Database, person: Actor, project: str, before: str | None = None, limit: int = 200) -> dict:
+    """The project story as ``person`` sees it: ``{"project", "days": [{"day", "moments"}], "next_before",
+    "round_numbers", "repo": {"name", "url"} | None, "github": {"state", "message", "fetched_at",
+    "retry_at"} | None, "hidden", "can_curate", "kinds"}``. Moments newest first, grouped by day, hidden
+    ones left out; whole days up to about ``limit`` moments before day ``before`` (``next_before``
+    continues). Each moment: id, source (member, record, github), kind, day, at, title, its links
+    (message_id, task_id, url), who it names (by, person, agent, author) and what ``person`` may do
+    (can_edit, can_remove, can_hide). ``hidden`` counts the hidden moments, for owners (else None).
+    Raises InvalidInput, NotFound."""
+    if before is not None and not re.fullmatch(r"\d{4}-\d{2}-\d{2}", before):
+        raise InvalidInput(f"before must be a day like 2026-12-01, got {before[:40]!r}")
+    with db.snapshot():
+        role = story_role(db, person, project)
+        owner, settings = role == "owner", story_settings(db, project)
+        hidden = {r["moment_id"] for r in db.rows("SELECT moment_id FROM story_hidden WHERE project = ?", (project,))}
+        moments = [_marked_out(db, r, person.handle, role)
+                   for r in db.rows("SELECT * FROM moments WHERE project = ?", (project,))]
+        moments += [_MOMENT_FIELDS | m | {"can_hide": owner}
+                    for m in record_moments(db, project, settings["round_numbers"])
+                    + _github_moments(db, project, settings["repo"]) if m["id"] not in hidden]
+        cache = db.one("SELECT * FROM story_github WHERE project = ?", (project,))
+    moments = sorted((_MOMENT_FIELDS | m for m in moments if before is None or m["day"] < before),
+                     key=lambda m: (m["day"], m["at"], m["id"]), reverse=True)
+    days: list[dict] = []
+    for i, m in enumerate(moments):
+        if not days or days[-1]["day"] != m["day"]:
+            if i >= limit:
+                break
+            days.append({"day": m["day"], "moments": []})
+        days[-1]["moments"].append(m)
+    shown = sum(len(d["moments"]) for d in days)
+    github = None
+    if settings["repo"]:
+        github = {k: cache[k] if cache and cache["repo"] == settings["repo"] else None
+                  for k in ("state", "message", "fetched_at", "retry_at")}
+    return {"project": project, "days": days, "next_before": days[-1]["day"] if shown < len(moments) else None,
+            "round_numbers": settings["round_numbers"],
+            "repo": {"name": settings["repo"], "url": settings["repo_url"]} if settings["repo"] else None,
+            "github": github, "hidden": len(hidden) if owner else None, "can_curate": owner,
+            "kinds": list(MOMENT_KINDS)}
 
 
 ###############################################################################
@@ -11666,6 +12586,177 @@ def browser_label(user_agent: str) -> str | None:
 
 # A person closes their account (or the operator closes it): in each project they become an
 # erased person, their agents leave, their keys, devices and invites end.
+#
+# Closing is one transaction (close_account), in named steps:
+#   1. refusals first: an account already closed, a step-up not given, a project of which they are
+#      the last owner (someone must be left to run it: promote another member, or delete the project);
+#   2. every browser session, sign-in link, runner device and connected app ends (sign_out_everywhere);
+#   3. in each project they are in (their private room too): the handoffs waiting for their approval
+#      are denied, the open tasks they or their agents asked for are cancelled, their agents leave with
+#      every knock-on of a removal (offboard, chapter 33: tasks their agents held go back, rules and
+#      standing approvals end, the invites they sent end as ``inviter_erased``), and ``person.erased``
+#      records how many approvals were denied, tasks cancelled and runs closed;
+#   4. the invites sent to their address end (``invitee_closed_account``), and every key left of
+#      theirs or their agents' ends;
+#   5. their name, address and settings go from the file: the person row keeps only the handle (the
+#      audit chains name it, and a chain is never rewritten), every stored reference to them takes the
+#      erased form (person_ref), and the names in the outbox's events are replaced.
+# What they wrote (messages, tasks, results) stays the team's, shown as by an erased person.
+
+#: What ``person.erased`` counts, as the reference names it, before the knock-ons of their agents leaving.
+ERASED_COUNTS = ("approvals_denied", "tasks_cancelled", "runs_closed")
+
+
+def _running(db: Database, project: str) -> set[str]:
+    """The attempts running in ``project`` now."""
+    return {r["id"] for r in db.rows("SELECT a.id FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE "
+                                     "t.project = ? AND a.state = 'running'", (project,))}
+
+
+def _owned_alone(db: Database, handle: str) -> list[str]:
+    """The team projects ``handle`` is the only owner of."""
+    return [r["project"] for r in db.rows(
+        "SELECT m.project FROM members m JOIN projects p ON p.slug = m.project WHERE m.handle = ? AND "
+        "m.role = 'owner' AND p.kind = 'team' AND NOT EXISTS (SELECT 1 FROM members o WHERE o.project = m.project "
+        "AND o.role = 'owner' AND o.handle <> m.handle) ORDER BY m.project", (handle,))]
+
+
+def _deny_waiting(db: Database, me: Actor, project: str) -> int:
+    """Step 3: deny the handoffs of ``project`` held for ``me``'s approval (decide_approval); how many."""
+    expire_due(db, "approval")
+    rows = db.rows("SELECT id FROM approvals WHERE owner = ? AND project = ? AND status = 'pending' AND "
+                   "invalidated_at IS NULL ORDER BY created_at", (me.handle, project))
+    for row in rows:
+        decide_approval(db, me, row["id"], "deny")
+    return len(rows)
+
+
+def _cancel_requested(db: Database, project: str, handle: str, agents: list[str]) -> int:
+    """Step 3: cancel the open tasks of ``project`` that ``handle`` or their ``agents`` asked for, as a
+    cancel by them (cancel_task's move): nobody is left to check their results. Returns how many."""
+    cancelled = 0
+    for task in db.rows("SELECT * FROM tasks WHERE project = ? ORDER BY created_at", (project,)):
+        mine = task["requester"] in agents or (task["requester"] is None and requesting_person(task) == handle)
+        if not mine or "cancel" not in TASK_MOVES[lifecycle_state(task)]:
+            continue
+        end_task_work(db, task, "task_cancelled")
+        reached = task["routed_at"] is not None  # a task held at the gate never reached its assignee
+        move_task(db, task, "cancel", handle, [(task["assignee"] if reached else None, "task"),
+                                               (task["requester"], "task_update")])
+        cancelled += 1
+    return cancelled
+
+
+def _erase_in(db: Database, me: Actor, project: str, by: str | None, running: set[str]) -> dict:
+    """Step 3 in one project, whose runs were ``running`` before step 2: returns the refs of its
+    ``person.erased`` entry (written here)."""
+    handle = me.handle
+    agents = [r["agent_id"] for r in db.rows("SELECT pa.agent_id FROM project_agents pa JOIN agents a USING "
+                                             "(agent_id) WHERE pa.project = ? AND a.owner = ? ORDER BY pa.agent_id",
+                                             (project, handle))]
+    all_agents = [r["agent_id"] for r in db.rows("SELECT agent_id FROM agents WHERE owner = ?", (handle,))]
+    counts = {"approvals_denied": _deny_waiting(db, me, project),
+              "tasks_cancelled": _cancel_requested(db, project, handle, all_agents)}
+    left = offboard(db, project, agents, person=handle, reason="member_erased", by=by)
+    counts["runs_closed"] = len(running - _running(db, project))
+    refs = {"person": handle, "by": by} | counts | left
+    audit(db, project, "person.erased", refs)
+    return refs
+
+
+def _scrub(value: Any, names: dict[str, str]) -> Any:
+    """An event payload with an erased person's names gone: ``names`` maps their handle, their agents' IDs
+    and their private room's slug to what shows now; a reference to them or their agents takes the
+    erased form."""
+    if isinstance(value, list):
+        return [_scrub(v, names) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: _scrub(v, names) for k, v in value.items()}
+    who = out.get("agent_id") or out.get("handle") or out.get("slug")
+    if who not in names:
+        return out
+    if "kind" in out and set(out) <= {"kind", "handle", "agent_id", "erased"}:
+        out["erased"] = True  # a reference (PERSON_REF, AGENT_REF)
+    for field in ("display_name", "name"):
+        if field in out:
+            out[field] = names[who]
+    return out
+
+
+def _forget(db: Database, handle: str, now: str) -> None:
+    """Step 5: nothing of ``handle``'s name, address or settings is left in the file (see the banner)."""
+    agents = {r["agent_id"]: r["name"] for r in db.rows("SELECT agent_id, name FROM agents WHERE owner = ?", (handle,))}
+    rooms = {r["project"]: f"{ERASED_NAME}'s room" for r in db.rows("SELECT project FROM rooms WHERE owner = ?",
+                                                                       (handle,))}
+    move(db, "account", handle, "erase", value=now, display_name=ERASED_NAME, email=None, timezone=None,
+         digest_minutes=None, digest_through=None, step_up_above_cost=None, auto_accept=0, away=0)
+    db.execute("UPDATE agents SET display_name = name WHERE owner = ?", (handle,))
+    for room, name in rooms.items():
+        db.execute("UPDATE projects SET name = ? WHERE slug = ?", (name, room))
+    mine = "SELECT id FROM credentials WHERE person = ? OR agent_id IN (SELECT agent_id FROM agents WHERE owner = ?)"
+    db.execute(f"DELETE FROM credential_uses WHERE credential_id IN ({mine})", (handle, handle))
+    db.execute(f"DELETE FROM passkey_ceremonies WHERE credential IN ({mine})", (handle, handle))
+    for table, column in (("passkeys", "person"), ("team_people", "handle"), ("read_positions", "handle"),
+                          ("inbox_marks", "handle"), ("share_rules", "owner")):
+        db.execute(f"DELETE FROM {table} WHERE {column} = ?", (handle,))
+    db.cache.pop(("erased", "people"), None)
+    erased = json.dumps(person_ref(db, handle))
+    for table, column in (("tasks", "requested_by"), ("approvals", "requested_by"), ("submissions", "verified_by"),
+                          ("submissions", "decided_by")):
+        db.execute(f"UPDATE {table} SET {column} = ? WHERE json_extract({column}, '$.kind') = 'person' AND "
+                   f"json_extract({column}, '$.handle') = ?", (erased, handle))
+        for agent in agents:
+            db.execute(f"UPDATE {table} SET {column} = ? WHERE json_extract({column}, '$.agent_id') = ?",
+                       (json.dumps(agent_ref(db, agent)), agent))
+    names = {handle: ERASED_NAME} | agents | rooms
+    for row in db.rows("SELECT seq, payload FROM outbox WHERE instr(payload, ?) > 0", (f'"{handle}', )):
+        db.execute("UPDATE outbox SET payload = ? WHERE seq = ?",
+                   (canonical_json(_scrub(json.loads(row["payload"]), names)), row["seq"]))
+
+
+def close_account(db: Database, who: Actor | str) -> dict:
+    """Close a person's account: ``who`` is the signed-in person (who must have confirmed it's them:
+    require_step_up) or, from the command line, a handle. One transaction, in the steps above.
+
+    Writes ``person.erased`` in each project they were in (with ERASED_COUNTS and the counts of their
+    agents leaving, OFFBOARD_COUNTS), the entries of what ends with it (``approval.decided``,
+    ``task.transitioned``, ``task.returned``, ``device.revoked``, ``invite.revoked`` with
+    ``inviter_erased`` or ``invitee_closed_account``, ...). Returns ``{handle, erased_at, projects:
+    [{project} | refs], sessions_ended, devices_ended, apps_ended, credentials_ended, invites_revoked}``.
+    Raises InvalidInput, NotFound (no such person), InvalidState (closed already; the last owner of a
+    project), StepUpRequired.
+    """
+    handle = who.handle if isinstance(who, Actor) else check_slug(who, "handle")
+    with db.transaction():
+        row = db.one("SELECT * FROM people WHERE handle = ?", (handle,))
+        if row is None:
+            raise NotFound(f"handle: no person '{handle}': 'prickle person list' lists them")
+        if row["erased_at"]:
+            raise InvalidState(f"handle: '{handle}' closed their account already, at {row['erased_at']}")
+        if isinstance(who, Actor):
+            require_step_up(db, who, "close your account")
+        if alone := _owned_alone(db, handle):
+            raise InvalidState(
+                f"'{handle}' is the last owner of {', '.join(repr(p) for p in alone)}: make another member an owner "
+                f"(Promote on the project's Members screen, or prickle member promote {alone[0]} HANDLE) or delete "
+                "the project, then close the account")
+        by = handle if isinstance(who, Actor) else None
+        me = who if isinstance(who, Actor) else Actor("person", "", "person", handle=handle)
+        running = {r["project"]: _running(db, r["project"]) for r in db.rows(
+            "SELECT project FROM members WHERE handle = ? ORDER BY project", (handle,))}
+        ended = sign_out_everywhere(db, handle)
+        projects = [{"project": p} | _erase_in(db, me, p, by, was) for p, was in running.items()]
+        invites = revoke_invites_to(db, row["email"], "invitee_closed_account") if row["email"] else 0
+        keys = revoke_credentials(db, "person = ? OR agent_id IN (SELECT agent_id FROM agents WHERE owner = ?)",
+                                  (handle, handle), "account_closed")
+        now = iso(utcnow())
+        _forget(db, handle, now)
+        db.cache.clear()  # who may reach what, and every name, has changed
+        db.note_revoked()
+    return {"handle": handle, "erased_at": now, "projects": projects, "sessions_ended": ended["sessions_ended"],
+            "devices_ended": ended["devices_ended"], "apps_ended": ended["apps_ended"],
+            "credentials_ended": ended["credentials_ended"] + keys, "invites_revoked": invites}
 
 
 ###############################################################################
@@ -14301,7 +15392,76 @@ WORK_ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
 # The handlers of what a team keeps, plans and looks back on, and the whole route table (ROUTES).
 
 
+def _only(body: dict, *fields: str) -> dict:
+    """``body`` if it holds none but ``fields``; InvalidInput naming the first other field."""
+    unknown = sorted(set(body) - set(fields))
+    if unknown:
+        raise InvalidInput(f"unknown field {unknown[0]}: send {', '.join(fields)}")
+    return body
+
+
+async def api_story(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/projects/{slug}/story?before=DAY&limit=N: the project story (:func:`story`), with the linked
+    repository's moments read from GitHub first when they are due (a failure shows in ``github``)."""
+    slug, q = request.path_params["slug"], request.query_params
+    limit = int_param(request, "limit", 200, 1, STORY_LIMIT_MAX)
+    with state.db.snapshot():
+        story_role(state.db, person, slug)  # nobody out of reach makes the server ask GitHub
+    await refresh_github(state.db, state.settings, slug)
+    return story(state.db, person, slug, q.get("before"), limit)
+
+
+async def api_mark_moment(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/moments {kind, day, title, message_id?, task_id?}: mark a moment."""
+    _only(body, "kind", "day", "title", "message_id", "task_id")
+    return mark_moment(state.db, person, request.path_params["slug"], body.get("kind"), body.get("day"),
+                       body.get("title"), body.get("message_id"), body.get("task_id"))
+
+
+async def api_edit_moment(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/moments/{moment_id} {kind?, day?, title?, message_id?, task_id?}: change your moment."""
+    return edit_moment(state.db, person, request.path_params["moment_id"], body)
+
+
+async def api_hide_moment(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/story/hide {moment_id}: an owner hides a record or GitHub moment."""
+    _only(body, "moment_id")
+    return hide_moment(state.db, person, request.path_params["slug"], body.get("moment_id"))
+
+
+async def api_round_numbers(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/story/round-numbers {round_numbers: bool}: an owner turns them on or off."""
+    _only(body, "round_numbers")
+    return set_round_numbers(state.db, person, request.path_params["slug"], body.get("round_numbers"))
+
+
+async def api_link_repo(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/projects/{slug}/story/repo {repository}: an owner links (or replaces) the GitHub repository."""
+    _only(body, "repository")
+    return await link_repository(state.db, state.settings, person, request.path_params["slug"],
+                                 body_field(body, "repository", str))
+
+
+async def api_close_account(state: AppState, person: Actor, request: Request, body: Any) -> Response:
+    """DELETE /api/me: close your account, after confirming it's you (close_account); this browser's
+    session ends with every other."""
+    response = JSONResponse(close_account(state.db, person))
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    return response
+
+
+#: Every route but /mcp and /static: chapter 47's and this chapter's.
 ROUTES = WORK_ROUTES + (
+    ("GET", "/api/projects/{slug}/story", api_endpoint(api_story)),
+    ("POST", "/api/projects/{slug}/moments", api_endpoint(api_mark_moment)),
+    ("POST", "/api/moments/{moment_id}", api_endpoint(api_edit_moment)),
+    ("DELETE", "/api/moments/{moment_id}", api_endpoint(api_operation(remove_moment, "moment_id"))),
+    ("POST", "/api/projects/{slug}/story/hide", api_endpoint(api_hide_moment)),
+    ("POST", "/api/projects/{slug}/story/restore", api_endpoint(api_operation(restore_hidden, "slug"))),
+    ("POST", "/api/projects/{slug}/story/round-numbers", api_endpoint(api_round_numbers)),
+    ("POST", "/api/projects/{slug}/story/repo", api_endpoint(api_link_repo)),
+    ("DELETE", "/api/projects/{slug}/story/repo", api_endpoint(api_operation(unlink_repository, "slug"))),
+    ("DELETE", "/api/me", api_endpoint(api_close_account)),
     ("POST", "/api/room/round/stop", api_endpoint(api_operation(stop_round))),
 )
 
@@ -14675,6 +15835,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     settings = settings or Settings()
     port = settings.port if port is None else port
     db = Database(db_path)
+    record_restore(db)  # the first start after 'prickle restore': chain.restored in every chain
     hub = WakeHub(db)
     db.listeners.append(hub.committed)
     db.refresh_hooks.append(check_caller)  # a call let in on a cached key is checked at its first read or write
@@ -15339,7 +16500,8 @@ def audit_verify(db_path: str, as_json: bool, project_slug: str | None) -> None:
     ok = all(r["ok"] for r in reports)
     Out(as_json)({"ok": ok, "chains": reports}, "\n".join(
         f"{r['chain'] or '(deployment)'}: {r['entries']} entries, "
-        + ("ok" if r["ok"] else f"BROKEN at entry {r['broken_at']}") for r in reports) or "No audit entries yet.")
+        + ("ok" if r["ok"] else f"BROKEN at entry {r['broken_at']}") + f" (hash version {r['hash_version']})"
+        for r in reports) or "No audit entries yet.")
     if not ok:
         raise click.exceptions.Exit(1)
 
@@ -15979,6 +17141,273 @@ def agents_resume(db_path: str, as_json: bool, everyone: bool, owner: str | None
 
 # Deleting, restoring, erasing and exporting a project, closing an account, restoring the file,
 # and checking or rehashing the audit chains.
+
+
+# Restoring the file. ``prickle restore`` replaces the database with a backup or a Litestream
+# replica while no server runs: the copy is made and checked in a hidden folder beside the file,
+# marked for the first start (chain.restored in every chain, chapter 6), and only then takes the
+# file's name; the file it replaces is kept beside it, never deleted.
+
+#: The program ``prickle restore --from-replica`` runs when --litestream names none.
+LITESTREAM = "litestream"
+
+
+def find_litestream(path: str | None = None) -> str:
+    """The litestream program to run: ``path`` when given, else ``litestream`` on PATH.
+
+    Raises NotFound saying how to install it.
+    """
+    import shutil
+    found = shutil.which(path or LITESTREAM)
+    if found is not None:
+        return found
+    if path:
+        raise NotFound(f"--litestream {path}: no such program: name the litestream binary's path")
+    raise NotFound("Litestream is not installed (no 'litestream' on PATH): install it (https://litestream.io/install, "
+                   "or 'npm install @flydotio/litestream', whose package holds the binary), or pass --litestream PATH")
+
+
+def _copy_backup(backup: str, out: str) -> None:
+    try:
+        source = apsw.Connection(backup, flags=apsw.SQLITE_OPEN_READONLY)
+    except apsw.Error:
+        raise NotFound(f"cannot open {backup}: name a file 'prickle backup' wrote") from None
+    try:
+        target = apsw.Connection(out)
+        try:
+            with target.backup("main", source, "main") as b:
+                b.step(-1)
+        finally:
+            target.close()
+    except apsw.NotADBError:
+        raise InvalidInput(f"{backup} is not a database: name a file 'prickle backup' wrote") from None
+    finally:
+        source.close()
+
+
+def _litestream_restore(binary: str, out: str, replica: str | None, config: str | None, db_path: str,
+                        at: str | None) -> None:
+    import subprocess
+    command = [binary, "restore", "-o", out] + (["-timestamp", at] if at else [])
+    command += ["-config", config, os.path.abspath(db_path)] if config else [replica]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    except OSError as e:
+        raise StorageError(f"cannot run {binary} ({e.strerror}): check it is the litestream binary") from None
+    if done.returncode != 0 or not os.path.exists(out):
+        said = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+        where = replica or f"the replica {config} names for {db_path}"
+        hint = (" (a time before the replica's first snapshot finds nothing)" if at and said
+                and "no matching backups" in said[-1] else "")
+        raise StorageError(f"litestream could not restore {where}: {said[-1] if said else 'it said nothing'}{hint}; "
+                           "nothing was replaced")
+
+
+def _newest_write(conn: apsw.Connection) -> str | None:
+    return conn.execute("SELECT max(at) FROM (SELECT max(at) AS at FROM audit UNION ALL "
+                        "SELECT max(at) FROM outbox)").fetchall()[0][0]
+
+
+def _check_copy(out: str, what: str) -> str | None:
+    """Refuse a copy SQLite finds damaged, one newer than this Prickle or no Prickle file; when it was taken."""
+    conn = apsw.Connection(out)
+    try:
+        try:
+            problems = [r[0] for r in conn.execute("PRAGMA integrity_check")]
+        except apsw.NotADBError:
+            raise InvalidInput(f"{what} is not a database: name a file 'prickle backup' wrote") from None
+        if problems != ["ok"]:
+            raise StorageError(f"{what} fails SQLite's integrity check ({problems[0][:200]}): nothing was replaced; "
+                               "restore an earlier backup or time")
+        if conn.pragma("user_version") > len(MIGRATIONS):
+            raise StorageError(f"{what} was written by a newer Prickle (schema {conn.pragma('user_version')}): "
+                               "restore it with that version")
+        try:
+            conn.execute("SELECT value FROM meta WHERE key = 'secret'").fetchall()[0]
+            conn.execute("SELECT 1 FROM audit LIMIT 1").fetchall()
+        except (apsw.SQLError, IndexError):
+            raise InvalidInput(f"{what} is not a Prickle database: name a file 'prickle backup' wrote") from None
+        taken = conn.execute("SELECT value FROM meta WHERE key = ?", (BACKUP_TAKEN_AT,)).fetchall()
+        return taken[0][0] if taken else None
+    finally:
+        conn.close()
+
+
+def _open_replaced(db_path: str) -> apsw.Connection | None:
+    """The file a restore replaces, its log copied in (so it is whole alone); None if it is no database.
+
+    Raises StorageError when another program holds it open (Litestream replicating it, a command).
+    """
+    try:
+        conn = apsw.Connection(db_path)
+    except apsw.Error:
+        return None
+    try:
+        conn.setbusytimeout(2000)
+        conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+        conn.execute("SELECT chain FROM audit LIMIT 1").fetchall()
+        return conn
+    except apsw.BusyError:
+        conn.close()
+        raise StorageError(f"another program has {db_path} open (Litestream replicating it, or a prickle command): "
+                           "stop it, then run 'prickle restore' again") from None
+    except apsw.Error:
+        conn.close()
+        return None
+
+
+def _swap_in(db_path: str, out: str, replaced: bool, stamp: str) -> str | None:
+    """Give the copy the database's name; the name the replaced file is kept under (None if there was none)."""
+    aside = None
+    if replaced:
+        aside, n = f"{db_path}.replaced-{stamp}", 1
+        while os.path.exists(aside):
+            n += 1
+            aside = f"{db_path}.replaced-{stamp}-{n}"
+    # The log first: an old log left beside the new file would be replayed into it.
+    for suffix in ("-wal", "-shm", ""):
+        if os.path.exists(db_path + suffix):
+            if aside is not None:
+                os.rename(db_path + suffix, aside + suffix)
+            else:
+                os.unlink(db_path + suffix)
+    os.rename(out, db_path)
+    folder = os.open(os.path.dirname(os.path.abspath(db_path)), os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+    return aside
+
+
+def restore_file(db_path: str, source: str, fill: Callable[[str], None], what: str, point: str | None = None) -> dict:
+    """Replace the database at ``db_path`` with a restored copy that ``fill(out)`` writes to the new file ``out``.
+
+    ``source`` is ``backup`` or ``replica``; ``what`` names it in errors; ``point`` is the restore
+    point (a replica's --timestamp), else the time the backup was taken, else the copy's newest
+    write. The copy must pass SQLite's integrity check; it is upgraded to this Prickle's schema and
+    given the marker the first start records (``chain.restored``, :func:`record_restore`). The
+    replaced file (with its log) is kept as ``<db>.replaced-<time>``. Raises StorageError while a
+    server uses the file or another program has it open; nothing changes unless it all worked.
+    Returns ``{"db", "source", "point", "replaced", "chains"}``.
+    """
+    holder = running_server(db_path)
+    if holder is not None:
+        pid = f" (pid {holder['pid']})" if holder["pid"] else ""
+        raise StorageError(f"a prickle serve{pid} is using {db_path}: stop it first (Ctrl-C or SIGTERM), then run "
+                           "'prickle restore' again; a restore replaces the file, and what a running server writes "
+                           "after it would be lost")
+    existed = os.path.exists(db_path) and os.path.getsize(db_path) > 0
+    lock = ServerLock(db_path)  # no server starts on the file while the copy is made
+    lock.acquire()
+    work = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(db_path)), prefix=".prickle-restore-")
+    out, replaced, aside = os.path.join(work, "restored.db"), None, None
+    try:
+        fill(out)
+        taken = _check_copy(out, what)
+        restored_at = iso(utcnow())
+        replaced = _open_replaced(db_path) if existed else None
+        copy = Database(out)  # an older copy is upgraded here, before it replaces anything
+        try:
+            point = point or taken or _newest_write(copy.conn) or restored_at
+            marker = restore_marker(copy.conn, replaced, source, point, restored_at)
+            with copy.transaction():
+                copy.execute("DELETE FROM meta WHERE key = ?", (BACKUP_TAKEN_AT,))
+                copy.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                             (RESTORE_MARKER, json.dumps(marker)))
+            copy.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+        finally:
+            copy.close()
+        if replaced is not None:
+            replaced.close()
+            replaced = None
+        aside = _swap_in(db_path, out, existed, utcnow().strftime("%Y%m%dT%H%M%SZ"))
+    finally:
+        if replaced is not None:
+            replaced.close()
+        import shutil
+        shutil.rmtree(work, ignore_errors=True)
+        if not existed and aside is None and os.path.exists(db_path) and not os.path.getsize(db_path):
+            os.unlink(db_path)  # the empty file the lock made, when nothing took its place
+        lock.release()
+    return {"db": os.path.abspath(db_path), "source": source, "point": point,
+            "replaced": aside and os.path.abspath(aside), "chains": len(marker["chains"] | {DEPLOYMENT_CHAIN: 0})}
+
+
+@cli.command("restore")
+@db_options
+@click.argument("backup", required=False, metavar="[BACKUP]")
+@click.option("--from-replica", "replica", default=None, metavar="URL",
+              help="Restore from a Litestream replica, e.g. s3://BUCKET/prickle.db, instead of a backup file.")
+@click.option("--litestream-config", "config", default=None, metavar="FILE",
+              help="Restore from the replica Litestream's config file names for this database (for an S3-compatible "
+                   "service at an endpoint of your own).")
+@click.option("--timestamp", default=None, metavar="TIME",
+              help="With a replica: the database as it was at this time (ISO 8601 with its zone, like "
+                   "2026-12-02T07:30:00Z); without it, the latest.")
+@click.option("--litestream", "binary", default=None, metavar="PATH",
+              help="The litestream program (default: litestream on PATH).")
+def restore_cmd(db_path: str, as_json: bool, backup: str | None, replica: str | None, config: str | None,
+                timestamp: str | None, binary: str | None) -> None:
+    """Replace the database with a backup or a Litestream replica (stop the server first); the file it
+    replaces is kept beside it, and the server's next start records chain.restored in every audit chain."""
+    if sum(x is not None for x in (backup, replica, config)) != 1:
+        raise InvalidInput("name one thing to restore from: a BACKUP file 'prickle backup' wrote, or --from-replica URL "
+                           "(or --litestream-config FILE) for a Litestream replica")
+    at = normal_time(timestamp, "--timestamp") if timestamp is not None else None
+    if at is not None and backup is not None:
+        raise InvalidInput("--timestamp goes with --from-replica or --litestream-config: a backup holds one moment")
+    if at is not None and at > iso(utcnow()):
+        raise InvalidInput(f"--timestamp {timestamp} is in the future: leave it out to restore the latest")
+    if backup is not None:
+        if not os.path.isfile(backup):
+            raise NotFound(f"no backup at {backup}: name a file 'prickle backup' wrote")
+        if os.path.exists(db_path) and os.path.samefile(backup, db_path):
+            raise InvalidInput(f"{backup} is the database itself: name a backup of it")
+        what = backup
+        result = restore_file(db_path, "backup", lambda out: _copy_backup(backup, out), what)
+    else:
+        program = find_litestream(binary)
+        what = replica or f"the replica {config} names"
+        result = restore_file(db_path, "replica",
+                              lambda out: _litestream_restore(program, out, replica, config, db_path, at), what, at)
+    kept = (f" The file it replaced is kept as {result['replaced']}." if result["replaced"] else "")
+    Out(as_json)(result | {"from": backup or replica or config},
+                 f"Restored {db_path} from {what}, as it was at {result['point']}.{kept} The server's next start "
+                 f"records chain.restored in each of the {result['chains']} audit chains: prickle serve --db "
+                 f"{shlex.quote(db_path)}")
+
+
+@audit_group.command("rehash")
+@db_options
+@click.argument("project_slug", metavar="[PROJECT]", required=False)
+def audit_rehash(db_path: str, as_json: bool, project_slug: str | None) -> None:
+    """Rewrite a project's audit chain (or every older chain) to the next hash version, recording chain.rehashed."""
+    db = open_db(db_path)
+    if project_slug is not None:
+        project_out(db, project_slug)
+        chains = [project_slug]
+    else:
+        chains = [r["chain"] for r in verify_audit(db) if r["hash_version"] != AUDIT_HASH_VERSIONS[-1]]
+    done = [rehash_audit(db, chain) for chain in chains]
+    Out(as_json)({"rehashed": done}, "\n".join(
+        f"{e['chain'] or '(deployment)'}: {e['refs']['rewritten']} entries rewritten to hash version "
+        f"{e['refs']['hash_version']}; old head {e['refs']['old_head']}, new head {e['refs']['new_head']}"
+        for e in done) or f"Every audit chain is already at hash version {AUDIT_HASH_VERSIONS[-1]}.")
+
+
+@person_group.command("erase")
+@db_options
+@click.argument("handle")
+def person_erase(db_path: str, as_json: bool, handle: str) -> None:
+    """Close HANDLE's account: they become an erased person everywhere (see the README)."""
+    out = close_account(open_db(db_path), handle)
+    lines = [f"Closed {handle}'s account: their name and address are gone; {out['credentials_ended']} credentials, "
+             f"{out['sessions_ended']} sessions and sign-in links, {out['devices_ended']} devices and "
+             f"{out['apps_ended']} apps ended; {out['invites_revoked']} invites to them revoked."]
+    lines += [f"  {p['project']}: {p['approvals_denied']} approvals denied, {p['tasks_cancelled']} tasks cancelled, "
+              f"{p['runs_closed']} runs closed, {p['agents']} agents left" for p in out["projects"]]
+    Out(as_json)(out, "\n".join(lines))
 
 
 ###############################################################################

@@ -37,7 +37,7 @@ def test_every_command_has_help_db_and_json(path, cmd):
 def test_command_functions_do_not_take_the_names_of_their_commands():
     groups = {name: cmd for name, cmd in prickle.cli.commands.items() if isinstance(cmd, click.Group)}
     assert {name: sorted(g.commands) for name, g in groups.items()} == {
-        "agent": ["add", "join", "list", "remove"], "agents": ["pause", "resume"], "audit": ["verify"],
+        "agent": ["add", "join", "list", "remove"], "agents": ["pause", "resume"], "audit": ["rehash", "verify"],
         "device": ["list", "pair", "revoke"], "member": ["add", "leave", "list", "promote", "remove"], "memory": ["retract", "set"],
         "person": ["add", "digest", "email", "list", "signout-everywhere"], "invite": ["create", "list", "resend", "revoke"],
         "project": ["create", "list", "rename"], "rule": ["auto-accept", "list", "revoke", "set"],

@@ -137,6 +137,7 @@ def test_every_lifecycle_is_a_table_whose_moves_lead_to_its_states():
         "invite": ["accepted", "declined", "expired", "open", "revoked", "spent"],
         "lead": ["agreed", "none", "proposed"],
         "start": ["approved", "none"],
+        "account": ["erased", "open"],
     }
 
 
