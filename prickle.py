@@ -165,6 +165,7 @@ import hashlib
 import hmac
 import io
 import ipaddress
+import itertools
 import json
 import logging
 import math
@@ -182,13 +183,14 @@ import time
 import threading
 import tomllib
 import urllib.parse
+import zipfile
 import zlib
 import zoneinfo
 import email.message
 import email.utils
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from html import escape as escape_html
-from typing import Any
+from typing import Any, BinaryIO
 
 import apsw
 import apsw.bestpractice
@@ -198,6 +200,7 @@ import jsonschema_rs
 import mcp_types
 import pydantic
 import pydantic_core
+from dateutil import rrule as _rrule
 import webauthn
 from webauthn.helpers import base64url_to_bytes, bytes_to_base64url
 from webauthn.helpers.exceptions import WebAuthnException
@@ -224,6 +227,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.staticfiles import StaticFiles
@@ -591,6 +595,9 @@ class Settings(pydantic.BaseModel):
     access_log: bool = True
     #: A search stops after this many seconds and says to narrow it (it runs off the event loop).
     search_seconds: float = pydantic.Field(2.0, gt=0, le=60)
+    #: Runs a day one schedule may have, and all of one person's schedules together.
+    schedule_runs_per_day: int = pydantic.Field(24, ge=1, le=288)
+    schedule_runs_per_owner: int = pydantic.Field(96, ge=1, le=10_000)
     #: Where mail goes out (invites, sign-in links by email); None sends none.
     smtp: SmtpSettings | None = None
     #: Whom push services may write to about this server's notifications (VAPID's ``sub``): a
@@ -1843,6 +1850,26 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE people ADD COLUMN erased_at TEXT",
     ],
     [
+        # Schedules (chapter 37): an owner's schedule for their agent, kept in their private room
+        # (``room``), asking in ``project``; each due time's outcome (schedule_runs); and the schedule
+        # (``{"schedule_id", "version"}``) a task was asked by, its runs' cause.
+        """CREATE TABLE schedules (
+            id TEXT PRIMARY KEY, owner TEXT NOT NULL, room TEXT NOT NULL, agent TEXT NOT NULL,
+            project TEXT NOT NULL, text TEXT NOT NULL, recurrence TEXT NOT NULL, timezone TEXT NOT NULL,
+            anchor TEXT NOT NULL, freq TEXT NOT NULL, runs_a_day INTEGER NOT NULL, state TEXT NOT NULL,
+            version INTEGER NOT NULL, next_run_at TEXT, stop_reason TEXT, created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL)""",
+        "CREATE INDEX schedules_due ON schedules (next_run_at) WHERE state = 'active'",
+        "CREATE INDEX schedules_by_owner ON schedules (owner, created_at)",
+        """CREATE TABLE schedule_runs (
+            id INTEGER PRIMARY KEY, schedule_id TEXT NOT NULL REFERENCES schedules(id), owner TEXT NOT NULL,
+            version INTEGER NOT NULL, due_at TEXT NOT NULL, at TEXT NOT NULL, task_id TEXT, outcome TEXT NOT NULL,
+            detail TEXT, missed INTEGER NOT NULL DEFAULT 0)""",
+        "CREATE INDEX schedule_runs_by_schedule ON schedule_runs (schedule_id, at)",
+        "CREATE INDEX schedule_runs_by_owner ON schedule_runs (owner, at)",
+        "ALTER TABLE tasks ADD COLUMN schedule TEXT",
+    ],
+    [
         # Turns that finish (chapter 18): a turn's time limit and its combiner; a private room's
         # rounds (one per message of its owner) and whether the owner stopped the current one.
         "ALTER TABLE turns ADD COLUMN expires_at TEXT",
@@ -2408,6 +2435,17 @@ class Maintenance:
         """Run ``run()`` every ``every`` seconds (from the first tick on) under ``name``."""
         self.pieces.append(_Piece(name, every, run))
 
+    def wake(self, name: str) -> None:
+        """Run the piece ``name`` at the next tick (what it waits for changed before its time)."""
+        for piece in self.pieces:
+            if piece.name == name:
+                piece.due = 0.0
+
+    def status(self) -> list[dict]:
+        """Every piece: ``[{"piece", "next_in"}]``, ``next_in`` the seconds until it runs again."""
+        now = time.monotonic()
+        return [{"piece": p.name, "next_in": round(max(p.due - now, 0.0), 3)} for p in self.pieces]
+
     def degraded(self) -> list[dict]:
         """The failing pieces: ``[{"piece", "cause", "since", "failures"}]``, in the order they were added."""
         return [{"piece": p.name, "cause": p.cause, "since": p.since, "failures": p.failures}
@@ -2785,25 +2823,42 @@ def entry_hash(entry: dict, version: int) -> str:
 
 
 def check_chain(entries: Iterable[dict]) -> dict:
-    """Check one chain's entries, oldest first; return ``{"entries", "ok", "broken_at", "hash_version", "head"}``.
+    """Check one chain's entries, oldest first; return ``{"entries", "ok", "broken_at", "hash_version", "head",
+    "broken_type", "why"}``.
 
     Each entry is ``{chain, n, at, type, refs, prev_hash, hash, hash_version}`` (refs decoded).
     ``broken_at`` is the ``n`` (or, when ``n`` itself is wrong, the position) of the first entry
     that is out of place (n not one more than the last, another chain, a version lower than the
-    last or unknown) or whose prev_hash or hash does not match; ``head`` the last entry's hash.
+    last or unknown) or whose prev_hash or hash does not match; ``broken_type`` its type and
+    ``why`` which of those it is; ``head`` the last entry's hash.
     """
     prev, version, chain, broken, count = GENESIS, 0, None, None, 0
     for e in entries:
         count += 1
         chain = e.get("chain") if chain is None else chain
-        if broken is None:
-            good = (e.get("n") == count and e.get("chain") == chain and e.get("prev_hash") == prev
-                    and e.get("hash_version") in AUDIT_HASH_VERSIONS and e["hash_version"] >= version)
-            if not good or entry_hash(e, e["hash_version"]) != e.get("hash"):
-                broken = e["n"] if isinstance(e.get("n"), int) else count
+        if broken is None and (why := _out_of_place(e, count, chain, prev, version)):
+            broken = {"broken_at": e["n"] if type(e.get("n")) is int else count, "broken_type": e.get("type"),
+                      "why": why}
         prev, version = e.get("hash"), e.get("hash_version") or version
-    return {"entries": count, "ok": broken is None, "broken_at": broken,
-            "hash_version": version or None, "head": prev if count else None}
+    return {"entries": count, "ok": broken is None, "hash_version": version or None, "head": prev if count else None,
+            **(broken or {"broken_at": None, "broken_type": None, "why": None})}
+
+
+def _out_of_place(e: dict, count: int, chain: str, prev: str, version: int) -> str | None:
+    """Why entry number ``count`` of a chain breaks it, or None."""
+    if any(k not in e for k in ("chain", "n", "at", "type", "refs", "prev_hash", "hash", "hash_version")):
+        return "it is not a whole audit entry"
+    if e["n"] != count or e["chain"] != chain:
+        return f"it is out of place (expected entry {count} of chain {chain!r})"
+    if e["prev_hash"] != prev:
+        return "its prev_hash is not the hash of the entry before"
+    if e["hash_version"] not in AUDIT_HASH_VERSIONS:
+        return f"its hash_version {e['hash_version']!r} is not one this Prickle knows {AUDIT_HASH_VERSIONS}"
+    if e["hash_version"] < version:
+        return f"its hash_version {e['hash_version']} is lower than the entry before's ({version})"
+    if entry_hash(e, e["hash_version"]) != e["hash"]:
+        return "its hash does not match what it records"
+    return None
 
 
 def _chain_rows(db: Database, chain: str, batch: int = 2000) -> Iterator[dict]:
@@ -3887,6 +3942,17 @@ def account_state(person: dict) -> str:
 
 
 #: Every lifecycle, by the kind move() takes.
+# A schedule (chapter 37) asks its agent for a task at each due time while active. Its owner
+# edits it (a move to where it is), pauses and resumes it, or deletes it (its text is cleared);
+# it stops by itself when its agent left the project or its owner was removed, and its owner may
+# resume it once that is mended.
+SCHEDULE_MOVES: dict[str, dict[str, str]] = {
+    "active": {"edit": "active", "pause": "paused", "stop": "stopped", "delete": "deleted"},
+    "paused": {"edit": "paused", "resume": "active", "delete": "deleted"},
+    "stopped": {"edit": "stopped", "resume": "active", "delete": "deleted"},
+    **closed("deleted"),
+}
+
 LIFECYCLES: dict[str, Lifecycle] = {
     "task": Lifecycle("task", "tasks", "state", TASK_MOVES, MOVE_BY, lifecycle_state, {
         "approval_gate": "approval (a held handoff)", "approval_final": "approval (a verified result)",
@@ -3906,6 +3972,7 @@ LIFECYCLES: dict[str, Lifecycle] = {
     "start": Lifecycle("Start flag", "tasks", "run_approved", START_MOVES, key=start_state, stored={"none": None}),
     "account": Lifecycle("account", "people", "erased_at", ACCOUNT_MOVES, key=account_state, id_column="handle",
                          stored={"open": None}),
+    "schedule": Lifecycle("schedule", "schedules", "state", SCHEDULE_MOVES),
 }
 
 
@@ -8626,8 +8693,12 @@ def expire_idle_devices(db: Database, now: _dt.datetime) -> int:
 
 
 def _run_cause(task: dict) -> dict:
-    """Why a run of this task starts: the owner's Task request, or the gate's decision on the handoff."""
+    """Why a run of this task starts: the owner's schedule or Task request, or the gate's decision on the handoff."""
     by = json.loads(task["requested_by"])
+    if task["schedule"]:
+        asked = json.loads(task["schedule"])
+        return {"kind": "owner_schedule", "schedule_id": asked["schedule_id"], "version": asked["version"],
+                "task_id": task["id"], "owner": by["handle"]}
     if by["kind"] == "person" and task["origin_message_id"]:
         return {"kind": "owner_message", "message_id": task["origin_message_id"], "author": by["handle"]}
     gate = json.loads(task["gate"] or "{}")
@@ -11922,8 +11993,538 @@ def browser_label(user_agent: str) -> str | None:
 # 37. Private rooms: schedules
 ###############################################################################
 
-# An owner's schedule for one of their own agents: a text, a recurrence and a time zone; each time it
-# is due, a task from the owner to that agent (the lineage cause owner_schedule).
+# An owner's schedule for one of their own agents, kept in their private room: a text, a recurrence
+# and a time zone, asking in a team project where the agent works. Each due time the scheduler
+# (run_due_schedules, the server's "schedules" piece) posts a Task request from the owner to the
+# agent there, its runs' cause ``owner_schedule``; the owner's runner runs it like any other task.
+#
+# A recurrence is a small structured form mapped onto python-dateutil's rrule, never parsed by
+# hand: ``{"freq": "weekly", "byweekday": ["mo", "tu"], "hour": 9, "minute": 0}``. Daily and
+# longer recurrences keep wall-clock time in the schedule's zone (zoneinfo): 9:00 stays 9:00 across
+# a daylight-saving change, a time the change skips runs at the first moment after it, and a time
+# it repeats runs once. Minutely and hourly ones count elapsed time, so a change neither skips nor
+# doubles a run. Due times are kept in the file (``next_run_at``); after downtime the scheduler runs
+# a missed schedule once, saying how many due times that run stands for.
+
+#: The frequencies a recurrence may have, as rrule knows them.
+SCHEDULE_FREQS = {"minutely": _rrule.MINUTELY, "hourly": _rrule.HOURLY, "daily": _rrule.DAILY,
+                  "weekly": _rrule.WEEKLY, "monthly": _rrule.MONTHLY, "yearly": _rrule.YEARLY}
+
+#: Frequencies that count elapsed time (in UTC) rather than the zone's wall-clock time.
+_ELAPSED = ("minutely", "hourly")
+
+#: Weekday names of ``byweekday``, as rrule knows them.
+_WEEKDAYS = {"mo": _rrule.MO, "tu": _rrule.TU, "we": _rrule.WE, "th": _rrule.TH, "fr": _rrule.FR,
+             "sa": _rrule.SA, "su": _rrule.SU}
+
+#: The fields a recurrence may have.
+_RECURRENCE_KEYS = ("freq", "interval", "byweekday", "bymonthday", "bymonth", "hour", "minute", "until")
+
+#: A minutely recurrence runs at most this often (minutes).
+SCHEDULE_MINUTES_MIN = 5
+
+#: Runs a day one schedule, and all of one owner's schedules together, may have unless the
+#: server's settings say otherwise (``schedule_runs_per_day``, ``schedule_runs_per_owner``).
+SCHEDULE_RUNS_PER_DAY = 24
+SCHEDULE_OWNER_RUNS_PER_DAY = 96
+
+#: Schedules one owner may keep (not counting deleted ones).
+SCHEDULES_MAX = 50
+
+#: A due time the scheduler reaches later than this was missed (the server was down): its run
+#: says so, and stands for every due time missed since.
+SCHEDULE_LATE = _dt.timedelta(minutes=10)
+
+#: The scheduler sleeps at most this long (seconds) when nothing is due sooner (a clock that jumped).
+SCHEDULER_MAX_SLEEP = 3600.0
+
+#: What a scheduled task asks of its result (the schedule's text is the task).
+SCHEDULE_CRITERION = "Do what the schedule's text asks and say what was done."
+
+_FIELDS = ("agent", "project", "text", "recurrence", "timezone")
+
+
+def _int_list(rec: dict, key: str, low: int, high: int, zero: bool = True) -> list[int] | None:
+    value = rec.get(key)
+    if value is None:
+        return None
+    items = value if isinstance(value, list) else [value]
+    if not items or any(isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high or (v == 0 and not zero)
+                        for v in items):
+        raise InvalidInput(f"recurrence.{key} must be a whole number from {low} to {high}, or a list of them")
+    return sorted(set(items))
+
+
+def check_recurrence(rec: Any) -> dict:
+    """A recurrence in its stored form, defaults filled; InvalidInput naming the field that is wrong.
+
+    ``{"freq": minutely|hourly|daily|weekly|monthly|yearly, "interval": n (1), "byweekday": ["mo"…],
+    "bymonthday": [1…31 or -1…-31], "bymonth": [1…12], "hour": h or [h…] (daily and longer),
+    "minute": m (0), "until": "YYYY-MM-DD" (the last day it may run, in its zone)}``.
+    """
+    if not isinstance(rec, dict):
+        raise InvalidInput('recurrence must be an object such as {"freq": "weekly", "byweekday": ["mo"], "hour": 9}')
+    unknown = sorted(set(rec) - set(_RECURRENCE_KEYS))
+    if unknown:
+        raise InvalidInput(f"recurrence.{unknown[0]} is not a field of a recurrence: use {', '.join(_RECURRENCE_KEYS)}")
+    freq = rec.get("freq")
+    if freq not in SCHEDULE_FREQS:
+        raise InvalidInput(f"recurrence.freq must be one of {', '.join(SCHEDULE_FREQS)}")
+    out: dict[str, Any] = {"freq": freq, "interval": (_int_list(rec, "interval", 1, 1000) or [1])[0]}
+    if isinstance(rec.get("interval"), list):
+        raise InvalidInput("recurrence.interval must be one whole number")
+    if freq in _ELAPSED:
+        for key in ("byweekday", "bymonthday", "bymonth", "hour"):
+            if key in rec:
+                raise InvalidInput(f"recurrence.{key}: a {freq} recurrence counts elapsed time; leave {key} out "
+                                   "(or use daily, weekly or monthly)")
+        if freq == "minutely" and out["interval"] < SCHEDULE_MINUTES_MIN:
+            raise InvalidInput(f"recurrence.interval: a minutely schedule runs at most every {SCHEDULE_MINUTES_MIN} "
+                               "minutes")
+        if freq == "minutely" and "minute" in rec:
+            raise InvalidInput("recurrence.minute: a minutely recurrence has no minute of the hour; leave it out")
+    else:
+        out["hour"] = _int_list(rec, "hour", 0, 23)
+        if out["hour"] is None:
+            raise InvalidInput("recurrence.hour: say at which hour it runs (0 to 23, or a list of hours)")
+        days = rec.get("byweekday")
+        if days is not None:
+            if not isinstance(days, list) or not days or any(d not in _WEEKDAYS for d in days):
+                raise InvalidInput(f"recurrence.byweekday must be a list of {', '.join(_WEEKDAYS)}")
+            out["byweekday"] = sorted(set(days), key=list(_WEEKDAYS).index)
+        for key, low, high in (("bymonthday", -31, 31), ("bymonth", 1, 12)):
+            values = _int_list(rec, key, low, high, zero=False)
+            if values is not None:
+                out[key] = values
+    if freq != "minutely":
+        minute = _int_list(rec, "minute", 0, 59)
+        if minute is not None and len(minute) > 1:
+            raise InvalidInput("recurrence.minute must be one whole number from 0 to 59")
+        out["minute"] = (minute or [0])[0]
+    if rec.get("until") is not None:
+        try:
+            out["until"] = _dt.date.fromisoformat(rec["until"]).isoformat()
+        except (TypeError, ValueError):
+            raise InvalidInput("recurrence.until must be a date, YYYY-MM-DD") from None
+    return out
+
+
+def runs_a_day(rec: dict) -> int:
+    """The most runs a recurrence has in one day (its stored form)."""
+    if rec["freq"] == "minutely":
+        return math.ceil(1440 / rec["interval"])
+    if rec["freq"] == "hourly":
+        return math.ceil(24 / rec["interval"])
+    return len(rec["hour"])
+
+
+def check_timezone(name: Any) -> zoneinfo.ZoneInfo:
+    """The time zone named ``name`` (IANA, e.g. ``Europe/Berlin``); InvalidInput naming ``timezone``."""
+    try:
+        if not isinstance(name, str) or not name or len(name) > 64:
+            raise ValueError(name)
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise InvalidInput(f"timezone: unknown time zone {json.dumps(name)}: use an IANA name such as "
+                           "Europe/Berlin, America/New_York or UTC") from None
+
+
+def schedule_times(rec: dict, timezone: str, anchor: str, after: _dt.datetime) -> Iterator[_dt.datetime]:
+    """The due times (aware, UTC) of a recurrence strictly after ``after``, oldest first.
+
+    ``anchor`` (ISO) is when the recurrence was set: where its intervals count from.
+    """
+    tz, utc = zoneinfo.ZoneInfo(timezone), _dt.timezone.utc
+    start, freq = parse_iso(anchor), SCHEDULE_FREQS[rec["freq"]]
+    until = rec.get("until") and _dt.datetime.combine(_dt.date.fromisoformat(rec["until"]), _dt.time(23, 59, 59))
+    if rec["freq"] in _ELAPSED:
+        first = start.astimezone(utc).replace(tzinfo=None, second=0, microsecond=0)
+        if rec["freq"] == "hourly":
+            first = first.replace(minute=rec["minute"])
+        rule = _rrule.rrule(freq, interval=rec["interval"], dtstart=first,
+                            until=until and until.replace(tzinfo=tz).astimezone(utc).replace(tzinfo=None))
+        begin = max(after.astimezone(utc).replace(tzinfo=None), first - _dt.timedelta(seconds=1))
+        for t in rule.xafter(begin):
+            yield t.replace(tzinfo=utc)
+        return
+    first = start.astimezone(tz).replace(tzinfo=None, hour=0, minute=0, second=0, microsecond=0)
+    rule = _rrule.rrule(freq, interval=rec["interval"], dtstart=first, until=until, byhour=rec["hour"],
+                        byminute=rec["minute"], bysecond=0, bymonth=rec.get("bymonth"),
+                        bymonthday=rec.get("bymonthday"),
+                        byweekday=[_WEEKDAYS[d] for d in rec["byweekday"]] if rec.get("byweekday") else None)
+    # Wall-clock times near a daylight-saving change: look from a few hours back, keep what is after.
+    begin = max(after.astimezone(tz).replace(tzinfo=None) - _dt.timedelta(hours=3), first - _dt.timedelta(seconds=1))
+    for t in rule.xafter(begin):
+        # fold=0: a time the change skips runs at the first moment after it; one it repeats runs once.
+        due = t.replace(tzinfo=tz).astimezone(utc)
+        if due > after:
+            yield due
+
+
+def next_due(rec: dict, timezone: str, anchor: str, after: _dt.datetime) -> _dt.datetime | None:
+    """The first due time after ``after``, or None when the recurrence never fires again."""
+    return next(schedule_times(rec, timezone, anchor, after), None)
+
+
+def _own_schedule(db: Database, person: Actor, schedule_id: str) -> dict:
+    row = db.one("SELECT * FROM schedules WHERE id = ? AND owner = ? AND state <> 'deleted'",
+                 (schedule_id, person.handle))
+    if row is None:
+        raise NotFound(f"schedule_id: no schedule '{schedule_id}' of yours (it is someone else's, deleted or "
+                       "never was)")
+    return row
+
+
+def _check_version(row: dict, version: Any) -> None:
+    if version is None:
+        return
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise InvalidInput("version must be the schedule's version as you read it (a whole number)")
+    if version != row["version"]:
+        raise Conflict(f"version: schedule '{row['id']}' is at version {row['version']}, not {version}: it changed "
+                       "since you read it; read it again and make your change on that")
+
+
+def _check_target(db: Database, person: Actor, agent: Any, project: Any) -> None:
+    """``agent`` is the person's own and in ``project``, a team project of theirs; errors name the field."""
+    if not isinstance(agent, str) or db.one("SELECT 1 FROM agents WHERE agent_id = ?", (agent,)) is None:
+        raise NotFound(f"agent: no agent {json.dumps(agent)}: name one of your agents as owner/name")
+    if owner_of(agent) != person.handle:
+        raise Forbidden(f"agent: '{agent}' is not your agent: a schedule runs one of your own agents")
+    if not isinstance(project, str):
+        raise InvalidInput("project: name the team project (its slug) where the task is asked")
+    try:
+        row = require_project(db, person, project)
+    except NotFound:
+        raise NotFound(f"project: no project '{project}' of yours: name a team project you are a member of") from None
+    if row["kind"] == "private":
+        raise InvalidInput(f"project: '{project}' is a private room; a scheduled task is asked in a team project "
+                           "where your agent works")
+    if not agent_in_project(db, project, agent):
+        raise InvalidInput(f"project: your agent '{agent}' is not in '{project}': add it there first, or pick "
+                           "a project it is in")
+
+
+def _check_owner_runs(db: Database, person: Actor, runs: int, per_owner: int, besides: str | None = None) -> None:
+    used = db.scalar("SELECT coalesce(sum(runs_a_day), 0) FROM schedules WHERE owner = ? AND state = 'active' AND "
+                     "id IS NOT ?", (person.handle, besides))
+    if used + runs > per_owner:
+        raise InvalidInput(f"recurrence: your active schedules would run {used + runs} times a day, more than the "
+                           f"{per_owner} one person's schedules may; run this one less often, or pause another")
+
+
+def _checked_fields(db: Database, person: Actor, fields: dict, per_schedule: int) -> dict:
+    """The schedule's fields checked in order (text, time zone, agent and project, recurrence);
+    their stored form with ``kind`` and ``runs_a_day``. Raises InvalidInput, NotFound, Forbidden."""
+    check_markdown(check_text(fields["text"], "text", TASK_TEXT_MAX, 1), "text")
+    if not fields["text"].strip():
+        raise InvalidInput("text: say what the agent should do each time")
+    check_timezone(fields["timezone"])
+    _check_target(db, person, fields["agent"], fields["project"])
+    rec = check_recurrence(fields["recurrence"])
+    runs = runs_a_day(rec)
+    if runs > per_schedule:
+        raise InvalidInput(f"recurrence: {runs} runs a day is more than the {per_schedule} one schedule may have; "
+                           "run it less often")
+    return fields | {"recurrence": rec, "kind": rec["freq"], "runs_a_day": runs}
+
+
+def _changed(db: Database, room: str, row: dict, change: str, version: int) -> None:
+    append_event(db, room, "schedule.updated", {"schedule_id": row["id"], "change": change, "version": version})
+
+
+def create_schedule(db: Database, person: Actor, fields: dict, *, room: str | None = None,
+                    per_schedule: int = SCHEDULE_RUNS_PER_DAY, per_owner: int = SCHEDULE_OWNER_RUNS_PER_DAY) -> dict:
+    """The owner makes a schedule in their own private room, after confirming it's them.
+
+    ``fields``: ``{agent, project, text, recurrence, timezone}`` (see check_recurrence); ``room``, when
+    given, must be their own room. Writes ``schedule.updated`` (created, version 1) and the
+    ``schedule.created`` audit entry (agent, version, kind of recurrence, runs a day; never the text).
+    Returns the schedule as schedule_out gives it. Raises InvalidInput, NotFound, Forbidden,
+    StepUpRequired (nothing written).
+    """
+    missing = [f for f in _FIELDS if fields.get(f) is None]
+    if missing:
+        raise InvalidInput(f"{missing[0]}: a schedule needs {', '.join(_FIELDS)}")
+    with db.transaction():
+        slug = ensure_room(db, person.handle)
+        if room is not None and room != slug:
+            raise Forbidden(f"room: '{room}' is not your private room: make schedules in your own room ('{slug}')")
+        checked = _checked_fields(db, person, fields, per_schedule)
+        now = utcnow()
+        due = next_due(checked["recurrence"], checked["timezone"], iso(now), now)
+        if due is None:
+            raise InvalidInput("recurrence: it never fires from now on: check its until, bymonth and bymonthday")
+        _check_owner_runs(db, person, checked["runs_a_day"], per_owner)
+        if db.scalar("SELECT count(*) FROM schedules WHERE owner = ? AND state <> 'deleted'",
+                     (person.handle,)) >= SCHEDULES_MAX:
+            raise InvalidState(f"you have {SCHEDULES_MAX} schedules, as many as one person may: delete one first")
+        require_step_up(db, person, "make a schedule for your agent")
+        row = {"id": new_id("sched"), "owner": person.handle, "room": slug, "agent": checked["agent"],
+               "project": checked["project"], "text": checked["text"], "recurrence": json.dumps(checked["recurrence"]),
+               "timezone": checked["timezone"], "anchor": iso(now), "freq": checked["kind"],
+               "runs_a_day": checked["runs_a_day"], "state": "active", "version": 1, "next_run_at": iso(due),
+               "stop_reason": None, "created_at": iso(now), "updated_at": iso(now)}
+        db.insert("schedules", row)
+        _changed(db, slug, row, "created", 1)
+        audit(db, slug, "schedule.created", {"schedule": row["id"], "agent": row["agent"], "version": 1,
+                                             "kind": row["freq"], "runs_a_day": row["runs_a_day"]})
+        return schedule_out(db, row)
+
+
+def edit_schedule(db: Database, person: Actor, schedule_id: str, version: Any, changes: dict, *,
+                  per_schedule: int = SCHEDULE_RUNS_PER_DAY, per_owner: int = SCHEDULE_OWNER_RUNS_PER_DAY) -> dict:
+    """The owner edits their schedule of ``version`` (as they read it): any of ``agent, project, text,
+    recurrence, timezone``. An edit that adds runs a day, or changes the agent, project, text or time
+    zone, needs them to confirm it's them. Writes ``schedule.updated`` (updated) and its audit entry
+    (agent, version before and after, whether they confirmed, kind, runs a day). Raises InvalidInput,
+    NotFound, Forbidden, Conflict (a stale version), StepUpRequired.
+    """
+    unknown = sorted(set(changes) - set(_FIELDS))
+    if unknown:
+        raise InvalidInput(f"unknown field {unknown[0]}: a schedule's fields are {', '.join(_FIELDS)}")
+    if version is None:
+        raise InvalidInput("version: send the schedule's version as you read it")
+    with db.transaction():
+        row = _own_schedule(db, person, schedule_id)
+        _check_version(row, version)
+        current = {f: row[f] for f in _FIELDS} | {"recurrence": json.loads(row["recurrence"])}
+        checked = _checked_fields(db, person, current | changes, per_schedule)
+        if {f: checked[f] for f in _FIELDS} == current:
+            raise InvalidInput("nothing to change: send a new agent, project, text, recurrence or timezone")
+        guarded = any(checked[f] != current[f] for f in ("agent", "project", "text", "timezone"))
+        if guarded or checked["runs_a_day"] > row["runs_a_day"]:
+            require_step_up(db, person, "change what your schedule runs, or add runs to it")
+        now = utcnow()
+        anchor = iso(now) if checked["recurrence"] != current["recurrence"] else row["anchor"]
+        due = next_due(checked["recurrence"], checked["timezone"], anchor, now)
+        if due is None:
+            raise InvalidInput("recurrence: it never fires from now on: check its until, bymonth and bymonthday")
+        if row["state"] == "active":
+            _check_owner_runs(db, person, checked["runs_a_day"], per_owner, besides=row["id"])
+        confirmed = step_up_status(db, person)["confirmed"]
+        move(db, "schedule", row["id"], "edit", row, version=row["version"] + 1, agent=checked["agent"],
+             project=checked["project"], text=checked["text"], recurrence=json.dumps(checked["recurrence"]),
+             timezone=checked["timezone"], anchor=anchor, freq=checked["kind"], runs_a_day=checked["runs_a_day"],
+             next_run_at=iso(due) if row["state"] == "active" else None, updated_at=iso(now))
+        _changed(db, row["room"], row, "updated", row["version"] + 1)
+        audit(db, row["room"], "schedule.updated", {
+            "schedule": row["id"], "agent": checked["agent"], "version_before": row["version"],
+            "version": row["version"] + 1, "confirmed": confirmed, "kind": checked["kind"],
+            "runs_a_day": checked["runs_a_day"]})
+        return schedule_out(db, row["id"])
+
+
+def pause_schedule(db: Database, person: Actor, schedule_id: str, version: Any = None) -> dict:
+    """The owner pauses their schedule: nothing is due from it until they resume it. Writes
+    ``schedule.updated`` (paused) and ``schedule.paused`` (agent, version). Raises NotFound,
+    Conflict (a stale ``version``), InvalidState."""
+    with db.transaction():
+        row = _own_schedule(db, person, schedule_id)
+        _check_version(row, version)
+        move(db, "schedule", row["id"], "pause", row, version=row["version"] + 1, next_run_at=None,
+             updated_at=iso(utcnow()))
+        _changed(db, row["room"], row, "paused", row["version"] + 1)
+        audit(db, row["room"], "schedule.paused", {"schedule": row["id"], "agent": row["agent"],
+                                                   "version": row["version"] + 1})
+        return schedule_out(db, row["id"])
+
+
+def resume_schedule(db: Database, person: Actor, schedule_id: str, version: Any = None, *,
+                    per_owner: int = SCHEDULE_OWNER_RUNS_PER_DAY) -> dict:
+    """The owner resumes their paused (or stopped) schedule, after confirming it's them: its next due
+    time from now on (times while it was paused are not run). Writes ``schedule.updated`` (resumed) and
+    its audit entry. Raises NotFound, Conflict, InvalidInput (its agent or project no longer fit),
+    InvalidState, StepUpRequired."""
+    with db.transaction():
+        row = _own_schedule(db, person, schedule_id)
+        _check_version(row, version)
+        next_state("schedule", row, "resume")
+        _check_target(db, person, row["agent"], row["project"])
+        _check_owner_runs(db, person, row["runs_a_day"], per_owner, besides=row["id"])
+        require_step_up(db, person, "resume your schedule")
+        now = utcnow()
+        due = next_due(json.loads(row["recurrence"]), row["timezone"], row["anchor"], now)
+        if due is None:
+            raise InvalidInput("recurrence: it never fires from now on: edit its recurrence first")
+        move(db, "schedule", row["id"], "resume", row, version=row["version"] + 1, next_run_at=iso(due),
+             stop_reason=None, updated_at=iso(now))
+        _changed(db, row["room"], row, "resumed", row["version"] + 1)
+        audit(db, row["room"], "schedule.updated", {
+            "schedule": row["id"], "agent": row["agent"], "version_before": row["version"],
+            "version": row["version"] + 1, "confirmed": True, "kind": row["freq"], "runs_a_day": row["runs_a_day"]})
+        return schedule_out(db, row["id"])
+
+
+def delete_schedule(db: Database, person: Actor, schedule_id: str, version: Any = None) -> dict:
+    """The owner deletes their schedule: its text is cleared and nothing is due from it again. Writes
+    ``schedule.updated`` (deleted) and ``schedule.deleted`` (agent, version). Raises NotFound, Conflict."""
+    with db.transaction():
+        row = _own_schedule(db, person, schedule_id)
+        _check_version(row, version)
+        move(db, "schedule", row["id"], "delete", row, version=row["version"] + 1, text="", next_run_at=None,
+             updated_at=iso(utcnow()))
+        _changed(db, row["room"], row, "deleted", row["version"] + 1)
+        audit(db, row["room"], "schedule.deleted", {"schedule": row["id"], "agent": row["agent"],
+                                                    "version": row["version"] + 1})
+        return {"schedule_id": row["id"], "deleted": True, "version": row["version"] + 1}
+
+
+def schedule_out(db: Database, row: dict | str) -> dict:
+    """A schedule as its owner's room shows it: its fields, state, version, ``next_run_at``,
+    ``stop_reason`` and ``last_run`` (``{due_at, at, outcome, detail, missed, task_id, task_state}`` or
+    null), and what its owner may do now (``can``)."""
+    row = db.one("SELECT * FROM schedules WHERE id = ?", (row,)) if isinstance(row, str) else row
+    last = db.one("SELECT r.*, t.state AS task_state FROM schedule_runs r LEFT JOIN tasks t ON t.id = r.task_id "
+                  "WHERE r.schedule_id = ? ORDER BY r.id DESC LIMIT 1", (row["id"],))
+    moves = SCHEDULE_MOVES[row["state"]]
+    return {"id": row["id"], "agent": row["agent"], "project": row["project"], "text": row["text"],
+            "recurrence": json.loads(row["recurrence"]), "timezone": row["timezone"], "kind": row["freq"],
+            "runs_a_day": row["runs_a_day"], "state": row["state"], "version": row["version"],
+            "next_run_at": row["next_run_at"], "stop_reason": row["stop_reason"], "created_at": row["created_at"],
+            "updated_at": row["updated_at"],
+            "last_run": None if last is None else {
+                "due_at": last["due_at"], "at": last["at"], "outcome": last["outcome"], "detail": last["detail"],
+                "missed": last["missed"], "task_id": last["task_id"], "task_state": last["task_state"]},
+            "can": [m for m in ("edit", "pause", "resume", "delete") if m in moves]}
+
+
+def list_schedules(db: Database, person: Actor, *, per_schedule: int = SCHEDULE_RUNS_PER_DAY,
+                   per_owner: int = SCHEDULE_OWNER_RUNS_PER_DAY) -> dict:
+    """The person's schedules (newest first, deleted ones left out) and their limits:
+    ``{"room", "schedules": [schedule_out], "limits": {"runs_a_day_per_schedule", "runs_a_day_per_owner",
+    "runs_a_day_used", "schedules_max"}}``."""
+    with db.transaction():
+        slug = ensure_room(db, person.handle)
+    rows = db.rows("SELECT * FROM schedules WHERE owner = ? AND state <> 'deleted' ORDER BY created_at DESC, id",
+                   (person.handle,))
+    used = sum(r["runs_a_day"] for r in rows if r["state"] == "active")
+    return {"room": slug, "schedules": [schedule_out(db, r) for r in rows],
+            "limits": {"runs_a_day_per_schedule": per_schedule, "runs_a_day_per_owner": per_owner,
+                       "runs_a_day_used": used, "schedules_max": SCHEDULES_MAX}}
+
+
+def _due_note(row: dict, due: _dt.datetime, missed: int) -> str:
+    """What a scheduled task's context says of why it was asked (and of a run after downtime)."""
+    local = due.astimezone(zoneinfo.ZoneInfo(row["timezone"])).strftime("%Y-%m-%d %H:%M %Z")
+    note = f"Asked by {row['owner']}'s schedule {row['id']} (version {row['version']}), due {local}."
+    if missed:
+        note += (f" The server was not running when it was due: this one run stands for the {missed} due "
+                 f"time{'s' if missed > 1 else ''} missed.")
+    return note
+
+
+def _why_not(db: Database, row: dict, now: _dt.datetime, per_schedule: int, per_owner: int) -> tuple[str, str] | None:
+    """Why this due time asks nothing: ``(outcome, detail)``, or None when it may ask its agent."""
+    if agent_pause(db, row["agent"]) is not None:
+        return "agent_paused", f"{row['agent']} is paused: nothing is asked of it until it is resumed"
+    day_ago = iso(now - _dt.timedelta(days=1))
+    ran = db.scalar("SELECT count(*) FROM schedule_runs WHERE schedule_id = ? AND task_id IS NOT NULL AND at > ?",
+                    (row["id"], day_ago))
+    if ran >= per_schedule:
+        return "limit", f"this schedule already ran {ran} times in the last day, its limit"
+    ran = db.scalar("SELECT count(*) FROM schedule_runs WHERE owner = ? AND task_id IS NOT NULL AND at > ?",
+                    (row["owner"], day_ago))
+    if ran >= per_owner:
+        return "limit", f"your schedules already ran {ran} times in the last day, the limit for one person"
+    return None
+
+
+def _stop_reason(db: Database, row: dict) -> str | None:
+    if member_role(db, row["project"], row["owner"]) is None:
+        return "owner_removed"
+    if not agent_in_project(db, row["project"], row["agent"]):
+        return "agent_left"
+    return None
+
+
+#: What a stopped schedule's owner is told.
+STOP_REASONS = {"owner_removed": "you are no longer a member of its project",
+                "agent_left": "its agent is no longer in its project"}
+
+
+def _ask(db: Database, row: dict, due: _dt.datetime, missed: int) -> str:
+    """Post the Task request of one due time (inside the caller's transaction); the task's id."""
+    owner = Actor(kind="person", credential_id="", credential_kind="schedule", handle=row["owner"])
+    packet = {"task": row["text"], "deliverable_type": "answer", "acceptance_criteria": [SCHEDULE_CRITERION],
+              "context": _due_note(row, due, missed), "files": []}
+    task_id = request_task(db, owner, row["project"], row["agent"], packet)["task"]["id"]
+    db.execute("UPDATE tasks SET schedule = ? WHERE id = ?",
+               (json.dumps({"schedule_id": row["id"], "version": row["version"]}), task_id))
+    return task_id
+
+
+def _run_schedule(db: Database, schedule_id: str, now: _dt.datetime, per_schedule: int, per_owner: int) -> dict | None:
+    """One due schedule's turn: ask its agent (or say why not, or stop it), and set its next due time."""
+    with db.transaction():
+        row = db.one("SELECT * FROM schedules WHERE id = ? AND state = 'active' AND next_run_at <= ?",
+                     (schedule_id, iso(now)))
+        if row is None:
+            return None
+        rec, due = json.loads(row["recurrence"]), parse_iso(row["next_run_at"])
+        late = now - due > SCHEDULE_LATE
+        # The due times this one run stands for: every one from ``due`` to now (counted up to a bound).
+        missed = 1 + sum(1 for _ in itertools.takewhile(lambda t: t <= now, itertools.islice(
+            schedule_times(rec, row["timezone"], row["anchor"], due), 10_000))) if late else 0
+        task_id, detail = None, None
+        stop = _stop_reason(db, row)
+        if stop is not None:
+            outcome, detail = "stopped", STOP_REASONS[stop]
+            move(db, "schedule", row["id"], "stop", row, stop_reason=stop, next_run_at=None, updated_at=iso(now))
+        else:
+            refused = _why_not(db, row, now, per_schedule, per_owner)
+            if refused is None:
+                try:
+                    with db.transaction():
+                        task_id, outcome = _ask(db, row, due, missed), "asked"
+                except PrickleError as e:  # said to the owner; the schedule goes on to its next time
+                    outcome, detail = "failed", e.message
+            else:
+                outcome, detail = refused
+            following = next_due(rec, row["timezone"], row["anchor"], now)
+            db.execute("UPDATE schedules SET next_run_at = ? WHERE id = ?",
+                       (iso(following) if following else None, row["id"]))
+        db.execute("INSERT INTO schedule_runs (schedule_id, owner, version, due_at, at, task_id, outcome, detail, "
+                   "missed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   (row["id"], row["owner"], row["version"], row["next_run_at"], iso(now), task_id, outcome, detail,
+                    missed))
+        return {"schedule_id": row["id"], "outcome": outcome, "task_id": task_id, "missed": missed}
+
+
+def run_due_schedules(db: Database, now: _dt.datetime | None = None, *, per_schedule: int = SCHEDULE_RUNS_PER_DAY,
+                      per_owner: int = SCHEDULE_OWNER_RUNS_PER_DAY) -> dict:
+    """The scheduler's one look: every active schedule due by ``now`` (default: now) asks its agent once.
+
+    A schedule due again later gets its next due time after ``now``, so downtime runs a missed
+    schedule once (``missed`` says for how many due times). A paused agent or a reached limit asks
+    nothing (the outcome says why); a schedule whose agent left its project or whose owner was
+    removed from it stops with that reason. Returns ``{"runs": [{schedule_id, outcome, task_id,
+    missed}], "next_due": the earliest due time left (aware) or None}``.
+    """
+    now = now or utcnow()
+    due = [r["id"] for r in db.rows("SELECT id FROM schedules WHERE state = 'active' AND next_run_at <= ? "
+                                    "ORDER BY next_run_at, id", (iso(now),))]
+    runs = [run for run in (_run_schedule(db, i, now, per_schedule, per_owner) for i in due) if run]
+    return {"runs": runs, "next_due": schedule_next_due(db)}
+
+
+def schedule_next_due(db: Database) -> _dt.datetime | None:
+    """The earliest due time of any active schedule, or None."""
+    at = db.scalar("SELECT min(next_run_at) FROM schedules WHERE state = 'active'")
+    return parse_iso(at) if at else None
+
+
+def schedule_piece(db: Database, per_schedule: int, per_owner: int) -> Callable[[], float]:
+    """The server's scheduler: a background piece that runs what is due and sleeps until the next due
+    time (at most SCHEDULER_MAX_SLEEP); a change to a schedule wakes it early (Maintenance.wake)."""
+
+    def run() -> float:
+        left = run_due_schedules(db, per_schedule=per_schedule, per_owner=per_owner)["next_due"]
+        if left is None:
+            return SCHEDULER_MAX_SLEEP
+        return float(min(max((left - utcnow()).total_seconds(), 0.0), SCHEDULER_MAX_SLEEP))
+
+    return run
 
 
 ###############################################################################
@@ -12765,6 +13366,231 @@ def close_account(db: Database, who: Actor | str) -> dict:
 
 # A project's audit log, or its whole content, as documented JSON Lines files in one archive; the
 # audit export carries every entry's hashes so it can be checked with no database.
+#
+# The archive is a zip holding manifest.json and one JSON Lines file per kind of record (one JSON
+# object a line, UTF-8, oldest first); the README documents every file and field, and the check
+# check_export makes. It is written in one read snapshot, file by file and a batch of rows at a
+# time, into a file the caller gives (the command line: a temporary file beside the destination;
+# the people's API: a temporary file it then streams), never built whole in memory.
+
+#: What an owner may export: the audit log alone, or the project's whole content (with its audit log).
+EXPORT_PARTS = ("audit_log", "content")
+
+#: The version of the export's layout, in its manifest (the README's "Exporting a project").
+EXPORT_FORMAT_VERSION = 1
+
+#: Rows read at a time while writing a file of the export.
+_EXPORT_BATCH = 1000
+
+
+def may_export(db: Database, project: str, handle: str) -> bool:
+    """Whether ``handle`` may export ``project``: its owners may."""
+    return member_role(db, project, handle) == "owner"
+
+
+def export_options(db: Database, person: Actor, project: str) -> dict:
+    """What the page offers: ``{"can_export", "parts"}``. Raises NotFound for a project out of reach."""
+    with db.snapshot():
+        require_project(db, person, check_slug(project, "project"))
+        return {"can_export": may_export(db, project, person.handle), "parts": list(EXPORT_PARTS)}
+
+
+def _batched(db: Database, sql: str, params: tuple, key: str = "rid") -> Iterator[dict]:
+    """Rows of ``sql`` (ending ``{key} > ? ORDER BY {key} LIMIT ?``) a batch at a time, from the start."""
+    after = -1
+    while rows := db.rows(sql, params + (after, _EXPORT_BATCH)):
+        yield from rows
+        after = rows[-1][key]
+
+
+def export_audit_lines(db: Database, project: str) -> Iterator[dict]:
+    """A project's audit entries as audit.jsonl holds them, oldest first: ``{chain, n, at, type, refs,
+    prev_hash, hash, hash_version}``."""
+    for r in _batched(db, "SELECT * FROM audit WHERE chain = ? AND n > ? ORDER BY n LIMIT ?", (project,), "n"):
+        yield {"chain": r["chain"], "n": r["n"], "at": r["at"], "type": r["type"], "refs": json.loads(r["refs"]),
+               "prev_hash": r["prev_hash"], "hash": r["hash"], "hash_version": r["hash_version"]}
+
+
+def _messages(db: Database, project: str) -> Iterator[dict]:
+    for r in _batched(db, MESSAGE_SELECT + "WHERE m.project = ? AND m.seq > ? ORDER BY m.seq LIMIT ?",
+                      (project,), "seq"):
+        yield message_out(with_card(db, r))
+
+
+def _tasks(db: Database, project: str) -> Iterator[dict]:
+    for r in _batched(db, "SELECT rowid AS rid, * FROM tasks WHERE project = ? AND rowid > ? ORDER BY rowid "
+                          "LIMIT ?", (project,)):
+        yield task_out(db, r)
+
+
+def _submission_rows(db: Database, project: str) -> Iterator[dict]:
+    return _batched(db, "SELECT s.rowid AS rid, s.* FROM submissions s JOIN tasks t ON t.id = s.task_id "
+                        "WHERE t.project = ? AND s.rowid > ? ORDER BY s.rowid LIMIT ?", (project,))
+
+
+def _submissions(db: Database, project: str) -> Iterator[dict]:
+    for r in _submission_rows(db, project):
+        yield {"task_id": r["task_id"]} | result_out(r)
+
+
+def _evidence(db: Database, project: str) -> Iterator[dict]:
+    for r in _submission_rows(db, project):
+        for index, item in enumerate(json.loads(r["evidence"])):
+            yield {"task_id": r["task_id"], "submission_id": r["id"], "revision": r["revision"], "index": index} | item
+
+
+def _files(db: Database, project: str) -> Iterator[dict]:
+    """Each posted attachment and each delivered file, naming its bytes' place in the archive."""
+    for r in _batched(db, "SELECT a.rowid AS rid, a.*, m.id AS message_id FROM attachments a JOIN messages m "
+                          "ON m.seq = a.message_seq WHERE a.project = ? AND a.rowid > ? ORDER BY a.rowid LIMIT ?",
+                      (project,)):
+        yield ({"kind": "attachment", "id": r["id"], "message_id": r["message_id"], "task_id": None, "ref": None,
+                "name": r["name"], "attachment_kind": r["kind"]}
+               | {k: r[k] for k in ("sha256", "content_type", "byte_size", "uploaded_by", "created_at")}
+               | {"path": f"files/{r['sha256']}"})
+    for r in _batched(db, "SELECT rowid AS rid, * FROM deliverables WHERE project = ? AND rowid > ? "
+                          "ORDER BY rowid LIMIT ?", (project,)):
+        yield ({"kind": "deliverable", "id": r["id"], "message_id": None, "task_id": r["task_id"], "ref": r["ref"],
+                "name": r["ref"].rsplit("/", 1)[-1], "attachment_kind": None}
+               | {k: r[k] for k in ("sha256", "content_type", "byte_size", "uploaded_by", "created_at")}
+               | {"path": f"files/{r['sha256']}"})
+
+
+#: The files of a content export in the order written, each with what writes its lines (audit.jsonl
+#: comes last, in every export).
+_CONTENT_FILES: tuple[tuple[str, Callable[[Database, str], Iterable[dict]]], ...] = (
+    ("members.jsonl", list_members), ("memory.jsonl", memory_facts), ("messages.jsonl", _messages),
+    ("tasks.jsonl", _tasks), ("submissions.jsonl", _submissions), ("evidence.jsonl", _evidence),
+    ("files.jsonl", _files),
+)
+
+
+def _member(name: str) -> zipfile.ZipInfo:
+    """A file of the archive, dated now (UTC) and compressed."""
+    info = zipfile.ZipInfo(name, time.gmtime()[:6])
+    info.compress_type = zipfile.ZIP_DEFLATED
+    return info
+
+
+def _write_lines(archive: zipfile.ZipFile, name: str, lines: Iterable[dict]) -> dict:
+    """Write one JSON Lines file; return its manifest row ``{name, lines, sha256}``."""
+    out, digest, count = archive.open(_member(name), "w", force_zip64=True), hashlib.sha256(), 0
+    with out:
+        for obj in lines:
+            line = (utf8_json(obj) + "\n").encode()
+            out.write(line)
+            digest.update(line)
+            count += 1
+    return {"name": name, "lines": count, "sha256": digest.hexdigest()}
+
+
+def export_project(db: Database, by: Actor | str | None, project: str, part: str, out: BinaryIO) -> dict:
+    """Export ``project``'s audit log (``part`` "audit_log") or its whole content ("content") into ``out``.
+
+    ``out`` is a binary file the zip is written to (seekable: a temporary file). ``by`` is the
+    signed-in person (the project must be in their reach), a handle (the command line's --by) or
+    None (the command line's operator); a person must be an owner. Writes ``project.exported``
+    with ``part`` and ``by`` first, so the export's audit log ends with it, then writes the
+    archive from one read snapshot. Returns the manifest. Raises InvalidInput for a bad part,
+    NotFound for a project out of reach or unknown, Forbidden for a member who is not an owner.
+    """
+    if part not in EXPORT_PARTS:
+        raise InvalidInput(f"part must be 'audit_log' (the audit log alone) or 'content' (messages, tasks, "
+                           f"submissions, evidence, memory, files, members and the audit log), not {part!r}")
+    with db.transaction():
+        handle = acting_member(db, check_slug(project, "project"), by)
+        summary = project_out(db, project)
+        if handle is not None and not may_export(db, project, handle):
+            raise Forbidden(f"only an owner of '{project}' exports it: ask one of its owners")
+        audit(db, project, "project.exported", {"part": part, "by": handle})
+    with db.snapshot(), zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        files = [_write_lines(archive, name, lines(db, project))
+                 for name, lines in (_CONTENT_FILES if part == "content" else ())]
+        if part == "content":  # each file's bytes once, however many records name them
+            for r in db.rows("SELECT a.sha256 FROM attachments a JOIN messages m ON m.seq = a.message_seq "
+                             "WHERE a.project = ? UNION SELECT sha256 FROM deliverables WHERE project = ? ORDER BY 1",
+                             (project, project)):
+                archive.writestr(_member(f"files/{r['sha256']}"),
+                                 db.scalar("SELECT bytes FROM blobs WHERE sha256 = ?", (r["sha256"],)))
+        files.append(_write_lines(archive, "audit.jsonl", export_audit_lines(db, project)))
+        chain = check_chain(export_audit_lines(db, project))
+        manifest = {
+            "format": "prickle-export", "format_version": EXPORT_FORMAT_VERSION, "prickle_version": __version__,
+            "project": summary, "part": part, "exported_at": iso(utcnow()), "exported_by": handle, "files": files,
+            "audit": {"chain": project, "entries": chain["entries"], "head": chain["head"],
+                      "hash_version": chain["hash_version"]},
+        }
+        archive.writestr(_member("manifest.json"), json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    return manifest
+
+
+def _read_entries(lines: Iterable[bytes]) -> Iterator[dict]:
+    """audit.jsonl's lines as entries; a line that is no JSON object is yielded as ``{}`` (it breaks the chain there)."""
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            entry = None
+        yield entry if isinstance(entry, dict) else {}
+
+
+def check_export(path: str) -> dict:
+    """Check an export (the zip, or its audit.jsonl alone) with no database: the chain, and the files against the manifest.
+
+    Returns ``{"file", "project", "part", "exported_at", "entries", "ok", "broken_at", "broken_type", "why",
+    "hash_version", "head", "problems"}`` (the chain's fields as check_chain gives them): ``ok`` when the
+    chain holds and ``problems`` (the archive against its manifest: a file's line count or sha256, the
+    audit head it names) is empty. Raises NotFound for no such file, InvalidInput for a file that is
+    neither a zip with audit.jsonl nor JSON Lines.
+    """
+    if not os.path.isfile(path):
+        raise NotFound(f"no file at {path}: pass the export's path")
+    problems: list[str] = []
+    manifest: dict = {}
+    if not zipfile.is_zipfile(path):
+        with open(path, "rb") as f:
+            chain = check_chain(_read_entries(f))
+        if not chain["entries"]:
+            raise InvalidInput(f"{path} is neither an export (a zip) nor an audit.jsonl with entries")
+    else:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+            if "audit.jsonl" not in names:
+                raise InvalidInput(f"{path} is a zip without audit.jsonl: not a Prickle export")
+            try:
+                manifest = json.loads(archive.read("manifest.json")) if "manifest.json" in names else {}
+            except ValueError:
+                manifest = {}
+            if not isinstance(manifest, dict) or manifest.get("format") != "prickle-export":
+                problems.append("manifest.json is missing or is not a Prickle export's manifest")
+                manifest = {}
+            for listed in manifest.get("files", ()):
+                problems += _file_problems(archive, listed, names)
+            with archive.open("audit.jsonl") as f:
+                chain = check_chain(_read_entries(f))
+        said = manifest.get("audit") or {}
+        if manifest and (said.get("entries"), said.get("head")) != (chain["entries"], chain["head"]):
+            problems.append(f"the manifest names {said.get('entries')} audit entries ending at {said.get('head')}; "
+                            f"audit.jsonl holds {chain['entries']} ending at {chain['head']}")
+    return {"file": path, "project": (manifest.get("project") or {}).get("slug"), "part": manifest.get("part"),
+            "exported_at": manifest.get("exported_at")} | chain | {"ok": chain["ok"] and not problems,
+                                                                     "problems": problems}
+
+
+def _file_problems(archive: zipfile.ZipFile, listed: Any, names: set[str]) -> list[str]:
+    """What is wrong with one file the manifest lists (its line count and sha256), if anything."""
+    name = listed.get("name") if isinstance(listed, dict) else None
+    if name not in names:
+        return [f"the manifest lists {name!r}, which the archive does not hold"]
+    digest, lines = hashlib.sha256(), 0
+    with archive.open(name) as f:
+        while chunk := f.read(1 << 16):
+            digest.update(chunk)
+            lines += chunk.count(b"\n")
+    if (lines, digest.hexdigest()) != (listed.get("lines"), listed.get("sha256")):
+        return [f"{name} holds {lines} lines with sha256 {digest.hexdigest()}; the manifest says "
+                f"{listed.get('lines')} lines with sha256 {listed.get('sha256')}"]
+    return []
 
 
 ###############################################################################
@@ -13362,13 +14188,15 @@ def icon_route(size: int, maskable: bool = False) -> Callable[[Request], Any]:
 async def health(request: Request) -> Response:
     """GET /healthz: the server is up and its database answers.
 
-    ``{"ok", "version", "outbox_head", "degraded", "waits"}``: ``degraded`` lists the background
-    pieces failing now (see :meth:`Maintenance.degraded`), empty when all is well; ``waits`` is how
-    many agents' waits are open (each agent counted once per wait it holds).
+    ``{"ok", "version", "outbox_head", "degraded", "pieces", "waits"}``: ``degraded`` lists the
+    background pieces failing now (see :meth:`Maintenance.degraded`), empty when all is well;
+    ``pieces`` names every background piece and when it runs next; ``waits`` is how many agents'
+    waits are open (each agent counted once per wait it holds).
     """
     state: AppState = request.app.state.prickle
     return JSONResponse({"ok": True, "version": __version__, "outbox_head": outbox_head(state.db),
                          "degraded": state.maintenance.degraded() if state.maintenance else [],
+                         "pieces": state.maintenance.status() if state.maintenance else [],
                          "waits": sum(len(w) for w in state.hub.agent_waiters.values())})
 
 
@@ -15442,12 +16270,93 @@ async def api_link_repo(state: AppState, person: Actor, request: Request, body: 
                                  body_field(body, "repository", str))
 
 
+async def api_export_options(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/projects/{slug}/export: whether the signed-in person may export the project, and its parts."""
+    return export_options(state.db, person, request.path_params["slug"])
+
+
+async def api_export(state: AppState, person: Actor, request: Request, body: dict) -> Response:
+    """POST /api/projects/{slug}/export {part: "audit_log" | "content"}: the export as a zip download.
+
+    Written off the event loop into a temporary file (see export_project), then sent from it and
+    removed; the file name says the project, the part and the day.
+    """
+    slug, part = request.path_params["slug"], body_field(body, "part", str)
+    fd, path = tempfile.mkstemp(prefix="prickle-export-", suffix=".zip")
+    try:
+        with os.fdopen(fd, "w+b") as out:
+            manifest = await state.readers.run(export_project, person, slug, part, out)
+    except BaseException:
+        os.unlink(path)
+        raise
+    name = f"{slug}-{part.replace('_', '-')}-{manifest['exported_at'][:10]}.zip"
+    return FileResponse(path, media_type="application/zip", filename=name, background=BackgroundTask(os.unlink, path))
+
+
 async def api_close_account(state: AppState, person: Actor, request: Request, body: Any) -> Response:
     """DELETE /api/me: close your account, after confirming it's you (close_account); this browser's
     session ends with every other."""
     response = JSONResponse(close_account(state.db, person))
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response
+
+
+def _schedule_limits(state: AppState) -> dict:
+    return {"per_schedule": state.settings.schedule_runs_per_day, "per_owner": state.settings.schedule_runs_per_owner}
+
+
+def _schedule_changed(state: AppState, out: dict) -> dict:
+    """After a change: the scheduler looks again now (its next due time may be sooner)."""
+    if state.maintenance is not None:
+        state.maintenance.wake("schedules")
+    return out
+
+
+async def api_schedules(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/room/schedules: the person's schedules with their next and last runs, and the limits."""
+    return list_schedules(state.db, person, **_schedule_limits(state))
+
+
+async def api_create_schedule(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/room/schedules {agent, project, text, recurrence, timezone, room?}: make a schedule
+    (after confirming it's you)."""
+    _only(body, "agent", "project", "text", "recurrence", "timezone", "room")
+    fields = {k: v for k, v in body.items() if k != "room"}
+    return _schedule_changed(state, {"schedule": create_schedule(state.db, person, fields, room=body.get("room"),
+                                                                 **_schedule_limits(state))})
+
+
+async def api_edit_schedule(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/room/schedules/{id} {version, agent?, project?, text?, recurrence?, timezone?}: edit it."""
+    _only(body, "version", "agent", "project", "text", "recurrence", "timezone")
+    changes = {k: v for k, v in body.items() if k != "version"}
+    return _schedule_changed(state, {"schedule": edit_schedule(
+        state.db, person, request.path_params["schedule_id"], body.get("version"), changes,
+        **_schedule_limits(state))})
+
+
+async def api_pause_schedule(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/room/schedules/{id}/pause {version?}: nothing is due from it until it is resumed."""
+    _only(body, "version")
+    return _schedule_changed(state, {"schedule": pause_schedule(
+        state.db, person, request.path_params["schedule_id"], body.get("version"))})
+
+
+async def api_resume_schedule(state: AppState, person: Actor, request: Request, body: dict) -> dict:
+    """POST /api/room/schedules/{id}/resume {version?}: resume it (after confirming it's you)."""
+    _only(body, "version")
+    return _schedule_changed(state, {"schedule": resume_schedule(
+        state.db, person, request.path_params["schedule_id"], body.get("version"),
+        per_owner=state.settings.schedule_runs_per_owner)})
+
+
+async def api_delete_schedule(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """DELETE /api/room/schedules/{id}?version=N: delete it; its text is cleared."""
+    version = request.query_params.get("version")
+    if version is not None and not version.isdigit():
+        raise InvalidInput("version must be the schedule's version as you read it (a whole number)")
+    return _schedule_changed(state, delete_schedule(state.db, person, request.path_params["schedule_id"],
+                                                    None if version is None else int(version)))
 
 
 #: Every route but /mcp and /static: chapter 47's and this chapter's.
@@ -15461,7 +16370,15 @@ ROUTES = WORK_ROUTES + (
     ("POST", "/api/projects/{slug}/story/round-numbers", api_endpoint(api_round_numbers)),
     ("POST", "/api/projects/{slug}/story/repo", api_endpoint(api_link_repo)),
     ("DELETE", "/api/projects/{slug}/story/repo", api_endpoint(api_operation(unlink_repository, "slug"))),
+    ("GET", "/api/projects/{slug}/export", api_endpoint(api_export_options)),
+    ("POST", "/api/projects/{slug}/export", api_endpoint(api_export)),
     ("DELETE", "/api/me", api_endpoint(api_close_account)),
+    ("GET", "/api/room/schedules", api_endpoint(api_schedules)),
+    ("POST", "/api/room/schedules", api_endpoint(api_create_schedule)),
+    ("POST", "/api/room/schedules/{schedule_id}", api_endpoint(api_edit_schedule)),
+    ("DELETE", "/api/room/schedules/{schedule_id}", api_endpoint(api_delete_schedule)),
+    ("POST", "/api/room/schedules/{schedule_id}/pause", api_endpoint(api_pause_schedule)),
+    ("POST", "/api/room/schedules/{schedule_id}/resume", api_endpoint(api_resume_schedule)),
     ("POST", "/api/room/round/stop", api_endpoint(api_operation(stop_round))),
 )
 
@@ -15530,7 +16447,7 @@ def push_piece(db: Database, settings: Settings) -> Callable[[], None]:
 def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer, settings: Settings,
                        end_dead_sessions: Callable[[], None]) -> Maintenance:
     """The server's background pieces: the watch for other writers, the WAL checkpoint, the
-    approvals and invites sweep, outbox and files pruning, the email digest and push notifications (see
+    approvals and invites sweep, outbox and files pruning, the email digest, push notifications and the scheduler (see
     :class:`Maintenance`). ``end_dead_sessions`` ends
     the MCP sessions of credentials another process revoked, or that expired on their own.
     """
@@ -15573,6 +16490,8 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
     maintenance.add("app registrations pruning", 3600.0, lambda: prune_oauth(db))
     maintenance.add("email digest", DIGEST_EVERY, digest)
     maintenance.add("push notifications", PUSH_EVERY, push_piece(db, settings))
+    maintenance.add("schedules", SCHEDULER_MAX_SLEEP, schedule_piece(db, settings.schedule_runs_per_day,
+                                                                     settings.schedule_runs_per_owner))
     return maintenance
 
 
@@ -16491,8 +17410,13 @@ def audit_group() -> None:
 @audit_group.command("verify")
 @db_options
 @click.argument("project_slug", metavar="[PROJECT]", required=False)
-def audit_verify(db_path: str, as_json: bool, project_slug: str | None) -> None:
-    """Recompute every chain (or one project's) and name the first broken entry."""
+@click.option("--file", "export_path", default=None,
+              help="Check an export (its zip, or its audit.jsonl) instead, with no database.")
+def audit_verify(db_path: str, as_json: bool, project_slug: str | None, export_path: str | None) -> None:
+    """Recompute every chain (or one project's, or an export's) and name the first broken entry."""
+    if export_path is not None:
+        verify_export_file(export_path, as_json)
+        return
     db = open_db(db_path)
     if project_slug is not None:
         project_out(db, project_slug)
@@ -16503,6 +17427,19 @@ def audit_verify(db_path: str, as_json: bool, project_slug: str | None) -> None:
         + ("ok" if r["ok"] else f"BROKEN at entry {r['broken_at']}") + f" (hash version {r['hash_version']})"
         for r in reports) or "No audit entries yet.")
     if not ok:
+        raise click.exceptions.Exit(1)
+
+
+def verify_export_file(path: str, as_json: bool) -> None:
+    """``prickle audit verify --file``: check_export's report; exit status 1 when the export does not hold."""
+    r = check_export(path)
+    where = f"{r['project'] or 'audit.jsonl'}" + (f" (exported {r['exported_at']}, {r['part']})" if r["part"] else "")
+    if r["broken_at"] is None:
+        chain = f"{r['entries']} entries, ok (hash version {r['hash_version']}); head {r['head']}"
+    else:
+        chain = f"{r['entries']} entries, BROKEN at entry {r['broken_at']} ({r['broken_type']}): {r['why']}"
+    Out(as_json)(r, f"{where}: {chain}" + "".join(f"\n  {p}" for p in r["problems"]))
+    if not r["ok"]:
         raise click.exceptions.Exit(1)
 
 
@@ -17376,6 +18313,35 @@ def restore_cmd(db_path: str, as_json: bool, backup: str | None, replica: str | 
                  f"Restored {db_path} from {what}, as it was at {result['point']}.{kept} The server's next start "
                  f"records chain.restored in each of the {result['chains']} audit chains: prickle serve --db "
                  f"{shlex.quote(db_path)}")
+
+
+@project_group.command("export")
+@db_options
+@click.argument("slug")
+@click.option("--part", default="content", show_default=True,
+              help="audit_log (the audit log alone) or content (everything, the audit log too).")
+@click.option("--out", "dest", required=True, help="The zip file to write (it must not exist yet).")
+@click.option("--by", default=None, help="The owner exporting it (recorded); without it, the operator.")
+def project_export(db_path: str, as_json: bool, slug: str, part: str, dest: str, by: str | None) -> None:
+    """Export a project's audit log or its whole content as a zip of JSON Lines files (see the README)."""
+    if os.path.exists(dest):
+        raise Conflict(f"{dest} already exists: pick a new file name")
+    folder = os.path.dirname(os.path.abspath(dest))
+    if not os.path.isdir(folder):
+        raise NotFound(f"the folder for {dest} does not exist: create it first")
+    db = open_db(db_path)
+    fd, partial = tempfile.mkstemp(prefix=".prickle-export-", suffix=".zip", dir=folder)
+    try:
+        with os.fdopen(fd, "w+b") as out:
+            manifest = export_project(db, by, slug, part, out)
+        os.replace(partial, dest)  # whole or not at all: a failed export leaves no file behind
+    except BaseException:
+        os.unlink(partial)
+        raise
+    lines = {f["name"]: f["lines"] for f in manifest["files"]}
+    Out(as_json)({"export": os.path.abspath(dest), "manifest": manifest},
+                 f"Exported {slug} ({part}) to {dest}: " + ", ".join(f"{n} {k}" for k, n in lines.items())
+                 + f"; audit head {manifest['audit']['head']}.")
 
 
 @audit_group.command("rehash")

@@ -39,11 +39,11 @@ def test_command_functions_do_not_take_the_names_of_their_commands():
     assert {name: sorted(g.commands) for name, g in groups.items()} == {
         "agent": ["add", "join", "list", "remove"], "agents": ["pause", "resume"], "audit": ["rehash", "verify"],
         "device": ["list", "pair", "revoke"], "member": ["add", "leave", "list", "promote", "remove"], "memory": ["retract", "set"],
-        "person": ["add", "digest", "email", "list", "signout-everywhere"], "invite": ["create", "list", "resend", "revoke"],
-        "project": ["create", "list", "rename"], "rule": ["auto-accept", "list", "revoke", "set"],
+        "person": ["add", "digest", "email", "erase", "list", "signout-everywhere"], "invite": ["create", "list", "resend", "revoke"],
+        "project": ["create", "export", "list", "rename"], "rule": ["auto-accept", "list", "revoke", "set"],
         "runner": ["bridge", "connect", "start", "status"], "team": ["add", "apps", "list", "show"], "token": ["create", "list", "revoke"],
         "lead": ["answer", "pick", "show", "step-down"], "task": ["blocked-by", "title"]}
-    assert sorted(set(prickle.cli.commands) - set(groups)) == ["backup", "connect", "init", "serve", "signin-link"]
+    assert sorted(set(prickle.cli.commands) - set(groups)) == ["backup", "connect", "init", "restore", "serve", "signin-link"]
     # A module-level function named "token" or "project" would be shadowed by every local of that name.
     for path, cmd in list(leaf_commands()) + [((name,), g) for name, g in groups.items()]:
         assert cmd.callback.__name__ not in {path[-1], path[-1].replace("-", "_")}, path

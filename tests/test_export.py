@@ -2,12 +2,14 @@
 
 import hashlib
 import json
-
-import pytest
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
 
 import prickle
-from conftest import audit_entries
-from helpers import _database_at_version, jrun, run
+from conftest import PROJECT, audit_entries
+from helpers import _database_at_version, claimed, confirmed, evidence, jrun, person, run
 
 GENESIS = "0" * 64
 
@@ -30,7 +32,8 @@ def hash_v2(e):
 
 def _older_file(db_path, entries=3):
     """A file as the Prickle before hash versions left it: project p with a version-1 chain."""
-    conn = _database_at_version(db_path, len(prickle.MIGRATIONS) - 1)
+    before = next(i for i, m in enumerate(prickle.MIGRATIONS) if any("hash_version" in sql for sql in m))
+    conn = _database_at_version(db_path, before)
     prev = GENESIS
     with conn:
         conn.execute("INSERT INTO people (handle, display_name, created_at) VALUES ('oj', 'OJ', 'x')")
@@ -117,3 +120,266 @@ def test_a_version_2_entry_that_claims_version_1_fails_the_check(db_path):
     e1 = e | {"hash_version": 1}
     db.execute("UPDATE audit SET hash_version = 1, hash = ? WHERE chain = 'p' AND n = 4", (hash_v1(e1),))
     assert prickle.verify_audit(db, "p")[0]["broken_at"] == 4
+
+
+# -- exporting ----------------------------------------------------------------------------------
+
+def _zip_lines(archive, name):
+    return [json.loads(line) for line in archive.read(name).decode().splitlines()]
+
+
+def _as_line(e):
+    return {k: e[k] for k in ("chain", "n", "at", "type", "refs", "prev_hash", "hash", "hash_version")}
+
+
+POLICY = b"# Refund policy\n\nRefunds within **30 days**, no questions asked.\n"
+DIGEST = hashlib.sha256(POLICY).hexdigest()
+
+
+def _delivered(mcp, server, world):
+    """ren/builder's run returns a result with one file, uploaded by its run: (task id, the deliverable)."""
+    task, _, _, out = claimed(mcp, server, world)
+    run_key = out["execution_credential"]["token"]
+    mcp.ok("ren/builder", "accept_task", {"task_id": task["id"]}, token=run_key)
+    # the file goes up first (the run's own credential), then the result that names it
+    r = server.post(f"/api/runner/tasks/{task['id']}/files", params={"ref": "refund-policy.md", "sha256": DIGEST},
+                    content=POLICY, headers={"Authorization": f"Bearer {run_key}"})
+    assert r.status_code == 200, r.text
+    mcp.ok("ren/builder", "return_result", {
+        "task_id": task["id"], "summary": "The refund policy, written.", "evidence": [evidence([0, 1])],
+        "artifacts": [{"ref": "refund-policy.md", "sha256": DIGEST}]}, run_key)
+    return task["id"], r.json()["deliverable"]
+
+
+def test_an_owner_exports_the_whole_content_from_the_api(mcp, server, world, tmp_path):
+    oj = person(server, world, "oj")
+    assert oj.post(f"/api/projects/{PROJECT}/messages", {"body": "Kick-off at ten."}).status_code == 200
+    prickle.set_memory(world.db, PROJECT, "tone", "Plain and warm.", "oj")
+    task_id, delivered = _delivered(mcp, server, world)
+    assert oj.get(f"/api/projects/{PROJECT}/export").json() == {"can_export": True, "parts": ["audit_log", "content"]}
+
+    r = oj.post(f"/api/projects/{PROJECT}/export", {"part": "content"})
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "application/zip"
+    day = prickle.iso(prickle.utcnow())[:10]
+    assert r.headers["content-disposition"] == f'attachment; filename="{PROJECT}-content-{day}.zip"'
+    path = tmp_path / "export.zip"
+    path.write_bytes(r.content)
+    entries = audit_entries(world.db, PROJECT)
+    # the export wrote its own entry first: the log it carries ends with it
+    assert entries[-1]["type"] == "project.exported" and entries[-1]["refs"] == {"part": "content", "by": "oj"}
+    with zipfile.ZipFile(path) as archive:
+        names = ["members.jsonl", "memory.jsonl", "messages.jsonl", "tasks.jsonl", "submissions.jsonl",
+                 "evidence.jsonl", "files.jsonl", f"files/{DIGEST}", "audit.jsonl", "manifest.json"]
+        assert archive.namelist() == names
+        lines = {n: _zip_lines(archive, n) for n in names if n.endswith(".jsonl")}
+        manifest = json.loads(archive.read("manifest.json"))
+        assert archive.read(f"files/{DIGEST}") == POLICY
+        raw = {n: archive.read(n) for n in lines}
+    assert lines["audit.jsonl"] == [_as_line(e) for e in entries]
+    assert lines["members.jsonl"] == prickle.list_members(world.db, PROJECT)
+    assert [m["handle"] for m in lines["members.jsonl"]] == ["oj", "ren"]
+    assert lines["memory.jsonl"] == [{"key": "tone", "value": "Plain and warm.", "provenance": "owner_approved",
+                                      "updated_by": "oj", "updated_at": lines["memory.jsonl"][0]["updated_at"]}]
+    ids = [r["id"] for r in world.db.rows("SELECT id FROM messages WHERE project = ? ORDER BY seq", (PROJECT,))]
+    assert lines["messages.jsonl"] == [prickle.get_message(world.db, i) for i in ids]
+    assert lines["messages.jsonl"][0]["body"] == "Kick-off at ten."
+    assert lines["tasks.jsonl"] == [prickle.task_out(world.db, task_id)]
+    [sub] = lines["submissions.jsonl"]
+    assert sub == {"task_id": task_id} | prickle.task_out(world.db, task_id)["result"]
+    assert sub["artifacts"] == [{"ref": "refund-policy.md", "sha256": DIGEST, "commit_sha": None}]
+    assert lines["evidence.jsonl"] == [{"task_id": task_id, "submission_id": sub["submission_id"], "revision": 1,
+                                        "index": 0} | sub["evidence"][0]]
+    assert lines["files.jsonl"] == [{
+        "kind": "deliverable", "id": delivered["id"], "message_id": None, "task_id": task_id,
+        "ref": "refund-policy.md", "name": "refund-policy.md", "attachment_kind": None, "sha256": DIGEST,
+        "content_type": "text/markdown", "byte_size": len(POLICY), "uploaded_by": "ren/builder",
+        "created_at": delivered["created_at"], "path": f"files/{DIGEST}"}]
+    assert manifest == {
+        "format": "prickle-export", "format_version": 1, "prickle_version": prickle.__version__,
+        "project": {"slug": PROJECT, "team": "web", "name": "Website v2", "description": "The new site."},
+        "part": "content", "exported_at": manifest["exported_at"], "exported_by": "oj",
+        "files": [{"name": n, "lines": len(lines[n]), "sha256": hashlib.sha256(raw[n]).hexdigest()}
+                  for n in names if n.endswith(".jsonl")],
+        "audit": {"chain": PROJECT, "entries": len(entries), "head": entries[-1]["hash"], "hash_version": 2}}
+    report = prickle.check_export(str(path))
+    assert (report["ok"], report["entries"], report["head"], report["problems"]) == (
+        True, len(entries), entries[-1]["hash"], [])
+
+
+def test_the_audit_log_alone_from_the_command_line_checks_out_with_no_database(world, db_path, tmp_path):
+    dest = str(tmp_path / "audit.zip")
+    out = jrun(db_path, "project", "export", PROJECT, "--part", "audit_log", "--by", "oj", "--out", dest)
+    entries = audit_entries(world.db, PROJECT)
+    assert entries[-1]["type"] == "project.exported" and entries[-1]["refs"] == {"part": "audit_log", "by": "oj"}
+    assert out["export"] == dest and out["manifest"]["files"] == [
+        {"name": "audit.jsonl", "lines": len(entries), "sha256": out["manifest"]["files"][0]["sha256"]}]
+    with zipfile.ZipFile(dest) as archive:
+        assert archive.namelist() == ["audit.jsonl", "manifest.json"]
+        assert _zip_lines(archive, "audit.jsonl") == [_as_line(e) for e in entries]
+    # no database at all: --db names a file that isn't there
+    nowhere = str(tmp_path / "no-such.db")
+    code, text, _ = run(nowhere, "audit", "verify", "--file", dest)
+    head = entries[-1]["hash"]
+    assert text.strip() == (f"{PROJECT} (exported {out['manifest']['exported_at']}, audit_log): {len(entries)} "
+                            f"entries, ok (hash version 2); head {head}")
+    assert not (tmp_path / "no-such.db").exists()
+    # the operator exports without --by: recorded as nobody in particular
+    jrun(db_path, "project", "export", PROJECT, "--part", "audit_log", "--out", str(tmp_path / "again.zip"))
+    assert audit_entries(world.db, PROJECT)[-1]["refs"] == {"part": "audit_log", "by": None}
+
+
+def _tampered(src, dest, change):
+    """A copy of the export at ``src`` whose audit.jsonl went through ``change(lines) -> lines``."""
+    with zipfile.ZipFile(src) as a, zipfile.ZipFile(dest, "w") as b:
+        for name in a.namelist():
+            data = a.read(name)
+            if name == "audit.jsonl":
+                data = "".join(json.dumps(e) + "\n" for e in change(_zip_lines(a, name))).encode()
+            b.writestr(name, data)
+    return str(dest)
+
+
+def test_a_tampered_export_is_refused_at_the_entry_that_was_changed(world, db_path, tmp_path):
+    src = str(tmp_path / "audit.zip")
+    jrun(db_path, "project", "export", PROJECT, "--part", "audit_log", "--by", "oj", "--out", src)
+    entries = audit_entries(world.db, PROJECT)
+    assert entries[2]["type"] == "member.added" and entries[2]["refs"]["person"] == "ren"
+
+    def forge(lines):
+        lines[2]["refs"]["person"] = "mallory"
+        return lines
+    bad = _tampered(src, tmp_path / "forged.zip", forge)
+    code, text, _ = run(db_path, "audit", "verify", "--file", bad, ok=False)
+    first, *problems = text.strip().splitlines()
+    assert code == 1 and first.endswith(f"{len(entries)} entries, BROKEN at entry 3 (member.added): its hash does "
+                                        "not match what it records")
+    assert problems[0].startswith("  audit.jsonl holds ") and "the manifest says" in problems[0]
+    # an entry taken out: the next one is out of place
+    cut = _tampered(src, tmp_path / "cut.zip", lambda lines: lines[:4] + lines[5:])
+    report = prickle.check_export(cut)
+    assert (report["ok"], report["broken_at"], report["broken_type"], report["why"]) == (
+        False, 6, entries[5]["type"], "it is out of place (expected entry 5 of chain 'website-v2')")
+    # one cut from the end still chains, but not to the head the manifest names
+    short = _tampered(src, tmp_path / "short.zip", lambda lines: lines[:-1])
+    report = prickle.check_export(short)
+    assert report["broken_at"] is None and not report["ok"]
+    assert (f"the manifest names {len(entries)} audit entries ending at {entries[-1]['hash']}; audit.jsonl holds "
+            f"{len(entries) - 1} ending at {entries[-2]['hash']}") in report["problems"]
+    # a line that is no entry at all
+    garbled = _tampered(src, tmp_path / "garbled.zip", lambda lines: lines[:1] + [["not", "an", "entry"]] + lines[2:])
+    assert prickle.check_export(garbled)["broken_at"] == 2
+    assert prickle.check_export(garbled)["why"] == "it is not a whole audit entry"
+
+
+def _readme_checker(tmp_path):
+    """The checker the README prints, as a file of its own (it must run with Python alone)."""
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    section = text[text.index("### Checking an export with nothing but Python"):]
+    code = section[section.index("```python\n") + len("```python\n"):]
+    script = tmp_path / "check_export.py"
+    script.write_text(code[:code.index("```")])
+    return script
+
+
+def test_the_readme_s_checker_agrees_with_prickle(world, db_path, tmp_path):
+    script = _readme_checker(tmp_path)
+    src = str(tmp_path / "audit.zip")
+    jrun(db_path, "project", "export", PROJECT, "--part", "audit_log", "--by", "oj", "--out", src)
+    entries = audit_entries(world.db, PROJECT)
+
+    def checked(path):
+        p = subprocess.run([sys.executable, "-I", "-S", str(script), path], capture_output=True, text=True,
+                           timeout=60, cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
+        return p.stdout.strip()
+    assert checked(src) == f"ok: {len(entries)} entries, head {entries[-1]['hash']}"
+
+    def forge(lines):
+        lines[4]["at"] = "2020-01-01T00:00:00.000Z"
+        return lines
+    assert checked(_tampered(src, tmp_path / "forged.zip", forge)) == "broken at entry 5"
+    assert prickle.check_export(str(tmp_path / "forged.zip"))["broken_at"] == 5
+
+
+def test_an_older_chain_exports_in_version_1_and_after_a_rehash_in_version_2(db_path, tmp_path):
+    _older_file(db_path)
+    script = _readme_checker(tmp_path)
+    before, after = str(tmp_path / "before.zip"), str(tmp_path / "after.zip")
+    jrun(db_path, "project", "export", "p", "--part", "audit_log", "--by", "oj", "--out", before)
+    jrun(db_path, "audit", "rehash", "p")
+    jrun(db_path, "project", "export", "p", "--part", "audit_log", "--by", "oj", "--out", after)
+    with zipfile.ZipFile(before) as a, zipfile.ZipFile(after) as b:
+        old, new = _zip_lines(a, "audit.jsonl"), _zip_lines(b, "audit.jsonl")
+    assert [(e["type"], e["hash_version"]) for e in old] == [("memory.set", 1)] * 3 + [("project.exported", 1)]
+    assert [(e["type"], e["hash_version"]) for e in new] == (
+        [("memory.set", 2)] * 3 + [("project.exported", 2), ("chain.rehashed", 2), ("project.exported", 2)])
+    # the rehash names the head the earlier export ended with
+    assert new[4]["refs"] == {"old_head": old[-1]["hash"], "new_head": new[3]["hash"], "rewritten": 4,
+                              "hash_version": 2}
+    for path, lines in ((before, old), (after, new)):
+        report = jrun(db_path, "audit", "verify", "--file", path)
+        assert (report["ok"], report["entries"], report["hash_version"], report["head"]) == (
+            True, len(lines), lines[-1]["hash_version"], lines[-1]["hash"])
+        p = subprocess.run([sys.executable, "-I", "-S", str(script), path], capture_output=True, text=True, timeout=60)
+        assert p.stdout.strip() == f"ok: {len(lines)} entries, head {lines[-1]['hash']}"
+
+
+def test_who_may_export_and_bad_input(server, world, db_path, tmp_path):
+    before = len(audit_entries(world.db, PROJECT))
+    ren, sam, oj = (person(server, world, h) for h in ("ren", "sam", "oj"))
+    # a member who is not an owner: told who can; the page is told the same
+    assert ren.get(f"/api/projects/{PROJECT}/export").json() == {"can_export": False, "parts": ["audit_log", "content"]}
+    r = ren.post(f"/api/projects/{PROJECT}/export", {"part": "audit_log"})
+    assert (r.status_code, r.json()["error"]) == (403, {
+        "code": "forbidden", "message": f"only an owner of '{PROJECT}' exports it: ask one of its owners"})
+    # a project one can't read and one that doesn't exist answer alike
+    for who, slug in ((sam, PROJECT), (oj, "nowhere")):
+        for r in (who.post(f"/api/projects/{slug}/export", {"part": "audit_log"}),
+                  who.get(f"/api/projects/{slug}/export")):
+            assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+            assert r.json()["error"]["message"].startswith(f"project '{slug}' not found")
+    r = oj.post(f"/api/projects/{PROJECT}/export", {"part": "everything"})
+    assert (r.status_code, r.json()["error"]) == (400, {"code": "invalid_input", "message": (
+        "part must be 'audit_log' (the audit log alone) or 'content' (messages, tasks, submissions, evidence, "
+        "memory, files, members and the audit log), not 'everything'")})
+    r = oj.post(f"/api/projects/{PROJECT}/export", {})
+    assert r.status_code == 400 and "part" in r.json()["error"]["message"]
+    assert len(audit_entries(world.db, PROJECT)) == before  # nothing written for any of them
+    # the command line: the same refusals, in one line, and no file left behind
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    dest = str(folder / "x.zip")
+    for args, needle in ((["nowhere"], "no project 'nowhere'"), ([PROJECT, "--by", "ren"], "only an owner"),
+                         ([PROJECT, "--part", "all"], "part must be 'audit_log'")):
+        code, out, err = run(db_path, "project", "export", *args, "--out", dest, ok=False)
+        assert code == 1 and out == "" and err.startswith("prickle: ") and needle in err, err
+    assert list(folder.iterdir()) == []
+    (folder / "taken.zip").write_bytes(b"mine")
+    code, _, err = run(db_path, "project", "export", PROJECT, "--out", str(folder / "taken.zip"), ok=False)
+    assert "already exists" in err and (folder / "taken.zip").read_bytes() == b"mine"
+    assert len(audit_entries(world.db, PROJECT)) == before
+    # verify --file: no such file, and a file that is no export
+    code, _, err = run(db_path, "audit", "verify", "--file", str(tmp_path / "missing.zip"), ok=False)
+    assert code == 1 and "no file at" in err
+    (tmp_path / "notes.txt").write_text("")
+    code, _, err = run(db_path, "audit", "verify", "--file", str(tmp_path / "notes.txt"), ok=False)
+    assert code == 1 and "neither an export (a zip) nor an audit.jsonl with entries" in err
+
+
+def test_a_person_who_closed_their_account_is_exported_in_the_erased_form(server, world, tmp_path):
+    ren = confirmed(server, world, "ren")
+    said = ren.post(f"/api/projects/{PROJECT}/messages", {"body": "Back on Monday."}).json()["message"]
+    assert ren.delete("/api/me").status_code == 200
+    r = person(server, world, "oj").post(f"/api/projects/{PROJECT}/export", {"part": "content"})
+    assert r.status_code == 200, r.text
+    path = tmp_path / "export.zip"
+    path.write_bytes(r.content)
+    with zipfile.ZipFile(path) as archive:
+        messages = _zip_lines(archive, "messages.jsonl")
+        everything = b"".join(archive.read(n) for n in archive.namelist())
+    [kept] = [m for m in messages if m["id"] == said["id"]]
+    assert kept["author"] == {"kind": "person", "handle": "ren", "display_name": "Erased person"}
+    assert kept["body"] == "Back on Monday."
+    assert b"Ren Ito" not in everything
+    assert prickle.check_export(str(path))["ok"]

@@ -138,6 +138,7 @@ def test_every_lifecycle_is_a_table_whose_moves_lead_to_its_states():
         "lead": ["agreed", "none", "proposed"],
         "start": ["approved", "none"],
         "account": ["erased", "open"],
+        "schedule": ["active", "deleted", "paused", "stopped"],
     }
 
 
