@@ -3113,11 +3113,12 @@ def restore_marker(copy: apsw.Connection, replaced: apsw.Connection | None, sour
     """
     heads = chain_heads(copy)
     chains: dict[str, dict] = {}
-    for chain, (n, digest) in sorted(heads.items()):
+    entry = "SELECT at, type, refs FROM audit WHERE chain = ? AND n = ?"  # the same entry under any hash version
+    for chain, (n, _) in sorted(heads.items()):
         missing = None
         if replaced is not None:
-            same = replaced.execute("SELECT hash FROM audit WHERE chain = ? AND n = ?", (chain, n)).fetchall()
-            if same and same[0][0] == digest:
+            same = replaced.execute(entry, (chain, n)).fetchall()
+            if same and same == copy.execute(entry, (chain, n)).fetchall():
                 missing = replaced.execute("SELECT max(n) FROM audit WHERE chain = ?", (chain,)).fetchall()[0][0] - n
         chains[chain] = {"through": n, "missing": missing}
     lost = None if replaced is None else len(set(chain_heads(replaced)) - set(heads) - {DEPLOYMENT_CHAIN})
@@ -11963,6 +11964,46 @@ def runs_a_day(rec: dict) -> int:
     return len(rec["hour"])
 
 
+_DAY_NAMES = {"mo": "Monday", "tu": "Tuesday", "we": "Wednesday", "th": "Thursday", "fr": "Friday",
+              "sa": "Saturday", "su": "Sunday"}
+
+
+def _and(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _nth(n: int) -> str:
+    if n == -1:
+        return "last day"
+    if n < 0:
+        return f"{_nth(-n)} day from the end"
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def describe_recurrence(rec: dict) -> str:
+    """A recurrence (stored form) in a person's words: "every weekday at 09:00", "every 2 hours"."""
+    every = {"minutely": "minute", "hourly": "hour", "daily": "day", "weekly": "week", "monthly": "month",
+             "yearly": "year"}[rec["freq"]]
+    n = rec["interval"]
+    text = f"every {n} {every}s" if n > 1 else f"every {every}"
+    if rec["freq"] == "hourly" and rec["minute"]:
+        text += f" at :{rec['minute']:02d}"
+    if rec["freq"] not in _ELAPSED:
+        days = rec.get("byweekday")
+        if days == ["mo", "tu", "we", "th", "fr"] and n == 1 and rec["freq"] in ("daily", "weekly"):
+            text = "every weekday"
+        elif days:
+            text += " on " + _and([_DAY_NAMES[d] for d in days])
+        if rec.get("bymonthday"):
+            text += " on the " + _and([_nth(d) for d in rec["bymonthday"]])
+        if rec.get("bymonth"):
+            text += " in " + _and([_dt.date(2000, m, 1).strftime("%B") for m in rec["bymonth"]])
+        text += " at " + _and([f"{h:02d}:{rec['minute']:02d}" for h in rec["hour"]])
+    if rec.get("until"):
+        text += f" until {rec['until']}"
+    return text
+
+
 def check_timezone(name: Any) -> zoneinfo.ZoneInfo:
     """The time zone named ``name`` (IANA, e.g. ``Europe/Berlin``); InvalidInput naming ``timezone``."""
     try:
@@ -12224,7 +12265,8 @@ def schedule_out(db: Database, row: dict | str) -> dict:
                   "WHERE r.schedule_id = ? ORDER BY r.id DESC LIMIT 1", (row["id"],))
     moves = SCHEDULE_MOVES[row["state"]]
     return {"id": row["id"], "agent": row["agent"], "project": row["project"], "text": row["text"],
-            "recurrence": json.loads(row["recurrence"]), "timezone": row["timezone"], "kind": row["freq"],
+            "recurrence": json.loads(row["recurrence"]), "says": describe_recurrence(json.loads(row["recurrence"])),
+            "timezone": row["timezone"], "kind": row["freq"],
             "runs_a_day": row["runs_a_day"], "state": row["state"], "version": row["version"],
             "next_run_at": row["next_run_at"], "stop_reason": row["stop_reason"], "created_at": row["created_at"],
             "updated_at": row["updated_at"],
@@ -12236,15 +12278,20 @@ def schedule_out(db: Database, row: dict | str) -> dict:
 
 def list_schedules(db: Database, person: Actor, *, per_schedule: int = SCHEDULE_RUNS_PER_DAY,
                    per_owner: int = SCHEDULE_OWNER_RUNS_PER_DAY) -> dict:
-    """The person's schedules (newest first, deleted ones left out) and their limits:
-    ``{"room", "schedules": [schedule_out], "limits": {"runs_a_day_per_schedule", "runs_a_day_per_owner",
-    "runs_a_day_used", "schedules_max"}}``."""
+    """The person's schedules (newest first, deleted ones left out), what they may schedule and their limits:
+    ``{"room", "schedules": [schedule_out], "agents": [{agent_id, name, projects: [team projects it may be
+    asked in]}], "limits": {"runs_a_day_per_schedule", "runs_a_day_per_owner", "runs_a_day_used",
+    "schedules_max"}}``."""
     with db.transaction():
         slug = ensure_room(db, person.handle)
     rows = db.rows("SELECT * FROM schedules WHERE owner = ? AND state <> 'deleted' ORDER BY created_at DESC, id",
                    (person.handle,))
     used = sum(r["runs_a_day"] for r in rows if r["state"] == "active")
-    return {"room": slug, "schedules": [schedule_out(db, r) for r in rows],
+    agents = [{"agent_id": a["agent_id"], "name": a["display_name"],
+               "projects": [p for p in team_projects_of(db, a["agent_id"]) if member_role(db, p, person.handle)]}
+              for a in db.rows("SELECT agent_id, display_name FROM agents WHERE owner = ? ORDER BY agent_id",
+                               (person.handle,))]
+    return {"room": slug, "schedules": [schedule_out(db, r) for r in rows], "agents": agents,
             "limits": {"runs_a_day_per_schedule": per_schedule, "runs_a_day_per_owner": per_owner,
                        "runs_a_day_used": used, "schedules_max": SCHEDULES_MAX}}
 
@@ -13534,6 +13581,15 @@ def close_account(db: Database, who: Actor | str) -> dict:
     project), StepUpRequired.
     """
     handle = who.handle if isinstance(who, Actor) else check_slug(who, "handle")
+    secure = db.scalar("PRAGMA secure_delete")
+    db.execute("PRAGMA secure_delete = ON")  # what this transaction overwrites is zeroed, not left in free space
+    try:
+        return _close(db, who, handle)
+    finally:
+        db.execute(f"PRAGMA secure_delete = {int(secure)}")
+
+
+def _close(db: Database, who: Actor | str, handle: str) -> dict:
     with db.transaction():
         row = db.one("SELECT * FROM people WHERE handle = ?", (handle,))
         if row is None:
@@ -13563,6 +13619,28 @@ def close_account(db: Database, who: Actor | str) -> dict:
     return {"handle": handle, "erased_at": now, "projects": projects, "sessions_ended": ended["sessions_ended"],
             "devices_ended": ended["devices_ended"], "apps_ended": ended["apps_ended"],
             "credentials_ended": ended["credentials_ended"] + keys, "invites_revoked": invites}
+
+
+#: How many times vacuum_file tries while other connections keep the file busy.
+VACUUM_TRIES = 5
+
+
+def vacuum_file(db: Database) -> dict:
+    """Rewrite the whole file (SQLite's VACUUM) and empty its write-ahead log, so that no earlier copy
+    of a row (a name from before it was erased, say) is left in the file's free space. Writers wait
+    while it runs. A running server reading at that moment makes it wait and try again, up to
+    VACUUM_TRIES times (then apsw.BusyError). Returns ``{bytes_before, bytes_after}`` (the file's size)."""
+    before = os.path.getsize(db.path)
+    for attempt in range(1, VACUUM_TRIES + 1):
+        try:
+            db.execute("VACUUM")
+            db.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+            break
+        except apsw.BusyError:
+            if attempt == VACUUM_TRIES:
+                raise
+            time.sleep(0.2 * attempt)  # the server's own reads are short: let one end
+    return {"bytes_before": before, "bytes_after": os.path.getsize(db.path)}
 
 
 ###############################################################################
@@ -18527,6 +18605,7 @@ def restore_file(db_path: str, source: str, fill: Callable[[str], None], what: s
         raise StorageError(f"a prickle serve{pid} is using {db_path}: stop it first (Ctrl-C or SIGTERM), then run "
                            "'prickle restore' again; a restore replaces the file, and what a running server writes "
                            "after it would be lost")
+    db_path = os.path.realpath(db_path)  # the file itself takes the copy's place, not a link to it
     existed = os.path.exists(db_path) and os.path.getsize(db_path) > 0
     lock = ServerLock(db_path)  # no server starts on the file while the copy is made
     lock.acquire()
@@ -18657,10 +18736,15 @@ def audit_rehash(db_path: str, as_json: bool, project_slug: str | None) -> None:
 
 @person_group.command("erase")
 @db_options
+@click.option("--vacuum", is_flag=True, help="Then rewrite the whole file, so that no earlier copy of their name "
+                                             "or address is left in its free space (writers wait meanwhile).")
 @click.argument("handle")
-def person_erase(db_path: str, as_json: bool, handle: str) -> None:
+def person_erase(db_path: str, as_json: bool, vacuum: bool, handle: str) -> None:
     """Close HANDLE's account: they become an erased person everywhere (see the README)."""
-    out = close_account(open_db(db_path), handle)
+    db = open_db(db_path)
+    out = close_account(db, handle)
+    if vacuum:
+        out["vacuum"] = vacuum_file(db)
     lines = [f"Closed {handle}'s account: their name and address are gone; {out['credentials_ended']} credentials, "
              f"{out['sessions_ended']} sessions and sign-in links, {out['devices_ended']} devices and "
              f"{out['apps_ended']} apps ended; {out['invites_revoked']} invites to them revoked."]
