@@ -3127,11 +3127,12 @@ def restore_marker(copy: apsw.Connection, replaced: apsw.Connection | None, sour
     """
     heads = chain_heads(copy)
     chains: dict[str, dict] = {}
-    for chain, (n, digest) in sorted(heads.items()):
+    entry = "SELECT at, type, refs FROM audit WHERE chain = ? AND n = ?"  # the same entry under any hash version
+    for chain, (n, _) in sorted(heads.items()):
         missing = None
         if replaced is not None:
-            same = replaced.execute("SELECT hash FROM audit WHERE chain = ? AND n = ?", (chain, n)).fetchall()
-            if same and same[0][0] == digest:
+            same = replaced.execute(entry, (chain, n)).fetchall()
+            if same and same == copy.execute(entry, (chain, n)).fetchall():
                 missing = replaced.execute("SELECT max(n) FROM audit WHERE chain = ?", (chain,)).fetchall()[0][0] - n
         chains[chain] = {"through": n, "missing": missing}
     lost = None if replaced is None else len(set(chain_heads(replaced)) - set(heads) - {DEPLOYMENT_CHAIN})
@@ -18804,6 +18805,7 @@ def restore_file(db_path: str, source: str, fill: Callable[[str], None], what: s
         raise StorageError(f"a prickle serve{pid} is using {db_path}: stop it first (Ctrl-C or SIGTERM), then run "
                            "'prickle restore' again; a restore replaces the file, and what a running server writes "
                            "after it would be lost")
+    db_path = os.path.realpath(db_path)  # the file itself takes the copy's place, not a link to it
     existed = os.path.exists(db_path) and os.path.getsize(db_path) > 0
     lock = ServerLock(db_path)  # no server starts on the file while the copy is made
     lock.acquire()
