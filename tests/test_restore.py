@@ -201,3 +201,31 @@ def test_a_backup_older_than_this_prickle_is_upgraded_as_it_is_restored(world, d
     assert conn.pragma("user_version") == len(prickle.MIGRATIONS)
     assert json.loads(conn.execute("SELECT value FROM meta WHERE key = 'restore'").fetchall()[0][0])["chains"] == {}
     conn.close()
+
+
+def test_a_replaced_file_whose_chain_does_not_continue_the_backups_claims_no_known_gap(world, tmp_path):
+    backup = str(tmp_path / "b.db")
+    world.db.backup_to(backup)
+    other = str(tmp_path / "other" / "prickle.db")  # another deployment, with a project of the same name
+    os.makedirs(os.path.dirname(other))
+    db = prickle.Database(other)
+    prickle.add_person(db, "zed", "Zed")
+    prickle.create_project(db, PROJECT, "Not the same", "elsewhere", "zed")
+    db.close()
+    jrun(other, "restore", backup)
+    restored = prickle.Database(other)
+    marker = json.loads(restored.scalar("SELECT value FROM meta WHERE key = 'restore'"))
+    restored.close()
+    assert {chain: known["missing"] for chain, known in marker["chains"].items()} == dict.fromkeys(heads(backup))
+    assert marker["chains_missing"] == 0
+
+
+def test_a_restore_through_a_symlink_replaces_the_file_it_names(world, db_path, tmp_path):
+    backup = str(tmp_path / "b.db")
+    world.db.backup_to(backup)
+    link = str(tmp_path / "link.db")
+    os.symlink(db_path, link)
+    out = jrun(link, "restore", backup)
+    assert out["db"] == db_path and out["replaced"].startswith(db_path + ".replaced-")
+    assert os.path.islink(link) and os.path.realpath(link) == db_path
+    assert heads(link) == heads(backup)
