@@ -127,6 +127,8 @@ def test_bad_input_is_a_clear_error_and_changes_nothing(team, server):
         (ren.post(path, good | {"day": "2026-12-03"}), 400,
          "day 2026-12-03 is in the future: a moment marks what happened, today at the latest"),
         (ren.post(path, good | {"day": "30/11/2026"}), 400, "day must be a date like 2026-12-01, got '30/11/2026'"),
+        (ren.post(path, good | {"day": "2026-W48-1"}), 400, "day must be a date like 2026-12-01, got '2026-W48-1'"),
+        (ren.post(path, good | {"day": "2026-02-30"}), 400, "day must be a date like 2026-12-01, got '2026-02-30'"),
         (ren.post(path, good | {"kind": "party"}), 400,
          "kind must be one of milestone, launch, release, decision, incident, thanks, other; got 'party'"),
         (ren.post(path, good | {"message_id": "msg-nope"}), 404, "message_id: no message 'msg-nope' in 'website-v2'"),
