@@ -449,3 +449,27 @@ def test_a_slow_github_holds_no_reader_back(team, app, github, monkeypatch):
         out = read(app, team, "ren")                           # each reader joins the one read under way
     assert (out["github"]["state"], gh_titles(out)) == ("ok", GH_TITLES)
     assert len(github.requests) <= asked + 5
+
+
+def test_junk_in_every_field_is_a_400_never_a_500(team, server):
+    oj = person(server, team, "oj")
+    mine = prickle.mark_moment(team.db, team.person("oj"), PROJECT, "other", "2026-11-30", "Ours")["moment"]
+    before = written(team.db)
+    for junk in (None, 5, 1.5, True, [], {}, "", "x" * 5000, "\x00"):
+        for method, path, body in (
+                ("post", f"/api/projects/{PROJECT}/moments", {"kind": junk, "day": "2026-11-30", "title": "t"}),
+                ("post", f"/api/projects/{PROJECT}/moments", {"kind": "other", "day": junk, "title": "t"}),
+                ("post", f"/api/projects/{PROJECT}/moments", {"kind": "other", "day": "2026-11-30", "title": junk}),
+                ("post", f"/api/projects/{PROJECT}/moments", {"kind": "other", "day": "2026-11-30", "title": "t",
+                                                              "message_id": junk or 0}),
+                ("post", f"/api/moments/{mine['id']}", {"title": junk}),
+                ("post", f"/api/moments/{mine['id']}", {"task_id": junk or 0}),
+                ("post", f"/api/projects/{PROJECT}/story/hide", {"moment_id": junk}),
+                ("post", f"/api/projects/{PROJECT}/story/round-numbers", {"round_numbers": junk}),
+                ("post", f"/api/projects/{PROJECT}/story/repo", {"repository": junk})):
+            if body.get("round_numbers") is True:
+                continue  # that one is no junk
+            r = getattr(oj, method)(path, body)
+            assert r.status_code in (400, 404), (path, body, r.status_code, r.text)
+            assert r.json()["error"]["code"] in ("invalid_input", "not_found"), r.text
+    assert written(team.db) == before
