@@ -586,6 +586,9 @@ class Settings(pydantic.BaseModel):
     signin_link_minutes: int = pydantic.Field(30, ge=1, le=1440)
     #: A run's execution credential (claim_task) expires after this many minutes.
     launch_timeout_minutes: int = pydantic.Field(60, ge=1, le=1440)
+    #: Who restarts the write-ahead log: ``prickle`` (its checkpointer, once the log is long) or
+    #: ``litestream`` (Prickle only copies the log into the file; Litestream, replicating it, restarts it).
+    checkpoints: str = pydantic.Field("prickle", pattern="^(prickle|litestream)$")
     #: Outbox events and delivered wakes are kept this many days, then pruned (the audit log stays).
     outbox_keep_days: int = pydantic.Field(30, ge=1, le=3650)
     #: One line per request on stderr (method, path without query, status, duration).
@@ -2489,21 +2492,22 @@ WAL_KEEP_BYTES = 64 * 1024 * 1024
 CHECKPOINT_WAIT_MS = 50
 
 
-def checkpoint_wal(conn: apsw.Connection, restart_frames: int = WAL_RESTART_FRAMES) -> str:
+def checkpoint_wal(conn: apsw.Connection, restart_frames: int | None = WAL_RESTART_FRAMES) -> str:
     """Copy the write-ahead log into the database file; returns "empty", "passive" or "restart".
 
     A write starts the log over only when every frame in it was copied. A PASSIVE checkpoint
     never waits for writers, so while posts keep coming there is always a newer frame and the
     log grows without end. Once it is ``restart_frames`` long, a RESTART copies what the
     PASSIVE pass left (little) while holding writers back, and the next write starts the log
-    from its beginning. Raises apsw.BusyError when a reader or a writer keeps it waiting past
+    from its beginning; with ``restart_frames`` None it never restarts the log (Litestream
+    does, settings: checkpoints). Raises apsw.BusyError when a reader or a writer keeps it waiting past
     the connection's busy timeout (the server gives its checkpointer CHECKPOINT_WAIT_MS, so
     writers are never held back longer than that).
     """
     log, _ = conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
     if log <= 0:
         return "empty"
-    if log >= restart_frames:
+    if restart_frames is not None and log >= restart_frames:
         conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_RESTART)
         return "restart"
     return "passive"
@@ -2516,8 +2520,8 @@ class WalCheckpointer:
     request's commit on the event loop; :meth:`close` after the last run.
     """
 
-    def __init__(self, path: str):
-        self.path = path
+    def __init__(self, path: str, restart_frames: int | None = WAL_RESTART_FRAMES):
+        self.path, self.restart_frames = path, restart_frames
         self.conn: apsw.Connection | None = None
         self.lock = threading.Lock()  # the worker thread and shutdown never use the connection at once
 
@@ -2527,7 +2531,7 @@ class WalCheckpointer:
             if self.conn is None:
                 self.conn = apsw.Connection(self.path)
                 self.conn.setbusytimeout(CHECKPOINT_WAIT_MS)
-            checkpoint_wal(self.conn)
+            checkpoint_wal(self.conn, self.restart_frames)
 
     def close(self) -> None:
         """Close the connection, if one was opened."""
@@ -16581,7 +16585,8 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     db.revoked_listeners.append(end_dead_sessions)
 
     db.conn.pragma("journal_size_limit", WAL_KEEP_BYTES)
-    checkpointer = WalCheckpointer(db_path)
+    # Beside Litestream, whose read lock refuses a restart of the log, Litestream restarts it.
+    checkpointer = WalCheckpointer(db_path, None if settings.checkpoints == "litestream" else WAL_RESTART_FRAMES)
     # The background pieces call it unwrapped, so a failure there shows in /healthz and is retried.
     maintenance = state.maintenance = server_maintenance(db, hub, checkpointer, settings,
                                                          lambda: end_sessions_of_dead_credentials(db, manager, hub))
@@ -17932,12 +17937,13 @@ def _litestream_restore(binary: str, out: str, replica: str | None, config: str 
     except OSError as e:
         raise StorageError(f"cannot run {binary} ({e.strerror}): check it is the litestream binary") from None
     if done.returncode != 0 or not os.path.exists(out):
-        said = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+        lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()] or ["it said nothing"]
+        said = m[1] if (m := re.search(r'error="((?:[^"\\]|\\.)*)"', lines[-1])) else lines[-1]
+        if "no matching backups" in said:
+            said += (" at that time: pick one between the replica's first snapshot and its last change" if at
+                     else " there: check the address")
         where = replica or f"the replica {config} names for {db_path}"
-        hint = (" (a time before the replica's first snapshot finds nothing)" if at and said
-                and "no matching backups" in said[-1] else "")
-        raise StorageError(f"litestream could not restore {where}: {said[-1] if said else 'it said nothing'}{hint}; "
-                           "nothing was replaced")
+        raise StorageError(f"litestream could not restore {where}: {said[:300]}; nothing was replaced")
 
 
 def _newest_write(conn: apsw.Connection) -> str | None:
