@@ -13,7 +13,7 @@
 //   #/p/SLUG/room/MSG_ID    the room at one message
 //   #/p/SLUG/tasks          the task board (?view=list&assignee=…&requester=…&state=…)
 //   #/p/SLUG/tasks/TASK_ID  one task;  #/p/SLUG/tasks/TASK_ID/MSG_ID  at one message of its thread
-//   #/p/SLUG/pulse | people | memory | audit
+//   #/p/SLUG/pulse | people | memory | story | audit
 
 import * as api from "./api.js";
 import * as project from "./project.js";
@@ -26,6 +26,7 @@ import * as pulse from "./pulse.js";
 import * as people from "./people.js";
 import * as memory from "./memory.js";
 import * as audit from "./audit.js";
+import * as story from "./story.js";
 import * as agents from "./agents.js";
 import * as rules from "./rules.js";
 import * as connect from "./connect.js";
@@ -46,6 +47,7 @@ const PROJECT_VIEWS = {
   pulse: ["Team Pulse", pulse.mount],
   people: ["Members", people.mount],
   memory: ["Memory", memory.mount],
+  story: ["Story", story.mount],
   audit: ["Audit", audit.mount],
 };
 

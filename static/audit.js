@@ -76,6 +76,7 @@ function refLink(value, refs, ctx) {
   if (value.startsWith("task_")) return `#/p/${slug}/tasks/${seg(value)}`;
   if (value.startsWith("msg-")) return task ? `#/p/${slug}/tasks/${seg(task)}` : `#/p/${slug}/room/${seg(value)}`;
   if (/^(sub|cp|apr|att|step)_/.test(value) && task) return `#/p/${slug}/tasks/${seg(task)}`;
+  if (value.startsWith("mo_")) return `#/p/${slug}/story`;
   if (/^(rule|sa)_/.test(value)) return "#/rules";
   if (/^(tok|dev)_/.test(value)) return "#/agents";
   const data = ctx.project.data();

@@ -7,7 +7,7 @@ import { h, badge, debounce } from "./ui.js";
 
 const TABS = [
   ["room", "Room"], ["tasks", "Tasks"], ["pulse", "Team Pulse"], ["people", "Members"],
-  ["memory", "Memory"], ["audit", "Audit"],
+  ["memory", "Memory"], ["story", "Story"], ["audit", "Audit"],
 ];
 
 let state = null; // { slug, data, listeners:Set, offs:[] }

@@ -24,6 +24,7 @@ import { actionCard } from "./makeaction.js";
 import { markSeen, paintUnread, reload as reloadInbox } from "./inbox_store.js";
 import { renderMarkdown, rawToggle } from "./markdown.js";
 import { renderAttachments } from "./attachments.js";
+import { markDialog, localDay } from "./story.js";
 import {
   h, tpl, slots, heading, avatar, badge, stateBadge, timeEl, errorSlot, showError, clearError, act, fill, empty, ago,
   announce, debounce, loadFailed,
@@ -336,6 +337,13 @@ export class MessageList {
     }
   }
 
+  /** "Mark as a moment" on a message: the story's dialog, its day and first line filled in, linked to it. */
+  markMoment(message, opener) {
+    const first = (message.body || "").split("\n").map((line) => line.replace(/^[#>*\-\s]+/, "").trim()).find(Boolean) || "";
+    return markDialog(this.ctx, { message_id: message.id, day: localDay(new Date(message.created_at)),
+      title: first.length > 140 ? `${first.slice(0, 139)}…` : first }, opener);
+  }
+
   /** "Mark unread" on a message: unread from it on; nothing more is marked read during this visit. */
   async markUnread(message) {
     try {
@@ -602,6 +610,12 @@ export function renderMessage(m, owner) {
   s.reply.setAttribute("aria-label", `Reply to ${m.author.display_name}`);
   if (owner.onReply) s.reply.addEventListener("click", () => owner.onReply(m));
   else s.reply.hidden = true;
+  if (owner.markMoment && m.created_at && !String(m.id).startsWith("sending-")) {
+    const mark = h("button", { type: "button", class: "link small msg-moment", text: "Mark as a moment",
+      "aria-label": `Mark ${m.author.display_name}'s message as a moment in the story` });
+    mark.addEventListener("click", () => owner.markMoment(m, mark));
+    s.reply.after(mark);
+  }
   if (owner.markUnread && m.created_at) {
     const unread = h("button", { type: "button", class: "link small msg-unread", text: "Mark unread" });
     unread.addEventListener("click", () => owner.markUnread(m));

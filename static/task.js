@@ -9,6 +9,7 @@
 
 import { get, post, seg } from "./api.js";
 import * as stream from "./stream.js";
+import { markDialog, localDay } from "./story.js";
 import { MessageList, provenanceBadges } from "./room.js";
 import { createComposer } from "./composer.js";
 import { stepCard, pendingSteps } from "./steps.js";
@@ -108,6 +109,14 @@ export function mount(el, ctx) {
 
 // ---- rendering --------------------------------------------------------------------------------
 
+/** "Mark as a moment": one click opens the story's dialog, linked to this task. */
+function markMomentButton(ctx, task) {
+  const button = h("button", { type: "button", class: "link small mark-moment", text: "Mark as a moment" });
+  const day = localDay(new Date(task.state === "completed" ? task.updated_at : task.created_at));
+  button.addEventListener("click", () => markDialog(ctx, { task_id: task.id, day, title: titleOf(task).slice(0, 140) }, button));
+  return button;
+}
+
 function renderTask(top, body, ctx, detail, approval, stepCards, reload, said) {
   const { task, submissions } = detail;
   fill(top,
@@ -119,6 +128,7 @@ function renderTask(top, body, ctx, detail, approval, stepCards, reload, said) {
       h("span", { class: "muted" }, "created ", timeEl(task.created_at)),
       h("span", { class: "muted" }, "updated ", timeEl(task.updated_at, true)),
       task.parent_task_id ? h("a", { href: `#/p/${ctx.slug}/tasks/${task.parent_task_id}`, text: "parent task" }) : null,
+      markMomentButton(ctx, task),
       detail.blocked?.length ? h("span", { class: "task-blocked" }, badge("blocked", "warn"), " waits on ",
         detail.blocked.map((id, i) => [i ? ", " : "", h("a", { href: `#/p/${ctx.slug}/tasks/${id}`, text: siblingTitle(detail, id) })]))
         : null),

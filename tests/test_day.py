@@ -82,7 +82,7 @@ def test_on_a_phone_every_tab_of_a_project_is_in_view_and_the_current_one_too(se
     goto(page, served, f"#/p/{PROJECT}/audit")
     expect(page.get_by_role("heading", name="Audit log")).to_be_visible()
     tabs = page.locator(".tabs a")
-    expect(tabs).to_have_text(["Room", "Tasks", "Team Pulse", "Members", "Memory", "Audit"])
+    expect(tabs).to_have_text(["Room", "Tasks", "Team Pulse", "Members", "Memory", "Story", "Audit"])
     rights = page.evaluate("[...document.querySelectorAll('.tabs a')].map((a) => a.getBoundingClientRect().right)")
     assert max(rights) <= PHONE["width"], rights  # Memory and Audit sat past the edge, the strip's scrollbar hidden
     expect(page.locator('.tabs a[aria-current="page"]')).to_have_text("Audit")
