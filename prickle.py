@@ -12412,9 +12412,10 @@ def story_settings(db: Database, project: str) -> dict:
 
 
 def _person(db: Database, handle: str) -> dict:
-    """A person as a moment names them: ``{"kind": "person", "handle", "display_name"}``."""
+    """A person as a moment names them: their reference (person_ref: ``erased`` once they closed their
+    account) and the name to show (ERASED_NAME by then)."""
     name = db.scalar("SELECT display_name FROM people WHERE handle = ?", (handle,))
-    return {"kind": "person", "handle": handle, "display_name": name or handle}
+    return person_ref(db, handle) | {"display_name": name or handle}
 
 
 def story_role(db: Database, person: Actor, project: str) -> str:
@@ -12560,6 +12561,20 @@ def remove_moment(db: Database, person: Actor, moment_id: str) -> dict:
                                                      "by": person.handle})
         append_event(db, row["project"], "moment.updated", {"moment_id": row["id"], "change": "removed"})
     return {"removed": row["id"], "by": removed_by}
+
+
+def marked_moments(db: Database, project: str) -> Iterator[dict]:
+    """The moments members marked in ``project``, in the order they were marked, a thousand rows at a time
+    (the content export's moments.jsonl): ``{id, kind, day, title, message_id, task_id, marked_by (a
+    person reference), marked_at, edited_at}``. Derived and GitHub moments are not kept: they are read
+    again from the record and the repository."""
+    after = -1
+    while rows := db.rows("SELECT rowid AS rid, * FROM moments WHERE project = ? AND rowid > ? ORDER BY rowid "
+                          "LIMIT 1000", (project, after)):
+        for r in rows:
+            yield {k: r[k] for k in ("id", "kind", "day", "title", "message_id", "task_id")} | {
+                "marked_by": person_ref(db, r["marked_by"]), "marked_at": r["marked_at"], "edited_at": r["edited_at"]}
+        after = rows[-1]["rid"]
 
 
 def _marked_out(db: Database, row: dict, me: str, role: str) -> dict:
@@ -13267,7 +13282,7 @@ def _files(db: Database, project: str) -> Iterator[dict]:
 _CONTENT_FILES: tuple[tuple[str, Callable[[Database, str], Iterable[dict]]], ...] = (
     ("members.jsonl", list_members), ("memory.jsonl", memory_facts), ("messages.jsonl", _messages),
     ("tasks.jsonl", _tasks), ("submissions.jsonl", _submissions), ("evidence.jsonl", _evidence),
-    ("files.jsonl", _files),
+    ("moments.jsonl", marked_moments), ("files.jsonl", _files),
 )
 
 

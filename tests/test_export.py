@@ -156,6 +156,8 @@ def test_an_owner_exports_the_whole_content_from_the_api(mcp, server, world, tmp
     assert oj.post(f"/api/projects/{PROJECT}/messages", {"body": "Kick-off at ten."}).status_code == 200
     prickle.set_memory(world.db, PROJECT, "tone", "Plain and warm.", "oj")
     task_id, delivered = _delivered(mcp, server, world)
+    moment = prickle.mark_moment(world.db, world.person("ren"), PROJECT, "launch", "2026-11-30", "Refunds are live",
+                                 task_id=task_id)["moment"]
     assert oj.get(f"/api/projects/{PROJECT}/export").json() == {"can_export": True, "parts": ["audit_log", "content"]}
 
     r = oj.post(f"/api/projects/{PROJECT}/export", {"part": "content"})
@@ -170,7 +172,7 @@ def test_an_owner_exports_the_whole_content_from_the_api(mcp, server, world, tmp
     assert entries[-1]["type"] == "project.exported" and entries[-1]["refs"] == {"part": "content", "by": "oj"}
     with zipfile.ZipFile(path) as archive:
         names = ["members.jsonl", "memory.jsonl", "messages.jsonl", "tasks.jsonl", "submissions.jsonl",
-                 "evidence.jsonl", "files.jsonl", f"files/{DIGEST}", "audit.jsonl", "manifest.json"]
+                 "evidence.jsonl", "moments.jsonl", "files.jsonl", f"files/{DIGEST}", "audit.jsonl", "manifest.json"]
         assert archive.namelist() == names
         lines = {n: _zip_lines(archive, n) for n in names if n.endswith(".jsonl")}
         manifest = json.loads(archive.read("manifest.json"))
@@ -190,6 +192,10 @@ def test_an_owner_exports_the_whole_content_from_the_api(mcp, server, world, tmp
     assert sub["artifacts"] == [{"ref": "refund-policy.md", "sha256": DIGEST, "commit_sha": None}]
     assert lines["evidence.jsonl"] == [{"task_id": task_id, "submission_id": sub["submission_id"], "revision": 1,
                                         "index": 0} | sub["evidence"][0]]
+    assert lines["moments.jsonl"] == [{"id": moment["id"], "kind": "launch", "day": "2026-11-30",
+                                       "title": "Refunds are live", "message_id": None, "task_id": task_id,
+                                       "marked_by": {"kind": "person", "handle": "ren"},
+                                       "marked_at": moment["at"], "edited_at": None}]
     assert lines["files.jsonl"] == [{
         "kind": "deliverable", "id": delivered["id"], "message_id": None, "task_id": task_id,
         "ref": "refund-policy.md", "name": "refund-policy.md", "attachment_kind": None, "sha256": DIGEST,

@@ -389,3 +389,14 @@ def test_the_story_is_only_for_the_project_s_people(team, app):
     out = read(app, team, "ren")
     assert (out["can_curate"], out["kinds"]) == (False, list(prickle.MOMENT_KINDS))
     assert json.dumps(out).count('"can_hide": true') == 0
+
+
+def test_an_erased_person_s_moments_lose_their_name(team):
+    db, ren, oj = team.db, team.person("ren"), team.person("oj")
+    mine = prickle.mark_moment(db, ren, PROJECT, "thanks", "2026-11-30", "Thanks for the late night")["moment"]
+    prickle.close_account(db, "ren")
+    out = prickle.story(db, oj, PROJECT)
+    moment = next(m for d in out["days"] for m in d["moments"] if m["id"] == mine["id"])
+    assert moment["by"] == {"kind": "person", "handle": "ren", "erased": True, "display_name": prickle.ERASED_NAME}
+    assert "Ren Ito" not in json.dumps(out)                   # their join went with their membership
+    assert (moment["can_edit"], moment["can_remove"]) == (False, True)   # an owner may still remove it
