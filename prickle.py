@@ -591,6 +591,8 @@ class Settings(pydantic.BaseModel):
     checkpoints: str = pydantic.Field("prickle", pattern="^(prickle|litestream)$")
     #: Outbox events and delivered wakes are kept this many days, then pruned (the audit log stays).
     outbox_keep_days: int = pydantic.Field(30, ge=1, le=3650)
+    #: A deleted project can be restored by an owner for this many days; then its content is purged.
+    recovery_window_days: int = pydantic.Field(30, ge=1, le=365)
     #: One line per request on stderr (method, path without query, status, duration).
     access_log: bool = True
     #: A search stops after this many seconds and says to narrow it (it runs off the event loop).
@@ -1868,6 +1870,20 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX schedule_runs_by_schedule ON schedule_runs (schedule_id, at)",
         "CREATE INDEX schedule_runs_by_owner ON schedule_runs (owner, at)",
         "ALTER TABLE tasks ADD COLUMN schedule TEXT",
+    ],
+    [
+        # Deleting a project (chapter 39): its state (PROJECT_MOVES) and its open deletion request; each
+        # request keeps the members and agents set aside while the project is out of service, what its
+        # purge removed (counts) and until when its audit log is kept (forget_after).
+        "ALTER TABLE projects ADD COLUMN state TEXT NOT NULL DEFAULT 'live'",
+        "ALTER TABLE projects ADD COLUMN deletion INTEGER",
+        """CREATE TABLE deletions (
+            number INTEGER PRIMARY KEY AUTOINCREMENT, project TEXT NOT NULL,
+            kind TEXT NOT NULL CHECK (kind IN ('delete', 'erase')), requested_by TEXT NOT NULL,
+            requested_at TEXT NOT NULL, purge_after TEXT NOT NULL, members TEXT NOT NULL, agents TEXT NOT NULL,
+            restored_by TEXT, restored_at TEXT, purge_started_at TEXT, counts TEXT, purged_at TEXT,
+            forget_after TEXT)""",
+        "CREATE INDEX deletions_by_project ON deletions(project)",
     ],
 ]
 
@@ -3445,10 +3461,11 @@ REVOCATIONS = {"revoked": True, "claim_retried": True, "run_replaced": True, "ru
                "run_uncertain": True, "run_ended": True, "issuer_revoked": False, "device_revoked": False, "task_cancelled": False,
                "task_handed_back": False, "turn_ended": False, "turn_retried": False, "assignee_left": False,
                "left_project": False, "rotated": False, "app_revoked": True, "refresh_replayed": True,
-               "code_replayed": True, "account_closed": False}
+               "code_replayed": True, "account_closed": False, "project_deleted": False}
 
-#: Credentials ended because their agent left the project: their callers are told not_found.
-LEFT_PROJECT_REASONS = ("assignee_left", "left_project")
+#: Credentials ended because their agent left the project (or the project was deleted): their callers
+#: are told not_found.
+LEFT_PROJECT_REASONS = ("assignee_left", "left_project", "project_deleted")
 
 
 def revoke_credentials(db: Database, where: str, params: tuple, reason: str) -> int:
@@ -3919,6 +3936,23 @@ def account_state(person: dict) -> str:
     return "erased" if person["erased_at"] else "open"
 
 
+#: A project's life (chapter 39): live until a project owner deletes it (deleted: a recorded owner may
+#: restore it within the recovery window) or asks to erase it (erasing: no restore); at its deadline
+#: the retention worker starts the purge (purging: no restore from then) and removes its content
+#: (purged: only its audit log is left, which goes with the project's row a year later).
+PROJECT_MOVES: dict[str, dict[str, str]] = {
+    "live": {"delete": "deleted", "erase": "erasing"},
+    "deleted": {"restore": "live", "purge": "purging"},
+    "erasing": {"purge": "purging"},
+    "purging": {"finish": "purged"},
+    "purged": {},
+}
+
+#: How each move of a project is made by a person (the retention worker makes the others).
+PROJECT_MOVE_BY = {"delete": "delete (a project owner)", "erase": "erase (a project owner)",
+                   "restore": "restore (an owner when it was deleted, within its recovery window)"}
+
+
 #: Every lifecycle, by the kind move() takes.
 # A schedule (chapter 37) asks its agent for a task at each due time while active. Its owner
 # edits it (a move to where it is), pauses and resumes it, or deletes it (its text is cleared);
@@ -3950,6 +3984,7 @@ LIFECYCLES: dict[str, Lifecycle] = {
     "account": Lifecycle("account", "people", "erased_at", ACCOUNT_MOVES, key=account_state, id_column="handle",
                          stored={"open": None}),
     "schedule": Lifecycle("schedule", "schedules", "state", SCHEDULE_MOVES),
+    "project": Lifecycle("project", "projects", "state", PROJECT_MOVES, PROJECT_MOVE_BY, id_column="slug"),
 }
 
 
@@ -4211,7 +4246,7 @@ def team_out(db: Database, team: str, viewer: str | None = None) -> dict:
     row = _require_team(db, team)
     people = [person_out(db, r["handle"]) | {"role": r["role"], "joined_at": r["joined_at"]} for r in db.rows(
         "SELECT handle, role, joined_at FROM team_people WHERE team = ? ORDER BY role DESC, handle", (team,))]
-    projects = [r["slug"] for r in db.rows("SELECT slug FROM projects WHERE team = ? AND kind = 'team' "
+    projects = [r["slug"] for r in db.rows("SELECT slug FROM projects WHERE team = ? AND kind = 'team' AND state = 'live' "
                                            "ORDER BY slug", (team,))]
     return {"name": row["name"], "apps": None if row["apps"] is None else json.loads(row["apps"]),
             "created_at": row["created_at"], "people": people, "projects": projects}
@@ -4223,7 +4258,8 @@ def list_teams(db: Database, handle: str | None = None) -> list[dict]:
     ``people`` and ``projects`` are counts.
     """
     rows = db.rows("SELECT t.name, t.apps, (SELECT count(*) FROM team_people tp WHERE tp.team = t.name) AS people, "
-                   "(SELECT count(*) FROM projects p WHERE p.team = t.name AND p.kind = 'team') AS projects, "
+                   "(SELECT count(*) FROM projects p WHERE p.team = t.name AND p.kind = 'team' AND p.state = 'live') "
+                   "AS projects, "
                    "(SELECT role FROM team_people tp WHERE tp.team = t.name AND tp.handle = ?) AS role "
                    "FROM teams t ORDER BY t.name", (handle,))
     out = []
@@ -4330,8 +4366,8 @@ def create_project(db: Database, slug: str, name: str, team: str, owner: str, de
 
 
 def project_out(db: Database, slug: str) -> dict:
-    """The project summary: slug, team, name, description."""
-    row = db.one("SELECT slug, team, name, description FROM projects WHERE slug = ?", (slug,))
+    """The summary of a live project (not deleted, chapter 39): slug, team, name, description."""
+    row = db.one("SELECT slug, team, name, description FROM projects WHERE slug = ? AND state = 'live'", (slug,))
     if row is None:
         raise NotFound(f"no project '{slug}'")
     return row
@@ -4400,11 +4436,11 @@ def list_agents(db: Database, owner: str | None = None) -> list[dict]:
 
 
 def list_all_projects(db: Database) -> list[dict]:
-    """Every team project (administration): summary plus ``members`` and ``agents`` counts."""
+    """Every live team project (administration): summary plus ``members`` and ``agents`` counts."""
     return db.rows("SELECT p.slug, p.team, p.name, p.description, "
                    "(SELECT count(*) FROM members m WHERE m.project = p.slug) AS members, "
                    "(SELECT count(*) FROM project_agents pa WHERE pa.project = p.slug) AS agents "
-                   "FROM projects p WHERE p.kind = 'team' ORDER BY p.slug")
+                   "FROM projects p WHERE p.kind = 'team' AND p.state = 'live' ORDER BY p.slug")
 
 
 def add_member(db: Database, project: str, handle: str, role: str = "member",
@@ -6633,7 +6669,8 @@ ROOM_THREADS = 20
 
 def project_view(db: Database, person: Actor, project: str, hub: WakeHub | None = None) -> dict:
     """A project as the web page shows it: summary, kind, the person's role, people (with roles),
-    agents, memory, pulse, paused agent pairs and paused agents (``{agent_id: agent_pause}``).
+    agents, memory, pulse, paused agent pairs and paused agents (``{agent_id: agent_pause}``), and
+    ``can_delete`` (an owner of a team project may delete or erase it).
     NotFound when it is out of ``person``'s reach.
     """
     with db.snapshot():
@@ -6645,6 +6682,7 @@ def project_view(db: Database, person: Actor, project: str, hub: WakeHub | None 
         return {"project": summary, "kind": kind, "role": member_role(db, project, person.handle),
                 "team_role": team_role(db, summary["team"], person.handle) if kind == "team" else None,
                 "lead": lead_out(db, project, person.handle), "can_pick_lead": may_pick_lead(db, project, person.handle),
+                "can_delete": kind == "team" and member_role(db, project, person.handle) == "owner",
                 **team, "memory": memory_facts(db, project),
                 "pulse": project_pulse(db, project), "paused": paused_pairs(db, project),
                 "paused_agents": paused_agents(db, [a["agent_id"] for a in team["agents"]])}
@@ -9154,7 +9192,8 @@ def _pause_refs(scope: str, by: str) -> dict:
 
 def _pause_chains(db: Database, scope: str) -> list[str]:
     if scope == ALL_AGENTS:
-        return [r["slug"] for r in db.rows("SELECT slug FROM projects ORDER BY slug")] or [DEPLOYMENT_CHAIN]
+        return [r["slug"] for r in db.rows("SELECT slug FROM projects WHERE state = 'live' ORDER BY slug")] \
+            or [DEPLOYMENT_CHAIN]
     return [r["project"] for r in db.rows(
         "SELECT DISTINCT pa.project FROM project_agents pa JOIN agents a USING (agent_id) WHERE 1 = 1"
         + _pause_where(scope) + " ORDER BY pa.project", _pause_params(scope))] or [DEPLOYMENT_CHAIN]
@@ -11924,6 +11963,46 @@ def runs_a_day(rec: dict) -> int:
     return len(rec["hour"])
 
 
+_DAY_NAMES = {"mo": "Monday", "tu": "Tuesday", "we": "Wednesday", "th": "Thursday", "fr": "Friday",
+              "sa": "Saturday", "su": "Sunday"}
+
+
+def _and(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _nth(n: int) -> str:
+    if n == -1:
+        return "last day"
+    if n < 0:
+        return f"{_nth(-n)} day from the end"
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def describe_recurrence(rec: dict) -> str:
+    """A recurrence (stored form) in a person's words: "every weekday at 09:00", "every 2 hours"."""
+    every = {"minutely": "minute", "hourly": "hour", "daily": "day", "weekly": "week", "monthly": "month",
+             "yearly": "year"}[rec["freq"]]
+    n = rec["interval"]
+    text = f"every {n} {every}s" if n > 1 else f"every {every}"
+    if rec["freq"] == "hourly" and rec["minute"]:
+        text += f" at :{rec['minute']:02d}"
+    if rec["freq"] not in _ELAPSED:
+        days = rec.get("byweekday")
+        if days == ["mo", "tu", "we", "th", "fr"] and n == 1 and rec["freq"] in ("daily", "weekly"):
+            text = "every weekday"
+        elif days:
+            text += " on " + _and([_DAY_NAMES[d] for d in days])
+        if rec.get("bymonthday"):
+            text += " on the " + _and([_nth(d) for d in rec["bymonthday"]])
+        if rec.get("bymonth"):
+            text += " in " + _and([_dt.date(2000, m, 1).strftime("%B") for m in rec["bymonth"]])
+        text += " at " + _and([f"{h:02d}:{rec['minute']:02d}" for h in rec["hour"]])
+    if rec.get("until"):
+        text += f" until {rec['until']}"
+    return text
+
+
 def check_timezone(name: Any) -> zoneinfo.ZoneInfo:
     """The time zone named ``name`` (IANA, e.g. ``Europe/Berlin``); InvalidInput naming ``timezone``."""
     try:
@@ -12185,7 +12264,8 @@ def schedule_out(db: Database, row: dict | str) -> dict:
                   "WHERE r.schedule_id = ? ORDER BY r.id DESC LIMIT 1", (row["id"],))
     moves = SCHEDULE_MOVES[row["state"]]
     return {"id": row["id"], "agent": row["agent"], "project": row["project"], "text": row["text"],
-            "recurrence": json.loads(row["recurrence"]), "timezone": row["timezone"], "kind": row["freq"],
+            "recurrence": json.loads(row["recurrence"]), "says": describe_recurrence(json.loads(row["recurrence"])),
+            "timezone": row["timezone"], "kind": row["freq"],
             "runs_a_day": row["runs_a_day"], "state": row["state"], "version": row["version"],
             "next_run_at": row["next_run_at"], "stop_reason": row["stop_reason"], "created_at": row["created_at"],
             "updated_at": row["updated_at"],
@@ -12197,15 +12277,20 @@ def schedule_out(db: Database, row: dict | str) -> dict:
 
 def list_schedules(db: Database, person: Actor, *, per_schedule: int = SCHEDULE_RUNS_PER_DAY,
                    per_owner: int = SCHEDULE_OWNER_RUNS_PER_DAY) -> dict:
-    """The person's schedules (newest first, deleted ones left out) and their limits:
-    ``{"room", "schedules": [schedule_out], "limits": {"runs_a_day_per_schedule", "runs_a_day_per_owner",
-    "runs_a_day_used", "schedules_max"}}``."""
+    """The person's schedules (newest first, deleted ones left out), what they may schedule and their limits:
+    ``{"room", "schedules": [schedule_out], "agents": [{agent_id, name, projects: [team projects it may be
+    asked in]}], "limits": {"runs_a_day_per_schedule", "runs_a_day_per_owner", "runs_a_day_used",
+    "schedules_max"}}``."""
     with db.transaction():
         slug = ensure_room(db, person.handle)
     rows = db.rows("SELECT * FROM schedules WHERE owner = ? AND state <> 'deleted' ORDER BY created_at DESC, id",
                    (person.handle,))
     used = sum(r["runs_a_day"] for r in rows if r["state"] == "active")
-    return {"room": slug, "schedules": [schedule_out(db, r) for r in rows],
+    agents = [{"agent_id": a["agent_id"], "name": a["display_name"],
+               "projects": [p for p in team_projects_of(db, a["agent_id"]) if member_role(db, p, person.handle)]}
+              for a in db.rows("SELECT agent_id, display_name FROM agents WHERE owner = ? ORDER BY agent_id",
+                               (person.handle,))]
+    return {"room": slug, "schedules": [schedule_out(db, r) for r in rows], "agents": agents,
             "limits": {"runs_a_day_per_schedule": per_schedule, "runs_a_day_per_owner": per_owner,
                        "runs_a_day_used": used, "schedules_max": SCHEDULES_MAX}}
 
@@ -12389,6 +12474,9 @@ GITHUB_PAGES = 3
 
 #: Seconds one request to GitHub may take.
 GITHUB_SECONDS = 10.0
+
+#: Seconds a reader of the story waits for GitHub; a slower read goes on without it and is shown next time.
+GITHUB_WAIT = 8.0
 
 #: ``owner/name`` of a GitHub repository (its address on github.com is taken too).
 GITHUB_REPO_RE = re.compile(r"(?:https?://(?:www\.)?github\.com/)?([A-Za-z0-9](?:[A-Za-z0-9-]{0,38}))/"
@@ -12786,8 +12874,9 @@ def _github_due(cache: dict | None, repo: str) -> bool:
 async def refresh_github(db: Database, settings: Settings, project: str, force: bool = False) -> None:
     """Ask GitHub for the moments of ``project``'s linked repository when they are due (see
     :func:`_github_due`; ``force``: now), and keep the answer, or the failure beside what was read
-    before (:func:`keep_github`). Readers that come meanwhile wait for the same read. Never raises for
-    GitHub's sake: a failure is shown on the story."""
+    before (:func:`keep_github`). Readers that come meanwhile wait for the same read, each at most
+    GITHUB_WAIT seconds (a slower read goes on and is shown to the next). Never raises for GitHub's
+    sake: a failure is shown on the story."""
     with db.snapshot():
         repo = story_settings(db, project)["repo"]
         cache = db.one("SELECT * FROM story_github WHERE project = ?", (project,))
@@ -12799,7 +12888,8 @@ async def refresh_github(db: Database, settings: Settings, project: str, force: 
     if task is None or task.done():
         task = _GITHUB_READS[key] = loop.create_task(_read_and_keep(db, settings, project, repo))
         task.add_done_callback(lambda t: _GITHUB_READS.pop(key) if _GITHUB_READS.get(key) is t else None)
-    await asyncio.shield(task)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(task), GITHUB_WAIT)
 
 
 async def _read_and_keep(db: Database, settings: Settings, project: str, repo: str) -> None:
@@ -12808,6 +12898,9 @@ async def _read_and_keep(db: Database, settings: Settings, project: str, repo: s
     except (InvalidInput, GitHubUnavailable) as e:
         retry_at = getattr(e, "retry_at", None)
         moments, state, message = None, "rate_limited" if retry_at else "failed", e.message
+    except Exception as e:  # an answer shaped unlike GitHub's: the story says so and stays up
+        moments, state, retry_at = None, "failed", None
+        message = f"GitHub's answer could not be read ({type(e).__name__}); the story tries again later"
     keep_github(db, project, repo, moments, state, message, retry_at)
 
 
@@ -12998,8 +13091,345 @@ def story(db: Database, person: Actor, project: str, before: str | None = None, 
 # 39. Deleting, restoring and erasing a project
 ###############################################################################
 
-# A project deleted with a recovery window, restored by a recorded owner, or erased; the retention
-# worker purges its content after the deadline.
+# A project owner deletes a project after confirming it's them: it gets a request number and is out
+# of service at once. Its members and agents are set aside in the request (``deletions``), so nothing
+# that asks who is in a project (reach, lists, the inbox, search, streams, waits) finds it any more;
+# its work stops (stop_project_work: runs end with their credentials, wakes go, open waits and streams
+# end with not_found). Within the recovery window (the ``recovery_window_days`` setting) an owner of
+# the project when it was deleted (a recorded owner) restores it: its people and agents are back, its
+# work stays stopped until someone starts it. An owner may instead ask to erase it: out of service the
+# same way, with no restore, its open invites revoked, its content gone ERASE_AFTER later.
+#
+# The retention worker (retention_step, the server's "retention" piece) takes over at a request's
+# deadline: ``project.purge_started`` (no restore from then on), the content removed a batch per
+# transaction, then ``project.content_purged``, the log's last entry; AUDIT_KEPT later the log and the
+# project's row go too. The project is out of service before its first row goes, so a purge broken off
+# (a crash, kill -9) leaves nothing readable, and the next step goes on where it stopped.
+
+#: A project an owner asked to erase is purged this long after the request, with no restore meanwhile.
+ERASE_AFTER = _dt.timedelta(days=30)
+
+#: A purged project's audit log is kept this long after its content went; then it goes with the project.
+AUDIT_KEPT = _dt.timedelta(days=365)
+
+#: Rows one purge step removes (one short write transaction).
+PURGE_BATCH = 500
+
+#: The recovery window when no setting says otherwise (``recovery_window_days``).
+RECOVERY_WINDOW = _dt.timedelta(days=Settings().recovery_window_days)
+
+_TASK_ROWS = "task_id IN (SELECT id FROM tasks WHERE project = :p)"
+
+#: What a purge removes, in order (a row goes before what it refers to): ``(table, which rows)``, ``:p``
+#: being the project's slug. The newest outbox event stays whoever's it is, so seq only grows. Another
+#: chapter's table with a ``project`` column goes first (see purge_plan).
+PURGED: tuple[tuple[str, str], ...] = (
+    ("wakes", "project = :p"), ("search_index", "project = :p"), ("person_mentions", "project = :p"),
+    ("read_positions", "project = :p"),
+    ("discussions", "turn_id IN (SELECT id FROM turns WHERE project = :p)"), ("turns", "project = :p"),
+    ("steps", _TASK_ROWS), ("attempts", _TASK_ROWS), ("checkpoints", _TASK_ROWS), ("submissions", _TASK_ROWS),
+    ("approvals", _TASK_ROWS), ("thread_access", _TASK_ROWS), ("task_reasons", _TASK_ROWS),
+    ("deliverables", "project = :p"), ("attachments", "project = :p"), ("actions", "project = :p"),
+    ("tasks", "project = :p"), ("messages", "project = :p"), ("memory", "project = :p"),
+    ("pulses", "project = :p"), ("loop_pairs", "project = :p"), ("share_rules", "project = :p"),
+    ("invites", "project = :p"), ("oauth_requests", "project = :p"), ("members", "project = :p"),
+    ("project_agents", "project = :p"), ("rooms", "project = :p"),
+    ("outbox", "project = :p AND seq < (SELECT max(seq) FROM outbox)"),
+)
+
+#: Tables whose rows of a project outlive its purge: its deletion requests and its keys (revoked when the
+#: purge starts), which go with the project's row.
+_KEPT = ("deletions", "credentials")
+
+
+def open_request(db: Database, project: str) -> dict | None:
+    """The deletion request a project is out of service by (a ``deletions`` row), or None for a live one."""
+    return db.one("SELECT d.* FROM deletions d JOIN projects p ON p.deletion = d.number WHERE p.slug = ?",
+                  (project,))
+
+
+def recorded_role(request: dict, handle: str) -> str | None:
+    """The role ``handle`` had in the project when the request took it out of service (None: not in it)."""
+    return next((m["role"] for m in json.loads(request["members"]) if m["handle"] == handle), None)
+
+
+def _out_of_service(row: dict, request: dict) -> str:
+    """What became of a project that is not live, in words for an error."""
+    n, deadline = request["number"], request["purge_after"]
+    return {"deleted": f"was deleted (request {n}, at {request['requested_at']}); an owner when it was deleted can "
+                       f"restore it until {deadline}",
+            "erasing": f"is being erased (request {n}): it can't be restored, and its content goes at {deadline}",
+            "purging": f"is being purged since {request['purge_started_at']} (request {n}): it can't be restored",
+            "purged": f"was purged at {request['purged_at']}: only its audit log is left"}[row["state"]]
+
+
+def _owned_live_project(db: Database, project: str, by: Actor | str, doing: str) -> tuple[dict, str]:
+    """The live team project ``by`` (a signed-in person, or a handle from the command line) owns, and the
+    handle. A project out of service is InvalidState for someone who was in it, NotFound for anyone else."""
+    slug = check_slug(project, "project")
+    handle = by.handle if isinstance(by, Actor) else require_person(db, by)["handle"]
+    row = db.one("SELECT * FROM projects WHERE slug = ?", (slug,))
+    request = row and open_request(db, slug)
+    if request is not None and recorded_role(request, handle) is not None:
+        raise InvalidState(f"project '{slug}' {_out_of_service(row, request)}")
+    if isinstance(by, Actor):
+        require_project(db, by, slug)
+    elif row is None or row["state"] != "live" or member_role(db, slug, handle) is None:
+        raise NotFound(f"'{handle}' is in no project '{slug}': check the slug with 'prickle project list'")
+    if row["kind"] == "private":
+        raise Forbidden(f"'{slug}' is a private room: it goes only with its owner's account")
+    if member_role(db, slug, handle) != "owner":
+        raise Forbidden(f"only an owner of '{slug}' can {doing} it")
+    return row, handle
+
+
+def stop_project_work(db: Database, project: str, reason: str = "project_deleted") -> dict:
+    """Stop every piece of work in ``project`` at once, inside the caller's transaction.
+
+    Its running runs are stopped (``task.run_stopped`` with ``reason``; a step they wait on expires,
+    its owner can no longer decide it) and every run credential of its tasks ends with ``reason`` (a
+    key of REVOCATIONS; a run calling again hears not_found); Start flags not yet claimed drop; a task
+    waiting on its agent waits on ``stopped`` until someone starts a run; the wakes it still had for
+    anyone go. After commit every open wait and MCP session looks again (see revoke_credentials).
+    Returns ``{"runs", "credentials", "wakes"}``. For deleting and erasing a project, and closing an account.
+    """
+    runs = credentials = 0
+    for attempt in db.rows("SELECT a.* FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE t.project = ? AND "
+                           "a.state = 'running' ORDER BY a.claimed_at, a.id", (project,)):
+        credentials += end_attempt(db, attempt, "stop", project, why=reason)
+        run_stopped(db, project, attempt, reason)
+        runs += 1
+    credentials += revoke_credentials(db, "kind = 'execution' AND task_id IN (SELECT id FROM tasks WHERE project = ?)",
+                                      (project,), reason)
+    for task in db.rows("SELECT * FROM tasks WHERE project = ? ORDER BY created_at, id", (project,)):
+        drop_start(db, task)
+        if WAITING_ON.get(lifecycle_state(task)) == "agent":
+            db.execute("UPDATE tasks SET waiting_on = 'stopped' WHERE id = ?", (task["id"],))
+    wakes = db.execute("DELETE FROM wakes WHERE project = ?", (project,))
+    db.cache.clear()  # who may reach what has changed
+    db.note_revoked()  # open waits and sessions look again after commit, and find the project gone
+    return {"runs": runs, "credentials": credentials, "wakes": wakes}
+
+
+def _take_out_of_service(db: Database, row: dict, kind: str, by: str, after: _dt.timedelta) -> dict:
+    """Delete or erase (``kind``) a live project inside the caller's transaction: the request, its work
+    stopped, its members and agents set aside in the request, ``project.deleted`` (the event). Returns
+    the request."""
+    slug, now = row["slug"], utcnow()
+    members = db.rows("SELECT handle, role, grant_version, joined_at FROM members WHERE project = ? "
+                      "ORDER BY joined_at, handle", (slug,))
+    agents = db.rows("SELECT agent_id, added_at FROM project_agents WHERE project = ? ORDER BY added_at, agent_id",
+                     (slug,))
+    db.execute("INSERT INTO deletions (project, kind, requested_by, requested_at, purge_after, members, agents) "
+               "VALUES (?, ?, ?, ?, ?, ?, ?)", (slug, kind, by, iso(now), iso(now + after), json.dumps(members),
+                                                json.dumps(agents)))
+    number = db.conn.last_insert_rowid()
+    move(db, "project", slug, kind, row, deletion=number)
+    stop_project_work(db, slug)
+    db.execute("DELETE FROM project_agents WHERE project = ?", (slug,))
+    db.execute("DELETE FROM members WHERE project = ?", (slug,))
+    append_event(db, slug, "project.deleted", {"request_number": number})
+    return db.one("SELECT * FROM deletions WHERE number = ?", (number,))
+
+
+def deletion_out(request: dict, state: str) -> dict:
+    """A deletion request as the page and the command line show it: ``{project, request_number, kind
+    (delete|erase), state (the project's), requested_at, requested_by, deadline, can_restore}``."""
+    return {"project": request["project"], "request_number": request["number"], "kind": request["kind"],
+            "state": state, "requested_at": request["requested_at"], "requested_by": request["requested_by"],
+            "deadline": request["purge_after"],
+            "can_restore": state == "deleted" and parse_iso(request["purge_after"]) > utcnow()}
+
+
+def delete_project(db: Database, project: str, by: Actor | str, window: _dt.timedelta = RECOVERY_WINDOW) -> dict:
+    """A project owner deletes a team project; a recorded owner may restore it for ``window``.
+
+    ``by`` is the signed-in person, who must have confirmed it's them (require_step_up), or a handle
+    from the command line (an owner of the project, run by whoever holds the database file). At once:
+    its work stops (stop_project_work), its members and agents are set aside, and nothing of it is
+    served. Writes ``project.deleted`` (event and entry, with the request number). Returns
+    deletion_out. Raises InvalidInput, NotFound, Forbidden (not an owner; a private room),
+    StepUpRequired, or InvalidState (deleted already: says until when it can be restored).
+    """
+    with db.transaction():
+        row, handle = _owned_live_project(db, project, by, "delete")
+        if isinstance(by, Actor):
+            require_step_up(db, by, f"delete the project '{row['slug']}'")
+        request = _take_out_of_service(db, row, "delete", handle, window)
+        audit(db, row["slug"], "project.deleted", {"owner": handle, "request_number": request["number"]})
+    return deletion_out(request, "deleted")
+
+
+def erase_project(db: Database, project: str, by: Actor | str) -> dict:
+    """A project owner asks to erase a team project: out of service at once as at a deletion, never
+    restored, its content purged ERASE_AFTER later by the retention worker.
+
+    ``by`` as for :func:`delete_project`. Its open invites are revoked (``invite.revoked``, reason
+    ``project_erased``). Writes ``project.deleted`` (the event) and ``project.erasure_requested`` (the
+    entry, with the owner and the request number). Returns deletion_out. Raises as delete_project.
+    """
+    with db.transaction():
+        row, handle = _owned_live_project(db, project, by, "erase")
+        if isinstance(by, Actor):
+            require_step_up(db, by, f"erase the project '{row['slug']}'")
+        request = _take_out_of_service(db, row, "erase", handle, ERASE_AFTER)
+        audit(db, row["slug"], "project.erasure_requested", {"owner": handle, "request_number": request["number"]})
+        for inviter in db.rows("SELECT DISTINCT invited_by FROM invites WHERE project = ? AND state = 'open' "
+                               "ORDER BY invited_by", (row["slug"],)):
+            revoke_invites_by(db, row["slug"], inviter["invited_by"], "project_erased")
+    return deletion_out(request, "erasing")
+
+
+def restore_project(db: Database, project: str, by: Actor | str) -> dict:
+    """A recorded owner (an owner when it was deleted) restores a deleted project within its recovery window.
+
+    ``by`` is the signed-in person or a handle from the command line. Its members and agents (those
+    still here) are back, and its keys reach it again; its work stays stopped until someone starts it.
+    Writes ``project.restored`` (event and entry, with the request number). Returns
+    ``{"project", "request_number", "state": "live"}``. Raises NotFound (no deleted project the
+    person was in), Forbidden (not an owner then), InvalidState (erased, purging, or past its deadline).
+    """
+    slug = check_slug(project, "project")
+    with db.transaction():
+        handle = by.handle if isinstance(by, Actor) else require_person(db, by)["handle"]
+        row = db.one("SELECT * FROM projects WHERE slug = ?", (slug,))
+        request = row and open_request(db, slug)
+        role = request and recorded_role(request, handle)
+        if not role:
+            raise NotFound(f"no deleted project '{slug}' that '{handle}' was in")
+        if role != "owner":
+            raise Forbidden(f"only an owner of '{slug}' when it was deleted can restore it")
+        if row["state"] != "deleted":
+            raise InvalidState(f"project '{slug}' {_out_of_service(row, request)}")
+        if parse_iso(request["purge_after"]) <= utcnow():
+            raise InvalidState(f"project '{slug}' can no longer be restored: its recovery window ended at "
+                               f"{request['purge_after']}")
+        move(db, "project", slug, "restore", row, deletion=None)
+        for m in json.loads(request["members"]):
+            db.execute("INSERT OR IGNORE INTO members SELECT ?, handle, ?, ?, ? FROM people WHERE handle = ?",
+                       (slug, m["role"], m["grant_version"], m["joined_at"], m["handle"]))
+        for a in json.loads(request["agents"]):
+            db.execute("INSERT OR IGNORE INTO project_agents SELECT ?, a.agent_id, ? FROM agents a JOIN members m "
+                       "ON m.project = ? AND m.handle = a.owner WHERE a.agent_id = ?",
+                       (slug, a["added_at"], slug, a["agent_id"]))
+        db.execute("UPDATE deletions SET restored_by = ?, restored_at = ? WHERE number = ?",
+                   (handle, iso(utcnow()), request["number"]))
+        db.cache.clear()  # who may reach what has changed
+        audit(db, slug, "project.restored", {"owner": handle, "request_number": request["number"]})
+        append_event(db, slug, "project.restored", {"request_number": request["number"]})
+    return {"project": project_out(db, slug), "request_number": request["number"], "state": "live"}
+
+
+def deleted_projects(db: Database, person: Actor | str) -> list[dict]:
+    """The projects out of service (deleted, being erased or purged) that ``person`` owned when they were
+    taken out, newest request first: deletion_out plus the project's ``name`` and ``team``."""
+    handle = person.handle if isinstance(person, Actor) else person
+    with db.snapshot():
+        rows = db.rows("SELECT p.name, p.team, p.state, d.* FROM projects p JOIN deletions d ON d.number = p.deletion "
+                       "WHERE p.state IN ('deleted', 'erasing', 'purging') ORDER BY d.number DESC")
+        return [deletion_out(r, r["state"]) | {"name": r["name"], "team": r["team"]}
+                for r in rows if recorded_role(r, handle) == "owner"]
+
+
+def purge_plan(db: Database) -> list[tuple[str, str]]:
+    """What a purge removes, in order: every table with a ``project`` column that PURGED does not name
+    (a newer chapter's) and _KEPT does not keep, then PURGED."""
+    named = {table for table, _ in PURGED}
+    others = [r["name"] for r in db.rows(
+        "SELECT name FROM sqlite_schema s WHERE type = 'table' AND EXISTS (SELECT 1 FROM pragma_table_info(s.name) c "
+        "WHERE c.name = 'project') ORDER BY name")]
+    return [(t, "project = :p") for t in others if t not in named and t not in _KEPT] + list(PURGED)
+
+
+def _delete_some(db: Database, table: str, where: str, slug: str, batch: int) -> int:
+    """Delete up to ``batch`` rows of ``table`` matching ``where`` (``:p`` = slug); how many went."""
+    sql = db.scalar("SELECT sql FROM sqlite_schema WHERE name = ?", (table,)) or ""
+    if "WITHOUT ROWID" in sql.upper():
+        key = ", ".join(r["name"] for r in db.rows("SELECT name FROM pragma_table_info(?) WHERE pk > 0 ORDER BY pk",
+                                                    (table,)))
+    else:
+        key = "rowid"
+    return db.execute(f"DELETE FROM {table} WHERE ({key}) IN (SELECT {key} FROM {table} WHERE {where} LIMIT {batch})",
+                      {"p": slug})
+
+
+def _start_purge(db: Database, row: dict, request: dict) -> str:
+    """A request's deadline passed: its purge starts (no restore from now on); the project's keys end."""
+    slug = row["slug"]
+    counts = {"messages": db.scalar("SELECT count(*) FROM messages WHERE project = ?", (slug,)),
+              "tasks": db.scalar("SELECT count(*) FROM tasks WHERE project = ?", (slug,)),
+              "files": db.scalar("SELECT (SELECT count(*) FROM attachments WHERE project = :p) + "
+                                 "(SELECT count(*) FROM deliverables WHERE project = :p)", {"p": slug})}
+    move(db, "project", slug, "purge", row)
+    revoke_credentials(db, "project = ?", (slug,), "project_deleted")
+    db.execute("UPDATE deletions SET purge_started_at = ?, counts = ? WHERE number = ?",
+               (iso(utcnow()), json.dumps(counts), request["number"]))
+    audit(db, slug, "project.purge_started", {"request_number": request["number"]})
+    return f"{slug}: purge started (request {request['number']})"
+
+
+def _purge_some(db: Database, row: dict, request: dict, batch: int) -> str:
+    """Remove the next batch of a purging project's content; once none is left, end the purge: the
+    project keeps only its slug, team and audit log, whose last entry is ``project.content_purged``."""
+    slug = row["slug"]
+    for table, where in purge_plan(db):
+        if gone := _delete_some(db, table, where, slug, batch):
+            return f"{slug}: {gone} rows of {table} removed"
+    # The newest event stays (seq only grows): if it is this project's, it keeps only the request number.
+    db.execute("UPDATE outbox SET type = 'project.deleted', payload = ? WHERE project = ? AND seq = "
+               "(SELECT max(seq) FROM outbox)", (json.dumps({"request_number": request["number"]}), slug))
+    now = utcnow()
+    move(db, "project", slug, "finish", row, name="", description="")
+    db.execute("UPDATE deletions SET members = '[]', agents = '[]', purged_at = ?, forget_after = ? WHERE number = ?",
+               (iso(now), iso(now + AUDIT_KEPT), request["number"]))
+    audit(db, slug, "project.content_purged", {"request_number": request["number"]} | json.loads(request["counts"]))
+    prune_files(db)
+    return f"{slug}: content purged (request {request['number']})"
+
+
+def _drop_purged(db: Database, row: dict) -> str:
+    """A purged project's audit log was kept AUDIT_KEPT: it goes, with the project's row, keys and requests."""
+    slug = row["slug"]
+    db.execute("DELETE FROM credential_uses WHERE credential_id IN (SELECT id FROM credentials WHERE project = ?)",
+               (slug,))
+    db.execute("DELETE FROM credentials WHERE project = ?", (slug,))
+    db.execute("DELETE FROM audit WHERE chain = ?", (slug,))
+    db.execute("DELETE FROM deletions WHERE project = ?", (slug,))
+    db.execute("DELETE FROM projects WHERE slug = ?", (slug,))
+    db.cache.clear()  # the chain's head is gone
+    return f"{slug}: audit log and project removed"
+
+
+def retention_step(db: Database, batch: int = PURGE_BATCH) -> str | None:
+    """One step of the retention worker, in one short transaction: what it did, or None when nothing is due.
+
+    First a purge under way goes on (a batch of rows, or its end); else the oldest request past its
+    deadline starts its purge; else a purged project whose log was kept AUDIT_KEPT goes. Time is
+    utcnow(), so a controlled clock drives it. The server's "retention" piece calls it until it
+    returns None.
+    """
+    now = iso(utcnow())
+    with db.transaction():
+        join = "SELECT p.*, d.number FROM projects p JOIN deletions d ON d.number = p.deletion WHERE "
+        row = db.one(join + "p.state = 'purging' ORDER BY d.number LIMIT 1")
+        if row is not None:
+            return _purge_some(db, row, open_request(db, row["slug"]), batch)
+        row = db.one(join + "p.state IN ('deleted', 'erasing') AND d.purge_after <= ? ORDER BY d.purge_after LIMIT 1",
+                     (now,))
+        if row is not None:
+            return _start_purge(db, row, open_request(db, row["slug"]))
+        row = db.one(join + "p.state = 'purged' AND d.forget_after <= ? ORDER BY d.forget_after LIMIT 1", (now,))
+        if row is not None:
+            return _drop_purged(db, row)
+    return None
+
+
+def run_retention(db: Database, batch: int = PURGE_BATCH) -> list[str]:
+    """Every retention step due now, one after another (what each did): the command line's, and tests'."""
+    done = []
+    while (step := retention_step(db, batch)) is not None:
+        done.append(step)
+    return done
 
 
 ###############################################################################
@@ -13150,6 +13580,15 @@ def close_account(db: Database, who: Actor | str) -> dict:
     project), StepUpRequired.
     """
     handle = who.handle if isinstance(who, Actor) else check_slug(who, "handle")
+    secure = db.scalar("PRAGMA secure_delete")
+    db.execute("PRAGMA secure_delete = ON")  # what this transaction overwrites is zeroed, not left in free space
+    try:
+        return _close(db, who, handle)
+    finally:
+        db.execute(f"PRAGMA secure_delete = {int(secure)}")
+
+
+def _close(db: Database, who: Actor | str, handle: str) -> dict:
     with db.transaction():
         row = db.one("SELECT * FROM people WHERE handle = ?", (handle,))
         if row is None:
@@ -13179,6 +13618,28 @@ def close_account(db: Database, who: Actor | str) -> dict:
     return {"handle": handle, "erased_at": now, "projects": projects, "sessions_ended": ended["sessions_ended"],
             "devices_ended": ended["devices_ended"], "apps_ended": ended["apps_ended"],
             "credentials_ended": ended["credentials_ended"] + keys, "invites_revoked": invites}
+
+
+#: How many times vacuum_file tries while other connections keep the file busy.
+VACUUM_TRIES = 5
+
+
+def vacuum_file(db: Database) -> dict:
+    """Rewrite the whole file (SQLite's VACUUM) and empty its write-ahead log, so that no earlier copy
+    of a row (a name from before it was erased, say) is left in the file's free space. Writers wait
+    while it runs. A running server reading at that moment makes it wait and try again, up to
+    VACUUM_TRIES times (then apsw.BusyError). Returns ``{bytes_before, bytes_after}`` (the file's size)."""
+    before = os.path.getsize(db.path)
+    for attempt in range(1, VACUUM_TRIES + 1):
+        try:
+            db.execute("VACUUM")
+            db.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+            break
+        except apsw.BusyError:
+            if attempt == VACUUM_TRIES:
+                raise
+            time.sleep(0.2 * attempt)  # the server's own reads are short: let one end
+    return {"bytes_before": before, "bytes_after": os.path.getsize(db.path)}
 
 
 ###############################################################################
@@ -16180,6 +16641,36 @@ async def api_delete_schedule(state: AppState, person: Actor, request: Request, 
                                                     None if version is None else int(version)))
 
 
+def _no_body(body: Any) -> None:
+    if body:
+        raise InvalidInput(f"unknown field {sorted(body)[0]}: send an empty body")
+
+
+async def api_delete_project(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """DELETE /api/projects/{slug}: a project owner deletes the project (confirming it's them first); its
+    recovery window is the ``recovery_window_days`` setting. ``{"deletion": deletion_out}``."""
+    window = _dt.timedelta(days=state.settings.recovery_window_days)
+    return {"deletion": delete_project(state.db, request.path_params["slug"], person, window)}
+
+
+async def api_erase_project(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """POST /api/projects/{slug}/erase {}: a project owner asks to erase the project (confirming it's them
+    first). ``{"deletion": deletion_out}``."""
+    _no_body(body)
+    return {"deletion": erase_project(state.db, request.path_params["slug"], person)}
+
+
+async def api_restore_project(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """POST /api/projects/{slug}/restore {}: a recorded owner restores a deleted project within its window."""
+    _no_body(body)
+    return restore_project(state.db, request.path_params["slug"], person)
+
+
+async def api_deleted_projects(state: AppState, person: Actor, request: Request, body: Any) -> dict:
+    """GET /api/deleted-projects: the projects out of service the person owned (see deleted_projects)."""
+    return {"projects": deleted_projects(state.db, person)}
+
+
 #: Every route but /mcp and /static: chapter 47's and this chapter's.
 ROUTES = WORK_ROUTES + (
     ("GET", "/api/projects/{slug}/story", api_endpoint(api_story)),
@@ -16200,6 +16691,10 @@ ROUTES = WORK_ROUTES + (
     ("DELETE", "/api/room/schedules/{schedule_id}", api_endpoint(api_delete_schedule)),
     ("POST", "/api/room/schedules/{schedule_id}/pause", api_endpoint(api_pause_schedule)),
     ("POST", "/api/room/schedules/{schedule_id}/resume", api_endpoint(api_resume_schedule)),
+    ("DELETE", "/api/projects/{slug}", api_endpoint(api_delete_project)),
+    ("POST", "/api/projects/{slug}/erase", api_endpoint(api_erase_project)),
+    ("POST", "/api/projects/{slug}/restore", api_endpoint(api_restore_project)),
+    ("GET", "/api/deleted-projects", api_endpoint(api_deleted_projects)),
 )
 
 
@@ -16219,6 +16714,9 @@ PUSH_FULL_EVERY = 60.0
 
 #: Push messages on their way at once.
 PUSH_AT_ONCE = 8
+
+#: How often the retention worker looks for a deleted project past its deadline, in seconds.
+RETENTION_EVERY = 60.0
 
 
 def push_piece(db: Database, settings: Settings) -> Callable[[], None]:
@@ -16267,8 +16765,9 @@ def push_piece(db: Database, settings: Settings) -> Callable[[], None]:
 def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer, settings: Settings,
                        end_dead_sessions: Callable[[], None]) -> Maintenance:
     """The server's background pieces: the watch for other writers, the WAL checkpoint, the
-    approvals and invites sweep, outbox and files pruning, the email digest, push notifications and the scheduler (see
-    :class:`Maintenance`). ``end_dead_sessions`` ends
+    approvals and invites sweep, outbox and files pruning, the email digest, push notifications, the
+    scheduler and the retention worker (deleted projects' purges); see :class:`Maintenance`.
+    ``end_dead_sessions`` ends
     the MCP sessions of credentials another process revoked, or that expired on their own.
     """
 
@@ -16312,6 +16811,8 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
     maintenance.add("push notifications", PUSH_EVERY, push_piece(db, settings))
     maintenance.add("schedules", SCHEDULER_MAX_SLEEP, schedule_piece(db, settings.schedule_runs_per_day,
                                                                      settings.schedule_runs_per_owner))
+    # A purge goes on in short steps, one after another, until nothing is due (chapter 39).
+    maintenance.add("retention", RETENTION_EVERY, lambda: 0.05 if retention_step(db) else None)
     return maintenance
 
 
@@ -17900,6 +18401,54 @@ def agents_resume(db_path: str, as_json: bool, everyone: bool, owner: str | None
 # and checking or rehashing the audit chains.
 
 
+def _deletion_text(d: dict) -> str:
+    what = "deleted" if d["kind"] == "delete" else "to be erased"
+    until = (f"an owner can restore it until {d['deadline']}" if d["can_restore"]
+             else f"its content goes at {d['deadline']}" if d["state"] in ("deleted", "erasing") else d["state"])
+    return f"{d['project']} is {what} (request {d['request_number']}): {until}."
+
+
+@project_group.command("delete")
+@db_options
+@click.argument("slug")
+@click.option("--by", "by", required=True, help="The handle of the project owner who deletes it.")
+def project_delete(db_path: str, as_json: bool, slug: str, by: str) -> None:
+    """Delete a project: out of service at once; an owner can restore it within the recovery window."""
+    window = _dt.timedelta(days=load_settings(None, db_path).recovery_window_days)
+    d = delete_project(open_db(db_path), slug, by, window)
+    Out(as_json)({"deletion": d}, _deletion_text(d))
+
+
+@project_group.command("erase")
+@db_options
+@click.argument("slug")
+@click.option("--by", "by", required=True, help="The handle of the project owner who asks for it.")
+def project_erase(db_path: str, as_json: bool, slug: str, by: str) -> None:
+    """Erase a project: out of service at once, never restored, its content gone 30 days later."""
+    d = erase_project(open_db(db_path), slug, by)
+    Out(as_json)({"deletion": d}, _deletion_text(d))
+
+
+@project_group.command("restore")
+@db_options
+@click.argument("slug")
+@click.option("--by", "by", required=True, help="The handle of an owner of the project when it was deleted.")
+def project_restore(db_path: str, as_json: bool, slug: str, by: str) -> None:
+    """Restore a deleted project within its recovery window; its work stays stopped until someone starts it."""
+    out = restore_project(open_db(db_path), slug, by)
+    Out(as_json)(out, f"Restored {slug} (request {out['request_number']}); its runs stay stopped until started.")
+
+
+@project_group.command("deleted")
+@db_options
+@click.option("--by", "by", required=True, help="The handle of the owner whose deleted projects to list.")
+def project_deleted(db_path: str, as_json: bool, by: str) -> None:
+    """List the projects out of service that a person owned, with their deadlines."""
+    db = open_db(db_path)
+    require_person(db, by)
+    Out(as_json).rows("projects", deleted_projects(db, by), _deletion_text, "No deleted projects.")
+
+
 # Restoring the file. ``prickle restore`` replaces the database with a backup or a Litestream
 # replica while no server runs: the copy is made and checked in a hidden folder beside the file,
 # marked for the first start (chain.restored in every chain, chapter 6), and only then takes the
@@ -18185,10 +18734,15 @@ def audit_rehash(db_path: str, as_json: bool, project_slug: str | None) -> None:
 
 @person_group.command("erase")
 @db_options
+@click.option("--vacuum", is_flag=True, help="Then rewrite the whole file, so that no earlier copy of their name "
+                                             "or address is left in its free space (writers wait meanwhile).")
 @click.argument("handle")
-def person_erase(db_path: str, as_json: bool, handle: str) -> None:
+def person_erase(db_path: str, as_json: bool, vacuum: bool, handle: str) -> None:
     """Close HANDLE's account: they become an erased person everywhere (see the README)."""
-    out = close_account(open_db(db_path), handle)
+    db = open_db(db_path)
+    out = close_account(db, handle)
+    if vacuum:
+        out["vacuum"] = vacuum_file(db)
     lines = [f"Closed {handle}'s account: their name and address are gone; {out['credentials_ended']} credentials, "
              f"{out['sessions_ended']} sessions and sign-in links, {out['devices_ended']} devices and "
              f"{out['apps_ended']} apps ended; {out['invites_revoked']} invites to them revoked."]

@@ -1,10 +1,12 @@
 // agents.js — your agents and their credentials: add an agent (model, client, role,
 // capabilities), add it to projects, mint a client key (shown once, with set-up lines
 // for Claude Code and Codex, never stored by the page), list and revoke keys, and the
-// runner devices paired to your agents and signing out everywhere (devices.js).
+// runner devices paired to your agents and signing out everywhere (devices.js), and closing your
+// account (account.js).
 
 import { get, post, del, seg } from "./api.js";
 import { createDevices, createSignOutEverywhere } from "./devices.js";
+import { createCloseAccount } from "./account.js";
 import * as pauses from "./pauses.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, timeEl, revokeButton, confirmButton, copyButton,
@@ -24,6 +26,7 @@ export function mount(el, ctx) {
   const devices = createDevices(shown, () => reload());
   const appsBox = h("div", { class: "table-wrap" });
   const everywhere = createSignOutEverywhere(() => reload());
+  const closing = createCloseAccount();
   const pauseBox = h("div", { class: "pause-box" });
   el.append(
     h("div", { class: "page-head" }, heading(1, "Agents & keys"),
@@ -37,7 +40,7 @@ export function mount(el, ctx) {
     h("section", { class: "section", "aria-labelledby": "apps-heading" }, h("h2", { id: "apps-heading", text: "Connected apps" }),
       h("p", { class: "muted", text: "Apps you connected with a sign-in (OAuth), such as Claude Desktop or Claude Code, each acting as one of your agents." }),
       appsBox),
-    devices.el, everywhere.el);
+    devices.el, everywhere.el, closing.el);
 
   const reload = async () => {
     try {

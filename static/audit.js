@@ -36,7 +36,8 @@ export function mount(el, ctx) {
       }));
     if (!out) return;
     renderChain(chain, out.chain);
-    rows.append(...out.entries.map((entry) => renderEntry(entry, ctx)));
+    const erased = new Set(out.erased || []);
+    rows.append(...out.entries.map((entry) => renderEntry(entry, ctx, erased)));
     if (out.entries.length) before = out.entries[out.entries.length - 1].n;
     more.hidden = out.entries.length < LIMIT || before <= 1;
   };
@@ -55,7 +56,8 @@ function renderChain(el, chain) {
   el.dataset.ok = String(chain.ok);
 }
 
-function renderEntry(entry, ctx) {
+/** An audit entry's row; ``erased``: the handles and agents it may name whose person closed their account. */
+function renderEntry(entry, ctx, erased) {
   const refs = entry.refs || {};
   return h("tr", { dataset: { n: String(entry.n), type: entry.type } },
     h("td", { class: "num", text: String(entry.n) }),
@@ -64,6 +66,10 @@ function renderEntry(entry, ctx) {
     h("td", {}, h("dl", { class: "refs" }, Object.entries(refs).filter(([, v]) => v !== null && v !== undefined)
       .map(([k, v]) => {
         const text = typeof v === "object" ? JSON.stringify(v) : String(v);
+        if (erased.has(v)) {
+          return h("div", {}, h("dt", { text: words(k) }), h("dd", { class: "erased" }, text, " ",
+            badge(v.includes("/") ? "erased agent" : "erased person", "muted")));
+        }
         const href = typeof v === "string" ? refLink(v, refs, ctx) : null;
         return h("div", {}, h("dt", { text: words(k) }), h("dd", {}, href ? h("a", { href, text }) : text));
       }))));

@@ -20,6 +20,7 @@ import { get, post, seg } from "./api.js";
 import * as stream from "./stream.js";
 import { createComposer } from "./composer.js";
 import { createRoomControls } from "./privateroom.js";
+import { createSchedules } from "./schedules.js";
 import { actionCard } from "./makeaction.js";
 import { markSeen, paintUnread, reload as reloadInbox } from "./inbox_store.js";
 import { renderMarkdown, rawToggle } from "./markdown.js";
@@ -42,6 +43,7 @@ export function mount(el, ctx) {
   const threads = h("nav", { class: "threads", "aria-labelledby": "threads-heading" },
     h("h2", { id: "threads-heading", text: "Task threads" }), h("p", { class: "muted", text: "Loading…" }));
   const own = ctx.project.isPrivate() ? createRoomControls(ctx) : null;
+  const schedules = own ? createSchedules(ctx) : null;
 
   const list = new MessageList(ctx, null);
   const composer = createComposer({ onSending: (body) => list.sending(body), onPosted: (m) => list.add(m, { scroll: true }),
@@ -59,7 +61,7 @@ export function mount(el, ctx) {
       list.el,
       // the pause and the turn stay in view, beside where one speaks
       foot),
-    h("div", { class: "room-side" }, own?.settings, threads)));
+    h("div", { class: "room-side" }, own?.settings, schedules?.el, threads)));
 
   const renderPaused = () => renderPausedPairs(paused, ctx);
   renderPaused();
@@ -82,6 +84,7 @@ export function mount(el, ctx) {
     list.destroy();
     composer.destroy();
     own?.destroy();
+    schedules?.destroy();
     offProject();
     offTask();
     offMsg();

@@ -150,6 +150,7 @@ function renderStatus(el, out) {
     : h("strong", { text: out.repo.name });
   const read = gh.fetched_at ? [" · read ", timeEl(gh.fetched_at, true)] : [];
   el.append(h("p", { class: "muted story-source" }, "From GitHub: ", repo, ...read));
+  if (!gh.state) el.append(h("p", { class: "muted", role: "status", text: "Reading GitHub… its moments show once it answers." }));
   if (gh.state && gh.state !== "ok") {
     el.append(h("p", { class: "note warn story-github-failed", role: "status" },
       badge(gh.state === "rate_limited" ? "waiting for GitHub" : "GitHub failed", "warn"), " ", gh.message || ""));

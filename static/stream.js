@@ -14,7 +14,7 @@
 import { get, seg, token } from "./api.js";
 
 const TYPES = ["message.posted", "task.updated", "approval.updated", "action.updated", "pulse.updated",
-  "member.joined", "agent.added", "project.created", "moment.updated", "story.updated"];
+  "member.joined", "agent.added", "project.created", "moment.updated", "story.updated", "schedule.updated"];
 const READY_WAIT = 4000; // ms open() waits for the stream's position before the page loads anyway
 const FAR = 9007199254740991; // "after" beyond any seq: the events endpoint answers with the head
 

@@ -38,14 +38,15 @@ export function titleOf(task) {
 
 /** Who asked for the task, in words. */
 export function requesterText(task) {
-  if (task.requester) return task.requester;
-  return task.requested_by?.kind === "person" ? `@${task.requested_by.handle}` : "someone";
+  if (task.requester) return task.requested_by?.erased ? actorText(task.requested_by) : task.requester;
+  return task.requested_by?.kind === "person" ? actorText(task.requested_by) : "someone";
 }
 
-/** An actor reference (person, agent or Prickle itself) in words. */
+/** An actor reference (person, agent or Prickle itself) in words; one whose person closed their
+ *  account (erased: true) says so. */
 export function actorText(ref) {
   if (!ref) return "";
-  if (ref.kind === "person") return `@${ref.handle}`;
-  if (ref.kind === "agent") return ref.agent_id;
+  if (ref.kind === "person") return ref.erased ? `an erased person (@${ref.handle})` : `@${ref.handle}`;
+  if (ref.kind === "agent") return ref.erased ? `${ref.agent_id} (erased)` : ref.agent_id;
   return "Prickle";
 }

@@ -16,6 +16,7 @@ export const WHY = {
   agent_removed: "its agent was taken out of the project",
   member_left: "its agent's owner left the project",
   member_removed: "its agent's owner was removed from the project",
+  member_erased: "its agent's owner closed their account",
 };
 
 const DECISION = {

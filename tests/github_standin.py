@@ -5,7 +5,8 @@ It serves what the story reads: ``GET /repos/OWNER/NAME`` (the repository), ``/r
 each page with a ``Link`` header naming the next and last, as GitHub's does. A repository it does
 not hold answers 404 ``Not Found``. ``limited`` makes every answer a rate limit: ``"403"`` as GitHub's
 primary limit (``x-ratelimit-remaining: 0`` and ``x-ratelimit-reset``), ``"429"`` with
-``retry-after``. ``requests`` keeps each request's path and ``Authorization`` header.
+``retry-after``. With ``token`` set, a request without that bearer token gets 401 ``Bad credentials``;
+``delay`` slows each page of a list; ``garbled`` answers a list's pages with what GitHub never sends. ``requests`` keeps each request's path and ``Authorization`` header.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -36,6 +38,9 @@ class GitHub:
         self.repos: dict[str, dict] = {}
         self.per_page = per_page
         self.limited: str | None = None
+        self.token: str | None = None
+        self.garbled = False
+        self.delay = 0.0  # seconds each page of a list takes  # when set, any other Authorization is refused (401)
         self.reset_at = 0
         self.requests: list[dict] = []
         standin = self
@@ -62,6 +67,8 @@ class GitHub:
         if self.limited == "403":
             return self.send(h, 403, {"message": "API rate limit exceeded"},
                              {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(self.reset_at)})
+        if self.token is not None and h.headers.get("Authorization") != f"Bearer {self.token}":
+            return self.send(h, 401, {"message": "Bad credentials"})
         if self.limited == "429":
             return self.send(h, 429, {"message": "secondary rate limit"}, {"retry-after": "90"})
         path = parts.path.removeprefix("/api/repos/").split("/")
@@ -71,6 +78,9 @@ class GitHub:
         if len(path) == 2:
             return self.send(h, 200, {"full_name": repo["name"], "html_url": f"https://github.com/{repo['name']}",
                                       "private": False})
+        if self.garbled:
+            return self.send(h, 200, [{"number": 1, "merged_at": "2026-11-01T00:00:00Z", "user": "not an object"}])
+        time.sleep(self.delay)
         items = repo[path[2]]
         page = int(urllib.parse.parse_qs(parts.query).get("page", ["1"])[0])
         last = max(1, -(-len(items) // self.per_page))

@@ -138,6 +138,7 @@ def test_every_lifecycle_is_a_table_whose_moves_lead_to_its_states():
         "start": ["approved", "none"],
         "account": ["erased", "open"],
         "schedule": ["active", "deleted", "paused", "stopped"],
+        "project": ["deleted", "erasing", "live", "purged", "purging"],
     }
 
 
@@ -166,3 +167,20 @@ def test_the_default_lead_and_the_start_flag_move_only_as_their_tables_say(world
     with db.transaction():
         assert prickle.move(db, "start", task["id"], "claim") == "none"
     assert db.scalar("SELECT run_approved FROM tasks WHERE id = ?", (task["id"],)) is None
+
+
+def test_a_project_lives_until_deleted_or_erased_and_is_restored_only_before_its_purge(world):
+    assert prickle.PROJECT_MOVES == {
+        "live": {"delete": "deleted", "erase": "erasing"},
+        "deleted": {"restore": "live", "purge": "purging"},
+        "erasing": {"purge": "purging"},
+        "purging": {"finish": "purged"},
+        "purged": {},
+    }
+    prickle.erase_project(world.db, PROJECT, "oj")
+    assert world.db.scalar("SELECT state FROM projects WHERE slug = ?", (PROJECT,)) == "erasing"
+    with world.db.transaction(), pytest.raises(prickle.InvalidState) as e:
+        prickle.move(world.db, "project", PROJECT, "restore")
+    assert str(e.value) == (f"project '{PROJECT}' is erasing: restore (an owner when it was deleted, within its "
+                            "recovery window) is not allowed now; it is closed")
+    assert world.db.scalar("SELECT state FROM projects WHERE slug = ?", (PROJECT,)) == "erasing"

@@ -3,6 +3,7 @@ stand-in, tests/github_standin.py), and what owners hide."""
 
 import datetime as dt
 import json
+import time
 
 import pytest
 from starlette.testclient import TestClient
@@ -297,6 +298,13 @@ def test_the_token_setting_is_sent_to_github(team, github, monkeypatch):
         r = person(client, team, "oj").post(f"/api/projects/{PROJECT}/story/repo", {"repository": "octo/docs"})
         assert r.status_code == 200, r.text
     assert {q["authorization"] for q in github.requests} == {"Bearer ghp_test"}
+    # A token GitHub refuses: the repository can't be read, a clear error.
+    github.token = "ghp_other"
+    with TestClient(prickle.create_app(team.db_path, settings, port=8321), base_url="http://127.0.0.1:8321") as client:
+        r = person(client, team, "oj").post(f"/api/projects/{PROJECT}/story/repo", {"repository": "octo/site"})
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        400, "repository: GitHub refused to let this server read 'octo/site' (401): the server's GitHub token "
+             "(github_token_env) is missing, wrong or lacks access")
 
 
 def test_a_rate_limit_is_waited_out_and_a_failure_shows_on_the_story_never_as_an_error(team, app, github):
@@ -319,10 +327,16 @@ def test_a_rate_limit_is_waited_out_and_a_failure_shows_on_the_story_never_as_an
     out = read(app, team)
     assert (out["github"]["state"], out["github"]["retry_at"]) == (
         "rate_limited", prickle.iso(team.clock.now + dt.timedelta(seconds=90)))
-    # The repository goes away: the story says so, and still answers.
-    github.limited = None
-    del github.repos["octo/site"]
+    # An answer unlike GitHub's: the story says so, and still answers.
+    github.limited, github.garbled = None, True
     team.clock.now += dt.timedelta(seconds=91)
+    out = read(app, team)
+    assert out["github"]["state"] == "failed" and gh_titles(out) == GH_TITLES
+    assert out["github"]["message"] == "GitHub's answer could not be read (AttributeError); the story tries again later"
+    github.garbled = False
+    team.clock.now += dt.timedelta(seconds=prickle.GITHUB_RETRY)
+    # The repository goes away: the story says so, and still answers.
+    del github.repos["octo/site"]
     out = read(app, team, "ren")
     assert out["github"]["state"] == "failed" and out["github"]["message"].startswith(
         "repository: GitHub has no repository 'octo/site' this server can read")
@@ -400,3 +414,36 @@ def test_an_erased_person_s_moments_lose_their_name(team):
     assert moment["by"] == {"kind": "person", "handle": "ren", "erased": True, "display_name": prickle.ERASED_NAME}
     assert "Ren Ito" not in json.dumps(out)                   # their join went with their membership
     assert (moment["can_edit"], moment["can_remove"]) == (False, True)   # an owner may still remove it
+
+
+def test_the_record_s_round_numbers_read_an_index_not_every_message(team):
+    db = team.db
+    plan = " ".join(r["detail"] for r in db.rows(
+        "EXPLAIN QUERY PLAN SELECT id, task_id, created_at FROM messages INDEXED BY messages_by_project "
+        "WHERE project = ? ORDER BY seq LIMIT 1 OFFSET ?", (PROJECT, 99)))
+    assert "USING INDEX messages_by_project" in plan and "TEMP B-TREE" not in plan
+    # A big project: 20,000 messages in another project change nothing of this one's story, and the
+    # 10,000th of its own is found.
+    with db.transaction():
+        for project, n in (("side", 20_000), (PROJECT, 10_000)):
+            db.conn.executemany("INSERT INTO messages (id, project, author_kind, author, body, mentions, created_at) "
+                                "VALUES (?, ?, 'person', 'oj', 'x', '[]', ?)",
+                                [(f"msg-{project}-{i}", project, prickle.iso(T0)) for i in range(n)])
+    rounds = {m["title"] for m in moments(db, team.person("oj")) if m["kind"] == "round_number"}
+    assert rounds == {"The 10,000th message", "The 5,000th message", "The 1,000th message", "The 500th message",
+                      "The 100th message"}
+
+
+def test_a_slow_github_holds_no_reader_back(team, app, github, monkeypatch):
+    monkeypatch.setattr(prickle, "GITHUB_WAIT", 0.2)
+    github.delay = 0.3                                         # five pages: 1.5 s in all
+    r = person(app, team, "oj").post(f"/api/projects/{PROJECT}/story/repo", {"repository": "octo/site"})
+    assert r.json()["changed"] is True                         # answered before GitHub finished
+    out = read(app, team, "ren")
+    assert (out["github"]["state"], gh_titles(out)) == (None, [])   # not read yet: nothing to show
+    asked = len(github.requests)
+    deadline = time.monotonic() + 30
+    while out["github"]["state"] is None and time.monotonic() < deadline:
+        out = read(app, team, "ren")                           # each reader joins the one read under way
+    assert (out["github"]["state"], gh_titles(out)) == ("ok", GH_TITLES)
+    assert len(github.requests) <= asked + 5
