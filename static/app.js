@@ -17,6 +17,7 @@
 
 import * as api from "./api.js";
 import * as project from "./project.js";
+import * as stream from "./stream.js";
 import * as signin from "./signin.js";
 import * as projects from "./projects.js";
 import * as room from "./room.js";
@@ -171,8 +172,14 @@ async function route() {
     document.title = `${view[0]} · ${data.project.name} · Prickle`;
     const ctx = { me, slug, id, sub: parts[4], query, project, go, view: viewName };
     const off = view[1](body, ctx);
+    // The project deleted (or the person removed) while open: the view goes, saying so.
+    const offGone = stream.on("gone", () => {
+      project.leave();
+      route();
+    });
     unmount = () => {
       bar.destroy();
+      offGone();
       if (typeof off === "function") off();
     };
   } else {
@@ -326,7 +333,8 @@ function showProjectMissing(main, slug, err) {
   fill(main, h("section", { class: "card" },
     heading(1, err.status === 404 ? "No such project in your list" : "This project could not be opened"),
     err.status === 404
-      ? h("p", { text: `There is no project “${slug}” among your projects. A project shows here once an owner adds you.` })
+      ? h("p", { text: `There is no project “${slug}” among your projects. A project shows here once an owner adds you; `
+        + "one that was deleted is listed on Your projects for its owners, who can restore it." })
       : loadFailed(err, route),
     link("#/", "Back to your projects")));
 }

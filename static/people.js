@@ -3,10 +3,12 @@
 // and adding one of your own agents to it; owners of the project and its team invite people by
 // email and see the open invites (resend, revoke, the link to pass on; one accepted leaves the list
 // at once). Leave, Remove, Promote and Remove agent ask first, with what the server says would be
-// handed back. Owners rename the project and export it, and its default lead is picked by a team owner (its owner agrees, declines or steps down).
+// handed back. Owners rename the project and export it (export.js), and its default lead is picked by a team
+// owner (its owner agrees, declines or steps down); owners delete or erase it (deletion.js).
 
 import { get, post, del, seg } from "./api.js";
 import * as stream from "./stream.js";
+import { dangerZone } from "./deletion.js";
 import {
   h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, availabilityBadge, ago, announce, timeEl,
   copyButton, revokeButton, loadFailed,
@@ -131,7 +133,8 @@ function renderSettings(box, data, ctx) {
     });
   }
   fill(box, h("section", { class: "section card", "aria-labelledby": "settings-heading" },
-    h("h2", { id: "settings-heading", text: "Name and default lead" }), rename, leadBox(data, ctx, done)));
+    h("h2", { id: "settings-heading", text: "Name and default lead" }), rename, leadBox(data, ctx, done)),
+  dangerZone(data, ctx));
 }
 
 const SHARE_CHOICES = [["default", "Only what every project shares"],

@@ -1,9 +1,10 @@
 // projects.js — the home page: one line about what waits for you (the inbox has the items), your
-// projects and a new project.
+// projects, the deleted ones you owned (deletion.js) and a new project.
 
 import { get, post } from "./api.js";
 import { createWaiting } from "./waiting.js";
 import { paintUnread } from "./inbox_store.js";
+import { deletedProjects } from "./deletion.js";
 import { h, heading, field, errorSlot, act, fill, empty, badge, loadFailed } from "./ui.js";
 
 // ---- lifecycle ---------------------------------------------------------------------------
@@ -18,6 +19,7 @@ export function mount(el, ctx) {
     waiting.el,
     h("section", { class: "section", "aria-labelledby": "projects-heading" },
       h("h2", { id: "projects-heading", text: "Your projects" }), listError, list),
+    deletedProjects(() => loadProjects(list, listError)),
     createForm(ctx));
 
   loadProjects(list, listError);

@@ -62,7 +62,8 @@ export function close() {
 
 // ---- actions ----------------------------------------------------------------------
 
-/** fn(event) for each event of a type ("*" for all; "resync" when the stream starts over at {seq}); returns a function that stops it. */
+/** fn(event) for each event of a type ("*" for all; "resync" when the stream starts over at {seq}; "gone" when
+ *  the project is no longer the person's to read); returns a function that stops it. */
 export function on(type, fn) {
   if (!listeners.has(type)) listeners.set(type, new Set());
   listeners.get(type).add(fn);
@@ -90,6 +91,12 @@ function resync(conn, seq, reason) {
   if (conn.closed || conn !== current || !Number.isInteger(seq)) return;
   conn.lastSeq = seq;
   dispatch(["resync"], { type: "resync", seq, reason });
+}
+
+/** The project went out of the person's reach (deleted, or they were removed): on("gone") listeners hear it. */
+function gone(conn) {
+  if (conn.closed || conn !== current) return;
+  dispatch(["gone"], { type: "gone", slug: conn.slug });
 }
 
 function dispatch(keys, event) {
@@ -184,6 +191,7 @@ async function poll(conn) {
       if (err.status === 401 || err.status === 404) {
         setStatus("off");
         conn.ready?.(null);
+        if (err.status === 404) gone(conn);
         return;
       }
       setStatus("reconnecting");
@@ -211,6 +219,7 @@ async function poll(conn) {
       if (conn.closed) return;
       if (err.status === 401 || err.status === 404) {
         setStatus("off");
+        if (err.status === 404) gone(conn);
         return;
       }
       setStatus("reconnecting");
