@@ -4,6 +4,7 @@ import datetime as dt
 import glob
 import json
 import os
+import shutil
 
 import apsw
 import pytest
@@ -201,3 +202,49 @@ def test_a_backup_older_than_this_prickle_is_upgraded_as_it_is_restored(world, d
     assert conn.pragma("user_version") == len(prickle.MIGRATIONS)
     assert json.loads(conn.execute("SELECT value FROM meta WHERE key = 'restore'").fetchall()[0][0])["chains"] == {}
     conn.close()
+
+
+def test_a_replaced_file_whose_chain_does_not_continue_the_backups_claims_no_known_gap(world, tmp_path):
+    backup = str(tmp_path / "b.db")
+    world.db.backup_to(backup)
+    other = str(tmp_path / "other" / "prickle.db")  # another deployment, with a project of the same name
+    os.makedirs(os.path.dirname(other))
+    db = prickle.Database(other)
+    prickle.add_person(db, "zed", "Zed")
+    prickle.create_project(db, PROJECT, "Not the same", "elsewhere", "zed")
+    db.close()
+    jrun(other, "restore", backup)
+    restored = prickle.Database(other)
+    marker = json.loads(restored.scalar("SELECT value FROM meta WHERE key = 'restore'"))
+    restored.close()
+    assert {chain: known["missing"] for chain, known in marker["chains"].items()} == dict.fromkeys(heads(backup))
+    assert marker["chains_missing"] == 0
+
+
+def test_a_restore_through_a_symlink_replaces_the_file_it_names(world, db_path, tmp_path):
+    backup = str(tmp_path / "b.db")
+    world.db.backup_to(backup)
+    link = str(tmp_path / "link.db")
+    os.symlink(db_path, link)
+    out = jrun(link, "restore", backup)
+    assert out["db"] == db_path and out["replaced"].startswith(db_path + ".replaced-")
+    assert os.path.islink(link) and os.path.realpath(link) == db_path
+    assert heads(link) == heads(backup)
+
+
+def test_a_backup_copied_into_place_by_hand_is_recorded_as_a_restore_at_its_first_start(world, tmp_path, clock):
+    backup = str(tmp_path / "b.db")
+    assert jrun(world.db_path, "backup", backup) == {"backup": backup}
+    by_hand = str(tmp_path / "by-hand.db")
+    shutil.copyfile(backup, by_hand)
+    clock.now = T0 + 3 * MINUTE
+    start(by_hand)
+    start(by_hand)
+    restored = prickle.Database(by_hand)
+    for chain, (n, _) in heads(backup).items():
+        gap = {"from": "2026-12-01T10:00:00.000Z", "to": "2026-12-01T10:03:00.000Z", "entries": None}
+        assert [e["refs"] for e in audit_entries(restored, chain, "chain.restored")] == [
+            {"source": "backup", "point": "2026-12-01T10:00:00.000Z", "through": n,
+             "gap": gap | ({"chains": None} if chain == "" else {})}], chain
+    assert restored.scalar("SELECT count(*) FROM meta WHERE key IN ('restore', 'backup_taken_at')") == 0
+    restored.close()
