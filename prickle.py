@@ -3149,13 +3149,18 @@ def record_restore(db: Database) -> list[dict]:
     ``gap``: ``from`` (the point), ``to`` (when the restore ran) and ``entries`` (how many of this
     chain's entries the replaced file had after ``through``; None when unknown). The deployment
     chain's gap adds ``chains``: the chains (projects) the replaced file had and the copy lacks.
+    A backup copied into place by hand (its BACKUP_TAKEN_AT still in meta) is a restore too: its
+    point is when it was taken, and its gap's ``to`` this start, with nothing known missing.
     Returns the entries written. Reference: audit entry ``chain.restored``.
     """
     with db.transaction():
         raw = db.scalar("SELECT value FROM meta WHERE key = ?", (RESTORE_MARKER,))
-        if raw is None:
+        taken = db.scalar("SELECT value FROM meta WHERE key = ?", (BACKUP_TAKEN_AT,))
+        if raw is None and taken is None:
             return []
-        marker = json.loads(raw)
+        marker = json.loads(raw) if raw is not None else {
+            "source": "backup", "point": taken, "restored_at": iso(utcnow()), "chains_missing": None,
+            "chains": {chain: {"through": n, "missing": None} for chain, (n, _) in chain_heads(db.conn).items()}}
         entries = []
         for chain in sorted(set(marker["chains"]) | {DEPLOYMENT_CHAIN}):
             known = marker["chains"].get(chain, {"through": 0, "missing": None})
@@ -3164,7 +3169,7 @@ def record_restore(db: Database) -> list[dict]:
                 gap["chains"] = marker["chains_missing"]
             entries.append(audit(db, chain, "chain.restored", {
                 "source": marker["source"], "point": marker["point"], "through": known["through"], "gap": gap}))
-        db.execute("DELETE FROM meta WHERE key = ?", (RESTORE_MARKER,))
+        db.execute("DELETE FROM meta WHERE key IN (?, ?)", (RESTORE_MARKER, BACKUP_TAKEN_AT))
     return entries
 
 
@@ -12722,7 +12727,8 @@ def _owner_only(db: Database, person: Actor, project: str, what: str) -> None:
 def _check_day(value: Any) -> str:
     """A moment's day (``YYYY-MM-DD``), not after today anywhere on Earth; InvalidInput naming ``day``."""
     try:
-        day = _dt.date.fromisoformat(value) if isinstance(value, str) and len(value) == 10 else None
+        day = _dt.date.fromisoformat(value) if isinstance(value, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", value) \
+            else None
     except ValueError:
         day = None
     if day is None:
@@ -13479,6 +13485,20 @@ def erase_project(db: Database, project: str, by: Actor | str) -> dict:
     return deletion_out(request, "erasing")
 
 
+def erase_private_room(db: Database, owner: str) -> dict | None:
+    """Take ``owner``'s private room out of service as an erasure, inside the caller's transaction: its
+    content is purged ERASE_AFTER later, like an erased project's. Only closing their account does it
+    (chapter 40): a private room goes with its owner's account. Writes ``project.deleted`` (the event)
+    and ``project.erasure_requested`` (the entry). Returns deletion_out, or None for no room in service."""
+    row = db.one("SELECT p.* FROM projects p JOIN rooms r ON r.project = p.slug WHERE r.owner = ? AND "
+                 "p.state = 'live'", (owner,))
+    if row is None:
+        return None
+    request = _take_out_of_service(db, row, "erase", owner, ERASE_AFTER)
+    audit(db, row["slug"], "project.erasure_requested", {"owner": owner, "request_number": request["number"]})
+    return deletion_out(request, "erasing")
+
+
 def restore_project(db: Database, project: str, by: Actor | str) -> dict:
     """A recorded owner (an owner when it was deleted) restores a deleted project within its recovery window.
 
@@ -13505,7 +13525,9 @@ def restore_project(db: Database, project: str, by: Actor | str) -> dict:
                                f"{request['purge_after']}")
         move(db, "project", slug, "restore", row, deletion=None)
         for m in json.loads(request["members"]):
-            db.execute("INSERT OR IGNORE INTO members SELECT ?, handle, ?, ?, ? FROM people WHERE handle = ?",
+            # A person who closed their account meanwhile is not brought back.
+            db.execute("INSERT OR IGNORE INTO members SELECT ?, handle, ?, ?, ? FROM people WHERE handle = ? AND "
+                       "erased_at IS NULL",
                        (slug, m["role"], m["grant_version"], m["joined_at"], m["handle"]))
         for a in json.loads(request["agents"]):
             db.execute("INSERT OR IGNORE INTO project_agents SELECT ?, a.agent_id, ? FROM agents a JOIN members m "
@@ -13649,6 +13671,8 @@ def run_retention(db: Database, batch: int = PURGE_BATCH) -> list[str]:
 #      records how many approvals were denied, tasks cancelled and runs closed;
 #   4. the invites sent to their address end (``invitee_closed_account``), and every key left of
 #      theirs or their agents' ends;
+#      Their private room goes with their account: erased like a project (erase_private_room, chapter
+#      39), its content purged 30 days later by the retention worker.
 #   5. their name, address and settings go from the file: the person row keeps only the handle (the
 #      audit chains name it, and a chain is never rewritten), every stored reference to them takes the
 #      erased form (person_ref), and the names in the outbox's events are replaced.
@@ -13773,8 +13797,9 @@ def close_account(db: Database, who: Actor | str) -> dict:
     Writes ``person.erased`` in each project they were in (with ERASED_COUNTS and the counts of their
     agents leaving, OFFBOARD_COUNTS), the entries of what ends with it (``approval.decided``,
     ``task.transitioned``, ``task.returned``, ``device.revoked``, ``invite.revoked`` with
-    ``inviter_erased`` or ``invitee_closed_account``, ...). Returns ``{handle, erased_at, projects:
-    [{project} | refs], sessions_ended, devices_ended, apps_ended, credentials_ended, invites_revoked}``.
+    ``inviter_erased`` or ``invitee_closed_account``, ``project.erasure_requested`` in their private
+    room...). Returns ``{handle, erased_at, projects: [{project} | refs], private_room (deletion_out or
+    None), sessions_ended, devices_ended, apps_ended, credentials_ended, invites_revoked}``.
     Raises InvalidInput, NotFound (no such person), InvalidState (closed already; the last owner of a
     project), StepUpRequired.
     """
@@ -13807,6 +13832,7 @@ def _close(db: Database, who: Actor | str, handle: str) -> dict:
             "SELECT project FROM members WHERE handle = ? ORDER BY project", (handle,))}
         ended = sign_out_everywhere(db, handle)
         projects = [{"project": p} | _erase_in(db, me, p, by, was) for p, was in running.items()]
+        room = erase_private_room(db, handle)
         invites = revoke_invites_to(db, row["email"], "invitee_closed_account") if row["email"] else 0
         keys = revoke_credentials(db, "person = ? OR agent_id IN (SELECT agent_id FROM agents WHERE owner = ?)",
                                   (handle, handle), "account_closed")
@@ -13814,7 +13840,8 @@ def _close(db: Database, who: Actor | str, handle: str) -> dict:
         _forget(db, handle, now)
         db.cache.clear()  # who may reach what, and every name, has changed
         db.note_revoked()
-    return {"handle": handle, "erased_at": now, "projects": projects, "sessions_ended": ended["sessions_ended"],
+    return {"handle": handle, "erased_at": now, "projects": projects, "private_room": room,
+            "sessions_ended": ended["sessions_ended"],
             "devices_ended": ended["devices_ended"], "apps_ended": ended["apps_ended"],
             "credentials_ended": ended["credentials_ended"] + keys, "invites_revoked": invites}
 
