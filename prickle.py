@@ -12727,7 +12727,8 @@ def _owner_only(db: Database, person: Actor, project: str, what: str) -> None:
 def _check_day(value: Any) -> str:
     """A moment's day (``YYYY-MM-DD``), not after today anywhere on Earth; InvalidInput naming ``day``."""
     try:
-        day = _dt.date.fromisoformat(value) if isinstance(value, str) and len(value) == 10 else None
+        day = _dt.date.fromisoformat(value) if isinstance(value, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", value) \
+            else None
     except ValueError:
         day = None
     if day is None:
