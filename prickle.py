@@ -17739,8 +17739,8 @@ def audit_verify(db_path: str, as_json: bool, project_slug: str | None, export_p
         verify_export_file(export_path, as_json)
         return
     db = open_db(db_path)
-    if project_slug is not None:
-        project_out(db, project_slug)
+    if project_slug is not None and db.one("SELECT 1 FROM projects WHERE slug = ?", (project_slug,)) is None:
+        raise NotFound(f"no project '{project_slug}'")  # a deleted one's log is checked until it goes
     reports = verify_audit(db, project_slug)
     ok = all(r["ok"] for r in reports)
     Out(as_json)({"ok": ok, "chains": reports}, "\n".join(
