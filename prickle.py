@@ -584,6 +584,9 @@ class Settings(pydantic.BaseModel):
     device_idle_days: int = pydantic.Field(90, ge=1, le=3650)
     #: A sign-in link works once within this many minutes.
     signin_link_minutes: int = pydantic.Field(30, ge=1, le=1440)
+    #: A private room's turn ends ("ran out of time") this many minutes after it started (or after
+    #: the owner retried or went on without an agent): claims refused, queued wakes ended.
+    turn_minutes: int = pydantic.Field(30, ge=1, le=1440)
     #: A run's execution credential (claim_task) expires after this many minutes.
     launch_timeout_minutes: int = pydantic.Field(60, ge=1, le=1440)
     #: Who restarts the write-ahead log: ``prickle`` (its checkpointer, once the log is long) or
@@ -1885,6 +1888,17 @@ MIGRATIONS: list[list[str]] = [
             forget_after TEXT)""",
         "CREATE INDEX deletions_by_project ON deletions(project)",
     ],
+    [
+        # Turns that finish (chapter 18): a turn's time limit and its combiner; a private room's
+        # rounds (one per message of its owner) and whether the owner stopped the current one.
+        "ALTER TABLE turns ADD COLUMN expires_at TEXT",
+        "ALTER TABLE turns ADD COLUMN combiner TEXT",
+        "CREATE INDEX turns_open_by_expiry ON turns(expires_at) WHERE ended_at IS NULL",
+        "ALTER TABLE rooms ADD COLUMN round INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE rooms ADD COLUMN round_state TEXT NOT NULL DEFAULT 'open'",
+        "UPDATE rooms SET round = (SELECT count(*) FROM messages m WHERE m.project = rooms.project AND "
+        "m.author_kind = 'person' AND m.task_id IS NULL)",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -3113,11 +3127,12 @@ def restore_marker(copy: apsw.Connection, replaced: apsw.Connection | None, sour
     """
     heads = chain_heads(copy)
     chains: dict[str, dict] = {}
-    for chain, (n, digest) in sorted(heads.items()):
+    entry = "SELECT at, type, refs FROM audit WHERE chain = ? AND n = ?"  # the same entry under any hash version
+    for chain, (n, _) in sorted(heads.items()):
         missing = None
         if replaced is not None:
-            same = replaced.execute("SELECT hash FROM audit WHERE chain = ? AND n = ?", (chain, n)).fetchall()
-            if same and same[0][0] == digest:
+            same = replaced.execute(entry, (chain, n)).fetchall()
+            if same and same == copy.execute(entry, (chain, n)).fetchall():
                 missing = replaced.execute("SELECT max(n) FROM audit WHERE chain = ?", (chain,)).fetchall()[0][0] - n
         chains[chain] = {"through": n, "missing": missing}
     lost = None if replaced is None else len(set(chain_heads(replaced)) - set(heads) - {DEPLOYMENT_CHAIN})
@@ -3134,13 +3149,18 @@ def record_restore(db: Database) -> list[dict]:
     ``gap``: ``from`` (the point), ``to`` (when the restore ran) and ``entries`` (how many of this
     chain's entries the replaced file had after ``through``; None when unknown). The deployment
     chain's gap adds ``chains``: the chains (projects) the replaced file had and the copy lacks.
+    A backup copied into place by hand (its BACKUP_TAKEN_AT still in meta) is a restore too: its
+    point is when it was taken, and its gap's ``to`` this start, with nothing known missing.
     Returns the entries written. Reference: audit entry ``chain.restored``.
     """
     with db.transaction():
         raw = db.scalar("SELECT value FROM meta WHERE key = ?", (RESTORE_MARKER,))
-        if raw is None:
+        taken = db.scalar("SELECT value FROM meta WHERE key = ?", (BACKUP_TAKEN_AT,))
+        if raw is None and taken is None:
             return []
-        marker = json.loads(raw)
+        marker = json.loads(raw) if raw is not None else {
+            "source": "backup", "point": taken, "restored_at": iso(utcnow()), "chains_missing": None,
+            "chains": {chain: {"through": n, "missing": None} for chain, (n, _) in chain_heads(db.conn).items()}}
         entries = []
         for chain in sorted(set(marker["chains"]) | {DEPLOYMENT_CHAIN}):
             known = marker["chains"].get(chain, {"through": 0, "missing": None})
@@ -3149,7 +3169,7 @@ def record_restore(db: Database) -> list[dict]:
                 gap["chains"] = marker["chains_missing"]
             entries.append(audit(db, chain, "chain.restored", {
                 "source": marker["source"], "point": marker["point"], "through": known["through"], "gap": gap}))
-        db.execute("DELETE FROM meta WHERE key = ?", (RESTORE_MARKER,))
+        db.execute("DELETE FROM meta WHERE key IN (?, ?)", (RESTORE_MARKER, BACKUP_TAKEN_AT))
     return entries
 
 
@@ -3812,18 +3832,30 @@ ACTION_MOVES: dict[str, dict[str, str]] = {
 
 # A private room's turn is who answers the owner's message, one step at a time (its
 # ``step``): a draft goes to the reviewer when the turn has one; a review asking for
-# changes goes back to the drafter (revise). Any step ends the turn: answered (nobody is
-# left to wait on), ask_owner, stopped by the owner, continued by the owner without the
-# agents that didn't answer, or replaced by the owner's next message. The moves are the
-# verdicts posted and the reasons a turn ends.
+# changes goes back to the drafter (revise), and so does the owner going on without a
+# reviewer that didn't answer (unreviewed); when several agents drafted, one of them merges
+# the drafts (combine). Any step ends the turn: answered (nobody is left to wait on),
+# ask_owner, stopped by the owner, continued by the owner without the agents that didn't
+# answer when nothing is left to run, replaced by the owner's next message, or out of time
+# (the turn's time limit passed). The moves are the verdicts posted and the reasons a turn ends.
 _TURN_ENDS = {"answered": "ended", "ask_owner": "ended", "stopped": "ended", "continued": "ended",
-              "replaced": "ended"}
+              "replaced": "ended", "out_of_time": "ended"}
 
 TURN_MOVES: dict[str, dict[str, str]] = {
-    "draft": {"draft": "review"} | _TURN_ENDS,
-    "review": {"changes": "revise"} | _TURN_ENDS,
+    "draft": {"draft": "review", "combine": "combine"} | _TURN_ENDS,
+    "review": {"changes": "revise", "unreviewed": "revise"} | _TURN_ENDS,
     "revise": dict(_TURN_ENDS),
+    "combine": dict(_TURN_ENDS),
     "ended": {},
+}
+
+#: A private room's round: what its agents do in answer to one message of its owner. Each message
+#: of the owner opens the next round (write); the owner stops the current one (stop): agents can't
+#: post there until the owner's next message. Kept in ``rooms.round_state``, the round's number in
+#: ``rooms.round``.
+ROUND_MOVES: dict[str, dict[str, str]] = {
+    "open": {"write": "open", "stop": "stopped"},
+    "stopped": {"write": "open"},
 }
 
 #: Who answers in the step a reply hands the turn to, and the column that keeps that reply.
@@ -3974,6 +4006,7 @@ LIFECYCLES: dict[str, Lifecycle] = {
     "step": Lifecycle("step", "steps", "status", STEP_MOVES),
     "action": Lifecycle("action", "actions", "status", ACTION_MOVES),
     "turn": Lifecycle("turn", "turns", "step", TURN_MOVES, key=turn_state),
+    "round": Lifecycle("round", "rooms", "round_state", ROUND_MOVES, id_column="project"),
     "attempt": Lifecycle("attempt", "attempts", "state", ATTEMPT_MOVES),
     "connect": Lifecycle("connect request", "connect_requests", "state", CONNECT_MOVES),
     "oauth": Lifecycle("authorization request", "oauth_requests", "state", OAUTH_MOVES),
@@ -5854,12 +5887,15 @@ def _end_lead(db: Database, project: dict, by: str | None, how: str) -> None:
 # 18. Private rooms: turns
 ###############################################################################
 # A private room is a project of kind 'private': its owner and their agents. Each message of the
-# owner starts a turn (start_turn): its lead drafts, a reviewer may review, and a review asking
-# for changes goes back for a revision (advance_turn, moves of TURN_MOVES). Agents post in a
-# room only in their turn (check_room_post). Claiming a turn's step is chapter 32.
+# owner opens a round and starts a turn (start_turn): its lead drafts, a reviewer may review, and a
+# review asking for changes goes back for a revision; when several agents drafted, one of them
+# combines the drafts (advance_turn, moves of TURN_MOVES). A turn has a time limit: past it, the
+# turn ends (expire_turns). Agents post in a room only in their turn (check_room_post), and
+# nothing once the owner stopped the round. Claiming a turn's step and the owner's controls are
+# chapter 32.
 
 #: How a private room answers its owner: draft then review (then a revision), one agent alone,
-#: or only the agents named.
+#: or only the agents named (several named draft each, then one combines the drafts).
 REPLY_MODES = ("review", "solo", "named")
 
 #: A discussion credential lasts this long and may call only these tools.
@@ -5873,9 +5909,35 @@ DISCUSSION_HARNESS = 2
 #: The replies a turn with a reviewer allows: the draft, the review and one revision.
 REVIEWED_REPLIES = 3
 
+#: The most replies one turn allows (claim_discussion's ``replies_left``): in a named turn, at
+#: most this many agents less one draft, and one combines.
+MAX_REPLIES = 8
+
+#: A turn ends this many minutes after it started unless the server's settings say otherwise
+#: (``turn_minutes``, kept in the meta table where every process reads it).
+TURN_MINUTES = 30
+
 #: The verdicts each role may send with its one post.
 ROLE_VERDICTS = {"draft": ("draft", "ask_owner"), "revise": ("draft", "ask_owner"),
                  "combine": ("draft", "ask_owner"), "review": ("approve", "pass", "changes", "ask_owner")}
+
+#: Why a turn no longer waits on anyone, by its end reason, as an error or the page says it.
+TURN_ENDED = {"answered": "it was answered", "ask_owner": "it asked the owner", "stopped": "the owner stopped it",
+              "continued": "the owner went on without the agents that didn't answer",
+              "replaced": "the owner wrote again", "out_of_time": "it ran out of time"}
+
+
+def keep_turn_minutes(db: Database, minutes: int) -> None:
+    """Record the server's ``turn_minutes`` (a turn's time limit) for every process that starts turns."""
+    with db.transaction():
+        db.execute("INSERT INTO meta VALUES ('turn_minutes', ?) ON CONFLICT (key) DO UPDATE SET "
+                   "value = excluded.value", (str(minutes),))
+
+
+def turn_deadline(db: Database) -> str:
+    """When a turn starting (or given its time again) now runs out of time."""
+    minutes = int(db.scalar("SELECT value FROM meta WHERE key = 'turn_minutes'") or TURN_MINUTES)
+    return iso(utcnow() + _dt.timedelta(minutes=minutes))
 
 
 def open_turn(db: Database, slug: str) -> dict | None:
@@ -5883,25 +5945,40 @@ def open_turn(db: Database, slug: str) -> dict | None:
                   (slug,))
 
 
-def end_turn(db: Database, turn: dict, reason: str) -> int:
+def end_turn(db: Database, turn: dict, reason: str, **changes: Any) -> int:
     """End a turn; its live discussion credentials end too. Returns how many ended."""
     now = iso(utcnow())
-    move(db, "turn", turn["id"], reason, turn, ended_at=now, end_reason=reason, waiting_on="[]")
+    move(db, "turn", turn["id"], reason, turn, ended_at=now, end_reason=reason, waiting_on="[]", **changes)
     # Credentials that already spent their one post are inert; they lapse on their own.
     return revoke_credentials(db, "discussion_id IN (SELECT id FROM discussions WHERE turn_id = ? AND "
                               "reply_id IS NULL)", (turn["id"],), "turn_ended")
+
+
+def drop_turn_wakes(db: Database, slug: str, turn_id: str, agents: list[str] | None = None) -> int:
+    """End the room wakes of a turn not yet handed out (of ``agents`` only, when given); returns how many."""
+    marks = ", ".join("?" * len(agents or []))
+    return db.execute("DELETE FROM wakes WHERE kind = 'room' AND delivered IN (0, -1) AND project = ? AND "
+                      "json_extract(detail, '$.turn') = ?" + (f" AND agent_id IN ({marks})" if agents else ""),
+                      (slug, turn_id, *(agents or [])))
 
 
 def room_wake(turn_id: str, agent: str, message_id: str, replies_left: int, lead: bool) -> tuple:
     return (agent, "room", None, message_id, {"turn": turn_id, "replies_left": replies_left, "lead": lead})
 
 
+def round_stopped(db: Database, slug: str) -> bool:
+    """Whether the owner stopped the current round of private room ``slug``: its agents can't post there."""
+    return db.scalar("SELECT round_state FROM rooms WHERE project = ?", (slug,)) == "stopped"
+
+
 def start_turn(db: Database, slug: str, message_id: str, named: list[str]) -> list[tuple]:
-    """The owner wrote in their room: end the open turn and wake who answers by the room's reply mode.
+    """The owner wrote in their room: a new round opens, the open turn ends, and a turn wakes who
+    answers by the room's reply mode.
 
     Returns the room wakes to attach to the message's event.
     """
     room = db.one("SELECT * FROM rooms WHERE project = ?", (slug,))
+    move(db, "round", slug, "write", room, round=room["round"] + 1)
     previous = open_turn(db, slug)
     if previous is not None:
         end_turn(db, previous, "replaced")
@@ -5911,7 +5988,8 @@ def start_turn(db: Database, slug: str, message_id: str, named: list[str]) -> li
     lead = default_lead(db, slug)
     drafter = reviewer = None
     if room["reply_mode"] == "named":
-        targets, step, replies = named, "draft", len(named)
+        targets, step = named[:MAX_REPLIES - 1], "draft"
+        replies = len(targets) + (1 if len(targets) > 1 else 0)  # several drafts: one more to combine them
     else:
         drafter = named[0] if named else lead
         targets, step = ([drafter] if drafter else []), "draft"
@@ -5924,10 +6002,26 @@ def start_turn(db: Database, slug: str, message_id: str, named: list[str]) -> li
         return []
     turn_id = new_id("turn")
     db.execute("INSERT INTO turns (id, project, message_id, mode, drafter, reviewer, named, step, waiting_on, "
-               "waking_message, replies_left, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+               "waking_message, replies_left, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                (turn_id, slug, message_id, room["reply_mode"], drafter, reviewer, json.dumps(named), step,
-                json.dumps(targets), message_id, replies, iso(utcnow())))
+                json.dumps(targets), message_id, replies, iso(utcnow()), turn_deadline(db)))
     return [room_wake(turn_id, agent, message_id, replies, i == 0) for i, agent in enumerate(targets)]
+
+
+def turn_drafts(db: Database, turn_id: str) -> list[dict]:
+    """The drafts a turn's draft step brought, oldest first: ``[{agent_id, message_id}]``."""
+    return db.rows("SELECT d.agent_id, m.id AS message_id FROM discussions d JOIN messages m ON m.id = d.reply_id "
+                   "WHERE d.turn_id = ? AND d.role = 'draft' AND m.verdict = 'draft' ORDER BY m.seq", (turn_id,))
+
+
+def combine_step(db: Database, turn: dict, drafters: list[str], waking: str, left: int) -> tuple:
+    """Hand a turn whose drafts are in to its combiner (the room's lead if it drafted, else the first
+    of ``drafters``), woken by ``waking`` with ``left`` replies. Returns its room wake."""
+    lead = default_lead(db, turn["project"])
+    combiner = lead if lead in drafters else drafters[0]
+    move(db, "turn", turn["id"], "combine", turn, waiting_on=json.dumps([combiner]), waking_message=waking,
+         replies_left=left, combiner=combiner)
+    return room_wake(turn["id"], combiner, waking, left, True)
 
 
 def advance_turn(db: Database, actor: Actor, verdict: str, reply_id: str) -> list[tuple]:
@@ -5953,9 +6047,32 @@ def advance_turn(db: Database, actor: Actor, verdict: str, reply_id: str) -> lis
         return [room_wake(turn["id"], turn[who], reply_id, left, False)]
     db.execute("UPDATE turns SET waiting_on = ?, replies_left = ? WHERE id = ?",
                (json.dumps(waiting), left, turn["id"]))
-    if not waiting or verdict == "ask_owner":
-        end_turn(db, turn, "ask_owner" if verdict == "ask_owner" else "answered")
+    if verdict == "ask_owner":
+        end_turn(db, turn, "ask_owner")
+    elif not waiting and discussion["role"] == "draft" and left:
+        # This reply is not in the messages yet: it counts as a draft by its verdict.
+        drafters = [d["agent_id"] for d in turn_drafts(db, turn["id"])] + [actor.agent_id]
+        if len(drafters) > 1:
+            return [combine_step(db, turn, drafters, reply_id, left)]
+        end_turn(db, turn, "answered")
+    elif not waiting:
+        end_turn(db, turn, "answered")
     return []
+
+
+@expires("turn")
+def expire_turns(db: Database, now: _dt.datetime) -> int:
+    """Turns past their time limit end (``out_of_time``): claims for them are refused, and their
+    live discussion credentials and queued wakes end; the agents that didn't answer are kept in
+    ``skipped`` for the owner to see. Writes ``room.turn_timed_out``. Returns how many ended."""
+    turns = db.rows("SELECT * FROM turns WHERE ended_at IS NULL AND expires_at <= ?", (iso(now),))
+    for turn in turns:
+        missed = json.loads(turn["skipped"]) + json.loads(turn["waiting_on"])
+        ended = end_turn(db, turn, "out_of_time", skipped=json.dumps(missed))
+        wakes = drop_turn_wakes(db, turn["project"], turn["id"])
+        audit(db, turn["project"], "room.turn_timed_out", {"turn": turn["id"], "step": turn["step"], "agents": missed,
+                                                           "credentials": ended, "wakes": wakes})
+    return len(turns)
 
 
 def check_room_post(db: Database, actor: Actor, private: bool, verdict: str | None, task_id: str | None,
@@ -5980,9 +6097,10 @@ def check_room_post(db: Database, actor: Actor, private: bool, verdict: str | No
     turn = db.one("SELECT t.* FROM turns t JOIN discussions d ON d.turn_id = t.id WHERE d.id = ?",
                   (actor.discussion_id,))
     waking = db.scalar("SELECT message_id FROM discussions WHERE id = ?", (actor.discussion_id,))
-    if (turn["ended_at"] or turn["waking_message"] != waking
-            or actor.agent_id not in json.loads(turn["waiting_on"])):
-        raise InvalidState("the turn no longer waits on this reply (it was answered, stopped or replaced)")
+    if turn["ended_at"]:
+        raise InvalidState(f"the turn no longer waits on this reply: {TURN_ENDED[turn['end_reason']]}")
+    if turn["waking_message"] != waking or actor.agent_id not in json.loads(turn["waiting_on"]):
+        raise InvalidState("the turn no longer waits on this reply: it moved on to another step")
     if verdict not in ROLE_VERDICTS[role]:
         raise InvalidInput(f"verdict: as {role}r send {' or '.join(ROLE_VERDICTS[role])} with your one post"
                            .replace("reviewr", "reviewer").replace("draftr", "drafter"))
@@ -6495,6 +6613,8 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
     InvalidState, Paused.
     """
     check_markdown(check_text(body, "body", BODY_MAX), "body")
+    if actor.credential_kind == "discussion":
+        expire_due(db, "turn")  # a turn past its time limit takes no more replies (kept though this post fails)
     with db.transaction():
         private = require_project(db, actor, project)["kind"] == "private"
         check_room_post(db, actor, private, verdict, task_id, in_reply_to)
@@ -10087,6 +10207,8 @@ def propose_action(db: Database, actor: Actor, tool: str, action: str, prompt: s
         check_text(cost_estimate, "cost_estimate", 120, 1)
     with db.transaction():
         slug = _agent_room(db, actor)
+        if round_stopped(db, slug):
+            raise InvalidState("your owner stopped this round in their room: propose nothing until they write again")
         now = utcnow()
         row = {"id": new_id("act"), "project": slug, "agent_id": actor.agent_id, "owner": actor.owner, "tool": tool,
                "action": action, "inputs": json.dumps({"prompt": prompt}), "cost_estimate": cost_estimate,
@@ -10179,7 +10301,8 @@ def claim_action(db: Database, actor: Actor, action_id: str) -> dict:
 
 def finish_action(db: Database, actor: Actor, action_id: str, body: str | None = None,
                   failure: str | None = None) -> dict:
-    """The runner posts the running action's result (a message) or a fixed failure.
+    """The runner posts the running action's result (a message) or a fixed failure (``stopped``, its
+    result unposted, once the owner stopped the round in their room).
 
     Writes ``action.finished``, and for a result its ``message.posted`` with the audit entry.
     """
@@ -10196,6 +10319,8 @@ def finish_action(db: Database, actor: Actor, action_id: str, body: str | None =
         if row["status"] != "running":
             raise InvalidState(f"action '{action_id}' is {row['status']}: claim it first")
         message_id = None
+        if body is not None and round_stopped(db, row["project"]):
+            body, failure = None, "stopped"  # the owner stopped the round: agents post nothing there until they write
         if body is not None:
             check_markdown(check_text(body, "body", BODY_MAX, 1), "body")
             made_by = {"action_id": action_id, "approval_audit_id": row["approval_audit_id"]}
@@ -10226,6 +10351,8 @@ def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_ke
     """
     if actor.credential_kind != "runner" and actor.project_scope != ROOMS_SCOPE:
         raise Forbidden("only a runner device or a key for your owner's private rooms claims a discussion")
+    expire_due(db, "turn")  # a turn past its time limit ends first (kept though this claim is refused)
+
     def run() -> dict:
         with db.transaction():
             where, params = by_message_id(message_id, "m")
@@ -10245,8 +10372,7 @@ def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_ke
             turn = open_turn(db, slug)
             if (turn is None or turn["waking_message"] != message_id
                     or actor.agent_id not in json.loads(turn["waiting_on"])):
-                raise InvalidState("this turn no longer waits on your agent: it ended, was stopped, ran out of time "
-                                   "or the owner wrote again")
+                raise InvalidState(f"this turn no longer waits on your agent: {_why_not_waiting(db, slug, message_id)}")
             role = turn["step"]
             discussion = db.one("SELECT * FROM discussions WHERE turn_id = ? AND agent_id = ? AND message_id = ? AND "
                                 "idempotency_key = ?", (turn["id"], actor.agent_id, message_id, idempotency_key))
@@ -10275,18 +10401,42 @@ def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_ke
                 reviewing = {"message_id": draft["id"], "author": draft["author"]["agent_id"], "body": draft["body"]
                              or "(empty)", "provenance": draft["provenance"] or "agent_generated",
                              "provenance_status": draft.get("provenance_status") or "claimed"}
-            targets = json.loads(turn["waiting_on"])
             return {"project": slug, "own_room": True, "replies_left": turn["replies_left"],
-                    "lead": role == "draft" and targets[:1] == [actor.agent_id], "role": role,
+                    "lead": _leads(turn, actor.agent_id), "role": role,
                     "reviewing": reviewing,
                     "discussion_credential": {"token": secret, "expires_at": expires,
                                               "allowed_tools": list(DISCUSSION_TOOLS)}}
     return recording_refusals(db, run)
 
 
+def _why_not_waiting(db: Database, slug: str, message_id: str) -> str:
+    """Why the turn that ``message_id`` woke no longer waits (the reference's reasons: ended, stopped,
+    out of time, or replaced by the owner's next message)."""
+    ended = db.one("SELECT t.end_reason FROM turns t WHERE t.project = ? AND t.ended_at IS NOT NULL AND (t.message_id = ? "
+                   "OR t.waking_message = ? OR EXISTS (SELECT 1 FROM discussions d WHERE d.turn_id = t.id AND "
+                   "d.message_id = ?)) ORDER BY t.created_at DESC LIMIT 1", (slug, message_id, message_id, message_id))
+    if ended is not None:
+        return TURN_ENDED[ended["end_reason"]]
+    return "it moved on, ended, was stopped, ran out of time or the owner wrote again"
+
+
+def _leads(turn: dict, agent: str) -> bool:
+    """Whether ``agent`` gives the turn's answer in its step: the first drafter, or the combiner."""
+    if turn["step"] == "combine":
+        return True
+    return turn["step"] == "draft" and agent == (turn["drafter"] or (json.loads(turn["named"]) or [None])[0])
+
+
 def room_view(db: Database, person: Actor) -> dict:
-    """The person's private room: its slug, reply mode, lead agent, the turn in progress, and
-    ``agents``: each of the person's agents with whether it is in the room (``in_room``)."""
+    """The person's private room: its slug, reply mode, lead agent and round (``{number, stopped}``),
+    ``agents`` (each of the person's agents with whether it is in the room, ``in_room``), the turn in
+    progress (with ``expires_at``, when it runs out of time), and ``last_turn``: how the latest turn
+    ended (``{id, end_reason, ended_at, missed}``, ``missed`` the agents that didn't answer in
+    time) when none is in progress, else None.
+
+    A turn past its time limit ends first (expire_turns), so the owner sees it ended.
+    """
+    expire_due(db, "turn")
     with db.transaction():
         slug = ensure_room(db, person.handle)
     room = db.one("SELECT * FROM rooms WHERE project = ?", (slug,))
@@ -10295,12 +10445,17 @@ def room_view(db: Database, person: Actor) -> dict:
     agents = [{"agent_id": a["agent_id"], "name": a["display_name"], "in_room": a["agent_id"] in here}
               for a in db.rows("SELECT agent_id, display_name FROM agents WHERE owner = ? ORDER BY agent_id",
                                (person.handle,))]
-    return {"room": {"project": slug, "reply_mode": room["reply_mode"], "lead_agent": room["lead_agent"]},
+    last = None if turn else db.one("SELECT * FROM turns WHERE project = ? ORDER BY created_at DESC LIMIT 1", (slug,))
+    return {"room": {"project": slug, "reply_mode": room["reply_mode"], "lead_agent": room["lead_agent"],
+                     "round": {"number": room["round"], "stopped": room["round_state"] == "stopped"}},
             "agents": agents,
             "turn": None if turn is None else {
                 "id": turn["id"], "step": turn["step"], "waiting_on": json.loads(turn["waiting_on"]),
                 "replies_left": turn["replies_left"], "message_id": turn["message_id"],
-                "skipped": json.loads(turn["skipped"])}}
+                "skipped": json.loads(turn["skipped"]), "combiner": turn["combiner"], "expires_at": turn["expires_at"]},
+            "last_turn": None if last is None else {
+                "id": last["id"], "end_reason": last["end_reason"], "ended_at": last["ended_at"],
+                "missed": json.loads(last["skipped"]) if last["end_reason"] == "out_of_time" else []}}
 
 
 def set_room(db: Database, person: Actor, reply_mode: str | None = None, lead: str | None = None,
@@ -10328,18 +10483,43 @@ def set_room(db: Database, person: Actor, reply_mode: str | None = None, lead: s
     return room_view(db, person)
 
 
+def _stop(db: Database, slug: str, turn: dict) -> dict:
+    ended = end_turn(db, turn, "stopped")
+    wakes = drop_turn_wakes(db, slug, turn["id"])
+    audit(db, slug, "room.turn_stopped", {"turn": turn["id"], "credentials": ended, "wakes": wakes})
+    return {"turn": turn["id"], "stopped": True, "credentials_ended": ended, "wakes_ended": wakes}
+
+
 def stop_turn(db: Database, person: Actor) -> dict:
-    """The owner stops the turn in their room: its discussion credentials end. Writes ``room.turn_stopped``."""
+    """The owner stops the turn in their room: its discussion credentials and queued wakes end.
+    Writes ``room.turn_stopped``. Raises InvalidState when no turn is in progress."""
+    expire_due(db, "turn")
     with db.transaction():
         slug = ensure_room(db, person.handle)
         turn = open_turn(db, slug)
         if turn is None:
             raise InvalidState("no turn is in progress in your room")
-        ended = end_turn(db, turn, "stopped")
-        wakes = db.execute("DELETE FROM wakes WHERE kind = 'room' AND delivered = 0 AND project = ? AND "
-                           "json_extract(detail, '$.turn') = ?", (slug, turn["id"]))
-        audit(db, slug, "room.turn_stopped", {"turn": turn["id"], "credentials": ended, "wakes": wakes})
-    return {"turn": turn["id"], "stopped": True, "credentials_ended": ended, "wakes_ended": wakes}
+        return _stop(db, slug, turn)
+
+
+def stop_round(db: Database, person: Actor) -> dict:
+    """The owner stops the round in their room: agents can't post there (no reply, no action card
+    or result) until the owner's next message. The turn in progress stops with it
+    (``room.turn_stopped``). Writes ``room.round_stopped`` (which round). Returns the room
+    (room_view). Raises InvalidState when the round is already stopped."""
+    expire_due(db, "turn")
+    with db.transaction():
+        slug = ensure_room(db, person.handle)
+        room = db.one("SELECT * FROM rooms WHERE project = ?", (slug,))
+        if room["round_state"] == "stopped":
+            raise InvalidState("this round is already stopped: your agents can't post in your room until you "
+                               "write again")
+        turn = open_turn(db, slug)
+        if turn is not None:
+            _stop(db, slug, turn)
+        move(db, "round", slug, "stop", room)
+        audit(db, slug, "room.round_stopped", {"round": room["round"]})
+    return room_view(db, person)
 
 
 def _turn_for_owner(db: Database, person: Actor) -> tuple[str, dict]:
@@ -10355,17 +10535,32 @@ def _clear_turn_sessions(db: Database, slug: str, turn: dict, agents: list[str])
     marks = ", ".join("?" * len(agents))
     sessions = revoke_credentials(db, f"discussion_id IN (SELECT id FROM discussions WHERE turn_id = ? AND "
                                   f"reply_id IS NULL AND agent_id IN ({marks}))", (turn["id"], *agents), "turn_retried")
-    wakes = db.execute(f"DELETE FROM wakes WHERE kind = 'room' AND delivered = 0 AND project = ? AND "
-                       f"json_extract(detail, '$.turn') = ? AND agent_id IN ({marks})", (slug, turn["id"], *agents))
-    return sessions, wakes
+    return sessions, drop_turn_wakes(db, slug, turn["id"], agents)
+
+
+def _wake_again(db: Database, slug: str, wake: tuple) -> None:
+    """Hand out a room wake on the event that posted its message (no second ``message.posted`` for an
+    old message). Raises InvalidState when that event is older than the events kept."""
+    agent, kind, task_id, message_id, detail = wake
+    posted = db.scalar("SELECT seq FROM outbox INDEXED BY outbox_by_project WHERE project = ? AND "
+                       "type = 'message.posted' AND json_extract(payload, '$.message.id') = ? ORDER BY seq LIMIT 1",
+                       (slug, message_id))
+    if posted is None:
+        raise InvalidState("the message this turn answers is older than the events kept: write again instead")
+    db.execute("INSERT INTO wakes (seq, agent_id, kind, project, task_id, message_id, detail, delivered) "
+               "VALUES (?, ?, ?, ?, ?, ?, ?, -1) ON CONFLICT (agent_id, seq, kind) DO UPDATE SET delivered = -1, "
+               "detail = excluded.detail", (posted, agent, kind, slug, task_id, message_id, json.dumps(detail)))
+    db.note_woken([agent])
 
 
 def retry_reviewer(db: Database, person: Actor, agent: str) -> dict:
     """The owner wakes again an agent their room's turn skipped or is still waiting on, in the step it missed.
 
     The wake rides again on the event that posted the waking message (handed out once more, so
-    no second ``message.posted`` is written for an old message). Writes ``room.reviewer_retried``.
+    no second ``message.posted`` is written for an old message), and the turn has its time limit
+    again from now. Writes ``room.reviewer_retried``.
     """
+    expire_due(db, "turn")
     with db.transaction():
         slug, turn = _turn_for_owner(db, person)
         missed = json.loads(turn["skipped"]) + json.loads(turn["waiting_on"])
@@ -10375,42 +10570,51 @@ def retry_reviewer(db: Database, person: Actor, agent: str) -> dict:
         sessions, wakes = _clear_turn_sessions(db, slug, turn, [agent])
         skipped = [a for a in json.loads(turn["skipped"]) if a != agent]
         waiting = sorted(set(json.loads(turn["waiting_on"])) | {agent})
-        db.execute("UPDATE turns SET skipped = ?, waiting_on = ? WHERE id = ? AND ended_at IS NULL",
-                   (json.dumps(skipped), json.dumps(waiting), turn["id"]))
+        db.execute("UPDATE turns SET skipped = ?, waiting_on = ?, expires_at = ? WHERE id = ? AND ended_at IS NULL",
+                   (json.dumps(skipped), json.dumps(waiting), turn_deadline(db), turn["id"]))
         audit(db, slug, "room.reviewer_retried", {
             "turn": turn["id"], "agent": agent, "message": turn["waking_message"], "step": turn["step"],
             "attempt": len(db.rows("SELECT 1 FROM audit WHERE chain = ? AND type = 'room.reviewer_retried' AND "
                                    "json_extract(refs, '$.turn') = ? AND json_extract(refs, '$.agent') = ?",
                                    (slug, turn["id"], agent))) + 1,
             "sessions": sessions, "wakes": wakes})
-        posted = db.scalar("SELECT seq FROM outbox INDEXED BY outbox_by_project WHERE project = ? AND "
-                           "type = 'message.posted' AND json_extract(payload, '$.message.id') = ? ORDER BY seq LIMIT 1",
-                           (slug, turn["waking_message"]))
-        if posted is None:
-            raise InvalidState("the message this turn answers is older than the events kept: write again instead")
-        agent_, kind, task_id, message_id, detail = room_wake(turn["id"], agent, turn["waking_message"],
-                                                              turn["replies_left"],
-                                                              turn["step"] == "draft" and agent == turn["drafter"])
-        db.execute("INSERT INTO wakes (seq, agent_id, kind, project, task_id, message_id, detail, delivered) "
-                   "VALUES (?, ?, ?, ?, ?, ?, ?, -1) ON CONFLICT (agent_id, seq, kind) DO UPDATE SET delivered = -1, "
-                   "detail = excluded.detail", (posted, agent_, kind, slug, task_id, message_id, json.dumps(detail)))
-        db.note_woken([agent])
+        _wake_again(db, slug, room_wake(turn["id"], agent, turn["waking_message"], turn["replies_left"],
+                                        _leads(turn, agent)))
     return room_view(db, person)
 
 
 def continue_turn(db: Database, person: Actor) -> dict:
-    """The owner goes on without the agents that didn't answer: the turn ends, their sessions and wakes with it.
+    """The owner goes on without the agents that didn't answer: their sessions and queued wakes end,
+    and the turn carries on as if they had, or ends when nothing is left to run.
 
-    Writes ``room.turn_continued``.
+    Carrying on: past a reviewer, the drafter still revises its draft; past drafters of a named
+    turn, the drafts that came are combined when there are several. Either wakes one agent (on
+    the event of the message it answers) with the replies the turn would have left, and gives the
+    turn its time limit again. Writes ``room.turn_continued`` (the agents, how many it woke, the
+    sessions and wakes ended). Returns the room (room_view).
     """
+    expire_due(db, "turn")
     with db.transaction():
         slug, turn = _turn_for_owner(db, person)
         missing = json.loads(turn["skipped"]) + json.loads(turn["waiting_on"])
         if not missing:
             raise InvalidState("this turn waits on nobody: there is nothing to go on without")
         sessions, wakes = _clear_turn_sessions(db, slug, turn, missing)
-        end_turn(db, turn, "continued")
-        audit(db, slug, "room.turn_continued", {"turn": turn["id"], "agents": missing, "woken": 0,
+        left = max(turn["replies_left"] - len(missing), 0)  # as if they had answered
+        drafts = turn_drafts(db, turn["id"])
+        wake = None
+        if turn["step"] == "review" and turn["drafter"] and left:
+            move(db, "turn", turn["id"], "unreviewed", turn, waiting_on=json.dumps([turn["drafter"]]), skipped="[]",
+                 waking_message=turn["draft_message"], replies_left=left, expires_at=turn_deadline(db))
+            wake = room_wake(turn["id"], turn["drafter"], turn["draft_message"], left, False)
+        elif turn["step"] == "draft" and left and len(drafts) > 1:
+            wake = combine_step(db, turn, [d["agent_id"] for d in drafts], drafts[-1]["message_id"], left)
+            db.execute("UPDATE turns SET skipped = '[]', expires_at = ? WHERE id = ?", (turn_deadline(db), turn["id"]))
+        else:
+            end_turn(db, turn, "continued")
+        if wake is not None:
+            _wake_again(db, slug, wake)
+        audit(db, slug, "room.turn_continued", {"turn": turn["id"], "agents": missing, "woken": int(wake is not None),
                                                 "sessions": sessions, "wakes": wakes})
     return room_view(db, person)
 
@@ -12523,7 +12727,8 @@ def _owner_only(db: Database, person: Actor, project: str, what: str) -> None:
 def _check_day(value: Any) -> str:
     """A moment's day (``YYYY-MM-DD``), not after today anywhere on Earth; InvalidInput naming ``day``."""
     try:
-        day = _dt.date.fromisoformat(value) if isinstance(value, str) and len(value) == 10 else None
+        day = _dt.date.fromisoformat(value) if isinstance(value, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", value) \
+            else None
     except ValueError:
         day = None
     if day is None:
@@ -13280,6 +13485,20 @@ def erase_project(db: Database, project: str, by: Actor | str) -> dict:
     return deletion_out(request, "erasing")
 
 
+def erase_private_room(db: Database, owner: str) -> dict | None:
+    """Take ``owner``'s private room out of service as an erasure, inside the caller's transaction: its
+    content is purged ERASE_AFTER later, like an erased project's. Only closing their account does it
+    (chapter 40): a private room goes with its owner's account. Writes ``project.deleted`` (the event)
+    and ``project.erasure_requested`` (the entry). Returns deletion_out, or None for no room in service."""
+    row = db.one("SELECT p.* FROM projects p JOIN rooms r ON r.project = p.slug WHERE r.owner = ? AND "
+                 "p.state = 'live'", (owner,))
+    if row is None:
+        return None
+    request = _take_out_of_service(db, row, "erase", owner, ERASE_AFTER)
+    audit(db, row["slug"], "project.erasure_requested", {"owner": owner, "request_number": request["number"]})
+    return deletion_out(request, "erasing")
+
+
 def restore_project(db: Database, project: str, by: Actor | str) -> dict:
     """A recorded owner (an owner when it was deleted) restores a deleted project within its recovery window.
 
@@ -13306,7 +13525,9 @@ def restore_project(db: Database, project: str, by: Actor | str) -> dict:
                                f"{request['purge_after']}")
         move(db, "project", slug, "restore", row, deletion=None)
         for m in json.loads(request["members"]):
-            db.execute("INSERT OR IGNORE INTO members SELECT ?, handle, ?, ?, ? FROM people WHERE handle = ?",
+            # A person who closed their account meanwhile is not brought back.
+            db.execute("INSERT OR IGNORE INTO members SELECT ?, handle, ?, ?, ? FROM people WHERE handle = ? AND "
+                       "erased_at IS NULL",
                        (slug, m["role"], m["grant_version"], m["joined_at"], m["handle"]))
         for a in json.loads(request["agents"]):
             db.execute("INSERT OR IGNORE INTO project_agents SELECT ?, a.agent_id, ? FROM agents a JOIN members m "
@@ -13450,6 +13671,8 @@ def run_retention(db: Database, batch: int = PURGE_BATCH) -> list[str]:
 #      records how many approvals were denied, tasks cancelled and runs closed;
 #   4. the invites sent to their address end (``invitee_closed_account``), and every key left of
 #      theirs or their agents' ends;
+#      Their private room goes with their account: erased like a project (erase_private_room, chapter
+#      39), its content purged 30 days later by the retention worker.
 #   5. their name, address and settings go from the file: the person row keeps only the handle (the
 #      audit chains name it, and a chain is never rewritten), every stored reference to them takes the
 #      erased form (person_ref), and the names in the outbox's events are replaced.
@@ -13574,8 +13797,9 @@ def close_account(db: Database, who: Actor | str) -> dict:
     Writes ``person.erased`` in each project they were in (with ERASED_COUNTS and the counts of their
     agents leaving, OFFBOARD_COUNTS), the entries of what ends with it (``approval.decided``,
     ``task.transitioned``, ``task.returned``, ``device.revoked``, ``invite.revoked`` with
-    ``inviter_erased`` or ``invitee_closed_account``, ...). Returns ``{handle, erased_at, projects:
-    [{project} | refs], sessions_ended, devices_ended, apps_ended, credentials_ended, invites_revoked}``.
+    ``inviter_erased`` or ``invitee_closed_account``, ``project.erasure_requested`` in their private
+    room...). Returns ``{handle, erased_at, projects: [{project} | refs], private_room (deletion_out or
+    None), sessions_ended, devices_ended, apps_ended, credentials_ended, invites_revoked}``.
     Raises InvalidInput, NotFound (no such person), InvalidState (closed already; the last owner of a
     project), StepUpRequired.
     """
@@ -13608,6 +13832,7 @@ def _close(db: Database, who: Actor | str, handle: str) -> dict:
             "SELECT project FROM members WHERE handle = ? ORDER BY project", (handle,))}
         ended = sign_out_everywhere(db, handle)
         projects = [{"project": p} | _erase_in(db, me, p, by, was) for p, was in running.items()]
+        room = erase_private_room(db, handle)
         invites = revoke_invites_to(db, row["email"], "invitee_closed_account") if row["email"] else 0
         keys = revoke_credentials(db, "person = ? OR agent_id IN (SELECT agent_id FROM agents WHERE owner = ?)",
                                   (handle, handle), "account_closed")
@@ -13615,7 +13840,8 @@ def _close(db: Database, who: Actor | str, handle: str) -> dict:
         _forget(db, handle, now)
         db.cache.clear()  # who may reach what, and every name, has changed
         db.note_revoked()
-    return {"handle": handle, "erased_at": now, "projects": projects, "sessions_ended": ended["sessions_ended"],
+    return {"handle": handle, "erased_at": now, "projects": projects, "private_room": room,
+            "sessions_ended": ended["sessions_ended"],
             "devices_ended": ended["devices_ended"], "apps_ended": ended["apps_ended"],
             "credentials_ended": ended["credentials_ended"] + keys, "invites_revoked": invites}
 
@@ -16695,6 +16921,7 @@ ROUTES = WORK_ROUTES + (
     ("POST", "/api/projects/{slug}/erase", api_endpoint(api_erase_project)),
     ("POST", "/api/projects/{slug}/restore", api_endpoint(api_restore_project)),
     ("GET", "/api/deleted-projects", api_endpoint(api_deleted_projects)),
+    ("POST", "/api/room/round/stop", api_endpoint(api_operation(stop_round))),
 )
 
 
@@ -17085,6 +17312,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     # request's commit on the event loop.
     db.conn.pragma("wal_autocheckpoint", 0)
     keep_device_idle_days(db, settings.device_idle_days)
+    keep_turn_minutes(db, settings.turn_minutes)
     state = AppState(db=db, settings=settings, hub=hub, port=port, readers=Readers(db_path))
     manager = SessionManager(app=build_mcp_server(state), json_response=False, stateless=False,
                               session_idle_timeout=settings.session_idle_seconds,
@@ -18474,6 +18702,8 @@ def find_litestream(path: str | None = None) -> str:
 
 
 def _copy_backup(backup: str, out: str) -> None:
+    # Reading a file in WAL mode makes its -wal and -shm files: those this read made go after it.
+    made = [backup + suffix for suffix in ("-wal", "-shm") if not os.path.exists(backup + suffix)]
     try:
         source = apsw.Connection(backup, flags=apsw.SQLITE_OPEN_READONLY)
     except apsw.Error:
@@ -18489,6 +18719,10 @@ def _copy_backup(backup: str, out: str) -> None:
         raise InvalidInput(f"{backup} is not a database: name a file 'prickle backup' wrote") from None
     finally:
         source.close()
+        for path in made:
+            with contextlib.suppress(OSError):
+                if not os.path.getsize(path) or path.endswith("-shm"):
+                    os.unlink(path)
 
 
 def _litestream_restore(binary: str, out: str, replica: str | None, config: str | None, db_path: str,
@@ -18571,10 +18805,11 @@ def _swap_in(db_path: str, out: str, replaced: bool, stamp: str) -> str | None:
         while os.path.exists(aside):
             n += 1
             aside = f"{db_path}.replaced-{stamp}-{n}"
-    # The log first: an old log left beside the new file would be replayed into it.
+    # The log first: an old log left beside the new file would be replayed into it. An empty log
+    # and the shared-memory file are nobody's once the file is closed.
     for suffix in ("-wal", "-shm", ""):
-        if os.path.exists(db_path + suffix):
-            if aside is not None:
+        with contextlib.suppress(FileNotFoundError):
+            if aside is not None and (suffix == "" or suffix == "-wal" and os.path.getsize(db_path + suffix)):
                 os.rename(db_path + suffix, aside + suffix)
             else:
                 os.unlink(db_path + suffix)
@@ -18604,6 +18839,7 @@ def restore_file(db_path: str, source: str, fill: Callable[[str], None], what: s
         raise StorageError(f"a prickle serve{pid} is using {db_path}: stop it first (Ctrl-C or SIGTERM), then run "
                            "'prickle restore' again; a restore replaces the file, and what a running server writes "
                            "after it would be lost")
+    db_path = os.path.realpath(db_path)  # the file itself takes the copy's place, not a link to it
     existed = os.path.exists(db_path) and os.path.getsize(db_path) > 0
     lock = ServerLock(db_path)  # no server starts on the file while the copy is made
     lock.acquire()
@@ -18681,8 +18917,8 @@ def restore_cmd(db_path: str, as_json: bool, backup: str | None, replica: str | 
     kept = (f" The file it replaced is kept as {result['replaced']}." if result["replaced"] else "")
     Out(as_json)(result | {"from": backup or replica or config},
                  f"Restored {db_path} from {what}, as it was at {result['point']}.{kept} The server's next start "
-                 f"records chain.restored in each of the {result['chains']} audit chains: prickle serve --db "
-                 f"{shlex.quote(db_path)}")
+                 f"records chain.restored in each audit chain ({counted(result['chains'], 'chain')}): prickle serve "
+                 f"--db {shlex.quote(db_path)}")
 
 
 @project_group.command("export")
@@ -19319,9 +19555,9 @@ def verify_prompt(task: dict, agent_id: str, files: list[str] | tuple = ()) -> s
     return "\n".join(lines)
 
 
-def room_prompt(claim: dict, message: dict) -> str:
-    """What a private-room session is told: its role, the owner's message (and how to read its attachments)
-    or the draft, one reply."""
+def room_prompt(claim: dict, message: dict, drafts: list[dict] | None = None) -> str:
+    """What a private-room session is told: its role, the owner's message (and how to read its attachments),
+    the draft to review or revise or the ``drafts`` (Messages) to combine, one reply."""
     role, room = claim["role"], claim["project"]
     lines = [f"You are answering in your owner's private Prickle room {room} (role: {role})."]
     author = message["author"].get("handle") or message["author"].get("agent_id")
@@ -19336,8 +19572,13 @@ def room_prompt(claim: dict, message: dict) -> str:
                          f"prickle://attachments/{a['id']}")
     if claim.get("reviewing"):
         lines += ["", f"The draft by {claim['reviewing']['author']}:", claim["reviewing"]["body"]]
+    if role == "combine":
+        lines += ["", f"Your agents drafted {len(drafts or [])} answers to your owner's message. Combine them into "
+                  "one answer: keep what is right in each, drop what repeats, settle where they disagree."]
+        for i, d in enumerate(drafts or [], 1):
+            lines += ["", f"Draft {i} of {len(drafts or [])}, by {d['author'].get('agent_id')}:", d["body"] or "(empty)"]
     verdicts = {"draft": "draft (or ask_owner)", "revise": "draft (or ask_owner)",
-                "combine": "draft (or ask_owner)",
+                "combine": "draft (your combined answer; or ask_owner)",
                 "review": "approve, pass, changes (say what to change) or ask_owner"}[role]
     lines += ["", f"Post exactly one reply with post_message {{project: {room}, body, verdict}} where verdict is "
               f"{verdicts}. Then stop: you may post only once."]
@@ -19594,6 +19835,25 @@ class RunnerDeliveries:
 # Appendix D. The runner at work
 ###############################################################################
 # The Runner: one listener per agent, runs within their limits, a watch on the device's state.
+
+
+async def room_drafts(mcp_url: str, secret: str, project: str) -> list[dict]:
+    """The drafts a combine session merges: the agents' messages with verdict ``draft`` in the room's
+    general chat since its owner's latest message (the turn's drafts), read with the session's own
+    discussion credential (which may read that room)."""
+    session, messages, cursor = McpSession(mcp_url, secret), [], None
+    try:
+        while True:
+            page = await session.call("read_room", {"project": project, "limit": 100} | ({"cursor": cursor} if cursor
+                                                                                       else {}))
+            messages += page["messages"]
+            cursor = page.get("next_cursor")
+            if not cursor or len(page["messages"]) < 100:
+                break
+    finally:
+        await session.close()
+    since = max((i for i, m in enumerate(messages) if m["author"].get("kind") == "person"), default=-1)
+    return [m for m in messages[since + 1:] if m.get("verdict") == "draft" and not m.get("task_id")]
 
 
 class Runner(RunnerDeliveries):
@@ -20360,8 +20620,12 @@ class Runner(RunnerDeliveries):
                 self.save()
             return
         session_id = f"room-{message['id']}-{agent_id.replace('/', '-')}"
+        drafts = None
+        if claim["role"] == "combine":  # the drafts it merges, read with its own credential
+            drafts = await room_drafts(self.config.mcp_url, claim["discussion_credential"]["token"], claim["project"])
+        prompt = room_prompt(claim, message, drafts)
         async with self.per_agent[agent_id], self.total:
-            files = self._run_files(session_id, room_prompt(claim, message), agent.client == "claude")
+            files = self._run_files(session_id, prompt, agent.client == "claude")
             workspace = state_path(self.state_dir, "workspaces", session_id)
             os.makedirs(workspace, mode=0o700, exist_ok=True)
             values = {"mcp_url": self.config.mcp_url, "task_id": "", "project": claim["project"],
@@ -20375,7 +20639,7 @@ class Runner(RunnerDeliveries):
             secret = claim["discussion_credential"]["token"]
             limit = min(agent.launch_timeout_minutes, ROOM_SESSION_MINUTES) * 60
             code, how = await self._launch(session_id, argv, self._env(secret, values), workspace,
-                                           room_prompt(claim, message) if on_stdin else None, log_path, limit,
+                                           prompt if on_stdin else None, log_path, limit,
                                            record, agent_id)
             self._agent(agent_id)["runs"].pop(session_id, None)
             self.save()

@@ -614,7 +614,8 @@ export function renderMessage(m, owner) {
   if (owner.onReply) s.reply.addEventListener("click", () => owner.onReply(m));
   else s.reply.hidden = true;
   if (owner.markMoment && m.created_at && !String(m.id).startsWith("sending-")) {
-    const mark = h("button", { type: "button", class: "link small msg-moment", text: "Mark as a moment",
+    const mark = h("button", { type: "button", class: "link small msg-moment", text: "Moment",
+      title: "Mark it as a moment in the project story",
       "aria-label": `Mark ${m.author.display_name}'s message as a moment in the story` });
     mark.addEventListener("click", () => owner.markMoment(m, mark));
     s.reply.after(mark);

@@ -9,7 +9,8 @@ the owner), ``crash`` (exit 3), ``deliver`` (write refund-policy.md, return it f
 sha256, then fixed), ``commit`` (commit refund-policy.md on the task's branch and return the commit).
 A verification run (``PRICKLE_ROLE`` verify) checks every file its prompt says is in its workspace
 against the result's sha256, then accepts the result of the task its agent asked for. In a private room (``PRICKLE_ROLE`` draft,
-review or revise) it posts its one reply with a verdict.
+review, revise or combine) it posts its one reply with a verdict (a combined answer names the drafts its
+prompt gave it; a reviewer waits first for the file ``STANDIN_HOLD`` names, when set).
 """
 
 import asyncio
@@ -56,6 +57,13 @@ async def main() -> None:
             if role != "task":
                 verdict = {"review": "approve"}.get(role, "draft")
                 body = {"draft": "Work, together.", "revise": "Prickle: work, together."}.get(role, "")
+                if role == "combine":  # says which drafts its prompt gave it
+                    by = [line.split(", by ")[1].rstrip(":") for line in prompt.splitlines()
+                          if line.startswith("Draft ") and ", by " in line]
+                    body = f"Combined {len(by)} drafts: {', '.join(by)}."
+                hold = os.environ.get("STANDIN_HOLD")
+                while role == "review" and hold and not os.path.exists(hold):  # a reviewer that takes its time
+                    time.sleep(0.05)
                 posted = await call(c, "post_message", {"project": project, "body": body, "verdict": verdict})
                 print(f"stand-in: posted {posted['message']['id']} ({verdict})", flush=True)
                 return

@@ -55,6 +55,12 @@ def test_closing_an_account_erases_the_person_in_each_project_with_the_counts(mc
     assert [e["refs"] for e in audit_entries(world.db, "ren-room", "person.erased")] == [
         {"person": "ren", "by": "ren"} | in_room]
     assert (out["handle"], out["devices_ended"], out["invites_revoked"]) == ("ren", 1, 1)
+    # ren's private room goes with the account: erased, its content purged 30 days later.
+    room = out["private_room"]
+    assert (room["project"], room["kind"], room["state"], room["requested_by"]) == ("ren-room", "erase", "erasing",
+                                                                                    "ren")
+    assert [e["refs"] for e in audit_entries(world.db, "ren-room", "project.erasure_requested")] == [
+        {"owner": "ren", "request_number": room["request_number"]}]
     assert [e["refs"] for e in audit_entries(world.db, PROJECT, "person.erased")] == [
         {"person": "ren", "by": "ren"} | counts]
     # The handoff held for ren was denied by them; what ren and ren/builder asked for is cancelled.
@@ -158,3 +164,14 @@ def test_closing_asks_for_a_step_up_and_refuses_the_last_owner_and_a_second_time
     assert code != 0 and "'ren' closed their account already" in err
     code, _, err = run(world.db_path, "person", "erase", "nobody", ok=False)
     assert code != 0 and "no person 'nobody'" in err
+
+
+def test_a_deleted_project_restored_after_a_member_closed_their_account_does_not_bring_them_back(world):
+    prickle.delete_project(world.db, PROJECT, "oj")
+    prickle.close_account(world.db, "ren")
+    assert audit_entries(world.db, PROJECT, "person.erased") == []  # ren was in no live project but their room
+    prickle.restore_project(world.db, PROJECT, "oj")
+    assert world.db.rows("SELECT handle FROM members WHERE project = ? ORDER BY handle", (PROJECT,)) == [
+        {"handle": "oj"}]
+    assert world.db.rows("SELECT agent_id FROM project_agents WHERE project = ? ORDER BY agent_id", (PROJECT,)) == [
+        {"agent_id": "oj/muse"}, {"agent_id": "oj/scout"}]

@@ -37,7 +37,8 @@ def test_the_owner_stops_a_turn_and_sets_the_reply_mode_and_lead(mcp, server, wo
     assert mcp.raw(live["discussion_credential"]["token"], "tools/list").status_code == 401
     assert oj.post("/api/room/stop").status_code == 409
     view = oj.post("/api/room", {"reply_mode": "solo", "lead": "oj/critic"}).json()
-    assert view["room"] == {"project": ROOM, "reply_mode": "solo", "lead_agent": "oj/critic"}
+    assert view["room"] == {"project": ROOM, "reply_mode": "solo", "lead_agent": "oj/critic",
+                            "round": {"number": 1, "stopped": False}}
     cursor = listen(mcp, "oj/critic", runners["oj/critic"])
     asked = say(server, world, "Alone please")
     [event] = woke(mcp, "oj/critic", cursor, runners["oj/critic"])
@@ -129,19 +130,110 @@ def test_a_reviewer_whose_runner_isnt_listening_is_skipped_then_retried(mcp, ser
     assert prickle.room_view(world.db, world.person("oj"))["turn"] is None
 
 
-def test_the_owner_continues_without_the_skipped_reviewer(mcp, server, world):
+def test_going_on_without_the_skipped_reviewer_still_has_the_drafter_revise(mcp, server, world):
     runners = setup_room(world)
     asked = say(server, world, "Name for the beta?")
     d = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
-    mcp.ok("oj/muse", "post_message", {"project": ROOM, "body": "Early access", "verdict": "draft"},
-           token=d["discussion_credential"]["token"])
+    draft = mcp.ok("oj/muse", "post_message", {"project": ROOM, "body": "Early access", "verdict": "draft"},
+                   token=d["discussion_credential"]["token"])["message"]
     turn = prickle.room_view(world.db, world.person("oj"))["turn"]
+    assert turn["skipped"] == ["oj/critic"]
     oj = person(server, world, "oj")
+    cursor = listen(mcp, "oj/muse", runners["oj/muse"])
     done = oj.post("/api/room/continue")
-    assert done.status_code == 200 and done.json()["turn"] is None
-    assert oj.post("/api/room/continue").status_code == 409
+    assert done.status_code == 200, done.text
+    # The turn carries on as if the review had come: the drafter revises, with the reply left.
+    assert {k: done.json()["turn"][k] for k in ("id", "step", "waiting_on", "skipped", "replies_left")} == {
+        "id": turn["id"], "step": "revise", "waiting_on": ["oj/muse"], "skipped": [], "replies_left": 1}
+    [wake] = woke(mcp, "oj/muse", cursor, runners["oj/muse"])
+    assert (wake["kind"], wake["message"]["id"], wake["replies_left"], wake["lead"]) == ("room", draft["id"], 1, False)
+    posted = [e for e in all_events(world.db) if e["type"] == "message.posted" and e["message"]["id"] == draft["id"]]
+    assert len(posted) == 1  # the wake rode on the draft's own event
     [entry] = audit_entries(world.db, ROOM, "room.turn_continued")
-    assert entry["refs"] == {"turn": turn["id"], "agents": ["oj/critic"], "woken": 0, "sessions": 0, "wakes": 0}
+    assert entry["refs"] == {"turn": turn["id"], "agents": ["oj/critic"], "woken": 1, "sessions": 0, "wakes": 0}
+    revise = claim(mcp, "oj/muse", runners["oj/muse"], draft["id"])
+    assert (revise["role"], revise["reviewing"]["message_id"], revise["replies_left"]) == ("revise", draft["id"], 1)
+    mcp.ok("oj/muse", "post_message", {"project": ROOM, "body": "Early access, for teams", "verdict": "draft"},
+           token=revise["discussion_credential"]["token"])
+    view = prickle.room_view(world.db, world.person("oj"))
+    assert view["turn"] is None and view["last_turn"]["end_reason"] == "answered"
+    assert oj.post("/api/room/continue").status_code == 409
+
+
+def test_going_on_without_a_drafter_combines_the_drafts_that_came_or_ends(mcp, server, world):
+    runners = setup_room(world)
+    oj = person(server, world, "oj")
+    oj.post("/api/room", {"reply_mode": "named"})
+    cursors = {a: listen(mcp, a, k) for a, k in runners.items()}
+    asked = say(server, world, "@critic @scout @muse: a tagline?")
+    drafts = {}
+    for agent in ("oj/scout", "oj/muse"):
+        c = claim(mcp, agent, runners[agent], asked["id"])
+        drafts[agent] = mcp.ok(agent, "post_message", {"project": ROOM, "body": f"By {agent}", "verdict": "draft"},
+                               token=c["discussion_credential"]["token"])["message"]
+    stuck = claim(mcp, "oj/critic", runners["oj/critic"], asked["id"])  # claimed, never answers
+    turn = oj.get("/api/room").json()["turn"]
+    assert (turn["step"], turn["waiting_on"], turn["replies_left"]) == ("draft", ["oj/critic"], 2)
+    view = oj.post("/api/room/continue").json()
+    # The drafts that came are combined by the room's lead (its first agent, oj/muse), which drafted,
+    # woken by the last draft.
+    assert {k: view["turn"][k] for k in ("step", "waiting_on", "combiner", "replies_left")} == {
+        "step": "combine", "waiting_on": ["oj/muse"], "combiner": "oj/muse", "replies_left": 1}
+    assert mcp.raw(stuck["discussion_credential"]["token"], "tools/list").status_code == 401
+    wake = woke(mcp, "oj/muse", cursors["oj/muse"], runners["oj/muse"])[-1]
+    assert (wake["message"]["id"], wake["replies_left"], wake["lead"]) == (drafts["oj/muse"]["id"], 1, True)
+    [entry] = audit_entries(world.db, ROOM, "room.turn_continued")
+    assert entry["refs"] == {"turn": turn["id"], "agents": ["oj/critic"], "woken": 1, "sessions": 1, "wakes": 1}
+    combine = claim(mcp, "oj/muse", runners["oj/muse"], drafts["oj/muse"]["id"])
+    assert combine["role"] == "combine"
+
+    # One draft only: nothing to combine, the turn ends.
+    asked = say(server, world, "@critic @muse: and the footer?")
+    c = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
+    mcp.ok("oj/muse", "post_message", {"project": ROOM, "body": "Footer", "verdict": "draft"},
+           token=c["discussion_credential"]["token"])
+    view = oj.post("/api/room/continue").json()
+    assert view["turn"] is None and view["last_turn"]["end_reason"] == "continued"
+    assert audit_entries(world.db, ROOM, "room.turn_continued")[-1]["refs"] == {
+        "turn": view["last_turn"]["id"], "agents": ["oj/critic"], "woken": 0, "sessions": 0, "wakes": 1}
+
+
+def test_the_owner_stops_a_round_agents_post_nothing_there_until_the_owner_writes(mcp, server, world):
+    runners = setup_room(world)
+    oj = person(server, world, "oj")
+    runner = prickle.resolve_token(world.db, runners["oj/muse"], ("runner",))
+    card = prickle.propose_action(world.db, runner, "image_gen", "Make the hero image", "a hedgehog")
+    oj.post(f"/api/actions/{card['id']}", {"decision": "approve"})
+    prickle.claim_action(world.db, runner, card["id"])  # running when the round stops
+    asked = say(server, world, "Start something")
+    live = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
+    turn = oj.get("/api/room").json()["turn"]
+    view = oj.post("/api/room/round/stop")
+    assert view.status_code == 200, view.text
+    assert view.json()["room"]["round"] == {"number": 1, "stopped": True} and view.json()["turn"] is None
+    assert mcp.raw(live["discussion_credential"]["token"], "tools/list").status_code == 401
+    entries = [(e["type"], e["refs"]) for e in audit_entries(world.db, ROOM) if e["type"].startswith("room.")]
+    assert entries == [("room.turn_stopped", {"turn": turn["id"], "credentials": 1, "wakes": 1}),
+                       ("room.round_stopped", {"round": 1})]
+    again = oj.post("/api/room/round/stop")
+    assert again.status_code == 409 and "already stopped" in again.json()["error"]["message"]
+    text = mcp.error("oj/muse", "claim_discussion", {"message_id": asked["id"], "idempotency_key": "k2",
+                                                     "harness": 2}, "invalid_state", token=runners["oj/muse"])
+    assert text.endswith("the owner stopped it")
+    # No new card, and a running card's result is not posted: it ends as stopped.
+    try:
+        prickle.propose_action(world.db, runner, "image_gen", "Another", "a fox")
+        raise AssertionError("a card was proposed in a stopped round")
+    except prickle.InvalidState as e:
+        assert "stopped this round" in str(e)
+    finished = prickle.finish_action(world.db, runner, card["id"], body="Made: a hedgehog")
+    assert (finished["status"], finished["failure"]) == ("failed", "stopped")
+    assert [m["body"] for m in oj.get(f"/api/projects/{ROOM}/room").json()["messages"]] == [
+        "Proposed: Make the hero image", "Start something"]
+    # The owner's next message opens the next round.
+    say(server, world, "Go on")
+    assert oj.get("/api/room").json()["room"]["round"] == {"number": 2, "stopped": False}
+    prickle.propose_action(world.db, runner, "image_gen", "Another", "a fox")
 
 
 def test_a_listening_reviewer_is_not_skipped_within_the_grace(mcp, server, world):

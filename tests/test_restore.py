@@ -4,6 +4,7 @@ import datetime as dt
 import glob
 import json
 import os
+import shutil
 
 import apsw
 import pytest
@@ -23,11 +24,16 @@ def start(db_path):
 
 
 def heads(path):
+    """Every chain's head in the file at ``path``, read leaving no -wal or -shm file the read made."""
+    made = [path + suffix for suffix in ("-wal", "-shm") if not os.path.exists(path + suffix)]
     conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
     try:
         return prickle.chain_heads(conn)
     finally:
         conn.close()
+        for leftover in made:
+            if os.path.exists(leftover):
+                os.unlink(leftover)
 
 
 def bodies(db):
@@ -53,6 +59,8 @@ def test_a_restore_from_a_backup_is_recorded_once_in_every_chain_at_the_first_st
     assert out == {"db": db_path, "source": "backup", "from": backup, "point": "2026-12-01T10:01:00.000Z",
                    "replaced": aside, "chains": len(kept)}
     assert heads(aside) == lost  # the replaced file is kept whole, its log copied in
+    # Beside them nothing: no hidden copy, no log, not even the -wal and -shm of reading the backup.
+    assert sorted(os.listdir(tmp_path)) == ["nightly.db", "prickle.db", "prickle.db.replaced-20261201T100500Z"]
     assert not glob.glob(str(tmp_path / ".prickle-restore-*")) and not os.path.exists(db_path + "-wal")
     restored = prickle.Database(db_path)
     assert bodies(restored) == ["kept"]
@@ -201,3 +209,49 @@ def test_a_backup_older_than_this_prickle_is_upgraded_as_it_is_restored(world, d
     assert conn.pragma("user_version") == len(prickle.MIGRATIONS)
     assert json.loads(conn.execute("SELECT value FROM meta WHERE key = 'restore'").fetchall()[0][0])["chains"] == {}
     conn.close()
+
+
+def test_a_replaced_file_whose_chain_does_not_continue_the_backups_claims_no_known_gap(world, tmp_path):
+    backup = str(tmp_path / "b.db")
+    world.db.backup_to(backup)
+    other = str(tmp_path / "other" / "prickle.db")  # another deployment, with a project of the same name
+    os.makedirs(os.path.dirname(other))
+    db = prickle.Database(other)
+    prickle.add_person(db, "zed", "Zed")
+    prickle.create_project(db, PROJECT, "Not the same", "elsewhere", "zed")
+    db.close()
+    jrun(other, "restore", backup)
+    restored = prickle.Database(other)
+    marker = json.loads(restored.scalar("SELECT value FROM meta WHERE key = 'restore'"))
+    restored.close()
+    assert {chain: known["missing"] for chain, known in marker["chains"].items()} == dict.fromkeys(heads(backup))
+    assert marker["chains_missing"] == 0
+
+
+def test_a_restore_through_a_symlink_replaces_the_file_it_names(world, db_path, tmp_path):
+    backup = str(tmp_path / "b.db")
+    world.db.backup_to(backup)
+    link = str(tmp_path / "link.db")
+    os.symlink(db_path, link)
+    out = jrun(link, "restore", backup)
+    assert out["db"] == db_path and out["replaced"].startswith(db_path + ".replaced-")
+    assert os.path.islink(link) and os.path.realpath(link) == db_path
+    assert heads(link) == heads(backup)
+
+
+def test_a_backup_copied_into_place_by_hand_is_recorded_as_a_restore_at_its_first_start(world, tmp_path, clock):
+    backup = str(tmp_path / "b.db")
+    assert jrun(world.db_path, "backup", backup) == {"backup": backup}
+    by_hand = str(tmp_path / "by-hand.db")
+    shutil.copyfile(backup, by_hand)
+    clock.now = T0 + 3 * MINUTE
+    start(by_hand)
+    start(by_hand)
+    restored = prickle.Database(by_hand)
+    for chain, (n, _) in heads(backup).items():
+        gap = {"from": "2026-12-01T10:00:00.000Z", "to": "2026-12-01T10:03:00.000Z", "entries": None}
+        assert [e["refs"] for e in audit_entries(restored, chain, "chain.restored")] == [
+            {"source": "backup", "point": "2026-12-01T10:00:00.000Z", "through": n,
+             "gap": gap | ({"chains": None} if chain == "" else {})}], chain
+    assert restored.scalar("SELECT count(*) FROM meta WHERE key IN ('restore', 'backup_taken_at')") == 0
+    restored.close()

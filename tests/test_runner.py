@@ -321,6 +321,74 @@ def test_a_private_room_turn_is_drafted_and_reviewed_by_two_runners(db_path, tmp
         oj.close(), db.close()
 
 
+def _room_runners(db_path, tmp_path, served, env=None):
+    """oj/muse's and oj/critic's runners (the stand-in command) for oj's room, and oj's API."""
+    base, db = served.info["url"], prickle.Database(db_path)
+    prickle.add_agent(db, "oj/critic", "Critic", "gpt-5", "codex")
+    keys = {a: prickle.pair_device(db, "oj", a, "oj-laptop")[1] for a in ("oj/muse", "oj/critic")}
+    oj = person(base, prickle.create_token(db, "person", person="oj")[1])
+    configs = {a: write_config(tmp_path / f"{a.split('/')[1]}.toml", base, {
+        a: {"key": keys[a], "client": "command", "command": STANDIN_AGENT}}) for a in keys}
+    return db, oj, oj.get("/api/room").json()["room"]["project"], configs
+
+
+def _said(oj, room):
+    return [(m["author"].get("agent_id") or m["author"]["handle"], m["body"], m.get("verdict"))
+            for m in oj.get(f"/api/projects/{room}/room").json()["messages"]]
+
+
+def test_a_named_turn_is_drafted_by_two_runners_and_combined_by_the_lead(db_path, tmp_path):
+    with Served(db_path, "--demo") as served:
+        db, oj, room, configs = _room_runners(db_path, tmp_path, served)
+        assert oj.post("/api/room", json={"reply_mode": "named", "lead": "oj/critic"}).status_code == 200
+        with RunnerProcess(configs["oj/muse"]) as muse, RunnerProcess(configs["oj/critic"]) as critic:
+            muse.wait_connected("oj/muse"), critic.wait_connected("oj/critic")
+            asked = oj.post(f"/api/projects/{room}/messages", json={"body": "@muse and @critic: a headline?"}).json()
+            wait_until("the combined answer", lambda: oj.get("/api/room").json()["turn"] is None
+                       and len(_said(oj, room)) == 4)
+            said = _said(oj, room)
+            drafters = [who for who, _, _ in said[1:3]]
+            assert sorted(said[1:3]) == [("oj/critic", "Work, together.", "draft"),
+                                         ("oj/muse", "Work, together.", "draft")]
+            # The lead combined both drafts, as its prompt gave them, in one answer.
+            assert said[3] == ("oj/critic", f"Combined 2 drafts: {', '.join(drafters)}.", "draft")
+            messages = oj.get(f"/api/projects/{room}/room").json()["messages"]
+            assert f"room {room}: combine session for message {messages[2]['id']}" in critic.log()
+            assert oj.get("/api/room").json()["last_turn"]["end_reason"] == "answered"
+        roles = db.rows("SELECT agent_id, role FROM discussions ORDER BY agent_id, role")
+        assert [(r["agent_id"], r["role"]) for r in roles] == [
+            ("oj/critic", "combine"), ("oj/critic", "draft"), ("oj/muse", "draft")]
+        assert asked["message"]["id"] == db.scalar("SELECT message_id FROM turns")
+        oj.close(), db.close()
+
+
+def test_a_turn_that_runs_out_of_time_refuses_the_late_reviewer(db_path, tmp_path):
+    hold = tmp_path / "let-the-reviewer-post"
+    with Served(db_path, "--demo") as served:
+        db, oj, room, configs = _room_runners(db_path, tmp_path, served)
+        assert oj.post("/api/room", json={"lead": "oj/muse"}).status_code == 200
+        with RunnerProcess(configs["oj/muse"]) as muse, \
+                RunnerProcess(configs["oj/critic"], env=os.environ | {"STANDIN_HOLD": str(hold)}) as critic:
+            muse.wait_connected("oj/muse"), critic.wait_connected("oj/critic")
+            oj.post(f"/api/projects/{room}/messages", json={"body": "Headline for the launch?"})
+            wait_until("the reviewer's session", lambda: "review session for message" in critic.log())
+            turn = oj.get("/api/room").json()["turn"]
+            assert (turn["step"], turn["waiting_on"]) == ("review", ["oj/critic"])
+            # The turn's time is up (its deadline moved to now, as a clock would): the owner sees it ended.
+            db.execute("UPDATE turns SET expires_at = ? WHERE id = ?", (prickle.iso(prickle.utcnow()), turn["id"]))
+            view = oj.get("/api/room").json()
+            assert view["turn"] is None
+            assert (view["last_turn"]["end_reason"], view["last_turn"]["missed"]) == ("out_of_time", ["oj/critic"])
+            hold.touch()  # the reviewer answers late: its credential ended with the turn
+            wait_until("the late session to end", lambda: "exit status 1" in critic.log())
+        assert [who for who, _, _ in _said(oj, room)] == ["oj", "oj/muse"]
+        [entry] = audit_entries(db, room, "room.turn_timed_out")
+        assert entry["refs"] == {"turn": turn["id"], "step": "review", "agents": ["oj/critic"], "credentials": 1,
+                                 "wakes": 0}
+        assert "MCPError: this credential was revoked" in all_logs(critic.state_dir)  # the session's late post
+        oj.close(), db.close()
+
+
 def test_a_task_beyond_the_parallel_limit_waits_for_the_run_before_it(db_path, tmp_path):
     with Served(db_path, "--demo") as served:
         config, key, mcp, ren, oj = setup(db_path, served, tmp_path, parallel=1)

@@ -659,7 +659,8 @@ def test_a_private_room_turn_a_live_draft_and_an_approved_action(served, people)
     expect(settings.get_by_role("status")).to_have_text("Saved.")
     with person_api(served, "oj") as oj_api:
         assert oj_api.get("/api/room").json()["room"] == {"project": "oj-room", "reply_mode": "solo",
-                                                         "lead_agent": "oj/muse"}
+                                                         "lead_agent": "oj/muse",
+                                                         "round": {"number": 0, "stopped": False}}
 
     # oj writes; the turn waits on the lead; its runner drafts with a discussion credential.
     box = page.get_by_role("combobox", name="Message")

@@ -95,6 +95,9 @@ def test_a_task_is_marked_from_its_page_and_the_story_fits_a_phone(served, peopl
     task = mcp(served, "oj/muse", "handoff", {"project": PROJECT, "to": "ren/builder", "packet": {
         "task": "Draft the hero copy.", "deliverable_type": "doc", "acceptance_criteria": ["At most 8 words."]}})["task"]
     page = people("oj", PHONE)
+    goto(page, served, f"#/p/{PROJECT}/room")
+    expect(page.locator(".msg-moment").first).to_be_visible()        # no hover on a phone: in sight
+    shot(page, "story_room_phone", full_page=False)
     goto(page, served, f"#/p/{PROJECT}/tasks/{task['id']}")
     page.get_by_role("button", name="Mark as a moment").click()
     dialog = page.get_by_role("dialog", name="Mark a moment")
