@@ -13658,18 +13658,19 @@ def run_retention(db: Database, batch: int = PURGE_BATCH) -> list[str]:
 #   1. refusals first: an account already closed, a step-up not given, a project of which they are
 #      the last owner (someone must be left to run it: promote another member, or delete the project);
 #   2. every browser session, sign-in link, runner device and connected app ends (sign_out_everywhere);
-#   3. in each project they are in (their private room too): the handoffs waiting for their approval
-#      are denied, the open tasks they or their agents asked for are cancelled, their agents leave with
-#      every knock-on of a removal (offboard, chapter 33: tasks their agents held go back, rules and
-#      standing approvals end, the invites they sent end as ``inviter_erased``), and ``person.erased``
-#      records how many approvals were denied, tasks cancelled and runs closed;
-#   4. the invites sent to their address end (``invitee_closed_account``), and every key left of
-#      theirs or their agents' ends;
-#      Their private room goes with their account: erased like a project (erase_private_room, chapter
-#      39), its content purged 30 days later by the retention worker.
+#   3. in each project they are in (their private room too): the handoffs and Approve cards waiting
+#      for their approval are denied, the open tasks they or their agents asked for are cancelled,
+#      their agents leave with every knock-on of a removal (offboard, chapter 33: tasks their agents
+#      held go back, rules and standing approvals end, the invites they sent end as
+#      ``inviter_erased``), and ``person.erased`` records how many approvals were denied, tasks
+#      cancelled and runs closed (ERASED_COUNTS) with the removal's counts;
+#   4. their private room goes with their account: erased like a project (erase_private_room,
+#      chapter 39), its content purged 30 days later by the retention worker; the invites sent to
+#      their address end (``invitee_closed_account``), and every key left of theirs or their agents';
 #   5. their name, address and settings go from the file: the person row keeps only the handle (the
 #      audit chains name it, and a chain is never rewritten), every stored reference to them takes the
-#      erased form (person_ref), and the names in the outbox's events are replaced.
+#      erased form (person_ref), and the names in the outbox's events are replaced. What the
+#      transaction overwrites is zeroed (secure_delete); vacuum_file rewrites the whole file.
 # What they wrote (messages, tasks, results) stays the team's, shown as by an erased person.
 
 #: What ``person.erased`` counts, as the reference names it, before the knock-ons of their agents leaving.
@@ -13691,13 +13692,18 @@ def _owned_alone(db: Database, handle: str) -> list[str]:
 
 
 def _deny_waiting(db: Database, me: Actor, project: str) -> int:
-    """Step 3: deny the handoffs of ``project`` held for ``me``'s approval (decide_approval); how many."""
-    expire_due(db, "approval")
+    """Step 3: deny what in ``project`` waits for ``me``'s approval: held handoffs (decide_approval) and
+    Approve cards (decide_action, declined). Returns how many."""
+    expire_due(db, "approval", "action")
     rows = db.rows("SELECT id FROM approvals WHERE owner = ? AND project = ? AND status = 'pending' AND "
                    "invalidated_at IS NULL ORDER BY created_at", (me.handle, project))
     for row in rows:
         decide_approval(db, me, row["id"], "deny")
-    return len(rows)
+    cards = db.rows("SELECT id FROM actions WHERE owner = ? AND project = ? AND status = 'proposed' ORDER BY "
+                    "created_at", (me.handle, project))
+    for card in cards:
+        decide_action(db, me, card["id"], "decline")
+    return len(rows) + len(cards)
 
 
 def _cancel_requested(db: Database, project: str, handle: str, agents: list[str]) -> int:
@@ -13728,7 +13734,7 @@ def _erase_in(db: Database, me: Actor, project: str, by: str | None, running: se
               "tasks_cancelled": _cancel_requested(db, project, handle, all_agents)}
     left = offboard(db, project, agents, person=handle, reason="member_erased", by=by)
     counts["runs_closed"] = len(running - _running(db, project))
-    refs = {"person": handle, "by": by} | counts | left
+    refs = {"person": handle, "by": by} | {k: counts[k] for k in ERASED_COUNTS} | left
     audit(db, project, "person.erased", refs)
     return refs
 
@@ -13789,7 +13795,7 @@ def close_account(db: Database, who: Actor | str) -> dict:
     require_step_up) or, from the command line, a handle. One transaction, in the steps above.
 
     Writes ``person.erased`` in each project they were in (with ERASED_COUNTS and the counts of their
-    agents leaving, OFFBOARD_COUNTS), the entries of what ends with it (``approval.decided``,
+    agents leaving, OFFBOARD_COUNTS), the entries of what ends with it (``approval.decided``, ``action.declined``,
     ``task.transitioned``, ``task.returned``, ``device.revoked``, ``invite.revoked`` with
     ``inviter_erased`` or ``invitee_closed_account``, ``project.erasure_requested`` in their private
     room...). Returns ``{handle, erased_at, projects: [{project} | refs], private_room (deletion_out or
