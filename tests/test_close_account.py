@@ -169,6 +169,9 @@ def test_closing_asks_for_a_step_up_and_refuses_the_last_owner_and_a_second_time
     assert code != 0 and "'ren' closed their account already" in err
     code, _, err = run(world.db_path, "person", "erase", "nobody", ok=False)
     assert code != 0 and "no person 'nobody'" in err
+    code, _, err = run(world.db_path, "person", "erase", "Not A Handle", ok=False)
+    assert code != 0 and "handle" in err
+    assert world.db.scalar("SELECT count(*) FROM people WHERE erased_at IS NOT NULL") == 1
 
 
 def test_a_deleted_project_restored_after_a_member_closed_their_account_does_not_bring_them_back(world):
