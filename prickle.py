@@ -3149,13 +3149,18 @@ def record_restore(db: Database) -> list[dict]:
     ``gap``: ``from`` (the point), ``to`` (when the restore ran) and ``entries`` (how many of this
     chain's entries the replaced file had after ``through``; None when unknown). The deployment
     chain's gap adds ``chains``: the chains (projects) the replaced file had and the copy lacks.
+    A backup copied into place by hand (its BACKUP_TAKEN_AT still in meta) is a restore too: its
+    point is when it was taken, and its gap's ``to`` this start, with nothing known missing.
     Returns the entries written. Reference: audit entry ``chain.restored``.
     """
     with db.transaction():
         raw = db.scalar("SELECT value FROM meta WHERE key = ?", (RESTORE_MARKER,))
-        if raw is None:
+        taken = db.scalar("SELECT value FROM meta WHERE key = ?", (BACKUP_TAKEN_AT,))
+        if raw is None and taken is None:
             return []
-        marker = json.loads(raw)
+        marker = json.loads(raw) if raw is not None else {
+            "source": "backup", "point": taken, "restored_at": iso(utcnow()), "chains_missing": None,
+            "chains": {chain: {"through": n, "missing": None} for chain, (n, _) in chain_heads(db.conn).items()}}
         entries = []
         for chain in sorted(set(marker["chains"]) | {DEPLOYMENT_CHAIN}):
             known = marker["chains"].get(chain, {"through": 0, "missing": None})
@@ -3164,7 +3169,7 @@ def record_restore(db: Database) -> list[dict]:
                 gap["chains"] = marker["chains_missing"]
             entries.append(audit(db, chain, "chain.restored", {
                 "source": marker["source"], "point": marker["point"], "through": known["through"], "gap": gap}))
-        db.execute("DELETE FROM meta WHERE key = ?", (RESTORE_MARKER,))
+        db.execute("DELETE FROM meta WHERE key IN (?, ?)", (RESTORE_MARKER, BACKUP_TAKEN_AT))
     return entries
 
 
@@ -12722,7 +12727,8 @@ def _owner_only(db: Database, person: Actor, project: str, what: str) -> None:
 def _check_day(value: Any) -> str:
     """A moment's day (``YYYY-MM-DD``), not after today anywhere on Earth; InvalidInput naming ``day``."""
     try:
-        day = _dt.date.fromisoformat(value) if isinstance(value, str) and len(value) == 10 else None
+        day = _dt.date.fromisoformat(value) if isinstance(value, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", value) \
+            else None
     except ValueError:
         day = None
     if day is None:

@@ -4,6 +4,7 @@ import datetime as dt
 import glob
 import json
 import os
+import shutil
 
 import apsw
 import pytest
@@ -229,3 +230,21 @@ def test_a_restore_through_a_symlink_replaces_the_file_it_names(world, db_path, 
     assert out["db"] == db_path and out["replaced"].startswith(db_path + ".replaced-")
     assert os.path.islink(link) and os.path.realpath(link) == db_path
     assert heads(link) == heads(backup)
+
+
+def test_a_backup_copied_into_place_by_hand_is_recorded_as_a_restore_at_its_first_start(world, tmp_path, clock):
+    backup = str(tmp_path / "b.db")
+    assert jrun(world.db_path, "backup", backup) == {"backup": backup}
+    by_hand = str(tmp_path / "by-hand.db")
+    shutil.copyfile(backup, by_hand)
+    clock.now = T0 + 3 * MINUTE
+    start(by_hand)
+    start(by_hand)
+    restored = prickle.Database(by_hand)
+    for chain, (n, _) in heads(backup).items():
+        gap = {"from": "2026-12-01T10:00:00.000Z", "to": "2026-12-01T10:03:00.000Z", "entries": None}
+        assert [e["refs"] for e in audit_entries(restored, chain, "chain.restored")] == [
+            {"source": "backup", "point": "2026-12-01T10:00:00.000Z", "through": n,
+             "gap": gap | ({"chains": None} if chain == "" else {})}], chain
+    assert restored.scalar("SELECT count(*) FROM meta WHERE key IN ('restore', 'backup_taken_at')") == 0
+    restored.close()

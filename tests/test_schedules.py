@@ -11,8 +11,11 @@ import time
 import pytest
 
 import prickle
-from conftest import PROJECT, all_events, audit_entries
-from helpers import T0, auth, confirm_with, confirmed, paired, person
+from conftest import PROJECT, Served, all_events, audit_entries
+from helpers import T0, auth, confirm_with, confirmed, confirmed_token, paired, person
+from model_standin import ModelStandIn
+from runner_util import CLAUDE, CLAUDE_MISSING, RunnerProcess, claude_env, task_state, wait_until, write_config
+from runner_util import person as runner_person
 
 UTC = dt.timezone.utc
 WEEKDAYS_9 = {"freq": "weekly", "byweekday": ["mo", "tu", "we", "th", "fr"], "hour": 9}
@@ -342,3 +345,47 @@ def test_the_runs_a_day_limit_holds_at_run_time_too(server, world, clock):
         outcomes += [r["outcome"] for r in prickle.run_due_schedules(world.db, clock.now, per_schedule=3)["runs"]]
     assert outcomes[:4] == ["asked", "asked", "asked", "limit"]
     assert outcomes.count("asked") == 6  # three in any one day
+
+
+@pytest.mark.skipif(not CLAUDE, reason=CLAUDE_MISSING)
+def test_a_scheduled_run_goes_end_to_end_through_prickle_runner_and_claude_code(db_path, tmp_path):
+    """A due schedule asks oj/muse; oj's runner starts Claude Code (its model the stand-in), which accepts the
+    task and returns its result; oj gives final acceptance. The run's lineage names the schedule."""
+    script = [
+        lambda seen: ("mcp__prickle__accept_task", {"task_id": seen.find(r"Prickle task (\S+) ")}),
+        lambda seen: ("mcp__prickle__return_result", {
+            "task_id": seen.find(r"Prickle task (\S+) "), "summary": "Three commits yesterday: the hero, the CTA, a fix.",
+            "evidence": [{"kind": "note", "summary": "Read the log of yesterday's commits.", "criteria": [0]}]}),
+        lambda seen: "Returned the summary.",
+    ]
+    with Served(db_path, "--demo") as served, ModelStandIn(script) as model:
+        base, db = served.info["url"], prickle.Database(db_path)
+        _, key = prickle.pair_device(db, "oj", "oj/muse", "oj-laptop")
+        named = base.replace("//127.0.0.1:", "//localhost:")  # a passkey is bound to a name
+        oj = runner_person(named, confirmed_token(db_path, named, "oj"))
+        made = oj.post("/api/room/schedules", json=BERLIN)
+        assert made.status_code == 200, made.text
+        sid = made.json()["schedule"]["id"]
+        config = write_config(tmp_path / "runner.toml", base, {
+            "oj/muse": {"key": key, "client": "claude", "cli_path": CLAUDE, "launch_timeout_minutes": 5}})
+        with RunnerProcess(config, env=claude_env(tmp_path / "home", model.url)) as runner:
+            runner.wait_connected("oj/muse")
+            # It falls due (its time moved into the past in the file); a change to another schedule wakes the
+            # scheduler, which asks oj/muse at once.
+            with db.transaction():
+                db.execute("UPDATE schedules SET next_run_at = ? WHERE id = ?",
+                           (prickle.iso(prickle.utcnow() - dt.timedelta(seconds=1)), sid))
+            assert oj.post("/api/room/schedules", json=BERLIN | {"text": "Another."}).status_code == 200
+            run = wait_until("the scheduled run", lambda: db.one("SELECT * FROM schedule_runs WHERE schedule_id = ?",
+                                                                 (sid,)))
+            assert run["outcome"] == "asked"
+            task = wait_until("the result", lambda: (t := task_state(oj, run["task_id"]))["state"] == "verifying"
+                              and t, timeout=90)
+        assert task["result"]["lineage"]["cause"] == {"kind": "owner_schedule", "schedule_id": sid, "version": 1,
+                                                      "task_id": run["task_id"], "owner": "oj"}
+        accepted = oj.post(f"/api/tasks/{run['task_id']}/accept", json={})
+        assert accepted.json()["task"]["state"] == "completed"
+        [listed] = [s for s in oj.get("/api/room/schedules").json()["schedules"] if s["id"] == sid]
+        assert (listed["last_run"]["task_id"], listed["last_run"]["task_state"]) == (run["task_id"], "completed")
+        assert [a for a in model.calls if not isinstance(a, str)][0][0] == "mcp__prickle__accept_task"
+        oj.close(), db.close()

@@ -127,6 +127,8 @@ def test_bad_input_is_a_clear_error_and_changes_nothing(team, server):
         (ren.post(path, good | {"day": "2026-12-03"}), 400,
          "day 2026-12-03 is in the future: a moment marks what happened, today at the latest"),
         (ren.post(path, good | {"day": "30/11/2026"}), 400, "day must be a date like 2026-12-01, got '30/11/2026'"),
+        (ren.post(path, good | {"day": "2026-W48-1"}), 400, "day must be a date like 2026-12-01, got '2026-W48-1'"),
+        (ren.post(path, good | {"day": "2026-02-30"}), 400, "day must be a date like 2026-12-01, got '2026-02-30'"),
         (ren.post(path, good | {"kind": "party"}), 400,
          "kind must be one of milestone, launch, release, decision, incident, thanks, other; got 'party'"),
         (ren.post(path, good | {"message_id": "msg-nope"}), 404, "message_id: no message 'msg-nope' in 'website-v2'"),
@@ -447,3 +449,27 @@ def test_a_slow_github_holds_no_reader_back(team, app, github, monkeypatch):
         out = read(app, team, "ren")                           # each reader joins the one read under way
     assert (out["github"]["state"], gh_titles(out)) == ("ok", GH_TITLES)
     assert len(github.requests) <= asked + 5
+
+
+def test_junk_in_every_field_is_a_400_never_a_500(team, server):
+    oj = person(server, team, "oj")
+    mine = prickle.mark_moment(team.db, team.person("oj"), PROJECT, "other", "2026-11-30", "Ours")["moment"]
+    before = written(team.db)
+    for junk in (None, 5, 1.5, True, [], {}, "", "x" * 5000, "\x00"):
+        for method, path, body in (
+                ("post", f"/api/projects/{PROJECT}/moments", {"kind": junk, "day": "2026-11-30", "title": "t"}),
+                ("post", f"/api/projects/{PROJECT}/moments", {"kind": "other", "day": junk, "title": "t"}),
+                ("post", f"/api/projects/{PROJECT}/moments", {"kind": "other", "day": "2026-11-30", "title": junk}),
+                ("post", f"/api/projects/{PROJECT}/moments", {"kind": "other", "day": "2026-11-30", "title": "t",
+                                                              "message_id": junk or 0}),
+                ("post", f"/api/moments/{mine['id']}", {"title": junk}),
+                ("post", f"/api/moments/{mine['id']}", {"task_id": junk or 0}),
+                ("post", f"/api/projects/{PROJECT}/story/hide", {"moment_id": junk}),
+                ("post", f"/api/projects/{PROJECT}/story/round-numbers", {"round_numbers": junk}),
+                ("post", f"/api/projects/{PROJECT}/story/repo", {"repository": junk})):
+            if body.get("round_numbers") is True:
+                continue  # that one is no junk
+            r = getattr(oj, method)(path, body)
+            assert r.status_code in (400, 404), (path, body, r.status_code, r.text)
+            assert r.json()["error"]["code"] in ("invalid_input", "not_found"), r.text
+    assert written(team.db) == before
