@@ -18711,6 +18711,8 @@ def find_litestream(path: str | None = None) -> str:
 
 
 def _copy_backup(backup: str, out: str) -> None:
+    # Reading a file in WAL mode makes its -wal and -shm files: those this read made go after it.
+    made = [backup + suffix for suffix in ("-wal", "-shm") if not os.path.exists(backup + suffix)]
     try:
         source = apsw.Connection(backup, flags=apsw.SQLITE_OPEN_READONLY)
     except apsw.Error:
@@ -18726,6 +18728,10 @@ def _copy_backup(backup: str, out: str) -> None:
         raise InvalidInput(f"{backup} is not a database: name a file 'prickle backup' wrote") from None
     finally:
         source.close()
+        for path in made:
+            with contextlib.suppress(OSError):
+                if not os.path.getsize(path) or path.endswith("-shm"):
+                    os.unlink(path)
 
 
 def _litestream_restore(binary: str, out: str, replica: str | None, config: str | None, db_path: str,
@@ -18808,10 +18814,11 @@ def _swap_in(db_path: str, out: str, replaced: bool, stamp: str) -> str | None:
         while os.path.exists(aside):
             n += 1
             aside = f"{db_path}.replaced-{stamp}-{n}"
-    # The log first: an old log left beside the new file would be replayed into it.
+    # The log first: an old log left beside the new file would be replayed into it. An empty log
+    # and the shared-memory file are nobody's once the file is closed.
     for suffix in ("-wal", "-shm", ""):
-        if os.path.exists(db_path + suffix):
-            if aside is not None:
+        with contextlib.suppress(FileNotFoundError):
+            if aside is not None and (suffix == "" or suffix == "-wal" and os.path.getsize(db_path + suffix)):
                 os.rename(db_path + suffix, aside + suffix)
             else:
                 os.unlink(db_path + suffix)
@@ -18919,8 +18926,8 @@ def restore_cmd(db_path: str, as_json: bool, backup: str | None, replica: str | 
     kept = (f" The file it replaced is kept as {result['replaced']}." if result["replaced"] else "")
     Out(as_json)(result | {"from": backup or replica or config},
                  f"Restored {db_path} from {what}, as it was at {result['point']}.{kept} The server's next start "
-                 f"records chain.restored in each of the {result['chains']} audit chains: prickle serve --db "
-                 f"{shlex.quote(db_path)}")
+                 f"records chain.restored in each audit chain ({counted(result['chains'], 'chain')}): prickle serve "
+                 f"--db {shlex.quote(db_path)}")
 
 
 @project_group.command("export")

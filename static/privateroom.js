@@ -1,9 +1,11 @@
 // privateroom.js — the controls of your private room (you and your own agents): how your
 // agents answer you (the reply mode and the lead agent), the turn in progress ("waiting on
-// oj/muse to draft, 3 replies left") and stopping it.
+// oj/muse to draft, 3 replies left"), stopping it or the whole round, and how the last turn
+// ended when it ran out of time.
 //
 // GET /api/room says where things stand; it is asked again when a message is posted in the
-// room (a message starts, advances or ends a turn) and after every change made here.
+// room (a message starts, advances or ends a turn), when the turn's time is up, and after
+// every change made here.
 
 import { get, post, del, seg } from "./api.js";
 import * as stream from "./stream.js";
@@ -14,7 +16,7 @@ const MODES = [["review", "Review"], ["solo", "Solo"], ["named", "Named"]];
 const MODE_HINT = {
   review: "One agent drafts (the lead, or the one you @mention); an agent on another client reviews it and may ask for a revision.",
   solo: "One agent answers alone: the lead, or the one you @mention.",
-  named: "Only the agents you @mention answer, each once.",
+  named: "Only the agents you @mention answer, each once; when several draft, one of them combines the drafts into one answer.",
 };
 
 const STEP = { draft: "to draft", review: "to review the draft", revise: "to revise the draft", combine: "to combine the drafts" };
@@ -76,6 +78,7 @@ export function createRoomControls(ctx) {
     refresh: () => load(state),
     destroy() {
       refresh.cancel();
+      clearTimeout(state.timer);
       for (const off of offs) off();
     },
   };
@@ -91,10 +94,11 @@ async function load(state) {
   }
 }
 
-async function stop(state, button, error) {
-  const out = await act(button, error, () => post("/api/room/stop", {}));
+async function stop(state, button, error, what) {
+  const out = await act(button, error, () => post(what === "round" ? "/api/room/round/stop" : "/api/room/stop", {}));
   if (!out) return;
-  announce("Turn stopped: your agents' unused credentials ended");
+  announce(what === "round" ? "Round stopped: your agents can't post here until you write again"
+    : "Turn stopped: your agents' unused credentials ended");
   await load(state);
   document.querySelector(".room-foot .composer textarea")?.focus(); // the button is gone; back to writing
 }
@@ -117,6 +121,11 @@ function show(state, view) {
   }
   drawMembers(state);
   drawTurn(state, view.turn);
+  clearTimeout(state.timer);
+  if (view.turn?.expires_at) { // the server ends the turn then: ask again to show how it ended
+    const ms = Date.parse(view.turn.expires_at) - Date.now() + 1000;
+    state.timer = setTimeout(() => load(state), Math.min(Math.max(ms, 1000), 2 ** 31 - 1));
+  }
 }
 
 /** Which of your agents are in the room: take one out, or add it back. */
@@ -151,9 +160,26 @@ function drawLead(state) {
   state.lead.value = current || "";
 }
 
+/** No turn in progress: say so only when the round is stopped or the last turn ran out of time. */
+function drawEnded(state) {
+  const { room, last_turn: last } = state.view;
+  if (room.round?.stopped) {
+    fill(state.turn, h("div", { class: "banner banner-warn turn-ended round-stopped" },
+      h("p", {}, h("strong", { text: "You stopped this round. " }),
+        h("span", { text: "Your agents can't post here until you write again." }))));
+  } else if (last?.end_reason === "out_of_time") {
+    const who = last.missed.length ? `${last.missed.join(" and ")} didn't answer in time.` : "";
+    fill(state.turn, h("div", { class: "banner banner-warn turn-ended out-of-time", dataset: { turnId: last.id } },
+      h("p", {}, h("strong", { text: "Your last turn ran out of time. " }),
+        h("span", { text: `${who} Write again to start a new turn.`.trim() }))));
+  } else {
+    fill(state.turn);
+  }
+}
+
 function drawTurn(state, turn) {
   if (!turn) {
-    fill(state.turn);
+    drawEnded(state);
     return;
   }
   const who = turn.waiting_on.length ? turn.waiting_on.join(" and ") : null;
@@ -161,7 +187,11 @@ function drawTurn(state, turn) {
   const text = who ? `Waiting on ${who} ${STEP[turn.step] || turn.step}, ${left}.` : `A turn is in progress, ${left}.`;
   const error = errorSlot();
   const button = h("button", { type: "button", class: "small", text: "Stop this turn" });
-  button.addEventListener("click", () => stop(state, button, error));
+  button.addEventListener("click", () => stop(state, button, error, "turn"));
+  const round = h("button", { type: "button", class: "small", text: "Stop the round",
+    title: "Your agents post nothing here (no reply, card or result) until you write again" });
+  round.addEventListener("click", () => stop(state, round, error, "round"));
+  const ends = turn.expires_at ? ` It ends at ${new Date(turn.expires_at).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })} if nobody answers.` : "";
   const skipped = turn.skipped || [];
   const missed = skipped.length ? h("div", { class: "skipped" },
     h("p", { class: "turn-skipped", text: `${skipped.join(" and ")} didn't review: ${skipped.length === 1 ? "its runner isn't" : "their runners aren't"} listening.` }),
@@ -179,8 +209,8 @@ function drawTurn(state, turn) {
     h("div", {},
       h("strong", { class: "turn-text", text }),
       missed,
-      h("p", { class: "small muted", text: "Writing again starts a new turn. Stopping ends your agents' unused credentials for this one." })),
-    button, error));
+      h("p", { class: "small muted", text: `Writing again starts a new turn. Stopping ends your agents' unused credentials for this one; stopping the round also keeps them from posting until you write.${ends}` })),
+    h("div", { class: "turn-actions" }, button, round), error));
 }
 
 async function again(state, button, error, path, body, said) {
