@@ -12117,7 +12117,7 @@ def check_recurrence(rec: Any) -> dict:
     if unknown:
         raise InvalidInput(f"recurrence.{unknown[0]} is not a field of a recurrence: use {', '.join(_RECURRENCE_KEYS)}")
     freq = rec.get("freq")
-    if freq not in SCHEDULE_FREQS:
+    if not isinstance(freq, str) or freq not in SCHEDULE_FREQS:
         raise InvalidInput(f"recurrence.freq must be one of {', '.join(SCHEDULE_FREQS)}")
     out: dict[str, Any] = {"freq": freq, "interval": (_int_list(rec, "interval", 1, 1000) or [1])[0]}
     if isinstance(rec.get("interval"), list):
@@ -12125,7 +12125,8 @@ def check_recurrence(rec: Any) -> dict:
     if freq in _ELAPSED:
         for key in ("byweekday", "bymonthday", "bymonth", "hour"):
             if key in rec:
-                raise InvalidInput(f"recurrence.{key}: a {freq} recurrence counts elapsed time; leave {key} out "
+                raise InvalidInput(f"recurrence.{key}: {'an' if freq == 'hourly' else 'a'} {freq} recurrence counts "
+                                   f"elapsed time; leave {key} out "
                                    "(or use daily, weekly or monthly)")
         if freq == "minutely" and out["interval"] < SCHEDULE_MINUTES_MIN:
             raise InvalidInput(f"recurrence.interval: a minutely schedule runs at most every {SCHEDULE_MINUTES_MIN} "
@@ -12138,7 +12139,8 @@ def check_recurrence(rec: Any) -> dict:
             raise InvalidInput("recurrence.hour: say at which hour it runs (0 to 23, or a list of hours)")
         days = rec.get("byweekday")
         if days is not None:
-            if not isinstance(days, list) or not days or any(d not in _WEEKDAYS for d in days):
+            if not isinstance(days, list) or not days or any(not isinstance(d, str) or d not in _WEEKDAYS
+                                                             for d in days):
                 raise InvalidInput(f"recurrence.byweekday must be a list of {', '.join(_WEEKDAYS)}")
             out["byweekday"] = sorted(set(days), key=list(_WEEKDAYS).index)
         for key, low, high in (("bymonthday", -31, 31), ("bymonth", 1, 12)):
@@ -12264,19 +12266,23 @@ def _own_schedule(db: Database, person: Actor, schedule_id: str) -> dict:
     return row
 
 
-def _check_version(row: dict, version: Any) -> None:
-    if version is None:
-        return
-    if isinstance(version, bool) or not isinstance(version, int):
+def _version_given(version: Any) -> Any:
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
         raise InvalidInput("version must be the schedule's version as you read it (a whole number)")
-    if version != row["version"]:
+    return version
+
+
+def _check_version(row: dict, version: Any) -> None:
+    if version is not None and version != row["version"]:
         raise Conflict(f"version: schedule '{row['id']}' is at version {row['version']}, not {version}: it changed "
                        "since you read it; read it again and make your change on that")
 
 
 def _check_target(db: Database, person: Actor, agent: Any, project: Any) -> None:
     """``agent`` is the person's own and in ``project``, a team project of theirs; errors name the field."""
-    if not isinstance(agent, str) or db.one("SELECT 1 FROM agents WHERE agent_id = ?", (agent,)) is None:
+    if not isinstance(agent, str):
+        raise InvalidInput("agent: name one of your agents as owner/name")
+    if db.one("SELECT 1 FROM agents WHERE agent_id = ?", (agent,)) is None:
         raise NotFound(f"agent: no agent {json.dumps(agent)}: name one of your agents as owner/name")
     if owner_of(agent) != person.handle:
         raise Forbidden(f"agent: '{agent}' is not your agent: a schedule runs one of your own agents")
@@ -12372,7 +12378,7 @@ def edit_schedule(db: Database, person: Actor, schedule_id: str, version: Any, c
     unknown = sorted(set(changes) - set(_FIELDS))
     if unknown:
         raise InvalidInput(f"unknown field {unknown[0]}: a schedule's fields are {', '.join(_FIELDS)}")
-    if version is None:
+    if _version_given(version) is None:
         raise InvalidInput("version: send the schedule's version as you read it")
     with db.transaction():
         row = _own_schedule(db, person, schedule_id)
@@ -12408,6 +12414,7 @@ def pause_schedule(db: Database, person: Actor, schedule_id: str, version: Any =
     """The owner pauses their schedule: nothing is due from it until they resume it. Writes
     ``schedule.updated`` (paused) and ``schedule.paused`` (agent, version). Raises NotFound,
     Conflict (a stale ``version``), InvalidState."""
+    _version_given(version)
     with db.transaction():
         row = _own_schedule(db, person, schedule_id)
         _check_version(row, version)
@@ -12425,6 +12432,7 @@ def resume_schedule(db: Database, person: Actor, schedule_id: str, version: Any 
     time from now on (times while it was paused are not run). Writes ``schedule.updated`` (resumed) and
     its audit entry. Raises NotFound, Conflict, InvalidInput (its agent or project no longer fit),
     InvalidState, StepUpRequired."""
+    _version_given(version)
     with db.transaction():
         row = _own_schedule(db, person, schedule_id)
         _check_version(row, version)
@@ -12448,6 +12456,7 @@ def resume_schedule(db: Database, person: Actor, schedule_id: str, version: Any 
 def delete_schedule(db: Database, person: Actor, schedule_id: str, version: Any = None) -> dict:
     """The owner deletes their schedule: its text is cleared and nothing is due from it again. Writes
     ``schedule.updated`` (deleted) and ``schedule.deleted`` (agent, version). Raises NotFound, Conflict."""
+    _version_given(version)
     with db.transaction():
         row = _own_schedule(db, person, schedule_id)
         _check_version(row, version)
@@ -18708,6 +18717,8 @@ def find_litestream(path: str | None = None) -> str:
 
 
 def _copy_backup(backup: str, out: str) -> None:
+    # Reading a file in WAL mode makes its -wal and -shm files: those this read made go after it.
+    made = [backup + suffix for suffix in ("-wal", "-shm") if not os.path.exists(backup + suffix)]
     try:
         source = apsw.Connection(backup, flags=apsw.SQLITE_OPEN_READONLY)
     except apsw.Error:
@@ -18723,6 +18734,10 @@ def _copy_backup(backup: str, out: str) -> None:
         raise InvalidInput(f"{backup} is not a database: name a file 'prickle backup' wrote") from None
     finally:
         source.close()
+        for path in made:
+            with contextlib.suppress(OSError):
+                if not os.path.getsize(path) or path.endswith("-shm"):
+                    os.unlink(path)
 
 
 def _litestream_restore(binary: str, out: str, replica: str | None, config: str | None, db_path: str,
@@ -18805,10 +18820,11 @@ def _swap_in(db_path: str, out: str, replaced: bool, stamp: str) -> str | None:
         while os.path.exists(aside):
             n += 1
             aside = f"{db_path}.replaced-{stamp}-{n}"
-    # The log first: an old log left beside the new file would be replayed into it.
+    # The log first: an old log left beside the new file would be replayed into it. An empty log
+    # and the shared-memory file are nobody's once the file is closed.
     for suffix in ("-wal", "-shm", ""):
-        if os.path.exists(db_path + suffix):
-            if aside is not None:
+        with contextlib.suppress(FileNotFoundError):
+            if aside is not None and (suffix == "" or suffix == "-wal" and os.path.getsize(db_path + suffix)):
                 os.rename(db_path + suffix, aside + suffix)
             else:
                 os.unlink(db_path + suffix)
@@ -18916,8 +18932,8 @@ def restore_cmd(db_path: str, as_json: bool, backup: str | None, replica: str | 
     kept = (f" The file it replaced is kept as {result['replaced']}." if result["replaced"] else "")
     Out(as_json)(result | {"from": backup or replica or config},
                  f"Restored {db_path} from {what}, as it was at {result['point']}.{kept} The server's next start "
-                 f"records chain.restored in each of the {result['chains']} audit chains: prickle serve --db "
-                 f"{shlex.quote(db_path)}")
+                 f"records chain.restored in each audit chain ({counted(result['chains'], 'chain')}): prickle serve "
+                 f"--db {shlex.quote(db_path)}")
 
 
 @project_group.command("export")
