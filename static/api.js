@@ -133,6 +133,30 @@ export function upload(path, file, onProgress) {
   });
 }
 
+/** POST body and take the file the server answers with: ``{blob, name}`` (the name from its
+ *  Content-Disposition); a refusal rejects with ApiError, as request() does. */
+export async function download(path, body) {
+  const headers = { Accept: "application/zip, application/json", "Content-Type": "application/json" };
+  const personal = token();
+  if (personal) headers.Authorization = `Bearer ${personal}`;
+  let response;
+  try {
+    response = await fetch(path, { method: "POST", headers, credentials: "same-origin", cache: "no-store",
+      body: JSON.stringify(body) });
+  } catch {
+    throw new ApiError(0, "network", "Could not reach the Prickle server. Check that it is running, then try again.");
+  }
+  if (!response.ok) {
+    const data = await response.json().catch(() => null);
+    const error = new ApiError(response.status, data?.error?.code || `http_${response.status}`,
+      plainWords(response.status, data?.error?.message));
+    if (response.status === 401) for (const fn of signedOutHandlers) fn(error);
+    throw error;
+  }
+  const disposition = response.headers.get("Content-Disposition") || "";
+  return { blob: await response.blob(), name: /filename="([^"]+)"/.exec(disposition)?.[1] || "export.zip" };
+}
+
 /** Path segment escaping for IDs and slugs. */
 export function seg(value) {
   return encodeURIComponent(value);

@@ -3,8 +3,8 @@
 // and adding one of your own agents to it; owners of the project and its team invite people by
 // email and see the open invites (resend, revoke, the link to pass on; one accepted leaves the list
 // at once). Leave, Remove, Promote and Remove agent ask first, with what the server says would be
-// handed back. Owners rename the project, and its default lead is picked by a team owner (its owner agrees, declines or steps down);
-// owners delete or erase it (deletion.js).
+// handed back. Owners rename the project and export it (export.js), and its default lead is picked by a team
+// owner (its owner agrees, declines or steps down); owners delete or erase it (deletion.js).
 
 import { get, post, del, seg } from "./api.js";
 import * as stream from "./stream.js";
@@ -13,6 +13,7 @@ import {
   h, heading, field, select, errorSlot, act, fill, empty, avatar, badge, availabilityBadge, ago, announce, timeEl,
   copyButton, revokeButton, loadFailed,
 } from "./ui.js";
+import { exportBox } from "./export.js";
 
 // ---- lifecycle ------------------------------------------------------------------------------
 
@@ -27,9 +28,10 @@ export function mount(el, ctx) {
   const settings = h("div", { class: "project-settings" });
   // drawn once, not with the project's every change: a choice being made stays made
   const sharing = ctx.project.data().kind === "team" ? shareRule(ctx) : null;
+  const exporting = exportBox(ctx); // offered by the server to owners (can_export)
   el.append(
     h("div", { class: "page-head" }, heading(1, "Members and agents")), confirmBox,
-    settings, sharing,
+    settings, sharing, exporting,
     h("div", { class: "two-col" },
       h("section", { class: "section", "aria-labelledby": "people-heading" },
         h("h2", { id: "people-heading", text: "Members" }), people, addPerson, invites),

@@ -24,11 +24,16 @@ def start(db_path):
 
 
 def heads(path):
+    """Every chain's head in the file at ``path``, read leaving no -wal or -shm file the read made."""
+    made = [path + suffix for suffix in ("-wal", "-shm") if not os.path.exists(path + suffix)]
     conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
     try:
         return prickle.chain_heads(conn)
     finally:
         conn.close()
+        for leftover in made:
+            if os.path.exists(leftover):
+                os.unlink(leftover)
 
 
 def bodies(db):
@@ -54,6 +59,8 @@ def test_a_restore_from_a_backup_is_recorded_once_in_every_chain_at_the_first_st
     assert out == {"db": db_path, "source": "backup", "from": backup, "point": "2026-12-01T10:01:00.000Z",
                    "replaced": aside, "chains": len(kept)}
     assert heads(aside) == lost  # the replaced file is kept whole, its log copied in
+    # Beside them nothing: no hidden copy, no log, not even the -wal and -shm of reading the backup.
+    assert sorted(os.listdir(tmp_path)) == ["nightly.db", "prickle.db", "prickle.db.replaced-20261201T100500Z"]
     assert not glob.glob(str(tmp_path / ".prickle-restore-*")) and not os.path.exists(db_path + "-wal")
     restored = prickle.Database(db_path)
     assert bodies(restored) == ["kept"]
