@@ -232,6 +232,8 @@ def test_an_edit_that_adds_runs_or_changes_the_text_needs_confirming_and_a_stale
         r = oj.post(f"/api/room/schedules/{sid}", {"version": 2} | change)
         assert (r.status_code, r.json()["error"]["code"]) == (403, "step_up_required"), change
     assert confirm_with(oj, oj.authenticator).status_code == 200
+    r = oj.post(f"/api/room/schedules/{sid}", {"version": "2", "text": "Something else."})
+    assert r.json()["error"]["message"] == "version must be the schedule's version as you read it (a whole number)"
     r = oj.post(f"/api/room/schedules/{sid}", {"version": 1, "text": "Something else."})
     assert r.status_code == 409
     assert r.json()["error"]["message"] == (f"version: schedule '{sid}' is at version 2, not 1: it changed since "
@@ -267,6 +269,20 @@ def test_an_edit_that_adds_runs_or_changes_the_text_needs_confirming_and_a_stale
     ({"project": "oj-room"}, 400, "project: 'oj-room' is a private room; a scheduled task is asked in a team "
                                   "project where your agent works"),
     ({"text": ""}, 400, "text must be text of 1 to 500 characters"),
+    ({"agent": 5}, 400, "agent: name one of your agents as owner/name"),
+    ({"agent": "oj/nobody"}, 404, 'agent: no agent "oj/nobody": name one of your agents as owner/name'),
+    ({"recurrence": {"freq": ["daily"], "hour": 9}}, 400,
+     "recurrence.freq must be one of minutely, hourly, daily, weekly, monthly, yearly"),
+    ({"recurrence": {"freq": "weekly", "byweekday": [["mo"]], "hour": 9}}, 400,
+     "recurrence.byweekday must be a list of mo, tu, we, th, fr, sa, su"),
+    ({"recurrence": {"freq": "daily", "hour": 24}}, 400,
+     "recurrence.hour must be a whole number from 0 to 23, or a list of them"),
+    ({"recurrence": {"freq": "hourly", "hour": 9}}, 400,
+     "recurrence.hour: an hourly recurrence counts elapsed time; leave hour out (or use daily, weekly or monthly)"),
+    ({"recurrence": "FREQ=DAILY"}, 400,
+     'recurrence must be an object such as {"freq": "weekly", "byweekday": ["mo"], "hour": 9}'),
+    ({"timezone": "../../etc/passwd"}, 400, 'timezone: unknown time zone "../../etc/passwd": use an IANA name such '
+                                            "as Europe/Berlin, America/New_York or UTC"),
     ({"cron": "* * * * *"}, 400, "unknown field cron: send agent, project, text, recurrence, timezone, room"),
 ])
 def test_bad_input_is_a_clear_error_naming_the_field_and_changes_nothing(server, world, body, status, message):
