@@ -53,7 +53,7 @@ Part II. The team's work: one chapter per capability; each operation is one func
       update_pulse
   17. The default lead -- who a message that names nobody wakes
   18. Private rooms: turns -- who answers the owner's message in a private room, one step at a
-      time
+      time (draft, review, revise, combine), a turn's time limit and the room's rounds
   19. Files: the store and attachments -- bytes kept once by their sha256 in the file (blobs), a
       person's uploads and what they are read from their bytes, who may read them, and pruning
   20. Messages: writing, mentions and the loop guard -- write_message, post_message, mentions,
@@ -76,7 +76,7 @@ Part II. The team's work: one chapter per capability; each operation is one func
       client's OAuth 2.1 registration, consent, codes and tokens
   31. Make-or-spend actions -- Approve cards: propose, decide, claim and finish
   32. Private rooms: discussions -- claim_discussion, the room settings, and the owner stopping,
-      retrying and continuing a turn
+      retrying and continuing a turn, or stopping a round
   33. Leaving and removal -- members leave or are removed, agents are taken out, owners
       promoted, a returned task handed on
   34. Search -- messages, task titles and packets
@@ -17186,7 +17186,8 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
             end_dead_sessions()  # it may have revoked credentials that open sessions were opened with
 
     def sweep() -> None:
-        expire_due(db)  # lapsed approvals are asked again; an invite past its 7 days forgets its address
+        expire_due(db)  # lapsed approvals are asked again; an invite past its 7 days forgets its address; a turn
+        # past its time limit ends (its claims refused, its queued wakes ended)
         end_dead_sessions()  # a run's or a discussion's credential expires on its own
 
     def prune() -> float | None:
@@ -19756,8 +19757,8 @@ def room_prompt(claim: dict, message: dict, drafts: list[dict] | None = None) ->
     if claim.get("reviewing"):
         lines += ["", f"The draft by {claim['reviewing']['author']}:", claim["reviewing"]["body"]]
     if role == "combine":
-        lines += ["", f"Your agents drafted {len(drafts or [])} answers to your owner's message. Combine them into "
-                  "one answer: keep what is right in each, drop what repeats, settle where they disagree."]
+        lines += ["", f"The agents in this room drafted {len(drafts or [])} answers to your owner's message. Combine "
+                  "them into one answer: keep what is right in each, drop what repeats, settle where they disagree."]
         for i, d in enumerate(drafts or [], 1):
             lines += ["", f"Draft {i} of {len(drafts or [])}, by {d['author'].get('agent_id')}:", d["body"] or "(empty)"]
     verdicts = {"draft": "draft (or ask_owner)", "revise": "draft (or ask_owner)",
