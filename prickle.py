@@ -53,7 +53,7 @@ Part II. The team's work: one chapter per capability; each operation is one func
       update_pulse
   17. The default lead -- who a message that names nobody wakes
   18. Private rooms: turns -- who answers the owner's message in a private room, one step at a
-      time
+      time (draft, review, revise, combine), a turn's time limit and the room's rounds
   19. Files: the store and attachments -- bytes kept once by their sha256 in the file (blobs), a
       person's uploads and what they are read from their bytes, who may read them, and pruning
   20. Messages: writing, mentions and the loop guard -- write_message, post_message, mentions,
@@ -76,7 +76,7 @@ Part II. The team's work: one chapter per capability; each operation is one func
       client's OAuth 2.1 registration, consent, codes and tokens
   31. Make-or-spend actions -- Approve cards: propose, decide, claim and finish
   32. Private rooms: discussions -- claim_discussion, the room settings, and the owner stopping,
-      retrying and continuing a turn
+      retrying and continuing a turn, or stopping a round
   33. Leaving and removal -- members leave or are removed, agents are taken out, owners
       promoted, a returned task handed on
   34. Search -- messages, task titles and packets
@@ -13689,18 +13689,19 @@ def run_retention(db: Database, batch: int = PURGE_BATCH) -> list[str]:
 #   1. refusals first: an account already closed, a step-up not given, a project of which they are
 #      the last owner (someone must be left to run it: promote another member, or delete the project);
 #   2. every browser session, sign-in link, runner device and connected app ends (sign_out_everywhere);
-#   3. in each project they are in (their private room too): the handoffs waiting for their approval
-#      are denied, the open tasks they or their agents asked for are cancelled, their agents leave with
-#      every knock-on of a removal (offboard, chapter 33: tasks their agents held go back, rules and
-#      standing approvals end, the invites they sent end as ``inviter_erased``), and ``person.erased``
-#      records how many approvals were denied, tasks cancelled and runs closed;
-#   4. the invites sent to their address end (``invitee_closed_account``), and every key left of
-#      theirs or their agents' ends;
-#      Their private room goes with their account: erased like a project (erase_private_room, chapter
-#      39), its content purged 30 days later by the retention worker.
+#   3. in each project they are in (their private room too): the handoffs and Approve cards waiting
+#      for their approval are denied, the open tasks they or their agents asked for are cancelled,
+#      their agents leave with every knock-on of a removal (offboard, chapter 33: tasks their agents
+#      held go back, rules and standing approvals end, the invites they sent end as
+#      ``inviter_erased``), and ``person.erased`` records how many approvals were denied, tasks
+#      cancelled and runs closed (ERASED_COUNTS) with the removal's counts;
+#   4. their private room goes with their account: erased like a project (erase_private_room,
+#      chapter 39), its content purged 30 days later by the retention worker; the invites sent to
+#      their address end (``invitee_closed_account``), and every key left of theirs or their agents';
 #   5. their name, address and settings go from the file: the person row keeps only the handle (the
 #      audit chains name it, and a chain is never rewritten), every stored reference to them takes the
-#      erased form (person_ref), and the names in the outbox's events are replaced.
+#      erased form (person_ref), and the names in the outbox's events are replaced. What the
+#      transaction overwrites is zeroed (secure_delete); vacuum_file rewrites the whole file.
 # What they wrote (messages, tasks, results) stays the team's, shown as by an erased person.
 
 #: What ``person.erased`` counts, as the reference names it, before the knock-ons of their agents leaving.
@@ -13722,13 +13723,18 @@ def _owned_alone(db: Database, handle: str) -> list[str]:
 
 
 def _deny_waiting(db: Database, me: Actor, project: str) -> int:
-    """Step 3: deny the handoffs of ``project`` held for ``me``'s approval (decide_approval); how many."""
-    expire_due(db, "approval")
+    """Step 3: deny what in ``project`` waits for ``me``'s approval: held handoffs (decide_approval) and
+    Approve cards (decide_action, declined). Returns how many."""
+    expire_due(db, "approval", "action")
     rows = db.rows("SELECT id FROM approvals WHERE owner = ? AND project = ? AND status = 'pending' AND "
                    "invalidated_at IS NULL ORDER BY created_at", (me.handle, project))
     for row in rows:
         decide_approval(db, me, row["id"], "deny")
-    return len(rows)
+    cards = db.rows("SELECT id FROM actions WHERE owner = ? AND project = ? AND status = 'proposed' ORDER BY "
+                    "created_at", (me.handle, project))
+    for card in cards:
+        decide_action(db, me, card["id"], "decline")
+    return len(rows) + len(cards)
 
 
 def _cancel_requested(db: Database, project: str, handle: str, agents: list[str]) -> int:
@@ -13759,7 +13765,7 @@ def _erase_in(db: Database, me: Actor, project: str, by: str | None, running: se
               "tasks_cancelled": _cancel_requested(db, project, handle, all_agents)}
     left = offboard(db, project, agents, person=handle, reason="member_erased", by=by)
     counts["runs_closed"] = len(running - _running(db, project))
-    refs = {"person": handle, "by": by} | counts | left
+    refs = {"person": handle, "by": by} | {k: counts[k] for k in ERASED_COUNTS} | left
     audit(db, project, "person.erased", refs)
     return refs
 
@@ -13820,7 +13826,7 @@ def close_account(db: Database, who: Actor | str) -> dict:
     require_step_up) or, from the command line, a handle. One transaction, in the steps above.
 
     Writes ``person.erased`` in each project they were in (with ERASED_COUNTS and the counts of their
-    agents leaving, OFFBOARD_COUNTS), the entries of what ends with it (``approval.decided``,
+    agents leaving, OFFBOARD_COUNTS), the entries of what ends with it (``approval.decided``, ``action.declined``,
     ``task.transitioned``, ``task.returned``, ``device.revoked``, ``invite.revoked`` with
     ``inviter_erased`` or ``invitee_closed_account``, ``project.erasure_requested`` in their private
     room...). Returns ``{handle, erased_at, projects: [{project} | refs], private_room (deletion_out or
@@ -17028,7 +17034,8 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
             end_dead_sessions()  # it may have revoked credentials that open sessions were opened with
 
     def sweep() -> None:
-        expire_due(db)  # lapsed approvals are asked again; an invite past its 7 days forgets its address
+        expire_due(db)  # lapsed approvals are asked again; an invite past its 7 days forgets its address; a turn
+        # past its time limit ends (its claims refused, its queued wakes ended)
         end_dead_sessions()  # a run's or a discussion's credential expires on its own
 
     def prune() -> float | None:
@@ -17992,8 +17999,8 @@ def audit_verify(db_path: str, as_json: bool, project_slug: str | None, export_p
         verify_export_file(export_path, as_json)
         return
     db = open_db(db_path)
-    if project_slug is not None:
-        project_out(db, project_slug)
+    if project_slug is not None and db.one("SELECT 1 FROM projects WHERE slug = ?", (project_slug,)) is None:
+        raise NotFound(f"no project '{project_slug}'")  # a deleted one's log is checked until it goes
     reports = verify_audit(db, project_slug)
     ok = all(r["ok"] for r in reports)
     Out(as_json)({"ok": ok, "chains": reports}, "\n".join(
@@ -19598,8 +19605,8 @@ def room_prompt(claim: dict, message: dict, drafts: list[dict] | None = None) ->
     if claim.get("reviewing"):
         lines += ["", f"The draft by {claim['reviewing']['author']}:", claim["reviewing"]["body"]]
     if role == "combine":
-        lines += ["", f"Your agents drafted {len(drafts or [])} answers to your owner's message. Combine them into "
-                  "one answer: keep what is right in each, drop what repeats, settle where they disagree."]
+        lines += ["", f"The agents in this room drafted {len(drafts or [])} answers to your owner's message. Combine "
+                  "them into one answer: keep what is right in each, drop what repeats, settle where they disagree."]
         for i, d in enumerate(drafts or [], 1):
             lines += ["", f"Draft {i} of {len(drafts or [])}, by {d['author'].get('agent_id')}:", d["body"] or "(empty)"]
     verdicts = {"draft": "draft (or ask_owner)", "revise": "draft (or ask_owner)",

@@ -171,7 +171,7 @@ def test_static_files_and_unknown_paths(server):
     assert server.get("/").status_code == 200
     r = server.get("/api/nothing")
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
-    r = server.delete("/api/me")
+    r = server.put("/api/me")
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
 
 

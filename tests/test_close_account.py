@@ -32,12 +32,14 @@ def scene(mcp, server, world):
     assert own.status_code == 200, own.text
     said = person(server, world, "ren").post(f"/api/projects/{PROJECT}/messages", {"body": "Back on Monday."})
     assert said.status_code == 200, said.text
+    card = prickle.propose_action(world.db, prickle.resolve_token(world.db, runner, ("runner",)), "image_gen",
+                                  "Draw the poster", "A poster.")
     sent, _ = prickle.create_invite(world.db, PROJECT, "kim@example.org", "member", "ren")
     to_ren, _ = prickle.create_invite(world.db, PROJECT, "ren@example.org", "member", "oj")
     return {"running": running["id"], "device": device["id"], "runner": runner,
             "waiting": waiting["task"]["id"], "approval": waiting["gate"]["approval_id"],
             "asked": asked["task"]["id"], "own": own.json()["task"]["id"],
-            "message": said.json()["message"]["id"], "sent": sent["id"], "to_ren": to_ren["id"]}
+            "message": said.json()["message"]["id"], "sent": sent["id"], "to_ren": to_ren["id"], "card": card["id"]}
 
 
 def test_closing_an_account_erases_the_person_in_each_project_with_the_counts(mcp, server, world):
@@ -48,13 +50,16 @@ def test_closing_an_account_erases_the_person_in_each_project_with_the_counts(mc
     out = r.json()
     counts = {"approvals_denied": 1, "tasks_cancelled": 2, "runs_closed": 1, "agents": 1, "returned": 1,
               "transferred": 0, "rules_revoked": 0, "standing_revoked": 0, "credentials": 0, "invites": 1}
-    # ren's private room is one of the projects ren was in: ren/builder leaves it too.
-    in_room = dict.fromkeys(counts, 0) | {"agents": 1}
+    # ren's private room is one of the projects ren was in: ren/builder leaves it too, and the Approve card
+    # it proposed there is declined.
+    in_room = dict.fromkeys(counts, 0) | {"agents": 1, "approvals_denied": 1}
     assert out["projects"] == [{"project": "ren-room", "person": "ren", "by": "ren"} | in_room,
                                {"project": PROJECT, "person": "ren", "by": "ren"} | counts]
     assert [e["refs"] for e in audit_entries(world.db, "ren-room", "person.erased")] == [
         {"person": "ren", "by": "ren"} | in_room]
     assert (out["handle"], out["devices_ended"], out["invites_revoked"]) == ("ren", 1, 1)
+    assert [e["refs"] for e in audit_entries(world.db, "ren-room", "action.declined")] == [
+        {"action": ids["card"], "tool": "image_gen"}]
     # ren's private room goes with the account: erased, its content purged 30 days later.
     room = out["private_room"]
     assert (room["project"], room["kind"], room["state"], room["requested_by"]) == ("ren-room", "erase", "erasing",
@@ -164,6 +169,9 @@ def test_closing_asks_for_a_step_up_and_refuses_the_last_owner_and_a_second_time
     assert code != 0 and "'ren' closed their account already" in err
     code, _, err = run(world.db_path, "person", "erase", "nobody", ok=False)
     assert code != 0 and "no person 'nobody'" in err
+    code, _, err = run(world.db_path, "person", "erase", "Not A Handle", ok=False)
+    assert code != 0 and "handle" in err
+    assert world.db.scalar("SELECT count(*) FROM people WHERE erased_at IS NOT NULL") == 1
 
 
 def test_a_deleted_project_restored_after_a_member_closed_their_account_does_not_bring_them_back(world):
