@@ -12577,6 +12577,7 @@ def list_schedules(db: Database, person: Actor, *, per_schedule: int = SCHEDULE_
     "schedules_max"}}``."""
     with db.transaction():
         slug = ensure_room(db, person.handle)
+        stop_orphaned_schedules(db, person.handle)
     rows = db.rows("SELECT * FROM schedules WHERE owner = ? AND state <> 'deleted' ORDER BY created_at DESC, id",
                    (person.handle,))
     used = sum(r["runs_a_day"] for r in rows if r["state"] == "active")
@@ -12621,6 +12622,20 @@ def _stop_reason(db: Database, row: dict) -> str | None:
     if not agent_in_project(db, row["project"], row["agent"]):
         return "agent_left"
     return None
+
+
+def stop_orphaned_schedules(db: Database, owner: str | None = None) -> int:
+    """Stop every active schedule (of ``owner``, or everyone's) whose agent left its project or whose
+    owner was removed from it, with that reason; how many. The scheduler looks at each wake and the room
+    at each listing, so the owner sees the reason before its next due time."""
+    rows = db.rows("SELECT s.* FROM schedules s WHERE s.state = 'active' AND (? IS NULL OR s.owner = ?) AND NOT EXISTS "
+                   "(SELECT 1 FROM project_agents pa JOIN members m ON m.project = pa.project AND m.handle = s.owner "
+                   "WHERE pa.project = s.project AND pa.agent_id = s.agent)", (owner, owner))
+    with db.transaction():
+        for row in rows:
+            move(db, "schedule", row["id"], "stop", row, stop_reason=_stop_reason(db, row), next_run_at=None,
+                 updated_at=iso(utcnow()))
+    return len(rows)
 
 
 #: What a stopped schedule's owner is told.
@@ -12687,6 +12702,7 @@ def run_due_schedules(db: Database, now: _dt.datetime | None = None, *, per_sche
     missed}], "next_due": the earliest due time left (aware) or None}``.
     """
     now = now or utcnow()
+    stop_orphaned_schedules(db)
     due = [r["id"] for r in db.rows("SELECT id FROM schedules WHERE state = 'active' AND next_run_at <= ? "
                                     "ORDER BY next_run_at, id", (iso(now),))]
     runs = [run for run in (_run_schedule(db, i, now, per_schedule, per_owner) for i in due) if run]
