@@ -7518,7 +7518,7 @@ def _inbox_texts(db: Database, column: str, params: dict, pending: set[str] | No
 #: connection changed none of their rows and no other connection wrote the file (the cache is
 #: dropped then), the answer kept in the cache is the answer.
 INBOX_TABLES = ("tasks", "submissions", "checkpoints", "thread_access", "project_agents", "members", "projects",
-                "agents", "people")
+                "people")
 
 
 def check_inbox_text(db: Database, actor: Actor, *, project: str | None = None, include_closed: bool = False,

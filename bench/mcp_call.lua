@@ -5,7 +5,7 @@
 -- TOOL is the tool to call (post_message or echo); its arguments are
 -- {"project": "website-v2", "body": "..."}, or the JSON in ARGSFILE (bench/scale.py), where each
 -- "{n}" becomes a number no other request of the run has. With LIMIT, each wrk thread stops
--- after that many answers. KEYFILE holds one bearer key a line: wrk
+-- after that many answers (not when counting only, see the end). KEYFILE holds one bearer key a line: wrk
 -- thread i takes keys i, i+n, i+2n, ... (n threads) and its requests go round those keys,
 -- so 2 threads and 16 keys put 16 different agents on the wire. done() prints one line,
 -- "BENCH_JSON {...}", with the counts bench/run.py reads (200s, other statuses, tool errors).
@@ -90,16 +90,27 @@ end
 
 function done(summary, latency, requests)
    local ok, bad, tool_errors = 0, 0, 0
+   local e = summary.errors
    for _, t in ipairs(threads) do
       ok = ok + t:get("ok_")
       bad = bad + t:get("bad_status_")
       tool_errors = tool_errors + t:get("tool_errors_")
    end
-   local e = summary.errors
+   if response == nil then  -- counting only: wrk's own tally of statuses
+      bad = e.status
+      ok = summary.requests - bad - e.connect - e.read - e.write - e.timeout
+   end
    io.write(string.format(
       'BENCH_JSON {"requests":%d,"duration_us":%d,"ok":%d,"bad_status":%d,"tool_errors":%d,' ..
-      '"socket_errors":%d,"timeouts":%d,"non2xx":%d,"latency_p50_us":%d,"latency_p99_us":%d}\n',
+      '"socket_errors":%d,"timeouts":%d,"non2xx":%d,"latency_p50_us":%d,"latency_p99_us":%d,"bytes":%d}\n',
       summary.requests, summary.duration, ok, bad, tool_errors,
       e.connect + e.read + e.write, e.timeout, e.status,
-      latency:percentile(50), latency:percentile(99)))
+      latency:percentile(50), latency:percentile(99), summary.bytes))
+end
+
+-- MCP_CALL_COUNT_ONLY=1: no response() at all, so wrk neither keeps nor hands over the answers'
+-- bodies (copying a 3 MB answer into Lua costs wrk more than the server spends making it); the
+-- caller then checks an answer itself and the bytes read per call.
+if os.getenv("MCP_CALL_COUNT_ONLY") == "1" then
+   response = nil
 end

@@ -31,6 +31,7 @@ target is part of the report) and non-zero only when the measurement itself fail
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -45,7 +46,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import run as bench  # bench/run.py: the script's folder is on sys.path
+import httpx
+
+import mcp_clients  # bench/mcp_clients.py: the script's folder is on sys.path
+import run as bench  # bench/run.py
 
 PROJECT = "website-v2"
 #: The packet each fill handoff carries ({n}: a number of its own).
@@ -67,6 +71,9 @@ CALLS = (
     ("get_project_context", "get_project_context", 1, "oj/muse", {"project": PROJECT}),
     ("check_inbox (oj/bench: 2,000 open tasks when filled)", "check_inbox", 1, "oj/bench", {}),
 )
+#: The calls wrk only counts (their answers are checked by size; see wrk): a check_inbox answer of 2,000
+#: tasks is about 3 MB, and handing that to wrk's Lua costs the client more than the server spends.
+COUNT_ONLY = {"check_inbox"}
 #: The target ratio of each call (filled / fresh).
 TARGETS = {"check_inbox": 0.3}
 DEFAULT_TARGET = 0.9
@@ -97,24 +104,57 @@ class Side:
 
 
 def wrk(url: str, tool: str, keys: list[str], arguments: dict, seconds: float, tmp: Path,
-        limit: int | None = None) -> dict:
-    """One wrk run of ``tool``; with ``limit``, until that many answers (in all) or ``seconds``."""
+        until: tuple[Path, str, int] | None = None, answer_bytes: int | None = None) -> dict:
+    """One wrk run of ``tool`` for ``seconds``; with ``until`` (a file, a table, a count), until the table
+    has that many rows (wrk's threads stop themselves near it, the run is then interrupted).
+
+    With ``answer_bytes`` (the length of a good answer's body) wrk only counts (bench/mcp_call.lua,
+    MCP_CALL_COUNT_ONLY): a call counts as good when the bytes read per call were at least that many.
+    """
     threads = 1 if len(keys) == 1 else 2
     keyfile, argsfile = tmp / f"keys-{tool}-{len(keys)}.txt", tmp / f"args-{tool}.json"
     keyfile.write_text("\n".join(keys) + "\n")
     argsfile.write_text(json.dumps(arguments))
     cmd = ["wrk", f"-t{threads}", f"-c{len(keys)}", f"-d{max(1, round(seconds))}s", "--timeout", "20s",
            "-s", str(bench.LUA), url, "--", tool, str(keyfile), str(threads), str(argsfile)]
-    if limit is not None:
-        cmd.append(str(-(-limit // threads)))
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
-    lines = [ln for ln in result.stdout.splitlines() if ln.startswith("BENCH_JSON ")]
-    if result.returncode != 0 or not lines:
-        raise bench.BenchError(f"wrk failed ({result.returncode}): {(result.stderr or result.stdout)[-500:]}")
+    if until is not None:
+        db, table_name, count = until
+        cmd.append(str(-(-(count - rows(db, table_name)) // threads)))
+    env = dict(os.environ, MCP_CALL_COUNT_ONLY="1" if answer_bytes else "0")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        if until is not None:
+            # wrk sleeps out its whole duration even once every thread stopped: interrupt it then.
+            while proc.poll() is None and rows(db, table_name) < count:
+                time.sleep(0.5)
+            proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=seconds + 60)
+    finally:
+        bench.stop(proc)
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("BENCH_JSON ")]
+    if not lines:
+        raise bench.BenchError(f"wrk failed ({proc.returncode}): {(stderr or stdout)[-500:]}")
     out = json.loads(lines[-1][len("BENCH_JSON "):])
     errors = out["bad_status"] + out["tool_errors"] + out["socket_errors"] + out["timeouts"]
+    if answer_bytes and out["bytes"] < answer_bytes * out["requests"]:
+        errors += out["ok"]  # shorter answers than a good one: errors (an error's answer is short)
     return {"rps": out["ok"] / (out["duration_us"] / 1e6), "ok": out["ok"], "errors": errors,
             "p99_ms": out["latency_p99_us"] / 1000, "p50_ms": out["latency_p50_us"] / 1000}
+
+
+def one_answer(url: str, key: str, tool: str, arguments: dict) -> int:
+    """Call ``tool`` once (httpx, the bench's MCP client); check it succeeded; the length of its answer's body."""
+    with httpx.Client(timeout=60) as client:
+        response = client.post(url, content=mcp_clients.call_body(tool, arguments),
+                               headers=mcp_clients.call_headers(tool, key))
+        mcp_clients.tool_output(response)  # raises unless it is a tool result without an error
+        return len(response.content)
+
+
+def rows(db: Path, table_name: str) -> int:
+    """How many rows ``table_name`` has (read through SQLite, the server running)."""
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)) as conn:
+        return conn.execute(f"SELECT count(*) FROM {table_name}").fetchone()[0]
 
 
 def start_side(cfg: Settings, name: str, tmp: Path, procs: bench.Processes) -> Side:
@@ -134,13 +174,15 @@ def fill(cfg: Settings, side: Side, tmp: Path) -> dict:
     """The handoffs, then the messages, through the server's MCP endpoint; returns what it took."""
     url = side.served.mcp
     started = time.monotonic()
-    made = wrk(url, "handoff", [side.keys["oj/muse"]] * 4,
-               {"project": PROJECT, "to": "oj/bench", "packet": PACKET}, 3600, tmp, cfg.tasks)
+    tasks, messages_before = rows(side.db, "tasks"), rows(side.db, "messages")
+    made = wrk(url, "handoff", [side.keys["oj/muse"]] * 4, {"project": PROJECT, "to": "oj/bench", "packet": PACKET},
+               3600, tmp, (side.db, "tasks", tasks + cfg.tasks))
     bench.log(f"  {made['ok']} handoffs ({made['errors']} errors) in {time.monotonic() - started:.0f} s")
     if made["errors"]:
         raise bench.BenchError(f"{made['errors']} fill handoffs failed")
     posted_from = time.monotonic()
-    posted = wrk(url, "post_message", side.agents, {"project": PROJECT, "body": FILL_BODY}, 3600, tmp, cfg.messages)
+    posted = wrk(url, "post_message", side.agents, {"project": PROJECT, "body": FILL_BODY}, 3600, tmp,
+                 (side.db, "messages", messages_before + cfg.messages))
     took = time.monotonic() - posted_from
     bench.log(f"  {posted['ok']} messages ({posted['errors']} errors) in {took:.0f} s ({posted['rps']:.0f}/s)")
     if posted["errors"]:
@@ -158,7 +200,8 @@ def measure(cfg: Settings, fresh: Side, filled: Side, tmp: Path, phase: str) -> 
             order = (fresh, filled) if r % 2 == 0 else (filled, fresh)
             for side in order:
                 keys = side.agents[:agents] if who == "agents" else [side.keys[who]] * agents
-                out = wrk(side.served.mcp, tool, keys, arguments, cfg.seconds, tmp)
+                size = one_answer(side.served.mcp, keys[0], tool, arguments) if tool in COUNT_ONLY else None
+                out = wrk(side.served.mcp, tool, keys, arguments, cfg.seconds, tmp, answer_bytes=size)
                 if out["errors"]:
                     raise bench.BenchError(f"{label} on the {side.name} server: {out['errors']} errors")
                 runs.setdefault((label, side.name), []).append(out)
@@ -192,15 +235,10 @@ def settle(cfg: Settings, side: Side) -> float:
 
 def used_bytes(db: Path) -> int:
     """The file's pages in use, the write-ahead log's included (read through SQLite, the server running)."""
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)) as conn:
         page_size = conn.execute("PRAGMA page_size").fetchone()[0]
         pages = conn.execute("PRAGMA page_count").fetchone()[0] - conn.execute("PRAGMA freelist_count").fetchone()[0]
     return pages * page_size
-
-
-def messages(db: Path) -> int:
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        return conn.execute("SELECT count(*) FROM messages").fetchone()[0]
 
 
 def table(cfg: Settings, after: dict, settled: dict, filled_info: dict, per_message: float) -> list[str]:
@@ -240,6 +278,8 @@ def header(cfg: Settings) -> list[str]:
 
 def run(cfg: Settings, tmp: Path, procs: bench.Processes) -> list[str]:
     lines = header(cfg)
+    # The servers run the repository's prickle.py, and so does what adds the bench's agents.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(bench.ROOT), os.environ.get("PYTHONPATH"))))
     bench.log(f"starting two servers in {tmp} ...")
     fresh = start_side(cfg, "fresh", tmp, procs)
     filled = start_side(cfg, "filled", tmp, procs)
@@ -253,7 +293,7 @@ def run(cfg: Settings, tmp: Path, procs: bench.Processes) -> list[str]:
     info["settled_s"] = time.monotonic() - measured_from
     settled = measure(cfg, fresh, filled, tmp, "settled")
     settle(cfg, filled)
-    info["added"] = messages(filled.db) - messages(fresh.db)
+    info["added"] = rows(filled.db, "messages") - rows(fresh.db, "messages")
     used = used_bytes(filled.db) - used_bytes(fresh.db)
     info["used_mb"] = used / 1e6
     for side in (fresh, filled):
@@ -268,13 +308,13 @@ def parse_args(argv: list[str] | None) -> Settings:
     parser.add_argument("--tasks", type=int, default=2_000, help="tasks the fill hands off (default 2,000)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per phase (default 3)")
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds per call, server and round (default 3)")
-    parser.add_argument("--prickle", default="", metavar="CMD", help="command that runs prickle (default: the venv's)")
+    parser.add_argument("--prickle", default="", metavar="CMD", help="command that runs prickle (default: this Python and the repository's prickle.py)")
     parser.add_argument("--budget", type=int, default=3600, help="watchdog: give up after this many seconds")
     args = parser.parse_args(argv)
     if not shutil.which("wrk"):
         parser.error("wrk is not installed (apt-get install wrk)")
     return Settings(messages=args.messages, tasks=args.tasks, rounds=max(1, args.rounds), seconds=args.seconds,
-                    budget=args.budget, prickle=args.prickle)
+                    budget=args.budget, prickle=args.prickle or f"{sys.executable} {bench.ROOT / 'prickle.py'}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         bench.install_signals(cfg.budget)
         lines = run(cfg, tmp, procs)
     except (bench.BenchError, OSError, subprocess.SubprocessError, json.JSONDecodeError, KeyError,
-            sqlite3.Error) as e:
+            sqlite3.Error, RuntimeError, httpx.HTTPError) as e:
         bench.log(f"the measurement failed: {type(e).__name__}: {e}")
         return 1
     finally:
