@@ -53,7 +53,7 @@ Part II. The team's work: one chapter per capability; each operation is one func
       update_pulse
   17. The default lead -- who a message that names nobody wakes
   18. Private rooms: turns -- who answers the owner's message in a private room, one step at a
-      time
+      time (draft, review, revise, combine), a turn's time limit and the room's rounds
   19. Files: the store and attachments -- bytes kept once by their sha256 in the file (blobs), a
       person's uploads and what they are read from their bytes, who may read them, and pruning
   20. Messages: writing, mentions and the loop guard -- write_message, post_message, mentions,
@@ -76,7 +76,7 @@ Part II. The team's work: one chapter per capability; each operation is one func
       client's OAuth 2.1 registration, consent, codes and tokens
   31. Make-or-spend actions -- Approve cards: propose, decide, claim and finish
   32. Private rooms: discussions -- claim_discussion, the room settings, and the owner stopping,
-      retrying and continuing a turn
+      retrying and continuing a turn, or stopping a round
   33. Leaving and removal -- members leave or are removed, agents are taken out, owners
       promoted, a returned task handed on
   34. Search -- messages, task titles and packets
@@ -12495,6 +12495,7 @@ def list_schedules(db: Database, person: Actor, *, per_schedule: int = SCHEDULE_
     "schedules_max"}}``."""
     with db.transaction():
         slug = ensure_room(db, person.handle)
+        stop_orphaned_schedules(db, person.handle)
     rows = db.rows("SELECT * FROM schedules WHERE owner = ? AND state <> 'deleted' ORDER BY created_at DESC, id",
                    (person.handle,))
     used = sum(r["runs_a_day"] for r in rows if r["state"] == "active")
@@ -12539,6 +12540,20 @@ def _stop_reason(db: Database, row: dict) -> str | None:
     if not agent_in_project(db, row["project"], row["agent"]):
         return "agent_left"
     return None
+
+
+def stop_orphaned_schedules(db: Database, owner: str | None = None) -> int:
+    """Stop every active schedule (of ``owner``, or everyone's) whose agent left its project or whose
+    owner was removed from it, with that reason; how many. The scheduler looks at each wake and the room
+    at each listing, so the owner sees the reason before its next due time."""
+    rows = db.rows("SELECT s.* FROM schedules s WHERE s.state = 'active' AND (? IS NULL OR s.owner = ?) AND NOT EXISTS "
+                   "(SELECT 1 FROM project_agents pa JOIN members m ON m.project = pa.project AND m.handle = s.owner "
+                   "WHERE pa.project = s.project AND pa.agent_id = s.agent)", (owner, owner))
+    with db.transaction():
+        for row in rows:
+            move(db, "schedule", row["id"], "stop", row, stop_reason=_stop_reason(db, row), next_run_at=None,
+                 updated_at=iso(utcnow()))
+    return len(rows)
 
 
 #: What a stopped schedule's owner is told.
@@ -12605,6 +12620,7 @@ def run_due_schedules(db: Database, now: _dt.datetime | None = None, *, per_sche
     missed}], "next_due": the earliest due time left (aware) or None}``.
     """
     now = now or utcnow()
+    stop_orphaned_schedules(db)
     due = [r["id"] for r in db.rows("SELECT id FROM schedules WHERE state = 'active' AND next_run_at <= ? "
                                     "ORDER BY next_run_at, id", (iso(now),))]
     runs = [run for run in (_run_schedule(db, i, now, per_schedule, per_owner) for i in due) if run]
@@ -17017,7 +17033,8 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
             end_dead_sessions()  # it may have revoked credentials that open sessions were opened with
 
     def sweep() -> None:
-        expire_due(db)  # lapsed approvals are asked again; an invite past its 7 days forgets its address
+        expire_due(db)  # lapsed approvals are asked again; an invite past its 7 days forgets its address; a turn
+        # past its time limit ends (its claims refused, its queued wakes ended)
         end_dead_sessions()  # a run's or a discussion's credential expires on its own
 
     def prune() -> float | None:
@@ -17981,8 +17998,8 @@ def audit_verify(db_path: str, as_json: bool, project_slug: str | None, export_p
         verify_export_file(export_path, as_json)
         return
     db = open_db(db_path)
-    if project_slug is not None:
-        project_out(db, project_slug)
+    if project_slug is not None and db.one("SELECT 1 FROM projects WHERE slug = ?", (project_slug,)) is None:
+        raise NotFound(f"no project '{project_slug}'")  # a deleted one's log is checked until it goes
     reports = verify_audit(db, project_slug)
     ok = all(r["ok"] for r in reports)
     Out(as_json)({"ok": ok, "chains": reports}, "\n".join(
@@ -19587,8 +19604,8 @@ def room_prompt(claim: dict, message: dict, drafts: list[dict] | None = None) ->
     if claim.get("reviewing"):
         lines += ["", f"The draft by {claim['reviewing']['author']}:", claim["reviewing"]["body"]]
     if role == "combine":
-        lines += ["", f"Your agents drafted {len(drafts or [])} answers to your owner's message. Combine them into "
-                  "one answer: keep what is right in each, drop what repeats, settle where they disagree."]
+        lines += ["", f"The agents in this room drafted {len(drafts or [])} answers to your owner's message. Combine "
+                  "them into one answer: keep what is right in each, drop what repeats, settle where they disagree."]
         for i, d in enumerate(drafts or [], 1):
             lines += ["", f"Draft {i} of {len(drafts or [])}, by {d['author'].get('agent_id')}:", d["body"] or "(empty)"]
     verdicts = {"draft": "draft (or ask_owner)", "revise": "draft (or ask_owner)",

@@ -37,6 +37,10 @@ What it measures, against ``prickle serve --demo`` on a fresh database in a temp
    /api/attachments/{id}``, its bytes compared), one after another over HTTP with a personal
    token; each sample's bytes differ, so each is stored anew. 20 samples (5 with --quick);
    the median of the upload plus the post, and of the read.
+7. A purge: ``bench/purge.py`` (a process of its own, the repository's prickle.py) fills a database
+   with a project of 100,000 messages (10,000 with --quick), deletes it, moves Prickle's clock past
+   the recovery window and runs the retention worker's steps (one short transaction each) until the
+   content is purged: the total time and the longest step.
 
 Run it from the repository with the project's virtualenv active (``wrk`` from Debian's
 ``wrk`` package; without it the Python load generator is used)::
@@ -104,6 +108,7 @@ class Watchdog(BenchError):
 @dataclasses.dataclass
 class Settings:
     attachment_samples: int = 20
+    purge_messages: int = 100_000
     warmup: float = 2.0
     measure: float = 3.0
     rounds: int = 6
@@ -512,6 +517,20 @@ def measure_attachment(cfg: Settings, prickle: Served, person_token: str) -> dic
 # -- 1,000 waiters ------------------------------------------------------------
 
 
+def measure_purge(cfg: Settings, tmp: Path) -> dict:
+    """Run bench/purge.py on a folder of its own; its JSON (steps, purge_s, longest_step_ms, ...)."""
+    folder = tmp / "purge"
+    folder.mkdir()
+    out = subprocess.run([sys.executable, str(BENCH / "purge.py"), "--dir", str(folder), "--messages",
+                          str(cfg.purge_messages)], capture_output=True, text=True, timeout=max(60, cfg.budget))
+    if out.returncode != 0:
+        raise BenchError(f"bench/purge.py failed: {out.stderr.strip()[-300:]}")
+    result = json.loads(out.stdout)
+    if not result["ok"]:
+        raise BenchError(f"the purge left the project's content behind: {result}")
+    return result
+
+
 def waits_held(base: str) -> int:
     """How many waits the server holds now (``/healthz``'s ``waits``)."""
     try:
@@ -625,7 +644,7 @@ def yes_no(ok: bool) -> str:
 
 
 def table(cfg: Settings, tput: dict, wake: dict, waiters: dict, echo_rss: float, prickle_idle: float,
-          handoff: dict, lives: dict, attachment: dict) -> list[str]:
+          handoff: dict, lives: dict, attachment: dict, purge: dict) -> list[str]:
     rows = ["| measure | Prickle | echo baseline | target | ok |", "| --- | ---: | ---: | --- | --- |"]
     for agents in (1, AGENTS):
         p, e = tput[("prickle", agents)], tput[("echo", agents)]
@@ -661,6 +680,9 @@ def table(cfg: Settings, tput: dict, wake: dict, waiters: dict, echo_rss: float,
     rows.append(f"| a message with a 4 MiB attachment: upload and post, median ({attachment['samples']} samples) "
                 f"| {attachment['post_ms']:.0f} ms | n/a | - | - |")
     rows.append(f"| that attachment read back (GET /api/attachments/ID), median | {attachment['read_ms']:.0f} ms "
+                "| n/a | - | - |")
+    rows.append(f"| purge of a deleted project of {purge['messages']:,} messages: total ({purge['steps']} steps of "
+                f"<= {purge['batch']} rows) / longest step | {purge['purge_s']:.1f} s / {purge['longest_step_ms']:.0f} ms "
                 "| n/a | - | - |")
     return rows
 
@@ -775,6 +797,7 @@ def parse_args(argv: list[str] | None) -> Settings:
     if args.quick:
         cfg.warmup, cfg.measure, cfg.rounds, cfg.wake_samples, cfg.handoff_samples = 1.0, 2.0, 2, 60, 40
         cfg.attachment_samples = 5
+        cfg.purge_messages = 10_000
         cfg.waiters = min(cfg.waiters, 2000) if args.waiters == WAITERS else cfg.waiters
     cfg.load = args.load or ("wrk" if shutil.which("wrk") else "python")
     if cfg.load == "wrk" and not shutil.which("wrk"):
@@ -812,8 +835,12 @@ def run(cfg: Settings, tmp: Path, procs: Processes, started: float) -> list[str]
     if prickle.proc.poll() is not None:
         raise BenchError(f"prickle serve exited ({prickle.proc.returncode}) during the run")
     server_errors = [ln for ln in prickle.stderr.read_text().splitlines() if ln.strip()]
+    stop(prickle.proc)  # the purge runs alone on the machine
+    log(f"a purge of {cfg.purge_messages:,} messages ...")
+    purge = measure_purge(cfg, tmp)
+    log(f"  {purge['purge_s']:.1f} s in {purge['steps']} steps, longest {purge['longest_step_ms']:.0f} ms")
     took = [f"- the measurements took {time.monotonic() - started:.0f} s"]
-    return (header(cfg) + table(cfg, tput, wake, waiters, echo_rss, prickle_idle, handoff, lives, attachment)
+    return (header(cfg) + table(cfg, tput, wake, waiters, echo_rss, prickle_idle, handoff, lives, attachment, purge)
             + details(tput, wake, waiters, server_errors, handoff, lives) + took + hints(tput, wake))
 
 

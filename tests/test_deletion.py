@@ -276,6 +276,8 @@ def test_the_command_line_deletes_restores_erases_and_lists(world):
     out = cli_json(db, "project", "delete", PROJECT, "--by", "oj")
     assert out["deletion"]["request_number"] == 1 and out["deletion"]["state"] == "deleted"
     assert cli_json(db, "project", "deleted", "--by", "oj")["projects"][0]["project"] == PROJECT
+    # Out of service, its log is still the operator's to check.
+    assert cli_json(db, "audit", "verify", PROJECT)["chains"][0]["ok"] is True
     code, _, err = run(db, "project", "delete", PROJECT, "--by", "oj", ok=False)
     assert code == 1 and "was deleted (request 1" in err
     code, _, err = run(db, "project", "restore", PROJECT, "--by", "ren", ok=False)
