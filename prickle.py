@@ -12468,6 +12468,19 @@ def delete_schedule(db: Database, person: Actor, schedule_id: str, version: Any 
         return {"schedule_id": row["id"], "deleted": True, "version": row["version"] + 1}
 
 
+def end_schedules_of(db: Database, handle: str) -> int:
+    """Delete every schedule of ``handle`` (closing their account), inside the caller's transaction, as
+    delete_schedule does each: its text cleared, ``schedule.updated`` and ``schedule.deleted``. How many."""
+    rows = db.rows("SELECT * FROM schedules WHERE owner = ? AND state <> 'deleted'", (handle,))
+    for row in rows:
+        move(db, "schedule", row["id"], "delete", row, version=row["version"] + 1, text="", next_run_at=None,
+             updated_at=iso(utcnow()))
+        _changed(db, row["room"], row, "deleted", row["version"] + 1)
+        audit(db, row["room"], "schedule.deleted", {"schedule": row["id"], "agent": row["agent"],
+                                                    "version": row["version"] + 1})
+    return len(rows)
+
+
 def schedule_out(db: Database, row: dict | str) -> dict:
     """A schedule as its owner's room shows it: its fields, state, version, ``next_run_at``,
     ``stop_reason`` and ``last_run`` (``{due_at, at, outcome, detail, missed, task_id, task_state}`` or
@@ -13863,6 +13876,7 @@ def _close(db: Database, who: Actor | str, handle: str) -> dict:
             "SELECT project FROM members WHERE handle = ? ORDER BY project", (handle,))}
         ended = sign_out_everywhere(db, handle)
         projects = [{"project": p} | _erase_in(db, me, p, by, was) for p, was in running.items()]
+        end_schedules_of(db, handle)  # their texts go with the account
         room = erase_private_room(db, handle)
         invites = revoke_invites_to(db, row["email"], "invitee_closed_account") if row["email"] else 0
         keys = revoke_credentials(db, "person = ? OR agent_id IN (SELECT agent_id FROM agents WHERE owner = ?)",
