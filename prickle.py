@@ -10279,7 +10279,8 @@ def expire_actions(db: Database, now: _dt.datetime) -> int:
 
 
 def claim_action(db: Database, actor: Actor, action_id: str) -> dict:
-    """The proposing agent's runner uses the approval, once, before it runs anything. Writes ``action.claimed``."""
+    """The proposing agent's runner uses the approval, once, before it runs anything (refused while its
+    owner's round is stopped). Writes ``action.claimed``."""
     if actor.credential_kind != "runner":
         raise Forbidden("only the proposing agent's runner device claims an approved action")
     with db.transaction():
@@ -10291,6 +10292,8 @@ def claim_action(db: Database, actor: Actor, action_id: str) -> dict:
             raise InvalidState(f"action '{action_id}' was approved, but the approval lapsed at {row['expires_at']}")
         if row["status"] != "approved":
             raise InvalidState(f"action '{action_id}' is {row['status']}: only an approved card is claimed, once")
+        if round_stopped(db, row["project"]):  # its result could not be posted: spend nothing
+            raise InvalidState("your owner stopped this round in their room: nothing runs until they write again")
         move(db, "action", action_id, "claim", row)
         audit(db, row["project"], "action.claimed", {"action": action_id, "tool": row["tool"],
                                                      "inputs_sha256": sha256_hex(row["inputs"])})
