@@ -168,3 +168,42 @@ def test_claude_code_in_a_private_room_reads_the_owners_image_as_an_mcp_resource
         assert read["refs"] == {"message": asked["id"], "attachment": attachment["id"], "agent": "oj/muse",
                                 "content_type": "image/png", "byte_size": len(image)}
         oj.close(), db.close()
+
+
+def test_claude_code_sessions_of_two_runners_draft_and_one_combines_the_drafts(db_path, tmp_path):
+    """Two runners' Claude Code sessions draft a named turn; the lead's third session gets both drafts in its
+    prompt (role combine) and posts the one combined answer."""
+    def answer(seen):
+        drafts = re.findall(r"^Draft \d+ of \d+, by (\S+):$", seen.prompt, flags=re.M)
+        body = f"Combined {len(drafts)} drafts: {', '.join(drafts)}." if "(role: combine)" in seen.prompt else \
+            "Work, together."
+        return ("mcp__prickle__post_message", {"project": seen.find(r"private Prickle room (\S+) "), "body": body,
+                                               "verdict": "draft"})
+
+    with Served(db_path, "--demo") as served, ModelStandIn([answer, lambda seen: "Posted."]) as model:
+        base, db = served.info["url"], prickle.Database(db_path)
+        prickle.add_agent(db, "oj/scout", "Scout", "claude-sonnet", "claude-code")
+        keys = {a: prickle.pair_device(db, "oj", a, "oj-laptop")[1] for a in ("oj/muse", "oj/scout")}
+        oj = person(base, prickle.create_token(db, "person", person="oj")[1])
+        room = oj.get("/api/room").json()["room"]["project"]
+        assert oj.post("/api/room", json={"reply_mode": "named", "lead": "oj/muse"}).status_code == 200
+        configs = {a: write_config(tmp_path / f"{a.split('/')[1]}.toml", base, {
+            a: {"key": keys[a], "client": "claude", "cli_path": CLAUDE, "launch_timeout_minutes": 5}}) for a in keys}
+        with RunnerProcess(configs["oj/muse"], env=claude_env(tmp_path / "muse-home", model.url)) as muse, \
+                RunnerProcess(configs["oj/scout"], env=claude_env(tmp_path / "scout-home", model.url)) as scout:
+            muse.wait_connected("oj/muse"), scout.wait_connected("oj/scout")
+            oj.post(f"/api/projects/{room}/messages", json={"body": "@muse and @scout: a headline?"})
+            wait_until("the combined answer", lambda: oj.get("/api/room").json()["turn"] is None
+                       and len(oj.get(f"/api/projects/{room}/room").json()["messages"]) == 4, timeout=240)
+            wait_until("the sessions to end", lambda: muse.log().count("ended: exited") == 2)
+        messages = oj.get(f"/api/projects/{room}/room").json()["messages"]
+        drafters = [m["author"]["agent_id"] for m in messages[1:3]]
+        assert sorted(drafters) == ["oj/muse", "oj/scout"]
+        assert [(m["author"]["agent_id"], m["body"], m["verdict"]) for m in messages[3:]] == [
+            ("oj/muse", f"Combined 2 drafts: {', '.join(drafters)}.", "draft")]
+        assert f"room {room}: combine session for message {messages[2]['id']}" in muse.log()
+        roles = db.rows("SELECT agent_id, role FROM discussions ORDER BY agent_id, role")
+        assert [(r["agent_id"], r["role"]) for r in roles] == [
+            ("oj/muse", "combine"), ("oj/muse", "draft"), ("oj/scout", "draft")]
+        assert not any(p in all_logs(muse.state_dir) + all_logs(scout.state_dir) for p in SECRET_PREFIXES)
+        oj.close(), db.close()
