@@ -22,11 +22,12 @@ WIDTHS = {"1366": {"width": 1366, "height": 900}, "390": {"width": 390, "height"
 
 
 def serious_axe_violations(page: Page) -> list[dict]:
+    """axe-core's serious and critical findings in the Export section."""
     if not AXE.exists():
         return []
     page.add_script_tag(path=str(AXE))
     result = page.evaluate(
-        "async () => (await axe.run(document, {resultTypes: ['violations']})).violations"
+        "async () => (await axe.run(document.querySelector('.export-slot'), {resultTypes: ['violations']})).violations"
         ".map((v) => ({id: v.id, impact: v.impact, nodes: v.nodes.map((n) => n.target.join(' '))}))")
     return [v for v in result if v["impact"] in ("serious", "critical")]
 
