@@ -327,15 +327,15 @@ def test_a_paused_agent_is_asked_nothing_and_an_agent_that_left_stops_the_schedu
     assert (run["outcome"], run["task_id"]) == ("agent_paused", None)
     assert world.db.scalar("SELECT count(*) FROM tasks") == 0
     prickle.remove_agent(world.db, PROJECT, "oj/muse", by="oj")
-    clock.now = dt.datetime(2026, 12, 2, 12, 0, 5, tzinfo=UTC)
-    [run] = due(world.db, clock.now)
-    assert run["outcome"] == "stopped"
+    # The room shows it stopped at once, before its next due time, with the reason.
     [listed] = oj.get("/api/room/schedules").json()["schedules"]
     assert (listed["state"], listed["stop_reason"], listed["next_run_at"], listed["can"]) == (
         "stopped", "agent_left", None, ["edit", "resume", "delete"])
-    assert listed["last_run"]["detail"] == "its agent is no longer in its project"
-    clock.now += dt.timedelta(days=3)
+    assert listed["last_run"]["outcome"] == "agent_paused"
+    assert entries(world.db)[-1][0] == "schedule.created"  # the owner changed nothing: no entry of theirs
+    clock.now = dt.datetime(2026, 12, 2, 12, 0, 5, tzinfo=UTC)
     assert due(world.db, clock.now) == []
+    assert world.db.scalar("SELECT count(*) FROM tasks") == 0
     assert confirm_with(oj, oj.authenticator).status_code == 200
     r = oj.post(f"/api/room/schedules/{sid}/resume", {})
     assert r.json()["error"]["message"] == ("project: your agent 'oj/muse' is not in 'website-v2': add it there "
@@ -347,9 +347,12 @@ def test_a_schedule_whose_owner_was_removed_stops(server, world, clock):
     r = ren.post("/api/room/schedules", BERLIN | {"agent": "ren/builder", "timezone": "UTC"})
     assert r.status_code == 200, r.text
     prickle.remove_member(world.db, PROJECT, "ren", by="oj")
+    # The scheduler's next look stops it (and asks nothing), whether or not it was due.
     clock.now = dt.datetime(2026, 12, 2, 9, 0, 5, tzinfo=UTC)
-    assert [r["outcome"] for r in due(world.db, clock.now)] == ["stopped"]
-    assert ren.get("/api/room/schedules").json()["schedules"][0]["stop_reason"] == "owner_removed"
+    assert due(world.db, clock.now) == []
+    [listed] = ren.get("/api/room/schedules").json()["schedules"]
+    assert (listed["state"], listed["stop_reason"], listed["last_run"]) == ("stopped", "owner_removed", None)
+    assert world.db.scalar("SELECT count(*) FROM tasks") == 0
 
 
 def test_the_runs_a_day_limit_holds_at_run_time_too(server, world, clock):
@@ -405,3 +408,13 @@ def test_a_scheduled_run_goes_end_to_end_through_prickle_runner_and_claude_code(
         assert (listed["last_run"]["task_id"], listed["last_run"]["task_state"]) == (run["task_id"], "completed")
         assert [a for a in model.calls if not isinstance(a, str)][0][0] == "mcp__prickle__accept_task"
         oj.close(), db.close()
+
+
+def test_closing_an_account_deletes_its_schedules_and_clears_their_texts(server, world):
+    ren = confirmed(server, world, "ren")
+    r = ren.post("/api/room/schedules", BERLIN | {"agent": "ren/builder", "timezone": "UTC"})
+    sid = r.json()["schedule"]["id"]
+    prickle.close_account(world.db, "ren")
+    row = world.db.one("SELECT * FROM schedules WHERE id = ?", (sid,))
+    assert (row["state"], row["text"], row["next_run_at"], row["version"]) == ("deleted", "", None, 2)
+    assert [e["change"] for e in schedule_events(world.db)] == ["created", "deleted"]
