@@ -1966,10 +1966,14 @@ class Database:
         #: Agents whose runner listens in this process: open runner waits and when (time.monotonic())
         #: the last one ended (see runner_listening).
         self.listening: dict[str, list[float]] = {}
+        #: How many times this connection changed a row of each table (rowid tables: SQLite's update
+        #: hook skips WITHOUT ROWID ones), so an answer kept in the cache can tell it is still current.
+        self.changed: dict[str, int] = {}
         self._migrate()
         self.conn.set_update_hook(self._row_changed)
 
     def _row_changed(self, op: int, schema: str, table: str, rowid: int) -> None:
+        self.changed[table] = self.changed.get(table, 0) + 1
         # A credential issued, revoked or used here: the cached credential rows are out of date.
         if table == "credentials":
             self.cache.clear()
@@ -7132,13 +7136,24 @@ def latest_submission(db: Database, task_id: str) -> dict | None:
     return db.one("SELECT * FROM submissions WHERE task_id = ? ORDER BY revision DESC LIMIT 1", (task_id,))
 
 
+#: How a task's latest checkpoint is found (the newest; of two at the same time, the later written).
+LATEST_CHECKPOINT_ORDER = "created_at DESC, rowid DESC"
+
+
 def task_out(db: Database, task: dict | str) -> dict:
     """A task row (or ID) as the reference's Task object."""
     if isinstance(task, str):
         task = db.one("SELECT * FROM tasks WHERE id = ?", (task,))
     sub = latest_submission(db, task["id"])
-    cp = db.one("SELECT * FROM checkpoints WHERE task_id = ? ORDER BY created_at DESC, rowid DESC LIMIT 1",
+    cp = db.one(f"SELECT * FROM checkpoints WHERE task_id = ? ORDER BY {LATEST_CHECKPOINT_ORDER} LIMIT 1",
                 (task["id"],))
+    return task_object(db, task, sub, cp)
+
+
+def task_object(db: Database, task: dict, sub: dict | None, cp: dict | None) -> dict:
+    """The reference's Task object made from its rows: the task, its latest submission and latest checkpoint.
+
+    Besides them it reads only who is erased (erased_people), for ``requested_by``."""
     out = {
         "id": task["id"], "project": task["project"], "state": task["state"], "waiting_on": task["waiting_on"],
         "requester": task["requester"], "assignee": task["assignee"], "packet": json.loads(task["packet"]),
@@ -7444,16 +7459,73 @@ def save_checkpoint(db: Database, actor: Actor, task_id: str, checkpoint: dict) 
         return {"task": task_out(db, row)}
 
 
-def check_inbox(db: Database, actor: Actor, *, project: str | None = None, include_closed: bool = False,
-                pending_wakes_only: bool = False, project_unchanged_since: str | None = None) -> dict:
-    """Tasks assigned to the caller and tasks it requested, newest activity first.
+#: The Task objects check_inbox made, as JSON text by task id, each with the row it was made from (the
+#: task's columns, its latest submission's and latest checkpoint's) and who was erased then (the
+#: people a requested_by may name): a task whose row and erased people are unchanged is not
+#: made and encoded again. With 2,000 open tasks, making them, and two queries per task for the latest
+#: submission and checkpoint, were most of a call.
+_INBOX_KEPT: dict[str, tuple[tuple, frozenset, str]] = {}
+#: At most this many tasks are kept; one more starts the store over.
+INBOX_KEPT_MAX = 20_000
 
-    A task held or refused by its assignee owner's gate is not the assignee's: it is
-    listed only once the gate let it through (AGENT_SEES_TASK).
+#: The columns of a task's row that its Task object is made of (task_object reads no other).
+TASK_OBJECT_COLUMNS = ("id", "project", "state", "waiting_on", "requester", "assignee", "packet", "parent_task_id",
+                       "created_at", "updated_at", "requested_by", "origin_message_id", "route", "display_title",
+                       "turn_budget")
 
-    Closed tasks (completed, rejected, cancelled) only with ``include_closed``; with
-    ``pending_wakes_only`` only tasks with wakes the caller has not been given yet; with
-    ``project_unchanged_since`` only tasks changed after that time.
+# One row per task the caller is the :column of: the task's columns, then (after kept_sub) its latest
+# submission's, then (after kept_cp) its latest checkpoint's, NULLs where it has none.
+_INBOX_ROWS = (
+    "SELECT {task}, 0 AS kept_sub, s.*, 0 AS kept_cp, c.* FROM tasks t INDEXED BY tasks_by_{column} "
+    "LEFT JOIN submissions s ON s.task_id = t.id AND s.revision = "
+    "(SELECT max(revision) FROM submissions WHERE task_id = t.id) "
+    "LEFT JOIN checkpoints c ON c.rowid = (SELECT rowid FROM checkpoints WHERE task_id = t.id "
+    f"ORDER BY {LATEST_CHECKPOINT_ORDER} LIMIT 1) "
+    "WHERE t.{column} = :agent AND {sees} "
+    "AND t.project IN (SELECT pa.project FROM project_agents pa JOIN members m ON m.project = pa.project "
+    "AND m.handle = :owner WHERE pa.agent_id = :agent) "
+    "AND (:project IS NULL OR t.project = :project) AND (:task IS NULL OR t.id = :task) "
+    "AND (:closed OR t.state NOT IN ({closed})) AND (:since IS NULL OR t.updated_at > :since) "
+    "ORDER BY t.last_activity_at DESC, t.rowid")
+
+
+def _inbox_texts(db: Database, column: str, params: dict, pending: set[str] | None) -> list[str]:
+    """The Task objects (as task_out makes them) of the tasks the caller is the ``column`` of, as JSON text."""
+    closed = ", ".join(f"'{state}'" for state in CLOSED_STATES)
+    cur = db.conn.execute(_INBOX_ROWS.format(task=", ".join(f"t.{c}" for c in TASK_OBJECT_COLUMNS), column=column,
+                                             sees=AGENT_SEES_TASK, closed=closed), params)
+    texts, names, erased = [], None, erased_people(db)
+    for row in cur:
+        if pending is not None and row[0] not in pending:
+            continue
+        kept = _INBOX_KEPT.get(row[0])
+        if kept is None or kept[0] != row or kept[1] != erased:
+            if names is None:
+                names = [d[0] for d in cur.getdescription()]
+                sub_at, cp_at = names.index("kept_sub"), names.index("kept_cp")
+            task = dict(zip(names[:sub_at], row[:sub_at]))
+            sub = dict(zip(names[sub_at + 1:cp_at], row[sub_at + 1:cp_at])) if row[sub_at + 1] is not None else None
+            cp = dict(zip(names[cp_at + 1:], row[cp_at + 1:])) if row[cp_at + 1] is not None else None
+            if len(_INBOX_KEPT) >= INBOX_KEPT_MAX:
+                _INBOX_KEPT.clear()
+            kept = _INBOX_KEPT[row[0]] = (row, erased, utf8_json(task_object(db, task, sub, cp)))
+        texts.append(kept[2])
+    return texts
+
+
+#: The tables an answer of check_inbox is read from (pending_wakes_only's wakes aside): while this
+#: connection changed none of their rows and no other connection wrote the file (the cache is
+#: dropped then), the answer kept in the cache is the answer.
+INBOX_TABLES = ("tasks", "submissions", "checkpoints", "thread_access", "project_agents", "members", "projects",
+                "agents", "people")
+
+
+def check_inbox_text(db: Database, actor: Actor, *, project: str | None = None, include_closed: bool = False,
+                     pending_wakes_only: bool = False, project_unchanged_since: str | None = None) -> str:
+    """check_inbox's answer as compact JSON text: ``{"assigned": [Task], "requested": [Task]}``.
+
+    Every Task object in it is the one task_out makes; the answer is kept in the database's cache
+    while none of INBOX_TABLES changed. Raises what check_inbox raises.
     """
     expire_due(db, "approval")
     if project_unchanged_since is not None:
@@ -7463,30 +7535,39 @@ def check_inbox(db: Database, actor: Actor, *, project: str | None = None, inclu
             require_project(db, actor, project)
         elif actor.project_scope is not None:
             project = actor.project_scope
-        reachable = {r["project"] for r in db.rows(
-            "SELECT pa.project FROM project_agents pa JOIN members m ON m.project = pa.project AND m.handle = ? "
-            "WHERE pa.agent_id = ?", (actor.owner, actor.agent_id))}
-        out: dict[str, list[dict]] = {}
-        for key, column in (("assigned", "assignee"), ("requested", "requester")):
-            rows = db.rows(f"SELECT * FROM tasks t WHERE {column} = :agent AND {AGENT_SEES_TASK} "
-                           "ORDER BY last_activity_at DESC", {"agent": actor.agent_id})
-            keep = []
-            for t in rows:
-                if actor.task_scope is not None and t["id"] != actor.task_scope:
-                    continue  # a woken run sees only its own task
-                if t["project"] not in reachable or (project is not None and t["project"] != project):
-                    continue
-                if not include_closed and t["state"] in CLOSED_STATES:
-                    continue
-                if project_unchanged_since and t["updated_at"] <= project_unchanged_since:
-                    continue
-                if pending_wakes_only and not db.one(
-                        "SELECT 1 FROM wakes WHERE agent_id = ? AND task_id = ? AND delivered = 0",
-                        (actor.agent_id, t["id"])):
-                    continue
-                keep.append(task_out(db, t))
-            out[key] = keep
-    return out
+        # A woken run sees only its own task.
+        params = {"agent": actor.agent_id, "owner": actor.owner, "project": project, "task": actor.task_scope,
+                  "closed": include_closed, "since": project_unchanged_since}
+        key, stamp = ("inbox", *params.values()), tuple(db.changed.get(t, 0) for t in INBOX_TABLES)
+        kept = db.cache.get(key)
+        if kept is not None and kept[0] == stamp and not pending_wakes_only:
+            return kept[1]
+        pending = {r["task_id"] for r in db.rows(
+            "SELECT DISTINCT task_id FROM wakes WHERE agent_id = ? AND delivered = 0 AND task_id IS NOT NULL",
+            (actor.agent_id,))} if pending_wakes_only else None
+        assigned, requested = (",".join(_inbox_texts(db, column, params, pending))
+                               for column in ("assignee", "requester"))
+        text = f'{{"assigned":[{assigned}],"requested":[{requested}]}}'
+        if not pending_wakes_only:
+            db.cache[key] = (stamp, text)
+    return text
+
+
+def check_inbox(db: Database, actor: Actor, *, project: str | None = None, include_closed: bool = False,
+                pending_wakes_only: bool = False, project_unchanged_since: str | None = None) -> dict:
+    """Tasks assigned to the caller and tasks it requested, newest activity first.
+
+    A task held or refused by its assignee owner's gate is not the assignee's: it is
+    listed only once the gate let it through (AGENT_SEES_TASK).
+
+    Closed tasks (completed, rejected, cancelled) only with ``include_closed``; with
+    ``pending_wakes_only`` only tasks with wakes the caller has not been given yet; with
+    ``project_unchanged_since`` only tasks changed after that time. The MCP tool sends
+    check_inbox_text's JSON as it is.
+    """
+    return json.loads(check_inbox_text(db, actor, project=project, include_closed=include_closed,
+                                       pending_wakes_only=pending_wakes_only,
+                                       project_unchanged_since=project_unchanged_since))
 
 
 def request_capability(db: Database, actor: Actor, project: str, capability: dict, packet: dict, *,
@@ -10278,7 +10359,8 @@ def expire_actions(db: Database, now: _dt.datetime) -> int:
 
 
 def claim_action(db: Database, actor: Actor, action_id: str) -> dict:
-    """The proposing agent's runner uses the approval, once, before it runs anything. Writes ``action.claimed``."""
+    """The proposing agent's runner uses the approval, once, before it runs anything (refused while its
+    owner's round is stopped). Writes ``action.claimed``."""
     if actor.credential_kind != "runner":
         raise Forbidden("only the proposing agent's runner device claims an approved action")
     with db.transaction():
@@ -10290,6 +10372,8 @@ def claim_action(db: Database, actor: Actor, action_id: str) -> dict:
             raise InvalidState(f"action '{action_id}' was approved, but the approval lapsed at {row['expires_at']}")
         if row["status"] != "approved":
             raise InvalidState(f"action '{action_id}' is {row['status']}: only an approved card is claimed, once")
+        if round_stopped(db, row["project"]):  # its result could not be posted: spend nothing
+            raise InvalidState("your owner stopped this round in their room: nothing runs until they write again")
         move(db, "action", action_id, "claim", row)
         audit(db, row["project"], "action.claimed", {"action": action_id, "tool": row["tool"],
                                                      "inputs_sha256": sha256_hex(row["inputs"])})
@@ -12467,6 +12551,19 @@ def delete_schedule(db: Database, person: Actor, schedule_id: str, version: Any 
         return {"schedule_id": row["id"], "deleted": True, "version": row["version"] + 1}
 
 
+def end_schedules_of(db: Database, handle: str) -> int:
+    """Delete every schedule of ``handle`` (closing their account), inside the caller's transaction, as
+    delete_schedule does each: its text cleared, ``schedule.updated`` and ``schedule.deleted``. How many."""
+    rows = db.rows("SELECT * FROM schedules WHERE owner = ? AND state <> 'deleted'", (handle,))
+    for row in rows:
+        move(db, "schedule", row["id"], "delete", row, version=row["version"] + 1, text="", next_run_at=None,
+             updated_at=iso(utcnow()))
+        _changed(db, row["room"], row, "deleted", row["version"] + 1)
+        audit(db, row["room"], "schedule.deleted", {"schedule": row["id"], "agent": row["agent"],
+                                                    "version": row["version"] + 1})
+    return len(rows)
+
+
 def schedule_out(db: Database, row: dict | str) -> dict:
     """A schedule as its owner's room shows it: its fields, state, version, ``next_run_at``,
     ``stop_reason`` and ``last_run`` (``{due_at, at, outcome, detail, missed, task_id, task_state}`` or
@@ -13862,6 +13959,7 @@ def _close(db: Database, who: Actor | str, handle: str) -> dict:
             "SELECT project FROM members WHERE handle = ? ORDER BY project", (handle,))}
         ended = sign_out_everywhere(db, handle)
         projects = [{"project": p} | _erase_in(db, me, p, by, was) for p, was in running.items()]
+        end_schedules_of(db, handle)  # their texts go with the account
         room = erase_private_room(db, handle)
         invites = revoke_invites_to(db, row["email"], "invitee_closed_account") if row["email"] else 0
         keys = revoke_credentials(db, "person = ? OR agent_id IN (SELECT agent_id FROM agents WHERE owner = ?)",
@@ -14830,6 +14928,85 @@ class Tool:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class KeptAnswer:
+    """A tool's answer already written as compact JSON text (check_inbox's, made of kept Task objects).
+
+    On a call of the sessionless era /mcp puts the text into the SDK's response as it is (KeptAnswers);
+    on any other call it is read back into the object the SDK shapes.
+    """
+
+    text: str
+
+
+#: The key of the placeholder object a KeptAnswer goes through the SDK as.
+KEPT_KEY = "prickle_kept_answer"
+
+#: The tools that may answer with a KeptAnswer: /mcp gives their sessionless calls a KeptAnswers.
+KEPT_TOOLS = frozenset({"check_inbox"})
+
+
+@functools.lru_cache(maxsize=16)
+def _encoded(text: str) -> tuple[bytes, bytes]:
+    """A kept answer as UTF-8 and as a JSON string, made once while the same answer is asked for again."""
+    return text.encode(), pydantic_core.to_json(text)
+
+
+class KeptAnswers:
+    """The ``send`` of one /mcp call, putting each KeptAnswer's text where its placeholder is in the body.
+
+    The SDK validates and walks a result several times over (a check_inbox answer of 2,000 tasks, 3 MB
+    of JSON, took it about 60 ms of a core); a KeptAnswer goes through it as a short placeholder,
+    ``{KEPT_KEY: MARK}`` as the structured content and ``MARK`` as the text, and here its text takes their
+    places, as the JSON object and as a JSON string. A JSON answer is held to its end and sent with its
+    new length; an event stream's frames pass one by one.
+    """
+
+    def __init__(self, send: Any):
+        self.send, self.texts, self.held, self.streaming = send, {}, [], False
+
+    def placeholder(self, text: str) -> mcp_types.CallToolResult:
+        """The result the SDK shapes in place of ``text``."""
+        mark = f"kept-{secrets.token_hex(12)}"
+        self.texts[mark] = text
+        return mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=mark)],
+                                        structured_content={KEPT_KEY: mark})
+
+    def _put_in(self, body: bytes) -> bytes:
+        # Only the SDK's own short pieces are searched for placeholders, never a text put in.
+        parts = [(True, body)]
+        for mark, text in self.texts.items():
+            as_object, as_string = _encoded(text)
+            for placeholder, value in ((b'{"%s":"%s"}' % (KEPT_KEY.encode(), mark.encode()), as_object),
+                                       (b'"%s"' % mark.encode(), as_string)):
+                cut = []
+                for searched, part in parts:
+                    pieces = part.split(placeholder) if searched else [part]
+                    for n, piece in enumerate(pieces):
+                        cut += [(False, value), (searched, piece)] if n else [(searched, piece)]
+                parts = cut
+        return b"".join(part for _, part in parts)
+
+    async def __call__(self, message: dict) -> None:
+        if not self.texts or self.streaming:
+            await self.send(dict(message, body=self._put_in(message["body"])) if self.texts and "body" in message
+                            else message)
+            return
+        if message["type"] == "http.response.start" and dict(message["headers"]).get(b"content-type", b"") \
+                .startswith(b"text/event-stream"):
+            self.streaming = True
+            await self.send(message)
+            return
+        self.held.append(message)
+        if message["type"] != "http.response.body" or message.get("more_body"):
+            return
+        body = self._put_in(b"".join(m.get("body", b"") for m in self.held[1:]))
+        start = self.held[0]
+        await self.send(dict(start, headers=[(k, v) for k, v in start["headers"] if k != b"content-length"]
+                             + [(b"content-length", str(len(body)).encode())]))
+        await self.send({"type": "http.response.body", "body": body})
+
+
 async def _tool_discover(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
     return discover_team_agents(state.db, actor, args["project"], state.hub)
 
@@ -14910,10 +15087,11 @@ async def _tool_handoff(state: AppState, actor: Actor, args: dict, ctx: Any) -> 
                    turn_budget=args.get("turn_budget"))
 
 
-async def _tool_check_inbox(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
-    return check_inbox(state.db, actor, project=args.get("project"), include_closed=args["include_closed"],
-                       pending_wakes_only=args.get("pending_wakes_only", False),
-                       project_unchanged_since=args.get("project_unchanged_since"))
+async def _tool_check_inbox(state: AppState, actor: Actor, args: dict, ctx: Any) -> KeptAnswer:
+    return KeptAnswer(check_inbox_text(state.db, actor, project=args.get("project"),
+                                       include_closed=args["include_closed"],
+                                       pending_wakes_only=args.get("pending_wakes_only", False),
+                                       project_unchanged_since=args.get("project_unchanged_since")))
 
 
 async def _tool_accept_task(state: AppState, actor: Actor, args: dict, ctx: Any) -> dict:
@@ -15211,6 +15389,11 @@ def build_mcp_server(state: AppState) -> _MCPServer:
                                             "and tell the server's operator if it keeps failing"))
         finally:
             CALLER.reset(caller)
+        if isinstance(result, KeptAnswer):
+            kept = ctx.request.scope.get("prickle.kept") if ctx.request is not None else None
+            if kept is not None:
+                return kept.placeholder(result.text)
+            result = json.loads(result.text)
         return mcp_types.CallToolResult(
             content=[mcp_types.TextContent(type="text", text=utf8_json(result))],
             structured_content=result)
@@ -15355,6 +15538,8 @@ class MCPEndpoint:
         if version in MODERN_VERSIONS and name is not None and name.name in HELD_TOOLS:
             await self._hold_wait(scope, receive, send)
             return
+        if version in MODERN_VERSIONS and name is not None and name.name in KEPT_TOOLS:
+            send = scope["prickle.kept"] = KeptAnswers(send)
         await self._answer_malformed_bodies_ourselves(scope, receive, send)
 
     async def _hold_wait(self, scope: dict, receive: Any, send: Any) -> None:

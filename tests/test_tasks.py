@@ -2,12 +2,13 @@
 assignee accepting and checkpointing, check_inbox and request_capability."""
 
 import datetime as dt
+import json
 
 import pytest
 
 import prickle
 from conftest import PROJECT, audit_entries
-from helpers import PACKET, P, evidence, handoff, person, routed, start, wait_kinds, working
+from helpers import PACKET, SHA, P, evidence, handoff, person, routed, start, wait_kinds, working
 
 
 # -- handoff and the gate ----------------------------------------------------
@@ -141,6 +142,71 @@ def test_check_inbox(mcp, server, world):
         world.db, "oj/scout|wait_for_mention|*", 0)})
     assert mcp.ok("oj/scout", "check_inbox", {"pending_wakes_only": True})["assigned"] == []
     mcp.error("oj/muse", "check_inbox", {"project": "side"}, "not_found")
+
+
+def _inbox_task_by_task(db, agent, include_closed=False):
+    """check_inbox's answer made as it was before its Task objects were kept: task_out of each task, in order."""
+    out = {}
+    for key, column in (("assigned", "assignee"), ("requested", "requester")):
+        rows = db.rows(f"SELECT * FROM tasks t WHERE {column} = :agent AND {prickle.AGENT_SEES_TASK} "
+                       "ORDER BY last_activity_at DESC, rowid", {"agent": agent})  # at the same time: as handed off
+        out[key] = [prickle.task_out(db, t) for t in rows if include_closed or t["state"] not in prickle.CLOSED_STATES]
+    return out
+
+
+def test_check_inbox_with_many_open_tasks_answers_every_task_as_task_out_makes_it(mcp, server, world):
+    scouts = [handoff(mcp, "oj/muse", "oj/scout", packet=PACKET | {"task": f"Task {n} ✓"})["task"]["id"]
+              for n in range(60)]
+    held = [handoff(mcp, "oj/muse", "ren/builder")["task"]["id"] for _ in range(5)]
+    back = [handoff(mcp, "oj/scout", "oj/muse")["task"]["id"] for _ in range(5)]
+    for task_id in scouts[:12]:
+        mcp.ok("oj/scout", "accept_task", {"task_id": task_id})
+    for task_id in scouts[:4]:
+        mcp.ok("oj/scout", "checkpoint", {"task_id": task_id, "checkpoint": {"progress": "Half done."}})
+    mcp.ok("oj/scout", "checkpoint", {"task_id": scouts[4], "checkpoint": {
+        "progress": "Stuck.", "open_questions": ["Which tone?"], "needs_answer": True}})
+    results = [mcp.ok("oj/scout", "return_result", {
+        "task_id": task_id, "summary": "Done.", "evidence": [evidence([0, 1])],
+        "artifacts": [{"ref": "docs/hero.md", "sha256": SHA}]})["task"]["result"] for task_id in scouts[5:8]]
+    mcp.ok("oj/muse", "reject_result", {"task_id": scouts[5], "submission_id": results[0]["submission_id"],
+                                        "revision": 1, "reason": "Too long."})
+    for task_id in scouts[8:10]:
+        assert person(server, world, "oj").post(f"/api/tasks/{task_id}/cancel").status_code == 200
+
+    def same_as_before():
+        for agent in ("oj/muse", "oj/scout", "ren/builder"):
+            for closed in (False, True):
+                answer = mcp.ok(agent, "check_inbox", {"include_closed": closed})
+                assert answer == _inbox_task_by_task(world.db, agent, closed), (agent, closed)
+        return mcp.ok("oj/scout", "check_inbox", {})
+
+    inbox = same_as_before()
+    assert len(inbox["assigned"]) == 58 and inbox["requested"] == [prickle.task_out(world.db, t) for t in back[::-1]]
+    muse = mcp.ok("oj/muse", "check_inbox", {})
+    assert [t["id"] for t in muse["requested"]][-3:] == scouts[12:15][::-1]  # no news of these since handed off
+    assert {t["id"] for t in muse["requested"]} >= set(held) and len(muse["requested"]) == 63
+    # What changes after a call is in the next answer (a kept Task object is made again).
+    mcp.ok("oj/scout", "checkpoint", {"task_id": scouts[0], "checkpoint": {"progress": "Nearly there."}})
+    mcp.ok("oj/scout", "return_result", {"task_id": scouts[1], "summary": "Done.", "evidence": [evidence([0, 1])],
+                                        "artifacts": [{"ref": "docs/hero.md", "sha256": SHA}]})
+    assert person(server, world, "oj").post(f"/api/tasks/{scouts[2]}/cancel").status_code == 200
+    inbox = same_as_before()
+    assert inbox["assigned"][0]["result"]["summary"] == "Done."
+    assert inbox["assigned"][1]["latest_checkpoint"]["progress"] == "Nearly there."
+    assert scouts[2] not in {t["id"] for t in inbox["assigned"]}
+    # In a session of the handshake era (where /mcp puts no kept text in) and called directly: the same.
+    headers = {"Authorization": f"Bearer {world.keys['oj/scout']}", "Accept": "application/json, text/event-stream"}
+    r = server.post("/mcp", headers=headers, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+    headers |= {"Mcp-Session-Id": r.headers["mcp-session-id"], "MCP-Protocol-Version": "2025-11-25"}
+    assert server.post("/mcp", headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"}) \
+        .status_code == 202
+    r = server.post("/mcp", headers=headers, json={"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                                                   "params": {"name": "check_inbox", "arguments": {}}})
+    answer = [json.loads(line[5:]) for line in r.text.splitlines() if line.startswith("data:")][-1]
+    assert answer["result"]["structuredContent"] == inbox
+    assert json.loads(answer["result"]["content"][0]["text"]) == inbox
+    assert prickle.check_inbox(world.db, world.actor("oj/scout")) == inbox
 
 
 def test_request_capability(mcp, server, world):
