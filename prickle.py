@@ -10427,10 +10427,12 @@ def finish_action(db: Database, actor: Actor, action_id: str, body: str | None =
 
 def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_key: str,
                      harness: int | None) -> dict:
-    """A runner claims a 10-minute credential to answer one room wake: its role and, to review or revise, the draft.
+    """A runner claims a 10-minute credential to answer one room wake: its role and, to review or revise, the draft
+    (a combiner reads the drafts in the room with the credential).
 
     Refused without harness 2 (``discussion.refused``), and once the turn no longer waits
-    on the agent. The same idempotency key replays the claim with a fresh credential
+    on the agent, saying why (ended, stopped, out of time, or replaced by the owner's next
+    message); a turn past its time limit ends first. The same idempotency key replays the claim with a fresh credential
     until the reply is posted. Writes ``discussion.claimed``.
     """
     if actor.credential_kind != "runner" and actor.project_scope != ROOMS_SCOPE:
@@ -10520,7 +10522,9 @@ def room_view(db: Database, person: Actor) -> dict:
 
     A turn past its time limit ends first (expire_turns), so the owner sees it ended.
     """
-    expire_due(db, "turn")
+    if db.scalar("SELECT 1 FROM turns t JOIN rooms r ON r.project = t.project WHERE r.owner = ? AND "
+                 "t.ended_at IS NULL AND t.expires_at <= ?", (person.handle, iso(utcnow()))):
+        expire_due(db, "turn")  # only then a write: the page asks for the room often
     with db.transaction():
         slug = ensure_room(db, person.handle)
     room = db.one("SELECT * FROM rooms WHERE project = ?", (slug,))
