@@ -12316,6 +12316,13 @@ def schedule_times(rec: dict, timezone: str, anchor: str, after: _dt.datetime) -
         first = start.astimezone(utc).replace(tzinfo=None, second=0, microsecond=0)
         if rec["freq"] == "hourly":
             first = first.replace(minute=rec["minute"])
+        # Count on from the last due time before ``after`` (a whole number of steps), not from the anchor
+        # every time: an old "every 5 minutes" would otherwise walk through every time it ever had.
+        step = _dt.timedelta(minutes=rec["interval"]) if rec["freq"] == "minutely" else _dt.timedelta(
+            hours=rec["interval"])
+        behind = after.astimezone(utc).replace(tzinfo=None) - first
+        if behind > step:
+            first += step * (behind // step - 1)
         rule = _rrule.rrule(freq, interval=rec["interval"], dtstart=first,
                             until=until and until.replace(tzinfo=tz).astimezone(utc).replace(tzinfo=None))
         begin = max(after.astimezone(utc).replace(tzinfo=None), first - _dt.timedelta(seconds=1))
