@@ -408,3 +408,13 @@ def test_a_scheduled_run_goes_end_to_end_through_prickle_runner_and_claude_code(
         assert (listed["last_run"]["task_id"], listed["last_run"]["task_state"]) == (run["task_id"], "completed")
         assert [a for a in model.calls if not isinstance(a, str)][0][0] == "mcp__prickle__accept_task"
         oj.close(), db.close()
+
+
+def test_closing_an_account_deletes_its_schedules_and_clears_their_texts(server, world):
+    ren = confirmed(server, world, "ren")
+    r = ren.post("/api/room/schedules", BERLIN | {"agent": "ren/builder", "timezone": "UTC"})
+    sid = r.json()["schedule"]["id"]
+    prickle.close_account(world.db, "ren")
+    row = world.db.one("SELECT * FROM schedules WHERE id = ?", (sid,))
+    assert (row["state"], row["text"], row["next_run_at"], row["version"]) == ("deleted", "", None, 2)
+    assert [e["change"] for e in schedule_events(world.db)] == ["created", "deleted"]
