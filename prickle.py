@@ -7030,9 +7030,8 @@ def open_attempt(db: Database, task_id: str, states: tuple[str, ...] = ("running
 # error). Every move of a task is move_task: the guarded move, its entry and its event.
 
 
-def _actor_ref(actor: Actor) -> dict:
-    return {"kind": "person", "handle": actor.handle} if actor.kind == "person" else \
-        {"kind": "agent", "agent_id": actor.agent_id}
+def _actor_ref(db: Database, actor: Actor) -> dict:
+    return person_ref(db, actor.handle) if actor.kind == "person" else agent_ref(db, actor.agent_id)
 
 
 def _packet_full(packet: dict) -> dict:
@@ -7303,7 +7302,7 @@ def handoff(db: Database, actor: Actor, project: str, to: str, packet: dict, *,
             "id": task_id, "project": project, "state": "requested", "waiting_on": None, "requester": requester,
             "assignee": to, "title": packet["task"][:TASK_TEXT_MAX], "packet": json.dumps(packet),
             "parent_task_id": parent_task_id, "routed_at": None, "created_at": now, "updated_at": now,
-            "last_activity_at": now, "requested_by": json.dumps(_actor_ref(actor)),
+            "last_activity_at": now, "requested_by": json.dumps(_actor_ref(db, actor)),
             "origin_message_id": origin_message_id, "route": json.dumps(route or {"via": "handoff"}),
             "display_title": None, "turn_budget": turn_budget, "idempotency_key": idempotency_key,
             "packet_hash": digest, "gate": None, "verified_at": None,
@@ -7814,7 +7813,7 @@ def accept_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
             report = json.loads(sub["evidence_report"])
             if not report["complete"]:
                 raise _incomplete(sub, json.loads(sub["evidence"]), report, len(checked))
-            verified_by = json.dumps({"kind": "agent", "agent_id": actor.agent_id})
+            verified_by = json.dumps(agent_ref(db, actor.agent_id))
             # A result whose evidence is only notes always waits for a person, whatever the policy.
             auto = db.scalar("SELECT auto_accept FROM people WHERE handle = ?", (actor.owner,)) and any(
                 e["kind"] != "note" for e in json.loads(sub["evidence"]))
@@ -7849,7 +7848,7 @@ def reject_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
             next_state("task", task, "reject")
             checked = _check_verdicts(verdicts or [], len(json.loads(task["packet"])["acceptance_criteria"]), False)
             move(db, "submission", sub["id"], "reject", sub, reason=reason, verdicts=json.dumps(checked),
-                 verified_by=json.dumps({"kind": "agent", "agent_id": actor.agent_id}))
+                 verified_by=json.dumps(agent_ref(db, actor.agent_id)))
             audit(db, task["project"], "result.rejected", {"task": task_id, "submission": sub["id"],
                                                            "revision": sub["revision"], "by": actor.agent_id})
             row = move_task(db, task, "reject", actor.agent_id, [(task["assignee"], "task")])
@@ -8323,7 +8322,7 @@ def final_accept(db: Database, person: Actor, task_id: str) -> dict:
         next_state("task", task, "final_accept")
         sub = latest_submission(db, task_id)
         move(db, "submission", sub["id"], "accept", sub, provenance="owner_approved", provenance_status=None,
-             decided_by=json.dumps({"kind": "person", "handle": person.handle}))
+             decided_by=json.dumps(person_ref(db, person.handle)))
         audit(db, task["project"], "result.accepted", {"task": task_id, "submission": sub["id"],
                                                        "revision": sub["revision"], "step": "owner_accepted",
                                                        "by": person.handle})
@@ -8343,7 +8342,7 @@ def send_back(db: Database, person: Actor, task_id: str, reason: str) -> dict:
         next_state("task", task, "send_back")
         sub = latest_submission(db, task_id)
         move(db, "submission", sub["id"], "reject", sub, reason=reason,
-             decided_by=json.dumps({"kind": "person", "handle": person.handle}))
+             decided_by=json.dumps(person_ref(db, person.handle)))
         audit(db, task["project"], "result.rejected", {"task": task_id, "submission": sub["id"],
                                                        "revision": sub["revision"], "by": person.handle})
         row = move_task(db, task, "send_back", person.handle,
@@ -10810,7 +10809,7 @@ def _transfer_requests(db: Database, project: str, parties: list[str], to_owner:
             continue
         now = iso(utcnow())
         db.execute("UPDATE tasks SET requester = NULL, requested_by = ?, updated_at = ?, last_activity_at = ? "
-                   "WHERE id = ?", (json.dumps({"kind": "person", "handle": to_owner}), now, now, task["id"]))
+                   "WHERE id = ?", (json.dumps(person_ref(db, to_owner)), now, now, task["id"]))
         audit(db, project, "task.reassigned", {"task": task["id"], "side": "requester", "from": _requested_by(task),
                                                "to": to_owner, "by": by})
         append_event(db, project, "task.updated", {"task": task_out(db, task["id"])})
@@ -12320,6 +12319,13 @@ def schedule_times(rec: dict, timezone: str, anchor: str, after: _dt.datetime) -
         first = start.astimezone(utc).replace(tzinfo=None, second=0, microsecond=0)
         if rec["freq"] == "hourly":
             first = first.replace(minute=rec["minute"])
+        # Count on from the last due time before ``after`` (a whole number of steps), not from the anchor
+        # every time: an old "every 5 minutes" would otherwise walk through every time it ever had.
+        step = _dt.timedelta(minutes=rec["interval"]) if rec["freq"] == "minutely" else _dt.timedelta(
+            hours=rec["interval"])
+        behind = after.astimezone(utc).replace(tzinfo=None) - first
+        if behind > step:
+            first += step * (behind // step - 1)
         rule = _rrule.rrule(freq, interval=rec["interval"], dtstart=first,
                             until=until and until.replace(tzinfo=tz).astimezone(utc).replace(tzinfo=None))
         begin = max(after.astimezone(utc).replace(tzinfo=None), first - _dt.timedelta(seconds=1))
@@ -12554,6 +12560,19 @@ def delete_schedule(db: Database, person: Actor, schedule_id: str, version: Any 
         audit(db, row["room"], "schedule.deleted", {"schedule": row["id"], "agent": row["agent"],
                                                     "version": row["version"] + 1})
         return {"schedule_id": row["id"], "deleted": True, "version": row["version"] + 1}
+
+
+def end_schedules_of(db: Database, handle: str) -> int:
+    """Delete every schedule of ``handle`` (closing their account), inside the caller's transaction, as
+    delete_schedule does each: its text cleared, ``schedule.updated`` and ``schedule.deleted``. How many."""
+    rows = db.rows("SELECT * FROM schedules WHERE owner = ? AND state <> 'deleted'", (handle,))
+    for row in rows:
+        move(db, "schedule", row["id"], "delete", row, version=row["version"] + 1, text="", next_run_at=None,
+             updated_at=iso(utcnow()))
+        _changed(db, row["room"], row, "deleted", row["version"] + 1)
+        audit(db, row["room"], "schedule.deleted", {"schedule": row["id"], "agent": row["agent"],
+                                                    "version": row["version"] + 1})
+    return len(rows)
 
 
 def schedule_out(db: Database, row: dict | str) -> dict:
@@ -13951,6 +13970,7 @@ def _close(db: Database, who: Actor | str, handle: str) -> dict:
             "SELECT project FROM members WHERE handle = ? ORDER BY project", (handle,))}
         ended = sign_out_everywhere(db, handle)
         projects = [{"project": p} | _erase_in(db, me, p, by, was) for p, was in running.items()]
+        end_schedules_of(db, handle)  # their texts go with the account
         room = erase_private_room(db, handle)
         invites = revoke_invites_to(db, row["email"], "invitee_closed_account") if row["email"] else 0
         keys = revoke_credentials(db, "person = ? OR agent_id IN (SELECT agent_id FROM agents WHERE owner = ?)",
