@@ -10428,10 +10428,12 @@ def finish_action(db: Database, actor: Actor, action_id: str, body: str | None =
 
 def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_key: str,
                      harness: int | None) -> dict:
-    """A runner claims a 10-minute credential to answer one room wake: its role and, to review or revise, the draft.
+    """A runner claims a 10-minute credential to answer one room wake: its role and, to review or revise, the draft
+    (a combiner reads the drafts in the room with the credential).
 
     Refused without harness 2 (``discussion.refused``), and once the turn no longer waits
-    on the agent. The same idempotency key replays the claim with a fresh credential
+    on the agent, saying why (ended, stopped, out of time, or replaced by the owner's next
+    message); a turn past its time limit ends first. The same idempotency key replays the claim with a fresh credential
     until the reply is posted. Writes ``discussion.claimed``.
     """
     if actor.credential_kind != "runner" and actor.project_scope != ROOMS_SCOPE:
@@ -10521,7 +10523,9 @@ def room_view(db: Database, person: Actor) -> dict:
 
     A turn past its time limit ends first (expire_turns), so the owner sees it ended.
     """
-    expire_due(db, "turn")
+    if db.scalar("SELECT 1 FROM turns t JOIN rooms r ON r.project = t.project WHERE r.owner = ? AND "
+                 "t.ended_at IS NULL AND t.expires_at <= ?", (person.handle, iso(utcnow()))):
+        expire_due(db, "turn")  # only then a write: the page asks for the room often
     with db.transaction():
         slug = ensure_room(db, person.handle)
     room = db.one("SELECT * FROM rooms WHERE project = ?", (slug,))
@@ -12317,6 +12321,13 @@ def schedule_times(rec: dict, timezone: str, anchor: str, after: _dt.datetime) -
         first = start.astimezone(utc).replace(tzinfo=None, second=0, microsecond=0)
         if rec["freq"] == "hourly":
             first = first.replace(minute=rec["minute"])
+        # Count on from the last due time before ``after`` (a whole number of steps), not from the anchor
+        # every time: an old "every 5 minutes" would otherwise walk through every time it ever had.
+        step = _dt.timedelta(minutes=rec["interval"]) if rec["freq"] == "minutely" else _dt.timedelta(
+            hours=rec["interval"])
+        behind = after.astimezone(utc).replace(tzinfo=None) - first
+        if behind > step:
+            first += step * (behind // step - 1)
         rule = _rrule.rrule(freq, interval=rec["interval"], dtstart=first,
                             until=until and until.replace(tzinfo=tz).astimezone(utc).replace(tzinfo=None))
         begin = max(after.astimezone(utc).replace(tzinfo=None), first - _dt.timedelta(seconds=1))
