@@ -145,6 +145,13 @@ def test_daylight_saving_changes_neither_skip_nor_double_a_run_in_two_time_zones
                       dt.datetime(2027, 11, 7, 11, tzinfo=UTC))
     assert two_hours == ["2027-11-07T05:00:00.000Z", "2027-11-07T07:00:00.000Z", "2027-11-07T09:00:00.000Z",
                          "2027-11-07T11:00:00.000Z"]
+    # Elapsed time counts on from the anchor, however long ago it was set (and quickly).
+    assert prickle.next_due(prickle.check_recurrence({"freq": "minutely", "interval": 5}), "UTC",
+                            "2020-01-01T00:01:30.000Z", dt.datetime(2026, 12, 2, 10, 3, tzinfo=UTC)) == \
+        dt.datetime(2026, 12, 2, 10, 6, tzinfo=UTC)
+    assert prickle.next_due(prickle.check_recurrence({"freq": "hourly", "interval": 7, "minute": 10}), "UTC",
+                            "2026-11-01T03:20:00.000Z", dt.datetime(2026, 12, 2, 10, 3, tzinfo=UTC)) == \
+        dt.datetime(2026, 12, 2, 15, 10, tzinfo=UTC)
     # The 1st of each month.
     assert times({"freq": "monthly", "bymonthday": [1], "hour": 8}, "UTC", dt.datetime(2027, 1, 15, tzinfo=UTC),
                  dt.datetime(2027, 4, 2, tzinfo=UTC)) == [
