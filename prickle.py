@@ -2897,9 +2897,9 @@ def _chain_rows(db: Database, chain: str, batch: int = 2000) -> Iterator[dict]:
 def verify_audit(db: Database, chain: str | None = None) -> list[dict]:
     """Recompute every chain (or one); return one report per chain.
 
-    Each report is ``{"chain", "entries", "ok", "broken_at", "hash_version"}`` (see check_chain):
+    Each report is ``{"chain", "entries", "ok", "broken_at", "hash_version", "head"}`` (see check_chain):
     ``broken_at`` is the number of the first entry whose place, link or hash does not match, or
-    None; ``hash_version`` the chain's newest entry's. Refs are recomputed from the decoded
+    None; ``hash_version`` the chain's newest entry's and ``head`` its hash (what an export ends with). Refs are recomputed from the decoded
     entry, so a stored refs text that is not canonical also fails.
     """
     chains = [chain] if chain is not None else [r["chain"] for r in db.rows("SELECT DISTINCT chain FROM audit")]
@@ -2907,7 +2907,7 @@ def verify_audit(db: Database, chain: str | None = None) -> list[dict]:
     with db.snapshot():
         for c in chains:
             report = check_chain(_chain_rows(db, c))
-            reports.append({"chain": c} | {k: report[k] for k in ("entries", "ok", "broken_at", "hash_version")})
+            reports.append({"chain": c} | {k: report[k] for k in ("entries", "ok", "broken_at", "hash_version", "head")})
     return reports
 
 
@@ -4710,6 +4710,7 @@ def create_token(db: Database, kind: str, *, agent_id: str | None = None, person
                 raise Forbidden(f"'{agent_id}' is not your agent: only its owner makes its keys")
             if not db.one("SELECT 1 FROM agents WHERE agent_id = ?", (check_agent_id(agent_id),)):
                 raise NotFound(f"no agent '{agent_id}': add it with 'prickle agent add'")
+            require_person(db, owner_of(agent_id))  # none for the agents of a person who closed their account
             if project == ROOMS_SCOPE:
                 if kind == "runner":
                     raise InvalidInput("a runner key is not scoped: leave --rooms out")
@@ -4798,7 +4799,8 @@ def audit_page(db: Database, actor: Actor, project: str, before: int | None, lim
         gone = erased_people(db)
     entries = [r | {"refs": json.loads(r["refs"])} for r in rows]
     named = {v for e in entries for v in e["refs"].values() if isinstance(v, str)}
-    return {"entries": entries, "chain": {k: report[k] for k in ("ok", "entries", "broken_at")},
+    chain = {k: report[k] for k in ("ok", "entries", "broken_at", "hash_version", "head")}
+    return {"entries": entries, "chain": chain,
             "erased": sorted(v for v in named if v.split("/")[0] in gone and v.count("/") <= 1)}
 
 
@@ -8694,6 +8696,7 @@ def pair_device(db: Database, owner: str, agent_id: str, name: str = "runner",
         agent = db.one("SELECT * FROM agents WHERE agent_id = ?", (agent_id,))
         if agent is None or agent["owner"] != owner:
             raise NotFound(f"no agent '{agent_id}' of {owner}'s: a device pairs with its owner's own agent")
+        require_person(db, owner)  # none for the agents of a person who closed their account
         device = {"id": new_id("dev"), "owner": owner, "agent_id": agent_id, "name": name,
                   "created_at": iso(utcnow()), "revoked_at": None}
         db.execute("INSERT INTO devices (id, owner, agent_id, name, created_at) VALUES (?, ?, ?, ?, ?)",
@@ -10426,10 +10429,12 @@ def finish_action(db: Database, actor: Actor, action_id: str, body: str | None =
 
 def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_key: str,
                      harness: int | None) -> dict:
-    """A runner claims a 10-minute credential to answer one room wake: its role and, to review or revise, the draft.
+    """A runner claims a 10-minute credential to answer one room wake: its role and, to review or revise, the draft
+    (a combiner reads the drafts in the room with the credential).
 
     Refused without harness 2 (``discussion.refused``), and once the turn no longer waits
-    on the agent. The same idempotency key replays the claim with a fresh credential
+    on the agent, saying why (ended, stopped, out of time, or replaced by the owner's next
+    message); a turn past its time limit ends first. The same idempotency key replays the claim with a fresh credential
     until the reply is posted. Writes ``discussion.claimed``.
     """
     if actor.credential_kind != "runner" and actor.project_scope != ROOMS_SCOPE:
@@ -10519,7 +10524,9 @@ def room_view(db: Database, person: Actor) -> dict:
 
     A turn past its time limit ends first (expire_turns), so the owner sees it ended.
     """
-    expire_due(db, "turn")
+    if db.scalar("SELECT 1 FROM turns t JOIN rooms r ON r.project = t.project WHERE r.owner = ? AND "
+                 "t.ended_at IS NULL AND t.expires_at <= ?", (person.handle, iso(utcnow()))):
+        expire_due(db, "turn")  # only then a write: the page asks for the room often
     with db.transaction():
         slug = ensure_room(db, person.handle)
     room = db.one("SELECT * FROM rooms WHERE project = ?", (slug,))
@@ -13791,7 +13798,8 @@ def run_retention(db: Database, batch: int = PURGE_BATCH) -> list[str]:
 # Closing is one transaction (close_account), in named steps:
 #   1. refusals first: an account already closed, a step-up not given, a project of which they are
 #      the last owner (someone must be left to run it: promote another member, or delete the project);
-#   2. every browser session, sign-in link, runner device and connected app ends (sign_out_everywhere);
+#   2. every browser session, sign-in link, runner device and connected app ends (sign_out_everywhere),
+#      and so does a computer's or an app's connection they approved but which was not used yet;
 #   3. in each project they are in (their private room too): the handoffs and Approve cards waiting
 #      for their approval are denied, the open tasks they or their agents asked for are cancelled,
 #      their agents leave with every knock-on of a removal (offboard, chapter 33: tasks their agents
@@ -13815,6 +13823,14 @@ def _running(db: Database, project: str) -> set[str]:
     """The attempts running in ``project`` now."""
     return {r["id"] for r in db.rows("SELECT a.id FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE "
                                      "t.project = ? AND a.state = 'running'", (project,))}
+
+
+def _end_approved_requests(db: Database, handle: str) -> None:
+    """Step 2: a computer's connect request or an app's authorization that ``handle`` approved and that was
+    not collected or redeemed yet expires now, so no key is made for their agents afterwards."""
+    for kind, table, column in (("connect", "connect_requests", "owner"), ("oauth", "oauth_requests", "person")):
+        for row in db.rows(f"SELECT * FROM {table} WHERE {column} = ? AND state = 'approved'", (handle,)):
+            move(db, kind, row["id"], "expire", row)
 
 
 def _owned_alone(db: Database, handle: str) -> list[str]:
@@ -13965,6 +13981,7 @@ def _close(db: Database, who: Actor | str, handle: str) -> dict:
         running = {r["project"]: _running(db, r["project"]) for r in db.rows(
             "SELECT project FROM members WHERE handle = ? ORDER BY project", (handle,))}
         ended = sign_out_everywhere(db, handle)
+        _end_approved_requests(db, handle)
         projects = [{"project": p} | _erase_in(db, me, p, by, was) for p, was in running.items()]
         end_schedules_of(db, handle)  # their texts go with the account
         room = erase_private_room(db, handle)
@@ -18196,7 +18213,8 @@ def audit_verify(db_path: str, as_json: bool, project_slug: str | None, export_p
     ok = all(r["ok"] for r in reports)
     Out(as_json)({"ok": ok, "chains": reports}, "\n".join(
         f"{r['chain'] or '(deployment)'}: {r['entries']} entries, "
-        + ("ok" if r["ok"] else f"BROKEN at entry {r['broken_at']}") + f" (hash version {r['hash_version']})"
+        + ("ok" if r["ok"] else f"BROKEN at entry {r['broken_at']}") + f" (hash version {r['hash_version']}; "
+        f"head {r['head']})"
         for r in reports) or "No audit entries yet.")
     if not ok:
         raise click.exceptions.Exit(1)
