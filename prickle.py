@@ -2897,9 +2897,9 @@ def _chain_rows(db: Database, chain: str, batch: int = 2000) -> Iterator[dict]:
 def verify_audit(db: Database, chain: str | None = None) -> list[dict]:
     """Recompute every chain (or one); return one report per chain.
 
-    Each report is ``{"chain", "entries", "ok", "broken_at", "hash_version"}`` (see check_chain):
+    Each report is ``{"chain", "entries", "ok", "broken_at", "hash_version", "head"}`` (see check_chain):
     ``broken_at`` is the number of the first entry whose place, link or hash does not match, or
-    None; ``hash_version`` the chain's newest entry's. Refs are recomputed from the decoded
+    None; ``hash_version`` the chain's newest entry's and ``head`` its hash (what an export ends with). Refs are recomputed from the decoded
     entry, so a stored refs text that is not canonical also fails.
     """
     chains = [chain] if chain is not None else [r["chain"] for r in db.rows("SELECT DISTINCT chain FROM audit")]
@@ -2907,7 +2907,7 @@ def verify_audit(db: Database, chain: str | None = None) -> list[dict]:
     with db.snapshot():
         for c in chains:
             report = check_chain(_chain_rows(db, c))
-            reports.append({"chain": c} | {k: report[k] for k in ("entries", "ok", "broken_at", "hash_version")})
+            reports.append({"chain": c} | {k: report[k] for k in ("entries", "ok", "broken_at", "hash_version", "head")})
     return reports
 
 
@@ -4710,6 +4710,7 @@ def create_token(db: Database, kind: str, *, agent_id: str | None = None, person
                 raise Forbidden(f"'{agent_id}' is not your agent: only its owner makes its keys")
             if not db.one("SELECT 1 FROM agents WHERE agent_id = ?", (check_agent_id(agent_id),)):
                 raise NotFound(f"no agent '{agent_id}': add it with 'prickle agent add'")
+            require_person(db, owner_of(agent_id))  # none for the agents of a person who closed their account
             if project == ROOMS_SCOPE:
                 if kind == "runner":
                     raise InvalidInput("a runner key is not scoped: leave --rooms out")
@@ -4798,7 +4799,8 @@ def audit_page(db: Database, actor: Actor, project: str, before: int | None, lim
         gone = erased_people(db)
     entries = [r | {"refs": json.loads(r["refs"])} for r in rows]
     named = {v for e in entries for v in e["refs"].values() if isinstance(v, str)}
-    return {"entries": entries, "chain": {k: report[k] for k in ("ok", "entries", "broken_at")},
+    chain = {k: report[k] for k in ("ok", "entries", "broken_at", "hash_version", "head")}
+    return {"entries": entries, "chain": chain,
             "erased": sorted(v for v in named if v.split("/")[0] in gone and v.count("/") <= 1)}
 
 
@@ -7030,9 +7032,8 @@ def open_attempt(db: Database, task_id: str, states: tuple[str, ...] = ("running
 # error). Every move of a task is move_task: the guarded move, its entry and its event.
 
 
-def _actor_ref(actor: Actor) -> dict:
-    return {"kind": "person", "handle": actor.handle} if actor.kind == "person" else \
-        {"kind": "agent", "agent_id": actor.agent_id}
+def _actor_ref(db: Database, actor: Actor) -> dict:
+    return person_ref(db, actor.handle) if actor.kind == "person" else agent_ref(db, actor.agent_id)
 
 
 def _packet_full(packet: dict) -> dict:
@@ -7303,7 +7304,7 @@ def handoff(db: Database, actor: Actor, project: str, to: str, packet: dict, *,
             "id": task_id, "project": project, "state": "requested", "waiting_on": None, "requester": requester,
             "assignee": to, "title": packet["task"][:TASK_TEXT_MAX], "packet": json.dumps(packet),
             "parent_task_id": parent_task_id, "routed_at": None, "created_at": now, "updated_at": now,
-            "last_activity_at": now, "requested_by": json.dumps(_actor_ref(actor)),
+            "last_activity_at": now, "requested_by": json.dumps(_actor_ref(db, actor)),
             "origin_message_id": origin_message_id, "route": json.dumps(route or {"via": "handoff"}),
             "display_title": None, "turn_budget": turn_budget, "idempotency_key": idempotency_key,
             "packet_hash": digest, "gate": None, "verified_at": None,
@@ -7814,7 +7815,7 @@ def accept_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
             report = json.loads(sub["evidence_report"])
             if not report["complete"]:
                 raise _incomplete(sub, json.loads(sub["evidence"]), report, len(checked))
-            verified_by = json.dumps({"kind": "agent", "agent_id": actor.agent_id})
+            verified_by = json.dumps(agent_ref(db, actor.agent_id))
             # A result whose evidence is only notes always waits for a person, whatever the policy.
             auto = db.scalar("SELECT auto_accept FROM people WHERE handle = ?", (actor.owner,)) and any(
                 e["kind"] != "note" for e in json.loads(sub["evidence"]))
@@ -7849,7 +7850,7 @@ def reject_result(db: Database, actor: Actor, task_id: str, submission_id: str, 
             next_state("task", task, "reject")
             checked = _check_verdicts(verdicts or [], len(json.loads(task["packet"])["acceptance_criteria"]), False)
             move(db, "submission", sub["id"], "reject", sub, reason=reason, verdicts=json.dumps(checked),
-                 verified_by=json.dumps({"kind": "agent", "agent_id": actor.agent_id}))
+                 verified_by=json.dumps(agent_ref(db, actor.agent_id)))
             audit(db, task["project"], "result.rejected", {"task": task_id, "submission": sub["id"],
                                                            "revision": sub["revision"], "by": actor.agent_id})
             row = move_task(db, task, "reject", actor.agent_id, [(task["assignee"], "task")])
@@ -8323,7 +8324,7 @@ def final_accept(db: Database, person: Actor, task_id: str) -> dict:
         next_state("task", task, "final_accept")
         sub = latest_submission(db, task_id)
         move(db, "submission", sub["id"], "accept", sub, provenance="owner_approved", provenance_status=None,
-             decided_by=json.dumps({"kind": "person", "handle": person.handle}))
+             decided_by=json.dumps(person_ref(db, person.handle)))
         audit(db, task["project"], "result.accepted", {"task": task_id, "submission": sub["id"],
                                                        "revision": sub["revision"], "step": "owner_accepted",
                                                        "by": person.handle})
@@ -8343,7 +8344,7 @@ def send_back(db: Database, person: Actor, task_id: str, reason: str) -> dict:
         next_state("task", task, "send_back")
         sub = latest_submission(db, task_id)
         move(db, "submission", sub["id"], "reject", sub, reason=reason,
-             decided_by=json.dumps({"kind": "person", "handle": person.handle}))
+             decided_by=json.dumps(person_ref(db, person.handle)))
         audit(db, task["project"], "result.rejected", {"task": task_id, "submission": sub["id"],
                                                        "revision": sub["revision"], "by": person.handle})
         row = move_task(db, task, "send_back", person.handle,
@@ -8695,6 +8696,7 @@ def pair_device(db: Database, owner: str, agent_id: str, name: str = "runner",
         agent = db.one("SELECT * FROM agents WHERE agent_id = ?", (agent_id,))
         if agent is None or agent["owner"] != owner:
             raise NotFound(f"no agent '{agent_id}' of {owner}'s: a device pairs with its owner's own agent")
+        require_person(db, owner)  # none for the agents of a person who closed their account
         device = {"id": new_id("dev"), "owner": owner, "agent_id": agent_id, "name": name,
                   "created_at": iso(utcnow()), "revoked_at": None}
         db.execute("INSERT INTO devices (id, owner, agent_id, name, created_at) VALUES (?, ?, ?, ?, ?)",
@@ -10360,7 +10362,8 @@ def expire_actions(db: Database, now: _dt.datetime) -> int:
 
 
 def claim_action(db: Database, actor: Actor, action_id: str) -> dict:
-    """The proposing agent's runner uses the approval, once, before it runs anything. Writes ``action.claimed``."""
+    """The proposing agent's runner uses the approval, once, before it runs anything (refused while its
+    owner's round is stopped). Writes ``action.claimed``."""
     if actor.credential_kind != "runner":
         raise Forbidden("only the proposing agent's runner device claims an approved action")
     with db.transaction():
@@ -10372,6 +10375,8 @@ def claim_action(db: Database, actor: Actor, action_id: str) -> dict:
             raise InvalidState(f"action '{action_id}' was approved, but the approval lapsed at {row['expires_at']}")
         if row["status"] != "approved":
             raise InvalidState(f"action '{action_id}' is {row['status']}: only an approved card is claimed, once")
+        if round_stopped(db, row["project"]):  # its result could not be posted: spend nothing
+            raise InvalidState("your owner stopped this round in their room: nothing runs until they write again")
         move(db, "action", action_id, "claim", row)
         audit(db, row["project"], "action.claimed", {"action": action_id, "tool": row["tool"],
                                                      "inputs_sha256": sha256_hex(row["inputs"])})
@@ -10424,10 +10429,12 @@ def finish_action(db: Database, actor: Actor, action_id: str, body: str | None =
 
 def claim_discussion(db: Database, actor: Actor, message_id: str, idempotency_key: str,
                      harness: int | None) -> dict:
-    """A runner claims a 10-minute credential to answer one room wake: its role and, to review or revise, the draft.
+    """A runner claims a 10-minute credential to answer one room wake: its role and, to review or revise, the draft
+    (a combiner reads the drafts in the room with the credential).
 
     Refused without harness 2 (``discussion.refused``), and once the turn no longer waits
-    on the agent. The same idempotency key replays the claim with a fresh credential
+    on the agent, saying why (ended, stopped, out of time, or replaced by the owner's next
+    message); a turn past its time limit ends first. The same idempotency key replays the claim with a fresh credential
     until the reply is posted. Writes ``discussion.claimed``.
     """
     if actor.credential_kind != "runner" and actor.project_scope != ROOMS_SCOPE:
@@ -10517,7 +10524,9 @@ def room_view(db: Database, person: Actor) -> dict:
 
     A turn past its time limit ends first (expire_turns), so the owner sees it ended.
     """
-    expire_due(db, "turn")
+    if db.scalar("SELECT 1 FROM turns t JOIN rooms r ON r.project = t.project WHERE r.owner = ? AND "
+                 "t.ended_at IS NULL AND t.expires_at <= ?", (person.handle, iso(utcnow()))):
+        expire_due(db, "turn")  # only then a write: the page asks for the room often
     with db.transaction():
         slug = ensure_room(db, person.handle)
     room = db.one("SELECT * FROM rooms WHERE project = ?", (slug,))
@@ -10803,7 +10812,7 @@ def _transfer_requests(db: Database, project: str, parties: list[str], to_owner:
             continue
         now = iso(utcnow())
         db.execute("UPDATE tasks SET requester = NULL, requested_by = ?, updated_at = ?, last_activity_at = ? "
-                   "WHERE id = ?", (json.dumps({"kind": "person", "handle": to_owner}), now, now, task["id"]))
+                   "WHERE id = ?", (json.dumps(person_ref(db, to_owner)), now, now, task["id"]))
         audit(db, project, "task.reassigned", {"task": task["id"], "side": "requester", "from": _requested_by(task),
                                                "to": to_owner, "by": by})
         append_event(db, project, "task.updated", {"task": task_out(db, task["id"])})
@@ -12313,6 +12322,13 @@ def schedule_times(rec: dict, timezone: str, anchor: str, after: _dt.datetime) -
         first = start.astimezone(utc).replace(tzinfo=None, second=0, microsecond=0)
         if rec["freq"] == "hourly":
             first = first.replace(minute=rec["minute"])
+        # Count on from the last due time before ``after`` (a whole number of steps), not from the anchor
+        # every time: an old "every 5 minutes" would otherwise walk through every time it ever had.
+        step = _dt.timedelta(minutes=rec["interval"]) if rec["freq"] == "minutely" else _dt.timedelta(
+            hours=rec["interval"])
+        behind = after.astimezone(utc).replace(tzinfo=None) - first
+        if behind > step:
+            first += step * (behind // step - 1)
         rule = _rrule.rrule(freq, interval=rec["interval"], dtstart=first,
                             until=until and until.replace(tzinfo=tz).astimezone(utc).replace(tzinfo=None))
         begin = max(after.astimezone(utc).replace(tzinfo=None), first - _dt.timedelta(seconds=1))
@@ -12547,6 +12563,19 @@ def delete_schedule(db: Database, person: Actor, schedule_id: str, version: Any 
         audit(db, row["room"], "schedule.deleted", {"schedule": row["id"], "agent": row["agent"],
                                                     "version": row["version"] + 1})
         return {"schedule_id": row["id"], "deleted": True, "version": row["version"] + 1}
+
+
+def end_schedules_of(db: Database, handle: str) -> int:
+    """Delete every schedule of ``handle`` (closing their account), inside the caller's transaction, as
+    delete_schedule does each: its text cleared, ``schedule.updated`` and ``schedule.deleted``. How many."""
+    rows = db.rows("SELECT * FROM schedules WHERE owner = ? AND state <> 'deleted'", (handle,))
+    for row in rows:
+        move(db, "schedule", row["id"], "delete", row, version=row["version"] + 1, text="", next_run_at=None,
+             updated_at=iso(utcnow()))
+        _changed(db, row["room"], row, "deleted", row["version"] + 1)
+        audit(db, row["room"], "schedule.deleted", {"schedule": row["id"], "agent": row["agent"],
+                                                    "version": row["version"] + 1})
+    return len(rows)
 
 
 def schedule_out(db: Database, row: dict | str) -> dict:
@@ -13769,7 +13798,8 @@ def run_retention(db: Database, batch: int = PURGE_BATCH) -> list[str]:
 # Closing is one transaction (close_account), in named steps:
 #   1. refusals first: an account already closed, a step-up not given, a project of which they are
 #      the last owner (someone must be left to run it: promote another member, or delete the project);
-#   2. every browser session, sign-in link, runner device and connected app ends (sign_out_everywhere);
+#   2. every browser session, sign-in link, runner device and connected app ends (sign_out_everywhere),
+#      and so does a computer's or an app's connection they approved but which was not used yet;
 #   3. in each project they are in (their private room too): the handoffs and Approve cards waiting
 #      for their approval are denied, the open tasks they or their agents asked for are cancelled,
 #      their agents leave with every knock-on of a removal (offboard, chapter 33: tasks their agents
@@ -13793,6 +13823,14 @@ def _running(db: Database, project: str) -> set[str]:
     """The attempts running in ``project`` now."""
     return {r["id"] for r in db.rows("SELECT a.id FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE "
                                      "t.project = ? AND a.state = 'running'", (project,))}
+
+
+def _end_approved_requests(db: Database, handle: str) -> None:
+    """Step 2: a computer's connect request or an app's authorization that ``handle`` approved and that was
+    not collected or redeemed yet expires now, so no key is made for their agents afterwards."""
+    for kind, table, column in (("connect", "connect_requests", "owner"), ("oauth", "oauth_requests", "person")):
+        for row in db.rows(f"SELECT * FROM {table} WHERE {column} = ? AND state = 'approved'", (handle,)):
+            move(db, kind, row["id"], "expire", row)
 
 
 def _owned_alone(db: Database, handle: str) -> list[str]:
@@ -13943,7 +13981,9 @@ def _close(db: Database, who: Actor | str, handle: str) -> dict:
         running = {r["project"]: _running(db, r["project"]) for r in db.rows(
             "SELECT project FROM members WHERE handle = ? ORDER BY project", (handle,))}
         ended = sign_out_everywhere(db, handle)
+        _end_approved_requests(db, handle)
         projects = [{"project": p} | _erase_in(db, me, p, by, was) for p, was in running.items()]
+        end_schedules_of(db, handle)  # their texts go with the account
         room = erase_private_room(db, handle)
         invites = revoke_invites_to(db, row["email"], "invitee_closed_account") if row["email"] else 0
         keys = revoke_credentials(db, "person = ? OR agent_id IN (SELECT agent_id FROM agents WHERE owner = ?)",
@@ -18173,7 +18213,8 @@ def audit_verify(db_path: str, as_json: bool, project_slug: str | None, export_p
     ok = all(r["ok"] for r in reports)
     Out(as_json)({"ok": ok, "chains": reports}, "\n".join(
         f"{r['chain'] or '(deployment)'}: {r['entries']} entries, "
-        + ("ok" if r["ok"] else f"BROKEN at entry {r['broken_at']}") + f" (hash version {r['hash_version']})"
+        + ("ok" if r["ok"] else f"BROKEN at entry {r['broken_at']}") + f" (hash version {r['hash_version']}; "
+        f"head {r['head']})"
         for r in reports) or "No audit entries yet.")
     if not ok:
         raise click.exceptions.Exit(1)

@@ -41,6 +41,9 @@ What it measures, against ``prickle serve --demo`` on a fresh database in a temp
    with a project of 100,000 messages (10,000 with --quick), deletes it, moves Prickle's clock past
    the recovery window and runs the retention worker's steps (one short transaction each) until the
    content is purged: the total time and the longest step.
+8. An export: ``bench/export.py`` (a process of its own) fills a database with a project of 100,000
+   messages (10,000 with --quick), exports its whole content to a zip as its owner and checks the zip
+   as ``prickle audit verify --file`` does: how long each took, and the memory the export added.
 
 Run it from the repository with the project's virtualenv active (``wrk`` from Debian's
 ``wrk`` package; without it the Python load generator is used)::
@@ -531,6 +534,20 @@ def measure_purge(cfg: Settings, tmp: Path) -> dict:
     return result
 
 
+def measure_export(cfg: Settings, tmp: Path) -> dict:
+    """Run bench/export.py on a folder of its own; its JSON (export_s, check_s, zip_mb, rss_*_mb, ...)."""
+    folder = tmp / "export"
+    folder.mkdir()
+    out = subprocess.run([sys.executable, str(BENCH / "export.py"), "--dir", str(folder), "--messages",
+                          str(cfg.purge_messages)], capture_output=True, text=True, timeout=max(60, cfg.budget))
+    if out.returncode != 0:
+        raise BenchError(f"bench/export.py failed: {out.stderr.strip()[-300:]}")
+    result = json.loads(out.stdout)
+    if not result["ok"]:
+        raise BenchError(f"the export did not hold every message or did not check out: {result}")
+    return result
+
+
 def waits_held(base: str) -> int:
     """How many waits the server holds now (``/healthz``'s ``waits``)."""
     try:
@@ -644,7 +661,7 @@ def yes_no(ok: bool) -> str:
 
 
 def table(cfg: Settings, tput: dict, wake: dict, waiters: dict, echo_rss: float, prickle_idle: float,
-          handoff: dict, lives: dict, attachment: dict, purge: dict) -> list[str]:
+          handoff: dict, lives: dict, attachment: dict, purge: dict, export: dict) -> list[str]:
     rows = ["| measure | Prickle | echo baseline | target | ok |", "| --- | ---: | ---: | --- | --- |"]
     for agents in (1, AGENTS):
         p, e = tput[("prickle", agents)], tput[("echo", agents)]
@@ -684,6 +701,9 @@ def table(cfg: Settings, tput: dict, wake: dict, waiters: dict, echo_rss: float,
     rows.append(f"| purge of a deleted project of {purge['messages']:,} messages: total ({purge['steps']} steps of "
                 f"<= {purge['batch']} rows) / longest step | {purge['purge_s']:.1f} s / {purge['longest_step_ms']:.0f} ms "
                 "| n/a | - | - |")
+    rows.append(f"| export of a project of {export['messages']:,} messages (everything, a {export['zip_mb']:.1f} MB zip): "
+                f"written / checked with no database; memory it added | {export['export_s']:.1f} s / "
+                f"{export['check_s']:.1f} s; {export['rss_peak_mb'] - export['rss_before_mb']:+.0f} MB | n/a | - | - |")
     return rows
 
 
@@ -839,8 +859,12 @@ def run(cfg: Settings, tmp: Path, procs: Processes, started: float) -> list[str]
     log(f"a purge of {cfg.purge_messages:,} messages ...")
     purge = measure_purge(cfg, tmp)
     log(f"  {purge['purge_s']:.1f} s in {purge['steps']} steps, longest {purge['longest_step_ms']:.0f} ms")
+    log(f"an export of {cfg.purge_messages:,} messages ...")
+    export = measure_export(cfg, tmp)
+    log(f"  written in {export['export_s']:.1f} s, checked in {export['check_s']:.1f} s")
     took = [f"- the measurements took {time.monotonic() - started:.0f} s"]
-    return (header(cfg) + table(cfg, tput, wake, waiters, echo_rss, prickle_idle, handoff, lives, attachment, purge)
+    return (header(cfg) + table(cfg, tput, wake, waiters, echo_rss, prickle_idle, handoff, lives, attachment, purge,
+                                 export)
             + details(tput, wake, waiters, server_errors, handoff, lives) + took + hints(tput, wake))
 
 

@@ -14,8 +14,9 @@ export function createCloseAccount() {
     h("h2", { id: "close-account-heading", text: "Close your account" }),
     h("p", { class: "muted", text: "Closing your account ends every session, key, runner device and connected app of "
       + "yours and your agents', and the invites you sent or were sent. Your agents leave every project; handoffs "
-      + "waiting for your approval are denied, and the tasks you or your agents asked for are cancelled. Your name "
-      + "and address are removed: what you wrote stays with the team, shown as by an erased person. It can't be undone." }),
+      + "and Approve cards waiting for you are declined, and the tasks you or your agents asked for are cancelled. "
+      + "Your private room is erased. Your name and address are removed: what you wrote in projects stays with the "
+      + "team, shown as by an erased person. It can't be undone." }),
     h("p", { class: "muted", text: "If you are the last owner of a project, make another member an owner first." }),
     h("div", { class: "form-actions" }, button), error);
 

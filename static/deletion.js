@@ -20,12 +20,12 @@ export function dangerZone(data, ctx) {
     const { deletion } = await del(`/api/projects/${seg(slug)}`);
     announce(`Deleted ${name}. Its owners can restore it until ${when(deletion.deadline)}.`);
     ctx.go("#/");
-  }), { class: "danger-quiet", "aria-label": `Delete the project ${name}` });
+  }), { class: "danger-quiet", "aria-label": `Delete project: ${name}` });
   const erase = confirmButton("Erase project", "Click again to erase it for good", (button) => act(button, error, async () => {
     const { deletion } = await post(`/api/projects/${seg(slug)}/erase`);
     announce(`${name} will be erased: its content goes ${when(deletion.deadline)}, and it can't be restored.`);
     ctx.go("#/");
-  }), { class: "danger-quiet", "aria-label": `Erase the project ${name}` });
+  }), { class: "danger-quiet", "aria-label": `Erase project: ${name}` });
   return h("section", { class: "section card danger-zone", "aria-labelledby": "danger-heading" },
     h("h2", { id: "danger-heading", text: "Delete or erase this project" }),
     h("p", { class: "muted small", text: "Either takes it away from everyone at once: its agents' runs stop and "

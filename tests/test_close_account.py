@@ -9,7 +9,7 @@ import pytest
 
 import prickle
 from conftest import PROJECT, audit_entries
-from helpers import P, PACKET, claimed, confirmed, handoff, jrun, person, post, run
+from helpers import P, PACKET, ask_connect, claimed, confirmed, handoff, jrun, person, post, run
 
 ERASED_REN = {"kind": "person", "handle": "ren", "erased": True}
 ERASED_BUILDER = {"kind": "agent", "agent_id": "ren/builder", "erased": True}
@@ -126,8 +126,9 @@ def test_an_erased_person_shows_as_one_everywhere_and_nothing_of_theirs_works(mc
     assert world.db.scalar("SELECT count(*) FROM credentials WHERE (person = 'ren' OR agent_id = 'ren/builder') "
                            "AND revoked_at IS NULL") == 0
     # ...and nothing can be made for them again.
-    code, _, err = run(world.db_path, "token", "create", "--person", "ren", ok=False)
-    assert code != 0 and "'ren' closed their account" in err
+    for args in (("--person", "ren"), ("--agent", "ren/builder"), ("--runner", "ren/builder")):
+        code, _, err = run(world.db_path, "token", "create", *args, ok=False)
+        assert code != 0 and "'ren' closed their account" in err, args
 
 
 def test_the_events_lose_the_name_and_the_file_keeps_no_name_or_address(mcp, server, world):
@@ -183,3 +184,18 @@ def test_a_deleted_project_restored_after_a_member_closed_their_account_does_not
         {"handle": "oj"}]
     assert world.db.rows("SELECT agent_id FROM project_agents WHERE project = ? ORDER BY agent_id", (PROJECT,)) == [
         {"agent_id": "oj/muse"}, {"agent_id": "oj/scout"}]
+
+
+def test_a_computer_approved_but_not_yet_connected_gets_no_key_once_the_account_is_closed(server, world):
+    ren = confirmed(server, world, "ren")
+    asked = ask_connect(server)
+    ok = ren.post(f"/api/connect/{asked['code']}", {"decision": "approve", "typed_code": asked["code"], "agents": [
+        {"cli": "codex", "agent_id": "ren/builder"}]})
+    assert ok.status_code == 200, ok.text
+    keys = world.db.scalar("SELECT count(*) FROM credentials")
+    assert ren.delete("/api/me").status_code == 200
+    r = server.post("/api/runner/connect/collect", json={"request_id": asked["request_id"],
+                                                         "collect_secret": asked["collect_secret"]})
+    assert (r.status_code, r.json()["error"]["code"]) == (410, "expired")
+    assert world.db.scalar("SELECT state FROM connect_requests WHERE id = ?", (asked["request_id"],)) == "expired"
+    assert world.db.scalar("SELECT count(*) FROM credentials") == keys

@@ -130,7 +130,7 @@ def test_a_recorded_owner_restores_within_the_window_and_work_stays_stopped(mcp,
         403, f"only an owner of '{PROJECT}' when it was deleted can restore it")
     r = person(server, world, "oj").post(f"/api/projects/{PROJECT}/restore", {"now": True})
     assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_input")
-    clock.now = T0 + 29 * DAY
+    clock.now = T0 + dt.timedelta(hours=20)  # within the window (and before the task's approval would lapse)
     r = person(server, world, "oj").post(f"/api/projects/{PROJECT}/restore")
     assert r.status_code == 200, r.text
     assert r.json() == {"project": {"slug": PROJECT, "team": "web", "name": "Website v2",
@@ -294,3 +294,41 @@ def test_the_command_line_deletes_restores_erases_and_lists(world):
 def test_the_server_runs_the_retention_worker_as_a_named_piece(world):
     pieces = [p.name for p in prickle.server_maintenance(world.db, None, None, prickle.Settings(), lambda: None).pieces]
     assert "retention" in pieces
+
+
+def test_a_real_server_killed_mid_purge_goes_on_at_its_next_start_and_nothing_is_ever_readable(world):
+    from conftest import Served
+    agent = world.actor("oj/muse")
+    for start in range(0, 20_000, 5000):
+        with world.db.transaction():
+            for n in range(start, start + 5000):
+                prickle.write_message(world.db, agent, PROJECT, f"Note {n}")
+    prickle.delete_project(world.db, PROJECT, "oj", window=dt.timedelta(0))  # its deadline is now
+    oj = world.person("oj")
+
+    def state_and_left():
+        return (world.db.scalar("SELECT state FROM projects WHERE slug = ?", (PROJECT,)),
+                world.db.scalar("SELECT count(*) FROM messages WHERE project = ?", (PROJECT,)))
+
+    server = Served(world.db_path)
+    try:
+        deadline = time.monotonic() + 60
+        while state_and_left()[1] == 20_000 and time.monotonic() < deadline:  # until the purge is under way
+            time.sleep(0.02)
+    finally:
+        server.stop(kill=True)  # kill -9, mid-purge
+    state, left = state_and_left()
+    assert state == "purging" and 0 < left < 20_000, (state, left)
+    with pytest.raises(prickle.NotFound):
+        prickle.require_project(world.db, oj, PROJECT)
+    assert prickle.deleted_projects(world.db, oj)[0]["state"] == "purging"
+    with Served(world.db_path):
+        deadline = time.monotonic() + 90
+        while state_and_left()[0] != "purged" and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert state_and_left() == ("purged", 0)
+    entries = audit_entries(world.db, PROJECT)
+    assert [e["type"] for e in entries].count("project.purge_started") == 1
+    assert (entries[-1]["type"], entries[-1]["refs"]) == (
+        "project.content_purged", {"request_number": 1, "messages": 20_000, "tasks": 0, "files": 0})
+    assert prickle.verify_audit(world.db, PROJECT)[0]["ok"]

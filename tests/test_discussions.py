@@ -203,7 +203,9 @@ def test_the_owner_stops_a_round_agents_post_nothing_there_until_the_owner_write
     oj = person(server, world, "oj")
     runner = prickle.resolve_token(world.db, runners["oj/muse"], ("runner",))
     card = prickle.propose_action(world.db, runner, "image_gen", "Make the hero image", "a hedgehog")
-    oj.post(f"/api/actions/{card['id']}", {"decision": "approve"})
+    waiting = prickle.propose_action(world.db, runner, "image_gen", "Make a banner", "a quiet sea")
+    for c in (card, waiting):
+        oj.post(f"/api/actions/{c['id']}", {"decision": "approve"})
     prickle.claim_action(world.db, runner, card["id"])  # running when the round stops
     asked = say(server, world, "Start something")
     live = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
@@ -226,10 +228,15 @@ def test_the_owner_stops_a_round_agents_post_nothing_there_until_the_owner_write
         raise AssertionError("a card was proposed in a stopped round")
     except prickle.InvalidState as e:
         assert "stopped this round" in str(e)
+    try:  # an approved card not yet claimed runs nothing: its result could not be posted
+        prickle.claim_action(world.db, runner, waiting["id"])
+        raise AssertionError("a card was claimed in a stopped round")
+    except prickle.InvalidState as e:
+        assert "nothing runs until they write again" in str(e)
     finished = prickle.finish_action(world.db, runner, card["id"], body="Made: a hedgehog")
     assert (finished["status"], finished["failure"]) == ("failed", "stopped")
     assert [m["body"] for m in oj.get(f"/api/projects/{ROOM}/room").json()["messages"]] == [
-        "Proposed: Make the hero image", "Start something"]
+        "Proposed: Make the hero image", "Proposed: Make a banner", "Start something"]
     # The owner's next message opens the next round.
     say(server, world, "Go on")
     assert oj.get("/api/room").json()["room"]["round"] == {"number": 2, "stopped": False}

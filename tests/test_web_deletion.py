@@ -9,11 +9,22 @@ authenticator. Screenshots go to tests/screenshots/.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from browser import PROJECT, at_name, cli_json, expect, goto, person_api, shot, signed_in_at_name, with_passkey
 
+AXE = Path(__file__).resolve().parent.parent / ".cache" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
 DESKTOP = {"width": 1366, "height": 900}
 PHONE = {"width": 390, "height": 844}
+
+
+def serious(page, selector):
+    """The serious and critical axe-core findings inside ``selector`` (none when axe-core is not installed)."""
+    if not AXE.exists():
+        return []
+    page.add_script_tag(path=str(AXE))
+    return page.evaluate("async (s) => (await axe.run({include: [[s]]}, {resultTypes: ['violations']})).violations"
+                         ".filter((v) => ['serious', 'critical'].includes(v.impact)).map((v) => v.id)", selector)
 
 
 def test_an_owner_deletes_a_project_an_open_view_loses_it_and_restore_brings_it_back(served, people):
@@ -25,10 +36,11 @@ def test_an_owner_deletes_a_project_an_open_view_loses_it_and_restore_brings_it_
     page.goto(at_name(f"{served.info['url']}/#/p/{PROJECT}/people"))
     zone = page.locator("section.danger-zone")
     expect(zone.get_by_role("heading", name="Delete or erase this project")).to_be_visible()
-    expect(zone.get_by_role("button", name="Erase the project Website v2")).to_be_visible()
+    expect(zone.get_by_role("button", name="Erase project: Website v2")).to_be_visible()
     zone.scroll_into_view_if_needed()
     shot(page, "deletion_members_owner_desktop")
-    delete = zone.get_by_role("button", name="Delete the project Website v2")
+    assert serious(page, "section.danger-zone") == []
+    delete = zone.get_by_role("button", name="Delete project: Website v2")
     delete.click()
     expect(delete).to_have_text("Click again to delete it")
     delete.click()
@@ -47,6 +59,7 @@ def test_an_owner_deletes_a_project_an_open_view_loses_it_and_restore_brings_it_
         [deleted] = oj.get("/api/deleted-projects").json()["projects"]
     assert (deleted["project"], deleted["state"], deleted["can_restore"]) == (PROJECT, "deleted", True)
     shot(page, "deletion_home_deleted_desktop")
+    assert serious(page, "section.deleted-projects") == []
     # The member who is no owner sees nothing to restore.
     goto(ren, served, "#/")
     expect(ren.get_by_role("heading", name=re.compile(r"^Hello, "))).to_be_visible()
@@ -68,7 +81,7 @@ def test_on_a_phone_the_deleted_project_and_its_restore_fit(served, people):
     page = people("oj", viewport=PHONE)
     goto(page, served, f"#/p/{PROJECT}/people")
     zone = page.locator("section.danger-zone")
-    expect(zone.get_by_role("button", name="Delete the project Website v2")).to_be_visible()
+    expect(zone.get_by_role("button", name="Delete project: Website v2")).to_be_visible()
     zone.scroll_into_view_if_needed()
     shot(page, "deletion_members_owner_phone", full_page=False)
     cli_json(served.db, "project", "delete", PROJECT, "--by", "oj")
@@ -81,5 +94,6 @@ def test_on_a_phone_the_deleted_project_and_its_restore_fit(served, people):
     assert restore.bounding_box()["height"] >= 32
     item.scroll_into_view_if_needed()
     shot(page, "deletion_home_deleted_phone", full_page=False)
+    assert serious(page, "section.deleted-projects") == []
     restore.click()
     expect(page.locator(f".project-card[data-slug='{PROJECT}']")).to_be_visible()

@@ -58,6 +58,15 @@ def test_an_owner_makes_pauses_resumes_and_deletes_a_schedule_and_sees_its_runs(
     expect(item.locator(".schedule-next")).to_have_text("Paused: nothing runs until you resume it.")
     item.get_by_role("button", name=re.compile("^Resume schedule")).click()  # confirmed minutes ago: no dialog
     expect(item.locator(".schedule-next time")).to_be_visible()
+    # An edit: new words, its recurrence kept as it is.
+    item.get_by_role("button", name=re.compile("^Edit schedule")).click()
+    edit = card.get_by_role("form", name="Edit schedule")
+    expect(edit.get_by_label("How often")).to_have_value("keep")
+    edit.get_by_label("What to do").fill("Summarise yesterday's commits and open pull requests.")
+    edit.get_by_role("button", name="Save changes").click()
+    expect(edit).to_have_count(0)
+    item = card.locator(".schedule").filter(has_text="Summarise yesterday's commits and open pull requests.")
+    expect(item.locator(".schedule-when")).to_have_text("every weekday at 09:00 (Europe/Berlin)")
 
     # The first schedule falls due (its time moved into the past in the file, as after a night); making a
     # second wakes the server's scheduler, which asks oj/muse for the first one's task.
@@ -95,5 +104,5 @@ def test_an_owner_makes_pauses_resumes_and_deletes_a_schedule_and_sees_its_runs(
     second.get_by_role("button", name=re.compile("^Click again to delete")).click()
     expect(card.locator(".schedule")).to_have_count(1)
     with person_api(served, "oj") as oj:
-        assert [s["text"] for s in oj.get("/api/room/schedules").json()["schedules"]] == [
-            "Summarise yesterday's commits for the team."]
+        [kept] = oj.get("/api/room/schedules").json()["schedules"]
+    assert (kept["text"], kept["version"]) == ("Summarise yesterday's commits and open pull requests.", 4)

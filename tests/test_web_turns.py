@@ -14,7 +14,7 @@ import re
 import pytest
 
 import prickle
-from browser import cli_json, expect, mcp, person_api, shot
+from browser import cli_json, expect, goto, mcp, person_api, shot
 
 ROOM = "oj-room"
 PHONE = {"width": 390, "height": 844}
@@ -25,7 +25,7 @@ def _write(page, text: str):
     box.fill(text)
     box.press("Enter")
     mine = page.locator(".msg", has_text=text)
-    expect(mine).to_be_visible()
+    expect(mine).to_have_attribute("data-id", re.compile(r"^msg-"))  # posted: no longer the sending copy
     return mine.get_attribute("data-id")
 
 
@@ -102,3 +102,25 @@ def test_a_combined_turn_a_turn_out_of_time_and_a_stopped_round(served, people):
     expect(turn.locator(".turn-text")).to_have_text("Waiting on oj/muse to draft, 1 reply left.")
     db.close()
 
+
+
+def test_a_runner_too_old_for_turns_shows_as_needing_an_update_on_the_agents_page(served, people):
+    runner = cli_json(served.db, "device", "pair", "oj/muse", "--name", "old-laptop")["token"]
+    with person_api(served, "oj") as oj:
+        oj.post("/api/room", json={"reply_mode": "solo", "lead": "oj/muse"})
+        asked = oj.post(f"/api/projects/{ROOM}/messages", json={"body": "Still there?"}).json()["message"]
+    with pytest.raises(AssertionError, match="harness: this runner speaks harness 1"):  # an old runner sends none
+        mcp(served, "oj/muse", "claim_discussion", {"message_id": asked["id"], "idempotency_key": "old"}, key=runner)
+    page = people("oj")
+    goto(page, served, "#/agents")
+    card = page.locator('.agent-card[data-agent="oj/muse"]')
+    expect(card.locator(".needs-update")).to_contain_text("Its runner needs an update")
+    expect(page.locator('.agent-card[data-agent="oj/critic"] .needs-update')).to_have_count(0)
+    card.scroll_into_view_if_needed()
+    shot(page, "agents_runner_needs_an_update", full_page=False)
+    # The updated runner answers: the warning goes.
+    mcp(served, "oj/muse", "claim_discussion", {"message_id": asked["id"], "idempotency_key": "new", "harness": 2},
+        key=runner)
+    page.reload()
+    expect(card).to_be_visible()
+    expect(card.locator(".needs-update")).to_have_count(0)
