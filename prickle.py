@@ -2897,9 +2897,9 @@ def _chain_rows(db: Database, chain: str, batch: int = 2000) -> Iterator[dict]:
 def verify_audit(db: Database, chain: str | None = None) -> list[dict]:
     """Recompute every chain (or one); return one report per chain.
 
-    Each report is ``{"chain", "entries", "ok", "broken_at", "hash_version"}`` (see check_chain):
+    Each report is ``{"chain", "entries", "ok", "broken_at", "hash_version", "head"}`` (see check_chain):
     ``broken_at`` is the number of the first entry whose place, link or hash does not match, or
-    None; ``hash_version`` the chain's newest entry's. Refs are recomputed from the decoded
+    None; ``hash_version`` the chain's newest entry's and ``head`` its hash (what an export ends with). Refs are recomputed from the decoded
     entry, so a stored refs text that is not canonical also fails.
     """
     chains = [chain] if chain is not None else [r["chain"] for r in db.rows("SELECT DISTINCT chain FROM audit")]
@@ -2907,7 +2907,7 @@ def verify_audit(db: Database, chain: str | None = None) -> list[dict]:
     with db.snapshot():
         for c in chains:
             report = check_chain(_chain_rows(db, c))
-            reports.append({"chain": c} | {k: report[k] for k in ("entries", "ok", "broken_at", "hash_version")})
+            reports.append({"chain": c} | {k: report[k] for k in ("entries", "ok", "broken_at", "hash_version", "head")})
     return reports
 
 
@@ -4799,7 +4799,8 @@ def audit_page(db: Database, actor: Actor, project: str, before: int | None, lim
         gone = erased_people(db)
     entries = [r | {"refs": json.loads(r["refs"])} for r in rows]
     named = {v for e in entries for v in e["refs"].values() if isinstance(v, str)}
-    return {"entries": entries, "chain": {k: report[k] for k in ("ok", "entries", "broken_at")},
+    chain = {k: report[k] for k in ("ok", "entries", "broken_at", "hash_version", "head")}
+    return {"entries": entries, "chain": chain,
             "erased": sorted(v for v in named if v.split("/")[0] in gone and v.count("/") <= 1)}
 
 
@@ -18212,7 +18213,8 @@ def audit_verify(db_path: str, as_json: bool, project_slug: str | None, export_p
     ok = all(r["ok"] for r in reports)
     Out(as_json)({"ok": ok, "chains": reports}, "\n".join(
         f"{r['chain'] or '(deployment)'}: {r['entries']} entries, "
-        + ("ok" if r["ok"] else f"BROKEN at entry {r['broken_at']}") + f" (hash version {r['hash_version']})"
+        + ("ok" if r["ok"] else f"BROKEN at entry {r['broken_at']}") + f" (hash version {r['hash_version']}; "
+        f"head {r['head']})"
         for r in reports) or "No audit entries yet.")
     if not ok:
         raise click.exceptions.Exit(1)

@@ -50,7 +50,9 @@ export function mount(el, ctx) {
 
 function renderChain(el, chain) {
   fill(el, chain.ok
-    ? [badge("chain intact", "ok"), h("span", { text: ` All ${chain.entries} entries check out against their hashes.` })]
+    ? [badge("chain intact", "ok"), h("span", { text: ` All ${chain.entries} entries check out against their hashes.` }),
+      chain.head ? h("span", { class: "chain-head muted small" }, ` Its newest hash (hash version ${chain.hash_version}), `
+        + "which an export of this log ends with: ", h("code", { text: chain.head })) : null]
     : [badge("chain broken", "danger"), h("strong", { text: ` The chain breaks at entry ${chain.broken_at}.` }),
       h("span", { text: " Entries from there on may have been changed outside Prickle; run 'prickle audit verify'." })]);
   el.dataset.ok = String(chain.ok);

@@ -55,7 +55,7 @@ def test_entries_from_before_hash_versions_are_version_1_and_their_chain_stays_t
     db = prickle.Database(db_path)
     assert [(e["n"], e["hash_version"]) for e in audit_entries(db, "p")] == [(1, 1), (2, 1), (3, 1)]
     assert prickle.verify_audit(db, "p") == [{"chain": "p", "entries": 3, "ok": True, "broken_at": None,
-                                              "hash_version": 1}]
+                                              "hash_version": 1, "head": head}]
     with db.transaction():
         fourth = prickle.audit(db, "p", "memory.set", {"key": "k4", "by": "oj"})
         fresh = prickle.audit(db, "q", "memory.set", {"key": "k1", "by": "oj"})
@@ -86,7 +86,7 @@ def test_rehash_moves_a_chain_to_version_2_and_records_both_heads(db_path):
     assert out["rehashed"] == [{"chain": "p", "n": 4, "at": entries[3]["at"], "type": "chain.rehashed",
                                 "refs": entries[3]["refs"], "hash": entries[3]["hash"]}]
     assert jrun(db_path, "audit", "verify", "p")["chains"] == [
-        {"chain": "p", "entries": 4, "ok": True, "broken_at": None, "hash_version": 2}]
+        {"chain": "p", "entries": 4, "ok": True, "broken_at": None, "hash_version": 2, "head": entries[3]["hash"]}]
     # the next entry is written in version 2 too
     with db.transaction():
         prickle.audit(db, "p", "memory.set", {"key": "k5", "by": "oj"})
@@ -108,7 +108,7 @@ def test_a_broken_chain_is_not_rehashed(db_path):
     assert code == 1 and "broken at entry 2" in err and "not rehashed" in err
     assert audit_entries(db, "p") == before
     code, out, _ = run(db_path, "audit", "verify", "p", ok=False)
-    assert code == 1 and out.strip() == "p: 3 entries, BROKEN at entry 2 (hash version 1)"
+    assert code == 1 and out.strip() == f"p: 3 entries, BROKEN at entry 2 (hash version 1; head {before[2]['hash']})"
 
 
 def test_a_version_2_entry_that_claims_version_1_fails_the_check(db_path):

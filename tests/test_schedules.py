@@ -158,17 +158,25 @@ def test_daylight_saving_changes_neither_skip_nor_double_a_run_in_two_time_zones
         "2027-02-01T08:00:00.000Z", "2027-03-01T08:00:00.000Z", "2027-04-01T08:00:00.000Z"]
 
 
-def test_the_scheduler_runs_once_a_day_across_a_daylight_saving_change(server, world, clock):
-    clock.now = dt.datetime(2027, 3, 26, 12, tzinfo=UTC)
+@pytest.mark.parametrize("zone, start, hour, expected", [
+    # Berlin springs forward on 28 March 2027: 02:30 that night does not exist, it runs at 03:30 CEST.
+    ("Europe/Berlin", dt.datetime(2027, 3, 26, 12, tzinfo=UTC), 2,
+     ["2027-03-27T01:30:00.000Z", "2027-03-28T01:30:00.000Z", "2027-03-29T00:30:00.000Z"]),
+    # New York falls back on 7 November 2027: 01:30 that night happens twice, it runs once (the first).
+    ("America/New_York", dt.datetime(2027, 11, 5, 12, tzinfo=UTC), 1,
+     ["2027-11-06T05:30:00.000Z", "2027-11-07T05:30:00.000Z", "2027-11-08T06:30:00.000Z"]),
+])
+def test_the_scheduler_runs_once_a_day_across_a_daylight_saving_change(server, world, clock, zone, start, hour,
+                                                                        expected):
+    clock.now = start
     oj = confirmed(server, world, "oj")
-    made = make(oj, recurrence={"freq": "daily", "hour": 2, "minute": 30})
+    make(oj, recurrence={"freq": "daily", "hour": hour, "minute": 30}, timezone=zone)
     ran = []
-    for _ in range(3):  # step the clock to each due time, as the piece would wake
-        clock.now = prickle.parse_iso(world.db.scalar("SELECT next_run_at FROM schedules WHERE id = ?",
-                                                      (made["id"],)))
+    for minutes in range(0, 72 * 60, 5):  # a look every 5 minutes for three days, across the change
+        clock.now = start + dt.timedelta(minutes=minutes)
         ran += [(prickle.iso(clock.now), r["outcome"], r["missed"]) for r in due(world.db, clock.now)]
-    assert ran == [("2027-03-27T01:30:00.000Z", "asked", 0), ("2027-03-28T01:30:00.000Z", "asked", 0),
-                   ("2027-03-29T00:30:00.000Z", "asked", 0)]
+    assert ran == [(at, "asked", 0) for at in expected]
+    assert [r["due_at"] for r in world.db.rows("SELECT due_at FROM schedule_runs ORDER BY id")] == expected
     assert world.db.scalar("SELECT count(*) FROM tasks WHERE schedule IS NOT NULL") == 3
 
 

@@ -299,7 +299,8 @@ def test_audit_chain_links_and_detects_tampering(world):
     assert all(r["ok"] for r in prickle.verify_audit(world.db))
     world.db.execute("UPDATE audit SET refs = ? WHERE chain = ? AND n = 2", ('{"person":"mallory"}', PROJECT))
     report = prickle.verify_audit(world.db, PROJECT)[0]
-    assert report == {"chain": PROJECT, "entries": len(entries), "ok": False, "broken_at": 2, "hash_version": 2}
+    assert report == {"chain": PROJECT, "entries": len(entries), "ok": False, "broken_at": 2, "hash_version": 2,
+                      "head": entries[-1]["hash"]}
     world.db.execute("UPDATE audit SET refs = ? WHERE chain = ? AND n = 2", (
         prickle.canonical_json(entries[1]["refs"]), PROJECT))
     assert prickle.verify_audit(world.db, PROJECT)[0]["ok"]

@@ -63,6 +63,11 @@ def test_an_owner_exports_from_the_members_screen(served, people, width, tmp_pat
         assert {k: json.loads(last)[k] for k in ("type", "refs")} == {
             "type": "project.exported", "refs": {"part": part, "by": "oj"}}
     shot(page, f"export_saved_{width}", full_page=False)
+    # the Audit screen names the head the export ends with, to compare it by eye
+    goto(page, served, f"#/p/{PROJECT}/audit")
+    expect(page.locator(".chain-head code")).to_have_text(json.loads(last)["hash"])
+    assert page.evaluate("document.documentElement.scrollWidth") <= WIDTHS[width]["width"]
+    shot(page, f"export_audit_head_{width}", full_page=False)
 
 
 def test_a_member_who_is_not_an_owner_is_offered_no_export(served, people):
