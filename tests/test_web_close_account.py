@@ -18,8 +18,13 @@ from helpers import cli_json
 WIDTHS = {"1366": {"width": 1366, "height": 900}, "390": {"width": 390, "height": 844}}
 
 
-def newcomer(served, handle: str, name: str) -> str:
-    """A new member of website-v2 with an agent there and one message in its room; returns the message id."""
+PACKET = {"task": "Check the footer links.", "deliverable_type": "answer", "acceptance_criteria": ["Every link named."],
+          "context": "", "files": []}
+
+
+def newcomer(served, handle: str, name: str) -> tuple[str, str]:
+    """A new member of website-v2 with an agent there, one message in its room and a task they asked their
+    agent for; returns (the message id, the task id)."""
     cli_json(served.db, "person", "add", handle, "--name", name)
     cli_json(served.db, "team", "add", "web", handle)
     cli_json(served.db, "member", "add", PROJECT, handle)
@@ -28,13 +33,16 @@ def newcomer(served, handle: str, name: str) -> str:
     with person_api(served, handle) as api:
         r = api.post(f"/api/projects/{PROJECT}/messages", json={"body": f"Notes from {handle}: ship it Friday."})
         assert r.status_code == 200, r.text
-        return r.json()["message"]["id"]
+        asked = api.post(f"/api/projects/{PROJECT}/task-requests", json={"agent": f"{handle}/helper",
+                                                                        "packet": PACKET})
+        assert asked.status_code == 200, asked.text
+        return r.json()["message"]["id"], asked.json()["task"]["id"]
 
 
 @pytest.mark.parametrize("width", list(WIDTHS))
 def test_a_person_closes_their_account_from_the_page(served, people, width):
     handle = f"kim{width}"
-    message = newcomer(served, handle, f"Kim Park {width}")
+    message, task = newcomer(served, handle, f"Kim Park {width}")
     page = signed_in_at_name(people, served, handle, viewport=WIDTHS[width])
     with_passkey(page, served, handle)
     page.goto(at_name(f"{served.info['url']}/#/agents"))
@@ -74,6 +82,11 @@ def test_a_person_closes_their_account_from_the_page(served, people, width):
     expect(said).not_to_contain_text("Kim Park")
     said.scroll_into_view_if_needed()
     shot(oj_page, f"close_account_room_{width}", full_page=False)
+    # The task kim asked for is cancelled, asked for and cancelled by an erased person.
+    goto(oj_page, served, f"#/p/{PROJECT}/tasks/{task}")
+    expect(oj_page.locator("main")).to_contain_text(f"an erased person (@{handle})")
+    expect(oj_page.locator("main")).not_to_contain_text("Kim Park")
+    shot(oj_page, f"close_account_task_{width}", full_page=False)
     goto(oj_page, served, f"#/p/{PROJECT}/audit")
     erased = oj_page.locator("tr[data-type='person.erased']").first
     expect(erased).to_contain_text("erased person")
