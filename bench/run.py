@@ -44,6 +44,9 @@ What it measures, against ``prickle serve --demo`` on a fresh database in a temp
 8. An export: ``bench/export.py`` (a process of its own) fills a database with a project of 100,000
    messages (10,000 with --quick), exports its whole content to a zip as its owner and checks the zip
    as ``prickle audit verify --file`` does: how long each took, and the memory the export added.
+9. Schedules: ``bench/schedules.py`` (a process of its own) puts 1,000 schedules on one ``prickle
+   serve``: the server's CPU while idle with them and with none, one scheduler look over them all,
+   and how late 5 due runs start (see that file).
 
 Run it from the repository with the project's virtualenv active (``wrk`` from Debian's
 ``wrk`` package; without it the Python load generator is used)::
@@ -520,6 +523,17 @@ def measure_attachment(cfg: Settings, prickle: Served, person_token: str) -> dic
 # -- 1,000 waiters ------------------------------------------------------------
 
 
+def measure_schedules(cfg: Settings) -> tuple[list[str], list[str]]:
+    """Run bench/schedules.py; its table rows and its detail lines."""
+    quick = ["--quick"] if cfg.purge_messages < 100_000 else []
+    out = subprocess.run([sys.executable, str(BENCH / "schedules.py"), *quick], capture_output=True, text=True,
+                         timeout=max(120, cfg.budget))
+    if out.returncode != 0:
+        raise BenchError(f"bench/schedules.py failed: {(out.stderr or out.stdout).strip()[-300:]}")
+    lines = out.stdout.strip().splitlines()
+    return [ln for ln in lines if ln.startswith("|")], [ln for ln in lines if ln.startswith("- ")]
+
+
 def measure_purge(cfg: Settings, tmp: Path) -> dict:
     """Run bench/purge.py on a folder of its own; its JSON (steps, purge_s, longest_step_ms, ...)."""
     folder = tmp / "purge"
@@ -862,10 +876,12 @@ def run(cfg: Settings, tmp: Path, procs: Processes, started: float) -> list[str]
     log(f"an export of {cfg.purge_messages:,} messages ...")
     export = measure_export(cfg, tmp)
     log(f"  written in {export['export_s']:.1f} s, checked in {export['check_s']:.1f} s")
+    log("1,000 schedules ...")
+    schedule_rows, schedule_details = measure_schedules(cfg)
     took = [f"- the measurements took {time.monotonic() - started:.0f} s"]
     return (header(cfg) + table(cfg, tput, wake, waiters, echo_rss, prickle_idle, handoff, lives, attachment, purge,
-                                 export)
-            + details(tput, wake, waiters, server_errors, handoff, lives) + took + hints(tput, wake))
+                                 export) + schedule_rows
+            + details(tput, wake, waiters, server_errors, handoff, lives) + schedule_details + took + hints(tput, wake))
 
 
 def main(argv: list[str] | None = None) -> int:

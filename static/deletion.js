@@ -37,8 +37,8 @@ export function dangerZone(data, ctx) {
 
 // ---- the home page: the deleted projects the person owned ---------------------------------------
 
-/** The home page's "Deleted projects" section (hidden while there are none); ``onRestored()`` runs
- *  after a Restore, so the project list shows it again. */
+/** The home page's "Deleted projects" section (hidden while there are none; ``reload()`` loads it
+ *  again); ``onRestored()`` runs after a Restore, so the project list shows it again. */
 export function deletedProjects(onRestored) {
   const box = h("section", { class: "section deleted-projects", "aria-labelledby": "deleted-heading", hidden: true });
   const reload = () => load(box, async () => {
@@ -46,6 +46,7 @@ export function deletedProjects(onRestored) {
     onRestored();
   });
   reload();
+  box.reload = reload;
   return box;
 }
 

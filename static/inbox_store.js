@@ -21,6 +21,8 @@ export const LABEL = {
 const NOTIFY_KEY = "prickle.notify"; // "on" once the person turned notifications on
 const FAR = 9007199254740991; // "after" beyond any seq: the events endpoint answers with the newest
 const EVENTS = ["message.posted", "task.updated", "approval.updated", "action.updated", "member.joined", "project.created"];
+const PROJECT_EVENTS = ["project.restored"]; // the person's list of projects changed: onProjectsChanged
+const projectListeners = new Set();
 
 const state = { items: [], unread: new Map(), loaded: false, me: null, source: null, offs: [], known: null, snoozed: 0 };
 const LONGEST_TIMER = 2 ** 31 - 1; // setTimeout's limit (ms)
@@ -71,6 +73,13 @@ export function stop() {
 export function onChange(fn) {
   listeners.add(fn);
   return () => listeners.delete(fn);
+}
+
+/** fn() when a project of yours came back (restored), so an open list of projects loads again; returns a
+ *  function that stops it. */
+export function onProjectsChanged(fn) {
+  projectListeners.add(fn);
+  return () => projectListeners.delete(fn);
 }
 
 /** The items waiting on you now, newest first. */
@@ -173,10 +182,15 @@ async function flushSeen() {
   if (moved) reload();
 }
 
+function projectsChanged() {
+  for (const fn of [...projectListeners]) fn();
+}
+
 function listen(again) {
   const source = new EventSource("/api/stream");
   state.source = source;
   for (const type of [...EVENTS, "resync"]) source.addEventListener(type, () => again());
+  for (const type of PROJECT_EVENTS) source.addEventListener(type, projectsChanged);
   source.onerror = () => {
     if (source.readyState === EventSource.CLOSED && state.source === source) state.source = null; // refused: signed out
   };
@@ -193,6 +207,7 @@ async function longPoll(again) {
       delay = 1000;
       if (page.resync && after !== FAR) again();
       if (page.events.some((e) => EVENTS.includes(e.type))) again();
+      if (page.events.some((e) => PROJECT_EVENTS.includes(e.type))) projectsChanged();
       after = page.last_seq;
     } catch (err) {
       if (abort.signal.aborted || err.status === 401) return;

@@ -3,7 +3,7 @@
 
 import { get, post } from "./api.js";
 import { createWaiting } from "./waiting.js";
-import { paintUnread } from "./inbox_store.js";
+import { paintUnread, onProjectsChanged } from "./inbox_store.js";
 import { deletedProjects } from "./deletion.js";
 import { h, heading, field, errorSlot, act, fill, empty, badge, loadFailed } from "./ui.js";
 
@@ -13,17 +13,26 @@ export function mount(el, ctx) {
   const list = h("div", { class: "project-list" }, h("p", { class: "muted", text: "Loading your projects…" }));
   const listError = errorSlot();
   const waiting = createWaiting();
+  const deleted = deletedProjects(() => loadProjects(list, listError));
 
   el.append(
     h("div", { class: "page-head" }, heading(1, `Hello, ${ctx.me.display_name}`)),
     waiting.el,
     h("section", { class: "section", "aria-labelledby": "projects-heading" },
       h("h2", { id: "projects-heading", text: "Your projects" }), listError, list),
-    deletedProjects(() => loadProjects(list, listError)),
+    deleted,
     createForm(ctx));
 
   loadProjects(list, listError);
-  return () => waiting.destroy();
+  // A project restored (by you or another of its owners) shows again, and leaves the deleted ones.
+  const off = onProjectsChanged(() => {
+    loadProjects(list, listError);
+    deleted.reload();
+  });
+  return () => {
+    waiting.destroy();
+    off();
+  };
 }
 
 // ---- actions ---------------------------------------------------------------------------------

@@ -22,6 +22,12 @@ def _delete(server, world, handle="oj", project=PROJECT):
     return r.json()["deletion"]
 
 
+def jdeleted(server, world, handle):
+    r = person(server, world, handle).get("/api/deleted-projects")
+    assert r.status_code == 200, r.text
+    return r.json()["projects"]
+
+
 def _rows_left(db, slug):
     """Rows that still name the project, by table (every table with a project column, and the audit chain)."""
     tables = [r["name"] for r in db.rows(
@@ -72,12 +78,6 @@ def test_an_owner_deletes_a_project_after_confirming_and_nothing_of_it_is_served
         f"restore it until {prickle.iso(T0 + 30 * DAY)}"))
     assert confirmed(server, world, "sam").delete(f"/api/projects/{PROJECT}").status_code == 404
     assert world.db.scalar("SELECT count(*) FROM deletions") == 1
-
-
-def jdeleted(server, world, handle):
-    r = person(server, world, handle).get("/api/deleted-projects")
-    assert r.status_code == 200, r.text
-    return r.json()["projects"]
 
 
 def test_running_agents_stop_their_run_keys_lose_reach_and_waits_end_with_not_found(mcp, server, world, monkeypatch):
@@ -332,3 +332,24 @@ def test_a_real_server_killed_mid_purge_goes_on_at_its_next_start_and_nothing_is
     assert (entries[-1]["type"], entries[-1]["refs"]) == (
         "project.content_purged", {"request_number": 1, "messages": 20_000, "tasks": 0, "files": 0})
     assert prickle.verify_audit(world.db, PROJECT)[0]["ok"]
+
+
+def test_two_owners_deleting_at_once_make_one_request_and_the_other_is_told(world):
+    prickle.add_member(world.db, PROJECT, "sam")
+    prickle.promote_member(world.db, PROJECT, "ren")
+    dbs = [prickle.Database(world.db_path) for _ in range(2)]
+    try:
+        joins = [in_thread(prickle.delete_project, db, PROJECT, who) for db, who in zip(dbs, ("oj", "ren"))]
+        outcomes = []
+        for join in joins:
+            try:
+                outcomes.append(join(30)["request_number"])
+            except prickle.InvalidState as e:
+                outcomes.append(str(e).split(";")[0])
+    finally:
+        for db in dbs:
+            db.close()
+    assert sorted(outcomes, key=str) == sorted([1, f"project '{PROJECT}' was deleted (request 1, at "
+                                                   f"{world.db.scalar('SELECT requested_at FROM deletions')})"], key=str)
+    assert world.db.scalar("SELECT count(*) FROM deletions") == 1
+    assert [e["refs"]["request_number"] for e in audit_entries(world.db, PROJECT, "project.deleted")] == [1]

@@ -64,9 +64,12 @@ def test_an_owner_deletes_a_project_an_open_view_loses_it_and_restore_brings_it_
     goto(ren, served, "#/")
     expect(ren.get_by_role("heading", name=re.compile(r"^Hello, "))).to_be_visible()
     expect(ren.locator("section.deleted-projects")).to_be_hidden()
+    expect(ren.locator(f".project-card[data-slug='{PROJECT}']")).to_have_count(0)
     item.get_by_role("button", name="Restore Website v2").click()
     expect(page.locator(f".project-card[data-slug='{PROJECT}']")).to_be_visible()
     expect(page.locator("section.deleted-projects")).to_be_hidden()
+    # The member's open list of projects shows it again (project.restored on their own stream).
+    expect(ren.locator(f".project-card[data-slug='{PROJECT}']")).to_be_visible(timeout=25_000)
     with person_api(served, "oj") as oj:
         assert oj.get(f"/api/projects/{PROJECT}").status_code == 200
         types = [e["type"] for e in oj.get(f"/api/projects/{PROJECT}/audit").json()["entries"][:2]]
