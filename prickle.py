@@ -6902,7 +6902,8 @@ def read_room(db: Database, actor: Actor, project: str, *, cursor: str | None = 
 
 
 def _listed_threads(db: Database, actor: Actor, project: str) -> list[dict]:
-    """The task threads read_room lists for ``actor`` beside general chat, newest activity first."""
+    """The task threads read_room lists for ``actor`` beside general chat, newest activity first; a
+    person's list also says who asked for each (``requested_by``)."""
     if actor.kind == "agent":
         rows = db.rows(f"SELECT * FROM tasks t WHERE project = :project AND {AGENT_SEES_TASK} "
                        "ORDER BY last_activity_at DESC LIMIT :limit",
@@ -6910,7 +6911,7 @@ def _listed_threads(db: Database, actor: Actor, project: str) -> list[dict]:
     else:
         rows = db.rows("SELECT * FROM tasks WHERE project = ? ORDER BY last_activity_at DESC LIMIT ?",
                        (project, ROOM_THREADS))
-    return [{
+    threads = [{
         "task_id": t["id"], "title": t["display_title"] or t["title"], "state": t["state"],
         "requester": t["requester"],
         "assignee": t["assignee"],
@@ -6918,6 +6919,10 @@ def _listed_threads(db: Database, actor: Actor, project: str) -> list[dict]:
                                  (project, t["id"])),
         "last_activity_at": t["last_activity_at"], "parent_task_id": t["parent_task_id"],
     } for t in rows]
+    if actor.kind == "person":  # the page names who asked (a person's task has no requester agent)
+        for thread, t in zip(threads, rows):
+            thread["requested_by"] = actor_ref_out(db, json.loads(t["requested_by"]))
+    return threads
 
 
 ###############################################################################
