@@ -13925,6 +13925,8 @@ def _forget(db: Database, handle: str, now: str) -> None:
     for table, column in (("passkeys", "person"), ("team_people", "handle"), ("read_positions", "handle"),
                           ("inbox_marks", "handle"), ("share_rules", "owner")):
         db.execute(f"DELETE FROM {table} WHERE {column} = ?", (handle,))
+    if db.scalar("SELECT 1 FROM sqlite_schema WHERE name = 'sqlite_stat4'"):
+        db.execute("ANALYZE people")  # SQLite's samples of people_by_email (made as a file closes) held the address
     db.cache.pop(("erased", "people"), None)
     erased = json.dumps(person_ref(db, handle))
     for table, column in (("tasks", "requested_by"), ("approvals", "requested_by"), ("submissions", "verified_by"),
@@ -13940,7 +13942,7 @@ def _forget(db: Database, handle: str, now: str) -> None:
                    (canonical_json(_scrub(json.loads(row["payload"]), names)), row["seq"]))
 
 
-def close_account(db: Database, who: Actor | str) -> dict:
+def close_account(db: Database, who: Actor | str, *, again: bool = False) -> dict:
     """Close a person's account: ``who`` is the signed-in person (who must have confirmed it's them:
     require_step_up) or, from the command line, a handle. One transaction, in the steps above.
 
@@ -13951,18 +13953,19 @@ def close_account(db: Database, who: Actor | str) -> dict:
     room...). Returns ``{handle, erased_at, projects: [{project} | refs], private_room (deletion_out or
     None), sessions_ended, devices_ended, apps_ended, credentials_ended, invites_revoked}``.
     Raises InvalidInput, NotFound (no such person), InvalidState (closed already; the last owner of a
-    project), StepUpRequired.
+    project), StepUpRequired. ``again`` (a restore re-applying a closure the replaced file recorded, by
+    handle) skips the last-owner refusal: the account was closed already, whoever owns what.
     """
     handle = who.handle if isinstance(who, Actor) else check_slug(who, "handle")
     secure = db.scalar("PRAGMA secure_delete")
     db.execute("PRAGMA secure_delete = ON")  # what this transaction overwrites is zeroed, not left in free space
     try:
-        return _close(db, who, handle)
+        return _close(db, who, handle, again)
     finally:
         db.execute(f"PRAGMA secure_delete = {int(secure)}")
 
 
-def _close(db: Database, who: Actor | str, handle: str) -> dict:
+def _close(db: Database, who: Actor | str, handle: str, again: bool) -> dict:
     with db.transaction():
         row = db.one("SELECT * FROM people WHERE handle = ?", (handle,))
         if row is None:
@@ -13971,7 +13974,7 @@ def _close(db: Database, who: Actor | str, handle: str) -> dict:
             raise InvalidState(f"handle: '{handle}' closed their account already, at {row['erased_at']}")
         if isinstance(who, Actor):
             require_step_up(db, who, "close your account")
-        if alone := _owned_alone(db, handle):
+        if not again and (alone := _owned_alone(db, handle)):
             raise InvalidState(
                 f"'{handle}' is the last owner of {', '.join(repr(p) for p in alone)}: make another member an owner "
                 f"(Promote on the project's Members screen, or prickle member promote {alone[0]} HANDLE) or delete "
@@ -19063,6 +19066,24 @@ def _swap_in(db_path: str, out: str, replaced: bool, stamp: str) -> str | None:
     return aside
 
 
+def _closed_again(copy: Database, replaced: apsw.Connection | None) -> int:
+    """Close again in the restored copy every account the replaced file records as closed and the copy
+    does not (close_account, as the operator's erase: person.erased in each of their projects), then
+    rewrite the copy so no earlier copy of their rows is left in it. Returns how many."""
+    if replaced is None:
+        return 0
+    try:
+        closed = [r[0] for r in replaced.execute("SELECT handle FROM people WHERE erased_at IS NOT NULL ORDER BY handle")]
+    except apsw.SQLError:  # a file from before accounts could be closed
+        return 0
+    again = [h for h in closed if copy.scalar("SELECT 1 FROM people WHERE handle = ? AND erased_at IS NULL", (h,))]
+    for handle in again:
+        close_account(copy, handle, again=True)
+    if again:
+        vacuum_file(copy)
+    return len(again)
+
+
 def restore_file(db_path: str, source: str, fill: Callable[[str], None], what: str, point: str | None = None) -> dict:
     """Replace the database at ``db_path`` with a restored copy that ``fill(out)`` writes to the new file ``out``.
 
@@ -19070,9 +19091,11 @@ def restore_file(db_path: str, source: str, fill: Callable[[str], None], what: s
     point (a replica's --timestamp), else the time the backup was taken, else the copy's newest
     write. The copy must pass SQLite's integrity check; it is upgraded to this Prickle's schema and
     given the marker the first start records (``chain.restored``, :func:`record_restore`). The
-    replaced file (with its log) is kept as ``<db>.replaced-<time>``. Raises StorageError while a
-    server uses the file or another program has it open; nothing changes unless it all worked.
-    Returns ``{"db", "source", "point", "replaced", "chains"}``.
+    replaced file (with its log) is kept as ``<db>.replaced-<time>``. An account closed in the
+    replaced file and open in the copy is closed again in the copy first (_closed_again): a restore
+    never brings back a closed account. Raises StorageError while a server uses the file or another
+    program has it open; nothing changes unless it all worked. Returns ``{"db", "source", "point",
+    "replaced", "chains", "closures_reapplied"}``.
     """
     holder = running_server(db_path)
     if holder is not None:
@@ -19095,6 +19118,7 @@ def restore_file(db_path: str, source: str, fill: Callable[[str], None], what: s
         try:
             point = point or taken or _newest_write(copy.conn) or restored_at
             marker = restore_marker(copy.conn, replaced, source, point, restored_at)
+            closures = _closed_again(copy, replaced)
             with copy.transaction():
                 copy.execute("DELETE FROM meta WHERE key = ?", (BACKUP_TAKEN_AT,))
                 copy.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -19115,7 +19139,8 @@ def restore_file(db_path: str, source: str, fill: Callable[[str], None], what: s
             os.unlink(db_path)  # the empty file the lock made, when nothing took its place
         lock.release()
     return {"db": os.path.abspath(db_path), "source": source, "point": point,
-            "replaced": aside and os.path.abspath(aside), "chains": len(marker["chains"] | {DEPLOYMENT_CHAIN: 0})}
+            "replaced": aside and os.path.abspath(aside), "chains": len(marker["chains"] | {DEPLOYMENT_CHAIN: 0}),
+            "closures_reapplied": closures}
 
 
 @cli.command("restore")
@@ -19156,6 +19181,9 @@ def restore_cmd(db_path: str, as_json: bool, backup: str | None, replica: str | 
         result = restore_file(db_path, "replica",
                               lambda out: _litestream_restore(program, out, replica, config, db_path, at), what, at)
     kept = (f" The file it replaced is kept as {result['replaced']}." if result["replaced"] else "")
+    if result["closures_reapplied"]:
+        kept += (f" {counted(result['closures_reapplied'], 'account')} closed in the replaced file "
+                 "closed again (person.erased).")
     Out(as_json)(result | {"from": backup or replica or config},
                  f"Restored {db_path} from {what}, as it was at {result['point']}.{kept} The server's next start "
                  f"records chain.restored in each audit chain ({counted(result['chains'], 'chain')}): prickle serve "
