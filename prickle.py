@@ -14187,6 +14187,34 @@ def export_project(db: Database, by: Actor | str | None, project: str, part: str
     return manifest
 
 
+#: The longest line of an export's audit.jsonl (and the largest manifest.json) check_export reads, in bytes:
+#: an entry Prickle writes is a few hundred bytes; a longer line is refused, never read whole into memory.
+EXPORT_MAX_LINE = 16 * 1024 * 1024
+
+#: The most a file of an export's zip may unpack to, in bytes: a zip naming more is refused before
+#: anything is unpacked (a small zip can claim gigabytes).
+EXPORT_MAX_MEMBER = 4 * 1024 * 1024 * 1024
+
+
+def _bounded_lines(f: BinaryIO, where: str, max_line: int) -> Iterator[bytes]:
+    """The lines of ``f``, one at a time; raises InvalidInput naming ``where`` for a line over ``max_line`` bytes."""
+    number = 0
+    while line := f.readline(max_line + 1):
+        number += 1
+        if len(line) > max_line and not line.endswith(b"\n"):
+            raise InvalidInput(f"{where}: line {number} is longer than {max_line} bytes, which no export Prickle "
+                               "writes holds: refused, not read")
+        yield line
+
+
+def _member_size(archive: zipfile.ZipFile, name: str, path: str, limit: int) -> None:
+    """Refuse (InvalidInput, naming the file) a member of the zip that would unpack to more than ``limit`` bytes."""
+    size = archive.getinfo(name).file_size
+    if size > limit:
+        raise InvalidInput(f"{path}: {name} unpacks to {size} bytes, more than the {limit} a file of an export may "
+                           "hold: refused, not unpacked")
+
+
 def _read_entries(lines: Iterable[bytes]) -> Iterator[dict]:
     """audit.jsonl's lines as entries; a line that is no JSON object is yielded as ``{}`` (it breaks the chain there)."""
     for line in lines:
@@ -14197,14 +14225,16 @@ def _read_entries(lines: Iterable[bytes]) -> Iterator[dict]:
         yield entry if isinstance(entry, dict) else {}
 
 
-def check_export(path: str) -> dict:
+def check_export(path: str, max_line: int = EXPORT_MAX_LINE, max_member: int = EXPORT_MAX_MEMBER) -> dict:
     """Check an export (the zip, or its audit.jsonl alone) with no database: the chain, and the files against the manifest.
 
     Returns ``{"file", "project", "part", "exported_at", "entries", "ok", "broken_at", "broken_type", "why",
     "hash_version", "head", "problems"}`` (the chain's fields as check_chain gives them): ``ok`` when the
     chain holds and ``problems`` (the archive against its manifest: a file's line count or sha256, the
-    audit head it names) is empty. Raises NotFound for no such file, InvalidInput for a file that is
-    neither a zip with audit.jsonl nor JSON Lines.
+    audit head it names) is empty. Reads line by line: a line of audit.jsonl over ``max_line`` bytes,
+    a manifest.json over ``max_line`` or a file of the zip unpacking to more than ``max_member`` is
+    refused. Raises NotFound for no such file, InvalidInput for a file that is neither a zip with
+    audit.jsonl nor JSON Lines, or that is over those limits (naming the file).
     """
     if not os.path.isfile(path):
         raise NotFound(f"no file at {path}: pass the export's path")
@@ -14212,7 +14242,7 @@ def check_export(path: str) -> dict:
     manifest: dict = {}
     if not zipfile.is_zipfile(path):
         with open(path, "rb") as f:
-            chain = check_chain(_read_entries(f))
+            chain = check_chain(_read_entries(_bounded_lines(f, path, max_line)))
         if not chain["entries"]:
             raise InvalidInput(f"{path} is neither an export (a zip) nor an audit.jsonl with entries")
     else:
@@ -14220,6 +14250,8 @@ def check_export(path: str) -> dict:
             names = set(archive.namelist())
             if "audit.jsonl" not in names:
                 raise InvalidInput(f"{path} is a zip without audit.jsonl: not a Prickle export")
+            for name in names & {"manifest.json", "audit.jsonl"}:
+                _member_size(archive, name, path, max_line if name == "manifest.json" else max_member)
             try:
                 manifest = json.loads(archive.read("manifest.json")) if "manifest.json" in names else {}
             except ValueError:
@@ -14227,10 +14259,10 @@ def check_export(path: str) -> dict:
             if not isinstance(manifest, dict) or manifest.get("format") != "prickle-export":
                 problems.append("manifest.json is missing or is not a Prickle export's manifest")
                 manifest = {}
-            for listed in manifest.get("files", ()):
-                problems += _file_problems(archive, listed, names)
             with archive.open("audit.jsonl") as f:
-                chain = check_chain(_read_entries(f))
+                chain = check_chain(_read_entries(_bounded_lines(f, f"{path}: audit.jsonl", max_line)))
+            for listed in manifest.get("files", ()):
+                problems += _file_problems(archive, listed, names, path, max_member)
         said = manifest.get("audit") or {}
         if manifest and (said.get("entries"), said.get("head")) != (chain["entries"], chain["head"]):
             problems.append(f"the manifest names {said.get('entries')} audit entries ending at {said.get('head')}; "
@@ -14240,11 +14272,12 @@ def check_export(path: str) -> dict:
                                                                      "problems": problems}
 
 
-def _file_problems(archive: zipfile.ZipFile, listed: Any, names: set[str]) -> list[str]:
+def _file_problems(archive: zipfile.ZipFile, listed: Any, names: set[str], path: str, max_member: int) -> list[str]:
     """What is wrong with one file the manifest lists (its line count and sha256), if anything."""
     name = listed.get("name") if isinstance(listed, dict) else None
     if name not in names:
         return [f"the manifest lists {name!r}, which the archive does not hold"]
+    _member_size(archive, name, path, max_member)
     digest, lines = hashlib.sha256(), 0
     with archive.open(name) as f:
         while chunk := f.read(1 << 16):

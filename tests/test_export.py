@@ -7,6 +7,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 import prickle
 from conftest import PROJECT, audit_entries
 from helpers import _database_at_version, claimed, confirmed, evidence, jrun, person, run
@@ -389,3 +391,49 @@ def test_a_person_who_closed_their_account_is_exported_in_the_erased_form(server
     assert kept["body"] == "Back on Monday."
     assert b"Ren Ito" not in everything
     assert prickle.check_export(str(path))["ok"]
+
+
+def _bomb(src, dest, audit_bytes):
+    """A copy of the export at ``src`` whose audit.jsonl is ``audit_bytes`` (a few KB zipped, however large)."""
+    with zipfile.ZipFile(src) as a, zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as b:
+        for name in a.namelist():
+            b.writestr(name, audit_bytes if name == "audit.jsonl" else a.read(name))
+    return str(dest)
+
+
+def test_a_zip_that_unpacks_to_far_more_is_refused_not_read(world, db_path, tmp_path):
+    src = str(tmp_path / "audit.zip")
+    jrun(db_path, "project", "export", PROJECT, "--part", "audit_log", "--by", "oj", "--out", src)
+    # one line past the limit (16 MiB of spaces, 17 KB zipped), from the command line
+    bomb = _bomb(src, tmp_path / "bomb.zip", b" " * (prickle.EXPORT_MAX_LINE + 1))
+    assert Path(bomb).stat().st_size < 100_000
+    code, _, err = run(db_path, "audit", "verify", "--file", bomb, ok=False)
+    assert (code, err.strip()) == (1, f"prickle: {bomb}: audit.jsonl: line 1 is longer than 16777216 bytes, which "
+                                      "no export Prickle writes holds: refused, not read")
+    # the limits are parameters: a line of exactly the limit is read, one byte more is not
+    with zipfile.ZipFile(src) as a:
+        first = a.read("audit.jsonl").split(b"\n")[0]
+    fits = str(tmp_path / "fits.zip")
+    with zipfile.ZipFile(fits, "w") as z:
+        z.writestr("audit.jsonl", first + b"\n")
+    report = prickle.check_export(fits, max_line=len(first))
+    assert (report["entries"], report["broken_at"]) == (1, None)
+    with pytest.raises(prickle.InvalidInput) as e:
+        prickle.check_export(fits, max_line=len(first) - 1)
+    assert e.value.message == (f"{fits}: audit.jsonl: line 1 is longer than {len(first) - 1} bytes, which no "
+                               "export Prickle writes holds: refused, not read")
+    # a file of the zip naming more than max_member is refused before anything is unpacked
+    with pytest.raises(prickle.InvalidInput) as e:
+        prickle.check_export(bomb, max_member=1_000_000)
+    assert e.value.message == (f"{bomb}: audit.jsonl unpacks to 16777217 bytes, more than the 1000000 a file of an "
+                               "export may hold: refused, not unpacked")
+    with pytest.raises(prickle.InvalidInput) as e:
+        prickle.check_export(src, max_line=100)
+    assert e.value.message.startswith(f"{src}: manifest.json unpacks to ")
+    # audit.jsonl on its own, outside a zip, is read line by line too
+    loose = tmp_path / "audit.jsonl"
+    loose.write_bytes(first + b"\n" + b"x" * 500)
+    with pytest.raises(prickle.InvalidInput) as e:
+        prickle.check_export(str(loose), max_line=len(first))
+    assert e.value.message == (f"{loose}: line 2 is longer than {len(first)} bytes, which no export Prickle writes "
+                               "holds: refused, not read")
