@@ -1899,6 +1899,11 @@ MIGRATIONS: list[list[str]] = [
         "UPDATE rooms SET round = (SELECT count(*) FROM messages m WHERE m.project = rooms.project AND "
         "m.author_kind = 'person' AND m.task_id IS NULL)",
     ],
+    [
+        # The search index merges its segments in the server's background, a small step at a time
+        # between requests (merge_search_index), not inside the commits of the posts that write it.
+        "INSERT INTO search_index (search_index, rank) VALUES ('automerge', 0)",
+    ],
 ]
 
 #: The audit chain for entries that belong to no project (a person's token, say).
@@ -11067,6 +11072,24 @@ def reassign_task(db: Database, person: Actor, task_id: str, to: str) -> dict:
 # (write_message, handoff). A search runs in one snapshot over the projects in the searcher's
 # reach (require_project), and an agent's over the threads AGENT_SEES_TASK lets it see.
 
+#: How many pages of the search index one background merge step may write (about a millisecond's work).
+SEARCH_MERGE_PAGES = 64
+
+
+def merge_search_index(db: Database, pages: int = SEARCH_MERGE_PAGES) -> bool:
+    """One small step of merging the search index's segments; whether there was work to do.
+
+    The index does not merge inside the commits that write it (its automerge is off, see
+    MIGRATIONS): after a burst of posts, that was a long run of posts each doing part of a merge.
+    The server's background calls this between requests instead (FTS5's 'merge' command; a
+    change count that moved by two or more means it merged something).
+    """
+    with db.transaction():
+        before = db.conn.total_changes()
+        db.execute("INSERT INTO search_index (search_index, rank) VALUES ('merge', ?)", (pages,))
+        return db.conn.total_changes() - before >= 2
+
+
 #: The longest search query (characters), and the most results one search returns.
 SEARCH_QUERY_MAX = 200
 
@@ -17282,6 +17305,19 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
         # past its time limit ends (its claims refused, its queued wakes ended)
         end_dead_sessions()  # a run's or a discussion's credential expires on its own
 
+    merged = {"through": None}
+
+    def merge() -> float | None:
+        # A step at a time, again soon while there is more, so a request waits for one step at most;
+        # nothing was written since the index was last found merged: nothing to do.
+        head = db.scalar("SELECT max(seq) FROM outbox")
+        if head == merged["through"]:
+            return None
+        if merge_search_index(db):
+            return 0.1
+        merged["through"] = head
+        return None
+
     def prune() -> float | None:
         # Small steps, one after another while old events remain, so writers never wait long.
         pruned = prune_outbox(db, _dt.timedelta(days=settings.outbox_keep_days))
@@ -17308,6 +17344,7 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
     maintenance.add("checkpoint", 1.0, lambda: asyncio.to_thread(checkpointer.run))
     maintenance.add("approvals sweep", 60.0, sweep)
     maintenance.add("outbox pruning", 600.0, prune)
+    maintenance.add("search index merging", 2.0, merge)
     maintenance.add("files pruning", 3600.0, lambda: prune_files(db))
     maintenance.add("app registrations pruning", 3600.0, lambda: prune_oauth(db))
     maintenance.add("email digest", DIGEST_EVERY, digest)
