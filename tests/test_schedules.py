@@ -458,3 +458,20 @@ def test_a_schedule_s_text_mentions_nobody_and_its_run_wakes_only_its_own_agent(
     assert [(w["agent_id"], w["kind"]) for w in world.db.rows("SELECT * FROM wakes WHERE message_id = ?",
                                                              (request["id"],))] == [("oj/muse", "mention")]
     assert person(server, world, "ren").get("/api/inbox").json()["items"] == []
+
+
+def test_a_scheduled_task_names_its_owner_as_who_asked_exactly_as_a_task_asked_by_hand(server, world, clock):
+    oj = confirmed(server, world, "oj")
+    make(oj)
+    by_hand = oj.post(f"/api/projects/{PROJECT}/task-requests", {"agent": "oj/muse", "packet": {
+        "task": "By hand.", "deliverable_type": "answer", "acceptance_criteria": ["It answers."]}}).json()["task"]
+    clock.now = dt.datetime(2026, 12, 2, 8, 0, 1, tzinfo=UTC)
+    [run] = due(world.db, clock.now)
+    scheduled = oj.get(f"/api/tasks/{run['task_id']}").json()["task"]
+    who = {"requester": None, "requested_by": {"kind": "person", "handle": "oj"}}
+    assert {k: scheduled[k] for k in who} == {k: by_hand[k] for k in who} == who
+    # The room's task threads say who asked (the page shows "@oj → oj/muse", as the board does).
+    threads = oj.get(f"/api/projects/{PROJECT}/room").json()["threads"]
+    assert [(t["task_id"], t["requester"], t["requested_by"], t["assignee"]) for t in threads] == [
+        (run["task_id"], None, {"kind": "person", "handle": "oj"}, "oj/muse"),
+        (by_hand["id"], None, {"kind": "person", "handle": "oj"}, "oj/muse")]
