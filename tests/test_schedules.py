@@ -433,3 +433,20 @@ def test_closing_an_account_deletes_its_schedules_and_clears_their_texts(server,
     row = world.db.one("SELECT * FROM schedules WHERE id = ?", (sid,))
     assert (row["state"], row["text"], row["next_run_at"], row["version"]) == ("deleted", "", None, 2)
     assert [e["change"] for e in schedule_events(world.db)] == ["created", "deleted"]
+
+
+def test_a_scheduled_task_names_its_owner_as_who_asked_exactly_as_a_task_asked_by_hand(server, world, clock):
+    oj = confirmed(server, world, "oj")
+    make(oj)
+    by_hand = oj.post(f"/api/projects/{PROJECT}/task-requests", {"agent": "oj/muse", "packet": {
+        "task": "By hand.", "deliverable_type": "answer", "acceptance_criteria": ["It answers."]}}).json()["task"]
+    clock.now = dt.datetime(2026, 12, 2, 8, 0, 1, tzinfo=UTC)
+    [run] = due(world.db, clock.now)
+    scheduled = oj.get(f"/api/tasks/{run['task_id']}").json()["task"]
+    who = {"requester": None, "requested_by": {"kind": "person", "handle": "oj"}}
+    assert {k: scheduled[k] for k in who} == {k: by_hand[k] for k in who} == who
+    # The room's task threads say who asked (the page shows "@oj → oj/muse", as the board does).
+    threads = oj.get(f"/api/projects/{PROJECT}/room").json()["threads"]
+    assert [(t["task_id"], t["requester"], t["requested_by"], t["assignee"]) for t in threads] == [
+        (run["task_id"], None, {"kind": "person", "handle": "oj"}, "oj/muse"),
+        (by_hand["id"], None, {"kind": "person", "handle": "oj"}, "oj/muse")]
