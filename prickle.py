@@ -6610,7 +6610,7 @@ def write_message(db: Database, actor: Actor, project: str, body: str, *, messag
 def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id: str | None = None,
                  in_reply_to: str | None = None, provenance: str | None = None, verdict: str | None = None,
                  attachments: list[str] | None = None, _message_id: str | None = None,
-                 _task_request: str | None = None) -> dict:
+                 _task_request: str | None = None, _mention_only: str | None = None) -> dict:
     """Post in a project room as ``actor``; return the Message.
 
     Implements post_message: mentions parsed into canonical addresses; a reply stays in
@@ -6620,8 +6620,9 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
     loop guard. Writes ``message.posted`` (outbox, waking mentioned agents and the parties
     replied to) and its audit entry. ``attachments`` (a person's, in their private room only: the
     IDs of their uploads, see take_attachments) go with the message, each with its
-    ``attachment.uploaded`` entry; agents send none. Raises InvalidInput, NotFound, Forbidden,
-    InvalidState, Paused.
+    ``attachment.uploaded`` entry; agents send none. ``_mention_only`` (a scheduled Task request) is the one
+    address the message may mention: other names in its text notify nobody. Raises InvalidInput, NotFound,
+    Forbidden, InvalidState, Paused.
     """
     check_markdown(check_text(body, "body", BODY_MAX), "body")
     if actor.credential_kind == "discussion":
@@ -6642,6 +6643,9 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
         task_id = parent["task_id"] if parent is not None else task_id
         task = visible_task(db, actor, project, task_id) if task_id is not None else None
         mentions, mentioned_agents = resolve_mentions(db, project, body)
+        if _mention_only is not None:
+            mentions, mentioned_agents = ([a for a in found if a == _mention_only] for found in (mentions,
+                                                                                              mentioned_agents))
         replied = _replied_parties(db, project, parent, task)
         reached = [a for a in dict.fromkeys(mentioned_agents + replied) if a != actor.address]
         if actor.kind == "agent":
@@ -8527,10 +8531,12 @@ def task_waits(db: Database, task: dict) -> dict:
     return {"blocked_by": blocked_by, "blocked": [b for b in blocked_by if b in still_open], "subtasks": subtasks}
 
 
-def request_task(db: Database, person: Actor, project: str, agent_id: str, packet: dict) -> dict:
+def request_task(db: Database, person: Actor, project: str, agent_id: str, packet: dict, *,
+                 mention_only_agent: bool = False) -> dict:
     """A person asks their own agent for a task: a Task request message and a routed task.
 
-    Writes ``task.requested`` (the agent, the message and counts, never the words).
+    ``mention_only_agent`` (a schedule's task): the message mentions the agent alone, whatever names
+    its text holds. Writes ``task.requested`` (the agent, the message and counts, never the words).
     """
     with db.transaction():
         require_project(db, person, project)
@@ -8539,7 +8545,8 @@ def request_task(db: Database, person: Actor, project: str, agent_id: str, packe
         message_id = new_message_id(db)  # the task names its message, which is posted after it
         out = handoff(db, person, project, agent_id, packet, origin_message_id=message_id)
         message = post_message(db, person, project, f"@{agent_id} Task request: {packet['task']}",
-                               _message_id=message_id, _task_request=out["task"]["id"])
+                               _message_id=message_id, _task_request=out["task"]["id"],
+                               _mention_only=agent_id if mention_only_agent else None)
         audit(db, project, "task.requested", {"agent": agent_id, "message": message_id, "task": out["task"]["id"],
                                               "criteria": len(packet["acceptance_criteria"])})
         return out | {"message": message}
@@ -12439,6 +12446,10 @@ def _checked_fields(db: Database, person: Actor, fields: dict, per_schedule: int
     check_markdown(check_text(fields["text"], "text", TASK_TEXT_MAX, 1), "text")
     if not fields["text"].strip():
         raise InvalidInput("text: say what the agent should do each time")
+    named = MENTION_RE.search(fields["text"])
+    if named:
+        raise InvalidInput(f"text: a schedule asks only its own agent, so its text mentions nobody: remove the "
+                           f"mention @{named.group(1)} (write the name without @)")
     check_timezone(fields["timezone"])
     _check_target(db, person, fields["agent"], fields["project"])
     rec = check_recurrence(fields["recurrence"])
@@ -12705,7 +12716,8 @@ def _ask(db: Database, row: dict, due: _dt.datetime, missed: int) -> str:
     owner = Actor(kind="person", credential_id="", credential_kind="schedule", handle=row["owner"])
     packet = {"task": row["text"], "deliverable_type": "answer", "acceptance_criteria": [SCHEDULE_CRITERION],
               "context": _due_note(row, due, missed), "files": []}
-    task_id = request_task(db, owner, row["project"], row["agent"], packet)["task"]["id"]
+    # Only the owner's own agent is asked: a name in the text (one stored before texts were checked) wakes nobody.
+    task_id = request_task(db, owner, row["project"], row["agent"], packet, mention_only_agent=True)["task"]["id"]
     db.execute("UPDATE tasks SET schedule = ? WHERE id = ?",
                (json.dumps({"schedule_id": row["id"], "version": row["version"]}), task_id))
     return task_id
