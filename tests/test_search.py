@@ -189,3 +189,24 @@ def test_a_search_runs_off_the_event_loop_on_a_reader_of_its_own(server, world, 
     assert r.status_code == 200 and len(r.json()["results"]) == 1
     (thread, same_db, seconds), = ran
     assert thread.startswith("prickle-read") and not same_db and seconds == 2.0
+
+
+def _segments(db):
+    """How many segments the search index is in (FTS5 keeps a row per segment's leaf in search_index_idx)."""
+    return db.scalar("SELECT count(DISTINCT segid) FROM search_index_idx")
+
+
+def test_the_search_index_merges_in_background_steps_not_in_the_posts(world):
+    db, oj = world.db, world.person("oj")
+    assert db.scalar("SELECT v FROM search_index_config WHERE k = 'automerge'") == 0
+    posted = [prickle.post_message(db, oj, PROJECT, f"Step {n}: the changelog grows")["id"] for n in range(12)]
+    before = _segments(db)
+    assert before >= 12  # a post merges nothing: each one's words are a segment of their own
+    steps = 0
+    while prickle.merge_search_index(db, pages=8):
+        steps += 1
+        assert steps < 100
+    assert steps >= 1 and _segments(db) < before
+    assert not prickle.merge_search_index(db)  # nothing left: a step finds no work
+    assert sorted(r["message"]["id"] for r in prickle.search(db, oj, "changelog", limit=50)["results"]) == \
+        sorted(posted)
