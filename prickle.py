@@ -13862,7 +13862,9 @@ def run_retention(db: Database, batch: int = PURGE_BATCH) -> list[str]:
 #
 # Closing is one transaction (close_account), in named steps:
 #   1. refusals first: an account already closed, a step-up not given, a project of which they are
-#      the last owner (someone must be left to run it: promote another member, or delete the project);
+#      the last owner (someone must be left to run it: promote another member, or delete the project),
+#      a deleted project they are the last recorded owner of (nobody else could restore it: restore it and
+#      hand it on, or erase it; one being erased or purged goes anyway);
 #   2. every browser session, sign-in link, runner device and connected app ends (sign_out_everywhere),
 #      and so does a computer's or an app's connection they approved but which was not used yet;
 #   3. in each project they are in (their private room too): the handoffs and Approve cards waiting
@@ -13904,6 +13906,21 @@ def _owned_alone(db: Database, handle: str) -> list[str]:
         "SELECT m.project FROM members m JOIN projects p ON p.slug = m.project WHERE m.handle = ? AND "
         "m.role = 'owner' AND p.kind = 'team' AND NOT EXISTS (SELECT 1 FROM members o WHERE o.project = m.project "
         "AND o.role = 'owner' AND o.handle <> m.handle) ORDER BY m.project", (handle,))]
+
+
+def _deleted_owned_alone(db: Database, handle: str) -> list[str]:
+    """The deleted team projects still restorable that ``handle`` is the only recorded owner of (an owner
+    who closed their account since is not brought back by a restore): closing would leave nobody to
+    restore them. One being erased or purged is not counted: it goes anyway."""
+    alone = []
+    for row in db.rows("SELECT d.* FROM projects p JOIN deletions d ON d.number = p.deletion WHERE p.state = 'deleted' "
+                       "AND p.kind = 'team' AND d.purge_after > ? ORDER BY p.slug", (iso(utcnow()),)):
+        owners = [m["handle"] for m in json.loads(row["members"]) if m["role"] == "owner"]
+        others = [h for h in owners if h != handle and db.scalar(
+            "SELECT 1 FROM people WHERE handle = ? AND erased_at IS NULL", (h,))]
+        if handle in owners and not others:
+            alone.append(row["project"])
+    return alone
 
 
 def _deny_waiting(db: Database, me: Actor, project: str) -> int:
@@ -14044,6 +14061,11 @@ def _close(db: Database, who: Actor | str, handle: str, again: bool) -> dict:
                 f"'{handle}' is the last owner of {', '.join(repr(p) for p in alone)}: make another member an owner "
                 f"(Promote on the project's Members screen, or prickle member promote {alone[0]} HANDLE) or delete "
                 "the project, then close the account")
+        if not again and (deleted := _deleted_owned_alone(db, handle)):
+            raise InvalidState(
+                f"'{handle}' is the last owner of {', '.join(repr(p) for p in deleted)}, deleted but restorable: restore "
+                f"it (Restore under Deleted projects on the home page, or prickle project restore {deleted[0]} --by "
+                f"{handle}), then make another member an owner or erase it, then close the account")
         by = handle if isinstance(who, Actor) else None
         me = who if isinstance(who, Actor) else Actor("person", "", "person", handle=handle)
         running = {r["project"]: _running(db, r["project"]) for r in db.rows(
