@@ -3999,11 +3999,11 @@ PROJECT_MOVE_BY = {"delete": "delete (a project owner)", "erase": "erase (a proj
 #: Every lifecycle, by the kind move() takes.
 # A schedule (chapter 37) asks its agent for a task at each due time while active. Its owner
 # edits it (a move to where it is), pauses and resumes it, or deletes it (its text is cleared);
-# it stops by itself when its agent left the project or its owner was removed, and its owner may
-# resume it once that is mended.
+# it stops by itself when its agent left the project or its owner was removed, or (paused too) when
+# its project is deleted, and its owner may resume it once that is mended.
 SCHEDULE_MOVES: dict[str, dict[str, str]] = {
     "active": {"edit": "active", "pause": "paused", "stop": "stopped", "delete": "deleted"},
-    "paused": {"edit": "paused", "resume": "active", "delete": "deleted"},
+    "paused": {"edit": "paused", "resume": "active", "stop": "stopped", "delete": "deleted"},
     "stopped": {"edit": "stopped", "resume": "active", "delete": "deleted"},
     **closed("deleted"),
 }
@@ -5279,8 +5279,9 @@ def require_step_up(db: Database, person: Actor, doing: str) -> None:
         raise Forbidden(f"only a person can {doing}")
     if _confirmed_until(db, person) is None:
         minutes = int(STEP_UP_WINDOW.total_seconds() // 60)
-        raise StepUpRequired(f"confirm it's you to {doing} (with a passkey, or a sign-in link mailed to you); it "
-                             f"then holds {minutes} minutes in this browser")
+        # Said to a browser and to an API client alike, on a server that may mail or not: no "how" here.
+        raise StepUpRequired(f"confirm it's you to {doing}; a confirmation then holds {minutes} minutes for the "
+                             "session or token that made it")
 
 
 def webauthn_party(settings: Settings, origin: str) -> tuple[str, str]:
@@ -5314,14 +5315,15 @@ def _take_ceremony(db: Database, person: Actor, purpose: str) -> dict:
     return row
 
 
-def passkey_options(db: Database, person: Actor, purpose: str, party: tuple[str, str]) -> dict:
+def passkey_options(db: Database, person: Actor, purpose: str, party: tuple[str, str], mail: bool = True) -> dict:
     """Begin a passkey ceremony for this credential: ``purpose`` ``register`` (add a passkey) or
     ``confirm`` (step up with one). Returns the options for the browser's navigator.credentials
-    (``publicKey``, as JSON: byte strings in base64url). ``party`` is webauthn_party's answer.
+    (``publicKey``, as JSON: byte strings in base64url). ``party`` is webauthn_party's answer;
+    ``mail``: whether the server sends mail (an ``[smtp]`` section).
 
-    Registering needs a step-up once the person has a passkey or an address to mail a link to
-    (else anyone at their open browser could add one); confirming needs a passkey. Raises
-    StepUpRequired, InvalidState or InvalidInput.
+    Registering needs a step-up once the person has a passkey, or an address to mail a link to on a
+    server that mails (else anyone at their open browser could add one); confirming needs a passkey.
+    Raises StepUpRequired, InvalidState or InvalidInput.
     """
     check_decision(purpose, "register", "confirm")
     with db.transaction():
@@ -5337,7 +5339,7 @@ def passkey_options(db: Database, person: Actor, purpose: str, party: tuple[str,
                 rp_id=party[0], allow_credentials=keys, user_verification=UserVerificationRequirement.PREFERRED))
         if status["passkeys"] >= PASSKEYS_MAX:
             raise InvalidState(f"you have {PASSKEYS_MAX} passkeys, the most one person may: remove one first")
-        if status["passkeys"] or status["email_link"]:
+        if status["passkeys"] or (status["email_link"] and mail):
             require_step_up(db, person, "add a passkey")
         me = require_person(db, person.handle)
         return _begin_ceremony(db, person, purpose, party, webauthn.generate_registration_options(
@@ -5428,6 +5430,29 @@ def remove_passkey(db: Database, person: Actor, passkey_id: str) -> dict:
         require_step_up(db, person, "remove a passkey")
         db.execute("DELETE FROM passkeys WHERE id = ?", (passkey_id,))
     return {"removed": passkey_id}
+
+
+def remove_all_passkeys(db: Database, handle: str) -> dict:
+    """The operator's way back for a person who lost their passkeys (``prickle person passkeys HANDLE
+    --remove-all``): every passkey of ``handle`` goes, and with them every browser session and unused
+    sign-in link (so the next passkey is added on a fresh sign-in, where a person with none adds one
+    without confirming) and any confirmation their other credentials hold. Writes
+    ``person.passkeys_removed`` in their private room's log, when they have one. Returns ``{"handle",
+    "passkeys_removed", "sessions_ended"}``. Raises NotFound."""
+    with db.transaction():
+        require_person(db, handle)
+        db.execute("DELETE FROM passkey_ceremonies WHERE credential IN (SELECT id FROM credentials WHERE person = ?)",
+                   (handle,))
+        removed = db.execute("DELETE FROM passkeys WHERE person = ?", (handle,))
+        sessions = revoke_credentials(db, "kind IN ('session', 'signin') AND person = ?", (handle,), "revoked")
+        db.execute("UPDATE credentials SET confirmed_at = NULL WHERE person = ?", (handle,))
+        out = {"handle": handle, "passkeys_removed": removed, "sessions_ended": sessions}
+        room = db.scalar("SELECT p.slug FROM projects p JOIN rooms r ON r.project = p.slug WHERE r.owner = ? "
+                         "AND p.state = 'live'", (handle,))
+        if room is not None:
+            audit(db, room, "person.passkeys_removed", {"person": handle, "passkeys_removed": removed,
+                                                        "sessions_ended": sessions, "by": "operator"})
+    return out
 
 
 def step_up_mail(db: Database, settings: Settings, base_url: str, person: Actor) -> dict | None:
@@ -12690,6 +12715,8 @@ def _why_not(db: Database, row: dict, now: _dt.datetime, per_schedule: int, per_
 
 
 def _stop_reason(db: Database, row: dict) -> str | None:
+    if db.scalar("SELECT state FROM projects WHERE slug = ?", (row["project"],)) != "live":
+        return "project_deleted"
     if member_role(db, row["project"], row["owner"]) is None:
         return "owner_removed"
     if not agent_in_project(db, row["project"], row["agent"]):
@@ -12711,9 +12738,21 @@ def stop_orphaned_schedules(db: Database, owner: str | None = None) -> int:
     return len(rows)
 
 
+def stop_schedules_for(db: Database, project: str) -> int:
+    """Stop every active or paused schedule asking in ``project`` (being deleted or erased), inside the
+    caller's transaction, with the reason ``project_deleted``; how many. A schedule lives in its owner's
+    room: it stays there, stopped, through a restore (until its owner resumes it) or a purge."""
+    rows = db.rows("SELECT * FROM schedules WHERE project = ? AND state IN ('active', 'paused')", (project,))
+    for row in rows:
+        move(db, "schedule", row["id"], "stop", row, stop_reason="project_deleted", next_run_at=None,
+             updated_at=iso(utcnow()))
+    return len(rows)
+
+
 #: What a stopped schedule's owner is told.
 STOP_REASONS = {"owner_removed": "you are no longer a member of its project",
-                "agent_left": "its agent is no longer in its project"}
+                "agent_left": "its agent is no longer in its project",
+                "project_deleted": "its project was deleted"}
 
 
 def _ask(db: Database, row: dict, due: _dt.datetime, missed: int) -> str:
@@ -13523,8 +13562,9 @@ PURGED: tuple[tuple[str, str], ...] = (
 )
 
 #: Tables whose rows of a project outlive its purge: its deletion requests and its keys (revoked when the
-#: purge starts), which go with the project's row.
-_KEPT = ("deletions", "credentials")
+#: purge starts), which go with the project's row; and schedules, which live in their owners' private
+#: rooms and only point at the project: stopped when it was deleted, they stay for their owners to see.
+_KEPT = ("deletions", "credentials", "schedules")
 
 
 def open_request(db: Database, project: str) -> dict | None:
@@ -13611,6 +13651,7 @@ def _takeout_of_service(db: Database, row: dict, kind: str, by: str, after: _dt.
     number = db.conn.last_insert_rowid()
     move(db, "project", slug, kind, row, deletion=number)
     stop_project_work(db, slug)
+    stop_schedules_for(db, slug)
     db.execute("DELETE FROM project_agents WHERE project = ?", (slug,))
     db.execute("DELETE FROM members WHERE project = ?", (slug,))
     append_event(db, slug, "project.deleted", {"request_number": number})
@@ -16890,7 +16931,8 @@ def _page_origin(request: Request) -> str:
 async def api_passkey_options(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/me/passkeys/options {purpose: register | confirm}: begin a passkey ceremony (``publicKey``)."""
     party = webauthn_party(state.settings, _page_origin(request))
-    return {"publicKey": passkey_options(state.db, person, body_field(body, "purpose", str), party)}
+    return {"publicKey": passkey_options(state.db, person, body_field(body, "purpose", str), party,
+                                         mail=state.settings.smtp is not None)}
 
 
 async def api_passkey_register(state: AppState, person: Actor, request: Request, body: dict) -> dict:
@@ -18514,6 +18556,27 @@ def person_digest(db_path: str, as_json: bool, handle: str, minutes: int | None)
     state = f"on: what waited more than {minutes} minutes" if minutes else "off"
     note = "" if out["email"] or not minutes else f" (no address yet: prickle person email {handle} ADDRESS)"
     Out(as_json)(out, f"{handle}'s email digest is {state}{note}.")
+
+
+@person_group.command("passkeys")
+@db_options
+@click.argument("handle")
+@click.option("--remove-all", is_flag=True, help="Remove them all and end the person's browser sessions: "
+              "for someone who lost theirs on a server without [smtp].")
+def person_passkeys(db_path: str, as_json: bool, handle: str, remove_all: bool) -> None:
+    """List HANDLE's passkeys, or remove them all (--remove-all) so they can add a new one."""
+    db = open_db(db_path)
+    if not remove_all:
+        require_person(db, handle)
+        rows = [passkey_out(r) for r in db.rows("SELECT * FROM passkeys WHERE person = ? ORDER BY created_at, id",
+                                                 (handle,))]
+        Out(as_json).rows("passkeys", rows, lambda r: f"{r['label']:<24} added {r['created_at']}",
+                          f"{handle} has no passkey.")
+        return
+    out = remove_all_passkeys(db, handle)
+    Out(as_json)(out, f"Removed {out['passkeys_removed']} passkey(s) of {handle} and ended "
+                      f"{out['sessions_ended']} browser session(s) or sign-in link(s). Give them a sign-in link "
+                      f"(prickle signin-link {handle}): at the next \"Confirm it's you\" they add a new passkey.")
 
 
 @person_group.command("list")
