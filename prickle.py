@@ -13722,7 +13722,8 @@ def restore_project(db: Database, project: str, by: Actor | str) -> dict:
     still here) are back, and its keys reach it again; its work stays stopped until someone starts it.
     Writes ``project.restored`` (event and entry, with the request number). Returns
     ``{"project", "request_number", "state": "live"}``. Raises NotFound (no deleted project the
-    person was in), Forbidden (not an owner then), InvalidState (erased, purging, or past its deadline).
+    person was in), Forbidden (not an owner then), InvalidState (erased, purging, or past its deadline;
+    or, to one of its members, a project that is not deleted).
     """
     slug = check_slug(project, "project")
     with db.transaction():
@@ -13730,6 +13731,8 @@ def restore_project(db: Database, project: str, by: Actor | str) -> dict:
         row = db.one("SELECT * FROM projects WHERE slug = ?", (slug,))
         request = row and open_request(db, slug)
         role = request and recorded_role(request, handle)
+        if row and not request and member_role(db, slug, handle):  # said only to who can see it anyway
+            raise InvalidState(f"project '{slug}' is not deleted: there is nothing to restore")
         if not role:
             raise NotFound(f"no deleted project '{slug}' that '{handle}' was in")
         if role != "owner":
