@@ -3593,6 +3593,12 @@ def member_role(db: Database, project: str, handle: str) -> str | None:
     return db.scalar("SELECT role FROM members WHERE project = ? AND handle = ?", (project, handle))
 
 
+def is_last_owner(db: Database, project: str, handle: str) -> bool:
+    """Whether ``handle`` is the only owner of ``project`` (who can't leave or be removed, chapter 33)."""
+    return member_role(db, project, handle) == "owner" and db.scalar(
+        "SELECT count(*) FROM members WHERE project = ? AND role = 'owner'", (project,)) == 1
+
+
 def require_project(db: Database, actor: Actor, project: str) -> dict:
     """The project row if ``actor`` may work in it.
 
@@ -6830,7 +6836,8 @@ ROOM_THREADS = 20
 def project_view(db: Database, person: Actor, project: str, hub: WakeHub | None = None) -> dict:
     """A project as the web page shows it: summary, kind, the person's role, people (with roles),
     agents, memory, pulse, paused agent pairs and paused agents (``{agent_id: agent_pause}``), and
-    ``can_delete`` (an owner of a team project may delete or erase it).
+    ``can_delete`` (an owner of a team project may delete or erase it) and ``can_leave`` (a member of a
+    team project may leave it, unless they are its last owner).
     NotFound when it is out of ``person``'s reach.
     """
     with db.snapshot():
@@ -6843,6 +6850,7 @@ def project_view(db: Database, person: Actor, project: str, hub: WakeHub | None 
                 "team_role": team_role(db, summary["team"], person.handle) if kind == "team" else None,
                 "lead": lead_out(db, project, person.handle), "can_pick_lead": may_pick_lead(db, project, person.handle),
                 "can_delete": kind == "team" and member_role(db, project, person.handle) == "owner",
+                "can_leave": kind == "team" and not is_last_owner(db, project, person.handle),
                 **team, "memory": memory_facts(db, project),
                 "pulse": project_pulse(db, project), "paused": paused_pairs(db, project),
                 "paused_agents": paused_agents(db, [a["agent_id"] for a in team["agents"]])}
@@ -10950,8 +10958,7 @@ def _team_project(db: Database, project: str, by: str | Actor | None) -> tuple[d
 
 
 def _check_not_last_owner(db: Database, project: str, handle: str, doing: str) -> None:
-    if member_role(db, project, handle) == "owner" and db.scalar(
-            "SELECT count(*) FROM members WHERE project = ? AND role = 'owner'", (project,)) == 1:
+    if is_last_owner(db, project, handle):
         raise InvalidState(f"'{handle}' is the last owner of '{project}': promote another member first "
                            f"(Promote on the project's Members screen, or prickle member promote {project} HANDLE), "
                            f"then {doing}")
