@@ -13366,7 +13366,13 @@ async def link_repository(db: Database, settings: Settings, person: Actor, proje
     repo = check_repo(repo)
     with db.snapshot():
         _owner_only(db, person, project, "link the story to a GitHub repository")
-    name, url = await _github_repository(settings, repo)
+    try:
+        name, url = await _github_repository(settings, repo)
+    except GitHubUnavailable as e:
+        # A refresh tries again by itself; a link that failed was never made, so the owner must ask again.
+        when = f"after {iso(e.retry_at)[11:16]} UTC" if e.retry_at else "in a while"
+        raise GitHubUnavailable(f"{str(e).split('; ')[0]}; nothing was linked: link it again {when}",
+                                e.retry_at) from None
     with db.transaction():
         _owner_only(db, person, project, "link the story to a GitHub repository")
         before = story_settings(db, project)["repo"]
