@@ -3596,6 +3596,12 @@ def member_role(db: Database, project: str, handle: str) -> str | None:
     return db.scalar("SELECT role FROM members WHERE project = ? AND handle = ?", (project, handle))
 
 
+def is_last_owner(db: Database, project: str, handle: str) -> bool:
+    """Whether ``handle`` is the only owner of ``project`` (who can't leave or be removed, chapter 33)."""
+    return member_role(db, project, handle) == "owner" and db.scalar(
+        "SELECT count(*) FROM members WHERE project = ? AND role = 'owner'", (project,)) == 1
+
+
 def require_project(db: Database, actor: Actor, project: str) -> dict:
     """The project row if ``actor`` may work in it.
 
@@ -6836,7 +6842,8 @@ ROOM_THREADS = 20
 def project_view(db: Database, person: Actor, project: str, hub: WakeHub | None = None) -> dict:
     """A project as the web page shows it: summary, kind, the person's role, people (with roles),
     agents, memory, pulse, paused agent pairs and paused agents (``{agent_id: agent_pause}``), and
-    ``can_delete`` (an owner of a team project may delete or erase it).
+    ``can_delete`` (an owner of a team project may delete or erase it) and ``can_leave`` (a member of a
+    team project may leave it, unless they are its last owner).
     NotFound when it is out of ``person``'s reach.
     """
     with db.snapshot():
@@ -6849,6 +6856,7 @@ def project_view(db: Database, person: Actor, project: str, hub: WakeHub | None 
                 "team_role": team_role(db, summary["team"], person.handle) if kind == "team" else None,
                 "lead": lead_out(db, project, person.handle), "can_pick_lead": may_pick_lead(db, project, person.handle),
                 "can_delete": kind == "team" and member_role(db, project, person.handle) == "owner",
+                "can_leave": kind == "team" and not is_last_owner(db, project, person.handle),
                 **team, "memory": memory_facts(db, project),
                 "pulse": project_pulse(db, project), "paused": paused_pairs(db, project),
                 "paused_agents": paused_agents(db, [a["agent_id"] for a in team["agents"]])}
@@ -10956,8 +10964,7 @@ def _team_project(db: Database, project: str, by: str | Actor | None) -> tuple[d
 
 
 def _check_not_last_owner(db: Database, project: str, handle: str, doing: str) -> None:
-    if member_role(db, project, handle) == "owner" and db.scalar(
-            "SELECT count(*) FROM members WHERE project = ? AND role = 'owner'", (project,)) == 1:
+    if is_last_owner(db, project, handle):
         raise InvalidState(f"'{handle}' is the last owner of '{project}': promote another member first "
                            f"(Promote on the project's Members screen, or prickle member promote {project} HANDLE), "
                            f"then {doing}")
@@ -13744,7 +13751,8 @@ def restore_project(db: Database, project: str, by: Actor | str) -> dict:
     still here) are back, and its keys reach it again; its work stays stopped until someone starts it.
     Writes ``project.restored`` (event and entry, with the request number). Returns
     ``{"project", "request_number", "state": "live"}``. Raises NotFound (no deleted project the
-    person was in), Forbidden (not an owner then), InvalidState (erased, purging, or past its deadline).
+    person was in), Forbidden (not an owner then), InvalidState (erased, purging, or past its deadline;
+    or, to one of its members, a project that is not deleted).
     """
     slug = check_slug(project, "project")
     with db.transaction():
@@ -13752,6 +13760,8 @@ def restore_project(db: Database, project: str, by: Actor | str) -> dict:
         row = db.one("SELECT * FROM projects WHERE slug = ?", (slug,))
         request = row and open_request(db, slug)
         role = request and recorded_role(request, handle)
+        if row and not request and member_role(db, slug, handle):  # said only to who can see it anyway
+            raise InvalidState(f"project '{slug}' is not deleted: there is nothing to restore")
         if not role:
             raise NotFound(f"no deleted project '{slug}' that '{handle}' was in")
         if role != "owner":
@@ -14404,9 +14414,12 @@ def check_export(path: str, max_line: int = EXPORT_MAX_LINE, max_member: int = E
     manifest: dict = {}
     if not zipfile.is_zipfile(path):
         with open(path, "rb") as f:
-            chain = check_chain(_read_entries(_bounded_lines(f, path, max_line)))
-        if not chain["entries"]:
-            raise InvalidInput(f"{path} is neither an export (a zip) nor an audit.jsonl with entries")
+            lines = _bounded_lines(f, path, max_line)
+            first = next(_read_entries(itertools.islice(lines, 1)), {})
+            if "chain" not in first:  # not even a first entry: no export, and no chain to call broken
+                raise InvalidInput(f"{path} is not an export archive (the .zip a project's export gives) nor an "
+                                   "audit.jsonl with entries")
+            chain = check_chain(itertools.chain([first], _read_entries(lines)))
     else:
         with zipfile.ZipFile(path) as archive:
             names = set(archive.namelist())
@@ -18453,10 +18466,13 @@ def verify_export_file(path: str, as_json: bool) -> None:
     """``prickle audit verify --file``: check_export's report; exit status 1 when the export does not hold."""
     r = check_export(path)
     where = f"{r['project'] or 'audit.jsonl'}" + (f" (exported {r['exported_at']}, {r['part']})" if r["part"] else "")
-    if r["broken_at"] is None:
-        chain = f"{r['entries']} entries, ok (hash version {r['hash_version']}); head {r['head']}"
-    else:
+    if r["broken_at"] is not None:
         chain = f"{r['entries']} entries, BROKEN at entry {r['broken_at']} ({r['broken_type']}): {r['why']}"
+    elif r["problems"]:  # the chain holds, but not what the manifest says was exported
+        chain = (f"{r['entries']} entries, FAILED: the archive does not match its manifest (the chain itself holds, "
+                 f"hash version {r['hash_version']}; head {r['head']})")
+    else:
+        chain = f"{r['entries']} entries, ok (hash version {r['hash_version']}); head {r['head']}"
     Out(as_json)(r, f"{where}: {chain}" + "".join(f"\n  {p}" for p in r["problems"]))
     if not r["ok"]:
         raise click.exceptions.Exit(1)
