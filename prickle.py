@@ -3418,6 +3418,8 @@ def credential_actor(db: Database, digest: str, kind: str, *, fresh: bool = True
     if row["revoked_at"] and row["revoked_reason"] in LEFT_PROJECT_REASONS:
         # Its agent is out of the project: to the caller the project (or task) is gone, not the key.
         what = f"task '{row['task_id']}'" if row["task_id"] else f"project '{row['project']}'"
+        if row["revoked_reason"] == "project_deleted":
+            raise NotFound(f"{what} not found: its project '{row['project']}' was deleted")
         raise NotFound(f"{what} not found: {row['agent_id']} is no longer in its project")
     if why := not_live_because(row):
         raise Unauthorized(why)
@@ -4016,11 +4018,11 @@ PROJECT_MOVE_BY = {"delete": "delete (a project owner)", "erase": "erase (a proj
 #: Every lifecycle, by the kind move() takes.
 # A schedule (chapter 37) asks its agent for a task at each due time while active. Its owner
 # edits it (a move to where it is), pauses and resumes it, or deletes it (its text is cleared);
-# it stops by itself when its agent left the project or its owner was removed, and its owner may
-# resume it once that is mended.
+# it stops by itself when its agent left the project or its owner was removed, or (paused too) when
+# its project is deleted, and its owner may resume it once that is mended.
 SCHEDULE_MOVES: dict[str, dict[str, str]] = {
     "active": {"edit": "active", "pause": "paused", "stop": "stopped", "delete": "deleted"},
-    "paused": {"edit": "paused", "resume": "active", "delete": "deleted"},
+    "paused": {"edit": "paused", "resume": "active", "stop": "stopped", "delete": "deleted"},
     "stopped": {"edit": "stopped", "resume": "active", "delete": "deleted"},
     **closed("deleted"),
 }
@@ -5083,6 +5085,9 @@ def _invite_by_secret(db: Database, secret: Any) -> dict:
            "revoked": "was revoked by an owner of the project"}.get(row["state"])
     if row["state"] == "expired" or (row["state"] == "open" and row["expires_at"] <= iso(utcnow())):
         raise Expired("this invite has expired: ask the person who invited you to send a new one")
+    if row["state"] == "revoked" and row["ended_reason"] == "project_erased":
+        raise InvalidState(f"this invite was revoked because the project '{row['project']}' was erased: there is "
+                           "nothing left to join")
     if why:
         raise InvalidState(f"this invite {why}: it works once; ask the person who invited you for a new one")
     return row
@@ -12729,6 +12734,8 @@ def _why_not(db: Database, row: dict, now: _dt.datetime, per_schedule: int, per_
 
 
 def _stop_reason(db: Database, row: dict) -> str | None:
+    if db.scalar("SELECT state FROM projects WHERE slug = ?", (row["project"],)) != "live":
+        return "project_deleted"
     if member_role(db, row["project"], row["owner"]) is None:
         return "owner_removed"
     if not agent_in_project(db, row["project"], row["agent"]):
@@ -12750,9 +12757,21 @@ def stop_orphaned_schedules(db: Database, owner: str | None = None) -> int:
     return len(rows)
 
 
+def stop_schedules_for(db: Database, project: str) -> int:
+    """Stop every active or paused schedule asking in ``project`` (being deleted or erased), inside the
+    caller's transaction, with the reason ``project_deleted``; how many. A schedule lives in its owner's
+    room: it stays there, stopped, through a restore (until its owner resumes it) or a purge."""
+    rows = db.rows("SELECT * FROM schedules WHERE project = ? AND state IN ('active', 'paused')", (project,))
+    for row in rows:
+        move(db, "schedule", row["id"], "stop", row, stop_reason="project_deleted", next_run_at=None,
+             updated_at=iso(utcnow()))
+    return len(rows)
+
+
 #: What a stopped schedule's owner is told.
 STOP_REASONS = {"owner_removed": "you are no longer a member of its project",
-                "agent_left": "its agent is no longer in its project"}
+                "agent_left": "its agent is no longer in its project",
+                "project_deleted": "its project was deleted"}
 
 
 def _ask(db: Database, row: dict, due: _dt.datetime, missed: int) -> str:
@@ -13562,8 +13581,9 @@ PURGED: tuple[tuple[str, str], ...] = (
 )
 
 #: Tables whose rows of a project outlive its purge: its deletion requests and its keys (revoked when the
-#: purge starts), which go with the project's row.
-_KEPT = ("deletions", "credentials")
+#: purge starts), which go with the project's row; and schedules, which live in their owners' private
+#: rooms and only point at the project: stopped when it was deleted, they stay for their owners to see.
+_KEPT = ("deletions", "credentials", "schedules")
 
 
 def open_request(db: Database, project: str) -> dict | None:
@@ -13650,6 +13670,7 @@ def _takeout_of_service(db: Database, row: dict, kind: str, by: str, after: _dt.
     number = db.conn.last_insert_rowid()
     move(db, "project", slug, kind, row, deletion=number)
     stop_project_work(db, slug)
+    stop_schedules_for(db, slug)
     db.execute("DELETE FROM project_agents WHERE project = ?", (slug,))
     db.execute("DELETE FROM members WHERE project = ?", (slug,))
     append_event(db, slug, "project.deleted", {"request_number": number})
@@ -14587,12 +14608,28 @@ def _check_still_in(db: Database, actor: Actor, project: str | None, reach: set[
     """NotFound once a waiting agent was taken out of the project it waits on, or (waiting on every
     project) out of any project it was in when the wait began: the wait ends and says so."""
     if project is not None:
-        require_project(db, actor, project)
+        try:
+            require_project(db, actor, project)
+        except NotFound:
+            if deleted := _deleted_under(db, actor.agent_id, project):
+                raise NotFound(deleted) from None
+            raise
         return
     lost = reach - _agent_projects(db, actor.agent_id)
     if lost:
-        raise NotFound(f"agent '{actor.agent_id}' was taken out of project '{min(lost)}': wait again to hear "
+        raise NotFound(_deleted_under(db, actor.agent_id, min(lost)) or
+                       f"agent '{actor.agent_id}' was taken out of project '{min(lost)}': wait again to hear "
                        "from the projects it is still in")
+
+
+def _deleted_under(db: Database, agent_id: str, project: str) -> str | None:
+    """Why a wait ends when ``project`` was deleted (or erased) while ``agent_id`` was in it, or None."""
+    request = open_request(db, project)
+    if request is None or agent_id not in {a["agent_id"] for a in json.loads(request["agents"])}:
+        return None
+    done = "deleted" if request["kind"] == "delete" else "erased"
+    return (f"project '{project}' was {done} (request {request['number']}): wait again to hear from the projects "
+            f"agent '{agent_id}' is still in")
 
 
 #: The connection the request being served arrived on (the server's connection guard sets it), so a wait
@@ -19181,6 +19218,9 @@ def _copy_backup(backup: str, out: str) -> None:
             target.close()
     except apsw.NotADBError:
         raise InvalidInput(f"{backup} is not a database: name a file 'prickle backup' wrote") from None
+    except apsw.CorruptError:  # a file cut short: its pages end before its header says
+        raise InvalidInput(f"{backup} is not a whole SQLite database (cut short or damaged): nothing was replaced; "
+                           "name a whole file 'prickle backup' wrote") from None
     finally:
         source.close()
         for path in made:
