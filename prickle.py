@@ -18465,7 +18465,8 @@ def verify_export_file(path: str, as_json: bool) -> None:
 @db_options
 @click.argument("dest")
 def backup_cmd(db_path: str, as_json: bool, dest: str) -> None:
-    """Copy the database to DEST with SQLite's online backup (safe while the server runs)."""
+    """Copy the database to DEST as it was when the copy began: SQLite's online backup in one step, inside
+    one read snapshot (safe while the server runs: its writes go on and don't restart the copy)."""
     if os.path.exists(dest):
         raise Conflict(f"{dest} already exists: pick a new file name")
     if not os.path.isdir(os.path.dirname(os.path.abspath(dest))):
