@@ -182,6 +182,7 @@ import tempfile
 import time
 import threading
 import tomllib
+import unicodedata
 import urllib.parse
 import zipfile
 import zlib
@@ -12950,8 +12951,22 @@ def _owner_only(db: Database, person: Actor, project: str, what: str) -> None:
         raise Forbidden(f"only a project owner may {what}: ask one of the project's owners")
 
 
+#: The earliest day a moment may mark (no team worked in Prickle before it).
+MOMENT_EARLIEST_DAY = _dt.date(1970, 1, 1)
+
+#: Characters that show nothing though they are not spaces (fillers, a blank braille cell).
+_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+
+
+def _has_visible(text: str) -> bool:
+    """Whether ``text`` shows something: not only spaces, format and zero-width characters, or marks."""
+    return any(not c.isspace() and c not in _BLANK_LETTERS and unicodedata.category(c)[0] not in "CZM"
+               for c in text)
+
+
 def _check_day(value: Any) -> str:
-    """A moment's day (``YYYY-MM-DD``), not after today anywhere on Earth; InvalidInput naming ``day``."""
+    """A moment's day (``YYYY-MM-DD``), from MOMENT_EARLIEST_DAY to today anywhere on Earth; InvalidInput
+    naming ``day``."""
     try:
         day = _dt.date.fromisoformat(value) if isinstance(value, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", value) \
             else None
@@ -12961,13 +12976,15 @@ def _check_day(value: Any) -> str:
         raise InvalidInput(f"day must be a date like 2026-12-01, got {str(value)[:40]!r}")
     if day > (utcnow() + _LATEST_ZONE).date():
         raise InvalidInput(f"day {value} is in the future: a moment marks what happened, today at the latest")
+    if day < MOMENT_EARLIEST_DAY:
+        raise InvalidInput(f"day {value} is too early: a moment marks a day from {MOMENT_EARLIEST_DAY} on")
     return value
 
 
 def _check_title(value: Any) -> str:
     if isinstance(value, str):
         value = value.strip()
-    if isinstance(value, str) and not value:
+    if isinstance(value, str) and not _has_visible(value):
         raise InvalidInput("title is empty: say in a few words what happened")
     if isinstance(value, str) and len(value) > MOMENT_TITLE_MAX:
         raise InvalidInput(f"title is {len(value)} characters long; at most {MOMENT_TITLE_MAX}: shorten it")
@@ -13373,7 +13390,13 @@ async def link_repository(db: Database, settings: Settings, person: Actor, proje
     repo = check_repo(repo)
     with db.snapshot():
         _owner_only(db, person, project, "link the story to a GitHub repository")
-    name, url = await _github_repository(settings, repo)
+    try:
+        name, url = await _github_repository(settings, repo)
+    except GitHubUnavailable as e:
+        # A refresh tries again by itself; a link that failed was never made, so the owner must ask again.
+        when = f"after {iso(e.retry_at)[11:16]} UTC" if e.retry_at else "in a while"
+        raise GitHubUnavailable(f"{str(e).split('; ')[0]}; nothing was linked: link it again {when}",
+                                e.retry_at) from None
     with db.transaction():
         _owner_only(db, person, project, "link the story to a GitHub repository")
         before = story_settings(db, project)["repo"]
@@ -13533,8 +13556,8 @@ def story(db: Database, person: Actor, project: str, before: str | None = None, 
 #
 # The retention worker (retention_step, the server's "retention" piece) takes over at a request's
 # deadline: ``project.purge_started`` (no restore from then on), the content removed a batch per
-# transaction, then ``project.content_purged`` (only an export of the log comes after it); AUDIT_KEPT later the log and the
-# project's row go too. The project is out of service before its first row goes, so a purge broken off
+# transaction, then ``project.content_purged`` (only an export of the log comes after it); AUDIT_KEPT
+# later the log and the project's row go too. The project is out of service before its first row goes, so a purge broken off
 # (a crash, kill -9) leaves nothing readable, and the next step goes on where it stopped.
 
 #: A project an owner asked to erase is purged this long after the request, with no restore meanwhile.
