@@ -3,6 +3,7 @@ stand-in, tests/github_standin.py), and what owners hide."""
 
 import datetime as dt
 import json
+import socket
 import time
 
 import pytest
@@ -122,6 +123,15 @@ def test_bad_input_is_a_clear_error_and_changes_nothing(team, server):
     cases = [
         (ren.post(path, good | {"title": "x" * 141}), 400, "title is 141 characters long; at most 140: shorten it"),
         (ren.post(path, good | {"title": "   "}), 400, "title is empty: say in a few words what happened"),
+        (ren.post(path, good | {"title": "\u200b\u200b"}), 400, "title is empty: say in a few words what happened"),
+        (ren.post(path, good | {"title": " \u2060\ufeff\u00ad \u3164"}), 400,
+         "title is empty: say in a few words what happened"),
+        (ren.post(f"/api/moments/{mine['id']}", {"title": "\u200b"}), 400,
+         "title is empty: say in a few words what happened"),
+        (ren.post(path, good | {"day": "0001-01-01"}), 400,
+         "day 0001-01-01 is too early: a moment marks a day from 1970-01-01 on"),
+        (ren.post(path, good | {"day": "1969-12-31"}), 400,
+         "day 1969-12-31 is too early: a moment marks a day from 1970-01-01 on"),
         (ren.post(path, good | {"title": "two\nlines"}), 400,
          "title: write it on one line, without line breaks, tabs or control characters"),
         (ren.post(path, good | {"day": "2026-12-03"}), 400,
@@ -364,8 +374,22 @@ def test_linking_a_repository_that_cannot_be_read_is_a_clear_error(team, app, gi
     github.reset_in(T0, 600)
     r = oj.post(path, {"repository": "octo/site"})
     assert (r.status_code, r.json()["error"]["code"]) == (503, "github_unavailable")
-    assert r.json()["error"]["message"].startswith("GitHub's rate limit for this server is used up until 10:10 UTC")
+    assert r.json()["error"]["message"] == ("GitHub's rate limit for this server is used up until 10:10 UTC; "
+                                            "nothing was linked: link it again after 10:10 UTC")
     assert written(team.db) == before and read(app, team)["repo"] is None
+
+
+def test_linking_while_github_is_out_of_reach_says_nothing_was_linked(team, github):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    settings = prickle.Settings(github_api_url=f"http://127.0.0.1:{port}")
+    with TestClient(prickle.create_app(team.db_path, settings, port=8321), base_url="http://127.0.0.1:8321") as app:
+        before = written(team.db)
+        r = person(app, team, "oj").post(f"/api/projects/{PROJECT}/story/repo", {"repository": "octo/site"})
+        assert (r.status_code, r.json()["error"]) == (503, {"code": "github_unavailable", "message": (
+            "GitHub could not be reached (ConnectError); nothing was linked: link it again in a while")})
+        assert written(team.db) == before and read(app, team)["repo"] is None
 
 
 def test_replacing_or_unlinking_the_repository_brings_hidden_github_moments_back(team, app, github):
@@ -473,3 +497,12 @@ def test_junk_in_every_field_is_a_400_never_a_500(team, server):
             assert r.status_code in (400, 404), (path, body, r.status_code, r.text)
             assert r.json()["error"]["code"] in ("invalid_input", "not_found"), r.text
     assert written(team.db) == before
+
+
+def test_a_title_with_something_to_see_and_the_earliest_day_are_marked(team, server):
+    ren = person(server, team, "ren")
+    path = f"/api/projects/{PROJECT}/moments"
+    for title, day in (("\u200b🎉\u200d", "1970-01-01"), ("\u0663", "2026-11-30"), ("é", "2026-11-30")):
+        r = ren.post(path, {"kind": "milestone", "day": day, "title": title})
+        assert r.status_code == 200, r.text
+        assert (r.json()["moment"]["title"], r.json()["moment"]["day"]) == (title, day)

@@ -544,7 +544,12 @@ def test_phone_width_is_readable(served, people):
     goto(page, served, f"#/p/{PROJECT}/room")
     expect(page.get_by_role("combobox")).to_be_visible()
     assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    # The composer's placeholder fits its short box on a phone (the hint below says "@ to mention").
+    expect(page.get_by_role("combobox")).to_have_attribute("placeholder", "Write to the room…")
     shot(page, "phone_room", full_page=False)
+    page.set_viewport_size({"width": 1366, "height": 900})
+    expect(page.get_by_role("combobox")).to_have_attribute("placeholder", "Write to the room… (@ to mention)")
+    page.set_viewport_size(PHONE)
     goto(page, served, f"#/p/{PROJECT}/tasks")
     expect(page.get_by_role("heading", name="Tasks")).to_be_visible()
     assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
@@ -1065,6 +1070,11 @@ def test_whoever_is_removed_is_offered_again_by_the_pickers_without_a_reload(ser
     add_person = page.get_by_role("form", name="Add a teammate")
     expect(page.locator('.person[data-handle="lee"]')).to_have_count(1)
     expect(add_person.get_by_label("Person").locator('option[value="lee"]')).to_have_count(0)
+    # The only owner is offered no Leave (the server would refuse it); with another owner, Leave is there.
+    expect(page.locator('.person[data-handle="oj"]')).to_contain_text("owner")
+    expect(page.get_by_role("button", name="Leave", exact=True)).to_have_count(0)
+    cli_json(served.db, "member", "promote", PROJECT, "lee")
+    page.reload()
     # Leaving speaks to you about your own agents; Keep changes nothing.
     page.get_by_role("button", name="Leave", exact=True).click()
     leaving = page.get_by_role("alertdialog", name="Leave Website v2?")
