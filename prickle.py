@@ -6610,7 +6610,7 @@ def write_message(db: Database, actor: Actor, project: str, body: str, *, messag
 def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id: str | None = None,
                  in_reply_to: str | None = None, provenance: str | None = None, verdict: str | None = None,
                  attachments: list[str] | None = None, _message_id: str | None = None,
-                 _task_request: str | None = None) -> dict:
+                 _task_request: str | None = None, _mention_only: str | None = None) -> dict:
     """Post in a project room as ``actor``; return the Message.
 
     Implements post_message: mentions parsed into canonical addresses; a reply stays in
@@ -6620,8 +6620,9 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
     loop guard. Writes ``message.posted`` (outbox, waking mentioned agents and the parties
     replied to) and its audit entry. ``attachments`` (a person's, in their private room only: the
     IDs of their uploads, see take_attachments) go with the message, each with its
-    ``attachment.uploaded`` entry; agents send none. Raises InvalidInput, NotFound, Forbidden,
-    InvalidState, Paused.
+    ``attachment.uploaded`` entry; agents send none. ``_mention_only`` (a scheduled Task request) is the one
+    address the message may mention: other names in its text notify nobody. Raises InvalidInput, NotFound,
+    Forbidden, InvalidState, Paused.
     """
     check_markdown(check_text(body, "body", BODY_MAX), "body")
     if actor.credential_kind == "discussion":
@@ -6642,6 +6643,9 @@ def post_message(db: Database, actor: Actor, project: str, body: str, *, task_id
         task_id = parent["task_id"] if parent is not None else task_id
         task = visible_task(db, actor, project, task_id) if task_id is not None else None
         mentions, mentioned_agents = resolve_mentions(db, project, body)
+        if _mention_only is not None:
+            mentions, mentioned_agents = ([a for a in found if a == _mention_only] for found in (mentions,
+                                                                                              mentioned_agents))
         replied = _replied_parties(db, project, parent, task)
         reached = [a for a in dict.fromkeys(mentioned_agents + replied) if a != actor.address]
         if actor.kind == "agent":
@@ -6907,7 +6911,8 @@ def read_room(db: Database, actor: Actor, project: str, *, cursor: str | None = 
 
 
 def _listed_threads(db: Database, actor: Actor, project: str) -> list[dict]:
-    """The task threads read_room lists for ``actor`` beside general chat, newest activity first."""
+    """The task threads read_room lists for ``actor`` beside general chat, newest activity first; a
+    person's list also says who asked for each (``requested_by``)."""
     if actor.kind == "agent":
         rows = db.rows(f"SELECT * FROM tasks t WHERE project = :project AND {AGENT_SEES_TASK} "
                        "ORDER BY last_activity_at DESC LIMIT :limit",
@@ -6915,7 +6920,7 @@ def _listed_threads(db: Database, actor: Actor, project: str) -> list[dict]:
     else:
         rows = db.rows("SELECT * FROM tasks WHERE project = ? ORDER BY last_activity_at DESC LIMIT ?",
                        (project, ROOM_THREADS))
-    return [{
+    threads = [{
         "task_id": t["id"], "title": t["display_title"] or t["title"], "state": t["state"],
         "requester": t["requester"],
         "assignee": t["assignee"],
@@ -6923,6 +6928,10 @@ def _listed_threads(db: Database, actor: Actor, project: str) -> list[dict]:
                                  (project, t["id"])),
         "last_activity_at": t["last_activity_at"], "parent_task_id": t["parent_task_id"],
     } for t in rows]
+    if actor.kind == "person":  # the page names who asked (a person's task has no requester agent)
+        for thread, t in zip(threads, rows):
+            thread["requested_by"] = actor_ref_out(db, json.loads(t["requested_by"]))
+    return threads
 
 
 ###############################################################################
@@ -8522,10 +8531,12 @@ def task_waits(db: Database, task: dict) -> dict:
     return {"blocked_by": blocked_by, "blocked": [b for b in blocked_by if b in still_open], "subtasks": subtasks}
 
 
-def request_task(db: Database, person: Actor, project: str, agent_id: str, packet: dict) -> dict:
+def request_task(db: Database, person: Actor, project: str, agent_id: str, packet: dict, *,
+                 mention_only_agent: bool = False) -> dict:
     """A person asks their own agent for a task: a Task request message and a routed task.
 
-    Writes ``task.requested`` (the agent, the message and counts, never the words).
+    ``mention_only_agent`` (a schedule's task): the message mentions the agent alone, whatever names
+    its text holds. Writes ``task.requested`` (the agent, the message and counts, never the words).
     """
     with db.transaction():
         require_project(db, person, project)
@@ -8534,7 +8545,8 @@ def request_task(db: Database, person: Actor, project: str, agent_id: str, packe
         message_id = new_message_id(db)  # the task names its message, which is posted after it
         out = handoff(db, person, project, agent_id, packet, origin_message_id=message_id)
         message = post_message(db, person, project, f"@{agent_id} Task request: {packet['task']}",
-                               _message_id=message_id, _task_request=out["task"]["id"])
+                               _message_id=message_id, _task_request=out["task"]["id"],
+                               _mention_only=agent_id if mention_only_agent else None)
         audit(db, project, "task.requested", {"agent": agent_id, "message": message_id, "task": out["task"]["id"],
                                               "criteria": len(packet["acceptance_criteria"])})
         return out | {"message": message}
@@ -12434,6 +12446,10 @@ def _checked_fields(db: Database, person: Actor, fields: dict, per_schedule: int
     check_markdown(check_text(fields["text"], "text", TASK_TEXT_MAX, 1), "text")
     if not fields["text"].strip():
         raise InvalidInput("text: say what the agent should do each time")
+    named = MENTION_RE.search(fields["text"])
+    if named:
+        raise InvalidInput(f"text: a schedule asks only its own agent, so its text mentions nobody: remove the "
+                           f"mention @{named.group(1)} (write the name without @)")
     check_timezone(fields["timezone"])
     _check_target(db, person, fields["agent"], fields["project"])
     rec = check_recurrence(fields["recurrence"])
@@ -12700,7 +12716,8 @@ def _ask(db: Database, row: dict, due: _dt.datetime, missed: int) -> str:
     owner = Actor(kind="person", credential_id="", credential_kind="schedule", handle=row["owner"])
     packet = {"task": row["text"], "deliverable_type": "answer", "acceptance_criteria": [SCHEDULE_CRITERION],
               "context": _due_note(row, due, missed), "files": []}
-    task_id = request_task(db, owner, row["project"], row["agent"], packet)["task"]["id"]
+    # Only the owner's own agent is asked: a name in the text (one stored before texts were checked) wakes nobody.
+    task_id = request_task(db, owner, row["project"], row["agent"], packet, mention_only_agent=True)["task"]["id"]
     db.execute("UPDATE tasks SET schedule = ? WHERE id = ?",
                (json.dumps({"schedule_id": row["id"], "version": row["version"]}), task_id))
     return task_id
@@ -13820,7 +13837,9 @@ def run_retention(db: Database, batch: int = PURGE_BATCH) -> list[str]:
 #
 # Closing is one transaction (close_account), in named steps:
 #   1. refusals first: an account already closed, a step-up not given, a project of which they are
-#      the last owner (someone must be left to run it: promote another member, or delete the project);
+#      the last owner (someone must be left to run it: promote another member, or delete the project),
+#      a deleted project they are the last recorded owner of (nobody else could restore it: restore it and
+#      hand it on, or erase it; one being erased or purged goes anyway);
 #   2. every browser session, sign-in link, runner device and connected app ends (sign_out_everywhere),
 #      and so does a computer's or an app's connection they approved but which was not used yet;
 #   3. in each project they are in (their private room too): the handoffs and Approve cards waiting
@@ -13862,6 +13881,21 @@ def _owned_alone(db: Database, handle: str) -> list[str]:
         "SELECT m.project FROM members m JOIN projects p ON p.slug = m.project WHERE m.handle = ? AND "
         "m.role = 'owner' AND p.kind = 'team' AND NOT EXISTS (SELECT 1 FROM members o WHERE o.project = m.project "
         "AND o.role = 'owner' AND o.handle <> m.handle) ORDER BY m.project", (handle,))]
+
+
+def _deleted_owned_alone(db: Database, handle: str) -> list[str]:
+    """The deleted team projects still restorable that ``handle`` is the only recorded owner of (an owner
+    who closed their account since is not brought back by a restore): closing would leave nobody to
+    restore them. One being erased or purged is not counted: it goes anyway."""
+    alone = []
+    for row in db.rows("SELECT d.* FROM projects p JOIN deletions d ON d.number = p.deletion WHERE p.state = 'deleted' "
+                       "AND p.kind = 'team' AND d.purge_after > ? ORDER BY p.slug", (iso(utcnow()),)):
+        owners = [m["handle"] for m in json.loads(row["members"]) if m["role"] == "owner"]
+        others = [h for h in owners if h != handle and db.scalar(
+            "SELECT 1 FROM people WHERE handle = ? AND erased_at IS NULL", (h,))]
+        if handle in owners and not others:
+            alone.append(row["project"])
+    return alone
 
 
 def _deny_waiting(db: Database, me: Actor, project: str) -> int:
@@ -13948,6 +13982,8 @@ def _forget(db: Database, handle: str, now: str) -> None:
     for table, column in (("passkeys", "person"), ("team_people", "handle"), ("read_positions", "handle"),
                           ("inbox_marks", "handle"), ("share_rules", "owner")):
         db.execute(f"DELETE FROM {table} WHERE {column} = ?", (handle,))
+    if db.scalar("SELECT 1 FROM sqlite_schema WHERE name = 'sqlite_stat4'"):
+        db.execute("ANALYZE people")  # SQLite's samples of people_by_email (made as a file closes) held the address
     db.cache.pop(("erased", "people"), None)
     erased = json.dumps(person_ref(db, handle))
     for table, column in (("tasks", "requested_by"), ("approvals", "requested_by"), ("submissions", "verified_by"),
@@ -13963,7 +13999,7 @@ def _forget(db: Database, handle: str, now: str) -> None:
                    (canonical_json(_scrub(json.loads(row["payload"]), names)), row["seq"]))
 
 
-def close_account(db: Database, who: Actor | str) -> dict:
+def close_account(db: Database, who: Actor | str, *, again: bool = False) -> dict:
     """Close a person's account: ``who`` is the signed-in person (who must have confirmed it's them:
     require_step_up) or, from the command line, a handle. One transaction, in the steps above.
 
@@ -13974,18 +14010,19 @@ def close_account(db: Database, who: Actor | str) -> dict:
     room...). Returns ``{handle, erased_at, projects: [{project} | refs], private_room (deletion_out or
     None), sessions_ended, devices_ended, apps_ended, credentials_ended, invites_revoked}``.
     Raises InvalidInput, NotFound (no such person), InvalidState (closed already; the last owner of a
-    project), StepUpRequired.
+    project), StepUpRequired. ``again`` (a restore re-applying a closure the replaced file recorded, by
+    handle) skips the last-owner refusal: the account was closed already, whoever owns what.
     """
     handle = who.handle if isinstance(who, Actor) else check_slug(who, "handle")
     secure = db.scalar("PRAGMA secure_delete")
     db.execute("PRAGMA secure_delete = ON")  # what this transaction overwrites is zeroed, not left in free space
     try:
-        return _close(db, who, handle)
+        return _close(db, who, handle, again)
     finally:
         db.execute(f"PRAGMA secure_delete = {int(secure)}")
 
 
-def _close(db: Database, who: Actor | str, handle: str) -> dict:
+def _close(db: Database, who: Actor | str, handle: str, again: bool) -> dict:
     with db.transaction():
         row = db.one("SELECT * FROM people WHERE handle = ?", (handle,))
         if row is None:
@@ -13994,11 +14031,16 @@ def _close(db: Database, who: Actor | str, handle: str) -> dict:
             raise InvalidState(f"handle: '{handle}' closed their account already, at {row['erased_at']}")
         if isinstance(who, Actor):
             require_step_up(db, who, "close your account")
-        if alone := _owned_alone(db, handle):
+        if not again and (alone := _owned_alone(db, handle)):
             raise InvalidState(
                 f"'{handle}' is the last owner of {', '.join(repr(p) for p in alone)}: make another member an owner "
                 f"(Promote on the project's Members screen, or prickle member promote {alone[0]} HANDLE) or delete "
                 "the project, then close the account")
+        if not again and (deleted := _deleted_owned_alone(db, handle)):
+            raise InvalidState(
+                f"'{handle}' is the last owner of {', '.join(repr(p) for p in deleted)}, deleted but restorable: restore "
+                f"it (Restore under Deleted projects on the home page, or prickle project restore {deleted[0]} --by "
+                f"{handle}), then make another member an owner or erase it, then close the account")
         by = handle if isinstance(who, Actor) else None
         me = who if isinstance(who, Actor) else Actor("person", "", "person", handle=handle)
         running = {r["project"]: _running(db, r["project"]) for r in db.rows(
@@ -19133,6 +19175,24 @@ def _swap_in(db_path: str, out: str, replaced: bool, stamp: str) -> str | None:
     return aside
 
 
+def _closed_again(copy: Database, replaced: apsw.Connection | None) -> int:
+    """Close again in the restored copy every account the replaced file records as closed and the copy
+    does not (close_account, as the operator's erase: person.erased in each of their projects), then
+    rewrite the copy so no earlier copy of their rows is left in it. Returns how many."""
+    if replaced is None:
+        return 0
+    try:
+        closed = [r[0] for r in replaced.execute("SELECT handle FROM people WHERE erased_at IS NOT NULL ORDER BY handle")]
+    except apsw.SQLError:  # a file from before accounts could be closed
+        return 0
+    again = [h for h in closed if copy.scalar("SELECT 1 FROM people WHERE handle = ? AND erased_at IS NULL", (h,))]
+    for handle in again:
+        close_account(copy, handle, again=True)
+    if again:
+        vacuum_file(copy)
+    return len(again)
+
+
 def restore_file(db_path: str, source: str, fill: Callable[[str], None], what: str, point: str | None = None) -> dict:
     """Replace the database at ``db_path`` with a restored copy that ``fill(out)`` writes to the new file ``out``.
 
@@ -19140,9 +19200,11 @@ def restore_file(db_path: str, source: str, fill: Callable[[str], None], what: s
     point (a replica's --timestamp), else the time the backup was taken, else the copy's newest
     write. The copy must pass SQLite's integrity check; it is upgraded to this Prickle's schema and
     given the marker the first start records (``chain.restored``, :func:`record_restore`). The
-    replaced file (with its log) is kept as ``<db>.replaced-<time>``. Raises StorageError while a
-    server uses the file or another program has it open; nothing changes unless it all worked.
-    Returns ``{"db", "source", "point", "replaced", "chains"}``.
+    replaced file (with its log) is kept as ``<db>.replaced-<time>``. An account closed in the
+    replaced file and open in the copy is closed again in the copy first (_closed_again): a restore
+    never brings back a closed account. Raises StorageError while a server uses the file or another
+    program has it open; nothing changes unless it all worked. Returns ``{"db", "source", "point",
+    "replaced", "chains", "closures_reapplied"}``.
     """
     holder = running_server(db_path)
     if holder is not None:
@@ -19165,6 +19227,7 @@ def restore_file(db_path: str, source: str, fill: Callable[[str], None], what: s
         try:
             point = point or taken or _newest_write(copy.conn) or restored_at
             marker = restore_marker(copy.conn, replaced, source, point, restored_at)
+            closures = _closed_again(copy, replaced)
             with copy.transaction():
                 copy.execute("DELETE FROM meta WHERE key = ?", (BACKUP_TAKEN_AT,))
                 copy.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -19185,7 +19248,8 @@ def restore_file(db_path: str, source: str, fill: Callable[[str], None], what: s
             os.unlink(db_path)  # the empty file the lock made, when nothing took its place
         lock.release()
     return {"db": os.path.abspath(db_path), "source": source, "point": point,
-            "replaced": aside and os.path.abspath(aside), "chains": len(marker["chains"] | {DEPLOYMENT_CHAIN: 0})}
+            "replaced": aside and os.path.abspath(aside), "chains": len(marker["chains"] | {DEPLOYMENT_CHAIN: 0}),
+            "closures_reapplied": closures}
 
 
 @cli.command("restore")
@@ -19226,6 +19290,9 @@ def restore_cmd(db_path: str, as_json: bool, backup: str | None, replica: str | 
         result = restore_file(db_path, "replica",
                               lambda out: _litestream_restore(program, out, replica, config, db_path, at), what, at)
     kept = (f" The file it replaced is kept as {result['replaced']}." if result["replaced"] else "")
+    if result["closures_reapplied"]:
+        kept += (f" {counted(result['closures_reapplied'], 'account')} closed in the replaced file "
+                 "closed again (person.erased).")
     Out(as_json)(result | {"from": backup or replica or config},
                  f"Restored {db_path} from {what}, as it was at {result['point']}.{kept} The server's next start "
                  f"records chain.restored in each audit chain ({counted(result['chains'], 'chain')}): prickle serve "

@@ -26,6 +26,7 @@ export function mount(el, ctx) {
   const confirmBox = h("div", { class: "removal-slot" });
   ctx.confirmBox = confirmBox;
   const settings = h("div", { class: "project-settings" });
+  const danger = h("div", { class: "danger-slot" }); // Delete and Erase: last, below everything they undo
   // drawn once, not with the project's every change: a choice being made stays made
   const sharing = ctx.project.data().kind === "team" ? shareRule(ctx) : null;
   const exporting = exportBox(ctx); // offered by the server to owners (can_export)
@@ -36,13 +37,15 @@ export function mount(el, ctx) {
       h("section", { class: "section", "aria-labelledby": "people-heading" },
         h("h2", { id: "people-heading", text: "Members" }), people, addPerson, invites),
       h("section", { class: "section", "aria-labelledby": "agents-heading" },
-        h("h2", { id: "agents-heading", text: "Agents" }), agents, addAgent)));
+        h("h2", { id: "agents-heading", text: "Agents" }), agents, addAgent)),
+    danger);
 
   const render = () => {
     const data = ctx.project.data();
     renderPeople(people, data, ctx);
     renderAgents(agents, data, ctx);
     renderSettings(settings, data, ctx);
+    fill(danger, data.kind === "team" ? dangerZone(data, ctx) : null);
   };
   // The pickers redraw with the project: whoever leaves it or is removed is offered again.
   const pickers = [renderAddPerson(addPerson, ctx), renderAddAgent(addAgent, ctx)];
@@ -133,8 +136,7 @@ function renderSettings(box, data, ctx) {
     });
   }
   fill(box, h("section", { class: "section card", "aria-labelledby": "settings-heading" },
-    h("h2", { id: "settings-heading", text: "Name and default lead" }), rename, leadBox(data, ctx, done)),
-  dangerZone(data, ctx));
+    h("h2", { id: "settings-heading", text: "Name and default lead" }), rename, leadBox(data, ctx, done)));
 }
 
 const SHARE_CHOICES = [["default", "Only what every project shares"],

@@ -26,6 +26,7 @@ import { markSeen, paintUnread, reload as reloadInbox } from "./inbox_store.js";
 import { renderMarkdown, rawToggle } from "./markdown.js";
 import { renderAttachments } from "./attachments.js";
 import { markDialog, localDay } from "./story.js";
+import { requesterText } from "./task_common.js";
 import {
   h, tpl, slots, heading, avatar, badge, stateBadge, timeEl, errorSlot, showError, clearError, act, fill, empty, ago,
   announce, debounce, loadFailed,
@@ -691,7 +692,7 @@ function renderThreads(box, ctx, threads) {
           h("span", { class: "thread-title" }, t.title,
             h("span", { class: "unread-badge", hidden: true, dataset: { unreadProject: ctx.slug, unreadThread: t.task_id } })),
           h("span", { class: "thread-meta" }, stateBadge(t.state),
-            h("span", { class: "muted small", text: `${t.requester || "a person"} → ${t.assignee}` })),
+            h("span", { class: "muted small", text: `${requesterText(t)} → ${t.assignee}` })),
           h("span", { class: "muted small",
             text: `${t.reply_count} ${t.reply_count === 1 ? "message" : "messages"} · ${ago(t.last_activity_at)}` })))))
       : empty("No task threads yet."),

@@ -112,13 +112,29 @@ function next(s) {
     return h("p", { class: "small schedule-next warn-text", text: `Stopped: ${why[s.stop_reason] || s.stop_reason}. Fix that, then resume it.` });
   }
   if (s.state === "paused") return h("p", { class: "small schedule-next", text: "Paused: nothing runs until you resume it." });
-  return h("p", { class: "small schedule-next" }, "Next run: ", timeEl(s.next_run_at));
+  return h("p", { class: "small schedule-next" }, "Next run: ", zoned(s.next_run_at, s.timezone));
+}
+
+/** A run's time in the schedule's own zone, the zone named (as its recurrence is said); the
+ *  browser's own time in its title. A zone this browser does not know falls back to its own time. */
+function zoned(iso, zone) {
+  if (!iso) return timeEl(iso);
+  let text;
+  try {
+    text = new Intl.DateTimeFormat(undefined, { timeZone: zone, weekday: "short", day: "numeric", month: "short",
+      hour: "2-digit", minute: "2-digit", hourCycle: "h23" }).format(new Date(iso));
+  } catch {
+    return timeEl(iso);
+  }
+  const yours = new Intl.DateTimeFormat(undefined, { day: "numeric", month: "short", year: "numeric",
+    hour: "2-digit", minute: "2-digit", timeZoneName: "short" });
+  return h("time", { datetime: iso, title: `Your time: ${yours.format(new Date(iso))}`, text: `${text} (${zone})` });
 }
 
 function last(s) {
   const run = s.last_run;
   if (!run) return h("p", { class: "small muted schedule-last", text: "Last run: not yet." });
-  const parts = ["Last run: ", timeEl(run.at), " — "];
+  const parts = ["Last run: ", zoned(run.at, s.timezone), " — "];
   if (run.outcome === "asked") {
     parts.push("asked ", h("a", { href: `#/p/${encodeURIComponent(s.project)}/tasks/${encodeURIComponent(run.task_id)}`, text: "its task" }),
       " ", stateBadge(run.task_state));

@@ -199,3 +199,23 @@ def test_a_computer_approved_but_not_yet_connected_gets_no_key_once_the_account_
     assert (r.status_code, r.json()["error"]["code"]) == (410, "expired")
     assert world.db.scalar("SELECT state FROM connect_requests WHERE id = ?", (asked["request_id"],)) == "expired"
     assert world.db.scalar("SELECT count(*) FROM credentials") == keys
+
+
+def test_the_last_owner_of_a_deleted_project_is_told_to_restore_and_hand_it_on_or_erase_it(server, world):
+    prickle.delete_project(world.db, PROJECT, "oj")
+    before = world.db.scalar("SELECT count(*) FROM audit")
+    said = ("'oj' is the last owner of 'website-v2', deleted but restorable: restore it (Restore under Deleted "
+            "projects on the home page, or prickle project restore website-v2 --by oj), then make another member "
+            "an owner or erase it, then close the account")
+    r = confirmed(server, world, "oj").delete("/api/me")
+    assert (r.status_code, r.json()["error"]["message"]) == (409, said), r.text
+    code, _, err = run(world.db_path, "person", "erase", "oj", ok=False)
+    assert code != 0 and said in err
+    assert world.db.scalar("SELECT count(*) FROM audit") == before
+    assert world.db.scalar("SELECT erased_at FROM people WHERE handle = 'oj'") is None
+    # ren, a member but no owner when it was deleted, may go; once oj restores and erases it, oj may too.
+    assert jrun(world.db_path, "person", "erase", "ren")["handle"] == "ren"
+    prickle.restore_project(world.db, PROJECT, "oj")
+    prickle.erase_project(world.db, PROJECT, "oj")
+    out = jrun(world.db_path, "person", "erase", "oj")
+    assert (out["handle"], [p["project"] for p in out["projects"]]) == ("oj", ["oj-room"])

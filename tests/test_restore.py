@@ -5,6 +5,7 @@ import glob
 import json
 import os
 import shutil
+from pathlib import Path
 
 import apsw
 import pytest
@@ -57,7 +58,7 @@ def test_a_restore_from_a_backup_is_recorded_once_in_every_chain_at_the_first_st
     out = jrun(db_path, "restore", backup)
     aside = db_path + ".replaced-20261201T100500Z"
     assert out == {"db": db_path, "source": "backup", "from": backup, "point": "2026-12-01T10:01:00.000Z",
-                   "replaced": aside, "chains": len(kept)}
+                   "replaced": aside, "chains": len(kept), "closures_reapplied": 0}
     assert heads(aside) == lost  # the replaced file is kept whole, its log copied in
     # Beside them nothing: no hidden copy, no log, not even the -wal and -shm of reading the backup.
     assert sorted(os.listdir(tmp_path)) == ["nightly.db", "prickle.db", "prickle.db.replaced-20261201T100500Z"]
@@ -255,3 +256,34 @@ def test_a_backup_copied_into_place_by_hand_is_recorded_as_a_restore_at_its_firs
              "gap": gap | ({"chains": None} if chain == "" else {})}], chain
     assert restored.scalar("SELECT count(*) FROM meta WHERE key IN ('restore', 'backup_taken_at')") == 0
     restored.close()
+
+
+def test_a_restore_never_brings_back_a_closed_account(world, db_path, tmp_path, clock):
+    prickle.set_person_email(world.db, "ren", "ren.ito@example.org")
+    backup = str(tmp_path / "pre.db")
+    assert jrun(db_path, "backup", backup) == {"backup": backup}
+    clock.now = T0 + MINUTE
+    prickle.close_account(world.db, "ren")
+    clock.now = T0 + 2 * MINUTE
+    code, said, _ = run(db_path, "restore", backup)
+    assert code == 0 and "1 account closed in the replaced file closed again (person.erased)." in said
+    restored = prickle.Database(db_path)
+    # The copy had ren open: the closing is done again in it, as the operator's erase.
+    assert restored.one("SELECT display_name, email, erased_at FROM people WHERE handle = 'ren'") == {
+        "display_name": prickle.ERASED_NAME, "email": None, "erased_at": "2026-12-01T10:02:00.000Z"}
+    assert [e["refs"]["person"] for e in audit_entries(restored, PROJECT, "person.erased")] == ["ren"]
+    assert [e["refs"]["by"] for e in audit_entries(restored, PROJECT, "person.erased")] == [None]
+    assert restored.scalar("SELECT count(*) FROM credentials WHERE person = 'ren' AND revoked_at IS NULL") == 0
+    assert restored.scalar("SELECT count(*) FROM members WHERE handle = 'ren'") == 0
+    restored.close()
+    start(db_path)
+    with TestClient(prickle.create_app(db_path, prickle.Settings(), port=8321),
+                    base_url="http://127.0.0.1:8321") as client:
+        r = client.get("/api/me", headers={"Authorization": f"Bearer {world.tokens['ren']}"})
+        assert r.status_code == 401, r.text
+    for path in glob.glob(db_path + "*"):
+        if ".replaced-" not in path:
+            data = Path(path).read_bytes()
+            assert b"Ren Ito" not in data and b"ren.ito@example.org" not in data, path
+    # Restoring the same backup again over the restored file closes it again too.
+    assert jrun(db_path, "restore", backup)["closures_reapplied"] == 1

@@ -433,3 +433,45 @@ def test_closing_an_account_deletes_its_schedules_and_clears_their_texts(server,
     row = world.db.one("SELECT * FROM schedules WHERE id = ?", (sid,))
     assert (row["state"], row["text"], row["next_run_at"], row["version"]) == ("deleted", "", None, 2)
     assert [e["change"] for e in schedule_events(world.db)] == ["created", "deleted"]
+
+
+def test_a_schedule_s_text_mentions_nobody_and_its_run_wakes_only_its_own_agent(server, world, clock):
+    oj = confirmed(server, world, "oj")
+    named = "@ren/builder please do it, @ren look"
+    r = oj.post("/api/room/schedules", BERLIN | {"text": named, "timezone": "UTC", "recurrence": {"freq": "hourly"}})
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        400, "text: a schedule asks only its own agent, so its text mentions nobody: remove the mention "
+             "@ren/builder (write the name without @)")
+    assert world.db.scalar("SELECT count(*) FROM schedules") == 0
+    made = make(oj, timezone="UTC", recurrence={"freq": "hourly"})
+    r = oj.post(f"/api/room/schedules/{made['id']}", {"version": 1, "text": "Ask @ren about it."})
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        400, "text: a schedule asks only its own agent, so its text mentions nobody: remove the mention @ren "
+             "(write the name without @)")
+    # A text stored before texts were checked: its run still mentions (and wakes) only the schedule's agent.
+    world.db.execute("UPDATE schedules SET text = ? WHERE id = ?", (named, made["id"]))
+    clock.now = dt.datetime(2026, 12, 1, 11, 0, 5, tzinfo=UTC)
+    [run] = due(world.db, clock.now)
+    assert run["outcome"] == "asked"
+    request = world.db.one("SELECT * FROM messages WHERE task_request = ?", (run["task_id"],))
+    assert (request["body"], json.loads(request["mentions"])) == (f"@oj/muse Task request: {named}", ["oj/muse"])
+    assert [(w["agent_id"], w["kind"]) for w in world.db.rows("SELECT * FROM wakes WHERE message_id = ?",
+                                                             (request["id"],))] == [("oj/muse", "mention")]
+    assert person(server, world, "ren").get("/api/inbox").json()["items"] == []
+
+
+def test_a_scheduled_task_names_its_owner_as_who_asked_exactly_as_a_task_asked_by_hand(server, world, clock):
+    oj = confirmed(server, world, "oj")
+    make(oj)
+    by_hand = oj.post(f"/api/projects/{PROJECT}/task-requests", {"agent": "oj/muse", "packet": {
+        "task": "By hand.", "deliverable_type": "answer", "acceptance_criteria": ["It answers."]}}).json()["task"]
+    clock.now = dt.datetime(2026, 12, 2, 8, 0, 1, tzinfo=UTC)
+    [run] = due(world.db, clock.now)
+    scheduled = oj.get(f"/api/tasks/{run['task_id']}").json()["task"]
+    who = {"requester": None, "requested_by": {"kind": "person", "handle": "oj"}}
+    assert {k: scheduled[k] for k in who} == {k: by_hand[k] for k in who} == who
+    # The room's task threads say who asked (the page shows "@oj → oj/muse", as the board does).
+    threads = oj.get(f"/api/projects/{PROJECT}/room").json()["threads"]
+    assert [(t["task_id"], t["requester"], t["requested_by"], t["assignee"]) for t in threads] == [
+        (run["task_id"], None, {"kind": "person", "handle": "oj"}, "oj/muse"),
+        (by_hand["id"], None, {"kind": "person", "handle": "oj"}, "oj/muse")]

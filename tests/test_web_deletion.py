@@ -37,6 +37,11 @@ def test_an_owner_deletes_a_project_an_open_view_loses_it_and_restore_brings_it_
     zone = page.locator("section.danger-zone")
     expect(zone.get_by_role("heading", name="Delete or erase this project")).to_be_visible()
     expect(zone.get_by_role("button", name="Erase project: Website v2")).to_be_visible()
+    expect(page.locator(".page-head h1")).to_have_text("Members and agents")
+    # A destructive act comes last: the screen's sections, top to bottom, end with it.
+    sections = page.locator("main section h2").all_inner_texts()
+    assert sections[-1] == "Delete or erase this project"
+    assert sections.index("Members") < sections.index("Agents") < sections.index("Delete or erase this project")
     zone.scroll_into_view_if_needed()
     shot(page, "deletion_members_owner_desktop")
     assert serious(page, "section.danger-zone") == []

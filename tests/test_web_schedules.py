@@ -53,6 +53,10 @@ def test_an_owner_makes_pauses_resumes_and_deletes_a_schedule_and_sees_its_runs(
     assert (first["agent"], first["project"], first["recurrence"]) == (
         "oj/muse", PROJECT, {"freq": "weekly", "interval": 1, "byweekday": ["mo", "tu", "we", "th", "fr"],
                              "hour": [9], "minute": 0})
+    # The next run is said in the schedule's own zone, named, as its recurrence is (the browser runs in UTC,
+    # where it is 08:00 or 07:00).
+    expect(item.locator(".schedule-next")).to_have_text(re.compile(r"^Next run: \w{3}, \w{3} \d{1,2}, 09:00 \(Europe/Berlin\)$"))
+    expect(item.locator(".schedule-next time")).to_have_attribute("datetime", first["next_run_at"])
 
     item.get_by_role("button", name=re.compile("^Pause schedule")).click()
     expect(item.locator(".schedule-next")).to_have_text("Paused: nothing runs until you resume it.")
@@ -79,6 +83,7 @@ def test_an_owner_makes_pauses_resumes_and_deletes_a_schedule_and_sees_its_runs(
     expect(item.locator(".schedule-last")).to_contain_text("asked its task", timeout=15_000)
     expect(item.locator(".schedule-last")).to_contain_text(re.compile(r"ran late after downtime, once for \d+ missed"))
     expect(item.locator(".schedule-last .state")).to_have_text("routed")
+    expect(item.locator(".schedule-last time")).to_have_text(re.compile(r"^\w{3}, \w{3} \d{1,2}, \d\d:\d\d \(Europe/Berlin\)$"))
     shot(page, "schedules_desktop")
     card.get_by_role("button", name="New schedule").click()
     card.get_by_role("form", name="New schedule").get_by_label("How often").select_option("weekly")
