@@ -13482,7 +13482,7 @@ def story(db: Database, person: Actor, project: str, before: str | None = None, 
 #
 # The retention worker (retention_step, the server's "retention" piece) takes over at a request's
 # deadline: ``project.purge_started`` (no restore from then on), the content removed a batch per
-# transaction, then ``project.content_purged``, the log's last entry; AUDIT_KEPT later the log and the
+# transaction, then ``project.content_purged`` (only an export of the log comes after it); AUDIT_KEPT later the log and the
 # project's row go too. The project is out of service before its first row goes, so a purge broken off
 # (a crash, kill -9) leaves nothing readable, and the next step goes on where it stopped.
 
@@ -13533,8 +13533,8 @@ def recorded_role(request: dict, handle: str) -> str | None:
     return next((m["role"] for m in json.loads(request["members"]) if m["handle"] == handle), None)
 
 
-def _out_of_service(row: dict, request: dict) -> str:
-    """What became of a project that is not live, in words for an error."""
+def out_of_service(row: dict, request: dict) -> str:
+    """What became of a project that is not live (its row and open_request), in words for an error."""
     n, deadline = request["number"], request["purge_after"]
     return {"deleted": f"was deleted (request {n}, at {request['requested_at']}); an owner when it was deleted can "
                        f"restore it until {deadline}",
@@ -13551,7 +13551,7 @@ def _owned_live_project(db: Database, project: str, by: Actor | str, doing: str)
     row = db.one("SELECT * FROM projects WHERE slug = ?", (slug,))
     request = row and open_request(db, slug)
     if request is not None and recorded_role(request, handle) is not None:
-        raise InvalidState(f"project '{slug}' {_out_of_service(row, request)}")
+        raise InvalidState(f"project '{slug}' {out_of_service(row, request)}")
     if isinstance(by, Actor):
         require_project(db, by, slug)
     elif row is None or row["state"] != "live" or member_role(db, slug, handle) is None:
@@ -13591,7 +13591,7 @@ def stop_project_work(db: Database, project: str, reason: str = "project_deleted
     return {"runs": runs, "credentials": credentials, "wakes": wakes}
 
 
-def _take_out_of_service(db: Database, row: dict, kind: str, by: str, after: _dt.timedelta) -> dict:
+def _takeout_of_service(db: Database, row: dict, kind: str, by: str, after: _dt.timedelta) -> dict:
     """Delete or erase (``kind``) a live project inside the caller's transaction: the request, its work
     stopped, its members and agents set aside in the request, ``project.deleted`` (the event). Returns
     the request."""
@@ -13635,7 +13635,7 @@ def delete_project(db: Database, project: str, by: Actor | str, window: _dt.time
         row, handle = _owned_live_project(db, project, by, "delete")
         if isinstance(by, Actor):
             require_step_up(db, by, f"delete the project '{row['slug']}'")
-        request = _take_out_of_service(db, row, "delete", handle, window)
+        request = _takeout_of_service(db, row, "delete", handle, window)
         audit(db, row["slug"], "project.deleted", {"owner": handle, "request_number": request["number"]})
     return deletion_out(request, "deleted")
 
@@ -13652,7 +13652,7 @@ def erase_project(db: Database, project: str, by: Actor | str) -> dict:
         row, handle = _owned_live_project(db, project, by, "erase")
         if isinstance(by, Actor):
             require_step_up(db, by, f"erase the project '{row['slug']}'")
-        request = _take_out_of_service(db, row, "erase", handle, ERASE_AFTER)
+        request = _takeout_of_service(db, row, "erase", handle, ERASE_AFTER)
         audit(db, row["slug"], "project.erasure_requested", {"owner": handle, "request_number": request["number"]})
         for inviter in db.rows("SELECT DISTINCT invited_by FROM invites WHERE project = ? AND state = 'open' "
                                "ORDER BY invited_by", (row["slug"],)):
@@ -13669,7 +13669,7 @@ def erase_private_room(db: Database, owner: str) -> dict | None:
                  "p.state = 'live'", (owner,))
     if row is None:
         return None
-    request = _take_out_of_service(db, row, "erase", owner, ERASE_AFTER)
+    request = _takeout_of_service(db, row, "erase", owner, ERASE_AFTER)
     audit(db, row["slug"], "project.erasure_requested", {"owner": owner, "request_number": request["number"]})
     return deletion_out(request, "erasing")
 
@@ -13694,7 +13694,7 @@ def restore_project(db: Database, project: str, by: Actor | str) -> dict:
         if role != "owner":
             raise Forbidden(f"only an owner of '{slug}' when it was deleted can restore it")
         if row["state"] != "deleted":
-            raise InvalidState(f"project '{slug}' {_out_of_service(row, request)}")
+            raise InvalidState(f"project '{slug}' {out_of_service(row, request)}")
         if parse_iso(request["purge_after"]) <= utcnow():
             raise InvalidState(f"project '{slug}' can no longer be restored: its recovery window ended at "
                                f"{request['purge_after']}")
@@ -13776,8 +13776,11 @@ def _purge_some(db: Database, row: dict, request: dict, batch: int) -> str:
                "(SELECT max(seq) FROM outbox)", (json.dumps({"request_number": request["number"]}), slug))
     now = utcnow()
     move(db, "project", slug, "finish", row, name="", description="")
-    db.execute("UPDATE deletions SET members = '[]', agents = '[]', purged_at = ?, forget_after = ? WHERE number = ?",
-               (iso(now), iso(now + AUDIT_KEPT), request["number"]))
+    # Who was in it (handle and role) stays while its log is kept: its recorded owners may still export the
+    # log (chapter 41), and a restore is told the purge finished.
+    recorded = [{"handle": m["handle"], "role": m["role"]} for m in json.loads(request["members"])]
+    db.execute("UPDATE deletions SET members = ?, agents = '[]', purged_at = ?, forget_after = ? WHERE number = ?",
+               (json.dumps(recorded), iso(now), iso(now + AUDIT_KEPT), request["number"]))
     audit(db, slug, "project.content_purged", {"request_number": request["number"]} | json.loads(request["counts"]))
     prune_files(db)
     return f"{slug}: content purged (request {request['number']})"
@@ -14113,10 +14116,25 @@ def may_export(db: Database, project: str, handle: str) -> bool:
     return member_role(db, project, handle) == "owner"
 
 
+def _taken_out(db: Database, project: str, by: Actor | str | None) -> tuple[dict, dict] | None:
+    """The row and open request of ``project`` when it is out of service (deleted, erasing, purging or
+    purged, its log still kept) and ``by`` was in it when it was taken out (the operator always); else None."""
+    row = db.one("SELECT * FROM projects WHERE slug = ?", (project,))
+    request = row is not None and open_request(db, project)
+    handle = by.handle if isinstance(by, Actor) else by
+    if not request or (handle is not None and recorded_role(request, handle) is None):
+        return None
+    return row, request
+
+
 def export_options(db: Database, person: Actor, project: str) -> dict:
-    """What the page offers: ``{"can_export", "parts"}``. Raises NotFound for a project out of reach."""
+    """What the page offers: ``{"can_export", "parts"}`` (a project out of service: its recorded owners, the
+    audit log alone). Raises NotFound for a project out of reach."""
     with db.snapshot():
-        require_project(db, person, check_slug(project, "project"))
+        slug = check_slug(project, "project")
+        if (gone := _taken_out(db, slug, person)) is not None:
+            return {"can_export": recorded_role(gone[1], person.handle) == "owner", "parts": ["audit_log"]}
+        require_project(db, person, slug)
         return {"can_export": may_export(db, project, person.handle), "parts": list(EXPORT_PARTS)}
 
 
@@ -14209,6 +14227,18 @@ def _write_lines(archive: zipfile.ZipFile, name: str, lines: Iterable[dict]) -> 
     return {"name": name, "lines": count, "sha256": digest.hexdigest()}
 
 
+def _export_taken_out(project: str, by: Actor | str | None, part: str, row: dict, request: dict) -> str | None:
+    """Who exports a project out of service: a recorded owner (or the operator), its audit log alone."""
+    handle = by.handle if isinstance(by, Actor) else by
+    if handle is not None and recorded_role(request, handle) != "owner":
+        raise Forbidden(f"only an owner of '{project}' when it was deleted exports its audit log")
+    if part != "audit_log":
+        then = "; restore it first to export its content" if row["state"] == "deleted" else ""
+        raise InvalidState(f"project '{project}' {out_of_service(row, request)}: only its audit log (part "
+                           f"'audit_log') can be exported{then}")
+    return handle
+
+
 def export_project(db: Database, by: Actor | str | None, project: str, part: str, out: BinaryIO) -> dict:
     """Export ``project``'s audit log (``part`` "audit_log") or its whole content ("content") into ``out``.
 
@@ -14216,17 +14246,24 @@ def export_project(db: Database, by: Actor | str | None, project: str, part: str
     signed-in person (the project must be in their reach), a handle (the command line's --by) or
     None (the command line's operator); a person must be an owner. Writes ``project.exported``
     with ``part`` and ``by`` first, so the export's audit log ends with it, then writes the
-    archive from one read snapshot. Returns the manifest. Raises InvalidInput for a bad part,
-    NotFound for a project out of reach or unknown, Forbidden for a member who is not an owner.
+    archive from one read snapshot. A project out of service (deleted, being erased or purged, its
+    log still kept) is exported by an owner when it was taken out (its recorded owner), the audit
+    log alone. Returns the manifest. Raises InvalidInput for a bad part, NotFound for a project out
+    of reach or unknown, Forbidden for a member who is not an owner, InvalidState for the content
+    of a project out of service.
     """
     if part not in EXPORT_PARTS:
         raise InvalidInput(f"part must be 'audit_log' (the audit log alone) or 'content' (messages, tasks, "
                            f"submissions, evidence, memory, files, members and the audit log), not {part!r}")
     with db.transaction():
-        handle = acting_member(db, check_slug(project, "project"), by)
-        summary = project_out(db, project)
-        if handle is not None and not may_export(db, project, handle):
-            raise Forbidden(f"only an owner of '{project}' exports it: ask one of its owners")
+        if (gone := _taken_out(db, check_slug(project, "project"), by)) is not None:
+            handle = _export_taken_out(project, by, part, *gone)
+            summary = {k: gone[0][k] for k in ("slug", "team", "name", "description")}
+        else:
+            handle = acting_member(db, project, by)
+            summary = project_out(db, project)
+            if handle is not None and not may_export(db, project, handle):
+                raise Forbidden(f"only an owner of '{project}' exports it: ask one of its owners")
         audit(db, project, "project.exported", {"part": part, "by": handle})
     with db.snapshot(), zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
         files = [_write_lines(archive, name, lines(db, project))

@@ -175,7 +175,8 @@ def test_the_retention_worker_purges_after_the_deadline_and_the_log_goes_a_year_
                                         "type": "project.deleted", "request_number": 1}
     # No restore from the purge on; the chain still checks.
     r = person(server, world, "oj").post(f"/api/projects/{PROJECT}/restore")
-    assert r.status_code == 404  # its recorded people were purged with its content
+    assert (r.status_code, r.json()["error"]) == (409, {"code": "invalid_state", "message": (
+        f"project '{PROJECT}' was purged at {prickle.iso(T0 + 30 * DAY)}: only its audit log is left")})
     assert prickle.verify_audit(world.db, PROJECT)[0]["ok"]
     clock.now = T0 + 30 * DAY + dt.timedelta(days=365) - dt.timedelta(seconds=1)
     assert prickle.run_retention(world.db) == []

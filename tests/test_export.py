@@ -437,3 +437,48 @@ def test_a_zip_that_unpacks_to_far_more_is_refused_not_read(world, db_path, tmp_
         prickle.check_export(str(loose), max_line=len(first))
     assert e.value.message == (f"{loose}: line 2 is longer than {len(first)} bytes, which no export Prickle writes "
                                "holds: refused, not read")
+
+
+def test_a_recorded_owner_exports_a_deleted_project_s_audit_log_until_it_goes(server, world, clock, tmp_path):
+    from helpers import T0
+    day = prickle._dt.timedelta(days=1)
+    r = confirmed(server, world, "oj").delete(f"/api/projects/{PROJECT}")
+    assert r.status_code == 200, r.text
+    oj, ren, sam = (person(server, world, h) for h in ("oj", "ren", "sam"))
+    assert oj.get(f"/api/projects/{PROJECT}/export").json() == {"can_export": True, "parts": ["audit_log"]}
+    assert ren.get(f"/api/projects/{PROJECT}/export").json() == {"can_export": False, "parts": ["audit_log"]}
+
+    def exported(n):
+        r = oj.post(f"/api/projects/{PROJECT}/export", {"part": "audit_log"})
+        assert r.status_code == 200, r.text
+        (tmp_path / f"{n}.zip").write_bytes(r.content)
+        report = prickle.check_export(str(tmp_path / f"{n}.zip"))
+        entries = audit_entries(world.db, PROJECT)
+        assert entries[-1]["type"] == "project.exported" and entries[-1]["refs"] == {"part": "audit_log", "by": "oj"}
+        assert (report["ok"], report["entries"], report["head"]) == (True, len(entries), entries[-1]["hash"])
+        return entries
+
+    assert [e["type"] for e in exported(1)[-2:]] == ["project.deleted", "project.exported"]
+    before = len(audit_entries(world.db, PROJECT))
+    r = oj.post(f"/api/projects/{PROJECT}/export", {"part": "content"})
+    assert (r.status_code, r.json()["error"]) == (409, {"code": "invalid_state", "message": (
+        f"project '{PROJECT}' was deleted (request 1, at {prickle.iso(T0)}); an owner when it was deleted can "
+        f"restore it until {prickle.iso(T0 + 30 * day)}: only its audit log (part 'audit_log') can be exported; "
+        "restore it first to export its content")})
+    r = ren.post(f"/api/projects/{PROJECT}/export", {"part": "audit_log"})
+    assert (r.status_code, r.json()["error"]) == (403, {"code": "forbidden", "message": (
+        f"only an owner of '{PROJECT}' when it was deleted exports its audit log")})
+    r = sam.post(f"/api/projects/{PROJECT}/export", {"part": "audit_log"})
+    assert r.status_code == 404 and r.json()["error"]["message"].startswith(f"project '{PROJECT}' not found")
+    assert len(audit_entries(world.db, PROJECT)) == before  # the refusals wrote nothing
+    # after the purge, for the year its log is kept, its recorded owner still exports it
+    clock.now = T0 + 30 * day
+    assert prickle.run_retention(world.db)[-1] == f"{PROJECT}: content purged (request 1)"
+    assert [e["type"] for e in exported(2)[-2:]] == ["project.content_purged", "project.exported"]
+    r = oj.post(f"/api/projects/{PROJECT}/export", {"part": "content"})
+    assert (r.status_code, r.json()["error"]["message"]) == (409, (
+        f"project '{PROJECT}' was purged at {prickle.iso(T0 + 30 * day)}: only its audit log is left: only its audit "
+        "log (part 'audit_log') can be exported"))
+    clock.now = T0 + 30 * day + prickle.AUDIT_KEPT
+    assert prickle.run_retention(world.db) == [f"{PROJECT}: audit log and project removed"]
+    assert oj.post(f"/api/projects/{PROJECT}/export", {"part": "audit_log"}).status_code == 404
