@@ -5274,8 +5274,9 @@ def require_step_up(db: Database, person: Actor, doing: str) -> None:
         raise Forbidden(f"only a person can {doing}")
     if _confirmed_until(db, person) is None:
         minutes = int(STEP_UP_WINDOW.total_seconds() // 60)
-        raise StepUpRequired(f"confirm it's you to {doing} (with a passkey, or a sign-in link mailed to you); it "
-                             f"then holds {minutes} minutes in this browser")
+        # Said to a browser and to an API client alike, on a server that may mail or not: no "how" here.
+        raise StepUpRequired(f"confirm it's you to {doing}; a confirmation then holds {minutes} minutes for the "
+                             "session or token that made it")
 
 
 def webauthn_party(settings: Settings, origin: str) -> tuple[str, str]:
@@ -5309,14 +5310,15 @@ def _take_ceremony(db: Database, person: Actor, purpose: str) -> dict:
     return row
 
 
-def passkey_options(db: Database, person: Actor, purpose: str, party: tuple[str, str]) -> dict:
+def passkey_options(db: Database, person: Actor, purpose: str, party: tuple[str, str], mail: bool = True) -> dict:
     """Begin a passkey ceremony for this credential: ``purpose`` ``register`` (add a passkey) or
     ``confirm`` (step up with one). Returns the options for the browser's navigator.credentials
-    (``publicKey``, as JSON: byte strings in base64url). ``party`` is webauthn_party's answer.
+    (``publicKey``, as JSON: byte strings in base64url). ``party`` is webauthn_party's answer;
+    ``mail``: whether the server sends mail (an ``[smtp]`` section).
 
-    Registering needs a step-up once the person has a passkey or an address to mail a link to
-    (else anyone at their open browser could add one); confirming needs a passkey. Raises
-    StepUpRequired, InvalidState or InvalidInput.
+    Registering needs a step-up once the person has a passkey, or an address to mail a link to on a
+    server that mails (else anyone at their open browser could add one); confirming needs a passkey.
+    Raises StepUpRequired, InvalidState or InvalidInput.
     """
     check_decision(purpose, "register", "confirm")
     with db.transaction():
@@ -5332,7 +5334,7 @@ def passkey_options(db: Database, person: Actor, purpose: str, party: tuple[str,
                 rp_id=party[0], allow_credentials=keys, user_verification=UserVerificationRequirement.PREFERRED))
         if status["passkeys"] >= PASSKEYS_MAX:
             raise InvalidState(f"you have {PASSKEYS_MAX} passkeys, the most one person may: remove one first")
-        if status["passkeys"] or status["email_link"]:
+        if status["passkeys"] or (status["email_link"] and mail):
             require_step_up(db, person, "add a passkey")
         me = require_person(db, person.handle)
         return _begin_ceremony(db, person, purpose, party, webauthn.generate_registration_options(
@@ -5423,6 +5425,29 @@ def remove_passkey(db: Database, person: Actor, passkey_id: str) -> dict:
         require_step_up(db, person, "remove a passkey")
         db.execute("DELETE FROM passkeys WHERE id = ?", (passkey_id,))
     return {"removed": passkey_id}
+
+
+def remove_all_passkeys(db: Database, handle: str) -> dict:
+    """The operator's way back for a person who lost their passkeys (``prickle person passkeys HANDLE
+    --remove-all``): every passkey of ``handle`` goes, and with them every browser session and unused
+    sign-in link (so the next passkey is added on a fresh sign-in, where a person with none adds one
+    without confirming) and any confirmation their other credentials hold. Writes
+    ``person.passkeys_removed`` in their private room's log, when they have one. Returns ``{"handle",
+    "passkeys_removed", "sessions_ended"}``. Raises NotFound."""
+    with db.transaction():
+        require_person(db, handle)
+        db.execute("DELETE FROM passkey_ceremonies WHERE credential IN (SELECT id FROM credentials WHERE person = ?)",
+                   (handle,))
+        removed = db.execute("DELETE FROM passkeys WHERE person = ?", (handle,))
+        sessions = revoke_credentials(db, "kind IN ('session', 'signin') AND person = ?", (handle,), "revoked")
+        db.execute("UPDATE credentials SET confirmed_at = NULL WHERE person = ?", (handle,))
+        out = {"handle": handle, "passkeys_removed": removed, "sessions_ended": sessions}
+        room = db.scalar("SELECT p.slug FROM projects p JOIN rooms r ON r.project = p.slug WHERE r.owner = ? "
+                         "AND p.state = 'live'", (handle,))
+        if room is not None:
+            audit(db, room, "person.passkeys_removed", {"person": handle, "passkeys_removed": removed,
+                                                        "sessions_ended": sessions, "by": "operator"})
+    return out
 
 
 def step_up_mail(db: Database, settings: Settings, base_url: str, person: Actor) -> dict | None:
@@ -16869,7 +16894,8 @@ def _page_origin(request: Request) -> str:
 async def api_passkey_options(state: AppState, person: Actor, request: Request, body: dict) -> dict:
     """POST /api/me/passkeys/options {purpose: register | confirm}: begin a passkey ceremony (``publicKey``)."""
     party = webauthn_party(state.settings, _page_origin(request))
-    return {"publicKey": passkey_options(state.db, person, body_field(body, "purpose", str), party)}
+    return {"publicKey": passkey_options(state.db, person, body_field(body, "purpose", str), party,
+                                         mail=state.settings.smtp is not None)}
 
 
 async def api_passkey_register(state: AppState, person: Actor, request: Request, body: dict) -> dict:
@@ -18493,6 +18519,27 @@ def person_digest(db_path: str, as_json: bool, handle: str, minutes: int | None)
     state = f"on: what waited more than {minutes} minutes" if minutes else "off"
     note = "" if out["email"] or not minutes else f" (no address yet: prickle person email {handle} ADDRESS)"
     Out(as_json)(out, f"{handle}'s email digest is {state}{note}.")
+
+
+@person_group.command("passkeys")
+@db_options
+@click.argument("handle")
+@click.option("--remove-all", is_flag=True, help="Remove them all and end the person's browser sessions: "
+              "for someone who lost theirs on a server without [smtp].")
+def person_passkeys(db_path: str, as_json: bool, handle: str, remove_all: bool) -> None:
+    """List HANDLE's passkeys, or remove them all (--remove-all) so they can add a new one."""
+    db = open_db(db_path)
+    if not remove_all:
+        require_person(db, handle)
+        rows = [passkey_out(r) for r in db.rows("SELECT * FROM passkeys WHERE person = ? ORDER BY created_at, id",
+                                                 (handle,))]
+        Out(as_json).rows("passkeys", rows, lambda r: f"{r['label']:<24} added {r['created_at']}",
+                          f"{handle} has no passkey.")
+        return
+    out = remove_all_passkeys(db, handle)
+    Out(as_json)(out, f"Removed {out['passkeys_removed']} passkey(s) of {handle} and ended "
+                      f"{out['sessions_ended']} browser session(s) or sign-in link(s). Give them a sign-in link "
+                      f"(prickle signin-link {handle}): at the next \"Confirm it's you\" they add a new passkey.")
 
 
 @person_group.command("list")

@@ -108,7 +108,7 @@ export async function ask(refusal) {
         announce("Confirmed");
         close(true);
       });
-    } else if (!status.email_link) {
+    } else if (!status.email_link || !mail) {
       dialog.append(h("p", { text: "You have no passkey yet. Add one now: this device keeps it, and it confirms it's you "
         + "from then on." }));
       button("Add a passkey and continue", "primary", async () => {
@@ -137,9 +137,11 @@ export async function ask(refusal) {
 
 /** The Rules page's "Confirming it's you" section. */
 export function settings() {
+  let mail = false;
   const list = h("div", { class: "passkey-list" });
   const error = errorSlot();
   const reload = async () => {
+    ({ mail } = await get("/api/me").catch(() => ({ mail: false })));
     const out = await get("/api/me/passkeys");
     fill(list, out.passkeys.length
       ? h("ul", { class: "plain-list passkeys" }, out.passkeys.map((k) => h("li", { class: "passkey" },
@@ -151,7 +153,9 @@ export function settings() {
           announce(`Passkey ${k.label} removed`);
           await reload();
         }), { class: "danger-quiet small", "aria-label": `Remove passkey ${k.label}` }))))
-      : h("p", { class: "muted", text: "No passkey yet: add one here, or confirm with a sign-in link mailed to your address." }));
+      : h("p", { class: "muted", text: mail
+        ? "No passkey yet: add one here, or confirm with a sign-in link mailed to your address."
+        : "No passkey yet: add one here." }));
   };
   const label = h("input", { name: "label", maxlength: "60", autocomplete: "off", placeholder: "e.g. Laptop" });
   const add = h("button", { type: "submit", class: "primary", text: "Add a passkey" });
@@ -169,7 +173,8 @@ export function settings() {
   return h("section", { class: "section card", "aria-labelledby": "stepup-heading" },
     h("h2", { id: "stepup-heading", text: "Confirming it's you" }),
     h("p", { text: "Starting a run, connecting a computer, approving a costly action and sharing more ask you to "
-      + "confirm it's you: with a passkey, or a sign-in link mailed to you. It then holds a few minutes in this browser." }),
+      + "confirm it's you: with a passkey, or a sign-in link mailed to you when this server sends mail. It then "
+      + "holds a few minutes in this browser." }),
     list, form, costForm(), error);
 }
 

@@ -9,6 +9,7 @@ from starlette.testclient import TestClient
 import prickle
 from conftest import PROJECT, audit_entries
 from helpers import (AT_ORIGIN, ORIGIN, T0, SoftAuthenticator, _settings, add_passkey, ask_connect, confirm_with, confirmed,
+                     jrun, run,
                      paired, person, routed, setup_room)
 
 STEP_UP = "step_up_required"
@@ -17,8 +18,7 @@ STEP_UP = "step_up_required"
 def refused(r, doing):
     assert r.status_code == 403, r.text
     assert r.json()["error"] == {"code": STEP_UP, "message": (
-        f"confirm it's you to {doing} (with a passkey, or a sign-in link mailed to you); it then holds 5 minutes in "
-        "this browser")}
+        f"confirm it's you to {doing}; a confirmation then holds 5 minutes for the session or token that made it")}
 
 
 def test_a_passkey_registered_confirms_and_its_step_up_lapses_after_five_minutes(server, world, clock):
@@ -199,3 +199,34 @@ def test_without_a_passkey_a_sign_in_link_mailed_to_the_person_confirms_the_brow
     opened = mailing.get(operator.removeprefix(ORIGIN), follow_redirects=False)
     assert mailing.get("/api/me/step-up", headers={
         "Cookie": f"{prickle.SESSION_COOKIE}={opened.cookies[prickle.SESSION_COOKIE]}"}).json()["confirmed"] is False
+
+
+def test_the_operator_removes_a_lost_passkey_on_a_server_without_mail_and_the_person_adds_a_new_one(server, world):
+    ren = person(server, world, "ren")
+    prickle.set_person_email(world.db, "ren", "ren@example.com")
+    room = prickle.ensure_room(world.db, "ren")
+    # no [smtp]: an address is no way to confirm, so the first passkey asks nothing
+    assert add_passkey(ren, label="Phone")[1].status_code == 200
+    _, session = prickle.create_token(world.db, "session", person="ren")
+    assert [k["label"] for k in jrun(world.db_path, "person", "passkeys", "ren")["passkeys"]] == ["Phone"]
+    code, out, _ = run(world.db_path, "person", "passkeys", "ren", "--remove-all")
+    assert out == ("Removed 1 passkey(s) of ren and ended 1 browser session(s) or sign-in link(s). Give them a "
+                   "sign-in link (prickle signin-link ren): at the next \"Confirm it's you\" they add a new passkey.\n")
+    [entry] = audit_entries(world.db, room, "person.passkeys_removed")
+    assert entry["refs"] == {"person": "ren", "passkeys_removed": 1, "sessions_ended": 1, "by": "operator"}
+    assert jrun(world.db_path, "person", "passkeys", "ren") == {"passkeys": []}
+    assert server.get("/api/me", headers={"Cookie": f"{prickle.SESSION_COOKIE}={session}"}).status_code == 401
+    # the token that registered the lost passkey holds no confirmation any more
+    assert ren.get("/api/me/step-up").json() == {"confirmed": False, "until": None, "window_minutes": 5,
+                                                  "passkeys": 0, "email_link": True, "step_up_above_cost": None}
+    authenticator, made = add_passkey(ren, label="New phone")
+    assert made.status_code == 200, made.text
+    assert ren.get("/api/me/step-up").json()["confirmed"] is True
+    code, out, err = run(world.db_path, "person", "passkeys", "nobody", "--remove-all", ok=False)
+    assert code != 0 and "nobody" in err
+
+
+def test_with_mail_an_address_still_guards_the_first_passkey(mailing, world):
+    ren = person(mailing, world, "ren")
+    prickle.set_person_email(world.db, "ren", "ren@example.com")
+    refused(ren.post("/api/me/passkeys/options", {"purpose": "register"}, AT_ORIGIN), "add a passkey")

@@ -13,8 +13,8 @@ from helpers import cli_json
 
 AXE = Path(__file__).resolve().parent.parent / ".cache" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
 SHARE = "What your agents share with the other members"
-WHY = ("Confirm it's you to share more with this project (with a passkey, or a sign-in link mailed to you); it then "
-       "holds 5 minutes in this browser.")
+WHY = ("Confirm it's you to share more with this project; a confirmation then holds 5 minutes for the session or "
+       "token that made it.")
 
 
 def open_at(page, served, hash_):
@@ -102,7 +102,7 @@ def test_on_a_phone_the_dialog_fits_and_cancelling_leaves_the_rule_as_it_was(ser
         assert ren.get(f"/api/projects/{PROJECT}/share-rule").json()["decision"] == "default"
     open_at(phone, served, "#/rules")
     expect(phone.get_by_role("region", name="Confirming it's you").locator(".passkey-list")).to_have_text(
-        "No passkey yet: add one here, or confirm with a sign-in link mailed to your address.")
+        "No passkey yet: add one here.")  # this server sends no mail
     shot(phone, "step_up_settings_phone")
 
 
@@ -124,8 +124,8 @@ def test_an_action_above_the_owners_cost_says_so_on_its_card_and_asks_before_app
     card.get_by_role("button", name="Approve").click()
     dialog = page.get_by_role("dialog", name="Confirm it's you")
     expect(dialog.locator(".stepup-why")).to_have_text(
-        "Confirm it's you to approve an action above the cost you set (with a passkey, or a sign-in link mailed to "
-        "you); it then holds 5 minutes in this browser.")
+        "Confirm it's you to approve an action above the cost you set; a confirmation then holds 5 minutes for the "
+        "session or token that made it.")
     shot(page, "step_up_action_card_desktop", full_page=False)
     dialog.get_by_role("button", name="Use my passkey").click()
     expect(card.locator(".action-status")).to_have_text("approved")
