@@ -3997,11 +3997,11 @@ PROJECT_MOVE_BY = {"delete": "delete (a project owner)", "erase": "erase (a proj
 #: Every lifecycle, by the kind move() takes.
 # A schedule (chapter 37) asks its agent for a task at each due time while active. Its owner
 # edits it (a move to where it is), pauses and resumes it, or deletes it (its text is cleared);
-# it stops by itself when its agent left the project or its owner was removed, and its owner may
-# resume it once that is mended.
+# it stops by itself when its agent left the project or its owner was removed, or (paused too) when
+# its project is deleted, and its owner may resume it once that is mended.
 SCHEDULE_MOVES: dict[str, dict[str, str]] = {
     "active": {"edit": "active", "pause": "paused", "stop": "stopped", "delete": "deleted"},
-    "paused": {"edit": "paused", "resume": "active", "delete": "deleted"},
+    "paused": {"edit": "paused", "resume": "active", "stop": "stopped", "delete": "deleted"},
     "stopped": {"edit": "stopped", "resume": "active", "delete": "deleted"},
     **closed("deleted"),
 }
@@ -12710,6 +12710,8 @@ def _why_not(db: Database, row: dict, now: _dt.datetime, per_schedule: int, per_
 
 
 def _stop_reason(db: Database, row: dict) -> str | None:
+    if db.scalar("SELECT state FROM projects WHERE slug = ?", (row["project"],)) != "live":
+        return "project_deleted"
     if member_role(db, row["project"], row["owner"]) is None:
         return "owner_removed"
     if not agent_in_project(db, row["project"], row["agent"]):
@@ -12731,9 +12733,21 @@ def stop_orphaned_schedules(db: Database, owner: str | None = None) -> int:
     return len(rows)
 
 
+def stop_schedules_for(db: Database, project: str) -> int:
+    """Stop every active or paused schedule asking in ``project`` (being deleted or erased), inside the
+    caller's transaction, with the reason ``project_deleted``; how many. A schedule lives in its owner's
+    room: it stays there, stopped, through a restore (until its owner resumes it) or a purge."""
+    rows = db.rows("SELECT * FROM schedules WHERE project = ? AND state IN ('active', 'paused')", (project,))
+    for row in rows:
+        move(db, "schedule", row["id"], "stop", row, stop_reason="project_deleted", next_run_at=None,
+             updated_at=iso(utcnow()))
+    return len(rows)
+
+
 #: What a stopped schedule's owner is told.
 STOP_REASONS = {"owner_removed": "you are no longer a member of its project",
-                "agent_left": "its agent is no longer in its project"}
+                "agent_left": "its agent is no longer in its project",
+                "project_deleted": "its project was deleted"}
 
 
 def _ask(db: Database, row: dict, due: _dt.datetime, missed: int) -> str:
@@ -13543,8 +13557,9 @@ PURGED: tuple[tuple[str, str], ...] = (
 )
 
 #: Tables whose rows of a project outlive its purge: its deletion requests and its keys (revoked when the
-#: purge starts), which go with the project's row.
-_KEPT = ("deletions", "credentials")
+#: purge starts), which go with the project's row; and schedules, which live in their owners' private
+#: rooms and only point at the project: stopped when it was deleted, they stay for their owners to see.
+_KEPT = ("deletions", "credentials", "schedules")
 
 
 def open_request(db: Database, project: str) -> dict | None:
@@ -13631,6 +13646,7 @@ def _takeout_of_service(db: Database, row: dict, kind: str, by: str, after: _dt.
     number = db.conn.last_insert_rowid()
     move(db, "project", slug, kind, row, deletion=number)
     stop_project_work(db, slug)
+    stop_schedules_for(db, slug)
     db.execute("DELETE FROM project_agents WHERE project = ?", (slug,))
     db.execute("DELETE FROM members WHERE project = ?", (slug,))
     append_event(db, slug, "project.deleted", {"request_number": number})

@@ -108,7 +108,8 @@ function item(state, s) {
 
 function next(s) {
   if (s.state === "stopped") {
-    const why = { agent_left: "its agent is no longer in its project", owner_removed: "you are no longer a member of its project" };
+    const why = { agent_left: "its agent is no longer in its project", owner_removed: "you are no longer a member of its project",
+      project_deleted: "its project was deleted" };
     return h("p", { class: "small schedule-next warn-text", text: `Stopped: ${why[s.stop_reason] || s.stop_reason}. Fix that, then resume it.` });
   }
   if (s.state === "paused") return h("p", { class: "small schedule-next", text: "Paused: nothing runs until you resume it." });

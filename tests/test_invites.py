@@ -422,3 +422,20 @@ def test_a_name_on_two_lines_is_refused_and_mail_never_fails_after_the_invite_is
     assert out["mailed"] is True and out["mail_problem"] is None
     message = smtp.next()["message"]
     assert message["Subject"] == "Invite to Website Bcc: everyone@example.org on Prickle" and message["Bcc"] is None
+
+
+def test_a_person_who_signs_up_through_an_invite_gets_their_private_room_with_their_first_agent(server, world):
+    out = server.post(f"/api/projects/{PROJECT}/invites", json={"email": "kim@example.org"},
+                      headers=auth(world, "oj")).json()
+    r = server.post("/api/invite/accept", json={"token": _secret(out["link"]), "handle": "kim",
+                                                 "display_name": "Kim Park"})
+    assert r.json()["invite"]["state"] == "accepted"
+    kim = {"Authorization": f"Bearer {prickle.create_token(world.db, 'person', person='kim')[1]}"}
+    listed = lambda: [(p["slug"], p["kind"]) for p in server.get("/api/projects", headers=kim).json()["projects"]]
+    assert listed() == [(PROJECT, "team")]  # no agent yet: no room yet
+    assert world.db.scalar("SELECT count(*) FROM rooms WHERE owner = 'kim'") == 0
+    r = server.post("/api/agents", json={"name": "scout", "display_name": "Scout", "model": "gpt-5", "client": "codex",
+                                         "role": "Research", "capabilities": [], "projects": [PROJECT]}, headers=kim)
+    assert r.status_code == 200, r.text
+    assert sorted(listed()) == [("kim-room", "private"), (PROJECT, "team")]
+    assert [a["agent_id"] for a in prickle.room_agents(world.db, "kim-room")] == ["kim/scout"]

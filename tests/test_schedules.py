@@ -475,3 +475,38 @@ def test_a_scheduled_task_names_its_owner_as_who_asked_exactly_as_a_task_asked_b
     assert [(t["task_id"], t["requester"], t["requested_by"], t["assignee"]) for t in threads] == [
         (run["task_id"], None, {"kind": "person", "handle": "oj"}, "oj/muse"),
         (by_hand["id"], None, {"kind": "person", "handle": "oj"}, "oj/muse")]
+
+
+def test_a_deleted_project_stops_its_schedules_which_stay_stopped_through_a_restore_and_a_purge(server, world, clock):
+    oj = confirmed(server, world, "oj")
+    active = make(oj, timezone="UTC", recurrence={"freq": "daily", "hour": 12})["id"]
+    paused = make(oj, timezone="UTC", recurrence={"freq": "daily", "hour": 13})["id"]
+    assert oj.post(f"/api/room/schedules/{paused}/pause", {}).status_code == 200
+
+    def listed():
+        return sorted((s["id"], s["state"], s["stop_reason"], s["next_run_at"], s["can"])
+                      for s in oj.get("/api/room/schedules").json()["schedules"])
+
+    stopped = ["edit", "resume", "delete"]
+    prickle.delete_project(world.db, PROJECT, "oj")
+    gone = sorted((sid, "stopped", "project_deleted", None, stopped) for sid in (active, paused))
+    assert listed() == gone
+    assert prickle.STOP_REASONS["project_deleted"] == "its project was deleted"
+    clock.now = dt.datetime(2026, 12, 1, 12, 0, 5, tzinfo=UTC)
+    assert due(world.db, clock.now) == []
+    # Restored: its schedules stay stopped, saying why, until their owner resumes them.
+    prickle.restore_project(world.db, PROJECT, "oj")
+    assert listed() == gone
+    assert due(world.db, clock.now) == []
+    assert confirm_with(oj, oj.authenticator).status_code == 200
+    r = oj.post(f"/api/room/schedules/{active}/resume", {})
+    assert (r.json()["schedule"]["state"], r.json()["schedule"]["next_run_at"]) == ("active", "2026-12-02T12:00:00.000Z")
+    # Deleted again and purged: the schedules, which live in oj's room, are still there, stopped.
+    prickle.delete_project(world.db, PROJECT, "oj", window=dt.timedelta(0))
+    steps = prickle.run_retention(world.db)
+    assert steps[-1] == f"{PROJECT}: content purged (request 2)"
+    assert listed() == gone
+    assert world.db.scalar("SELECT count(*) FROM tasks WHERE project = ?", (PROJECT,)) == 0
+    r = oj.post(f"/api/room/schedules/{active}/resume", {})
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        404, f"project: no project '{PROJECT}' of yours: name a team project you are a member of")
