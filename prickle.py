@@ -3399,6 +3399,8 @@ def credential_actor(db: Database, digest: str, kind: str, *, fresh: bool = True
     if row["revoked_at"] and row["revoked_reason"] in LEFT_PROJECT_REASONS:
         # Its agent is out of the project: to the caller the project (or task) is gone, not the key.
         what = f"task '{row['task_id']}'" if row["task_id"] else f"project '{row['project']}'"
+        if row["revoked_reason"] == "project_deleted":
+            raise NotFound(f"{what} not found: its project '{row['project']}' was deleted")
         raise NotFound(f"{what} not found: {row['agent_id']} is no longer in its project")
     if why := not_live_because(row):
         raise Unauthorized(why)
@@ -5064,6 +5066,9 @@ def _invite_by_secret(db: Database, secret: Any) -> dict:
            "revoked": "was revoked by an owner of the project"}.get(row["state"])
     if row["state"] == "expired" or (row["state"] == "open" and row["expires_at"] <= iso(utcnow())):
         raise Expired("this invite has expired: ask the person who invited you to send a new one")
+    if row["state"] == "revoked" and row["ended_reason"] == "project_erased":
+        raise InvalidState(f"this invite was revoked because the project '{row['project']}' was erased: there is "
+                           "nothing left to join")
     if why:
         raise InvalidState(f"this invite {why}: it works once; ask the person who invited you for a new one")
     return row
@@ -14576,12 +14581,28 @@ def _check_still_in(db: Database, actor: Actor, project: str | None, reach: set[
     """NotFound once a waiting agent was taken out of the project it waits on, or (waiting on every
     project) out of any project it was in when the wait began: the wait ends and says so."""
     if project is not None:
-        require_project(db, actor, project)
+        try:
+            require_project(db, actor, project)
+        except NotFound:
+            if deleted := _deleted_under(db, actor.agent_id, project):
+                raise NotFound(deleted) from None
+            raise
         return
     lost = reach - _agent_projects(db, actor.agent_id)
     if lost:
-        raise NotFound(f"agent '{actor.agent_id}' was taken out of project '{min(lost)}': wait again to hear "
+        raise NotFound(_deleted_under(db, actor.agent_id, min(lost)) or
+                       f"agent '{actor.agent_id}' was taken out of project '{min(lost)}': wait again to hear "
                        "from the projects it is still in")
+
+
+def _deleted_under(db: Database, agent_id: str, project: str) -> str | None:
+    """Why a wait ends when ``project`` was deleted (or erased) while ``agent_id`` was in it, or None."""
+    request = open_request(db, project)
+    if request is None or agent_id not in {a["agent_id"] for a in json.loads(request["agents"])}:
+        return None
+    done = "deleted" if request["kind"] == "delete" else "erased"
+    return (f"project '{project}' was {done} (request {request['number']}): wait again to hear from the projects "
+            f"agent '{agent_id}' is still in")
 
 
 #: The connection the request being served arrived on (the server's connection guard sets it), so a wait
@@ -19170,6 +19191,9 @@ def _copy_backup(backup: str, out: str) -> None:
             target.close()
     except apsw.NotADBError:
         raise InvalidInput(f"{backup} is not a database: name a file 'prickle backup' wrote") from None
+    except apsw.CorruptError:  # a file cut short: its pages end before its header says
+        raise InvalidInput(f"{backup} is not a whole SQLite database (cut short or damaged): nothing was replaced; "
+                           "name a whole file 'prickle backup' wrote") from None
     finally:
         source.close()
         for path in made:

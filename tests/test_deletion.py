@@ -97,14 +97,14 @@ def test_running_agents_stop_their_run_keys_lose_reach_and_waits_end_with_not_fo
             time.sleep(0.01)
         assert hub.is_waiting(agent)
     _delete(server, world)
-    assert joins[0](40) == (True, f"not_found: project '{PROJECT}' not found: it does not exist or agent "
-                                  "'ren/builder' is not in it")
-    assert joins[1](40) == (True, f"not_found: agent 'oj/muse' was taken out of project '{PROJECT}': wait again "
-                                  "to hear from the projects it is still in")
+    assert joins[0](40) == (True, f"not_found: project '{PROJECT}' was deleted (request 1): wait again to hear "
+                                  "from the projects agent 'ren/builder' is still in")
+    assert joins[1](40) == (True, f"not_found: project '{PROJECT}' was deleted (request 1): wait again to hear "
+                                  "from the projects agent 'oj/muse' is still in")
     # The run's key reaches nothing (refused before any tool runs); the run is stopped, recorded by reference.
     r = mcp.raw(run_key, "tools/call", {"name": "read_room", "arguments": P | {"task_id": task["id"]}}, "read_room")
     assert r.status_code == 404 and r.json()["error"]["data"] == {"code": "not_found"}
-    assert r.json()["error"]["message"] == f"task '{task['id']}' not found: ren/builder is no longer in its project"
+    assert r.json()["error"]["message"] == f"task '{task['id']}' not found: its project '{PROJECT}' was deleted"
     assert world.db.one("SELECT state FROM attempts WHERE id = ?", (attempt,)) == {"state": "stopped"}
     assert [e["refs"] for e in audit_entries(world.db, PROJECT, "task.run_stopped")] == [
         {"agent": "ren/builder", "run": world.db.scalar("SELECT run_id FROM attempts WHERE id = ?", (attempt,)),
@@ -233,7 +233,8 @@ def test_a_purge_broken_off_goes_on_where_it_stopped_and_never_shows_half_a_proj
 
 def test_an_owner_erases_a_project_invites_are_revoked_and_it_goes_30_days_later(mcp, server, world, clock):
     oj = confirmed(server, world, "oj")
-    invite = prickle.create_invite(world.db, PROJECT, "kim@example.com", "member", "oj")[0]["id"]
+    invite, secret = prickle.create_invite(world.db, PROJECT, "kim@example.com", "member", "oj")
+    invite = invite["id"]
     r = oj.post(f"/api/projects/{PROJECT}/erase", {"why": "x"})
     assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_input")
     r = oj.post(f"/api/projects/{PROJECT}/erase")
@@ -248,6 +249,11 @@ def test_an_owner_erases_a_project_invites_are_revoked_and_it_goes_30_days_later
     assert audit_entries(world.db, PROJECT, "project.deleted") == []
     assert world.db.one("SELECT state, email FROM invites WHERE id = ?", (invite,)) == {"state": "revoked",
                                                                                          "email": None}
+    # the person invited, opening the link, is told why
+    with pytest.raises(prickle.InvalidState) as e:
+        prickle.invite_view(world.db, secret)
+    assert e.value.message == (f"this invite was revoked because the project '{PROJECT}' was erased: there is "
+                               "nothing left to join")
     mcp.error("oj/muse", "read_room", P, "not_found")
     r = person(server, world, "oj").post(f"/api/projects/{PROJECT}/restore")
     assert (r.status_code, r.json()["error"]["message"]) == (409, (

@@ -176,12 +176,16 @@ def _not_prickle(tmp_path):
     (["{db}"], "{db} is the database itself: name a backup of it"),
     (["{words}"], "{words} is not a database: name a file 'prickle backup' wrote"),
     (["{other}"], "{other} is not a Prickle database: name a file 'prickle backup' wrote"),
+    (["{cut}"], "{cut} is not a whole SQLite database (cut short or damaged): nothing was replaced; name a whole "
+                "file 'prickle backup' wrote\n"),
 ])
 def test_bad_restores_say_what_to_do_and_change_nothing(world, db_path, tmp_path, args, said):
     backup = str(tmp_path / "b.db")
     world.db.backup_to(backup)
     names = {"backup": backup, "missing": str(tmp_path / "nope.db"), "db": db_path,
-             "words": _not_a_database(tmp_path), "other": _not_prickle(tmp_path)}
+             "words": _not_a_database(tmp_path), "other": _not_prickle(tmp_path), "cut": str(tmp_path / "cut.db")}
+    whole = Path(backup).read_bytes()
+    Path(names["cut"]).write_bytes(whole[:len(whole) // 2])  # a backup cut short (a copy broken off)
     before = heads(db_path)
     code, out, err = run(db_path, "restore", *[a.format(**names) for a in args], ok=False)
     assert code == 1 and out == ""
