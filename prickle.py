@@ -14387,9 +14387,12 @@ def check_export(path: str, max_line: int = EXPORT_MAX_LINE, max_member: int = E
     manifest: dict = {}
     if not zipfile.is_zipfile(path):
         with open(path, "rb") as f:
-            chain = check_chain(_read_entries(_bounded_lines(f, path, max_line)))
-        if not chain["entries"]:
-            raise InvalidInput(f"{path} is neither an export (a zip) nor an audit.jsonl with entries")
+            lines = _bounded_lines(f, path, max_line)
+            first = next(_read_entries(itertools.islice(lines, 1)), {})
+            if "chain" not in first:  # not even a first entry: no export, and no chain to call broken
+                raise InvalidInput(f"{path} is not an export archive (the .zip a project's export gives) nor an "
+                                   "audit.jsonl with entries")
+            chain = check_chain(itertools.chain([first], _read_entries(lines)))
     else:
         with zipfile.ZipFile(path) as archive:
             names = set(archive.namelist())
@@ -18436,10 +18439,13 @@ def verify_export_file(path: str, as_json: bool) -> None:
     """``prickle audit verify --file``: check_export's report; exit status 1 when the export does not hold."""
     r = check_export(path)
     where = f"{r['project'] or 'audit.jsonl'}" + (f" (exported {r['exported_at']}, {r['part']})" if r["part"] else "")
-    if r["broken_at"] is None:
-        chain = f"{r['entries']} entries, ok (hash version {r['hash_version']}); head {r['head']}"
-    else:
+    if r["broken_at"] is not None:
         chain = f"{r['entries']} entries, BROKEN at entry {r['broken_at']} ({r['broken_type']}): {r['why']}"
+    elif r["problems"]:  # the chain holds, but not what the manifest says was exported
+        chain = (f"{r['entries']} entries, FAILED: the archive does not match its manifest (the chain itself holds, "
+                 f"hash version {r['hash_version']}; head {r['head']})")
+    else:
+        chain = f"{r['entries']} entries, ok (hash version {r['hash_version']}); head {r['head']}"
     Out(as_json)(r, f"{where}: {chain}" + "".join(f"\n  {p}" for p in r["problems"]))
     if not r["ok"]:
         raise click.exceptions.Exit(1)

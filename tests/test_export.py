@@ -272,6 +272,10 @@ def test_a_tampered_export_is_refused_at_the_entry_that_was_changed(world, db_pa
     short = _tampered(src, tmp_path / "short.zip", lambda lines: lines[:-1])
     report = prickle.check_export(short)
     assert report["broken_at"] is None and not report["ok"]
+    code, text, _ = run(db_path, "audit", "verify", "--file", short, ok=False)
+    assert code == 1 and text.splitlines()[0] == (
+        f"{PROJECT} (exported {report['exported_at']}, audit_log): {len(entries) - 1} entries, FAILED: the archive "
+        f"does not match its manifest (the chain itself holds, hash version 2; head {entries[-2]['hash']})")
     assert (f"the manifest names {len(entries)} audit entries ending at {entries[-1]['hash']}; audit.jsonl holds "
             f"{len(entries) - 1} ending at {entries[-2]['hash']}") in report["problems"]
     # a line that is no entry at all
@@ -308,6 +312,12 @@ def test_the_readme_s_checker_agrees_with_prickle(world, db_path, tmp_path):
         return lines
     assert checked(_tampered(src, tmp_path / "forged.zip", forge)) == "broken at entry 5"
     assert prickle.check_export(str(tmp_path / "forged.zip"))["broken_at"] == 5
+    # the last line cut: the chain still holds, the manifest does not
+    short = str(tmp_path / "short.zip")
+    with zipfile.ZipFile(src) as a, zipfile.ZipFile(short, "w") as b:
+        for name in a.namelist():
+            b.writestr(name, b"".join(a.read(name).splitlines(True)[:-1]) if name == "audit.jsonl" else a.read(name))
+    assert checked(short) == "broken: audit.jsonl does not match the manifest"
 
 
 def test_an_older_chain_exports_in_version_1_and_after_a_rehash_in_version_2(db_path, tmp_path):
@@ -370,9 +380,11 @@ def test_who_may_export_and_bad_input(server, world, db_path, tmp_path):
     # verify --file: no such file, and a file that is no export
     code, _, err = run(db_path, "audit", "verify", "--file", str(tmp_path / "missing.zip"), ok=False)
     assert code == 1 and "no file at" in err
-    (tmp_path / "notes.txt").write_text("")
-    code, _, err = run(db_path, "audit", "verify", "--file", str(tmp_path / "notes.txt"), ok=False)
-    assert code == 1 and "neither an export (a zip) nor an audit.jsonl with entries" in err
+    for text in ("", "Shopping: milk, eggs\n"):
+        (tmp_path / "notes.txt").write_text(text)
+        code, out, err = run(db_path, "audit", "verify", "--file", str(tmp_path / "notes.txt"), ok=False)
+        assert (code, out, err) == (1, "", f"prickle: {tmp_path / 'notes.txt'} is not an export archive (the .zip a "
+                                           "project's export gives) nor an audit.jsonl with entries\n")
 
 
 def test_a_person_who_closed_their_account_is_exported_in_the_erased_form(server, world, tmp_path):
