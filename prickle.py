@@ -182,6 +182,7 @@ import tempfile
 import time
 import threading
 import tomllib
+import unicodedata
 import urllib.parse
 import zipfile
 import zlib
@@ -3595,6 +3596,12 @@ def member_role(db: Database, project: str, handle: str) -> str | None:
     return db.scalar("SELECT role FROM members WHERE project = ? AND handle = ?", (project, handle))
 
 
+def is_last_owner(db: Database, project: str, handle: str) -> bool:
+    """Whether ``handle`` is the only owner of ``project`` (who can't leave or be removed, chapter 33)."""
+    return member_role(db, project, handle) == "owner" and db.scalar(
+        "SELECT count(*) FROM members WHERE project = ? AND role = 'owner'", (project,)) == 1
+
+
 def require_project(db: Database, actor: Actor, project: str) -> dict:
     """The project row if ``actor`` may work in it.
 
@@ -6835,7 +6842,8 @@ ROOM_THREADS = 20
 def project_view(db: Database, person: Actor, project: str, hub: WakeHub | None = None) -> dict:
     """A project as the web page shows it: summary, kind, the person's role, people (with roles),
     agents, memory, pulse, paused agent pairs and paused agents (``{agent_id: agent_pause}``), and
-    ``can_delete`` (an owner of a team project may delete or erase it).
+    ``can_delete`` (an owner of a team project may delete or erase it) and ``can_leave`` (a member of a
+    team project may leave it, unless they are its last owner).
     NotFound when it is out of ``person``'s reach.
     """
     with db.snapshot():
@@ -6848,6 +6856,7 @@ def project_view(db: Database, person: Actor, project: str, hub: WakeHub | None 
                 "team_role": team_role(db, summary["team"], person.handle) if kind == "team" else None,
                 "lead": lead_out(db, project, person.handle), "can_pick_lead": may_pick_lead(db, project, person.handle),
                 "can_delete": kind == "team" and member_role(db, project, person.handle) == "owner",
+                "can_leave": kind == "team" and not is_last_owner(db, project, person.handle),
                 **team, "memory": memory_facts(db, project),
                 "pulse": project_pulse(db, project), "paused": paused_pairs(db, project),
                 "paused_agents": paused_agents(db, [a["agent_id"] for a in team["agents"]])}
@@ -10955,8 +10964,7 @@ def _team_project(db: Database, project: str, by: str | Actor | None) -> tuple[d
 
 
 def _check_not_last_owner(db: Database, project: str, handle: str, doing: str) -> None:
-    if member_role(db, project, handle) == "owner" and db.scalar(
-            "SELECT count(*) FROM members WHERE project = ? AND role = 'owner'", (project,)) == 1:
+    if is_last_owner(db, project, handle):
         raise InvalidState(f"'{handle}' is the last owner of '{project}': promote another member first "
                            f"(Promote on the project's Members screen, or prickle member promote {project} HANDLE), "
                            f"then {doing}")
@@ -12943,8 +12951,22 @@ def _owner_only(db: Database, person: Actor, project: str, what: str) -> None:
         raise Forbidden(f"only a project owner may {what}: ask one of the project's owners")
 
 
+#: The earliest day a moment may mark (no team worked in Prickle before it).
+MOMENT_EARLIEST_DAY = _dt.date(1970, 1, 1)
+
+#: Characters that show nothing though they are not spaces (fillers, a blank braille cell).
+_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+
+
+def _has_visible(text: str) -> bool:
+    """Whether ``text`` shows something: not only spaces, format and zero-width characters, or marks."""
+    return any(not c.isspace() and c not in _BLANK_LETTERS and unicodedata.category(c)[0] not in "CZM"
+               for c in text)
+
+
 def _check_day(value: Any) -> str:
-    """A moment's day (``YYYY-MM-DD``), not after today anywhere on Earth; InvalidInput naming ``day``."""
+    """A moment's day (``YYYY-MM-DD``), from MOMENT_EARLIEST_DAY to today anywhere on Earth; InvalidInput
+    naming ``day``."""
     try:
         day = _dt.date.fromisoformat(value) if isinstance(value, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", value) \
             else None
@@ -12954,13 +12976,15 @@ def _check_day(value: Any) -> str:
         raise InvalidInput(f"day must be a date like 2026-12-01, got {str(value)[:40]!r}")
     if day > (utcnow() + _LATEST_ZONE).date():
         raise InvalidInput(f"day {value} is in the future: a moment marks what happened, today at the latest")
+    if day < MOMENT_EARLIEST_DAY:
+        raise InvalidInput(f"day {value} is too early: a moment marks a day from {MOMENT_EARLIEST_DAY} on")
     return value
 
 
 def _check_title(value: Any) -> str:
     if isinstance(value, str):
         value = value.strip()
-    if isinstance(value, str) and not value:
+    if isinstance(value, str) and not _has_visible(value):
         raise InvalidInput("title is empty: say in a few words what happened")
     if isinstance(value, str) and len(value) > MOMENT_TITLE_MAX:
         raise InvalidInput(f"title is {len(value)} characters long; at most {MOMENT_TITLE_MAX}: shorten it")
@@ -13526,8 +13550,8 @@ def story(db: Database, person: Actor, project: str, before: str | None = None, 
 #
 # The retention worker (retention_step, the server's "retention" piece) takes over at a request's
 # deadline: ``project.purge_started`` (no restore from then on), the content removed a batch per
-# transaction, then ``project.content_purged`` (only an export of the log comes after it); AUDIT_KEPT later the log and the
-# project's row go too. The project is out of service before its first row goes, so a purge broken off
+# transaction, then ``project.content_purged`` (only an export of the log comes after it); AUDIT_KEPT
+# later the log and the project's row go too. The project is out of service before its first row goes, so a purge broken off
 # (a crash, kill -9) leaves nothing readable, and the next step goes on where it stopped.
 
 #: A project an owner asked to erase is purged this long after the request, with no restore meanwhile.
@@ -13727,7 +13751,8 @@ def restore_project(db: Database, project: str, by: Actor | str) -> dict:
     still here) are back, and its keys reach it again; its work stays stopped until someone starts it.
     Writes ``project.restored`` (event and entry, with the request number). Returns
     ``{"project", "request_number", "state": "live"}``. Raises NotFound (no deleted project the
-    person was in), Forbidden (not an owner then), InvalidState (erased, purging, or past its deadline).
+    person was in), Forbidden (not an owner then), InvalidState (erased, purging, or past its deadline;
+    or, to one of its members, a project that is not deleted).
     """
     slug = check_slug(project, "project")
     with db.transaction():
@@ -13735,6 +13760,8 @@ def restore_project(db: Database, project: str, by: Actor | str) -> dict:
         row = db.one("SELECT * FROM projects WHERE slug = ?", (slug,))
         request = row and open_request(db, slug)
         role = request and recorded_role(request, handle)
+        if row and not request and member_role(db, slug, handle):  # said only to who can see it anyway
+            raise InvalidState(f"project '{slug}' is not deleted: there is nothing to restore")
         if not role:
             raise NotFound(f"no deleted project '{slug}' that '{handle}' was in")
         if role != "owner":

@@ -93,7 +93,8 @@ function memberActions(p, ctx) {
   const path = `/api/projects/${seg(ctx.slug)}`;
   const buttons = [];
   if (mine) {
-    buttons.push(h("button", { type: "button", class: "danger-quiet small", text: "Leave",
+    // The server says whether leaving would be refused (the last owner must promote someone first).
+    if (ctx.project.data().can_leave) buttons.push(h("button", { type: "button", class: "danger-quiet small", text: "Leave",
       onclick: () => askRemoval(ctx, { handle: p.handle }, {
         title: `Leave ${ctx.project.data().project.name}?`, who: "you", confirm: "Leave the project",
         run: () => post(`${path}/leave`), after: () => { window.location.hash = "#/"; } }) }));

@@ -290,6 +290,11 @@ def test_the_command_line_deletes_restores_erases_and_lists(world):
     code, _, err = run(db, "project", "restore", PROJECT, "--by", "ren", ok=False)
     assert code == 1 and f"only an owner of '{PROJECT}' when it was deleted can restore it" in err
     assert cli_json(db, "project", "restore", PROJECT, "--by", "oj")["state"] == "live"
+    # Restoring a live project says it is not deleted (to its members; anyone else learns nothing).
+    code, _, err = run(db, "project", "restore", PROJECT, "--by", "oj", ok=False)
+    assert code == 1 and f"project '{PROJECT}' is not deleted: there is nothing to restore" in err
+    code, _, err = run(db, "project", "restore", PROJECT, "--by", "sam", ok=False)
+    assert code == 1 and f"no deleted project '{PROJECT}' that 'sam' was in" in err
     code, _, err = run(db, "project", "erase", PROJECT, "--by", "ren", ok=False)
     assert code == 1 and f"only an owner of '{PROJECT}' can erase it" in err
     erased = cli_json(db, "project", "erase", PROJECT, "--by", "oj")["deletion"]

@@ -138,6 +138,8 @@ def test_a_returned_task_handed_to_a_teammates_agent_waits_for_that_owners_appro
 
 def test_the_last_owner_stays_until_another_is_promoted(mcp, server, world):
     oj, ren = person(server, world, "oj"), person(server, world, "ren")
+    can_leave = lambda api: api.get(f"/api/projects/{PROJECT}").json()["can_leave"]  # the page's Leave button
+    assert (can_leave(oj), can_leave(ren)) == (False, True)
     before = _counts(world.db)
     for r in (oj.post(f"/api/projects/{PROJECT}/leave"), oj.delete(f"/api/projects/{PROJECT}/members/oj")):
         assert r.status_code == 409
@@ -151,6 +153,7 @@ def test_the_last_owner_stays_until_another_is_promoted(mcp, server, world):
     assert audit_entries(world.db, PROJECT, "member.promoted")[0]["refs"] == {
         "person": "ren", "by": "oj", "grant_version": 2}
     assert oj.post(f"/api/projects/{PROJECT}/members/ren/promote").status_code == 409
+    assert (can_leave(oj), can_leave(ren)) == (True, True)
     r = oj.post(f"/api/projects/{PROJECT}/leave")
     assert r.status_code == 200, r.text
     assert audit_entries(world.db, PROJECT, "member.left")[0]["refs"] == {
@@ -159,6 +162,7 @@ def test_the_last_owner_stays_until_another_is_promoted(mcp, server, world):
     assert world.db.rows("SELECT agent_id FROM project_agents WHERE project = ?", (PROJECT,)) == [
         {"agent_id": "ren/builder"}]
     # Now ren is the last owner.
+    assert can_leave(ren) is False
     assert ren.post(f"/api/projects/{PROJECT}/leave").status_code == 409
 
 

@@ -122,6 +122,15 @@ def test_bad_input_is_a_clear_error_and_changes_nothing(team, server):
     cases = [
         (ren.post(path, good | {"title": "x" * 141}), 400, "title is 141 characters long; at most 140: shorten it"),
         (ren.post(path, good | {"title": "   "}), 400, "title is empty: say in a few words what happened"),
+        (ren.post(path, good | {"title": "\u200b\u200b"}), 400, "title is empty: say in a few words what happened"),
+        (ren.post(path, good | {"title": " \u2060\ufeff\u00ad \u3164"}), 400,
+         "title is empty: say in a few words what happened"),
+        (ren.post(f"/api/moments/{mine['id']}", {"title": "\u200b"}), 400,
+         "title is empty: say in a few words what happened"),
+        (ren.post(path, good | {"day": "0001-01-01"}), 400,
+         "day 0001-01-01 is too early: a moment marks a day from 1970-01-01 on"),
+        (ren.post(path, good | {"day": "1969-12-31"}), 400,
+         "day 1969-12-31 is too early: a moment marks a day from 1970-01-01 on"),
         (ren.post(path, good | {"title": "two\nlines"}), 400,
          "title: write it on one line, without line breaks, tabs or control characters"),
         (ren.post(path, good | {"day": "2026-12-03"}), 400,
@@ -473,3 +482,12 @@ def test_junk_in_every_field_is_a_400_never_a_500(team, server):
             assert r.status_code in (400, 404), (path, body, r.status_code, r.text)
             assert r.json()["error"]["code"] in ("invalid_input", "not_found"), r.text
     assert written(team.db) == before
+
+
+def test_a_title_with_something_to_see_and_the_earliest_day_are_marked(team, server):
+    ren = person(server, team, "ren")
+    path = f"/api/projects/{PROJECT}/moments"
+    for title, day in (("\u200b🎉\u200d", "1970-01-01"), ("\u0663", "2026-11-30"), ("é", "2026-11-30")):
+        r = ren.post(path, {"kind": "milestone", "day": day, "title": title})
+        assert r.status_code == 200, r.text
+        assert (r.json()["moment"]["title"], r.json()["moment"]["day"]) == (title, day)

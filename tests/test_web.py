@@ -1065,6 +1065,11 @@ def test_whoever_is_removed_is_offered_again_by_the_pickers_without_a_reload(ser
     add_person = page.get_by_role("form", name="Add a teammate")
     expect(page.locator('.person[data-handle="lee"]')).to_have_count(1)
     expect(add_person.get_by_label("Person").locator('option[value="lee"]')).to_have_count(0)
+    # The only owner is offered no Leave (the server would refuse it); with another owner, Leave is there.
+    expect(page.locator('.person[data-handle="oj"]')).to_contain_text("owner")
+    expect(page.get_by_role("button", name="Leave", exact=True)).to_have_count(0)
+    cli_json(served.db, "member", "promote", PROJECT, "lee")
+    page.reload()
     # Leaving speaks to you about your own agents; Keep changes nothing.
     page.get_by_role("button", name="Leave", exact=True).click()
     leaving = page.get_by_role("alertdialog", name="Leave Website v2?")
