@@ -1950,6 +1950,9 @@ class Database:
         self.conn.pragma("journal_mode", "wal")
         self.conn.pragma("synchronous", "NORMAL")
         self.conn.pragma("foreign_keys", True)
+        # What a write deletes or moves is zeroed, not left in free space: an erased name or a purged
+        # project's text is gone from the file once its pages are copied in (see empty_log).
+        self.conn.pragma("secure_delete", True)
         self._depth = 0
         self._after: list[Callable[[], None]] = []
         #: Called after every commit that appended outbox rows, with what it appended:
@@ -2551,6 +2554,22 @@ def checkpoint_wal(conn: apsw.Connection, restart_frames: int | None = WAL_RESTA
         conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_RESTART)
         return "restart"
     return "passive"
+
+
+def empty_log(db: Database) -> bool:
+    """Copy the write-ahead log into the file and empty it (a TRUNCATE checkpoint), so that earlier
+    copies of pages (an erased name, a purged project's text) are left neither in the log nor, the
+    file's pages being zeroed where rows went (secure_delete), in the file. After an account closes
+    and after a purge. Waits at most CHECKPOINT_WAIT_MS for readers; False when one holds the log
+    (Litestream, a backup): its old frames then stay until the log is next emptied."""
+    db.conn.setbusytimeout(CHECKPOINT_WAIT_MS)
+    try:
+        db.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+        return True
+    except apsw.BusyError:
+        return False
+    finally:
+        db.conn.setbusytimeout(BUSY_TIMEOUT_MS)
 
 
 class WalCheckpointer:
@@ -13390,7 +13409,13 @@ async def link_repository(db: Database, settings: Settings, person: Actor, proje
     repo = check_repo(repo)
     with db.snapshot():
         _owner_only(db, person, project, "link the story to a GitHub repository")
-    name, url = await _github_repository(settings, repo)
+    try:
+        name, url = await _github_repository(settings, repo)
+    except GitHubUnavailable as e:
+        # A refresh tries again by itself; a link that failed was never made, so the owner must ask again.
+        when = f"after {iso(e.retry_at)[11:16]} UTC" if e.retry_at else "in a while"
+        raise GitHubUnavailable(f"{str(e).split('; ')[0]}; nothing was linked: link it again {when}",
+                                e.retry_at) from None
     with db.transaction():
         _owner_only(db, person, project, "link the story to a GitHub repository")
         before = story_settings(db, project)["repo"]
@@ -13842,7 +13867,12 @@ def _purge_some(db: Database, row: dict, request: dict, batch: int) -> str:
     project keeps only its slug, team and audit log, whose last entry is ``project.content_purged``."""
     slug = row["slug"]
     for table, where in purge_plan(db):
-        if gone := _delete_some(db, table, where, slug, batch):
+        if table == "search_index":  # else FTS5 only marks rows deleted, and their words stay in its index
+            db.execute("INSERT INTO search_index (search_index, rank) VALUES ('secure-delete', 1)")
+        gone = _delete_some(db, table, where, slug, batch)
+        if table == "search_index":
+            db.execute("INSERT INTO search_index (search_index, rank) VALUES ('secure-delete', 0)")
+        if gone:
             return f"{slug}: {gone} rows of {table} removed"
     # The newest event stays (seq only grows): if it is this project's, it keeps only the request number.
     db.execute("UPDATE outbox SET type = 'project.deleted', payload = ? WHERE project = ? AND seq = "
@@ -13885,7 +13915,12 @@ def retention_step(db: Database, batch: int = PURGE_BATCH) -> str | None:
         join = "SELECT p.*, d.number FROM projects p JOIN deletions d ON d.number = p.deletion WHERE "
         row = db.one(join + "p.state = 'purging' ORDER BY d.number LIMIT 1")
         if row is not None:
-            return _purge_some(db, row, open_request(db, row["slug"]), batch)
+            done = _purge_some(db, row, open_request(db, row["slug"]), batch)
+    if row is not None:
+        if db.scalar("SELECT state FROM projects WHERE slug = ?", (row["slug"],)) == "purged":
+            empty_log(db)  # no earlier copy of its pages left in the log
+        return done
+    with db.transaction():
         row = db.one(join + "p.state IN ('deleted', 'erasing') AND d.purge_after <= ? ORDER BY d.purge_after LIMIT 1",
                      (now,))
         if row is not None:
@@ -13930,7 +13965,8 @@ def run_retention(db: Database, batch: int = PURGE_BATCH) -> list[str]:
 #   5. their name, address and settings go from the file: the person row keeps only the handle (the
 #      audit chains name it, and a chain is never rewritten), every stored reference to them takes the
 #      erased form (person_ref), and the names in the outbox's events are replaced. What the
-#      transaction overwrites is zeroed (secure_delete); vacuum_file rewrites the whole file.
+#      transaction overwrites is zeroed (secure_delete, on for every connection), and the log is
+#      emptied after it (empty_log); vacuum_file rewrites the whole file.
 # What they wrote (messages, tasks, results) stays the team's, shown as by an erased person.
 
 #: What ``person.erased`` counts, as the reference names it, before the knock-ons of their agents leaving.
@@ -14090,12 +14126,9 @@ def close_account(db: Database, who: Actor | str, *, again: bool = False) -> dic
     handle) skips the last-owner refusal: the account was closed already, whoever owns what.
     """
     handle = who.handle if isinstance(who, Actor) else check_slug(who, "handle")
-    secure = db.scalar("PRAGMA secure_delete")
-    db.execute("PRAGMA secure_delete = ON")  # what this transaction overwrites is zeroed, not left in free space
-    try:
-        return _close(db, who, handle, again)
-    finally:
-        db.execute(f"PRAGMA secure_delete = {int(secure)}")
+    out = _close(db, who, handle, again)
+    empty_log(db)  # no earlier copy of their pages left in the log
+    return out
 
 
 def _close(db: Database, who: Actor | str, handle: str, again: bool) -> dict:
@@ -18482,7 +18515,8 @@ def verify_export_file(path: str, as_json: bool) -> None:
 @db_options
 @click.argument("dest")
 def backup_cmd(db_path: str, as_json: bool, dest: str) -> None:
-    """Copy the database to DEST with SQLite's online backup (safe while the server runs)."""
+    """Copy the database to DEST as it was when the copy began: SQLite's online backup in one step, inside
+    one read snapshot (safe while the server runs: its writes go on and don't restart the copy)."""
     if os.path.exists(dest):
         raise Conflict(f"{dest} already exists: pick a new file name")
     if not os.path.isdir(os.path.dirname(os.path.abspath(dest))):

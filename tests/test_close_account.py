@@ -219,3 +219,14 @@ def test_the_last_owner_of_a_deleted_project_is_told_to_restore_and_hand_it_on_o
     prickle.erase_project(world.db, PROJECT, "oj")
     out = jrun(world.db_path, "person", "erase", "oj")
     assert (out["handle"], [p["project"] for p in out["projects"]]) == ("oj", ["oj-room"])
+
+
+def test_closing_ones_own_account_leaves_no_name_or_address_in_the_files_bytes(mcp, server, world):
+    ren = confirmed(server, world, "ren")
+    scene(mcp, server, world)  # ren's name in member.joined and project.created events, on pages moved since
+    assert ren.delete("/api/me").status_code == 200
+    # Zeroed where it lay (not left on a freed page), and the log emptied after the closing: no vacuum needed.
+    assert Path(world.db_path + "-wal").stat().st_size == 0
+    for path in glob.glob(world.db_path + "*"):
+        data = Path(path).read_bytes()
+        assert b"Ren Ito" not in data and b"ren@example.org" not in data, path

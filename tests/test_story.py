@@ -3,6 +3,7 @@ stand-in, tests/github_standin.py), and what owners hide."""
 
 import datetime as dt
 import json
+import socket
 import time
 
 import pytest
@@ -373,8 +374,22 @@ def test_linking_a_repository_that_cannot_be_read_is_a_clear_error(team, app, gi
     github.reset_in(T0, 600)
     r = oj.post(path, {"repository": "octo/site"})
     assert (r.status_code, r.json()["error"]["code"]) == (503, "github_unavailable")
-    assert r.json()["error"]["message"].startswith("GitHub's rate limit for this server is used up until 10:10 UTC")
+    assert r.json()["error"]["message"] == ("GitHub's rate limit for this server is used up until 10:10 UTC; "
+                                            "nothing was linked: link it again after 10:10 UTC")
     assert written(team.db) == before and read(app, team)["repo"] is None
+
+
+def test_linking_while_github_is_out_of_reach_says_nothing_was_linked(team, github):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    settings = prickle.Settings(github_api_url=f"http://127.0.0.1:{port}")
+    with TestClient(prickle.create_app(team.db_path, settings, port=8321), base_url="http://127.0.0.1:8321") as app:
+        before = written(team.db)
+        r = person(app, team, "oj").post(f"/api/projects/{PROJECT}/story/repo", {"repository": "octo/site"})
+        assert (r.status_code, r.json()["error"]) == (503, {"code": "github_unavailable", "message": (
+            "GitHub could not be reached (ConnectError); nothing was linked: link it again in a while")})
+        assert written(team.db) == before and read(app, team)["repo"] is None
 
 
 def test_replacing_or_unlinking_the_repository_brings_hidden_github_moments_back(team, app, github):
