@@ -12405,6 +12405,23 @@ def check_timezone(name: Any) -> zoneinfo.ZoneInfo:
                            "Europe/Berlin, America/New_York or UTC") from None
 
 
+def _wall_clock_due(t: _dt.datetime, tz: zoneinfo.ZoneInfo) -> _dt.datetime:
+    """The instant (UTC) a wall-clock time ``t`` (naive, in ``tz``) is due: a time that happens twice
+    runs the first time; a time a daylight-saving change skips runs at the first moment after the gap
+    (02:30 on the night 02:00 becomes 03:00 runs at 03:00), found by halving the hour around it."""
+    utc = _dt.timezone.utc
+    due = t.replace(tzinfo=tz).astimezone(utc)
+    if due.astimezone(tz).replace(tzinfo=None) == t:
+        return due
+    # In a gap: fold=1 reads it with the offset after the change, which puts it before the change.
+    lo, hi = t.replace(tzinfo=tz, fold=1).astimezone(utc), due
+    after = hi.astimezone(tz).utcoffset()
+    while hi - lo > _dt.timedelta(seconds=1):
+        mid = lo + (hi - lo) / 2
+        lo, hi = (lo, mid) if mid.astimezone(tz).utcoffset() == after else (mid, hi)
+    return hi.replace(microsecond=0)
+
+
 def schedule_times(rec: dict, timezone: str, anchor: str, after: _dt.datetime) -> Iterator[_dt.datetime]:
     """The due times (aware, UTC) of a recurrence strictly after ``after``, oldest first.
 
@@ -12437,10 +12454,11 @@ def schedule_times(rec: dict, timezone: str, anchor: str, after: _dt.datetime) -
                         byweekday=[_WEEKDAYS[d] for d in rec["byweekday"]] if rec.get("byweekday") else None)
     # Wall-clock times near a daylight-saving change: look from a few hours back, keep what is after.
     begin = max(after.astimezone(tz).replace(tzinfo=None) - _dt.timedelta(hours=3), first - _dt.timedelta(seconds=1))
+    last = after
     for t in rule.xafter(begin):
-        # fold=0: a time the change skips runs at the first moment after it; one it repeats runs once.
-        due = t.replace(tzinfo=tz).astimezone(utc)
-        if due > after:
+        due = _wall_clock_due(t, tz)
+        if due > last:  # two times in one gap (02:00 and 02:30) run once, at its end
+            last = due
             yield due
 
 
