@@ -5056,14 +5056,17 @@ def revoke_invites_by(db: Database, project: str, handle: str, reason: str) -> i
     return len(rows)
 
 
-def revoke_invites_to(db: Database, email: str, reason: str) -> int:
-    """Revoke every open invite to ``email``, in any project, inside the caller's transaction (the person
-    invited closed their account: ``reason`` ``invitee_closed_account``). Writes one ``invite.revoked`` per
-    invite, naming nobody, and returns how many (expired ones end without an entry and are not counted)."""
+def revoke_invites_to(db: Database, email: str, reason: str, project: str | None = None) -> int:
+    """Revoke every open invite to ``email``, in ``project`` or in any project, inside the caller's
+    transaction (the person invited closed their account: ``reason`` ``invitee_closed_account``). Writes one
+    ``invite.revoked`` per invite, naming nobody, and returns how many (expired ones end without an entry
+    and are not counted)."""
     if reason not in INVITE_REVOKE_REASONS:
         raise InvalidInput(f"reason must be one of {', '.join(INVITE_REVOKE_REASONS)}")
-    expire_due(db, "invite", where="email = ?", params=(email,))
-    rows = db.rows("SELECT * FROM invites WHERE email = ? AND state = 'open' ORDER BY id", (email,))
+    where = "email = ?" + (" AND project = ?" if project else "")
+    params = (email, project) if project else (email,)
+    expire_due(db, "invite", where=where, params=params)
+    rows = db.rows(f"SELECT * FROM invites WHERE {where} AND state = 'open' ORDER BY id", params)
     for row in rows:
         _end_invite(db, row, "revoke", reason)
         audit(db, row["project"], "invite.revoked", {"invite": row["id"], "reason": reason, "by": None})
@@ -14067,9 +14070,10 @@ def _cancel_requested(db: Database, project: str, handle: str, agents: list[str]
     return cancelled
 
 
-def _erase_in(db: Database, me: Actor, project: str, by: str | None, running: set[str]) -> dict:
+def _erase_in(db: Database, me: Actor, project: str, by: str | None, running: set[str], invited: int) -> dict:
     """Step 3 in one project, whose runs were ``running`` before step 2: returns the refs of its
-    ``person.erased`` entry (written here)."""
+    ``person.erased`` entry (written here), whose ``invites`` counts the ``invited`` ones to their
+    address the caller revoked in the project too."""
     handle = me.handle
     agents = [r["agent_id"] for r in db.rows("SELECT pa.agent_id FROM project_agents pa JOIN agents a USING "
                                              "(agent_id) WHERE pa.project = ? AND a.owner = ? ORDER BY pa.agent_id",
@@ -14079,6 +14083,7 @@ def _erase_in(db: Database, me: Actor, project: str, by: str | None, running: se
               "tasks_cancelled": _cancel_requested(db, project, handle, all_agents)}
     left = offboard(db, project, agents, person=handle, reason="member_erased", by=by)
     counts["runs_closed"] = len(running - _running(db, project))
+    left["invites"] += invited
     refs = {"person": handle, "by": by} | {k: counts[k] for k in ERASED_COUNTS} | left
     audit(db, project, "person.erased", refs)
     return refs
@@ -14182,10 +14187,15 @@ def _close(db: Database, who: Actor | str, handle: str, again: bool) -> dict:
             "SELECT project FROM members WHERE handle = ? ORDER BY project", (handle,))}
         ended = sign_out_everywhere(db, handle)
         _end_approved_requests(db, handle)
-        projects = [{"project": p} | _erase_in(db, me, p, by, was) for p, was in running.items()]
+        projects, invites = [], 0
+        for p, was in running.items():
+            # Invites to their address in a project they are in count in its person.erased.
+            invited = revoke_invites_to(db, row["email"], "invitee_closed_account", p) if row["email"] else 0
+            projects.append({"project": p} | _erase_in(db, me, p, by, was, invited))
+            invites += invited
         end_schedules_of(db, handle)  # their texts go with the account
         room = erase_private_room(db, handle)
-        invites = revoke_invites_to(db, row["email"], "invitee_closed_account") if row["email"] else 0
+        invites += revoke_invites_to(db, row["email"], "invitee_closed_account") if row["email"] else 0
         keys = revoke_credentials(db, "person = ? OR agent_id IN (SELECT agent_id FROM agents WHERE owner = ?)",
                                   (handle, handle), "account_closed")
         now = iso(utcnow())
