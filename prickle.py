@@ -1950,6 +1950,9 @@ class Database:
         self.conn.pragma("journal_mode", "wal")
         self.conn.pragma("synchronous", "NORMAL")
         self.conn.pragma("foreign_keys", True)
+        # What a write deletes or moves is zeroed, not left in free space: an erased name or a purged
+        # project's text is gone from the file once its pages are copied in (see empty_log).
+        self.conn.pragma("secure_delete", True)
         self._depth = 0
         self._after: list[Callable[[], None]] = []
         #: Called after every commit that appended outbox rows, with what it appended:
@@ -2551,6 +2554,22 @@ def checkpoint_wal(conn: apsw.Connection, restart_frames: int | None = WAL_RESTA
         conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_RESTART)
         return "restart"
     return "passive"
+
+
+def empty_log(db: Database) -> bool:
+    """Copy the write-ahead log into the file and empty it (a TRUNCATE checkpoint), so that earlier
+    copies of pages (an erased name, a purged project's text) are left neither in the log nor, the
+    file's pages being zeroed where rows went (secure_delete), in the file. After an account closes
+    and after a purge. Waits at most CHECKPOINT_WAIT_MS for readers; False when one holds the log
+    (Litestream, a backup): its old frames then stay until the log is next emptied."""
+    db.conn.setbusytimeout(CHECKPOINT_WAIT_MS)
+    try:
+        db.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+        return True
+    except apsw.BusyError:
+        return False
+    finally:
+        db.conn.setbusytimeout(BUSY_TIMEOUT_MS)
 
 
 class WalCheckpointer:
@@ -5037,14 +5056,17 @@ def revoke_invites_by(db: Database, project: str, handle: str, reason: str) -> i
     return len(rows)
 
 
-def revoke_invites_to(db: Database, email: str, reason: str) -> int:
-    """Revoke every open invite to ``email``, in any project, inside the caller's transaction (the person
-    invited closed their account: ``reason`` ``invitee_closed_account``). Writes one ``invite.revoked`` per
-    invite, naming nobody, and returns how many (expired ones end without an entry and are not counted)."""
+def revoke_invites_to(db: Database, email: str, reason: str, project: str | None = None) -> int:
+    """Revoke every open invite to ``email``, in ``project`` or in any project, inside the caller's
+    transaction (the person invited closed their account: ``reason`` ``invitee_closed_account``). Writes one
+    ``invite.revoked`` per invite, naming nobody, and returns how many (expired ones end without an entry
+    and are not counted)."""
     if reason not in INVITE_REVOKE_REASONS:
         raise InvalidInput(f"reason must be one of {', '.join(INVITE_REVOKE_REASONS)}")
-    expire_due(db, "invite", where="email = ?", params=(email,))
-    rows = db.rows("SELECT * FROM invites WHERE email = ? AND state = 'open' ORDER BY id", (email,))
+    where = "email = ?" + (" AND project = ?" if project else "")
+    params = (email, project) if project else (email,)
+    expire_due(db, "invite", where=where, params=params)
+    rows = db.rows(f"SELECT * FROM invites WHERE {where} AND state = 'open' ORDER BY id", params)
     for row in rows:
         _end_invite(db, row, "revoke", reason)
         audit(db, row["project"], "invite.revoked", {"invite": row["id"], "reason": reason, "by": None})
@@ -12383,6 +12405,23 @@ def check_timezone(name: Any) -> zoneinfo.ZoneInfo:
                            "Europe/Berlin, America/New_York or UTC") from None
 
 
+def _wall_clock_due(t: _dt.datetime, tz: zoneinfo.ZoneInfo) -> _dt.datetime:
+    """The instant (UTC) a wall-clock time ``t`` (naive, in ``tz``) is due: a time that happens twice
+    runs the first time; a time a daylight-saving change skips runs at the first moment after the gap
+    (02:30 on the night 02:00 becomes 03:00 runs at 03:00), found by halving the hour around it."""
+    utc = _dt.timezone.utc
+    due = t.replace(tzinfo=tz).astimezone(utc)
+    if due.astimezone(tz).replace(tzinfo=None) == t:
+        return due
+    # In a gap: fold=1 reads it with the offset after the change, which puts it before the change.
+    lo, hi = t.replace(tzinfo=tz, fold=1).astimezone(utc), due
+    after = hi.astimezone(tz).utcoffset()
+    while hi - lo > _dt.timedelta(seconds=1):
+        mid = lo + (hi - lo) / 2
+        lo, hi = (lo, mid) if mid.astimezone(tz).utcoffset() == after else (mid, hi)
+    return hi.replace(microsecond=0)
+
+
 def schedule_times(rec: dict, timezone: str, anchor: str, after: _dt.datetime) -> Iterator[_dt.datetime]:
     """The due times (aware, UTC) of a recurrence strictly after ``after``, oldest first.
 
@@ -12415,10 +12454,11 @@ def schedule_times(rec: dict, timezone: str, anchor: str, after: _dt.datetime) -
                         byweekday=[_WEEKDAYS[d] for d in rec["byweekday"]] if rec.get("byweekday") else None)
     # Wall-clock times near a daylight-saving change: look from a few hours back, keep what is after.
     begin = max(after.astimezone(tz).replace(tzinfo=None) - _dt.timedelta(hours=3), first - _dt.timedelta(seconds=1))
+    last = after
     for t in rule.xafter(begin):
-        # fold=0: a time the change skips runs at the first moment after it; one it repeats runs once.
-        due = t.replace(tzinfo=tz).astimezone(utc)
-        if due > after:
+        due = _wall_clock_due(t, tz)
+        if due > last:  # two times in one gap (02:00 and 02:30) run once, at its end
+            last = due
             yield due
 
 
@@ -13848,7 +13888,12 @@ def _purge_some(db: Database, row: dict, request: dict, batch: int) -> str:
     project keeps only its slug, team and audit log, whose last entry is ``project.content_purged``."""
     slug = row["slug"]
     for table, where in purge_plan(db):
-        if gone := _delete_some(db, table, where, slug, batch):
+        if table == "search_index":  # else FTS5 only marks rows deleted, and their words stay in its index
+            db.execute("INSERT INTO search_index (search_index, rank) VALUES ('secure-delete', 1)")
+        gone = _delete_some(db, table, where, slug, batch)
+        if table == "search_index":
+            db.execute("INSERT INTO search_index (search_index, rank) VALUES ('secure-delete', 0)")
+        if gone:
             return f"{slug}: {gone} rows of {table} removed"
     # The newest event stays (seq only grows): if it is this project's, it keeps only the request number.
     db.execute("UPDATE outbox SET type = 'project.deleted', payload = ? WHERE project = ? AND seq = "
@@ -13891,7 +13936,12 @@ def retention_step(db: Database, batch: int = PURGE_BATCH) -> str | None:
         join = "SELECT p.*, d.number FROM projects p JOIN deletions d ON d.number = p.deletion WHERE "
         row = db.one(join + "p.state = 'purging' ORDER BY d.number LIMIT 1")
         if row is not None:
-            return _purge_some(db, row, open_request(db, row["slug"]), batch)
+            done = _purge_some(db, row, open_request(db, row["slug"]), batch)
+    if row is not None:
+        if db.scalar("SELECT state FROM projects WHERE slug = ?", (row["slug"],)) == "purged":
+            empty_log(db)  # no earlier copy of its pages left in the log
+        return done
+    with db.transaction():
         row = db.one(join + "p.state IN ('deleted', 'erasing') AND d.purge_after <= ? ORDER BY d.purge_after LIMIT 1",
                      (now,))
         if row is not None:
@@ -13936,7 +13986,8 @@ def run_retention(db: Database, batch: int = PURGE_BATCH) -> list[str]:
 #   5. their name, address and settings go from the file: the person row keeps only the handle (the
 #      audit chains name it, and a chain is never rewritten), every stored reference to them takes the
 #      erased form (person_ref), and the names in the outbox's events are replaced. What the
-#      transaction overwrites is zeroed (secure_delete); vacuum_file rewrites the whole file.
+#      transaction overwrites is zeroed (secure_delete, on for every connection), and the log is
+#      emptied after it (empty_log); vacuum_file rewrites the whole file.
 # What they wrote (messages, tasks, results) stays the team's, shown as by an erased person.
 
 #: What ``person.erased`` counts, as the reference names it, before the knock-ons of their agents leaving.
@@ -14011,9 +14062,10 @@ def _cancel_requested(db: Database, project: str, handle: str, agents: list[str]
     return cancelled
 
 
-def _erase_in(db: Database, me: Actor, project: str, by: str | None, running: set[str]) -> dict:
+def _erase_in(db: Database, me: Actor, project: str, by: str | None, running: set[str], invited: int) -> dict:
     """Step 3 in one project, whose runs were ``running`` before step 2: returns the refs of its
-    ``person.erased`` entry (written here)."""
+    ``person.erased`` entry (written here), whose ``invites`` counts the ``invited`` ones to their
+    address the caller revoked in the project too."""
     handle = me.handle
     agents = [r["agent_id"] for r in db.rows("SELECT pa.agent_id FROM project_agents pa JOIN agents a USING "
                                              "(agent_id) WHERE pa.project = ? AND a.owner = ? ORDER BY pa.agent_id",
@@ -14023,6 +14075,7 @@ def _erase_in(db: Database, me: Actor, project: str, by: str | None, running: se
               "tasks_cancelled": _cancel_requested(db, project, handle, all_agents)}
     left = offboard(db, project, agents, person=handle, reason="member_erased", by=by)
     counts["runs_closed"] = len(running - _running(db, project))
+    left["invites"] += invited
     refs = {"person": handle, "by": by} | {k: counts[k] for k in ERASED_COUNTS} | left
     audit(db, project, "person.erased", refs)
     return refs
@@ -14096,12 +14149,9 @@ def close_account(db: Database, who: Actor | str, *, again: bool = False) -> dic
     handle) skips the last-owner refusal: the account was closed already, whoever owns what.
     """
     handle = who.handle if isinstance(who, Actor) else check_slug(who, "handle")
-    secure = db.scalar("PRAGMA secure_delete")
-    db.execute("PRAGMA secure_delete = ON")  # what this transaction overwrites is zeroed, not left in free space
-    try:
-        return _close(db, who, handle, again)
-    finally:
-        db.execute(f"PRAGMA secure_delete = {int(secure)}")
+    out = _close(db, who, handle, again)
+    empty_log(db)  # no earlier copy of their pages left in the log
+    return out
 
 
 def _close(db: Database, who: Actor | str, handle: str, again: bool) -> dict:
@@ -14129,10 +14179,15 @@ def _close(db: Database, who: Actor | str, handle: str, again: bool) -> dict:
             "SELECT project FROM members WHERE handle = ? ORDER BY project", (handle,))}
         ended = sign_out_everywhere(db, handle)
         _end_approved_requests(db, handle)
-        projects = [{"project": p} | _erase_in(db, me, p, by, was) for p, was in running.items()]
+        projects, invites = [], 0
+        for p, was in running.items():
+            # Invites to their address in a project they are in count in its person.erased.
+            invited = revoke_invites_to(db, row["email"], "invitee_closed_account", p) if row["email"] else 0
+            projects.append({"project": p} | _erase_in(db, me, p, by, was, invited))
+            invites += invited
         end_schedules_of(db, handle)  # their texts go with the account
         room = erase_private_room(db, handle)
-        invites = revoke_invites_to(db, row["email"], "invitee_closed_account") if row["email"] else 0
+        invites += revoke_invites_to(db, row["email"], "invitee_closed_account") if row["email"] else 0
         keys = revoke_credentials(db, "person = ? OR agent_id IN (SELECT agent_id FROM agents WHERE owner = ?)",
                                   (handle, handle), "account_closed")
         now = iso(utcnow())
@@ -18488,7 +18543,8 @@ def verify_export_file(path: str, as_json: bool) -> None:
 @db_options
 @click.argument("dest")
 def backup_cmd(db_path: str, as_json: bool, dest: str) -> None:
-    """Copy the database to DEST with SQLite's online backup (safe while the server runs)."""
+    """Copy the database to DEST as it was when the copy began: SQLite's online backup in one step, inside
+    one read snapshot (safe while the server runs: its writes go on and don't restart the copy)."""
     if os.path.exists(dest):
         raise Conflict(f"{dest} already exists: pick a new file name")
     if not os.path.isdir(os.path.dirname(os.path.abspath(dest))):

@@ -24,10 +24,15 @@ export function createComposer({ taskId = null, onSending, onPosted, label = "Me
   const hintId = uid("hint");
   const input = h("textarea", {
     id: uid("composer"), rows: "2", maxlength: "8000", autocomplete: "off",
-    placeholder: taskId ? "Write in this thread… (@ to mention)" : "Write to the room… (@ to mention)",
     role: "combobox", "aria-autocomplete": "list", "aria-expanded": "false", "aria-controls": listId,
     "aria-describedby": hintId,
   });
+  // On a phone the full words don't fit the short box: the hint below already says "@ to mention".
+  const where = taskId ? "Write in this thread…" : "Write to the room…";
+  const narrow = window.matchMedia("(max-width: 560px)");
+  const placeholder = () => { input.placeholder = narrow.matches ? where : `${where} (@ to mention)`; };
+  placeholder();
+  narrow.addEventListener("change", placeholder);
   const list = h("ul", { id: listId, class: "mention-list", role: "listbox", "aria-label": "People and agents", hidden: true });
   const send = h("button", { type: "submit", class: "primary", text: "Send" });
   const replyText = h("span", { class: "reply-target" });

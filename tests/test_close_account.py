@@ -49,7 +49,7 @@ def test_closing_an_account_erases_the_person_in_each_project_with_the_counts(mc
     assert r.status_code == 200, r.text
     out = r.json()
     counts = {"approvals_denied": 1, "tasks_cancelled": 2, "runs_closed": 1, "agents": 1, "returned": 1,
-              "transferred": 0, "rules_revoked": 0, "standing_revoked": 0, "credentials": 0, "invites": 1}
+              "transferred": 0, "rules_revoked": 0, "standing_revoked": 0, "credentials": 0, "invites": 2}
     # ren's private room is one of the projects ren was in: ren/builder leaves it too, and the Approve card
     # it proposed there is declined.
     in_room = dict.fromkeys(counts, 0) | {"agents": 1, "approvals_denied": 1}
@@ -77,10 +77,14 @@ def test_closing_an_account_erases_the_person_in_each_project_with_the_counts(mc
     assert [e["refs"] for e in audit_entries(world.db, PROJECT, "task.returned")] == [
         {"task": ids["running"], "reason": "member_erased", "agent": "ren/builder", "by": "ren"}]
     assert world.db.scalar("SELECT state FROM attempts WHERE task_id = ?", (ids["running"],)) == "stopped"
-    # The invites ren sent and the one sent to ren's address end, with the erasure's reasons.
+    # The invites ren sent and the one sent to ren's address end, with the erasure's reasons, before
+    # person.erased, which counts both (invites: 2).
     assert [e["refs"] for e in audit_entries(world.db, PROJECT, "invite.revoked")] == [
-        {"invite": ids["sent"], "reason": "inviter_erased", "by": None},
-        {"invite": ids["to_ren"], "reason": "invitee_closed_account", "by": None}]
+        {"invite": ids["to_ren"], "reason": "invitee_closed_account", "by": None},
+        {"invite": ids["sent"], "reason": "inviter_erased", "by": None}]
+    assert [(e["type"], e["refs"]) for e in audit_entries(world.db, PROJECT)[-2:]] == [
+        ("invite.revoked", {"invite": ids["sent"], "reason": "inviter_erased", "by": None}),
+        ("person.erased", {"person": "ren", "by": "ren"} | counts)]
     assert world.db.rows("SELECT state, email FROM invites ORDER BY id") == [
         {"state": "revoked", "email": None}, {"state": "revoked", "email": None}]
     assert [e["refs"]["reason"] for e in audit_entries(world.db, PROJECT, "device.revoked")] == ["sessions_ended"]
@@ -219,3 +223,13 @@ def test_the_last_owner_of_a_deleted_project_is_told_to_restore_and_hand_it_on_o
     prickle.erase_project(world.db, PROJECT, "oj")
     out = jrun(world.db_path, "person", "erase", "oj")
     assert (out["handle"], [p["project"] for p in out["projects"]]) == ("oj", ["oj-room"])
+
+
+def test_closing_ones_own_account_leaves_no_name_or_address_in_the_files_bytes(mcp, server, world):
+    ren = confirmed(server, world, "ren")
+    scene(mcp, server, world)  # ren's name in member.joined and project.created events, on pages moved since
+    assert ren.delete("/api/me").status_code == 200
+    # Zeroed where it lay (not left on a freed page), and the log emptied after the closing: no vacuum needed.
+    for path in glob.glob(world.db_path + "*"):
+        data = Path(path).read_bytes()
+        assert b"Ren Ito" not in data and b"ren@example.org" not in data, path

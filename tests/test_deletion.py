@@ -1,7 +1,9 @@
 """Deleting, restoring and erasing a project: the recovery window, restore, erasure and the retention worker."""
 
 import datetime as dt
+import glob
 import time
+from pathlib import Path
 
 import pytest
 
@@ -365,3 +367,25 @@ def test_two_owners_deleting_at_once_make_one_request_and_the_other_is_told(worl
                                                    f"{world.db.scalar('SELECT requested_at FROM deletions')})"], key=str)
     assert world.db.scalar("SELECT count(*) FROM deletions") == 1
     assert [e["refs"]["request_number"] for e in audit_entries(world.db, PROJECT, "project.deleted")] == [1]
+
+
+def _in_files(db_path, *texts):
+    """Which of ``texts`` the database file and its log still hold, in their bytes."""
+    data = b"".join(Path(p).read_bytes() for p in glob.glob(db_path + "*"))
+    return [t for t in texts if t.encode() in data]
+
+
+def test_a_purge_leaves_nothing_of_the_project_in_the_files_bytes(world, clock):
+    db, oj = world.db, world.person("oj")
+    prickle.create_project(db, "orchid", "Orchid Harbour", "web", "oj", "Tulip ledger for the quay")
+    said = prickle.post_message(db, oj, "orchid", "Quetzal marmalade ships on Thursday")
+    prickle.mark_moment(db, oj, "orchid", "launch", "2026-11-30", "Zephyr beacon lit", message_id=said["id"])
+    texts = ("Orchid Harbour", "Tulip ledger", "Quetzal marmalade", "Zephyr beacon", "quetzal")  # (the index's word)
+    assert prickle.search(db, oj, "Quetzal")["results"]
+    prickle.erase_project(db, "orchid", "oj")
+    clock.now = T0 + 30 * DAY
+    steps = prickle.run_retention(db)
+    assert steps[-1] == "orchid: content purged (request 1)"
+    # What went was zeroed where it lay, the search index forgot its words, and the log was emptied.
+    assert _in_files(world.db_path, *texts) == []
+    assert glob.glob(world.db_path + "-wal") == [] or Path(world.db_path + "-wal").stat().st_size == 0

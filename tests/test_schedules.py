@@ -130,8 +130,18 @@ def test_daylight_saving_changes_neither_skip_nor_double_a_run_in_two_time_zones
     assert times(at_230, "Europe/Berlin", dt.datetime(2027, 3, 26, 12, tzinfo=UTC),
                  dt.datetime(2027, 3, 29, 12, tzinfo=UTC)) == [
         "2027-03-27T01:30:00.000Z",  # 02:30 CET
-        "2027-03-28T01:30:00.000Z",  # 02:30 does not exist that day: 03:30 CEST, the first moment after
+        "2027-03-28T01:00:00.000Z",  # 02:30 does not exist that day: 03:00 CEST, the first moment after
         "2027-03-29T00:30:00.000Z"]  # 02:30 CEST
+    # Two times in the same gap run once, at its end; the next day both run.
+    assert times({"freq": "daily", "hour": [2, 3]}, "Europe/Berlin", dt.datetime(2027, 3, 27, 12, tzinfo=UTC),
+                 dt.datetime(2027, 3, 29, 2, tzinfo=UTC)) == [
+        "2027-03-28T01:00:00.000Z", "2027-03-29T00:00:00.000Z", "2027-03-29T01:00:00.000Z"]
+    # Santiago springs forward at midnight on 5 September 2027 (00:00 -> 01:00): 00:30 runs at 01:00 -03:00.
+    assert times({"freq": "daily", "hour": 0, "minute": 30}, "America/Santiago",
+                 dt.datetime(2027, 9, 3, 12, tzinfo=UTC), dt.datetime(2027, 9, 6, 12, tzinfo=UTC)) == [
+        "2027-09-04T04:30:00.000Z",  # 00:30 -04:00
+        "2027-09-05T04:00:00.000Z",  # 00:30 does not exist that day: 01:00 -03:00, the first moment after
+        "2027-09-06T03:30:00.000Z"]  # 00:30 -03:00
     assert times(at_230, "Europe/Berlin", dt.datetime(2027, 10, 29, 12, tzinfo=UTC),
                  dt.datetime(2027, 11, 1, 12, tzinfo=UTC)) == [
         "2027-10-30T00:30:00.000Z", "2027-10-31T00:30:00.000Z",  # 02:30 happens twice that day: once
@@ -159,9 +169,9 @@ def test_daylight_saving_changes_neither_skip_nor_double_a_run_in_two_time_zones
 
 
 @pytest.mark.parametrize("zone, start, hour, expected", [
-    # Berlin springs forward on 28 March 2027: 02:30 that night does not exist, it runs at 03:30 CEST.
+    # Berlin springs forward on 28 March 2027: 02:30 that night does not exist, it runs at 03:00 CEST.
     ("Europe/Berlin", dt.datetime(2027, 3, 26, 12, tzinfo=UTC), 2,
-     ["2027-03-27T01:30:00.000Z", "2027-03-28T01:30:00.000Z", "2027-03-29T00:30:00.000Z"]),
+     ["2027-03-27T01:30:00.000Z", "2027-03-28T01:00:00.000Z", "2027-03-29T00:30:00.000Z"]),
     # New York falls back on 7 November 2027: 01:30 that night happens twice, it runs once (the first).
     ("America/New_York", dt.datetime(2027, 11, 5, 12, tzinfo=UTC), 1,
      ["2027-11-06T05:30:00.000Z", "2027-11-07T05:30:00.000Z", "2027-11-08T06:30:00.000Z"]),

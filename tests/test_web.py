@@ -544,7 +544,12 @@ def test_phone_width_is_readable(served, people):
     goto(page, served, f"#/p/{PROJECT}/room")
     expect(page.get_by_role("combobox")).to_be_visible()
     assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    # The composer's placeholder fits its short box on a phone (the hint below says "@ to mention").
+    expect(page.get_by_role("combobox")).to_have_attribute("placeholder", "Write to the room…")
     shot(page, "phone_room", full_page=False)
+    page.set_viewport_size({"width": 1366, "height": 900})
+    expect(page.get_by_role("combobox")).to_have_attribute("placeholder", "Write to the room… (@ to mention)")
+    page.set_viewport_size(PHONE)
     goto(page, served, f"#/p/{PROJECT}/tasks")
     expect(page.get_by_role("heading", name="Tasks")).to_be_visible()
     assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
