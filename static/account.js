@@ -25,7 +25,7 @@ export function createCloseAccount() {
     if (!out) return;
     if (token()) forgetToken();
     endedHere(`Your account is closed: you left ${count(out.projects.length, "project")}; `
-      + `${count(out.credentials_ended, "key")} and ${count(out.sessions_ended, "session")} ended.`);
+      + `${count(out.credentials_ended, "key")} and ${count(out.sessions_ended, "session")} ended.`, "account_closed");
   }
   return { el };
 }

@@ -49,9 +49,9 @@ export function onStepUp(fn) {
   stepUpHandler = fn;
 }
 
-/** This tab's session was ended on purpose (signed out everywhere): the page shows message. */
-export function endedHere(message) {
-  const error = new ApiError(401, "signed_out", message);
+/** This tab's session was ended on purpose (signed out everywhere, or ``account_closed``): the page shows message. */
+export function endedHere(message, code = "signed_out") {
+  const error = new ApiError(401, code, message);
   for (const fn of signedOutHandlers) fn(error);
 }
 

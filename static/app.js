@@ -72,7 +72,9 @@ let closeMenu = null; // the phone's top-bar menu closes when the page goes else
 
 async function boot() {
   api.onSignedOut((err) => {
-    if (me) showSignedOut(err?.code === "signed_out" ? err.message : "Your session ended. Sign in again to continue.");
+    if (!me) return;
+    if (err?.code === "account_closed") showSignedOut(err.message, true); // nothing to sign in to any more
+    else showSignedOut(err?.code === "signed_out" ? err.message : "Your session ended. Sign in again to continue.");
   });
   api.onStepUp((refusal) => stepup.ask(refusal)); // the server asked: "Confirm it's you", then the act again
   window.addEventListener("hashchange", route);
@@ -277,7 +279,7 @@ function signinProblem() {
   }[why];
 }
 
-function showSignedOut(reason) {
+function showSignedOut(reason, closed = false) {
   closeMenu?.();
   teardown();
   project.leave();
@@ -291,6 +293,7 @@ function showSignedOut(reason) {
   rememberReturn();
   signin.mount(document.getElementById("main"), {
     reason,
+    closed,
     onSignedIn: () => start(),
   });
 }

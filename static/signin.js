@@ -3,12 +3,19 @@
 // server, "email me a sign-in link".
 
 import { get, post, useToken, forgetToken } from "./api.js";
-import { h, heading, field, errorSlot, act, fill } from "./ui.js";
+import { h, heading, field, errorSlot, act, fill, announce } from "./ui.js";
 
 // ---- lifecycle ---------------------------------------------------------------------
 
 /** Show the signed-out screen in el; onSignedIn(person) runs once a pasted token works. */
-export function mount(el, { onSignedIn, reason } = {}) {
+export function mount(el, { onSignedIn, reason, closed = false } = {}) {
+  if (closed) { // a closed account signs in nowhere: its message alone, and nothing left over to announce
+    announce("");
+    el.replaceChildren(h("section", { class: "signin card" }, heading(1, "Account closed"),
+      h("p", { class: "notice", role: "status", text: reason })));
+    el.querySelector("h1").focus();
+    return () => {};
+  }
   const input = h("input", { type: "password", name: "token", autocomplete: "off", spellcheck: "false",
     placeholder: "prk_pt_…", required: true });
   const error = errorSlot();

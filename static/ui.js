@@ -330,12 +330,15 @@ export function empty(text) {
   return h("p", { class: "empty", text });
 }
 
+let announcing = null;
+
 /** Announce something to screen readers (the shell's polite live region). */
 export function announce(text) {
   const region = document.getElementById("announcer");
   if (!region) return;
+  clearTimeout(announcing); // the latest word wins; announce("") silences one still pending
   region.textContent = "";
-  setTimeout(() => { region.textContent = text; }, 30);
+  if (text) announcing = setTimeout(() => { region.textContent = text; }, 30);
 }
 
 /** Call fn at most once per wait ms, after the last call. */

@@ -65,9 +65,13 @@ def test_a_person_closes_their_account_from_the_page(served, people, width):
     expect(dialog).to_contain_text("Confirm it's you to close your account")
     dialog.get_by_role("button", name="Use my passkey").click()
 
-    expect(page.get_by_role("heading", name="Sign in to Prickle")).to_be_visible()
+    expect(page.get_by_role("heading", name="Account closed")).to_be_visible()
     expect(page.locator(".signin .notice")).to_have_text(
         "Your account is closed: you left 2 projects; 2 keys and 1 session ended.")  # two personal tokens
+    # the closed message alone: no sign-in instructions or token form that can't work for it, nothing announced
+    expect(page.locator(".signin > *")).to_have_count(2)
+    expect(page.locator("main form")).to_have_count(0)
+    expect(page.locator("#announcer")).to_have_text("")
     shot(page, f"close_account_closed_{width}", full_page=False)
 
     # The teammate's room: the message stays, by an erased person; the members list no longer has them.
