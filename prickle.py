@@ -12394,10 +12394,18 @@ def describe_recurrence(rec: dict) -> str:
     return text
 
 
+@functools.cache
+def _zone_names() -> frozenset[str]:
+    # Read once: the IANA names the time zone data has. A system's zoneinfo folder also holds
+    # "localtime" (the server's own zone, whatever it is), which is no IANA name.
+    return frozenset(zoneinfo.available_timezones() - {"localtime"})
+
+
 def check_timezone(name: Any) -> zoneinfo.ZoneInfo:
-    """The time zone named ``name`` (IANA, e.g. ``Europe/Berlin``); InvalidInput naming ``timezone``."""
+    """The time zone named ``name`` (an IANA name this server knows, e.g. ``Europe/Berlin``; not the
+    server's own ``localtime``); InvalidInput naming ``timezone``."""
     try:
-        if not isinstance(name, str) or not name or len(name) > 64:
+        if not isinstance(name, str) or name not in _zone_names():
             raise ValueError(name)
         return zoneinfo.ZoneInfo(name)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError):

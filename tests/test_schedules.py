@@ -308,6 +308,10 @@ def test_an_edit_that_adds_runs_or_changes_the_text_needs_confirming_and_a_stale
      'recurrence must be an object such as {"freq": "weekly", "byweekday": ["mo"], "hour": 9}'),
     ({"timezone": "../../etc/passwd"}, 400, 'timezone: unknown time zone "../../etc/passwd": use an IANA name such '
                                             "as Europe/Berlin, America/New_York or UTC"),
+    ({"timezone": "localtime"}, 400, 'timezone: unknown time zone "localtime": use an IANA name such as '
+                                      "Europe/Berlin, America/New_York or UTC"),
+    ({"timezone": "/usr/share/zoneinfo/UTC"}, 400, 'timezone: unknown time zone "/usr/share/zoneinfo/UTC": use an '
+                                                   "IANA name such as Europe/Berlin, America/New_York or UTC"),
     ({"cron": "* * * * *"}, 400, "unknown field cron: send agent, project, text, recurrence, timezone, room"),
 ])
 def test_bad_input_is_a_clear_error_naming_the_field_and_changes_nothing(server, world, body, status, message):
