@@ -12,7 +12,7 @@ import {
 
 const KIND_LABEL = {
   milestone: "Milestone", launch: "Launch", release: "Release", decision: "Decision", incident: "Incident",
-  thanks: "Thanks", other: "Moment", joined: "Joined", first_task: "First task", long_run: "Long run",
+  thanks: "Thanks", other: "Other", joined: "Joined", first_task: "First task", long_run: "Long run",
   first_result: "First result", round_number: "Round number", pull_merged: "Merged",
 };
 const KIND_BADGE = {

@@ -55,6 +55,9 @@ def test_a_message_is_marked_in_one_click_and_the_story_reads_like_a_changelog(s
     message.get_by_role("button", name=re.compile("as a moment in the story")).click()
     dialog = oj.get_by_role("dialog", name="Mark a moment")
     expect(dialog.get_by_label("Title")).to_have_value("The new pricing page is live")
+    # the kinds as the README and the API name them ("other" is "Other", on badges too)
+    expect(dialog.get_by_label("Kind").locator("option")).to_have_text(
+        ["Milestone", "Launch", "Release", "Decision", "Incident", "Thanks", "Other"])
     dialog.get_by_label("Kind").select_option("launch")
     shot(oj, "story_mark_dialog", full_page=False)
     dialog.get_by_role("button", name="Mark it").click()
