@@ -3410,6 +3410,13 @@ def resolve_token(db: Database, token: str, kinds: tuple[str, ...], *, fresh: bo
     return credential_actor(db, sha256_hex(token), kind, fresh=fresh)
 
 
+#: What a room agent's discussion credential says once its turn ended early (end_turn), as a claim says.
+TURN_REVOKED = {"turn_stopped": "this discussion credential ended with its turn: the owner stopped it; nothing more "
+                                "is posted for it",
+                "turn_out_of_time": "this discussion credential ended with its turn: it ran out of time; nothing "
+                                    "more is posted for it"}
+
+
 def credential_actor(db: Database, digest: str, kind: str, *, fresh: bool = True) -> Actor:
     """The Actor of the ``kind`` credential whose secret hashes to ``digest``; raises Unauthorized."""
     # Cached until a credential changes (here, or in another process writing the file).
@@ -3422,9 +3429,12 @@ def credential_actor(db: Database, digest: str, kind: str, *, fresh: bool = True
         if row["revoked_reason"] == "project_deleted":
             raise NotFound(f"{what} not found: its project '{row['project']}' was deleted")
         raise NotFound(f"{what} not found: {row['agent_id']} is no longer in its project")
+    if row["revoked_at"] and row["revoked_reason"] in TURN_REVOKED:
+        raise Unauthorized(TURN_REVOKED[row["revoked_reason"]])
     if why := not_live_because(row):
         raise Unauthorized(why)
     return actor
+
 
 
 def not_live_because(row: dict) -> str | None:
@@ -3510,7 +3520,8 @@ def dead_credentials(db: Database, ids: set[str]) -> set[str]:
 #: recorded by the entry of what caused it (``device.revoked``, the task's move, the room's turn).
 REVOCATIONS = {"revoked": True, "claim_retried": True, "run_replaced": True, "run_stopped": True,
                "run_uncertain": True, "run_ended": True, "issuer_revoked": False, "device_revoked": False, "task_cancelled": False,
-               "task_handed_back": False, "turn_ended": False, "turn_retried": False, "assignee_left": False,
+               "task_handed_back": False, "turn_ended": False, "turn_stopped": False,
+               "turn_out_of_time": False, "turn_retried": False, "assignee_left": False,
                "left_project": False, "rotated": False, "app_revoked": True, "refresh_replayed": True,
                "code_replayed": True, "account_closed": False, "project_deleted": False}
 
@@ -6020,8 +6031,9 @@ def end_turn(db: Database, turn: dict, reason: str, **changes: Any) -> int:
     now = iso(utcnow())
     move(db, "turn", turn["id"], reason, turn, ended_at=now, end_reason=reason, waiting_on="[]", **changes)
     # Credentials that already spent their one post are inert; they lapse on their own.
+    why = {"stopped": "turn_stopped", "out_of_time": "turn_out_of_time"}.get(reason, "turn_ended")
     return revoke_credentials(db, "discussion_id IN (SELECT id FROM discussions WHERE turn_id = ? AND "
-                              "reply_id IS NULL)", (turn["id"],), "turn_ended")
+                              "reply_id IS NULL)", (turn["id"],), why)
 
 
 def drop_turn_wakes(db: Database, slug: str, turn_id: str, agents: list[str] | None = None) -> int:

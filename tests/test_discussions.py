@@ -1,6 +1,8 @@
 """Private rooms: discussions: claim_discussion and its credential, the room's settings (reply mode, lead),
 the owner stopping or continuing a turn, and a reviewer whose runner isn't listening, skipped and retried."""
 
+import datetime as dt
+
 import prickle
 from conftest import all_events, audit_entries
 from helpers import ROOM, claim, listen, person, say, setup_room, woke
@@ -307,3 +309,29 @@ def test_stopping_a_round_before_the_owner_ever_wrote_is_refused_and_writes_noth
         409, "nothing to stop: no round has started in your room; one starts when you write there")
     assert [e for e in audit_entries(world.db, ROOM) if e["type"] == "room.round_stopped"] == []
     assert oj.get("/api/room").json()["room"]["round"] == {"number": 0, "stopped": False}
+
+
+def test_a_post_after_the_owner_stopped_the_round_says_so(mcp, server, world):
+    runners = setup_room(world)
+    oj = person(server, world, "oj")
+    asked = say(server, world, "Start something")
+    live = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
+    assert oj.post("/api/room/round/stop").status_code == 200
+    r = mcp.raw(live["discussion_credential"]["token"], "tools/list")
+    assert r.status_code == 401
+    assert "this discussion credential ended with its turn: the owner stopped it; nothing more is posted for it" \
+        in r.text
+
+
+def test_a_post_after_the_turn_ran_out_of_time_says_so(mcp, server, world, clock):
+    runners = setup_room(world)
+    prickle.keep_turn_minutes(world.db, 5)
+    prickle.set_room(world.db, world.person("oj"), lead="oj/muse")
+    asked = say(server, world, "Name for the beta?")
+    live = claim(mcp, "oj/muse", runners["oj/muse"], asked["id"])
+    clock.now = clock.now + dt.timedelta(minutes=6)
+    prickle.expire_due(world.db, "turn")
+    r = mcp.raw(live["discussion_credential"]["token"], "tools/list")
+    assert r.status_code == 401
+    assert "this discussion credential ended with its turn: it ran out of time; nothing more is posted for it" \
+        in r.text
