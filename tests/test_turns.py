@@ -191,7 +191,8 @@ def test_a_reply_after_the_time_limit_is_refused_and_the_turn_ends(mcp, server, 
     clock.now = T0 + dt.timedelta(minutes=6)  # the credential's 10 minutes aren't up; the turn's 5 are
     text = mcp.error("oj/muse", "post_message", {"project": ROOM, "body": "Late", "verdict": "draft"},
                      "unauthorized", token=drafting["discussion_credential"]["token"])
-    assert text == "unauthorized: this credential was revoked: ask its owner for a new one"
+    assert text == ("unauthorized: this discussion credential ended with its turn: it ran out of time; nothing "
+                    "more is posted for it")
     assert mcp.raw(drafting["discussion_credential"]["token"], "tools/list").status_code == 401
     [entry] = audit_entries(world.db, ROOM, "room.turn_timed_out")
     assert entry["refs"]["credentials"] == 1
