@@ -10674,11 +10674,14 @@ def stop_round(db: Database, person: Actor) -> dict:
     """The owner stops the round in their room: agents can't post there (no reply, no action card
     or result) until the owner's next message. The turn in progress stops with it
     (``room.turn_stopped``). Writes ``room.round_stopped`` (which round). Returns the room
-    (room_view). Raises InvalidState when the round is already stopped."""
+    (room_view). Raises InvalidState when no round has started (the owner never wrote) or it is
+    already stopped."""
     expire_due(db, "turn")
     with db.transaction():
         slug = ensure_room(db, person.handle)
         room = db.one("SELECT * FROM rooms WHERE project = ?", (slug,))
+        if not room["round"]:
+            raise InvalidState("nothing to stop: no round has started in your room; one starts when you write there")
         if room["round_state"] == "stopped":
             raise InvalidState("this round is already stopped: your agents can't post in your room until you "
                                "write again")

@@ -297,3 +297,13 @@ def test_prickle_runner_status_says_an_agent_needs_an_update():
         "connected": True, "listening": True, "runs": {}, "last_failure": None,
         "needs_update": "harness: this runner speaks harness 1; ... update prickle-runner"}}})
     assert lines[-1] == "  needs an update: harness: this runner speaks harness 1; ... update prickle-runner"
+
+
+def test_stopping_a_round_before_the_owner_ever_wrote_is_refused_and_writes_nothing(server, world):
+    setup_room(world)
+    oj = person(server, world, "oj")
+    r = oj.post("/api/room/round/stop")
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        409, "nothing to stop: no round has started in your room; one starts when you write there")
+    assert [e for e in audit_entries(world.db, ROOM) if e["type"] == "room.round_stopped"] == []
+    assert oj.get("/api/room").json()["room"]["round"] == {"number": 0, "stopped": False}
