@@ -39,7 +39,7 @@ def test_command_functions_do_not_take_the_names_of_their_commands():
     assert {name: sorted(g.commands) for name, g in groups.items()} == {
         "agent": ["add", "join", "list", "remove"], "agents": ["pause", "resume"], "audit": ["rehash", "verify"],
         "device": ["list", "pair", "revoke"], "member": ["add", "leave", "list", "promote", "remove"], "memory": ["retract", "set"],
-        "person": ["add", "digest", "email", "erase", "list", "signout-everywhere"], "invite": ["create", "list", "resend", "revoke"],
+        "person": ["add", "digest", "email", "erase", "list", "passkeys", "signout-everywhere"], "invite": ["create", "list", "resend", "revoke"],
         "project": ["create", "delete", "deleted", "erase", "export", "list", "rename", "restore"], "rule": ["auto-accept", "list", "revoke", "set"],
         "runner": ["bridge", "connect", "start", "status"], "team": ["add", "apps", "list", "show"], "token": ["create", "list", "revoke"],
         "lead": ["answer", "pick", "show", "step-down"], "task": ["blocked-by", "title"]}
