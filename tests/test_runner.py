@@ -385,7 +385,9 @@ def test_a_turn_that_runs_out_of_time_refuses_the_late_reviewer(db_path, tmp_pat
         [entry] = audit_entries(db, room, "room.turn_timed_out")
         assert entry["refs"] == {"turn": turn["id"], "step": "review", "agents": ["oj/critic"], "credentials": 1,
                                  "wakes": 0}
-        assert "MCPError: this discussion credential ended with its turn: it ran out of time" in all_logs(critic.state_dir)  # the session's late post
+        # The session's late post is told why.
+        assert "MCPError: this discussion credential ended with its turn: it ran out of time" in all_logs(
+            critic.state_dir)
         oj.close(), db.close()
 
 
