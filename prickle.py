@@ -13683,7 +13683,8 @@ def out_of_service(row: dict, request: dict) -> str:
 
 def _owned_live_project(db: Database, project: str, by: Actor | str, doing: str) -> tuple[dict, str]:
     """The live team project ``by`` (a signed-in person, or a handle from the command line) owns, and the
-    handle. A project out of service is InvalidState for someone who was in it, NotFound for anyone else."""
+    handle; a signed-in person must have confirmed it's them to do it (``doing``: delete, erase). A
+    project out of service is InvalidState for someone who was in it, NotFound for anyone else."""
     slug = check_slug(project, "project")
     handle = by.handle if isinstance(by, Actor) else require_person(db, by)["handle"]
     row = db.one("SELECT * FROM projects WHERE slug = ?", (slug,))
@@ -13698,6 +13699,8 @@ def _owned_live_project(db: Database, project: str, by: Actor | str, doing: str)
         raise Forbidden(f"'{slug}' is a private room: it goes only with its owner's account")
     if member_role(db, slug, handle) != "owner":
         raise Forbidden(f"only an owner of '{slug}' can {doing} it")
+    if isinstance(by, Actor):
+        require_step_up(db, by, f"{doing} the project '{slug}'")
     return row, handle
 
 
@@ -13729,10 +13732,10 @@ def stop_project_work(db: Database, project: str, reason: str = "project_deleted
     return {"runs": runs, "credentials": credentials, "wakes": wakes}
 
 
-def _takeout_of_service(db: Database, row: dict, kind: str, by: str, after: _dt.timedelta) -> dict:
+def _takeout_of_service(db: Database, row: dict, kind: str, by: str, after: _dt.timedelta, entry: str) -> dict:
     """Delete or erase (``kind``) a live project inside the caller's transaction: the request, its work
-    stopped, its members and agents set aside in the request, ``project.deleted`` (the event). Returns
-    the request."""
+    stopped, its members and agents set aside in the request, ``project.deleted`` (the event) and the
+    audit ``entry`` with the owner and the request number. Returns the request."""
     slug, now = row["slug"], utcnow()
     members = db.rows("SELECT handle, role, grant_version, joined_at FROM members WHERE project = ? "
                       "ORDER BY joined_at, handle", (slug,))
@@ -13748,6 +13751,7 @@ def _takeout_of_service(db: Database, row: dict, kind: str, by: str, after: _dt.
     db.execute("DELETE FROM project_agents WHERE project = ?", (slug,))
     db.execute("DELETE FROM members WHERE project = ?", (slug,))
     append_event(db, slug, "project.deleted", {"request_number": number})
+    audit(db, slug, entry, {"owner": by, "request_number": number})
     return db.one("SELECT * FROM deletions WHERE number = ?", (number,))
 
 
@@ -13772,10 +13776,7 @@ def delete_project(db: Database, project: str, by: Actor | str, window: _dt.time
     """
     with db.transaction():
         row, handle = _owned_live_project(db, project, by, "delete")
-        if isinstance(by, Actor):
-            require_step_up(db, by, f"delete the project '{row['slug']}'")
-        request = _takeout_of_service(db, row, "delete", handle, window)
-        audit(db, row["slug"], "project.deleted", {"owner": handle, "request_number": request["number"]})
+        request = _takeout_of_service(db, row, "delete", handle, window, "project.deleted")
     return deletion_out(request, "deleted")
 
 
@@ -13789,10 +13790,7 @@ def erase_project(db: Database, project: str, by: Actor | str) -> dict:
     """
     with db.transaction():
         row, handle = _owned_live_project(db, project, by, "erase")
-        if isinstance(by, Actor):
-            require_step_up(db, by, f"erase the project '{row['slug']}'")
-        request = _takeout_of_service(db, row, "erase", handle, ERASE_AFTER)
-        audit(db, row["slug"], "project.erasure_requested", {"owner": handle, "request_number": request["number"]})
+        request = _takeout_of_service(db, row, "erase", handle, ERASE_AFTER, "project.erasure_requested")
         for inviter in db.rows("SELECT DISTINCT invited_by FROM invites WHERE project = ? AND state = 'open' "
                                "ORDER BY invited_by", (row["slug"],)):
             revoke_invites_by(db, row["slug"], inviter["invited_by"], "project_erased")
@@ -13808,8 +13806,7 @@ def erase_private_room(db: Database, owner: str) -> dict | None:
                  "p.state = 'live'", (owner,))
     if row is None:
         return None
-    request = _takeout_of_service(db, row, "erase", owner, ERASE_AFTER)
-    audit(db, row["slug"], "project.erasure_requested", {"owner": owner, "request_number": request["number"]})
+    request = _takeout_of_service(db, row, "erase", owner, ERASE_AFTER, "project.erasure_requested")
     return deletion_out(request, "erasing")
 
 

@@ -534,32 +534,29 @@ def measure_schedules(cfg: Settings) -> tuple[list[str], list[str]]:
     return [ln for ln in lines if ln.startswith("|")], [ln for ln in lines if ln.startswith("- ")]
 
 
-def measure_purge(cfg: Settings, tmp: Path) -> dict:
-    """Run bench/purge.py on a folder of its own; its JSON (steps, purge_s, longest_step_ms, ...)."""
-    folder = tmp / "purge"
+def run_script(name: str, cfg: Settings, tmp: Path, broken: str) -> dict:
+    """Run bench/NAME.py on a folder of its own over cfg.purge_messages messages; its JSON. Raises
+    BenchError when it fails, or with ``broken`` when its answer says ``ok`` is false."""
+    folder = tmp / name
     folder.mkdir()
-    out = subprocess.run([sys.executable, str(BENCH / "purge.py"), "--dir", str(folder), "--messages",
+    out = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--dir", str(folder), "--messages",
                           str(cfg.purge_messages)], capture_output=True, text=True, timeout=max(60, cfg.budget))
     if out.returncode != 0:
-        raise BenchError(f"bench/purge.py failed: {out.stderr.strip()[-300:]}")
+        raise BenchError(f"bench/{name}.py failed: {out.stderr.strip()[-300:]}")
     result = json.loads(out.stdout)
     if not result["ok"]:
-        raise BenchError(f"the purge left the project's content behind: {result}")
+        raise BenchError(f"{broken}: {result}")
     return result
+
+
+def measure_purge(cfg: Settings, tmp: Path) -> dict:
+    """bench/purge.py's JSON (steps, purge_s, longest_step_ms, ...)."""
+    return run_script("purge", cfg, tmp, "the purge left the project's content behind")
 
 
 def measure_export(cfg: Settings, tmp: Path) -> dict:
-    """Run bench/export.py on a folder of its own; its JSON (export_s, check_s, zip_mb, rss_*_mb, ...)."""
-    folder = tmp / "export"
-    folder.mkdir()
-    out = subprocess.run([sys.executable, str(BENCH / "export.py"), "--dir", str(folder), "--messages",
-                          str(cfg.purge_messages)], capture_output=True, text=True, timeout=max(60, cfg.budget))
-    if out.returncode != 0:
-        raise BenchError(f"bench/export.py failed: {out.stderr.strip()[-300:]}")
-    result = json.loads(out.stdout)
-    if not result["ok"]:
-        raise BenchError(f"the export did not hold every message or did not check out: {result}")
-    return result
+    """bench/export.py's JSON (export_s, check_s, zip_mb, rss_*_mb, ...)."""
+    return run_script("export", cfg, tmp, "the export did not hold every message or did not check out")
 
 
 def waits_held(base: str) -> int:

@@ -5,7 +5,7 @@
 // server decides: this module only asks it and shows what it says.
 
 import { get, post, seg } from "./api.js";
-import { h, fill, errorSlot, act, announce, debounce, uid } from "./ui.js";
+import { h, fill, errorSlot, act, announce, debounce, uid, modal } from "./ui.js";
 
 const state = { data: { paused_by: null, agents: [] }, listeners: new Set() };
 const reloadSoon = debounce(() => load(), 200);
@@ -70,19 +70,7 @@ export function confirmPause(agent, opener) {
     h("h2", { id: titleId, text: `Pause ${what}?` }),
     h("p", { class: "pause-means", text: agent ? PAUSE_MEANS : PAUSE_ALL_MEANS }),
     h("div", { class: "button-row" }, yes, no), error);
-  document.body.append(dialog);
-  return new Promise((resolve) => {
-    let done = false;
-    const close = (result) => {
-      if (done) return;
-      done = true;
-      dialog.close();
-      dialog.remove();
-      if (opener?.isConnected) opener.focus();
-      resolve(result);
-    };
-    no.addEventListener("click", () => close(false));
-    dialog.addEventListener("cancel", (e) => { e.preventDefault(); close(false); });
+  return modal(dialog, { opener, cancel: no, focus: () => no }, (close) => {
     yes.addEventListener("click", async () => {
       const out = await act(yes, error, () => post(agent ? `/api/agents/${agentPath(agent.agent_id)}/pause` : "/api/agents/pause", {}));
       if (!out) return;
@@ -90,8 +78,6 @@ export function confirmPause(agent, opener) {
       await load();
       close(true);
     });
-    dialog.showModal();
-    no.focus();
   });
 }
 

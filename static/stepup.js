@@ -3,7 +3,7 @@
 // The server decides which acts need it and whether a confirmation holds; the page only asks.
 
 import { get, post, del, seg, ApiError } from "./api.js";
-import { h, uid, errorSlot, act, announce, fill, field, timeEl, confirmButton } from "./ui.js";
+import { h, uid, errorSlot, act, announce, fill, field, timeEl, confirmButton, modal } from "./ui.js";
 
 // ---- passkeys: the browser's WebAuthn calls, with the server's JSON options -----------------------
 
@@ -87,15 +87,8 @@ export async function ask(refusal) {
   const dialog = h("dialog", { class: "stepup-dialog", "aria-labelledby": titleId },
     h("h2", { id: titleId, text: "Confirm it's you" }),
     h("p", { class: "stepup-why", text: refusal.message }));
-  return new Promise((resolve) => {
-    let done = false;
-    const close = (result) => {
-      if (done) return;
-      done = true;
-      dialog.close();
-      dialog.remove();
-      resolve(result);
-    };
+  const cancel = h("button", { type: "button", text: "Cancel" });
+  return modal(dialog, { cancel, focus: () => buttons[0] || cancel }, (close) => {
     const button = (label, cls, run) => {
       const b = h("button", { type: "button", class: cls, text: label });
       b.addEventListener("click", () => act(b, error, run));
@@ -123,13 +116,7 @@ export async function ask(refusal) {
         note.textContent = `${out.sent[0].toUpperCase()}${out.sent.slice(1)}.`;
       });
     }
-    const cancel = h("button", { type: "button", text: "Cancel" });
-    cancel.addEventListener("click", () => close(false));
-    dialog.addEventListener("cancel", (e) => { e.preventDefault(); close(false); });
     dialog.append(h("div", { class: "button-row" }, buttons, cancel), note, error);
-    document.body.append(dialog);
-    dialog.showModal();
-    (buttons[0] || cancel).focus();
   });
 }
 

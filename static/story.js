@@ -7,7 +7,7 @@ import { get, post, del, seg } from "./api.js";
 import * as stream from "./stream.js";
 import {
   h, heading, errorSlot, showError, act, fill, badge, field, select, uid, announce, loadFailed, debounce,
-  timeEl, safeUrl, confirmButton,
+  timeEl, safeUrl, confirmButton, modal,
 } from "./ui.js";
 
 const KIND_LABEL = {
@@ -105,19 +105,7 @@ export function markDialog(ctx, link = {}, opener = null, moment = null) {
     linkNote, h("div", { class: "button-row" }, save, cancel), error);
   const dialog = h("dialog", { class: "story-dialog", "aria-labelledby": titleId },
     h("h2", { id: titleId, text: moment ? "Edit the moment" : "Mark a moment" }), form);
-  document.body.append(dialog);
-  return new Promise((resolve) => {
-    let done = false;
-    const close = (result) => {
-      if (done) return;
-      done = true;
-      dialog.close();
-      dialog.remove();
-      if (opener?.isConnected) opener.focus();
-      resolve(result);
-    };
-    cancel.addEventListener("click", () => close(false));
-    dialog.addEventListener("cancel", (e) => { e.preventDefault(); close(false); });
+  return modal(dialog, { opener, cancel, focus: () => title }, (close) => {
     form.addEventListener("submit", async (e) => {
       e.preventDefault();
       const keep = linkNote ? keepLink.checked : false;
@@ -135,8 +123,6 @@ export function markDialog(ctx, link = {}, opener = null, moment = null) {
       announce(moment ? "The moment is saved" : "Marked in the project story");
       close(true);
     });
-    dialog.showModal();
-    title.focus();
   });
 }
 

@@ -165,6 +165,30 @@ export function settle(result, text, buttons) {
   announce(text);
 }
 
+/** Show ``dialog`` modally until it settles. ``wire(close)`` hooks its buttons up before it shows;
+ *  Escape, and the ``cancel`` button if given, settle it with false. Settled, it is removed and the
+ *  focus goes back to ``opener``; ``focus()`` names what takes the focus when it opens. Resolves
+ *  what ``close`` was given. */
+export function modal(dialog, { opener, cancel, focus } = {}, wire = () => {}) {
+  document.body.append(dialog);
+  return new Promise((resolve) => {
+    let done = false;
+    const close = (result) => {
+      if (done) return;
+      done = true;
+      dialog.close();
+      dialog.remove();
+      if (opener?.isConnected) opener.focus();
+      resolve(result);
+    };
+    cancel?.addEventListener("click", () => close(false));
+    dialog.addEventListener("cancel", (e) => { e.preventDefault(); close(false); });
+    wire(close);
+    dialog.showModal();
+    focus?.()?.focus();
+  });
+}
+
 /** True when the focus fell back to the page itself (the focused element was disabled or removed). */
 export function nothingFocused() {
   return !document.activeElement || document.activeElement === document.body;
