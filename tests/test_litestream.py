@@ -129,7 +129,7 @@ def test_a_replica_restores_to_the_latest_state_and_to_a_time_between_two_batche
     newest = max(r[0] for r in apsw.Connection(latest).execute(
         "SELECT max(at) FROM audit UNION ALL SELECT max(at) FROM outbox"))
     assert out == {"db": latest, "source": "replica", "from": url, "point": newest, "replaced": None,
-                   "chains": out["chains"]}
+                   "chains": out["chains"], "closures_reapplied": 0}
     assert messages(latest) == 81
 
     # The time between the batches, by the config file, in place of the server's own file.

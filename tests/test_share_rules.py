@@ -15,7 +15,8 @@ def test_loosening_a_share_rule_needs_a_step_up_and_tightening_does_not(server, 
         "project": PROJECT, "decision": "default", "decisions": ["default", "threads"]}
     r = ren.post(f"/api/projects/{PROJECT}/share-rule", {"decision": "threads"})
     assert (r.status_code, r.json()["error"]["code"]) == (403, "step_up_required")
-    assert r.json()["error"]["message"].startswith("confirm it's you to share more with this project (")
+    assert r.json()["error"]["message"] == ("confirm it's you to share more with this project; a confirmation then "
+                                            "holds 5 minutes for the session or token that made it")
     assert audit_entries(world.db, PROJECT, "share_rule.set") == []
     ren = confirmed(server, world, "ren")
     assert ren.post(f"/api/projects/{PROJECT}/share-rule", {"decision": "threads"}).json() == {
