@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import prickle
+from run import stop  # bench/run.py: terminate, then kill after 5 s
 
 OWNERS, PER_OWNER, DUE = 25, 40, 5
 PROJECT = "bench"
@@ -81,16 +82,6 @@ def serve(path: str, tmp: Path) -> tuple[subprocess.Popen, dict]:
         time.sleep(0.05)
     proc.kill()
     raise SystemExit("prickle serve did not start")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 def cpu_ticks(pid: int) -> int:
