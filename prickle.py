@@ -6986,19 +6986,18 @@ def read_room(db: Database, actor: Actor, project: str, *, cursor: str | None = 
 def _listed_threads(db: Database, actor: Actor, project: str) -> list[dict]:
     """The task threads read_room lists for ``actor`` beside general chat, newest activity first; a
     person's list also says who asked for each (``requested_by``)."""
-    if actor.kind == "agent":
-        rows = db.rows(f"SELECT * FROM tasks t WHERE project = :project AND {AGENT_SEES_TASK} "
-                       "ORDER BY last_activity_at DESC LIMIT :limit",
-                       {"project": project, "agent": actor.agent_id, "limit": ROOM_THREADS})
-    else:
-        rows = db.rows("SELECT * FROM tasks WHERE project = ? ORDER BY last_activity_at DESC LIMIT ?",
-                       (project, ROOM_THREADS))
+    # Each thread's reply count in the same query: one statement, however many threads are listed.
+    sees = f"AND {AGENT_SEES_TASK}" if actor.kind == "agent" else ""
+    rows = db.rows(f"WITH listed AS MATERIALIZED (SELECT * FROM tasks t WHERE project = :project {sees} "
+                   "ORDER BY last_activity_at DESC LIMIT :limit) SELECT t.*, (SELECT count(*) FROM messages m "
+                   "WHERE m.project = t.project AND m.task_id = t.id) AS reply_count FROM listed t "
+                   "ORDER BY last_activity_at DESC",
+                   {"project": project, "agent": actor.agent_id, "limit": ROOM_THREADS})
     threads = [{
         "task_id": t["id"], "title": t["display_title"] or t["title"], "state": t["state"],
         "requester": t["requester"],
         "assignee": t["assignee"],
-        "reply_count": db.scalar("SELECT count(*) FROM messages WHERE project = ? AND task_id = ?",
-                                 (project, t["id"])),
+        "reply_count": t["reply_count"],
         "last_activity_at": t["last_activity_at"], "parent_task_id": t["parent_task_id"],
     } for t in rows]
     if actor.kind == "person":  # the page names who asked (a person's task has no requester agent)

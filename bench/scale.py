@@ -5,7 +5,9 @@ Two ``prickle serve --demo`` servers run side by side on 127.0.0.1, each on its 
 a temporary folder. One is filled through its own MCP endpoint, as agents would fill it: 2,000
 handoffs from oj/muse to oj/bench (the same owner, so each is routed at once and stays open),
 then 100,000 ``post_message`` calls from 16 agents (wrk ``-t2 -c16``, each message's text
-different). The other stays fresh. Then these calls are measured on both, interleaved (each round
+different). The other stays fresh but for 20 handoffs from oj/muse to ren/builder (held at ren's gate), so
+that ``read_room`` lists as many task threads on both (20, the most it lists) and both answers have the
+same shape; what differs is the history behind them. Then these calls are measured on both, interleaved (each round
 runs every call on one server and then on the other, the order swapped each round):
 
 - ``post_message`` with a mention (``@ren/builder``), 1 agent (``wrk -t1 -c1``) and 16 agents
@@ -16,11 +18,16 @@ runs every call on one server and then on the other, the order swapped each roun
 Once straight after the fill (the first round starts the moment the last post was answered) and
 once after the filled server has settled (its CPU still for 5 s). A call's rate on a server is the
 median of its rounds; the ratio is the median of the rounds' own filled/fresh ratios; p99 is the
-median of the rounds' p99 latencies as wrk measured them. The bytes stored per message are the
+median of the rounds' p99 latencies as wrk measured them. The server's CPU a call is its process's
+CPU time over the run (``/proc``, the background threads' included) over the calls answered; the
+capacity ratio is the median of the rounds' fresh/filled CPU a call: how many calls the filled
+server can answer in a second of a core, against the fresh one. wrk shares the machine's cores
+with both servers, so calls/s move with whatever else runs; the CPU a call hardly does. The
+bytes stored per message are the
 filled file's used pages (``page_count - freelist_count``, once the write-ahead log is copied
 in) less the fresh one's, over the messages the fill added.
 
-    python bench/scale.py                  # the full measurement: about 10 minutes on 2 cores
+    python bench/scale.py                  # the full measurement: about 15 minutes on 2 cores
     python bench/scale.py --messages 10000 --rounds 2 --seconds 2   # a smaller fill, for a quick look
 
 wrk is needed (Debian's ``wrk`` package). Every process it starts is stopped on the way out and a
@@ -77,13 +84,18 @@ COUNT_ONLY = {"check_inbox"}
 #: The target ratio of each call (filled / fresh).
 TARGETS = {"check_inbox": 0.3}
 DEFAULT_TARGET = 0.9
+#: Where the servers and wrk run, on a machine with two CPUs or more: one server is measured at a time, on a
+#: core of its own, and the load generator on another, so neither takes the other's time slices.
+SERVER_CPUS, LOAD_CPUS = {0}, {1}
+#: The handoffs the fresh server gets: read_room lists at most 20 task threads (its reference text says so).
+FRESH_THREADS = 20
 
 
 @dataclasses.dataclass
 class Settings:
     messages: int = 100_000
     tasks: int = 2_000
-    rounds: int = 3
+    rounds: int = 5
     seconds: float = 3.0
     settle_max: float = 900.0
     budget: int = 3600
@@ -121,7 +133,8 @@ def wrk(url: str, tool: str, keys: list[str], arguments: dict, seconds: float, t
         db, table_name, count = until
         cmd.append(str(-(-(count - rows(db, table_name)) // threads)))
     env = dict(os.environ, MCP_CALL_COUNT_ONLY="1" if answer_bytes else "0")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: LOAD_CPUS <= os.sched_getaffinity(0) and os.sched_setaffinity(0, LOAD_CPUS))
     try:
         if until is not None:
             # wrk sleeps out its whole duration even once every thread stopped: interrupt it then.
@@ -142,13 +155,26 @@ def wrk(url: str, tool: str, keys: list[str], arguments: dict, seconds: float, t
             "p99_ms": out["latency_p99_us"] / 1000, "p50_ms": out["latency_p50_us"] / 1000}
 
 
-def one_answer(url: str, key: str, tool: str, arguments: dict) -> int:
-    """Call ``tool`` once (httpx, the bench's MCP client); check it succeeded; the length of its answer's body."""
+def pin(pid: int, cpus: set[int]) -> None:
+    """Keep process ``pid`` (every thread it has and makes) on ``cpus``, when the machine has them."""
+    if not cpus <= os.sched_getaffinity(0):
+        return
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cpus)
+
+
+def call(url: str, key: str, tool: str, arguments: dict) -> tuple[dict, int]:
+    """Call ``tool`` once (httpx, the bench's MCP client); check it succeeded; its output and the length of
+    its answer's body."""
     with httpx.Client(timeout=60) as client:
         response = client.post(url, content=mcp_clients.call_body(tool, arguments),
                                headers=mcp_clients.call_headers(tool, key))
-        mcp_clients.tool_output(response)  # raises unless it is a tool result without an error
-        return len(response.content)
+        return mcp_clients.tool_output(response), len(response.content)  # raises unless a tool result, no error
+
+
+def one_answer(url: str, key: str, tool: str, arguments: dict) -> int:
+    """The length of the body of one successful answer of ``tool``."""
+    return call(url, key, tool, arguments)[1]
 
 
 def rows(db: Path, table_name: str) -> int:
@@ -161,6 +187,7 @@ def start_side(cfg: Settings, name: str, tmp: Path, procs: bench.Processes) -> S
     folder = tmp / name
     folder.mkdir()
     served = bench.start_prickle(cfg, folder, procs)
+    pin(served.proc.pid, SERVER_CPUS)
     db = Path(served.info["db"])
     if not db.is_absolute():
         db = folder / db
@@ -192,6 +219,25 @@ def fill(cfg: Settings, side: Side, tmp: Path) -> dict:
             "wal_mb": wal.stat().st_size / 1e6 if wal.exists() else 0.0}
 
 
+def give_threads(side: Side) -> None:
+    """FRESH_THREADS handoffs from oj/muse to ren/builder on the fresh server: read_room then lists as many
+    task threads there as on the filled one (its newest ROOM_THREADS of 2,000)."""
+    for n in range(FRESH_THREADS):
+        packet = {k: v.format(n=n) if isinstance(v, str) else v for k, v in PACKET.items()}
+        call(side.served.mcp, side.keys["oj/muse"], "handoff", {"project": PROJECT, "to": "ren/builder", "packet": packet})
+
+
+def same_shape(fresh: Side, filled: Side) -> None:
+    """Both read_room answers list as many threads and messages (else the ratio compares different answers)."""
+    shapes = []
+    for side in (fresh, filled):
+        room, _ = call(side.served.mcp, side.keys["oj/muse"], "read_room", {"project": PROJECT, "limit": 50})
+        shapes.append((len(room["threads"]), len(room["messages"])))
+    if shapes[0] != shapes[1]:
+        raise bench.BenchError(f"read_room's answers differ in shape (threads, messages): fresh {shapes[0]}, "
+                               f"filled {shapes[1]}")
+
+
 def measure(cfg: Settings, fresh: Side, filled: Side, tmp: Path, phase: str) -> dict:
     """Every call on both servers, ``cfg.rounds`` rounds, interleaved; per call and server its runs."""
     runs: dict[tuple[str, str], list[dict]] = {}
@@ -201,13 +247,17 @@ def measure(cfg: Settings, fresh: Side, filled: Side, tmp: Path, phase: str) -> 
             for side in order:
                 keys = side.agents[:agents] if who == "agents" else [side.keys[who]] * agents
                 size = one_answer(side.served.mcp, keys[0], tool, arguments) if tool in COUNT_ONLY else None
+                ticks = bench.cpu_ticks(side.served.proc.pid)
                 out = wrk(side.served.mcp, tool, keys, arguments, cfg.seconds, tmp, answer_bytes=size)
+                # The server's CPU per answered call (ms; /proc counts hundredths of a second).
+                out["cpu_ms"] = (bench.cpu_ticks(side.served.proc.pid) - ticks) * 10 / max(1, out["ok"])
                 if out["errors"]:
                     raise bench.BenchError(f"{label} on the {side.name} server: {out['errors']} errors")
                 runs.setdefault((label, side.name), []).append(out)
             f, g = runs[(label, "fresh")][-1], runs[(label, "filled")][-1]
             bench.log(f"  {phase}, round {r + 1}: {label}: fresh {f['rps']:.0f}/s, filled {g['rps']:.0f}/s "
-                      f"({g['rps'] / f['rps']:.2f}), p99 {f['p99_ms']:.1f} / {g['p99_ms']:.1f} ms")
+                      f"({g['rps'] / f['rps']:.2f}), p99 {f['p99_ms']:.1f} / {g['p99_ms']:.1f} ms, server CPU "
+                      f"{f['cpu_ms']:.2f} / {g['cpu_ms']:.2f} ms a call ({f['cpu_ms'] / g['cpu_ms']:.2f})")
     return runs
 
 
@@ -215,6 +265,9 @@ def summary(runs: dict, label: str) -> dict:
     fresh, filled = runs[(label, "fresh")], runs[(label, "filled")]
     return {"fresh": statistics.median(r["rps"] for r in fresh), "filled": statistics.median(r["rps"] for r in filled),
             "ratio": statistics.median(g["rps"] / f["rps"] for f, g in zip(fresh, filled)),
+            "cpu_fresh": statistics.median(r["cpu_ms"] for r in fresh),
+            "cpu_filled": statistics.median(r["cpu_ms"] for r in filled),
+            "capacity": statistics.median(f["cpu_ms"] / g["cpu_ms"] for f, g in zip(fresh, filled)),
             "p99_fresh": statistics.median(r["p99_ms"] for r in fresh),
             "p99_filled": statistics.median(r["p99_ms"] for r in filled)}
 
@@ -243,19 +296,24 @@ def used_bytes(db: Path) -> int:
 
 def table(cfg: Settings, after: dict, settled: dict, filled_info: dict, per_message: float) -> list[str]:
     rows = ["| call | fresh calls/s | filled, straight after the fill | ratio | filled, settled | ratio "
-            "| p99 fresh / after fill / settled (ms) | target | ok |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
+            "| p99 fresh / after fill / settled (ms) | server CPU a call, fresh / after fill / settled (ms) "
+            "| capacity ratio, after fill / settled | target | calls/s ok | capacity ok |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- | --- |"]
     for label, tool, *_ in CALLS:
         a, s = summary(after, label), summary(settled, label)
         target = TARGETS.get(tool, DEFAULT_TARGET)
         p99_ok = tool in TARGETS or (a["p99_filled"] <= 2 * a["p99_fresh"] and s["p99_filled"] <= 2 * s["p99_fresh"])
         ok = a["ratio"] >= target and s["ratio"] >= target and p99_ok
+        capacity_ok = a["capacity"] >= target and s["capacity"] >= target
+        cpu = (f"{statistics.median([a['cpu_fresh'], s['cpu_fresh']]):.2f} / {a['cpu_filled']:.2f} / "
+               f"{s['cpu_filled']:.2f}")
         fresh = statistics.median([a["fresh"], s["fresh"]])
         p99 = (f"{statistics.median([a['p99_fresh'], s['p99_fresh']]):.1f} / {a['p99_filled']:.1f} / "
                f"{s['p99_filled']:.1f}")
         what = f">= {target}x" + ("" if tool in TARGETS else ", p99 within 2x")
         rows.append(f"| {label} | {fresh:.0f} | {a['filled']:.0f} | {a['ratio']:.2f} | {s['filled']:.0f} "
-                    f"| {s['ratio']:.2f} | {p99} | {what} | {'yes' if ok else '**no**'} |")
+                    f"| {s['ratio']:.2f} | {p99} | {cpu} | {a['capacity']:.2f} / {s['capacity']:.2f} | {what} "
+                    f"| {'yes' if ok else '**no**'} | {'yes' if capacity_ok else '**no**'} |")
     rows += ["", f"- the fill: {filled_info['tasks']:,} handoffs, then {filled_info['messages']:,} messages in "
              f"{filled_info['seconds']:.0f} s ({filled_info['rps']:.0f}/s from 16 agents); the write-ahead log was "
              f"{filled_info['wal_mb']:.0f} MB when it ended; the filled server settled "
@@ -282,9 +340,14 @@ def run(cfg: Settings, tmp: Path, procs: bench.Processes) -> list[str]:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(bench.ROOT), os.environ.get("PYTHONPATH"))))
     bench.log(f"starting two servers in {tmp} ...")
     fresh = start_side(cfg, "fresh", tmp, procs)
+    give_threads(fresh)
     filled = start_side(cfg, "filled", tmp, procs)
     bench.log(f"filling one with {cfg.tasks:,} handoffs and {cfg.messages:,} messages ...")
     info = fill(cfg, filled, tmp)
+    # The fresh room's first 50 messages: its read_room answers a whole page, as the filled one does.
+    wrk(fresh.served.mcp, "post_message", [fresh.keys["oj/muse"]], {"project": PROJECT, "body": FILL_BODY}, 60, tmp,
+        (fresh.db, "messages", rows(fresh.db, "messages") + 60))
+    same_shape(fresh, filled)
     bench.log("straight after the fill ...")
     measured_from = time.monotonic()
     after = measure(cfg, fresh, filled, tmp, "after the fill")
@@ -306,7 +369,7 @@ def parse_args(argv: list[str] | None) -> Settings:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=100_000, help="messages the fill posts (default 100,000)")
     parser.add_argument("--tasks", type=int, default=2_000, help="tasks the fill hands off (default 2,000)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per phase (default 3)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per phase (default 5)")
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds per call, server and round (default 3)")
     parser.add_argument("--prickle", default="", metavar="CMD", help="command that runs prickle (default: this Python and the repository's prickle.py)")
     parser.add_argument("--budget", type=int, default=3600, help="watchdog: give up after this many seconds")
