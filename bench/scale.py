@@ -5,10 +5,11 @@ Two ``prickle serve --demo`` servers run side by side on 127.0.0.1, each on its 
 a temporary folder. One is filled through its own MCP endpoint, as agents would fill it: 2,000
 handoffs from oj/muse to oj/bench (the same owner, so each is routed at once and stays open),
 then 100,000 ``post_message`` calls from 16 agents (wrk ``-t2 -c16``, each message's text
-different). The other stays fresh but for 20 handoffs from oj/muse to ren/builder (held at ren's gate), so
-that ``read_room`` lists as many task threads on both (20, the most it lists) and both answers have the
-same shape; what differs is the history behind them. Then these calls are measured on both, interleaved (each round
-runs every call on one server and then on the other, the order swapped each round):
+different). The other stays fresh but for 20 handoffs from oj/muse to ren/builder (held at ren's
+gate), so that ``read_room`` lists as many task threads on both (20, the most it lists) and both
+answers have the same shape; what differs is the history behind them. Then these calls are
+measured on both, interleaved (each round runs every call on one server and then on the other, the
+order swapped each round; each server on one core and wrk on another):
 
 - ``post_message`` with a mention (``@ren/builder``), 1 agent (``wrk -t1 -c1``) and 16 agents
   (``-t2 -c16``);
@@ -134,7 +135,7 @@ def wrk(url: str, tool: str, keys: list[str], arguments: dict, seconds: float, t
         cmd.append(str(-(-(count - rows(db, table_name)) // threads)))
     env = dict(os.environ, MCP_CALL_COUNT_ONLY="1" if answer_bytes else "0")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            preexec_fn=lambda: LOAD_CPUS <= os.sched_getaffinity(0) and os.sched_setaffinity(0, LOAD_CPUS))
+                            preexec_fn=lambda: pin(os.getpid(), LOAD_CPUS))
     try:
         if until is not None:
             # wrk sleeps out its whole duration even once every thread stopped: interrupt it then.
@@ -224,7 +225,8 @@ def give_threads(side: Side) -> None:
     task threads there as on the filled one (its newest ROOM_THREADS of 2,000)."""
     for n in range(FRESH_THREADS):
         packet = {k: v.format(n=n) if isinstance(v, str) else v for k, v in PACKET.items()}
-        call(side.served.mcp, side.keys["oj/muse"], "handoff", {"project": PROJECT, "to": "ren/builder", "packet": packet})
+        call(side.served.mcp, side.keys["oj/muse"], "handoff",
+             {"project": PROJECT, "to": "ren/builder", "packet": packet})
 
 
 def same_shape(fresh: Side, filled: Side) -> None:
