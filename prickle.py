@@ -18363,6 +18363,11 @@ def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | 
                          if machine_address() is None else
                          f"Listening on every interface; links use {base}. If teammates reach this machine by "
                          "another name, set public_url in prickle.toml to it.")
+        issuer = oauth_issuer(settings)
+        info["oauth"] = {"issuer": issuer} if issuer else None
+        lines.append(f"Apps may connect by signing in (OAuth) at {issuer}/mcp." if issuer else
+                     "Apps connect with keys only: sign-in (OAuth) needs public_url in prickle.toml set to this "
+                     "server's https address.")
         db_arg = f"--db {shlex.quote(db_path)}"  # what the next steps printed below add to each command
         if demo:
             info["demo"] = _fresh_demo(db, settings, bound)

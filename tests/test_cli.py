@@ -133,6 +133,8 @@ def test_serve_on_a_new_database_says_what_to_do_and_a_second_serve_is_refused(d
             lines.append(served.proc.stdout.readline())
             assert lines[-1], "".join(lines)
         assert lines[0].startswith("Prickle ") and "is listening on http://127.0.0.1:" in lines[0]
+        assert lines[1] == ("Apps connect with keys only: sign-in (OAuth) needs public_url in prickle.toml set to "
+                            "this server's https address.\n")
         steps = [line.split("#")[0].strip() for line in lines if line.startswith("  prickle ")]
         assert [step.split()[:2] for step in steps] == [["prickle", "init"], ["prickle", "project"],
                                                         ["prickle", "agent"], ["prickle", "connect"]]
@@ -148,6 +150,17 @@ def test_serve_on_a_new_database_says_what_to_do_and_a_second_serve_is_refused(d
         assert second.returncode == 1
         assert second.stderr.startswith("prickle: another prickle serve is already using")
         assert len(second.stderr.strip().splitlines()) == 1
+
+
+def test_serve_says_when_apps_may_sign_in(tmp_path, db_path):
+    config = tmp_path / "elsewhere.toml"  # not the prickle.toml beside the database, read when --config is left out
+    config.write_text('public_url = "http://127.0.0.1:8321"\n')
+    with Served(db_path, "--config", str(config), json_info=False) as served:
+        assert served.proc.stdout.readline() == "Apps may connect by signing in (OAuth) at http://127.0.0.1:8321/mcp.\n"
+    with Served(db_path, "--config", str(config)) as served:
+        assert served.info["oauth"] == {"issuer": "http://127.0.0.1:8321"}
+    with Served(db_path) as served:
+        assert served.info["oauth"] is None
 
 
 def test_settings_file_errors_name_the_setting(tmp_path, db_path):
