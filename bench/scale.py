@@ -9,7 +9,7 @@ different). The other stays fresh but for 20 handoffs from oj/muse to ren/builde
 gate), so that ``read_room`` lists as many task threads on both (20, the most it lists) and both
 answers have the same shape; what differs is the history behind them. Then these calls are
 measured on both, interleaved (each round runs every call on one server and then on the other, the
-order swapped each round; each server on one core and wrk on another):
+order swapped each round; wrk kept to one core):
 
 - ``post_message`` with a mention (``@ren/builder``), 1 agent (``wrk -t1 -c1``) and 16 agents
   (``-t2 -c16``);
@@ -85,9 +85,9 @@ COUNT_ONLY = {"check_inbox"}
 #: The target ratio of each call (filled / fresh).
 TARGETS = {"check_inbox": 0.3}
 DEFAULT_TARGET = 0.9
-#: Where the servers and wrk run, on a machine with two CPUs or more: one server is measured at a time, on a
-#: core of its own, and the load generator on another, so neither takes the other's time slices.
-SERVER_CPUS, LOAD_CPUS = {0}, {1}
+#: Where wrk runs, on a machine with two CPUs or more: on the last core alone, so it never takes more than one
+#: core's time slices; the servers may use every core, as a server does (its checkpoint runs on a thread).
+LOAD_CPUS = {max(os.sched_getaffinity(0))}
 #: The handoffs the fresh server gets: read_room lists at most 20 task threads (its reference text says so).
 FRESH_THREADS = 20
 
@@ -135,7 +135,7 @@ def wrk(url: str, tool: str, keys: list[str], arguments: dict, seconds: float, t
         cmd.append(str(-(-(count - rows(db, table_name)) // threads)))
     env = dict(os.environ, MCP_CALL_COUNT_ONLY="1" if answer_bytes else "0")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            preexec_fn=lambda: pin(os.getpid(), LOAD_CPUS))
+                            preexec_fn=on_load_cpus)
     try:
         if until is not None:
             # wrk sleeps out its whole duration even once every thread stopped: interrupt it then.
@@ -156,12 +156,9 @@ def wrk(url: str, tool: str, keys: list[str], arguments: dict, seconds: float, t
             "p99_ms": out["latency_p99_us"] / 1000, "p50_ms": out["latency_p50_us"] / 1000}
 
 
-def pin(pid: int, cpus: set[int]) -> None:
-    """Keep process ``pid`` (every thread it has and makes) on ``cpus``, when the machine has them."""
-    if not cpus <= os.sched_getaffinity(0):
-        return
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        os.sched_setaffinity(int(task.name), cpus)
+def on_load_cpus() -> None:
+    """Keep this process (wrk, about to start) on LOAD_CPUS."""
+    os.sched_setaffinity(0, LOAD_CPUS)
 
 
 def call(url: str, key: str, tool: str, arguments: dict) -> tuple[dict, int]:
@@ -188,7 +185,6 @@ def start_side(cfg: Settings, name: str, tmp: Path, procs: bench.Processes) -> S
     folder = tmp / name
     folder.mkdir()
     served = bench.start_prickle(cfg, folder, procs)
-    pin(served.proc.pid, SERVER_CPUS)
     db = Path(served.info["db"])
     if not db.is_absolute():
         db = folder / db
