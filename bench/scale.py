@@ -23,10 +23,9 @@ median of the rounds' p99 latencies as wrk measured them. The server's CPU a cal
 CPU time over the run (``/proc``, the background threads' included) over the calls answered; the
 capacity ratio is the median of the rounds' fresh/filled CPU a call: how many calls the filled
 server can answer in a second of a core, against the fresh one. wrk shares the machine's cores
-with both servers, so calls/s move with whatever else runs; the CPU a call hardly does. The
-bytes stored per message are the
-filled file's used pages (``page_count - freelist_count``, once the write-ahead log is copied
-in) less the fresh one's, over the messages the fill added.
+with both servers, so calls/s move with whatever else runs; the CPU a call moves less. The bytes
+stored per message are the filled file's used pages (``page_count - freelist_count``, once the
+write-ahead log is copied in) less the fresh one's, over the messages the fill added.
 
     python bench/scale.py                  # the full measurement: about 15 minutes on 2 cores
     python bench/scale.py --messages 10000 --rounds 2 --seconds 2   # a smaller fill, for a quick look
@@ -170,11 +169,6 @@ def call(url: str, key: str, tool: str, arguments: dict) -> tuple[dict, int]:
         return mcp_clients.tool_output(response), len(response.content)  # raises unless a tool result, no error
 
 
-def one_answer(url: str, key: str, tool: str, arguments: dict) -> int:
-    """The length of the body of one successful answer of ``tool``."""
-    return call(url, key, tool, arguments)[1]
-
-
 def rows(db: Path, table_name: str) -> int:
     """How many rows ``table_name`` has (read through SQLite, the server running)."""
     with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)) as conn:
@@ -244,7 +238,7 @@ def measure(cfg: Settings, fresh: Side, filled: Side, tmp: Path, phase: str) -> 
             order = (fresh, filled) if r % 2 == 0 else (filled, fresh)
             for side in order:
                 keys = side.agents[:agents] if who == "agents" else [side.keys[who]] * agents
-                size = one_answer(side.served.mcp, keys[0], tool, arguments) if tool in COUNT_ONLY else None
+                size = call(side.served.mcp, keys[0], tool, arguments)[1] if tool in COUNT_ONLY else None
                 ticks = bench.cpu_ticks(side.served.proc.pid)
                 out = wrk(side.served.mcp, tool, keys, arguments, cfg.seconds, tmp, answer_bytes=size)
                 # The server's CPU per answered call (ms; /proc counts hundredths of a second).

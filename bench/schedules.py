@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import prickle
-from run import stop  # bench/run.py: terminate, then kill after 5 s
+from run import cpu_ticks, stop  # bench/run.py: a process's CPU ticks; terminate, then kill after 5 s
 
 OWNERS, PER_OWNER, DUE = 25, 40, 5
 PROJECT = "bench"
@@ -82,11 +82,6 @@ def serve(path: str, tmp: Path) -> tuple[subprocess.Popen, dict]:
         time.sleep(0.05)
     proc.kill()
     raise SystemExit("prickle serve did not start")
-
-
-def cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
 
 
 def idle_cpu(path: str, tmp: Path, settle: float, window: float) -> float:
