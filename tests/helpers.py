@@ -229,9 +229,11 @@ def jrun(db_path, *args):
 
 
 def cli_json(db_path, *args):
-    p = subprocess.run(PRICKLE + list(args) + ["--db", db_path, "--json"], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    return json.loads(p.stdout)
+    """``prickle ARGS --db DB --json``'s answer, run in-process as :func:`run` does: a test's setup
+    (people, projects, keys) takes milliseconds instead of a new process's start. The tests of the
+    command line itself start the real ``prickle`` (tests/test_cli.py)."""
+    _, out, _ = run(db_path, *args, "--json")
+    return json.loads(out)
 
 
 # -- MCP clients ---------------------------------------------------------------
