@@ -95,8 +95,10 @@ export function mount(el, ctx) {
   const offMessage = stream.on("message.posted", (e) => { // the timeline lists the thread's messages
     if (e.message?.task_id === taskId) reload();
   });
-  load();
-  list.load().then(() => { if (ctx.sub) list.revealDeep(ctx.sub); });
+  const drawn = load();
+  // A linked message is scrolled to once the task above the thread is drawn too: drawn later, it
+  // would push the message out of view.
+  Promise.all([drawn, list.load()]).then(() => { if (ctx.sub) list.revealDeep(ctx.sub); });
   return () => {
     offTask();
     offApproval();
