@@ -20720,6 +20720,9 @@ class Runner(RunnerDeliveries):
             if not state["connected"]:
                 self.log(f"{agent_id}: connected to {self.config.base_url}")
                 await self.reconcile(agent_id)
+                # Back from an outage: a task whose wake came before it and whose run never started is
+                # still routed, and its wake is behind the cursor.
+                self._spawn(self.catch_up(agent_id))
             failures = 0
             state["connected"] = True
             state["cursor"] = out["cursor"]
@@ -20808,11 +20811,11 @@ class Runner(RunnerDeliveries):
         return any(t["id"] == task_id and t["state"] != "verifying" for t in inbox.get("requested", []))
 
     async def catch_up(self, agent_id: str) -> None:
-        """Start runs for tasks routed to the agent that no wake will bring again (check_inbox)."""
-        agent = self.config.agents[agent_id]
+        """Start runs for tasks routed to the agent that no wake will bring again (check_inbox), leaving
+        the ones this runner already has in hand (running, or waiting for a free run)."""
         inbox = await self.calls[agent_id].call("check_inbox", {})
         for task in inbox.get("assigned", []):
-            if task["state"] == "routed":
+            if task["state"] == "routed" and task["id"] not in self.by_task:
                 self.on_event(agent_id, {"kind": "task", "task": task})
 
     def on_event(self, agent_id: str, event: dict) -> None:
@@ -21058,7 +21061,7 @@ class Runner(RunnerDeliveries):
                 n = self.status["task_runs"].get(task_id, 0) + 1
                 key = f"{task_id}.{n}"
                 failure, attempt_id = None, None
-                launch = 0
+                launch, away = 0, 0
                 while launch < 2:
                     await self.wait_unpaused(agent_id)
                     try:
@@ -21071,6 +21074,13 @@ class Runner(RunnerDeliveries):
                         self._agent(agent_id)["paused"] = True
                         self.save()
                         await asyncio.sleep(self.config.pause_poll_seconds)
+                        continue
+                    except Exception as e:  # noqa: BLE001 - the server is away: no wake brings this task again
+                        if away == 0:
+                            self.log(f"{agent_id}: the server did not answer the claim of task {task_id} "
+                                     f"({type(e).__name__}); claiming it again once it does")
+                        away += 1  # the same idempotency key: a claim the server took before it went returns its attempt
+                        await asyncio.sleep(RUNNER_BACKOFF[min(away, len(RUNNER_BACKOFF)) - 1])
                         continue
                     launch += 1
                     self._agent(agent_id)["paused"] = False

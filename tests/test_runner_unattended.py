@@ -84,6 +84,45 @@ def test_a_server_restart_leaves_no_runner_deaf_and_no_run_running_without_a_pro
                 assert [r["state"] for r in runs_of(ren, ok)] == ["finished"]
 
 
+def test_a_task_waiting_for_a_free_run_when_the_server_goes_away_is_claimed_once_it_is_back(db_path, tmp_path):
+    # One run at a time: the second task waits for the first. The server goes away, the first run ends
+    # while it is away, and the waiting task's claim finds no server. Its wake came before the outage,
+    # so none brings it again: the runner claims it once the server answers.
+    port = _free_port()
+    first = Served(db_path, "--demo", "--port", str(port))
+    base = first.info["url"]
+    key = cli_json(db_path, "device", "pair", "ren/builder", "--name", "ren-laptop")["token"]
+    cli_json(db_path, "rule", "set", "ren", "--decision", "allow", "--from-owner", "oj")
+    config = write_config(tmp_path / "runner.toml", base, {
+        "ren/builder": {"key": key, "client": "command", "command": STANDIN_AGENT, "parallel": 1}})
+    muse_key = first.info["demo"]["keys"]["oj/muse"]
+    ren_token = cli_json(db_path, "token", "create", "--person", "ren")["token"]
+    with RunnerProcess(config) as runner:
+        try:
+            runner.wait_connected("ren/builder")
+            with httpx.Client(base_url=base, timeout=60) as http, person(base, ren_token) as ren:
+                muse = MCP(http, {"oj/muse": muse_key})
+                sleepy = hand(muse, "sleep")
+                wait_until("the run to sleep", lambda: "Sleeping." in str(task_state(ren, sleepy)["latest_checkpoint"]))
+                queued = hand(muse, "ok", "Draft the footer.")
+                wait_until("the second task to wait", lambda: f"task {queued} waits for a free run" in runner.log())
+            [run] = list(runner.runs("ren/builder").values())
+            first.proc.kill()
+            first.proc.wait(30)
+            first.stop()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(run["pid"], signal.SIGKILL)
+            wait_until("the waiting task's claim to find no server", lambda: (
+                f"the server did not answer the claim of task {queued}" in runner.log()), timeout=60)
+        finally:
+            first.stop()
+        with Served(db_path, "--port", str(port)), person(base, ren_token) as ren:
+            wait_until("the waiting task's result", lambda: task_state(ren, queued)["state"] == "verifying", timeout=60)
+            assert [r["state"] for r in runs_of(ren, queued)] == ["finished"]
+            wait_until("the first run's end told", lambda: runs_of(ren, sleepy)[0]["state"] == "failed")
+            assert "Runner.run_task failed" not in runner.log()
+
+
 def test_a_listener_that_ends_for_any_reason_is_logged_and_started_again(tmp_path):
     config = prickle.RunnerConfig(server="http://127.0.0.1:9", agents={
         "oj/muse": prickle.RunnerAgent(key="prk_rk_x", client="command", command=["true"])})
@@ -136,8 +175,9 @@ def test_a_runner_whose_cli_cant_run_says_so_and_its_failed_launch_shows_failed_
             task_id = hand(MCP(http, {"oj/muse": served.info["demo"]["keys"]["oj/muse"]}), "ok")
             runs = wait_until("the failed run", lambda: [r for r in runs_of(ren, task_id) if r["state"] == "failed"])
             assert [(r["state"], r["failure"]) for r in runs] == [("failed", "claude_code_not_found")]
-            assert pulse_of(ren, PROJECT, "ren/builder")["run_failure"] == {"class": "runtime",
-                                                                            "step": "claude_code_not_found"}
+            # The runner reports the failure to Team Pulse just after it tells the server the run ended.
+            failure = wait_until("the pulse's run failure", lambda: pulse_of(ren, PROJECT, "ren/builder")["run_failure"])
+            assert failure == {"class": "runtime", "step": "claude_code_not_found"}
             [item] = [i for i in ren.get("/api/inbox").json()["items"] if i["kind"] == "run_failed"]
             assert (item["task_id"], item["failure"], item["agent"], item["action"]) == (
                 task_id, "claude_code_not_found", "ren/builder", "open")
