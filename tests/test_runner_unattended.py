@@ -30,12 +30,23 @@ def hand(mcp, mode: str, task: str = "Draft the hero copy.") -> str:
     return out["task"]["id"]
 
 
-def standin_runner(db_path, tmp_path, base):
-    """ren/builder's runner config (a paired device, the stand-in agent), and ren's gate letting oj's handoffs in."""
+def standin_runner(db_path, tmp_path, base, **fields):
+    """ren/builder's runner config (a paired device, the stand-in agent, any other ``fields`` of its
+    table), and ren's gate letting oj's handoffs in."""
     key = cli_json(db_path, "device", "pair", "ren/builder", "--name", "ren-laptop")["token"]
     cli_json(db_path, "rule", "set", "ren", "--decision", "allow", "--from-owner", "oj")
     return write_config(tmp_path / "runner.toml", base, {
-        "ren/builder": {"key": key, "client": "command", "command": STANDIN_AGENT}})
+        "ren/builder": {"key": key, "client": "command", "command": STANDIN_AGENT} | fields})
+
+
+def served_to_restart(db_path, tmp_path, **fields):
+    """A demo server on a port it can be started again on, ren/builder's runner config for it (any other
+    ``fields`` of its table), oj/muse's key and a token of ren's: (port, served, config, key, token)."""
+    port = _free_port()
+    served = Served(db_path, "--demo", "--port", str(port))
+    config = standin_runner(db_path, tmp_path, served.info["url"], **fields)
+    token = cli_json(db_path, "token", "create", "--person", "ren")["token"]
+    return port, served, config, served.info["demo"]["keys"]["oj/muse"], token
 
 
 def runs_of(ren, task_id):
@@ -44,12 +55,8 @@ def runs_of(ren, task_id):
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
 def test_a_server_restart_leaves_no_runner_deaf_and_no_run_running_without_a_process(db_path, tmp_path, how):
-    port = _free_port()
-    first = Served(db_path, "--demo", "--port", str(port))
+    port, first, config, muse_key, ren_token = served_to_restart(db_path, tmp_path)
     base = first.info["url"]
-    config = standin_runner(db_path, tmp_path, base)
-    muse_key = first.info["demo"]["keys"]["oj/muse"]
-    ren_token = cli_json(db_path, "token", "create", "--person", "ren")["token"]
     with RunnerProcess(config) as runner:
         try:
             runner.wait_connected("ren/builder")
@@ -88,15 +95,8 @@ def test_a_task_waiting_for_a_free_run_when_the_server_goes_away_is_claimed_once
     # One run at a time: the second task waits for the first. The server goes away, the first run ends
     # while it is away, and the waiting task's claim finds no server. Its wake came before the outage,
     # so none brings it again: the runner claims it once the server answers.
-    port = _free_port()
-    first = Served(db_path, "--demo", "--port", str(port))
+    port, first, config, muse_key, ren_token = served_to_restart(db_path, tmp_path, parallel=1)
     base = first.info["url"]
-    key = cli_json(db_path, "device", "pair", "ren/builder", "--name", "ren-laptop")["token"]
-    cli_json(db_path, "rule", "set", "ren", "--decision", "allow", "--from-owner", "oj")
-    config = write_config(tmp_path / "runner.toml", base, {
-        "ren/builder": {"key": key, "client": "command", "command": STANDIN_AGENT, "parallel": 1}})
-    muse_key = first.info["demo"]["keys"]["oj/muse"]
-    ren_token = cli_json(db_path, "token", "create", "--person", "ren")["token"]
     with RunnerProcess(config) as runner:
         try:
             runner.wait_connected("ren/builder")
