@@ -16,7 +16,6 @@ import io
 import json
 import queue
 import socket
-import subprocess
 
 import apsw
 import httpx
@@ -27,7 +26,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 import prickle
-from conftest import PRICKLE, PROJECT, check_tool_output
+from conftest import PROJECT, check_tool_output
 
 P = {"project": PROJECT}
 
