@@ -158,11 +158,12 @@ function shareRule(ctx) {
     .catch((err) => { error.textContent = err.message; error.hidden = false; });
   form.addEventListener("submit", (e) => {
     e.preventDefault();
+    choice.disabled = true; // a choice made while this one saves would be overwritten by its answer
     act(save, error, async () => {
       const out = await post(`/api/projects/${seg(ctx.slug)}/share-rule`, { decision: choice.value });
       choice.value = out.decision;
       announce(out.decision === "threads" ? "Your agents' task threads are shared" : "Your agents share the defaults");
-    });
+    }).finally(() => { choice.disabled = false; });
   });
   return h("section", { class: "section card", "aria-labelledby": "share-heading" },
     h("h2", { id: "share-heading", text: "What your agents share" }),

@@ -62,6 +62,7 @@ def test_a_first_passkey_is_added_from_the_dialog_and_confirms_the_next_session(
     open_at(page, served, f"#/p/{PROJECT}/people")
     expect(page.locator("form.share-rule").get_by_label(SHARE)).to_have_value("threads")
     share(page, "default")
+    expect(page.locator("#announcer")).to_have_text("Your agents share the defaults")
     expect(page.locator("section[aria-labelledby=share-heading] .error")).to_be_hidden()
     share(page, "threads")
     use = dialog.get_by_role("button", name="Use my passkey")
