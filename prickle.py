@@ -1923,9 +1923,19 @@ SEQ_MAX = 2**62
 #: How long a connection waits for another writer's lock before giving up (ms).
 BUSY_TIMEOUT_MS = 5000
 
-# The recommended connection settings; SQLite's own log stays out of our output.
-apsw.bestpractice.apply(tuple(f for f in apsw.bestpractice.recommended
-                              if f is not apsw.bestpractice.library_logging))
+
+
+def connection_waits_for_writers(connection: apsw.Connection) -> None:
+    """A new connection waits BUSY_TIMEOUT_MS for another writer, not apsw's recommended 100 ms: the
+    recommended settings run ``PRAGMA optimize`` as it opens, which may write, so a command or a
+    test opening the file while the server writes would otherwise fail with 'database is locked'."""
+    connection.set_busy_timeout(BUSY_TIMEOUT_MS)
+
+
+# The recommended connection settings, waiting as long as our own; SQLite's own log stays out of our output.
+apsw.bestpractice.apply((connection_waits_for_writers,) + tuple(
+    f for f in apsw.bestpractice.recommended
+    if f not in (apsw.bestpractice.library_logging, apsw.bestpractice.connection_busy_timeout)))
 
 
 #: The meta key of a backup copy (Database.backup_to): when the copy's snapshot was taken.
@@ -2431,6 +2441,10 @@ BACKGROUND_MAX_BACKOFF = 30.0
 #: A failure's cause is cut to this many characters in the log line and in /healthz.
 CAUSE_MAX = 300
 
+#: The server counts as busy this long after a request came in (seconds): work that can wait does
+#: (see Maintenance.busy).
+REQUESTS_QUIET_SECONDS = 0.5
+
 
 @dataclasses.dataclass
 class _Piece:
@@ -2462,6 +2476,16 @@ class Maintenance:
 
     def __init__(self) -> None:
         self.pieces: list[_Piece] = []
+        self.last_request = -math.inf  #: time.monotonic() of the latest request_came()
+
+    def request_came(self) -> None:
+        """Note that an HTTP request came in (the server's middleware calls this for every one)."""
+        self.last_request = time.monotonic()
+
+    def busy(self) -> bool:
+        """Whether a request came in the last REQUESTS_QUIET_SECONDS: a piece whose work can wait (the
+        search index's merging) then takes a small share of the event loop, so requests come first."""
+        return time.monotonic() - self.last_request < REQUESTS_QUIET_SECONDS
 
     def add(self, name: str, every: float, run: Callable[[], Any]) -> None:
         """Run ``run()`` every ``every`` seconds (from the first tick on) under ``name``."""
@@ -11158,8 +11182,12 @@ def reassign_task(db: Database, person: Actor, task_id: str, to: str) -> dict:
 # (write_message, handoff). A search runs in one snapshot over the projects in the searcher's
 # reach (require_project), and an agent's over the threads AGENT_SEES_TASK lets it see.
 
-#: How many pages of the search index one background merge step may write (about a millisecond's work).
+#: How many pages of the search index one background merge step may write (a few milliseconds' work on a
+#: 100,000-message index).
 SEARCH_MERGE_PAGES = 64
+
+#: While requests come (Maintenance.busy), the background merges one step this often at most (seconds).
+SEARCH_MERGE_BUSY_EVERY = 1.0
 
 
 def merge_search_index(db: Database, pages: int = SEARCH_MERGE_PAGES) -> bool:
@@ -14922,12 +14950,14 @@ DELIVERABLE_PATH = re.compile(r"/api/runner/tasks/[^/]+/files")
 
 
 class GuardMiddleware:
-    """DNS-rebinding protection (Host and Origin) and the body size limit, for every route.
+    """DNS-rebinding protection (Host and Origin) and the body size limit, for every route; each
+    request is noted for the background work (``on_request``, Maintenance.request_came).
 
     The SDK's checks decide; refusals are answered as JSON errors like every other one.
     """
 
-    def __init__(self, app: Any, settings: Settings, port: int):
+    def __init__(self, app: Any, settings: Settings, port: int, on_request: Callable[[], None] = lambda: None):
+        self.on_request = on_request  # every HTTP request: the background's work that can wait yields to them
         # The SDK's limiter also stops a body sent without Content-Length once it grows too big
         # (/mcp has the same limiter inside the SDK's transport already).
         self.inner = app
@@ -14941,6 +14971,7 @@ class GuardMiddleware:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
+            self.on_request()
             headers = {k: v for k, v in scope["headers"] if k in (b"host", b"origin", b"content-length")}
             refusal = None
             if self.security.settings.enable_dns_rebinding_protection:
@@ -17557,13 +17588,15 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
     merged = {"through": None}
 
     def merge() -> float | None:
-        # A step at a time, again soon while there is more, so a request waits for one step at most;
-        # nothing was written since the index was last found merged: nothing to do.
+        # A step at a time, so a request waits for one step at most: again soon while there is more
+        # and the server is quiet, once every SEARCH_MERGE_BUSY_EVERY while requests come (after a
+        # burst of writes the merging yields to them; the index's own crisis merges bound it meanwhile).
+        # Nothing was written since the index was last found merged: nothing to do.
         head = db.scalar("SELECT max(seq) FROM outbox")
         if head == merged["through"]:
             return None
         if merge_search_index(db):
-            return 0.1
+            return SEARCH_MERGE_BUSY_EVERY if maintenance.busy() else 0.1
         merged["through"] = head
         return None
 
@@ -17921,7 +17954,7 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: http_error, 405: http_error})
     app.state.prickle = state
-    app.add_middleware(GuardMiddleware, settings=settings, port=port)
+    app.add_middleware(GuardMiddleware, settings=settings, port=port, on_request=maintenance.request_came)
     app.add_middleware(AccessLogMiddleware)
     return app
 

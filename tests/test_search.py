@@ -210,3 +210,27 @@ def test_the_search_index_merges_in_background_steps_not_in_the_posts(world):
     assert not prickle.merge_search_index(db)  # nothing left: a step finds no work
     assert sorted(r["message"]["id"] for r in prickle.search(db, oj, "changelog", limit=50)["results"]) == \
         sorted(posted)
+
+
+def test_after_a_burst_the_background_merge_yields_to_requests_and_goes_on_once_they_stop(server, world):
+    maintenance = server.state.maintenance
+    [piece] = [p for p in maintenance.pieces if p.name == "search index merging"]
+    maintenance.pieces.remove(piece)  # this test runs the piece's steps itself
+    oj = world.person("oj")
+    words = lambda n: " ".join(f"w{n}x{i}" for i in range(1000))  # long posts: a merge of several steps
+    posted = [prickle.post_message(world.db, oj, PROJECT, f"Burst {n}: line{n} {words(n)}")["id"] for n in range(60)]
+    before = _segments(world.db)
+    assert server.get("/healthz").status_code == 200  # a request came in: the server is busy
+    assert maintenance.busy()
+    assert piece.run() == prickle.SEARCH_MERGE_BUSY_EVERY == 1.0  # one step, the next a second later
+    maintenance.last_request -= prickle.REQUESTS_QUIET_SECONDS  # as if that request came half a second ago
+    assert not maintenance.busy()
+    assert piece.run() == 0.1  # quiet: the next step soon
+    steps = 2
+    while piece.run() is not None:
+        steps += 1
+        assert steps < 500
+    assert _segments(world.db) < before
+    assert piece.run() is None  # nothing written since: nothing to do
+    for n in (0, 30, 59):  # every post is still found, by its one word of its own
+        assert [r["message"]["id"] for r in prickle.search(world.db, oj, f"line{n}")["results"]] == [posted[n]]

@@ -3,6 +3,7 @@
 import datetime
 import os
 import re
+import threading
 import time
 
 import apsw
@@ -24,6 +25,23 @@ def test_new_database_is_wal_with_current_schema(db_path):
     # opening again changes nothing
     again = prickle.Database(db_path)
     assert again.conn.pragma("user_version") == len(prickle.MIGRATIONS)
+
+
+def test_a_file_is_opened_while_another_connection_writes(world, db_path):
+    # A command or a second look opened while the server holds the write lock waits its turn: the
+    # settings a new connection gets as it opens (PRAGMA optimize may write) wait as long as a write does.
+    holder = apsw.Connection(db_path)
+    holder.execute("BEGIN IMMEDIATE")
+    done = threading.Timer(0.3, lambda: holder.execute("COMMIT"))
+    done.start()
+    try:
+        other = prickle.Database(db_path)
+    finally:
+        done.join()
+    assert other.conn.execute("PRAGMA busy_timeout").fetchall() == [(prickle.BUSY_TIMEOUT_MS,)]
+    assert other.scalar("SELECT count(*) FROM projects") == world.db.scalar("SELECT count(*) FROM projects") > 0
+    other.close()
+    holder.close()
 
 
 def test_a_newer_schema_is_refused(db_path):
