@@ -1,6 +1,7 @@
 """Storage: schema versions, transactions, the outbox, the audit chain, the server lock."""
 
 import datetime
+import math
 import os
 import re
 import threading
@@ -400,6 +401,32 @@ def test_a_long_write_ahead_log_is_started_over(world, db_path):
     bodies = [r["body"] for r in world.db.rows("SELECT body FROM messages ORDER BY seq")]
     assert bodies == [f"note {i}" for i in range(30)] + ["after the restart", "one more"]
     assert prickle.verify_audit(world.db, PROJECT)[0]["ok"]
+
+
+def test_while_requests_come_the_server_restarts_the_log_only_once_it_is_longer(world, db_path, monkeypatch):
+    world.db.conn.pragma("wal_autocheckpoint", 0)
+    muse = world.actor("oj/muse")
+    for i in range(30):  # several frames a post: well past 100, well short of WAL_RESTART_FRAMES_BUSY
+        prickle.post_message(world.db, muse, PROJECT, f"note {i}")
+    checkpointer = prickle.WalCheckpointer(db_path, restart_frames=100)
+    assert checkpointer.run(busy=True) == "passive"  # copied, but writers are not held back for a restart
+    assert checkpointer.run(busy=False) == "restart"  # a quiet moment: started over
+    checkpointer.close()
+
+    asked = []  # the server's checkpoint piece asks for the later restart while requests come
+    real = prickle.checkpoint_wal
+    monkeypatch.setattr(prickle, "checkpoint_wal", lambda conn, frames: asked.append(frames) or real(conn, frames))
+    app = prickle.create_app(db_path)
+    with TestClient(app, base_url="http://127.0.0.1:8321"):
+        maintenance = app.state.prickle.maintenance
+        for last_request, frames in ((math.inf, prickle.WAL_RESTART_FRAMES_BUSY),  # a request always just in
+                                     (-math.inf, prickle.WAL_RESTART_FRAMES)):  # none ever
+            maintenance.last_request = last_request
+            maintenance.wake("checkpoint")
+            deadline = time.monotonic() + 10
+            while not (asked and asked[-1] == frames) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert asked[-1] == frames
 
 
 def test_a_restart_waits_for_a_reader_only_briefly(world, db_path):
