@@ -1924,7 +1924,6 @@ SEQ_MAX = 2**62
 BUSY_TIMEOUT_MS = 5000
 
 
-
 def connection_waits_for_writers(connection: apsw.Connection) -> None:
     """A new connection waits BUSY_TIMEOUT_MS for another writer, not apsw's recommended 100 ms: the
     recommended settings run ``PRAGMA optimize`` as it opens, which may write, so a command or a
@@ -2483,8 +2482,8 @@ class Maintenance:
         self.last_request = time.monotonic()
 
     def busy(self) -> bool:
-        """Whether a request came in the last REQUESTS_QUIET_SECONDS: a piece whose work can wait (the
-        search index's merging) then takes a small share of the event loop, so requests come first."""
+        """Whether a request came in the last REQUESTS_QUIET_SECONDS: work that can wait then waits, so
+        requests come first (the search index merges one step a second, the log restarts later)."""
         return time.monotonic() - self.last_request < REQUESTS_QUIET_SECONDS
 
     def add(self, name: str, every: float, run: Callable[[], Any]) -> None:
