@@ -1925,10 +1925,13 @@ BUSY_TIMEOUT_MS = 5000
 
 
 def connection_waits_for_writers(connection: apsw.Connection) -> None:
-    """A new connection waits BUSY_TIMEOUT_MS for another writer, not apsw's recommended 100 ms: the
-    recommended settings run ``PRAGMA optimize`` as it opens, which may write, so a command or a
-    test opening the file while the server writes would otherwise fail with 'database is locked'."""
+    """A new connection waits BUSY_TIMEOUT_MS for another writer, not apsw's recommended 100 ms, and
+    zeroes what it deletes (secure_delete, see Database): the recommended settings run ``PRAGMA
+    optimize`` as it opens, which may write (ANALYZE replaces index samples, an address among them),
+    so a command opening the file while the server writes would otherwise fail with 'database is
+    locked', and the samples it replaced would be left in free space."""
     connection.set_busy_timeout(BUSY_TIMEOUT_MS)
+    connection.pragma("secure_delete", True)
 
 
 # The recommended connection settings, waiting as long as our own; SQLite's own log stays out of our output.

@@ -40,6 +40,10 @@ def test_a_file_is_opened_while_another_connection_writes(world, db_path):
     finally:
         done.join()
     assert other.conn.execute("PRAGMA busy_timeout").fetchall() == [(prickle.BUSY_TIMEOUT_MS,)]
+    plain = apsw.Connection(db_path)  # any connection, Prickle's or not: what its opening ANALYZE deletes is zeroed
+    assert plain.pragma("secure_delete") == 1 and plain.execute("PRAGMA busy_timeout").fetchall() == [
+        (prickle.BUSY_TIMEOUT_MS,)]
+    plain.close()
     assert other.scalar("SELECT count(*) FROM projects") == world.db.scalar("SELECT count(*) FROM projects") > 0
     other.close()
     holder.close()
@@ -417,8 +421,11 @@ def test_while_requests_come_the_server_restarts_the_log_only_once_it_is_longer(
     real = prickle.checkpoint_wal
     monkeypatch.setattr(prickle, "checkpoint_wal", lambda conn, frames: asked.append(frames) or real(conn, frames))
     app = prickle.create_app(db_path)
-    with TestClient(app, base_url="http://127.0.0.1:8321"):
+    with TestClient(app, base_url="http://127.0.0.1:8321") as client:
         maintenance = app.state.prickle.maintenance
+        sent = time.monotonic()
+        assert client.get("/healthz").status_code == 200
+        assert maintenance.last_request >= sent  # every request is noted
         for last_request, frames in ((math.inf, prickle.WAL_RESTART_FRAMES_BUSY),  # a request always just in
                                      (-math.inf, prickle.WAL_RESTART_FRAMES)):  # none ever
             maintenance.last_request = last_request
