@@ -106,7 +106,7 @@ function entryItem(entry, { me, slug, task, checkpoints }) {
       li.append(markdown(entry.excerpt, { class: "tl-excerpt" }));
       break;
     case "checkpoint": {
-      line.append("noted progress", entry.needs_answer ? [" ", badge("needs a person's answer", "attention")] : "");
+      line.append("noted progress", ...(entry.needs_answer ? [" ", badge("needs a person's answer", "attention")] : []));
       const cp = checkpoints.get(entry.checkpoint_id);
       li.append(cp ? checkpointBody(cp) : h("p", { class: "tl-excerpt", text: entry.excerpt }));
       break;

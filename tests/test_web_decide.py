@@ -204,6 +204,8 @@ def test_the_timeline_lists_what_happened_in_order_and_a_send_back_and_a_cancel_
     mcp(served, "oj/muse", "post_message", {"project": PROJECT, "task_id": task_id,
                                             "body": "Starting with the **billing** questions."})
     mcp(served, "oj/muse", "checkpoint", {"task_id": task_id, "checkpoint": {"progress": "Three questions drafted."}})
+    mcp(served, "oj/muse", "checkpoint", {"task_id": task_id, "checkpoint": {
+        "progress": "Drafting the pricing questions.", "open_questions": ["Which plan goes first?"], "needs_answer": True}})
     mcp(served, "oj/muse", "return_result", {"task_id": task_id, "summary": "FAQ drafted.", "evidence": [
         {"kind": "note", "summary": "Five questions.", "criteria": [0]}]})
     page = open_task(people, served, task_id, viewport)
@@ -214,10 +216,12 @@ def test_the_timeline_lists_what_happened_in_order_and_a_send_back_and_a_cancel_
         "oj/muse took the task on → accepted",
         "oj/muse wrote in the thread",
         "oj/muse noted progress → working",
+        "oj/muse noted progress needs a person's answer → waiting",
         "oj/muse returned revision 1: see the result → verifying"])
+    expect(page.locator(".tl-checkpoint .tl-line .badge-attention")).to_have_text(["needs a person's answer"])
     expect(page.locator(".tl-message .tl-excerpt")).to_have_text("Starting with the billing questions.")
     expect(page.locator(".tl-message .tl-excerpt strong")).to_have_text("billing")  # Markdown, rendered
-    expect(page.locator(".tl-checkpoint .tl-checkpoint-body .md")).to_have_text("Three questions drafted.")
+    expect(page.locator(".tl-checkpoint .tl-checkpoint-body .md").first).to_have_text("Three questions drafted.")
     expect(page.locator(".tl-submission .tl-excerpt")).to_have_text("FAQ drafted.")
 
     page.get_by_text("Send it back with a reason").click()
