@@ -7128,17 +7128,24 @@ def end_attempt(db: Database, attempt: dict, how: str, project: str, why: str | 
     ended = revoke_credentials(db, "attempt_id = ?", (attempt["id"],),
                                why or {"replace": "run_replaced", "stop": "run_stopped",
                                        "finish": "run_ended", "fail": "run_ended"}.get(how, "run_uncertain"))
-    if how != "stop":
-        return ended
-    for step in db.rows("SELECT id, kind FROM steps WHERE attempt_id = ? AND status = 'pending'", (attempt["id"],)):
+    if how == "stop":
+        withdraw_pending_steps(db, project, "attempt_id = ?", (attempt["id"],), why)
+    return ended
+
+
+def withdraw_pending_steps(db: Database, project: str, where: str, args: tuple, why: str | None = None) -> None:
+    """Withdraw the undecided steps ``where`` selects (``step.withdrawn``), in the caller's transaction: the
+    run or the task that asked is over, so nothing is left for the owner to decide. When ``why`` is one of
+    LEFT_PROJECT_REASONS (the agent left) they expire instead (``step.expired``, STEP_OWNER_GONE)."""
+    now = iso(utcnow())
+    for step in db.rows(f"SELECT id, kind, attempt_id FROM steps WHERE status = 'pending' AND {where}", args):
         if why in LEFT_PROJECT_REASONS:  # its agent left the project: its owner can no longer decide it
             move(db, "step", step["id"], "expire")
-            audit(db, project, "step.expired", {"step": step["id"], "attempt": attempt["id"], "kind": step["kind"],
-                                                "why": STEP_OWNER_GONE})
+            audit(db, project, "step.expired", {"step": step["id"], "attempt": step["attempt_id"],
+                                                "kind": step["kind"], "why": STEP_OWNER_GONE})
         else:
             move(db, "step", step["id"], "withdraw", decided_at=now)
-            audit(db, project, "step.withdrawn", {"step": step["id"], "attempt": attempt["id"]})
-    return ended
+            audit(db, project, "step.withdrawn", {"step": step["id"], "attempt": step["attempt_id"]})
 
 
 def open_attempt(db: Database, task_id: str, states: tuple[str, ...] = ("running",)) -> dict | None:
@@ -8501,8 +8508,8 @@ def cancel_task(db: Database, person: Actor, task_id: str, reason: str | None = 
 def end_task_work(db: Database, task: dict, reason: str) -> int:
     """End what is open on a task that stops here (cancelled, or returned as its assignee left), in the
     caller's transaction: unreviewed submissions are cancelled, pending approvals withdrawn
-    (``approval.updated``), running runs stopped and every run credential ended (``reason``, a key
-    of REVOCATIONS). Returns how many credentials ended.
+    (``approval.updated``), running runs stopped, undecided steps withdrawn (withdraw_pending_steps) and
+    every run credential ended (``reason``, a key of REVOCATIONS). Returns how many credentials ended.
     """
     task_id, now = task["id"], iso(utcnow())
     for sub in db.rows("SELECT * FROM submissions WHERE task_id = ? AND status = 'submitted'", (task_id,)):
@@ -8518,6 +8525,8 @@ def end_task_work(db: Database, task: dict, reason: str) -> int:
         ended += end_attempt(db, attempt, "stop", task["project"],
                              why=reason if reason in LEFT_PROJECT_REASONS else None)
         run_stopped(db, task["project"], attempt, "cancelled" if reason == "task_cancelled" else "returned")
+    # a step asked by a run that already ended (it waits for its owner) is over with the task too
+    withdraw_pending_steps(db, task["project"], "task_id = ?", (task_id,), reason)
     return ended + revoke_credentials(db, "kind = 'execution' AND task_id = ?", (task_id,), reason)
 
 

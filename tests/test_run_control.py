@@ -271,6 +271,24 @@ def test_asking_to_connect_is_bounded_and_marking_uncertain_keeps_a_waiting_step
     assert audit_entries(world.db, PROJECT, "step.withdrawn") == []
 
 
+def test_cancelling_a_task_withdraws_a_step_its_ended_run_left_waiting(mcp, server, world):
+    task, device, runner, out = claimed(mcp, server, world)
+    step = mcp.ok("ren/builder", "request_step", CALL, token=out["execution_credential"]["token"])
+    attempt = out["attempt"]["attempt_id"]
+    server.post(f"/api/runner/attempts/{attempt}/uncertain", json={}, headers={"Authorization": f"Bearer {runner}"})
+    ren, oj = person(server, world, "ren"), person(server, world, "oj")
+    assert [s["id"] for s in ren.get("/api/steps").json()["steps"]] == [step["step_id"]]  # the run is over
+    r = oj.post(f"/api/tasks/{task['id']}/cancel", {"reason": "Not needed any more."})
+    assert r.status_code == 200 and r.json()["task"]["state"] == "cancelled", r.text
+    assert world.db.scalar("SELECT status FROM steps WHERE id = ?", (step["step_id"],)) == "withdrawn"
+    assert ren.get("/api/steps").json()["steps"] == []
+    assert [i for i in ren.get("/api/inbox").json()["items"] if i["kind"] == "step"] == []
+    [withdrawn] = audit_entries(world.db, PROJECT, "step.withdrawn")
+    assert withdrawn["refs"] == {"step": step["step_id"], "attempt": attempt}
+    r = ren.post(f"/api/steps/{step['step_id']}", {"decision": "allow"})
+    assert r.status_code == 409 and "is withdrawn, not waiting for a decision" in r.json()["error"]["message"]
+
+
 def test_a_run_that_ends_with_its_task_says_so_and_a_stopped_task_waits_on_stopped(mcp, server, world):
     ren, oj = confirmed(server, world, "ren"), person(server, world, "oj")
     # Stopped: the task waits on "stopped" until a run goes on with it.
