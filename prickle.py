@@ -20156,7 +20156,8 @@ def connect_runner(server: str, config_path: str, name: str, clis: list[str],
 
 
 def task_prompt(task: dict, memory: list[dict], thread: list[dict], bridged: bool = True) -> str:
-    """What a task's run is told: the packet, the criteria, the thread, the memory and how to finish.
+    """What a task's run is told: the packet, the criteria, the last checkpoint, why its last result was
+    sent back (when it was), the memory, the thread and how to finish.
 
     ``bridged``: the CLI's permission prompt asks the owner (Claude Code through the bridge); otherwise
     the run is told to ask with request_step itself before a destructive, spending or outbound step.
@@ -20176,6 +20177,12 @@ def task_prompt(task: dict, memory: list[dict], thread: list[dict], bridged: boo
     if task.get("latest_checkpoint"):
         lines += ["", "The last checkpoint of this task (continue from it): "
                   + utf8_json(task["latest_checkpoint"])]
+    result = task.get("result") or {}
+    if result.get("status") == "rejected":  # sent back: the run is told why, not left to find it
+        who = result.get("decided_by") or result.get("verified_by") or {}
+        by = who.get("agent_id") or (f"@{who['handle']}" if who.get("handle") else "its reviewer")
+        lines += ["", f"Your last result (revision {result.get('revision')}) was sent back by {by}: "
+                  f"{result.get('reason') or 'no reason given'}", "Fix what it names, then return a new result."]
     if memory:
         lines += ["", "The project's memory:"] + [f"  - {m['key']}: {m['value']}" for m in memory]
     if thread:

@@ -183,6 +183,22 @@ def test_a_run_asked_for_by_a_person_says_so_in_its_prompt():
     assert "handed to you by oj/muse." in prickle.task_prompt(task | {"requester": "oj/muse"}, [], [])
 
 
+def test_a_run_after_a_send_back_is_told_who_sent_the_result_back_and_why():
+    task = {"id": "task_1", "project": "website-v2", "requester": "oj/muse",
+            "packet": {"task": "Draft it.", "acceptance_criteria": ["Short.", "Names the price."]},
+            "result": {"status": "rejected", "revision": 2, "reason": "Criterion 1 has no evidence.",
+                       "verified_by": {"kind": "agent", "agent_id": "oj/muse"}, "decided_by": None}}
+    lines = prickle.task_prompt(task, [], []).splitlines()
+    at = lines.index("Your last result (revision 2) was sent back by oj/muse: Criterion 1 has no evidence.")
+    assert lines[at + 1] == "Fix what it names, then return a new result."
+    by_person = task | {"result": task["result"] | {"decided_by": {"kind": "person", "handle": "oj"}}}
+    assert "Your last result (revision 2) was sent back by @oj: Criterion 1 has no evidence." in \
+        prickle.task_prompt(by_person, [], []).splitlines()
+    for status in ("submitted", "accepted", "superseded"):  # nothing sent back: nothing said
+        assert "sent back" not in prickle.task_prompt(task | {"result": task["result"] | {"status": status}}, [], [])
+    assert "sent back" not in prickle.task_prompt(task | {"result": None}, [], [])
+
+
 def test_the_runner_knows_its_own_process_by_when_it_started():
     started = prickle.process_started(os.getpid())
     assert started is not None and started == prickle.process_started(os.getpid())
