@@ -18421,7 +18421,7 @@ def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | 
         info["oauth"] = {"issuer": issuer} if issuer else None
         lines.append(f"Apps may connect by signing in (OAuth) at {issuer}/mcp." if issuer else
                      "Apps connect with keys only: sign-in (OAuth) needs public_url in prickle.toml set to this "
-                     "server's https address.")
+                     f"server's https address (or http://localhost:{bound} to try it on this machine).")
         db_arg = f"--db {shlex.quote(db_path)}"  # what the next steps printed below add to each command
         if demo:
             info["demo"] = _fresh_demo(db, settings, bound)

@@ -133,8 +133,9 @@ def test_serve_on_a_new_database_says_what_to_do_and_a_second_serve_is_refused(d
             lines.append(served.proc.stdout.readline())
             assert lines[-1], "".join(lines)
         assert lines[0].startswith("Prickle ") and "is listening on http://127.0.0.1:" in lines[0]
+        port = lines[0].split("http://127.0.0.1:")[1].split()[0]
         assert lines[1] == ("Apps connect with keys only: sign-in (OAuth) needs public_url in prickle.toml set to "
-                            "this server's https address.\n")
+                            f"this server's https address (or http://localhost:{port} to try it on this machine).\n")
         steps = [line.split("#")[0].strip() for line in lines if line.startswith("  prickle ")]
         assert [step.split()[:2] for step in steps] == [["prickle", "init"], ["prickle", "project"],
                                                         ["prickle", "agent"], ["prickle", "connect"]]

@@ -53,6 +53,10 @@ def test_opening_a_room_marks_read_only_what_was_on_screen_and_opens_at_new_mess
     expect(divider).to_be_in_viewport()
     # The line stands right before note 11, where the view opened; notes far below are not yet read.
     assert page.evaluate("document.querySelector('.unread-divider').nextElementSibling.id") == f"msg-{notes[10]['id']}"
+    # ren's notes share one header, but the first below the line shows whose it is again
+    expect(page.locator(f"#msg-{notes[10]['id']}")).to_have_class(re.compile(r"\bmsg-grouped\b"))
+    expect(page.locator(f"#msg-{notes[10]['id']} .msg-author")).to_be_visible()
+    expect(page.locator(f"#msg-{notes[11]['id']} .msg-author")).to_be_hidden()
     expect(page.locator(f"#msg-{notes[39]['id']}")).not_to_be_in_viewport()
     left = settles(lambda: unread(served, "read-open") < 30, True) and unread(served, "read-open")
     assert 0 < left < 30, left
