@@ -413,7 +413,8 @@ function evidenceReport(report, criteria) {
           stale: ` — only stale evidence ${c.evidence.map((n) => `#${n + 1}`).join(", ")}`,
           uncovered: " — uncovered" }[standing(c)] })))),
     report.general?.length ? h("p", { class: "muted small",
-      text: `General evidence (covers no one criterion): ${report.general.map((n) => `#${n + 1}`).join(", ")}` }) : null,
+      text: `Counted for no criterion (untagged, or of a kind that does not count for this deliverable): ${
+        report.general.map((n) => `#${n + 1}`).join(", ")}` }) : null,
     report.stale?.length ? h("p", { class: "warn-text small",
       text: `Stale: ${report.stale.map((s) => `#${s.evidence + 1} (${words(s.why)})`).join(", ")}` }) : null);
 }
