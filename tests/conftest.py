@@ -190,8 +190,12 @@ def world(db_path: str):
 
 @pytest.fixture
 def server(world: World):
-    """The whole app in-process on the world's database, with its lifespan running."""
+    """The whole app in-process on the world's database, with its lifespan running -- but for its retention
+    piece: the tests move a controlled clock and take the retention steps themselves (retention_step), and
+    the piece would race them for each step."""
     app = prickle.create_app(world.db_path, prickle.Settings(), port=8321)
+    pieces = app.state.prickle.maintenance.pieces
+    pieces[:] = [piece for piece in pieces if piece.name != "retention"]
     with TestClient(app, base_url="http://127.0.0.1:8321") as client:
         client.state = app.state.prickle
         yield client
