@@ -15,6 +15,7 @@ import prickle
 from starlette.testclient import TestClient
 from conftest import PROJECT, audit_entries
 from helpers import _database_at_version, make_task
+from runner_util import wait_until
 
 
 def test_new_database_is_wal_with_current_schema(db_path):
@@ -430,10 +431,8 @@ def test_while_requests_come_the_server_restarts_the_log_only_once_it_is_longer(
                                      (-math.inf, prickle.WAL_RESTART_FRAMES)):  # none ever
             maintenance.last_request = last_request
             maintenance.wake("checkpoint")
-            deadline = time.monotonic() + 10
-            while not (asked and asked[-1] == frames) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert asked[-1] == frames
+            wait_until(f"a checkpoint restarting the log at {frames} frames", lambda: asked and asked[-1] == frames,
+                       timeout=10, every=0.05)
 
 
 def test_a_restart_waits_for_a_reader_only_briefly(world, db_path):
