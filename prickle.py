@@ -2484,10 +2484,14 @@ class Maintenance:
         """Note that an HTTP request came in (the server's middleware calls this for every one)."""
         self.last_request = time.monotonic()
 
+    def quiet_for(self) -> float:
+        """Seconds since the latest request came in (infinite before the first)."""
+        return time.monotonic() - self.last_request
+
     def busy(self) -> bool:
         """Whether a request came in the last REQUESTS_QUIET_SECONDS: work that can wait then waits, so
         requests come first (the search index merges one step a second, the log restarts later)."""
-        return time.monotonic() - self.last_request < REQUESTS_QUIET_SECONDS
+        return self.quiet_for() < REQUESTS_QUIET_SECONDS
 
     def add(self, name: str, every: float, run: Callable[[], Any]) -> None:
         """Run ``run()`` every ``every`` seconds (from the first tick on) under ``name``."""
@@ -2558,8 +2562,16 @@ WAL_RESTART_FRAMES = 16_384
 #: of writes it happens a quarter as often. A quiet moment restarts it at WAL_RESTART_FRAMES.
 WAL_RESTART_FRAMES_BUSY = 4 * WAL_RESTART_FRAMES
 
-#: What is left of the log file's size after a restart (SQLite's journal_size_limit).
+#: A log file longer than this is emptied (a TRUNCATE checkpoint) once no request came for
+#: WAL_EMPTY_QUIET_SECONDS. The server's own connection never shortens the file: SQLite's
+#: journal_size_limit would have the first write after a restart do it, and freeing a few hundred
+#: megabytes held that request (and the event loop) for 100 to 200 ms. Beside Litestream, which restarts
+#: the log itself, the server's connection keeps this limit.
 WAL_KEEP_BYTES = 64 * 1024 * 1024
+
+#: How long the server goes without a request before it empties a long log file (seconds): shortening it
+#: holds writers back as long as it takes, so it waits for a lull rather than a pause between requests.
+WAL_EMPTY_QUIET_SECONDS = 5.0
 
 #: How long a restart may wait for a reader (a backup, say) while it holds writers back (ms);
 #: past it the restart gives up and the next second's checkpoint tries again.
@@ -2610,15 +2622,17 @@ class WalCheckpointer:
     request's commit on the event loop; :meth:`close` after the last run.
     """
 
-    def __init__(self, path: str, restart_frames: int | None = WAL_RESTART_FRAMES):
-        self.path, self.restart_frames = path, restart_frames
+    def __init__(self, path: str, restart_frames: int | None = WAL_RESTART_FRAMES, keep_bytes: int = WAL_KEEP_BYTES):
+        self.path, self.restart_frames, self.keep_bytes = path, restart_frames, keep_bytes
         self.conn: apsw.Connection | None = None
         self.lock = threading.Lock()  # the worker thread and shutdown never use the connection at once
 
-    def run(self, busy: bool = False) -> str:
+    def run(self, busy: bool = False, lull: bool = False) -> str:
         """One checkpoint, opening the connection (busy timeout CHECKPOINT_WAIT_MS) on first use; what
-        checkpoint_wal did. ``busy`` (requests are coming) restarts the log at WAL_RESTART_FRAMES_BUSY at
-        the earliest."""
+        checkpoint_wal did, or "truncate". ``busy`` (requests are coming) restarts the log at
+        WAL_RESTART_FRAMES_BUSY at the earliest; ``lull`` (no request for a while) empties a log file
+        longer than ``keep_bytes`` (a TRUNCATE checkpoint, holding writers back while the file is
+        shortened)."""
         frames = self.restart_frames
         if busy and frames is not None:
             frames = max(frames, WAL_RESTART_FRAMES_BUSY)
@@ -2626,7 +2640,12 @@ class WalCheckpointer:
             if self.conn is None:
                 self.conn = apsw.Connection(self.path)
                 self.conn.setbusytimeout(CHECKPOINT_WAIT_MS)
-            return checkpoint_wal(self.conn, frames)
+            done = checkpoint_wal(self.conn, frames)
+            log = self.path + "-wal"  # there while this connection is open
+            if lull and frames is not None and os.path.exists(log) and os.path.getsize(log) > self.keep_bytes:
+                self.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_TRUNCATE)
+                return "truncate"
+            return done
 
     def close(self) -> None:
         """Close the connection, if one was opened."""
@@ -17644,7 +17663,8 @@ def server_maintenance(db: Database, hub: WakeHub, checkpointer: WalCheckpointer
 
     maintenance = Maintenance()
     maintenance.add("watcher", BACKGROUND_TICK, watch)
-    maintenance.add("checkpoint", 1.0, lambda: asyncio.to_thread(checkpointer.run, maintenance.busy()))
+    maintenance.add("checkpoint", 1.0, lambda: asyncio.to_thread(
+        checkpointer.run, maintenance.busy(), maintenance.quiet_for() >= WAL_EMPTY_QUIET_SECONDS))
     maintenance.add("approvals sweep", 60.0, sweep)
     maintenance.add("outbox pruning", 600.0, prune)
     maintenance.add("search index merging", 2.0, merge)
@@ -17944,8 +17964,10 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
 
     db.revoked_listeners.append(end_dead_sessions)
 
-    db.conn.pragma("journal_size_limit", WAL_KEEP_BYTES)
-    # Beside Litestream, whose read lock refuses a restart of the log, Litestream restarts it.
+    # Beside Litestream, whose read lock refuses a restart of the log, Litestream restarts it, and the
+    # first write after a restart shortens the file; otherwise the checkpointer empties it when quiet.
+    if settings.checkpoints == "litestream":
+        db.conn.pragma("journal_size_limit", WAL_KEEP_BYTES)
     checkpointer = WalCheckpointer(db_path, None if settings.checkpoints == "litestream" else WAL_RESTART_FRAMES)
     # The background pieces call it unwrapped, so a failure there shows in /healthz and is retried.
     maintenance = state.maintenance = server_maintenance(db, hub, checkpointer, settings,

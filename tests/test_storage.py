@@ -418,21 +418,61 @@ def test_while_requests_come_the_server_restarts_the_log_only_once_it_is_longer(
     assert checkpointer.run(busy=False) == "restart"  # a quiet moment: started over
     checkpointer.close()
 
-    asked = []  # the server's checkpoint piece asks for the later restart while requests come
-    real = prickle.checkpoint_wal
-    monkeypatch.setattr(prickle, "checkpoint_wal", lambda conn, frames: asked.append(frames) or real(conn, frames))
+    asked = []  # the server's checkpoint piece says whether requests are coming, and whether none came for a while
+    real = prickle.WalCheckpointer.run
+    monkeypatch.setattr(prickle.WalCheckpointer, "run",
+                        lambda self, busy, lull: asked.append((busy, lull)) or real(self, busy, lull))
     app = prickle.create_app(db_path)
     with TestClient(app, base_url="http://127.0.0.1:8321") as client:
         maintenance = app.state.prickle.maintenance
         sent = time.monotonic()
         assert client.get("/healthz").status_code == 200
         assert maintenance.last_request >= sent  # every request is noted
-        for last_request, frames in ((math.inf, prickle.WAL_RESTART_FRAMES_BUSY),  # a request always just in
-                                     (-math.inf, prickle.WAL_RESTART_FRAMES)):  # none ever
-            maintenance.last_request = last_request
+        for ago, told in ((-math.inf, (True, False)),  # a request always just in
+                          (prickle.REQUESTS_QUIET_SECONDS + 0.5, (False, False)),  # a pause between requests
+                          (math.inf, (False, True))):  # none ever: a lull
+            maintenance.last_request = time.monotonic() - ago
             maintenance.wake("checkpoint")
-            wait_until(f"a checkpoint restarting the log at {frames} frames", lambda: asked and asked[-1] == frames,
-                       timeout=10, every=0.05)
+            wait_until(f"a checkpoint told {told}", lambda: asked and asked[-1] == told, timeout=10, every=0.05)
+
+
+def test_the_log_file_is_shortened_in_a_lull_never_by_a_request(world, db_path):
+    world.db.conn.pragma("wal_autocheckpoint", 0)
+    app = prickle.create_app(db_path)  # the server's connection: a write after a restart leaves the file as long
+    server = app.state.prickle.db
+    assert server.conn.pragma("journal_size_limit") == -1
+    muse = world.actor("oj/muse")
+    for i in range(30):
+        prickle.post_message(server, muse, PROJECT, f"note {i}")
+    checkpointer = prickle.WalCheckpointer(db_path, restart_frames=10, keep_bytes=1024)
+    assert checkpointer.run(busy=True) == "passive"  # requests are coming: the file stays
+    long_file = os.path.getsize(db_path + "-wal")
+    assert long_file > 100 * 1024
+    assert checkpointer.run(busy=False) == "restart"  # a pause between requests: restarted only
+    assert os.path.getsize(db_path + "-wal") == long_file
+    assert checkpointer.run(busy=False, lull=True) == "truncate"  # no request for a while: emptied
+    assert os.path.getsize(db_path + "-wal") == 0
+    for i in range(30):
+        prickle.post_message(server, muse, PROJECT, f"again {i}")
+    grown = os.path.getsize(db_path + "-wal")
+    checkpointer.keep_bytes = 10 * grown  # with the limit above the file, a lull only restarts it
+    assert checkpointer.run(busy=False, lull=True) == "restart"
+    prickle.post_message(server, muse, PROJECT, "after the restart")
+    log, copied = checkpointer.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+    assert 0 < log < 30 and copied == log  # the post started the log again from its first frame
+    assert os.path.getsize(db_path + "-wal") == grown  # and did not shorten the file
+    checkpointer.close()
+    server.close()
+    assert world.db.scalar("SELECT count(*) FROM messages") == 61
+    assert prickle.verify_audit(world.db, PROJECT)[0]["ok"]
+
+
+def test_beside_litestream_the_server_keeps_sqlites_limit_on_the_log_file(db_path, tmp_path):
+    prickle.Database(db_path).close()
+    settings = prickle.Settings(checkpoints="litestream")
+    app = prickle.create_app(db_path, settings=settings)
+    assert app.state.prickle.db.conn.pragma("journal_size_limit") == prickle.WAL_KEEP_BYTES
+    app.state.prickle.db.close()
 
 
 def test_a_restart_waits_for_a_reader_only_briefly(world, db_path):
