@@ -18372,6 +18372,13 @@ def _uvicorn_server(config: Any, lock: ServerLock, hub: WakeHub | None = None) -
     return Server(config)
 
 
+#: How many more container objects than were freed make Python collect its youngest generation in
+#: a serving process (its default is 2,000). A request leaves reference cycles behind (the SDK's), and
+#: the pause grows with the number: at 50,000 it was about 20 ms every second and a half under load,
+#: which every request in flight waited out; at this, a few milliseconds.
+GC_YOUNG_OBJECTS = 10_000
+
+
 def _fresh_demo(db: Database, settings: Settings, port: int) -> dict:
     """Seed the demo project and make fresh demo keys and a sign-in link for oj; the previous
     start's stop working. Returns ``{"project", "keys": {agent: secret}, "signin"}``."""
@@ -18466,11 +18473,10 @@ def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | 
         Out(as_json)(info, "\n".join(lines))
         sys.stdout.flush()
         app = create_app(db_path, settings, bound)
-        # What was loaded so far lives as long as the process: keep it out of the collector's way,
-        # and collect young objects less often (a request makes many short-lived ones).
+        # What was loaded so far lives as long as the process: keep it out of the collector's way.
         gc.collect()
         gc.freeze()
-        gc.set_threshold(50_000, 20, 100)
+        gc.set_threshold(GC_YOUNG_OBJECTS, 20, 100)
         config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=3,
                                 http=guard.protocol(), backlog=guard.backlog)
         limit_log_repeats(settings.access_log)  # once uvicorn has set up its logging
@@ -18670,8 +18676,8 @@ def connect_cmd(db_path: str, as_json: bool, agent_id: str, project_slug: str | 
     Out(as_json)(record | {"token": secret, "projects": projects} | lines,
                   f"Made a client key for {agent_id} (key ID {record['id']}; the key itself is in the lines "
                   f"below and is shown only once).\n\nClaude Code:\n  {lines['claude_code']}\n\n"
-                  "Codex, in ~/.codex/config.toml:\n"
-                  + "\n".join("  " + line for line in lines["codex_config"].splitlines())
+                  "Codex, in ~/.codex/config.toml:\n"  # the heading names the file the TOML's first line names
+                  + "\n".join("  " + line for line in lines["codex_config"].splitlines()[1:])
                   + f"\n\nCodex, in the shell that starts it:\n  {lines['codex_env']}" + warning)
 
 
