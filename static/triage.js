@@ -139,13 +139,14 @@ export function createTriage(ctx, { card, query }) {
       row.li.hidden = !matches(row.item);
     });
     paintFilters(view, all, filter, setFilter);
-    const shown = visibleRows().length;
+    const visible = visibleRows();
+    const shown = visible.filter((r) => ids.has(r.item.id)).length; // a card just decided stays in view, but waits no more
     const mentions = all.filter((i) => MENTIONS.has(i.kind)).length;
     view.allMentions.hidden = !mentions;
     view.allMentions.textContent = `Mark all mentions read (${mentions})`;
     view.count.textContent = !loaded() ? "Loading…"
       : `${all.length === 1 ? "1 thing waits" : `${all.length} things wait`} on you${shown !== all.length ? `; ${shown} shown` : ""}.`;
-    view.nothing.hidden = !loaded() || shown > 0;
+    view.nothing.hidden = !loaded() || visible.length > 0;
     view.nothing.textContent = all.length ? "Nothing here with these filters." : "Nothing waits on you. New items appear here as they arrive.";
     if (view.selected && !visibleRows().some((r) => r.item.id === view.selected)) act.select(null, false);
     snoozed.paint();

@@ -115,6 +115,11 @@ def test_a_held_handoff_is_approved_verified_and_finally_accepted(served, people
     expect(card).to_contain_text("oj/muse asks your agent ren/builder")
     card.get_by_role("button", name="Approve", exact=True).click()
     expect(card.get_by_role("status")).to_have_text("Approved: the task went to the agent.")
+    with person_api(served, "ren") as api:
+        waiting = len(api.get("/api/inbox").json()["items"])
+    expect(card).to_be_visible()  # the decided card stays in view, and is not counted as waiting
+    expect(ren.locator(".inbox-count")).to_have_text(
+        f"{waiting} {'thing waits' if waiting == 1 else 'things wait'} on you.")
     shot(ren, "handoff_approved")
     card.get_by_role("link", name="Build the pricing page.").click()
     expect(ren.locator(".task-meta .state")).to_have_text("routed")
