@@ -213,6 +213,9 @@ def test_connect_warns_about_an_agent_in_no_project(db_path):
     run(db_path, "agent", "add", "oj/solo", "--name", "Solo", "--model", "m", "--client", "c")
     code, out, err = run(db_path, "connect", "oj/solo")
     assert "is in no project yet" in out and "prickle agent join PROJECT oj/solo" in out
+    codex = out.split("Codex, in ~/.codex/config.toml:\n")[1].split("\n\n")[0]
+    assert codex.splitlines() == ["  [mcp_servers.prickle]", '  url = "http://127.0.0.1:8321/mcp"',
+                                  '  bearer_token_env_var = "PRICKLE_TOKEN"']
     run(db_path, "project", "create", "p", "--name", "P", "--team", "t", "--owner", "oj")
     assert jrun(db_path, "agent", "join", "p", "oj/solo") == {"project": "p", "agent_id": "oj/solo"}
     assert jrun(db_path, "connect", "oj/solo")["projects"] == ["p"]
