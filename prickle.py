@@ -17966,9 +17966,10 @@ def create_app(db_path: str, settings: Settings | None = None, port: int | None 
 
     # Beside Litestream, whose read lock refuses a restart of the log, Litestream restarts it, and the
     # first write after a restart shortens the file; otherwise the checkpointer empties it when quiet.
-    if settings.checkpoints == "litestream":
+    litestream = settings.checkpoints == "litestream"
+    if litestream:
         db.conn.pragma("journal_size_limit", WAL_KEEP_BYTES)
-    checkpointer = WalCheckpointer(db_path, None if settings.checkpoints == "litestream" else WAL_RESTART_FRAMES)
+    checkpointer = WalCheckpointer(db_path, None if litestream else WAL_RESTART_FRAMES)
     # The background pieces call it unwrapped, so a failure there shows in /healthz and is retried.
     maintenance = state.maintenance = server_maintenance(db, hub, checkpointer, settings,
                                                          lambda: end_sessions_of_dead_credentials(db, manager, hub))

@@ -148,7 +148,7 @@ export function createTriage(ctx, { card, query }) {
       : `${all.length === 1 ? "1 thing waits" : `${all.length} things wait`} on you${shown !== all.length ? `; ${shown} shown` : ""}.`;
     view.nothing.hidden = !loaded() || visible.length > 0;
     view.nothing.textContent = all.length ? "Nothing here with these filters." : "Nothing waits on you. New items appear here as they arrive.";
-    if (view.selected && !visibleRows().some((r) => r.item.id === view.selected)) act.select(null, false);
+    if (view.selected && !visible.some((r) => r.item.id === view.selected)) act.select(null, false);
     snoozed.paint();
   };
 

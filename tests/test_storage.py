@@ -467,7 +467,7 @@ def test_the_log_file_is_shortened_in_a_lull_never_by_a_request(world, db_path):
     assert prickle.verify_audit(world.db, PROJECT)[0]["ok"]
 
 
-def test_beside_litestream_the_server_keeps_sqlites_limit_on_the_log_file(db_path, tmp_path):
+def test_beside_litestream_the_server_keeps_sqlites_limit_on_the_log_file(db_path):
     prickle.Database(db_path).close()
     settings = prickle.Settings(checkpoints="litestream")
     app = prickle.create_app(db_path, settings=settings)
