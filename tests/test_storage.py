@@ -23,6 +23,7 @@ def test_new_database_is_wal_with_current_schema(db_path):
     assert db.conn.pragma("user_version") == len(prickle.MIGRATIONS)
     assert db.conn.pragma("journal_mode") == "wal"
     assert db.conn.pragma("foreign_keys") == 1
+    assert db.conn.pragma("cache_size") == -64 * 1024  # KiB: the posts' pages stay cached through a merge
     db.close()
     # opening again changes nothing
     again = prickle.Database(db_path)
