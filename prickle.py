@@ -1925,7 +1925,7 @@ BUSY_TIMEOUT_MS = 5000
 
 #: The most a Database's own page cache holds (KiB; SQLite's default is 2,000). With the default, after
 #: a burst of writes the search index's merging pushed the posts' index pages out of it and every post
-#: read them again through the write-ahead log: posts ran at 0.65 of their rate for the first seconds.
+#: read them again through the write-ahead log: posts ran at about 0.7 of their rate for the first seconds.
 #: The cache grows only as pages are read.
 PAGE_CACHE_KIB = 64 * 1024
 
@@ -18478,9 +18478,10 @@ def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | 
             lines += ["This database is new. Next, in another terminal:"]
             lines += [f"  {s}" for s in steps]
         db.close()
+        # Made before the server says it listens: a command run after that is a writer its watch sees.
+        app = create_app(db_path, settings, bound)
         Out(as_json)(info, "\n".join(lines))
         sys.stdout.flush()
-        app = create_app(db_path, settings, bound)
         # What was loaded so far lives as long as the process: keep it out of the collector's way.
         gc.collect()
         gc.freeze()
