@@ -625,6 +625,17 @@ class Settings(pydantic.BaseModel):
             host = f"[{host}]"
         return f"http://{host}:{port if port is not None else self.port}"
 
+    def public_port_differs(self, port: int) -> tuple[int, str] | None:
+        """When public_url is this machine's own address (localhost, loopback) on another port than
+        ``port``, the one listened on, its links reach nothing: ``(the port it names, the address it
+        should be)``. Else None."""
+        parts = urllib.parse.urlsplit(self.public_url)
+        if not self.public_url or parts.hostname not in ("localhost", "127.0.0.1", "::1"):
+            return None
+        named = parts.port or (443 if parts.scheme == "https" else 80)
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        return None if named == port else (named, parts._replace(netloc=f"{host}:{port}").geturl().rstrip("/"))
+
     def listens_everywhere(self) -> bool:
         """True when ``host`` is a wildcard (every interface)."""
         return self.host in ("0.0.0.0", "::", "")
@@ -18459,6 +18470,10 @@ def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | 
         lines.append(f"Apps may connect by signing in (OAuth) at {issuer}/mcp." if issuer else
                      "Apps connect with keys only: sign-in (OAuth) needs public_url in prickle.toml set to this "
                      f"server's https address (or http://localhost:{bound} to try it on this machine).")
+        if (differs := settings.public_port_differs(bound)) is not None:
+            lines.append(f"public_url names port {differs[0]}, but this server listens on {bound}: the links it "
+                         f"prints and sends would reach nothing. Set public_url in prickle.toml to {differs[1]}, "
+                         "or start without --port.")
         db_arg = f"--db {shlex.quote(db_path)}"  # what the next steps printed below add to each command
         if demo:
             info["demo"] = _fresh_demo(db, settings, bound)
@@ -20606,6 +20621,7 @@ class Runner(RunnerDeliveries):
         self.procs: dict[str, asyncio.subprocess.Process] = {}  # attempt or session id -> its process
         self.stopping: dict[str, str] = {}  # attempt or session id -> why it was stopped
         self.by_task: dict[str, str] = {}  # task id -> the attempt running it
+        self.going: dict[tuple[str, str], set[str]] = collections.defaultdict(set)  # (agent, project) -> task ids
         self.woken: dict[str, dict] = {}  # task id -> the task, woken again while its run went on
         self._tasks: set[asyncio.Task] = set()
         self.stopping_all = False
@@ -21023,32 +21039,44 @@ class Runner(RunnerDeliveries):
     # -- runs ----------------------------------------------------------------
 
     async def working(self, agent_id: str, task: dict) -> None:
-        """Tell Team Pulse the agent is working on ``task`` while its run goes on (report() ends it)."""
+        """Tell Team Pulse the agent is working on ``task`` while its run goes on (report() or rest() ends it)."""
         title = (task.get("display_title") or task["packet"]["task"])[:180]
-        try:
-            await self.calls[agent_id].call("update_pulse", {"project": task["project"], "availability": "working",
-                                                             "doing": f"Working on {title}", "task_id": task["id"]})
-        except Exception as e:  # noqa: BLE001 - the report is best effort; the log keeps it
-            self.log(f"{agent_id}: could not report to Team Pulse: {e}")
+        self.going[agent_id, task["project"]].add(task["id"])
+        await self._pulse(agent_id, {"project": task["project"], "availability": "working",
+                                     "doing": f"Working on {title}", "task_id": task["id"]})
 
     async def report(self, agent_id: str, project: str, failure: dict | None, task_id: str | None = None) -> None:
-        """Set run_failure on the agent's Team Pulse, or clear it after a good run."""
-        agent, state = self.config.agents[agent_id], self._agent(agent_id)
+        """Set run_failure on the agent's Team Pulse (and idle), or clear it after a good run and rest()."""
+        state = self._agent(agent_id)
         if failure is None:
             args: dict = {"project": project, "clear_run_failure": True}
             if task_id:
                 args["task_id"] = task_id
         else:
             args = {"project": project, "availability": "idle", "doing": "", "run_failure": failure}
-        try:
-            await self.calls[agent_id].call("update_pulse", args)
-        except Exception as e:  # noqa: BLE001 - the report is best effort; the log keeps it
-            self.log(f"{agent_id}: could not report to Team Pulse: {e}")
+        await self._pulse(agent_id, args)
+        await self.rest(agent_id, project, task_id, idle=failure is None)  # a failure's report said idle
         if failure is not None:
             state["last_failure"] = failure | {"at": iso(utcnow()), "project": project, "task_id": task_id}
         elif state["last_failure"] and state["last_failure"].get("project", project) == project:
             state["last_failure"] = None
         self.save()
+
+    async def rest(self, agent_id: str, project: str, task_id: str | None, idle: bool = True) -> None:
+        """The agent's run of ``task_id`` ended: once none of its task runs in ``project`` goes on, tell
+        Team Pulse it is idle (working() said otherwise while they went on). While one goes on, leave it."""
+        going = self.going[agent_id, project]
+        going.discard(task_id)
+        if not going:
+            del self.going[agent_id, project]
+            if idle:
+                await self._pulse(agent_id, {"project": project, "availability": "idle", "doing": ""})
+
+    async def _pulse(self, agent_id: str, args: dict) -> None:
+        try:
+            await self.calls[agent_id].call("update_pulse", args)
+        except Exception as e:  # noqa: BLE001 - the report is best effort; the log keeps it
+            self.log(f"{agent_id}: could not report to Team Pulse: {e}")
 
     def _workspace(self, agent: RunnerAgent, task_id: str) -> str:
         """The run's workspace: a git worktree on branch ``prickle/<task>`` with a repo, else a scratch dir."""
@@ -21201,6 +21229,8 @@ class Runner(RunnerDeliveries):
                     failure = None  # waiting for its owner is not a failure
                 if not stopped:  # a stopped run is neither good nor failed
                     await self.report(agent_id, project, failure, task_id)
+                else:
+                    await self.rest(agent_id, project, task_id)
         finally:
             self.by_task.pop(task_id, None)
             self.save()

@@ -1,6 +1,7 @@
 """The command line: every command has help, takes --db and --json, and fails in one line."""
 
 import os
+import re
 import subprocess
 
 import click
@@ -158,6 +159,12 @@ def test_serve_says_when_apps_may_sign_in(tmp_path, db_path):
     config.write_text('public_url = "http://127.0.0.1:8321"\n')
     with Served(db_path, "--config", str(config), json_info=False) as served:
         assert served.proc.stdout.readline() == "Apps may connect by signing in (OAuth) at http://127.0.0.1:8321/mcp.\n"
+        # Started on another port than the one public_url names (--port), it says its links reach nothing.
+        said = served.proc.stdout.readline()
+        assert re.fullmatch(r"public_url names port 8321, but this server listens on (\d+): the links it prints and "
+                            r"sends would reach nothing\. Set public_url in prickle\.toml to http://127\.0\.0\.1:\1, or "
+                            r"start without --port\.\n", said), said
+        assert said.split()[8] != "8321:"
     with Served(db_path, "--config", str(config)) as served:
         assert served.info["oauth"] == {"issuer": "http://127.0.0.1:8321"}
     with Served(db_path) as served:

@@ -198,6 +198,23 @@ def test_team_pulse_says_the_agent_is_working_while_its_run_goes_on(db_path, tmp
             assert (pulse["task_id"], pulse["doing"]) == (task_id, "Working on Draft the hero copy.")
 
 
+def test_team_pulse_says_the_agent_is_idle_once_its_run_has_ended(db_path, tmp_path):
+    with Served(db_path, "--demo") as served:
+        base = served.info["url"]
+        config = standin_runner(db_path, tmp_path, base)
+        with RunnerProcess(config) as runner, person(base, cli_json(db_path, "token", "create", "--person", "ren")[
+                "token"]) as ren, httpx.Client(base_url=base, timeout=60) as http:
+            runner.wait_connected("ren/builder")
+            task_id = hand(MCP(http, {"oj/muse": served.info["demo"]["keys"]["oj/muse"]}), "ok")
+            wait_until("the result", lambda: task_state(ren, task_id)["state"] == "verifying", timeout=60)
+            wait_until("the run's end told", lambda: f"ren/builder: {runs_of(ren, task_id)[0]['attempt_id']} ended"
+                       in runner.log())
+            # Working while it ran; once it ended, idle, with nothing said to be going on.
+            pulse = wait_until("the idle pulse", lambda: (p := pulse_of(ren, PROJECT, "ren/builder")) and p.get(
+                "availability") == "idle" and p)
+            assert (pulse["doing"], pulse["task_id"], "run_failure" in pulse) == ("", None, False)
+
+
 def test_a_mention_the_runner_heard_reaches_the_agents_next_session_and_its_owners_inbox(db_path, tmp_path):
     with Served(db_path, "--demo") as served:
         base = served.info["url"]
