@@ -18398,6 +18398,25 @@ def _uvicorn_server(config: Any, lock: ServerLock, hub: WakeHub | None = None) -
 GC_YOUNG_OBJECTS = 10_000
 
 
+def _address_notes(settings: Settings, base: str, bound: int, issuer: str | None) -> list[str]:
+    """What serve says about the address it is reached by: every interface, sign-in, a public_url on another port."""
+    lines = []
+    if settings.listens_everywhere() and not settings.public_url:
+        lines.append("Listening on every interface: teammates must use the address they reach this machine "
+                     "by; set public_url in prickle.toml to it, so links and the Host check use it."
+                     if machine_address() is None else
+                     f"Listening on every interface; links use {base}. If teammates reach this machine by "
+                     "another name, set public_url in prickle.toml to it.")
+    lines.append(f"Apps may connect by signing in (OAuth) at {issuer}/mcp." if issuer else
+                 "Apps connect with keys only: sign-in (OAuth) needs public_url in prickle.toml set to this "
+                 f"server's https address (or http://localhost:{bound} to try it on this machine).")
+    if (differs := settings.public_port_differs(bound)) is not None:
+        lines.append(f"public_url names port {differs[0]}, but this server listens on {bound}: the links it "
+                     f"prints and sends would reach nothing. Set public_url in prickle.toml to {differs[1]}, "
+                     "or start without --port.")
+    return lines
+
+
 def _fresh_demo(db: Database, settings: Settings, port: int) -> dict:
     """Seed the demo project and make fresh demo keys and a sign-in link for oj; the previous
     start's stop working. Returns ``{"project", "keys": {agent: secret}, "signin"}``."""
@@ -18459,21 +18478,9 @@ def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | 
         set_meta(db, "base_url", base)
         info: dict[str, Any] = {"url": base, "port": bound, "mcp": f"{base}/mcp", "db": os.path.abspath(db_path)}
         lines = [f"Prickle {__version__} is listening on {base}  (MCP: {base}/mcp, database: {db_path})"]
-        if settings.listens_everywhere() and not settings.public_url:
-            lines.append("Listening on every interface: teammates must use the address they reach this machine "
-                         "by; set public_url in prickle.toml to it, so links and the Host check use it."
-                         if machine_address() is None else
-                         f"Listening on every interface; links use {base}. If teammates reach this machine by "
-                         "another name, set public_url in prickle.toml to it.")
         issuer = oauth_issuer(settings)
         info["oauth"] = {"issuer": issuer} if issuer else None
-        lines.append(f"Apps may connect by signing in (OAuth) at {issuer}/mcp." if issuer else
-                     "Apps connect with keys only: sign-in (OAuth) needs public_url in prickle.toml set to this "
-                     f"server's https address (or http://localhost:{bound} to try it on this machine).")
-        if (differs := settings.public_port_differs(bound)) is not None:
-            lines.append(f"public_url names port {differs[0]}, but this server listens on {bound}: the links it "
-                         f"prints and sends would reach nothing. Set public_url in prickle.toml to {differs[1]}, "
-                         "or start without --port.")
+        lines += _address_notes(settings, base, bound, issuer)
         db_arg = f"--db {shlex.quote(db_path)}"  # what the next steps printed below add to each command
         if demo:
             info["demo"] = _fresh_demo(db, settings, bound)
