@@ -11322,6 +11322,27 @@ def check_search_cost(query: str) -> None:
                            "or prefixes")
 
 
+#: FTS5's own words between terms, kept as they are when a query is read again as phrases.
+_SEARCH_OPERATORS = ("AND", "OR", "NOT")
+
+
+def _as_phrases(query: str) -> str:
+    """``query`` with every term made a phrase, for text FTS5 could not read as typed: ``logo-v2.svg``
+    becomes ``"logo-v2.svg"`` (the words logo v2 svg, in a row), ``don't`` ``"don't"``. AND, OR and
+    NOT stay operators, a ``title:`` or ``body:`` before a term and a ``*`` after it stay, an unclosed
+    quote is closed; parentheses go."""
+    terms = []
+    for term in _SEARCH_TERM.findall(query):
+        if term in _SEARCH_OPERATORS:
+            terms.append(term)
+            continue
+        column, _, rest = term.partition(":") if re.match(r"(title|body):.", term) else ("", "", term)
+        star = "*" if rest.endswith("*") and not rest.startswith('"') else ""
+        words = rest.strip('"').rstrip("*") if not rest.startswith('"') else rest.strip('"')
+        terms.append(f'{column + ":" if column else ""}"{words}"{star}')
+    return " ".join(terms)
+
+
 @contextlib.contextmanager
 def _time_limit(db: Database, seconds: float | None) -> Iterator[None]:
     """Interrupt the statements run inside after ``seconds`` (apsw.InterruptError); None: no limit."""
@@ -11371,15 +11392,17 @@ def search(db: Database, actor: Actor, query: str, *, limit: int = 20, seconds: 
                f"{hidden} ORDER BY score, s.at DESC LIMIT :limit")
         try:
             with _time_limit(db, seconds):
-                rows = db.rows(sql, params)
+                try:
+                    rows = db.rows(sql, params)
+                except apsw.SQLError:  # the statement is fixed: only the query text can be wrong
+                    rows = db.rows(sql, params | {"q": _as_phrases(query)})  # e.g. a file name, don't, C++
         except apsw.InterruptError:
             raise InvalidInput(f"q: the search ran past its time limit of {seconds:g} seconds: narrow it (fewer "
                                "OR, longer prefixes, a \"phrase\")") from None
-        except apsw.SQLError as e:  # the statement is fixed: only the query text can be wrong
+        except apsw.SQLError as e:
             raise InvalidInput(
                 f"q: the search \"{query}\" could not be read ({e.args[0] if e.args else e}): search for words, "
-                "\"a phrase in double quotes\", prefix* or OR between words; put words with punctuation "
-                "(don't, C++, foo-bar) in double quotes") from None
+                "\"a phrase in double quotes\", prefix* or OR between words") from None
         task_ids = sorted({r["task_id"] for r in rows if r["task_id"]})
         titles = {t["id"]: t for t in db.rows(
             f"SELECT id, title, display_title, state, assignee FROM tasks WHERE id IN ({', '.join('?' * len(task_ids))})",
