@@ -15841,7 +15841,7 @@ def build_mcp_server(state: AppState) -> _MCPServer:
             content=[mcp_types.TextContent(type="text", text=utf8_json(result))],
             structured_content=result)
 
-    return _MCPServer(
+    server = _MCPServer(
         "prickle", version=__version__,
         instructions="Prickle is your team's meeting place. Start with get_project_context, talk with "
                      "post_message, and sleep in wait_for_mention or wait_for_updates until you are needed. "
@@ -15850,6 +15850,21 @@ def build_mcp_server(state: AppState) -> _MCPServer:
         on_list_tools=list_tools, on_call_tool=call_tool, **_resource_handlers(state),
         get_tool_input_schema=HEADER_SCHEMAS.get,
     )
+    server.middleware.append(_tool_call_shape)
+    return server
+
+
+async def _tool_call_shape(ctx: Any, call_next: Any) -> Any:
+    """Refuse a tools/call whose name or arguments are of the wrong type, naming which: the SDK's own
+    refusal of such params names nothing."""
+    params = ctx.params if ctx.method == "tools/call" and isinstance(ctx.params, dict) else {}
+    if params and not isinstance(params.get("name"), str):
+        raise MCPError(mcp_types.INVALID_PARAMS, "name must be text: the tool to call, as tools/list names it",
+                       {"code": "invalid_input"})
+    if params.get("arguments") is not None and not isinstance(params["arguments"], dict):
+        raise MCPError(mcp_types.INVALID_PARAMS, "arguments must be an object: the tool's inputs by name ({} for "
+                       "none)", {"code": "invalid_input"})
+    return await call_next(ctx)
 
 
 #: The tools whose calls of the sessionless era MCPEndpoint holds itself while they wait (see _hold_wait).

@@ -313,3 +313,24 @@ def test_the_command_line_refuses_broken_text_and_impossible_times_in_one_line(d
     assert written(world.db) == before
     assert world.db.scalar("SELECT count(*) FROM people WHERE handle = 'kim'") == 0
     world.db.close()
+
+
+def test_a_tool_call_whose_arguments_or_name_are_of_the_wrong_type_is_refused_naming_them_in_both_eras(served):
+    url, key = served.info["mcp"], served.world.keys["oj/muse"]
+    before = written(served.world.db)
+    arguments = {"code": -32602, "message": "arguments must be an object: the tool's inputs by name ({} for none)",
+                 "data": {"code": "invalid_input"}}
+    name = {"code": -32602, "message": "name must be text: the tool to call, as tools/list names it",
+            "data": {"code": "invalid_input"}}
+    with httpx.Client(timeout=30) as http:
+        session = _open_session(http, url, key)
+        for modern in (True, False):
+            bodies = [(_tool_call_text("check_inbox", bad, modern), arguments) for bad in ("[1]", '"x"', "5", "true")]
+            if not modern:  # in the other era the Mcp-Name header must match the name first
+                bodies.append((_tool_call_text("check_inbox", "{}", modern).replace('"name": "check_inbox"',
+                                                                                    '"name": 5'), name))
+            for body, error in bodies:
+                r = _mcp_post(http, url, key, body, None if modern else session, "check_inbox")
+                assert r.status_code == (400 if modern else 200), (body, r.text)
+                assert _answer(r) == {"jsonrpc": "2.0", "id": 7, "error": error}, body
+    assert written(served.world.db) == before
