@@ -23,7 +23,7 @@ import { createRoomControls } from "./privateroom.js";
 import { createSchedules } from "./schedules.js";
 import { actionCard } from "./makeaction.js";
 import { markSeen, paintUnread, reload as reloadInbox } from "./inbox_store.js";
-import { renderMarkdown, rawToggle } from "./markdown.js";
+import { renderMarkdown, rawToggle, plainText } from "./markdown.js";
 import { renderAttachments } from "./attachments.js";
 import { markDialog, localDay } from "./story.js";
 import { requesterText } from "./task_common.js";
@@ -586,7 +586,7 @@ export function renderMessage(m, owner) {
     s.replyto.hidden = false;
     s.replyto.href = `#msg-${m.in_reply_to}`;
     s.replyto.textContent = parent
-      ? `↪ in reply to ${parent.author.display_name}: “${clip(parent.body, 70)}”`
+      ? `↪ in reply to ${parent.author.display_name}: “${clip(plainText(parent.body), 70)}”`
       : "↪ in reply to an earlier message";
     s.replyto.addEventListener("click", (e) => {
       e.preventDefault();
@@ -689,7 +689,7 @@ function renderThreads(box, ctx, threads) {
     threads.length
       ? h("ul", { class: "thread-list" }, threads.map((t) => h("li", {},
         h("a", { href: `#/p/${ctx.slug}/tasks/${t.task_id}`, class: "thread" },
-          h("span", { class: "thread-title" }, t.title,
+          h("span", { class: "thread-title" }, plainText(t.title),
             h("span", { class: "unread-badge", hidden: true, dataset: { unreadProject: ctx.slug, unreadThread: t.task_id } })),
           h("span", { class: "thread-meta" }, stateBadge(t.state),
             h("span", { class: "muted small", text: `${requesterText(t)} → ${t.assignee}` })),

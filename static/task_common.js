@@ -4,6 +4,7 @@
 
 import { get } from "./api.js";
 import { stateBadge } from "./ui.js";
+import { plainText } from "./markdown.js";
 
 // The server's lists (GET /api/meta): task states, those a task can be cancelled from, deliverable types,
 // the board's columns.
@@ -31,9 +32,9 @@ export function taskState(task) {
   return badgeEl;
 }
 
-/** The task's name: its display title, or the packet's own words. */
+/** The task's name: its display title, or the packet's own words, as plain words (no Markdown marks). */
 export function titleOf(task) {
-  return task.display_title || task.packet.task;
+  return plainText(task.display_title || task.packet.task);
 }
 
 /** Who asked for the task, in words. */

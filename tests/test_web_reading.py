@@ -206,3 +206,25 @@ def test_a_message_the_renderer_cannot_take_shows_as_plain_text_and_hides_no_oth
     page.reload()
     expect(page.locator(f"#msg-{after['id']} .msg-body strong")).to_have_text("it")
     expect(page.locator(f"#msg-{old['id']} .msg-body .md-plain")).to_have_text(deep)
+
+
+def test_a_task_written_in_markdown_is_named_in_plain_words_and_its_packet_rendered(served, people):
+    written = "Build the **pricing page** from `docs/pricing.md`."
+    with person_api(served, "oj") as oj_api:
+        task = oj_api.post(f"/api/projects/{PROJECT}/task-requests", json={
+            "agent": "oj/muse", "packet": PACKET | {"task": written}}).json()["task"]
+        said = oj_api.post(f"/api/projects/{PROJECT}/messages", json={"body": "The **new logo** is in."}).json()
+        oj_api.post(f"/api/projects/{PROJECT}/messages", json={"body": "Looks good",
+                                                               "in_reply_to": said["message"]["id"]})
+    named = "Build the pricing page from docs/pricing.md."
+    page = people("oj")
+    goto(page, served, f"#/p/{PROJECT}/tasks")
+    expect(page.locator(f'.board .task-card[data-task-id="{task["id"]}"] .task-card-title')).to_have_text(named)
+    page.get_by_role("button", name="List").click()
+    expect(page.locator(f'.task-table tr[data-task-id="{task["id"]}"] a')).to_have_text(named)
+    goto(page, served, f"#/p/{PROJECT}/tasks/{task['id']}")
+    expect(page.get_by_role("heading", level=1)).to_have_text(named)
+    expect(page.locator("main code", has_text="docs/pricing.md").first).to_be_visible()  # the packet, rendered
+    goto(page, served, f"#/p/{PROJECT}/room")
+    expect(page.locator(".thread-title", has_text="Build the pricing page")).to_have_text(named)
+    expect(page.locator(".msg-replyto").last).to_have_text("↪ in reply to Oj Okafor: “The new logo is in.”")
