@@ -25,16 +25,20 @@ export function approvalCard(item, { showProject = false, onDecided, embedded = 
   const { approval, task } = item;
   const error = errorSlot();
   const approve = h("button", { type: "button", class: "primary", text: "Approve" });
-  const deny = h("button", { type: "button", class: "danger-quiet", text: "Deny" });
+  // Denying rejects the task for good: the button asks once more (a second click within 5 s).
+  const deny = confirmButton("Deny", "Deny: reject the task?", async (button) => done(
+    await act(button, error, () => decide(approval.id, "deny")), "Denied: the task was rejected.", "denied"),
+  { class: "danger-quiet" });
   const uses = h("input", { type: "number", min: "1", max: "100", value: "5", inputmode: "numeric" });
   const days = h("input", { type: "number", min: "1", max: "90", value: "7", inputmode: "numeric" });
   const standing = h("button", { type: "button", text: "Approve and allow more like it" });
   const result = h("p", { class: "notice ok", role: "status", hidden: true });
+  const held = badge("held by your gate", "attention");
+  const expires = h("span", { class: "muted small" }, "expires ", timeEl(approval.expires_at, true));
+  const head = h("div", { class: "approval-head" }, held,
+    showProject ? h("span", { class: "muted small", text: approval.project }) : null, expires);
   const card = h("article", { class: `approval${embedded ? "" : " card"}`, dataset: { approvalId: approval.id, taskId: task.id } },
-    h("div", { class: "approval-head" },
-      badge("held by your gate", "attention"),
-      showProject ? h("span", { class: "muted small", text: approval.project }) : null,
-      h("span", { class: "muted small" }, "expires ", timeEl(approval.expires_at, true))),
+    head,
     h("h3", { class: "approval-title" },
       h("a", { href: `#/p/${task.project}/tasks/${task.id}`, text: plainText(approval.summary || titleOf(task)) })),
     h("p", { class: "muted", text: `${requesterText(task)} asks your agent ${task.assignee} for ${words(task.packet.deliverable_type)} work.` }),
@@ -46,16 +50,16 @@ export function approvalCard(item, { showProject = false, onDecided, embedded = 
       h("div", { class: "inline-fields" }, field("Up to (uses)", uses), field("For (days)", days)),
       standing),
     error, result);
-  const done = (out, text) => {
+  function done(out, text, status = "approved") {
     if (!out) return;
     settle(result, text, [approve, deny, standing]);
+    held.replaceWith(badge(status, status === "approved" ? "ok" : "muted")); // no longer held, nor expiring
+    expires.remove();
     card.classList.add("decided");
     onDecided?.(out);
-  };
+  }
   approve.addEventListener("click", async () => done(await act(approve, error, () => decide(approval.id, "approve")),
     "Approved: the task went to the agent."));
-  deny.addEventListener("click", async () => done(await act(deny, error, () => decide(approval.id, "deny")),
-    "Denied: the task was rejected."));
   standing.addEventListener("click", async () => done(await act(standing, error, () => decide(approval.id, "approve",
     { uses: Number(uses.value), days: Number(days.value) })), "Approved, with a standing approval for more like it."));
   return card;

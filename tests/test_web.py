@@ -98,6 +98,29 @@ def test_an_agent_message_appears_in_the_room_without_a_reload(served, people):
     shot(page, "room_live", full_page=False)
 
 
+def test_denying_a_held_handoff_asks_once_more_and_then_says_it_was_denied(served, people):
+    handoff = mcp(served, "oj/muse", "handoff", {"project": PROJECT, "to": "ren/builder", "packet": {
+        "task": "Add a favicon.", "deliverable_type": "doc", "acceptance_criteria": ["A 32 px icon."]}})
+    task_id, approval_id = handoff["task"]["id"], handoff["gate"]["approval_id"]
+    ren = people("ren")
+    goto(ren, served, "#/inbox")
+    ren.locator(f'.inbox-row[data-item-id="approval:{approval_id}"] .inbox-row-head').click()
+    card = ren.locator(f'.approval[data-task-id="{task_id}"]')
+    card.get_by_role("button", name="Deny", exact=True).click()
+    # One click only arms it: the task is still held, and the button says what a second click does.
+    confirm = card.get_by_role("button", name="Deny: reject the task?")
+    expect(confirm).to_be_visible()
+    with person_api(served, "ren") as api:
+        assert api.get(f"/api/tasks/{task_id}").json()["task"]["state"] == "approval"
+    shot(ren, "handoff_deny_armed")
+    confirm.click()
+    expect(card.get_by_role("status")).to_have_text("Denied: the task was rejected.")
+    expect(card.locator(".approval-head .badge")).to_have_text("denied")
+    expect(card.locator(".approval-head")).not_to_contain_text("expires")
+    with person_api(served, "ren") as api:
+        assert api.get(f"/api/tasks/{task_id}").json()["task"]["state"] == "rejected"
+
+
 def test_a_held_handoff_is_approved_verified_and_finally_accepted(served, people):
     handoff = mcp(served, "oj/muse", "handoff", {"project": PROJECT, "to": "ren/builder", "packet": {
         "task": "Build the pricing page.", "deliverable_type": "doc",
@@ -115,6 +138,8 @@ def test_a_held_handoff_is_approved_verified_and_finally_accepted(served, people
     expect(card).to_contain_text("oj/muse asks your agent ren/builder")
     card.get_by_role("button", name="Approve", exact=True).click()
     expect(card.get_by_role("status")).to_have_text("Approved: the task went to the agent.")
+    expect(card.locator(".approval-head .badge")).to_have_text("approved")  # no longer held, nor expiring
+    expect(card.locator(".approval-head")).not_to_contain_text("expires")
     with person_api(served, "ren") as api:
         waiting = len(api.get("/api/inbox").json()["items"])
     expect(card).to_be_visible()  # the decided card stays in view, and is not counted as waiting
