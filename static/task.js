@@ -69,6 +69,13 @@ export function mount(el, ctx) {
       const focused = document.activeElement;
       renderTask(top, body, ctx, detail, approval, stepCards, load, { said, done });
       if (focused !== document.activeElement && top.contains(focused)) focused.focus({ preventScroll: true });
+      else if (focused !== document.body && !focused?.isConnected) {
+        // The control that had the focus went with what it did (Send back, Cancel...): hand the focus
+        // to what it did, or to the heading, never to nowhere.
+        const to = (said && top.querySelector(".decided-notice")) || top.querySelector("h1");
+        to?.setAttribute("tabindex", "-1");
+        to?.focus();
+      }
       if (first) {
         first = false;
         if (!ctx.sub) top.querySelector("h1")?.focus(); // a link to a message keeps the focus there
@@ -310,19 +317,23 @@ function codeList(items) {
   return h("ul", { class: "code-list" }, items.map((f) => h("li", {}, h("code", { text: f }))));
 }
 
-/** Criteria with what the latest result's evidence report and verdicts say about each. */
+/** Criteria with what the latest result's evidence report and verdicts say about each; a result sent
+ *  back (or superseded, cancelled) no longer stands, so what it said is shown as its revision's, greyed. */
 function criteriaList(criteria, result) {
   const report = result?.evidence_report;
+  const past = result && !["submitted", "accepted"].includes(result.status) ? `revision ${result.revision}: ` : "";
   const staleSet = new Set((report?.stale || []).map((s) => s.evidence));
   return h("ol", { class: "criteria" }, criteria.map((text, i) => {
     const covering = report?.coverage?.find((c) => c.criterion === i)?.evidence || [];
     const verdict = result?.verdicts?.find((v) => v.criterion === i);
     let status = null;
     if (report) {
-      if (!covering.length) status = badge("uncovered", "danger", "No evidence covers this criterion.");
-      else if (covering.every((n) => staleSet.has(n))) status = badge("stale evidence", "warn", "Only stale evidence covers it.");
+      if (!covering.length) status = badge(`${past}uncovered`, past ? "muted" : "danger", "No evidence covers this criterion.");
+      else if (covering.every((n) => staleSet.has(n))) {
+        status = badge(`${past}stale evidence`, past ? "muted" : "warn", "Only stale evidence covers it.");
+      }
       else {
-        status = badge("covered by ", "ok"); // each #n links to the item in the result below
+        status = badge(`${past}covered by `, past ? "muted" : "ok"); // each #n links to the item in the result below
         status.append(...evidenceRefs(covering, `r${result.revision}`).flat());
         status.classList.add("ce-standing");
       }
@@ -330,8 +341,8 @@ function criteriaList(criteria, result) {
     return h("li", { class: "criterion", dataset: { criterion: String(i) } },
       h("span", { class: "criterion-text", text }),
       h("span", { class: "criterion-status" }, status,
-        verdict ? badge(verdict.accepted ? "accepted" : "not accepted", verdict.accepted ? "ok" : "danger",
-          verdict.note || undefined) : null,
+        verdict ? badge(`${past}${verdict.accepted ? "accepted" : "not accepted"}`,
+          past ? "muted" : verdict.accepted ? "ok" : "danger", verdict.note || undefined) : null,
         verdict?.note ? h("span", { class: "muted small", text: verdict.note }) : null));
   }));
 }

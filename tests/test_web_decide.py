@@ -229,6 +229,10 @@ def test_the_timeline_lists_what_happened_in_order_and_a_send_back_and_a_cancel_
     page.get_by_role("button", name="Send back").click()
     expect(page.locator(".task-meta .state")).to_have_text("working")
     expect(page.locator(".decided-notice")).to_have_text("Sent back to oj/muse with your reason: it works on it again.")
+    expect(page.locator(".decided-notice")).to_be_focused()  # the focus goes to what was done, not to nowhere
+    # What the sent-back revision said of each criterion no longer stands: it is shown as that revision's.
+    expect(page.locator(".criteria .criterion-status .badge").first).to_have_text(re.compile(r"^revision 1: "))
+    assert all(b.startswith("revision 1: ") for b in page.locator(".criteria .criterion-status .badge").all_inner_texts())
     expect(page.locator(".actions .reason-line")).to_have_text(
         "You sent the result back just now:Criterion 2 has no evidence: show the words are plain.")
     expect(lines.last).to_have_text("you sent revision 1 back → working")
