@@ -176,6 +176,11 @@ def test_the_board_filters_and_lists_its_tasks(served, people):
     expect(page.locator(f'.task-table tr[data-task-id="{held["id"]}"]')).to_contain_text("needs you")
     page.get_by_role("button", name="Columns").click()
     expect(page.locator(".board .column")).to_have_count(6)
+    # A long state ("awaiting handoff approval") wraps inside its card, never past its edge.
+    expect(page.locator(f'.board .task-card[data-task-id="{held["id"]}"] .badge').first).to_be_visible()
+    assert page.evaluate("""() => [...document.querySelectorAll('.board .task-card')].every((card) =>
+        [...card.querySelectorAll('.badge')].every((b) => b.getBoundingClientRect().right <=
+                                                             card.getBoundingClientRect().right + 0.5))""")
     phone = people("oj", viewport=PHONE)
     goto(phone, served, f"#/p/{PROJECT}/tasks?view=list&assignee=oj%2Fmuse")
     expect(phone.locator(f'.task-table tr[data-task-id="{mine["id"]}"]')).to_be_visible()
@@ -228,3 +233,25 @@ def test_a_task_written_in_markdown_is_named_in_plain_words_and_its_packet_rende
     goto(page, served, f"#/p/{PROJECT}/room")
     expect(page.locator(".thread-title", has_text="Build the pricing page")).to_have_text(named)
     expect(page.locator(".msg-replyto").last).to_have_text("↪ in reply to Oj Okafor: “The new logo is in.”")
+
+
+def test_a_table_in_a_message_scrolls_on_a_phone_and_never_splits_a_word_or_a_number(served, people):
+    body = ("| plan | seats | monthly | annually | discount | support | storage |\n|---|---|---|---|---|---|---|\n"
+            "| Team | 10 | 120 | 1200 | none | email | 100 GB |\n"
+            "| Business | 300 | 3000 | 30000 | fifteen percent | telephone | 10000 GB |")
+    with person_api(served, "oj") as oj_api:
+        said = oj_api.post(f"/api/projects/{PROJECT}/messages", json={"body": body}).json()["message"]
+    phone = people("ren", viewport=PHONE)
+    goto(phone, served, f"#/p/{PROJECT}/room/{said['id']}")
+    cells = phone.locator(f"#msg-{said['id']} .md table").locator("th, td")
+    expect(cells).to_have_count(21)
+    split = phone.evaluate(f"""() => [...document.querySelectorAll('#msg-{said["id"]} .md table :is(th, td)')]
+        .flatMap((cell) => [...cell.textContent.matchAll(/\\S+/g)].map((word) => {{
+            const range = document.createRange();  // the cell's text is one text node
+            range.setStart(cell.firstChild, word.index);
+            range.setEnd(cell.firstChild, word.index + word[0].length);
+            return [word[0], new Set([...range.getClientRects()].map((r) => Math.round(r.top))).size];
+        }})).filter(([, lines]) => lines !== 1)""")
+    assert split == []  # a cell may wrap between words, never inside one
+    assert no_horizontal_scroll(phone)  # the table scrolls inside the message, not the page
+    shot(phone, "room_table_phone", full_page=False)
