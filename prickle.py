@@ -9161,6 +9161,29 @@ def request_verification(db: Database, person: Actor, task_id: str) -> dict:
     return {"task": task_out(db, task_id)}
 
 
+def ask_to_verify(db: Database, person: Actor, task_id: str) -> dict:
+    """The requesting agent's owner asks the agent, in the task's thread, to verify a result that nothing
+    verifies (no runner of it listens): a message mentioning it, which a session of it waiting for
+    mentions hears (and the next one it opens finds). Returns ``{"message"}``. Raises NotFound,
+    Forbidden (not its owner) or InvalidState (nothing to verify; a run going, or its runner listening:
+    Verify now starts one)."""
+    with db.transaction():
+        task = task_for_person(db, person, task_id)
+        if requesting_person(task) != person.handle:
+            raise Forbidden(f"only {requesting_person(task)}, who owns {task['requester']}, asks it to verify")
+        state = verification_state(db, task)
+        if state is None:
+            raise InvalidState(f"task '{task_id}' is {task['state']}: there is no result for an agent to verify")
+        if state != "nobody":
+            raise InvalidState(f"{task['requester']}'s runner verifies it: "
+                               + ("a verification run is going" if state == "running" else "press Verify now"))
+        revision = latest_submission(db, task_id)["revision"]
+        message = post_message(db, person, task["project"], f"@{task['requester']} revision {revision} of the result "
+                               "waits for you to verify it: read the task, then accept_result or reject_result.",
+                               task_id=task_id)
+    return {"message": message}
+
+
 def device_attempt(db: Database, actor: Actor, attempt_id: str) -> dict:
     """The attempt ``attempt_id`` claimed by the caller's runner device; NotFound for any other."""
     device = runner_device(db, actor)
@@ -9658,7 +9681,8 @@ def task_for_page(db: Database, task: dict, viewer: str) -> dict:
     ``final_accept`` move now), ``can_give_final`` (it awaits final acceptance and the viewer
     gives it), ``can_cancel`` and ``can_reassign`` (the viewer may steer it,
     :func:`may_steer_task`, and its lifecycle allows the move now), ``verification``
-    (:func:`verification_state`), ``can_verify``, and ``step_waiting``: a step one of its runs
+    (:func:`verification_state`), ``can_verify``, ``can_ask_to_verify`` (nothing verifies it:
+    :func:`ask_to_verify`), and ``step_waiting``: a step one of its runs
     asked to take waits on the assignee's owner, so the task waits on them, not on the agent.
     """
     out = task_out(db, task)
@@ -9672,6 +9696,7 @@ def task_for_page(db: Database, task: dict, viewer: str) -> dict:
                   "step_waiting": db.one("SELECT 1 FROM steps WHERE task_id = ? AND status = 'pending'",
                                          (task["id"],)) is not None,
                   "can_verify": verification in ("listening",) and viewer == requesting_person(task),
+                  "can_ask_to_verify": verification == "nobody" and viewer == requesting_person(task),
                   "can_give_final": awaiting_final and viewer == requesting_person(task),
                   "can_cancel": steers and "cancel" in moves, "can_reassign": steers and "reassign" in moves}
 
@@ -17362,6 +17387,7 @@ WORK_ROUTES: tuple[tuple[str, str, Callable[[Request], Any]], ...] = (
     ("GET", "/api/deliverables/{id}", api_endpoint(api_deliverable, who=reader_from_request)),
     ("GET", "/api/deliverables/{id}/pages/{page:int}", api_endpoint(api_pdf_page, who=reader_from_request)),
     ("POST", "/api/tasks/{task_id}/verify", api_endpoint(api_operation(request_verification, "task_id"))),
+    ("POST", "/api/tasks/{task_id}/ask-to-verify", api_endpoint(api_operation(ask_to_verify, "task_id"))),
     ("GET", "/api/connect/{code}", api_endpoint(api_operation(connect_view, "code"))),
     ("POST", "/api/connect/{code}", api_endpoint(api_connect_decide)),
     ("GET", "/api/oauth/{id}", api_endpoint(api_operation(oauth_view, "id"))),

@@ -13,6 +13,7 @@ import { actionCard } from "./makeaction.js";
 import { markdown, plainText } from "./markdown.js";
 import { pushControl } from "./push.js";
 import { criteriaEvidence } from "./evidence.js";
+import { askToVerify } from "./task_common.js";
 import { h, fill, heading, timeEl, errorSlot, act, announce, confirmButton, field, settle } from "./ui.js";
 
 // ---- the #/inbox screen --------------------------------------------------------------------------------
@@ -204,12 +205,13 @@ const FAILURE_TEXT = {
 };
 
 function verifyCard(item) {
+  const open = h("a", { class: "button primary", href: `#/p/${item.project}/tasks/${item.task_id}`, text: "Open the task" });
   return h("article", { class: "card inbox-verify", dataset: { taskId: item.task_id } },
     h("h3", {}, h("a", { href: `#/p/${item.project}/tasks/${item.task_id}`, text: plainText(item.title) })),
     h("p", { text: item.listening
       ? `${item.agent}'s last verification failed. Start another from the task's page.`
       : `No runner of ${item.agent} is listening: start prickle runner on its computer, or ask it to verify in a session.` }),
-    h("a", { class: "button primary", href: `#/p/${item.project}/tasks/${item.task_id}`, text: "Open the task" }));
+    item.listening ? open : askToVerify(item.task_id, item.agent, open));
 }
 
 function failedCard(item) {

@@ -15,7 +15,7 @@ import { createComposer } from "./composer.js";
 import { stepCard, pendingSteps } from "./steps.js";
 import { runsSection } from "./runs.js";
 import { approvalCard, finalDecision, cancelRow, reassignForm } from "./decisions.js";
-import { requestingPerson, awaitingFinal, taskState, titleOf, requesterText, actorText } from "./task_common.js";
+import { requestingPerson, awaitingFinal, taskState, titleOf, requesterText, actorText, askToVerify } from "./task_common.js";
 import { timeline, lastReason } from "./timeline.js";
 import { markdownWithRaw } from "./markdown.js";
 import { evidenceRefs } from "./evidence.js";
@@ -193,6 +193,7 @@ function renderActions(ctx, detail, approval, stepCards, reload, { said, done })
     parts.push(finalDecision(ctx, task, reload, { view: detail.criteria_evidence, anchor: "decide", onDone: done }));
   }
   if (task.can_verify) parts.push(verifyRow(task, reload));
+  if (task.can_ask_to_verify) parts.push(askToVerify(task.id, task.requester));
   if (task.can_cancel) parts.push(cancelRow(task, reload, done));
   if (task.can_reassign) parts.push(reassignForm(ctx, task, reload));
   box.classList.toggle("done", task.state === "completed");

@@ -1,9 +1,10 @@
 // task_common.js — what the board, the task page and the decision cards share about a task: its
-// title, who asked for it, its state badge, who an actor is in words, and the server's lists
-// (task states, those a task can be cancelled from, deliverable types, the board's columns).
+// title, who asked for it, its state badge, who an actor is in words, the server's lists
+// (task states, those a task can be cancelled from, deliverable types, the board's columns), and
+// asking the requesting agent in the thread to verify a result nothing verifies.
 
-import { get } from "./api.js";
-import { stateBadge } from "./ui.js";
+import { get, post, seg } from "./api.js";
+import { h, stateBadge, errorSlot, act, settle } from "./ui.js";
 import { plainText } from "./markdown.js";
 
 // The server's lists (GET /api/meta): task states, those a task can be cancelled from, deliverable types,
@@ -50,4 +51,18 @@ export function actorText(ref) {
   if (ref.kind === "person") return ref.erased ? `an erased person (@${ref.handle})` : `@${ref.handle}`;
   if (ref.kind === "agent") return ref.erased ? `${ref.agent_id} (erased)` : ref.agent_id;
   return "Prickle";
+}
+
+/** A result no runner of its requesting agent verifies: a button that asks the agent in the task's thread
+ *  (POST /api/tasks/ID/ask-to-verify, a message mentioning it, which a session of it waiting hears); `before`
+ *  goes in the same row of buttons, first. */
+export function askToVerify(taskId, agent, ...before) {
+  const error = errorSlot();
+  const button = h("button", { type: "button", text: `Ask ${agent} in the thread` });
+  const result = h("p", { class: "notice ok", role: "status", hidden: true });
+  button.addEventListener("click", async () => {
+    const out = await act(button, error, () => post(`/api/tasks/${seg(taskId)}/ask-to-verify`, {}));
+    if (out) settle(result, `Asked ${agent} in the thread: a session of it waiting for mentions hears it.`, [button]);
+  });
+  return h("div", { class: "ask-to-verify" }, h("div", { class: "button-row" }, ...before, button), error, result);
 }

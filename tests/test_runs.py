@@ -4,7 +4,7 @@ import datetime as dt
 
 import prickle
 from conftest import PROJECT, audit_entries
-from helpers import PACKET, P, claimed, decided_step, evidence, paired, person, routed
+from helpers import PACKET, P, claimed, decided_step, evidence, paired, person, routed, submit
 
 
 def test_pairing_a_device_gives_a_runner_key_once_and_is_audited(world, server):
@@ -258,3 +258,28 @@ def test_a_requesting_agents_runner_claims_a_verification_run_that_can_only_read
     assert [(r["purpose"], r["state"], r["agent_id"]) for r in runs] == [
         ("work", "finished", "ren/builder"), ("verify", "finished", "oj/muse")]
     assert [e["refs"].get("purpose") for e in audit_entries(world.db, PROJECT, "attempt.claimed")] == [None, "verify"]
+
+
+def test_a_result_nothing_verifies_can_be_asked_for_in_the_thread_by_the_requesting_agents_owner(mcp, server, world):
+    task = routed(mcp, server, world)  # oj/muse asked ren/builder; no runner of oj/muse listens
+    oj, ren = person(server, world, "oj"), person(server, world, "ren")
+    ask = lambda who: who.post(f"/api/tasks/{task['id']}/ask-to-verify", {})  # noqa: E731
+    r = ask(oj)
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        409, f"task '{task['id']}' is routed: there is no result for an agent to verify")
+    mcp.ok("ren/builder", "accept_task", {"task_id": task["id"]})
+    submit(mcp, task["id"])
+    assert oj.get(f"/api/tasks/{task['id']}").json()["task"]["can_ask_to_verify"] is True
+    assert ren.get(f"/api/tasks/{task['id']}").json()["task"]["can_ask_to_verify"] is False
+    r = ask(ren)
+    assert (r.status_code, r.json()["error"]["message"]) == (403, "only oj, who owns oj/muse, asks it to verify")
+    r = ask(oj)
+    assert r.status_code == 200, r.text
+    message = r.json()["message"]
+    assert (message["body"], message["task_id"], message["mentions"]) == (
+        "@oj/muse revision 1 of the result waits for you to verify it: read the task, then accept_result or "
+        "reject_result.", task["id"], ["oj/muse"])
+    # A session of oj/muse hears it: the mention it missed comes at once.
+    heard = mcp.ok("oj/muse", "wait_for_mention", {"project": PROJECT, "timeout_seconds": 1})
+    assert [(e["kind"], e["message"]["id"]) for e in heard["events"]] == [("mention", message["id"])]
+    assert audit_entries(world.db, PROJECT)[-1]["type"] == "message.posted"

@@ -121,6 +121,34 @@ def test_denying_a_held_handoff_asks_once_more_and_then_says_it_was_denied(serve
         assert api.get(f"/api/tasks/{task_id}").json()["task"]["state"] == "rejected"
 
 
+def test_a_result_nothing_verifies_is_asked_for_in_the_thread_from_the_inbox_and_the_task_page(served, people):
+    handoff = mcp(served, "oj/muse", "handoff", {"project": PROJECT, "to": "ren/builder", "packet": {
+        "task": "Write the changelog.", "deliverable_type": "doc", "acceptance_criteria": ["Every release."]}})
+    task_id = handoff["task"]["id"]
+    with person_api(served, "ren") as api:
+        assert api.post(f"/api/approvals/{handoff['gate']['approval_id']}", json={"decision": "approve"}).status_code == 200
+    mcp(served, "ren/builder", "accept_task", {"task_id": task_id})
+    mcp(served, "ren/builder", "return_result", {"task_id": task_id, "summary": "Changelog written.", "evidence": [
+        {"kind": "note", "summary": "Lists 0.1 to 0.4.", "criteria": [0]}]})
+    # No runner of oj/muse listens: oj's inbox says so, and asks the agent in the thread in one click.
+    oj = people("oj")
+    goto(oj, served, "#/inbox")
+    row = oj.locator(f'.inbox-row[data-item-id="verify:{task_id}"]')
+    row.locator(".inbox-row-head").click()
+    row.get_by_role("button", name="Ask oj/muse in the thread").click()
+    expect(row.get_by_role("status")).to_have_text(
+        "Asked oj/muse in the thread: a session of it waiting for mentions hears it.")
+    shot(oj, "inbox_verify_asked")
+    goto(oj, served, f"#/p/{PROJECT}/tasks/{task_id}")
+    expect(oj.locator(".thread-section .msg").last).to_contain_text(
+        "@oj/muse revision 1 of the result waits for you to verify it")
+    expect(oj.locator(".actions").get_by_role("button", name="Ask oj/muse in the thread")).to_be_visible()
+    ren = people("ren")  # not the requesting agent's owner: nothing to ask
+    goto(ren, served, f"#/p/{PROJECT}/tasks/{task_id}")
+    expect(ren.locator(".task-meta .state")).to_have_text("verifying")
+    expect(ren.get_by_role("button", name="Ask oj/muse in the thread")).to_have_count(0)
+
+
 def test_a_held_handoff_is_approved_verified_and_finally_accepted(served, people):
     handoff = mcp(served, "oj/muse", "handoff", {"project": PROJECT, "to": "ren/builder", "packet": {
         "task": "Build the pricing page.", "deliverable_type": "doc",
