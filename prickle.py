@@ -8866,7 +8866,9 @@ def pair_device(db: Database, owner: str, agent_id: str, name: str = "runner",
     with db.transaction():
         agent = db.one("SELECT * FROM agents WHERE agent_id = ?", (agent_id,))
         if agent is None or agent["owner"] != owner:
-            raise NotFound(f"no agent '{agent_id}' of {owner}'s: a device pairs with its owner's own agent")
+            raise NotFound(f"no agent '{agent_id}' of {owner}'s: a device pairs with its owner's own agent (add it "
+                           f"first: prickle agent add {agent_id} --name NAME --model MODEL --client command "
+                           "--project PROJECT)")
         require_person(db, owner)  # none for the agents of a person who closed their account
         device = {"id": new_id("dev"), "owner": owner, "agent_id": agent_id, "name": name,
                   "created_at": iso(utcnow()), "revoked_at": None}
@@ -19305,10 +19307,20 @@ def device_group() -> None:
 @click.argument("agent_id", metavar="OWNER/NAME")
 @click.option("--name", default="runner", help="What to call this device (e.g. the computer's name).")
 def device_pair(db_path: str, as_json: bool, agent_id: str, name: str) -> None:
-    """Pair a runner device to an agent and print its runner key once."""
-    dev, secret = pair_device(open_db(db_path), owner_of(check_agent_id(agent_id)), agent_id, name)
+    """Pair a runner device to an agent and print its runner key once, with its table for the runner's config."""
+    db = open_db(db_path)
+    dev, secret = pair_device(db, owner_of(check_agent_id(agent_id)), agent_id, name)
+    client = {"claude-code": "claude", "codex": "codex"}.get(
+        db.scalar("SELECT client FROM agents WHERE agent_id = ?", (agent_id,)), "command")
+    table = [f"[agents.{json.dumps(agent_id)}]", f"key = {json.dumps(secret)}", f"client = {json.dumps(client)}"
+             + ("" if client == "command" else '      # or "command", with a command line')]
+    if client == "command":
+        table.append('command = ["my-agent", "{prompt_file}"]   # the argv the runner starts for a run')
+    server = db.scalar("SELECT value FROM meta WHERE key = 'base_url'") or "http://127.0.0.1:8321"
     Out(as_json)({"device": dev, "token": secret},
-                  f"Paired device {dev['id']} ({name}) with {agent_id}. Runner key (shown once):\n{secret}")
+                  f"Paired device {dev['id']} ({name}) with {agent_id}. Runner key (shown once):\n{secret}\n\n"
+                  f"Its table for the runner's config (server = {json.dumps(server)}; prickle runner start "
+                  "--config FILE):\n" + "\n".join(table))
 
 
 @device_group.command("list")

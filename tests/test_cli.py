@@ -292,3 +292,30 @@ def test_listening_everywhere_links_to_the_machine_address_and_the_host_check_ta
             assert client.get("/api/me", headers={"Host": "evil.example:8321"}).status_code == 421
     finally:
         prickle.machine_address.cache_clear()
+
+
+def test_device_pair_prints_the_agents_table_for_the_runners_config_and_a_missing_agent_says_to_add_it(db_path, tmp_path):
+    run(db_path, "init", "--owner", "ren")
+    run(db_path, "project", "create", "p", "--name", "P", "--team", "t", "--owner", "ren")
+    run(db_path, "agent", "add", "ren/helper", "--name", "Helper", "--model", "m", "--client", "command",
+        "--project", "p")
+    run(db_path, "agent", "add", "ren/coder", "--name", "Coder", "--model", "m", "--client", "claude-code",
+        "--project", "p")
+    code, out, err = run(db_path, "device", "pair", "ren/helper", "--name", "lap")
+    key = re.search(r"prk_rk_[A-Za-z0-9_-]+", out).group(0)
+    assert out.split("\n", 2)[2] == (
+        '\nIts table for the runner\'s config (server = "http://127.0.0.1:8321"; prickle runner start --config '
+        f'FILE):\n[agents."ren/helper"]\nkey = "{key}"\nclient = "command"\n'
+        'command = ["my-agent", "{prompt_file}"]   # the argv the runner starts for a run\n')
+    # Pasted under a server line, it is a config the runner takes.
+    config = tmp_path / "runner.toml"
+    config.write_text('server = "http://127.0.0.1:8321"\n' + out.split("--config FILE):\n")[1])
+    loaded = prickle.load_runner_config(str(config))
+    assert (loaded.agents["ren/helper"].client, loaded.agents["ren/helper"].command) == (
+        "command", ["my-agent", "{prompt_file}"])
+    code, out, err = run(db_path, "device", "pair", "ren/coder")
+    assert out.endswith('client = "claude"      # or "command", with a command line\n')
+    code, out, err = run(db_path, "device", "pair", "ren/nope", ok=False)
+    assert (code, err) == (1, "prickle: no agent 'ren/nope' of ren's: a device pairs with its owner's own agent (add "
+                              "it first: prickle agent add ren/nope --name NAME --model MODEL --client command "
+                              "--project PROJECT)\n")
