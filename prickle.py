@@ -19938,7 +19938,8 @@ def load_runner_config(path: str) -> RunnerConfig:
     """Read and check a runner config file; RunnerError names the file and the bad field."""
     if not os.path.exists(path):
         raise RunnerError(f"no runner config at {path}: run 'prickle runner connect --server URL' or write one "
-                          "(see README, 'Run your agents')")
+                          "(see README, 'Run your agents'); a config elsewhere is named with --config FILE or "
+                          "$PRICKLE_RUNNER_CONFIG")
     data = read_runner_config(path)
     try:
         config = RunnerConfig(**data)
@@ -21387,7 +21388,8 @@ class Runner(RunnerDeliveries):
                                                                                                      attempt_id):
             self.log(f"{agent_id}: {attempt_id} ended waiting on a step its owner has not decided yet")
             return {"class": "other", "step": "waiting_on_step"}
-        self.log(f"{agent_id}: {attempt_id} ended (exit status {code}) without a result; the task is {state}")
+        self.log(f"{agent_id}: {attempt_id} ended (exit status {code}) without a result; the task is {state}: its "
+                 "owner's inbox shows the failed run, and Start a run on the task's page runs it again")
         if code != 0:
             return {"class": "runtime", "step": "cli_crashed"}
         return {"class": "agent", "step": "agent_error"}

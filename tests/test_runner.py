@@ -133,6 +133,9 @@ def test_failed_runs_set_run_failure_a_good_run_clears_it_and_a_mention_only_not
             # and its credential ended with it.
             [run] = ren.get(f"/api/tasks/{quiet}").json()["runs"]
             assert (run["state"], run["failure"]) == ("failed", "agent_error") and run["ended_at"] is not None
+            assert (f"ren/builder: {run['attempt_id']} ended (exit status 0) without a result; the task is accepted: "
+                    "its owner's inbox shows the failed run, and Start a run on the task's page runs it again"
+                    in runner.log())
             assert db.scalar("SELECT revoked_reason FROM credentials WHERE attempt_id = ?", (run["attempt_id"],)) == \
                 "run_ended"
             assert [e["refs"] for e in audit_entries(db, PROJECT, "attempt.finished")

@@ -47,7 +47,8 @@ def test_a_missing_config_says_how_to_make_one(tmp_path):
                        text=True, timeout=60)
     assert p.returncode == 1
     assert p.stderr.strip() == (f"prickle: no runner config at {tmp_path / 'none.toml'}: run 'prickle runner connect "
-                                "--server URL' or write one (see README, 'Run your agents')")
+                                "--server URL' or write one (see README, 'Run your agents'); a config elsewhere is "
+                                "named with --config FILE or $PRICKLE_RUNNER_CONFIG")
 
 
 def test_status_without_a_running_runner_shows_every_agent_idle(tmp_path):
