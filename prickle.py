@@ -18852,7 +18852,10 @@ def person_digest(db_path: str, as_json: bool, handle: str, minutes: int | None)
     """Mail HANDLE what waited on them more than MINUTES (leave MINUTES out to turn the digest off)."""
     out = set_digest(open_db(db_path), handle, minutes)
     state = f"on: what waited more than {minutes} minutes" if minutes else "off"
-    note = "" if out["email"] or not minutes else f" (no address yet: prickle person email {handle} ADDRESS)"
+    missing = [] if not minutes else [f"no address yet: prickle person email {handle} ADDRESS"] * (not out["email"]) + [
+        "no mail server is configured ([smtp] in prickle.toml): nothing is mailed until there is one"] * (
+        load_settings(None, db_path).smtp is None)
+    note = f" ({'; '.join(missing)})" if missing else ""
     Out(as_json)(out, f"{handle}'s email digest is {state}{note}.")
 
 

@@ -319,3 +319,17 @@ def test_device_pair_prints_the_agents_table_for_the_runners_config_and_a_missin
     assert (code, err) == (1, "prickle: no agent 'ren/nope' of ren's: a device pairs with its owner's own agent (add "
                               "it first: prickle agent add ren/nope --name NAME --model MODEL --client command "
                               "--project PROJECT)\n")
+
+
+def test_turning_the_digest_on_says_what_it_still_needs_to_mail_anything(db_path, tmp_path):
+    run(db_path, "init", "--owner", "ren")
+    code, out, err = run(db_path, "person", "digest", "ren", "30")
+    assert out == ("ren's email digest is on: what waited more than 30 minutes (no address yet: prickle person email "
+                   "ren ADDRESS; no mail server is configured ([smtp] in prickle.toml): nothing is mailed until there "
+                   "is one).\n")
+    run(db_path, "person", "email", "ren", "ren@example.org")
+    (tmp_path / "prickle.toml").write_text('[smtp]\nhost = "mail.example.org"\nfrom_address = "prickle@example.org"\n')
+    code, out, err = run(db_path, "person", "digest", "ren", "30")
+    assert out == "ren's email digest is on: what waited more than 30 minutes.\n"
+    code, out, err = run(db_path, "person", "digest", "ren")
+    assert out == "ren's email digest is off.\n"
