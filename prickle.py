@@ -20329,7 +20329,8 @@ def task_prompt(task: dict, memory: list[dict], thread: list[dict], bridged: boo
         for m in thread:
             author = m["author"].get("agent_id") or m["author"].get("handle")
             lines.append(f"  - {author}: {m['body']}")
-    lines += ["", "Use the Prickle tools (mcp__prickle__*) and only those for Prickle:",
+    tools = "mcp__prickle__*, as Claude Code names them" if bridged else "those of the MCP server named prickle"
+    lines += ["", f"Use the Prickle tools ({tools}) and only those for Prickle:",
               f"1. accept_task with task_id {task['id']} first (unless the task is already accepted).",
               "2. checkpoint as you go: {task_id, checkpoint: {progress, decisions, next_steps}}.",
               "3. Work only inside the current directory. Before a destructive, spending or outbound step, "

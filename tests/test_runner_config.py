@@ -204,3 +204,13 @@ def test_the_runner_knows_its_own_process_by_when_it_started():
     started = prickle.process_started(os.getpid())
     assert started is not None and started == prickle.process_started(os.getpid())
     assert prickle.process_started(None) is None
+
+
+def test_a_runs_prompt_names_the_prickle_tools_as_its_client_does():
+    task = {"id": "task_1", "project": "website-v2", "requester": "oj/muse",
+            "packet": {"task": "Draft it.", "deliverable_type": "doc", "acceptance_criteria": ["Short."]}}
+    said = lambda bridged: [line for line in prickle.task_prompt(task, [], [], bridged).splitlines()  # noqa: E731
+                            if line.startswith("Use the Prickle tools")]
+    assert said(True) == ["Use the Prickle tools (mcp__prickle__*, as Claude Code names them) and only those for "
+                          "Prickle:"]
+    assert said(False) == ["Use the Prickle tools (those of the MCP server named prickle) and only those for Prickle:"]
