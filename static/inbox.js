@@ -114,7 +114,7 @@ function notifyToggle() {
     }
   });
   return h("div", { class: "notify-toggle" },
-    h("label", { for: "notify-toggle" }, box, " Notify me of new items"), note);
+    h("label", { for: "notify-toggle" }, box, " Notify me while Prickle is open"), note);
 }
 
 function where(item) {

@@ -972,7 +972,7 @@ def test_an_item_waiting_on_me_appears_in_the_inbox_live_and_is_acted_on_there(s
     goto(page, served, "#/inbox")
     page.reload()
     expect(page.get_by_role("heading", name="Inbox")).to_be_visible()
-    page.get_by_label("Notify me of new items").check()
+    page.get_by_label("Notify me while Prickle is open").check()
     before = waiting_count(served, "oj")
     expect(page).to_have_title(f"({before}) Inbox · Prickle" if before else "Inbox · Prickle")
 
