@@ -317,7 +317,8 @@ export function summary(item) {
   switch (item.kind) {
     case "mention":
     case "agent_mention": return `${item.message.author.display_name}: ${plainText(item.message.body).slice(0, 300)}`;
-    case "question": return `${title}: ${plainText(item.questions.join(" "))}`;
+    // The question first (a phone cuts the line), then its task, without the title's own end mark.
+    case "question": return `${plainText(item.questions.join(" "))} — ${title.replace(/[.!?:;]+$/, "")}`;
     case "step": return `${item.step.agent_id} asks to run ${item.step.tool_name}${title ? ` for ${title}` : ""}`;
     case "action": return `${item.action_card.agent_id}: ${plainText(item.action_card.action)}`;
     default: return title;

@@ -426,3 +426,12 @@ def axe(page: Page) -> list[dict]:
     result = page.evaluate("async () => (await axe.run(document, {resultTypes: ['violations']})).violations"
                            ".map((v) => ({id: v.id, impact: v.impact, nodes: v.nodes.map((n) => n.target.join(' '))}))")
     return [v for v in result if v["impact"] in ("serious", "critical")]
+
+
+def test_a_questions_line_says_the_question_first_then_its_task(served, people):
+    page = people("oj")
+    said = page.evaluate("""async () => {
+        const { summary } = await import('/static/inbox_store.js');
+        return summary({kind: 'question', title: 'Draft the **pricing** FAQ.', questions: ['Which plan goes first?']});
+    }""")
+    assert said == "Which plan goes first? — Draft the pricing FAQ"
