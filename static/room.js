@@ -621,7 +621,7 @@ export function renderMessage(m, owner) {
     mark.addEventListener("click", () => owner.markMoment(m, mark));
     s.reply.after(mark);
   }
-  if (owner.markUnread && m.created_at) {
+  if (owner.markUnread && m.created_at && !mine(m, ctx)) { // your own messages are never unread to you
     const unread = h("button", { type: "button", class: "link small msg-unread", text: "Mark unread" });
     unread.addEventListener("click", () => owner.markUnread(m));
     s.reply.after(unread);

@@ -139,6 +139,12 @@ def test_mark_unread_and_the_bar_that_jumps_to_the_first_unread(served, people):
     expect(page.locator(".unread-divider")).to_be_in_viewport()
     assert page.evaluate("document.querySelector('.unread-divider').nextElementSibling.id") == \
         f"msg-{notes[64]['id']}"
+    # Your own message is never unread to you: it offers no Mark unread.
+    with person_api(served, "oj") as oj:
+        own = oj.post("/api/projects/read-mark/messages", json={"body": "mine"}).json()["message"]
+    expect(page.locator(f"#msg-{own['id']}")).to_be_attached()
+    expect(page.locator(f"#msg-{own['id']} .msg-unread")).to_have_count(0)
+    expect(page.locator(f"#msg-{notes[-1]['id']} .msg-unread")).to_have_count(1)
 
 
 def test_one_authors_messages_in_a_row_share_one_header_at_both_widths(served, people):
