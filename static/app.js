@@ -273,9 +273,9 @@ function markNav(key) {
 function signinProblem() {
   const why = new URLSearchParams(window.location.search).get("signin");
   return {
-    used: "That sign-in link was already used. Ask for a new one: prickle signin-link YOUR-HANDLE",
-    expired: "That sign-in link has expired. Ask for a new one: prickle signin-link YOUR-HANDLE",
-    invalid: "That sign-in link is not valid here. Ask for a new one: prickle signin-link YOUR-HANDLE",
+    used: "That sign-in link was already used. Ask whoever runs Prickle for a new one (they make it with prickle signin-link YOUR-HANDLE)",
+    expired: "That sign-in link has expired. Ask whoever runs Prickle for a new one (they make it with prickle signin-link YOUR-HANDLE)",
+    invalid: "That sign-in link is not valid here. Ask whoever runs Prickle for a new one (they make it with prickle signin-link YOUR-HANDLE)",
   }[why];
 }
 
