@@ -11364,8 +11364,9 @@ def _as_phrases(query: str) -> str:
             terms.append(term)
             continue
         column, _, rest = term.partition(":") if re.match(r"(title|body):.", term) else ("", "", term)
-        star = "*" if rest.endswith("*") and not rest.startswith('"') else ""
-        words = rest.strip('"').rstrip("*") if not rest.startswith('"') else rest.strip('"')
+        quoted = rest.startswith('"')
+        star = "*" if rest.endswith("*") and not quoted else ""
+        words = rest.strip('"') if quoted else rest.rstrip("*")
         terms.append(f'{column + ":" if column else ""}"{words}"{star}')
     return " ".join(terms)
 
@@ -18852,9 +18853,11 @@ def person_digest(db_path: str, as_json: bool, handle: str, minutes: int | None)
     """Mail HANDLE what waited on them more than MINUTES (leave MINUTES out to turn the digest off)."""
     out = set_digest(open_db(db_path), handle, minutes)
     state = f"on: what waited more than {minutes} minutes" if minutes else "off"
-    missing = [] if not minutes else [f"no address yet: prickle person email {handle} ADDRESS"] * (not out["email"]) + [
-        "no mail server is configured ([smtp] in prickle.toml): nothing is mailed until there is one"] * (
-        load_settings(None, db_path).smtp is None)
+    missing = []  # what it still needs before anything is mailed
+    if minutes and not out["email"]:
+        missing.append(f"no address yet: prickle person email {handle} ADDRESS")
+    if minutes and load_settings(None, db_path).smtp is None:
+        missing.append("no mail server is configured ([smtp] in prickle.toml): nothing is mailed until there is one")
     note = f" ({'; '.join(missing)})" if missing else ""
     Out(as_json)(out, f"{handle}'s email digest is {state}{note}.")
 
