@@ -83,7 +83,10 @@ function rides(state, before) {
 }
 
 function stateChip(entry) {
-  return h("span", { class: "tl-to" }, "→ ", badge(stateWords(entry.to), "muted"));
+  // "approval" after a verification is the final acceptance; before any work, the gate's hold (as the badge says).
+  const to = entry.to !== "approval" ? stateWords(entry.to)
+    : entry.from === "verifying" ? "awaiting final acceptance" : "awaiting handoff approval";
+  return h("span", { class: "tl-to" }, "→ ", badge(to, "muted"));
 }
 
 function reasonBlock(entry) {

@@ -216,6 +216,12 @@ def test_a_held_handoff_is_approved_verified_and_finally_accepted(served, people
         "Criterion 2 A clear call to action on each plan. covered by #2 verifier: met"])
     expect(decision.locator(".ce-item-head")).to_have_text([
         "#1 screenshot Three plans in one row.", "#2 note Each plan ends with 'Start free'."])
+    # The timeline names each wait for approval as the badge does: the gate's hold, then final acceptance.
+    lines = oj.locator(".task-timeline .tl-line")
+    expect(lines.filter(has_text="The gate held it")).to_have_text(
+        "The gate held it for the assignee's owner to approve → awaiting handoff approval")
+    expect(lines.filter(has_text="verified revision 1")).to_have_text(
+        "oj/muse verified revision 1 → awaiting final acceptance")
     shot(oj, "task_ready_for_final_acceptance")
     oj.get_by_role("button", name="Give final acceptance").click()
     expect(oj.locator(".task-meta .state")).to_have_text("completed")
