@@ -157,7 +157,10 @@ def test_a_run_without_the_bridge_is_told_to_ask_with_request_step():
                     "exact call: make it only when the answer's behavior is allow (ask again with the same fields "
                     "once they decided); while it is pending, checkpoint and end your turn (you will be resumed).")
     assert "just make the call: your owner is asked" in next(line for line in claude if line.startswith("3. "))
-    assert [a for a, b in zip(claude, codex) if a != b] == [next(line for line in claude if line.startswith("3. "))]
+    # Besides step 3, only how the Prickle tools are named differs (Claude Code's names, or the server's).
+    assert [a for a, b in zip(claude, codex) if a != b] == [
+        "Use the Prickle tools (mcp__prickle__*, as Claude Code names them) and only those for Prickle:",
+        next(line for line in claude if line.startswith("3. "))]
 
 
 def test_a_config_says_claude_code_or_misspells_a_key_and_is_told_by_that_keys_name(tmp_path):
