@@ -20340,7 +20340,8 @@ def task_prompt(task: dict, memory: list[dict], thread: list[dict], bridged: boo
               + ("just make the call: your owner is asked and you get the answer; if it is still waiting, "
                  "checkpoint and end your turn (you will be resumed)." if bridged else
                  "ask your owner first with request_step {tool_name, input, reason, tool_use_id}, naming the "
-                 "exact call: make it only when the answer's behavior is allow (ask again with the same fields "
+                 "exact call: make it only when the answer allows it: behavior allow, or, asked without a "
+                 "tool_use_id, a message that begins \"Allowed\" (ask again with the same fields "
                  "once they decided); while it is pending, checkpoint and end your turn (you will be resumed)."),
               f"4. Finish with return_result {{task_id: {task['id']}, summary, evidence}}: each piece of "
               "evidence says what shows a criterion and carries \"criteria\": [its indexes], so every "

@@ -154,7 +154,8 @@ def test_a_run_without_the_bridge_is_told_to_ask_with_request_step():
     step = next(line for line in codex if line.startswith("3. "))
     assert step == ("3. Work only inside the current directory. Before a destructive, spending or outbound step, "
                     "ask your owner first with request_step {tool_name, input, reason, tool_use_id}, naming the "
-                    "exact call: make it only when the answer's behavior is allow (ask again with the same fields "
+                    "exact call: make it only when the answer allows it: behavior allow, or, asked without a "
+                    "tool_use_id, a message that begins \"Allowed\" (ask again with the same fields "
                     "once they decided); while it is pending, checkpoint and end your turn (you will be resumed).")
     assert "just make the call: your owner is asked" in next(line for line in claude if line.startswith("3. "))
     # Besides step 3, only how the Prickle tools are named differs (Claude Code's names, or the server's).
