@@ -148,7 +148,7 @@ def test_mark_unread_and_the_bar_that_jumps_to_the_first_unread(served, people):
 
 
 def test_one_authors_messages_in_a_row_share_one_header_at_both_widths(served, people):
-    room_with(served, "read-group", 3)
+    notes = room_with(served, "read-group", 3)
     with person_api(served, "oj") as oj:
         reply = oj.post("/api/projects/read-group/messages", json={"body": "oj answers"}).json()["message"]
     for name, viewport in (("desktop", None), ("phone", PHONE)):
@@ -161,3 +161,16 @@ def test_one_authors_messages_in_a_row_share_one_header_at_both_widths(served, p
         expect(page.locator(".msg .msg-author:visible")).to_have_text(["Ren Ito", "Oj Okafor"])
         expect(page.locator(f"#msg-{reply['id']} .msg-author")).to_be_visible()
         shot(page, f"read_grouped_{name}", full_page=False)
+        # A continued message hovered, focused or linked to shows its time and actions, never over its own text.
+        second = page.locator(f"#msg-{notes[1]['id']}")
+        second.hover()
+        expect(second.locator(".msg-head")).to_be_visible()
+        assert second.locator(".msg-head").bounding_box()["y"] + second.locator(".msg-head").bounding_box()[
+            "height"] <= second.locator(".msg-body").bounding_box()["y"] + 1
+        goto(page, served, f"#/p/read-group/room/{notes[2]['id']}")
+        third = page.locator(f"#msg-{notes[2]['id']}")
+        expect(third).to_have_class(re.compile(r"\bmsg-linked\b"))
+        head, body = third.locator(".msg-head").bounding_box(), third.locator(".msg-body").bounding_box()
+        assert head["y"] + head["height"] <= body["y"] + 1, (head, body)
+        expect(third.locator(".msg-body")).to_have_text("Note number 3")
+        shot(page, f"read_grouped_linked_{name}", full_page=False)
