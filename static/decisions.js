@@ -42,7 +42,7 @@ export function approvalCard(item, { showProject = false, onDecided, embedded = 
     h("h3", { class: "approval-title" },
       h("a", { href: `#/p/${task.project}/tasks/${task.id}`, text: plainText(approval.summary || titleOf(task)) })),
     h("p", { class: "muted", text: `${requesterText(task)} asks your agent ${task.assignee} for ${words(task.packet.deliverable_type)} work.` }),
-    h("ul", { class: "criteria-brief" }, task.packet.acceptance_criteria.map((c) => h("li", { text: c }))),
+    h("ul", { class: "criteria-brief" }, task.packet.acceptance_criteria.map((c) => h("li", { text: plainText(c) }))),
     h("div", { class: "button-row" }, approve, deny),
     h("details", { class: "standing" },
       h("summary", { text: "Let similar requests through without asking" }),
@@ -56,7 +56,7 @@ export function approvalCard(item, { showProject = false, onDecided, embedded = 
     held.replaceWith(badge(status, status === "approved" ? "ok" : "muted")); // no longer held, nor expiring
     expires.remove();
     card.classList.add("decided");
-    onDecided?.(out);
+    onDecided?.(out, text);
   }
   approve.addEventListener("click", async () => done(await act(approve, error, () => decide(approval.id, "approve")),
     "Approved: the task went to the agent."));

@@ -5,6 +5,7 @@
 // that move the focus to what they name (the page routes by hash, so the address never changes).
 
 import { h, badge, timeEl, words, safeUrl } from "./ui.js";
+import { plainText } from "./markdown.js";
 
 // ---- rendering ----------------------------------------------------------------------------------
 
@@ -37,7 +38,7 @@ export function criteriaEvidence(view, { anchor = "ce" } = {}) {
       dataset: { criterion: String(c.criterion) } },
     h("div", { class: "ce-head" },
       h("span", { class: "ce-n", text: `Criterion ${n}` }), " ",
-      h("span", { class: "ce-text", text: c.text }), " ",
+      h("span", { class: "ce-text", text: plainText(c.text) }), " ",
       standingBadge(c, anchor, view.evidence),
       c.verdict ? [" ", badge(c.verdict.accepted ? "verifier: met" : "verifier: not met",
         c.verdict.accepted ? "ok" : "danger")] : null),

@@ -17,7 +17,7 @@ import { runsSection } from "./runs.js";
 import { approvalCard, finalDecision, cancelRow, reassignForm } from "./decisions.js";
 import { requestingPerson, awaitingFinal, taskState, titleOf, requesterText, actorText, askToVerify } from "./task_common.js";
 import { timeline, lastReason } from "./timeline.js";
-import { markdownWithRaw } from "./markdown.js";
+import { markdownWithRaw, plainText } from "./markdown.js";
 import { evidenceRefs } from "./evidence.js";
 import { pausedSentence } from "./pauses.js";
 import { deliverablesSection } from "./deliverables.js";
@@ -187,7 +187,7 @@ function renderActions(ctx, detail, approval, stepCards, reload, { said, done })
       stepCards));
   }
 
-  if (approval) parts.push(approvalCard(approval, { onDecided: reload, embedded: true }));
+  if (approval) parts.push(approvalCard(approval, { onDecided: (out, text) => { done(text); reload(); }, embedded: true }));
   // The server says what you may do now: give final acceptance, start a verification, cancel it, hand it on (can_*).
   if (task.can_give_final) {
     parts.push(finalDecision(ctx, task, reload, { view: detail.criteria_evidence, anchor: "decide", onDone: done }));
@@ -340,9 +340,9 @@ function criteriaList(criteria, result) {
       }
     }
     return h("li", { class: "criterion", dataset: { criterion: String(i) } },
-      h("span", { class: "criterion-text", text }),
+      h("span", { class: "criterion-text", text: plainText(text) }),
       h("span", { class: "criterion-status" }, status,
-        verdict ? badge(`${past}${verdict.accepted ? "accepted" : "not accepted"}`,
+        verdict ? badge(`${past}verifier: ${verdict.accepted ? "met" : "not met"}`, // as the decision panel says
           past ? "muted" : verdict.accepted ? "ok" : "danger", verdict.note || undefined) : null,
         verdict?.note ? h("span", { class: "muted small", text: verdict.note }) : null));
   }));
@@ -419,7 +419,7 @@ function evidenceReport(report, criteria) {
     h("ul", { class: "report-list" },
       report.coverage.map((c) => h("li", { class: standing(c) },
         h("span", { class: "report-mark", "aria-hidden": "true", text: MARK[standing(c)] }),
-        h("span", { text: `Criterion ${c.criterion + 1}: ${criteria[c.criterion] ?? ""}` }),
+        h("span", { text: `Criterion ${c.criterion + 1}: ${plainText(criteria[c.criterion] ?? "")}` }),
         h("span", { class: "muted small", text: {
           covered: ` — evidence ${c.evidence.map((n) => `#${n + 1}`).join(", ")}`,
           stale: ` — only stale evidence ${c.evidence.map((n) => `#${n + 1}`).join(", ")}`,

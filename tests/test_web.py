@@ -121,6 +121,17 @@ def test_denying_a_held_handoff_asks_once_more_and_then_says_it_was_denied(serve
     expect(card.locator(".approval-head")).not_to_contain_text("expires")
     with person_api(served, "ren") as api:
         assert api.get(f"/api/tasks/{task_id}").json()["task"]["state"] == "rejected"
+    # Approved on the task's own page, written in Markdown: it says so there too, and the focus goes to it.
+    other = mcp(served, "oj/muse", "handoff", {"project": PROJECT, "to": "ren/builder", "packet": {
+        "task": "Add a **touch** icon.", "deliverable_type": "doc", "acceptance_criteria": ["A `180 px` icon."]}})
+    goto(ren, served, f"#/p/{PROJECT}/tasks/{other['task']['id']}")
+    held = ren.locator(f'.approval[data-task-id="{other["task"]["id"]}"]')
+    expect(held.locator(".criteria-brief li")).to_have_text(["A 180 px icon."])
+    expect(ren.locator(".criterion-text")).to_have_text(["A 180 px icon."])
+    held.get_by_role("button", name="Approve", exact=True).click()
+    expect(ren.locator(".decided-notice")).to_have_text("Approved: the task went to the agent.")
+    expect(ren.locator(".decided-notice")).to_be_focused()
+    expect(ren.locator(".task-meta .state")).to_have_text("routed")
 
 
 def test_a_result_nothing_verifies_is_asked_for_in_the_thread_from_the_inbox_and_the_task_page(served, people):
@@ -201,7 +212,7 @@ def test_a_held_handoff_is_approved_verified_and_finally_accepted(served, people
     criteria = oj.locator(".criterion")
     expect(criteria.nth(0)).to_contain_text("covered by #1")
     expect(criteria.nth(1)).to_contain_text("covered by #2")
-    expect(criteria.nth(1)).to_contain_text("accepted")
+    expect(criteria.nth(1)).to_contain_text("verifier: met")
     expect(oj.locator(".report")).to_contain_text("complete")
     expect(oj.locator(".tl-checkpoint-body")).to_contain_text("Layout done.")
     expect(oj.locator(".submission").get_by_role("link", name="https://preview.example/pricing")).to_be_visible()
