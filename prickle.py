@@ -11330,14 +11330,16 @@ def _snippet_pieces(text: str) -> list[dict]:
 #: What one search may ask for: terms (words, phrases, prefixes) in all, prefix terms (``word*``),
 #: and the letters a prefix needs before its ``*``. A broader query costs every other request.
 SEARCH_TERMS_MAX, SEARCH_PREFIXES_MAX, SEARCH_PREFIX_MIN = 12, 4, 2
-_SEARCH_TERM = re.compile(r'"[^"]*"?|[^\s()"]+')
+_SEARCH_TERM = re.compile(r'"[^"]*"?\*?|[^\s()"]+')  # a phrase may end in * (its last word a prefix)
 
 
 def check_search_cost(query: str) -> None:
     """Refuse a query too broad to run beside other requests (InvalidInput naming ``q`` and what to change)."""
     terms = [t for t in _SEARCH_TERM.findall(query) if t not in ("AND", "OR", "NOT", "NEAR")]
     prefixes = [t for t in terms if t.endswith("*")]
-    short = [t for t in prefixes if len(t.strip('"^*').split(":")[-1]) < SEARCH_PREFIX_MIN]
+    # The letters before the *: of its last word, for a phrase ("hero co"*).
+    short = [t for t in prefixes if len((t.rstrip("*").strip('"^').split(":")[-1].split() or [""])[-1])
+             < SEARCH_PREFIX_MIN]
     if short:
         raise InvalidInput(f"q: {short[0]} is too broad: a prefix needs at least {SEARCH_PREFIX_MIN} letters "
                            "before its *")
@@ -11364,9 +11366,8 @@ def _as_phrases(query: str) -> str:
             terms.append(term)
             continue
         column, _, rest = term.partition(":") if re.match(r"(title|body):.", term) else ("", "", term)
-        quoted = rest.startswith('"')
-        star = "*" if rest.endswith("*") and not quoted else ""
-        words = rest.strip('"') if quoted else rest.rstrip("*")
+        star = "*" if rest.endswith("*") else ""
+        words = rest.rstrip("*").strip('"')
         terms.append(f'{column + ":" if column else ""}"{words}"{star}')
     return " ".join(terms)
 
@@ -11403,6 +11404,8 @@ def search(db: Database, actor: Actor, query: str, *, limit: int = 20, seconds: 
     if not isinstance(query, str) or not query.strip():
         raise InvalidInput("q: say what to search for, e.g. q=deploy or q=\"release notes\"")
     check_text(query, "q", SEARCH_QUERY_MAX)
+    if any(ord(c) < 32 and c not in "\t\n\r" for c in query):  # SQLite would read a NUL as the end of the text
+        raise InvalidInput("q: the search holds a control character: search for words, without it")
     check_search_cost(query)
     if not isinstance(limit, int) or not 1 <= limit <= SEARCH_LIMIT_MAX:
         raise InvalidInput(f"limit must be a whole number from 1 to {SEARCH_LIMIT_MAX}")

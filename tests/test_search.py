@@ -97,6 +97,12 @@ def test_words_with_punctuation_are_found_as_typed(world):
     assert sorted(ids("logo-v2.svg OR foo-bar")) == sorted([other["id"], logo["id"]])
     assert ids('"new logo') == [logo["id"]]
     assert ids("v2-logo.svg") == []  # the words, in their order
+    # A phrase whose last word is a prefix, as FTS5 reads it; a NUL would cut the query short, so it is refused.
+    assert ids('"new lo"*') == [logo["id"]]
+    assert ids('"new lo"* foo-bar') == []
+    with pytest.raises(prickle.InvalidInput) as e:
+        prickle.search(db, oj, "logo\x00zzzz")
+    assert str(e.value) == "q: the search holds a control character: search for words, without it"
 
 
 @pytest.mark.parametrize("query", ["AND", "NOT x", "a OR", "x AND AND y"])
