@@ -15886,10 +15886,23 @@ def build_mcp_server(state: AppState) -> _MCPServer:
 
 
 async def _tool_call_shape(ctx: Any, call_next: Any) -> Any:
-    """Refuse a tools/call whose name or arguments are of the wrong type, naming which: the SDK's own
-    refusal of such params names nothing."""
-    params = ctx.params if ctx.method == "tools/call" and isinstance(ctx.params, dict) else {}
-    if params and not isinstance(params.get("name"), str):
+    """Refuse a tools/call whose params, their _meta (its progressToken), name or arguments are of the
+    wrong type, naming which: the SDK's own refusal of such params names nothing."""
+    if ctx.method != "tools/call":
+        return await call_next(ctx)
+    params = ctx.params
+    if not isinstance(params, dict):
+        raise MCPError(mcp_types.INVALID_PARAMS, 'params must be an object: {"name": the tool, "arguments": {…}}',
+                       {"code": "invalid_input"})
+    meta = params.get("_meta", {})
+    if not isinstance(meta, dict):
+        raise MCPError(mcp_types.INVALID_PARAMS, "params._meta must be an object, or left out",
+                       {"code": "invalid_input"})
+    token = meta.get("progressToken")
+    if token is not None and (isinstance(token, bool) or not isinstance(token, (str, int))):
+        raise MCPError(mcp_types.INVALID_PARAMS, "params._meta.progressToken must be text or a whole number",
+                       {"code": "invalid_input"})
+    if not isinstance(params.get("name"), str):
         raise MCPError(mcp_types.INVALID_PARAMS, "name must be text: the tool to call, as tools/list names it",
                        {"code": "invalid_input"})
     if params.get("arguments") is not None and not isinstance(params["arguments"], dict):
@@ -16094,7 +16107,7 @@ class MCPEndpoint:
             code, text = answer["error"]["code"], answer["error"]["message"]
         except (ValueError, KeyError, TypeError):
             code, text = None, ""
-        if code == mcp_types.PARSE_ERROR or text.startswith("Validation error"):
+        if code == mcp_types.PARSE_ERROR or text.startswith(("Validation error", "Body must be")):
             problem = jsonrpc_body_problem(request_body)
             answer = {"jsonrpc": "2.0", "id": None, "error": {
                 "code": mcp_types.INVALID_REQUEST if code != mcp_types.PARSE_ERROR else code,

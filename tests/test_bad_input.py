@@ -329,8 +329,20 @@ def test_a_tool_call_whose_arguments_or_name_are_of_the_wrong_type_is_refused_na
             if not modern:  # in the other era the Mcp-Name header must match the name first
                 bodies.append((_tool_call_text("check_inbox", "{}", modern).replace('"name": "check_inbox"',
                                                                                     '"name": 5'), name))
+                bad = lambda message: {"code": -32602, "message": message, "data": {"code": "invalid_input"}}  # noqa
+                call = '{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": %s}'
+                bodies += [
+                    (call % "null", bad('params must be an object: {"name": the tool, "arguments": {…}}')),
+                    (call % '{"name": "check_inbox", "_meta": 5}', bad("params._meta must be an object, or left out")),
+                    (call % '{"name": "check_inbox", "_meta": {"progressToken": [1]}}',
+                     bad("params._meta.progressToken must be text or a whole number"))]
             for body, error in bodies:
                 r = _mcp_post(http, url, key, body, None if modern else session, "check_inbox")
                 assert r.status_code == (400 if modern else 200), (body, r.text)
                 assert _answer(r) == {"jsonrpc": "2.0", "id": 7, "error": error}, body
+        # In the other era the transport refuses params that are not an object itself: in Prickle's words too.
+        r = _mcp_post(http, url, key, '{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": [1]}', None,
+                      "check_inbox")
+        assert r.status_code == 400 and r.json()["error"]["message"] == "params must be an object"
+        assert r.json()["error"]["data"] == {"code": "invalid_input"}
     assert written(served.world.db) == before
