@@ -9166,23 +9166,31 @@ def request_verification(db: Database, person: Actor, task_id: str) -> dict:
 def ask_to_verify(db: Database, person: Actor, task_id: str) -> dict:
     """The requesting agent's owner asks the agent, in the task's thread, to verify a result that nothing
     verifies (no runner of it listens): a message mentioning it, which a session of it waiting for
-    mentions hears (and the next one it opens finds). Returns ``{"message"}``. Raises NotFound,
-    Forbidden (not its owner) or InvalidState (nothing to verify; a run going, or its runner listening:
-    Verify now starts one)."""
+    mentions hears (and the next one it opens finds). Asked again for the same revision, it answers
+    with the message it posted then. Returns ``{"message"}``. Raises NotFound, InvalidState (nothing
+    for an agent to verify; a run going, or its runner listening: Verify now starts one) or Forbidden
+    (not the agent's owner)."""
     with db.transaction():
         task = task_for_person(db, person, task_id)
-        if requesting_person(task) != person.handle:
-            raise Forbidden(f"only {requesting_person(task)}, who owns {task['requester']}, asks it to verify")
         state = verification_state(db, task)
+        if state is None and task["state"] == "verifying":  # a person's own request: theirs to decide
+            raise InvalidState(f"task '{task_id}' waits on {requesting_person(task)}'s own decision, not an agent's: "
+                               "give final acceptance or send it back")
         if state is None:
             raise InvalidState(f"task '{task_id}' is {task['state']}: there is no result for an agent to verify")
+        if requesting_person(task) != person.handle:
+            raise Forbidden(f"only {requesting_person(task)}, who owns {task['requester']}, asks it to verify")
         if state != "nobody":
             raise InvalidState(f"{task['requester']}'s runner verifies it: "
                                + ("a verification run is going" if state == "running" else "press Verify now"))
-        revision = latest_submission(db, task_id)["revision"]
-        message = post_message(db, person, task["project"], f"@{task['requester']} revision {revision} of the result "
-                               "waits for you to verify it: read the task, then accept_result or reject_result.",
-                               task_id=task_id)
+        sub = latest_submission(db, task_id)
+        body = (f"@{task['requester']} revision {sub['revision']} of the result waits for you to verify it: read the "
+                "task, then accept_result or reject_result.")
+        asked = db.one("SELECT id FROM messages WHERE task_id = ? AND author_kind = 'person' AND author = ? AND "
+                       "body = ? AND created_at >= ? ORDER BY seq LIMIT 1",
+                       (task_id, person.handle, body, sub["returned_at"]))
+        message = get_message(db, asked["id"]) if asked else post_message(db, person, task["project"], body,
+                                                                          task_id=task_id)
     return {"message": message}
 
 

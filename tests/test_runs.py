@@ -279,7 +279,23 @@ def test_a_result_nothing_verifies_can_be_asked_for_in_the_thread_by_the_request
     assert (message["body"], message["task_id"], message["mentions"]) == (
         "@oj/muse revision 1 of the result waits for you to verify it: read the task, then accept_result or "
         "reject_result.", task["id"], ["oj/muse"])
+    # Asked again (a second click, a reload) for the same revision: the same message, nothing posted twice.
+    again = ask(oj)
+    assert (again.status_code, again.json()["message"]["id"]) == (200, message["id"])
+    assert world.db.scalar("SELECT count(*) FROM messages WHERE task_id = ?", (task["id"],)) == 1
     # A session of oj/muse hears it: the mention it missed comes at once.
     heard = mcp.ok("oj/muse", "wait_for_mention", {"project": PROJECT, "timeout_seconds": 1})
     assert [(e["kind"], e["message"]["id"]) for e in heard["events"]] == [("mention", message["id"])]
     assert audit_entries(world.db, PROJECT)[-1]["type"] == "message.posted"
+
+
+def test_a_persons_own_request_is_theirs_to_decide_not_an_agents_to_verify(mcp, server, world):
+    oj = person(server, world, "oj")
+    r = oj.post(f"/api/projects/{PROJECT}/task-requests", {"agent": "oj/muse", "packet": PACKET})
+    assert r.status_code == 200, r.text
+    task_id = r.json()["task"]["id"]
+    mcp.ok("oj/muse", "accept_task", {"task_id": task_id})
+    mcp.ok("oj/muse", "return_result", {"task_id": task_id, "summary": "Done.", "evidence": [evidence([0, 1])]})
+    r = oj.post(f"/api/tasks/{task_id}/ask-to-verify", {})
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        409, f"task '{task_id}' waits on oj's own decision, not an agent's: give final acceptance or send it back")
