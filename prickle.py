@@ -18872,11 +18872,11 @@ def person_email(db_path: str, as_json: bool, handle: str, address: str | None) 
 @person_group.command("digest")
 @db_options
 @click.argument("handle")
-@click.argument("minutes", type=int, required=False)
+@click.argument("minutes", type=click.IntRange(1, DIGEST_MINUTES_MAX), required=False)
 def person_digest(db_path: str, as_json: bool, handle: str, minutes: int | None) -> None:
     """Mail HANDLE what waited on them more than MINUTES (leave MINUTES out to turn the digest off)."""
     out = set_digest(open_db(db_path), handle, minutes)
-    state = f"on: what waited more than {minutes} minutes" if minutes else "off"
+    state = f"on: what waited more than {minutes} minute{'s' * (minutes != 1)}" if minutes else "off"
     missing = []  # what it still needs before anything is mailed
     if minutes and not out["email"]:
         missing.append(f"no address yet: prickle person email {handle} ADDRESS")

@@ -331,5 +331,9 @@ def test_turning_the_digest_on_says_what_it_still_needs_to_mail_anything(db_path
     (tmp_path / "prickle.toml").write_text('[smtp]\nhost = "mail.example.org"\nfrom_address = "prickle@example.org"\n')
     code, out, err = run(db_path, "person", "digest", "ren", "30")
     assert out == "ren's email digest is on: what waited more than 30 minutes.\n"
+    code, out, err = run(db_path, "person", "digest", "ren", "1")
+    assert out == "ren's email digest is on: what waited more than 1 minute.\n"
     code, out, err = run(db_path, "person", "digest", "ren")
     assert out == "ren's email digest is off.\n"
+    code, out, err = run(db_path, "person", "digest", "ren", "0", ok=False)  # off is MINUTES left out
+    assert code == 2 and "0 is not in the range 1<=x<=" in err
