@@ -18489,8 +18489,9 @@ def _uvicorn_server(config: Any, lock: ServerLock, hub: WakeHub | None = None) -
 GC_YOUNG_OBJECTS = 10_000
 
 
-def _address_notes(settings: Settings, base: str, bound: int, issuer: str | None) -> list[str]:
-    """What serve says about the address it is reached by: every interface, sign-in, a public_url on another port."""
+def _address_notes(settings: Settings, base: str, bound: int, issuer: str | None, port_given: bool) -> list[str]:
+    """What serve says about the address it is reached by: every interface, sign-in, a public_url on another
+    port (``port_given``: the port came from --port)."""
     lines = []
     if settings.listens_everywhere() and not settings.public_url:
         lines.append("Listening on every interface: teammates must use the address they reach this machine "
@@ -18504,7 +18505,7 @@ def _address_notes(settings: Settings, base: str, bound: int, issuer: str | None
     if (differs := settings.public_port_differs(bound)) is not None:
         lines.append(f"public_url names port {differs[0]}, but this server listens on {bound}: the links it "
                      f"prints and sends would reach nothing. Set public_url in prickle.toml to {differs[1]}, "
-                     "or start without --port.")
+                     + ("or start without --port." if port_given else f"or start with --port {differs[0]}."))
     return lines
 
 
@@ -18571,7 +18572,9 @@ def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | 
         lines = [f"Prickle {__version__} is listening on {base}  (MCP: {base}/mcp, database: {db_path})"]
         issuer = oauth_issuer(settings)
         info["oauth"] = {"issuer": issuer} if issuer else None
-        lines += _address_notes(settings, base, bound, issuer)
+        lines += _address_notes(settings, base, bound, issuer, port is not None)
+        if settings.public_port_differs(bound):
+            info["warning"] = lines[-1]  # said with --json too
         db_arg = f"--db {shlex.quote(db_path)}"  # what the next steps printed below add to each command
         if demo:
             info["demo"] = _fresh_demo(db, settings, bound)

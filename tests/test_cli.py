@@ -167,8 +167,14 @@ def test_serve_says_when_apps_may_sign_in(tmp_path, db_path):
         assert said.split()[8] != "8321:"
     with Served(db_path, "--config", str(config)) as served:
         assert served.info["oauth"] == {"issuer": "http://127.0.0.1:8321"}
+        assert served.info["warning"].startswith("public_url names port 8321, but this server listens on ")
     with Served(db_path) as served:
-        assert served.info["oauth"] is None
+        assert served.info["oauth"] is None and "warning" not in served.info
+    # The port from prickle.toml, not --port: the advice is to start on the port public_url names.
+    settings = prickle.Settings(public_url="http://localhost:9999", port=8321)
+    assert prickle._address_notes(settings, "http://localhost:9999", 8321, None, False)[-1] == (
+        "public_url names port 9999, but this server listens on 8321: the links it prints and sends would reach "
+        "nothing. Set public_url in prickle.toml to http://localhost:8321, or start with --port 9999.")
 
 
 def test_settings_file_errors_name_the_setting(tmp_path, db_path):
