@@ -11020,8 +11020,13 @@ def _transfer_requests(db: Database, project: str, parties: list[str], to_owner:
         if _requested_by(task) not in parties or not TASK_MOVES[lifecycle_state(task)]:
             continue
         now = iso(utcnow())
-        db.execute("UPDATE tasks SET requester = NULL, requested_by = ?, updated_at = ?, last_activity_at = ? "
-                   "WHERE id = ?", (json.dumps(person_ref(db, to_owner)), now, now, task["id"]))
+        # A result an agent was to verify now waits on the person (unless something else holds it, e.g. stopped).
+        waiting = task["waiting_on"]
+        if waiting == WAITING_ON[lifecycle_state(task)]:
+            waiting = WAITING_ON[lifecycle_state(task | {"requester": None})]
+        db.execute("UPDATE tasks SET requester = NULL, requested_by = ?, waiting_on = ?, updated_at = ?, "
+                   "last_activity_at = ? WHERE id = ?", (json.dumps(person_ref(db, to_owner)), waiting, now, now,
+                                                         task["id"]))
         audit(db, project, "task.reassigned", {"task": task["id"], "side": "requester", "from": _requested_by(task),
                                                "to": to_owner, "by": by})
         append_event(db, project, "task.updated", {"task": task_out(db, task["id"])})

@@ -390,3 +390,15 @@ def test_a_member_leaving_with_the_default_lead_names_it_in_the_entry(mcp, serve
     prickle.remove_member(world.db, PROJECT, "sam", by="oj")
     [removed] = audit_entries(world.db, PROJECT, "member.removed")
     assert "lead" not in removed["refs"]  # sam's leaving ended no lead
+
+
+def test_a_result_its_leaving_requester_was_to_verify_waits_on_the_person_it_passes_to(mcp, server, world):
+    task = mcp.ok("oj/scout", "handoff", P | {"to": "oj/muse", "packet": PACKET})["task"]
+    mcp.ok("oj/muse", "accept_task", {"task_id": task["id"]})
+    mcp.ok("oj/muse", "return_result", {"task_id": task["id"], "summary": "Done.", "evidence": [
+        {"kind": "test_output", "summary": "Counted.", "content": "6 words", "criteria": [0, 1]}]})
+    assert prickle.task_out(world.db, task["id"])["waiting_on"] == "agent"  # oj/scout verifies it
+    prickle.remove_agent(world.db, PROJECT, "oj/scout", "oj")
+    out = prickle.task_out(world.db, task["id"])
+    assert (out["state"], out["requester"], out["requested_by"]["handle"], out["waiting_on"]) == (
+        "verifying", None, "oj", "owner_approval")
