@@ -20745,7 +20745,9 @@ class Runner(RunnerDeliveries):
         self.procs: dict[str, asyncio.subprocess.Process] = {}  # attempt or session id -> its process
         self.stopping: dict[str, str] = {}  # attempt or session id -> why it was stopped
         self.by_task: dict[str, str] = {}  # task id -> the attempt running it
-        self.going: dict[tuple[str, str], set[str]] = collections.defaultdict(set)  # (agent, project) -> task ids
+        # (agent, project) -> its task runs going there (task id -> task), and the task Team Pulse was last told of.
+        self.going: dict[tuple[str, str], dict[str, dict]] = collections.defaultdict(dict)
+        self.told: dict[tuple[str, str], str] = {}
         self.woken: dict[str, dict] = {}  # task id -> the task, woken again while its run went on
         self._tasks: set[asyncio.Task] = set()
         self.stopping_all = False
@@ -21165,7 +21167,8 @@ class Runner(RunnerDeliveries):
     async def working(self, agent_id: str, task: dict) -> None:
         """Tell Team Pulse the agent is working on ``task`` while its run goes on (report() or rest() ends it)."""
         title = (task.get("display_title") or task["packet"]["task"])[:180]
-        self.going[agent_id, task["project"]].add(task["id"])
+        self.going[agent_id, task["project"]][task["id"]] = task
+        self.told[agent_id, task["project"]] = task["id"]
         await self._pulse(agent_id, {"project": task["project"], "availability": "working",
                                      "doing": f"Working on {title}", "task_id": task["id"]})
 
@@ -21188,13 +21191,19 @@ class Runner(RunnerDeliveries):
 
     async def rest(self, agent_id: str, project: str, task_id: str | None, idle: bool = True) -> None:
         """The agent's run of ``task_id`` ended: once none of its task runs in ``project`` goes on, tell
-        Team Pulse it is idle (working() said otherwise while they went on). While one goes on, leave it."""
-        going = self.going[agent_id, project]
-        going.discard(task_id)
-        if not going:
-            del self.going[agent_id, project]
-            if idle:
-                await self._pulse(agent_id, {"project": project, "availability": "idle", "doing": ""})
+        Team Pulse it is idle (working() said otherwise while they went on). While another goes on and the
+        pulse was last told of this one, tell it of the latest still going, so it never names an ended run."""
+        key = (agent_id, project)
+        going = self.going[key]
+        going.pop(task_id, None)
+        if going:
+            if self.told.get(key) == task_id:
+                await self.working(agent_id, list(going.values())[-1])
+            return
+        del self.going[key]
+        self.told.pop(key, None)
+        if idle:
+            await self._pulse(agent_id, {"project": project, "availability": "idle", "doing": ""})
 
     async def _pulse(self, agent_id: str, args: dict) -> None:
         try:

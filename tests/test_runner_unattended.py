@@ -198,6 +198,24 @@ def test_team_pulse_says_the_agent_is_working_while_its_run_goes_on(db_path, tmp
             assert (pulse["task_id"], pulse["doing"]) == (task_id, "Working on Draft the hero copy.")
 
 
+def test_team_pulse_names_a_run_still_going_once_a_parallel_one_has_ended(db_path, tmp_path):
+    with Served(db_path, "--demo") as served:
+        base = served.info["url"]
+        config = standin_runner(db_path, tmp_path, base, parallel=2)
+        with RunnerProcess(config) as runner, person(base, cli_json(db_path, "token", "create", "--person", "ren")[
+                "token"]) as ren, httpx.Client(base_url=base, timeout=60) as http:
+            runner.wait_connected("ren/builder")
+            mcp = MCP(http, {"oj/muse": served.info["demo"]["keys"]["oj/muse"]})
+            going = hand(mcp, "sleep", "Draft the long page.")
+            wait_until("the first run", lambda: (pulse_of(ren, PROJECT, "ren/builder") or {}).get("task_id") == going)
+            short = hand(mcp, "ok", "Draft the footer.")
+            wait_until("the second result", lambda: task_state(ren, short)["state"] == "verifying", timeout=60)
+            # The pulse last named the short run; it ended, so it names the one still going.
+            pulse = wait_until("the pulse back on the run going", lambda: (p := pulse_of(ren, PROJECT, "ren/builder"))
+                               and p.get("task_id") == going and p)
+            assert (pulse["availability"], pulse["doing"]) == ("working", "Working on Draft the long page.")
+
+
 def test_team_pulse_says_the_agent_is_idle_once_its_run_has_ended(db_path, tmp_path):
     with Served(db_path, "--demo") as served:
         base = served.info["url"]
