@@ -106,7 +106,10 @@ export function createTriage(ctx, { card, query }) {
     rows.delete(row.item.id);
     if (view.selected === row.item.id || focus) {
       act.select(next, !!next && focus);
-      if (!next && focus) view.count.focus?.();
+      if (!next && focus) { // the last one gone: the focus goes to the line that says so, never to nowhere
+        view.count.tabIndex = -1;
+        view.count.focus();
+      }
     }
     render();
   };

@@ -159,6 +159,12 @@ def test_the_keys_move_open_and_mark_done_and_the_shortcut_list_names_them(serve
     expect(page.locator("#search")).to_have_value("jjes")
     assert len(inbox_ids(served, "bea")) == 3
     expect(page.locator(".snooze-menu:visible")).to_have_count(0)
+    # Done with every one: the focus goes to the line that says nothing waits, never to nowhere.
+    row(page, f"mention:{ids[2]}").locator(".inbox-row-head").focus()
+    for left in (2, 1, 0):
+        page.keyboard.press("e")
+        expect(page.locator(".inbox-row")).to_have_count(left)
+    expect(page.locator(".inbox-count")).to_be_focused()
 
 
 def test_filters_by_kind_and_project_count_their_items_and_stay_in_the_address(served, people):
