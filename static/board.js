@@ -22,7 +22,7 @@ export function mount(el, ctx) {
   const approvalsSection = h("section", { class: "section", "aria-labelledby": "board-approvals", hidden: true },
     h("h2", { id: "board-approvals", text: "Waiting for your decision" }), approvals);
   // "Needs me": only the cards the inbox lists as waiting on you.
-  const needsMe = h("button", { type: "button", class: "quiet small needs-me-filter", "aria-pressed": "false", text: "Needs me" });
+  const needsMe = h("button", { type: "button", class: "chip needs-me-filter", "aria-pressed": "false", text: "Needs me" });
   needsMe.addEventListener("click", () => {
     needsMe.setAttribute("aria-pressed", String(needsMe.getAttribute("aria-pressed") !== "true"));
     render();
