@@ -185,52 +185,49 @@ def test_a_runner_whose_cli_cant_run_says_so_and_its_failed_launch_shows_failed_
                 task_id, "claude_code_not_found", "ren/builder", "open")
 
 
-def test_team_pulse_says_the_agent_is_working_while_its_run_goes_on(db_path, tmp_path):
+@contextlib.contextmanager
+def ren_running(db_path, tmp_path, **fields):
+    """A demo server with ren/builder's runner on the stand-in connected (any other ``fields`` of its
+    table): (the runner, ren's API, oj/muse's MCP)."""
     with Served(db_path, "--demo") as served:
         base = served.info["url"]
-        config = standin_runner(db_path, tmp_path, base)
+        config = standin_runner(db_path, tmp_path, base, **fields)
         with RunnerProcess(config) as runner, person(base, cli_json(db_path, "token", "create", "--person", "ren")[
                 "token"]) as ren, httpx.Client(base_url=base, timeout=60) as http:
             runner.wait_connected("ren/builder")
-            task_id = hand(MCP(http, {"oj/muse": served.info["demo"]["keys"]["oj/muse"]}), "sleep")
-            pulse = wait_until("the pulse", lambda: (p := pulse_of(ren, PROJECT, "ren/builder")) and p.get(
-                "availability") == "working" and p)
-            assert (pulse["task_id"], pulse["doing"]) == (task_id, "Working on Draft the hero copy.")
+            yield runner, ren, MCP(http, {"oj/muse": served.info["demo"]["keys"]["oj/muse"]})
+
+
+def test_team_pulse_says_the_agent_is_working_while_its_run_goes_on(db_path, tmp_path):
+    with ren_running(db_path, tmp_path) as (runner, ren, mcp):
+        task_id = hand(mcp, "sleep")
+        pulse = wait_until("the pulse", lambda: (p := pulse_of(ren, PROJECT, "ren/builder")) and p.get(
+            "availability") == "working" and p)
+        assert (pulse["task_id"], pulse["doing"]) == (task_id, "Working on Draft the hero copy.")
 
 
 def test_team_pulse_names_a_run_still_going_once_a_parallel_one_has_ended(db_path, tmp_path):
-    with Served(db_path, "--demo") as served:
-        base = served.info["url"]
-        config = standin_runner(db_path, tmp_path, base, parallel=2)
-        with RunnerProcess(config) as runner, person(base, cli_json(db_path, "token", "create", "--person", "ren")[
-                "token"]) as ren, httpx.Client(base_url=base, timeout=60) as http:
-            runner.wait_connected("ren/builder")
-            mcp = MCP(http, {"oj/muse": served.info["demo"]["keys"]["oj/muse"]})
-            going = hand(mcp, "sleep", "Draft the long page.")
-            wait_until("the first run", lambda: (pulse_of(ren, PROJECT, "ren/builder") or {}).get("task_id") == going)
-            short = hand(mcp, "ok", "Draft the footer.")
-            wait_until("the second result", lambda: task_state(ren, short)["state"] == "verifying", timeout=60)
-            # The pulse last named the short run; it ended, so it names the one still going.
-            pulse = wait_until("the pulse back on the run going", lambda: (p := pulse_of(ren, PROJECT, "ren/builder"))
-                               and p.get("task_id") == going and p)
-            assert (pulse["availability"], pulse["doing"]) == ("working", "Working on Draft the long page.")
+    with ren_running(db_path, tmp_path, parallel=2) as (runner, ren, mcp):
+        going = hand(mcp, "sleep", "Draft the long page.")
+        wait_until("the first run", lambda: (pulse_of(ren, PROJECT, "ren/builder") or {}).get("task_id") == going)
+        short = hand(mcp, "ok", "Draft the footer.")
+        wait_until("the second result", lambda: task_state(ren, short)["state"] == "verifying", timeout=60)
+        # The pulse last named the short run; it ended, so it names the one still going.
+        pulse = wait_until("the pulse back on the run going", lambda: (p := pulse_of(ren, PROJECT, "ren/builder"))
+                           and p.get("task_id") == going and p)
+        assert (pulse["availability"], pulse["doing"]) == ("working", "Working on Draft the long page.")
 
 
 def test_team_pulse_says_the_agent_is_idle_once_its_run_has_ended(db_path, tmp_path):
-    with Served(db_path, "--demo") as served:
-        base = served.info["url"]
-        config = standin_runner(db_path, tmp_path, base)
-        with RunnerProcess(config) as runner, person(base, cli_json(db_path, "token", "create", "--person", "ren")[
-                "token"]) as ren, httpx.Client(base_url=base, timeout=60) as http:
-            runner.wait_connected("ren/builder")
-            task_id = hand(MCP(http, {"oj/muse": served.info["demo"]["keys"]["oj/muse"]}), "ok")
-            wait_until("the result", lambda: task_state(ren, task_id)["state"] == "verifying", timeout=60)
-            wait_until("the run's end told", lambda: f"ren/builder: {runs_of(ren, task_id)[0]['attempt_id']} ended"
-                       in runner.log())
-            # Working while it ran; once it ended, idle, with nothing said to be going on.
-            pulse = wait_until("the idle pulse", lambda: (p := pulse_of(ren, PROJECT, "ren/builder")) and p.get(
-                "availability") == "idle" and p)
-            assert (pulse["doing"], pulse["task_id"], "run_failure" in pulse) == ("", None, False)
+    with ren_running(db_path, tmp_path) as (runner, ren, mcp):
+        task_id = hand(mcp, "ok")
+        wait_until("the result", lambda: task_state(ren, task_id)["state"] == "verifying", timeout=60)
+        wait_until("the run's end told", lambda: f"ren/builder: {runs_of(ren, task_id)[0]['attempt_id']} ended"
+                   in runner.log())
+        # Working while it ran; once it ended, idle, with nothing said to be going on.
+        pulse = wait_until("the idle pulse", lambda: (p := pulse_of(ren, PROJECT, "ren/builder")) and p.get(
+            "availability") == "idle" and p)
+        assert (pulse["doing"], pulse["task_id"], "run_failure" in pulse) == ("", None, False)
 
 
 def test_a_mention_the_runner_heard_reaches_the_agents_next_session_and_its_owners_inbox(db_path, tmp_path):
