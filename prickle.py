@@ -11345,10 +11345,14 @@ def _snippet_pieces(text: str) -> list[dict]:
 SEARCH_TERMS_MAX, SEARCH_PREFIXES_MAX, SEARCH_PREFIX_MIN = 12, 4, 2
 _SEARCH_TERM = re.compile(r'"[^"]*"?\*?|[^\s()"]+')  # a phrase may end in * (its last word a prefix)
 
+#: FTS5's own words between terms: not counted as terms, and kept as they are when a query is read again
+#: as phrases (NEAR only as NEAR(...), whose parentheses that reading drops).
+_SEARCH_OPERATORS = ("AND", "OR", "NOT")
+
 
 def check_search_cost(query: str) -> None:
     """Refuse a query too broad to run beside other requests (InvalidInput naming ``q`` and what to change)."""
-    terms = [t for t in _SEARCH_TERM.findall(query) if t not in ("AND", "OR", "NOT", "NEAR")]
+    terms = [t for t in _SEARCH_TERM.findall(query) if t not in (*_SEARCH_OPERATORS, "NEAR")]
     prefixes = [t for t in terms if t.endswith("*")]
     # The letters before the *: of its last word, for a phrase ("hero co"*).
     short = [t for t in prefixes if len((t.rstrip("*").strip('"^').split(":")[-1].split() or [""])[-1])
@@ -11362,10 +11366,6 @@ def check_search_cost(query: str) -> None:
     if len(terms) > SEARCH_TERMS_MAX:
         raise InvalidInput(f"q: {len(terms)} terms are too many: use at most {SEARCH_TERMS_MAX} words, phrases "
                            "or prefixes")
-
-
-#: FTS5's own words between terms, kept as they are when a query is read again as phrases.
-_SEARCH_OPERATORS = ("AND", "OR", "NOT")
 
 
 def _as_phrases(query: str) -> str:
@@ -18494,9 +18494,10 @@ def _uvicorn_server(config: Any, lock: ServerLock, hub: WakeHub | None = None) -
 GC_YOUNG_OBJECTS = 10_000
 
 
-def _address_notes(settings: Settings, base: str, bound: int, issuer: str | None, port_given: bool) -> list[str]:
+def _address_notes(settings: Settings, base: str, bound: int, issuer: str | None,
+                   port_given: bool) -> tuple[list[str], str | None]:
     """What serve says about the address it is reached by: every interface, sign-in, a public_url on another
-    port (``port_given``: the port came from --port)."""
+    port (``port_given``: the port came from --port). Returns ``(lines, the warning among them or None)``."""
     lines = []
     if settings.listens_everywhere() and not settings.public_url:
         lines.append("Listening on every interface: teammates must use the address they reach this machine "
@@ -18507,11 +18508,13 @@ def _address_notes(settings: Settings, base: str, bound: int, issuer: str | None
     lines.append(f"Apps may connect by signing in (OAuth) at {issuer}/mcp." if issuer else
                  "Apps connect with keys only: sign-in (OAuth) needs public_url in prickle.toml set to this "
                  f"server's https address (or http://localhost:{bound} to try it on this machine).")
+    warning = None
     if (differs := settings.public_port_differs(bound)) is not None:
-        lines.append(f"public_url names port {differs[0]}, but this server listens on {bound}: the links it "
-                     f"prints and sends would reach nothing. Set public_url in prickle.toml to {differs[1]}, "
-                     + ("or start without --port." if port_given else f"or start with --port {differs[0]}."))
-    return lines
+        warning = (f"public_url names port {differs[0]}, but this server listens on {bound}: the links it prints "
+                   f"and sends would reach nothing. Set public_url in prickle.toml to {differs[1]}, "
+                   + ("or start without --port." if port_given else f"or start with --port {differs[0]}."))
+        lines.append(warning)
+    return lines, warning
 
 
 def _fresh_demo(db: Database, settings: Settings, port: int) -> dict:
@@ -18577,9 +18580,10 @@ def serve_cmd(db_path: str, as_json: bool, config_path: str | None, host: str | 
         lines = [f"Prickle {__version__} is listening on {base}  (MCP: {base}/mcp, database: {db_path})"]
         issuer = oauth_issuer(settings)
         info["oauth"] = {"issuer": issuer} if issuer else None
-        lines += _address_notes(settings, base, bound, issuer, port is not None)
-        if settings.public_port_differs(bound):
-            info["warning"] = lines[-1]  # said with --json too
+        notes, warning = _address_notes(settings, base, bound, issuer, port is not None)
+        lines += notes
+        if warning:
+            info["warning"] = warning  # said with --json too
         db_arg = f"--db {shlex.quote(db_path)}"  # what the next steps printed below add to each command
         if demo:
             info["demo"] = _fresh_demo(db, settings, bound)
@@ -19348,13 +19352,13 @@ def device_pair(db_path: str, as_json: bool, agent_id: str, name: str) -> None:
     """Pair a runner device to an agent and print its runner key once, with its table for the runner's config."""
     db = open_db(db_path)
     dev, secret = pair_device(db, owner_of(check_agent_id(agent_id)), agent_id, name)
-    client = {"claude-code": "claude", "codex": "codex"}.get(
+    client = {named: cli for cli, named in CONNECT_CLIS.items()}.get(
         db.scalar("SELECT client FROM agents WHERE agent_id = ?", (agent_id,)), "command")
     table = [f"[agents.{json.dumps(agent_id)}]", f"key = {json.dumps(secret)}", f"client = {json.dumps(client)}"
              + ("" if client == "command" else '      # or "command", with a command line')]
     if client == "command":
         table.append('command = ["my-agent", "{prompt_file}"]   # the argv the runner starts for a run')
-    server = db.scalar("SELECT value FROM meta WHERE key = 'base_url'") or "http://127.0.0.1:8321"
+    server = public_base(db, load_settings(None, db_path))
     Out(as_json)({"device": dev, "token": secret},
                   f"Paired device {dev['id']} ({name}) with {agent_id}. Runner key (shown once):\n{secret}\n\n"
                   f"Its table for the runner's config (server = {json.dumps(server)}; prickle runner start "
@@ -20745,9 +20749,9 @@ class Runner(RunnerDeliveries):
         self.procs: dict[str, asyncio.subprocess.Process] = {}  # attempt or session id -> its process
         self.stopping: dict[str, str] = {}  # attempt or session id -> why it was stopped
         self.by_task: dict[str, str] = {}  # task id -> the attempt running it
-        # (agent, project) -> its task runs going there (task id -> task), and the task Team Pulse was last told of.
+        # (agent, project) -> its task runs going there (task id -> task), in the order Team Pulse was told of
+        # them: the last is the one it names.
         self.going: dict[tuple[str, str], dict[str, dict]] = collections.defaultdict(dict)
-        self.told: dict[tuple[str, str], str] = {}
         self.woken: dict[str, dict] = {}  # task id -> the task, woken again while its run went on
         self._tasks: set[asyncio.Task] = set()
         self.stopping_all = False
@@ -21167,8 +21171,9 @@ class Runner(RunnerDeliveries):
     async def working(self, agent_id: str, task: dict) -> None:
         """Tell Team Pulse the agent is working on ``task`` while its run goes on (report() or rest() ends it)."""
         title = (task.get("display_title") or task["packet"]["task"])[:180]
-        self.going[agent_id, task["project"]][task["id"]] = task
-        self.told[agent_id, task["project"]] = task["id"]
+        going = self.going[agent_id, task["project"]]
+        going.pop(task["id"], None)  # told of again (a second launch): last again
+        going[task["id"]] = task
         await self._pulse(agent_id, {"project": task["project"], "availability": "working",
                                      "doing": f"Working on {title}", "task_id": task["id"]})
 
@@ -21193,15 +21198,14 @@ class Runner(RunnerDeliveries):
         """The agent's run of ``task_id`` ended: once none of its task runs in ``project`` goes on, tell
         Team Pulse it is idle (working() said otherwise while they went on). While another goes on and the
         pulse was last told of this one, tell it of the latest still going, so it never names an ended run."""
-        key = (agent_id, project)
-        going = self.going[key]
+        going = self.going[agent_id, project]
+        named = next(reversed(going), None) == task_id
         going.pop(task_id, None)
         if going:
-            if self.told.get(key) == task_id:
-                await self.working(agent_id, list(going.values())[-1])
+            if named:
+                await self.working(agent_id, going[next(reversed(going))])
             return
-        del self.going[key]
-        self.told.pop(key, None)
+        del self.going[agent_id, project]
         if idle:
             await self._pulse(agent_id, {"project": project, "availability": "idle", "doing": ""})
 

@@ -172,7 +172,7 @@ def test_serve_says_when_apps_may_sign_in(tmp_path, db_path):
         assert served.info["oauth"] is None and "warning" not in served.info
     # The port from prickle.toml, not --port: the advice is to start on the port public_url names.
     settings = prickle.Settings(public_url="http://localhost:9999", port=8321)
-    assert prickle._address_notes(settings, "http://localhost:9999", 8321, None, False)[-1] == (
+    assert prickle._address_notes(settings, "http://localhost:9999", 8321, None, False)[1] == (
         "public_url names port 9999, but this server listens on 8321: the links it prints and sends would reach "
         "nothing. Set public_url in prickle.toml to http://localhost:8321, or start with --port 9999.")
 
