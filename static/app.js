@@ -272,11 +272,9 @@ function markNav(key) {
 /** What went wrong with a sign-in link, from the ?signin= the server redirected with. */
 function signinProblem() {
   const why = new URLSearchParams(window.location.search).get("signin");
-  return {
-    used: "That sign-in link was already used. Ask whoever runs Prickle for a new one (they make it with prickle signin-link YOUR-HANDLE)",
-    expired: "That sign-in link has expired. Ask whoever runs Prickle for a new one (they make it with prickle signin-link YOUR-HANDLE)",
-    invalid: "That sign-in link is not valid here. Ask whoever runs Prickle for a new one (they make it with prickle signin-link YOUR-HANDLE)",
-  }[why];
+  const again = "Ask whoever runs Prickle for a new one (they make it with prickle signin-link YOUR-HANDLE)";
+  const what = { used: "was already used", expired: "has expired", invalid: "is not valid here" }[why];
+  return what ? `That sign-in link ${what}. ${again}` : undefined;
 }
 
 function showSignedOut(reason, closed = false) {

@@ -323,18 +323,17 @@ function codeList(items) {
 function criteriaList(criteria, result) {
   const report = result?.evidence_report;
   const past = result && !["submitted", "accepted"].includes(result.status) ? `revision ${result.revision}: ` : "";
+  const mark = (text, kind, title) => badge(`${past}${text}`, past ? "muted" : kind, title);
   const staleSet = new Set((report?.stale || []).map((s) => s.evidence));
   return h("ol", { class: "criteria" }, criteria.map((text, i) => {
     const covering = report?.coverage?.find((c) => c.criterion === i)?.evidence || [];
     const verdict = result?.verdicts?.find((v) => v.criterion === i);
     let status = null;
     if (report) {
-      if (!covering.length) status = badge(`${past}uncovered`, past ? "muted" : "danger", "No evidence covers this criterion.");
-      else if (covering.every((n) => staleSet.has(n))) {
-        status = badge(`${past}stale evidence`, past ? "muted" : "warn", "Only stale evidence covers it.");
-      }
+      if (!covering.length) status = mark("uncovered", "danger", "No evidence covers this criterion.");
+      else if (covering.every((n) => staleSet.has(n))) status = mark("stale evidence", "warn", "Only stale evidence covers it.");
       else {
-        status = badge(`${past}covered by `, past ? "muted" : "ok"); // each #n links to the item in the result below
+        status = mark("covered by ", "ok"); // each #n links to the item in the result below
         status.append(...evidenceRefs(covering, `r${result.revision}`).flat());
         status.classList.add("ce-standing");
       }
@@ -342,8 +341,8 @@ function criteriaList(criteria, result) {
     return h("li", { class: "criterion", dataset: { criterion: String(i) } },
       h("span", { class: "criterion-text", text: plainText(text) }),
       h("span", { class: "criterion-status" }, status,
-        verdict ? badge(`${past}verifier: ${verdict.accepted ? "met" : "not met"}`, // as the decision panel says
-          past ? "muted" : verdict.accepted ? "ok" : "danger", verdict.note || undefined) : null,
+        verdict ? mark(`verifier: ${verdict.accepted ? "met" : "not met"}`, // as the decision panel says
+          verdict.accepted ? "ok" : "danger", verdict.note || undefined) : null,
         verdict?.note ? h("span", { class: "muted small", text: verdict.note }) : null));
   }));
 }

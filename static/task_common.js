@@ -26,10 +26,15 @@ export function awaitingFinal(task) {
   return task.awaiting_final === true;
 }
 
+/** Which approval an "approval" task waits for, in words: the final acceptance of a verified result, or the gate's. */
+export function approvalWords(final) {
+  return final ? "awaiting final acceptance" : "awaiting handoff approval";
+}
+
 /** The state badge, saying which approval an "approval" task waits for. */
 export function taskState(task) {
   const badgeEl = stateBadge(task.state);
-  if (task.state === "approval") badgeEl.textContent = awaitingFinal(task) ? "awaiting final acceptance" : "awaiting handoff approval";
+  if (task.state === "approval") badgeEl.textContent = approvalWords(awaitingFinal(task));
   return badgeEl;
 }
 

@@ -3,7 +3,7 @@
 // for people. The server gives the entries in order (the task detail's `timeline`); a state change
 // made by the same hand within a second of the entry before it rides on that entry's line (one each).
 
-import { actorText } from "./task_common.js";
+import { actorText, approvalWords } from "./task_common.js";
 import { anchorLink } from "./evidence.js";
 import { markdown, markdownWithRaw } from "./markdown.js";
 import { h, badge, timeEl, words, STATE_LABEL } from "./ui.js";
@@ -84,8 +84,7 @@ function rides(state, before) {
 
 function stateChip(entry) {
   // "approval" after a verification is the final acceptance; before any work, the gate's hold (as the badge says).
-  const to = entry.to !== "approval" ? stateWords(entry.to)
-    : entry.from === "verifying" ? "awaiting final acceptance" : "awaiting handoff approval";
+  const to = entry.to !== "approval" ? stateWords(entry.to) : approvalWords(entry.from === "verifying");
   return h("span", { class: "tl-to" }, "→ ", badge(to, "muted"));
 }
 
